@@ -1,0 +1,74 @@
+/*
+ * log.c: leveled messages to stderr and a progress bar that only draws on a terminal.
+ *
+ * Every message starts with "moeplan: " so that it stands out in a job log. The progress bar
+ * rewrites one line with '\r' and never prints into a pipe or a file: batch logs stay clean.
+ */
+#include "moe_common.h"
+
+#include <string.h>
+#include <unistd.h>
+
+void moe_log_init(struct moe_log *log, enum moe_log_level level)
+{
+    log->level = level;
+    log->out = NULL;
+}
+
+void moe_log_msg(const struct moe_log *log, enum moe_log_level level, const char *fmt, ...)
+{
+    if (log && level > log->level) return;
+    FILE *out = (log && log->out) ? log->out : stderr;
+    static const char *const prefix[] = {"", "warning: ", "", "debug: "};
+    fprintf(out, "moeplan: %s", prefix[level]);
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(out, fmt, ap);
+    va_end(ap);
+    fputc('\n', out);
+}
+
+void moe_log_error(const struct moe_log *log, const struct moe_error *err)
+{
+    char buf[MOE_MSG_MAX + MOE_PATH_MAX + 64];
+    moe_error_format(err, buf, sizeof buf);
+    moe_log_msg(log, MOE_LOG_ERROR, "%s", buf);
+}
+
+void moe_progress_start(struct moe_progress *p, FILE *out, bool enabled, const char *label,
+                        uint64_t total)
+{
+    memset(p, 0, sizeof *p);
+    p->out = out ? out : stderr;
+    p->draw = enabled && isatty(fileno(p->out));
+    snprintf(p->label, sizeof p->label, "%s", label ? label : "");
+    p->total = total;
+    p->t0_s = moe_time_now_s();
+    p->last_percent = -1;
+}
+
+void moe_progress_update(struct moe_progress *p, uint64_t done)
+{
+    p->done = done > p->total ? p->total : done;
+    if (!p->draw || p->total == 0) return;
+    int percent = (int)(100.0 * (double)p->done / (double)p->total);
+    if (percent == p->last_percent && p->done != p->total) return;
+    p->last_percent = percent;
+    enum { WIDTH = 30 };
+    char bar[WIDTH + 1];
+    int filled = percent * WIDTH / 100;
+    for (int i = 0; i < WIDTH; i++) bar[i] = i < filled ? '#' : ' ';
+    bar[WIDTH] = '\0';
+    fprintf(p->out, "\r%s [%s] %3d%% %llu/%llu %.1fs", p->label, bar, percent,
+            (unsigned long long)p->done, (unsigned long long)p->total,
+            moe_time_now_s() - p->t0_s);
+    fflush(p->out);
+}
+
+void moe_progress_finish(struct moe_progress *p)
+{
+    if (!p->draw) return;
+    moe_progress_update(p, p->total);
+    fputs("\r\033[K", p->out); /* erase the bar: results follow on a clean line */
+    fflush(p->out);
+}

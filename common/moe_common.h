@@ -1,0 +1,289 @@
+/*
+ * moe_common.h: the one public header of common/, the layer every other module stands on.
+ *
+ * What lives here: the status codes and error report every function returns and fills; the *_TRY
+ * macros that record where a library call failed; JSON input (load with file:line:col errors,
+ * strict unpacking into C structs) and output (atomic writes, "schema" and "version" on every
+ * file); logging; a progress bar that draws only on a terminal; size, count and bandwidth parsing;
+ * a seeded RNG so that every random choice in moeplan is reproducible.
+ *
+ * Invariants: a function that fails returns a status other than MOE_OK, fills the optional error
+ * report, and leaves its outputs untouched. No mutable globals: logging and randomness live in
+ * explicit contexts that the caller owns.
+ */
+#ifndef MOE_COMMON_H
+#define MOE_COMMON_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include <jansson.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Status and errors                                                                              */
+/* ---------------------------------------------------------------------------------------------- */
+
+enum moe_status {
+    MOE_OK = 0,
+    MOE_ERR_USAGE,       /* bad command line: exit 2 */
+    MOE_ERR_INPUT,       /* invalid input file or value: exit 3 */
+    MOE_ERR_INFEASIBLE,  /* no feasible plan or layout: exit 4 */
+    MOE_ERR_VERIFY,      /* a check of results failed: exit 5 */
+    MOE_ERR_RUNTIME,     /* anything else that went wrong at run time: exit 1 */
+    MOE_ERR_IO,          /* a file could not be read or written: exit 1 */
+    MOE_ERR_NOMEM,       /* host allocation failed: exit 1 */
+    MOE_ERR_UNSUPPORTED, /* not built or not implemented in this build: exit 1 */
+    MOE_ERR_CUDA,        /* CUDA runtime or driver: exit 1 */
+    MOE_ERR_CUBLAS,      /* cuBLAS: exit 1 */
+    MOE_ERR_NCCL,        /* NCCL: exit 1 */
+    MOE_ERR_GLPK,        /* GLPK solver failure: exit 1 */
+};
+
+#define MOE_MSG_MAX 1024
+#define MOE_PATH_MAX 1024
+
+/* An error report. `file`, `line`, `col` point into the user's input where they apply (line 0:
+ * none); `src_file`, `src_line` name the place in moeplan's source that raised it. */
+struct moe_error {
+    enum moe_status status;
+    char message[MOE_MSG_MAX];
+    char file[MOE_PATH_MAX];
+    int line, col;
+    const char *src_file;
+    int src_line;
+};
+
+const char *moe_status_name(enum moe_status st);
+/* The process exit code of DESIGN.md for a status (0, 1, 2, 3, 4 or 5). */
+int moe_status_exit_code(enum moe_status st);
+
+/* Fill `err` (may be NULL) and return `st`. The `_at` form names a place in an input file. */
+enum moe_status moe_error_set(struct moe_error *err, enum moe_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+enum moe_status moe_error_set_at(struct moe_error *err, enum moe_status st, const char *file,
+                                 int line, int col, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+enum moe_status moe_error_set_src(struct moe_error *err, enum moe_status st, const char *src_file,
+                                  int src_line, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+void moe_error_clear(struct moe_error *err);
+/* "FILE:LINE:COL: message", "FILE: message" or "message". */
+void moe_error_format(const struct moe_error *err, char *buf, size_t cap);
+
+/* The name of a GLPK return code (glp_simplex, glp_intopt): GLPK's documented codes, so that
+ * common needs no glpk.h. */
+const char *moe_glpk_strerror(int rc);
+
+/* TRY macros. They expect `enum moe_status st` and a `cleanup:` label in the calling function
+ * (the house style: one cleanup label), and an error report pointer `err` (may be NULL).
+ * MOE_TRY propagates a moeplan status; the library forms record the failing call, its error
+ * string and the source line. The library macros expand to calls of that library's own
+ * error-string function, so they are used only where its header is included. */
+#define MOE_TRY(expr)                                                                              \
+    do {                                                                                           \
+        st = (expr);                                                                               \
+        if (st != MOE_OK) goto cleanup;                                                            \
+    } while (0)
+
+#define MOE_LIB_TRY(status_, call, ok_value, strerror_fn)                                          \
+    do {                                                                                           \
+        int moe_rc_ = (int)(call);                                                                 \
+        if (moe_rc_ != (int)(ok_value)) {                                                          \
+            st = moe_error_set_src(err, (status_), __FILE__, __LINE__, "%s failed: %s (%d)",       \
+                                   #call, strerror_fn(moe_rc_), moe_rc_);                          \
+            goto cleanup;                                                                          \
+        }                                                                                          \
+    } while (0)
+
+#define MOE_CUDA_TRY(call)                                                                         \
+    MOE_LIB_TRY(MOE_ERR_CUDA, call, cudaSuccess, moe_cuda_strerror_)
+#define moe_cuda_strerror_(rc) cudaGetErrorString((cudaError_t)(rc))
+#define MOE_CUBLAS_TRY(call)                                                                       \
+    MOE_LIB_TRY(MOE_ERR_CUBLAS, call, CUBLAS_STATUS_SUCCESS, moe_cublas_strerror_)
+#define moe_cublas_strerror_(rc) cublasGetStatusString((cublasStatus_t)(rc))
+#define MOE_NCCL_TRY(call)                                                                         \
+    MOE_LIB_TRY(MOE_ERR_NCCL, call, ncclSuccess, moe_nccl_strerror_)
+#define moe_nccl_strerror_(rc) ncclGetErrorString((ncclResult_t)(rc))
+#define MOE_GLPK_TRY(call) MOE_LIB_TRY(MOE_ERR_GLPK, call, 0, moe_glpk_strerror)
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Logging                                                                                        */
+/* ---------------------------------------------------------------------------------------------- */
+
+enum moe_log_level { MOE_LOG_ERROR = 0, MOE_LOG_WARN, MOE_LOG_INFO, MOE_LOG_DEBUG };
+
+/* A logging context: where messages go and how many. Messages start with "moeplan: ". */
+struct moe_log {
+    enum moe_log_level level;
+    FILE *out; /* NULL: stderr */
+};
+
+void moe_log_init(struct moe_log *log, enum moe_log_level level);
+void moe_log_msg(const struct moe_log *log, enum moe_log_level level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void moe_log_error(const struct moe_log *log, const struct moe_error *err);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Progress bar                                                                                   */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* Draws "label [#####     ] 40% 2/5 1.2s" in place, only when `out` is a terminal and enabled. */
+struct moe_progress {
+    FILE *out;
+    bool draw;
+    char label[32];
+    uint64_t total, done;
+    double t0_s;
+    int last_percent;
+};
+
+void moe_progress_start(struct moe_progress *p, FILE *out, bool enabled, const char *label,
+                        uint64_t total);
+void moe_progress_update(struct moe_progress *p, uint64_t done);
+void moe_progress_finish(struct moe_progress *p);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Units                                                                                          */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* Counts and sizes: "4096", "64K" (65536), "1.5G", "2Mi", "10KB" (10000), "1e6".
+ * K, M, G, T, P alone or with "i" are powers of 1024; KB, MB, GB, TB, PB are powers of 1000;
+ * a trailing "B" alone is bytes. The result must be a finite, non-negative number. */
+enum moe_status moe_parse_size(const char *text, double *out, struct moe_error *err);
+/* The same, whole numbers only, at most 2^53. */
+enum moe_status moe_parse_count(const char *text, uint64_t *out, struct moe_error *err);
+/* Bandwidth to bytes per second: "400Gbps", "400Gb/s" (bits), "450GB/s", "450GBps" (bytes),
+ * decimal prefixes (network convention). */
+enum moe_status moe_parse_bandwidth(const char *text, double *bytes_per_s, struct moe_error *err);
+/* Human formats: "1.50 GiB", "812.3 us" / "1.234 ms" / "2.500 s". */
+void moe_format_bytes(double bytes, char *buf, size_t cap);
+void moe_format_time_us(double us, char *buf, size_t cap);
+
+/* Monotonic wall clock in seconds. */
+double moe_time_now_s(void);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Random numbers                                                                                 */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* xoshiro256** seeded through splitmix64: the same seed gives the same stream on every machine. */
+struct moe_rng {
+    uint64_t s[4];
+};
+
+void moe_rng_seed(struct moe_rng *rng, uint64_t seed);
+uint64_t moe_rng_u64(struct moe_rng *rng);
+/* Uniform in [0, 1) with 53 random bits. */
+double moe_rng_uniform(struct moe_rng *rng);
+/* Uniform integer in [0, n), unbiased; n > 0. */
+uint64_t moe_rng_below(struct moe_rng *rng, uint64_t n);
+/* Standard normal (Box-Muller, no cached spare so the stream position is explicit). */
+double moe_rng_normal(struct moe_rng *rng);
+/* Gamma(shape, 1), shape > 0 (Marsaglia-Tsang). */
+double moe_rng_gamma(struct moe_rng *rng, double shape);
+/* Fill p[0..n) with a Dirichlet(alpha, ..., alpha) draw (sums to 1). */
+void moe_rng_dirichlet(struct moe_rng *rng, double alpha, double *p, size_t n);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* JSON                                                                                           */
+/* ---------------------------------------------------------------------------------------------- */
+
+#define MOE_JSON_MAX_BYTES (256u << 20) /* larger input files are refused, not loaded */
+#define MOE_JPATH_MAX 256
+
+/* A loaded JSON document: the text is kept so that errors about a value can name its line and
+ * column. Treat the fields as read-only. */
+struct moe_jdoc {
+    char file[MOE_PATH_MAX];
+    char *text;
+    size_t len;
+    json_t *root;
+};
+
+/* A view of one object or array inside a document, with its path ("moe.experts", "layers[3]"). */
+struct moe_jval {
+    const struct moe_jdoc *doc;
+    json_t *json;
+    char path[MOE_JPATH_MAX];
+};
+
+/* Load a file (refusing duplicate keys, non-UTF-8, and files over MOE_JSON_MAX_BYTES).
+ * Syntax errors come back as MOE_ERR_INPUT at file:line:col. `doc` is untouched on failure. */
+enum moe_status moe_jdoc_load(struct moe_jdoc *doc, const char *file, struct moe_error *err);
+/* Parse text already in memory; `name` names it in messages. */
+enum moe_status moe_jdoc_parse(struct moe_jdoc *doc, const char *name, const char *text,
+                               size_t len, struct moe_error *err);
+void moe_jdoc_free(struct moe_jdoc *doc);
+/* The root, which must be an object. */
+enum moe_status moe_jdoc_root(const struct moe_jdoc *doc, struct moe_jval *out,
+                              struct moe_error *err);
+/* "schema" (string) and "version" (integer >= 1) of the root object. */
+enum moe_status moe_jdoc_schema(const struct moe_jdoc *doc, char *schema, size_t cap,
+                                int *version, struct moe_error *err);
+
+/* An input error (MOE_ERR_INPUT) about the value at `v` (or its member `key`, when not NULL),
+ * reported at that value's line and column in the document. */
+enum moe_status moe_jval_error(const struct moe_jval *v, const char *key, struct moe_error *err,
+                               const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+/* Strict unpacking of an object's members. `required`: a missing key is an error; otherwise the
+ * default is stored. Wrong types and values outside [min, max] are errors at the value. */
+enum moe_status moe_jval_keys(const struct moe_jval *obj, const char *const *allowed,
+                              struct moe_error *err);
+bool moe_jval_has(const struct moe_jval *obj, const char *key);
+enum moe_status moe_jval_int(const struct moe_jval *obj, const char *key, bool required,
+                             int64_t def, int64_t min, int64_t max, int64_t *out,
+                             struct moe_error *err);
+enum moe_status moe_jval_num(const struct moe_jval *obj, const char *key, bool required,
+                             double def, double min, double max, double *out,
+                             struct moe_error *err);
+enum moe_status moe_jval_bool(const struct moe_jval *obj, const char *key, bool required, bool def,
+                              bool *out, struct moe_error *err);
+enum moe_status moe_jval_str(const struct moe_jval *obj, const char *key, bool required,
+                             const char *def, char *buf, size_t cap, struct moe_error *err);
+/* A string that must be one of `names` (NULL-terminated); stores its index. */
+enum moe_status moe_jval_enum(const struct moe_jval *obj, const char *key, bool required, int def,
+                              const char *const *names, int *out, struct moe_error *err);
+/* A member that is an object (or an array). `present` (may be NULL) says whether it exists;
+ * a missing optional member leaves `out` untouched. */
+enum moe_status moe_jval_object(const struct moe_jval *obj, const char *key, bool required,
+                                struct moe_jval *out, bool *present, struct moe_error *err);
+enum moe_status moe_jval_array(const struct moe_jval *obj, const char *key, bool required,
+                               struct moe_jval *out, bool *present, struct moe_error *err);
+size_t moe_jval_len(const struct moe_jval *arr);
+/* Element i of an array, which must be an object / a number in range. */
+enum moe_status moe_jval_at_object(const struct moe_jval *arr, size_t i, struct moe_jval *out,
+                                   struct moe_error *err);
+enum moe_status moe_jval_at_num(const struct moe_jval *arr, size_t i, double min, double max,
+                                double *out, struct moe_error *err);
+enum moe_status moe_jval_at_int(const struct moe_jval *arr, size_t i, int64_t min, int64_t max,
+                                int64_t *out, struct moe_error *err);
+
+/* Find the line and column (1-based) of the value at `jpath` ("a.b[2].c") in JSON text.
+ * Returns false when the path is not found; then *line and *col are left unchanged. */
+bool moe_json_locate(const char *text, size_t len, const char *jpath, int *line, int *col);
+
+/* Write `root` to `file` atomically: a temp file in the same folder, fsync, rename, fsync of the
+ * folder. "schema" and "version" are set first in the written object. A failure leaves any
+ * previous file as it was and removes the temp file. */
+enum moe_status moe_json_write_atomic(const char *file, json_t *root, const char *schema,
+                                      int version, struct moe_error *err);
+/* Write any bytes atomically, with the same guarantees. */
+enum moe_status moe_file_write_atomic(const char *file, const void *data, size_t len,
+                                      struct moe_error *err);
+
+/* The jansson version this binary runs with. */
+const char *moe_jansson_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MOE_COMMON_H */

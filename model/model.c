@@ -1,0 +1,242 @@
+/*
+ * model.c: loading and validating moeplan model files ("moeplan.model").
+ *
+ * The file mirrors the struct one to one (model/README.md documents each key), so that a reader
+ * of a plan can see exactly what was modelled. Unknown keys are rejected: a misspelt key that was
+ * silently ignored would change every number the planner prints.
+ */
+#include "mdl.h"
+
+#include <string.h>
+
+#define MAX_DIM (1 << 24)
+
+static const char *const attn_names[] = {"gqa", "mla", NULL};
+static const char *const scoring_names[] = {"softmax", "sigmoid", NULL};
+
+static enum moe_status load_int(const struct moe_jval *o, const char *key, bool required,
+                                int64_t def, int64_t min, int64_t max, int *out,
+                                struct moe_error *err)
+{
+    int64_t v;
+    enum moe_status st = moe_jval_int(o, key, required, def, min, max, &v, err);
+    if (st == MOE_OK) *out = (int)v;
+    return st;
+}
+
+static enum moe_status load_attention(const struct moe_jval *o, struct mdl_attention *a,
+                                      struct moe_error *err)
+{
+    static const char *const keys[] = {
+        "type", "heads", "kv_heads", "head_dim", "q_lora_rank", "kv_lora_rank",
+        "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "qk_norm", "bias", "sinks",
+        "sliding_window", "sliding_every", "rope_theta", NULL};
+    enum moe_status st;
+    int type;
+    if ((st = moe_jval_keys(o, keys, err)) != MOE_OK) return st;
+    if ((st = moe_jval_enum(o, "type", true, 0, attn_names, &type, err)) != MOE_OK) return st;
+    a->type = (enum mdl_attn_type)type;
+    bool mla = a->type == MDL_ATTN_MLA;
+    if ((st = load_int(o, "heads", true, 0, 1, 65536, &a->heads, err))) return st;
+    if ((st = load_int(o, "kv_heads", !mla, a->heads, 1, 65536, &a->kv_heads, err))) return st;
+    if ((st = load_int(o, "head_dim", !mla, 0, 0, 65536, &a->head_dim, err))) return st;
+    if ((st = load_int(o, "q_lora_rank", false, 0, 0, MAX_DIM, &a->q_lora_rank, err))) return st;
+    if ((st = load_int(o, "kv_lora_rank", mla, 0, 0, MAX_DIM, &a->kv_lora_rank, err))) return st;
+    if ((st = load_int(o, "qk_nope_head_dim", mla, 0, 0, 65536, &a->qk_nope_head_dim, err)))
+        return st;
+    if ((st = load_int(o, "qk_rope_head_dim", mla, 0, 0, 65536, &a->qk_rope_head_dim, err)))
+        return st;
+    if ((st = load_int(o, "v_head_dim", mla, 0, 0, 65536, &a->v_head_dim, err))) return st;
+    if ((st = moe_jval_bool(o, "qk_norm", false, false, &a->qk_norm, err))) return st;
+    if ((st = moe_jval_bool(o, "bias", false, false, &a->bias, err))) return st;
+    if ((st = moe_jval_bool(o, "sinks", false, false, &a->sinks, err))) return st;
+    if ((st = load_int(o, "sliding_window", false, 0, 0, MAX_DIM, &a->sliding_window, err)))
+        return st;
+    if ((st = load_int(o, "sliding_every", false, a->sliding_window ? 2 : 0, 0, 1024,
+                       &a->sliding_every, err)))
+        return st;
+    if ((st = moe_jval_num(o, "rope_theta", false, 10000.0, 1.0, 1e12, &a->rope_theta, err)))
+        return st;
+    if (mla) {
+        if (moe_jval_has(o, "head_dim"))
+            return moe_jval_error(o, "head_dim", err,
+                                  "MLA has no head_dim: give qk_nope_head_dim, qk_rope_head_dim "
+                                  "and v_head_dim");
+        if (a->kv_heads != a->heads)
+            return moe_jval_error(o, "kv_heads", err, "MLA has as many kv heads as heads (%d)",
+                                  a->heads);
+        if (a->kv_lora_rank < 1)
+            return moe_jval_error(o, "kv_lora_rank", err, "MLA needs kv_lora_rank >= 1");
+        if (a->qk_nope_head_dim < 1 || a->v_head_dim < 1)
+            return moe_jval_error(o, NULL, err, "MLA needs qk_nope_head_dim and v_head_dim >= 1");
+    } else {
+        if (a->head_dim < 1) return moe_jval_error(o, "head_dim", err, "must be at least 1");
+        if (a->heads % a->kv_heads != 0)
+            return moe_jval_error(o, "kv_heads", err,
+                                  "heads (%d) must be a multiple of kv_heads (%d)", a->heads,
+                                  a->kv_heads);
+        if (a->head_dim % 2 != 0)
+            return moe_jval_error(o, "head_dim", err, "must be even (RoPE rotates pairs)");
+        static const char *const mla_only[] = {"q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                                               "qk_rope_head_dim", "v_head_dim", NULL};
+        for (const char *const *k = mla_only; *k; k++)
+            if (moe_jval_has(o, *k))
+                return moe_jval_error(o, *k, err, "only MLA attention has this key");
+    }
+    if (a->sliding_window && a->sliding_every < 1)
+        return moe_jval_error(o, "sliding_every", err, "must be >= 1 with a sliding window");
+    return MOE_OK;
+}
+
+static enum moe_status load_moe(const struct moe_jval *o, struct mdl_moe *e, struct moe_error *err)
+{
+    static const char *const keys[] = {
+        "experts", "shared_experts", "top_k", "intermediate", "shared_intermediate", "scoring",
+        "n_group", "topk_group", "norm_topk", "scaling", "expert_bias", "softmax_after_topk",
+        NULL};
+    enum moe_status st;
+    int scoring;
+    if ((st = moe_jval_keys(o, keys, err)) != MOE_OK) return st;
+    if ((st = load_int(o, "experts", true, 0, 1, 1 << 16, &e->experts, err))) return st;
+    if ((st = load_int(o, "shared_experts", false, 0, 0, 1024, &e->shared_experts, err)))
+        return st;
+    if ((st = load_int(o, "top_k", true, 0, 1, 1 << 16, &e->top_k, err))) return st;
+    if ((st = load_int(o, "intermediate", true, 0, 1, MAX_DIM, &e->intermediate, err))) return st;
+    if ((st = load_int(o, "shared_intermediate", false, e->intermediate, 1, MAX_DIM,
+                       &e->shared_intermediate, err)))
+        return st;
+    if ((st = moe_jval_enum(o, "scoring", false, MDL_SCORE_SOFTMAX, scoring_names, &scoring, err)))
+        return st;
+    e->scoring = (enum mdl_scoring)scoring;
+    if ((st = load_int(o, "n_group", false, 1, 1, 1 << 16, &e->n_group, err))) return st;
+    if ((st = load_int(o, "topk_group", false, e->n_group, 1, 1 << 16, &e->topk_group, err)))
+        return st;
+    if ((st = moe_jval_bool(o, "norm_topk", false, false, &e->norm_topk, err))) return st;
+    if ((st = moe_jval_num(o, "scaling", false, 1.0, 1e-6, 1e6, &e->scaling, err))) return st;
+    if ((st = moe_jval_bool(o, "expert_bias", false, false, &e->expert_bias, err))) return st;
+    if ((st = moe_jval_bool(o, "softmax_after_topk", false, false, &e->softmax_after_topk, err)))
+        return st;
+    if (e->top_k > e->experts)
+        return moe_jval_error(o, "top_k", err, "top_k (%d) exceeds the number of experts (%d)",
+                              e->top_k, e->experts);
+    if (e->experts % e->n_group != 0)
+        return moe_jval_error(o, "n_group", err, "experts (%d) must be divisible by n_group (%d)",
+                              e->experts, e->n_group);
+    if (e->topk_group > e->n_group)
+        return moe_jval_error(o, "topk_group", err, "topk_group (%d) exceeds n_group (%d)",
+                              e->topk_group, e->n_group);
+    if (e->top_k > e->topk_group * (e->experts / e->n_group))
+        return moe_jval_error(o, "top_k", err,
+                              "top_k (%d) exceeds the experts reachable in topk_group groups (%d)",
+                              e->top_k, e->topk_group * (e->experts / e->n_group));
+    return MOE_OK;
+}
+
+enum moe_status mdl_model_from_doc(struct mdl_model *m, const struct moe_jdoc *doc,
+                                   struct moe_error *err)
+{
+    static const char *const keys[] = {
+        "schema", "version", "name", "source", "layers", "first_dense", "moe_every", "hidden",
+        "vocab", "tied_embeddings", "norm_eps", "max_seq_len", "attention", "dense_intermediate",
+        "moe", "mtp_layers", NULL};
+    struct mdl_model t;
+    memset(&t, 0, sizeof t);
+    struct moe_jval root, o;
+    char schema[64];
+    int version;
+    enum moe_status st;
+    if ((st = moe_jdoc_schema(doc, schema, sizeof schema, &version, err))) return st;
+    if ((st = moe_jdoc_root(doc, &root, err))) return st;
+    if (strcmp(schema, MDL_SCHEMA) != 0)
+        return moe_jval_error(&root, "schema", err, "expected \"%s\", got \"%s\"", MDL_SCHEMA,
+                              schema);
+    if (version != MDL_SCHEMA_VERSION)
+        return moe_jval_error(&root, "version", err, "this moeplan reads version %d, not %d",
+                              MDL_SCHEMA_VERSION, version);
+    if ((st = moe_jval_keys(&root, keys, err))) return st;
+    if ((st = moe_jval_str(&root, "name", true, NULL, t.name, sizeof t.name, err))) return st;
+    if (!t.name[0]) return moe_jval_error(&root, "name", err, "must not be empty");
+    if ((st = load_int(&root, "layers", true, 0, 1, 100000, &t.layers, err))) return st;
+    if ((st = load_int(&root, "first_dense", false, 0, 0, t.layers, &t.first_dense, err)))
+        return st;
+    if ((st = load_int(&root, "moe_every", false, 1, 1, 1000, &t.moe_every, err))) return st;
+    if ((st = load_int(&root, "hidden", true, 0, 1, MAX_DIM, &t.hidden, err))) return st;
+    if ((st = load_int(&root, "vocab", true, 0, 1, 1 << 28, &t.vocab, err))) return st;
+    if ((st = moe_jval_bool(&root, "tied_embeddings", false, false, &t.tied_embeddings, err)))
+        return st;
+    if ((st = moe_jval_num(&root, "norm_eps", false, 1e-6, 1e-12, 1.0, &t.norm_eps, err)))
+        return st;
+    if ((st = load_int(&root, "max_seq_len", false, 4096, 1, 1 << 30, &t.max_seq_len, err)))
+        return st;
+    if ((st = moe_jval_object(&root, "attention", true, &o, NULL, err))) return st;
+    if ((st = load_attention(&o, &t.attn, err))) return st;
+    if ((st = load_int(&root, "dense_intermediate", false, 0, 0, MAX_DIM, &t.dense_intermediate,
+                       err)))
+        return st;
+    if ((st = moe_jval_object(&root, "moe", true, &o, NULL, err))) return st;
+    if ((st = load_moe(&o, &t.moe, err))) return st;
+    if ((st = load_int(&root, "mtp_layers", false, 0, 0, 64, &t.mtp_layers, err))) return st;
+    bool has_dense = false;
+    for (int i = 0; i < t.layers; i++) has_dense |= !mdl_layer_is_moe(&t, i);
+    if (has_dense && t.dense_intermediate < 1)
+        return moe_jval_error(&root, "dense_intermediate", err,
+                              "the model has dense layers (first_dense %d, moe_every %d): give "
+                              "their FFN width",
+                              t.first_dense, t.moe_every);
+    if ((st = mdl_model_validate(&t, doc->file, err))) return st;
+    *m = t;
+    return MOE_OK;
+}
+
+enum moe_status mdl_model_load(struct mdl_model *m, const char *file, struct moe_error *err)
+{
+    struct moe_jdoc doc;
+    enum moe_status st = moe_jdoc_load(&doc, file, err);
+    if (st != MOE_OK) return st;
+    st = mdl_model_from_doc(m, &doc, err);
+    moe_jdoc_free(&doc);
+    return st;
+}
+
+bool mdl_layer_is_moe(const struct mdl_model *m, int layer)
+{
+    if (layer < m->first_dense) return false;
+    int every = m->moe_every > 0 ? m->moe_every : 1;
+    return (layer - m->first_dense) % every == every - 1;
+}
+
+int mdl_moe_layer_count(const struct mdl_model *m)
+{
+    int n = 0;
+    for (int i = 0; i < m->layers; i++) n += mdl_layer_is_moe(m, i);
+    return n;
+}
+
+enum moe_status mdl_model_validate(const struct mdl_model *m, const char *where,
+                                   struct moe_error *err)
+{
+    const char *w = where ? where : m->name;
+    if (m->layers < 1 || m->hidden < 1 || m->vocab < 1)
+        return moe_error_set_at(err, MOE_ERR_INPUT, w, 0, 0,
+                                "layers, hidden and vocab must be positive");
+    if (m->first_dense > m->layers)
+        return moe_error_set_at(err, MOE_ERR_INPUT, w, 0, 0,
+                                "first_dense (%d) exceeds layers (%d)", m->first_dense, m->layers);
+    if (m->moe.experts < 1 || m->moe.top_k < 1 || m->moe.top_k > m->moe.experts)
+        return moe_error_set_at(err, MOE_ERR_INPUT, w, 0, 0,
+                                "top_k must be in [1, experts]: top_k %d, experts %d",
+                                m->moe.top_k, m->moe.experts);
+    if (m->moe.n_group < 1 || m->moe.experts % m->moe.n_group != 0)
+        return moe_error_set_at(err, MOE_ERR_INPUT, w, 0, 0,
+                                "experts (%d) must be divisible by n_group (%d)", m->moe.experts,
+                                m->moe.n_group);
+    if (m->attn.type == MDL_ATTN_GQA &&
+        (m->attn.kv_heads < 1 || m->attn.heads % m->attn.kv_heads != 0))
+        return moe_error_set_at(err, MOE_ERR_INPUT, w, 0, 0,
+                                "heads (%d) must be a multiple of kv_heads (%d)", m->attn.heads,
+                                m->attn.kv_heads);
+    if (mdl_moe_layer_count(m) == 0)
+        return moe_error_set_at(err, MOE_ERR_INPUT, w, 0, 0,
+                                "the model has no MoE layer: moeplan plans MoE models");
+    return MOE_OK;
+}

@@ -1,0 +1,193 @@
+/*
+ * test_cli.c: runs the real moeplan binary and checks exit codes, stdout and stderr.
+ */
+#include "../unit/moe_test.h"
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char **environ;
+
+struct result {
+    int code;
+    char out[16384];
+    char err[16384];
+};
+
+static void slurp(const char *path, char *buf, size_t cap)
+{
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, cap - 1, f) : 0;
+    buf[n] = '\0';
+    if (f) fclose(f);
+}
+
+/* Run moeplan with the given arguments (NULL-terminated) from the source folder. */
+static void run(struct result *r, const char *const *args)
+{
+    char out_path[] = "/tmp/moe_cli_out_XXXXXX", err_path[] = "/tmp/moe_cli_err_XXXXXX";
+    int out_fd = mkstemp(out_path), err_fd = mkstemp(err_path);
+    assert_true(out_fd >= 0 && err_fd >= 0);
+    const char *argv[32] = {MOEPLAN_BINARY};
+    int n = 1;
+    for (; args[n - 1] && n < 31; n++) argv[n] = args[n - 1];
+    argv[n] = NULL;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, out_fd, 1);
+    posix_spawn_file_actions_adddup2(&fa, err_fd, 2);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    char cwd[1024];
+    assert_non_null(getcwd(cwd, sizeof cwd));
+    assert_int_equal(chdir(MOEPLAN_SOURCE_DIR), 0);
+    pid_t pid;
+    int rc = posix_spawn(&pid, MOEPLAN_BINARY, &fa, NULL, (char *const *)argv, environ);
+    assert_int_equal(chdir(cwd), 0);
+    assert_int_equal(rc, 0);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    posix_spawn_file_actions_destroy(&fa);
+    close(out_fd);
+    close(err_fd);
+    assert_true(WIFEXITED(status)); /* never a crash */
+    r->code = WEXITSTATUS(status);
+    slurp(out_path, r->out, sizeof r->out);
+    slurp(err_path, r->err, sizeof r->err);
+    unlink(out_path);
+    unlink(err_path);
+}
+
+#define RUN(r, ...) run(r, (const char *const[]){__VA_ARGS__, NULL})
+
+static void expect_in(const char *haystack, const char *needle)
+{
+    if (!strstr(haystack, needle)) fail_msg("expected '%s' in:\n%s", needle, haystack);
+}
+
+static void test_version(void **state)
+{
+    (void)state;
+    static struct result r;
+    RUN(&r, "--version");
+    assert_int_equal(r.code, 0);
+    expect_in(r.out, "moeplan 0.");
+    const char *deps[] = {"CUDA runtime", "cuBLAS", "NCCL", "hwloc", "GLPK", "jansson", "cmocka"};
+    for (size_t i = 0; i < sizeof deps / sizeof deps[0]; i++) expect_in(r.out, deps[i]);
+    expect_in(r.out, "2.9");  /* hwloc */
+    expect_in(r.out, "2.14"); /* jansson */
+#ifdef MOEPLAN_HAVE_EXECUTOR
+    expect_in(r.out, "built with 13.");
+#else
+    expect_in(r.out, "not in this build");
+#endif
+}
+
+static void test_help(void **state)
+{
+    (void)state;
+    static struct result r;
+    RUN(&r, "--help");
+    assert_int_equal(r.code, 0);
+    const char *cmds[] = {"topo", "plan", "predict", "run", "calibrate", "report", "bench",
+                          "check"};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) expect_in(r.out, cmds[i]);
+    RUN(&r, "check", "--help");
+    assert_int_equal(r.code, 0);
+    expect_in(r.out, "usage: moeplan check");
+    assert_string_equal(r.err, "");
+    RUN(&r, "plan", "--help");
+    assert_int_equal(r.code, 0);
+    expect_in(r.out, "--model M");
+    RUN(&r, NULL);
+    assert_int_equal(r.code, 2);
+    expect_in(r.err, "usage: moeplan");
+}
+
+static void test_usage_errors(void **state)
+{
+    (void)state;
+    static struct result r;
+    RUN(&r, "check", "--bogus", "model/deepseek-v3.json");
+    assert_int_equal(r.code, 2);
+    expect_in(r.err, "moeplan: check: unknown option '--bogus'");
+    expect_in(r.err, "try 'moeplan check --help'");
+    RUN(&r, "plan", "--model");
+    assert_int_equal(r.code, 2);
+    expect_in(r.err, "option '--model' needs a value");
+    expect_in(r.err, "try 'moeplan plan --help'");
+    RUN(&r, "frobnicate");
+    assert_int_equal(r.code, 2);
+    expect_in(r.err, "unknown command 'frobnicate'");
+    RUN(&r, "--frob");
+    assert_int_equal(r.code, 2);
+    RUN(&r, "check");
+    assert_int_equal(r.code, 2);
+    expect_in(r.err, "no file to check");
+}
+
+static void test_check(void **state)
+{
+    (void)state;
+    static struct result r;
+    RUN(&r, "check", "model/deepseek-v3.json", "model/tiny-moe-gqa.json");
+    assert_int_equal(r.code, 0);
+    expect_in(r.out, "model/deepseek-v3.json: ok (moeplan.model v1: deepseek-v3, 61 layers "
+                     "(58 MoE), 256 experts top-8, MLA attention)");
+    expect_in(r.out, "model/tiny-moe-gqa.json: ok");
+    RUN(&r, "check", "--quiet", "model/mixtral-8x7b.json");
+    assert_int_equal(r.code, 0);
+    assert_string_equal(r.out, "");
+}
+
+static void test_check_bad_input(void **state)
+{
+    (void)state;
+    static struct result r;
+    RUN(&r, "check", "tests/data/bad-syntax.json");
+    assert_int_equal(r.code, 3);
+    expect_in(r.err, "moeplan: tests/data/bad-syntax.json:5:");
+    RUN(&r, "check", "tests/data/bad-experts.json");
+    assert_int_equal(r.code, 3);
+    expect_in(r.err, "moeplan: tests/data/bad-experts.json:9:22: moe.experts: must be in");
+    RUN(&r, "check", "tests/data/bad-unknown-key.json");
+    assert_int_equal(r.code, 3);
+    expect_in(r.err, "tests/data/bad-unknown-key.json:9:65: moe.topk: unknown key");
+    RUN(&r, "check", "tests/data/bad-schema.json");
+    assert_int_equal(r.code, 3);
+    expect_in(r.err, "bad-schema.json:1:12: schema: unknown schema \"something.else\"");
+    RUN(&r, "check", "tests/data/no-such-file.json");
+    assert_int_equal(r.code, 3);
+    expect_in(r.err, "no-such-file.json: cannot open");
+    /* A good file and a bad one: both reported, the exit code is the bad one's. */
+    RUN(&r, "check", "model/deepseek-v3.json", "tests/data/bad-experts.json");
+    assert_int_equal(r.code, 3);
+    expect_in(r.out, "deepseek-v3.json: ok");
+}
+
+static void test_not_built(void **state)
+{
+    (void)state;
+    static struct result r;
+    RUN(&r, "plan", "--model", "deepseek-v3");
+    assert_int_equal(r.code, 1);
+    expect_in(r.err, "moeplan: 'plan' is not built yet");
+    RUN(&r, "run", "plan.json");
+    assert_int_equal(r.code, 1);
+#ifdef MOEPLAN_HAVE_EXECUTOR
+    expect_in(r.err, "'run' is not built yet");
+#else
+    expect_in(r.err, "this build has no executor");
+#endif
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_version),      cmocka_unit_test(test_help),
+        cmocka_unit_test(test_usage_errors), cmocka_unit_test(test_check),
+        cmocka_unit_test(test_check_bad_input), cmocka_unit_test(test_not_built),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
