@@ -294,18 +294,18 @@ static const struct cli_opt bench_opts[] = {
 
 static const struct cli_cmd commands[] = {
     {"topo", "discover|show|check [options] [CLUSTER]",
-     "Discover this machine's topology (hwloc), show or check a cluster description.",
+     "Discover this machine (hwloc), show or check a cluster.",
      "cluster descriptions and hwloc discovery come with the models-and-clusters work (issue 3)",
      topo_opts, cmd_not_built},
     {"plan", "[options]",
-     "Choose the best parallel layout and expert placement for a model on a cluster; write plan.json.",
+     "Choose layout and expert placement; write plan.json.",
      "the layout search and GLPK placement come with the planner work (issue 5)", plan_opts,
      cmd_not_built},
     {"predict", "[options]",
-     "Predict the step time, per-phase breakdown and memory of one layout you give.",
+     "Predict step time, phases and memory of a given layout.",
      "the cost model comes with the cost-model work (issue 4)", predict_opts, cmd_not_built},
     {"run", "PLAN [options]",
-     "Train the planned model for real on GPUs and measure each phase.",
+     "Train a plan for real on GPUs and measure each phase.",
 #ifdef MOEPLAN_HAVE_EXECUTOR
      "the executor comes with the single-GPU executor work (issue 6)",
 #else
@@ -313,17 +313,17 @@ static const struct cli_cmd commands[] = {
 #endif
      run_opts, cmd_run},
     {"calibrate", "[options]",
-     "Run microbenchmarks on this GPU machine and fit a calibration profile.",
+     "Microbenchmark this GPU machine; fit a profile.",
      "calibration comes with the calibration work (issue 9)", calibrate_opts, cmd_not_built},
     {"report", "PLAN MEASURED [options]",
-     "Write a predicted-vs-measured report (Markdown + SVG).",
+     "Predicted-vs-measured report (Markdown + SVG).",
      "reports come with the calibration work (issue 9)", report_opts, cmd_not_built},
     {"bench", "moe|eval [options]",
-     "Benchmarks: the MoE layer against its peers, the planner's evaluation rate.",
+     "Benchmarks: MoE layer vs peers, planner speed.",
      "benchmarks come with the cost-model and executor-speed work (issues 4 and 7)", bench_opts,
      cmd_not_built},
     {"check", "[options] FILE...",
-     "Validate moeplan JSON files (models now; clusters, plans, measurements as they arrive).",
+     "Validate moeplan JSON files (file:line:col errors).",
      NULL, check_opts, cmd_check},
 };
 #define NCOMMANDS ((int)(sizeof commands / sizeof commands[0]))

@@ -1,0 +1,45 @@
+# A thin wrapper over CMake: `make run` and `make test` do all the set-up on a fresh machine.
+#
+#   make run       install missing packages, build (Release), run the main job on its defaults
+#   make test      the same build with -Werror, all tests; then the CUDA-off build and its tests
+#   make sanitize  ASan + UBSan build (no CUDA) and its unit and CLI tests
+#   make clean     remove the build folders
+
+BUILD        ?= build
+BUILD_NOCUDA ?= build-nocuda
+BUILD_ASAN   ?= build-asan
+JOBS         ?= $(shell nproc)
+CMAKE_FLAGS  ?=
+MOEPLAN       = ./$(BUILD)/cli/moeplan
+
+.PHONY: all deps build run test test-nocuda sanitize clean
+
+all: build
+
+deps:
+	@scripts/install-deps
+
+build: deps
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DMOEPLAN_WERROR=ON $(CMAKE_FLAGS) >/dev/null
+	@cmake --build $(BUILD) -j$(JOBS) >/dev/null
+
+run: build
+	$(MOEPLAN) --version
+	$(MOEPLAN) check model/*.json
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure
+	$(MAKE) --no-print-directory test-nocuda
+
+test-nocuda: deps
+	@cmake -S . -B $(BUILD_NOCUDA) -DCMAKE_BUILD_TYPE=Release -DMOEPLAN_CUDA=OFF -DMOEPLAN_WERROR=ON >/dev/null
+	@cmake --build $(BUILD_NOCUDA) -j$(JOBS) >/dev/null
+	cd $(BUILD_NOCUDA) && ctest --output-on-failure
+
+sanitize: deps
+	@cmake -S . -B $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=Debug -DMOEPLAN_CUDA=OFF -DMOEPLAN_SANITIZE=ON -DMOEPLAN_WERROR=ON >/dev/null
+	@cmake --build $(BUILD_ASAN) -j$(JOBS) >/dev/null
+	cd $(BUILD_ASAN) && ctest --output-on-failure -L 'unit|cli'
+
+clean:
+	rm -rf $(BUILD) $(BUILD_NOCUDA) $(BUILD_ASAN)
