@@ -10,9 +10,10 @@
  * that this build does not have says so and exits 1: never a silent success.
  */
 #define _GNU_SOURCE
-#include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "cli.h"
 
 #include "mdl.h"
 #include "plan.h"
@@ -25,30 +26,12 @@
 #ifndef MOEPLAN_VERSION
 #define MOEPLAN_VERSION "0.0.0"
 #endif
+#ifndef MOEPLAN_DATA_DIR
+#define MOEPLAN_DATA_DIR "."
+#endif
 #ifndef MOEPLAN_CMOCKA_VERSION
 #define MOEPLAN_CMOCKA_VERSION "unknown"
 #endif
-
-struct cli {
-    struct moe_log log;
-};
-
-struct cli_opt {
-    const char *name;
-    int has_arg; /* no_argument, required_argument */
-    int val;
-    const char *arg;  /* shown in help: "FILE" */
-    const char *help;
-};
-
-struct cli_cmd {
-    const char *name;
-    const char *args;    /* "[options] FILE..." */
-    const char *summary;
-    const char *planned; /* non-NULL: not built yet; the issue that brings it */
-    const struct cli_opt *opts;
-    int (*run)(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv);
-};
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Option parsing shared by all subcommands                                                       */
@@ -69,27 +52,44 @@ static void cmd_help(const struct cli_cmd *cmd, FILE *out)
     fprintf(out, "  %-24s %s\n", "--help", "show this help and exit");
 }
 
-static int usage_error(const struct cli_cmd *cmd, const char *fmt, const char *what)
+int cli_usage(const struct cli_cmd *cmd, const char *fmt, ...)
 {
     fprintf(stderr, "moeplan: %s: ", cmd ? cmd->name : "usage");
-    fprintf(stderr, fmt, what);
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
     fputc('\n', stderr);
     if (cmd) fprintf(stderr, "moeplan: try 'moeplan %s --help'\n", cmd->name);
     else fprintf(stderr, "moeplan: try 'moeplan --help'\n");
     return moe_status_exit_code(MOE_ERR_USAGE);
 }
 
-/* One parsed option, in command-line order. */
-struct cli_arg {
-    int val;
-    const char *value;
-};
+bool cli_count(const struct cli_cmd *cmd, const char *opt, const char *value, uint64_t min,
+               uint64_t max, uint64_t *out)
+{
+    uint64_t v;
+    struct moe_error err;
+    if (moe_parse_count(value, &v, &err) != MOE_OK) {
+        cli_usage(cmd, "--%s: %s", opt, err.message);
+        return false;
+    }
+    if (v < min || v > max) {
+        cli_usage(cmd, "--%s %s: must be in [%llu, %llu]", opt, value, (unsigned long long)min,
+                  (unsigned long long)max);
+        return false;
+    }
+    *out = v;
+    return true;
+}
 
-#define CLI_MAX_ARGS 64
+void cli_data_path(const struct cli *cli, const char *rel, char *buf, size_t cap)
+{
+    int n = snprintf(buf, cap, "%s/%s", cli->data_dir, rel);
+    if (n < 0 || (size_t)n >= cap) buf[cap - 1] = '\0';
+}
 
-/* Parse argv[1..] of a subcommand. Returns -1 when parsing succeeded (results in `out`, `nout`,
- * and optind at the first operand), else the exit code to return (0 for --help). */
-static int cmd_parse(const struct cli_cmd *cmd, int argc, char **argv, struct cli_arg *out,
+int cli_parse(const struct cli_cmd *cmd, int argc, char **argv, struct cli_arg *out,
                      int *nout)
 {
     struct option longopts[CLI_MAX_ARGS + 2];
@@ -114,16 +114,16 @@ static int cmd_parse(const struct cli_cmd *cmd, int argc, char **argv, struct cl
             for (const struct cli_opt *o = cmd->opts; o && o->name; o++)
                 if (o->has_arg && strncmp(bad, "--", 2) == 0 && strcmp(bad + 2, o->name) == 0)
                     missing = true;
-            return usage_error(cmd, missing ? "option '%s' needs a value" : "unknown option '%s'",
-                               bad);
+            return cli_usage(cmd, missing ? "option '%s' needs a value" : "unknown option '%s'",
+                             bad);
         }
-        if (*nout == CLI_MAX_ARGS) return usage_error(cmd, "%s", "too many options");
+        if (*nout == CLI_MAX_ARGS) return cli_usage(cmd, "too many options");
         out[(*nout)++] = (struct cli_arg){c, optarg};
     }
     return -1;
 }
 
-static int fail(struct cli *cli, const struct moe_error *err)
+int cli_fail(struct cli *cli, const struct moe_error *err)
 {
     moe_log_error(&cli->log, err);
     return moe_status_exit_code(err->status);
@@ -135,87 +135,12 @@ static int cmd_not_built(struct cli *cli, const struct cli_cmd *cmd, int argc, c
 {
     struct cli_arg args[CLI_MAX_ARGS];
     int nargs;
-    int rc = cmd_parse(cmd, argc, argv, args, &nargs);
+    int rc = cli_parse(cmd, argc, argv, args, &nargs);
     if (rc >= 0) return rc;
     struct moe_error err;
     moe_error_set(&err, MOE_ERR_UNSUPPORTED, "'%s' is not built yet: %s", cmd->name,
                   cmd->planned);
-    return fail(cli, &err);
-}
-
-/* ---------------------------------------------------------------------------------------------- */
-/* moeplan check                                                                                  */
-/* ---------------------------------------------------------------------------------------------- */
-
-enum { OPT_QUIET = 1 };
-
-static const struct cli_opt check_opts[] = {
-    {"quiet", no_argument, OPT_QUIET, NULL, "print nothing on success"},
-    {NULL, 0, 0, NULL, NULL},
-};
-
-/* Schemas moeplan writes or reads, and whether this build can validate them yet. */
-static const char *const known_schemas[] = {"moeplan.cluster", "moeplan.plan",
-                                            "moeplan.measured", "moeplan.routing",
-                                            "moeplan.calibration", NULL};
-
-static enum moe_status check_file(const char *file, char *summary, size_t cap,
-                                  struct moe_error *err)
-{
-    struct moe_jdoc doc;
-    char schema[128];
-    int version;
-    enum moe_status st = moe_jdoc_load(&doc, file, err);
-    if (st != MOE_OK) return st;
-    if ((st = moe_jdoc_schema(&doc, schema, sizeof schema, &version, err)) != MOE_OK) goto cleanup;
-    if (strcmp(schema, MDL_SCHEMA) == 0) {
-        struct mdl_model m;
-        if ((st = mdl_model_from_doc(&m, &doc, err)) != MOE_OK) goto cleanup;
-        snprintf(summary, cap, "%s v%d: %s, %d layers (%d MoE), %d experts top-%d, %s attention",
-                 schema, version, m.name, m.layers, mdl_moe_layer_count(&m), m.moe.experts,
-                 m.moe.top_k, m.attn.type == MDL_ATTN_MLA ? "MLA" : "GQA");
-        goto cleanup;
-    }
-    for (const char *const *k = known_schemas; *k; k++) {
-        if (strcmp(schema, *k) == 0) {
-            st = moe_error_set_at(err, MOE_ERR_UNSUPPORTED, file, 0, 0,
-                                  "checking \"%s\" files is not built yet", schema);
-            goto cleanup;
-        }
-    }
-    struct moe_jval root;
-    moe_jdoc_root(&doc, &root, NULL);
-    st = moe_jval_error(&root, "schema", err, "unknown schema \"%s\" (known: %s, %s, ...)", schema,
-                        MDL_SCHEMA, known_schemas[0]);
-cleanup:
-    moe_jdoc_free(&doc);
-    return st;
-}
-
-static int cmd_check(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
-{
-    struct cli_arg args[CLI_MAX_ARGS];
-    int nargs;
-    int rc = cmd_parse(cmd, argc, argv, args, &nargs);
-    if (rc >= 0) return rc;
-    bool quiet = false;
-    for (int i = 0; i < nargs; i++)
-        if (args[i].val == OPT_QUIET) quiet = true;
-    if (optind >= argc) return usage_error(cmd, "%s", "no file to check");
-    int worst = 0;
-    for (int i = optind; i < argc; i++) {
-        struct moe_error err;
-        char summary[512];
-        moe_error_clear(&err);
-        enum moe_status st = check_file(argv[i], summary, sizeof summary, &err);
-        if (st != MOE_OK) {
-            int code = fail(cli, &err);
-            if (worst == 0 || code > worst) worst = code;
-        } else if (!quiet) {
-            printf("%s: ok (%s)\n", argv[i], summary);
-        }
-    }
-    return worst;
+    return cli_fail(cli, &err);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -239,13 +164,13 @@ static int cmd_run(struct cli *cli, const struct cli_cmd *cmd, int argc, char **
 #else
     struct cli_arg args[CLI_MAX_ARGS];
     int nargs;
-    int rc = cmd_parse(cmd, argc, argv, args, &nargs);
+    int rc = cli_parse(cmd, argc, argv, args, &nargs);
     if (rc >= 0) return rc;
     struct moe_error err;
     moe_error_set(&err, MOE_ERR_UNSUPPORTED,
                   "this build has no executor: it was configured with MOEPLAN_CUDA=OFF or "
                   "without the CUDA Toolkit; rebuild with CUDA to run plans");
-    return fail(cli, &err);
+    return cli_fail(cli, &err);
 #endif
 }
 
@@ -322,9 +247,12 @@ static const struct cli_cmd commands[] = {
      "Benchmarks: MoE layer vs peers, planner speed.",
      "benchmarks come with the cost-model and executor-speed work (issues 4 and 7)", bench_opts,
      cmd_not_built},
+    {"model", "list | show MODEL [options]",
+     "Show a model's parameters, FLOPs per token, bytes per block and activations.", NULL,
+     cmd_model_opts, cmd_model},
     {"check", "[options] FILE...",
      "Validate moeplan JSON files (file:line:col errors).",
-     NULL, check_opts, cmd_check},
+     NULL, cmd_check_opts, cmd_check},
 };
 #define NCOMMANDS ((int)(sizeof commands / sizeof commands[0]))
 
@@ -403,6 +331,8 @@ int main(int argc, char **argv)
 {
     struct cli cli;
     moe_log_init(&cli.log, MOE_LOG_INFO);
+    const char *data = getenv("MOEPLAN_DATA_DIR");
+    snprintf(cli.data_dir, sizeof cli.data_dir, "%s", data && *data ? data : MOEPLAN_DATA_DIR);
     int i = 1;
     for (; i < argc && argv[i][0] == '-'; i++) {
         if (strcmp(argv[i], "--version") == 0 || strcmp(argv[i], "-V") == 0) {
@@ -417,7 +347,7 @@ int main(int argc, char **argv)
             cli.log.level = MOE_LOG_ERROR;
         else if (strcmp(argv[i], "--verbose") == 0 || strcmp(argv[i], "-v") == 0)
             cli.log.level = MOE_LOG_DEBUG;
-        else return usage_error(NULL, "unknown option '%s'", argv[i]);
+        else return cli_usage(NULL, "unknown option '%s'", argv[i]);
     }
     if (i >= argc) {
         print_help(stderr);
@@ -431,5 +361,5 @@ int main(int argc, char **argv)
     for (int c = 0; c < NCOMMANDS; c++)
         if (strcmp(argv[i], commands[c].name) == 0)
             return commands[c].run(&cli, &commands[c], argc - i, argv + i);
-    return usage_error(NULL, "unknown command '%s'", argv[i]);
+    return cli_usage(NULL, "unknown command '%s'", argv[i]);
 }

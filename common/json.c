@@ -328,6 +328,11 @@ bool moe_jval_has(const struct moe_jval *obj, const char *key)
     return json_object_get(obj->json, key) != NULL;
 }
 
+bool moe_jval_is_null(const struct moe_jval *obj, const char *key)
+{
+    return json_is_null(json_object_get(obj->json, key));
+}
+
 enum moe_status moe_jval_keys(const struct moe_jval *obj, const char *const *allowed,
                               struct moe_error *err)
 {

@@ -238,6 +238,8 @@ enum moe_status moe_jval_error(const struct moe_jval *v, const char *key, struct
 enum moe_status moe_jval_keys(const struct moe_jval *obj, const char *const *allowed,
                               struct moe_error *err);
 bool moe_jval_has(const struct moe_jval *obj, const char *key);
+/* The member exists and is JSON null (Hugging Face configs write null for "not used"). */
+bool moe_jval_is_null(const struct moe_jval *obj, const char *key);
 enum moe_status moe_jval_int(const struct moe_jval *obj, const char *key, bool required,
                              int64_t def, int64_t min, int64_t max, int64_t *out,
                              struct moe_error *err);

@@ -75,12 +75,93 @@ enum moe_status mdl_model_load(struct mdl_model *m, const char *file, struct moe
 /* Unpack from a loaded document (used by `moeplan check`, which has the document already). */
 enum moe_status mdl_model_from_doc(struct mdl_model *m, const struct moe_jdoc *doc,
                                    struct moe_error *err);
+/* Import a Hugging Face config.json (model types: see mdl_hf_model_types). */
+enum moe_status mdl_model_from_hf(struct mdl_model *m, const struct moe_jdoc *doc,
+                                  struct moe_error *err);
+extern const char *const mdl_hf_model_types[];
 /* Check every invariant of a model; `where` names the source in messages. */
 enum moe_status mdl_model_validate(const struct mdl_model *m, const char *where,
                                    struct moe_error *err);
+
+/* What `--model` accepts: a shipped name ("deepseek-v3", looked up as model_dir/NAME.json), a
+ * path to one of our files, or a path to a Hugging Face config.json. */
+enum moe_status mdl_model_resolve(struct mdl_model *m, const char *spec, const char *model_dir,
+                                  struct moe_error *err);
+
+/* Overrides for proxies: 0 leaves a field as it is. `experts` keeps every per-expert shape. */
+struct mdl_overrides {
+    int layers;
+    int experts;
+};
+enum moe_status mdl_model_override(struct mdl_model *m, const struct mdl_overrides *o,
+                                   struct moe_error *err);
+
 /* Is block `layer` (0-based) an MoE block? */
 bool mdl_layer_is_moe(const struct mdl_model *m, int layer);
 int mdl_moe_layer_count(const struct mdl_model *m);
+/* Is block `layer` a sliding-window attention block? */
+bool mdl_layer_is_sliding(const struct mdl_model *m, int layer);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Derived numbers                                                                                */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* The parts of a model that numbers are broken down by. */
+enum mdl_component {
+    MDL_EMBED = 0,   /* input embedding table (a lookup: no FLOPs) */
+    MDL_ATTN_PROJ,   /* q, k, v, o projections (MLA: the low-rank ones), their biases */
+    MDL_ATTN_CORE,   /* QK^T and AV: FLOPs only */
+    MDL_NORMS,       /* RMSNorm weights (block norms, q/kv-lora norms, QK-norm, final norm) */
+    MDL_ROUTER,      /* router GEMM (and its bias) */
+    MDL_ROUTED,      /* routed experts */
+    MDL_SHARED,      /* shared experts */
+    MDL_DENSE_FFN,   /* dense SwiGLU FFN blocks */
+    MDL_LM_HEAD,     /* output projection (shares the embedding table when tied) */
+    MDL_NCOMPONENTS
+};
+extern const char *const mdl_component_names[MDL_NCOMPONENTS];
+
+/* Parameters of one block by component (MDL_EMBED and MDL_LM_HEAD are 0 here). For the routed
+ * experts, `params` counts all of them and `active` the top_k a token uses. */
+struct mdl_block_params {
+    double params[MDL_NCOMPONENTS];
+    double active[MDL_NCOMPONENTS];
+    double one_expert; /* parameters of one routed expert */
+};
+void mdl_block_params(const struct mdl_model *m, int layer, struct mdl_block_params *out);
+
+/* Whole-model parameter counts (MTP layers are counted apart, as publishers do). */
+struct mdl_params {
+    double by_component[MDL_NCOMPONENTS];
+    double total;               /* every parameter of the main model */
+    double active;              /* what one token touches, both embedding tables included */
+    double active_no_embed;     /* the same without the input embedding table */
+    double mtp;                 /* the MTP modules, not in total */
+};
+void mdl_params_count(const struct mdl_model *m, struct mdl_params *out);
+
+/* Model FLOPs per token at sequence length `seq_len`, counted the usual way: matrix multiplies
+ * only, 2 FLOPs per multiply-add, core attention with the causal half (a sliding window counts
+ * the keys inside the window), backward = 2 x forward. MTP layers are not counted. */
+struct mdl_flops {
+    double fwd[MDL_NCOMPONENTS];
+    double fwd_total;
+    double bwd_total;
+    double train_total; /* fwd + bwd */
+};
+void mdl_flops_per_token(const struct mdl_model *m, int seq_len, struct mdl_flops *out);
+/* The same for one block (layer), forward only, by component. */
+void mdl_block_flops_fwd(const struct mdl_model *m, int layer, int seq_len,
+                         double out[MDL_NCOMPONENTS]);
+
+/* Activation bytes one token keeps for the backward pass in one block, bf16 tensors and fp32
+ * softmax/router statistics, with no recompute: by component, and their sum. Flash-style
+ * attention is assumed (no seq x seq matrix is kept). */
+struct mdl_activations {
+    double bytes[MDL_NCOMPONENTS];
+    double total;
+};
+void mdl_block_activations(const struct mdl_model *m, int layer, struct mdl_activations *out);
 
 #ifdef __cplusplus
 }

@@ -212,31 +212,132 @@ int mdl_moe_layer_count(const struct mdl_model *m)
     return n;
 }
 
+bool mdl_layer_is_sliding(const struct mdl_model *m, int layer)
+{
+    int every = m->attn.sliding_every;
+    return m->attn.sliding_window > 0 && every > 0 && layer % every != every - 1;
+}
+
 enum moe_status mdl_model_validate(const struct mdl_model *m, const char *where,
                                    struct moe_error *err)
 {
     const char *w = where ? where : m->name;
+    const struct mdl_attention *a = &m->attn;
+    const struct mdl_moe *e = &m->moe;
+#define INVALID(...) return moe_error_set_at(err, MOE_ERR_INPUT, w, 0, 0, __VA_ARGS__)
     if (m->layers < 1 || m->hidden < 1 || m->vocab < 1)
-        return moe_error_set_at(err, MOE_ERR_INPUT, w, 0, 0,
-                                "layers, hidden and vocab must be positive");
-    if (m->first_dense > m->layers)
-        return moe_error_set_at(err, MOE_ERR_INPUT, w, 0, 0,
-                                "first_dense (%d) exceeds layers (%d)", m->first_dense, m->layers);
-    if (m->moe.experts < 1 || m->moe.top_k < 1 || m->moe.top_k > m->moe.experts)
-        return moe_error_set_at(err, MOE_ERR_INPUT, w, 0, 0,
-                                "top_k must be in [1, experts]: top_k %d, experts %d",
-                                m->moe.top_k, m->moe.experts);
-    if (m->moe.n_group < 1 || m->moe.experts % m->moe.n_group != 0)
-        return moe_error_set_at(err, MOE_ERR_INPUT, w, 0, 0,
-                                "experts (%d) must be divisible by n_group (%d)", m->moe.experts,
-                                m->moe.n_group);
-    if (m->attn.type == MDL_ATTN_GQA &&
-        (m->attn.kv_heads < 1 || m->attn.heads % m->attn.kv_heads != 0))
-        return moe_error_set_at(err, MOE_ERR_INPUT, w, 0, 0,
-                                "heads (%d) must be a multiple of kv_heads (%d)", m->attn.heads,
-                                m->attn.kv_heads);
-    if (mdl_moe_layer_count(m) == 0)
-        return moe_error_set_at(err, MOE_ERR_INPUT, w, 0, 0,
-                                "the model has no MoE layer: moeplan plans MoE models");
+        INVALID("layers (%d), hidden (%d) and vocab (%d) must be positive", m->layers, m->hidden,
+                m->vocab);
+    if (m->first_dense < 0 || m->first_dense > m->layers)
+        INVALID("first_dense (%d) must be in [0, layers (%d)]", m->first_dense, m->layers);
+    if (m->moe_every < 1) INVALID("moe_every (%d) must be at least 1", m->moe_every);
+    if (a->heads < 1) INVALID("attention heads (%d) must be at least 1", a->heads);
+    if (a->type == MDL_ATTN_GQA) {
+        if (a->kv_heads < 1 || a->heads % a->kv_heads != 0)
+            INVALID("heads (%d) must be a multiple of kv_heads (%d)", a->heads, a->kv_heads);
+        if (a->head_dim < 2 || a->head_dim % 2 != 0)
+            INVALID("head_dim (%d) must be even and positive (RoPE rotates pairs)", a->head_dim);
+    } else {
+        if (a->kv_lora_rank < 1 || a->qk_nope_head_dim < 1 || a->v_head_dim < 1)
+            INVALID("MLA needs kv_lora_rank, qk_nope_head_dim and v_head_dim >= 1");
+        if (a->qk_rope_head_dim % 2 != 0)
+            INVALID("qk_rope_head_dim (%d) must be even (RoPE rotates pairs)",
+                    a->qk_rope_head_dim);
+    }
+    if (a->sliding_window < 0 || (a->sliding_window > 0 && a->sliding_every < 1))
+        INVALID("a sliding window needs sliding_every >= 1");
+    if (e->experts < 1 || e->top_k < 1 || e->top_k > e->experts)
+        INVALID("top_k must be in [1, experts]: top_k %d, experts %d", e->top_k, e->experts);
+    if (e->intermediate < 1) INVALID("moe.intermediate (%d) must be positive", e->intermediate);
+    if (e->shared_experts < 0 || (e->shared_experts > 0 && e->shared_intermediate < 1))
+        INVALID("shared experts need a positive shared_intermediate");
+    if (e->n_group < 1 || e->experts % e->n_group != 0)
+        INVALID("experts (%d) must be divisible by n_group (%d)", e->experts, e->n_group);
+    if (e->topk_group < 1 || e->topk_group > e->n_group)
+        INVALID("topk_group (%d) must be in [1, n_group (%d)]", e->topk_group, e->n_group);
+    if (e->top_k > e->topk_group * (e->experts / e->n_group))
+        INVALID("top_k (%d) exceeds the experts reachable in topk_group groups (%d)", e->top_k,
+                e->topk_group * (e->experts / e->n_group));
+    if (!(e->scaling > 0.0)) INVALID("moe.scaling must be positive");
+    if (mdl_moe_layer_count(m) == 0) INVALID("the model has no MoE layer: moeplan plans MoE models");
+    if (mdl_moe_layer_count(m) < m->layers && m->dense_intermediate < 1)
+        INVALID("the model has dense layers: dense_intermediate must be positive");
+#undef INVALID
     return MOE_OK;
+}
+
+enum moe_status mdl_model_resolve(struct mdl_model *m, const char *spec, const char *model_dir,
+                                  struct moe_error *err)
+{
+    char path[MOE_PATH_MAX];
+    bool is_path = strchr(spec, '/') || strstr(spec, ".json");
+    if (is_path) {
+        snprintf(path, sizeof path, "%s", spec);
+    } else {
+        for (const char *c = spec; *c; c++)
+            if (!((*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9') || *c == '-' || *c == '.' ||
+                  *c == '_'))
+                return moe_error_set(err, MOE_ERR_INPUT, "'%s' is not a model name or a path",
+                                     spec);
+        if ((size_t)snprintf(path, sizeof path, "%s/%s.json", model_dir, spec) >= sizeof path)
+            return moe_error_set(err, MOE_ERR_INPUT, "model directory path is too long");
+        FILE *f = fopen(path, "r");
+        if (!f)
+            return moe_error_set(err, MOE_ERR_INPUT,
+                                 "no model named '%s' (looked for %s; `moeplan model list` shows "
+                                 "the shipped ones)",
+                                 spec, path);
+        fclose(f);
+    }
+    struct moe_jdoc doc;
+    enum moe_status st = moe_jdoc_load(&doc, path, err);
+    if (st != MOE_OK) return st;
+    struct moe_jval root;
+    if ((st = moe_jdoc_root(&doc, &root, err)) == MOE_OK) {
+        if (moe_jval_has(&root, "schema")) st = mdl_model_from_doc(m, &doc, err);
+        else if (moe_jval_has(&root, "model_type")) st = mdl_model_from_hf(m, &doc, err);
+        else
+            st = moe_jval_error(&root, NULL, err,
+                                "neither a moeplan model (no \"schema\") nor a Hugging Face "
+                                "config.json (no \"model_type\")");
+    }
+    moe_jdoc_free(&doc);
+    return st;
+}
+
+enum moe_status mdl_model_override(struct mdl_model *m, const struct mdl_overrides *o,
+                                   struct moe_error *err)
+{
+    struct mdl_model t = *m;
+    if (o->layers < 0 || o->experts < 0)
+        return moe_error_set(err, MOE_ERR_INPUT, "--layers and --experts must be positive");
+    if (o->layers) {
+        t.layers = o->layers;
+        /* Keep the dense prefix only as long as at least one MoE block remains. */
+        if (t.first_dense >= t.layers) t.first_dense = t.layers - 1;
+        if (o->layers > 100000)
+            return moe_error_set(err, MOE_ERR_INPUT, "--layers %d is absurd", o->layers);
+    }
+    if (o->experts) {
+        if (o->experts > (1 << 16))
+            return moe_error_set(err, MOE_ERR_INPUT, "--experts %d is absurd", o->experts);
+        if (o->experts < t.moe.top_k)
+            return moe_error_set(err, MOE_ERR_INPUT,
+                                 "--experts %d is fewer than top_k (%d) of %s", o->experts,
+                                 t.moe.top_k, t.name);
+        if (o->experts % t.moe.n_group != 0)
+            return moe_error_set(err, MOE_ERR_INPUT,
+                                 "--experts %d is not divisible by n_group (%d) of %s",
+                                 o->experts, t.moe.n_group, t.name);
+        t.moe.experts = o->experts;
+    }
+    if (o->layers || o->experts) {
+        char name[MDL_NAME_MAX];
+        snprintf(name, sizeof name, "%s", t.name);
+        int n = snprintf(t.name, sizeof t.name, "%s-L%d-E%d", name, t.layers, t.moe.experts);
+        if (n < 0 || (size_t)n >= sizeof t.name) t.name[sizeof t.name - 1] = '\0';
+    }
+    enum moe_status st = mdl_model_validate(&t, t.name, err);
+    if (st == MOE_OK) *m = t;
+    return st;
 }

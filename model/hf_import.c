@@ -1,0 +1,307 @@
+/*
+ * hf_import.c: Hugging Face config.json -> struct mdl_model.
+ *
+ * Users hand us the config.json of the model they train; each model family names the same facts
+ * differently (n_routed_experts, num_local_experts, num_experts, ffn_config.moe_num_experts...).
+ * This file maps each supported model_type to our struct, once. HF configs carry many keys we do
+ * not need, so unknown keys are ignored here (unlike our own files); a key we need that is
+ * missing or of the wrong type is an error at its line and column. JSON null means "not used".
+ */
+#include "mdl.h"
+
+#include <string.h>
+
+const char *const mdl_hf_model_types[] = {"deepseek_v3", "deepseek_v2", "kimi_k2", "qwen3_moe",
+                                          "mixtral",     "dbrx",        "gpt_oss", "llama4",
+                                          NULL};
+
+#define MAX_DIM (1 << 24)
+
+/* An integer member where null or absence means `def`. */
+static enum moe_status hf_int(const struct moe_jval *o, const char *key, bool required, int def,
+                              int *out, struct moe_error *err)
+{
+    if (moe_jval_is_null(o, key)) {
+        *out = def;
+        return MOE_OK;
+    }
+    int64_t v;
+    enum moe_status st = moe_jval_int(o, key, required, def, 0, MAX_DIM, &v, err);
+    if (st == MOE_OK) *out = (int)v;
+    return st;
+}
+
+static enum moe_status hf_num(const struct moe_jval *o, const char *key, double def, double *out,
+                              struct moe_error *err)
+{
+    if (moe_jval_is_null(o, key)) {
+        *out = def;
+        return MOE_OK;
+    }
+    return moe_jval_num(o, key, false, def, 0.0, 1e15, out, err);
+}
+
+static enum moe_status hf_bool(const struct moe_jval *o, const char *key, bool def, bool *out,
+                               struct moe_error *err)
+{
+    if (moe_jval_is_null(o, key)) {
+        *out = def;
+        return MOE_OK;
+    }
+    /* Some configs write 0/1 for flags (DBRX's moe_normalize_expert_weights). */
+    if (moe_jval_has(o, key)) {
+        int64_t v;
+        if (moe_jval_int(o, key, false, 0, 0, 1000, &v, NULL) == MOE_OK) {
+            *out = v != 0;
+            return MOE_OK;
+        }
+    }
+    return moe_jval_bool(o, key, false, def, out, err);
+}
+
+/* Keys every family shares (under these names or not at all). */
+static enum moe_status hf_common(const struct moe_jval *o, struct mdl_model *m,
+                                 struct moe_error *err)
+{
+    enum moe_status st;
+    if ((st = hf_int(o, "num_hidden_layers", true, 0, &m->layers, err))) return st;
+    if ((st = hf_int(o, "hidden_size", true, 0, &m->hidden, err))) return st;
+    if ((st = hf_int(o, "vocab_size", true, 0, &m->vocab, err))) return st;
+    if ((st = hf_bool(o, "tie_word_embeddings", false, &m->tied_embeddings, err))) return st;
+    if ((st = hf_num(o, "rms_norm_eps", 1e-6, &m->norm_eps, err))) return st;
+    if ((st = hf_int(o, "max_position_embeddings", false, 4096, &m->max_seq_len, err))) return st;
+    if ((st = hf_num(o, "rope_theta", 10000.0, &m->attn.rope_theta, err))) return st;
+    if ((st = hf_int(o, "num_attention_heads", true, 0, &m->attn.heads, err))) return st;
+    if ((st = hf_int(o, "num_key_value_heads", false, m->attn.heads, &m->attn.kv_heads, err)))
+        return st;
+    return MOE_OK;
+}
+
+/* GQA head_dim: given, or hidden / heads. */
+static enum moe_status hf_head_dim(const struct moe_jval *o, struct mdl_model *m,
+                                   struct moe_error *err)
+{
+    int def = m->attn.heads ? m->hidden / m->attn.heads : 0;
+    return hf_int(o, "head_dim", false, def, &m->attn.head_dim, err);
+}
+
+static enum moe_status hf_deepseek(const struct moe_jval *o, struct mdl_model *m,
+                                   struct moe_error *err)
+{
+    enum moe_status st;
+    char scoring[32];
+    struct mdl_attention *a = &m->attn;
+    struct mdl_moe *e = &m->moe;
+    if ((st = hf_common(o, m, err))) return st;
+    a->type = MDL_ATTN_MLA;
+    a->kv_heads = a->heads;
+    if ((st = hf_int(o, "q_lora_rank", false, 0, &a->q_lora_rank, err))) return st;
+    if ((st = hf_int(o, "kv_lora_rank", true, 0, &a->kv_lora_rank, err))) return st;
+    if ((st = hf_int(o, "qk_nope_head_dim", true, 0, &a->qk_nope_head_dim, err))) return st;
+    if ((st = hf_int(o, "qk_rope_head_dim", true, 0, &a->qk_rope_head_dim, err))) return st;
+    if ((st = hf_int(o, "v_head_dim", true, 0, &a->v_head_dim, err))) return st;
+    if ((st = hf_int(o, "first_k_dense_replace", false, 0, &m->first_dense, err))) return st;
+    if ((st = hf_int(o, "moe_layer_freq", false, 1, &m->moe_every, err))) return st;
+    if ((st = hf_int(o, "intermediate_size", false, 0, &m->dense_intermediate, err))) return st;
+    if ((st = hf_int(o, "n_routed_experts", true, 0, &e->experts, err))) return st;
+    if ((st = hf_int(o, "n_shared_experts", false, 0, &e->shared_experts, err))) return st;
+    if ((st = hf_int(o, "num_experts_per_tok", true, 0, &e->top_k, err))) return st;
+    if ((st = hf_int(o, "moe_intermediate_size", true, 0, &e->intermediate, err))) return st;
+    e->shared_intermediate = e->intermediate;
+    if ((st = hf_int(o, "n_group", false, 1, &e->n_group, err))) return st;
+    if ((st = hf_int(o, "topk_group", false, e->n_group, &e->topk_group, err))) return st;
+    if ((st = hf_bool(o, "norm_topk_prob", false, &e->norm_topk, err))) return st;
+    if ((st = hf_num(o, "routed_scaling_factor", 1.0, &e->scaling, err))) return st;
+    if ((st = hf_int(o, "num_nextn_predict_layers", false, 0, &m->mtp_layers, err))) return st;
+    if ((st = moe_jval_str(o, "scoring_func", false, "softmax", scoring, sizeof scoring, err)))
+        return st;
+    if (strcmp(scoring, "sigmoid") == 0) e->scoring = MDL_SCORE_SIGMOID;
+    else if (strcmp(scoring, "softmax") == 0) e->scoring = MDL_SCORE_SOFTMAX;
+    else
+        return moe_jval_error(o, "scoring_func", err,
+                              "'%s' is not supported (softmax, sigmoid)", scoring);
+    return MOE_OK;
+}
+
+static enum moe_status hf_qwen3_moe(const struct moe_jval *o, struct mdl_model *m,
+                                    struct moe_error *err)
+{
+    enum moe_status st;
+    struct mdl_moe *e = &m->moe;
+    if ((st = hf_common(o, m, err))) return st;
+    if ((st = hf_head_dim(o, m, err))) return st;
+    m->attn.qk_norm = true; /* every Qwen3 block norms q and k per head */
+    if ((st = hf_bool(o, "attention_bias", false, &m->attn.bias, err))) return st;
+    if ((st = hf_int(o, "num_experts", true, 0, &e->experts, err))) return st;
+    if ((st = hf_int(o, "num_experts_per_tok", true, 0, &e->top_k, err))) return st;
+    if ((st = hf_int(o, "moe_intermediate_size", true, 0, &e->intermediate, err))) return st;
+    e->shared_intermediate = e->intermediate;
+    if ((st = hf_bool(o, "norm_topk_prob", false, &e->norm_topk, err))) return st;
+    if ((st = hf_int(o, "decoder_sparse_step", false, 1, &m->moe_every, err))) return st;
+    if ((st = hf_int(o, "intermediate_size", false, 0, &m->dense_intermediate, err))) return st;
+    struct moe_jval only;
+    bool present = false;
+    if (!moe_jval_is_null(o, "mlp_only_layers") &&
+        (st = moe_jval_array(o, "mlp_only_layers", false, &only, &present, err)))
+        return st;
+    if (present && moe_jval_len(&only) > 0)
+        return moe_jval_error(o, "mlp_only_layers", err,
+                              "dense layers at arbitrary positions are not supported");
+    e->scoring = MDL_SCORE_SOFTMAX;
+    return MOE_OK;
+}
+
+static enum moe_status hf_mixtral(const struct moe_jval *o, struct mdl_model *m,
+                                  struct moe_error *err)
+{
+    enum moe_status st;
+    struct mdl_moe *e = &m->moe;
+    if ((st = hf_common(o, m, err))) return st;
+    if ((st = hf_head_dim(o, m, err))) return st;
+    if ((st = hf_int(o, "sliding_window", false, 0, &m->attn.sliding_window, err))) return st;
+    if (m->attn.sliding_window) m->attn.sliding_every = 1; /* every layer slides */
+    if ((st = hf_int(o, "num_local_experts", true, 0, &e->experts, err))) return st;
+    if ((st = hf_int(o, "num_experts_per_tok", true, 0, &e->top_k, err))) return st;
+    if ((st = hf_int(o, "intermediate_size", true, 0, &e->intermediate, err))) return st;
+    e->shared_intermediate = e->intermediate;
+    /* softmax over all experts, top-k, renormalize == softmax over the k chosen logits */
+    e->softmax_after_topk = true;
+    e->scoring = MDL_SCORE_SOFTMAX;
+    return MOE_OK;
+}
+
+static enum moe_status hf_dbrx(const struct moe_jval *o, struct mdl_model *m,
+                               struct moe_error *err)
+{
+    enum moe_status st;
+    struct moe_jval attn, ffn;
+    struct mdl_moe *e = &m->moe;
+    if ((st = hf_int(o, "n_layers", true, 0, &m->layers, err))) return st;
+    if ((st = hf_int(o, "d_model", true, 0, &m->hidden, err))) return st;
+    if ((st = hf_int(o, "vocab_size", true, 0, &m->vocab, err))) return st;
+    if ((st = hf_int(o, "n_heads", true, 0, &m->attn.heads, err))) return st;
+    if ((st = hf_int(o, "max_seq_len", false, 4096, &m->max_seq_len, err))) return st;
+    if ((st = hf_bool(o, "tie_word_embeddings", false, &m->tied_embeddings, err))) return st;
+    if ((st = moe_jval_object(o, "attn_config", true, &attn, NULL, err))) return st;
+    if ((st = hf_int(&attn, "kv_n_heads", false, m->attn.heads, &m->attn.kv_heads, err)))
+        return st;
+    if ((st = hf_num(&attn, "rope_theta", 10000.0, &m->attn.rope_theta, err))) return st;
+    if ((st = moe_jval_object(o, "ffn_config", true, &ffn, NULL, err))) return st;
+    if ((st = hf_int(&ffn, "moe_num_experts", true, 0, &e->experts, err))) return st;
+    if ((st = hf_int(&ffn, "moe_top_k", true, 0, &e->top_k, err))) return st;
+    if ((st = hf_int(&ffn, "ffn_hidden_size", true, 0, &e->intermediate, err))) return st;
+    if ((st = hf_bool(&ffn, "moe_normalize_expert_weights", false, &e->norm_topk, err)))
+        return st;
+    e->shared_intermediate = e->intermediate;
+    m->attn.head_dim = m->attn.heads ? m->hidden / m->attn.heads : 0;
+    m->norm_eps = 1e-5;
+    e->scoring = MDL_SCORE_SOFTMAX;
+    return MOE_OK;
+}
+
+static enum moe_status hf_gpt_oss(const struct moe_jval *o, struct mdl_model *m,
+                                  struct moe_error *err)
+{
+    enum moe_status st;
+    struct mdl_moe *e = &m->moe;
+    if ((st = hf_common(o, m, err))) return st;
+    if ((st = hf_head_dim(o, m, err))) return st;
+    if ((st = hf_int(o, "num_local_experts", true, 0, &e->experts, err))) return st;
+    const char *k = moe_jval_has(o, "num_experts_per_tok") ? "num_experts_per_tok"
+                                                            : "experts_per_token";
+    if ((st = hf_int(o, k, true, 0, &e->top_k, err))) return st;
+    if ((st = hf_int(o, "intermediate_size", true, 0, &e->intermediate, err))) return st;
+    e->shared_intermediate = e->intermediate;
+    if ((st = hf_int(o, "sliding_window", false, 0, &m->attn.sliding_window, err))) return st;
+    if (m->attn.sliding_window) {
+        /* layer_types alternates sliding and full attention; check that it does. */
+        struct moe_jval types;
+        bool present = false;
+        if ((st = moe_jval_array(o, "layer_types", false, &types, &present, err))) return st;
+        m->attn.sliding_every = 2;
+        for (size_t i = 0; present && i < moe_jval_len(&types); i++) {
+            const char *t = json_string_value(json_array_get(types.json, i));
+            bool sliding = t && strcmp(t, "sliding_attention") == 0;
+            if (sliding != (i % 2 == 0))
+                return moe_jval_error(o, "layer_types", err,
+                                      "only alternating sliding/full attention is supported");
+        }
+    }
+    m->attn.bias = true;
+    m->attn.sinks = true;
+    e->expert_bias = true;
+    e->softmax_after_topk = true;
+    e->scoring = MDL_SCORE_SOFTMAX;
+    return MOE_OK;
+}
+
+static enum moe_status hf_llama4(const struct moe_jval *o, struct mdl_model *m,
+                                 struct moe_error *err)
+{
+    enum moe_status st;
+    struct moe_jval text;
+    struct mdl_moe *e = &m->moe;
+    bool nested = false;
+    if ((st = moe_jval_object(o, "text_config", false, &text, &nested, err))) return st;
+    const struct moe_jval *t = nested ? &text : o;
+    if ((st = hf_common(t, m, err))) return st;
+    if ((st = hf_head_dim(t, m, err))) return st;
+    if ((st = hf_int(t, "num_local_experts", true, 0, &e->experts, err))) return st;
+    if ((st = hf_int(t, "num_experts_per_tok", true, 0, &e->top_k, err))) return st;
+    if ((st = hf_int(t, "intermediate_size", true, 0, &e->intermediate, err))) return st;
+    if ((st = hf_int(t, "intermediate_size_mlp", false, 0, &m->dense_intermediate, err)))
+        return st;
+    if ((st = hf_int(t, "interleave_moe_layer_step", false, 1, &m->moe_every, err))) return st;
+    e->shared_experts = 1; /* every Llama 4 MoE block has one shared expert */
+    e->shared_intermediate = e->intermediate;
+    e->scoring = MDL_SCORE_SIGMOID;
+    return MOE_OK;
+}
+
+enum moe_status mdl_model_from_hf(struct mdl_model *m, const struct moe_jdoc *doc,
+                                  struct moe_error *err)
+{
+    struct moe_jval root;
+    enum moe_status st = moe_jdoc_root(doc, &root, err);
+    if (st != MOE_OK) return st;
+    char type[64];
+    if ((st = moe_jval_str(&root, "model_type", true, NULL, type, sizeof type, err))) return st;
+    struct mdl_model t;
+    memset(&t, 0, sizeof t);
+    t.moe_every = 1;
+    t.moe.n_group = t.moe.topk_group = 1;
+    t.moe.scaling = 1.0;
+    t.norm_eps = 1e-6;
+    t.attn.rope_theta = 10000.0;
+    if (!strcmp(type, "deepseek_v3") || !strcmp(type, "deepseek_v2") || !strcmp(type, "kimi_k2"))
+        st = hf_deepseek(&root, &t, err);
+    else if (!strcmp(type, "qwen3_moe")) st = hf_qwen3_moe(&root, &t, err);
+    else if (!strcmp(type, "mixtral")) st = hf_mixtral(&root, &t, err);
+    else if (!strcmp(type, "dbrx")) st = hf_dbrx(&root, &t, err);
+    else if (!strcmp(type, "gpt_oss")) st = hf_gpt_oss(&root, &t, err);
+    else if (!strcmp(type, "llama4")) st = hf_llama4(&root, &t, err);
+    else {
+        char list[256] = "";
+        size_t used = 0;
+        for (int i = 0; mdl_hf_model_types[i]; i++)
+            used += (size_t)snprintf(list + used, sizeof list - used, "%s%s", i ? ", " : "",
+                                     mdl_hf_model_types[i]);
+        return moe_jval_error(&root, "model_type", err,
+                              "model type '%s' is not supported (supported: %s)", type, list);
+    }
+    if (st != MOE_OK) return st;
+    if (t.moe.top_k == 0 || t.moe.experts == 0)
+        return moe_jval_error(&root, NULL, err, "the config has no MoE experts");
+    char name[MDL_NAME_MAX];
+    if (moe_jval_str(&root, "_name_or_path", false, "", name, sizeof name, NULL) != MOE_OK ||
+        !name[0]) {
+        int n = snprintf(name, sizeof name, "%s-hf", type);
+        if (n < 0 || (size_t)n >= sizeof name) name[sizeof name - 1] = '\0';
+    }
+    /* "org/model" -> "model": our names are short and path-free. */
+    const char *slash = strrchr(name, '/');
+    snprintf(t.name, sizeof t.name, "%s", slash ? slash + 1 : name);
+    if ((st = mdl_model_validate(&t, doc->file, err))) return st;
+    *m = t;
+    return MOE_OK;
+}
