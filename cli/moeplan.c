@@ -46,7 +46,11 @@ static void cmd_help(const struct cli_cmd *cmd, FILE *out)
     fprintf(out, "\noptions:\n");
     for (const struct cli_opt *o = cmd->opts; o && o->name; o++) {
         char left[64];
-        snprintf(left, sizeof left, "--%s%s%s", o->name, o->arg ? " " : "", o->arg ? o->arg : "");
+        bool letter = (o->val >= 'a' && o->val <= 'z') || (o->val >= 'A' && o->val <= 'Z');
+        char sh[8] = "";
+        if (letter) snprintf(sh, sizeof sh, "-%c, ", o->val);
+        snprintf(left, sizeof left, "%s--%s%s%s", sh, o->name, o->arg ? " " : "",
+                 o->arg ? o->arg : "");
         fprintf(out, "  %-24s %s\n", left, o->help);
     }
     fprintf(out, "  %-24s %s\n", "--help", "show this help and exit");
@@ -98,11 +102,20 @@ int cli_parse(const struct cli_cmd *cmd, int argc, char **argv, struct cli_arg *
         longopts[n] = (struct option){o->name, o->has_arg, NULL, o->val};
     longopts[n++] = (struct option){"help", no_argument, NULL, OPT_HELP};
     longopts[n] = (struct option){NULL, 0, NULL, 0};
+    /* An option whose val is a letter is also that short option (-o FILE). */
+    char shorts[2 * CLI_MAX_ARGS + 1];
+    size_t ns = 0;
+    for (const struct cli_opt *o = cmd->opts; o && o->name; o++)
+        if ((o->val >= 'a' && o->val <= 'z') || (o->val >= 'A' && o->val <= 'Z')) {
+            shorts[ns++] = (char)o->val;
+            if (o->has_arg) shorts[ns++] = ':';
+        }
+    shorts[ns] = '\0';
     *nout = 0;
     optind = 0; /* GNU getopt: 0 reinitializes */
     opterr = 0;
     for (;;) {
-        int c = getopt_long(argc, argv, "", longopts, NULL);
+        int c = getopt_long(argc, argv, shorts, longopts, NULL);
         if (c == -1) break;
         if (c == OPT_HELP) {
             cmd_help(cmd, stdout);
@@ -112,7 +125,8 @@ int cli_parse(const struct cli_cmd *cmd, int argc, char **argv, struct cli_arg *
             const char *bad = optind > 0 && optind <= argc ? argv[optind - 1] : "?";
             bool missing = false;
             for (const struct cli_opt *o = cmd->opts; o && o->name; o++)
-                if (o->has_arg && strncmp(bad, "--", 2) == 0 && strcmp(bad + 2, o->name) == 0)
+                if (o->has_arg && ((strncmp(bad, "--", 2) == 0 && strcmp(bad + 2, o->name) == 0) ||
+                                   (bad[0] == '-' && bad[1] == o->val && !bad[2])))
                     missing = true;
             return cli_usage(cmd, missing ? "option '%s' needs a value" : "unknown option '%s'",
                              bad);
@@ -180,10 +194,6 @@ static int cmd_run(struct cli *cli, const struct cli_cmd *cmd, int argc, char **
 
 enum { OPT_MODEL = 1, OPT_CLUSTER, OPT_LAYOUT, OPT_SEQ, OPT_GBS, OPT_JSON, OPT_O, OPT_CAL };
 
-static const struct cli_opt topo_opts[] = {
-    {"output", required_argument, OPT_O, "DIR", "where discovery writes the node XML and cluster"},
-    {NULL, 0, 0, NULL, NULL},
-};
 static const struct cli_opt plan_opts[] = {
     {"model", required_argument, OPT_MODEL, "M", "model name, model file or HF config.json"},
     {"cluster", required_argument, OPT_CLUSTER, "C", "cluster name or file"},
@@ -218,10 +228,9 @@ static const struct cli_opt bench_opts[] = {
 };
 
 static const struct cli_cmd commands[] = {
-    {"topo", "discover|show|check [options] [CLUSTER]",
-     "Discover this machine (hwloc), show or check a cluster.",
-     "cluster descriptions and hwloc discovery come with the models-and-clusters work (issue 3)",
-     topo_opts, cmd_not_built},
+    {"topo", "discover|show|list|generate [options] [CLUSTER|KIND]",
+     "Discover this machine (hwloc, NVML), show or list clusters.", NULL, cmd_topo_opts,
+     cmd_topo},
     {"plan", "[options]",
      "Choose layout and expert placement; write plan.json.",
      "the layout search and GLPK placement come with the planner work (issue 5)", plan_opts,

@@ -433,6 +433,47 @@ enum moe_status moe_jval_str(const struct moe_jval *obj, const char *key, bool r
     return MOE_OK;
 }
 
+/* A number, or a string with units parsed by `parse`. */
+static enum moe_status member_units(const struct moe_jval *obj, const char *key, bool required,
+                                   double def, double min, double max, double *out,
+                                   enum moe_status (*parse)(const char *, double *,
+                                                            struct moe_error *),
+                                   struct moe_error *err)
+{
+    json_t *j = NULL;
+    enum moe_status st = member_get(obj, key, required, &j, err);
+    if (st != MOE_OK) return st;
+    double v = def;
+    if (j && json_is_number(j)) {
+        v = json_number_value(j);
+    } else if (j && json_is_string(j)) {
+        struct moe_error perr;
+        if (parse(json_string_value(j), &v, &perr) != MOE_OK)
+            return moe_jval_error(obj, key, err, "%s", perr.message);
+    } else if (j) {
+        return moe_jval_error(obj, key, err, "must be a number or a string with units, not %s",
+                              json_type_name(j));
+    }
+    if (j && (!isfinite(v) || v < min || v > max))
+        return moe_jval_error(obj, key, err, "must be in [%g, %g], got %g", min, max, v);
+    *out = v;
+    return MOE_OK;
+}
+
+enum moe_status moe_jval_size(const struct moe_jval *obj, const char *key, bool required,
+                              double def, double min, double max, double *out,
+                              struct moe_error *err)
+{
+    return member_units(obj, key, required, def, min, max, out, moe_parse_size, err);
+}
+
+enum moe_status moe_jval_bandwidth(const struct moe_jval *obj, const char *key, bool required,
+                                   double def, double min, double max, double *out,
+                                   struct moe_error *err)
+{
+    return member_units(obj, key, required, def, min, max, out, moe_parse_bandwidth, err);
+}
+
 enum moe_status moe_jval_enum(const struct moe_jval *obj, const char *key, bool required, int def,
                               const char *const *names, int *out, struct moe_error *err)
 {

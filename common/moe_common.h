@@ -250,6 +250,14 @@ enum moe_status moe_jval_bool(const struct moe_jval *obj, const char *key, bool 
                               bool *out, struct moe_error *err);
 enum moe_status moe_jval_str(const struct moe_jval *obj, const char *key, bool required,
                              const char *def, char *buf, size_t cap, struct moe_error *err);
+/* A size ("141GB", "64K", or a plain number) or a bandwidth ("400Gbps", "450GB/s", or a number of
+ * bytes per second), parsed by the unit rules above; must be in [min, max]. */
+enum moe_status moe_jval_size(const struct moe_jval *obj, const char *key, bool required,
+                              double def, double min, double max, double *out,
+                              struct moe_error *err);
+enum moe_status moe_jval_bandwidth(const struct moe_jval *obj, const char *key, bool required,
+                                   double def, double min, double max, double *out,
+                                   struct moe_error *err);
 /* A string that must be one of `names` (NULL-terminated); stores its index. */
 enum moe_status moe_jval_enum(const struct moe_jval *obj, const char *key, bool required, int def,
                               const char *const *names, int *out, struct moe_error *err);
