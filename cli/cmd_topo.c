@@ -72,7 +72,7 @@ static int topo_show(struct cli *cli, const char *spec)
     struct moe_error err;
     if (topo_cluster_resolve(&c, spec, dir, &err) != MOE_OK) return cli_fail(cli, &err);
     const struct topo_gpu_spec *g = &c.gpu;
-    char a[32], b[32];
+    char b[32];
     printf("%s: %s\n", c.name, c.description);
     printf("GPUs: %d usable of %d (%d nodes x %d %s); %d NVLink domain%s of %d node%s, %d GPUs "
            "used in each\n",
