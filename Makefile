@@ -25,7 +25,9 @@ build: deps
 
 run: build
 	$(MOEPLAN) --version
-	$(MOEPLAN) check model/*.json
+	$(MOEPLAN) check model/*.json topologies/*.json topologies/xml/*.xml
+	$(MOEPLAN) model show deepseek-v3
+	$(MOEPLAN) topo show gb300-nvl72-x16
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure

@@ -8,6 +8,7 @@
 
 #include "cli.h"
 #include "mdl.h"
+#include "topo.h"
 
 enum { OPT_QUIET = 1 };
 
@@ -17,13 +18,27 @@ const struct cli_opt cmd_check_opts[] = {
 };
 
 /* Schemas moeplan writes or reads, and whether this build can validate them yet. */
-static const char *const known_schemas[] = {"moeplan.cluster", "moeplan.plan",
-                                            "moeplan.measured", "moeplan.routing",
-                                            "moeplan.calibration", NULL};
+static const char *const known_schemas[] = {"moeplan.plan", "moeplan.measured",
+                                            "moeplan.routing", "moeplan.calibration", NULL};
 
-static enum moe_status check_file(const char *file, char *summary, size_t cap,
-                                  struct moe_error *err)
+/* A node XML: well-formed, accepted by hwloc, and what hwloc reads back from it. */
+static enum moe_status check_xml(const char *file, char *summary, size_t cap,
+                                 struct moe_error *err)
 {
+    struct topo_node n;
+    enum moe_status st = topo_node_load_xml(&n, file, err);
+    if (st != MOE_OK) return st;
+    snprintf(summary, cap, "hwloc node: %d packages, %d cores, %d GPUs, %d NICs, %s", n.packages,
+             n.cores, n.ngpus, n.nics,
+             n.has_nvlink_matrix ? "NVLinkBandwidth matrix" : "no NVLink matrix");
+    return MOE_OK;
+}
+
+static enum moe_status check_file(const struct cli *cli, const char *file, char *summary,
+                                  size_t cap, struct moe_error *err)
+{
+    size_t len = strlen(file);
+    if (len > 4 && strcmp(file + len - 4, ".xml") == 0) return check_xml(file, summary, cap, err);
     struct moe_jdoc doc;
     char schema[128];
     int version;
@@ -38,6 +53,33 @@ static enum moe_status check_file(const char *file, char *summary, size_t cap,
                  m.moe.top_k, m.attn.type == MDL_ATTN_MLA ? "MLA" : "GQA");
         goto cleanup;
     }
+    if (strcmp(schema, TOPO_CLUSTER_SCHEMA) == 0) {
+        char dir[MOE_PATH_MAX], gpus[MOE_PATH_MAX];
+        cli_data_path(cli, "topologies", dir, sizeof dir);
+        topo_gpus_file_for(file, dir, gpus, sizeof gpus);
+        struct topo_cluster c;
+        if ((st = topo_cluster_from_doc(&c, &doc, gpus, err)) != MOE_OK) goto cleanup;
+        snprintf(summary, cap, "%s v%d: %s, %d x %s usable in %d NVLink domain%s", schema,
+                 version, c.name, c.gpus_usable, c.gpu.name, c.domains, c.domains == 1 ? "" : "s");
+        if (c.node_xml[0]) {
+            struct topo_node n;
+            if ((st = topo_node_load_xml(&n, c.node_xml, err)) != MOE_OK) goto cleanup;
+            if (n.ngpus != c.gpus_per_node) {
+                st = moe_error_set_at(err, MOE_ERR_INPUT, file, 0, 0,
+                                      "the node XML %s has %d GPUs, the cluster says %d per node",
+                                      c.node_xml, n.ngpus, c.gpus_per_node);
+                goto cleanup;
+            }
+        }
+        goto cleanup;
+    }
+    if (strcmp(schema, TOPO_GPUS_SCHEMA) == 0) {
+        struct topo_gpu_spec specs[64];
+        int n = 0;
+        if ((st = topo_gpus_load(file, specs, 64, &n, err)) != MOE_OK) goto cleanup;
+        snprintf(summary, cap, "%s v%d: %d GPU specs", schema, version, n);
+        goto cleanup;
+    }
     for (const char *const *k = known_schemas; *k; k++) {
         if (strcmp(schema, *k) == 0) {
             st = moe_error_set_at(err, MOE_ERR_UNSUPPORTED, file, 0, 0,
@@ -47,8 +89,8 @@ static enum moe_status check_file(const char *file, char *summary, size_t cap,
     }
     struct moe_jval root;
     moe_jdoc_root(&doc, &root, NULL);
-    st = moe_jval_error(&root, "schema", err, "unknown schema \"%s\" (known: %s, %s, ...)", schema,
-                        MDL_SCHEMA, known_schemas[0]);
+    st = moe_jval_error(&root, "schema", err, "unknown schema \"%s\" (known: %s, %s, %s, ...)",
+                        schema, MDL_SCHEMA, TOPO_CLUSTER_SCHEMA, TOPO_GPUS_SCHEMA);
 cleanup:
     moe_jdoc_free(&doc);
     return st;
@@ -69,7 +111,7 @@ int cmd_check(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
         struct moe_error err;
         char summary[512];
         moe_error_clear(&err);
-        enum moe_status st = check_file(argv[i], summary, sizeof summary, &err);
+        enum moe_status st = check_file(cli, argv[i], summary, sizeof summary, &err);
         if (st != MOE_OK) {
             int code = cli_fail(cli, &err);
             if (worst == 0 || code > worst) worst = code;

@@ -213,6 +213,20 @@ enum moe_status topo_cluster_load(struct topo_cluster *c, const char *file, cons
     return st;
 }
 
+void topo_gpus_file_for(const char *cluster_file, const char *topo_dir, char *buf, size_t cap)
+{
+    /* A cluster outside the shipped folder (a discovered local.json) names GPUs of the shipped
+     * spec file unless it has its own gpus.json beside it. */
+    default_gpus_file(cluster_file, buf, cap);
+    FILE *f = fopen(buf, "r");
+    if (f) {
+        fclose(f);
+        return;
+    }
+    int n = snprintf(buf, cap, "%s/gpus.json", topo_dir);
+    if (n < 0 || (size_t)n >= cap) buf[cap - 1] = '\0';
+}
+
 enum moe_status topo_cluster_resolve(struct topo_cluster *c, const char *spec,
                                      const char *topo_dir, struct moe_error *err)
 {
@@ -235,12 +249,7 @@ enum moe_status topo_cluster_resolve(struct topo_cluster *c, const char *spec,
                                  spec, path);
         fclose(f);
     }
-    /* A cluster outside the shipped folder (a discovered local.json) still names GPUs of the
-     * shipped spec file unless it has its own gpus.json beside it. */
-    default_gpus_file(path, gpus, sizeof gpus);
-    FILE *f = fopen(gpus, "r");
-    if (f) fclose(f);
-    else snprintf(gpus, sizeof gpus, "%s/gpus.json", topo_dir);
+    topo_gpus_file_for(path, topo_dir, gpus, sizeof gpus);
     return topo_cluster_load(c, path, gpus, err);
 }
 

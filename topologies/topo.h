@@ -98,6 +98,8 @@ enum moe_status topo_cluster_from_doc(struct topo_cluster *c, const struct moe_j
 /* A shipped name ("gb200-nvl72-x16", looked up as topo_dir/NAME.json) or a path. */
 enum moe_status topo_cluster_resolve(struct topo_cluster *c, const char *spec,
                                      const char *topo_dir, struct moe_error *err);
+/* The gpus.json for a cluster file: the one beside it, else topo_dir/gpus.json. */
+void topo_gpus_file_for(const char *cluster_file, const char *topo_dir, char *buf, size_t cap);
 /* Fill the derived counts (domains, gpus_total, gpus_usable) from the others. */
 void topo_cluster_derive(struct topo_cluster *c);
 enum moe_status topo_cluster_validate(const struct topo_cluster *c, const char *where,

@@ -182,12 +182,88 @@ static void test_not_built(void **state)
 #endif
 }
 
+static void test_model_commands(void **state)
+{
+    (void)state;
+    static struct result r;
+    RUN(&r, "model", "list");
+    assert_int_equal(r.code, 0);
+    expect_in(r.out, "deepseek-v3");
+    expect_in(r.out, "671.03 B");
+    expect_in(r.out, "llama4-scout");
+    RUN(&r, "model", "show", "deepseek-v3");
+    assert_int_equal(r.code, 0);
+    expect_in(r.out, "parameters: 671.03 B total, 37.55 B active per token");
+    expect_in(r.out, "250.45 GFLOP forward + backward");
+    expect_in(r.out, "routed_experts");
+    RUN(&r, "model", "show", "tests/data/hf/mixtral.json");
+    assert_int_equal(r.code, 0);
+    expect_in(r.out, "46.70 B total");
+    RUN(&r, "model", "show", "deepseek-v2-lite", "--layers", "4", "--experts", "16");
+    assert_int_equal(r.code, 0);
+    expect_in(r.out, "deepseek-v2-lite-L4-E16: 4 blocks (1 dense, 3 MoE)");
+    RUN(&r, "model", "show", "deepseek-v3", "--experts", "12");
+    assert_int_equal(r.code, 3);
+    expect_in(r.err, "not divisible by n_group (8)");
+    RUN(&r, "model", "show", "deepseek-v3", "--layers", "abc");
+    assert_int_equal(r.code, 2);
+    expect_in(r.err, "--layers");
+    RUN(&r, "model", "show", "no-such-model");
+    assert_int_equal(r.code, 3);
+    expect_in(r.err, "no model named 'no-such-model'");
+    RUN(&r, "model", "show", "tests/data/hf/unsupported.json");
+    assert_int_equal(r.code, 3);
+    expect_in(r.err, "unsupported.json:2:17: model_type: model type 'mamba' is not supported");
+    RUN(&r, "model", "frob");
+    assert_int_equal(r.code, 2);
+}
+
+static void test_topo_commands(void **state)
+{
+    (void)state;
+    static struct result r;
+    RUN(&r, "topo", "list");
+    assert_int_equal(r.code, 0);
+    expect_in(r.out, "gb300-nvl72-x16");
+    expect_in(r.out, "hgx-h100-x128");
+    RUN(&r, "topo", "show", "gb300-nvl72-x16");
+    assert_int_equal(r.code, 0);
+    expect_in(r.out, "GPUs: 1024 usable of 1152 (288 nodes x 4 GB300); 16 NVLink domains");
+    expect_in(r.out, "NVLink     64 GPUs per domain");
+    expect_in(r.out, "900 GB/s to each");
+    RUN(&r, "topo", "show", "no-such-cluster");
+    assert_int_equal(r.code, 3);
+    RUN(&r, "topo", "show", "tests/data/topo/bad-gpu.json");
+    assert_int_equal(r.code, 3);
+    expect_in(r.err, "bad-gpu.json:5:10: gpu: unknown GPU model 'A100'");
+    RUN(&r, "check", "tests/data/topo/bad-nesting.xml");
+    assert_int_equal(r.code, 3);
+    expect_in(r.err, "bad-nesting.xml:4:3: </objekt> does not close <object>");
+    RUN(&r, "check", "topologies/hgx-h200-x8.json", "topologies/xml/gb200-tray.xml",
+        "topologies/gpus.json");
+    assert_int_equal(r.code, 0);
+    expect_in(r.out, "8 x H200 usable in 1 NVLink domain");
+    expect_in(r.out, "4 GPUs, 4 NICs, NVLinkBandwidth matrix");
+    RUN(&r, "topo", "discover", "-o", "/tmp");
+    assert_int_equal(r.code, 0);
+    expect_in(r.out, "hwloc: /tmp/local-node.xml written");
+    if (!strstr(r.out, "no NVIDIA GPU found")) expect_in(r.out, "cluster: /tmp/local.json written");
+    unlink("/tmp/local-node.xml");
+    unlink("/tmp/local.json");
+    RUN(&r, "topo", "discover", "-o");
+    assert_int_equal(r.code, 2);
+    expect_in(r.err, "option '-o' needs a value");
+    RUN(&r, "topo", "discover", "-o", "/nonexistent");
+    assert_int_equal(r.code, 3);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_version),      cmocka_unit_test(test_help),
         cmocka_unit_test(test_usage_errors), cmocka_unit_test(test_check),
         cmocka_unit_test(test_check_bad_input), cmocka_unit_test(test_not_built),
+        cmocka_unit_test(test_model_commands),  cmocka_unit_test(test_topo_commands),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
