@@ -47,7 +47,7 @@ static void print_node(const struct topo_node *n, const char *label)
             if (lo == 0 || v < lo) lo = v;
             if (v > hi) hi = v;
         }
-        snprintf(mem, sizeof mem, "%.1f GB", g->memory_bytes / 1e9);
+        moe_format_bytes(g->memory_bytes, mem, sizeof mem);
         rpt_table_row(t, NULL);
         rpt_table_cell(t, NULL, "%d", i);
         rpt_table_cell(t, NULL, "%s", g->pci_busid);
@@ -82,8 +82,10 @@ static int topo_show(struct cli *cli, const char *spec)
     printf("GPU %s (%s): %.0f TFLOPS bf16, %.0f fp8", g->name, g->arch, g->bf16_tflops,
            g->fp8_tflops);
     if (g->fp4_tflops > 0) printf(", %.0f fp4", g->fp4_tflops);
-    printf(", %.0f GB HBM at %.2f TB/s, %d SMs, %.0f W\n", g->hbm_bytes / 1e9,
-           g->hbm_bytes_per_s / 1e12, g->sms, g->power_w);
+    char hbm[32];
+    moe_format_bytes(g->hbm_bytes, hbm, sizeof hbm);
+    printf(", %s HBM at %.2f TB/s, %d SMs, %.0f W\n", hbm, g->hbm_bytes_per_s / 1e12, g->sms,
+           g->power_w);
     snprintf(b, sizeof b, "%.0f GB", c.cpu_memory_bytes / 1e9);
     printf("node %s: %d sockets x %d cores, %s CPU memory, %d NICs x %.0f Gb/s on %d rails\n",
            c.node_name, c.cpu_sockets, c.cores_per_socket, b, c.nics_per_node,
@@ -105,9 +107,11 @@ static int topo_show(struct cli *cli, const char *spec)
         rpt_table_print(t, stdout);
     }
     rpt_table_destroy(t);
-    printf("totals over %d usable GPUs: %.1f PFLOPS bf16, %.1f TB HBM, %.2f MW GPU power\n",
-           c.gpus_usable, g->bf16_tflops * c.gpus_usable / 1e3,
-           g->hbm_bytes * c.gpus_usable / 1e12, g->power_w * c.gpus_usable / 1e6);
+    char total_hbm[32];
+    moe_format_bytes(g->hbm_bytes * c.gpus_usable, total_hbm, sizeof total_hbm);
+    printf("totals over %d usable GPUs: %.1f PFLOPS bf16, %s HBM, %.1f kW GPU power\n",
+           c.gpus_usable, g->bf16_tflops * c.gpus_usable / 1e3, total_hbm,
+           g->power_w * c.gpus_usable / 1e3);
     if (c.node_xml[0]) {
         struct topo_node n;
         if (topo_node_load_xml(&n, c.node_xml, &err) != MOE_OK) return cli_fail(cli, &err);

@@ -278,7 +278,9 @@ enum moe_status topo_discover(const char *out_dir, const char *gpus_file,
         c.gpus_per_node = ng;
         c.cpu_sockets = d.node.packages > 0 ? d.node.packages : 1;
         c.cores_per_socket = d.node.cores / c.cpu_sockets;
-        c.cpu_memory_bytes = d.node.memory_bytes;
+        /* Some VMs show only part of their memory in the NUMA nodes: take the larger count. */
+        double phys = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+        c.cpu_memory_bytes = d.node.memory_bytes > phys ? d.node.memory_bytes : phys;
         c.nics_per_node = d.node.nics;
         c.rails = d.node.nics;
         c.nic_bytes_per_s = spec->nic_bytes_per_s;

@@ -35,13 +35,13 @@ static void test_gpu_specs(void **state)
     const struct topo_gpu_spec *h200 = topo_gpu_find(s, n, "H200");
     assert_non_null(h200);
     assert_true(h200->bf16_tflops == 989 && h200->fp8_tflops == 1979);
-    assert_true(h200->hbm_bytes == 141e9 && h200->hbm_bytes_per_s == 4.8e12);
+    assert_true(h200->hbm_bytes == 141.0 * (1 << 30) && h200->hbm_bytes_per_s == 4.8e12);
     assert_true(h200->nvlink_bytes_per_s == 450e9 && h200->nvlink_links == 18);
     assert_true(h200->nic_bytes_per_s == 50e9);
     assert_int_equal(h200->sms, 132);
     assert_int_equal(h200->pci_device_id, 0x2335);
     const struct topo_gpu_spec *gb300 = topo_gpu_find(s, n, "GB300");
-    assert_true(gb300->hbm_bytes == 288e9 && gb300->nic_bytes_per_s == 100e9);
+    assert_true(gb300->hbm_bytes == 288.0 * (1 << 30) && gb300->nic_bytes_per_s == 100e9);
     assert_int_equal(gb300->nvlink_domain_gpus, 72);
     assert_true(gb300->fp4_tflops == 15000);
     /* Names as drivers report them. */
