@@ -231,6 +231,14 @@ static void test_topo_commands(void **state)
     expect_in(r.out, "GPUs: 1024 usable of 1152 (288 nodes x 4 GB300); 16 NVLink domains");
     expect_in(r.out, "NVLink     64 GPUs per domain");
     expect_in(r.out, "900 GB/s to each");
+    static const char *const shipped[] = {"gb200-nvl72", "gb300-nvl72", "gb200-nvl72-x16",
+                                          "gb300-nvl72-x16", "hgx-h100-x128", "hgx-h200-x8",
+                                          "dgx-b200-x32"};
+    for (size_t i = 0; i < sizeof shipped / sizeof shipped[0]; i++) {
+        RUN(&r, "topo", "show", shipped[i]);
+        assert_int_equal(r.code, 0);
+        expect_in(r.out, "GB/s to each"); /* the NVLink matrix read back */
+    }
     RUN(&r, "topo", "show", "no-such-cluster");
     assert_int_equal(r.code, 3);
     RUN(&r, "topo", "show", "tests/data/topo/bad-gpu.json");

@@ -206,6 +206,20 @@ static void test_counts_by_hand_mla(void **state)
     assert_true(f.fwd[MDL_ATTN_CORE] == 3 * 2.0 * 4 * 40 * 32);
     assert_true(f.fwd[MDL_SHARED] == 2 * 2.0 * 3 * 64 * 32);
     assert_true(f.fwd[MDL_DENSE_FFN] == 2.0 * 3 * 64 * 128);
+    /* Activations of the MoE block: normed input 128 B; q_a out + normed 2 x 64; kv_a out
+     * (16 + 8) x 2 and normed kv 16 x 2; q, k (24 each) and v (16) for 4 heads; attention output
+     * 4 x 16 x 2. Router: input 128, fp32 logits 8 x 4, top-3 ids and weights 3 x 8. Routed:
+     * 3 copies of (input 128 + gate/up 128 + SwiGLU 64 + output 128); shared: 3 x 2 x 32. */
+    struct mdl_activations a;
+    mdl_block_activations(&m, 1, &a);
+    assert_true(a.bytes[MDL_ATTN_PROJ] == 128 + 128 + 48 + 32 + 2.0 * 4 * (2 * 24 + 16) + 128);
+    assert_true(a.bytes[MDL_ROUTER] == 128 + 32 + 24);
+    assert_true(a.bytes[MDL_ROUTED] == 3 * (128 + 128 + 64 + 128));
+    assert_true(a.bytes[MDL_SHARED] == 3 * 2 * 32);
+    assert_true(a.bytes[MDL_ATTN_CORE] == 16);
+    mdl_block_activations(&m, 0, &a);
+    assert_true(a.bytes[MDL_DENSE_FFN] == 128 + 3 * 2 * 128);
+    assert_true(a.bytes[MDL_ROUTED] == 0);
 }
 
 static void test_sliding_window_flops(void **state)
