@@ -58,6 +58,8 @@ void cli_data_path(const struct cli *cli, const char *rel, char *buf, size_t cap
 int cmd_check(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv);
 int cmd_model(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv);
 int cmd_topo(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv);
-extern const struct cli_opt cmd_check_opts[], cmd_model_opts[], cmd_topo_opts[];
+int cmd_predict(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv);
+extern const struct cli_opt cmd_check_opts[], cmd_model_opts[], cmd_topo_opts[],
+    cmd_predict_opts[];
 
 #endif

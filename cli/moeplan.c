@@ -204,16 +204,6 @@ static const struct cli_opt plan_opts[] = {
     {"calibration", required_argument, OPT_CAL, "FILE", "calibration profile"},
     {NULL, 0, 0, NULL, NULL},
 };
-static const struct cli_opt predict_opts[] = {
-    {"model", required_argument, OPT_MODEL, "M", "model name, model file or HF config.json"},
-    {"cluster", required_argument, OPT_CLUSTER, "C", "cluster name or file"},
-    {"gpus", required_argument, OPT_GPUS, "N", "use the first N GPUs of the cluster"},
-    {"layout", required_argument, OPT_LAYOUT, "K=V,...", "tp, pp, vpp, ep, etp, dp, zero, mbs, gbs"},
-    {"seq-len", required_argument, OPT_SEQ, "S", "sequence length"},
-    {"json", required_argument, OPT_JSON, "FILE", "write the prediction as JSON"},
-    {"calibration", required_argument, OPT_CAL, "FILE", "calibration profile"},
-    {NULL, 0, 0, NULL, NULL},
-};
 static const struct cli_opt calibrate_opts[] = {
     {"output", required_argument, OPT_O, "FILE", "write the profile here"},
     {NULL, 0, 0, NULL, NULL},
@@ -235,9 +225,9 @@ static const struct cli_cmd commands[] = {
      "Choose layout and expert placement; write plan.json.",
      "the layout search and GLPK placement come with the planner work (issue 5)", plan_opts,
      cmd_not_built},
-    {"predict", "[options]",
-     "Predict step time, phases and memory of a given layout.",
-     "the cost model comes with the cost-model work (issue 4)", predict_opts, cmd_not_built},
+    {"predict", "--model M --cluster C --layout K=V,... [options]",
+     "Predict step time, phases and memory of a given layout.", NULL, cmd_predict_opts,
+     cmd_predict},
     {"run", "PLAN [options]",
      "Train a plan for real on GPUs and measure each phase.",
 #ifdef MOEPLAN_HAVE_EXECUTOR

@@ -1,0 +1,267 @@
+/*
+ * cmd_predict.c: `moeplan predict`: one layout's step time by phase, throughput and memory.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "plan.h"
+#include "rpt.h"
+
+enum { OPT_MODEL = 1, OPT_CLUSTER, OPT_GPUS, OPT_PRECISION, OPT_SEQ, OPT_LAYOUT, OPT_JSON,
+       OPT_CAL, OPT_ROUTING, OPT_SEED, OPT_LAYERS, OPT_EXPERTS };
+
+const struct cli_opt cmd_predict_opts[] = {
+    {"model", required_argument, OPT_MODEL, "M", "model name, model file or HF config.json"},
+    {"cluster", required_argument, OPT_CLUSTER, "C", "cluster name or file"},
+    {"gpus", required_argument, OPT_GPUS, "N", "use the first N GPUs of the cluster"},
+    {"layout", required_argument, OPT_LAYOUT, "K=V,...",
+     "tp, pp, vpp, ep, etp, dp, zero, mbs, gbs, recompute, dispatcher, overlap"},
+    {"precision", required_argument, OPT_PRECISION, "P", "bf16 (default), fp8, mxfp8"},
+    {"seq-len", required_argument, OPT_SEQ, "S", "sequence length (4096)"},
+    {"routing", required_argument, OPT_ROUTING, "R",
+     "uniform (default), zipf:S, dirichlet:ALPHA or a routing/measured JSON file"},
+    {"seed", required_argument, OPT_SEED, "N", "seed of a synthetic routing (1)"},
+    {"calibration", required_argument, OPT_CAL, "FILE", "calibration profile"},
+    {"layers", required_argument, OPT_LAYERS, "N", "proxy: keep N blocks"},
+    {"experts", required_argument, OPT_EXPERTS, "E", "proxy: E routed experts"},
+    {"json", required_argument, OPT_JSON, "FILE", "also write the prediction as JSON"},
+    {NULL, 0, 0, NULL, NULL},
+};
+
+/* The inputs every planner command shares, loaded and validated. */
+struct predict_inputs {
+    struct mdl_model model;
+    struct topo_cluster cluster;
+    struct cost_calibration cal;
+    struct cost_routing routing;
+    bool have_routing;
+    int gpus;
+};
+
+static int load_inputs(struct cli *cli, const struct cli_cmd *cmd, const char *model,
+                       const char *cluster, uint64_t gpus, const char *cal_file,
+                       const char *routing, uint64_t seed, const struct mdl_overrides *ov,
+                       struct predict_inputs *in)
+{
+    struct moe_error err;
+    char dir[MOE_PATH_MAX];
+    if (!model) return cli_usage(cmd, "--model is required");
+    if (!cluster) return cli_usage(cmd, "--cluster is required");
+    memset(in, 0, sizeof *in);
+    cli_data_path(cli, "model", dir, sizeof dir);
+    if (mdl_model_resolve(&in->model, model, dir, &err) != MOE_OK ||
+        mdl_model_override(&in->model, ov, &err) != MOE_OK)
+        return cli_fail(cli, &err);
+    cli_data_path(cli, "topologies", dir, sizeof dir);
+    if (topo_cluster_resolve(&in->cluster, cluster, dir, &err) != MOE_OK) return cli_fail(cli, &err);
+    in->gpus = gpus ? (int)gpus : in->cluster.gpus_usable;
+    if (in->gpus > in->cluster.gpus_usable) {
+        moe_error_set(&err, MOE_ERR_INFEASIBLE, "--gpus %d: %s has %d usable GPUs", in->gpus,
+                      in->cluster.name, in->cluster.gpus_usable);
+        return cli_fail(cli, &err);
+    }
+    cost_calibration_defaults(&in->cal, &in->cluster.gpu);
+    if (cal_file && cost_calibration_load(&in->cal, cal_file, &err) != MOE_OK)
+        return cli_fail(cli, &err);
+    const struct mdl_moe *e = &in->model.moe;
+    enum moe_status st = MOE_OK;
+    if (!routing || !strcmp(routing, "uniform")) {
+        st = cost_routing_synthetic(&in->routing, COST_ROUTING_UNIFORM, 0, seed, e->experts,
+                                    e->top_k, &err);
+    } else if (!strncmp(routing, "zipf:", 5) || !strncmp(routing, "dirichlet:", 10)) {
+        bool zipf = routing[0] == 'z';
+        char *end;
+        double v = strtod(strchr(routing, ':') + 1, &end);
+        if (*end) return cli_usage(cmd, "--routing %s: a number after ':'", routing);
+        st = cost_routing_synthetic(&in->routing, zipf ? COST_ROUTING_ZIPF : COST_ROUTING_DIRICHLET,
+                                    v, seed, e->experts, e->top_k, &err);
+    } else {
+        st = cost_routing_load(&in->routing, routing, e->experts, e->top_k, &err);
+    }
+    if (st != MOE_OK) return cli_fail(cli, &err);
+    in->have_routing = true;
+    return -1;
+}
+
+static void fmt_us(double us, char *buf, size_t cap)
+{
+    if (us == 0.0) snprintf(buf, cap, "-");
+    else moe_format_time_us(us, buf, cap);
+}
+
+static void print_prediction(const struct predict_inputs *in, const struct cost_layout *l,
+                             const struct cost_result *r)
+{
+    char lay[512];
+    cost_layout_format(l, lay, sizeof lay);
+    printf("%s on %d x %s of %s\nlayout: %s\nmicro-batches: %d; calibration: %s\n\n",
+           in->model.name, in->gpus, in->cluster.gpu.name, in->cluster.name, lay,
+           r->micro_batches, in->cal.source);
+    const char *h[] = {"phase", "compute", "communication", "exposed", "share"};
+    struct rpt_table *t = rpt_table_create(5, h, "lrrrr");
+    char a[32], b[32], c[32];
+    for (int p = 0; t && p < COST_NPHASES; p++) {
+        if (p == COST_STEP) continue;
+        if (r->compute_us[p] == 0 && r->comm_us[p] == 0 && r->exposed_us[p] == 0) continue;
+        fmt_us(r->compute_us[p], a, sizeof a);
+        fmt_us(r->comm_us[p], b, sizeof b);
+        fmt_us(r->exposed_us[p], c, sizeof c);
+        rpt_table_row(t, NULL);
+        rpt_table_cell(t, NULL, "%s", cost_phase_names[p]);
+        rpt_table_cell(t, NULL, "%s", a);
+        rpt_table_cell(t, NULL, "%s", b);
+        rpt_table_cell(t, NULL, "%s", c);
+        rpt_table_cell(t, NULL, "%.1f%%", 100.0 * r->exposed_us[p] / r->step_us);
+    }
+    fmt_us(r->step_us, c, sizeof c);
+    rpt_table_row(t, NULL);
+    rpt_table_cell(t, NULL, "step");
+    rpt_table_cell(t, NULL, "%s", "");
+    rpt_table_cell(t, NULL, "%s", "");
+    rpt_table_cell(t, NULL, "%s", c);
+    rpt_table_cell(t, NULL, "100.0%%");
+    if (t) rpt_table_print(t, stdout);
+    rpt_table_destroy(t);
+    printf("\nthroughput: %.0f tokens/s/GPU, %.1f model TFLOPS/GPU, MFU %.1f%% (of %.0f bf16 "
+           "TFLOPS); bubble %.1f%%\n",
+           r->tokens_per_s_per_gpu, r->model_tflops_per_gpu, 100 * r->mfu,
+           in->cluster.gpu.bf16_tflops, 100 * r->bubble_fraction);
+    if (l->ep > 1) {
+        moe_format_bytes(r->dispatch_bytes_per_gpu, a, sizeof a);
+        moe_format_bytes(r->dispatch_bytes_nodedup, b, sizeof b);
+        printf("experts: hottest EP rank has %.2fx the balanced load; dispatch sends %s per GPU "
+               "per MoE layer and micro-batch (%s without dedup)\n",
+               r->hottest_rank_load, a, b);
+    }
+    printf("\nmemory per GPU (fullest pipeline rank):\n");
+    const char *hm[] = {"category", "bytes"};
+    t = rpt_table_create(2, hm, "lr");
+    for (int k = 0; t && k < COST_NMEM; k++) {
+        moe_format_bytes(r->memory_bytes[k], a, sizeof a);
+        rpt_table_row(t, NULL);
+        rpt_table_cell(t, NULL, "%s", cost_mem_names[k]);
+        rpt_table_cell(t, NULL, "%s", a);
+    }
+    moe_format_bytes(r->memory_total_bytes, a, sizeof a);
+    rpt_table_row(t, NULL);
+    rpt_table_cell(t, NULL, "total");
+    rpt_table_cell(t, NULL, "%s", a);
+    if (t) rpt_table_print(t, stdout);
+    rpt_table_destroy(t);
+    moe_format_bytes(r->memory_capacity_bytes, b, sizeof b);
+    moe_format_bytes(r->memory_capacity_bytes - r->memory_total_bytes, c, sizeof c);
+    printf("capacity %s after headroom; %s %s\n", b, r->fits ? "headroom left" : "short by",
+           r->fits ? c : a);
+}
+
+static enum moe_status write_json(const char *file, const struct predict_inputs *in,
+                                  const struct cost_layout *l, const struct cost_result *r,
+                                  struct moe_error *err)
+{
+    json_t *root = json_object(), *phases = json_object(), *mem = json_object();
+    char lay[512];
+    cost_layout_format(l, lay, sizeof lay);
+    json_object_set_new(root, "model", json_string(in->model.name));
+    json_object_set_new(root, "cluster", json_string(in->cluster.name));
+    json_object_set_new(root, "gpus", json_integer(in->gpus));
+    json_object_set_new(root, "layout", json_string(lay));
+    json_object_set_new(root, "calibration", json_string(in->cal.source));
+    json_object_set_new(root, "calibrated", json_boolean(in->cal.calibrated));
+    for (int p = 0; p < COST_NPHASES; p++) {
+        json_t *ph = json_object();
+        json_object_set_new(ph, "compute_us", json_real(r->compute_us[p]));
+        json_object_set_new(ph, "comm_us", json_real(r->comm_us[p]));
+        json_object_set_new(ph, "exposed_us", json_real(r->exposed_us[p]));
+        json_object_set_new(phases, cost_phase_names[p], ph);
+    }
+    json_object_set_new(root, "phases", phases);
+    json_object_set_new(root, "step_us", json_real(r->step_us));
+    json_object_set_new(root, "tokens_per_s_per_gpu", json_real(r->tokens_per_s_per_gpu));
+    json_object_set_new(root, "model_tflops_per_gpu", json_real(r->model_tflops_per_gpu));
+    json_object_set_new(root, "mfu", json_real(r->mfu));
+    json_object_set_new(root, "bubble_fraction", json_real(r->bubble_fraction));
+    for (int k = 0; k < COST_NMEM; k++)
+        json_object_set_new(mem, cost_mem_names[k], json_real(r->memory_bytes[k]));
+    json_object_set_new(mem, "total", json_real(r->memory_total_bytes));
+    json_object_set_new(mem, "capacity", json_real(r->memory_capacity_bytes));
+    json_object_set_new(root, "memory_bytes", mem);
+    json_object_set_new(root, "fits", json_boolean(r->fits));
+    enum moe_status st = moe_json_write_atomic(file, root, "moeplan.prediction", 1, err);
+    json_decref(root);
+    return st;
+}
+
+int cmd_predict(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
+{
+    struct cli_arg args[CLI_MAX_ARGS];
+    int nargs;
+    int rc = cli_parse(cmd, argc, argv, args, &nargs);
+    if (rc >= 0) return rc;
+    const char *model = NULL, *cluster = NULL, *layout = NULL, *json = NULL, *cal = NULL,
+               *routing = NULL, *precision = NULL;
+    uint64_t gpus = 0, seq = 4096, seed = 1, v;
+    struct mdl_overrides ov = {0, 0};
+    for (int i = 0; i < nargs; i++) {
+        const char *val = args[i].value;
+        switch (args[i].val) {
+        case OPT_MODEL: model = val; break;
+        case OPT_CLUSTER: cluster = val; break;
+        case OPT_LAYOUT: layout = val; break;
+        case OPT_JSON: json = val; break;
+        case OPT_CAL: cal = val; break;
+        case OPT_ROUTING: routing = val; break;
+        case OPT_PRECISION: precision = val; break;
+        case OPT_GPUS:
+            if (!cli_count(cmd, "gpus", val, 1, 1u << 24, &gpus)) return 2;
+            break;
+        case OPT_SEQ:
+            if (!cli_count(cmd, "seq-len", val, 1, 1u << 30, &seq)) return 2;
+            break;
+        case OPT_SEED:
+            if (!cli_count(cmd, "seed", val, 0, UINT32_MAX, &seed)) return 2;
+            break;
+        case OPT_LAYERS:
+            if (!cli_count(cmd, "layers", val, 1, 100000, &v)) return 2;
+            ov.layers = (int)v;
+            break;
+        case OPT_EXPERTS:
+            if (!cli_count(cmd, "experts", val, 1, 65536, &v)) return 2;
+            ov.experts = (int)v;
+            break;
+        }
+    }
+    if (optind < argc) return cli_usage(cmd, "unexpected operand '%s'", argv[optind]);
+    if (!layout) return cli_usage(cmd, "--layout is required (e.g. tp=1,pp=8,ep=64)");
+    struct predict_inputs in;
+    rc = load_inputs(cli, cmd, model, cluster, gpus, cal, routing, seed, &ov, &in);
+    if (rc >= 0) return rc;
+    struct moe_error err;
+    struct cost_layout l = {1, 1, 1, 1, 1, 0, 1, (int)seq, 1, 0, COST_BF16,
+                            COST_RECOMPUTE_NONE, COST_DISPATCH_ALLTOALL, false};
+    if (precision) {
+        char buf[64];
+        snprintf(buf, sizeof buf, "precision=%s", precision);
+        if (cost_layout_parse(&l, buf, &err) != MOE_OK) return cli_usage(cmd, "%s", err.message);
+    }
+    if (cost_layout_parse(&l, layout, &err) != MOE_OK) {
+        cost_routing_free(&in.routing);
+        return cli_usage(cmd, "%s", err.message);
+    }
+    if (l.dp == 0) l.dp = in.gpus / (l.tp * l.pp) > 0 ? in.gpus / (l.tp * l.pp) : 1;
+    if (l.gbs == 0) l.gbs = l.dp * l.mbs * 8;
+    struct cost_ctx ctx;
+    cost_ctx_init(&ctx, &in.model, &in.cluster, &in.cal, in.gpus);
+    ctx.routing = &in.routing;
+    struct cost_result r;
+    enum moe_status st = cost_evaluate(&ctx, &l, &r, &err);
+    cost_routing_free(&in.routing);
+    if (st != MOE_OK) return cli_fail(cli, &err);
+    print_prediction(&in, &l, &r);
+    if (json && write_json(json, &in, &l, &r, &err) != MOE_OK) return cli_fail(cli, &err);
+    if (!r.fits) {
+        moe_error_set(&err, MOE_ERR_INFEASIBLE, "the layout does not fit: %s", r.reason);
+        return cli_fail(cli, &err);
+    }
+    return 0;
+}

@@ -1,0 +1,749 @@
+/*
+ * cost.c: one training step of a model on a cluster under a parallel layout: time per phase,
+ * exposed communication, the pipeline bubble, memory per GPU.
+ *
+ * How the step is built (everything per GPU, per micro-batch, then scheduled):
+ *   - Each block is costed by phase: GEMMs by shape through cost_gemm_us (roofline with wave
+ *     quantization and small-M/K penalties, so small experts cost more per FLOP), core attention at
+ *     a flash-attention efficiency, memory-bound kernels (norms, permute, router top-k, SwiGLU,
+ *     optimizer) at HBM bandwidth, plus a launch overhead per kernel.
+ *   - Expert GEMMs run on the hottest EP rank's rows: routing probabilities and the placement give
+ *     every rank's load, and the step waits for the slowest.
+ *   - Communication is alpha-beta per tier: NVLink inside a domain, the scale-out fabric across.
+ *     Dispatch/combine bytes come from the routing, the placement and the dedup mode; TP
+ *     all-gather/reduce-scatter are exposed; with overlap on, EP all-to-all hides behind another
+ *     micro-batch's attention and shared expert up to overlap_max; the DP gradient reduce-scatter
+ *     hides behind the last backward.
+ *   - Stage times go to the event-driven pipeline simulator (1F1B or interleaved), which gives the
+ *     makespan, the bubble and the in-flight micro-batches that set activation memory.
+ * Tokens per GPU: sequence parallelism is assumed with TP (each TP rank holds seq/tp tokens).
+ */
+#include "plan.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *const cost_phase_names[COST_NPHASES] = {
+    "embed", "attn_fwd", "attn_bwd", "router", "permute", "dispatch", "experts_fwd", "experts_bwd",
+    "combine", "unpermute", "shared_expert", "dense_ffn", "lm_head", "loss", "tp_comm",
+    "dp_grad_sync", "pp_p2p", "optimizer", "bubble", "step"};
+const char *const cost_mem_names[COST_NMEM] = {"weights",     "grads",           "optimizer",
+                                               "activations", "dispatch_buffers", "reserved"};
+
+#define BF16 2.0
+#define RESERVED_BYTES (2.5 * 1073741824.0) /* CUDA context, NCCL, cuBLAS workspace */
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Primitives                                                                                     */
+/* ---------------------------------------------------------------------------------------------- */
+
+double cost_gemm_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
+                    double m, double n, double k, bool fp8)
+{
+    if (m <= 0 || n <= 0 || k <= 0) return 0.0;
+    double peak = (fp8 && gpu->fp8_tflops > 0 ? gpu->fp8_tflops * cal->gemm_eff_fp8
+                                              : gpu->bf16_tflops * cal->gemm_eff) * 1e12;
+    double tiles = ceil(m / cal->gemm_tile_m) * ceil(n / cal->gemm_tile_n);
+    double waves = ceil(tiles / gpu->sms);
+    double wave_eff = tiles / (waves * gpu->sms);
+    double m_eff = m / (m + cal->gemm_m_half), k_eff = k / (k + cal->gemm_k_half);
+    double t_flops = 2.0 * m * n * k / (peak * wave_eff * m_eff * k_eff);
+    double bytes = (fp8 ? 1.0 : BF16) * (m * k + k * n) + BF16 * m * n;
+    double t_mem = bytes / (gpu->hbm_bytes_per_s * cal->hbm_eff);
+    return (t_flops > t_mem ? t_flops : t_mem) * 1e6 + cal->launch_us;
+}
+
+static double membound_us(const struct cost_ctx *c, double bytes, int kernels)
+{
+    return bytes / (c->cluster.gpu.hbm_bytes_per_s * c->cal.hbm_eff) * 1e6 +
+           kernels * c->cal.launch_us;
+}
+
+double cost_allreduce_us(double bytes, int n, double bytes_per_s, double latency_us)
+{
+    if (n <= 1 || bytes <= 0) return 0.0;
+    return 2.0 * (n - 1) / n * bytes / bytes_per_s * 1e6 + 2.0 * (n - 1) * latency_us;
+}
+
+double cost_allgather_us(double bytes, int n, double bytes_per_s, double latency_us)
+{
+    if (n <= 1 || bytes <= 0) return 0.0;
+    return (double)(n - 1) / n * bytes / bytes_per_s * 1e6 + (n - 1) * latency_us;
+}
+
+/* A group of `n` ranks spaced `stride` GPUs apart: inside one NVLink domain or across. */
+static void group_link(const struct cost_ctx *c, int n, int stride, double *bw, double *lat)
+{
+    const struct topo_cluster *t = &c->cluster;
+    bool inside = (long)n * stride <= t->gpus_used_per_domain;
+    if (inside) {
+        *bw = t->nvlink_bytes_per_s * c->cal.nvlink_allreduce_eff;
+        *lat = t->nvlink_latency_us;
+    } else {
+        *bw = t->scale_out_bytes_per_s * c->cal.scale_out_eff / t->oversubscription;
+        *lat = t->scale_out_latency_us;
+    }
+    if (*bw <= 0) *bw = 1e9; /* a domain of one GPU: nothing crosses */
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Routing: load per EP rank and the dispatch's expected copies per token                         */
+/* ---------------------------------------------------------------------------------------------- */
+
+static int expert_rank(const struct cost_ctx *c, int e, int ep)
+{
+    if (c->placement) return c->placement[e];
+    return e / (c->model.moe.experts / ep);
+}
+
+/* P(a token picks at least one expert of the set `in_set`). */
+static double hit_prob(const struct cost_ctx *c, const double *pick, const double *pair,
+                       const int *members, int n)
+{
+    const struct mdl_moe *e = &c->model.moe;
+    if (!c->routing || c->routing->kind == COST_ROUTING_UNIFORM) {
+        /* Exact for k distinct experts drawn uniformly: 1 - C(E - n, k) / C(E, k). */
+        double none = 1.0;
+        for (int i = 0; i < e->top_k; i++) none *= (double)(e->experts - n - i) / (e->experts - i);
+        return 1.0 - (none > 0 ? none : 0.0);
+    }
+    double sum = 0.0, most = 0.0, prod = 1.0;
+    for (int i = 0; i < n; i++) {
+        double p = pick[members[i]];
+        sum += p;
+        if (p > most) most = p;
+        prod *= 1.0 - (p < 1.0 ? p : 1.0);
+    }
+    double h;
+    if (pair) {
+        /* Second-order inclusion-exclusion with the measured co-activation, within its bounds. */
+        double both = 0.0;
+        for (int i = 0; i < n; i++)
+            for (int j = i + 1; j < n; j++)
+                both += pair[(size_t)members[i] * e->experts + members[j]];
+        h = sum - both;
+        double hi = sum < 1.0 ? sum : 1.0;
+        if (h < most) h = most;
+        if (h > hi) h = hi;
+    } else {
+        h = 1.0 - prod; /* independent picks */
+    }
+    return h;
+}
+
+struct moe_traffic {
+    double hot_ratio;        /* hottest rank's rows / balanced rows */
+    double hot_rows_frac;    /* hottest rank's share of all routed rows (x tokens x k) */
+    double nvlink_copies, scale_copies; /* per source token, expected */
+    double nodedup_copies;   /* all-to-all copies per source token (any tier) */
+    double recv_ratio;       /* most loaded receiver / average */
+};
+
+static void moe_traffic(const struct cost_ctx *c, const struct cost_layout *l, int layer_idx,
+                        struct moe_traffic *out)
+{
+    const struct mdl_moe *me = &c->model.moe;
+    int E = me->experts, ep = l->ep, k = me->top_k;
+    int rl = 0;
+    if (c->routing && c->routing->layers > 1) rl = layer_idx % c->routing->layers;
+    const double *pick = c->routing ? c->routing->pick + (size_t)rl * E : NULL;
+    const double *pair = c->routing && c->routing->pair
+                             ? c->routing->pair + (size_t)rl * E * E : NULL;
+    double uniform = (double)k / E;
+    enum { MAXR = 1024 };
+    double load[MAXR], hit[MAXR];
+    int members[4096];
+    memset(out, 0, sizeof *out);
+    if (ep > MAXR || E > 4096) ep = ep > MAXR ? MAXR : ep;
+    /* EP ranks per NVLink domain: EP peers sit etp GPUs apart. */
+    int rpd = c->cluster.gpus_used_per_domain / l->etp;
+    if (rpd < 1) rpd = 1;
+    if (rpd > ep) rpd = ep;
+    double max_load = 0.0, sum_load = 0.0, max_hit = 0.0, sum_hit = 0.0;
+    for (int r = 0; r < ep; r++) {
+        int n = 0;
+        double ld = 0.0;
+        for (int e = 0; e < E; e++)
+            if (expert_rank(c, e, ep) == r) {
+                members[n++] = e;
+                ld += pick ? pick[e] : uniform;
+            }
+        load[r] = ld;
+        hit[r] = n ? hit_prob(c, pick, pair, members, n) : 0.0;
+        if (ld > max_load) max_load = ld;
+        if (hit[r] > max_hit) max_hit = hit[r];
+        sum_load += ld;
+        sum_hit += hit[r];
+    }
+    out->hot_ratio = sum_load > 0 ? max_load / (sum_load / ep) : 1.0;
+    out->hot_rows_frac = sum_load > 0 ? max_load / sum_load : 1.0;
+    int ndom = (ep + rpd - 1) / rpd;
+    double nv = 0.0, so = 0.0;
+    for (int d = 0; d < ndom; d++) {
+        int r0 = d * rpd, r1 = r0 + rpd < ep ? r0 + rpd : ep, size = r1 - r0;
+        double L = 0.0, H = 0.0;
+        for (int r = r0; r < r1; r++) {
+            L += load[r];
+            H += hit[r];
+        }
+        if (l->dispatcher == COST_DISPATCH_ALLTOALL) {
+            nv += (size - 1) * L;            /* sum over s in d of (L_d - load_s) */
+            so += size * (sum_load - L);
+        } else {
+            nv += (size - 1) * H;
+            if (l->dispatcher == COST_DISPATCH_DEDUP_GPU) {
+                so += size * (sum_hit - H);
+            } else {
+                /* Once per remote domain, then fan-out inside it. */
+                for (int d2 = 0; d2 < ndom; d2++) {
+                    if (d2 == d) continue;
+                    int q0 = d2 * rpd, q1 = q0 + rpd < ep ? q0 + rpd : ep;
+                    int qn = 0;
+                    double H2 = 0.0;
+                    for (int r = q0; r < q1; r++) {
+                        H2 += hit[r];
+                        for (int e = 0; e < E; e++)
+                            if (expert_rank(c, e, ep) == r && qn < 4096) members[qn++] = e;
+                    }
+                    so += size * hit_prob(c, pick, pair, members, qn);
+                    nv += size * H2 * (1.0 - 1.0 / (q1 - q0));
+                }
+            }
+        }
+    }
+    out->nvlink_copies = nv / ep;
+    out->scale_copies = so / ep;
+    out->nodedup_copies = (k * ep - sum_load) / ep; /* k copies less those staying home */
+    out->recv_ratio = l->dispatcher == COST_DISPATCH_ALLTOALL
+                          ? out->hot_ratio
+                          : (sum_hit > 0 ? max_hit / (sum_hit / ep) : 1.0);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Blocks                                                                                         */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* One block's cost for one micro-batch on one GPU: phase compute (fwd and bwd), communication,
+ * and the overlap window. */
+struct block_cost {
+    double fwd[COST_NPHASES], bwd[COST_NPHASES]; /* compute, and exposed comm in comm phases */
+    double comm_fwd[COST_NPHASES], comm_bwd[COST_NPHASES];
+    double recompute_us;     /* forward work redone in backward */
+    double act_bytes;        /* activations kept for backward */
+    double dispatch_bytes, nodedup_bytes; /* per a2a, sent by this GPU */
+    double hot_ratio;
+};
+
+static void attention_cost(const struct cost_ctx *c, const struct cost_layout *l, int layer,
+                           struct block_cost *b)
+{
+    const struct mdl_model *m = &c->model;
+    const struct mdl_attention *a = &m->attn;
+    const struct topo_gpu_spec *g = &c->cluster.gpu;
+    const struct cost_calibration *cal = &c->cal;
+    bool fp8 = l->precision != COST_BF16;
+    double M = (double)l->mbs * l->seq_len; /* full sequence after the TP all-gather */
+    double h = m->hidden, H = (double)a->heads / l->tp, tp = l->tp;
+    double proj = 0.0;
+    if (a->type == MDL_ATTN_GQA) {
+        double kv = a->kv_heads >= l->tp ? (double)a->kv_heads / l->tp : 1.0;
+        proj += cost_gemm_us(cal, g, M, (H + 2 * kv) * a->head_dim, h, fp8);
+        proj += cost_gemm_us(cal, g, M, h, H * a->head_dim, fp8);
+    } else {
+        double qk = a->qk_nope_head_dim + a->qk_rope_head_dim;
+        if (a->q_lora_rank) {
+            proj += cost_gemm_us(cal, g, M / tp, a->q_lora_rank, h, fp8); /* on local tokens */
+            proj += cost_gemm_us(cal, g, M, H * qk, a->q_lora_rank, fp8);
+        } else {
+            proj += cost_gemm_us(cal, g, M, H * qk, h, fp8);
+        }
+        proj += cost_gemm_us(cal, g, M / tp, a->kv_lora_rank + a->qk_rope_head_dim, h, fp8);
+        proj += cost_gemm_us(cal, g, M, H * (a->qk_nope_head_dim + a->v_head_dim), a->kv_lora_rank,
+                             fp8);
+        proj += cost_gemm_us(cal, g, M, h, H * a->v_head_dim, fp8);
+    }
+    double flops[MDL_NCOMPONENTS];
+    mdl_block_flops_fwd(m, layer, l->seq_len, flops);
+    double core_flops = flops[MDL_ATTN_CORE] * M / tp;
+    double peak = g->bf16_tflops * 1e12;
+    double core_fwd = core_flops / (peak * cal->attn_fwd_eff) * 1e6 + cal->launch_us;
+    double core_bwd = 2.5 * core_flops / (peak * cal->attn_bwd_eff) * 1e6 + cal->launch_us;
+    /* Norms, RoPE, residual adds: a few passes over the local tokens. */
+    double T = M / tp;
+    double elt = membound_us(c, 8.0 * T * h * BF16, 6);
+    b->fwd[COST_ATTN_FWD] = proj + core_fwd + elt;
+    b->bwd[COST_ATTN_BWD] = 2.0 * proj + core_bwd + 2.0 * elt;
+    if (l->recompute == COST_RECOMPUTE_SELECTIVE) b->recompute_us += core_fwd + elt;
+    if (l->recompute == COST_RECOMPUTE_FULL) b->recompute_us += b->fwd[COST_ATTN_FWD];
+    /* Sequence-parallel TP: all-gather in, reduce-scatter out, and the same in backward. */
+    if (l->tp > 1) {
+        double bw, lat;
+        group_link(c, l->tp, 1, &bw, &lat);
+        double ag = cost_allgather_us(M * h * BF16, l->tp, bw, lat);
+        b->comm_fwd[COST_TP_COMM] += 2.0 * ag;
+        b->comm_bwd[COST_TP_COMM] += 2.0 * ag;
+    }
+}
+
+static double experts_on_hot_rank_us(const struct cost_ctx *c, const struct cost_layout *l,
+                                     const double *rows, int n, bool fp8, double *bwd_us)
+{
+    const struct topo_gpu_spec *g = &c->cluster.gpu;
+    const struct mdl_moe *e = &c->model.moe;
+    double h = c->model.hidden, f = (double)e->intermediate / l->etp, fwd = 0.0, bwd = 0.0;
+    for (int i = 0; i < n; i++) {
+        if (rows[i] <= 0) continue;
+        double up = cost_gemm_us(&c->cal, g, rows[i], 2 * f, h, fp8);
+        double down = cost_gemm_us(&c->cal, g, rows[i], h, f, fp8);
+        double act = membound_us(c, rows[i] * 3 * f * BF16, 1);
+        fwd += up + down + act;
+        /* dgrad and wgrad: two GEMMs of the same size each. */
+        bwd += 2.0 * (up + down) + 2.0 * act;
+    }
+    *bwd_us = bwd;
+    return fwd;
+}
+
+static void moe_cost(const struct cost_ctx *c, const struct cost_layout *l, int moe_index,
+                     struct block_cost *b)
+{
+    const struct mdl_model *m = &c->model;
+    const struct mdl_moe *e = &m->moe;
+    const struct topo_gpu_spec *g = &c->cluster.gpu;
+    const struct topo_cluster *t = &c->cluster;
+    bool fp8 = l->precision != COST_BF16;
+    double T = (double)l->mbs * l->seq_len / l->tp, h = m->hidden, k = e->top_k;
+    struct moe_traffic tr;
+    moe_traffic(c, l, moe_index, &tr);
+    b->hot_ratio = tr.hot_ratio;
+    /* Router: GEMM, scores, top-k. */
+    double router = cost_gemm_us(&c->cal, g, T, e->experts, h, false) +
+                    membound_us(c, 3.0 * T * e->experts * 4.0, 2);
+    b->fwd[COST_ROUTER] = router;
+    b->bwd[COST_ROUTER] = 2.0 * router;
+    /* Permute and unpermute: one read and one write per copy. */
+    double perm = membound_us(c, T * h * BF16 * (1.0 + k), 2);
+    b->fwd[COST_PERMUTE] = b->bwd[COST_PERMUTE] = perm;
+    b->fwd[COST_UNPERMUTE] = b->bwd[COST_UNPERMUTE] = perm;
+    /* Experts on the hottest rank: its local experts' rows. */
+    int ep = l->ep, local = 0;
+    double rows[4096];
+    double pool = T * ep * l->etp; /* tokens whose choices reach one expert group */
+    int rl = c->routing && c->routing->layers > 1 ? moe_index % c->routing->layers : 0;
+    const double *pick = c->routing ? c->routing->pick + (size_t)rl * e->experts : NULL;
+    /* the hottest rank */
+    int hot = 0;
+    double best = -1.0;
+    for (int r = 0; r < ep; r++) {
+        double ld = 0.0;
+        for (int x = 0; x < e->experts; x++)
+            if (expert_rank(c, x, ep) == r) ld += pick ? pick[x] : k / e->experts;
+        if (ld > best) {
+            best = ld;
+            hot = r;
+        }
+    }
+    for (int x = 0; x < e->experts && local < 4096; x++)
+        if (expert_rank(c, x, ep) == hot)
+            rows[local++] = (pick ? pick[x] : k / e->experts) * pool;
+    double ebwd;
+    b->fwd[COST_EXPERTS_FWD] = experts_on_hot_rank_us(c, l, rows, local, fp8, &ebwd);
+    b->bwd[COST_EXPERTS_BWD] = ebwd;
+    if (l->recompute == COST_RECOMPUTE_SELECTIVE) {
+        double sw = 0.0;
+        for (int i = 0; i < local; i++)
+            sw += membound_us(c, rows[i] * 3.0 * e->intermediate / l->etp * BF16, 1);
+        b->recompute_us += sw;
+    }
+    /* Shared experts on the local tokens. */
+    if (e->shared_experts) {
+        double fs = (double)e->shared_experts * e->shared_intermediate;
+        double sh = cost_gemm_us(&c->cal, g, T, 2 * fs, h, fp8) +
+                    cost_gemm_us(&c->cal, g, T, h, fs, fp8) + membound_us(c, T * 3 * fs * BF16, 1);
+        b->fwd[COST_SHARED_EXPERT] = sh;
+        b->bwd[COST_SHARED_EXPERT] = 2.0 * sh;
+    }
+    if (l->recompute == COST_RECOMPUTE_FULL)
+        b->recompute_us += b->fwd[COST_ROUTER] + b->fwd[COST_PERMUTE] + b->fwd[COST_UNPERMUTE] +
+                           b->fwd[COST_EXPERTS_FWD] + b->fwd[COST_SHARED_EXPERT];
+    /* Dispatch and combine. fp8 training dispatches fp8 tokens with per-128 scales; the combine
+     * stays bf16. */
+    double tok_bytes = h * BF16, disp_bytes = fp8 ? h * (1.0 + 4.0 / 128.0) : tok_bytes;
+    double nv_bw = t->nvlink_bytes_per_s * c->cal.nvlink_eff;
+    double so_bw = t->scale_out_bytes_per_s * c->cal.scale_out_eff / t->oversubscription;
+    double a2a[2];
+    for (int i = 0; i < 2; i++) {
+        double bytes = i == 0 ? disp_bytes : tok_bytes;
+        double tn = nv_bw > 0 ? tr.nvlink_copies * T * bytes / nv_bw : 0.0;
+        double ts = tr.scale_copies * T * bytes / so_bw;
+        double slowest = tn > ts ? tn : ts;
+        a2a[i] = ep > 1 ? c->cal.a2a_latency_us + slowest * 1e6 * tr.recv_ratio : 0.0;
+    }
+    b->dispatch_bytes = (tr.nvlink_copies + tr.scale_copies) * T * disp_bytes;
+    b->nodedup_bytes = tr.nodedup_copies * T * disp_bytes;
+    b->comm_fwd[COST_DISPATCH] = a2a[0];
+    b->comm_fwd[COST_COMBINE] = a2a[1];
+    /* Backward: the combine's gradient travels like a dispatch, the dispatch's like a combine. */
+    b->comm_bwd[COST_COMBINE] = a2a[0];
+    b->comm_bwd[COST_DISPATCH] = a2a[1];
+}
+
+static void dense_ffn_cost(const struct cost_ctx *c, const struct cost_layout *l,
+                           struct block_cost *b)
+{
+    const struct topo_gpu_spec *g = &c->cluster.gpu;
+    bool fp8 = l->precision != COST_BF16;
+    double M = (double)l->mbs * l->seq_len, h = c->model.hidden;
+    double f = (double)c->model.dense_intermediate / l->tp;
+    double ffn = cost_gemm_us(&c->cal, g, M, 2 * f, h, fp8) + cost_gemm_us(&c->cal, g, M, h, f, fp8) +
+                 membound_us(c, M * 3 * f * BF16, 1);
+    b->fwd[COST_DENSE_FFN] = ffn;
+    b->bwd[COST_DENSE_FFN] = 2.0 * ffn;
+    if (l->recompute == COST_RECOMPUTE_SELECTIVE) b->recompute_us += membound_us(c, M * 3 * f * BF16, 1);
+    if (l->recompute == COST_RECOMPUTE_FULL) b->recompute_us += ffn;
+    if (l->tp > 1) {
+        double bw, lat;
+        group_link(c, l->tp, 1, &bw, &lat);
+        double ag = cost_allgather_us(M * h * BF16, l->tp, bw, lat);
+        b->comm_fwd[COST_TP_COMM] += 2.0 * ag;
+        b->comm_bwd[COST_TP_COMM] += 2.0 * ag;
+    }
+}
+
+/* Activation bytes one GPU keeps for one micro-batch of this block. */
+static double block_activation_bytes(const struct cost_ctx *c, const struct cost_layout *l,
+                                     int layer, double hot_ratio)
+{
+    const struct mdl_model *m = &c->model;
+    struct mdl_activations a;
+    mdl_block_activations(m, layer, &a);
+    double T = (double)l->mbs * l->seq_len / l->tp;
+    if (l->recompute == COST_RECOMPUTE_FULL) return T * m->hidden * BF16; /* the block input */
+    double per_token = a.total - a.bytes[MDL_ROUTED];
+    double routed = a.bytes[MDL_ROUTED] * hot_ratio * (l->etp > 1 ? 1.0 : 1.0);
+    if (l->recompute == COST_RECOMPUTE_SELECTIVE) {
+        /* Norm inputs and activation-function outputs are recomputed, not kept. */
+        per_token -= a.bytes[MDL_NORMS];
+        double f = m->moe.intermediate;
+        if (mdl_layer_is_moe(m, layer)) {
+            routed -= m->moe.top_k * BF16 * f * hot_ratio;
+            per_token -= m->moe.shared_experts * BF16 * m->moe.shared_intermediate;
+        } else {
+            per_token -= BF16 * m->dense_intermediate;
+        }
+    }
+    return T * (per_token + routed);
+}
+
+static void block_cost(const struct cost_ctx *c, const struct cost_layout *l, int layer,
+                       int moe_index, struct block_cost *b)
+{
+    memset(b, 0, sizeof *b);
+    b->hot_ratio = 1.0;
+    attention_cost(c, l, layer, b);
+    if (mdl_layer_is_moe(&c->model, layer)) moe_cost(c, l, moe_index, b);
+    else dense_ffn_cost(c, l, b);
+    b->act_bytes = block_activation_bytes(c, l, layer, b->hot_ratio);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* The step                                                                                       */
+/* ---------------------------------------------------------------------------------------------- */
+
+void cost_ctx_init(struct cost_ctx *ctx, const struct mdl_model *m, const struct topo_cluster *c,
+                   const struct cost_calibration *cal, int gpus)
+{
+    memset(ctx, 0, sizeof *ctx);
+    ctx->model = *m;
+    ctx->cluster = *c;
+    if (cal) ctx->cal = *cal;
+    else cost_calibration_defaults(&ctx->cal, &c->gpu);
+    ctx->gpus = gpus;
+    ctx->memory_headroom = 0.05;
+    ctx->dispatch_buffer_factor = 2.0;
+}
+
+/* Layers of virtual stage v (contiguous blocks; the remainder goes to the middle stages, away
+ * from the first and last, which carry the embedding and the LM head). */
+static void stage_range(const struct cost_ctx *c, int stages, int v, int *first, int *count)
+{
+    int L = c->model.layers, base = L / stages, extra = L % stages;
+    *first = *count = 0;
+    /* Which stages take one more layer, in order of preference: 1 .. stages-2, last, first. */
+    int start = 0;
+    for (int s = 0; s <= v; s++) {
+        int pos = stages == 1 ? 0 : s == 0 ? stages - 1 : s - 1;
+        int n = base + (pos < extra ? 1 : 0);
+        if (s == v) {
+            *first = start;
+            *count = n;
+        }
+        start += n;
+    }
+}
+
+struct stage_cost {
+    double fwd_us, bwd_us;   /* per micro-batch: compute + exposed comm */
+    double phases[COST_NPHASES]; /* per micro-batch exposed time by phase (fwd + bwd) */
+    double comm[COST_NPHASES];   /* per micro-batch communication by phase */
+    double act_bytes;        /* per micro-batch */
+    double dense_params, expert_params; /* parameters in this virtual stage */
+    double dispatch_bytes, nodedup_bytes, hot_ratio;
+    int moe_layers;
+};
+
+static void stage_cost(const struct cost_ctx *c, const struct cost_layout *l, int v, int stages,
+                       struct stage_cost *s)
+{
+    memset(s, 0, sizeof *s);
+    const struct mdl_model *m = &c->model;
+    int first, count;
+    stage_range(c, stages, v, &first, &count);
+    int moe_before = 0;
+    for (int i = 0; i < first; i++) moe_before += mdl_layer_is_moe(m, i);
+    /* Identical blocks cost the same: cost a dense and an MoE block once unless the routing
+     * differs per layer. */
+    bool per_layer = c->routing && c->routing->layers > 1;
+    struct block_cost dense_b, moe_b;
+    bool have_dense = false, have_moe = false;
+    for (int i = first; i < first + count; i++) {
+        bool moe = mdl_layer_is_moe(m, i);
+        struct block_cost bl;
+        const struct block_cost *b;
+        if (moe && (per_layer || !have_moe)) {
+            block_cost(c, l, i, moe_before, &bl);
+            if (!per_layer) {
+                moe_b = bl;
+                have_moe = true;
+            }
+            b = per_layer ? &bl : &moe_b;
+        } else if (moe) {
+            b = &moe_b;
+        } else if (!have_dense) {
+            block_cost(c, l, i, 0, &dense_b);
+            have_dense = true;
+            b = &dense_b;
+        } else {
+            b = &dense_b;
+        }
+        if (moe) moe_before++;
+        /* Overlap: EP all-to-all hides behind the attention and shared expert of another
+         * micro-batch, up to overlap_max of it. */
+        double a2a_f = b->comm_fwd[COST_DISPATCH] + b->comm_fwd[COST_COMBINE];
+        double a2a_b = b->comm_bwd[COST_DISPATCH] + b->comm_bwd[COST_COMBINE];
+        double hide_f = 0.0, hide_b = 0.0;
+        if (l->overlap && a2a_f > 0) {
+            double win_f = b->fwd[COST_ATTN_FWD] + b->fwd[COST_SHARED_EXPERT];
+            double win_b = b->bwd[COST_ATTN_BWD] + b->bwd[COST_SHARED_EXPERT];
+            hide_f = fmin(c->cal.overlap_max * a2a_f, win_f) / a2a_f;
+            hide_b = fmin(c->cal.overlap_max * a2a_b, win_b) / a2a_b;
+        }
+        for (int p = 0; p < COST_NPHASES; p++) {
+            double comm_f = b->comm_fwd[p], comm_b = b->comm_bwd[p];
+            bool a2a = p == COST_DISPATCH || p == COST_COMBINE;
+            double ef = a2a ? comm_f * (1.0 - hide_f) : comm_f;
+            double eb = a2a ? comm_b * (1.0 - hide_b) : comm_b;
+            s->fwd_us += b->fwd[p] + ef;
+            s->bwd_us += b->bwd[p] + eb;
+            s->phases[p] += b->fwd[p] + b->bwd[p] + ef + eb;
+            s->comm[p] += comm_f + comm_b;
+        }
+        s->bwd_us += b->recompute_us;
+        /* recomputed forward work is charged to the forward phases it repeats */
+        s->phases[mdl_layer_is_moe(m, i) ? COST_EXPERTS_BWD : COST_ATTN_BWD] += b->recompute_us;
+        s->act_bytes += b->act_bytes;
+        if (moe) {
+            s->moe_layers++;
+            s->dispatch_bytes = b->dispatch_bytes;
+            s->nodedup_bytes = b->nodedup_bytes;
+            if (b->hot_ratio > s->hot_ratio) s->hot_ratio = b->hot_ratio;
+        }
+        struct mdl_block_params bp;
+        mdl_block_params(m, i, &bp);
+        s->expert_params += bp.params[MDL_ROUTED];
+        for (int k = 0; k < MDL_NCOMPONENTS; k++)
+            if (k != MDL_ROUTED) s->dense_params += bp.params[k];
+    }
+    const struct topo_gpu_spec *g = &c->cluster.gpu;
+    double T = (double)l->mbs * l->seq_len / l->tp, M = (double)l->mbs * l->seq_len;
+    double h = m->hidden, V = (double)m->vocab / l->tp;
+    if (v == 0) { /* embedding */
+        double emb = membound_us(c, T * h * BF16 * 2.0, 1);
+        s->fwd_us += emb;
+        s->bwd_us += 2.0 * emb;
+        s->phases[COST_EMBED] += 3.0 * emb;
+        s->dense_params += (double)m->vocab * h;
+    }
+    if (v == stages - 1) { /* LM head and loss, vocab-parallel */
+        double head = cost_gemm_us(&c->cal, g, M, V, h, false);
+        double loss = membound_us(c, M * V * 4.0 * 3.0, 3);
+        s->fwd_us += head + loss;
+        s->bwd_us += 2.0 * head + loss;
+        s->phases[COST_LM_HEAD] += 3.0 * head;
+        s->phases[COST_LOSS] += 2.0 * loss;
+        if (!m->tied_embeddings || stages > 1) s->dense_params += (double)m->vocab * h;
+        s->dense_params += h; /* final norm */
+        s->act_bytes += M * V * BF16; /* logits kept for the loss backward */
+    }
+}
+
+static enum moe_status evaluate(const struct cost_ctx *c, const struct cost_layout *l,
+                                bool memory_only, struct cost_result *out, struct moe_error *err)
+{
+    enum moe_status st = cost_layout_check(l, &c->model, c->gpus, err);
+    if (st != MOE_OK) return st;
+    struct cost_result r;
+    memset(&r, 0, sizeof r);
+    const struct mdl_model *m = &c->model;
+    const struct topo_cluster *t = &c->cluster;
+    int pp = l->pp, vpp = l->vpp, stages = pp * vpp, mb = cost_layout_micro_batches(l);
+    if (stages > 256) return moe_error_set(err, MOE_ERR_INFEASIBLE, "more than 256 stages");
+    r.micro_batches = mb;
+    struct stage_cost sc[256];
+    for (int v = 0; v < stages; v++) stage_cost(c, l, v, stages, &sc[v]);
+
+    /* Pipeline: simulate (capped micro-batches, then the steady state adds the bottleneck). */
+    double fwd[256], bwd[256];
+    double h = m->hidden, T = (double)l->mbs * l->seq_len / l->tp;
+    double p2p = 0.0;
+    if (pp > 1) {
+        double bw, lat;
+        group_link(c, 2, l->tp * l->dp, &bw, &lat);
+        p2p = lat + T * h * BF16 / bw * 1e6;
+    }
+    for (int v = 0; v < stages; v++) {
+        fwd[v] = sc[v].fwd_us;
+        bwd[v] = sc[v].bwd_us;
+    }
+    int cap = 4 * pp > 16 ? 4 * pp : 16;
+    int sim_mb = mb;
+    if (mb > cap) sim_mb = vpp > 1 ? cap - cap % pp : cap;
+    struct cost_pipe_result pr;
+    if ((st = cost_pipeline_simulate(pp, vpp, sim_mb, fwd, bwd, p2p, &pr, err))) return st;
+    double per_rank[64] = {0};
+    int busiest = 0;
+    for (int v = 0; v < stages; v++) per_rank[v % pp] += fwd[v] + bwd[v];
+    for (int s = 0; s < pp; s++)
+        if (per_rank[s] > per_rank[busiest]) busiest = s;
+    double makespan = pr.makespan_us + (mb - sim_mb) * per_rank[busiest];
+
+    /* Memory of each pp rank; the fullest sets the answer. */
+    int edp = l->tp * l->dp / (l->ep * l->etp);
+    double worst = -1.0;
+    for (int s = 0; s < pp; s++) {
+        double dense = 0, expert = 0, act = 0, disp = 0;
+        for (int v = s; v < stages; v += pp) {
+            dense += sc[v].dense_params;
+            expert += sc[v].expert_params / (l->ep * l->etp);
+            /* In flight: the simulation's most chunks held, spread over this rank's chunks. */
+            act += sc[v].act_bytes * (double)pr.max_in_flight[s] / vpp;
+            if (sc[v].moe_layers) {
+                double rows = T * m->moe.top_k * l->etp;
+                disp = (c->dispatch_buffer_factor + 1.0) * rows * h * BF16 * 2.0;
+            }
+        }
+        double mem[COST_NMEM] = {0};
+        double dense_shard = l->zero >= 3 ? l->dp : 1, exp_shard = l->zero >= 3 ? edp : 1;
+        double dense_gpu = dense / l->tp; /* TP splits the dense parameters */
+        mem[COST_MEM_WEIGHTS] = BF16 * (dense_gpu / dense_shard + expert / exp_shard);
+        double g_dense = l->zero >= 2 ? l->dp : 1, g_exp = l->zero >= 2 ? edp : 1;
+        mem[COST_MEM_GRADS] = 4.0 * (dense_gpu / g_dense + expert / g_exp);
+        double o_dense = l->zero >= 1 ? l->dp : 1, o_exp = l->zero >= 1 ? edp : 1;
+        mem[COST_MEM_OPTIMIZER] = 12.0 * (dense_gpu / o_dense + expert / o_exp);
+        mem[COST_MEM_ACTIVATIONS] = act;
+        mem[COST_MEM_DISPATCH] = disp;
+        mem[COST_MEM_RESERVED] = RESERVED_BYTES;
+        double total = 0;
+        for (int k = 0; k < COST_NMEM; k++) total += mem[k];
+        if (total > worst) {
+            worst = total;
+            memcpy(r.memory_bytes, mem, sizeof mem);
+        }
+    }
+    r.memory_total_bytes = worst;
+    r.memory_capacity_bytes = t->gpu.hbm_bytes * (1.0 - c->memory_headroom);
+    r.fits = r.memory_total_bytes <= r.memory_capacity_bytes;
+    if (!r.fits) {
+        char need[32], have[32];
+        moe_format_bytes(r.memory_total_bytes, need, sizeof need);
+        moe_format_bytes(r.memory_capacity_bytes, have, sizeof have);
+        snprintf(r.reason, sizeof r.reason, "needs %s per GPU, %s available (%.0f%% headroom)",
+                 need, have, 100 * c->memory_headroom);
+    }
+    if (memory_only) {
+        *out = r;
+        return MOE_OK;
+    }
+
+    /* Data-parallel gradient sync and the optimizer, once per step, on the busiest rank. */
+    double dense = 0, expert = 0;
+    for (int v = busiest; v < stages; v += pp) {
+        dense += sc[v].dense_params / l->tp;
+        expert += sc[v].expert_params / (l->ep * l->etp);
+    }
+    double bw, lat, ebw, elat;
+    group_link(c, l->dp, l->tp, &bw, &lat);
+    group_link(c, edp, l->ep * l->etp, &ebw, &elat);
+    double rs = cost_allgather_us(dense * BF16, l->dp, bw, lat) +
+                cost_allgather_us(expert * BF16, edp, ebw, elat);
+    double ag = rs; /* the parameter all-gather moves the same bytes */
+    double dp_comm = l->zero == 0 ? 2.0 * rs : rs + ag;
+    if (l->zero >= 3) dp_comm += 2.0 * mb * ag; /* parameters gathered per micro-batch */
+    /* The reduce-scatter hides behind the last micro-batch's backward of this rank. */
+    double last_bwd = 0;
+    for (int v = busiest; v < stages; v += pp) last_bwd += bwd[v];
+    double dp_exposed = dp_comm - fmin(c->cal.overlap_max * (l->zero == 0 ? 2.0 * rs : rs), last_bwd);
+    double owned = dense / (l->zero >= 1 ? l->dp : 1) + expert / (l->zero >= 1 ? edp : 1);
+    double optim = membound_us(c, owned * 30.0, 4);
+
+    r.step_us = makespan + dp_exposed + optim;
+    for (int v = busiest; v < stages; v += pp)
+        for (int p = 0; p < COST_NPHASES; p++) {
+            r.exposed_us[p] += sc[v].phases[p] * mb;
+            r.comm_us[p] += sc[v].comm[p] * mb;
+        }
+    double busy = 0.0;
+    for (int p = 0; p < COST_NPHASES; p++) busy += r.exposed_us[p];
+    /* p2p sits on the pipeline's critical path: it shows up in the bubble, not as a phase. */
+    r.comm_us[COST_PP_P2P] = pp > 1 ? 2.0 * p2p * mb * vpp : 0.0;
+    r.exposed_us[COST_BUBBLE] = makespan - busy;
+    r.comm_us[COST_DP_GRAD_SYNC] = dp_comm;
+    r.exposed_us[COST_DP_GRAD_SYNC] = dp_exposed;
+    r.exposed_us[COST_OPTIMIZER] = optim;
+    r.exposed_us[COST_STEP] = r.step_us;
+    for (int p = 0; p < COST_NPHASES; p++) {
+        bool comm = p == COST_DISPATCH || p == COST_COMBINE || p == COST_TP_COMM ||
+                    p == COST_DP_GRAD_SYNC || p == COST_PP_P2P;
+        r.compute_us[p] = comm ? 0.0 : r.exposed_us[p];
+    }
+    r.compute_us[COST_BUBBLE] = r.compute_us[COST_STEP] = 0.0;
+    r.bubble_fraction = r.exposed_us[COST_BUBBLE] / r.step_us;
+    double tokens = (double)l->gbs * l->seq_len;
+    struct mdl_flops f;
+    mdl_flops_per_token(m, l->seq_len, &f);
+    double step_s = r.step_us / 1e6;
+    r.tokens_per_s_per_gpu = tokens / step_s / c->gpus;
+    r.model_tflops_per_gpu = f.train_total * tokens / step_s / c->gpus / 1e12;
+    r.mfu = r.model_tflops_per_gpu / t->gpu.bf16_tflops;
+    for (int v = 0; v < stages; v++) {
+        if (!sc[v].moe_layers) continue;
+        r.dispatch_bytes_per_gpu = sc[v].dispatch_bytes;
+        r.dispatch_bytes_nodedup = sc[v].nodedup_bytes;
+        if (sc[v].hot_ratio > r.hottest_rank_load) r.hottest_rank_load = sc[v].hot_ratio;
+    }
+    *out = r;
+    return MOE_OK;
+}
+
+enum moe_status cost_evaluate(const struct cost_ctx *ctx, const struct cost_layout *l,
+                              struct cost_result *out, struct moe_error *err)
+{
+    return evaluate(ctx, l, false, out, err);
+}
+
+enum moe_status cost_memory(const struct cost_ctx *ctx, const struct cost_layout *l,
+                            struct cost_result *out, struct moe_error *err)
+{
+    return evaluate(ctx, l, true, out, err);
+}

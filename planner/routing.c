@@ -1,0 +1,306 @@
+/*
+ * routing.c: which experts tokens choose, and what that means for dispatch bytes.
+ *
+ * A routing is, per MoE layer, the probability that a token picks expert e (summing to top_k) and,
+ * when measured, how often two experts are picked together. Synthetic skew (Zipf, Dirichlet) is
+ * seeded and its hot experts are shuffled over the expert ids, as in a trained model, so that a
+ * contiguous placement is not made worse than it is by construction.
+ *
+ * Dispatch bytes: a token crosses to a GPU once per (token, expert) with the plain all-to-all,
+ * once per distinct destination GPU with per-GPU dedup, and once per distinct destination domain
+ * over the scale-out fabric with per-domain dedup (then it fans out over NVLink). The exact count
+ * from explicit choices is in cost_dispatch_bytes_exact; the cost model's expectation is in cost.c.
+ */
+#include "plan.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+void cost_routing_free(struct cost_routing *r)
+{
+    if (!r) return;
+    free(r->pick);
+    free(r->pair);
+    r->pick = r->pair = NULL;
+}
+
+/* Scale w (sum 1) to picks summing to k with none above 1 (a token picks an expert at most once):
+ * water-filling of the excess over the experts below 1. */
+static void picks_from_weights(const double *w, int n, int k, double *pick)
+{
+    for (int i = 0; i < n; i++) pick[i] = w[i] * k;
+    for (int iter = 0; iter < n; iter++) {
+        double excess = 0.0, free_mass = 0.0;
+        for (int i = 0; i < n; i++) {
+            if (pick[i] > 1.0) {
+                excess += pick[i] - 1.0;
+                pick[i] = 1.0;
+            } else if (pick[i] < 1.0) {
+                free_mass += pick[i];
+            }
+        }
+        if (excess <= 1e-15 || free_mass <= 0.0) break;
+        for (int i = 0; i < n; i++)
+            if (pick[i] < 1.0) pick[i] += excess * pick[i] / free_mass;
+    }
+}
+
+enum moe_status cost_routing_synthetic(struct cost_routing *r, enum cost_routing_kind kind,
+                                       double param, uint64_t seed, int experts, int top_k,
+                                       struct moe_error *err)
+{
+    if (experts < 1 || top_k < 1 || top_k > experts)
+        return moe_error_set(err, MOE_ERR_INPUT, "routing: top_k %d of %d experts", top_k, experts);
+    if ((kind == COST_ROUTING_ZIPF && !(param >= 0.0 && param <= 10.0)) ||
+        (kind == COST_ROUTING_DIRICHLET && !(param > 0.0 && param <= 1e6)))
+        return moe_error_set(err, MOE_ERR_INPUT,
+                             "routing: Zipf exponent in [0, 10], Dirichlet alpha in (0, 1e6]");
+    double *w = malloc(sizeof *w * (size_t)experts);
+    double *pick = malloc(sizeof *pick * (size_t)experts);
+    int *perm = malloc(sizeof *perm * (size_t)experts);
+    if (!w || !pick || !perm) {
+        free(w);
+        free(pick);
+        free(perm);
+        return moe_error_set(err, MOE_ERR_NOMEM, "out of memory building a routing");
+    }
+    struct moe_rng rng;
+    moe_rng_seed(&rng, seed);
+    for (int i = 0; i < experts; i++) perm[i] = i;
+    for (int i = experts - 1; i > 0; i--) { /* Fisher-Yates */
+        int j = (int)moe_rng_below(&rng, (uint64_t)i + 1);
+        int t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    double sum = 0.0;
+    if (kind == COST_ROUTING_DIRICHLET) {
+        moe_rng_dirichlet(&rng, param, w, (size_t)experts);
+        sum = 1.0;
+    } else {
+        for (int i = 0; i < experts; i++) {
+            double v = kind == COST_ROUTING_ZIPF ? pow((double)i + 1.0, -param) : 1.0;
+            w[perm[i]] = v;
+            sum += v;
+        }
+        for (int i = 0; i < experts; i++) w[i] /= sum;
+    }
+    picks_from_weights(w, experts, top_k, pick);
+    free(w);
+    free(perm);
+    memset(r, 0, sizeof *r);
+    r->kind = kind;
+    r->param = param;
+    r->seed = seed;
+    r->experts = experts;
+    r->top_k = top_k;
+    r->layers = 1;
+    r->pick = pick;
+    return MOE_OK;
+}
+
+enum moe_status cost_routing_from_choices(struct cost_routing *r, const int *choice, int tokens,
+                                          int experts, int top_k, struct moe_error *err)
+{
+    if (tokens < 1 || experts < 1 || top_k < 1)
+        return moe_error_set(err, MOE_ERR_INPUT, "routing: no tokens");
+    double *pick = calloc((size_t)experts, sizeof *pick);
+    double *pair = calloc((size_t)experts * (size_t)experts, sizeof *pair);
+    if (!pick || !pair) {
+        free(pick);
+        free(pair);
+        return moe_error_set(err, MOE_ERR_NOMEM, "out of memory building a routing");
+    }
+    for (int t = 0; t < tokens; t++)
+        for (int a = 0; a < top_k; a++) {
+            int e = choice[t * top_k + a];
+            if (e < 0 || e >= experts) {
+                free(pick);
+                free(pair);
+                return moe_error_set(err, MOE_ERR_INPUT, "routing: expert %d of %d", e, experts);
+            }
+            pick[e] += 1.0 / tokens;
+            for (int b = 0; b < top_k; b++)
+                if (b != a) pair[(size_t)e * experts + choice[t * top_k + b]] += 1.0 / tokens;
+        }
+    memset(r, 0, sizeof *r);
+    r->kind = COST_ROUTING_MEASURED;
+    r->experts = experts;
+    r->top_k = top_k;
+    r->layers = 1;
+    r->pick = pick;
+    r->pair = pair;
+    return MOE_OK;
+}
+
+enum moe_status cost_routing_load(struct cost_routing *r, const char *file, int experts,
+                                  int top_k, struct moe_error *err)
+{
+    static const char *const keys[] = {"schema", "version", "model", "experts", "top_k", "tokens",
+                                       "layers", NULL};
+    static const char *const layer_keys[] = {"layer", "counts", "coactivation", NULL};
+    struct moe_jdoc doc;
+    struct moe_jval root, layers, lay, counts, co, row;
+    char schema[64];
+    int version;
+    int64_t e64, k64;
+    double *pick = NULL, *pair = NULL;
+    enum moe_status st = moe_jdoc_load(&doc, file, err);
+    if (st != MOE_OK) return st;
+    if ((st = moe_jdoc_schema(&doc, schema, sizeof schema, &version, err))) goto cleanup;
+    if ((st = moe_jdoc_root(&doc, &root, err))) goto cleanup;
+    if (strcmp(schema, "moeplan.routing") != 0 && strcmp(schema, "moeplan.measured") != 0) {
+        st = moe_jval_error(&root, "schema", err, "expected \"moeplan.routing\"");
+        goto cleanup;
+    }
+    if (strcmp(schema, "moeplan.measured") == 0) {
+        /* measured.json carries the routing under "routing". */
+        if ((st = moe_jval_object(&root, "routing", true, &root, NULL, err))) goto cleanup;
+    } else if ((st = moe_jval_keys(&root, keys, err))) {
+        goto cleanup;
+    }
+    if ((st = moe_jval_int(&root, "experts", true, 0, 1, 1 << 16, &e64, err))) goto cleanup;
+    if ((st = moe_jval_int(&root, "top_k", true, 0, 1, 1 << 16, &k64, err))) goto cleanup;
+    if (e64 != experts || k64 != top_k) {
+        st = moe_jval_error(&root, "experts", err,
+                            "routing of %lld experts top-%lld, the model has %d top-%d",
+                            (long long)e64, (long long)k64, experts, top_k);
+        goto cleanup;
+    }
+    if ((st = moe_jval_array(&root, "layers", true, &layers, NULL, err))) goto cleanup;
+    size_t nl = moe_jval_len(&layers), ne = (size_t)experts;
+    if (nl < 1 || nl > 4096) {
+        st = moe_jval_error(&root, "layers", err, "needs 1 to 4096 layers");
+        goto cleanup;
+    }
+    pick = calloc(nl * ne, sizeof *pick);
+    bool have_pairs = true;
+    if (!pick) {
+        st = moe_error_set(err, MOE_ERR_NOMEM, "out of memory reading %s", file);
+        goto cleanup;
+    }
+    for (size_t l = 0; l < nl; l++) {
+        if ((st = moe_jval_at_object(&layers, l, &lay, err))) goto cleanup;
+        if ((st = moe_jval_keys(&lay, layer_keys, err))) goto cleanup;
+        if ((st = moe_jval_array(&lay, "counts", true, &counts, NULL, err))) goto cleanup;
+        if (moe_jval_len(&counts) != ne) {
+            st = moe_jval_error(&lay, "counts", err, "needs %d counts", experts);
+            goto cleanup;
+        }
+        double total = 0.0, c;
+        for (size_t e = 0; e < ne; e++) {
+            if ((st = moe_jval_at_num(&counts, e, 0, 1e18, &c, err))) goto cleanup;
+            pick[l * ne + e] = c;
+            total += c;
+        }
+        if (total <= 0.0) {
+            st = moe_jval_error(&lay, "counts", err, "no token was routed");
+            goto cleanup;
+        }
+        double tokens = total / top_k;
+        for (size_t e = 0; e < ne; e++) pick[l * ne + e] /= tokens;
+        bool has_co = false;
+        if ((st = moe_jval_array(&lay, "coactivation", false, &co, &has_co, err))) goto cleanup;
+        if (!has_co) {
+            have_pairs = false;
+            continue;
+        }
+        if (moe_jval_len(&co) != ne) {
+            st = moe_jval_error(&lay, "coactivation", err, "needs %d rows", experts);
+            goto cleanup;
+        }
+        if (!pair && !(pair = calloc(nl * ne * ne, sizeof *pair))) {
+            st = moe_error_set(err, MOE_ERR_NOMEM, "out of memory reading %s", file);
+            goto cleanup;
+        }
+        for (size_t a = 0; a < ne; a++) {
+            json_t *rj = json_array_get(co.json, a);
+            if (!json_is_array(rj) || json_array_size(rj) != ne) {
+                st = moe_jval_error(&co, NULL, err, "row %zu must be an array of %d counts", a,
+                                    experts);
+                goto cleanup;
+            }
+            row.doc = co.doc;
+            row.json = rj;
+            int pn = snprintf(row.path, sizeof row.path, "%s[%zu]", co.path, a);
+            if (pn < 0 || (size_t)pn >= sizeof row.path) row.path[sizeof row.path - 1] = '\0';
+            for (size_t b = 0; b < ne; b++) {
+                double v;
+                if ((st = moe_jval_at_num(&row, b, 0, 1e18, &v, err))) goto cleanup;
+                pair[(l * ne + a) * ne + b] = a == b ? 0.0 : v / tokens;
+            }
+        }
+    }
+    memset(r, 0, sizeof *r);
+    r->kind = COST_ROUTING_MEASURED;
+    r->experts = experts;
+    r->top_k = top_k;
+    r->layers = (int)nl;
+    r->pick = pick;
+    r->pair = have_pairs ? pair : NULL;
+    if (!have_pairs) free(pair);
+    pick = pair = NULL;
+cleanup:
+    free(pick);
+    free(pair);
+    moe_jdoc_free(&doc);
+    return st;
+}
+
+void cost_dispatch_bytes_exact(const int *choice, const int *src_rank, int tokens, int top_k,
+                               const int *placement, const int *gpu_domain,
+                               enum cost_dispatcher mode, double bytes_per_token,
+                               struct cost_bytes *out)
+{
+    out->nvlink = out->scale_out = 0.0;
+    enum { MAXK = 64 };
+    for (int t = 0; t < tokens; t++) {
+        int src = src_rank[t], dst[MAXK], n = 0;
+        for (int a = 0; a < top_k && a < MAXK; a++) dst[n++] = placement[choice[t * top_k + a]];
+        if (mode == COST_DISPATCH_ALLTOALL) {
+            for (int i = 0; i < n; i++) {
+                if (dst[i] == src) continue;
+                if (gpu_domain[dst[i]] == gpu_domain[src]) out->nvlink += bytes_per_token;
+                else out->scale_out += bytes_per_token;
+            }
+            continue;
+        }
+        /* Distinct destination GPUs (and, for per-domain dedup, domains). */
+        int gpus[MAXK], ng = 0, doms[MAXK], nd = 0;
+        for (int i = 0; i < n; i++) {
+            bool seen = false;
+            for (int j = 0; j < ng; j++) seen |= gpus[j] == dst[i];
+            if (!seen) gpus[ng++] = dst[i];
+        }
+        for (int i = 0; i < ng; i++) {
+            if (gpus[i] == src) continue;
+            int d = gpu_domain[gpus[i]];
+            if (mode == COST_DISPATCH_DEDUP_GPU || d == gpu_domain[src]) {
+                if (d == gpu_domain[src]) out->nvlink += bytes_per_token;
+                else out->scale_out += bytes_per_token;
+                continue;
+            }
+            bool seen = false;
+            for (int j = 0; j < nd; j++) seen |= doms[j] == d;
+            if (!seen) doms[nd++] = d;
+        }
+        if (mode != COST_DISPATCH_DEDUP_DOMAIN) continue;
+        /* Once per remote domain, to the GPU of the same local index; then NVLink fan-out to
+         * the other destination GPUs of that domain. Local index: position among that domain's
+         * ranks (ranks of a domain are contiguous). */
+        for (int j = 0; j < nd; j++) {
+            out->scale_out += bytes_per_token;
+            int first_src = src, first_dst = -1;
+            while (first_src > 0 && gpu_domain[first_src - 1] == gpu_domain[src]) first_src--;
+            for (int i = 0; i < ng; i++)
+                if (gpu_domain[gpus[i]] == doms[j] && (first_dst < 0 || gpus[i] < first_dst))
+                    first_dst = gpus[i];
+            int base = first_dst;
+            while (base > 0 && gpu_domain[base - 1] == doms[j]) base--;
+            int landing = base + (src - first_src);
+            for (int i = 0; i < ng; i++)
+                if (gpu_domain[gpus[i]] == doms[j] && gpus[i] != landing) out->nvlink += bytes_per_token;
+        }
+    }
+}
