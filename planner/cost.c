@@ -138,6 +138,7 @@ struct moe_traffic {
     double nvlink_copies, scale_copies; /* per source token, expected */
     double nodedup_copies;   /* all-to-all copies per source token (any tier) */
     double recv_ratio;       /* most loaded receiver / average */
+    int hot_rank;
 };
 
 static void moe_traffic(const struct cost_ctx *c, const struct cost_layout *l, int layer_idx,
@@ -161,17 +162,24 @@ static void moe_traffic(const struct cost_ctx *c, const struct cost_layout *l, i
     if (rpd < 1) rpd = 1;
     if (rpd > ep) rpd = ep;
     double max_load = 0.0, sum_load = 0.0, max_hit = 0.0, sum_hit = 0.0;
+    /* Experts grouped by rank in one pass (a counting sort): members[start[r] .. start[r+1]). */
+    int start[MAXR + 1], fill[MAXR];
+    memset(start, 0, sizeof(int) * (size_t)(ep + 1));
+    for (int e = 0; e < E; e++) start[expert_rank(c, e, ep) + 1]++;
+    for (int r = 0; r < ep; r++) start[r + 1] += start[r];
+    for (int r = 0; r < ep; r++) fill[r] = start[r];
+    for (int e = 0; e < E; e++) members[fill[expert_rank(c, e, ep)]++] = e;
+    out->hot_rank = 0;
     for (int r = 0; r < ep; r++) {
-        int n = 0;
+        int n = start[r + 1] - start[r];
         double ld = 0.0;
-        for (int e = 0; e < E; e++)
-            if (expert_rank(c, e, ep) == r) {
-                members[n++] = e;
-                ld += pick ? pick[e] : uniform;
-            }
+        for (int i = start[r]; i < start[r + 1]; i++) ld += pick ? pick[members[i]] : uniform;
         load[r] = ld;
-        hit[r] = n ? hit_prob(c, pick, pair, members, n) : 0.0;
-        if (ld > max_load) max_load = ld;
+        hit[r] = n ? hit_prob(c, pick, pair, members + start[r], n) : 0.0;
+        if (ld > max_load) {
+            max_load = ld;
+            out->hot_rank = r;
+        }
         if (hit[r] > max_hit) max_hit = hit[r];
         sum_load += ld;
         sum_hit += hit[r];
@@ -199,14 +207,11 @@ static void moe_traffic(const struct cost_ctx *c, const struct cost_layout *l, i
                 for (int d2 = 0; d2 < ndom; d2++) {
                     if (d2 == d) continue;
                     int q0 = d2 * rpd, q1 = q0 + rpd < ep ? q0 + rpd : ep;
-                    int qn = 0;
+                    int qn = start[q1] - start[q0];
                     double H2 = 0.0;
-                    for (int r = q0; r < q1; r++) {
-                        H2 += hit[r];
-                        for (int e = 0; e < E; e++)
-                            if (expert_rank(c, e, ep) == r && qn < 4096) members[qn++] = e;
-                    }
-                    so += size * hit_prob(c, pick, pair, members, qn);
+                    for (int r = q0; r < q1; r++) H2 += hit[r];
+                    /* With contiguous ranks per domain, the domain's experts are contiguous. */
+                    so += size * hit_prob(c, pick, pair, members + start[q0], qn);
                     nv += size * H2 * (1.0 - 1.0 / (q1 - q0));
                 }
             }
@@ -231,7 +236,7 @@ struct block_cost {
     double comm_fwd[COST_NPHASES], comm_bwd[COST_NPHASES];
     double recompute_us;     /* forward work redone in backward */
     double act_bytes;        /* activations kept for backward */
-    double dispatch_bytes, nodedup_bytes; /* per a2a, sent by this GPU */
+    double dispatch_bytes, nodedup_bytes, scale_bytes; /* per a2a, sent by this GPU */
     double hot_ratio;
 };
 
@@ -332,18 +337,7 @@ static void moe_cost(const struct cost_ctx *c, const struct cost_layout *l, int 
     double pool = T * ep * l->etp; /* tokens whose choices reach one expert group */
     int rl = c->routing && c->routing->layers > 1 ? moe_index % c->routing->layers : 0;
     const double *pick = c->routing ? c->routing->pick + (size_t)rl * e->experts : NULL;
-    /* the hottest rank */
-    int hot = 0;
-    double best = -1.0;
-    for (int r = 0; r < ep; r++) {
-        double ld = 0.0;
-        for (int x = 0; x < e->experts; x++)
-            if (expert_rank(c, x, ep) == r) ld += pick ? pick[x] : k / e->experts;
-        if (ld > best) {
-            best = ld;
-            hot = r;
-        }
-    }
+    int hot = tr.hot_rank;
     for (int x = 0; x < e->experts && local < 4096; x++)
         if (expert_rank(c, x, ep) == hot)
             rows[local++] = (pick ? pick[x] : k / e->experts) * pool;
@@ -382,6 +376,7 @@ static void moe_cost(const struct cost_ctx *c, const struct cost_layout *l, int 
     }
     b->dispatch_bytes = (tr.nvlink_copies + tr.scale_copies) * T * disp_bytes;
     b->nodedup_bytes = tr.nodedup_copies * T * disp_bytes;
+    b->scale_bytes = tr.scale_copies * T * disp_bytes;
     b->comm_fwd[COST_DISPATCH] = a2a[0];
     b->comm_fwd[COST_COMBINE] = a2a[1];
     /* Backward: the combine's gradient travels like a dispatch, the dispatch's like a combine. */
@@ -489,12 +484,14 @@ struct stage_cost {
     double comm[COST_NPHASES];   /* per micro-batch communication by phase */
     double act_bytes;        /* per micro-batch */
     double dense_params, expert_params; /* parameters in this virtual stage */
-    double dispatch_bytes, nodedup_bytes, hot_ratio;
+    double dispatch_bytes, nodedup_bytes, scale_bytes, hot_ratio;
     int moe_layers;
 };
 
+/* `cached`: the dense [0] and MoE [1] block costs, computed once per layout (NULL entries when
+ * the routing differs per layer and each block is costed on its own). */
 static void stage_cost(const struct cost_ctx *c, const struct cost_layout *l, int v, int stages,
-                       struct stage_cost *s)
+                       const struct block_cost *cached[2], struct stage_cost *s)
 {
     memset(s, 0, sizeof *s);
     const struct mdl_model *m = &c->model;
@@ -502,30 +499,13 @@ static void stage_cost(const struct cost_ctx *c, const struct cost_layout *l, in
     stage_range(c, stages, v, &first, &count);
     int moe_before = 0;
     for (int i = 0; i < first; i++) moe_before += mdl_layer_is_moe(m, i);
-    /* Identical blocks cost the same: cost a dense and an MoE block once unless the routing
-     * differs per layer. */
-    bool per_layer = c->routing && c->routing->layers > 1;
-    struct block_cost dense_b, moe_b;
-    bool have_dense = false, have_moe = false;
     for (int i = first; i < first + count; i++) {
         bool moe = mdl_layer_is_moe(m, i);
         struct block_cost bl;
-        const struct block_cost *b;
-        if (moe && (per_layer || !have_moe)) {
+        const struct block_cost *b = cached[moe ? 1 : 0];
+        if (!b) {
             block_cost(c, l, i, moe_before, &bl);
-            if (!per_layer) {
-                moe_b = bl;
-                have_moe = true;
-            }
-            b = per_layer ? &bl : &moe_b;
-        } else if (moe) {
-            b = &moe_b;
-        } else if (!have_dense) {
-            block_cost(c, l, i, 0, &dense_b);
-            have_dense = true;
-            b = &dense_b;
-        } else {
-            b = &dense_b;
+            b = &bl;
         }
         if (moe) moe_before++;
         /* Overlap: EP all-to-all hides behind the attention and shared expert of another
@@ -557,6 +537,7 @@ static void stage_cost(const struct cost_ctx *c, const struct cost_layout *l, in
             s->moe_layers++;
             s->dispatch_bytes = b->dispatch_bytes;
             s->nodedup_bytes = b->nodedup_bytes;
+            s->scale_bytes = b->scale_bytes;
             if (b->hot_ratio > s->hot_ratio) s->hot_ratio = b->hot_ratio;
         }
         struct mdl_block_params bp;
@@ -600,8 +581,25 @@ static enum moe_status evaluate(const struct cost_ctx *c, const struct cost_layo
     int pp = l->pp, vpp = l->vpp, stages = pp * vpp, mb = cost_layout_micro_batches(l);
     if (stages > 256) return moe_error_set(err, MOE_ERR_INFEASIBLE, "more than 256 stages");
     r.micro_batches = mb;
+    /* Identical blocks cost the same: a dense and an MoE block once, unless the routing differs
+     * per layer. */
+    struct block_cost dense_b, moe_b;
+    const struct block_cost *cached[2] = {NULL, NULL};
+    int first_dense = -1, first_moe = -1;
+    for (int i = m->layers - 1; i >= 0; i--) {
+        if (mdl_layer_is_moe(m, i)) first_moe = i;
+        else first_dense = i;
+    }
+    if (first_dense >= 0) {
+        block_cost(c, l, first_dense, 0, &dense_b);
+        cached[0] = &dense_b;
+    }
+    if (first_moe >= 0 && !(c->routing && c->routing->layers > 1)) {
+        block_cost(c, l, first_moe, 0, &moe_b);
+        cached[1] = &moe_b;
+    }
     struct stage_cost sc[256];
-    for (int v = 0; v < stages; v++) stage_cost(c, l, v, stages, &sc[v]);
+    for (int v = 0; v < stages; v++) stage_cost(c, l, v, stages, cached, &sc[v]);
 
     /* Pipeline: simulate (capped micro-batches, then the steady state adds the bottleneck). */
     double fwd[256], bwd[256];
@@ -730,6 +728,7 @@ static enum moe_status evaluate(const struct cost_ctx *c, const struct cost_layo
         if (!sc[v].moe_layers) continue;
         r.dispatch_bytes_per_gpu = sc[v].dispatch_bytes;
         r.dispatch_bytes_nodedup = sc[v].nodedup_bytes;
+        r.dispatch_scale_out_bytes = sc[v].scale_bytes;
         if (sc[v].hot_ratio > r.hottest_rank_load) r.hottest_rank_load = sc[v].hot_ratio;
     }
     *out = r;

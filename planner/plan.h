@@ -194,6 +194,7 @@ struct cost_result {
     double hottest_rank_load;        /* expert rows on the hottest EP rank / balanced rows */
     double dispatch_bytes_per_gpu;   /* per MoE layer per micro-batch, sent */
     double dispatch_bytes_nodedup;   /* the same with no dedup, for comparison */
+    double dispatch_scale_out_bytes; /* the part of dispatch_bytes_per_gpu over scale-out */
     int micro_batches;
     char reason[256];                /* why it does not fit, when !fits */
 };

@@ -1,22 +1,338 @@
 /*
- * test_planner.c: the GLPK this binary runs with.
+ * test_planner.c: the cost model's formulas against hand-computed cases, and its properties.
  */
 #include "moe_test.h"
 
 #include "plan.h"
 
+#include <math.h>
+
 static void test_glpk_version(void **state)
 {
     (void)state;
     const char *v = plan_glpk_version();
-    assert_non_null(v);
     int major = 0, minor = -1;
     assert_int_equal(sscanf(v, "%d.%d", &major, &minor), 2);
-    assert_true(major >= 4 && minor >= 0); /* glp_intopt's time limit and gap reporting */
+    assert_true(major >= 4 && minor >= 0);
+}
+
+static struct topo_gpu_spec h200(void)
+{
+    struct topo_gpu_spec g;
+    memset(&g, 0, sizeof g);
+    snprintf(g.name, sizeof g.name, "H200");
+    snprintf(g.arch, sizeof g.arch, "hopper");
+    g.bf16_tflops = 989;
+    g.fp8_tflops = 1979;
+    g.hbm_bytes = 141.0 * (1 << 30);
+    g.hbm_bytes_per_s = 4.8e12;
+    g.sms = 132;
+    return g;
+}
+
+/* One 8192^3 bf16 GEMM on an H200 with the default calibration, worked by hand:
+ * tiles 64 x 32 = 2048 of 128x256, 16 waves of 132 SMs -> 2048/2112; M and K penalties
+ * 8192/(8192+48) and 8192/(8192+96); 2 x 8192^3 FLOPs at 989 TFLOPS x 0.80 x those. */
+static void test_gemm(void **state)
+{
+    (void)state;
+    struct topo_gpu_spec g = h200();
+    struct cost_calibration cal;
+    cost_calibration_defaults(&cal, &g);
+    double eff = 0.80 * (2048.0 / 2112.0) * (8192.0 / 8240.0) * (8192.0 / 8288.0);
+    double want = 2.0 * 8192.0 * 8192.0 * 8192.0 / (989e12 * eff) * 1e6 + 4.0;
+    double got = cost_gemm_us(&cal, &g, 8192, 8192, 8192, false);
+    assert_true(fabs(got - want) < 1e-6 * want);
+    assert_true(got > 1400 && got < 1500); /* ~760 TFLOPS: what the H200 measured */
+    /* Small experts cost more per FLOP: 64 rows run far below 8192 rows' rate. */
+    double small = cost_gemm_us(&cal, &g, 64, 2048, 7168, false);
+    double big = cost_gemm_us(&cal, &g, 8192, 2048, 7168, false);
+    assert_true(small / 64.0 > 1.5 * big / 8192.0);
+    /* fp8 is faster than bf16 on the same shape. */
+    assert_true(cost_gemm_us(&cal, &g, 8192, 8192, 8192, true) < got);
+    assert_true(cost_gemm_us(&cal, &g, 0, 8192, 8192, false) == 0.0);
+}
+
+static void test_collectives(void **state)
+{
+    (void)state;
+    /* Ring all-reduce of 1 GB over 8 ranks at 100 GB/s: 2 x 7/8 x 10 ms = 17.5 ms, plus 14 hops. */
+    assert_true(fabs(cost_allreduce_us(1e9, 8, 100e9, 0.0) - 17500.0) < 1e-6);
+    assert_true(fabs(cost_allreduce_us(1e9, 8, 100e9, 2.0) - 17528.0) < 1e-6);
+    assert_true(fabs(cost_allgather_us(1e9, 8, 100e9, 0.0) - 8750.0) < 1e-6);
+    assert_true(cost_allreduce_us(1e9, 1, 100e9, 5.0) == 0.0);
+}
+
+/* 4 EP ranks in 2 NVLink domains ({0,1}, {2,3}), 8 experts, 2 per rank, top-2, 4 tokens. Counted
+ * by hand (copies of 100 bytes):
+ *   t0 on rank 0 -> experts 2,3 (both rank 1):     a2a 2 NV;  dedup-gpu 1 NV;  dedup-domain 1 NV
+ *   t1 on rank 0 -> experts 4,6 (ranks 2,3):       a2a 2 SO;  dedup-gpu 2 SO;  dedup-domain 1 SO
+ *                                                  to rank 2 (same local index), then 1 NV to 3
+ *   t2 on rank 3 -> experts 6,7 (its own rank):    nothing moves
+ *   t3 on rank 1 -> experts 0,5 (ranks 0 and 2):   a2a 1 NV + 1 SO; dedup-gpu the same;
+ *                                                  dedup-domain 1 NV, 1 SO to rank 3, 1 NV to 2 */
+static void test_dispatch_bytes_by_hand(void **state)
+{
+    (void)state;
+    const int choice[] = {2, 3, 4, 6, 6, 7, 0, 5};
+    const int src[] = {0, 0, 3, 1};
+    const int placement[] = {0, 0, 1, 1, 2, 2, 3, 3};
+    const int domain[] = {0, 0, 1, 1};
+    struct cost_bytes b;
+    cost_dispatch_bytes_exact(choice, src, 4, 2, placement, domain, COST_DISPATCH_ALLTOALL, 100, &b);
+    assert_true(b.nvlink == 300 && b.scale_out == 300);
+    cost_dispatch_bytes_exact(choice, src, 4, 2, placement, domain, COST_DISPATCH_DEDUP_GPU, 100, &b);
+    assert_true(b.nvlink == 200 && b.scale_out == 300);
+    cost_dispatch_bytes_exact(choice, src, 4, 2, placement, domain, COST_DISPATCH_DEDUP_DOMAIN, 100,
+                              &b);
+    assert_true(b.nvlink == 400 && b.scale_out == 200);
+}
+
+static void test_pipeline_bubble(void **state)
+{
+    (void)state;
+    double f[64], b[64];
+    struct cost_pipe_result r;
+    struct moe_error err;
+    for (int i = 0; i < 64; i++) f[i] = 1.0, b[i] = 2.0;
+    /* 1F1B, equal stages: makespan (m + p - 1)(f + b), bubble (p - 1)/(m + p - 1). */
+    int cases[][2] = {{4, 8}, {8, 8}, {2, 1}, {8, 64}, {1, 5}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int p = cases[c][0], m = cases[c][1];
+        assert_int_equal(cost_pipeline_simulate(p, 1, m, f, b, 0.0, &r, &err), MOE_OK);
+        assert_true(fabs(r.makespan_us - (m + p - 1) * 3.0) < 1e-9);
+        assert_true(fabs(r.bubble_fraction - (double)(p - 1) / (m + p - 1)) < 1e-12);
+        /* the first rank holds min(p, m) micro-batches for backward */
+        assert_int_equal(r.max_in_flight[0], m < p ? m : p);
+        assert_int_equal(r.max_in_flight[p - 1], 1);
+    }
+    /* Interleaved, 4 ranks x 2 chunks of half a stage each: bubble (p - 1)(F + B) / v. */
+    for (int i = 0; i < 64; i++) f[i] = 0.5, b[i] = 1.0;
+    assert_int_equal(cost_pipeline_simulate(4, 2, 8, f, b, 0.0, &r, &err), MOE_OK);
+    assert_true(fabs(r.makespan_us - (8 * 2 * 1.5 + 3 * 3.0 / 2)) < 1e-9);
+    /* p2p adds to the critical path */
+    for (int i = 0; i < 64; i++) f[i] = 1.0, b[i] = 2.0;
+    struct cost_pipe_result q;
+    assert_int_equal(cost_pipeline_simulate(4, 1, 8, f, b, 0.1, &q, &err), MOE_OK);
+    assert_true(q.makespan_us > 33.0);
+    assert_int_equal(cost_pipeline_simulate(4, 2, 6, f, b, 0.0, &r, &err), MOE_ERR_INFEASIBLE);
+}
+
+/* A model and cluster for evaluations. */
+static void setup(const char *model, const char *cluster, struct mdl_model *m,
+                  struct topo_cluster *c)
+{
+    char dir[1024];
+    struct moe_error err;
+    moe_test_src(dir, sizeof dir, "model");
+    if (mdl_model_resolve(m, model, dir, &err) != MOE_OK) fail_msg("%s", err.message);
+    moe_test_src(dir, sizeof dir, "topologies");
+    if (topo_cluster_resolve(c, cluster, dir, &err) != MOE_OK) fail_msg("%s", err.message);
+}
+
+static struct cost_layout layout(const char *text, int seq)
+{
+    struct cost_layout l = {1, 1, 1, 1, 1, 1, 1, seq, 1, 8, COST_BF16, COST_RECOMPUTE_NONE,
+                            COST_DISPATCH_ALLTOALL, false};
+    struct moe_error err;
+    if (cost_layout_parse(&l, text, &err) != MOE_OK) fail_msg("%s", err.message);
+    return l;
+}
+
+/* ZeRO: weights 2 B, fp32 grads 4 B, Adam state 12 B per parameter; stage 1 shards the optimizer
+ * over dp, stage 2 the gradients too, stage 3 the weights too. */
+static void test_zero_memory(void **state)
+{
+    (void)state;
+    struct mdl_model m;
+    struct topo_cluster c;
+    setup("mixtral-8x7b", "hgx-h200-x8", &m, &c);
+    struct cost_ctx ctx;
+    cost_ctx_init(&ctx, &m, &c, NULL, 8);
+    struct mdl_params p;
+    mdl_params_count(&m, &p);
+    double P = p.total; /* dp = 8, ep = 1: every GPU holds the whole model */
+    double W[4], G[4], O[4];
+    for (int z = 0; z < 4; z++) {
+        char text[64];
+        snprintf(text, sizeof text, "dp=8,zero=%d,gbs=8", z);
+        struct cost_layout l = layout(text, 1024);
+        struct cost_result r;
+        struct moe_error err;
+        assert_int_equal(cost_memory(&ctx, &l, &r, &err), MOE_OK);
+        W[z] = r.memory_bytes[COST_MEM_WEIGHTS];
+        G[z] = r.memory_bytes[COST_MEM_GRADS];
+        O[z] = r.memory_bytes[COST_MEM_OPTIMIZER];
+    }
+    assert_true(fabs(W[0] - 2 * P) < 1e-6 * P && fabs(G[0] - 4 * P) < 1e-6 * P);
+    assert_true(fabs(O[0] - 12 * P) < 1e-6 * P);
+    assert_true(fabs(O[1] - 12 * P / 8) < 1e-6 * P && G[1] == G[0] && W[1] == W[0]);
+    assert_true(fabs(G[2] - 4 * P / 8) < 1e-6 * P && W[2] == W[0]);
+    assert_true(fabs(W[3] - 2 * P / 8) < 1e-6 * P);
+}
+
+static double dispatch_bytes_tier(struct cost_ctx *ctx, const char *text, bool scale_out)
+{
+    struct cost_layout l = layout(text, 4096);
+    struct cost_result r;
+    struct moe_error err;
+    if (cost_evaluate(ctx, &l, &r, &err) != MOE_OK) fail_msg("%s: %s", text, err.message);
+    return scale_out ? r.dispatch_scale_out_bytes : r.dispatch_bytes_per_gpu;
+}
+
+static double dispatch_bytes(struct cost_ctx *ctx, const char *text)
+{
+    return dispatch_bytes_tier(ctx, text, false);
+}
+
+static void test_properties(void **state)
+{
+    (void)state;
+    struct mdl_model m;
+    struct topo_cluster c;
+    struct moe_error err;
+    setup("deepseek-v3", "gb200-nvl72-x16", &m, &c);
+    struct cost_ctx ctx;
+    cost_ctx_init(&ctx, &m, &c, NULL, 1024);
+    struct cost_routing skew;
+    assert_int_equal(cost_routing_synthetic(&skew, COST_ROUTING_DIRICHLET, 2.0, 7, 256, 8, &err),
+                     MOE_OK);
+    /* Dedup never increases bytes, uniform or skewed, inside a domain or across: per-GPU dedup on
+     * every tier; per-domain dedup on the scale-out fabric, where it moves copies onto NVLink
+     * (a token landing on a GPU that is not its destination takes one more NVLink hop). */
+    const char *eps[] = {"pp=16,dp=64,ep=8,gbs=1024", "pp=16,dp=64,ep=64,gbs=1024",
+                         "pp=4,dp=256,ep=256,gbs=1024"};
+    for (int rt = 0; rt < 2; rt++) {
+        ctx.routing = rt ? &skew : NULL;
+        for (size_t i = 0; i < 3; i++) {
+            char a[128], b[128], d[128];
+            snprintf(a, sizeof a, "%s,dispatcher=alltoall", eps[i]);
+            snprintf(b, sizeof b, "%s,dispatcher=dedup-gpu", eps[i]);
+            snprintf(d, sizeof d, "%s,dispatcher=dedup-domain", eps[i]);
+            double none = dispatch_bytes(&ctx, a), gpu = dispatch_bytes(&ctx, b);
+            assert_true(gpu <= none * (1 + 1e-12));
+            double so_none = dispatch_bytes_tier(&ctx, a, true),
+                   so_gpu = dispatch_bytes_tier(&ctx, b, true),
+                   so_dom = dispatch_bytes_tier(&ctx, d, true);
+            assert_true(so_gpu <= so_none * (1 + 1e-12));
+            assert_true(so_dom <= so_gpu * (1 + 1e-12));
+            if (i == 2) assert_true(so_dom < 0.8 * so_gpu); /* across 4 racks it pays */
+        }
+    }
+    /* Uniform top-8 of 256: per-GPU dedup saves ~34% at EP 8 and ~4% at EP 64 (hardware.md). */
+    ctx.routing = NULL;
+    double n8 = dispatch_bytes(&ctx, "pp=16,dp=64,ep=8,gbs=1024");
+    double d8 = dispatch_bytes(&ctx, "pp=16,dp=64,ep=8,gbs=1024,dispatcher=dedup-gpu");
+    double n64 = dispatch_bytes(&ctx, "pp=16,dp=64,ep=64,gbs=1024");
+    double d64 = dispatch_bytes(&ctx, "pp=16,dp=64,ep=64,gbs=1024,dispatcher=dedup-gpu");
+    assert_true(fabs(1 - d8 / n8 - 0.34) < 0.02);
+    assert_true(fabs(1 - d64 / n64 - 0.04) < 0.01);
+    /* More GPUs in the EP group at the same tokens per GPU: bytes per GPU never fall below the
+     * single-domain case. */
+    double n256 = dispatch_bytes(&ctx, "pp=4,dp=256,ep=256,gbs=1024");
+    assert_true(n64 >= n8 && n256 >= n64);
+
+    /* Recompute trades memory for time the right way. */
+    struct cost_result none, sel, full;
+    struct cost_layout l = layout("pp=16,dp=64,ep=64,gbs=1024", 4096);
+    assert_int_equal(cost_evaluate(&ctx, &l, &none, &err), MOE_OK);
+    l.recompute = COST_RECOMPUTE_SELECTIVE;
+    assert_int_equal(cost_evaluate(&ctx, &l, &sel, &err), MOE_OK);
+    l.recompute = COST_RECOMPUTE_FULL;
+    assert_int_equal(cost_evaluate(&ctx, &l, &full, &err), MOE_OK);
+    assert_true(full.memory_bytes[COST_MEM_ACTIVATIONS] < sel.memory_bytes[COST_MEM_ACTIVATIONS]);
+    assert_true(sel.memory_bytes[COST_MEM_ACTIVATIONS] < none.memory_bytes[COST_MEM_ACTIVATIONS]);
+    assert_true(full.step_us > sel.step_us && sel.step_us > none.step_us);
+
+    /* A uniform routing predicts less expert time than a skewed one. */
+    struct cost_result uni, sk;
+    l = layout("pp=16,dp=64,ep=64,gbs=1024", 4096);
+    assert_int_equal(cost_evaluate(&ctx, &l, &uni, &err), MOE_OK);
+    ctx.routing = &skew;
+    assert_int_equal(cost_evaluate(&ctx, &l, &sk, &err), MOE_OK);
+    assert_true(sk.exposed_us[COST_EXPERTS_FWD] > uni.exposed_us[COST_EXPERTS_FWD]);
+    assert_true(sk.hottest_rank_load > 1.0 && fabs(uni.hottest_rank_load - 1.0) < 1e-9);
+    /* Overlap hides communication, never adds. */
+    ctx.routing = NULL;
+    struct cost_result ov;
+    l.overlap = true;
+    assert_int_equal(cost_evaluate(&ctx, &l, &ov, &err), MOE_OK);
+    assert_true(ov.step_us <= uni.step_us);
+    /* The phases add up to the step. */
+    double sum = 0;
+    for (int p = 0; p < COST_STEP; p++) sum += ov.exposed_us[p];
+    assert_true(fabs(sum - ov.step_us) < 1e-6 * ov.step_us);
+    cost_routing_free(&skew);
+}
+
+static void test_layouts(void **state)
+{
+    (void)state;
+    struct mdl_model m;
+    struct topo_cluster c;
+    struct moe_error err;
+    setup("mixtral-8x7b", "hgx-h100-x128", &m, &c);
+    struct cost_layout l = layout("tp=2,pp=4,ep=8,dp=128,gbs=1024,recompute=selective", 4096);
+    assert_int_equal(l.tp, 2);
+    assert_int_equal(l.recompute, COST_RECOMPUTE_SELECTIVE);
+    assert_int_equal(cost_layout_micro_batches(&l), 8);
+    assert_int_equal(cost_layout_check(&l, &m, 1024, &err), MOE_OK);
+    char buf[512];
+    cost_layout_format(&l, buf, sizeof buf);
+    struct cost_layout back = layout(buf, 1);
+    assert_true(back.tp == l.tp && back.pp == l.pp && back.vpp == l.vpp && back.ep == l.ep &&
+                back.etp == l.etp && back.dp == l.dp && back.zero == l.zero &&
+                back.seq_len == l.seq_len && back.mbs == l.mbs && back.gbs == l.gbs &&
+                back.precision == l.precision && back.recompute == l.recompute &&
+                back.dispatcher == l.dispatcher && back.overlap == l.overlap);
+    assert_int_equal(cost_layout_check(&l, &m, 512, &err), MOE_ERR_INFEASIBLE);
+    assert_non_null(strstr(err.message, "not the 512 GPUs"));
+    l = layout("tp=1,pp=1,ep=16,dp=1024,gbs=1024", 4096);
+    assert_int_equal(cost_layout_check(&l, &m, 1024, &err), MOE_ERR_INFEASIBLE);
+    assert_non_null(strstr(err.message, "does not divide the 8 experts"));
+    l = layout("tp=1,pp=4,vpp=2,dp=256,gbs=768", 4096);
+    assert_int_equal(cost_layout_check(&l, &m, 1024, &err), MOE_ERR_INFEASIBLE);
+    assert_non_null(strstr(err.message, "interleaving"));
+    struct cost_layout bad = l;
+    assert_int_equal(cost_layout_parse(&bad, "tp=0", &err), MOE_ERR_USAGE);
+    assert_int_equal(cost_layout_parse(&bad, "foo=2", &err), MOE_ERR_USAGE);
+    assert_int_equal(cost_layout_parse(&bad, "tp", &err), MOE_ERR_USAGE);
+    assert_int_equal(cost_layout_parse(&bad, "dispatcher=magic", &err), MOE_ERR_USAGE);
+    assert_true(bad.tp == l.tp && bad.dispatcher == l.dispatcher); /* untouched */
+}
+
+static void test_routing(void **state)
+{
+    (void)state;
+    struct cost_routing r;
+    struct moe_error err;
+    assert_int_equal(cost_routing_synthetic(&r, COST_ROUTING_ZIPF, 1.2, 3, 64, 6, &err), MOE_OK);
+    double sum = 0, most = 0;
+    for (int e = 0; e < 64; e++) {
+        assert_true(r.pick[e] > 0 && r.pick[e] <= 1.0);
+        sum += r.pick[e];
+        most = fmax(most, r.pick[e]);
+    }
+    assert_true(fabs(sum - 6.0) < 1e-9);
+    assert_true(most > 6.0 / 64 * 3); /* skewed */
+    cost_routing_free(&r);
+    const int choice[] = {0, 1, 0, 2, 1, 2, 0, 1};
+    assert_int_equal(cost_routing_from_choices(&r, choice, 4, 4, 2, &err), MOE_OK);
+    assert_true(r.pick[0] == 0.75 && r.pick[1] == 0.75 && r.pick[2] == 0.5 && r.pick[3] == 0.0);
+    assert_true(r.pair[0 * 4 + 1] == 0.5 && r.pair[1 * 4 + 0] == 0.5 && r.pair[0 * 4 + 2] == 0.25);
+    cost_routing_free(&r);
+    assert_int_equal(cost_routing_synthetic(&r, COST_ROUTING_DIRICHLET, -1, 3, 64, 6, &err),
+                     MOE_ERR_INPUT);
 }
 
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_glpk_version)};
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_glpk_version),  cmocka_unit_test(test_gemm),
+        cmocka_unit_test(test_collectives),   cmocka_unit_test(test_dispatch_bytes_by_hand),
+        cmocka_unit_test(test_pipeline_bubble), cmocka_unit_test(test_zero_memory),
+        cmocka_unit_test(test_properties),    cmocka_unit_test(test_layouts),
+        cmocka_unit_test(test_routing),
+    };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
