@@ -1,6 +1,7 @@
 /*
  * cmd_predict.c: `moeplan predict`: one layout's step time by phase, throughput and memory.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -150,9 +151,8 @@ static void print_prediction(const struct predict_inputs *in, const struct cost_
     if (t) rpt_table_print(t, stdout);
     rpt_table_destroy(t);
     moe_format_bytes(r->memory_capacity_bytes, b, sizeof b);
-    moe_format_bytes(r->memory_capacity_bytes - r->memory_total_bytes, c, sizeof c);
-    printf("capacity %s after headroom; %s %s\n", b, r->fits ? "headroom left" : "short by",
-           r->fits ? c : a);
+    moe_format_bytes(fabs(r->memory_capacity_bytes - r->memory_total_bytes), c, sizeof c);
+    printf("capacity %s after headroom; %s %s\n", b, r->fits ? "headroom left" : "short by", c);
 }
 
 static enum moe_status write_json(const char *file, const struct predict_inputs *in,

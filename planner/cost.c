@@ -705,7 +705,7 @@ static enum moe_status evaluate(const struct cost_ctx *c, const struct cost_layo
     for (int p = 0; p < COST_NPHASES; p++) busy += r.exposed_us[p];
     /* p2p sits on the pipeline's critical path: it shows up in the bubble, not as a phase. */
     r.comm_us[COST_PP_P2P] = pp > 1 ? 2.0 * p2p * mb * vpp : 0.0;
-    r.exposed_us[COST_BUBBLE] = makespan - busy;
+    r.exposed_us[COST_BUBBLE] = makespan - busy > 0 ? makespan - busy : 0.0; /* rounding */
     r.comm_us[COST_DP_GRAD_SYNC] = dp_comm;
     r.exposed_us[COST_DP_GRAD_SYNC] = dp_exposed;
     r.exposed_us[COST_OPTIMIZER] = optim;

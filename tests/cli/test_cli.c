@@ -173,6 +173,8 @@ static void test_not_built(void **state)
     RUN(&r, "plan", "--model", "deepseek-v3");
     assert_int_equal(r.code, 1);
     expect_in(r.err, "moeplan: 'plan' is not built yet");
+    RUN(&r, "calibrate");
+    assert_int_equal(r.code, 1);
     RUN(&r, "run", "plan.json");
     assert_int_equal(r.code, 1);
 #ifdef MOEPLAN_HAVE_EXECUTOR
@@ -265,6 +267,46 @@ static void test_topo_commands(void **state)
     assert_int_equal(r.code, 3);
 }
 
+static void test_predict(void **state)
+{
+    (void)state;
+    static struct result r;
+    RUN(&r, "predict", "--model", "mixtral-8x7b", "--cluster", "hgx-h100-x128", "--layout",
+        "tp=2,pp=4,ep=8,dp=128,zero=1,mbs=1,gbs=1024,dispatcher=dedup-gpu,overlap=on",
+        "--json", "/tmp/moe_pred.json");
+    assert_int_equal(r.code, 0);
+    expect_in(r.out, "mixtral-8x7b on 1024 x H100 of hgx-h100-x128");
+    expect_in(r.out, "calibration: datasheet defaults (uncalibrated)");
+    expect_in(r.out, "experts_bwd");
+    expect_in(r.out, "tokens/s/GPU");
+    expect_in(r.out, "headroom left");
+    FILE *f = fopen("/tmp/moe_pred.json", "r");
+    char head[64] = {0};
+    assert_non_null(f);
+    assert_true(fread(head, 1, sizeof head - 1, f) > 0);
+    fclose(f);
+    expect_in(head, "\"schema\": \"moeplan.prediction\"");
+    unlink("/tmp/moe_pred.json");
+    RUN(&r, "predict", "--model", "deepseek-v3", "--cluster", "gb200-nvl72-x16", "--layout",
+        "tp=1,pp=1,ep=8,dp=1024,gbs=1024");
+    assert_int_equal(r.code, 4);
+    expect_in(r.err, "the layout does not fit: needs");
+    RUN(&r, "predict", "--model", "deepseek-v3", "--cluster", "gb200-nvl72-x16", "--layout",
+        "tp=1,pp=8,ep=48,gbs=1024");
+    assert_int_equal(r.code, 4);
+    expect_in(r.err, "ep x etp = 48 x 1 must divide tp x dp = 128");
+    RUN(&r, "predict", "--model", "deepseek-v3", "--cluster", "gb200-nvl72-x16", "--layout",
+        "tp=1,foo=2");
+    assert_int_equal(r.code, 2);
+    RUN(&r, "predict", "--model", "deepseek-v3", "--cluster", "gb200-nvl72-x16", "--gpus",
+        "2048", "--layout", "tp=1");
+    assert_int_equal(r.code, 4);
+    expect_in(r.err, "has 1024 usable GPUs");
+    RUN(&r, "predict", "--cluster", "gb200-nvl72-x16", "--layout", "tp=1");
+    assert_int_equal(r.code, 2);
+    expect_in(r.err, "--model is required");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -272,6 +314,7 @@ int main(void)
         cmocka_unit_test(test_usage_errors), cmocka_unit_test(test_check),
         cmocka_unit_test(test_check_bad_input), cmocka_unit_test(test_not_built),
         cmocka_unit_test(test_model_commands),  cmocka_unit_test(test_topo_commands),
+        cmocka_unit_test(test_predict),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
