@@ -578,6 +578,11 @@ static enum moe_status evaluate(const struct cost_ctx *c, const struct cost_layo
     memset(&r, 0, sizeof r);
     const struct mdl_model *m = &c->model;
     const struct topo_cluster *t = &c->cluster;
+    if (l->precision == COST_MXFP8 && strcmp(t->gpu.arch, "blackwell") != 0)
+        return moe_error_set(err, MOE_ERR_INFEASIBLE, "mxfp8 needs Blackwell; %s is %s (use fp8)",
+                             t->gpu.name, t->gpu.arch);
+    if (l->precision != COST_BF16 && t->gpu.fp8_tflops <= 0)
+        return moe_error_set(err, MOE_ERR_INFEASIBLE, "%s has no fp8", t->gpu.name);
     int pp = l->pp, vpp = l->vpp, stages = pp * vpp, mb = cost_layout_micro_batches(l);
     if (stages > 256) return moe_error_set(err, MOE_ERR_INFEASIBLE, "more than 256 stages");
     r.micro_batches = mb;

@@ -325,6 +325,40 @@ static void test_routing(void **state)
                      MOE_ERR_INPUT);
 }
 
+static void test_loaders(void **state)
+{
+    (void)state;
+    char path[1024];
+    struct cost_routing r;
+    struct moe_error err;
+    assert_int_equal(cost_routing_load(&r, moe_test_src(path, sizeof path, "tests/data/routing-small.json"),
+                                       8, 2, &err),
+                     MOE_OK);
+    assert_int_equal(r.layers, 2);
+    /* 100 choices = 50 tokens: expert 0 in 40 of them, experts 0 and 1 together in 20 */
+    assert_true(fabs(r.pick[0] - 0.8) < 1e-12 && fabs(r.pick[8 + 0] - 0.26) < 1e-12);
+    assert_null(r.pair); /* the second layer has no co-activation: none is used */
+    cost_routing_free(&r);
+    assert_int_equal(cost_routing_load(&r, path, 16, 2, &err), MOE_ERR_INPUT);
+    assert_non_null(strstr(err.message, "routing of 8 experts top-2, the model has 16 top-2"));
+    struct cost_calibration cal;
+    struct topo_gpu_spec g = h200();
+    cost_calibration_defaults(&cal, &g);
+    assert_false(cal.calibrated);
+    assert_int_equal(cost_calibration_load(&cal, moe_test_src(path, sizeof path, "tests/data/calibration-test.json"),
+                                           &err),
+                     MOE_OK);
+    assert_true(cal.calibrated && cal.gemm_eff == 0.5 && cal.nvlink_eff == 0.7 && cal.launch_us == 6);
+    assert_true(cal.hbm_eff == 0.88); /* keys it does not name keep the defaults */
+    assert_non_null(strstr(cal.source, "H200"));
+    /* a calibrated GEMM efficiency changes the GEMM time by the same factor */
+    struct cost_calibration def;
+    cost_calibration_defaults(&def, &g);
+    double a = cost_gemm_us(&def, &g, 8192, 8192, 8192, false) - def.launch_us;
+    double b = cost_gemm_us(&cal, &g, 8192, 8192, 8192, false) - cal.launch_us;
+    assert_true(fabs(b / a - 0.8 / 0.5) < 1e-9);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -332,7 +366,7 @@ int main(void)
         cmocka_unit_test(test_collectives),   cmocka_unit_test(test_dispatch_bytes_by_hand),
         cmocka_unit_test(test_pipeline_bubble), cmocka_unit_test(test_zero_memory),
         cmocka_unit_test(test_properties),    cmocka_unit_test(test_layouts),
-        cmocka_unit_test(test_routing),
+        cmocka_unit_test(test_routing),       cmocka_unit_test(test_loaders),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
