@@ -465,6 +465,11 @@ static void stage_range(const struct cost_ctx *c, int stages, int v, int *first,
 {
     int L = c->model.layers, base = L / stages, extra = L % stages;
     *first = *count = 0;
+    if (c->stage_layers) {
+        for (int s = 0; s < v; s++) *first += c->stage_layers[s];
+        *count = c->stage_layers[v];
+        return;
+    }
     /* Which stages take one more layer, in order of preference: 1 .. stages-2, last, first. */
     int start = 0;
     for (int s = 0; s <= v; s++) {
@@ -737,6 +742,36 @@ static enum moe_status evaluate(const struct cost_ctx *c, const struct cost_layo
         if (sc[v].hot_ratio > r.hottest_rank_load) r.hottest_rank_load = sc[v].hot_ratio;
     }
     *out = r;
+    return MOE_OK;
+}
+
+enum moe_status cost_block_times(const struct cost_ctx *c, const struct cost_layout *l,
+                                 double *layer_us, double *first_extra_us, double *last_extra_us,
+                                 struct moe_error *err)
+{
+    enum moe_status st = cost_layout_check(l, &c->model, c->gpus, err);
+    if (st != MOE_OK) return st;
+    const struct mdl_model *m = &c->model;
+    int *split = calloc((size_t)m->layers + 2, sizeof *split);
+    if (!split) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    struct cost_ctx one = *c;
+    one.stage_layers = split;
+    const struct block_cost *cached[2] = {NULL, NULL};
+    /* The ends alone: an empty first stage (embedding) and an empty last stage (head, loss). */
+    struct stage_cost sc;
+    stage_cost(&one, l, 0, 2, cached, &sc);
+    *first_extra_us = sc.fwd_us + sc.bwd_us;
+    stage_cost(&one, l, 1, 2, cached, &sc);
+    *last_extra_us = sc.fwd_us + sc.bwd_us;
+    /* Each block as the middle stage of three: [0 layers][layer i][rest]. */
+    for (int i = 0; i < m->layers; i++) {
+        split[0] = i;
+        split[1] = 1;
+        split[2] = m->layers - i - 1;
+        stage_cost(&one, l, 1, 3, cached, &sc);
+        layer_us[i] = sc.fwd_us + sc.bwd_us;
+    }
+    free(split);
     return MOE_OK;
 }
 

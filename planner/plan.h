@@ -23,6 +23,66 @@ extern "C" {
 /* The GLPK library version this binary runs with ("5.0"). */
 const char *plan_glpk_version(void);
 
+/* What a GLPK solve of the planner reports: never "optimal" unless GLPK proved it. */
+struct plan_mip_report {
+    char status[64];     /* "optimal", "feasible (time limit)", "infeasible", "no solution" */
+    bool optimal;
+    double objective;
+    double gap;          /* relative optimality gap; 0 when optimal */
+    double seconds;
+    int rows, cols, binaries;
+};
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Expert placement (GLPK)                                                                        */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* Place experts (and replicas of hot ones) onto EP ranks for one layer group. */
+struct plan_placement_problem {
+    int experts, ranks;
+    int slots_per_rank;          /* experts a rank can hold (memory); > experts / ranks allows
+                                  * replicas of hot experts */
+    const double *pick;          /* experts: P(token picks e) or any load per expert */
+    const double *pair;          /* experts x experts co-activation, or NULL */
+    int ranks_per_domain;        /* NVLink domains of consecutive ranks (the traffic term) */
+    double traffic_weight;       /* objective weight of cross-domain co-activation traffic */
+    double time_limit_s;
+};
+
+struct plan_placement {
+    int experts, ranks;
+    double *share;               /* experts x ranks: fraction of e's tokens served by rank g */
+    double max_load;             /* hottest rank's load (sum of pick x share) */
+    double balanced_load;        /* sum of picks / ranks */
+    double traffic;              /* cross-domain co-activation of the placement */
+    double greedy_max_load, greedy_traffic; /* the greedy answer it started from */
+    bool used_mip;               /* false: the greedy answer stands (uniform, or MIP no better) */
+    struct plan_mip_report mip;
+};
+
+/* Greedy (EPLB-like: replicate the hottest, then heaviest first onto the least loaded rank),
+ * then the MILP warm-started from it; the greedy answer is kept when the MILP does not improve
+ * it. Infeasible (more experts than slots): MOE_ERR_INFEASIBLE with the reason. */
+enum moe_status plan_place_experts(const struct plan_placement_problem *pr,
+                                   struct plan_placement *out, struct moe_error *err);
+enum moe_status plan_place_greedy(const struct plan_placement_problem *pr,
+                                  struct plan_placement *out, struct moe_error *err);
+void plan_placement_free(struct plan_placement *pl);
+/* The rank that serves most of expert e's tokens. */
+int plan_placement_rank(const struct plan_placement *pl, int e);
+
+/* Split `layers` blocks into `stages` contiguous virtual stages (stage s on pp rank s % pp),
+ * minimizing the busiest rank's time: layer_us[i] per block, plus first/last extras. */
+struct plan_split {
+    int stage_layers[256];
+    double busiest_us;
+    double even_busiest_us;      /* the even split, for comparison */
+    struct plan_mip_report mip;
+};
+enum moe_status plan_split_stages(const double *layer_us, int layers, int stages, int pp,
+                                  double first_extra_us, double last_extra_us, double time_limit_s,
+                                  struct plan_split *out, struct moe_error *err);
+
 /* ---------------------------------------------------------------------------------------------- */
 /* Phases: the names predictions and measurements share (DESIGN.md)                               */
 /* ---------------------------------------------------------------------------------------------- */
@@ -175,6 +235,8 @@ struct cost_ctx {
     const struct cost_routing *routing; /* NULL: uniform */
     const int *placement;               /* NULL: contiguous */
     int gpus;                           /* GPUs the layout uses */
+    const int *stage_layers;            /* layers per virtual stage (pp x vpp of them, in stage
+                                         * order); NULL: an even split */
     double memory_headroom;             /* fraction of HBM kept free, default 0.05 */
     double dispatch_buffer_factor;      /* receive buffers x the balanced load, default 2.0 */
 };
@@ -206,6 +268,11 @@ void cost_ctx_init(struct cost_ctx *ctx, const struct mdl_model *m, const struct
  * layout that does not fit in memory returns MOE_OK with fits = false and the reason. */
 enum moe_status cost_evaluate(const struct cost_ctx *ctx, const struct cost_layout *l,
                               struct cost_result *out, struct moe_error *err);
+/* What the stage split needs: forward + backward time of one micro-batch of each block (layer),
+ * and what the first and last stages add (embedding; LM head and loss), for `l`. */
+enum moe_status cost_block_times(const struct cost_ctx *ctx, const struct cost_layout *l,
+                                 double *layer_us, double *first_extra_us, double *last_extra_us,
+                                 struct moe_error *err);
 /* Memory only (the cheap first filter of a search). */
 enum moe_status cost_memory(const struct cost_ctx *ctx, const struct cost_layout *l,
                             struct cost_result *out, struct moe_error *err);
