@@ -55,11 +55,28 @@ bool cli_count(const struct cli_cmd *cmd, const char *opt, const char *value, ui
 /* A file of the shipped data: data_dir/rel. */
 void cli_data_path(const struct cli *cli, const char *rel, char *buf, size_t cap);
 
+/* The inputs of the planner commands. */
+#include "plan.h"
+struct cli_inputs {
+    struct mdl_model model;
+    struct topo_cluster cluster;
+    struct cost_calibration cal;
+    struct cost_routing routing;
+    bool have_routing;
+    int gpus;
+};
+/* Load --model (with --layers/--experts), --cluster (--gpus of it), --calibration and --routing
+ * (uniform, zipf:S, dirichlet:A or a file; --seed). Returns -1 when loaded, else the exit code. */
+int cli_load_inputs(struct cli *cli, const struct cli_cmd *cmd, const char *model,
+                    const char *cluster, uint64_t gpus, const char *cal_file, const char *routing,
+                    uint64_t seed, const struct mdl_overrides *ov, struct cli_inputs *in);
+
 int cmd_check(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv);
 int cmd_model(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv);
 int cmd_topo(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv);
 int cmd_predict(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv);
+int cmd_plan(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv);
 extern const struct cli_opt cmd_check_opts[], cmd_model_opts[], cmd_topo_opts[],
-    cmd_predict_opts[];
+    cmd_predict_opts[], cmd_plan_opts[];
 
 #endif

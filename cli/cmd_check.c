@@ -9,6 +9,7 @@
 #include "cli.h"
 #include "mdl.h"
 #include "topo.h"
+#include "plan.h"
 
 enum { OPT_QUIET = 1 };
 
@@ -18,7 +19,7 @@ const struct cli_opt cmd_check_opts[] = {
 };
 
 /* Schemas moeplan writes or reads, and whether this build can validate them yet. */
-static const char *const known_schemas[] = {"moeplan.plan", "moeplan.measured",
+static const char *const known_schemas[] = {"moeplan.measured",
                                             "moeplan.routing", "moeplan.calibration", NULL};
 
 /* A node XML: well-formed, accepted by hwloc, and what hwloc reads back from it. */
@@ -71,6 +72,10 @@ static enum moe_status check_file(const struct cli *cli, const char *file, char 
                 goto cleanup;
             }
         }
+        goto cleanup;
+    }
+    if (strcmp(schema, PLAN_SCHEMA) == 0) {
+        st = plan_check_doc(&doc, summary, cap, err);
         goto cleanup;
     }
     if (strcmp(schema, TOPO_GPUS_SCHEMA) == 0) {

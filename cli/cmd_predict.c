@@ -30,68 +30,13 @@ const struct cli_opt cmd_predict_opts[] = {
     {NULL, 0, 0, NULL, NULL},
 };
 
-/* The inputs every planner command shares, loaded and validated. */
-struct predict_inputs {
-    struct mdl_model model;
-    struct topo_cluster cluster;
-    struct cost_calibration cal;
-    struct cost_routing routing;
-    bool have_routing;
-    int gpus;
-};
-
-static int load_inputs(struct cli *cli, const struct cli_cmd *cmd, const char *model,
-                       const char *cluster, uint64_t gpus, const char *cal_file,
-                       const char *routing, uint64_t seed, const struct mdl_overrides *ov,
-                       struct predict_inputs *in)
-{
-    struct moe_error err;
-    char dir[MOE_PATH_MAX];
-    if (!model) return cli_usage(cmd, "--model is required");
-    if (!cluster) return cli_usage(cmd, "--cluster is required");
-    memset(in, 0, sizeof *in);
-    cli_data_path(cli, "model", dir, sizeof dir);
-    if (mdl_model_resolve(&in->model, model, dir, &err) != MOE_OK ||
-        mdl_model_override(&in->model, ov, &err) != MOE_OK)
-        return cli_fail(cli, &err);
-    cli_data_path(cli, "topologies", dir, sizeof dir);
-    if (topo_cluster_resolve(&in->cluster, cluster, dir, &err) != MOE_OK) return cli_fail(cli, &err);
-    in->gpus = gpus ? (int)gpus : in->cluster.gpus_usable;
-    if (in->gpus > in->cluster.gpus_usable) {
-        moe_error_set(&err, MOE_ERR_INFEASIBLE, "--gpus %d: %s has %d usable GPUs", in->gpus,
-                      in->cluster.name, in->cluster.gpus_usable);
-        return cli_fail(cli, &err);
-    }
-    cost_calibration_defaults(&in->cal, &in->cluster.gpu);
-    if (cal_file && cost_calibration_load(&in->cal, cal_file, &err) != MOE_OK)
-        return cli_fail(cli, &err);
-    const struct mdl_moe *e = &in->model.moe;
-    enum moe_status st = MOE_OK;
-    if (!routing || !strcmp(routing, "uniform")) {
-        st = cost_routing_synthetic(&in->routing, COST_ROUTING_UNIFORM, 0, seed, e->experts,
-                                    e->top_k, &err);
-    } else if (!strncmp(routing, "zipf:", 5) || !strncmp(routing, "dirichlet:", 10)) {
-        bool zipf = routing[0] == 'z';
-        char *end;
-        double v = strtod(strchr(routing, ':') + 1, &end);
-        if (*end) return cli_usage(cmd, "--routing %s: a number after ':'", routing);
-        st = cost_routing_synthetic(&in->routing, zipf ? COST_ROUTING_ZIPF : COST_ROUTING_DIRICHLET,
-                                    v, seed, e->experts, e->top_k, &err);
-    } else {
-        st = cost_routing_load(&in->routing, routing, e->experts, e->top_k, &err);
-    }
-    if (st != MOE_OK) return cli_fail(cli, &err);
-    in->have_routing = true;
-    return -1;
-}
-
 static void fmt_us(double us, char *buf, size_t cap)
 {
     if (us == 0.0) snprintf(buf, cap, "-");
     else moe_format_time_us(us, buf, cap);
 }
 
-static void print_prediction(const struct predict_inputs *in, const struct cost_layout *l,
+static void print_prediction(const struct cli_inputs *in, const struct cost_layout *l,
                              const struct cost_result *r)
 {
     char lay[512];
@@ -155,7 +100,7 @@ static void print_prediction(const struct predict_inputs *in, const struct cost_
     printf("capacity %s after headroom; %s %s\n", b, r->fits ? "headroom left" : "short by", c);
 }
 
-static enum moe_status write_json(const char *file, const struct predict_inputs *in,
+static enum moe_status write_json(const char *file, const struct cli_inputs *in,
                                   const struct cost_layout *l, const struct cost_result *r,
                                   struct moe_error *err)
 {
@@ -233,8 +178,8 @@ int cmd_predict(struct cli *cli, const struct cli_cmd *cmd, int argc, char **arg
     }
     if (optind < argc) return cli_usage(cmd, "unexpected operand '%s'", argv[optind]);
     if (!layout) return cli_usage(cmd, "--layout is required (e.g. tp=1,pp=8,ep=64)");
-    struct predict_inputs in;
-    rc = load_inputs(cli, cmd, model, cluster, gpus, cal, routing, seed, &ov, &in);
+    struct cli_inputs in;
+    rc = cli_load_inputs(cli, cmd, model, cluster, gpus, cal, routing, seed, &ov, &in);
     if (rc >= 0) return rc;
     struct moe_error err;
     struct cost_layout l = {1, 1, 1, 1, 1, 0, 1, (int)seq, 1, 0, COST_BF16,

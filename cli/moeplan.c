@@ -194,16 +194,6 @@ static int cmd_run(struct cli *cli, const struct cli_cmd *cmd, int argc, char **
 
 enum { OPT_MODEL = 1, OPT_CLUSTER, OPT_LAYOUT, OPT_SEQ, OPT_GBS, OPT_JSON, OPT_O, OPT_CAL };
 
-static const struct cli_opt plan_opts[] = {
-    {"model", required_argument, OPT_MODEL, "M", "model name, model file or HF config.json"},
-    {"cluster", required_argument, OPT_CLUSTER, "C", "cluster name or file"},
-    {"gpus", required_argument, OPT_GPUS, "N", "use the first N GPUs of the cluster"},
-    {"seq-len", required_argument, OPT_SEQ, "S", "sequence length"},
-    {"gbs", required_argument, OPT_GBS, "B", "global batch in sequences"},
-    {"output", required_argument, OPT_O, "FILE", "write the plan here"},
-    {"calibration", required_argument, OPT_CAL, "FILE", "calibration profile"},
-    {NULL, 0, 0, NULL, NULL},
-};
 static const struct cli_opt calibrate_opts[] = {
     {"output", required_argument, OPT_O, "FILE", "write the profile here"},
     {NULL, 0, 0, NULL, NULL},
@@ -221,10 +211,8 @@ static const struct cli_cmd commands[] = {
     {"topo", "discover|show|list|generate [options] [CLUSTER|KIND]",
      "Discover this machine (hwloc, NVML), show or list clusters.", NULL, cmd_topo_opts,
      cmd_topo},
-    {"plan", "[options]",
-     "Choose layout and expert placement; write plan.json.",
-     "the layout search and GLPK placement come with the planner work (issue 5)", plan_opts,
-     cmd_not_built},
+    {"plan", "--model M --cluster C [options]",
+     "Choose layout and expert placement; write plan.json.", NULL, cmd_plan_opts, cmd_plan},
     {"predict", "--model M --cluster C --layout K=V,... [options]",
      "Predict step time, phases and memory of a given layout.", NULL, cmd_predict_opts,
      cmd_predict},

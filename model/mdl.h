@@ -96,6 +96,10 @@ struct mdl_overrides {
 enum moe_status mdl_model_override(struct mdl_model *m, const struct mdl_overrides *o,
                                    struct moe_error *err);
 
+/* The model as JSON text of our schema ("moeplan.model"), malloc'd; NULL when out of memory.
+ * A plan embeds it, so that the executor builds exactly the model that was planned. */
+char *mdl_model_to_json_text(const struct mdl_model *m);
+
 /* Is block `layer` (0-based) an MoE block? */
 bool mdl_layer_is_moe(const struct mdl_model *m, int layer);
 int mdl_moe_layer_count(const struct mdl_model *m);

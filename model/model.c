@@ -341,3 +341,64 @@ enum moe_status mdl_model_override(struct mdl_model *m, const struct mdl_overrid
     if (st == MOE_OK) *m = t;
     return st;
 }
+
+char *mdl_model_to_json_text(const struct mdl_model *m)
+{
+    const struct mdl_attention *a = &m->attn;
+    const struct mdl_moe *e = &m->moe;
+    json_t *root = json_object(), *at = json_object(), *mo = json_object();
+    if (!root || !at || !mo) {
+        json_decref(root);
+        json_decref(at);
+        json_decref(mo);
+        return NULL;
+    }
+    json_object_set_new(root, "schema", json_string(MDL_SCHEMA));
+    json_object_set_new(root, "version", json_integer(MDL_SCHEMA_VERSION));
+    json_object_set_new(root, "name", json_string(m->name));
+    json_object_set_new(root, "layers", json_integer(m->layers));
+    json_object_set_new(root, "first_dense", json_integer(m->first_dense));
+    json_object_set_new(root, "moe_every", json_integer(m->moe_every));
+    json_object_set_new(root, "hidden", json_integer(m->hidden));
+    json_object_set_new(root, "vocab", json_integer(m->vocab));
+    json_object_set_new(root, "tied_embeddings", json_boolean(m->tied_embeddings));
+    json_object_set_new(root, "norm_eps", json_real(m->norm_eps));
+    json_object_set_new(root, "max_seq_len", json_integer(m->max_seq_len));
+    json_object_set_new(at, "type", json_string(attn_names[a->type]));
+    json_object_set_new(at, "heads", json_integer(a->heads));
+    json_object_set_new(at, "kv_heads", json_integer(a->kv_heads));
+    if (a->type == MDL_ATTN_GQA) {
+        json_object_set_new(at, "head_dim", json_integer(a->head_dim));
+    } else {
+        json_object_set_new(at, "q_lora_rank", json_integer(a->q_lora_rank));
+        json_object_set_new(at, "kv_lora_rank", json_integer(a->kv_lora_rank));
+        json_object_set_new(at, "qk_nope_head_dim", json_integer(a->qk_nope_head_dim));
+        json_object_set_new(at, "qk_rope_head_dim", json_integer(a->qk_rope_head_dim));
+        json_object_set_new(at, "v_head_dim", json_integer(a->v_head_dim));
+    }
+    json_object_set_new(at, "qk_norm", json_boolean(a->qk_norm));
+    json_object_set_new(at, "bias", json_boolean(a->bias));
+    json_object_set_new(at, "sinks", json_boolean(a->sinks));
+    json_object_set_new(at, "sliding_window", json_integer(a->sliding_window));
+    json_object_set_new(at, "sliding_every", json_integer(a->sliding_every));
+    json_object_set_new(at, "rope_theta", json_real(a->rope_theta));
+    json_object_set_new(root, "attention", at);
+    json_object_set_new(root, "dense_intermediate", json_integer(m->dense_intermediate));
+    json_object_set_new(mo, "experts", json_integer(e->experts));
+    json_object_set_new(mo, "shared_experts", json_integer(e->shared_experts));
+    json_object_set_new(mo, "top_k", json_integer(e->top_k));
+    json_object_set_new(mo, "intermediate", json_integer(e->intermediate));
+    json_object_set_new(mo, "shared_intermediate", json_integer(e->shared_intermediate));
+    json_object_set_new(mo, "scoring", json_string(scoring_names[e->scoring]));
+    json_object_set_new(mo, "n_group", json_integer(e->n_group));
+    json_object_set_new(mo, "topk_group", json_integer(e->topk_group));
+    json_object_set_new(mo, "norm_topk", json_boolean(e->norm_topk));
+    json_object_set_new(mo, "scaling", json_real(e->scaling));
+    json_object_set_new(mo, "expert_bias", json_boolean(e->expert_bias));
+    json_object_set_new(mo, "softmax_after_topk", json_boolean(e->softmax_after_topk));
+    json_object_set_new(root, "moe", mo);
+    json_object_set_new(root, "mtp_layers", json_integer(m->mtp_layers));
+    char *text = json_dumps(root, JSON_INDENT(2) | JSON_REAL_PRECISION(12));
+    json_decref(root);
+    return text;
+}

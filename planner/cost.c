@@ -235,7 +235,6 @@ struct block_cost {
     double fwd[COST_NPHASES], bwd[COST_NPHASES]; /* compute, and exposed comm in comm phases */
     double comm_fwd[COST_NPHASES], comm_bwd[COST_NPHASES];
     double recompute_us;     /* forward work redone in backward */
-    double act_bytes;        /* activations kept for backward */
     double dispatch_bytes, nodedup_bytes, scale_bytes; /* per a2a, sent by this GPU */
     double hot_ratio;
 };
@@ -439,7 +438,6 @@ static void block_cost(const struct cost_ctx *c, const struct cost_layout *l, in
     attention_cost(c, l, layer, b);
     if (mdl_layer_is_moe(&c->model, layer)) moe_cost(c, l, moe_index, b);
     else dense_ffn_cost(c, l, b);
-    b->act_bytes = block_activation_bytes(c, l, layer, b->hot_ratio);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -463,23 +461,27 @@ void cost_ctx_init(struct cost_ctx *ctx, const struct mdl_model *m, const struct
  * from the first and last, which carry the embedding and the LM head). */
 static void stage_range(const struct cost_ctx *c, int stages, int v, int *first, int *count)
 {
-    int L = c->model.layers, base = L / stages, extra = L % stages;
+    int L = c->model.layers;
     *first = *count = 0;
     if (c->stage_layers) {
         for (int s = 0; s < v; s++) *first += c->stage_layers[s];
         *count = c->stage_layers[v];
         return;
     }
-    /* Which stages take one more layer, in order of preference: 1 .. stages-2, last, first. */
-    int start = 0;
-    for (int s = 0; s <= v; s++) {
+    int counts[256];
+    cost_even_split(L, stages, counts);
+    for (int s = 0; s < v; s++) *first += counts[s];
+    *count = counts[v];
+}
+
+void cost_even_split(int layers, int stages, int *counts)
+{
+    int base = layers / stages, extra = layers % stages;
+    /* The remainder goes to the middle stages first (1 .. stages-2), then the last, then the
+     * first: the ends also carry the embedding and the LM head. */
+    for (int s = 0; s < stages; s++) {
         int pos = stages == 1 ? 0 : s == 0 ? stages - 1 : s - 1;
-        int n = base + (pos < extra ? 1 : 0);
-        if (s == v) {
-            *first = start;
-            *count = n;
-        }
-        start += n;
+        counts[s] = base + (pos < extra ? 1 : 0);
     }
 }
 
@@ -487,8 +489,6 @@ struct stage_cost {
     double fwd_us, bwd_us;   /* per micro-batch: compute + exposed comm */
     double phases[COST_NPHASES]; /* per micro-batch exposed time by phase (fwd + bwd) */
     double comm[COST_NPHASES];   /* per micro-batch communication by phase */
-    double act_bytes;        /* per micro-batch */
-    double dense_params, expert_params; /* parameters in this virtual stage */
     double dispatch_bytes, nodedup_bytes, scale_bytes, hot_ratio;
     int moe_layers;
 };
@@ -537,7 +537,6 @@ static void stage_cost(const struct cost_ctx *c, const struct cost_layout *l, in
         s->bwd_us += b->recompute_us;
         /* recomputed forward work is charged to the forward phases it repeats */
         s->phases[mdl_layer_is_moe(m, i) ? COST_EXPERTS_BWD : COST_ATTN_BWD] += b->recompute_us;
-        s->act_bytes += b->act_bytes;
         if (moe) {
             s->moe_layers++;
             s->dispatch_bytes = b->dispatch_bytes;
@@ -545,11 +544,6 @@ static void stage_cost(const struct cost_ctx *c, const struct cost_layout *l, in
             s->scale_bytes = b->scale_bytes;
             if (b->hot_ratio > s->hot_ratio) s->hot_ratio = b->hot_ratio;
         }
-        struct mdl_block_params bp;
-        mdl_block_params(m, i, &bp);
-        s->expert_params += bp.params[MDL_ROUTED];
-        for (int k = 0; k < MDL_NCOMPONENTS; k++)
-            if (k != MDL_ROUTED) s->dense_params += bp.params[k];
     }
     const struct topo_gpu_spec *g = &c->cluster.gpu;
     double T = (double)l->mbs * l->seq_len / l->tp, M = (double)l->mbs * l->seq_len;
@@ -559,7 +553,6 @@ static void stage_cost(const struct cost_ctx *c, const struct cost_layout *l, in
         s->fwd_us += emb;
         s->bwd_us += 2.0 * emb;
         s->phases[COST_EMBED] += 3.0 * emb;
-        s->dense_params += (double)m->vocab * h;
     }
     if (v == stages - 1) { /* LM head and loss, vocab-parallel */
         double head = cost_gemm_us(&c->cal, g, M, V, h, false);
@@ -568,9 +561,99 @@ static void stage_cost(const struct cost_ctx *c, const struct cost_layout *l, in
         s->bwd_us += 2.0 * head + loss;
         s->phases[COST_LM_HEAD] += 3.0 * head;
         s->phases[COST_LOSS] += 2.0 * loss;
+    }
+}
+
+/* What a virtual stage holds: its parameters (whole, before TP/EP sharding) and the activation
+ * bytes of one micro-batch. Cheap: no timing. */
+struct stage_memory {
+    double dense_params, expert_params, act_bytes;
+    int moe_layers;
+};
+
+static void stage_memory(const struct cost_ctx *c, const struct cost_layout *l, int v, int stages,
+                         double hot_ratio, struct stage_memory *s)
+{
+    const struct mdl_model *m = &c->model;
+    int first, count;
+    memset(s, 0, sizeof *s);
+    stage_range(c, stages, v, &first, &count);
+    for (int i = first; i < first + count; i++) {
+        bool moe = mdl_layer_is_moe(m, i);
+        struct mdl_block_params bp;
+        mdl_block_params(m, i, &bp);
+        s->expert_params += bp.params[MDL_ROUTED];
+        for (int k = 0; k < MDL_NCOMPONENTS; k++)
+            if (k != MDL_ROUTED) s->dense_params += bp.params[k];
+        s->act_bytes += block_activation_bytes(c, l, i, moe ? hot_ratio : 1.0);
+        s->moe_layers += moe;
+    }
+    double h = m->hidden, M = (double)l->mbs * l->seq_len, V = (double)m->vocab / l->tp;
+    if (v == 0) s->dense_params += (double)m->vocab * h;
+    if (v == stages - 1) {
         if (!m->tied_embeddings || stages > 1) s->dense_params += (double)m->vocab * h;
-        s->dense_params += h; /* final norm */
+        s->dense_params += h;        /* final norm */
         s->act_bytes += M * V * BF16; /* logits kept for the loss backward */
+    }
+}
+
+/* Micro-batch chunks a pipeline rank holds for backward at most: its warm-up forwards plus the
+ * one in flight (what the simulation counts; tests check the two agree). */
+static int in_flight(int pp, int vpp, int mb, int rank)
+{
+    int warm = vpp == 1 ? pp - rank - 1 : (pp - rank - 1) * 2 + (vpp - 1) * pp;
+    int n = warm + 1, total = mb * vpp;
+    return n < total ? n : total;
+}
+
+/* Memory of each pp rank; the fullest sets the answer. */
+static void memory_of(const struct cost_ctx *c, const struct cost_layout *l,
+                      const struct stage_memory *sm, struct cost_result *r)
+{
+    const struct mdl_model *m = &c->model;
+    int pp = l->pp, vpp = l->vpp, stages = pp * vpp, mb = cost_layout_micro_batches(l);
+    int edp = l->tp * l->dp / (l->ep * l->etp);
+    double T = (double)l->mbs * l->seq_len / l->tp, h = m->hidden, worst = -1.0;
+    for (int s = 0; s < pp; s++) {
+        double dense = 0, expert = 0, act = 0, disp = 0;
+        int held = in_flight(pp, vpp, mb, s);
+        for (int v = s; v < stages; v += pp) {
+            dense += sm[v].dense_params;
+            expert += sm[v].expert_params / (l->ep * l->etp);
+            /* the chunks in flight, spread over this rank's chunks */
+            act += sm[v].act_bytes * (double)held / vpp;
+            if (sm[v].moe_layers) {
+                double rows = T * m->moe.top_k * l->etp;
+                disp = (c->dispatch_buffer_factor + 1.0) * rows * h * BF16 * 2.0;
+            }
+        }
+        double mem[COST_NMEM] = {0};
+        double dense_gpu = dense / l->tp; /* TP splits the dense parameters */
+        double w_d = l->zero >= 3 ? l->dp : 1, w_e = l->zero >= 3 ? edp : 1;
+        double g_d = l->zero >= 2 ? l->dp : 1, g_e = l->zero >= 2 ? edp : 1;
+        double o_d = l->zero >= 1 ? l->dp : 1, o_e = l->zero >= 1 ? edp : 1;
+        mem[COST_MEM_WEIGHTS] = BF16 * (dense_gpu / w_d + expert / w_e);
+        mem[COST_MEM_GRADS] = 4.0 * (dense_gpu / g_d + expert / g_e);
+        mem[COST_MEM_OPTIMIZER] = 12.0 * (dense_gpu / o_d + expert / o_e);
+        mem[COST_MEM_ACTIVATIONS] = act;
+        mem[COST_MEM_DISPATCH] = disp;
+        mem[COST_MEM_RESERVED] = RESERVED_BYTES;
+        double total = 0;
+        for (int k = 0; k < COST_NMEM; k++) total += mem[k];
+        if (total > worst) {
+            worst = total;
+            memcpy(r->memory_bytes, mem, sizeof mem);
+        }
+    }
+    r->memory_total_bytes = worst;
+    r->memory_capacity_bytes = c->cluster.gpu.hbm_bytes * (1.0 - c->memory_headroom);
+    r->fits = r->memory_total_bytes <= r->memory_capacity_bytes;
+    if (!r->fits) {
+        char need[32], have[32];
+        moe_format_bytes(r->memory_total_bytes, need, sizeof need);
+        moe_format_bytes(r->memory_capacity_bytes, have, sizeof have);
+        snprintf(r->reason, sizeof r->reason, "needs %s per GPU, %s available (%.0f%% headroom)",
+                 need, have, 100 * c->memory_headroom);
     }
 }
 
@@ -591,6 +674,19 @@ static enum moe_status evaluate(const struct cost_ctx *c, const struct cost_layo
     int pp = l->pp, vpp = l->vpp, stages = pp * vpp, mb = cost_layout_micro_batches(l);
     if (stages > 256) return moe_error_set(err, MOE_ERR_INFEASIBLE, "more than 256 stages");
     r.micro_batches = mb;
+    double hot = 1.0;
+    if (mdl_moe_layer_count(m) > 0) {
+        struct moe_traffic tr;
+        moe_traffic(c, l, 0, &tr);
+        hot = tr.hot_ratio;
+    }
+    struct stage_memory sm[256];
+    for (int v = 0; v < stages; v++) stage_memory(c, l, v, stages, hot, &sm[v]);
+    memory_of(c, l, sm, &r);
+    if (memory_only) {
+        *out = r;
+        return MOE_OK;
+    }
     /* Identical blocks cost the same: a dense and an MoE block once, unless the routing differs
      * per layer. */
     struct block_cost dense_b, moe_b;
@@ -636,59 +732,12 @@ static enum moe_status evaluate(const struct cost_ctx *c, const struct cost_layo
         if (per_rank[s] > per_rank[busiest]) busiest = s;
     double makespan = pr.makespan_us + (mb - sim_mb) * per_rank[busiest];
 
-    /* Memory of each pp rank; the fullest sets the answer. */
-    int edp = l->tp * l->dp / (l->ep * l->etp);
-    double worst = -1.0;
-    for (int s = 0; s < pp; s++) {
-        double dense = 0, expert = 0, act = 0, disp = 0;
-        for (int v = s; v < stages; v += pp) {
-            dense += sc[v].dense_params;
-            expert += sc[v].expert_params / (l->ep * l->etp);
-            /* In flight: the simulation's most chunks held, spread over this rank's chunks. */
-            act += sc[v].act_bytes * (double)pr.max_in_flight[s] / vpp;
-            if (sc[v].moe_layers) {
-                double rows = T * m->moe.top_k * l->etp;
-                disp = (c->dispatch_buffer_factor + 1.0) * rows * h * BF16 * 2.0;
-            }
-        }
-        double mem[COST_NMEM] = {0};
-        double dense_shard = l->zero >= 3 ? l->dp : 1, exp_shard = l->zero >= 3 ? edp : 1;
-        double dense_gpu = dense / l->tp; /* TP splits the dense parameters */
-        mem[COST_MEM_WEIGHTS] = BF16 * (dense_gpu / dense_shard + expert / exp_shard);
-        double g_dense = l->zero >= 2 ? l->dp : 1, g_exp = l->zero >= 2 ? edp : 1;
-        mem[COST_MEM_GRADS] = 4.0 * (dense_gpu / g_dense + expert / g_exp);
-        double o_dense = l->zero >= 1 ? l->dp : 1, o_exp = l->zero >= 1 ? edp : 1;
-        mem[COST_MEM_OPTIMIZER] = 12.0 * (dense_gpu / o_dense + expert / o_exp);
-        mem[COST_MEM_ACTIVATIONS] = act;
-        mem[COST_MEM_DISPATCH] = disp;
-        mem[COST_MEM_RESERVED] = RESERVED_BYTES;
-        double total = 0;
-        for (int k = 0; k < COST_NMEM; k++) total += mem[k];
-        if (total > worst) {
-            worst = total;
-            memcpy(r.memory_bytes, mem, sizeof mem);
-        }
-    }
-    r.memory_total_bytes = worst;
-    r.memory_capacity_bytes = t->gpu.hbm_bytes * (1.0 - c->memory_headroom);
-    r.fits = r.memory_total_bytes <= r.memory_capacity_bytes;
-    if (!r.fits) {
-        char need[32], have[32];
-        moe_format_bytes(r.memory_total_bytes, need, sizeof need);
-        moe_format_bytes(r.memory_capacity_bytes, have, sizeof have);
-        snprintf(r.reason, sizeof r.reason, "needs %s per GPU, %s available (%.0f%% headroom)",
-                 need, have, 100 * c->memory_headroom);
-    }
-    if (memory_only) {
-        *out = r;
-        return MOE_OK;
-    }
-
     /* Data-parallel gradient sync and the optimizer, once per step, on the busiest rank. */
+    int edp = l->tp * l->dp / (l->ep * l->etp);
     double dense = 0, expert = 0;
     for (int v = busiest; v < stages; v += pp) {
-        dense += sc[v].dense_params / l->tp;
-        expert += sc[v].expert_params / (l->ep * l->etp);
+        dense += sm[v].dense_params / l->tp;
+        expert += sm[v].expert_params / (l->ep * l->etp);
     }
     double bw, lat, ebw, elat;
     group_link(c, l->dp, l->tp, &bw, &lat);

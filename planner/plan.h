@@ -268,6 +268,8 @@ void cost_ctx_init(struct cost_ctx *ctx, const struct mdl_model *m, const struct
  * layout that does not fit in memory returns MOE_OK with fits = false and the reason. */
 enum moe_status cost_evaluate(const struct cost_ctx *ctx, const struct cost_layout *l,
                               struct cost_result *out, struct moe_error *err);
+/* The even split: layers per virtual stage, the remainder to the middle stages first. */
+void cost_even_split(int layers, int stages, int *counts);
 /* What the stage split needs: forward + backward time of one micro-batch of each block (layer),
  * and what the first and last stages add (embedding; LM head and loss), for `l`. */
 enum moe_status cost_block_times(const struct cost_ctx *ctx, const struct cost_layout *l,
@@ -285,6 +287,73 @@ double cost_gemm_us(const struct cost_calibration *cal, const struct topo_gpu_sp
 double cost_allreduce_us(double bytes, int n, double bytes_per_s, double latency_us);
 /* Reduce-scatter or all-gather: half the ring all-reduce's traffic. */
 double cost_allgather_us(double bytes, int n, double bytes_per_s, double latency_us);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* The search and the plan                                                                        */
+/* ---------------------------------------------------------------------------------------------- */
+
+#define PLAN_SCHEMA "moeplan.plan"
+#define PLAN_MAX_ALT 16
+#define PLAN_MAX_GROUPS 8
+
+enum plan_objective { PLAN_THROUGHPUT = 0, PLAN_COST };
+
+struct plan_request {
+    struct mdl_model model;
+    struct topo_cluster cluster;
+    struct cost_calibration cal;
+    const struct cost_routing *routing; /* borrowed; NULL: uniform */
+    char model_spec[MOE_PATH_MAX], cluster_spec[MOE_PATH_MAX], routing_spec[MOE_PATH_MAX];
+    int gpus, gbs, seq_len;
+    enum cost_precision precision;
+    struct cost_layout fix;      /* -1 in a field: free; else that degree is fixed */
+    int max_tp;
+    double headroom;             /* fraction of HBM kept free */
+    enum plan_objective objective;
+    int top_k;                   /* alternatives kept */
+    int replica_slots;           /* extra expert slots per EP rank for replicas of hot experts */
+    double mip_time_limit_s;     /* per integer program */
+};
+
+struct plan_candidate {
+    struct cost_layout layout;
+    struct cost_result result;
+    int gpus;
+    double score;                /* lower is better: step time, or GPU-hours per 1e12 tokens */
+};
+
+struct plan_result {
+    struct plan_candidate best;
+    struct plan_candidate alt[PLAN_MAX_ALT];
+    int nalt;
+    long evaluated, memory_rejected, invalid;
+    double search_s, total_s;
+    struct plan_split split;     /* of the best layout */
+    struct cost_result even_split; /* the best layout before the split */
+    int groups;                  /* expert placement groups (0: ep = 1) */
+    int group_of_moe_layer[1024];
+    struct plan_placement placement[PLAN_MAX_GROUPS];
+    struct cost_result contiguous; /* the best layout with contiguous placement */
+    struct cost_result no_dedup;   /* the best layout with the plain all-to-all */
+    int *primary;                /* expert -> EP rank of group 0, the cost model's placement */
+    char binding[256];           /* why this layout: the constraint that decided */
+};
+
+/* Search every valid layout for the request; place experts and split stages for the best. */
+enum moe_status plan_search(const struct plan_request *req, struct plan_result *out,
+                            struct moe_error *err);
+void plan_result_free(struct plan_result *r);
+/* Write plan.json (atomically). */
+enum moe_status plan_save(const struct plan_request *req, const struct plan_result *r,
+                          const char *file, struct moe_error *err);
+/* Validate a plan file: degrees multiply to the GPU count, every expert placed, memory fits. */
+enum moe_status plan_check_doc(const struct moe_jdoc *doc, char *summary, size_t cap,
+                               struct moe_error *err);
+/* The human summary (--explain) and the launcher flags (--emit megatron|maxtext). */
+void plan_print_summary(const struct plan_request *req, const struct plan_result *r, FILE *out);
+void plan_print_explain(const struct plan_request *req, const struct plan_result *r, FILE *out);
+enum moe_status plan_print_emit(const struct plan_request *req, const struct plan_result *r,
+                                const char *target, FILE *out, struct moe_error *err);
 
 #ifdef __cplusplus
 }

@@ -41,7 +41,7 @@ enum moe_status plan_split_stages(const double *layer_us, int layers, int stages
     struct plan_split r;
     memset(&r, 0, sizeof r);
     int even[256];
-    for (int s = 0; s < stages; s++) even[s] = layers / stages + (s < layers % stages);
+    cost_even_split(layers, stages, even);
     r.even_busiest_us = busiest(even, layer_us, stages, pp, first_extra_us, last_extra_us);
     if (stages == 1) {
         r.stage_layers[0] = layers;

@@ -407,6 +407,31 @@ static void test_overrides(void **state)
     assert_int_equal(mdl_moe_layer_count(&m), 1);
 }
 
+static void test_model_json_roundtrip(void **state)
+{
+    (void)state;
+    const char *names[] = {"deepseek-v3", "gpt-oss-20b", "llama4-maverick", "tiny-moe-mla"};
+    for (size_t i = 0; i < 4; i++) {
+        struct mdl_model m, back;
+        struct moe_error err;
+        load_shipped(names[i], &m);
+        char *text = mdl_model_to_json_text(&m);
+        assert_non_null(text);
+        struct moe_jdoc doc;
+        assert_int_equal(moe_jdoc_parse(&doc, "embedded", text, strlen(text), &err), MOE_OK);
+        if (mdl_model_from_doc(&back, &doc, &err) != MOE_OK) fail_msg("%s: %s", names[i], err.message);
+        moe_jdoc_free(&doc);
+        free(text);
+        assert_memory_equal(&back.attn, &m.attn, sizeof m.attn);
+        assert_memory_equal(&back.moe, &m.moe, sizeof m.moe);
+        assert_int_equal(back.layers, m.layers);
+        assert_int_equal(back.first_dense, m.first_dense);
+        assert_int_equal(back.moe_every, m.moe_every);
+        assert_int_equal(back.mtp_layers, m.mtp_layers);
+        assert_string_equal(back.name, m.name);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -421,6 +446,7 @@ int main(void)
         cmocka_unit_test(test_hf_import),
         cmocka_unit_test(test_hf_errors),
         cmocka_unit_test(test_overrides),
+        cmocka_unit_test(test_model_json_roundtrip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -110,6 +110,20 @@ static void test_pipeline_bubble(void **state)
     for (int i = 0; i < 64; i++) f[i] = 0.5, b[i] = 1.0;
     assert_int_equal(cost_pipeline_simulate(4, 2, 8, f, b, 0.0, &r, &err), MOE_OK);
     assert_true(fabs(r.makespan_us - (8 * 2 * 1.5 + 3 * 3.0 / 2)) < 1e-9);
+    /* The memory model's closed form of the chunks each rank holds matches the simulation:
+     * warm-up forwards plus one. */
+    for (int p = 2; p <= 8; p *= 2)
+        for (int v = 1; v <= 4; v *= 2)
+            for (int m = p; m <= 4 * p; m += p) {
+                assert_int_equal(cost_pipeline_simulate(p, v, m, f, b, 0.0, &r, &err), MOE_OK);
+                for (int s = 0; s < p; s++) {
+                    int warm = v == 1 ? p - s - 1 : (p - s - 1) * 2 + (v - 1) * p;
+                    int want = warm + 1 < m * v ? warm + 1 : m * v;
+                    if (r.max_in_flight[s] != want)
+                        fail_msg("pp %d vpp %d m %d rank %d: %d held, formula %d", p, v, m, s,
+                                 r.max_in_flight[s], want);
+                }
+            }
     /* p2p adds to the critical path */
     for (int i = 0; i < 64; i++) f[i] = 1.0, b[i] = 2.0;
     struct cost_pipe_result q;

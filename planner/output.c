@@ -1,0 +1,211 @@
+/*
+ * output.c: what `moeplan plan` prints: the summary, the explanation (--explain), and the launch
+ * flags of the chosen layout for Megatron-LM and MaxText (--emit), so a user can run the plan on
+ * the stack they already have.
+ */
+#include "plan.h"
+
+#include <math.h>
+#include <string.h>
+
+static void fmt_layout(const struct cost_layout *l, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "tp=%d pp=%d vpp=%d ep=%d etp=%d dp=%d zero=%d mbs=%d recompute=%s dispatcher=%s",
+             l->tp, l->pp, l->vpp, l->ep, l->etp, l->dp, l->zero, l->mbs,
+             cost_recompute_names[l->recompute], cost_dispatcher_names[l->dispatcher]);
+}
+
+static void fmt_split(const struct plan_result *r, char *buf, size_t cap)
+{
+    int S = r->best.layout.pp * r->best.layout.vpp;
+    size_t n = 0;
+    buf[0] = '\0';
+    for (int s = 0; s < S && n + 8 < cap; s++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%d", s ? "," : "[", r->split.stage_layers[s]);
+    if (n + 2 < cap) snprintf(buf + n, cap - n, "]");
+}
+
+void plan_print_summary(const struct plan_request *q, const struct plan_result *r, FILE *out)
+{
+    const struct cost_result *res = &r->best.result;
+    char lay[512], split[1024], a[32], b[32];
+    fmt_layout(&r->best.layout, lay, sizeof lay);
+    fmt_split(r, split, sizeof split);
+    fprintf(out, "plan: %s on %d x %s (%s), gbs %d x seq %d, %s\n", q->model.name, r->best.gpus,
+            q->cluster.gpu.name, q->cluster.name, r->best.layout.gbs, r->best.layout.seq_len,
+            cost_precision_names[r->best.layout.precision]);
+    fprintf(out, "layout: %s, overlap on\n", lay);
+    moe_format_bytes(res->memory_total_bytes, a, sizeof a);
+    moe_format_bytes(res->memory_capacity_bytes, b, sizeof b);
+    fprintf(out, "predicted: step %.3f s, %.0f tokens/s/GPU, %.0f model TFLOPS/GPU, MFU %.1f%%, "
+                 "bubble %.1f%%; memory %s of %s per GPU\n",
+            res->step_us / 1e6, res->tokens_per_s_per_gpu, res->model_tflops_per_gpu,
+            100 * res->mfu, 100 * res->bubble_fraction, a, b);
+    fprintf(out, "stages: layers per virtual stage %s (%s)\n", split, r->split.mip.status);
+    if (r->groups)
+        fprintf(out, "experts: %d placement group%s on %d EP ranks, hottest rank %.2fx balanced (%s)\n",
+                r->groups, r->groups == 1 ? "" : "s", r->best.layout.ep,
+                r->placement[0].balanced_load > 0 ? r->placement[0].max_load / r->placement[0].balanced_load : 1,
+                r->placement[0].mip.status);
+    fprintf(out, "search: %ld layouts evaluated, %ld out of memory, %ld invalid, in %.2f s (%.2f s "
+                 "with placement and split); calibration: %s\n",
+            r->evaluated, r->memory_rejected, r->invalid, r->search_s, r->total_s, q->cal.source);
+    if (r->nalt) {
+        fprintf(out, "\n%-4s %-88s %10s %8s\n", "#", "alternative", "step", "vs plan");
+        for (int i = 0; i < r->nalt; i++) {
+            fmt_layout(&r->alt[i].layout, lay, sizeof lay);
+            fprintf(out, "%-4d %-88s %8.3f s %+7.1f%%\n", i + 2, lay, r->alt[i].result.step_us / 1e6,
+                    100.0 * (r->alt[i].score / r->best.score - 1.0));
+        }
+    }
+}
+
+void plan_print_explain(const struct plan_request *q, const struct plan_result *r, FILE *out)
+{
+    const struct cost_result *res = &r->best.result;
+    const struct cost_layout *l = &r->best.layout;
+    char lay[512], a[32], b[32];
+    fprintf(out, "\nwhy this layout:\n");
+    fprintf(out, "  binding constraint: %s\n", r->binding);
+    int top = 0;
+    for (int p = 0; p < COST_STEP; p++)
+        if (res->exposed_us[p] > res->exposed_us[top]) top = p;
+    fprintf(out, "  the step's largest part is %s (%.1f%%); exposed communication %.1f%%, bubble %.1f%%\n",
+            cost_phase_names[top], 100 * res->exposed_us[top] / res->step_us,
+            100 * (res->exposed_us[COST_DISPATCH] + res->exposed_us[COST_COMBINE] +
+                   res->exposed_us[COST_TP_COMM] + res->exposed_us[COST_DP_GRAD_SYNC]) / res->step_us,
+            100 * res->bubble_fraction);
+    if (r->nalt) {
+        const struct plan_candidate *c = &r->alt[0];
+        int worst = 0;
+        double grow = -HUGE_VAL;
+        for (int p = 0; p < COST_STEP; p++) {
+            double d = c->result.exposed_us[p] - res->exposed_us[p];
+            if (d > grow) grow = d, worst = p;
+        }
+        fmt_layout(&c->layout, lay, sizeof lay);
+        fprintf(out, "  runner-up: %s\n    %+.1f%% slower: its %s takes %+.1f ms more per step\n",
+                lay, 100.0 * (c->score / r->best.score - 1.0), cost_phase_names[worst], grow / 1e3);
+    }
+    if (l->ep > 1) {
+        char c[32], d[32];
+        moe_format_bytes(res->dispatch_bytes_per_gpu, a, sizeof a);
+        moe_format_bytes(r->no_dedup.dispatch_bytes_per_gpu, b, sizeof b);
+        moe_format_bytes(res->dispatch_scale_out_bytes, c, sizeof c);
+        moe_format_bytes(r->no_dedup.dispatch_scale_out_bytes, d, sizeof d);
+        fprintf(out, "  what dedup bought (%s): per GPU, MoE layer and micro-batch the dispatch "
+                     "sends %s (%s over scale-out) instead of %s (%s over scale-out) with the "
+                     "plain all-to-all; step %.3f s instead of %.3f s (%+.1f%%)\n",
+                cost_dispatcher_names[l->dispatcher], a, c, b, d, res->step_us / 1e6,
+                r->no_dedup.step_us / 1e6, 100.0 * (res->step_us / r->no_dedup.step_us - 1.0));
+        const struct plan_placement *pl = &r->placement[0];
+        fprintf(out, "  what placement bought: hottest EP rank %.3fx balanced (greedy %.3fx; MILP "
+                     "%s, gap %s); step %.3f s against %.3f s with contiguous experts\n",
+                pl->max_load / pl->balanced_load, pl->greedy_max_load / pl->balanced_load,
+                pl->mip.status, pl->mip.optimal ? "0" : isfinite(pl->mip.gap) ? "reported" : "unknown",
+                res->step_us / 1e6, r->contiguous.step_us / 1e6);
+    } else {
+        fprintf(out, "  no expert parallelism: every GPU holds every expert (ep = 1)\n");
+    }
+    if (l->pp * l->vpp > 1)
+        fprintf(out, "  what the stage split bought: busiest pipeline rank %.1f ms per micro-batch "
+                     "instead of %.1f ms (even split); step %.3f s instead of %.3f s\n",
+                r->split.busiest_us / 1e3, r->split.even_busiest_us / 1e3, res->step_us / 1e6,
+                r->even_split.step_us / 1e6);
+    fprintf(out, "  predictions use %s\n", q->cal.source);
+}
+
+/* Megatron's --pipeline-model-parallel-layout: E embedding, t a block, L loss, | between stages. */
+static void megatron_layout(const struct plan_result *r, char *buf, size_t cap)
+{
+    int S = r->best.layout.pp * r->best.layout.vpp;
+    size_t n = 0;
+    for (int s = 0; s < S && n + 24 < cap; s++) {
+        n += (size_t)snprintf(buf + n, cap - n, "%s%s", s ? "|" : "", s == 0 ? "E" : "");
+        int k = r->split.stage_layers[s];
+        if (k == 1) n += (size_t)snprintf(buf + n, cap - n, "t");
+        else if (k > 1) n += (size_t)snprintf(buf + n, cap - n, "t*%d", k);
+        if (s == S - 1) n += (size_t)snprintf(buf + n, cap - n, ",L");
+    }
+}
+
+enum moe_status plan_print_emit(const struct plan_request *q, const struct plan_result *r,
+                                const char *target, FILE *out, struct moe_error *err)
+{
+    const struct cost_layout *l = &r->best.layout;
+    const struct mdl_model *m = &q->model;
+    int mb = cost_layout_micro_batches(l);
+    if (strcmp(target, "megatron") == 0) {
+        char layout[4096];
+        megatron_layout(r, layout, sizeof layout);
+        fprintf(out, "# Megatron-LM flags for the plan (moeplan %s on %d GPUs)\n", m->name, r->best.gpus);
+        fprintf(out, "--tensor-model-parallel-size %d \\\n--pipeline-model-parallel-size %d \\\n", l->tp, l->pp);
+        if (l->vpp > 1) fprintf(out, "--virtual-pipeline-model-parallel-size %d \\\n", l->vpp);
+        fprintf(out, "--pipeline-model-parallel-layout \"%s\" \\\n", layout);
+        fprintf(out, "--expert-model-parallel-size %d \\\n--expert-tensor-parallel-size %d \\\n", l->ep, l->etp);
+        if (l->tp > 1) fprintf(out, "--sequence-parallel \\\n");
+        fprintf(out, "--micro-batch-size %d \\\n--global-batch-size %d \\\n--seq-length %d \\\n",
+                l->mbs, l->gbs, l->seq_len);
+        fprintf(out, "--num-experts %d \\\n--moe-router-topk %d \\\n--moe-grouped-gemm \\\n",
+                m->moe.experts, m->moe.top_k);
+        if (l->dispatcher == COST_DISPATCH_ALLTOALL)
+            fprintf(out, "--moe-token-dispatcher-type alltoall \\\n");
+        else
+            fprintf(out, "--moe-token-dispatcher-type flex \\\n--moe-enable-deepep \\\n");
+        if (l->overlap && l->ep > 1) fprintf(out, "--overlap-moe-expert-parallel-comm \\\n");
+        if (l->recompute == COST_RECOMPUTE_SELECTIVE)
+            fprintf(out, "--recompute-granularity selective \\\n--recompute-modules core_attn moe_act layernorm \\\n");
+        if (l->recompute == COST_RECOMPUTE_FULL)
+            fprintf(out, "--recompute-granularity full \\\n--recompute-method uniform \\\n--recompute-num-layers 1 \\\n");
+        if (l->zero == 1) fprintf(out, "--use-distributed-optimizer \\\n");
+        if (l->zero >= 2)
+            fprintf(out, "--use-megatron-fsdp \\\n--data-parallel-sharding-strategy %s \\\n",
+                    l->zero == 2 ? "optim_grads" : "optim_grads_params");
+        fprintf(out, "--overlap-grad-reduce \\\n--overlap-param-gather \\\n");
+        if (l->precision == COST_BF16) fprintf(out, "--bf16\n");
+        else fprintf(out, "--bf16 \\\n--fp8-format e4m3 \\\n--fp8-recipe %s\n",
+                     l->precision == COST_MXFP8 ? "mxfp8" : "blockwise");
+        fprintf(out, "# %d micro-batches per step; data parallel %d (expert data parallel %d)\n", mb,
+                l->dp, l->tp * l->dp / (l->ep * l->etp));
+        return MOE_OK;
+    }
+    if (strcmp(target, "maxtext") == 0) {
+        /* MaxText's mesh: pipeline x data x fsdp x expert x tensor, ICI inside an NVLink domain
+         * and DCN across, inner axes first. */
+        int domain = q->cluster.gpus_used_per_domain;
+        int data = l->dp / l->ep; /* the expert axis takes ep of the data-parallel ranks */
+        int fsdp = l->zero >= 3 ? data : 1;
+        if (fsdp > 1) data = 1;
+        int axes[5] = {l->tp, l->ep, fsdp, data, l->pp}, ici[5], dcn[5];
+        int room = domain;
+        for (int i = 0; i < 5; i++) {
+            int in = 1;
+            while (in * 2 <= axes[i] && axes[i] % (in * 2) == 0 && room % (in * 2) == 0) in *= 2;
+            if (axes[i] <= room && room % axes[i] == 0) in = axes[i];
+            ici[i] = in;
+            dcn[i] = axes[i] / in;
+            room /= in;
+        }
+        fprintf(out, "# MaxText config for the plan (moeplan %s on %d GPUs)\n", m->name, r->best.gpus);
+        fprintf(out, "ici_tensor_parallelism: %d\nici_expert_parallelism: %d\nici_fsdp_parallelism: %d\n"
+                     "ici_data_parallelism: %d\nici_pipeline_parallelism: %d\n",
+                ici[0], ici[1], ici[2], ici[3], ici[4]);
+        fprintf(out, "dcn_tensor_parallelism: %d\ndcn_expert_parallelism: %d\ndcn_fsdp_parallelism: %d\n"
+                     "dcn_data_parallelism: %d\ndcn_pipeline_parallelism: %d\n",
+                dcn[0], dcn[1], dcn[2], dcn[3], dcn[4]);
+        if (l->pp > 1)
+            fprintf(out, "num_layers_per_pipeline_stage: %d\nnum_pipeline_microbatches: %d\n",
+                    m->layers / (l->pp * l->vpp), mb);
+        fprintf(out, "per_device_batch_size: %g\nmax_target_length: %d\n",
+                (double)l->gbs / r->best.gpus, l->seq_len);
+        fprintf(out, "num_experts: %d\nnum_experts_per_tok: %d\nsparse_matmul: True\nmegablox: True\n"
+                     "capacity_factor: -1.0\n",
+                m->moe.experts, m->moe.top_k);
+        fprintf(out, "remat_policy: %s\ndtype: bfloat16\n",
+                l->recompute == COST_RECOMPUTE_NONE ? "minimal"
+                : l->recompute == COST_RECOMPUTE_SELECTIVE ? "save_qkv_proj" : "full");
+        if (l->precision != COST_BF16) fprintf(out, "quantization: fp8\n");
+        return MOE_OK;
+    }
+    return moe_error_set(err, MOE_ERR_USAGE, "--emit %s: megatron or maxtext", target);
+}

@@ -1,0 +1,327 @@
+/*
+ * plan_json.c: plan.json ("moeplan.plan", documented in planner/README.md): writing and checking.
+ *
+ * A plan is self-contained: the model it was made for (in our model schema), the layout, every
+ * rank's coordinates and NVLink domain, the layer split, the expert placement per layer group,
+ * the dispatch buffers, the prediction, and the alternatives with why each lost. The executor
+ * reads it and never searches.
+ */
+#include "plan.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static json_t *phases_json(const struct cost_result *r)
+{
+    json_t *o = json_object();
+    for (int p = 0; p < COST_NPHASES; p++) {
+        json_t *ph = json_object();
+        json_object_set_new(ph, "compute_us", json_real(r->compute_us[p]));
+        json_object_set_new(ph, "comm_us", json_real(r->comm_us[p]));
+        json_object_set_new(ph, "exposed_us", json_real(r->exposed_us[p]));
+        json_object_set_new(o, cost_phase_names[p], ph);
+    }
+    return o;
+}
+
+static json_t *mip_json(const struct plan_mip_report *m)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "status", json_string(m->status));
+    json_object_set_new(o, "optimal", json_boolean(m->optimal));
+    json_object_set_new(o, "gap", isfinite(m->gap) ? json_real(m->gap) : json_null());
+    json_object_set_new(o, "objective", json_real(m->objective));
+    json_object_set_new(o, "seconds", json_real(m->seconds));
+    json_object_set_new(o, "binaries", json_integer(m->binaries));
+    return o;
+}
+
+/* Why an alternative lost: its step against the best's, and the phase that grew most. */
+static void why_lost(const struct plan_result *r, const struct plan_candidate *c, char *buf,
+                     size_t cap)
+{
+    const struct cost_result *a = &r->best.result, *b = &c->result;
+    int worst = 0;
+    double grow = -HUGE_VAL;
+    for (int p = 0; p < COST_STEP; p++) {
+        double d = b->exposed_us[p] - a->exposed_us[p];
+        if (d > grow) {
+            grow = d;
+            worst = p;
+        }
+    }
+    snprintf(buf, cap, "%+.1f%% score; %s %+.1f ms", 100.0 * (c->score / r->best.score - 1.0),
+             cost_phase_names[worst], grow / 1e3);
+}
+
+enum moe_status plan_save(const struct plan_request *q, const struct plan_result *r,
+                          const char *file, struct moe_error *err)
+{
+    const struct cost_layout *l = &r->best.layout;
+    const struct mdl_model *m = &q->model;
+    const struct topo_cluster *c = &q->cluster;
+    int gpus = r->best.gpus, edp = l->tp * l->dp / (l->ep * l->etp);
+    json_t *root = json_object();
+    char *model_text = mdl_model_to_json_text(m);
+    json_t *model = model_text ? json_loads(model_text, 0, NULL) : NULL;
+    free(model_text);
+    if (!root || !model) {
+        json_decref(root);
+        json_decref(model);
+        return moe_error_set(err, MOE_ERR_NOMEM, "out of memory writing %s", file);
+    }
+    json_object_del(model, "schema");
+    json_object_del(model, "version");
+
+    json_t *in = json_object();
+    json_object_set_new(in, "model", json_string(q->model_spec));
+    json_object_set_new(in, "cluster", json_string(q->cluster_spec));
+    json_object_set_new(in, "cluster_name", json_string(c->name));
+    json_object_set_new(in, "gpu", json_string(c->gpu.name));
+    json_object_set_new(in, "gpus", json_integer(gpus));
+    json_object_set_new(in, "gbs", json_integer(l->gbs));
+    json_object_set_new(in, "seq_len", json_integer(l->seq_len));
+    json_object_set_new(in, "routing", json_string(q->routing_spec));
+    json_object_set_new(in, "calibration", json_string(q->cal.source));
+    json_object_set_new(in, "calibrated", json_boolean(q->cal.calibrated));
+    json_object_set_new(in, "objective", json_string(q->objective == PLAN_COST ? "cost" : "throughput"));
+    json_object_set_new(root, "inputs", in);
+    json_object_set_new(root, "model", model);
+
+    json_t *lay = json_object();
+    json_object_set_new(lay, "tp", json_integer(l->tp));
+    json_object_set_new(lay, "pp", json_integer(l->pp));
+    json_object_set_new(lay, "vpp", json_integer(l->vpp));
+    json_object_set_new(lay, "ep", json_integer(l->ep));
+    json_object_set_new(lay, "etp", json_integer(l->etp));
+    json_object_set_new(lay, "dp", json_integer(l->dp));
+    json_object_set_new(lay, "edp", json_integer(edp));
+    json_object_set_new(lay, "zero", json_integer(l->zero));
+    json_object_set_new(lay, "mbs", json_integer(l->mbs));
+    json_object_set_new(lay, "gbs", json_integer(l->gbs));
+    json_object_set_new(lay, "micro_batches", json_integer(cost_layout_micro_batches(l)));
+    json_object_set_new(lay, "seq_len", json_integer(l->seq_len));
+    json_object_set_new(lay, "precision", json_string(cost_precision_names[l->precision]));
+    json_object_set_new(lay, "recompute", json_string(cost_recompute_names[l->recompute]));
+    json_object_set_new(lay, "dispatcher", json_string(cost_dispatcher_names[l->dispatcher]));
+    json_object_set_new(lay, "overlap", json_boolean(l->overlap));
+    json_object_set_new(root, "layout", lay);
+
+    /* Ranks: tp innermost, then dp, then pp; the expert layers regroup a stage's tp x dp GPUs as
+     * etp (innermost) x ep x edp. GPU r is the r-th used GPU: domain r / gpus_used. */
+    json_t *ranks = json_array();
+    for (int g = 0; g < gpus; g++) {
+        int in_stage = g % (l->tp * l->dp), dom = g / c->gpus_used_per_domain;
+        int in_dom = g % c->gpus_used_per_domain;
+        json_t *o = json_object();
+        json_object_set_new(o, "rank", json_integer(g));
+        json_object_set_new(o, "domain", json_integer(dom));
+        json_object_set_new(o, "node", json_integer(dom * c->nodes_per_domain + in_dom / c->gpus_per_node));
+        json_object_set_new(o, "local_gpu", json_integer(in_dom % c->gpus_per_node));
+        json_object_set_new(o, "tp", json_integer(g % l->tp));
+        json_object_set_new(o, "dp", json_integer(in_stage / l->tp));
+        json_object_set_new(o, "pp", json_integer(g / (l->tp * l->dp)));
+        json_object_set_new(o, "etp", json_integer(in_stage % l->etp));
+        json_object_set_new(o, "ep", json_integer((in_stage / l->etp) % l->ep));
+        json_object_set_new(o, "edp", json_integer(in_stage / (l->etp * l->ep)));
+        json_array_append_new(ranks, o);
+    }
+    json_object_set_new(root, "ranks", ranks);
+
+    json_t *stages = json_object(), *counts = json_array(), *rank_of = json_array();
+    int S = l->pp * l->vpp;
+    for (int s = 0; s < S; s++) {
+        json_array_append_new(counts, json_integer(r->split.stage_layers[s]));
+        json_array_append_new(rank_of, json_integer(s % l->pp));
+    }
+    json_object_set_new(stages, "layers_per_virtual_stage", counts);
+    json_object_set_new(stages, "pp_rank_of_virtual_stage", rank_of);
+    json_object_set_new(stages, "busiest_rank_us", json_real(r->split.busiest_us));
+    json_object_set_new(stages, "even_split_busiest_rank_us", json_real(r->split.even_busiest_us));
+    json_object_set_new(stages, "mip", mip_json(&r->split.mip));
+    json_object_set_new(root, "stages", stages);
+
+    /* Experts: per group, the experts each EP rank holds, with their token shares. */
+    json_t *experts = json_object(), *groups = json_array(), *layer_group = json_array();
+    json_object_set_new(experts, "experts", json_integer(m->moe.experts));
+    json_object_set_new(experts, "ep", json_integer(l->ep));
+    for (int g = 0; g < r->groups; g++) {
+        const struct plan_placement *pl = &r->placement[g];
+        json_t *o = json_object(), *rk = json_array();
+        for (int k = 0; k < pl->ranks; k++) {
+            json_t *list = json_array();
+            for (int e = 0; e < pl->experts; e++) {
+                double sh = pl->share[(size_t)e * pl->ranks + k];
+                if (sh <= 0) continue;
+                if (sh >= 1.0 - 1e-12) {
+                    json_array_append_new(list, json_integer(e));
+                } else {
+                    json_t *rep = json_object();
+                    json_object_set_new(rep, "expert", json_integer(e));
+                    json_object_set_new(rep, "share", json_real(sh));
+                    json_array_append_new(list, rep);
+                }
+            }
+            json_array_append_new(rk, list);
+        }
+        json_object_set_new(o, "ranks", rk);
+        json_object_set_new(o, "hottest_over_balanced",
+                            json_real(pl->balanced_load > 0 ? pl->max_load / pl->balanced_load : 1));
+        json_object_set_new(o, "greedy_hottest_over_balanced",
+                            json_real(pl->balanced_load > 0 ? pl->greedy_max_load / pl->balanced_load : 1));
+        json_object_set_new(o, "cross_domain_coactivation", json_real(pl->traffic));
+        json_object_set_new(o, "milp_used", json_boolean(pl->used_mip));
+        json_object_set_new(o, "mip", mip_json(&pl->mip));
+        json_array_append_new(groups, o);
+    }
+    int mi = 0;
+    for (int i = 0; i < m->layers; i++)
+        json_array_append_new(layer_group, mdl_layer_is_moe(m, i) && r->groups
+                                               ? json_integer(r->group_of_moe_layer[mi++])
+                                               : json_integer(-1));
+    json_object_set_new(experts, "groups", groups);
+    json_object_set_new(experts, "group_of_layer", layer_group);
+    json_object_set_new(root, "experts", experts);
+
+    /* Dropless dispatch buffers: a factor of the balanced load, with a device overflow flag. */
+    json_t *disp = json_object();
+    double T = (double)l->mbs * l->seq_len / l->tp;
+    double balanced_rows = T * m->moe.top_k * l->etp;
+    json_object_set_new(disp, "mode", json_string(cost_dispatcher_names[l->dispatcher]));
+    json_object_set_new(disp, "buffer_factor", json_real(2.0));
+    json_object_set_new(disp, "recv_capacity_rows_per_rank", json_integer((json_int_t)ceil(2.0 * balanced_rows)));
+    json_object_set_new(disp, "balanced_rows_per_rank", json_real(balanced_rows));
+    json_object_set_new(disp, "on_overflow", json_string("stop: the step is not applied and the run exits naming the layer"));
+    json_object_set_new(root, "dispatch", disp);
+
+    const struct cost_result *res = &r->best.result;
+    json_t *pred = json_object(), *mem = json_object();
+    json_object_set_new(pred, "phases", phases_json(res));
+    json_object_set_new(pred, "step_us", json_real(res->step_us));
+    json_object_set_new(pred, "tokens_per_s_per_gpu", json_real(res->tokens_per_s_per_gpu));
+    json_object_set_new(pred, "model_tflops_per_gpu", json_real(res->model_tflops_per_gpu));
+    json_object_set_new(pred, "mfu", json_real(res->mfu));
+    json_object_set_new(pred, "bubble_fraction", json_real(res->bubble_fraction));
+    for (int k = 0; k < COST_NMEM; k++)
+        json_object_set_new(mem, cost_mem_names[k], json_real(res->memory_bytes[k]));
+    json_object_set_new(mem, "total", json_real(res->memory_total_bytes));
+    json_object_set_new(mem, "capacity", json_real(res->memory_capacity_bytes));
+    json_object_set_new(pred, "memory_bytes", mem);
+    json_object_set_new(pred, "fits", json_boolean(res->fits));
+    json_object_set_new(pred, "no_dedup_step_us", json_real(r->no_dedup.step_us));
+    json_object_set_new(pred, "contiguous_placement_step_us",
+                        json_real(r->groups ? r->contiguous.step_us : res->step_us));
+    json_object_set_new(pred, "even_split_step_us", json_real(r->even_split.step_us));
+    json_object_set_new(root, "prediction", pred);
+
+    json_t *alts = json_array();
+    for (int i = 0; i < r->nalt; i++) {
+        char lay_s[512], why[256];
+        cost_layout_format(&r->alt[i].layout, lay_s, sizeof lay_s);
+        why_lost(r, &r->alt[i], why, sizeof why);
+        json_t *o = json_object();
+        json_object_set_new(o, "layout", json_string(lay_s));
+        json_object_set_new(o, "gpus", json_integer(r->alt[i].gpus));
+        json_object_set_new(o, "step_us", json_real(r->alt[i].result.step_us));
+        json_object_set_new(o, "why_it_lost", json_string(why));
+        json_array_append_new(alts, o);
+    }
+    json_object_set_new(root, "alternatives", alts);
+    json_t *search = json_object();
+    json_object_set_new(search, "evaluated", json_integer(r->evaluated));
+    json_object_set_new(search, "memory_rejected", json_integer(r->memory_rejected));
+    json_object_set_new(search, "invalid", json_integer(r->invalid));
+    json_object_set_new(search, "search_seconds", json_real(r->search_s));
+    json_object_set_new(search, "total_seconds", json_real(r->total_s));
+    json_object_set_new(search, "binding_constraint", json_string(r->binding));
+    json_object_set_new(root, "search", search);
+    enum moe_status st = moe_json_write_atomic(file, root, PLAN_SCHEMA, 1, err);
+    json_decref(root);
+    return st;
+}
+
+enum moe_status plan_check_doc(const struct moe_jdoc *doc, char *summary, size_t cap,
+                               struct moe_error *err)
+{
+    struct moe_jval root, in, lay, ranks, experts, groups, pred, mem, model;
+    enum moe_status st;
+    if ((st = moe_jdoc_root(doc, &root, err))) return st;
+    if ((st = moe_jval_object(&root, "inputs", true, &in, NULL, err))) return st;
+    if ((st = moe_jval_object(&root, "layout", true, &lay, NULL, err))) return st;
+    if ((st = moe_jval_object(&root, "model", true, &model, NULL, err))) return st;
+    int64_t gpus, tp, pp, dp, ep, etp, vpp, E;
+    if ((st = moe_jval_int(&in, "gpus", true, 0, 1, 1 << 24, &gpus, err))) return st;
+    if ((st = moe_jval_int(&lay, "tp", true, 0, 1, 1 << 20, &tp, err))) return st;
+    if ((st = moe_jval_int(&lay, "pp", true, 0, 1, 1 << 20, &pp, err))) return st;
+    if ((st = moe_jval_int(&lay, "vpp", true, 0, 1, 1 << 20, &vpp, err))) return st;
+    if ((st = moe_jval_int(&lay, "dp", true, 0, 1, 1 << 24, &dp, err))) return st;
+    if ((st = moe_jval_int(&lay, "ep", true, 0, 1, 1 << 20, &ep, err))) return st;
+    if ((st = moe_jval_int(&lay, "etp", true, 0, 1, 1 << 20, &etp, err))) return st;
+    if (tp * pp * dp != gpus)
+        return moe_jval_error(&lay, NULL, err, "tp x pp x dp = %lld, not the %lld GPUs of the plan",
+                              (long long)(tp * pp * dp), (long long)gpus);
+    if ((tp * dp) % (ep * etp))
+        return moe_jval_error(&lay, "ep", err, "ep x etp does not divide tp x dp");
+    if ((st = moe_jval_array(&root, "ranks", true, &ranks, NULL, err))) return st;
+    if ((int64_t)moe_jval_len(&ranks) != gpus)
+        return moe_jval_error(&root, "ranks", err, "%zu ranks for %lld GPUs", moe_jval_len(&ranks),
+                              (long long)gpus);
+    if ((st = moe_jval_object(&root, "experts", true, &experts, NULL, err))) return st;
+    if ((st = moe_jval_int(&experts, "experts", true, 0, 1, 1 << 16, &E, err))) return st;
+    if ((st = moe_jval_array(&experts, "groups", true, &groups, NULL, err))) return st;
+    for (size_t g = 0; g < moe_jval_len(&groups); g++) {
+        struct moe_jval grp, rk;
+        if ((st = moe_jval_at_object(&groups, g, &grp, err))) return st;
+        if ((st = moe_jval_array(&grp, "ranks", true, &rk, NULL, err))) return st;
+        if ((int64_t)moe_jval_len(&rk) != ep)
+            return moe_jval_error(&grp, "ranks", err, "%zu EP ranks, the layout has %lld",
+                                  moe_jval_len(&rk), (long long)ep);
+        double *served = calloc((size_t)E, sizeof *served);
+        if (!served) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+        for (size_t k = 0; k < moe_jval_len(&rk) && st == MOE_OK; k++) {
+            json_t *list = json_array_get(rk.json, k);
+            if (!json_is_array(list)) {
+                st = moe_jval_error(&rk, NULL, err, "rank %zu: a list of experts", k);
+                break;
+            }
+            for (size_t i = 0; i < json_array_size(list); i++) {
+                json_t *it = json_array_get(list, i);
+                json_t *ej = json_is_object(it) ? json_object_get(it, "expert") : it;
+                double share = json_is_object(it) ? json_number_value(json_object_get(it, "share")) : 1.0;
+                json_int_t e = json_is_integer(ej) ? json_integer_value(ej) : -1;
+                if (e < 0 || e >= E || !(share > 0 && share <= 1)) {
+                    st = moe_jval_error(&rk, NULL, err, "rank %zu: bad expert entry %zu", k, i);
+                    break;
+                }
+                served[e] += share;
+            }
+        }
+        for (int64_t e = 0; e < E && st == MOE_OK; e++)
+            if (fabs(served[e] - 1.0) > 1e-6)
+                st = moe_jval_error(&grp, "ranks", err,
+                                    "expert %lld is placed with total share %g, not 1",
+                                    (long long)e, served[e]);
+        free(served);
+        if (st != MOE_OK) return st;
+    }
+    if (moe_jval_len(&groups) == 0 && ep > 1)
+        return moe_jval_error(&experts, "groups", err, "ep = %lld but no expert placement",
+                              (long long)ep);
+    if ((st = moe_jval_object(&root, "prediction", true, &pred, NULL, err))) return st;
+    if ((st = moe_jval_object(&pred, "memory_bytes", true, &mem, NULL, err))) return st;
+    double total, capacity, step;
+    if ((st = moe_jval_num(&mem, "total", true, 0, 0, 1e18, &total, err))) return st;
+    if ((st = moe_jval_num(&mem, "capacity", true, 0, 0, 1e18, &capacity, err))) return st;
+    if ((st = moe_jval_num(&pred, "step_us", true, 0, 0, 1e18, &step, err))) return st;
+    if (total > capacity)
+        return moe_jval_error(&mem, "total", err, "memory %.3g bytes exceeds the capacity %.3g",
+                              total, capacity);
+    char name[64];
+    moe_jval_str(&model, "name", false, "?", name, sizeof name, NULL);
+    snprintf(summary, cap, "moeplan.plan: %s on %lld GPUs, tp=%lld pp=%lld vpp=%lld ep=%lld dp=%lld, "
+             "%zu placement group%s, step %.1f ms predicted",
+             name, (long long)gpus, (long long)tp, (long long)pp, (long long)vpp, (long long)ep,
+             (long long)dp, moe_jval_len(&groups), moe_jval_len(&groups) == 1 ? "" : "s", step / 1e3);
+    return MOE_OK;
+}

@@ -1,0 +1,278 @@
+/*
+ * search.c: `moeplan plan`: every valid layout, the best by the objective, then the integer
+ * programs for it (stage split, expert placement) and the comparisons that explain it.
+ *
+ * The space: TP (inside one NVLink domain, dividing the heads), PP, VPP, DP = GPUs / (TP x PP),
+ * EP (dividing the experts and the stage's GPUs), ETP (1 or TP), micro-batch size, and for each of
+ * those the cheapest memory rung that fits: recompute none -> selective -> full crossed with
+ * ZeRO 1 -> 2 -> 3, tried in the order of their expected cost, memory first (it is cheaper to
+ * check). Dominated choices are not tried: the plain all-to-all never beats per-GPU dedup (fewer
+ * bytes on every link), per-domain dedup is tried only where EP spans domains, and A2A overlap
+ * is always on (it only hides time). The objective "cost" also tries fewer GPUs.
+ */
+#include "plan.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+void plan_result_free(struct plan_result *r)
+{
+    if (!r) return;
+    for (int g = 0; g < PLAN_MAX_GROUPS; g++) plan_placement_free(&r->placement[g]);
+    free(r->primary);
+    r->primary = NULL;
+}
+
+static bool fixed_ok(int fix, int v) { return fix < 0 || fix == v; }
+
+/* Keep the top K (plus the best) in order of score. */
+static void keep(struct plan_result *r, int k, const struct plan_candidate *c)
+{
+    int n = r->nalt;
+    if (n == k + 1 && c->score >= r->alt[n - 1].score) return;
+    int pos = n < k + 1 ? n++ : k;
+    while (pos > 0 && r->alt[pos - 1].score > c->score) {
+        r->alt[pos] = r->alt[pos - 1];
+        pos--;
+    }
+    r->alt[pos] = *c;
+    r->nalt = n;
+}
+
+static double score_of(const struct plan_request *q, const struct cost_layout *l,
+                       const struct cost_result *res, int gpus)
+{
+    if (q->objective == PLAN_THROUGHPUT) return res->step_us;
+    /* GPU-hours per trillion tokens */
+    double tokens = (double)l->gbs * l->seq_len;
+    return gpus * res->step_us / 3.6e9 / (tokens / 1e12);
+}
+
+static void search_gpus(const struct plan_request *q, int gpus, struct cost_ctx *ctx,
+                        struct plan_result *r)
+{
+    const struct mdl_model *m = &q->model;
+    const struct cost_layout *fx = &q->fix;
+    ctx->gpus = gpus;
+    int domain = q->cluster.gpus_used_per_domain;
+    static const struct {
+        enum cost_recompute rc;
+        int zero;
+    } rungs[] = {{COST_RECOMPUTE_NONE, 1}, {COST_RECOMPUTE_NONE, 2}, {COST_RECOMPUTE_SELECTIVE, 1},
+                 {COST_RECOMPUTE_SELECTIVE, 2}, {COST_RECOMPUTE_NONE, 3},
+                 {COST_RECOMPUTE_SELECTIVE, 3}, {COST_RECOMPUTE_FULL, 1}, {COST_RECOMPUTE_FULL, 2},
+                 {COST_RECOMPUTE_FULL, 3}};
+    for (int tp = 1; tp <= gpus && tp <= q->max_tp; tp *= 2) {
+        if (gpus % tp || tp > domain || m->attn.heads % tp || q->seq_len % tp || !fixed_ok(fx->tp, tp))
+            continue;
+        for (int pp = 1; pp <= gpus / tp && pp <= m->layers; pp++) {
+            if ((gpus / tp) % pp || !fixed_ok(fx->pp, pp)) continue;
+            int dp = gpus / (tp * pp);
+            if (!fixed_ok(fx->dp, dp)) continue;
+            for (int vpp = 1; vpp <= 8 && pp * vpp <= m->layers; vpp *= 2) {
+                if ((vpp > 1 && pp == 1) || !fixed_ok(fx->vpp, vpp)) continue;
+                for (int mbs = 1; mbs <= 8; mbs *= 2) {
+                    if (q->gbs % (dp * mbs) || !fixed_ok(fx->mbs, mbs)) continue;
+                    int mb = q->gbs / (dp * mbs);
+                    if (vpp > 1 && mb % pp) continue;
+                    for (int ep = 1; ep <= m->moe.experts; ep++) {
+                        if (m->moe.experts % ep || !fixed_ok(fx->ep, ep)) continue;
+                        for (int etp = 1; etp <= tp; etp = etp == 1 && tp > 1 ? tp : tp + 1) {
+                            if (((long)tp * dp) % ((long)ep * etp) || !fixed_ok(fx->etp, etp) ||
+                                m->moe.intermediate % etp)
+                                continue;
+                            bool spans = (long)ep * etp > domain;
+                            enum cost_dispatcher cands[3];
+                            int nd = 0;
+                            if ((int)fx->dispatcher >= 0) cands[nd++] = fx->dispatcher;
+                            else if (ep == 1) cands[nd++] = COST_DISPATCH_ALLTOALL;
+                            else {
+                                cands[nd++] = COST_DISPATCH_DEDUP_GPU;
+                                if (spans) cands[nd++] = COST_DISPATCH_DEDUP_DOMAIN;
+                            }
+                            for (int d = 0; d < nd; d++) {
+                                enum cost_dispatcher disp = cands[d];
+                                struct cost_layout l = {tp, pp, vpp, ep, etp, dp, 1, q->seq_len,
+                                                        mbs, q->gbs, q->precision,
+                                                        COST_RECOMPUTE_NONE, disp, true};
+                                if (cost_layout_check(&l, m, gpus, NULL) != MOE_OK) {
+                                    r->invalid++;
+                                    continue;
+                                }
+                                for (size_t k = 0; k < sizeof rungs / sizeof rungs[0]; k++) {
+                                    l.recompute = rungs[k].rc;
+                                    l.zero = rungs[k].zero;
+                                    if (!fixed_ok(fx->zero, l.zero) ||
+                                        ((int)fx->recompute >= 0 && (int)l.recompute != (int)fx->recompute))
+                                        continue;
+                                    struct cost_result res;
+                                    if (cost_memory(ctx, &l, &res, NULL) != MOE_OK) break;
+                                    if (!res.fits) {
+                                        r->memory_rejected++;
+                                        continue;
+                                    }
+                                    if (cost_evaluate(ctx, &l, &res, NULL) != MOE_OK) break;
+                                    r->evaluated++;
+                                    struct plan_candidate c = {l, res, gpus,
+                                                               score_of(q, &l, &res, gpus)};
+                                    keep(r, q->top_k, &c);
+                                    break; /* the first rung that fits is the cheapest */
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* Expert placement per layer group and the stage split, for the best layout. */
+static enum moe_status refine(const struct plan_request *q, struct cost_ctx *ctx,
+                              struct plan_result *r, struct moe_error *err)
+{
+    enum moe_status st = MOE_OK;
+    struct cost_layout l = r->best.layout;
+    const struct mdl_model *m = &q->model;
+    ctx->gpus = r->best.gpus;
+    r->even_split = r->best.result;
+    /* Placement: one group per routing layer, at most PLAN_MAX_GROUPS (consecutive MoE layers
+     * share a group's averaged loads). */
+    int moe_layers = mdl_moe_layer_count(m), E = m->moe.experts;
+    if (l.ep > 1) {
+        int rl = q->routing ? q->routing->layers : 1;
+        r->groups = rl < PLAN_MAX_GROUPS ? rl : PLAN_MAX_GROUPS;
+        if (r->groups > moe_layers) r->groups = moe_layers;
+        double *pick = malloc(sizeof *pick * (size_t)E);
+        if (!pick) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+        for (int g = 0; g < r->groups; g++) {
+            for (int e = 0; e < E; e++) pick[e] = 0.0;
+            int n = 0;
+            for (int i = 0; i < rl; i++) {
+                if (i * r->groups / rl != g) continue;
+                for (int e = 0; e < E; e++)
+                    pick[e] += q->routing ? q->routing->pick[(size_t)i * E + e] : (double)m->moe.top_k / E;
+                n++;
+            }
+            for (int e = 0; e < E; e++) pick[e] /= n ? n : 1;
+            int rpd = q->cluster.gpus_used_per_domain / l.etp;
+            struct plan_placement_problem pr = {
+                E, l.ep, E / l.ep + q->replica_slots, pick,
+                q->routing && q->routing->pair && rl == 1 ? q->routing->pair : NULL,
+                rpd < 1 ? 1 : rpd, 0.1, q->mip_time_limit_s};
+            if ((st = plan_place_experts(&pr, &r->placement[g], err))) {
+                free(pick);
+                return st;
+            }
+        }
+        free(pick);
+        for (int i = 0; i < moe_layers && i < 1024; i++) r->group_of_moe_layer[i] = i * r->groups / moe_layers;
+        r->primary = malloc(sizeof *r->primary * (size_t)E);
+        if (!r->primary) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+        for (int e = 0; e < E; e++) r->primary[e] = plan_placement_rank(&r->placement[0], e);
+        /* Contiguous placement of the same layout, for what placement bought. */
+        if ((st = cost_evaluate(ctx, &l, &r->contiguous, err))) return st;
+        ctx->placement = r->primary;
+    }
+    /* Stage split. */
+    int stages = l.pp * l.vpp;
+    double *w = malloc(sizeof *w * (size_t)m->layers), a = 0, b = 0;
+    if (!w) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    if ((st = cost_block_times(ctx, &l, w, &a, &b, err))) {
+        free(w);
+        return st;
+    }
+    st = plan_split_stages(w, m->layers, stages, l.pp, a, b, q->mip_time_limit_s, &r->split, err);
+    free(w);
+    if (st != MOE_OK) return st;
+    ctx->stage_layers = r->split.stage_layers;
+    struct cost_result res;
+    if ((st = cost_evaluate(ctx, &l, &res, err))) return st;
+    /* A split that moves activations onto the first stage may not fit: keep the even one. */
+    if (!res.fits) {
+        ctx->stage_layers = NULL;
+        cost_even_split(m->layers, stages, r->split.stage_layers);
+        if ((st = cost_evaluate(ctx, &l, &res, err))) return st;
+        snprintf(r->split.mip.status, sizeof r->split.mip.status,
+                 "split did not fit in memory: even split kept");
+    }
+    r->best.result = res;
+    r->best.score = score_of(q, &l, &res, r->best.gpus);
+    /* What dedup bought: the same plan with the plain all-to-all. */
+    struct cost_layout plain = l;
+    plain.dispatcher = COST_DISPATCH_ALLTOALL;
+    if ((st = cost_evaluate(ctx, &plain, &r->no_dedup, err))) return st;
+    return MOE_OK;
+}
+
+static void binding_constraint(const struct plan_request *q, struct plan_result *r)
+{
+    const struct cost_layout *l = &r->best.layout;
+    const struct cost_result *res = &r->best.result;
+    if (l->recompute != COST_RECOMPUTE_NONE || l->zero > 1) {
+        snprintf(r->binding, sizeof r->binding,
+                 "memory: no layout fits without %s%s%s (%.0f%% of HBM used)",
+                 l->recompute != COST_RECOMPUTE_NONE ? cost_recompute_names[l->recompute] : "",
+                 l->recompute != COST_RECOMPUTE_NONE && l->zero > 1 ? " recompute and " :
+                 l->recompute != COST_RECOMPUTE_NONE ? " recompute" : "",
+                 l->zero > 1 ? (l->zero == 2 ? "ZeRO-2" : "ZeRO-3") : "",
+                 100 * res->memory_total_bytes / q->cluster.gpu.hbm_bytes);
+        return;
+    }
+    int worst = COST_BUBBLE;
+    for (int p = COST_DISPATCH; p < COST_STEP; p++) {
+        bool comm = p == COST_DISPATCH || p == COST_COMBINE || p == COST_TP_COMM ||
+                    p == COST_DP_GRAD_SYNC || p == COST_BUBBLE;
+        if (comm && res->exposed_us[p] > res->exposed_us[worst]) worst = p;
+    }
+    double share = res->exposed_us[worst] / res->step_us;
+    if (share > 0.1)
+        snprintf(r->binding, sizeof r->binding, "%s: %.0f%% of the step is exposed %s",
+                 worst == COST_BUBBLE ? "pipeline" : "communication", 100 * share,
+                 cost_phase_names[worst]);
+    else
+        snprintf(r->binding, sizeof r->binding,
+                 "compute: exposed communication and bubble are under 10%% of the step");
+}
+
+enum moe_status plan_search(const struct plan_request *q, struct plan_result *out,
+                            struct moe_error *err)
+{
+    double t0 = moe_time_now_s();
+    struct plan_result r;
+    memset(&r, 0, sizeof r);
+    if (q->gpus < 1 || q->gpus > q->cluster.gpus_usable)
+        return moe_error_set(err, MOE_ERR_INFEASIBLE, "%d GPUs requested, %s has %d usable",
+                             q->gpus, q->cluster.name, q->cluster.gpus_usable);
+    if (q->top_k < 0 || q->top_k >= PLAN_MAX_ALT)
+        return moe_error_set(err, MOE_ERR_USAGE, "--top must be in [0, %d]", PLAN_MAX_ALT - 1);
+    struct cost_ctx ctx;
+    cost_ctx_init(&ctx, &q->model, &q->cluster, &q->cal, q->gpus);
+    ctx.routing = q->routing;
+    ctx.memory_headroom = q->headroom;
+    search_gpus(q, q->gpus, &ctx, &r);
+    if (q->objective == PLAN_COST)
+        for (int n = q->gpus / 2; n >= 1 && n >= q->cluster.gpus_used_per_domain / 8; n /= 2)
+            search_gpus(q, n, &ctx, &r);
+    r.search_s = moe_time_now_s() - t0;
+    if (r.nalt == 0) {
+        return moe_error_set(err, MOE_ERR_INFEASIBLE,
+                             "no layout fits: %ld layouts were valid but out of memory (%ld "
+                             "invalid); more GPUs, a shorter sequence, a smaller global batch or "
+                             "--fix choices that allow sharding may help",
+                             r.memory_rejected, r.invalid);
+    }
+    r.best = r.alt[0];
+    memmove(r.alt, r.alt + 1, sizeof r.alt[0] * (size_t)(r.nalt - 1));
+    r.nalt--;
+    enum moe_status st = refine(q, &ctx, &r, err);
+    if (st != MOE_OK) {
+        plan_result_free(&r);
+        return st;
+    }
+    binding_constraint(q, &r);
+    r.total_s = moe_time_now_s() - t0;
+    *out = r;
+    return MOE_OK;
+}
