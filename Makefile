@@ -28,6 +28,7 @@ run: build
 	$(MOEPLAN) check model/*.json topologies/*.json topologies/xml/*.xml
 	$(MOEPLAN) model show deepseek-v3
 	$(MOEPLAN) topo show gb300-nvl72-x16
+	$(MOEPLAN) plan --model deepseek-v3 --cluster gb300-nvl72-x16 --explain -o $(BUILD)/plan.json
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure

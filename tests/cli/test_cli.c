@@ -170,9 +170,6 @@ static void test_not_built(void **state)
 {
     (void)state;
     static struct result r;
-    RUN(&r, "plan", "--model", "deepseek-v3");
-    assert_int_equal(r.code, 1);
-    expect_in(r.err, "moeplan: 'plan' is not built yet");
     RUN(&r, "calibrate");
     assert_int_equal(r.code, 1);
     RUN(&r, "run", "plan.json");
@@ -307,6 +304,43 @@ static void test_predict(void **state)
     expect_in(r.err, "--model is required");
 }
 
+static void test_plan(void **state)
+{
+    (void)state;
+    static struct result r;
+    RUN(&r, "plan", "--model", "mixtral-8x7b", "--cluster", "hgx-h100-x128", "--gpus", "64",
+        "--gbs", "256", "--explain", "--emit", "megatron", "-o", "/tmp/moe_cli_plan.json");
+    assert_int_equal(r.code, 0);
+    expect_in(r.out, "plan: mixtral-8x7b on 64 x H100 (hgx-h100-x128), gbs 256 x seq 4096");
+    expect_in(r.out, "why this layout:");
+    expect_in(r.out, "binding constraint:");
+    expect_in(r.out, "--tensor-model-parallel-size");
+    expect_in(r.out, "--expert-model-parallel-size");
+    expect_in(r.out, "plan written to /tmp/moe_cli_plan.json");
+    RUN(&r, "check", "/tmp/moe_cli_plan.json");
+    assert_int_equal(r.code, 0);
+    expect_in(r.out, "ok (moeplan.plan: mixtral-8x7b on 64 GPUs");
+    unlink("/tmp/moe_cli_plan.json");
+    RUN(&r, "plan", "--model", "mixtral-8x7b", "--cluster", "hgx-h100-x128", "--gpus", "64",
+        "--gbs", "256", "--emit", "maxtext", "--fix", "ep=8,tp=1");
+    assert_int_equal(r.code, 0);
+    expect_in(r.out, "ici_expert_parallelism: 8");
+    expect_in(r.out, "sparse_matmul: True");
+    expect_in(r.out, "tp=1 ");
+    RUN(&r, "plan", "--model", "deepseek-v3", "--cluster", "hgx-h200-x8");
+    assert_int_equal(r.code, 4);
+    expect_in(r.err, "no layout fits");
+    RUN(&r, "plan", "--model", "mixtral-8x7b", "--cluster", "hgx-h200-x8", "--fix", "ep=3");
+    assert_int_equal(r.code, 4);
+    RUN(&r, "plan", "--model", "mixtral-8x7b", "--cluster", "hgx-h200-x8", "--emit", "deepspeed");
+    assert_int_equal(r.code, 2);
+    expect_in(r.err, "--emit deepspeed: megatron or maxtext");
+    RUN(&r, "plan", "--model", "mixtral-8x7b", "--cluster", "hgx-h200-x8", "--fix", "bogus=1");
+    assert_int_equal(r.code, 2);
+    RUN(&r, "plan", "--model", "mixtral-8x7b", "--cluster", "hgx-h200-x8", "--objective", "cost");
+    assert_int_equal(r.code, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -314,7 +348,7 @@ int main(void)
         cmocka_unit_test(test_usage_errors), cmocka_unit_test(test_check),
         cmocka_unit_test(test_check_bad_input), cmocka_unit_test(test_not_built),
         cmocka_unit_test(test_model_commands),  cmocka_unit_test(test_topo_commands),
-        cmocka_unit_test(test_predict),
+        cmocka_unit_test(test_predict),         cmocka_unit_test(test_plan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

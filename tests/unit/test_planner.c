@@ -6,6 +6,7 @@
 #include "plan.h"
 
 #include <math.h>
+#include <unistd.h>
 
 static void test_glpk_version(void **state)
 {
@@ -527,6 +528,87 @@ static void test_stage_split(void **state)
     assert_int_equal(plan_split_stages(w, 4, 8, 8, 0, 0, 1.0, &sp, &err), MOE_ERR_INFEASIBLE);
 }
 
+static void test_search_and_plan_file(void **state)
+{
+    (void)state;
+    static struct plan_request q;
+    static struct plan_result r;
+    struct moe_error err;
+    memset(&q, 0, sizeof q);
+    setup("mixtral-8x7b", "hgx-h200-x8", &q.model, &q.cluster);
+    cost_calibration_defaults(&q.cal, &q.cluster.gpu);
+    snprintf(q.model_spec, sizeof q.model_spec, "mixtral-8x7b");
+    snprintf(q.cluster_spec, sizeof q.cluster_spec, "hgx-h200-x8");
+    snprintf(q.routing_spec, sizeof q.routing_spec, "uniform");
+    q.gpus = 8;
+    q.gbs = 64;
+    q.seq_len = 4096;
+    q.max_tp = 8;
+    q.headroom = 0.05;
+    q.top_k = 3;
+    q.mip_time_limit_s = 1.0;
+    struct cost_layout free_ = {-1, -1, -1, -1, -1, -1, -1, 4096, -1, -1, COST_BF16,
+                                (enum cost_recompute)-1, (enum cost_dispatcher)-1, true};
+    q.fix = free_;
+    assert_int_equal(plan_search(&q, &r, &err), MOE_OK);
+    assert_true(r.evaluated > 10);
+    assert_true(r.best.result.fits);
+    assert_int_equal(r.best.layout.tp * r.best.layout.pp * r.best.layout.dp, 8);
+    for (int i = 0; i < r.nalt; i++) assert_true(r.alt[i].score >= r.best.score);
+    /* Exhaustive: no layout of the grid it walks is faster than the winner (spot check: every
+     * valid ep with tp=1, pp=1). */
+    struct cost_ctx ctx;
+    cost_ctx_init(&ctx, &q.model, &q.cluster, &q.cal, 8);
+    for (int ep = 1; ep <= 8; ep *= 2) {
+        struct cost_layout l = {1, 1, 1, ep, 1, 8, 1, 4096, 1, 64, COST_BF16, COST_RECOMPUTE_NONE,
+                                ep > 1 ? COST_DISPATCH_DEDUP_GPU : COST_DISPATCH_ALLTOALL, true};
+        struct cost_result res;
+        if (cost_evaluate(&ctx, &l, &res, &err) == MOE_OK && res.fits)
+            assert_true(res.step_us >= r.best.result.step_us * (1 - 1e-9) ||
+                        r.best.layout.pp > 1); /* the winner after its stage split */
+    }
+    char tmp[] = "/tmp/moe_plan_XXXXXX";
+    int fd = mkstemp(tmp);
+    assert_true(fd >= 0);
+    close(fd);
+    assert_int_equal(plan_save(&q, &r, tmp, &err), MOE_OK);
+    struct moe_jdoc doc;
+    char summary[512];
+    assert_int_equal(moe_jdoc_load(&doc, tmp, &err), MOE_OK);
+    assert_int_equal(plan_check_doc(&doc, summary, sizeof summary, &err), MOE_OK);
+    assert_non_null(strstr(summary, "mixtral-8x7b on 8 GPUs"));
+    /* A plan whose degrees do not multiply to its GPUs, or with an expert left out, is refused. */
+    json_t *lay = json_object_get(doc.root, "layout");
+    json_object_set_new(lay, "dp", json_integer(3));
+    char *text = json_dumps(doc.root, 0);
+    struct moe_jdoc bad;
+    assert_int_equal(moe_jdoc_parse(&bad, "bad-plan.json", text, strlen(text), &err), MOE_OK);
+    assert_int_equal(plan_check_doc(&bad, summary, sizeof summary, &err), MOE_ERR_INPUT);
+    assert_non_null(strstr(err.message, "not the 8 GPUs of the plan"));
+    moe_jdoc_free(&bad);
+    free(text);
+    moe_jdoc_free(&doc);
+    if (r.best.layout.ep > 1) {
+        assert_int_equal(moe_jdoc_load(&doc, tmp, &err), MOE_OK);
+        json_t *groups = json_object_get(json_object_get(doc.root, "experts"), "groups");
+        json_t *ranks = json_object_get(json_array_get(groups, 0), "ranks");
+        json_array_clear(json_array_get(ranks, 0));
+        text = json_dumps(doc.root, 0);
+        assert_int_equal(moe_jdoc_parse(&bad, "bad-plan.json", text, strlen(text), &err), MOE_OK);
+        assert_int_equal(plan_check_doc(&bad, summary, sizeof summary, &err), MOE_ERR_INPUT);
+        assert_non_null(strstr(err.message, "is placed with total share 0"));
+        moe_jdoc_free(&bad);
+        free(text);
+        moe_jdoc_free(&doc);
+    }
+    unlink(tmp);
+    plan_result_free(&r);
+    /* Nothing fits: DeepSeek-V3 on one 8-GPU node. */
+    setup("deepseek-v3", "hgx-h200-x8", &q.model, &q.cluster);
+    assert_int_equal(plan_search(&q, &r, &err), MOE_ERR_INFEASIBLE);
+    assert_non_null(strstr(err.message, "no layout fits"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -536,6 +618,7 @@ int main(void)
         cmocka_unit_test(test_properties),    cmocka_unit_test(test_layouts),
         cmocka_unit_test(test_routing),       cmocka_unit_test(test_loaders),
         cmocka_unit_test(test_placement_milp), cmocka_unit_test(test_stage_split),
+        cmocka_unit_test(test_search_and_plan_file),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
