@@ -87,7 +87,11 @@ void plan_print_explain(const struct plan_request *q, const struct plan_result *
         fprintf(out, "  runner-up: %s\n    %+.1f%% slower: its %s takes %+.1f ms more per step\n",
                 lay, 100.0 * (c->score / r->best.score - 1.0), cost_phase_names[worst], grow / 1e3);
     }
-    if (l->ep > 1) {
+    if (l->ep > 1 && l->dispatcher == COST_DISPATCH_ALLTOALL) {
+        fprintf(out, "  dedup: none chosen: per-GPU dedup would send the same bytes here (each "
+                     "token's experts sit on distinct GPUs), so the plan keeps the plain all-to-all\n");
+    }
+    if (l->ep > 1 && l->dispatcher != COST_DISPATCH_ALLTOALL) {
         char c[32], d[32];
         moe_format_bytes(res->dispatch_bytes_per_gpu, a, sizeof a);
         moe_format_bytes(r->no_dedup.dispatch_bytes_per_gpu, b, sizeof b);
@@ -98,6 +102,8 @@ void plan_print_explain(const struct plan_request *q, const struct plan_result *
                      "plain all-to-all; step %.3f s instead of %.3f s (%+.1f%%)\n",
                 cost_dispatcher_names[l->dispatcher], a, c, b, d, res->step_us / 1e6,
                 r->no_dedup.step_us / 1e6, 100.0 * (res->step_us / r->no_dedup.step_us - 1.0));
+    }
+    if (l->ep > 1) {
         const struct plan_placement *pl = &r->placement[0];
         fprintf(out, "  what placement bought: hottest EP rank %.3fx balanced (greedy %.3fx; MILP "
                      "%s, gap %s); step %.3f s against %.3f s with contiguous experts\n",

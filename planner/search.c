@@ -203,6 +203,14 @@ static enum moe_status refine(const struct plan_request *q, struct cost_ctx *ctx
     struct cost_layout plain = l;
     plain.dispatcher = COST_DISPATCH_ALLTOALL;
     if ((st = cost_evaluate(ctx, &plain, &r->no_dedup, err))) return st;
+    /* Where dedup saves nothing (each token's experts on distinct GPUs), the plain all-to-all is
+     * the simpler plan. */
+    if (l.dispatcher != COST_DISPATCH_ALLTOALL && r->no_dedup.step_us <= res.step_us &&
+        r->no_dedup.fits) {
+        r->best.layout = plain;
+        r->best.result = r->no_dedup;
+        r->best.score = score_of(q, &plain, &r->no_dedup, r->best.gpus);
+    }
     return MOE_OK;
 }
 
