@@ -65,11 +65,34 @@ struct cli_inputs {
     bool have_routing;
     int gpus;
 };
-/* Load --model (with --layers/--experts), --cluster (--gpus of it), --calibration and --routing
- * (uniform, zipf:S, dirichlet:A or a file; --seed). Returns -1 when loaded, else the exit code. */
-int cli_load_inputs(struct cli *cli, const struct cli_cmd *cmd, const char *model,
-                    const char *cluster, uint64_t gpus, const char *cal_file, const char *routing,
-                    uint64_t seed, const struct mdl_overrides *ov, struct cli_inputs *in);
+/* The options the planner commands share: their rows for an option table, their values, and
+ * the parser of one of them. */
+enum { CLI_IN_MODEL = 200, CLI_IN_CLUSTER, CLI_IN_GPUS, CLI_IN_SEQ, CLI_IN_PRECISION,
+       CLI_IN_ROUTING, CLI_IN_SEED, CLI_IN_CAL, CLI_IN_LAYERS, CLI_IN_EXPERTS };
+#define CLI_INPUT_OPTIONS                                                                          \
+    {"model", required_argument, CLI_IN_MODEL, "M", "model name, model file or HF config.json"},  \
+    {"cluster", required_argument, CLI_IN_CLUSTER, "C", "cluster name or file"},                  \
+    {"gpus", required_argument, CLI_IN_GPUS, "N", "use the first N GPUs (default: all usable)"},   \
+    {"seq-len", required_argument, CLI_IN_SEQ, "S", "sequence length (4096)"},                    \
+    {"precision", required_argument, CLI_IN_PRECISION, "P", "bf16 (default), fp8, mxfp8"},        \
+    {"routing", required_argument, CLI_IN_ROUTING, "R",                                            \
+     "uniform (default), zipf:S, dirichlet:ALPHA, or a routing/measured JSON file"},              \
+    {"seed", required_argument, CLI_IN_SEED, "N", "seed of a synthetic routing (1)"},             \
+    {"calibration", required_argument, CLI_IN_CAL, "FILE", "calibration profile"},                \
+    {"layers", required_argument, CLI_IN_LAYERS, "N", "proxy: keep N blocks"},                    \
+    {"experts", required_argument, CLI_IN_EXPERTS, "E", "proxy: E routed experts, same shapes"}
+
+struct cli_input_opts {
+    const char *model, *cluster, *cal, *routing, *precision;
+    uint64_t gpus, seq, seed;
+    struct mdl_overrides ov;
+};
+void cli_input_opts_init(struct cli_input_opts *o);
+/* 1: `a` was a shared option (stored); 0: it is not one; -1: its value is bad (usage printed). */
+int cli_input_arg(const struct cli_cmd *cmd, const struct cli_arg *a, struct cli_input_opts *o);
+/* Load them: returns -1 when loaded, else the exit code. */
+int cli_load_inputs(struct cli *cli, const struct cli_cmd *cmd, const struct cli_input_opts *o,
+                    struct cli_inputs *in);
 
 int cmd_check(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv);
 int cmd_model(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv);

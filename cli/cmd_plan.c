@@ -7,30 +7,20 @@
 
 #include "cli.h"
 
-enum { OPT_MODEL = 1, OPT_CLUSTER, OPT_GPUS, OPT_SEQ, OPT_GBS, OPT_PRECISION, OPT_FIX,
-       OPT_MAX_TP, OPT_HEADROOM, OPT_OBJECTIVE, OPT_ROUTING, OPT_SEED, OPT_CAL, OPT_TOP,
-       OPT_EXPLAIN, OPT_EMIT, OPT_REPLICAS, OPT_TIME, OPT_LAYERS, OPT_EXPERTS, OPT_OUT = 'o' };
+enum { OPT_GBS = 1, OPT_FIX, OPT_MAX_TP, OPT_HEADROOM, OPT_OBJECTIVE, OPT_TOP, OPT_EXPLAIN,
+       OPT_EMIT, OPT_REPLICAS, OPT_TIME, OPT_OUT = 'o' };
 
 const struct cli_opt cmd_plan_opts[] = {
-    {"model", required_argument, OPT_MODEL, "M", "model name, model file or HF config.json"},
-    {"cluster", required_argument, OPT_CLUSTER, "C", "cluster name or file"},
-    {"gpus", required_argument, OPT_GPUS, "N", "GPUs to use (default: all usable)"},
-    {"seq-len", required_argument, OPT_SEQ, "S", "sequence length (4096)"},
+    CLI_INPUT_OPTIONS,
     {"gbs", required_argument, OPT_GBS, "B", "global batch in sequences (default 8 x GPUs)"},
-    {"precision", required_argument, OPT_PRECISION, "P", "bf16 (default), fp8, mxfp8"},
     {"fix", required_argument, OPT_FIX, "K=V,...", "fix degrees or choices: ep=64,pp=4,..."},
     {"max-tp", required_argument, OPT_MAX_TP, "N", "largest TP to consider (8)"},
     {"headroom", required_argument, OPT_HEADROOM, "F", "fraction of HBM kept free (0.05)"},
     {"objective", required_argument, OPT_OBJECTIVE, "O",
      "throughput (default) or cost (GPU-hours per 1e12 tokens; tries fewer GPUs)"},
-    {"routing", required_argument, OPT_ROUTING, "R", "uniform, zipf:S, dirichlet:A, or a file"},
-    {"seed", required_argument, OPT_SEED, "N", "seed of a synthetic routing (1)"},
-    {"calibration", required_argument, OPT_CAL, "FILE", "calibration profile"},
     {"top", required_argument, OPT_TOP, "K", "alternatives kept (5)"},
     {"replicas", required_argument, OPT_REPLICAS, "N", "extra expert slots per EP rank (0)"},
     {"time-limit", required_argument, OPT_TIME, "S", "seconds per integer program (0.5)"},
-    {"layers", required_argument, OPT_LAYERS, "N", "proxy: keep N blocks"},
-    {"experts", required_argument, OPT_EXPERTS, "E", "proxy: E routed experts"},
     {"explain", no_argument, OPT_EXPLAIN, NULL, "say why this layout"},
     {"emit", required_argument, OPT_EMIT, "T", "print launch flags: megatron or maxtext"},
     {"output", required_argument, OPT_OUT, "FILE", "write plan.json here"},
@@ -43,41 +33,28 @@ int cmd_plan(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     int nargs;
     int rc = cli_parse(cmd, argc, argv, args, &nargs);
     if (rc >= 0) return rc;
-    const char *model = NULL, *cluster = NULL, *fix = NULL, *cal = NULL, *routing = NULL,
-               *out = NULL, *emit = NULL, *precision = NULL, *objective = NULL;
-    uint64_t gpus = 0, seq = 4096, gbs = 0, max_tp = 8, seed = 1, top = 5, replicas = 0, v;
+    const char *fix = NULL, *out = NULL, *emit = NULL, *objective = NULL;
+    uint64_t gbs = 0, max_tp = 8, top = 5, replicas = 0;
     double headroom = 0.05, time_limit = 0.5;
     bool explain = false;
-    struct mdl_overrides ov = {0, 0};
+    struct cli_input_opts io;
+    cli_input_opts_init(&io);
     for (int i = 0; i < nargs; i++) {
         const char *val = args[i].value;
         char *end;
+        int shared = cli_input_arg(cmd, &args[i], &io);
+        if (shared < 0) return 2;
+        if (shared) continue;
         switch (args[i].val) {
-        case OPT_MODEL: model = val; break;
-        case OPT_CLUSTER: cluster = val; break;
         case OPT_FIX: fix = val; break;
-        case OPT_CAL: cal = val; break;
-        case OPT_ROUTING: routing = val; break;
         case OPT_OUT: out = val; break;
         case OPT_EMIT: emit = val; break;
-        case OPT_PRECISION: precision = val; break;
         case OPT_OBJECTIVE: objective = val; break;
         case OPT_EXPLAIN: explain = true; break;
-        case OPT_GPUS: if (!cli_count(cmd, "gpus", val, 1, 1u << 24, &gpus)) return 2; break;
-        case OPT_SEQ: if (!cli_count(cmd, "seq-len", val, 1, 1u << 30, &seq)) return 2; break;
         case OPT_GBS: if (!cli_count(cmd, "gbs", val, 1, 1u << 30, &gbs)) return 2; break;
         case OPT_MAX_TP: if (!cli_count(cmd, "max-tp", val, 1, 1024, &max_tp)) return 2; break;
-        case OPT_SEED: if (!cli_count(cmd, "seed", val, 0, UINT32_MAX, &seed)) return 2; break;
         case OPT_TOP: if (!cli_count(cmd, "top", val, 0, PLAN_MAX_ALT - 1, &top)) return 2; break;
         case OPT_REPLICAS: if (!cli_count(cmd, "replicas", val, 0, 64, &replicas)) return 2; break;
-        case OPT_LAYERS:
-            if (!cli_count(cmd, "layers", val, 1, 100000, &v)) return 2;
-            ov.layers = (int)v;
-            break;
-        case OPT_EXPERTS:
-            if (!cli_count(cmd, "experts", val, 1, 65536, &v)) return 2;
-            ov.experts = (int)v;
-            break;
         case OPT_HEADROOM:
             headroom = strtod(val, &end);
             if (*end || !(headroom >= 0 && headroom < 0.9))
@@ -98,7 +75,7 @@ int cmd_plan(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     else if (objective && strcmp(objective, "throughput"))
         return cli_usage(cmd, "--objective %s: throughput or cost", objective);
     struct cli_inputs in;
-    rc = cli_load_inputs(cli, cmd, model, cluster, gpus, cal, routing, seed, &ov, &in);
+    rc = cli_load_inputs(cli, cmd, &io, &in);
     if (rc >= 0) return rc;
     static struct plan_request q; /* large: not on the stack */
     memset(&q, 0, sizeof q);
@@ -106,12 +83,12 @@ int cmd_plan(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     q.cluster = in.cluster;
     q.cal = in.cal;
     q.routing = in.have_routing && in.routing.kind != COST_ROUTING_UNIFORM ? &in.routing : NULL;
-    snprintf(q.model_spec, sizeof q.model_spec, "%s", model);
-    snprintf(q.cluster_spec, sizeof q.cluster_spec, "%s", cluster);
-    snprintf(q.routing_spec, sizeof q.routing_spec, "%s", routing ? routing : "uniform");
+    snprintf(q.model_spec, sizeof q.model_spec, "%s", io.model);
+    snprintf(q.cluster_spec, sizeof q.cluster_spec, "%s", io.cluster);
+    snprintf(q.routing_spec, sizeof q.routing_spec, "%s", io.routing ? io.routing : "uniform");
     q.gpus = in.gpus;
     q.gbs = gbs ? (int)gbs : 8 * in.gpus;
-    q.seq_len = (int)seq;
+    q.seq_len = (int)io.seq;
     q.max_tp = (int)max_tp;
     q.headroom = headroom;
     q.objective = obj;
@@ -120,7 +97,7 @@ int cmd_plan(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     q.mip_time_limit_s = time_limit;
     struct moe_error err;
     /* Unfixed fields stay -1: cost_layout_parse only writes the keys it is given. */
-    struct cost_layout f = {-1, -1, -1, -1, -1, -1, -1, (int)seq, -1, -1, COST_BF16,
+    struct cost_layout f = {-1, -1, -1, -1, -1, -1, -1, (int)io.seq, -1, -1, COST_BF16,
                             (enum cost_recompute)-1, (enum cost_dispatcher)-1, true};
     if (fix && cost_layout_parse(&f, fix, &err) != MOE_OK) {
         cost_routing_free(&in.routing);
@@ -128,10 +105,10 @@ int cmd_plan(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     }
     q.fix = f;
     q.precision = COST_BF16;
-    if (precision) {
+    if (io.precision) {
         struct cost_layout p = f;
         char buf[64];
-        snprintf(buf, sizeof buf, "precision=%s", precision);
+        snprintf(buf, sizeof buf, "precision=%s", io.precision);
         if (cost_layout_parse(&p, buf, &err) != MOE_OK) {
             cost_routing_free(&in.routing);
             return cli_usage(cmd, "%s", err.message);

@@ -9,23 +9,12 @@
 #include "plan.h"
 #include "rpt.h"
 
-enum { OPT_MODEL = 1, OPT_CLUSTER, OPT_GPUS, OPT_PRECISION, OPT_SEQ, OPT_LAYOUT, OPT_JSON,
-       OPT_CAL, OPT_ROUTING, OPT_SEED, OPT_LAYERS, OPT_EXPERTS };
+enum { OPT_LAYOUT = 1, OPT_JSON };
 
 const struct cli_opt cmd_predict_opts[] = {
-    {"model", required_argument, OPT_MODEL, "M", "model name, model file or HF config.json"},
-    {"cluster", required_argument, OPT_CLUSTER, "C", "cluster name or file"},
-    {"gpus", required_argument, OPT_GPUS, "N", "use the first N GPUs of the cluster"},
+    CLI_INPUT_OPTIONS,
     {"layout", required_argument, OPT_LAYOUT, "K=V,...",
      "tp, pp, vpp, ep, etp, dp, zero, mbs, gbs, recompute, dispatcher, overlap"},
-    {"precision", required_argument, OPT_PRECISION, "P", "bf16 (default), fp8, mxfp8"},
-    {"seq-len", required_argument, OPT_SEQ, "S", "sequence length (4096)"},
-    {"routing", required_argument, OPT_ROUTING, "R",
-     "uniform (default), zipf:S, dirichlet:ALPHA or a routing/measured JSON file"},
-    {"seed", required_argument, OPT_SEED, "N", "seed of a synthetic routing (1)"},
-    {"calibration", required_argument, OPT_CAL, "FILE", "calibration profile"},
-    {"layers", required_argument, OPT_LAYERS, "N", "proxy: keep N blocks"},
-    {"experts", required_argument, OPT_EXPERTS, "E", "proxy: E routed experts"},
     {"json", required_argument, OPT_JSON, "FILE", "also write the prediction as JSON"},
     {NULL, 0, 0, NULL, NULL},
 };
@@ -143,50 +132,26 @@ int cmd_predict(struct cli *cli, const struct cli_cmd *cmd, int argc, char **arg
     int nargs;
     int rc = cli_parse(cmd, argc, argv, args, &nargs);
     if (rc >= 0) return rc;
-    const char *model = NULL, *cluster = NULL, *layout = NULL, *json = NULL, *cal = NULL,
-               *routing = NULL, *precision = NULL;
-    uint64_t gpus = 0, seq = 4096, seed = 1, v;
-    struct mdl_overrides ov = {0, 0};
+    const char *layout = NULL, *json = NULL;
+    struct cli_input_opts io;
+    cli_input_opts_init(&io);
     for (int i = 0; i < nargs; i++) {
-        const char *val = args[i].value;
-        switch (args[i].val) {
-        case OPT_MODEL: model = val; break;
-        case OPT_CLUSTER: cluster = val; break;
-        case OPT_LAYOUT: layout = val; break;
-        case OPT_JSON: json = val; break;
-        case OPT_CAL: cal = val; break;
-        case OPT_ROUTING: routing = val; break;
-        case OPT_PRECISION: precision = val; break;
-        case OPT_GPUS:
-            if (!cli_count(cmd, "gpus", val, 1, 1u << 24, &gpus)) return 2;
-            break;
-        case OPT_SEQ:
-            if (!cli_count(cmd, "seq-len", val, 1, 1u << 30, &seq)) return 2;
-            break;
-        case OPT_SEED:
-            if (!cli_count(cmd, "seed", val, 0, UINT32_MAX, &seed)) return 2;
-            break;
-        case OPT_LAYERS:
-            if (!cli_count(cmd, "layers", val, 1, 100000, &v)) return 2;
-            ov.layers = (int)v;
-            break;
-        case OPT_EXPERTS:
-            if (!cli_count(cmd, "experts", val, 1, 65536, &v)) return 2;
-            ov.experts = (int)v;
-            break;
-        }
+        int shared = cli_input_arg(cmd, &args[i], &io);
+        if (shared < 0) return 2;
+        if (args[i].val == OPT_LAYOUT) layout = args[i].value;
+        if (args[i].val == OPT_JSON) json = args[i].value;
     }
     if (optind < argc) return cli_usage(cmd, "unexpected operand '%s'", argv[optind]);
     if (!layout) return cli_usage(cmd, "--layout is required (e.g. tp=1,pp=8,ep=64)");
     struct cli_inputs in;
-    rc = cli_load_inputs(cli, cmd, model, cluster, gpus, cal, routing, seed, &ov, &in);
+    rc = cli_load_inputs(cli, cmd, &io, &in);
     if (rc >= 0) return rc;
     struct moe_error err;
-    struct cost_layout l = {1, 1, 1, 1, 1, 0, 1, (int)seq, 1, 0, COST_BF16,
+    struct cost_layout l = {1, 1, 1, 1, 1, 0, 1, (int)io.seq, 1, 0, COST_BF16,
                             COST_RECOMPUTE_NONE, COST_DISPATCH_ALLTOALL, false};
-    if (precision) {
+    if (io.precision) {
         char buf[64];
-        snprintf(buf, sizeof buf, "precision=%s", precision);
+        snprintf(buf, sizeof buf, "precision=%s", io.precision);
         if (cost_layout_parse(&l, buf, &err) != MOE_OK) return cli_usage(cmd, "%s", err.message);
     }
     if (cost_layout_parse(&l, layout, &err) != MOE_OK) {

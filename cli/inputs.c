@@ -7,11 +7,44 @@
 
 #include "cli.h"
 
-int cli_load_inputs(struct cli *cli, const struct cli_cmd *cmd, const char *model,
-                       const char *cluster, uint64_t gpus, const char *cal_file,
-                       const char *routing, uint64_t seed, const struct mdl_overrides *ov,
-                       struct cli_inputs *in)
+void cli_input_opts_init(struct cli_input_opts *o)
 {
+    memset(o, 0, sizeof *o);
+    o->seq = 4096;
+    o->seed = 1;
+}
+
+int cli_input_arg(const struct cli_cmd *cmd, const struct cli_arg *a, struct cli_input_opts *o)
+{
+    uint64_t v;
+    switch (a->val) {
+    case CLI_IN_MODEL: o->model = a->value; return 1;
+    case CLI_IN_CLUSTER: o->cluster = a->value; return 1;
+    case CLI_IN_CAL: o->cal = a->value; return 1;
+    case CLI_IN_ROUTING: o->routing = a->value; return 1;
+    case CLI_IN_PRECISION: o->precision = a->value; return 1;
+    case CLI_IN_GPUS: return cli_count(cmd, "gpus", a->value, 1, 1u << 24, &o->gpus) ? 1 : -1;
+    case CLI_IN_SEQ: return cli_count(cmd, "seq-len", a->value, 1, 1u << 30, &o->seq) ? 1 : -1;
+    case CLI_IN_SEED: return cli_count(cmd, "seed", a->value, 0, UINT32_MAX, &o->seed) ? 1 : -1;
+    case CLI_IN_LAYERS:
+        if (!cli_count(cmd, "layers", a->value, 1, 100000, &v)) return -1;
+        o->ov.layers = (int)v;
+        return 1;
+    case CLI_IN_EXPERTS:
+        if (!cli_count(cmd, "experts", a->value, 1, 65536, &v)) return -1;
+        o->ov.experts = (int)v;
+        return 1;
+    }
+    return 0;
+}
+
+int cli_load_inputs(struct cli *cli, const struct cli_cmd *cmd, const struct cli_input_opts *o,
+                    struct cli_inputs *in)
+{
+    const char *model = o->model, *cluster = o->cluster, *cal_file = o->cal,
+               *routing = o->routing;
+    uint64_t gpus = o->gpus, seed = o->seed;
+    const struct mdl_overrides *ov = &o->ov;
     struct moe_error err;
     char dir[MOE_PATH_MAX];
     if (!model) return cli_usage(cmd, "--model is required");

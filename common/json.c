@@ -375,6 +375,15 @@ enum moe_status moe_jval_int(const struct moe_jval *obj, const char *key, bool r
     return MOE_OK;
 }
 
+enum moe_status moe_jval_int32(const struct moe_jval *obj, const char *key, bool required,
+                               int def, int min, int max, int *out, struct moe_error *err)
+{
+    int64_t v;
+    enum moe_status st = moe_jval_int(obj, key, required, def, min, max, &v, err);
+    if (st == MOE_OK) *out = (int)v;
+    return st;
+}
+
 enum moe_status moe_jval_num(const struct moe_jval *obj, const char *key, bool required,
                              double def, double min, double max, double *out,
                              struct moe_error *err)

@@ -243,6 +243,9 @@ bool moe_jval_is_null(const struct moe_jval *obj, const char *key);
 enum moe_status moe_jval_int(const struct moe_jval *obj, const char *key, bool required,
                              int64_t def, int64_t min, int64_t max, int64_t *out,
                              struct moe_error *err);
+/* The same into an int (min and max within int range). */
+enum moe_status moe_jval_int32(const struct moe_jval *obj, const char *key, bool required,
+                               int def, int min, int max, int *out, struct moe_error *err);
 enum moe_status moe_jval_num(const struct moe_jval *obj, const char *key, bool required,
                              double def, double min, double max, double *out,
                              struct moe_error *err);

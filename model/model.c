@@ -14,16 +14,6 @@
 static const char *const attn_names[] = {"gqa", "mla", NULL};
 static const char *const scoring_names[] = {"softmax", "sigmoid", NULL};
 
-static enum moe_status load_int(const struct moe_jval *o, const char *key, bool required,
-                                int64_t def, int64_t min, int64_t max, int *out,
-                                struct moe_error *err)
-{
-    int64_t v;
-    enum moe_status st = moe_jval_int(o, key, required, def, min, max, &v, err);
-    if (st == MOE_OK) *out = (int)v;
-    return st;
-}
-
 static enum moe_status load_attention(const struct moe_jval *o, struct mdl_attention *a,
                                       struct moe_error *err)
 {
@@ -37,22 +27,22 @@ static enum moe_status load_attention(const struct moe_jval *o, struct mdl_atten
     if ((st = moe_jval_enum(o, "type", true, 0, attn_names, &type, err)) != MOE_OK) return st;
     a->type = (enum mdl_attn_type)type;
     bool mla = a->type == MDL_ATTN_MLA;
-    if ((st = load_int(o, "heads", true, 0, 1, 65536, &a->heads, err))) return st;
-    if ((st = load_int(o, "kv_heads", !mla, a->heads, 1, 65536, &a->kv_heads, err))) return st;
-    if ((st = load_int(o, "head_dim", !mla, 0, 0, 65536, &a->head_dim, err))) return st;
-    if ((st = load_int(o, "q_lora_rank", false, 0, 0, MAX_DIM, &a->q_lora_rank, err))) return st;
-    if ((st = load_int(o, "kv_lora_rank", mla, 0, 0, MAX_DIM, &a->kv_lora_rank, err))) return st;
-    if ((st = load_int(o, "qk_nope_head_dim", mla, 0, 0, 65536, &a->qk_nope_head_dim, err)))
+    if ((st = moe_jval_int32(o, "heads", true, 0, 1, 65536, &a->heads, err))) return st;
+    if ((st = moe_jval_int32(o, "kv_heads", !mla, a->heads, 1, 65536, &a->kv_heads, err))) return st;
+    if ((st = moe_jval_int32(o, "head_dim", !mla, 0, 0, 65536, &a->head_dim, err))) return st;
+    if ((st = moe_jval_int32(o, "q_lora_rank", false, 0, 0, MAX_DIM, &a->q_lora_rank, err))) return st;
+    if ((st = moe_jval_int32(o, "kv_lora_rank", mla, 0, 0, MAX_DIM, &a->kv_lora_rank, err))) return st;
+    if ((st = moe_jval_int32(o, "qk_nope_head_dim", mla, 0, 0, 65536, &a->qk_nope_head_dim, err)))
         return st;
-    if ((st = load_int(o, "qk_rope_head_dim", mla, 0, 0, 65536, &a->qk_rope_head_dim, err)))
+    if ((st = moe_jval_int32(o, "qk_rope_head_dim", mla, 0, 0, 65536, &a->qk_rope_head_dim, err)))
         return st;
-    if ((st = load_int(o, "v_head_dim", mla, 0, 0, 65536, &a->v_head_dim, err))) return st;
+    if ((st = moe_jval_int32(o, "v_head_dim", mla, 0, 0, 65536, &a->v_head_dim, err))) return st;
     if ((st = moe_jval_bool(o, "qk_norm", false, false, &a->qk_norm, err))) return st;
     if ((st = moe_jval_bool(o, "bias", false, false, &a->bias, err))) return st;
     if ((st = moe_jval_bool(o, "sinks", false, false, &a->sinks, err))) return st;
-    if ((st = load_int(o, "sliding_window", false, 0, 0, MAX_DIM, &a->sliding_window, err)))
+    if ((st = moe_jval_int32(o, "sliding_window", false, 0, 0, MAX_DIM, &a->sliding_window, err)))
         return st;
-    if ((st = load_int(o, "sliding_every", false, a->sliding_window ? 2 : 0, 0, 1024,
+    if ((st = moe_jval_int32(o, "sliding_every", false, a->sliding_window ? 2 : 0, 0, 1024,
                        &a->sliding_every, err)))
         return st;
     if ((st = moe_jval_num(o, "rope_theta", false, 10000.0, 1.0, 1e12, &a->rope_theta, err)))
@@ -97,19 +87,19 @@ static enum moe_status load_moe(const struct moe_jval *o, struct mdl_moe *e, str
     enum moe_status st;
     int scoring;
     if ((st = moe_jval_keys(o, keys, err)) != MOE_OK) return st;
-    if ((st = load_int(o, "experts", true, 0, 1, 1 << 16, &e->experts, err))) return st;
-    if ((st = load_int(o, "shared_experts", false, 0, 0, 1024, &e->shared_experts, err)))
+    if ((st = moe_jval_int32(o, "experts", true, 0, 1, 1 << 16, &e->experts, err))) return st;
+    if ((st = moe_jval_int32(o, "shared_experts", false, 0, 0, 1024, &e->shared_experts, err)))
         return st;
-    if ((st = load_int(o, "top_k", true, 0, 1, 1 << 16, &e->top_k, err))) return st;
-    if ((st = load_int(o, "intermediate", true, 0, 1, MAX_DIM, &e->intermediate, err))) return st;
-    if ((st = load_int(o, "shared_intermediate", false, e->intermediate, 1, MAX_DIM,
+    if ((st = moe_jval_int32(o, "top_k", true, 0, 1, 1 << 16, &e->top_k, err))) return st;
+    if ((st = moe_jval_int32(o, "intermediate", true, 0, 1, MAX_DIM, &e->intermediate, err))) return st;
+    if ((st = moe_jval_int32(o, "shared_intermediate", false, e->intermediate, 1, MAX_DIM,
                        &e->shared_intermediate, err)))
         return st;
     if ((st = moe_jval_enum(o, "scoring", false, MDL_SCORE_SOFTMAX, scoring_names, &scoring, err)))
         return st;
     e->scoring = (enum mdl_scoring)scoring;
-    if ((st = load_int(o, "n_group", false, 1, 1, 1 << 16, &e->n_group, err))) return st;
-    if ((st = load_int(o, "topk_group", false, e->n_group, 1, 1 << 16, &e->topk_group, err)))
+    if ((st = moe_jval_int32(o, "n_group", false, 1, 1, 1 << 16, &e->n_group, err))) return st;
+    if ((st = moe_jval_int32(o, "topk_group", false, e->n_group, 1, 1 << 16, &e->topk_group, err)))
         return st;
     if ((st = moe_jval_bool(o, "norm_topk", false, false, &e->norm_topk, err))) return st;
     if ((st = moe_jval_num(o, "scaling", false, 1.0, 1e-6, 1e6, &e->scaling, err))) return st;
@@ -156,26 +146,26 @@ enum moe_status mdl_model_from_doc(struct mdl_model *m, const struct moe_jdoc *d
     if ((st = moe_jval_keys(&root, keys, err))) return st;
     if ((st = moe_jval_str(&root, "name", true, NULL, t.name, sizeof t.name, err))) return st;
     if (!t.name[0]) return moe_jval_error(&root, "name", err, "must not be empty");
-    if ((st = load_int(&root, "layers", true, 0, 1, 100000, &t.layers, err))) return st;
-    if ((st = load_int(&root, "first_dense", false, 0, 0, t.layers, &t.first_dense, err)))
+    if ((st = moe_jval_int32(&root, "layers", true, 0, 1, 100000, &t.layers, err))) return st;
+    if ((st = moe_jval_int32(&root, "first_dense", false, 0, 0, t.layers, &t.first_dense, err)))
         return st;
-    if ((st = load_int(&root, "moe_every", false, 1, 1, 1000, &t.moe_every, err))) return st;
-    if ((st = load_int(&root, "hidden", true, 0, 1, MAX_DIM, &t.hidden, err))) return st;
-    if ((st = load_int(&root, "vocab", true, 0, 1, 1 << 28, &t.vocab, err))) return st;
+    if ((st = moe_jval_int32(&root, "moe_every", false, 1, 1, 1000, &t.moe_every, err))) return st;
+    if ((st = moe_jval_int32(&root, "hidden", true, 0, 1, MAX_DIM, &t.hidden, err))) return st;
+    if ((st = moe_jval_int32(&root, "vocab", true, 0, 1, 1 << 28, &t.vocab, err))) return st;
     if ((st = moe_jval_bool(&root, "tied_embeddings", false, false, &t.tied_embeddings, err)))
         return st;
     if ((st = moe_jval_num(&root, "norm_eps", false, 1e-6, 1e-12, 1.0, &t.norm_eps, err)))
         return st;
-    if ((st = load_int(&root, "max_seq_len", false, 4096, 1, 1 << 30, &t.max_seq_len, err)))
+    if ((st = moe_jval_int32(&root, "max_seq_len", false, 4096, 1, 1 << 30, &t.max_seq_len, err)))
         return st;
     if ((st = moe_jval_object(&root, "attention", true, &o, NULL, err))) return st;
     if ((st = load_attention(&o, &t.attn, err))) return st;
-    if ((st = load_int(&root, "dense_intermediate", false, 0, 0, MAX_DIM, &t.dense_intermediate,
+    if ((st = moe_jval_int32(&root, "dense_intermediate", false, 0, 0, MAX_DIM, &t.dense_intermediate,
                        err)))
         return st;
     if ((st = moe_jval_object(&root, "moe", true, &o, NULL, err))) return st;
     if ((st = load_moe(&o, &t.moe, err))) return st;
-    if ((st = load_int(&root, "mtp_layers", false, 0, 0, 64, &t.mtp_layers, err))) return st;
+    if ((st = moe_jval_int32(&root, "mtp_layers", false, 0, 0, 64, &t.mtp_layers, err))) return st;
     bool has_dense = false;
     for (int i = 0; i < t.layers; i++) has_dense |= !mdl_layer_is_moe(&t, i);
     if (has_dense && t.dense_intermediate < 1)

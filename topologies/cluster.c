@@ -15,16 +15,6 @@
 
 #define MAX_SPECS 64
 
-static enum moe_status load_int(const struct moe_jval *o, const char *key, bool required,
-                                int64_t def, int64_t min, int64_t max, int *out,
-                                struct moe_error *err)
-{
-    int64_t v;
-    enum moe_status st = moe_jval_int(o, key, required, def, min, max, &v, err);
-    if (st == MOE_OK) *out = (int)v;
-    return st;
-}
-
 /* gpus_file next to the cluster file when the caller gives none. */
 static void default_gpus_file(const char *cluster_file, char *buf, size_t cap)
 {
@@ -97,19 +87,19 @@ enum moe_status topo_cluster_from_doc(struct topo_cluster *c, const struct moe_j
     if ((st = moe_jval_keys(&node, node_keys, err))) return st;
     if ((st = moe_jval_str(&node, "name", true, NULL, t.node_name, sizeof t.node_name, err)))
         return st;
-    if ((st = load_int(&node, "gpus", true, 0, 1, TOPO_MAX_GPUS_PER_NODE, &t.gpus_per_node, err)))
+    if ((st = moe_jval_int32(&node, "gpus", true, 0, 1, TOPO_MAX_GPUS_PER_NODE, &t.gpus_per_node, err)))
         return st;
-    if ((st = load_int(&node, "cpu_sockets", false, 2, 1, 64, &t.cpu_sockets, err))) return st;
-    if ((st = load_int(&node, "cores_per_socket", false, 0, 0, 4096, &t.cores_per_socket, err)))
+    if ((st = moe_jval_int32(&node, "cpu_sockets", false, 2, 1, 64, &t.cpu_sockets, err))) return st;
+    if ((st = moe_jval_int32(&node, "cores_per_socket", false, 0, 0, 4096, &t.cores_per_socket, err)))
         return st;
     if ((st = moe_jval_size(&node, "cpu_memory", false, 0, 0, 1e15, &t.cpu_memory_bytes, err)))
         return st;
-    if ((st = load_int(&node, "nics", false, t.gpus_per_node, 0, 64, &t.nics_per_node, err)))
+    if ((st = moe_jval_int32(&node, "nics", false, t.gpus_per_node, 0, 64, &t.nics_per_node, err)))
         return st;
     if ((st = moe_jval_bandwidth(&node, "nic_bandwidth", false, t.gpu.nic_bytes_per_s, 1e6, 1e15,
                                  &t.nic_bytes_per_s, err)))
         return st;
-    if ((st = load_int(&node, "rails", false, t.nics_per_node, 0, 64, &t.rails, err))) return st;
+    if ((st = moe_jval_int32(&node, "rails", false, t.nics_per_node, 0, 64, &t.rails, err))) return st;
     if (t.rails > t.nics_per_node)
         return moe_jval_error(&node, "rails", err, "more rails (%d) than NICs (%d)", t.rails,
                               t.nics_per_node);
@@ -126,14 +116,14 @@ enum moe_status topo_cluster_from_doc(struct topo_cluster *c, const struct moe_j
         if (!f) return moe_jval_error(&node, "hwloc_xml", err, "cannot open %s", t.node_xml);
         fclose(f);
     }
-    if ((st = load_int(&root, "nodes", true, 0, 1, 1 << 20, &t.nodes, err))) return st;
+    if ((st = moe_jval_int32(&root, "nodes", true, 0, 1, 1 << 20, &t.nodes, err))) return st;
 
     /* NVLink domains. */
     if ((st = moe_jval_object(&root, "nvlink_domain", true, &dom, NULL, err))) return st;
     if ((st = moe_jval_keys(&dom, dom_keys, err))) return st;
-    if ((st = load_int(&dom, "nodes", true, 0, 1, 1 << 20, &t.nodes_per_domain, err))) return st;
+    if ((st = moe_jval_int32(&dom, "nodes", true, 0, 1, 1 << 20, &t.nodes_per_domain, err))) return st;
     int in_domain = t.nodes_per_domain * t.gpus_per_node;
-    if ((st = load_int(&dom, "gpus_used", false, in_domain, 1, 1 << 24, &t.gpus_used_per_domain,
+    if ((st = moe_jval_int32(&dom, "gpus_used", false, in_domain, 1, 1 << 24, &t.gpus_used_per_domain,
                        err)))
         return st;
     if ((st = moe_jval_bandwidth(&dom, "bandwidth", false, t.gpu.nvlink_bytes_per_s, 0, 1e15,
