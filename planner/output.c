@@ -105,10 +105,14 @@ void plan_print_explain(const struct plan_request *q, const struct plan_result *
     }
     if (l->ep > 1) {
         const struct plan_placement *pl = &r->placement[0];
+        char gap[32];
+        if (pl->mip.optimal) snprintf(gap, sizeof gap, "0");
+        else if (isfinite(pl->mip.gap)) snprintf(gap, sizeof gap, "%.2f%%", 100 * pl->mip.gap);
+        else snprintf(gap, sizeof gap, "not known");
         fprintf(out, "  what placement bought: hottest EP rank %.3fx balanced (greedy %.3fx; MILP "
-                     "%s, gap %s); step %.3f s against %.3f s with contiguous experts\n",
+                     "%s, gap %s%s); step %.3f s against %.3f s with contiguous experts\n",
                 pl->max_load / pl->balanced_load, pl->greedy_max_load / pl->balanced_load,
-                pl->mip.status, pl->mip.optimal ? "0" : isfinite(pl->mip.gap) ? "reported" : "unknown",
+                pl->mip.status, gap, pl->used_mip ? ", its answer used" : ", greedy kept",
                 res->step_us / 1e6, r->contiguous.step_us / 1e6);
     } else {
         fprintf(out, "  no expert parallelism: every GPU holds every expert (ep = 1)\n");
