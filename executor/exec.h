@@ -1,17 +1,71 @@
 /*
  * exec.h: the one public header of executor/: running a plan on GPUs.
  *
- * Built only where the CUDA Toolkit is found (MOEPLAN_HAVE_EXECUTOR). The header itself includes
- * no CUDA header, so the CLI and tests stay plain C11; CUDA types stay inside executor/.
+ * Two parts: the CPU reference (exec_ref_*, plain C in double precision), built everywhere, that
+ * every GPU kernel and backward pass is checked against; and the CUDA executor (device query
+ * now, the training step to come), built where the CUDA Toolkit is found (MOEPLAN_HAVE_EXECUTOR).
+ * The header includes no CUDA header, so the CLI and tests stay plain C11.
  */
 #ifndef EXEC_H
 #define EXEC_H
 
-#include "moe_common.h"
+#include "mdl.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* ---------------------------------------------------------------------------------------------- */
+/* The CPU reference (plain C, double precision; built without CUDA too)                          */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* The routing rule of a model's MoE layers (from struct mdl_moe). */
+struct exec_router_cfg {
+    int experts, top_k;
+    enum mdl_scoring scoring;
+    int n_group, topk_group;
+    bool norm_topk, softmax_after_topk;
+    double scaling;
+};
+void exec_router_cfg_from_model(struct exec_router_cfg *cfg, const struct mdl_model *m);
+
+/* One MoE layer's weights, row-major:
+ *   router (experts, hidden); bias (experts): added to the scores for selection only
+ *   (aux-loss-free balancing), never to the weights;
+ *   gate, up (experts, ffn, hidden); down (experts, hidden, ffn);
+ *   shared experts fused into one SwiGLU of width shared_ffn (0: none):
+ *   sgate, sup (shared_ffn, hidden); sdown (hidden, shared_ffn). */
+struct exec_ref_moe {
+    struct exec_router_cfg cfg;
+    int hidden, ffn, shared_ffn;
+    double *router, *bias, *gate, *up, *down, *sgate, *sup, *sdown;
+};
+
+/* Gradients of the same shapes (bias has none). */
+struct exec_ref_moe_grad {
+    double *router, *gate, *up, *down, *sgate, *sup, *sdown;
+};
+
+/* Routing of T tokens: choice (T, top_k) expert ids in order of selection, weight (T, top_k). */
+void exec_ref_route(const struct exec_router_cfg *cfg, const double *logits, const double *bias,
+                    int tokens, int *choice, double *weight);
+
+/* Dropless permutation by a stable counting sort: offsets (experts + 1) and, for each position
+ * of the permuted rows, the (token * top_k + slot) it comes from; tokens keep their order within
+ * an expert. Every (token, expert) pair is a row: no capacity, no drop. */
+void exec_ref_permute(const int *choice, int tokens, int top_k, int experts, int *offsets,
+                      int *row_src);
+
+/* y (T, hidden) = shared(x) + sum_j weight_j * expert_{choice_j}(x), with choice and weight
+ * returned (T, top_k) when not NULL. */
+enum moe_status exec_ref_moe_forward(const struct exec_ref_moe *w, const double *x, int tokens,
+                                     double *y, int *choice, double *weight,
+                                     struct moe_error *err);
+/* Backward: dx (T, hidden) and the weight gradients (accumulated into g) for upstream dy. The
+ * routing is recomputed; the top-k choice itself is piecewise constant and passes no gradient. */
+enum moe_status exec_ref_moe_backward(const struct exec_ref_moe *w, const double *x, int tokens,
+                                      const double *dy, double *dx, struct exec_ref_moe_grad *g,
+                                      struct moe_error *err);
 
 /* Versions as integers the way each library reports them (CUDA 13000 = 13.0, NCCL 22803 = 2.28.3). */
 struct exec_versions {

@@ -1,0 +1,325 @@
+/*
+ * ref_moe.c: the CPU reference of a dropless MoE layer, forward and backward, in double precision.
+ *
+ * Written to be read next to the math, not to be fast: every (token, expert) pair the router
+ * chooses is computed, nothing is dropped or padded. The GPU kernels are checked against it, and
+ * it is itself checked against finite differences (tests/unit/test_ref_moe.c).
+ *
+ * Routing (DeepSeek, Qwen, Mixtral, gpt-oss, Llama 4 conventions in one rule):
+ *   s = softmax(logits) or sigmoid(logits)           scores
+ *   key = s + bias                                   selection only (aux-loss-free balancing)
+ *   group-limited: a group's key is the sum of its two best keys (one expert: its key); only
+ *   the topk_group best groups stay eligible; then the top_k keys (ties: lower expert id)
+ *   weight = softmax over the chosen logits (softmax_after_topk), else s of the chosen;
+ *   normalized to sum 1 (norm_topk); times scaling
+ * Expert e (SwiGLU): out = down_e (silu(gate_e x) * up_e x).
+ */
+#include "exec.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+void exec_router_cfg_from_model(struct exec_router_cfg *cfg, const struct mdl_model *m)
+{
+    cfg->experts = m->moe.experts;
+    cfg->top_k = m->moe.top_k;
+    cfg->scoring = m->moe.scoring;
+    cfg->n_group = m->moe.n_group;
+    cfg->topk_group = m->moe.topk_group;
+    cfg->norm_topk = m->moe.norm_topk;
+    cfg->softmax_after_topk = m->moe.softmax_after_topk;
+    cfg->scaling = m->moe.scaling;
+}
+
+static double sigmoid(double z) { return 1.0 / (1.0 + exp(-z)); }
+
+/* Scores of one token: softmax over all experts, or sigmoid per expert. */
+static void scores_of(const struct exec_router_cfg *cfg, const double *z, double *s)
+{
+    int E = cfg->experts;
+    if (cfg->scoring == MDL_SCORE_SIGMOID) {
+        for (int e = 0; e < E; e++) s[e] = sigmoid(z[e]);
+        return;
+    }
+    double mx = z[0], sum = 0.0;
+    for (int e = 1; e < E; e++) mx = fmax(mx, z[e]);
+    for (int e = 0; e < E; e++) sum += (s[e] = exp(z[e] - mx));
+    for (int e = 0; e < E; e++) s[e] /= sum;
+}
+
+/* The chosen experts of one token, in order of their keys. */
+static void choose(const struct exec_router_cfg *cfg, const double *s, const double *bias,
+                   int *chosen)
+{
+    int E = cfg->experts, G = cfg->n_group > 0 ? cfg->n_group : 1, per = E / G;
+    double key[4096];
+    bool eligible[4096];
+    for (int e = 0; e < E; e++) {
+        key[e] = s[e] + (bias ? bias[e] : 0.0);
+        eligible[e] = true;
+    }
+    if (G > 1 && cfg->topk_group < G) {
+        double gkey[4096];
+        for (int g = 0; g < G; g++) {
+            double a = -HUGE_VAL, b = -HUGE_VAL; /* best two */
+            for (int e = g * per; e < (g + 1) * per; e++) {
+                if (key[e] > a) b = a, a = key[e];
+                else if (key[e] > b) b = key[e];
+            }
+            gkey[g] = per >= 2 ? a + b : a;
+        }
+        bool keep[4096] = {false};
+        for (int n = 0; n < cfg->topk_group; n++) {
+            int best = -1;
+            for (int g = 0; g < G; g++)
+                if (!keep[g] && (best < 0 || gkey[g] > gkey[best])) best = g;
+            keep[best] = true;
+        }
+        for (int e = 0; e < E; e++) eligible[e] = keep[e / per];
+    }
+    for (int j = 0; j < cfg->top_k; j++) {
+        int best = -1;
+        for (int e = 0; e < E; e++)
+            if (eligible[e] && (best < 0 || key[e] > key[best])) best = e;
+        chosen[j] = best;
+        eligible[best] = false;
+    }
+}
+
+/* Weights of the chosen experts from the logits and scores. */
+static void weights_of(const struct exec_router_cfg *cfg, const double *z, const double *s,
+                       const int *chosen, double *w)
+{
+    int k = cfg->top_k;
+    if (cfg->softmax_after_topk) {
+        double mx = z[chosen[0]], sum = 0.0;
+        for (int j = 1; j < k; j++) mx = fmax(mx, z[chosen[j]]);
+        for (int j = 0; j < k; j++) sum += (w[j] = exp(z[chosen[j]] - mx));
+        for (int j = 0; j < k; j++) w[j] /= sum;
+    } else {
+        for (int j = 0; j < k; j++) w[j] = s[chosen[j]];
+        if (cfg->norm_topk) {
+            double sum = 0.0;
+            for (int j = 0; j < k; j++) sum += w[j];
+            for (int j = 0; j < k; j++) w[j] /= sum;
+        }
+    }
+    for (int j = 0; j < k; j++) w[j] *= cfg->scaling;
+}
+
+void exec_ref_route(const struct exec_router_cfg *cfg, const double *logits, const double *bias,
+                    int tokens, int *choice, double *weight)
+{
+    int E = cfg->experts, k = cfg->top_k;
+    double s[4096];
+    for (int t = 0; t < tokens; t++) {
+        const double *z = logits + (size_t)t * E;
+        scores_of(cfg, z, s);
+        choose(cfg, s, bias, choice + (size_t)t * k);
+        weights_of(cfg, z, s, choice + (size_t)t * k, weight + (size_t)t * k);
+    }
+}
+
+void exec_ref_permute(const int *choice, int tokens, int top_k, int experts, int *offsets,
+                      int *row_src)
+{
+    for (int e = 0; e <= experts; e++) offsets[e] = 0;
+    for (int i = 0; i < tokens * top_k; i++) offsets[choice[i] + 1]++;
+    for (int e = 0; e < experts; e++) offsets[e + 1] += offsets[e];
+    int *fill = malloc(sizeof *fill * (size_t)experts);
+    if (!fill) return;
+    for (int e = 0; e < experts; e++) fill[e] = offsets[e];
+    for (int i = 0; i < tokens * top_k; i++) row_src[fill[choice[i]]++] = i;
+    free(fill);
+}
+
+/* y = A x for A (rows, cols). */
+static void matvec(const double *A, const double *x, int rows, int cols, double *y)
+{
+    for (int r = 0; r < rows; r++) {
+        double acc = 0.0;
+        for (int c = 0; c < cols; c++) acc += A[(size_t)r * cols + c] * x[c];
+        y[r] = acc;
+    }
+}
+
+/* SwiGLU of one row; keeps g, u for the backward when asked. */
+static void swiglu(const double *gate, const double *up, const double *down, int h, int f,
+                   const double *x, double *out, double *g, double *u, double *hm)
+{
+    matvec(gate, x, f, h, g);
+    matvec(up, x, f, h, u);
+    for (int i = 0; i < f; i++) hm[i] = g[i] * sigmoid(g[i]) * u[i];
+    matvec(down, hm, h, f, out);
+}
+
+/* Backward of one SwiGLU row for d_out; accumulates weight gradients and dx. */
+static void swiglu_backward(const double *gate, const double *up, const double *down, int h,
+                            int f, const double *x, const double *d_out, double *dgate,
+                            double *dup, double *ddown, double *dx, double *g, double *u,
+                            double *hm, double *dh)
+{
+    matvec(gate, x, f, h, g);
+    matvec(up, x, f, h, u);
+    for (int i = 0; i < f; i++) hm[i] = g[i] * sigmoid(g[i]) * u[i];
+    for (int r = 0; r < h; r++)
+        for (int c = 0; c < f; c++) ddown[(size_t)r * f + c] += d_out[r] * hm[c];
+    for (int c = 0; c < f; c++) {
+        double acc = 0.0;
+        for (int r = 0; r < h; r++) acc += down[(size_t)r * f + c] * d_out[r];
+        dh[c] = acc;
+    }
+    for (int i = 0; i < f; i++) {
+        double sg = sigmoid(g[i]), a = g[i] * sg;
+        double du = dh[i] * a;
+        double dg = dh[i] * u[i] * sg * (1.0 + g[i] * (1.0 - sg));
+        for (int c = 0; c < h; c++) {
+            dgate[(size_t)i * h + c] += dg * x[c];
+            dup[(size_t)i * h + c] += du * x[c];
+            dx[c] += gate[(size_t)i * h + c] * dg + up[(size_t)i * h + c] * du;
+        }
+    }
+}
+
+static enum moe_status check_layer(const struct exec_ref_moe *w, int tokens, struct moe_error *err)
+{
+    const struct exec_router_cfg *c = &w->cfg;
+    if (tokens < 0 || w->hidden < 1 || w->ffn < 1 || c->experts < 1 || c->experts > 4096 ||
+        c->top_k < 1 || c->top_k > c->experts || c->n_group < 1 || c->experts % c->n_group ||
+        c->topk_group < 1 || c->topk_group > c->n_group ||
+        c->top_k > c->topk_group * (c->experts / c->n_group))
+        return moe_error_set(err, MOE_ERR_INPUT, "reference MoE: inconsistent shapes or routing");
+    return MOE_OK;
+}
+
+enum moe_status exec_ref_moe_forward(const struct exec_ref_moe *w, const double *x, int tokens,
+                                     double *y, int *choice, double *weight,
+                                     struct moe_error *err)
+{
+    enum moe_status st = check_layer(w, tokens, err);
+    if (st != MOE_OK) return st;
+    int h = w->hidden, f = w->ffn, E = w->cfg.experts, k = w->cfg.top_k;
+    int fs = w->shared_ffn > f ? w->shared_ffn : f;
+    double *z = malloc(sizeof *z * (size_t)E), *tmp = malloc(sizeof *tmp * (size_t)(3 * fs + h));
+    int *ch = malloc(sizeof *ch * (size_t)k);
+    double *wt = malloc(sizeof *wt * (size_t)k);
+    if (!z || !tmp || !ch || !wt) {
+        st = moe_error_set(err, MOE_ERR_NOMEM, "reference MoE: out of memory");
+        goto cleanup;
+    }
+    double *g = tmp, *u = tmp + fs, *hm = tmp + 2 * fs, *out = tmp + 3 * fs;
+    for (int t = 0; t < tokens; t++) {
+        const double *xt = x + (size_t)t * h;
+        double *yt = y + (size_t)t * h;
+        matvec(w->router, xt, E, h, z);
+        exec_ref_route(&w->cfg, z, w->bias, 1, ch, wt);
+        for (int c = 0; c < h; c++) yt[c] = 0.0;
+        for (int j = 0; j < k; j++) {
+            int e = ch[j];
+            swiglu(w->gate + (size_t)e * f * h, w->up + (size_t)e * f * h,
+                   w->down + (size_t)e * h * f, h, f, xt, out, g, u, hm);
+            for (int c = 0; c < h; c++) yt[c] += wt[j] * out[c];
+        }
+        if (w->shared_ffn) {
+            swiglu(w->sgate, w->sup, w->sdown, h, w->shared_ffn, xt, out, g, u, hm);
+            for (int c = 0; c < h; c++) yt[c] += out[c];
+        }
+        if (choice) memcpy(choice + (size_t)t * k, ch, sizeof *ch * (size_t)k);
+        if (weight) memcpy(weight + (size_t)t * k, wt, sizeof *wt * (size_t)k);
+    }
+cleanup:
+    free(z);
+    free(tmp);
+    free(ch);
+    free(wt);
+    return st;
+}
+
+enum moe_status exec_ref_moe_backward(const struct exec_ref_moe *w, const double *x, int tokens,
+                                      const double *dy, double *dx, struct exec_ref_moe_grad *gr,
+                                      struct moe_error *err)
+{
+    enum moe_status st = check_layer(w, tokens, err);
+    if (st != MOE_OK) return st;
+    const struct exec_router_cfg *cfg = &w->cfg;
+    int h = w->hidden, f = w->ffn, E = cfg->experts, k = cfg->top_k;
+    int fs = w->shared_ffn > f ? w->shared_ffn : f;
+    double *z = malloc(sizeof *z * (size_t)E), *s = malloc(sizeof *s * (size_t)E);
+    double *ds = malloc(sizeof *ds * (size_t)E), *dz = malloc(sizeof *dz * (size_t)E);
+    double *tmp = malloc(sizeof *tmp * (size_t)(4 * fs + 2 * h));
+    int *ch = malloc(sizeof *ch * (size_t)k);
+    double *wt = malloc(sizeof *wt * (size_t)k), *dw = malloc(sizeof *dw * (size_t)k);
+    if (!z || !s || !ds || !dz || !tmp || !ch || !wt || !dw) {
+        st = moe_error_set(err, MOE_ERR_NOMEM, "reference MoE: out of memory");
+        goto cleanup;
+    }
+    double *g = tmp, *u = tmp + fs, *hm = tmp + 2 * fs, *dh = tmp + 3 * fs, *out = tmp + 4 * fs,
+           *dout = out + h;
+    for (int t = 0; t < tokens; t++) {
+        const double *xt = x + (size_t)t * h, *dyt = dy + (size_t)t * h;
+        double *dxt = dx + (size_t)t * h;
+        for (int c = 0; c < h; c++) dxt[c] = 0.0;
+        matvec(w->router, xt, E, h, z);
+        scores_of(cfg, z, s);
+        choose(cfg, s, w->bias, ch);
+        weights_of(cfg, z, s, ch, wt);
+        /* Experts: d_out = weight x dy; the weight's gradient is dy . out. */
+        for (int j = 0; j < k; j++) {
+            int e = ch[j];
+            swiglu(w->gate + (size_t)e * f * h, w->up + (size_t)e * f * h,
+                   w->down + (size_t)e * h * f, h, f, xt, out, g, u, hm);
+            double acc = 0.0;
+            for (int c = 0; c < h; c++) acc += dyt[c] * out[c];
+            dw[j] = acc;
+            for (int c = 0; c < h; c++) dout[c] = wt[j] * dyt[c];
+            swiglu_backward(w->gate + (size_t)e * f * h, w->up + (size_t)e * f * h,
+                            w->down + (size_t)e * h * f, h, f, xt, dout,
+                            gr->gate + (size_t)e * f * h, gr->up + (size_t)e * f * h,
+                            gr->down + (size_t)e * h * f, dxt, g, u, hm, dh);
+        }
+        if (w->shared_ffn)
+            swiglu_backward(w->sgate, w->sup, w->sdown, h, w->shared_ffn, xt, dyt, gr->sgate,
+                            gr->sup, gr->sdown, dxt, g, u, hm, dh);
+        /* Router: back through scaling, normalization or the top-k softmax, and the scores. */
+        for (int j = 0; j < k; j++) dw[j] *= cfg->scaling;
+        for (int e = 0; e < E; e++) dz[e] = ds[e] = 0.0;
+        if (cfg->softmax_after_topk) {
+            double dot = 0.0;
+            for (int j = 0; j < k; j++) dot += wt[j] / cfg->scaling * dw[j];
+            for (int j = 0; j < k; j++) dz[ch[j]] = wt[j] / cfg->scaling * (dw[j] - dot);
+        } else {
+            if (cfg->norm_topk) {
+                double sum = 0.0, dot = 0.0;
+                for (int j = 0; j < k; j++) sum += s[ch[j]];
+                for (int j = 0; j < k; j++) dot += dw[j] * s[ch[j]] / sum;
+                for (int j = 0; j < k; j++) ds[ch[j]] = (dw[j] - dot) / sum;
+            } else {
+                for (int j = 0; j < k; j++) ds[ch[j]] = dw[j];
+            }
+            if (cfg->scoring == MDL_SCORE_SIGMOID) {
+                for (int e = 0; e < E; e++) dz[e] = ds[e] * s[e] * (1.0 - s[e]);
+            } else {
+                double dot = 0.0;
+                for (int e = 0; e < E; e++) dot += s[e] * ds[e];
+                for (int e = 0; e < E; e++) dz[e] = s[e] * (ds[e] - dot);
+            }
+        }
+        for (int e = 0; e < E; e++) {
+            for (int c = 0; c < h; c++) {
+                gr->router[(size_t)e * h + c] += dz[e] * xt[c];
+                dxt[c] += w->router[(size_t)e * h + c] * dz[e];
+            }
+        }
+    }
+cleanup:
+    free(z);
+    free(s);
+    free(ds);
+    free(dz);
+    free(tmp);
+    free(ch);
+    free(wt);
+    free(dw);
+    return st;
+}
