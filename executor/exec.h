@@ -67,6 +67,32 @@ enum moe_status exec_ref_moe_backward(const struct exec_ref_moe *w, const double
                                       const double *dy, double *dx, struct exec_ref_moe_grad *g,
                                       struct moe_error *err);
 
+/* Dense building blocks of the reference, rows of T tokens, row-major. */
+
+/* RMSNorm: y = x / rms(x) * w over `h`; backward accumulates dw. */
+void exec_ref_rmsnorm(const double *x, const double *w, int tokens, int h, double eps, double *y);
+void exec_ref_rmsnorm_backward(const double *x, const double *w, const double *dy, int tokens,
+                               int h, double eps, double *dx, double *dw);
+/* RoPE in place on (tokens, heads, dim), rotating the first `rot` dims as pairs (i, i + rot/2)
+ * by position x theta^(-2i/rot) (the Hugging Face rotate-half convention); `inverse` rotates
+ * back, which is also the backward. */
+void exec_ref_rope(double *x, int tokens, int heads, int dim, int rot, double theta,
+                   const int *position, bool inverse);
+/* Causal attention with GQA (heads a multiple of kv_heads) and an optional sliding window
+ * (0: none): q (T, heads, dqk), k (T, kv, dqk), v (T, kv, dv) -> out (T, heads, dv), scores
+ * scaled by `scale`. Backward gives dq, dk, dv (overwritten). */
+void exec_ref_attention(const double *q, const double *k, const double *v, int tokens,
+                        int heads, int kv_heads, int dqk, int dv, int window, double scale,
+                        double *out);
+void exec_ref_attention_backward(const double *q, const double *k, const double *v,
+                                 const double *dout, int tokens, int heads, int kv_heads, int dqk,
+                                 int dv, int window, double scale, double *dq, double *dk,
+                                 double *dv_out);
+/* Mean cross-entropy of logits (tokens, vocab) against targets; dlogits (may be NULL) is the
+ * gradient of that mean. */
+double exec_ref_cross_entropy(const double *logits, const int *targets, int tokens, int vocab,
+                              double *dlogits);
+
 /* Versions as integers the way each library reports them (CUDA 13000 = 13.0, NCCL 22803 = 2.28.3). */
 struct exec_versions {
     int cuda_runtime;      /* cudaRuntimeGetVersion */

@@ -1,0 +1,196 @@
+/*
+ * test_ref_ops.c: the reference's RMSNorm, RoPE, attention and cross-entropy against finite
+ * differences (double precision; 1e-6 relative + 1e-9 absolute), plus exact cases by hand.
+ */
+#include "moe_test.h"
+
+#include "exec.h"
+
+#include <math.h>
+
+enum { T = 5, H = 4, KV = 2, DQK = 6, DV = 4, HID = 7, VOCAB = 9 };
+
+static void fill(double *v, int n, uint64_t seed)
+{
+    struct moe_rng rng;
+    moe_rng_seed(&rng, seed);
+    for (int i = 0; i < n; i++) v[i] = moe_rng_normal(&rng);
+}
+
+static void expect_close(const char *what, const double *analytic, const double *numeric, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (fabs(analytic[i] - numeric[i]) > 1e-6 * fabs(numeric[i]) + 1e-9)
+            fail_msg("%s[%d]: analytic %.10g, numeric %.10g", what, i, analytic[i], numeric[i]);
+}
+
+/* --- RMSNorm --- */
+static double rms_loss(const double *x, const double *w, const double *dy)
+{
+    double y[T * HID], l = 0;
+    exec_ref_rmsnorm(x, w, T, HID, 1e-6, y);
+    for (int i = 0; i < T * HID; i++) l += dy[i] * y[i];
+    return l;
+}
+
+static void test_rmsnorm(void **state)
+{
+    (void)state;
+    double x[T * HID], w[HID], dy[T * HID], dx[T * HID], dw[HID] = {0}, nx[T * HID], nw[HID];
+    fill(x, T * HID, 1);
+    fill(w, HID, 2);
+    fill(dy, T * HID, 3);
+    exec_ref_rmsnorm_backward(x, w, dy, T, HID, 1e-6, dx, dw);
+    const double e = 1e-6;
+    for (int i = 0; i < T * HID; i++) {
+        double k = x[i];
+        x[i] = k + e;
+        double a = rms_loss(x, w, dy);
+        x[i] = k - e;
+        double b = rms_loss(x, w, dy);
+        x[i] = k;
+        nx[i] = (a - b) / (2 * e);
+    }
+    for (int i = 0; i < HID; i++) {
+        double k = w[i];
+        w[i] = k + e;
+        double a = rms_loss(x, w, dy);
+        w[i] = k - e;
+        double b = rms_loss(x, w, dy);
+        w[i] = k;
+        nw[i] = (a - b) / (2 * e);
+    }
+    expect_close("rmsnorm dx", dx, nx, T * HID);
+    expect_close("rmsnorm dw", dw, nw, HID);
+    /* by hand: x = (3, 4), w = 1, eps 0: rms = sqrt(12.5) */
+    double x2[2] = {3, 4}, w2[2] = {1, 1}, y2[2];
+    exec_ref_rmsnorm(x2, w2, 1, 2, 0.0, y2);
+    assert_true(fabs(y2[0] - 3 / sqrt(12.5)) < 1e-15 && fabs(y2[1] - 4 / sqrt(12.5)) < 1e-15);
+}
+
+static void test_rope(void **state)
+{
+    (void)state;
+    double x[T * H * DQK], back[T * H * DQK];
+    int pos[T] = {0, 1, 2, 7, 100};
+    fill(x, T * H * DQK, 4);
+    memcpy(back, x, sizeof x);
+    exec_ref_rope(back, T, H, DQK, 4, 10000.0, pos, false);
+    /* position 0 is the identity; the last two dims (not rotated) are untouched */
+    for (int i = 0; i < H * DQK; i++) assert_true(back[i] == x[i]);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < H; h++)
+            for (int d = 4; d < DQK; d++)
+                assert_true(back[(t * H + h) * DQK + d] == x[(t * H + h) * DQK + d]);
+    /* rotations keep norms; the inverse (the backward) undoes them */
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < H; h++) {
+            double a = 0, b = 0;
+            for (int d = 0; d < 4; d++) {
+                a += x[(t * H + h) * DQK + d] * x[(t * H + h) * DQK + d];
+                b += back[(t * H + h) * DQK + d] * back[(t * H + h) * DQK + d];
+            }
+            assert_true(fabs(a - b) < 1e-12);
+        }
+    exec_ref_rope(back, T, H, DQK, 4, 10000.0, pos, true);
+    for (int i = 0; i < T * H * DQK; i++) assert_true(fabs(back[i] - x[i]) < 1e-12);
+    /* by hand: one pair, position 1, theta irrelevant for i = 0: rotate (1, 0) by 1 radian */
+    double v[2] = {1, 0};
+    int p1 = 1;
+    exec_ref_rope(v, 1, 1, 2, 2, 10000.0, &p1, false);
+    assert_true(fabs(v[0] - cos(1.0)) < 1e-15 && fabs(v[1] - sin(1.0)) < 1e-15);
+}
+
+/* --- attention --- */
+static double attn_loss(const double *q, const double *k, const double *v, const double *dout,
+                        int window)
+{
+    double out[T * H * DV], l = 0;
+    exec_ref_attention(q, k, v, T, H, KV, DQK, DV, window, 0.4, out);
+    for (int i = 0; i < T * H * DV; i++) l += dout[i] * out[i];
+    return l;
+}
+
+static void numeric(double *p, int n, double *grad, const double *q, const double *k,
+                    const double *v, const double *dout, int window)
+{
+    const double e = 1e-6;
+    for (int i = 0; i < n; i++) {
+        double keep = p[i];
+        p[i] = keep + e;
+        double a = attn_loss(q, k, v, dout, window);
+        p[i] = keep - e;
+        double b = attn_loss(q, k, v, dout, window);
+        p[i] = keep;
+        grad[i] = (a - b) / (2 * e);
+    }
+}
+
+static void test_attention(void **state)
+{
+    (void)state;
+    for (int window = 0; window <= 2; window += 2) {
+        double q[T * H * DQK], k[T * KV * DQK], v[T * KV * DV], dout[T * H * DV];
+        double dq[T * H * DQK], dk[T * KV * DQK], dv[T * KV * DV];
+        double nq[T * H * DQK], nk[T * KV * DQK], nv[T * KV * DV];
+        fill(q, T * H * DQK, 5);
+        fill(k, T * KV * DQK, 6);
+        fill(v, T * KV * DV, 7);
+        fill(dout, T * H * DV, 8);
+        exec_ref_attention_backward(q, k, v, dout, T, H, KV, DQK, DV, window, 0.4, dq, dk, dv);
+        numeric(q, T * H * DQK, nq, q, k, v, dout, window);
+        numeric(k, T * KV * DQK, nk, q, k, v, dout, window);
+        numeric(v, T * KV * DV, nv, q, k, v, dout, window);
+        expect_close("attention dq", dq, nq, T * H * DQK);
+        expect_close("attention dk", dk, nk, T * KV * DQK);
+        expect_close("attention dv", dv, nv, T * KV * DV);
+    }
+    /* Causality by hand: token 0 sees only itself, so its output is v[0] of its kv head. */
+    double q[T * H * DQK], k[T * KV * DQK], v[T * KV * DV], out[T * H * DV];
+    fill(q, T * H * DQK, 9);
+    fill(k, T * KV * DQK, 10);
+    fill(v, T * KV * DV, 11);
+    exec_ref_attention(q, k, v, T, H, KV, DQK, DV, 0, 0.4, out);
+    for (int h = 0; h < H; h++)
+        for (int d = 0; d < DV; d++)
+            assert_true(fabs(out[h * DV + d] - v[(h / (H / KV)) * DV + d]) < 1e-15);
+    /* A window of 1: every token sees only itself. */
+    exec_ref_attention(q, k, v, T, H, KV, DQK, DV, 1, 0.4, out);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < H; h++)
+            for (int d = 0; d < DV; d++)
+                assert_true(fabs(out[(t * H + h) * DV + d] - v[(t * KV + h / 2) * DV + d]) < 1e-15);
+}
+
+static void test_cross_entropy(void **state)
+{
+    (void)state;
+    double z[T * VOCAB], dz[T * VOCAB], nz[T * VOCAB];
+    int tgt[T] = {0, 3, 8, 3, 5};
+    fill(z, T * VOCAB, 12);
+    exec_ref_cross_entropy(z, tgt, T, VOCAB, dz);
+    const double e = 1e-6;
+    for (int i = 0; i < T * VOCAB; i++) {
+        double keep = z[i];
+        z[i] = keep + e;
+        double a = exec_ref_cross_entropy(z, tgt, T, VOCAB, NULL);
+        z[i] = keep - e;
+        double b = exec_ref_cross_entropy(z, tgt, T, VOCAB, NULL);
+        z[i] = keep;
+        nz[i] = (a - b) / (2 * e);
+    }
+    expect_close("cross-entropy dlogits", dz, nz, T * VOCAB);
+    /* uniform logits: log(vocab) */
+    double u[VOCAB] = {0};
+    int t0 = 4;
+    assert_true(fabs(exec_ref_cross_entropy(u, &t0, 1, VOCAB, NULL) - log(VOCAB)) < 1e-15);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_rmsnorm), cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_attention), cmocka_unit_test(test_cross_entropy),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
