@@ -93,6 +93,16 @@ void exec_ref_attention_backward(const double *q, const double *k, const double 
 double exec_ref_cross_entropy(const double *logits, const int *targets, int tokens, int vocab,
                               double *dlogits);
 
+/* ---------------------------------------------------------------------------------------------- */
+/* GPU kernels (CUDA builds); device pointers; `stream` is a cudaStream_t (NULL: the default)      */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* The router's top-k of exec_ref_route, fp32: logits (T, experts), bias (experts) or NULL ->
+ * choice (T, top_k), weight (T, top_k). At most 512 experts. */
+enum moe_status exec_route(const struct exec_router_cfg *cfg, const float *logits,
+                           const float *bias, int tokens, int *choice, float *weight,
+                           void *stream, struct moe_error *err);
+
 /* Versions as integers the way each library reports them (CUDA 13000 = 13.0, NCCL 22803 = 2.28.3). */
 struct exec_versions {
     int cuda_runtime;      /* cudaRuntimeGetVersion */
