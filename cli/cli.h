@@ -52,6 +52,10 @@ int cli_fail(struct cli *cli, const struct moe_error *err);
  * prints the usage error and returns false. */
 bool cli_count(const struct cli_cmd *cmd, const char *opt, const char *value, uint64_t min,
                uint64_t max, uint64_t *out);
+/* The *.json files of a folder (less `except`), sorted by name, strdup'd into names (cap of them;
+ * the caller frees each). Returns their count, or -1 with err filled. */
+int cli_list_json(const char *dir, const char *except, char **names, int cap,
+                  struct moe_error *err);
 /* A file of the shipped data: data_dir/rel. */
 void cli_data_path(const struct cli *cli, const char *rel, char *buf, size_t cap);
 

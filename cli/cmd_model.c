@@ -2,7 +2,6 @@
  * cmd_model.c: `moeplan model list` and `moeplan model show MODEL`: the derived numbers of a
  * model (parameters, FLOPs per token, bytes per layer, activations) as tables with units.
  */
-#include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,26 +32,10 @@ static int model_list(struct cli *cli)
 {
     char dir[MOE_PATH_MAX];
     cli_data_path(cli, "model", dir, sizeof dir);
-    DIR *d = opendir(dir);
     struct moe_error err;
-    if (!d) {
-        moe_error_set(&err, MOE_ERR_IO, "cannot list %s (set MOEPLAN_DATA_DIR?)", dir);
-        return cli_fail(cli, &err);
-    }
     char *names[256];
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) && n < 256) {
-        size_t len = strlen(e->d_name);
-        if (len > 5 && strcmp(e->d_name + len - 5, ".json") == 0) names[n++] = strdup(e->d_name);
-    }
-    closedir(d);
-    for (int i = 1; i < n; i++) /* insertion sort: a stable, readable order */
-        for (int j = i; j > 0 && strcmp(names[j - 1], names[j]) > 0; j--) {
-            char *t = names[j];
-            names[j] = names[j - 1];
-            names[j - 1] = t;
-        }
+    int n = cli_list_json(dir, NULL, names, 256, &err);
+    if (n < 0) return cli_fail(cli, &err);
     const char *headers[] = {"model", "layers", "experts", "top-k", "attention", "total",
                              "active"};
     struct rpt_table *t = rpt_table_create(7, headers, "lrrrlrr");

@@ -1,7 +1,6 @@
 /*
  * cmd_topo.c: `moeplan topo discover|show|list|check|generate`: clusters and node topologies.
  */
-#include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -125,28 +124,10 @@ static int topo_list(struct cli *cli)
 {
     char dir[MOE_PATH_MAX];
     topo_dir(cli, dir, sizeof dir);
-    DIR *d = opendir(dir);
     struct moe_error err;
-    if (!d) {
-        moe_error_set(&err, MOE_ERR_IO, "cannot list %s (set MOEPLAN_DATA_DIR?)", dir);
-        return cli_fail(cli, &err);
-    }
     char *names[128];
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) && n < 128) {
-        size_t len = strlen(e->d_name);
-        if (len > 5 && strcmp(e->d_name + len - 5, ".json") == 0 &&
-            strcmp(e->d_name, "gpus.json") != 0)
-            names[n++] = strdup(e->d_name);
-    }
-    closedir(d);
-    for (int i = 1; i < n; i++)
-        for (int j = i; j > 0 && strcmp(names[j - 1], names[j]) > 0; j--) {
-            char *t = names[j];
-            names[j] = names[j - 1];
-            names[j - 1] = t;
-        }
+    int n = cli_list_json(dir, "gpus.json", names, 128, &err);
+    if (n < 0) return cli_fail(cli, &err);
     const char *h[] = {"cluster", "GPU", "usable GPUs", "domains", "GPUs per domain",
                        "NVLink GB/s", "scale-out GB/s"};
     struct rpt_table *t = rpt_table_create(7, h, "llrrrrr");

@@ -10,6 +10,7 @@
  * that this build does not have says so and exits 1: never a silent success.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -85,6 +86,34 @@ bool cli_count(const struct cli_cmd *cmd, const char *opt, const char *value, ui
     }
     *out = v;
     return true;
+}
+
+int cli_list_json(const char *dir, const char *except, char **names, int cap,
+                  struct moe_error *err)
+{
+    DIR *d = opendir(dir);
+    if (!d) {
+        moe_error_set(err, MOE_ERR_IO, "cannot list %s (set MOEPLAN_DATA_DIR?)", dir);
+        return -1;
+    }
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < cap) {
+        size_t len = strlen(e->d_name);
+        if (len > 5 && strcmp(e->d_name + len - 5, ".json") == 0 &&
+            !(except && strcmp(e->d_name, except) == 0)) {
+            char *name = strdup(e->d_name);
+            if (name) names[n++] = name;
+        }
+    }
+    closedir(d);
+    for (int i = 1; i < n; i++) /* insertion sort: a stable, readable order */
+        for (int j = i; j > 0 && strcmp(names[j - 1], names[j]) > 0; j--) {
+            char *t = names[j];
+            names[j] = names[j - 1];
+            names[j - 1] = t;
+        }
+    return n;
 }
 
 void cli_data_path(const struct cli *cli, const char *rel, char *buf, size_t cap)
