@@ -93,6 +93,33 @@ void exec_ref_attention_backward(const double *q, const double *k, const double 
 double exec_ref_cross_entropy(const double *logits, const int *targets, int tokens, int vocab,
                               double *dlogits);
 
+/* A whole model in the reference: every parameter in one flat buffer, named tensors at offsets
+ * (the layout checkpoints and the GPU executor share). */
+#define EXEC_MAX_TENSORS 4096
+struct exec_tensor {
+    char name[64];
+    size_t offset, size;
+    int rows, cols;
+};
+struct exec_ref_model {
+    struct mdl_model model;
+    double *params;
+    size_t nparams;
+    struct exec_tensor tensor[EXEC_MAX_TENSORS];
+    int ntensors;
+};
+/* Build the tensor table and a seeded initialization (normal, std 0.02; norms at 1). MLA and a
+ * few per-model features (QK-norm, attention biases, sinks) are not in the reference yet: those
+ * models are refused with MOE_ERR_UNSUPPORTED naming the feature. */
+enum moe_status exec_ref_model_create(struct exec_ref_model *r, const struct mdl_model *m,
+                                      uint64_t seed, struct moe_error *err);
+void exec_ref_model_destroy(struct exec_ref_model *r);
+const struct exec_tensor *exec_ref_tensor(const struct exec_ref_model *r, const char *name);
+/* Mean next-token cross-entropy of tokens[0..T) predicting tokens[1..T], one sequence; `grad`
+ * (nparams, may be NULL) receives d loss / d params (overwritten). */
+enum moe_status exec_ref_model_step(const struct exec_ref_model *r, const int *tokens, int T,
+                                    double *loss, double *grad, struct moe_error *err);
+
 /* ---------------------------------------------------------------------------------------------- */
 /* GPU kernels (CUDA builds); device pointers; `stream` is a cudaStream_t (NULL: the default)      */
 /* ---------------------------------------------------------------------------------------------- */

@@ -1,0 +1,371 @@
+/*
+ * ref_model.c: a whole training step of the reference: embedding, blocks (RMSNorm, causal GQA
+ * attention with RoPE, residual, RMSNorm, dense SwiGLU or the dropless MoE layer, residual), the
+ * final norm, the LM head and the next-token cross-entropy; the loss and the gradient of every
+ * parameter, in double precision.
+ *
+ * Backward recomputes each block from its saved input (one tensor per block is kept), which keeps
+ * the code a straight transcription of the forward. It is checked against finite differences in
+ * tests/unit/test_ref_model.c, and the GPU step will be checked against it.
+ */
+#include "exec.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+const struct exec_tensor *exec_ref_tensor(const struct exec_ref_model *r, const char *name)
+{
+    for (int i = 0; i < r->ntensors; i++)
+        if (strcmp(r->tensor[i].name, name) == 0) return &r->tensor[i];
+    return NULL;
+}
+
+static enum moe_status add(struct exec_ref_model *r, const char *name, int rows, int cols,
+                           struct moe_error *err)
+{
+    if (r->ntensors == EXEC_MAX_TENSORS)
+        return moe_error_set(err, MOE_ERR_UNSUPPORTED, "reference: more than %d tensors",
+                             EXEC_MAX_TENSORS);
+    struct exec_tensor *t = &r->tensor[r->ntensors++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->rows = rows;
+    t->cols = cols;
+    t->size = (size_t)rows * cols;
+    t->offset = r->nparams;
+    r->nparams += t->size;
+    return MOE_OK;
+}
+
+void exec_ref_model_destroy(struct exec_ref_model *r)
+{
+    if (!r) return;
+    free(r->params);
+    r->params = NULL;
+}
+
+enum moe_status exec_ref_model_create(struct exec_ref_model *r, const struct mdl_model *m,
+                                      uint64_t seed, struct moe_error *err)
+{
+    const struct mdl_attention *a = &m->attn;
+    if (a->type != MDL_ATTN_GQA)
+        return moe_error_set(err, MOE_ERR_UNSUPPORTED, "%s: MLA is not in the reference step yet",
+                             m->name);
+    if (a->qk_norm || a->bias || a->sinks || m->moe.expert_bias)
+        return moe_error_set(err, MOE_ERR_UNSUPPORTED,
+                             "%s: QK-norm, attention biases, sinks and expert biases are not in "
+                             "the reference step yet", m->name);
+    memset(r, 0, sizeof *r);
+    r->model = *m;
+    int h = m->hidden, H = a->heads, KV = a->kv_heads, hd = a->head_dim;
+    enum moe_status st = MOE_OK;
+    char n[64];
+#define ADD(rows, cols, ...)                                                                       \
+    do {                                                                                           \
+        snprintf(n, sizeof n, __VA_ARGS__);                                                        \
+        if ((st = add(r, n, rows, cols, err))) return st;                                          \
+    } while (0)
+    ADD(m->vocab, h, "embed");
+    for (int l = 0; l < m->layers; l++) {
+        ADD(1, h, "blk%d.attn_norm", l);
+        ADD(H * hd, h, "blk%d.wq", l);
+        ADD(KV * hd, h, "blk%d.wk", l);
+        ADD(KV * hd, h, "blk%d.wv", l);
+        ADD(h, H * hd, "blk%d.wo", l);
+        ADD(1, h, "blk%d.ffn_norm", l);
+        if (mdl_layer_is_moe(m, l)) {
+            const struct mdl_moe *e = &m->moe;
+            int fs = e->shared_experts * e->shared_intermediate;
+            ADD(e->experts, h, "blk%d.router", l);
+            ADD(e->experts * e->intermediate, h, "blk%d.gate", l);
+            ADD(e->experts * e->intermediate, h, "blk%d.up", l);
+            ADD(e->experts * h, e->intermediate, "blk%d.down", l);
+            if (fs) {
+                ADD(fs, h, "blk%d.sgate", l);
+                ADD(fs, h, "blk%d.sup", l);
+                ADD(h, fs, "blk%d.sdown", l);
+            }
+        } else {
+            ADD(m->dense_intermediate, h, "blk%d.gate", l);
+            ADD(m->dense_intermediate, h, "blk%d.up", l);
+            ADD(h, m->dense_intermediate, "blk%d.down", l);
+        }
+    }
+    ADD(1, h, "final_norm");
+    if (!m->tied_embeddings) ADD(m->vocab, h, "lm_head");
+#undef ADD
+    r->params = malloc(sizeof *r->params * r->nparams);
+    if (!r->params) return moe_error_set(err, MOE_ERR_NOMEM, "reference: out of memory");
+    struct moe_rng rng;
+    moe_rng_seed(&rng, seed);
+    for (int i = 0; i < r->ntensors; i++) {
+        const struct exec_tensor *t = &r->tensor[i];
+        bool norm = strstr(t->name, "norm") != NULL;
+        for (size_t j = 0; j < t->size; j++)
+            r->params[t->offset + j] = norm ? 1.0 : 0.02 * moe_rng_normal(&rng);
+    }
+    return MOE_OK;
+}
+
+/* y (T, out) = x (T, in) W^T, W (out, in). */
+static void linear(const double *x, const double *W, int T, int in, int out, double *y)
+{
+    for (int t = 0; t < T; t++)
+        for (int o = 0; o < out; o++) {
+            double acc = 0.0;
+            for (int i = 0; i < in; i++) acc += x[(size_t)t * in + i] * W[(size_t)o * in + i];
+            y[(size_t)t * out + o] = acc;
+        }
+}
+
+/* dx += dy W; dW += dy^T x. */
+static void linear_backward(const double *x, const double *W, const double *dy, int T, int in,
+                            int out, double *dx, double *dW)
+{
+    for (int t = 0; t < T; t++)
+        for (int o = 0; o < out; o++) {
+            double g = dy[(size_t)t * out + o];
+            if (g == 0.0) continue;
+            for (int i = 0; i < in; i++) {
+                dx[(size_t)t * in + i] += g * W[(size_t)o * in + i];
+                dW[(size_t)o * in + i] += g * x[(size_t)t * in + i];
+            }
+        }
+}
+
+struct ctx {
+    const struct exec_ref_model *r;
+    double *grad; /* NULL: forward only */
+    int T;
+    int *pos;
+};
+
+static const double *P(const struct ctx *c, const char *name, int l)
+{
+    char n[64];
+    if (l >= 0) snprintf(n, sizeof n, "blk%d.%s", l, name);
+    else snprintf(n, sizeof n, "%s", name);
+    const struct exec_tensor *t = exec_ref_tensor(c->r, n);
+    return t ? c->r->params + t->offset : NULL;
+}
+
+static double *G(const struct ctx *c, const char *name, int l)
+{
+    const double *p = P(c, name, l);
+    return p ? c->grad + (p - c->r->params) : NULL;
+}
+
+/* The MoE layer of block l as the MoE reference sees it. */
+static void moe_view(const struct ctx *c, int l, struct exec_ref_moe *w, struct exec_ref_moe_grad *g)
+{
+    const struct mdl_model *m = &c->r->model;
+    exec_router_cfg_from_model(&w->cfg, m);
+    w->hidden = m->hidden;
+    w->ffn = m->moe.intermediate;
+    w->shared_ffn = m->moe.shared_experts * m->moe.shared_intermediate;
+    w->router = (double *)P(c, "router", l);
+    w->bias = NULL;
+    w->gate = (double *)P(c, "gate", l);
+    w->up = (double *)P(c, "up", l);
+    w->down = (double *)P(c, "down", l);
+    w->sgate = (double *)P(c, "sgate", l);
+    w->sup = (double *)P(c, "sup", l);
+    w->sdown = (double *)P(c, "sdown", l);
+    if (g) {
+        g->router = G(c, "router", l);
+        g->gate = G(c, "gate", l);
+        g->up = G(c, "up", l);
+        g->down = G(c, "down", l);
+        g->sgate = G(c, "sgate", l);
+        g->sup = G(c, "sup", l);
+        g->sdown = G(c, "sdown", l);
+    }
+}
+
+/* Intermediates of one block, all (T, width) row-major. */
+struct blk {
+    double *a, *q, *k, *v, *o, *h1, *b, *g, *u, *hm, *f;
+};
+
+static enum moe_status blk_alloc(struct blk *s, const struct mdl_model *m, int T)
+{
+    int h = m->hidden, qd = m->attn.heads * m->attn.head_dim, kd = m->attn.kv_heads * m->attn.head_dim;
+    int fd = m->dense_intermediate > 0 ? m->dense_intermediate : 1;
+    s->a = calloc((size_t)T * h, sizeof(double));
+    s->q = calloc((size_t)T * qd, sizeof(double));
+    s->k = calloc((size_t)T * kd, sizeof(double));
+    s->v = calloc((size_t)T * kd, sizeof(double));
+    s->o = calloc((size_t)T * qd, sizeof(double));
+    s->h1 = calloc((size_t)T * h, sizeof(double));
+    s->b = calloc((size_t)T * h, sizeof(double));
+    s->g = calloc((size_t)T * fd, sizeof(double));
+    s->u = calloc((size_t)T * fd, sizeof(double));
+    s->hm = calloc((size_t)T * fd, sizeof(double));
+    s->f = calloc((size_t)T * h, sizeof(double));
+    if (!s->a || !s->q || !s->k || !s->v || !s->o || !s->h1 || !s->b || !s->g || !s->u ||
+        !s->hm || !s->f)
+        return MOE_ERR_NOMEM;
+    return MOE_OK;
+}
+
+static void blk_free(struct blk *s)
+{
+    free(s->a), free(s->q), free(s->k), free(s->v), free(s->o), free(s->h1), free(s->b);
+    free(s->g), free(s->u), free(s->hm), free(s->f);
+}
+
+static double silu(double x) { return x / (1.0 + exp(-x)); }
+
+/* Forward of block l from x (T, h) to y (T, h), keeping intermediates in s. */
+static enum moe_status block_forward(const struct ctx *c, int l, const double *x, double *y,
+                                     struct blk *s, struct moe_error *err)
+{
+    const struct mdl_model *m = &c->r->model;
+    const struct mdl_attention *at = &m->attn;
+    int T = c->T, h = m->hidden, H = at->heads, KV = at->kv_heads, hd = at->head_dim;
+    int window = mdl_layer_is_sliding(m, l) ? at->sliding_window : 0;
+    exec_ref_rmsnorm(x, P(c, "attn_norm", l), T, h, m->norm_eps, s->a);
+    linear(s->a, P(c, "wq", l), T, h, H * hd, s->q);
+    linear(s->a, P(c, "wk", l), T, h, KV * hd, s->k);
+    linear(s->a, P(c, "wv", l), T, h, KV * hd, s->v);
+    exec_ref_rope(s->q, T, H, hd, hd, at->rope_theta, c->pos, false);
+    exec_ref_rope(s->k, T, KV, hd, hd, at->rope_theta, c->pos, false);
+    exec_ref_attention(s->q, s->k, s->v, T, H, KV, hd, hd, window, 1.0 / sqrt(hd), s->o);
+    linear(s->o, P(c, "wo", l), T, H * hd, h, s->h1);
+    for (size_t i = 0; i < (size_t)T * h; i++) s->h1[i] += x[i];
+    exec_ref_rmsnorm(s->h1, P(c, "ffn_norm", l), T, h, m->norm_eps, s->b);
+    if (mdl_layer_is_moe(m, l)) {
+        struct exec_ref_moe w;
+        moe_view(c, l, &w, NULL);
+        enum moe_status st = exec_ref_moe_forward(&w, s->b, T, s->f, NULL, NULL, err);
+        if (st != MOE_OK) return st;
+    } else {
+        int fd = m->dense_intermediate;
+        linear(s->b, P(c, "gate", l), T, h, fd, s->g);
+        linear(s->b, P(c, "up", l), T, h, fd, s->u);
+        for (size_t i = 0; i < (size_t)T * fd; i++) s->hm[i] = silu(s->g[i]) * s->u[i];
+        linear(s->hm, P(c, "down", l), T, fd, h, s->f);
+    }
+    for (size_t i = 0; i < (size_t)T * h; i++) y[i] = s->h1[i] + s->f[i];
+    return MOE_OK;
+}
+
+/* Backward of block l: dy (T, h) -> dx (T, h), accumulating parameter gradients. */
+static enum moe_status block_backward(const struct ctx *c, int l, const double *x,
+                                      const double *dy, double *dx, struct blk *s,
+                                      struct moe_error *err)
+{
+    const struct mdl_model *m = &c->r->model;
+    const struct mdl_attention *at = &m->attn;
+    int T = c->T, h = m->hidden, H = at->heads, KV = at->kv_heads, hd = at->head_dim;
+    int window = mdl_layer_is_sliding(m, l) ? at->sliding_window : 0;
+    enum moe_status st = MOE_OK;
+    size_t th = (size_t)T * h;
+    double *y = malloc(sizeof *y * th), *dh1 = calloc(th, sizeof *dh1), *db = calloc(th, sizeof *db);
+    double *tmp = calloc(th, sizeof *tmp);
+    double *dq = calloc((size_t)T * H * hd, sizeof *dq), *dk = calloc((size_t)T * KV * hd, sizeof *dk);
+    double *dv = calloc((size_t)T * KV * hd, sizeof *dv), *dout = calloc((size_t)T * H * hd, sizeof *dout);
+    double *da = calloc(th, sizeof *da);
+    int fd = m->dense_intermediate > 0 ? m->dense_intermediate : 1;
+    double *dhm = calloc((size_t)T * fd, sizeof *dhm), *dg = calloc((size_t)T * fd, sizeof *dg),
+           *du = calloc((size_t)T * fd, sizeof *du);
+    if (!y || !dh1 || !db || !tmp || !dq || !dk || !dv || !dout || !da || !dhm || !dg || !du) {
+        st = moe_error_set(err, MOE_ERR_NOMEM, "reference: out of memory");
+        goto cleanup;
+    }
+    if ((st = block_forward(c, l, x, y, s, err))) goto cleanup;
+    /* y = h1 + f(b): the residual passes dy to h1; the FFN's input gradient goes through its norm. */
+    memcpy(dh1, dy, sizeof *dh1 * th);
+    if (mdl_layer_is_moe(m, l)) {
+        struct exec_ref_moe w;
+        struct exec_ref_moe_grad g;
+        moe_view(c, l, &w, &g);
+        if ((st = exec_ref_moe_backward(&w, s->b, T, dy, db, &g, err))) goto cleanup;
+    } else {
+        linear_backward(s->hm, P(c, "down", l), dy, T, fd, h, dhm, G(c, "down", l));
+        for (size_t i = 0; i < (size_t)T * fd; i++) {
+            double sg = 1.0 / (1.0 + exp(-s->g[i]));
+            du[i] = dhm[i] * s->g[i] * sg;
+            dg[i] = dhm[i] * s->u[i] * sg * (1.0 + s->g[i] * (1.0 - sg));
+        }
+        linear_backward(s->b, P(c, "gate", l), dg, T, h, fd, db, G(c, "gate", l));
+        linear_backward(s->b, P(c, "up", l), du, T, h, fd, db, G(c, "up", l));
+    }
+    exec_ref_rmsnorm_backward(s->h1, P(c, "ffn_norm", l), db, T, h, m->norm_eps, tmp,
+                              G(c, "ffn_norm", l));
+    for (size_t i = 0; i < th; i++) dh1[i] += tmp[i];
+    /* h1 = x + o Wo^T */
+    memcpy(dx, dh1, sizeof *dx * th);
+    linear_backward(s->o, P(c, "wo", l), dh1, T, H * hd, h, dout, G(c, "wo", l));
+    exec_ref_attention_backward(s->q, s->k, s->v, dout, T, H, KV, hd, hd, window, 1.0 / sqrt(hd),
+                                dq, dk, dv);
+    /* RoPE is a rotation: its backward rotates back. */
+    exec_ref_rope(dq, T, H, hd, hd, at->rope_theta, c->pos, true);
+    exec_ref_rope(dk, T, KV, hd, hd, at->rope_theta, c->pos, true);
+    linear_backward(s->a, P(c, "wq", l), dq, T, h, H * hd, da, G(c, "wq", l));
+    linear_backward(s->a, P(c, "wk", l), dk, T, h, KV * hd, da, G(c, "wk", l));
+    linear_backward(s->a, P(c, "wv", l), dv, T, h, KV * hd, da, G(c, "wv", l));
+    exec_ref_rmsnorm_backward(x, P(c, "attn_norm", l), da, T, h, m->norm_eps, tmp,
+                              G(c, "attn_norm", l));
+    for (size_t i = 0; i < th; i++) dx[i] += tmp[i];
+cleanup:
+    free(y), free(dh1), free(db), free(tmp), free(dq), free(dk), free(dv), free(dout), free(da);
+    free(dhm), free(dg), free(du);
+    return st;
+}
+
+enum moe_status exec_ref_model_step(const struct exec_ref_model *r, const int *tokens, int T,
+                                    double *loss, double *grad, struct moe_error *err)
+{
+    const struct mdl_model *m = &r->model;
+    int h = m->hidden, V = m->vocab, L = m->layers, n = T - 1;
+    if (T < 2 || T > m->max_seq_len)
+        return moe_error_set(err, MOE_ERR_INPUT, "reference step: %d tokens (2 .. %d)", T,
+                             m->max_seq_len);
+    for (int t = 0; t < T; t++)
+        if (tokens[t] < 0 || tokens[t] >= V)
+            return moe_error_set(err, MOE_ERR_INPUT, "reference step: token %d is %d, vocab %d", t,
+                                 tokens[t], V);
+    enum moe_status st = MOE_OK;
+    struct ctx c = {r, grad, n, NULL};
+    size_t th = (size_t)n * h;
+    double *hs = calloc((size_t)(L + 1) * th, sizeof *hs); /* block inputs, and the last output */
+    double *fin = calloc(th, sizeof *fin), *logits = calloc((size_t)n * V, sizeof *logits);
+    double *dlog = calloc((size_t)n * V, sizeof *dlog), *dfin = calloc(th, sizeof *dfin);
+    double *dh = calloc(th, sizeof *dh), *dprev = calloc(th, sizeof *dprev);
+    c.pos = malloc(sizeof *c.pos * (size_t)n);
+    struct blk s;
+    memset(&s, 0, sizeof s);
+    if (!hs || !fin || !logits || !dlog || !dfin || !dh || !dprev || !c.pos ||
+        blk_alloc(&s, m, n) != MOE_OK) {
+        st = moe_error_set(err, MOE_ERR_NOMEM, "reference: out of memory");
+        goto cleanup;
+    }
+    for (int t = 0; t < n; t++) c.pos[t] = t;
+    const double *emb = P(&c, "embed", -1);
+    const double *head = m->tied_embeddings ? emb : P(&c, "lm_head", -1);
+    for (int t = 0; t < n; t++) memcpy(hs + (size_t)t * h, emb + (size_t)tokens[t] * h, sizeof(double) * h);
+    for (int l = 0; l < L; l++)
+        if ((st = block_forward(&c, l, hs + (size_t)l * th, hs + (size_t)(l + 1) * th, &s, err)))
+            goto cleanup;
+    exec_ref_rmsnorm(hs + (size_t)L * th, P(&c, "final_norm", -1), n, h, m->norm_eps, fin);
+    linear(fin, head, n, h, V, logits);
+    *loss = exec_ref_cross_entropy(logits, tokens + 1, n, V, grad ? dlog : NULL);
+    if (!grad) goto cleanup;
+    memset(grad, 0, sizeof *grad * r->nparams);
+    double *dhead = m->tied_embeddings ? G(&c, "embed", -1) : G(&c, "lm_head", -1);
+    linear_backward(fin, head, dlog, n, h, V, dfin, dhead);
+    exec_ref_rmsnorm_backward(hs + (size_t)L * th, P(&c, "final_norm", -1), dfin, n, h, m->norm_eps,
+                              dh, G(&c, "final_norm", -1));
+    for (int l = L - 1; l >= 0; l--) {
+        if ((st = block_backward(&c, l, hs + (size_t)l * th, dh, dprev, &s, err))) goto cleanup;
+        memcpy(dh, dprev, sizeof *dh * th);
+    }
+    double *demb = G(&c, "embed", -1);
+    for (int t = 0; t < n; t++)
+        for (int i = 0; i < h; i++) demb[(size_t)tokens[t] * h + i] += dh[(size_t)t * h + i];
+cleanup:
+    free(hs), free(fin), free(logits), free(dlog), free(dfin), free(dh), free(dprev), free(c.pos);
+    blk_free(&s);
+    return st;
+}

@@ -1,0 +1,117 @@
+/*
+ * test_ref_model.c: a whole training step of the reference (loss and every parameter's
+ * gradient) against finite differences, on the tiny GQA model and variants of it (a dense first
+ * block, tied embeddings, a sliding window, shared experts).
+ */
+#include "moe_test.h"
+
+#include "exec.h"
+
+#include <math.h>
+
+static void load(const char *name, struct mdl_model *m)
+{
+    char dir[1024];
+    struct moe_error err;
+    moe_test_src(dir, sizeof dir, "model");
+    if (mdl_model_resolve(m, name, dir, &err) != MOE_OK) fail_msg("%s", err.message);
+}
+
+/* Check a spread of entries of every tensor: central differences, 1e-5 relative + 1e-9 absolute
+ * (the loss is a sum over many terms, so cancellation costs a digit or two). */
+static void check_model(const struct mdl_model *m, uint64_t seed)
+{
+    struct exec_ref_model r;
+    struct moe_error err;
+    assert_int_equal(exec_ref_model_create(&r, m, seed, &err), MOE_OK);
+    /* Larger weights than the 0.02 initialization, so that every path carries signal. */
+    struct moe_rng rng;
+    moe_rng_seed(&rng, seed + 1);
+    for (size_t i = 0; i < r.nparams; i++) r.params[i] += 0.1 * moe_rng_normal(&rng);
+    int tokens[9];
+    for (int t = 0; t < 9; t++) tokens[t] = (int)moe_rng_below(&rng, (uint64_t)m->vocab);
+    double loss, *grad = malloc(sizeof *grad * r.nparams);
+    assert_int_equal(exec_ref_model_step(&r, tokens, 9, &loss, grad, &err), MOE_OK);
+    assert_true(isfinite(loss) && loss > 0);
+    int checked = 0;
+    for (int i = 0; i < r.ntensors; i++) {
+        const struct exec_tensor *t = &r.tensor[i];
+        for (int s = 0; s < 6; s++) {
+            size_t j = t->offset + moe_rng_below(&rng, t->size);
+            /* rows of the embedding that no token uses have a zero gradient: probe used ones */
+            if (!strcmp(t->name, "embed") && s < 3) j = t->offset + (size_t)tokens[s] * t->cols + s;
+            double keep = r.params[j], e = 1e-5, lp, lm;
+            r.params[j] = keep + e;
+            assert_int_equal(exec_ref_model_step(&r, tokens, 9, &lp, NULL, &err), MOE_OK);
+            r.params[j] = keep - e;
+            assert_int_equal(exec_ref_model_step(&r, tokens, 9, &lm, NULL, &err), MOE_OK);
+            r.params[j] = keep;
+            double num = (lp - lm) / (2 * e);
+            if (fabs(num - grad[j]) > 1e-5 * fabs(num) + 1e-9)
+                fail_msg("%s: %s[%zu]: analytic %.10g, numeric %.10g", m->name, t->name,
+                         j - t->offset, grad[j], num);
+            checked++;
+        }
+    }
+    printf("%s: loss %.6f, %d gradient entries of %d tensors checked\n", m->name, loss, checked,
+           r.ntensors);
+    free(grad);
+    exec_ref_model_destroy(&r);
+}
+
+static void test_tiny_gqa(void **state)
+{
+    (void)state;
+    struct mdl_model m;
+    load("tiny-moe-gqa", &m);
+    check_model(&m, 1);
+}
+
+static void test_variants(void **state)
+{
+    (void)state;
+    struct mdl_model m;
+    load("tiny-moe-gqa", &m);
+    m.first_dense = 1; /* a dense SwiGLU block first */
+    m.dense_intermediate = 48;
+    m.tied_embeddings = true;
+    check_model(&m, 2);
+    load("tiny-moe-gqa", &m);
+    m.attn.sliding_window = 3; /* block 0 slides, block 1 is full */
+    m.attn.sliding_every = 2;
+    m.moe.shared_experts = 1;
+    m.moe.shared_intermediate = 16;
+    m.moe.scoring = MDL_SCORE_SIGMOID;
+    m.moe.n_group = 4;
+    m.moe.topk_group = 2;
+    m.moe.scaling = 2.5;
+    check_model(&m, 3);
+}
+
+static void test_refusals(void **state)
+{
+    (void)state;
+    struct mdl_model m;
+    struct exec_ref_model r;
+    struct moe_error err;
+    load("tiny-moe-mla", &m);
+    assert_int_equal(exec_ref_model_create(&r, &m, 1, &err), MOE_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.message, "MLA is not in the reference step yet"));
+    load("tiny-moe-gqa", &m);
+    assert_int_equal(exec_ref_model_create(&r, &m, 1, &err), MOE_OK);
+    int bad[3] = {1, 999, 2};
+    double loss;
+    assert_int_equal(exec_ref_model_step(&r, bad, 3, &loss, NULL, &err), MOE_ERR_INPUT);
+    assert_int_equal(exec_ref_model_step(&r, bad, 1, &loss, NULL, &err), MOE_ERR_INPUT);
+    exec_ref_model_destroy(&r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tiny_gqa),
+        cmocka_unit_test(test_variants),
+        cmocka_unit_test(test_refusals),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
