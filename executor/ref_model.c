@@ -4,7 +4,7 @@
  * final norm, the LM head and the next-token cross-entropy; the loss and the gradient of every
  * parameter, in double precision.
  *
- * Backward recomputes each block from its saved input (one tensor per block is kept), which keeps
+ * Attention is GQA (with RoPE) or DeepSeek's MLA. Backward recomputes each block from its saved input (one tensor per block is kept), which keeps
  * the code a straight transcription of the forward. It is checked against finite differences in
  * tests/unit/test_ref_model.c, and the GPU step will be checked against it.
  */
@@ -48,9 +48,6 @@ enum moe_status exec_ref_model_create(struct exec_ref_model *r, const struct mdl
                                       uint64_t seed, struct moe_error *err)
 {
     const struct mdl_attention *a = &m->attn;
-    if (a->type != MDL_ATTN_GQA)
-        return moe_error_set(err, MOE_ERR_UNSUPPORTED, "%s: MLA is not in the reference step yet",
-                             m->name);
     if (a->qk_norm || a->bias || a->sinks || m->moe.expert_bias)
         return moe_error_set(err, MOE_ERR_UNSUPPORTED,
                              "%s: QK-norm, attention biases, sinks and expert biases are not in "
@@ -58,6 +55,7 @@ enum moe_status exec_ref_model_create(struct exec_ref_model *r, const struct mdl
     memset(r, 0, sizeof *r);
     r->model = *m;
     int h = m->hidden, H = a->heads, KV = a->kv_heads, hd = a->head_dim;
+    int qk = a->qk_nope_head_dim + a->qk_rope_head_dim;
     enum moe_status st = MOE_OK;
     char n[64];
 #define ADD(rows, cols, ...)                                                                       \
@@ -68,10 +66,24 @@ enum moe_status exec_ref_model_create(struct exec_ref_model *r, const struct mdl
     ADD(m->vocab, h, "embed");
     for (int l = 0; l < m->layers; l++) {
         ADD(1, h, "blk%d.attn_norm", l);
-        ADD(H * hd, h, "blk%d.wq", l);
-        ADD(KV * hd, h, "blk%d.wk", l);
-        ADD(KV * hd, h, "blk%d.wv", l);
-        ADD(h, H * hd, "blk%d.wo", l);
+        if (a->type == MDL_ATTN_GQA) {
+            ADD(H * hd, h, "blk%d.wq", l);
+            ADD(KV * hd, h, "blk%d.wk", l);
+            ADD(KV * hd, h, "blk%d.wv", l);
+            ADD(h, H * hd, "blk%d.wo", l);
+        } else {
+            if (a->q_lora_rank) {
+                ADD(a->q_lora_rank, h, "blk%d.wqa", l);
+                ADD(1, a->q_lora_rank, "blk%d.qa_norm", l);
+                ADD(H * qk, a->q_lora_rank, "blk%d.wqb", l);
+            } else {
+                ADD(H * qk, h, "blk%d.wq", l);
+            }
+            ADD(a->kv_lora_rank + a->qk_rope_head_dim, h, "blk%d.wkva", l);
+            ADD(1, a->kv_lora_rank, "blk%d.kva_norm", l);
+            ADD(H * (a->qk_nope_head_dim + a->v_head_dim), a->kv_lora_rank, "blk%d.wkvb", l);
+            ADD(h, H * a->v_head_dim, "blk%d.wo", l);
+        }
         ADD(1, h, "blk%d.ffn_norm", l);
         if (mdl_layer_is_moe(m, l)) {
             const struct mdl_moe *e = &m->moe;
@@ -184,61 +196,170 @@ static void moe_view(const struct ctx *c, int l, struct exec_ref_moe *w, struct 
 
 /* Intermediates of one block, all (T, width) row-major. */
 struct blk {
-    double *a, *q, *k, *v, *o, *h1, *b, *g, *u, *hm, *f;
+    double *a, *h1, *b, *g, *u, *hm, *f;
 };
 
 static enum moe_status blk_alloc(struct blk *s, const struct mdl_model *m, int T)
 {
-    int h = m->hidden, qd = m->attn.heads * m->attn.head_dim, kd = m->attn.kv_heads * m->attn.head_dim;
+    int h = m->hidden;
     int fd = m->dense_intermediate > 0 ? m->dense_intermediate : 1;
     s->a = calloc((size_t)T * h, sizeof(double));
-    s->q = calloc((size_t)T * qd, sizeof(double));
-    s->k = calloc((size_t)T * kd, sizeof(double));
-    s->v = calloc((size_t)T * kd, sizeof(double));
-    s->o = calloc((size_t)T * qd, sizeof(double));
     s->h1 = calloc((size_t)T * h, sizeof(double));
     s->b = calloc((size_t)T * h, sizeof(double));
     s->g = calloc((size_t)T * fd, sizeof(double));
     s->u = calloc((size_t)T * fd, sizeof(double));
     s->hm = calloc((size_t)T * fd, sizeof(double));
     s->f = calloc((size_t)T * h, sizeof(double));
-    if (!s->a || !s->q || !s->k || !s->v || !s->o || !s->h1 || !s->b || !s->g || !s->u ||
-        !s->hm || !s->f)
+    if (!s->a || !s->h1 || !s->b || !s->g || !s->u || !s->hm || !s->f)
         return MOE_ERR_NOMEM;
     return MOE_OK;
 }
 
 static void blk_free(struct blk *s)
 {
-    free(s->a), free(s->q), free(s->k), free(s->v), free(s->o), free(s->h1), free(s->b);
+    free(s->a), free(s->h1), free(s->b);
     free(s->g), free(s->u), free(s->hm), free(s->f);
 }
 
 static double silu(double x) { return x / (1.0 + exp(-x)); }
+
+/* The attention sub-block of block l on its normed input a (T, h). Forward (out != NULL): out =
+ * the output projection (T, h). Backward (dout != NULL): recomputes the forward, then adds the
+ * input gradient to da and the parameter gradients to the gradient buffer.
+ * GQA: q, k, v projections, RoPE on all of q and k. MLA (DeepSeek): q through the optional low
+ * rank (wqa, its norm, wqb), the compressed kv (wkva -> c_kv and the shared RoPE key, the norm,
+ * wkvb -> k_nope and v); heads attend over [rope | nope] dims (the order is free: q and k agree). */
+static enum moe_status attn(const struct ctx *c, int l, const double *a, double *out,
+                            const double *dout, double *da, struct moe_error *err)
+{
+    const struct mdl_model *m = &c->r->model;
+    const struct mdl_attention *at = &m->attn;
+    int T = c->T, h = m->hidden, H = at->heads, window = mdl_layer_is_sliding(m, l) ? at->sliding_window : 0;
+    bool mla = at->type == MDL_ATTN_MLA;
+    int KV = mla ? H : at->kv_heads;
+    int nope = mla ? at->qk_nope_head_dim : 0, rope = mla ? at->qk_rope_head_dim : at->head_dim;
+    int dqk = nope + rope, dv = mla ? at->v_head_dim : at->head_dim;
+    int ql = mla ? at->q_lora_rank : 0, kvl = mla ? at->kv_lora_rank : 0;
+    double scale = 1.0 / sqrt(dqk);
+    size_t nq = (size_t)T * H * dqk, nk = (size_t)T * KV * dqk, nv = (size_t)T * KV * dv;
+    size_t no = (size_t)T * H * dv;
+    /* buffers: q k v o and their gradients; MLA: cq, cqn, qfull, ckvfull, ckv, ckvn, kv, kr */
+    size_t nqf = (size_t)T * H * dqk, nkv = (size_t)T * H * (nope + dv);
+    size_t total = 2 * (nq + nk + nv + no) + 2 * ((size_t)T * ql * 2 + nqf + (size_t)T * (kvl + rope) +
+                   (size_t)T * kvl * 2 + nkv + (size_t)T * rope);
+    double *buf = calloc(total + 1, sizeof *buf);
+    if (!buf) return moe_error_set(err, MOE_ERR_NOMEM, "reference: out of memory");
+    double *p = buf;
+#define TAKE(n) (p += (n), p - (n))
+    double *q = TAKE(nq), *k = TAKE(nk), *v = TAKE(nv), *o = TAKE(no);
+    double *dq = TAKE(nq), *dk = TAKE(nk), *dvv = TAKE(nv), *doo = TAKE(no);
+    double *cq = TAKE((size_t)T * ql), *cqn = TAKE((size_t)T * ql), *qf = TAKE(nqf);
+    double *ckvf = TAKE((size_t)T * (kvl + rope)), *ckv = TAKE((size_t)T * kvl);
+    double *ckvn = TAKE((size_t)T * kvl), *kv = TAKE(nkv), *kr = TAKE((size_t)T * rope);
+    double *dcq = TAKE((size_t)T * ql), *dcqn = TAKE((size_t)T * ql), *dqf = TAKE(nqf);
+    double *dckvf = TAKE((size_t)T * (kvl + rope)), *dckv = TAKE((size_t)T * kvl);
+    double *dckvn = TAKE((size_t)T * kvl), *dkv = TAKE(nkv), *dkr = TAKE((size_t)T * rope);
+#undef TAKE
+    if (!mla) {
+        linear(a, P(c, "wq", l), T, h, H * dqk, q);
+        linear(a, P(c, "wk", l), T, h, KV * dqk, k);
+        linear(a, P(c, "wv", l), T, h, KV * dv, v);
+        exec_ref_rope(q, T, H, dqk, rope, at->rope_theta, c->pos, false);
+        exec_ref_rope(k, T, KV, dqk, rope, at->rope_theta, c->pos, false);
+    } else {
+        if (ql) {
+            linear(a, P(c, "wqa", l), T, h, ql, cq);
+            exec_ref_rmsnorm(cq, P(c, "qa_norm", l), T, ql, m->norm_eps, cqn);
+            linear(cqn, P(c, "wqb", l), T, ql, H * dqk, qf);
+        } else {
+            linear(a, P(c, "wq", l), T, h, H * dqk, qf);
+        }
+        linear(a, P(c, "wkva", l), T, h, kvl + rope, ckvf);
+        for (int t = 0; t < T; t++) {
+            memcpy(ckv + (size_t)t * kvl, ckvf + (size_t)t * (kvl + rope), sizeof(double) * kvl);
+            memcpy(kr + (size_t)t * rope, ckvf + (size_t)t * (kvl + rope) + kvl, sizeof(double) * rope);
+        }
+        exec_ref_rmsnorm(ckv, P(c, "kva_norm", l), T, kvl, m->norm_eps, ckvn);
+        linear(ckvn, P(c, "wkvb", l), T, kvl, H * (nope + dv), kv);
+        exec_ref_rope(kr, T, 1, rope, rope, at->rope_theta, c->pos, false);
+        /* q, k as [rope | nope]; qf holds [nope | rope] per head as DeepSeek lays it out */
+        for (int t = 0; t < T; t++)
+            for (int hh = 0; hh < H; hh++) {
+                const double *src = qf + ((size_t)t * H + hh) * dqk;
+                double *qd = q + ((size_t)t * H + hh) * dqk, *kd = k + ((size_t)t * H + hh) * dqk;
+                const double *kvs = kv + ((size_t)t * H + hh) * (nope + dv);
+                memcpy(qd, src + nope, sizeof(double) * rope);
+                memcpy(qd + rope, src, sizeof(double) * nope);
+                memcpy(kd, kr + (size_t)t * rope, sizeof(double) * rope);
+                memcpy(kd + rope, kvs, sizeof(double) * nope);
+                memcpy(v + ((size_t)t * H + hh) * dv, kvs + nope, sizeof(double) * dv);
+            }
+        exec_ref_rope(q, T, H, dqk, rope, at->rope_theta, c->pos, false);
+    }
+    exec_ref_attention(q, k, v, T, H, KV, dqk, dv, window, scale, o);
+    if (out) {
+        linear(o, P(c, "wo", l), T, H * dv, h, out);
+        free(buf);
+        return MOE_OK;
+    }
+    linear_backward(o, P(c, "wo", l), dout, T, H * dv, h, doo, G(c, "wo", l));
+    exec_ref_attention_backward(q, k, v, doo, T, H, KV, dqk, dv, window, scale, dq, dk, dvv);
+    exec_ref_rope(dq, T, H, dqk, rope, at->rope_theta, c->pos, true);
+    if (!mla) {
+        exec_ref_rope(dk, T, KV, dqk, rope, at->rope_theta, c->pos, true);
+        linear_backward(a, P(c, "wq", l), dq, T, h, H * dqk, da, G(c, "wq", l));
+        linear_backward(a, P(c, "wk", l), dk, T, h, KV * dqk, da, G(c, "wk", l));
+        linear_backward(a, P(c, "wv", l), dvv, T, h, KV * dv, da, G(c, "wv", l));
+        free(buf);
+        return MOE_OK;
+    }
+    for (int t = 0; t < T; t++)
+        for (int hh = 0; hh < H; hh++) {
+            const double *gq = dq + ((size_t)t * H + hh) * dqk, *gk = dk + ((size_t)t * H + hh) * dqk;
+            double *gqf = dqf + ((size_t)t * H + hh) * dqk;
+            double *gkv = dkv + ((size_t)t * H + hh) * (nope + dv);
+            memcpy(gqf + nope, gq, sizeof(double) * rope);
+            memcpy(gqf, gq + rope, sizeof(double) * nope);
+            for (int i = 0; i < rope; i++) dkr[(size_t)t * rope + i] += gk[i]; /* shared key */
+            memcpy(gkv, gk + rope, sizeof(double) * nope);
+            memcpy(gkv + nope, dvv + ((size_t)t * H + hh) * dv, sizeof(double) * dv);
+        }
+    exec_ref_rope(dkr, T, 1, rope, rope, at->rope_theta, c->pos, true);
+    linear_backward(ckvn, P(c, "wkvb", l), dkv, T, kvl, H * (nope + dv), dckvn, G(c, "wkvb", l));
+    exec_ref_rmsnorm_backward(ckv, P(c, "kva_norm", l), dckvn, T, kvl, m->norm_eps, dckv,
+                              G(c, "kva_norm", l));
+    for (int t = 0; t < T; t++) {
+        memcpy(dckvf + (size_t)t * (kvl + rope), dckv + (size_t)t * kvl, sizeof(double) * kvl);
+        memcpy(dckvf + (size_t)t * (kvl + rope) + kvl, dkr + (size_t)t * rope, sizeof(double) * rope);
+    }
+    linear_backward(a, P(c, "wkva", l), dckvf, T, h, kvl + rope, da, G(c, "wkva", l));
+    if (ql) {
+        linear_backward(cqn, P(c, "wqb", l), dqf, T, ql, H * dqk, dcqn, G(c, "wqb", l));
+        exec_ref_rmsnorm_backward(cq, P(c, "qa_norm", l), dcqn, T, ql, m->norm_eps, dcq,
+                                  G(c, "qa_norm", l));
+        linear_backward(a, P(c, "wqa", l), dcq, T, h, ql, da, G(c, "wqa", l));
+    } else {
+        linear_backward(a, P(c, "wq", l), dqf, T, h, H * dqk, da, G(c, "wq", l));
+    }
+    free(buf);
+    return MOE_OK;
+}
 
 /* Forward of block l from x (T, h) to y (T, h), keeping intermediates in s. */
 static enum moe_status block_forward(const struct ctx *c, int l, const double *x, double *y,
                                      struct blk *s, struct moe_error *err)
 {
     const struct mdl_model *m = &c->r->model;
-    const struct mdl_attention *at = &m->attn;
-    int T = c->T, h = m->hidden, H = at->heads, KV = at->kv_heads, hd = at->head_dim;
-    int window = mdl_layer_is_sliding(m, l) ? at->sliding_window : 0;
+    int T = c->T, h = m->hidden;
+    enum moe_status st;
     exec_ref_rmsnorm(x, P(c, "attn_norm", l), T, h, m->norm_eps, s->a);
-    linear(s->a, P(c, "wq", l), T, h, H * hd, s->q);
-    linear(s->a, P(c, "wk", l), T, h, KV * hd, s->k);
-    linear(s->a, P(c, "wv", l), T, h, KV * hd, s->v);
-    exec_ref_rope(s->q, T, H, hd, hd, at->rope_theta, c->pos, false);
-    exec_ref_rope(s->k, T, KV, hd, hd, at->rope_theta, c->pos, false);
-    exec_ref_attention(s->q, s->k, s->v, T, H, KV, hd, hd, window, 1.0 / sqrt(hd), s->o);
-    linear(s->o, P(c, "wo", l), T, H * hd, h, s->h1);
+    if ((st = attn(c, l, s->a, s->h1, NULL, NULL, err))) return st;
     for (size_t i = 0; i < (size_t)T * h; i++) s->h1[i] += x[i];
     exec_ref_rmsnorm(s->h1, P(c, "ffn_norm", l), T, h, m->norm_eps, s->b);
     if (mdl_layer_is_moe(m, l)) {
         struct exec_ref_moe w;
         moe_view(c, l, &w, NULL);
-        enum moe_status st = exec_ref_moe_forward(&w, s->b, T, s->f, NULL, NULL, err);
-        if (st != MOE_OK) return st;
+        if ((st = exec_ref_moe_forward(&w, s->b, T, s->f, NULL, NULL, err))) return st;
     } else {
         int fd = m->dense_intermediate;
         linear(s->b, P(c, "gate", l), T, h, fd, s->g);
@@ -256,20 +377,15 @@ static enum moe_status block_backward(const struct ctx *c, int l, const double *
                                       struct moe_error *err)
 {
     const struct mdl_model *m = &c->r->model;
-    const struct mdl_attention *at = &m->attn;
-    int T = c->T, h = m->hidden, H = at->heads, KV = at->kv_heads, hd = at->head_dim;
-    int window = mdl_layer_is_sliding(m, l) ? at->sliding_window : 0;
+    int T = c->T, h = m->hidden;
     enum moe_status st = MOE_OK;
     size_t th = (size_t)T * h;
     double *y = malloc(sizeof *y * th), *dh1 = calloc(th, sizeof *dh1), *db = calloc(th, sizeof *db);
-    double *tmp = calloc(th, sizeof *tmp);
-    double *dq = calloc((size_t)T * H * hd, sizeof *dq), *dk = calloc((size_t)T * KV * hd, sizeof *dk);
-    double *dv = calloc((size_t)T * KV * hd, sizeof *dv), *dout = calloc((size_t)T * H * hd, sizeof *dout);
-    double *da = calloc(th, sizeof *da);
+    double *tmp = calloc(th, sizeof *tmp), *da = calloc(th, sizeof *da);
     int fd = m->dense_intermediate > 0 ? m->dense_intermediate : 1;
     double *dhm = calloc((size_t)T * fd, sizeof *dhm), *dg = calloc((size_t)T * fd, sizeof *dg),
            *du = calloc((size_t)T * fd, sizeof *du);
-    if (!y || !dh1 || !db || !tmp || !dq || !dk || !dv || !dout || !da || !dhm || !dg || !du) {
+    if (!y || !dh1 || !db || !tmp || !da || !dhm || !dg || !du) {
         st = moe_error_set(err, MOE_ERR_NOMEM, "reference: out of memory");
         goto cleanup;
     }
@@ -296,20 +412,12 @@ static enum moe_status block_backward(const struct ctx *c, int l, const double *
     for (size_t i = 0; i < th; i++) dh1[i] += tmp[i];
     /* h1 = x + o Wo^T */
     memcpy(dx, dh1, sizeof *dx * th);
-    linear_backward(s->o, P(c, "wo", l), dh1, T, H * hd, h, dout, G(c, "wo", l));
-    exec_ref_attention_backward(s->q, s->k, s->v, dout, T, H, KV, hd, hd, window, 1.0 / sqrt(hd),
-                                dq, dk, dv);
-    /* RoPE is a rotation: its backward rotates back. */
-    exec_ref_rope(dq, T, H, hd, hd, at->rope_theta, c->pos, true);
-    exec_ref_rope(dk, T, KV, hd, hd, at->rope_theta, c->pos, true);
-    linear_backward(s->a, P(c, "wq", l), dq, T, h, H * hd, da, G(c, "wq", l));
-    linear_backward(s->a, P(c, "wk", l), dk, T, h, KV * hd, da, G(c, "wk", l));
-    linear_backward(s->a, P(c, "wv", l), dv, T, h, KV * hd, da, G(c, "wv", l));
+    if ((st = attn(c, l, s->a, NULL, dh1, da, err))) goto cleanup;
     exec_ref_rmsnorm_backward(x, P(c, "attn_norm", l), da, T, h, m->norm_eps, tmp,
                               G(c, "attn_norm", l));
     for (size_t i = 0; i < th; i++) dx[i] += tmp[i];
 cleanup:
-    free(y), free(dh1), free(db), free(tmp), free(dq), free(dk), free(dv), free(dout), free(da);
+    free(y), free(dh1), free(db), free(tmp), free(da);
     free(dhm), free(dg), free(du);
     return st;
 }
