@@ -120,6 +120,34 @@ const struct exec_tensor *exec_ref_tensor(const struct exec_ref_model *r, const 
 enum moe_status exec_ref_model_step(const struct exec_ref_model *r, const int *tokens, int T,
                                     double *loss, double *grad, struct moe_error *err);
 
+/* Training: warmup + cosine learning rate, and AdamW with global-norm gradient clipping (fp64
+ * master weights here; the GPU keeps fp32 masters for its bf16 weights). Norm weights get no
+ * weight decay. Returns the gradient norm before clipping. */
+struct exec_adamw {
+    double lr_max, lr_min, beta1, beta2, eps, weight_decay, clip;
+    int warmup_steps, total_steps;
+};
+void exec_adamw_defaults(struct exec_adamw *o);
+double exec_lr_at(const struct exec_adamw *o, int step);
+double exec_ref_adamw_step(struct exec_ref_model *r, const double *grad, double *m1, double *m2,
+                           int step, const struct exec_adamw *o);
+
+/* Training data: a file of bytes (byte-level tokens, vocab >= 256) or a token file ("MOETOKv1",
+ * uint32 vocab, uint64 count, then count uint32 token ids, little-endian); or, with no file,
+ * seeded synthetic tokens. Windows of seq + 1 tokens are read in order, wrapping around. */
+struct exec_data {
+    int *tokens;
+    size_t count, pos;
+    int vocab;
+    bool synthetic;
+    struct moe_rng rng;
+    char source[MOE_PATH_MAX];
+};
+enum moe_status exec_data_open(struct exec_data *d, const char *file, int vocab, uint64_t seed,
+                               struct moe_error *err);
+void exec_data_next(struct exec_data *d, int *out, int n);
+void exec_data_close(struct exec_data *d);
+
 /* ---------------------------------------------------------------------------------------------- */
 /* GPU kernels (CUDA builds); device pointers; `stream` is a cudaStream_t (NULL: the default)      */
 /* ---------------------------------------------------------------------------------------------- */
