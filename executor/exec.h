@@ -26,6 +26,7 @@ struct exec_router_cfg {
     int n_group, topk_group;
     bool norm_topk, softmax_after_topk;
     double scaling;
+    double aux_coef; /* load-balance loss coefficient (0: none); see ref_moe.c */
 };
 void exec_router_cfg_from_model(struct exec_router_cfg *cfg, const struct mdl_model *m);
 
@@ -67,6 +68,10 @@ enum moe_status exec_ref_moe_backward(const struct exec_ref_moe *w, const double
                                       const double *dy, double *dx, struct exec_ref_moe_grad *g,
                                       struct moe_error *err);
 
+/* The load-balance loss of the layer on x (0 when cfg.aux_coef is 0); its gradient is part of
+ * exec_ref_moe_backward. */
+double exec_ref_moe_aux_loss(const struct exec_ref_moe *w, const double *x, int tokens);
+
 /* Dense building blocks of the reference, rows of T tokens, row-major. */
 
 /* RMSNorm: y = x / rms(x) * w over `h`; backward accumulates dw. */
@@ -107,18 +112,25 @@ struct exec_ref_model {
     size_t nparams;
     struct exec_tensor tensor[EXEC_MAX_TENSORS];
     int ntensors;
+    double *bias;    /* (layers, experts) selection bias of the MoE layers, or NULL: none */
+    double aux_coef; /* load-balance loss coefficient of every MoE layer (0: none) */
 };
-/* Build the tensor table and a seeded initialization (normal, std 0.02; norms at 1). MLA and a
- * few per-model features (QK-norm, attention biases, sinks) are not in the reference yet: those
- * models are refused with MOE_ERR_UNSUPPORTED naming the feature. */
+/* The tensor table alone (params NULL): names, shapes and offsets, which the GPU executor shares.
+ * A few per-model features (QK-norm, attention biases, sinks, expert biases) are not in the
+ * executor yet: those models are refused with MOE_ERR_UNSUPPORTED naming the feature. */
+enum moe_status exec_model_table(struct exec_ref_model *r, const struct mdl_model *m,
+                                 struct moe_error *err);
+/* The table and a seeded initialization (normal, std 0.02; norms at 1). */
 enum moe_status exec_ref_model_create(struct exec_ref_model *r, const struct mdl_model *m,
                                       uint64_t seed, struct moe_error *err);
 void exec_ref_model_destroy(struct exec_ref_model *r);
 const struct exec_tensor *exec_ref_tensor(const struct exec_ref_model *r, const char *name);
-/* Mean next-token cross-entropy of tokens[0..T) predicting tokens[1..T], one sequence; `grad`
+/* Mean next-token cross-entropy of tokens[0..T) predicting tokens[1..T], one sequence, plus the
+ * load-balance losses when aux_coef > 0 (their sum in *aux when aux is not NULL); `grad`
  * (nparams, may be NULL) receives d loss / d params (overwritten). */
 enum moe_status exec_ref_model_step(const struct exec_ref_model *r, const int *tokens, int T,
-                                    double *loss, double *grad, struct moe_error *err);
+                                    double *loss, double *aux, double *grad,
+                                    struct moe_error *err);
 
 /* Training: warmup + cosine learning rate, and AdamW with global-norm gradient clipping (fp64
  * master weights here; the GPU keeps fp32 masters for its bf16 weights). Norm weights get no

@@ -44,14 +44,14 @@ void exec_ref_model_destroy(struct exec_ref_model *r)
     r->params = NULL;
 }
 
-enum moe_status exec_ref_model_create(struct exec_ref_model *r, const struct mdl_model *m,
-                                      uint64_t seed, struct moe_error *err)
+enum moe_status exec_model_table(struct exec_ref_model *r, const struct mdl_model *m,
+                                 struct moe_error *err)
 {
     const struct mdl_attention *a = &m->attn;
     if (a->qk_norm || a->bias || a->sinks || m->moe.expert_bias)
         return moe_error_set(err, MOE_ERR_UNSUPPORTED,
                              "%s: QK-norm, attention biases, sinks and expert biases are not in "
-                             "the reference step yet", m->name);
+                             "the executor yet", m->name);
     memset(r, 0, sizeof *r);
     r->model = *m;
     int h = m->hidden, H = a->heads, KV = a->kv_heads, hd = a->head_dim;
@@ -106,6 +106,14 @@ enum moe_status exec_ref_model_create(struct exec_ref_model *r, const struct mdl
     ADD(1, h, "final_norm");
     if (!m->tied_embeddings) ADD(m->vocab, h, "lm_head");
 #undef ADD
+    return MOE_OK;
+}
+
+enum moe_status exec_ref_model_create(struct exec_ref_model *r, const struct mdl_model *m,
+                                      uint64_t seed, struct moe_error *err)
+{
+    enum moe_status st = exec_model_table(r, m, err);
+    if (st != MOE_OK) return st;
     r->params = malloc(sizeof *r->params * r->nparams);
     if (!r->params) return moe_error_set(err, MOE_ERR_NOMEM, "reference: out of memory");
     struct moe_rng rng;
@@ -150,6 +158,7 @@ struct ctx {
     double *grad; /* NULL: forward only */
     int T;
     int *pos;
+    double aux;   /* the load-balance losses of the forward */
 };
 
 static const double *P(const struct ctx *c, const char *name, int l)
@@ -176,7 +185,8 @@ static void moe_view(const struct ctx *c, int l, struct exec_ref_moe *w, struct 
     w->ffn = m->moe.intermediate;
     w->shared_ffn = m->moe.shared_experts * m->moe.shared_intermediate;
     w->router = (double *)P(c, "router", l);
-    w->bias = NULL;
+    w->cfg.aux_coef = c->r->aux_coef;
+    w->bias = c->r->bias ? c->r->bias + (size_t)l * m->moe.experts : NULL;
     w->gate = (double *)P(c, "gate", l);
     w->up = (double *)P(c, "up", l);
     w->down = (double *)P(c, "down", l);
@@ -360,6 +370,7 @@ static enum moe_status block_forward(const struct ctx *c, int l, const double *x
         struct exec_ref_moe w;
         moe_view(c, l, &w, NULL);
         if ((st = exec_ref_moe_forward(&w, s->b, T, s->f, NULL, NULL, err))) return st;
+        if (!c->grad) ((struct ctx *)c)->aux += exec_ref_moe_aux_loss(&w, s->b, T);
     } else {
         int fd = m->dense_intermediate;
         linear(s->b, P(c, "gate", l), T, h, fd, s->g);
@@ -423,7 +434,8 @@ cleanup:
 }
 
 enum moe_status exec_ref_model_step(const struct exec_ref_model *r, const int *tokens, int T,
-                                    double *loss, double *grad, struct moe_error *err)
+                                    double *loss, double *aux, double *grad,
+                                    struct moe_error *err)
 {
     const struct mdl_model *m = &r->model;
     int h = m->hidden, V = m->vocab, L = m->layers, n = T - 1;
@@ -435,7 +447,7 @@ enum moe_status exec_ref_model_step(const struct exec_ref_model *r, const int *t
             return moe_error_set(err, MOE_ERR_INPUT, "reference step: token %d is %d, vocab %d", t,
                                  tokens[t], V);
     enum moe_status st = MOE_OK;
-    struct ctx c = {r, grad, n, NULL};
+    struct ctx c = {r, NULL, n, NULL, 0.0};
     size_t th = (size_t)n * h;
     double *hs = calloc((size_t)(L + 1) * th, sizeof *hs); /* block inputs, and the last output */
     double *fin = calloc(th, sizeof *fin), *logits = calloc((size_t)n * V, sizeof *logits);
@@ -458,8 +470,10 @@ enum moe_status exec_ref_model_step(const struct exec_ref_model *r, const int *t
             goto cleanup;
     exec_ref_rmsnorm(hs + (size_t)L * th, P(&c, "final_norm", -1), n, h, m->norm_eps, fin);
     linear(fin, head, n, h, V, logits);
-    *loss = exec_ref_cross_entropy(logits, tokens + 1, n, V, grad ? dlog : NULL);
+    *loss = exec_ref_cross_entropy(logits, tokens + 1, n, V, grad ? dlog : NULL) + c.aux;
+    if (aux) *aux = c.aux;
     if (!grad) goto cleanup;
+    c.grad = grad;
     memset(grad, 0, sizeof *grad * r->nparams);
     double *dhead = m->tied_embeddings ? G(&c, "embed", -1) : G(&c, "lm_head", -1);
     linear_backward(fin, head, dlog, n, h, V, dfin, dhead);

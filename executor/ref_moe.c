@@ -13,6 +13,9 @@
  *   weight = softmax over the chosen logits (softmax_after_topk), else s of the chosen;
  *   normalized to sum 1 (norm_topk); times scaling
  * Expert e (SwiGLU): out = down_e (silu(gate_e x) * up_e x).
+ * Optional load-balance loss (Switch Transformer form), aux_coef a:
+ *   aux = a * E * sum_e f_e * P_e,  f_e = (pairs routed to e) / (T * top_k),  P_e = mean_t s_te
+ * f_e is piecewise constant, so d aux / d s_te = a * E * f_e / T, through the scores.
  */
 #include "exec.h"
 
@@ -30,6 +33,7 @@ void exec_router_cfg_from_model(struct exec_router_cfg *cfg, const struct mdl_mo
     cfg->norm_topk = m->moe.norm_topk;
     cfg->softmax_after_topk = m->moe.softmax_after_topk;
     cfg->scaling = m->moe.scaling;
+    cfg->aux_coef = 0.0;
 }
 
 static double sigmoid(double z) { return 1.0 / (1.0 + exp(-z)); }
@@ -182,6 +186,36 @@ static void swiglu_backward(const double *gate, const double *up, const double *
     }
 }
 
+/* Fractions f_e of the routed pairs per expert, for the load-balance loss. */
+static void route_fractions(const struct exec_ref_moe *w, const double *x, int tokens, double *f)
+{
+    const struct exec_router_cfg *cfg = &w->cfg;
+    int E = cfg->experts, k = cfg->top_k, ch[4096];
+    double z[4096], s[4096];
+    for (int e = 0; e < E; e++) f[e] = 0.0;
+    for (int t = 0; t < tokens; t++) {
+        matvec(w->router, x + (size_t)t * w->hidden, E, w->hidden, z);
+        scores_of(cfg, z, s);
+        choose(cfg, s, w->bias, ch);
+        for (int j = 0; j < k; j++) f[ch[j]] += 1.0 / ((double)tokens * k);
+    }
+}
+
+double exec_ref_moe_aux_loss(const struct exec_ref_moe *w, const double *x, int tokens)
+{
+    const struct exec_router_cfg *cfg = &w->cfg;
+    int E = cfg->experts;
+    if (cfg->aux_coef == 0.0 || tokens == 0) return 0.0;
+    double f[4096], z[4096], s[4096], sum = 0.0;
+    route_fractions(w, x, tokens, f);
+    for (int t = 0; t < tokens; t++) {
+        matvec(w->router, x + (size_t)t * w->hidden, E, w->hidden, z);
+        scores_of(cfg, z, s);
+        for (int e = 0; e < E; e++) sum += f[e] * s[e];
+    }
+    return cfg->aux_coef * E * sum / tokens;
+}
+
 static enum moe_status check_layer(const struct exec_ref_moe *w, int tokens, struct moe_error *err)
 {
     const struct exec_router_cfg *c = &w->cfg;
@@ -256,6 +290,8 @@ enum moe_status exec_ref_moe_backward(const struct exec_ref_moe *w, const double
     }
     double *g = tmp, *u = tmp + fs, *hm = tmp + 2 * fs, *dh = tmp + 3 * fs, *out = tmp + 4 * fs,
            *dout = out + h;
+    double frac[4096];
+    if (cfg->aux_coef != 0.0) route_fractions(w, x, tokens, frac);
     for (int t = 0; t < tokens; t++) {
         const double *xt = x + (size_t)t * h, *dyt = dy + (size_t)t * h;
         double *dxt = dx + (size_t)t * h;
@@ -303,6 +339,17 @@ enum moe_status exec_ref_moe_backward(const struct exec_ref_moe *w, const double
                 double dot = 0.0;
                 for (int e = 0; e < E; e++) dot += s[e] * ds[e];
                 for (int e = 0; e < E; e++) dz[e] = s[e] * (ds[e] - dot);
+            }
+        }
+        if (cfg->aux_coef != 0.0) {
+            /* the load-balance loss through the scores of every expert */
+            double da[4096], dot = 0.0;
+            for (int e = 0; e < E; e++) da[e] = cfg->aux_coef * E * frac[e] / tokens;
+            if (cfg->scoring == MDL_SCORE_SIGMOID) {
+                for (int e = 0; e < E; e++) dz[e] += da[e] * s[e] * (1.0 - s[e]);
+            } else {
+                for (int e = 0; e < E; e++) dot += s[e] * da[e];
+                for (int e = 0; e < E; e++) dz[e] += s[e] * (da[e] - dot);
             }
         }
         for (int e = 0; e < E; e++) {

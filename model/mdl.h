@@ -75,6 +75,9 @@ enum moe_status mdl_model_load(struct mdl_model *m, const char *file, struct moe
 /* Unpack from a loaded document (used by `moeplan check`, which has the document already). */
 enum moe_status mdl_model_from_doc(struct mdl_model *m, const struct moe_jdoc *doc,
                                    struct moe_error *err);
+/* The same from an object inside a document (a plan embeds its model); no schema check. */
+enum moe_status mdl_model_from_jval(struct mdl_model *m, const struct moe_jval *root,
+                                    struct moe_error *err);
 /* Import a Hugging Face config.json (model types: see mdl_hf_model_types). */
 enum moe_status mdl_model_from_hf(struct mdl_model *m, const struct moe_jdoc *doc,
                                   struct moe_error *err);

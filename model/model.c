@@ -125,13 +125,7 @@ static enum moe_status load_moe(const struct moe_jval *o, struct mdl_moe *e, str
 enum moe_status mdl_model_from_doc(struct mdl_model *m, const struct moe_jdoc *doc,
                                    struct moe_error *err)
 {
-    static const char *const keys[] = {
-        "schema", "version", "name", "source", "layers", "first_dense", "moe_every", "hidden",
-        "vocab", "tied_embeddings", "norm_eps", "max_seq_len", "attention", "dense_intermediate",
-        "moe", "mtp_layers", NULL};
-    struct mdl_model t;
-    memset(&t, 0, sizeof t);
-    struct moe_jval root, o;
+    struct moe_jval root;
     char schema[64];
     int version;
     enum moe_status st;
@@ -143,6 +137,20 @@ enum moe_status mdl_model_from_doc(struct mdl_model *m, const struct moe_jdoc *d
     if (version != MDL_SCHEMA_VERSION)
         return moe_jval_error(&root, "version", err, "this moeplan reads version %d, not %d",
                               MDL_SCHEMA_VERSION, version);
+    return mdl_model_from_jval(m, &root, err);
+}
+
+enum moe_status mdl_model_from_jval(struct mdl_model *m, const struct moe_jval *rootp,
+                                    struct moe_error *err)
+{
+    static const char *const keys[] = {
+        "schema", "version", "name", "source", "layers", "first_dense", "moe_every", "hidden",
+        "vocab", "tied_embeddings", "norm_eps", "max_seq_len", "attention", "dense_intermediate",
+        "moe", "mtp_layers", NULL};
+    struct mdl_model t;
+    memset(&t, 0, sizeof t);
+    struct moe_jval root = *rootp, o;
+    enum moe_status st;
     if ((st = moe_jval_keys(&root, keys, err))) return st;
     if ((st = moe_jval_str(&root, "name", true, NULL, t.name, sizeof t.name, err))) return st;
     if (!t.name[0]) return moe_jval_error(&root, "name", err, "must not be empty");
@@ -173,7 +181,7 @@ enum moe_status mdl_model_from_doc(struct mdl_model *m, const struct moe_jdoc *d
                               "the model has dense layers (first_dense %d, moe_every %d): give "
                               "their FFN width",
                               t.first_dense, t.moe_every);
-    if ((st = mdl_model_validate(&t, doc->file, err))) return st;
+    if ((st = mdl_model_validate(&t, root.doc->file, err))) return st;
     *m = t;
     return MOE_OK;
 }

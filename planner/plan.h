@@ -349,6 +349,17 @@ enum moe_status plan_save(const struct plan_request *req, const struct plan_resu
 /* Validate a plan file: degrees multiply to the GPU count, every expert placed, memory fits. */
 enum moe_status plan_check_doc(const struct moe_jdoc *doc, char *summary, size_t cap,
                                struct moe_error *err);
+/* A plan as the executor runs it: the model, the layout and the prediction it checks against. */
+struct plan_file {
+    struct mdl_model model;
+    struct cost_layout layout;
+    int gpus, micro_batches;
+    char gpu[64];
+    double step_us, model_tflops_per_gpu, mfu;
+    double phase_us[COST_NPHASES]; /* predicted exposed time per phase */
+};
+/* Read and check a plan.json (plan_check_doc's rules); errors name file:line:col. */
+enum moe_status plan_load(const char *file, struct plan_file *p, struct moe_error *err);
 /* The human summary (--explain) and the launcher flags (--emit megatron|maxtext). */
 void plan_print_summary(const struct plan_request *req, const struct plan_result *r, FILE *out);
 void plan_print_explain(const struct plan_request *req, const struct plan_result *r, FILE *out);

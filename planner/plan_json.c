@@ -325,3 +325,67 @@ enum moe_status plan_check_doc(const struct moe_jdoc *doc, char *summary, size_t
              (long long)dp, moe_jval_len(&groups), moe_jval_len(&groups) == 1 ? "" : "s", step / 1e3);
     return MOE_OK;
 }
+
+enum moe_status plan_load(const char *file, struct plan_file *p, struct moe_error *err)
+{
+    struct moe_jdoc doc;
+    struct moe_jval root, in, lay, model, pred, phases, ph;
+    char schema[64], summary[256];
+    int version, v;
+    enum moe_status st = moe_jdoc_load(&doc, file, err);
+    if (st != MOE_OK) return st;
+    memset(p, 0, sizeof *p);
+    if ((st = moe_jdoc_schema(&doc, schema, sizeof schema, &version, err))) goto cleanup;
+    if ((st = moe_jdoc_root(&doc, &root, err))) goto cleanup;
+    if (strcmp(schema, "moeplan.plan") != 0) {
+        st = moe_jval_error(&root, "schema", err, "expected \"moeplan.plan\", got \"%s\"", schema);
+        goto cleanup;
+    }
+    if ((st = plan_check_doc(&doc, summary, sizeof summary, err))) goto cleanup;
+    if ((st = moe_jval_object(&root, "inputs", true, &in, NULL, err))) goto cleanup;
+    if ((st = moe_jval_object(&root, "layout", true, &lay, NULL, err))) goto cleanup;
+    if ((st = moe_jval_object(&root, "model", true, &model, NULL, err))) goto cleanup;
+    if ((st = moe_jval_object(&root, "prediction", true, &pred, NULL, err))) goto cleanup;
+    if ((st = mdl_model_from_jval(&p->model, &model, err))) goto cleanup;
+    struct cost_layout *l = &p->layout;
+    if ((st = moe_jval_int32(&in, "gpus", true, 0, 1, 1 << 24, &p->gpus, err)) ||
+        (st = moe_jval_str(&in, "gpu", false, "?", p->gpu, sizeof p->gpu, err)) ||
+        (st = moe_jval_int32(&lay, "tp", true, 0, 1, 1 << 20, &l->tp, err)) ||
+        (st = moe_jval_int32(&lay, "pp", true, 0, 1, 1 << 20, &l->pp, err)) ||
+        (st = moe_jval_int32(&lay, "vpp", true, 0, 1, 1 << 20, &l->vpp, err)) ||
+        (st = moe_jval_int32(&lay, "ep", true, 0, 1, 1 << 20, &l->ep, err)) ||
+        (st = moe_jval_int32(&lay, "etp", true, 0, 1, 1 << 20, &l->etp, err)) ||
+        (st = moe_jval_int32(&lay, "dp", true, 0, 1, 1 << 24, &l->dp, err)) ||
+        (st = moe_jval_int32(&lay, "zero", true, 0, 0, 3, &l->zero, err)) ||
+        (st = moe_jval_int32(&lay, "mbs", true, 0, 1, 1 << 20, &l->mbs, err)) ||
+        (st = moe_jval_int32(&lay, "gbs", true, 0, 1, 1 << 28, &l->gbs, err)) ||
+        (st = moe_jval_int32(&lay, "seq_len", true, 0, 2, 1 << 24, &l->seq_len, err)) ||
+        (st = moe_jval_int32(&lay, "micro_batches", true, 0, 1, 1 << 24, &p->micro_batches, err)))
+        goto cleanup;
+    if ((st = moe_jval_enum(&lay, "precision", true, 0, cost_precision_names, &v, err))) goto cleanup;
+    l->precision = (enum cost_precision)v;
+    if ((st = moe_jval_enum(&lay, "recompute", true, 0, cost_recompute_names, &v, err))) goto cleanup;
+    l->recompute = (enum cost_recompute)v;
+    if ((st = moe_jval_enum(&lay, "dispatcher", true, 0, cost_dispatcher_names, &v, err)))
+        goto cleanup;
+    l->dispatcher = (enum cost_dispatcher)v;
+    if ((st = moe_jval_bool(&lay, "overlap", false, true, &l->overlap, err))) goto cleanup;
+    if ((int64_t)p->micro_batches * l->mbs * l->dp != l->gbs) {
+        st = moe_jval_error(&lay, "micro_batches", err, "micro_batches x mbs x dp is not gbs");
+        goto cleanup;
+    }
+    if ((st = moe_jval_num(&pred, "step_us", true, 0, 0, 1e18, &p->step_us, err)) ||
+        (st = moe_jval_num(&pred, "model_tflops_per_gpu", true, 0, 0, 1e9, &p->model_tflops_per_gpu,
+                           err)) ||
+        (st = moe_jval_num(&pred, "mfu", true, 0, 0, 1, &p->mfu, err)) ||
+        (st = moe_jval_object(&pred, "phases", true, &phases, NULL, err)))
+        goto cleanup;
+    for (int i = 0; i < COST_NPHASES; i++) {
+        if ((st = moe_jval_object(&phases, cost_phase_names[i], true, &ph, NULL, err)) ||
+            (st = moe_jval_num(&ph, "exposed_us", true, 0, 0, 1e18, &p->phase_us[i], err)))
+            goto cleanup;
+    }
+cleanup:
+    moe_jdoc_free(&doc);
+    return st;
+}

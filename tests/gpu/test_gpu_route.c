@@ -76,12 +76,12 @@ static void check(struct exec_router_cfg cfg, int tokens, uint64_t seed, bool wi
 static void test_route(void **state)
 {
     (void)state;
-    check((struct exec_router_cfg){256, 8, MDL_SCORE_SIGMOID, 8, 4, true, false, 2.5}, 4096, 1, true);
-    check((struct exec_router_cfg){128, 8, MDL_SCORE_SOFTMAX, 1, 1, true, false, 1.0}, 4096, 2, false);
-    check((struct exec_router_cfg){8, 2, MDL_SCORE_SOFTMAX, 1, 1, false, true, 1.0}, 4096, 3, false);
-    check((struct exec_router_cfg){64, 6, MDL_SCORE_SOFTMAX, 1, 1, false, false, 1.0}, 4096, 4, false);
-    check((struct exec_router_cfg){16, 16, MDL_SCORE_SOFTMAX, 1, 1, true, false, 1.0}, 1024, 5, false);
-    struct exec_router_cfg bad = {1024, 8, MDL_SCORE_SOFTMAX, 1, 1, true, false, 1.0};
+    check((struct exec_router_cfg){256, 8, MDL_SCORE_SIGMOID, 8, 4, true, false, 2.5, 0.0}, 4096, 1, true);
+    check((struct exec_router_cfg){128, 8, MDL_SCORE_SOFTMAX, 1, 1, true, false, 1.0, 0.0}, 4096, 2, false);
+    check((struct exec_router_cfg){8, 2, MDL_SCORE_SOFTMAX, 1, 1, false, true, 1.0, 0.0}, 4096, 3, false);
+    check((struct exec_router_cfg){64, 6, MDL_SCORE_SOFTMAX, 1, 1, false, false, 1.0, 0.0}, 4096, 4, false);
+    check((struct exec_router_cfg){16, 16, MDL_SCORE_SOFTMAX, 1, 1, true, false, 1.0, 0.0}, 1024, 5, false);
+    struct exec_router_cfg bad = {1024, 8, MDL_SCORE_SOFTMAX, 1, 1, true, false, 1.0, 0.0};
     struct moe_error err;
     assert_int_equal(exec_route(&bad, NULL, NULL, 1, NULL, NULL, NULL, &err), MOE_ERR_INPUT);
 }

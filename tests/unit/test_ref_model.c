@@ -19,7 +19,7 @@ static void load(const char *name, struct mdl_model *m)
 
 /* Check a spread of entries of every tensor: central differences, 1e-5 relative + 1e-9 absolute
  * (the loss is a sum over many terms, so cancellation costs a digit or two). */
-static void check_model(const struct mdl_model *m, uint64_t seed)
+static void check_model_aux(const struct mdl_model *m, uint64_t seed, double aux_coef)
 {
     struct exec_ref_model r;
     struct moe_error err;
@@ -28,11 +28,19 @@ static void check_model(const struct mdl_model *m, uint64_t seed)
     struct moe_rng rng;
     moe_rng_seed(&rng, seed + 1);
     for (size_t i = 0; i < r.nparams; i++) r.params[i] += 0.1 * moe_rng_normal(&rng);
+    double *bias = NULL;
+    if (aux_coef > 0) { /* the load-balance loss, and a selection bias that moves the routing */
+        r.aux_coef = aux_coef;
+        bias = calloc((size_t)m->layers * m->moe.experts, sizeof *bias);
+        for (int i = 0; i < m->layers * m->moe.experts; i++) bias[i] = 0.05 * moe_rng_normal(&rng);
+        r.bias = bias;
+    }
     int tokens[9];
     for (int t = 0; t < 9; t++) tokens[t] = (int)moe_rng_below(&rng, (uint64_t)m->vocab);
-    double loss, *grad = malloc(sizeof *grad * r.nparams);
-    assert_int_equal(exec_ref_model_step(&r, tokens, 9, &loss, grad, &err), MOE_OK);
+    double loss, aux, *grad = malloc(sizeof *grad * r.nparams);
+    assert_int_equal(exec_ref_model_step(&r, tokens, 9, &loss, &aux, grad, &err), MOE_OK);
     assert_true(isfinite(loss) && loss > 0);
+    assert_true(aux_coef > 0 ? aux > 0 : aux == 0);
     int checked = 0;
     for (int i = 0; i < r.ntensors; i++) {
         const struct exec_tensor *t = &r.tensor[i];
@@ -42,9 +50,9 @@ static void check_model(const struct mdl_model *m, uint64_t seed)
             if (!strcmp(t->name, "embed") && s < 3) j = t->offset + (size_t)tokens[s] * t->cols + s;
             double keep = r.params[j], e = 1e-5, lp, lm;
             r.params[j] = keep + e;
-            assert_int_equal(exec_ref_model_step(&r, tokens, 9, &lp, NULL, &err), MOE_OK);
+            assert_int_equal(exec_ref_model_step(&r, tokens, 9, &lp, NULL, NULL, &err), MOE_OK);
             r.params[j] = keep - e;
-            assert_int_equal(exec_ref_model_step(&r, tokens, 9, &lm, NULL, &err), MOE_OK);
+            assert_int_equal(exec_ref_model_step(&r, tokens, 9, &lm, NULL, NULL, &err), MOE_OK);
             r.params[j] = keep;
             double num = (lp - lm) / (2 * e);
             if (fabs(num - grad[j]) > 1e-5 * fabs(num) + 1e-9)
@@ -56,8 +64,11 @@ static void check_model(const struct mdl_model *m, uint64_t seed)
     printf("%s: loss %.6f, %d gradient entries of %d tensors checked\n", m->name, loss, checked,
            r.ntensors);
     free(grad);
+    free(bias);
     exec_ref_model_destroy(&r);
 }
+
+static void check_model(const struct mdl_model *m, uint64_t seed) { check_model_aux(m, seed, 0.0); }
 
 static void test_tiny_gqa(void **state)
 {
@@ -100,6 +111,17 @@ static void test_tiny_mla(void **state)
     check_model(&m, 5);
 }
 
+/* The load-balance loss (softmax and sigmoid scoring) with a selection bias. */
+static void test_aux_loss(void **state)
+{
+    (void)state;
+    struct mdl_model m;
+    load("tiny-moe-gqa", &m);
+    check_model_aux(&m, 6, 0.01);
+    load("tiny-moe-mla", &m);
+    check_model_aux(&m, 7, 0.01);
+}
+
 static void test_refusals(void **state)
 {
     (void)state;
@@ -113,8 +135,8 @@ static void test_refusals(void **state)
     assert_int_equal(exec_ref_model_create(&r, &m, 1, &err), MOE_OK);
     int bad[3] = {1, 999, 2};
     double loss;
-    assert_int_equal(exec_ref_model_step(&r, bad, 3, &loss, NULL, &err), MOE_ERR_INPUT);
-    assert_int_equal(exec_ref_model_step(&r, bad, 1, &loss, NULL, &err), MOE_ERR_INPUT);
+    assert_int_equal(exec_ref_model_step(&r, bad, 3, &loss, NULL, NULL, &err), MOE_ERR_INPUT);
+    assert_int_equal(exec_ref_model_step(&r, bad, 1, &loss, NULL, NULL, &err), MOE_ERR_INPUT);
     exec_ref_model_destroy(&r);
 }
 
@@ -123,6 +145,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tiny_gqa),
         cmocka_unit_test(test_variants),
+        cmocka_unit_test(test_aux_loss),
         cmocka_unit_test(test_tiny_mla),
         cmocka_unit_test(test_refusals),
     };

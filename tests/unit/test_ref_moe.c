@@ -53,7 +53,7 @@ static double loss(const struct layer *L, const double *x, int T, const double *
     double l = 0;
     for (int i = 0; i < T * L->w.hidden; i++) l += dy[i] * y[i];
     free(y);
-    return l;
+    return l + exec_ref_moe_aux_loss(&L->w, x, T);
 }
 
 /* Central differences for every parameter and input element; entries whose perturbation flips
@@ -111,18 +111,21 @@ static void test_gradients(void **state)
 {
     (void)state;
     /* Qwen3-like: softmax, normalized top-2 of 8 */
-    check_gradients((struct exec_router_cfg){8, 2, MDL_SCORE_SOFTMAX, 1, 1, true, false, 1.0}, 0, 1);
+    check_gradients((struct exec_router_cfg){8, 2, MDL_SCORE_SOFTMAX, 1, 1, true, false, 1.0, 0.0}, 0, 1);
     /* DeepSeek-V3-like: sigmoid, 4 groups of 2, top-2 groups, normalized top-3, scale 2.5,
      * selection bias, a shared expert */
-    check_gradients((struct exec_router_cfg){8, 3, MDL_SCORE_SIGMOID, 4, 2, true, false, 2.5}, 5, 2);
+    check_gradients((struct exec_router_cfg){8, 3, MDL_SCORE_SIGMOID, 4, 2, true, false, 2.5, 0.0}, 5, 2);
     /* Mixtral / gpt-oss: softmax over the chosen two logits */
-    check_gradients((struct exec_router_cfg){8, 2, MDL_SCORE_SOFTMAX, 1, 1, false, true, 1.0}, 0, 3);
+    check_gradients((struct exec_router_cfg){8, 2, MDL_SCORE_SOFTMAX, 1, 1, false, true, 1.0, 0.0}, 0, 3);
     /* DeepSeek-V2-Lite: softmax, not normalized, shared experts */
-    check_gradients((struct exec_router_cfg){8, 3, MDL_SCORE_SOFTMAX, 1, 1, false, false, 1.0}, 7, 4);
+    check_gradients((struct exec_router_cfg){8, 3, MDL_SCORE_SOFTMAX, 1, 1, false, false, 1.0, 0.0}, 7, 4);
     /* Llama 4: sigmoid top-1 and a shared expert */
-    check_gradients((struct exec_router_cfg){8, 1, MDL_SCORE_SIGMOID, 1, 1, false, false, 1.0}, 4, 5);
+    check_gradients((struct exec_router_cfg){8, 1, MDL_SCORE_SIGMOID, 1, 1, false, false, 1.0, 0.0}, 4, 5);
     /* top_k equal to the number of experts */
-    check_gradients((struct exec_router_cfg){4, 4, MDL_SCORE_SOFTMAX, 1, 1, true, false, 1.0}, 0, 6);
+    check_gradients((struct exec_router_cfg){4, 4, MDL_SCORE_SOFTMAX, 1, 1, true, false, 1.0, 0.0}, 0, 6);
+    /* the load-balance loss, softmax after top-k (Mixtral) and sigmoid groups (DeepSeek-V3) */
+    check_gradients((struct exec_router_cfg){8, 2, MDL_SCORE_SOFTMAX, 1, 1, false, true, 1.0, 0.05}, 0, 7);
+    check_gradients((struct exec_router_cfg){8, 3, MDL_SCORE_SIGMOID, 4, 2, true, false, 2.5, 0.05}, 5, 8);
 }
 
 static void test_routing_by_hand(void **state)
@@ -132,7 +135,7 @@ static void test_routing_by_hand(void **state)
      * give scores 0.5; the bias decides: group keys (sum of both) are g0 1.0+0.1, g1 1.0+0.9,
      * g2 1.0+0.5, g3 1.0: groups 1 and 2 stay; best keys there: e3 (0.5+0.8), e4 (0.5+0.4),
      * e2 (0.5+0.1) -- e5's bias 0.1 ties e2 and loses on the higher id. */
-    struct exec_router_cfg cfg = {8, 3, MDL_SCORE_SIGMOID, 4, 2, true, false, 2.0};
+    struct exec_router_cfg cfg = {8, 3, MDL_SCORE_SIGMOID, 4, 2, true, false, 2.0, 0.0};
     double z[8] = {0}, bias[8] = {0.1, 0.0, 0.1, 0.8, 0.4, 0.1, 0.0, 0.0};
     int choice[3];
     double w[3];
@@ -143,7 +146,7 @@ static void test_routing_by_hand(void **state)
     /* weights come from the scores, not the bias: 0.5 each, normalized to 1/3, times 2 */
     for (int j = 0; j < 3; j++) assert_true(fabs(w[j] - 2.0 / 3.0) < 1e-15);
     /* softmax over the chosen: logits 2 and 1 chosen of 8 -> e^1/(e^1+1), 1/(e+1) */
-    struct exec_router_cfg mx = {8, 2, MDL_SCORE_SOFTMAX, 1, 1, false, true, 1.0};
+    struct exec_router_cfg mx = {8, 2, MDL_SCORE_SOFTMAX, 1, 1, false, true, 1.0, 0.0};
     double z2[8] = {0, 2, 0, 1, -1, 0, 0, 0};
     exec_ref_route(&mx, z2, NULL, 1, choice, w);
     assert_int_equal(choice[0], 1);
@@ -155,7 +158,7 @@ static void test_routing_by_hand(void **state)
 static void test_dropless(void **state)
 {
     (void)state;
-    struct exec_router_cfg cfg = {8, 2, MDL_SCORE_SOFTMAX, 1, 1, true, false, 1.0};
+    struct exec_router_cfg cfg = {8, 2, MDL_SCORE_SOFTMAX, 1, 1, true, false, 1.0, 0.0};
     struct layer L;
     layer_init(&L, cfg, 6, 4, 0, 9);
     for (int e = 0; e < 8; e++) L.w.bias[e] = e == 3 ? 100.0 : e == 6 ? 50.0 : 0.0;
