@@ -2,14 +2,15 @@
  * exec.h: the one public header of executor/: running a plan on GPUs.
  *
  * Two parts: the CPU reference (exec_ref_*, plain C in double precision), built everywhere, that
- * every GPU kernel and backward pass is checked against; and the CUDA executor (device query
- * now, the training step to come), built where the CUDA Toolkit is found (MOEPLAN_HAVE_EXECUTOR).
+ * every GPU kernel and backward pass is checked against; and the CUDA executor (exec_gpu_*: the
+ * training step on one GPU), built where the CUDA Toolkit is found (MOEPLAN_HAVE_EXECUTOR).
  * The header includes no CUDA header, so the CLI and tests stay plain C11.
  */
 #ifndef EXEC_H
 #define EXEC_H
 
 #include "mdl.h"
+#include "plan.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -169,6 +170,67 @@ void exec_data_close(struct exec_data *d);
 enum moe_status exec_route(const struct exec_router_cfg *cfg, const float *logits,
                            const float *bias, int tokens, int *choice, float *weight,
                            void *stream, struct moe_error *err);
+
+/* The training step on one GPU. A rank owns a slice of the model (layers [layer_lo, layer_hi),
+ * experts [expert_lo, expert_hi)); with one GPU that is all of it, which is all this build runs.
+ * Weights bf16 with fp32 masters, gradients and AdamW state fp32; the residual stream fp32;
+ * GEMMs through cuBLAS (bf16 in, fp32 accumulate); the router in fp32. */
+enum exec_mem { EXEC_MEM_WEIGHTS = 0, EXEC_MEM_MASTER, EXEC_MEM_GRADS, EXEC_MEM_OPTIMIZER,
+                EXEC_MEM_ACTIVATIONS, EXEC_MEM_WORKSPACE, EXEC_MEM_N };
+extern const char *const exec_mem_names[EXEC_MEM_N];
+
+struct exec_gpu_cfg {
+    int seq, mbs;      /* one micro-batch: mbs sequences of seq tokens (each read as seq + 1) */
+    bool recompute;    /* recompute each block's forward in its backward (plan: recompute full) */
+    double aux_coef;   /* load-balance loss coefficient (0: none) */
+    int device;
+};
+struct exec_gpu;
+
+enum moe_status exec_gpu_create(struct exec_gpu **out, const struct mdl_model *m,
+                                const struct exec_gpu_cfg *cfg, struct moe_error *err);
+void exec_gpu_destroy(struct exec_gpu *g);
+/* The tensor table (params NULL): the reference's layout of the parameters. */
+const struct exec_ref_model *exec_gpu_table(const struct exec_gpu *g);
+/* Seeded initialization on the GPU (normal, std 0.02; norms 1), the same for a seed every run. */
+enum moe_status exec_gpu_init(struct exec_gpu *g, uint64_t seed, struct moe_error *err);
+/* Parameters, gradients (after a step's micro-batches) and selection biases in the reference
+ * layout, converted from / to double; bias is (layers, experts), rows of dense layers unused. */
+enum moe_status exec_gpu_set_params(struct exec_gpu *g, const double *params, struct moe_error *err);
+enum moe_status exec_gpu_get_params(struct exec_gpu *g, double *params, struct moe_error *err);
+enum moe_status exec_gpu_get_grads(struct exec_gpu *g, double *grad, struct moe_error *err);
+enum moe_status exec_gpu_set_bias(struct exec_gpu *g, const double *bias, struct moe_error *err);
+enum moe_status exec_gpu_get_bias(struct exec_gpu *g, double *bias, struct moe_error *err);
+
+/* One step: begin (zero the gradients), micro-batches, the optimizer, end (timings). */
+enum moe_status exec_gpu_step_begin(struct exec_gpu *g, struct moe_error *err);
+/* Forward and backward of one micro-batch of tokens (mbs, seq + 1) from the host. Gradients of
+ * grad_scale x (mean cross-entropy + load-balance losses) accumulate; *loss is that mean
+ * cross-entropy plus the load-balance losses, *aux the latter alone. */
+enum moe_status exec_gpu_micro_batch(struct exec_gpu *g, const int *tokens, double grad_scale,
+                                     double *loss, double *aux, struct moe_error *err);
+/* Clip to the global norm and apply AdamW; *gnorm is the norm before clipping. */
+enum moe_status exec_gpu_optimizer(struct exec_gpu *g, const struct exec_adamw *o, int step,
+                                   double *gnorm, struct moe_error *err);
+/* Aux-loss-free balancing: bias_e += rate * sign(mean load - load_e) from this step's loads. */
+enum moe_status exec_gpu_update_bias(struct exec_gpu *g, double rate, struct moe_error *err);
+struct exec_gpu_step_stats {
+    double phase_ms[COST_NPHASES]; /* CUDA-event time of each phase this step (COST_STEP: all) */
+    int host_syncs;                /* device-to-host waits this step */
+};
+enum moe_status exec_gpu_step_end(struct exec_gpu *g, struct exec_gpu_step_stats *s,
+                                  struct moe_error *err);
+
+struct exec_gpu_memory {
+    double bytes[EXEC_MEM_N];      /* what the executor allocated, by category */
+    double device_used_peak;       /* the device's used memory at its highest seen (all users) */
+    double device_total;
+};
+void exec_gpu_memory(const struct exec_gpu *g, struct exec_gpu_memory *m);
+/* Routing since creation for MoE layer `layer`: counts[experts] of (token, expert) pairs and
+ * coact[experts x experts] of tokens choosing both (NULL: not wanted). */
+enum moe_status exec_gpu_routing(struct exec_gpu *g, int layer, int64_t *counts, int64_t *coact,
+                                 struct moe_error *err);
 
 /* Versions as integers the way each library reports them (CUDA 13000 = 13.0, NCCL 22803 = 2.28.3). */
 struct exec_versions {

@@ -1,0 +1,741 @@
+/*
+ * gpu_kernels.cu: the CUDA kernels of the training step, one launcher each (declared in
+ * gpu_step.h, internal to executor/).
+ *
+ * Every kernel is deterministic: reductions run in a fixed order inside one block, or in fixed
+ * chunks summed in chunk order; no floating-point atomics are used anywhere, so a seed gives the
+ * same loss bit for bit on a rerun. Integer atomics (histograms, co-activation counts) are exact.
+ * Layouts are row-major; "ld" is a row's stride in elements. Each kernel is the plain form of
+ * its reference operation in ref_ops.c / ref_moe.c / ref_model.c; the speed work replaces them
+ * one by one, measured.
+ */
+#include "gpu_step.h"
+
+#include <math.h>
+
+#define TPB 256
+
+static unsigned blocks_for(size_t n, int per) { return (unsigned)((n + per - 1) / per); }
+
+/* The sum (or max) over the block of one value per thread, in a fixed order; all threads get it. */
+__device__ float block_sum(float v, float *red)
+{
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    int w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) red[w] = v;
+    __syncthreads();
+    float s = 0.0f;
+    for (int i = 0; i < nw; i++) s += red[i];
+    return s;
+}
+
+__device__ float block_max(float v, float *red)
+{
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    int w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) red[w] = v;
+    __syncthreads();
+    float s = -INFINITY;
+    for (int i = 0; i < nw; i++) s = fmaxf(s, red[i]);
+    return s;
+}
+
+/* ---- initialization and conversions ------------------------------------------------------- */
+
+__device__ uint64_t mix64(uint64_t z)
+{
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* N(0, std) from a counter-based hash of (seed, index): Box-Muller on two 53-bit uniforms. */
+__global__ void k_init(float *p, size_t n, size_t base, uint64_t seed, float std, int ones)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    if (ones) {
+        p[i] = 1.0f;
+        return;
+    }
+    uint64_t a = mix64(seed ^ mix64(2 * (base + i))), b = mix64(seed ^ mix64(2 * (base + i) + 1));
+    double u1 = ((a >> 11) + 1.0) / 9007199254740993.0, u2 = (b >> 11) / 9007199254740992.0;
+    p[i] = (float)(std * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+void gk_init(float *p, size_t n, size_t base, uint64_t seed, float std, bool ones, cudaStream_t s)
+{
+    if (n) k_init<<<blocks_for(n, TPB), TPB, 0, s>>>(p, n, base, seed, std, ones);
+}
+
+__global__ void k_to_bf16(const float *x, bf16 *y, size_t n)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i < n) y[i] = __float2bfloat16(x[i]);
+}
+
+void gk_to_bf16(const float *x, bf16 *y, size_t n, cudaStream_t s)
+{
+    if (n) k_to_bf16<<<blocks_for(n, TPB), TPB, 0, s>>>(x, y, n);
+}
+
+/* ---- tokens, embedding --------------------------------------------------------------------- */
+
+/* tokens (B, S + 1) -> inputs (B * S) and targets (B * S). */
+__global__ void k_split(const int *tok, int B, int S, int *in, int *tgt)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= B * S) return;
+    int b = i / S, t = i % S;
+    in[i] = tok[b * (S + 1) + t];
+    tgt[i] = tok[b * (S + 1) + t + 1];
+}
+
+void gk_split(const int *tok, int B, int S, int *in, int *tgt, cudaStream_t s)
+{
+    k_split<<<blocks_for((size_t)B * S, TPB), TPB, 0, s>>>(tok, B, S, in, tgt);
+}
+
+__global__ void k_embed(const float *emb, const int *tok, int T, int h, float *x)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)T * h) return;
+    size_t t = i / h, c = i % h;
+    x[i] = emb[(size_t)tok[t] * h + c];
+}
+
+void gk_embed(const float *emb, const int *tok, int T, int h, float *x, cudaStream_t s)
+{
+    k_embed<<<blocks_for((size_t)T * h, TPB), TPB, 0, s>>>(emb, tok, T, h, x);
+}
+
+/* d emb[tok[t]] += dx[t]: thread (column c, partition p) owns the rows whose id % parts == p and
+ * adds their tokens in order, so no two threads write one element and the order is fixed. */
+__global__ void k_embed_backward(const float *dx, const int *tok, int T, int h, int parts,
+                                 float *demb)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x, p = blockIdx.y;
+    if (c >= h) return;
+    for (int t = 0; t < T; t++) {
+        int v = tok[t];
+        if (v % parts == p) demb[(size_t)v * h + c] += dx[(size_t)t * h + c];
+    }
+}
+
+void gk_embed_backward(const float *dx, const int *tok, int T, int h, float *demb, cudaStream_t s)
+{
+    const int parts = 64;
+    k_embed_backward<<<dim3(blocks_for(h, TPB), parts), TPB, 0, s>>>(dx, tok, T, h, parts, demb);
+}
+
+/* ---- RMSNorm ----------------------------------------------------------------------------- */
+
+/* y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps); one block per row. */
+__global__ void k_rmsnorm(const float *x, int ldx, const float *w, int h, float eps, bf16 *y16,
+                          int ld16, float *y32, int ld32, float *rstd)
+{
+    __shared__ float red[TPB / 32];
+    const float *xr = x + (size_t)blockIdx.x * ldx;
+    float ss = 0.0f;
+    for (int c = threadIdx.x; c < h; c += blockDim.x) ss += xr[c] * xr[c];
+    ss = block_sum(ss, red);
+    float r = rsqrtf(ss / h + eps);
+    if (threadIdx.x == 0) rstd[blockIdx.x] = r;
+    for (int c = threadIdx.x; c < h; c += blockDim.x) {
+        float v = xr[c] * r * w[c];
+        y16[(size_t)blockIdx.x * ld16 + c] = __float2bfloat16(v);
+        if (y32) y32[(size_t)blockIdx.x * ld32 + c] = v;
+    }
+}
+
+void gk_rmsnorm(const float *x, int ldx, const float *w, int T, int h, float eps, bf16 *y16,
+                int ld16, float *y32, int ld32, float *rstd, cudaStream_t s)
+{
+    if (T) k_rmsnorm<<<T, TPB, 0, s>>>(x, ldx, w, h, eps, y16, ld16, y32, ld32, rstd);
+}
+
+/* dx = base + rstd * (w * dy) - x * rstd^3 / h * sum(w * dy * x); base may be NULL or dx. */
+__global__ void k_rmsnorm_backward(const float *x, int ldx, const float *w, const float *rstd,
+                                   const float *dy, int lddy, const float *base, int ldb, float *dx,
+                                   int lddx, int h)
+{
+    __shared__ float red[TPB / 32];
+    size_t t = blockIdx.x;
+    const float *xr = x + t * ldx, *gr = dy + t * lddy;
+    float dot = 0.0f;
+    for (int c = threadIdx.x; c < h; c += blockDim.x) dot += w[c] * gr[c] * xr[c];
+    dot = block_sum(dot, red);
+    float r = rstd[t], k = dot * r * r * r / h;
+    for (int c = threadIdx.x; c < h; c += blockDim.x) {
+        float v = r * w[c] * gr[c] - xr[c] * k;
+        if (base) v += base[t * ldb + c];
+        dx[t * lddx + c] = v;
+    }
+}
+
+void gk_rmsnorm_backward(const float *x, int ldx, const float *w, const float *rstd,
+                         const float *dy, int lddy, const float *base, int ldb, float *dx, int lddx,
+                         int T, int h, cudaStream_t s)
+{
+    if (T) k_rmsnorm_backward<<<T, TPB, 0, s>>>(x, ldx, w, rstd, dy, lddy, base, ldb, dx, lddx, h);
+}
+
+/* Column sums out[c] += sum_t a[t,c] * b[t,c] * r[t] (b, r may be NULL), in two fixed stages:
+ * chunks of GK_CHUNK rows into part (chunks, n), then the chunks in order. */
+__global__ void k_colsum_part(const float *a, int lda, const float *b, int ldb, const float *r,
+                              int T, int n, float *part)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x, ch = blockIdx.y;
+    if (c >= n) return;
+    int t0 = ch * GK_CHUNK, t1 = min(T, t0 + GK_CHUNK);
+    float acc = 0.0f;
+    for (int t = t0; t < t1; t++) {
+        float v = a[(size_t)t * lda + c];
+        if (b) v *= b[(size_t)t * ldb + c];
+        if (r) v *= r[t];
+        acc += v;
+    }
+    part[(size_t)ch * n + c] = acc;
+}
+
+__global__ void k_colsum_final(const float *part, int chunks, int n, float *out, int accumulate)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= n) return;
+    float acc = 0.0f;
+    for (int i = 0; i < chunks; i++) acc += part[(size_t)i * n + c];
+    out[c] = accumulate ? out[c] + acc : acc;
+}
+
+void gk_colsum(const float *a, int lda, const float *b, int ldb, const float *r, int T, int n,
+               float *part, float *out, bool accumulate, cudaStream_t s)
+{
+    int chunks = (T + GK_CHUNK - 1) / GK_CHUNK;
+    if (chunks == 0) return;
+    k_colsum_part<<<dim3(blocks_for(n, TPB), chunks), TPB, 0, s>>>(a, lda, b, ldb, r, T, n, part);
+    k_colsum_final<<<blocks_for(n, TPB), TPB, 0, s>>>(part, chunks, n, out, accumulate);
+}
+
+/* ---- RoPE, MLA assembly --------------------------------------------------------------------- */
+
+/* The rotation of pair i of a rot-wide RoPE at position pos (HF rotate-half convention). */
+__device__ void rope_cs(int pos, int i, int rot, float theta, bool inverse, float *c, float *s)
+{
+    double angle = pos * pow((double)theta, -2.0 * i / rot);
+    double sn, cs;
+    sincos(angle, &sn, &cs);
+    *c = (float)cs;
+    *s = inverse ? (float)-sn : (float)sn;
+}
+
+/* In place on x (T, heads, dim), the first rot dims of each head; position t % seq. */
+__global__ void k_rope(float *x, int T, int heads, int dim, int rot, float theta, int seq,
+                       int inverse)
+{
+    int half = rot / 2;
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)T * heads * half) return;
+    int p = i % half;
+    size_t th = i / half;
+    int t = (int)(th / heads);
+    float *v = x + th * dim;
+    float c, s;
+    rope_cs(t % seq, p, rot, theta, inverse, &c, &s);
+    float a = v[p], b = v[p + half];
+    v[p] = a * c - b * s;
+    v[p + half] = a * s + b * c;
+}
+
+void gk_rope(float *x, int T, int heads, int dim, int rot, float theta, int seq, bool inverse,
+             cudaStream_t s)
+{
+    size_t n = (size_t)T * heads * (rot / 2);
+    if (n) k_rope<<<blocks_for(n, TPB), TPB, 0, s>>>(x, T, heads, dim, rot, theta, seq, inverse);
+}
+
+/* MLA: q (T, H, rope + nope) = [RoPE(qf rope part) | qf nope part] where qf holds [nope | rope]
+ * per head; k = [RoPE(shared key from ckvf[kvl..]) | kv nope part]; v = kv v part. */
+__global__ void k_mla_assemble(const float *qf, const float *ckvf, const float *kv, int T, int H,
+                               int nope, int rope, int dv, int kvl, float theta, int seq, bf16 *q,
+                               bf16 *k, bf16 *v)
+{
+    int dqk = nope + rope, half = rope / 2;
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)T * H) return;
+    int t = (int)(i / H);
+    const float *src = qf + i * dqk, *kvs = kv + i * (nope + dv), *kr = ckvf + (size_t)t * (kvl + rope) + kvl;
+    bf16 *qd = q + i * dqk, *kd = k + i * dqk, *vd = v + i * dv;
+    for (int p = 0; p < half; p++) {
+        float c, s;
+        rope_cs(t % seq, p, rope, theta, false, &c, &s);
+        float a = src[nope + p], b = src[nope + p + half];
+        qd[p] = __float2bfloat16(a * c - b * s);
+        qd[p + half] = __float2bfloat16(a * s + b * c);
+        a = kr[p], b = kr[p + half];
+        kd[p] = __float2bfloat16(a * c - b * s);
+        kd[p + half] = __float2bfloat16(a * s + b * c);
+    }
+    for (int j = 0; j < nope; j++) {
+        qd[rope + j] = __float2bfloat16(src[j]);
+        kd[rope + j] = __float2bfloat16(kvs[j]);
+    }
+    for (int j = 0; j < dv; j++) vd[j] = __float2bfloat16(kvs[nope + j]);
+}
+
+void gk_mla_assemble(const float *qf, const float *ckvf, const float *kv, int T, int H, int nope,
+                     int rope, int dv, int kvl, float theta, int seq, bf16 *q, bf16 *k, bf16 *v,
+                     cudaStream_t s)
+{
+    size_t n = (size_t)T * H;
+    if (n)
+        k_mla_assemble<<<blocks_for(n, 128), 128, 0, s>>>(qf, ckvf, kv, T, H, nope, rope, dv, kvl,
+                                                          theta, seq, q, k, v);
+}
+
+/* The MLA backward of the assembly: dqf [nope | inverse RoPE of the rope part], dkv [dk nope |
+ * dv], and the shared key's gradient (summed over heads, in head order) into dckvf[kvl..]. */
+__global__ void k_mla_disassemble(const float *dq, const float *dk, const float *dv_, int T,
+                                  int H, int nope, int rope, int dv, int kvl, float theta, int seq,
+                                  float *dqf, float *dkv, float *dckvf)
+{
+    int dqk = nope + rope, half = rope / 2;
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)T * H) return;
+    int t = (int)(i / H), hh = (int)(i % H);
+    const float *gq = dq + i * dqk, *gk = dk + i * dqk, *gv = dv_ + i * dv;
+    float *oq = dqf + i * dqk, *okv = dkv + i * (nope + dv);
+    for (int p = 0; p < half; p++) {
+        float c, s;
+        rope_cs(t % seq, p, rope, theta, true, &c, &s);
+        float a = gq[p], b = gq[p + half];
+        oq[nope + p] = a * c - b * s;
+        oq[nope + p + half] = a * s + b * c;
+    }
+    for (int j = 0; j < nope; j++) {
+        oq[j] = gq[rope + j];
+        okv[j] = gk[rope + j];
+    }
+    for (int j = 0; j < dv; j++) okv[nope + j] = gv[j];
+    if (hh != 0) return;
+    /* head 0's thread sums the shared key over the heads of its token */
+    float *kr = dckvf + (size_t)t * (kvl + rope) + kvl;
+    for (int p = 0; p < half; p++) {
+        float a = 0.0f, b = 0.0f;
+        for (int g = 0; g < H; g++) {
+            const float *gkh = dk + ((size_t)t * H + g) * dqk;
+            a += gkh[p];
+            b += gkh[p + half];
+        }
+        float c, s;
+        rope_cs(t % seq, p, rope, theta, true, &c, &s);
+        kr[p] = a * c - b * s;
+        kr[p + half] = a * s + b * c;
+    }
+}
+
+void gk_mla_disassemble(const float *dq, const float *dk, const float *dv, int T, int H, int nope,
+                        int rope, int dvd, int kvl, float theta, int seq, float *dqf, float *dkv,
+                        float *dckvf, cudaStream_t s)
+{
+    size_t n = (size_t)T * H;
+    if (n)
+        k_mla_disassemble<<<blocks_for(n, 128), 128, 0, s>>>(dq, dk, dv, T, H, nope, rope, dvd, kvl,
+                                                             theta, seq, dqf, dkv, dckvf);
+}
+
+/* ---- attention softmax ---------------------------------------------------------------------- */
+
+/* Row i of query position (row % S): causal (and sliding-window) softmax of S32 in place (the
+ * probabilities, fp32) and their bf16 copy P16. Masked entries are exactly 0. */
+__global__ void k_attn_softmax(float *S32, bf16 *P16, int S, int window)
+{
+    __shared__ float red[TPB / 32];
+    size_t row = blockIdx.x;
+    int i = (int)(row % S);
+    float *z = S32 + row * S;
+    bf16 *p = P16 + row * S;
+    int lo = window > 0 ? max(0, i - window + 1) : 0;
+    float mx = -INFINITY;
+    for (int j = lo + threadIdx.x; j <= i; j += blockDim.x) mx = fmaxf(mx, z[j]);
+    mx = block_max(mx, red);
+    float sum = 0.0f;
+    for (int j = lo + threadIdx.x; j <= i; j += blockDim.x) sum += expf(z[j] - mx);
+    sum = block_sum(sum, red);
+    float inv = 1.0f / sum;
+    for (int j = threadIdx.x; j < S; j += blockDim.x) {
+        float v = (j >= lo && j <= i) ? expf(z[j] - mx) * inv : 0.0f;
+        z[j] = v;
+        p[j] = __float2bfloat16(v);
+    }
+}
+
+void gk_attn_softmax(float *S32, bf16 *P16, int rows, int S, int window, cudaStream_t s)
+{
+    if (rows) k_attn_softmax<<<rows, TPB, 0, s>>>(S32, P16, S, window);
+}
+
+/* dS = P * (dP - sum_j P dP), as bf16 for the GEMMs. */
+__global__ void k_attn_softmax_backward(const float *P, const float *dP, bf16 *dS, int S)
+{
+    __shared__ float red[TPB / 32];
+    size_t row = blockIdx.x;
+    const float *p = P + row * S, *g = dP + row * S;
+    float dot = 0.0f;
+    for (int j = threadIdx.x; j < S; j += blockDim.x) dot += p[j] * g[j];
+    dot = block_sum(dot, red);
+    for (int j = threadIdx.x; j < S; j += blockDim.x)
+        dS[row * S + j] = __float2bfloat16(p[j] * (g[j] - dot));
+}
+
+void gk_attn_softmax_backward(const float *P, const float *dP, bf16 *dS, int rows, int S,
+                              cudaStream_t s)
+{
+    if (rows) k_attn_softmax_backward<<<rows, TPB, 0, s>>>(P, dP, dS, S);
+}
+
+/* ---- SwiGLU -------------------------------------------------------------------------------- */
+
+__global__ void k_swiglu(const float *g, const float *u, bf16 *hm, size_t n)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float x = g[i], sg = 1.0f / (1.0f + expf(-x));
+    hm[i] = __float2bfloat16(x * sg * u[i]);
+}
+
+void gk_swiglu(const float *g, const float *u, bf16 *hm, size_t n, cudaStream_t s)
+{
+    if (n) k_swiglu<<<blocks_for(n, TPB), TPB, 0, s>>>(g, u, hm, n);
+}
+
+__global__ void k_swiglu_backward(const float *g, const float *u, const float *dhm, bf16 *dg,
+                                  bf16 *du, size_t n)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float x = g[i], sg = 1.0f / (1.0f + expf(-x)), d = dhm[i];
+    du[i] = __float2bfloat16(d * x * sg);
+    dg[i] = __float2bfloat16(d * u[i] * sg * (1.0f + x * (1.0f - sg)));
+}
+
+void gk_swiglu_backward(const float *g, const float *u, const float *dhm, bf16 *dg, bf16 *du,
+                        size_t n, cudaStream_t s)
+{
+    if (n) k_swiglu_backward<<<blocks_for(n, TPB), TPB, 0, s>>>(g, u, dhm, dg, du, n);
+}
+
+/* ---- dropless permutation ------------------------------------------------------------------- */
+
+/* A stable counting sort of the n = T * top_k (token, slot) pairs by expert, in chunks of
+ * GK_CHUNK pairs: counts per chunk, a scan over chunks per expert and over experts, then each
+ * chunk places its pairs in order. row_src[p] = pair index of permuted row p; pos[i] = its row. */
+__global__ void k_perm_count(const int *choice, int n, int E, int *cnt)
+{
+    extern __shared__ int hist[];
+    for (int e = threadIdx.x; e < E; e += blockDim.x) hist[e] = 0;
+    __syncthreads();
+    int i0 = blockIdx.x * GK_CHUNK, i1 = min(n, i0 + GK_CHUNK);
+    for (int i = i0 + threadIdx.x; i < i1; i += blockDim.x) atomicAdd(&hist[choice[i]], 1);
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[(size_t)blockIdx.x * E + e] = hist[e];
+}
+
+__global__ void k_perm_scan(const int *cnt, int chunks, int E, int *base, int *off)
+{
+    extern __shared__ int tot[];
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        int run = 0;
+        for (int c = 0; c < chunks; c++) {
+            base[(size_t)c * E + e] = run;
+            run += cnt[(size_t)c * E + e];
+        }
+        tot[e] = run;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int run = 0;
+        for (int e = 0; e < E; e++) {
+            off[e] = run;
+            run += tot[e];
+        }
+        off[E] = run;
+    }
+}
+
+__global__ void k_perm_place(const int *choice, int n, int E, const int *base, const int *off,
+                             int *row_src, int *pos)
+{
+    extern __shared__ int fill[];
+    for (int e = threadIdx.x; e < E; e += blockDim.x) fill[e] = off[e] + base[(size_t)blockIdx.x * E + e];
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    int i0 = blockIdx.x * GK_CHUNK, i1 = min(n, i0 + GK_CHUNK);
+    for (int i = i0; i < i1; i++) {
+        int p = fill[choice[i]]++;
+        row_src[p] = i;
+        pos[i] = p;
+    }
+}
+
+void gk_permute_count(const int *choice, int n, int E, int *cnt, int *base, int *off,
+                      cudaStream_t s)
+{
+    int chunks = (n + GK_CHUNK - 1) / GK_CHUNK;
+    size_t sh = sizeof(int) * E;
+    if (chunks) k_perm_count<<<chunks, TPB, sh, s>>>(choice, n, E, cnt);
+    k_perm_scan<<<1, TPB, sh, s>>>(cnt, chunks, E, base, off);
+}
+
+void gk_permute_place(const int *choice, int n, int E, const int *base, const int *off,
+                      int *row_src, int *pos, cudaStream_t s)
+{
+    int chunks = (n + GK_CHUNK - 1) / GK_CHUNK;
+    if (chunks) k_perm_place<<<chunks, 32, sizeof(int) * E, s>>>(choice, n, E, base, off, row_src, pos);
+}
+
+/* xp[p] = x[row_src[p] / k] */
+__global__ void k_gather(const bf16 *x, const int *row_src, int k, int P, int h, bf16 *xp)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)P * h) return;
+    size_t p = i / h, c = i % h;
+    xp[i] = x[(size_t)(row_src[p] / k) * h + c];
+}
+
+void gk_gather(const bf16 *x, const int *row_src, int k, int P, int h, bf16 *xp, cudaStream_t s)
+{
+    size_t n = (size_t)P * h;
+    if (n) k_gather<<<blocks_for(n, TPB), TPB, 0, s>>>(x, row_src, k, P, h, xp);
+}
+
+/* y[t] += sum_j w[t,j] * yp[pos[t,j]] (the weighted unpermute), slots in order. */
+__global__ void k_combine(float *y, const float *yp, const float *w, const int *pos, int T, int k,
+                          int h)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)T * h) return;
+    size_t t = i / h, c = i % h;
+    float acc = y[i];
+    for (int j = 0; j < k; j++) acc += w[t * k + j] * yp[(size_t)pos[t * k + j] * h + c];
+    y[i] = acc;
+}
+
+void gk_combine(float *y, const float *yp, const float *w, const int *pos, int T, int k, int h,
+                cudaStream_t s)
+{
+    size_t n = (size_t)T * h;
+    if (n) k_combine<<<blocks_for(n, TPB), TPB, 0, s>>>(y, yp, w, pos, T, k, h);
+}
+
+/* Backward of the combine: dyp[pos[t,j]] = w[t,j] * dy[t] (bf16), dw[t,j] = dy[t] . yp[pos]. */
+__global__ void k_combine_backward(const float *dy, const float *yp, const float *w, const int *pos,
+                                   int k, int h, bf16 *dyp, float *dw)
+{
+    __shared__ float red[TPB / 32];
+    size_t t = blockIdx.x;
+    const float *g = dy + t * h;
+    for (int j = 0; j < k; j++) {
+        size_t p = pos[t * k + j];
+        float wt = w[t * k + j], dot = 0.0f;
+        for (int c = threadIdx.x; c < h; c += blockDim.x) {
+            dot += g[c] * yp[p * h + c];
+            dyp[p * h + c] = __float2bfloat16(wt * g[c]);
+        }
+        dot = block_sum(dot, red);
+        if (threadIdx.x == 0) dw[t * k + j] = dot;
+    }
+}
+
+void gk_combine_backward(const float *dy, const float *yp, const float *w, const int *pos, int T,
+                         int k, int h, bf16 *dyp, float *dw, cudaStream_t s)
+{
+    if (T) k_combine_backward<<<T, TPB, 0, s>>>(dy, yp, w, pos, k, h, dyp, dw);
+}
+
+/* dx[t] (+)= sum_j dxp[pos[t,j]] */
+__global__ void k_gather_sum(const float *dxp, const int *pos, int T, int k, int h, float *dx,
+                             int accumulate)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)T * h) return;
+    size_t t = i / h, c = i % h;
+    float acc = accumulate ? dx[i] : 0.0f;
+    for (int j = 0; j < k; j++) acc += dxp[(size_t)pos[t * k + j] * h + c];
+    dx[i] = acc;
+}
+
+void gk_gather_sum(const float *dxp, const int *pos, int T, int k, int h, float *dx,
+                   bool accumulate, cudaStream_t s)
+{
+    size_t n = (size_t)T * h;
+    if (n) k_gather_sum<<<blocks_for(n, TPB), TPB, 0, s>>>(dxp, pos, T, k, h, dx, accumulate);
+}
+
+/* ---- router backward, scores, routing statistics ------------------------------------------- */
+
+__device__ void scores_of(const struct exec_router_cfg *cfg, const float *z, float *s)
+{
+    int E = cfg->experts;
+    if (cfg->scoring == MDL_SCORE_SIGMOID) {
+        for (int e = 0; e < E; e++) s[e] = 1.0f / (1.0f + expf(-z[e]));
+        return;
+    }
+    float mx = z[0], sum = 0.0f;
+    for (int e = 1; e < E; e++) mx = fmaxf(mx, z[e]);
+    for (int e = 0; e < E; e++) sum += (s[e] = expf(z[e] - mx));
+    for (int e = 0; e < E; e++) s[e] /= sum;
+}
+
+__global__ void k_scores(struct exec_router_cfg cfg, const float *logits, int T, float *scores)
+{
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= T) return;
+    scores_of(&cfg, logits + (size_t)t * cfg.experts, scores + (size_t)t * cfg.experts);
+}
+
+void gk_scores(const struct exec_router_cfg *cfg, const float *logits, int T, float *scores,
+               cudaStream_t s)
+{
+    if (T) k_scores<<<blocks_for(T, 128), 128, 0, s>>>(*cfg, logits, T, scores);
+}
+
+/* d logits of one token from d weight (and the load-balance term d aux / d s = auxg), the rule
+ * of exec_ref_moe_backward. */
+__global__ void k_router_backward(struct exec_router_cfg cfg, const float *logits, const int *choice,
+                                  const float *weight, const float *dw, const float *auxg, int T,
+                                  float *dz)
+{
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= T) return;
+    const int E = cfg.experts, k = cfg.top_k;
+    float s[GK_MAX_EXPERTS], ds[GK_MAX_EXPERTS];
+    const float *z = logits + (size_t)t * E;
+    const int *ch = choice + (size_t)t * k;
+    const float *wt = weight + (size_t)t * k, *g = dw + (size_t)t * k;
+    float *o = dz + (size_t)t * E;
+    scores_of(&cfg, z, s);
+    for (int e = 0; e < E; e++) ds[e] = auxg ? auxg[e] : 0.0f, o[e] = 0.0f;
+    float sc = (float)cfg.scaling;
+    if (cfg.softmax_after_topk) {
+        float dot = 0.0f;
+        for (int j = 0; j < k; j++) dot += wt[j] / sc * g[j] * sc;
+        for (int j = 0; j < k; j++) o[ch[j]] = wt[j] / sc * (g[j] * sc - dot);
+    } else if (cfg.norm_topk) {
+        float sum = 0.0f, dot = 0.0f;
+        for (int j = 0; j < k; j++) sum += s[ch[j]];
+        for (int j = 0; j < k; j++) dot += g[j] * sc * s[ch[j]] / sum;
+        for (int j = 0; j < k; j++) ds[ch[j]] += (g[j] * sc - dot) / sum;
+    } else {
+        for (int j = 0; j < k; j++) ds[ch[j]] += g[j] * sc;
+    }
+    if (cfg.scoring == MDL_SCORE_SIGMOID) {
+        for (int e = 0; e < E; e++) o[e] += ds[e] * s[e] * (1.0f - s[e]);
+    } else {
+        float dot = 0.0f;
+        for (int e = 0; e < E; e++) dot += s[e] * ds[e];
+        for (int e = 0; e < E; e++) o[e] += s[e] * (ds[e] - dot);
+    }
+}
+
+void gk_router_backward(const struct exec_router_cfg *cfg, const float *logits, const int *choice,
+                        const float *weight, const float *dw, const float *auxg, int T, float *dz,
+                        cudaStream_t s)
+{
+    if (T)
+        k_router_backward<<<blocks_for(T, 64), 64, 0, s>>>(*cfg, logits, choice, weight, dw, auxg,
+                                                           T, dz);
+}
+
+/* co[a][b] += 1 for every pair of distinct experts one token chose (symmetric). */
+__global__ void k_coactivation(const int *choice, int T, int k, int E, unsigned long long *co)
+{
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= T) return;
+    const int *c = choice + (size_t)t * k;
+    for (int a = 0; a < k; a++)
+        for (int b = a + 1; b < k; b++) {
+            atomicAdd(&co[(size_t)c[a] * E + c[b]], 1ull);
+            atomicAdd(&co[(size_t)c[b] * E + c[a]], 1ull);
+        }
+}
+
+void gk_coactivation(const int *choice, int T, int k, int E, unsigned long long *co, cudaStream_t s)
+{
+    if (T) k_coactivation<<<blocks_for(T, TPB), TPB, 0, s>>>(choice, T, k, E, co);
+}
+
+/* ---- loss, optimizer ------------------------------------------------------------------------ */
+
+/* Per row: loss = logsumexp(z) - z[target]; dlogits = (softmax(z) - onehot) * scale (bf16). */
+__global__ void k_cross_entropy(const float *logits, const int *tgt, int V, float scale,
+                                float *row_loss, bf16 *dlogits)
+{
+    __shared__ float red[TPB / 32];
+    size_t t = blockIdx.x;
+    const float *z = logits + t * V;
+    float mx = -INFINITY;
+    for (int c = threadIdx.x; c < V; c += blockDim.x) mx = fmaxf(mx, z[c]);
+    mx = block_max(mx, red);
+    float sum = 0.0f;
+    for (int c = threadIdx.x; c < V; c += blockDim.x) sum += expf(z[c] - mx);
+    sum = block_sum(sum, red);
+    float lse = mx + logf(sum);
+    int y = tgt[t];
+    if (threadIdx.x == 0) row_loss[t] = lse - z[y];
+    for (int c = threadIdx.x; c < V; c += blockDim.x)
+        dlogits[t * V + c] = __float2bfloat16((expf(z[c] - lse) - (c == y ? 1.0f : 0.0f)) * scale);
+}
+
+void gk_cross_entropy(const float *logits, const int *tgt, int T, int V, float scale,
+                      float *row_loss, bf16 *dlogits, cudaStream_t s)
+{
+    if (T) k_cross_entropy<<<T, TPB, 0, s>>>(logits, tgt, V, scale, row_loss, dlogits);
+}
+
+/* Sum of squares in GK_NORM_BLOCKS fixed partial sums (double), summed in order by the host. */
+__global__ void k_sumsq(const float *g, size_t n, double *part)
+{
+    __shared__ double red[TPB];
+    double acc = 0.0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        acc += (double)g[i] * g[i];
+    red[threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double s = 0.0;
+        for (int i = 0; i < blockDim.x; i++) s += red[i];
+        part[blockIdx.x] = s;
+    }
+}
+
+void gk_sumsq(const float *g, size_t n, double *part, cudaStream_t s)
+{
+    k_sumsq<<<GK_NORM_BLOCKS, TPB, 0, s>>>(g, n, part);
+}
+
+/* AdamW (decoupled decay) on fp32 masters; writes the bf16 copy. */
+__global__ void k_adamw(float *p, const float *g, float *m1, float *m2, bf16 *w16, size_t n,
+                        struct gk_adamw a)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float gr = g[i] * a.scale;
+    float m = a.beta1 * m1[i] + (1.0f - a.beta1) * gr;
+    float v = a.beta2 * m2[i] + (1.0f - a.beta2) * gr * gr;
+    m1[i] = m;
+    m2[i] = v;
+    float upd = (m / a.c1) / (sqrtf(v / a.c2) + a.eps);
+    float x = p[i] - a.lr * (upd + a.wd * p[i]);
+    p[i] = x;
+    w16[i] = __float2bfloat16(x);
+}
+
+void gk_adamw(float *p, const float *g, float *m1, float *m2, bf16 *w16, size_t n,
+              const struct gk_adamw *a, cudaStream_t s)
+{
+    if (n) k_adamw<<<blocks_for(n, TPB), TPB, 0, s>>>(p, g, m1, m2, w16, n, *a);
+}

@@ -1,0 +1,1126 @@
+/*
+ * gpu_step.cu: the training step on one GPU: forward and backward of the whole model for a
+ * micro-batch, gradient accumulation, clipping and AdamW, phase timing and memory accounting.
+ *
+ * It follows the reference step (ref_model.c) operation by operation, so that the gpu tests can
+ * compare every gradient:
+ *   embedding -> blocks [RMSNorm, attention (GQA with RoPE, or MLA), residual, RMSNorm,
+ *   dense SwiGLU or the dropless MoE layer, residual] -> final RMSNorm -> LM head -> loss.
+ * Precision: bf16 weights (copies of fp32 masters) and GEMM inputs, fp32 accumulation, the
+ * residual stream and every activation gradient in fp32, the router entirely in fp32.
+ * MoE: router GEMM, top-k (exec_route), a stable counting-sort permutation on the GPU, one
+ * host sync per MoE layer for the per-expert row counts, per-expert cuBLAS GEMMs (every routed
+ * (token, expert) pair is a row: nothing dropped or padded), the weighted unpermute; shared
+ * experts as one SwiGLU. Attention is computed per sequence with batched GEMMs over heads and a
+ * masked softmax; the backward recomputes the probabilities (no seq x seq matrix is kept).
+ */
+#include "gpu_step.h"
+
+#include <cublas_v2.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *const exec_mem_names[EXEC_MEM_N] = {"weights", "master_weights", "grads",
+                                                 "optimizer", "activations", "workspace"};
+
+#define G_CUDA(call)                                                                               \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess)                                                                     \
+            return moe_error_set_src(err, MOE_ERR_CUDA, __FILE__, __LINE__, "%s failed: %s",       \
+                                     #call, cudaGetErrorString(e_));                               \
+    } while (0)
+#define G_BLAS(call)                                                                               \
+    do {                                                                                           \
+        cublasStatus_t e_ = (call);                                                                \
+        if (e_ != CUBLAS_STATUS_SUCCESS)                                                           \
+            return moe_error_set_src(err, MOE_ERR_CUBLAS, __FILE__, __LINE__, "%s failed: %s",     \
+                                     #call, cublasGetStatusString(e_));                            \
+    } while (0)
+#define G_TRY(expr)                                                                                \
+    do {                                                                                           \
+        enum moe_status s_ = (expr);                                                               \
+        if (s_ != MOE_OK) return s_;                                                               \
+    } while (0)
+/* A kernel launch: check it was accepted. */
+#define G_LAUNCH(call)                                                                             \
+    do {                                                                                           \
+        call;                                                                                      \
+        G_CUDA(cudaGetLastError());                                                                \
+    } while (0)
+
+enum { W_ATTN_NORM, W_WQ, W_WK, W_WV, W_WO, W_WQA, W_QA_NORM, W_WQB, W_WKVA, W_KVA_NORM, W_WKVB,
+       W_FFN_NORM, W_ROUTER, W_GATE, W_UP, W_DOWN, W_SGATE, W_SUP, W_SDOWN, W_N };
+static const char *const w_names[W_N] = {"attn_norm", "wq", "wk", "wv", "wo", "wqa", "qa_norm",
+                                         "wqb", "wkva", "kva_norm", "wkvb", "ffn_norm", "router",
+                                         "gate", "up", "down", "sgate", "sup", "sdown"};
+
+/* What one block keeps from its forward for its backward. */
+struct act {
+    bf16 *a16, *q16, *k16, *v16, *o16, *cqn16, *ckvn16, *b16, *hm16, *xp16, *ehm16;
+    float *rstd1, *cq32, *rstdq, *ckvf32, *rstdkv, *h1, *b32, *rstd2, *g32, *u32;
+    float *logits, *weight, *eg32, *eu32, *yp32, *auxg;
+    int *choice, *pos, *row_src, *off;
+};
+
+#define MAX_EVENTS 16384
+#define MAX_ALLOCS 512
+
+struct exec_gpu {
+    struct exec_ref_model table;
+    struct mdl_model m;
+    struct exec_gpu_cfg cfg;
+    struct exec_router_cfg rc;
+    int T, S, B, P, L, h, V, E, k, f, fs, fd;
+    /* attention shapes */
+    bool mla;
+    int H, KV, dqk, dv, nope, rope, ql, kvl;
+    cudaStream_t s;
+    cublasHandle_t blas;
+    void *blas_ws;
+    /* parameters */
+    float *master, *grad, *m1, *m2;
+    bf16 *w16;
+    int (*wi)[W_N];           /* per layer: tensor index of each weight, -1: none */
+    int embed, final_norm, head;
+    bool *decay;              /* per tensor */
+    /* MoE */
+    int *moe_index;           /* per layer: its index among MoE layers, -1 dense */
+    int nmoe;
+    float *bias;              /* (layers, E) device, selection bias */
+    double *bias_host;
+    int64_t *counts;          /* (nmoe, E) since creation */
+    int64_t *step_load;       /* (nmoe, E) this step */
+    unsigned long long *coact;/* (nmoe, E, E) device */
+    int **off_host;           /* per layer (or one with recompute): E + 1 */
+    /* activations */
+    float **xin;              /* per layer input of the block, and xin[L] the last output */
+    struct act *act;          /* per layer, or all the same with recompute */
+    /* workspace */
+    int *tok, *tok_in, *tgt, *perm_cnt, *perm_base;
+    float *q32, *k32, *kv32, *S32, *dP32, *part, *dh, *dprev, *da32, *db32, *dq32, *dk32, *dv32;
+    float *dqf32, *dkv32, *dckvn32, *dckvf32, *dcqn32, *dcq32, *dhm32, *dw, *dehm32, *dxp32, *dz;
+    float *scores, *rstdf, *logits, *row_loss, *dfin32, *ytmp, *yscr;
+    double grad_scale;        /* of the micro-batch running */
+    bf16 *P16, *dS16, *dy16, *do16, *dq16, *dk16, *dv16, *dkv16, *dckvf16, *dqf16, *dcq16, *dg16,
+        *du16, *dyp16, *deg16, *deu16, *fin16, *dlog16, *dh16;
+    double *norm_part;
+    float *host_rows;         /* pinned: row losses */
+    /* timing and accounting */
+    cudaEvent_t ev[MAX_EVENTS];
+    int ev_phase[MAX_EVENTS];
+    int nev, ev_created;
+    bool ev_overflow;
+    int syncs;
+    bool record_stats;        /* false in a recompute forward */
+    double mem[EXEC_MEM_N], peak_used, dev_total;
+    void *allocs[MAX_ALLOCS];
+    int nallocs;
+};
+
+/* ---- small helpers ----------------------------------------------------------------------- */
+
+static enum moe_status dalloc(struct exec_gpu *g, void **p, size_t bytes, enum exec_mem cat,
+                              struct moe_error *err)
+{
+    *p = NULL;
+    if (bytes == 0) bytes = 16;
+    if (g->nallocs == MAX_ALLOCS)
+        return moe_error_set(err, MOE_ERR_RUNTIME, "executor: more than %d allocations", MAX_ALLOCS);
+    cudaError_t e = cudaMalloc(p, bytes);
+    if (e != cudaSuccess)
+        return moe_error_set(err, MOE_ERR_CUDA,
+                             "executor: cudaMalloc of %.3g GB (%s) failed: %s; %.3g GB allocated "
+                             "so far",
+                             bytes / 1e9, exec_mem_names[cat], cudaGetErrorString(e),
+                             (g->mem[0] + g->mem[1] + g->mem[2] + g->mem[3] + g->mem[4] + g->mem[5]) / 1e9);
+    g->allocs[g->nallocs++] = *p;
+    g->mem[cat] += (double)bytes;
+    G_CUDA(cudaMemsetAsync(*p, 0, bytes, g->s));
+    return MOE_OK;
+}
+
+#define ALLOC(ptr, count, cat) G_TRY(dalloc(g, (void **)&(ptr), sizeof(*(ptr)) * (size_t)(count), cat, err))
+
+/* Mark the start of a phase (and the end of the one before); -1 ends the last. */
+static enum moe_status phase(struct exec_gpu *g, int ph, struct moe_error *err)
+{
+    if (g->nev == MAX_EVENTS) {
+        g->ev_overflow = true; /* the rest of the step counts to the last phase */
+        return MOE_OK;
+    }
+    if (g->nev > 0 && g->ev_phase[g->nev - 1] == ph) return MOE_OK;
+    if (g->nev == g->ev_created) {
+        G_CUDA(cudaEventCreate(&g->ev[g->nev]));
+        g->ev_created++;
+    }
+    G_CUDA(cudaEventRecord(g->ev[g->nev], g->s));
+    g->ev_phase[g->nev++] = ph;
+    return MOE_OK;
+}
+#define PH(p) G_TRY(phase(g, (p), err))
+
+static float *M(const struct exec_gpu *g, int t) { return g->master + g->table.tensor[t].offset; }
+static bf16 *W16(const struct exec_gpu *g, int t) { return g->w16 + g->table.tensor[t].offset; }
+static float *GR(const struct exec_gpu *g, int t) { return g->grad + g->table.tensor[t].offset; }
+
+/* Row-major C (M x N) = alpha op(A) op(B) + beta C, batched with strides; op(A) is M x K. cuBLAS
+ * is column-major, so it computes C^T = op(B)^T op(A)^T with the operands swapped. */
+static enum moe_status mm(struct exec_gpu *g, bool ta, bool tb, int M_, int N, int K, float alpha,
+                          const void *A, int lda, long long sA, const void *B, int ldb,
+                          long long sB, float beta, void *C, int ldc, long long sC, int batch,
+                          cudaDataType ab, cudaDataType ct, struct moe_error *err)
+{
+    if (M_ == 0 || N == 0 || batch == 0) return MOE_OK;
+    G_BLAS(cublasGemmStridedBatchedEx(g->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                      ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M_, K, &alpha, B, ab, ldb,
+                                      sB, A, ab, lda, sA, &beta, C, ct, ldc, sC, batch,
+                                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return MOE_OK;
+}
+
+/* Y (T x out) = X (T x in) W^T, W (out x in), bf16 inputs; Y fp32 or bf16. */
+static enum moe_status lin(struct exec_gpu *g, const bf16 *X, int ldx, const bf16 *Wt, int T,
+                           int in, int out, void *Y, int ldy, cudaDataType yt, float beta,
+                           struct moe_error *err)
+{
+    return mm(g, false, true, T, out, in, 1.0f, X, ldx, 0, Wt, in, 0, beta, Y, ldy, 0, 1,
+              CUDA_R_16BF, yt, err);
+}
+/* dX (T x in, fp32) (+)= dY (T x out) W. */
+static enum moe_status lin_dx(struct exec_gpu *g, const bf16 *dY, int lddy, const bf16 *Wt, int T,
+                              int in, int out, float *dX, int lddx, float beta, struct moe_error *err)
+{
+    return mm(g, false, false, T, in, out, 1.0f, dY, lddy, 0, Wt, in, 0, beta, dX, lddx, 0, 1,
+              CUDA_R_16BF, CUDA_R_32F, err);
+}
+/* dW (out x in, fp32) += dY^T X. */
+static enum moe_status lin_dw(struct exec_gpu *g, const bf16 *dY, int lddy, const bf16 *X, int ldx,
+                              int T, int in, int out, float *dW, struct moe_error *err)
+{
+    if (T == 0) return MOE_OK;
+    return mm(g, true, false, out, in, T, 1.0f, dY, lddy, 0, X, ldx, 0, 1.0f, dW, in, 0, 1,
+              CUDA_R_16BF, CUDA_R_32F, err);
+}
+
+static enum moe_status sync_host(struct exec_gpu *g, struct moe_error *err)
+{
+    G_CUDA(cudaStreamSynchronize(g->s));
+    g->syncs++;
+    return MOE_OK;
+}
+
+static int layer_window(const struct exec_gpu *g, int l)
+{
+    return mdl_layer_is_sliding(&g->m, l) ? g->m.attn.sliding_window : 0;
+}
+
+/* ---- attention ----------------------------------------------------------------------------- */
+
+/* The core of causal attention for sequence b: P = softmax(scale Q K^T) into S32 (fp32) and P16,
+ * then, forward, O = P V; GQA heads hh = g * rep + r batch over the KV groups g per r. */
+static enum moe_status attn_probs(struct exec_gpu *g, const struct act *A, int b, int window,
+                                  struct moe_error *err)
+{
+    int S = g->S, H = g->H, KV = g->KV, dqk = g->dqk, rep = H / KV;
+    float scale = 1.0f / sqrtf((float)dqk);
+    long long SS = (long long)S * S;
+    for (int r = 0; r < rep; r++)
+        G_TRY(mm(g, false, true, S, S, dqk, scale, A->q16 + (size_t)b * S * H * dqk + r * dqk,
+                 H * dqk, (long long)rep * dqk, A->k16 + (size_t)b * S * KV * dqk, KV * dqk, dqk,
+                 0.0f, g->S32 + r * SS, S, rep * SS, KV, CUDA_R_16BF, CUDA_R_32F, err));
+    G_LAUNCH(gk_attn_softmax(g->S32, g->P16, H * S, S, window, g->s));
+    return MOE_OK;
+}
+
+static enum moe_status attn_core_forward(struct exec_gpu *g, struct act *A, int window,
+                                         struct moe_error *err)
+{
+    int S = g->S, H = g->H, KV = g->KV, dv = g->dv, rep = H / KV;
+    long long SS = (long long)S * S;
+    for (int b = 0; b < g->B; b++) {
+        G_TRY(attn_probs(g, A, b, window, err));
+        for (int r = 0; r < rep; r++)
+            G_TRY(mm(g, false, false, S, dv, S, 1.0f, g->P16 + r * SS, S, rep * SS,
+                     A->v16 + (size_t)b * S * KV * dv, KV * dv, dv, 0.0f,
+                     A->o16 + (size_t)b * S * H * dv + r * dv, H * dv, (long long)rep * dv, KV,
+                     CUDA_R_16BF, CUDA_R_16BF, err));
+    }
+    return MOE_OK;
+}
+
+/* From do16 (T, H, dv): dq32 (T, H, dqk), dk32 (T, KV, dqk), dv32 (T, KV, dv). */
+static enum moe_status attn_core_backward(struct exec_gpu *g, const struct act *A, int window,
+                                          struct moe_error *err)
+{
+    int S = g->S, H = g->H, KV = g->KV, dv = g->dv, dqk = g->dqk, rep = H / KV;
+    float scale = 1.0f / sqrtf((float)dqk);
+    long long SS = (long long)S * S;
+    for (int b = 0; b < g->B; b++) {
+        G_TRY(attn_probs(g, A, b, window, err));
+        const bf16 *dO = g->do16 + (size_t)b * S * H * dv, *V = A->v16 + (size_t)b * S * KV * dv;
+        const bf16 *Q = A->q16 + (size_t)b * S * H * dqk, *K = A->k16 + (size_t)b * S * KV * dqk;
+        for (int r = 0; r < rep; r++) {
+            G_TRY(mm(g, false, true, S, S, dv, 1.0f, dO + r * dv, H * dv, (long long)rep * dv, V,
+                     KV * dv, dv, 0.0f, g->dP32 + r * SS, S, rep * SS, KV, CUDA_R_16BF,
+                     CUDA_R_32F, err));
+            G_TRY(mm(g, true, false, S, dv, S, 1.0f, g->P16 + r * SS, S, rep * SS, dO + r * dv,
+                     H * dv, (long long)rep * dv, r ? 1.0f : 0.0f,
+                     g->dv32 + (size_t)b * S * KV * dv, KV * dv, dv, KV, CUDA_R_16BF, CUDA_R_32F,
+                     err));
+        }
+        G_LAUNCH(gk_attn_softmax_backward(g->S32, g->dP32, g->dS16, H * S, S, g->s));
+        for (int r = 0; r < rep; r++) {
+            G_TRY(mm(g, false, false, S, dqk, S, scale, g->dS16 + r * SS, S, rep * SS, K, KV * dqk,
+                     dqk, 0.0f, g->dq32 + (size_t)b * S * H * dqk + r * dqk, H * dqk,
+                     (long long)rep * dqk, KV, CUDA_R_16BF, CUDA_R_32F, err));
+            G_TRY(mm(g, true, false, S, dqk, S, scale, g->dS16 + r * SS, S, rep * SS, Q + r * dqk,
+                     H * dqk, (long long)rep * dqk, r ? 1.0f : 0.0f,
+                     g->dk32 + (size_t)b * S * KV * dqk, KV * dqk, dqk, KV, CUDA_R_16BF,
+                     CUDA_R_32F, err));
+        }
+    }
+    return MOE_OK;
+}
+
+/* Projections into q16, k16, v16 from the normed input a16, then the core. */
+static enum moe_status attn_forward(struct exec_gpu *g, int l, struct act *A, struct moe_error *err)
+{
+    const int *w = g->wi[l];
+    int T = g->T, h = g->h, H = g->H, KV = g->KV, dqk = g->dqk, dv = g->dv;
+    float theta = (float)g->m.attn.rope_theta;
+    if (!g->mla) {
+        G_TRY(lin(g, A->a16, h, W16(g, w[W_WQ]), T, h, H * dqk, g->q32, H * dqk, CUDA_R_32F, 0, err));
+        G_TRY(lin(g, A->a16, h, W16(g, w[W_WK]), T, h, KV * dqk, g->k32, KV * dqk, CUDA_R_32F, 0, err));
+        G_TRY(lin(g, A->a16, h, W16(g, w[W_WV]), T, h, KV * dv, A->v16, KV * dv, CUDA_R_16BF, 0, err));
+        G_LAUNCH(gk_rope(g->q32, T, H, dqk, dqk, theta, g->S, false, g->s));
+        G_LAUNCH(gk_rope(g->k32, T, KV, dqk, dqk, theta, g->S, false, g->s));
+        G_LAUNCH(gk_to_bf16(g->q32, A->q16, (size_t)T * H * dqk, g->s));
+        G_LAUNCH(gk_to_bf16(g->k32, A->k16, (size_t)T * KV * dqk, g->s));
+    } else {
+        int ql = g->ql, kvl = g->kvl, rope = g->rope, nope = g->nope;
+        float eps = (float)g->m.norm_eps;
+        if (ql) {
+            G_TRY(lin(g, A->a16, h, W16(g, w[W_WQA]), T, h, ql, A->cq32, ql, CUDA_R_32F, 0, err));
+            G_LAUNCH(gk_rmsnorm(A->cq32, ql, M(g, w[W_QA_NORM]), T, ql, eps, A->cqn16, ql, NULL, 0,
+                                A->rstdq, g->s));
+            G_TRY(lin(g, A->cqn16, ql, W16(g, w[W_WQB]), T, ql, H * dqk, g->q32, H * dqk,
+                      CUDA_R_32F, 0, err));
+        } else {
+            G_TRY(lin(g, A->a16, h, W16(g, w[W_WQ]), T, h, H * dqk, g->q32, H * dqk, CUDA_R_32F, 0,
+                      err));
+        }
+        G_TRY(lin(g, A->a16, h, W16(g, w[W_WKVA]), T, h, kvl + rope, A->ckvf32, kvl + rope,
+                  CUDA_R_32F, 0, err));
+        G_LAUNCH(gk_rmsnorm(A->ckvf32, kvl + rope, M(g, w[W_KVA_NORM]), T, kvl, eps, A->ckvn16, kvl,
+                            NULL, 0, A->rstdkv, g->s));
+        G_TRY(lin(g, A->ckvn16, kvl, W16(g, w[W_WKVB]), T, kvl, H * (nope + dv), g->kv32,
+                  H * (nope + dv), CUDA_R_32F, 0, err));
+        G_LAUNCH(gk_mla_assemble(g->q32, A->ckvf32, g->kv32, T, H, nope, rope, dv, kvl, theta, g->S,
+                                 A->q16, A->k16, A->v16, g->s));
+    }
+    return attn_core_forward(g, A, layer_window(g, l), err);
+}
+
+/* From do16: adds the input gradient to da32 (overwritten first) and the weight gradients. */
+static enum moe_status attn_backward(struct exec_gpu *g, int l, const struct act *A,
+                                     struct moe_error *err)
+{
+    const int *w = g->wi[l];
+    int T = g->T, h = g->h, H = g->H, KV = g->KV, dqk = g->dqk, dv = g->dv;
+    float theta = (float)g->m.attn.rope_theta;
+    G_TRY(attn_core_backward(g, A, layer_window(g, l), err));
+    if (!g->mla) {
+        G_LAUNCH(gk_rope(g->dq32, T, H, dqk, dqk, theta, g->S, true, g->s));
+        G_LAUNCH(gk_rope(g->dk32, T, KV, dqk, dqk, theta, g->S, true, g->s));
+        G_LAUNCH(gk_to_bf16(g->dq32, g->dq16, (size_t)T * H * dqk, g->s));
+        G_LAUNCH(gk_to_bf16(g->dk32, g->dk16, (size_t)T * KV * dqk, g->s));
+        G_LAUNCH(gk_to_bf16(g->dv32, g->dv16, (size_t)T * KV * dv, g->s));
+        G_TRY(lin_dx(g, g->dq16, H * dqk, W16(g, w[W_WQ]), T, h, H * dqk, g->da32, h, 0, err));
+        G_TRY(lin_dx(g, g->dk16, KV * dqk, W16(g, w[W_WK]), T, h, KV * dqk, g->da32, h, 1, err));
+        G_TRY(lin_dx(g, g->dv16, KV * dv, W16(g, w[W_WV]), T, h, KV * dv, g->da32, h, 1, err));
+        G_TRY(lin_dw(g, g->dq16, H * dqk, A->a16, h, T, h, H * dqk, GR(g, w[W_WQ]), err));
+        G_TRY(lin_dw(g, g->dk16, KV * dqk, A->a16, h, T, h, KV * dqk, GR(g, w[W_WK]), err));
+        G_TRY(lin_dw(g, g->dv16, KV * dv, A->a16, h, T, h, KV * dv, GR(g, w[W_WV]), err));
+        return MOE_OK;
+    }
+    int ql = g->ql, kvl = g->kvl, rope = g->rope, nope = g->nope;
+    G_LAUNCH(gk_mla_disassemble(g->dq32, g->dk32, g->dv32, T, H, nope, rope, dv, kvl, theta, g->S,
+                                g->dqf32, g->dkv32, g->dckvf32, g->s));
+    G_LAUNCH(gk_to_bf16(g->dkv32, g->dkv16, (size_t)T * H * (nope + dv), g->s));
+    G_TRY(lin_dx(g, g->dkv16, H * (nope + dv), W16(g, w[W_WKVB]), T, kvl, H * (nope + dv),
+                 g->dckvn32, kvl, 0, err));
+    G_TRY(lin_dw(g, g->dkv16, H * (nope + dv), A->ckvn16, kvl, T, kvl, H * (nope + dv),
+                 GR(g, w[W_WKVB]), err));
+    G_LAUNCH(gk_rmsnorm_backward(A->ckvf32, kvl + rope, M(g, w[W_KVA_NORM]), A->rstdkv, g->dckvn32,
+                                 kvl, NULL, 0, g->dckvf32, kvl + rope, T, kvl, g->s));
+    G_LAUNCH(gk_colsum(g->dckvn32, kvl, A->ckvf32, kvl + rope, A->rstdkv, T, kvl, g->part,
+                       GR(g, w[W_KVA_NORM]), true, g->s));
+    G_LAUNCH(gk_to_bf16(g->dckvf32, g->dckvf16, (size_t)T * (kvl + rope), g->s));
+    G_TRY(lin_dx(g, g->dckvf16, kvl + rope, W16(g, w[W_WKVA]), T, h, kvl + rope, g->da32, h, 0, err));
+    G_TRY(lin_dw(g, g->dckvf16, kvl + rope, A->a16, h, T, h, kvl + rope, GR(g, w[W_WKVA]), err));
+    G_LAUNCH(gk_to_bf16(g->dqf32, g->dqf16, (size_t)T * H * dqk, g->s));
+    if (ql) {
+        G_TRY(lin_dx(g, g->dqf16, H * dqk, W16(g, w[W_WQB]), T, ql, H * dqk, g->dcqn32, ql, 0, err));
+        G_TRY(lin_dw(g, g->dqf16, H * dqk, A->cqn16, ql, T, ql, H * dqk, GR(g, w[W_WQB]), err));
+        G_LAUNCH(gk_rmsnorm_backward(A->cq32, ql, M(g, w[W_QA_NORM]), A->rstdq, g->dcqn32, ql, NULL,
+                                     0, g->dcq32, ql, T, ql, g->s));
+        G_LAUNCH(gk_colsum(g->dcqn32, ql, A->cq32, ql, A->rstdq, T, ql, g->part,
+                           GR(g, w[W_QA_NORM]), true, g->s));
+        G_LAUNCH(gk_to_bf16(g->dcq32, g->dcq16, (size_t)T * ql, g->s));
+        G_TRY(lin_dx(g, g->dcq16, ql, W16(g, w[W_WQA]), T, h, ql, g->da32, h, 1, err));
+        G_TRY(lin_dw(g, g->dcq16, ql, A->a16, h, T, h, ql, GR(g, w[W_WQA]), err));
+    } else {
+        G_TRY(lin_dx(g, g->dqf16, H * dqk, W16(g, w[W_WQ]), T, h, H * dqk, g->da32, h, 1, err));
+        G_TRY(lin_dw(g, g->dqf16, H * dqk, A->a16, h, T, h, H * dqk, GR(g, w[W_WQ]), err));
+    }
+    return MOE_OK;
+}
+
+/* ---- FFN: dense SwiGLU, MoE ------------------------------------------------------------------ */
+
+/* y += down(silu(gate x) * up x) for T rows of width F (saving g32, u32, hm16). */
+static enum moe_status swiglu_forward(struct exec_gpu *g, const bf16 *x, int T, int F,
+                                      const bf16 *Wg, const bf16 *Wu, const bf16 *Wd, float *g32,
+                                      float *u32, bf16 *hm16, float *y, struct moe_error *err)
+{
+    int h = g->h;
+    G_TRY(lin(g, x, h, Wg, T, h, F, g32, F, CUDA_R_32F, 0, err));
+    G_TRY(lin(g, x, h, Wu, T, h, F, u32, F, CUDA_R_32F, 0, err));
+    G_LAUNCH(gk_swiglu(g32, u32, hm16, (size_t)T * F, g->s));
+    return lin(g, hm16, F, Wd, T, F, h, y, h, CUDA_R_32F, 1.0f, err);
+}
+
+/* Backward of swiglu_forward for dy16: dx (+)= (beta), weight gradients +=. */
+static enum moe_status swiglu_backward(struct exec_gpu *g, const bf16 *x, const bf16 *dy16, int T,
+                                       int F, const bf16 *Wg, const bf16 *Wu, const bf16 *Wd,
+                                       const float *g32, const float *u32, const bf16 *hm16,
+                                       float *dWg, float *dWu, float *dWd, float *dx, float beta,
+                                       struct moe_error *err)
+{
+    int h = g->h;
+    if (T == 0) return MOE_OK;
+    G_TRY(lin_dx(g, dy16, h, Wd, T, F, h, g->dhm32, F, 0, err));
+    G_TRY(lin_dw(g, dy16, h, hm16, F, T, F, h, dWd, err));
+    G_LAUNCH(gk_swiglu_backward(g32, u32, g->dhm32, g->dg16, g->du16, (size_t)T * F, g->s));
+    G_TRY(lin_dx(g, g->dg16, F, Wg, T, h, F, dx, h, beta, err));
+    G_TRY(lin_dx(g, g->du16, F, Wu, T, h, F, dx, h, 1.0f, err));
+    G_TRY(lin_dw(g, g->dg16, F, x, h, T, h, F, dWg, err));
+    return lin_dw(g, g->du16, F, x, h, T, h, F, dWu, err);
+}
+
+/* The dropless MoE layer on b16 / b32 (T rows), adding into y. */
+static enum moe_status moe_forward(struct exec_gpu *g, int l, struct act *A, float *y,
+                                   struct moe_error *err)
+{
+    const int *w = g->wi[l];
+    int T = g->T, h = g->h, E = g->E, k = g->k, f = g->f, P = g->P, mi = g->moe_index[l];
+    int *off = g->cfg.recompute ? g->off_host[0] : g->off_host[l];
+    PH(COST_ROUTER);
+    G_TRY(mm(g, false, true, T, E, h, 1.0f, A->b32, h, 0, M(g, w[W_ROUTER]), h, 0, 0.0f, A->logits,
+             E, 0, 1, CUDA_R_32F, CUDA_R_32F, err));
+    G_TRY(exec_route(&g->rc, A->logits, g->bias + (size_t)l * E, T, A->choice, A->weight, g->s, err));
+    if (g->record_stats)
+        G_LAUNCH(gk_coactivation(A->choice, T, k, E, g->coact + (size_t)mi * E * E, g->s));
+    PH(COST_PERMUTE);
+    G_LAUNCH(gk_permute_count(A->choice, P, E, g->perm_cnt, g->perm_base, A->off, g->s));
+    G_CUDA(cudaMemcpyAsync(off, A->off, sizeof(int) * (E + 1), cudaMemcpyDeviceToHost, g->s));
+    G_LAUNCH(gk_permute_place(A->choice, P, E, g->perm_base, A->off, A->row_src, A->pos, g->s));
+    G_LAUNCH(gk_gather(A->b16, A->row_src, k, P, h, A->xp16, g->s));
+    G_TRY(sync_host(g, err)); /* the per-expert row counts decide the GEMM shapes */
+    if (off[E] != P)
+        return moe_error_set(err, MOE_ERR_RUNTIME, "executor: layer %d permuted %d of %d rows", l,
+                             off[E], P);
+    if (g->record_stats)
+        for (int e = 0; e < E; e++) {
+            g->counts[(size_t)mi * E + e] += off[e + 1] - off[e];
+            g->step_load[(size_t)mi * E + e] += off[e + 1] - off[e];
+        }
+    if (g->rc.aux_coef != 0.0) {
+        /* d aux / d s_te = coef * E * f_e / T, f_e the fraction of pairs on e; aux itself needs
+         * the mean scores, summed on the GPU in a fixed order */
+        float auxg[GK_MAX_EXPERTS];
+        for (int e = 0; e < E; e++)
+            auxg[e] = (float)(g->grad_scale * g->rc.aux_coef * E * ((double)(off[e + 1] - off[e]) / P) / T);
+        G_CUDA(cudaMemcpyAsync(A->auxg, auxg, sizeof(float) * E, cudaMemcpyHostToDevice, g->s));
+        G_CUDA(cudaStreamSynchronize(g->s));
+    }
+    PH(COST_EXPERTS_FWD);
+    for (int e = 0; e < E; e++) {
+        int n = off[e + 1] - off[e];
+        if (!n) continue;
+        G_TRY(lin(g, A->xp16 + (size_t)off[e] * h, h, W16(g, w[W_GATE]) + (size_t)e * f * h, n, h,
+                  f, A->eg32 + (size_t)off[e] * f, f, CUDA_R_32F, 0, err));
+        G_TRY(lin(g, A->xp16 + (size_t)off[e] * h, h, W16(g, w[W_UP]) + (size_t)e * f * h, n, h, f,
+                  A->eu32 + (size_t)off[e] * f, f, CUDA_R_32F, 0, err));
+    }
+    G_LAUNCH(gk_swiglu(A->eg32, A->eu32, A->ehm16, (size_t)P * f, g->s));
+    for (int e = 0; e < E; e++) {
+        int n = off[e + 1] - off[e];
+        if (!n) continue;
+        G_TRY(lin(g, A->ehm16 + (size_t)off[e] * f, f, W16(g, w[W_DOWN]) + (size_t)e * h * f, n, f,
+                  h, A->yp32 + (size_t)off[e] * h, h, CUDA_R_32F, 0, err));
+    }
+    PH(COST_UNPERMUTE);
+    G_LAUNCH(gk_combine(y, A->yp32, A->weight, A->pos, T, k, h, g->s));
+    if (g->fs) {
+        PH(COST_SHARED_EXPERT);
+        G_TRY(swiglu_forward(g, A->b16, T, g->fs, W16(g, w[W_SGATE]), W16(g, w[W_SUP]),
+                             W16(g, w[W_SDOWN]), A->g32, A->u32, A->hm16, y, err));
+    }
+    return MOE_OK;
+}
+
+/* The load-balance loss of MoE layer l from its saved routing (one host sync). */
+static enum moe_status moe_aux_loss(struct exec_gpu *g, int l, const struct act *A, double *aux,
+                                    struct moe_error *err)
+{
+    int T = g->T, E = g->E, P = g->P;
+    const int *off = g->cfg.recompute ? g->off_host[0] : g->off_host[l];
+    G_LAUNCH(gk_scores(&g->rc, A->logits, T, g->scores, g->s));
+    G_LAUNCH(gk_colsum(g->scores, E, NULL, 0, NULL, T, E, g->part, g->ytmp, false, g->s));
+    float sums[GK_MAX_EXPERTS];
+    G_CUDA(cudaMemcpyAsync(sums, g->ytmp, sizeof(float) * E, cudaMemcpyDeviceToHost, g->s));
+    G_TRY(sync_host(g, err));
+    double a = 0.0;
+    for (int e = 0; e < E; e++) a += (double)(off[e + 1] - off[e]) / P * sums[e] / T;
+    *aux += g->rc.aux_coef * E * a;
+    return MOE_OK;
+}
+
+/* Backward of the MoE layer for dy16 / dy (fp32): db32 = d input, weight gradients +=. */
+static enum moe_status moe_backward(struct exec_gpu *g, int l, const struct act *A,
+                                    struct moe_error *err)
+{
+    const int *w = g->wi[l];
+    int T = g->T, h = g->h, E = g->E, k = g->k, f = g->f;
+    const int *off = g->cfg.recompute ? g->off_host[0] : g->off_host[l];
+    if (g->fs) {
+        PH(COST_SHARED_EXPERT);
+        G_TRY(swiglu_backward(g, A->b16, g->dy16, T, g->fs, W16(g, w[W_SGATE]), W16(g, w[W_SUP]),
+                              W16(g, w[W_SDOWN]), A->g32, A->u32, A->hm16, GR(g, w[W_SGATE]),
+                              GR(g, w[W_SUP]), GR(g, w[W_SDOWN]), g->db32, 0.0f, err));
+    }
+    PH(COST_UNPERMUTE);
+    G_LAUNCH(gk_combine_backward(g->dh, A->yp32, A->weight, A->pos, T, k, h, g->dyp16, g->dw, g->s));
+    PH(COST_EXPERTS_BWD);
+    for (int e = 0; e < E; e++) {
+        int n = off[e + 1] - off[e];
+        if (!n) continue;
+        size_t o = off[e];
+        G_TRY(lin_dx(g, g->dyp16 + o * h, h, W16(g, w[W_DOWN]) + (size_t)e * h * f, n, f, h,
+                     g->dehm32 + o * f, f, 0, err));
+        G_TRY(lin_dw(g, g->dyp16 + o * h, h, A->ehm16 + o * f, f, n, f, h,
+                     GR(g, w[W_DOWN]) + (size_t)e * h * f, err));
+    }
+    G_LAUNCH(gk_swiglu_backward(A->eg32, A->eu32, g->dehm32, g->deg16, g->deu16, (size_t)g->P * f,
+                                g->s));
+    for (int e = 0; e < E; e++) {
+        int n = off[e + 1] - off[e];
+        if (!n) continue;
+        size_t o = off[e];
+        G_TRY(lin_dx(g, g->deg16 + o * f, f, W16(g, w[W_GATE]) + (size_t)e * f * h, n, h, f,
+                     g->dxp32 + o * h, h, 0, err));
+        G_TRY(lin_dx(g, g->deu16 + o * f, f, W16(g, w[W_UP]) + (size_t)e * f * h, n, h, f,
+                     g->dxp32 + o * h, h, 1, err));
+        G_TRY(lin_dw(g, g->deg16 + o * f, f, A->xp16 + o * h, h, n, h, f,
+                     GR(g, w[W_GATE]) + (size_t)e * f * h, err));
+        G_TRY(lin_dw(g, g->deu16 + o * f, f, A->xp16 + o * h, h, n, h, f,
+                     GR(g, w[W_UP]) + (size_t)e * f * h, err));
+    }
+    PH(COST_PERMUTE);
+    G_LAUNCH(gk_gather_sum(g->dxp32, A->pos, T, k, h, g->db32, g->fs > 0, g->s));
+    PH(COST_ROUTER);
+    G_LAUNCH(gk_router_backward(&g->rc, A->logits, A->choice, A->weight, g->dw,
+                                g->rc.aux_coef != 0.0 ? A->auxg : NULL, T, g->dz, g->s));
+    G_TRY(mm(g, true, false, E, h, T, 1.0f, g->dz, E, 0, A->b32, h, 0, 1.0f, GR(g, w[W_ROUTER]), h,
+             0, 1, CUDA_R_32F, CUDA_R_32F, err));
+    return mm(g, false, false, T, h, E, 1.0f, g->dz, E, 0, M(g, w[W_ROUTER]), h, 0, 1.0f, g->db32,
+              h, 0, 1, CUDA_R_32F, CUDA_R_32F, err);
+}
+
+/* ---- blocks ------------------------------------------------------------------------------- */
+
+static enum moe_status block_forward(struct exec_gpu *g, int l, const float *x, float *y,
+                                     struct act *A, double *aux, struct moe_error *err)
+{
+    const int *w = g->wi[l];
+    int T = g->T, h = g->h;
+    size_t th = (size_t)T * h;
+    float eps = (float)g->m.norm_eps;
+    bool moe = g->moe_index[l] >= 0;
+    PH(COST_ATTN_FWD);
+    G_LAUNCH(gk_rmsnorm(x, h, M(g, w[W_ATTN_NORM]), T, h, eps, A->a16, h, NULL, 0, A->rstd1, g->s));
+    G_TRY(attn_forward(g, l, A, err));
+    G_CUDA(cudaMemcpyAsync(A->h1, x, th * sizeof(float), cudaMemcpyDeviceToDevice, g->s));
+    G_TRY(lin(g, A->o16, g->H * g->dv, W16(g, w[W_WO]), T, g->H * g->dv, h, A->h1, h, CUDA_R_32F,
+              1.0f, err));
+    PH(moe ? COST_ROUTER : COST_DENSE_FFN);
+    G_LAUNCH(gk_rmsnorm(A->h1, h, M(g, w[W_FFN_NORM]), T, h, eps, A->b16, h, moe ? A->b32 : NULL, h,
+                        A->rstd2, g->s));
+    G_CUDA(cudaMemcpyAsync(y, A->h1, th * sizeof(float), cudaMemcpyDeviceToDevice, g->s));
+    if (moe) {
+        G_TRY(moe_forward(g, l, A, y, err));
+        if (aux && g->rc.aux_coef != 0.0) G_TRY(moe_aux_loss(g, l, A, aux, err));
+        return MOE_OK;
+    }
+    return swiglu_forward(g, A->b16, T, g->fd, W16(g, w[W_GATE]), W16(g, w[W_UP]),
+                          W16(g, w[W_DOWN]), A->g32, A->u32, A->hm16, y, err);
+}
+
+/* dh (fp32, the gradient of the block output) -> dprev (the block input's). */
+static enum moe_status block_backward(struct exec_gpu *g, int l, const float *x,
+                                      const struct act *A, struct moe_error *err)
+{
+    const int *w = g->wi[l];
+    int T = g->T, h = g->h, Hd = g->H * g->dv;
+    bool moe = g->moe_index[l] >= 0;
+    G_LAUNCH(gk_to_bf16(g->dh, g->dy16, (size_t)T * h, g->s));
+    if (moe) {
+        G_TRY(moe_backward(g, l, A, err));
+    } else {
+        PH(COST_DENSE_FFN);
+        G_TRY(swiglu_backward(g, A->b16, g->dy16, T, g->fd, W16(g, w[W_GATE]), W16(g, w[W_UP]),
+                              W16(g, w[W_DOWN]), A->g32, A->u32, A->hm16, GR(g, w[W_GATE]),
+                              GR(g, w[W_UP]), GR(g, w[W_DOWN]), g->db32, 0.0f, err));
+    }
+    /* h1 = x + attn: dh1 = dy + norm backward of the FFN input (in place in dh) */
+    G_LAUNCH(gk_rmsnorm_backward(A->h1, h, M(g, w[W_FFN_NORM]), A->rstd2, g->db32, h, g->dh, h,
+                                 g->dh, h, T, h, g->s));
+    G_LAUNCH(gk_colsum(g->db32, h, A->h1, h, A->rstd2, T, h, g->part, GR(g, w[W_FFN_NORM]), true,
+                       g->s));
+    PH(COST_ATTN_BWD);
+    G_LAUNCH(gk_to_bf16(g->dh, g->dh16, (size_t)T * h, g->s));
+    G_TRY(mm(g, false, false, T, Hd, h, 1.0f, g->dh16, h, 0, W16(g, w[W_WO]), Hd, 0, 0.0f, g->do16,
+             Hd, 0, 1, CUDA_R_16BF, CUDA_R_16BF, err));
+    G_TRY(lin_dw(g, g->dh16, h, A->o16, Hd, T, Hd, h, GR(g, w[W_WO]), err));
+    G_TRY(attn_backward(g, l, A, err));
+    G_LAUNCH(gk_rmsnorm_backward(x, h, M(g, w[W_ATTN_NORM]), A->rstd1, g->da32, h, g->dh, h,
+                                 g->dprev, h, T, h, g->s));
+    G_LAUNCH(gk_colsum(g->da32, h, x, h, A->rstd1, T, h, g->part, GR(g, w[W_ATTN_NORM]), true, g->s));
+    return MOE_OK;
+}
+
+/* ---- creation ------------------------------------------------------------------------------ */
+
+static enum moe_status act_alloc(struct exec_gpu *g, struct act *A, bool moe_any, bool dense_any,
+                                 struct moe_error *err)
+{
+    int T = g->T, h = g->h, P = g->P, E = g->E, H = g->H, KV = g->KV;
+    enum exec_mem c = EXEC_MEM_ACTIVATIONS;
+    int fw = g->fd > g->fs ? g->fd : g->fs;
+    ALLOC(A->a16, (size_t)T * h, c);
+    ALLOC(A->rstd1, T, c);
+    ALLOC(A->q16, (size_t)T * H * g->dqk, c);
+    ALLOC(A->k16, (size_t)T * KV * g->dqk, c);
+    ALLOC(A->v16, (size_t)T * KV * g->dv, c);
+    ALLOC(A->o16, (size_t)T * H * g->dv, c);
+    if (g->mla) {
+        ALLOC(A->cq32, (size_t)T * g->ql, c);
+        ALLOC(A->rstdq, T, c);
+        ALLOC(A->cqn16, (size_t)T * g->ql, c);
+        ALLOC(A->ckvf32, (size_t)T * (g->kvl + g->rope), c);
+        ALLOC(A->rstdkv, T, c);
+        ALLOC(A->ckvn16, (size_t)T * g->kvl, c);
+    }
+    ALLOC(A->h1, (size_t)T * h, c);
+    ALLOC(A->b16, (size_t)T * h, c);
+    ALLOC(A->rstd2, T, c);
+    if (fw && (dense_any || g->fs)) {
+        ALLOC(A->g32, (size_t)T * fw, c);
+        ALLOC(A->u32, (size_t)T * fw, c);
+        ALLOC(A->hm16, (size_t)T * fw, c);
+    }
+    if (moe_any) {
+        ALLOC(A->b32, (size_t)T * h, c);
+        ALLOC(A->logits, (size_t)T * E, c);
+        ALLOC(A->choice, (size_t)P, c);
+        ALLOC(A->weight, (size_t)P, c);
+        ALLOC(A->pos, (size_t)P, c);
+        ALLOC(A->row_src, (size_t)P, c);
+        ALLOC(A->off, E + 1, c);
+        ALLOC(A->auxg, E, c);
+        ALLOC(A->xp16, (size_t)P * h, c);
+        ALLOC(A->eg32, (size_t)P * g->f, c);
+        ALLOC(A->eu32, (size_t)P * g->f, c);
+        ALLOC(A->ehm16, (size_t)P * g->f, c);
+        ALLOC(A->yp32, (size_t)P * h, c);
+    }
+    return MOE_OK;
+}
+
+static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
+                              const struct exec_gpu_cfg *cfg, struct moe_error *err)
+{
+    const struct mdl_attention *at = &m->attn;
+    G_TRY(exec_model_table(&g->table, m, err));
+    g->m = *m;
+    g->cfg = *cfg;
+    g->S = cfg->seq;
+    g->B = cfg->mbs;
+    g->T = cfg->seq * cfg->mbs;
+    g->L = m->layers;
+    g->h = m->hidden;
+    g->V = m->vocab;
+    g->E = m->moe.experts;
+    g->k = m->moe.top_k;
+    g->f = m->moe.intermediate;
+    g->fs = m->moe.shared_experts * m->moe.shared_intermediate;
+    g->fd = m->dense_intermediate;
+    g->P = g->T * g->k;
+    g->mla = at->type == MDL_ATTN_MLA;
+    g->H = at->heads;
+    g->KV = g->mla ? at->heads : at->kv_heads;
+    g->nope = g->mla ? at->qk_nope_head_dim : 0;
+    g->rope = g->mla ? at->qk_rope_head_dim : at->head_dim;
+    g->dqk = g->nope + g->rope;
+    g->dv = g->mla ? at->v_head_dim : at->head_dim;
+    g->ql = g->mla ? at->q_lora_rank : 0;
+    g->kvl = g->mla ? at->kv_lora_rank : 0;
+    exec_router_cfg_from_model(&g->rc, m);
+    g->rc.aux_coef = cfg->aux_coef;
+    if (cfg->seq < 1 || cfg->mbs < 1 || cfg->seq > m->max_seq_len)
+        return moe_error_set(err, MOE_ERR_INPUT, "executor: sequence %d (1 .. %d), mbs %d",
+                             cfg->seq, m->max_seq_len, cfg->mbs);
+    if (g->E > GK_MAX_EXPERTS)
+        return moe_error_set(err, MOE_ERR_UNSUPPORTED,
+                             "executor: %d experts; this build routes at most %d per layer", g->E,
+                             GK_MAX_EXPERTS);
+    if ((double)g->P * (g->h > g->f ? g->h : g->f) > 2e9 || (double)g->T * g->V > 2e9)
+        return moe_error_set(err, MOE_ERR_UNSUPPORTED,
+                             "executor: a micro-batch of %d tokens is too large for 32-bit GEMM "
+                             "offsets; lower mbs or seq_len",
+                             g->T);
+    G_CUDA(cudaSetDevice(cfg->device));
+    G_CUDA(cudaStreamCreateWithFlags(&g->s, cudaStreamNonBlocking));
+    G_BLAS(cublasCreate(&g->blas));
+    G_BLAS(cublasSetStream(g->blas, g->s));
+    /* a fixed workspace keeps cuBLAS's choice of algorithm, and so its results, the same */
+    size_t ws = 64u << 20;
+    G_TRY(dalloc(g, &g->blas_ws, ws, EXEC_MEM_WORKSPACE, err));
+    G_BLAS(cublasSetWorkspace(g->blas, g->blas_ws, ws));
+    G_BLAS(cublasSetMathMode(g->blas, CUBLAS_DEFAULT_MATH));
+    /* tensor indices */
+    size_t n = g->table.nparams;
+    g->wi = (int(*)[W_N])calloc((size_t)g->L, sizeof *g->wi);
+    g->moe_index = (int *)calloc((size_t)g->L, sizeof(int));
+    g->decay = (bool *)calloc((size_t)g->table.ntensors, sizeof(bool));
+    g->off_host = (int **)calloc((size_t)g->L, sizeof(int *));
+    g->xin = (float **)calloc((size_t)g->L + 1, sizeof(float *));
+    g->act = (struct act *)calloc((size_t)g->L, sizeof(struct act));
+    if (!g->wi || !g->moe_index || !g->decay || !g->off_host || !g->xin || !g->act)
+        return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
+    for (int i = 0; i < g->table.ntensors; i++)
+        g->decay[i] = strstr(g->table.tensor[i].name, "norm") == NULL;
+    for (int l = 0; l < g->L; l++) {
+        g->moe_index[l] = mdl_layer_is_moe(m, l) ? g->nmoe++ : -1;
+        for (int j = 0; j < W_N; j++) {
+            char name[64];
+            snprintf(name, sizeof name, "blk%d.%s", l, w_names[j]);
+            const struct exec_tensor *t = exec_ref_tensor(&g->table, name);
+            g->wi[l][j] = t ? (int)(t - g->table.tensor) : -1;
+        }
+    }
+    g->embed = (int)(exec_ref_tensor(&g->table, "embed") - g->table.tensor);
+    g->final_norm = (int)(exec_ref_tensor(&g->table, "final_norm") - g->table.tensor);
+    const struct exec_tensor *head = exec_ref_tensor(&g->table, m->tied_embeddings ? "embed" : "lm_head");
+    g->head = (int)(head - g->table.tensor);
+    /* parameters and optimizer state */
+    ALLOC(g->master, n, EXEC_MEM_MASTER);
+    ALLOC(g->w16, n, EXEC_MEM_WEIGHTS);
+    ALLOC(g->grad, n, EXEC_MEM_GRADS);
+    ALLOC(g->m1, n, EXEC_MEM_OPTIMIZER);
+    ALLOC(g->m2, n, EXEC_MEM_OPTIMIZER);
+    int E = g->E, T = g->T, P = g->P, h = g->h, H = g->H, KV = g->KV;
+    ALLOC(g->bias, (size_t)g->L * E, EXEC_MEM_MASTER);
+    g->bias_host = (double *)calloc((size_t)g->L * E, sizeof(double));
+    g->counts = (int64_t *)calloc((size_t)(g->nmoe ? g->nmoe : 1) * E, sizeof(int64_t));
+    g->step_load = (int64_t *)calloc((size_t)(g->nmoe ? g->nmoe : 1) * E, sizeof(int64_t));
+    if (!g->bias_host || !g->counts || !g->step_load)
+        return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
+    ALLOC(g->coact, (size_t)(g->nmoe ? g->nmoe : 1) * E * E, EXEC_MEM_WORKSPACE);
+    /* activations */
+    bool moe_any = g->nmoe > 0, dense_any = g->nmoe < g->L;
+    for (int l = 0; l <= g->L; l++) ALLOC(g->xin[l], (size_t)T * h, EXEC_MEM_ACTIVATIONS);
+    int nact = cfg->recompute ? 1 : g->L;
+    for (int l = 0; l < nact; l++) {
+        G_TRY(act_alloc(g, &g->act[l], moe_any, dense_any, err));
+        G_CUDA(cudaMallocHost((void **)&g->off_host[l], sizeof(int) * (E + 1)));
+    }
+    for (int l = nact; l < g->L; l++) {
+        g->act[l] = g->act[0];
+        g->off_host[l] = g->off_host[0];
+    }
+    /* workspace */
+    enum exec_mem c = EXEC_MEM_WORKSPACE;
+    int dqk = g->dqk, dv = g->dv, S = g->S, fw = g->fd > g->fs ? g->fd : g->fs;
+    size_t HSS = (size_t)H * S * S;
+    ALLOC(g->tok, (size_t)g->B * (S + 1), c);
+    ALLOC(g->tok_in, T, c);
+    ALLOC(g->tgt, T, c);
+    int chunks = (P + GK_CHUNK - 1) / GK_CHUNK, rchunks = (T + GK_CHUNK - 1) / GK_CHUNK;
+    ALLOC(g->perm_cnt, (size_t)chunks * E + 1, c);
+    ALLOC(g->perm_base, (size_t)chunks * E + 1, c);
+    ALLOC(g->q32, (size_t)T * H * dqk, c);
+    ALLOC(g->k32, (size_t)T * KV * dqk, c);
+    ALLOC(g->S32, HSS, c);
+    ALLOC(g->P16, HSS, c);
+    ALLOC(g->dP32, HSS, c);
+    ALLOC(g->dS16, HSS, c);
+    int widest = h > E ? h : E;
+    if (g->mla) widest = widest > g->kvl + g->rope ? widest : g->kvl + g->rope;
+    if (g->ql > widest) widest = g->ql;
+    ALLOC(g->part, (size_t)rchunks * widest, c);
+    ALLOC(g->ytmp, widest, c);
+    ALLOC(g->dh, (size_t)T * h, c);
+    ALLOC(g->dprev, (size_t)T * h, c);
+    if (cfg->recompute) ALLOC(g->yscr, (size_t)T * h, c);
+    ALLOC(g->da32, (size_t)T * h, c);
+    ALLOC(g->db32, (size_t)T * h, c);
+    ALLOC(g->dy16, (size_t)T * h, c);
+    ALLOC(g->dh16, (size_t)T * h, c);
+    ALLOC(g->do16, (size_t)T * H * dv, c);
+    ALLOC(g->dq32, (size_t)T * H * dqk, c);
+    ALLOC(g->dk32, (size_t)T * KV * dqk, c);
+    ALLOC(g->dv32, (size_t)T * KV * dv, c);
+    ALLOC(g->dq16, (size_t)T * H * dqk, c);
+    ALLOC(g->dk16, (size_t)T * KV * dqk, c);
+    ALLOC(g->dv16, (size_t)T * KV * dv, c);
+    if (g->mla) {
+        ALLOC(g->kv32, (size_t)T * H * (g->nope + dv), c);
+        ALLOC(g->dqf32, (size_t)T * H * dqk, c);
+        ALLOC(g->dqf16, (size_t)T * H * dqk, c);
+        ALLOC(g->dkv32, (size_t)T * H * (g->nope + dv), c);
+        ALLOC(g->dkv16, (size_t)T * H * (g->nope + dv), c);
+        ALLOC(g->dckvn32, (size_t)T * g->kvl, c);
+        ALLOC(g->dckvf32, (size_t)T * (g->kvl + g->rope), c);
+        ALLOC(g->dckvf16, (size_t)T * (g->kvl + g->rope), c);
+        ALLOC(g->dcqn32, (size_t)T * g->ql, c);
+        ALLOC(g->dcq32, (size_t)T * g->ql, c);
+        ALLOC(g->dcq16, (size_t)T * g->ql, c);
+    }
+    if (fw) {
+        ALLOC(g->dhm32, (size_t)T * fw, c);
+        ALLOC(g->dg16, (size_t)T * fw, c);
+        ALLOC(g->du16, (size_t)T * fw, c);
+    }
+    if (moe_any) {
+        ALLOC(g->dw, P, c);
+        ALLOC(g->dyp16, (size_t)P * h, c);
+        ALLOC(g->dehm32, (size_t)P * g->f, c);
+        ALLOC(g->deg16, (size_t)P * g->f, c);
+        ALLOC(g->deu16, (size_t)P * g->f, c);
+        ALLOC(g->dxp32, (size_t)P * h, c);
+        ALLOC(g->dz, (size_t)T * E, c);
+        ALLOC(g->scores, (size_t)T * E, c);
+    }
+    ALLOC(g->fin16, (size_t)T * h, c);
+    ALLOC(g->rstdf, T, c);
+    ALLOC(g->logits, (size_t)T * g->V, c);
+    ALLOC(g->dlog16, (size_t)T * g->V, c);
+    ALLOC(g->row_loss, T, c);
+    ALLOC(g->dfin32, (size_t)T * h, c);
+    ALLOC(g->norm_part, GK_NORM_BLOCKS, c);
+    G_CUDA(cudaMallocHost((void **)&g->host_rows, sizeof(float) * (size_t)T));
+    size_t fr, tot;
+    G_CUDA(cudaStreamSynchronize(g->s));
+    G_CUDA(cudaMemGetInfo(&fr, &tot));
+    g->dev_total = (double)tot;
+    g->peak_used = (double)(tot - fr);
+    return MOE_OK;
+}
+
+extern "C" enum moe_status exec_gpu_create(struct exec_gpu **out, const struct mdl_model *m,
+                                           const struct exec_gpu_cfg *cfg, struct moe_error *err)
+{
+    *out = NULL;
+    struct exec_gpu *g = (struct exec_gpu *)calloc(1, sizeof *g);
+    if (!g) return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
+    enum moe_status st = create(g, m, cfg, err);
+    if (st != MOE_OK) {
+        exec_gpu_destroy(g);
+        return st;
+    }
+    *out = g;
+    return MOE_OK;
+}
+
+extern "C" void exec_gpu_destroy(struct exec_gpu *g)
+{
+    if (!g) return;
+    if (g->s) cudaStreamSynchronize(g->s);
+    for (int i = 0; i < g->nallocs; i++) cudaFree(g->allocs[i]);
+    for (int i = 0; i < g->ev_created; i++) cudaEventDestroy(g->ev[i]);
+    if (g->off_host)
+        for (int l = 0; l < (g->cfg.recompute ? 1 : g->L); l++)
+            if (g->off_host[l]) cudaFreeHost(g->off_host[l]);
+    if (g->host_rows) cudaFreeHost(g->host_rows);
+    if (g->blas) cublasDestroy(g->blas);
+    if (g->s) cudaStreamDestroy(g->s);
+    free(g->wi), free(g->moe_index), free(g->decay), free(g->off_host), free(g->xin), free(g->act);
+    free(g->bias_host), free(g->counts), free(g->step_load);
+    free(g);
+}
+
+extern "C" const struct exec_ref_model *exec_gpu_table(const struct exec_gpu *g) { return &g->table; }
+
+/* ---- parameters ---------------------------------------------------------------------------- */
+
+static enum moe_status refresh_bf16(struct exec_gpu *g, struct moe_error *err)
+{
+    G_LAUNCH(gk_to_bf16(g->master, g->w16, g->table.nparams, g->s));
+    G_CUDA(cudaStreamSynchronize(g->s));
+    return MOE_OK;
+}
+
+extern "C" enum moe_status exec_gpu_init(struct exec_gpu *g, uint64_t seed, struct moe_error *err)
+{
+    for (int i = 0; i < g->table.ntensors; i++) {
+        const struct exec_tensor *t = &g->table.tensor[i];
+        G_LAUNCH(gk_init(g->master + t->offset, t->size, t->offset, seed, 0.02f,
+                         strstr(t->name, "norm") != NULL, g->s));
+    }
+    G_CUDA(cudaMemsetAsync(g->m1, 0, sizeof(float) * g->table.nparams, g->s));
+    G_CUDA(cudaMemsetAsync(g->m2, 0, sizeof(float) * g->table.nparams, g->s));
+    return refresh_bf16(g, err);
+}
+
+/* Host copies in pieces through one float buffer. */
+static enum moe_status copy_params(struct exec_gpu *g, float *dev, double *host, bool to_dev,
+                                   struct moe_error *err)
+{
+    size_t n = g->table.nparams, piece = 1u << 24;
+    float *buf = (float *)malloc(sizeof(float) * (n < piece ? n : piece));
+    if (!buf) return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
+    enum moe_status st = MOE_OK;
+    for (size_t o = 0; o < n && st == MOE_OK; o += piece) {
+        size_t c = n - o < piece ? n - o : piece;
+        cudaError_t e;
+        if (to_dev) {
+            for (size_t i = 0; i < c; i++) buf[i] = (float)host[o + i];
+            e = cudaMemcpy(dev + o, buf, sizeof(float) * c, cudaMemcpyHostToDevice);
+        } else {
+            e = cudaMemcpy(buf, dev + o, sizeof(float) * c, cudaMemcpyDeviceToHost);
+            for (size_t i = 0; i < c; i++) host[o + i] = buf[i];
+        }
+        if (e != cudaSuccess)
+            st = moe_error_set(err, MOE_ERR_CUDA, "executor: copy of parameters: %s",
+                               cudaGetErrorString(e));
+    }
+    free(buf);
+    return st;
+}
+
+extern "C" enum moe_status exec_gpu_set_params(struct exec_gpu *g, const double *params,
+                                               struct moe_error *err)
+{
+    G_CUDA(cudaStreamSynchronize(g->s));
+    G_TRY(copy_params(g, g->master, (double *)params, true, err));
+    return refresh_bf16(g, err);
+}
+
+extern "C" enum moe_status exec_gpu_get_params(struct exec_gpu *g, double *params,
+                                               struct moe_error *err)
+{
+    G_CUDA(cudaStreamSynchronize(g->s));
+    return copy_params(g, g->master, params, false, err);
+}
+
+extern "C" enum moe_status exec_gpu_get_grads(struct exec_gpu *g, double *grad, struct moe_error *err)
+{
+    G_CUDA(cudaStreamSynchronize(g->s));
+    return copy_params(g, g->grad, grad, false, err);
+}
+
+static enum moe_status upload_bias(struct exec_gpu *g, struct moe_error *err)
+{
+    size_t n = (size_t)g->L * g->E;
+    float *b = (float *)malloc(sizeof(float) * n);
+    if (!b) return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
+    for (size_t i = 0; i < n; i++) b[i] = (float)g->bias_host[i];
+    cudaError_t e = cudaMemcpyAsync(g->bias, b, sizeof(float) * n, cudaMemcpyHostToDevice, g->s);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(g->s);
+    free(b);
+    G_CUDA(e);
+    return MOE_OK;
+}
+
+extern "C" enum moe_status exec_gpu_set_bias(struct exec_gpu *g, const double *bias,
+                                             struct moe_error *err)
+{
+    memcpy(g->bias_host, bias, sizeof(double) * (size_t)g->L * g->E);
+    return upload_bias(g, err);
+}
+
+extern "C" enum moe_status exec_gpu_get_bias(struct exec_gpu *g, double *bias, struct moe_error *err)
+{
+    (void)err;
+    memcpy(bias, g->bias_host, sizeof(double) * (size_t)g->L * g->E);
+    return MOE_OK;
+}
+
+/* ---- the step ------------------------------------------------------------------------------ */
+
+extern "C" enum moe_status exec_gpu_step_begin(struct exec_gpu *g, struct moe_error *err)
+{
+    g->nev = 0;
+    g->ev_overflow = false;
+    g->syncs = 0;
+    memset(g->step_load, 0, sizeof(int64_t) * (size_t)(g->nmoe ? g->nmoe : 1) * g->E);
+    PH(COST_OPTIMIZER);
+    G_CUDA(cudaMemsetAsync(g->grad, 0, sizeof(float) * g->table.nparams, g->s));
+    return MOE_OK;
+}
+
+extern "C" enum moe_status exec_gpu_micro_batch(struct exec_gpu *g, const int *tokens,
+                                                double grad_scale, double *loss, double *aux,
+                                                struct moe_error *err)
+{
+    int T = g->T, h = g->h, V = g->V, L = g->L;
+    float eps = (float)g->m.norm_eps;
+    double aux_sum = 0.0;
+    for (int i = 0; i < g->B * (g->S + 1); i++)
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return moe_error_set(err, MOE_ERR_INPUT, "executor: token %d is %d, vocab %d", i,
+                                 tokens[i], V);
+    g->record_stats = true;
+    g->grad_scale = grad_scale;
+    PH(COST_EMBED);
+    G_CUDA(cudaMemcpyAsync(g->tok, tokens, sizeof(int) * (size_t)g->B * (g->S + 1),
+                           cudaMemcpyHostToDevice, g->s));
+    G_LAUNCH(gk_split(g->tok, g->B, g->S, g->tok_in, g->tgt, g->s));
+    G_LAUNCH(gk_embed(M(g, g->embed), g->tok_in, T, h, g->xin[0], g->s));
+    for (int l = 0; l < L; l++)
+        G_TRY(block_forward(g, l, g->xin[l], g->xin[l + 1], &g->act[l], &aux_sum, err));
+    PH(COST_LM_HEAD);
+    G_LAUNCH(gk_rmsnorm(g->xin[L], h, M(g, g->final_norm), T, h, eps, g->fin16, h, NULL, 0,
+                        g->rstdf, g->s));
+    G_TRY(lin(g, g->fin16, h, W16(g, g->head), T, h, V, g->logits, V, CUDA_R_32F, 0, err));
+    PH(COST_LOSS);
+    G_LAUNCH(gk_cross_entropy(g->logits, g->tgt, T, V, (float)(grad_scale / T), g->row_loss,
+                              g->dlog16, g->s));
+    G_CUDA(cudaMemcpyAsync(g->host_rows, g->row_loss, sizeof(float) * T, cudaMemcpyDeviceToHost, g->s));
+    /* backward */
+    PH(COST_LM_HEAD);
+    G_TRY(lin_dx(g, g->dlog16, V, W16(g, g->head), T, h, V, g->dfin32, h, 0, err));
+    G_TRY(lin_dw(g, g->dlog16, V, g->fin16, h, T, h, V, GR(g, g->head), err));
+    G_LAUNCH(gk_rmsnorm_backward(g->xin[L], h, M(g, g->final_norm), g->rstdf, g->dfin32, h, NULL, 0,
+                                 g->dh, h, T, h, g->s));
+    G_LAUNCH(gk_colsum(g->dfin32, h, g->xin[L], h, g->rstdf, T, h, g->part, GR(g, g->final_norm),
+                       true, g->s));
+    for (int l = L - 1; l >= 0; l--) {
+        if (g->cfg.recompute) {
+            g->record_stats = false;
+            G_TRY(block_forward(g, l, g->xin[l], g->yscr, &g->act[l], NULL, err));
+        }
+        G_TRY(block_backward(g, l, g->xin[l], &g->act[l], err));
+        float *t = g->dh;
+        g->dh = g->dprev;
+        g->dprev = t;
+    }
+    PH(COST_EMBED);
+    G_LAUNCH(gk_embed_backward(g->dh, g->tok_in, T, h, GR(g, g->embed), g->s));
+    G_TRY(sync_host(g, err));
+    double sum = 0.0;
+    for (int t = 0; t < T; t++) sum += g->host_rows[t];
+    *loss = sum / T + aux_sum;
+    if (aux) *aux = aux_sum;
+    return MOE_OK;
+}
+
+extern "C" enum moe_status exec_gpu_optimizer(struct exec_gpu *g, const struct exec_adamw *o,
+                                              int step, double *gnorm, struct moe_error *err)
+{
+    PH(COST_OPTIMIZER);
+    double part[GK_NORM_BLOCKS], norm = 0.0;
+    G_LAUNCH(gk_sumsq(g->grad, g->table.nparams, g->norm_part, g->s));
+    G_CUDA(cudaMemcpyAsync(part, g->norm_part, sizeof part, cudaMemcpyDeviceToHost, g->s));
+    G_TRY(sync_host(g, err));
+    for (int i = 0; i < GK_NORM_BLOCKS; i++) norm += part[i];
+    norm = sqrt(norm);
+    *gnorm = norm;
+    if (!isfinite(norm))
+        return moe_error_set(err, MOE_ERR_RUNTIME,
+                             "step %d: the gradient norm is %g; training diverged (lower the "
+                             "learning rate or check the data)",
+                             step, norm);
+    struct gk_adamw a;
+    a.lr = (float)exec_lr_at(o, step);
+    a.beta1 = (float)o->beta1;
+    a.beta2 = (float)o->beta2;
+    a.eps = (float)o->eps;
+    a.c1 = (float)(1.0 - pow(o->beta1, step + 1));
+    a.c2 = (float)(1.0 - pow(o->beta2, step + 1));
+    a.scale = (float)(o->clip > 0 && norm > o->clip ? o->clip / norm : 1.0);
+    for (int i = 0; i < g->table.ntensors; i++) {
+        const struct exec_tensor *t = &g->table.tensor[i];
+        a.wd = g->decay[i] ? (float)o->weight_decay : 0.0f;
+        G_LAUNCH(gk_adamw(g->master + t->offset, g->grad + t->offset, g->m1 + t->offset,
+                          g->m2 + t->offset, g->w16 + t->offset, t->size, &a, g->s));
+    }
+    return MOE_OK;
+}
+
+extern "C" enum moe_status exec_gpu_update_bias(struct exec_gpu *g, double rate,
+                                                struct moe_error *err)
+{
+    if (rate == 0.0 || g->nmoe == 0) return MOE_OK;
+    int E = g->E;
+    for (int l = 0; l < g->L; l++) {
+        int mi = g->moe_index[l];
+        if (mi < 0) continue;
+        const int64_t *load = g->step_load + (size_t)mi * E;
+        double mean = 0.0;
+        for (int e = 0; e < E; e++) mean += (double)load[e] / E;
+        for (int e = 0; e < E; e++) {
+            double d = mean - (double)load[e];
+            g->bias_host[(size_t)l * E + e] += rate * (d > 0 ? 1.0 : d < 0 ? -1.0 : 0.0);
+        }
+    }
+    return upload_bias(g, err);
+}
+
+extern "C" enum moe_status exec_gpu_step_end(struct exec_gpu *g, struct exec_gpu_step_stats *st,
+                                             struct moe_error *err)
+{
+    PH(-1);
+    G_CUDA(cudaStreamSynchronize(g->s));
+    memset(st, 0, sizeof *st);
+    for (int i = 0; i + 1 < g->nev; i++) {
+        float ms = 0.0f;
+        G_CUDA(cudaEventElapsedTime(&ms, g->ev[i], g->ev[i + 1]));
+        if (g->ev_phase[i] >= 0) st->phase_ms[g->ev_phase[i]] += ms;
+        st->phase_ms[COST_STEP] += ms;
+    }
+    st->host_syncs = g->syncs;
+    size_t fr, tot;
+    G_CUDA(cudaMemGetInfo(&fr, &tot));
+    if ((double)(tot - fr) > g->peak_used) g->peak_used = (double)(tot - fr);
+    return MOE_OK;
+}
+
+extern "C" void exec_gpu_memory(const struct exec_gpu *g, struct exec_gpu_memory *m)
+{
+    memcpy(m->bytes, g->mem, sizeof m->bytes);
+    m->device_used_peak = g->peak_used;
+    m->device_total = g->dev_total;
+}
+
+extern "C" enum moe_status exec_gpu_routing(struct exec_gpu *g, int layer, int64_t *counts,
+                                            int64_t *coact, struct moe_error *err)
+{
+    if (layer < 0 || layer >= g->L || g->moe_index[layer] < 0)
+        return moe_error_set(err, MOE_ERR_INPUT, "executor: layer %d is not a MoE layer", layer);
+    int mi = g->moe_index[layer], E = g->E;
+    memcpy(counts, g->counts + (size_t)mi * E, sizeof(int64_t) * E);
+    if (!coact) return MOE_OK;
+    size_t n = (size_t)E * E;
+    unsigned long long *buf = (unsigned long long *)malloc(sizeof *buf * n);
+    if (!buf) return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
+    cudaError_t e = cudaMemcpy(buf, g->coact + (size_t)mi * n, sizeof *buf * n, cudaMemcpyDeviceToHost);
+    for (size_t i = 0; i < n && e == cudaSuccess; i++) coact[i] = (int64_t)buf[i];
+    free(buf);
+    G_CUDA(e);
+    return MOE_OK;
+}

@@ -1,0 +1,76 @@
+/*
+ * gpu_step.h: the launchers of gpu_kernels.cu, for gpu_step.cu (internal to executor/; the
+ * module's public header is exec.h).
+ */
+#ifndef GPU_STEP_H
+#define GPU_STEP_H
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "exec.h"
+
+typedef __nv_bfloat16 bf16;
+
+#define GK_CHUNK 1024        /* rows per partial sum, pairs per permutation chunk */
+#define GK_NORM_BLOCKS 1024  /* partial sums of the gradient norm */
+#define GK_MAX_EXPERTS 512   /* the router kernels keep a token's scores in registers */
+
+struct gk_adamw {
+    float lr, beta1, beta2, eps, wd, c1, c2, scale;
+};
+
+void gk_init(float *p, size_t n, size_t base, uint64_t seed, float std, bool ones, cudaStream_t s);
+void gk_to_bf16(const float *x, bf16 *y, size_t n, cudaStream_t s);
+void gk_split(const int *tok, int B, int S, int *in, int *tgt, cudaStream_t s);
+void gk_embed(const float *emb, const int *tok, int T, int h, float *x, cudaStream_t s);
+void gk_embed_backward(const float *dx, const int *tok, int T, int h, float *demb, cudaStream_t s);
+void gk_rmsnorm(const float *x, int ldx, const float *w, int T, int h, float eps, bf16 *y16,
+                int ld16, float *y32, int ld32, float *rstd, cudaStream_t s);
+void gk_rmsnorm_backward(const float *x, int ldx, const float *w, const float *rstd,
+                         const float *dy, int lddy, const float *base, int ldb, float *dx, int lddx,
+                         int T, int h, cudaStream_t s);
+/* out[c] (+)= sum_t a[t,c] * b[t,c] * r[t]; part holds ceil(T / GK_CHUNK) x n floats. */
+void gk_colsum(const float *a, int lda, const float *b, int ldb, const float *r, int T, int n,
+               float *part, float *out, bool accumulate, cudaStream_t s);
+void gk_rope(float *x, int T, int heads, int dim, int rot, float theta, int seq, bool inverse,
+             cudaStream_t s);
+void gk_mla_assemble(const float *qf, const float *ckvf, const float *kv, int T, int H, int nope,
+                     int rope, int dv, int kvl, float theta, int seq, bf16 *q, bf16 *k, bf16 *v,
+                     cudaStream_t s);
+void gk_mla_disassemble(const float *dq, const float *dk, const float *dv, int T, int H, int nope,
+                        int rope, int dvd, int kvl, float theta, int seq, float *dqf, float *dkv,
+                        float *dckvf, cudaStream_t s);
+void gk_attn_softmax(float *S32, bf16 *P16, int rows, int S, int window, cudaStream_t s);
+void gk_attn_softmax_backward(const float *P, const float *dP, bf16 *dS, int rows, int S,
+                              cudaStream_t s);
+void gk_swiglu(const float *g, const float *u, bf16 *hm, size_t n, cudaStream_t s);
+void gk_swiglu_backward(const float *g, const float *u, const float *dhm, bf16 *dg, bf16 *du,
+                        size_t n, cudaStream_t s);
+/* cnt, base: ceil(n / GK_CHUNK) x E ints; off: E + 1 ints. */
+void gk_permute_count(const int *choice, int n, int E, int *cnt, int *base, int *off,
+                      cudaStream_t s);
+void gk_permute_place(const int *choice, int n, int E, const int *base, const int *off,
+                      int *row_src, int *pos, cudaStream_t s);
+void gk_gather(const bf16 *x, const int *row_src, int k, int P, int h, bf16 *xp, cudaStream_t s);
+void gk_combine(float *y, const float *yp, const float *w, const int *pos, int T, int k, int h,
+                cudaStream_t s);
+void gk_combine_backward(const float *dy, const float *yp, const float *w, const int *pos, int T,
+                         int k, int h, bf16 *dyp, float *dw, cudaStream_t s);
+void gk_gather_sum(const float *dxp, const int *pos, int T, int k, int h, float *dx,
+                   bool accumulate, cudaStream_t s);
+void gk_scores(const struct exec_router_cfg *cfg, const float *logits, int T, float *scores,
+               cudaStream_t s);
+void gk_router_backward(const struct exec_router_cfg *cfg, const float *logits, const int *choice,
+                        const float *weight, const float *dw, const float *auxg, int T, float *dz,
+                        cudaStream_t s);
+void gk_coactivation(const int *choice, int T, int k, int E, unsigned long long *co,
+                     cudaStream_t s);
+void gk_cross_entropy(const float *logits, const int *tgt, int T, int V, float scale,
+                      float *row_loss, bf16 *dlogits, cudaStream_t s);
+void gk_sumsq(const float *g, size_t n, double *part, cudaStream_t s);
+void gk_adamw(float *p, const float *g, float *m1, float *m2, bf16 *w16, size_t n,
+              const struct gk_adamw *a, cudaStream_t s);
+
+#endif
