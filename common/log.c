@@ -72,3 +72,11 @@ void moe_progress_finish(struct moe_progress *p)
     fputs("\r\033[K", p->out); /* erase the bar: results follow on a clean line */
     fflush(p->out);
 }
+
+void moe_progress_clear(struct moe_progress *p)
+{
+    if (!p->draw) return;
+    fputs("\r\033[K", p->out);
+    fflush(p->out);
+    p->last_percent = -1;
+}

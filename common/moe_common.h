@@ -148,6 +148,8 @@ void moe_progress_start(struct moe_progress *p, FILE *out, bool enabled, const c
                         uint64_t total);
 void moe_progress_update(struct moe_progress *p, uint64_t done);
 void moe_progress_finish(struct moe_progress *p);
+/* Erase the bar so that a line of output can be printed; the next update draws it again. */
+void moe_progress_clear(struct moe_progress *p);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Units                                                                                          */

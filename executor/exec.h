@@ -115,6 +115,7 @@ struct exec_ref_model {
     int ntensors;
     double *bias;    /* (layers, experts) selection bias of the MoE layers, or NULL: none */
     double aux_coef; /* load-balance loss coefficient of every MoE layer (0: none) */
+    int64_t *route_counts; /* (layers, experts) or NULL: each step adds its (token, expert) pairs */
 };
 /* The tensor table alone (params NULL): names, shapes and offsets, which the GPU executor shares.
  * A few per-model features (QK-norm, attention biases, sinks, expert biases) are not in the

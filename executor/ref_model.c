@@ -369,7 +369,14 @@ static enum moe_status block_forward(const struct ctx *c, int l, const double *x
     if (mdl_layer_is_moe(m, l)) {
         struct exec_ref_moe w;
         moe_view(c, l, &w, NULL);
-        if ((st = exec_ref_moe_forward(&w, s->b, T, s->f, NULL, NULL, err))) return st;
+        bool count = !c->grad && c->r->route_counts;
+        int *choice = count ? malloc(sizeof *choice * (size_t)T * m->moe.top_k) : NULL;
+        if (count && !choice) return moe_error_set(err, MOE_ERR_NOMEM, "reference: out of memory");
+        st = exec_ref_moe_forward(&w, s->b, T, s->f, choice, NULL, err);
+        for (int i = 0; count && st == MOE_OK && i < T * m->moe.top_k; i++)
+            c->r->route_counts[(size_t)l * m->moe.experts + choice[i]]++;
+        free(choice);
+        if (st != MOE_OK) return st;
         if (!c->grad) ((struct ctx *)c)->aux += exec_ref_moe_aux_loss(&w, s->b, T);
     } else {
         int fd = m->dense_intermediate;

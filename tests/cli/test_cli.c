@@ -172,14 +172,49 @@ static void test_not_built(void **state)
     static struct result r;
     RUN(&r, "calibrate");
     assert_int_equal(r.code, 1);
+#ifndef MOEPLAN_HAVE_EXECUTOR
     RUN(&r, "run", "plan.json");
     assert_int_equal(r.code, 1);
-#ifdef MOEPLAN_HAVE_EXECUTOR
-    expect_in(r.err, "'run' is not built yet");
-#else
     expect_in(r.err, "this build has no executor");
 #endif
 }
+
+#ifdef MOEPLAN_HAVE_EXECUTOR
+/* `run`: a missing plan, a plan for many GPUs (refused, naming the distributed executor), and a
+ * one-GPU plan of the tiny model: trained where there is a GPU, a clear refusal where not. */
+static void test_run(void **state)
+{
+    (void)state;
+    static struct result r;
+    RUN(&r, "run", "/nonexistent/plan.json");
+    assert_true(r.code != 0);
+    expect_in(r.err, "/nonexistent/plan.json");
+    RUN(&r, "plan", "--model", "tiny-moe-gqa", "--cluster", "hgx-h200-x8", "--seq-len", "64",
+        "-o", "/tmp/moe_cli_plan8.json");
+    assert_int_equal(r.code, 0);
+    RUN(&r, "run", "/tmp/moe_cli_plan8.json");
+    assert_int_equal(r.code, 1);
+    expect_in(r.err, "distributed executor");
+    RUN(&r, "plan", "--model", "tiny-moe-gqa", "--cluster", "hgx-h200-x8", "--gpus", "1",
+        "--seq-len", "64", "-o", "/tmp/moe_cli_plan1.json");
+    assert_int_equal(r.code, 0);
+    RUN(&r, "run", "/tmp/moe_cli_plan1.json", "--steps", "3", "--out", "/tmp/moe_cli_measured.json");
+    if (r.code == 0) {
+        expect_in(r.out, "step    3/3");
+        expect_in(r.out, "measured.json written");
+        /* the planner reads the measured routing back */
+        RUN(&r, "predict", "--model", "tiny-moe-gqa", "--cluster", "hgx-h200-x8", "--gpus", "1",
+            "--seq-len", "64", "--routing", "/tmp/moe_cli_measured.json", "--layout", "mbs=1");
+        assert_int_equal(r.code, 0);
+        unlink("/tmp/moe_cli_measured.json");
+    } else {
+        assert_int_equal(r.code, 1);
+        expect_in(r.err, "no CUDA GPU");
+    }
+    unlink("/tmp/moe_cli_plan8.json");
+    unlink("/tmp/moe_cli_plan1.json");
+}
+#endif
 
 static void test_model_commands(void **state)
 {
@@ -349,6 +384,9 @@ int main(void)
         cmocka_unit_test(test_check_bad_input), cmocka_unit_test(test_not_built),
         cmocka_unit_test(test_model_commands),  cmocka_unit_test(test_topo_commands),
         cmocka_unit_test(test_predict),         cmocka_unit_test(test_plan),
+#ifdef MOEPLAN_HAVE_EXECUTOR
+        cmocka_unit_test(test_run),
+#endif
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,434 @@
+/*
+ * test_gpu_step.c: the GPU training step against the CPU reference (ref_model.c), on the tiny
+ * models and variants that reach every code path: GQA and MLA (with and without q compression),
+ * dense and MoE blocks, shared experts, tied embeddings, a sliding window, sigmoid group-limited
+ * routing, the load-balance loss, selection biases, several sequences per micro-batch, gradient
+ * accumulation over micro-batches and full recompute.
+ *
+ * Both sides start from the same weights, rounded to bf16 so that the GPU's bf16 copies equal
+ * the reference's doubles; what differs is the GPU's bf16 activations at GEMM inputs (fp32
+ * accumulation, fp32 residual and gradients). Tolerances (bf16 has an 8-bit significand, 2^-9
+ * relative rounding):
+ *   loss                        within 2e-3 relative
+ *   every parameter's gradient  ||g_gpu - g_ref|| <= 3e-2 ||g_ref|| + 1e-7 per tensor (a
+ *                               tensor the routing leaves without gradient is 0 on both sides,
+ *                               up to fp32 rounding noise)
+ * The routing itself must agree (per-expert counts of every MoE layer equal); where bf16
+ * rounding decides a near-tie the other way, the case is rerun with the next seed (at most 3).
+ * Dropless edge cases (one expert takes every token, experts with none, top_k = experts) match
+ * the same way; reruns are bit-identical; training on text follows the reference's loss curve.
+ * Exits 77 (skipped) where there is no GPU.
+ */
+#include "../unit/moe_test.h"
+
+#include "exec.h"
+
+#include <math.h>
+
+static int gpus(void)
+{
+    int n = 0;
+    struct moe_error err;
+    if (exec_device_count(&n, &err) != MOE_OK) return 0;
+    return n;
+}
+
+static void load(const char *name, struct mdl_model *m)
+{
+    char dir[1024];
+    struct moe_error err;
+    moe_test_src(dir, sizeof dir, "model");
+    if (mdl_model_resolve(m, name, dir, &err) != MOE_OK) fail_msg("%s", err.message);
+}
+
+/* Round to the nearest bf16 (ties to even), as __float2bfloat16 does. */
+static double bf16_round(double x)
+{
+    float f = (float)x;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+struct setup {
+    double aux_coef;
+    bool with_bias;     /* a random selection bias; or force[] below */
+    int force_expert;   /* >= 0: a bias that sends every token to this expert first */
+    int starve;         /* experts 0 .. starve-1 get a large negative bias: no tokens */
+    int mbs, micro;     /* sequences per micro-batch, micro-batches per step */
+    bool recompute;
+};
+
+/* The reference model with test weights: init, larger perturbations (so that every path carries
+ * signal and routing has clear margins), rounded to bf16. */
+static void ref_setup(struct exec_ref_model *r, const struct mdl_model *m, uint64_t seed,
+                      const struct setup *s, double **bias)
+{
+    struct moe_error err;
+    assert_int_equal(exec_ref_model_create(r, m, seed, &err), MOE_OK);
+    struct moe_rng rng;
+    moe_rng_seed(&rng, seed + 7);
+    for (int i = 0; i < r->ntensors; i++) {
+        const struct exec_tensor *t = &r->tensor[i];
+        /* a large embedding keeps the residual stream dominated by exact fp32 values, so that
+         * bf16 rounding inside the blocks rarely moves a router logit across a top-k boundary */
+        double amp = !strcmp(t->name, "embed") ? 0.5 : strstr(t->name, "router") ? 0.3
+                   : strstr(t->name, "norm") ? 0.1 : 0.03;
+        for (size_t j = 0; j < t->size; j++)
+            r->params[t->offset + j] = bf16_round(r->params[t->offset + j] + amp * moe_rng_normal(&rng));
+    }
+    int LE = m->layers * m->moe.experts;
+    *bias = calloc((size_t)LE, sizeof **bias);
+    for (int i = 0; i < LE; i++) {
+        int e = i % m->moe.experts;
+        double b = s->with_bias ? 0.05 * moe_rng_normal(&rng) : 0.0;
+        if (e == s->force_expert) b = 10.0;
+        if (e < s->starve) b = -10.0;
+        (*bias)[i] = (double)(float)b;
+    }
+    r->bias = *bias;
+    r->aux_coef = s->aux_coef;
+}
+
+static double norm2(const double *a, size_t n)
+{
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += a[i] * a[i];
+    return sqrt(s);
+}
+
+/* One step on both sides: S tokens per sequence, the setup's micro-batching. Returns false when
+ * the GPU's routing differs from the reference's (a near-tie decided the other way by bf16
+ * rounding upstream: the per-expert counts differ), where gradients cannot be compared. */
+static bool compare_once(const struct mdl_model *m, uint64_t seed, const struct setup *s)
+{
+    enum { S = 24 };
+    struct exec_ref_model r;
+    struct moe_error err;
+    double *bias;
+    ref_setup(&r, m, seed, s, &bias);
+    int LE = m->layers * m->moe.experts;
+    int64_t *cref = calloc((size_t)LE, sizeof *cref), *cgpu = calloc((size_t)m->moe.experts, sizeof *cgpu);
+    r.route_counts = cref;
+    struct exec_gpu_cfg cfg = {S, s->mbs, s->recompute, s->aux_coef, 0};
+    struct exec_gpu *g;
+    if (exec_gpu_create(&g, m, &cfg, &err) != MOE_OK) fail_msg("%s", err.message);
+    assert_int_equal(exec_gpu_set_params(g, r.params, &err), MOE_OK);
+    assert_int_equal(exec_gpu_set_bias(g, bias, &err), MOE_OK);
+    int nseq = s->mbs * s->micro, per = S + 1;
+    int *tok = malloc(sizeof *tok * (size_t)nseq * per);
+    struct moe_rng rng;
+    moe_rng_seed(&rng, seed + 99);
+    for (int i = 0; i < nseq * per; i++) tok[i] = (int)moe_rng_below(&rng, (uint64_t)m->vocab);
+    /* reference: the mean over sequences of loss and gradient */
+    size_t n = r.nparams;
+    double *gref = calloc(n, sizeof *gref), *g1 = malloc(sizeof *g1 * n), *ggpu = malloc(sizeof *ggpu * n);
+    double lref = 0, aref = 0;
+    for (int q = 0; q < nseq; q++) {
+        double l, a;
+        if (exec_ref_model_step(&r, tok + q * per, per, &l, &a, g1, &err) != MOE_OK)
+            fail_msg("%s", err.message);
+        lref += l / nseq;
+        aref += a / nseq;
+        for (size_t i = 0; i < n; i++) gref[i] += g1[i] / nseq;
+    }
+    /* GPU */
+    double lgpu = 0, agpu = 0;
+    assert_int_equal(exec_gpu_step_begin(g, &err), MOE_OK);
+    for (int mb = 0; mb < s->micro; mb++) {
+        double l, a;
+        if (exec_gpu_micro_batch(g, tok + mb * s->mbs * per, 1.0 / s->micro, &l, &a, &err) != MOE_OK)
+            fail_msg("%s", err.message);
+        lgpu += l / s->micro;
+        agpu += a / s->micro;
+    }
+    struct exec_gpu_step_stats st;
+    assert_int_equal(exec_gpu_step_end(g, &st, &err), MOE_OK);
+    assert_int_equal(exec_gpu_get_grads(g, ggpu, &err), MOE_OK);
+    printf("%s (mbs %d x %d, aux %g%s): loss gpu %.6f ref %.6f (aux %.6f / %.6f); step %.2f ms, "
+           "%d host syncs\n",
+           m->name, s->mbs, s->micro, s->aux_coef, s->recompute ? ", recompute" : "", lgpu, lref,
+           agpu, aref, st.phase_ms[COST_STEP], st.host_syncs);
+    bool same = true;
+    for (int l = 0; l < m->layers; l++) {
+        if (!mdl_layer_is_moe(m, l)) continue;
+        assert_int_equal(exec_gpu_routing(g, l, cgpu, NULL, &err), MOE_OK);
+        if (memcmp(cgpu, cref + (size_t)l * m->moe.experts, sizeof *cgpu * m->moe.experts)) {
+            printf("  layer %d: the routing differs from the reference at a near-tie\n", l);
+            same = false;
+        }
+    }
+    if (fabs(lgpu - lref) > 2e-3 * fabs(lref)) fail_msg("loss: gpu %.8f, ref %.8f", lgpu, lref);
+    if (!same) {
+        free(tok), free(gref), free(g1), free(ggpu), free(bias), free(cref), free(cgpu);
+        exec_gpu_destroy(g);
+        exec_ref_model_destroy(&r);
+        return false;
+    }
+    if (s->aux_coef > 0 && fabs(agpu - aref) > 1e-2 * fabs(aref))
+        fail_msg("aux loss: gpu %.8f, ref %.8f", agpu, aref);
+    double worst = 0;
+    const char *worst_name = "";
+    for (int i = 0; i < r.ntensors; i++) {
+        const struct exec_tensor *t = &r.tensor[i];
+        double *d = malloc(sizeof *d * t->size);
+        for (size_t j = 0; j < t->size; j++) d[j] = ggpu[t->offset + j] - gref[t->offset + j];
+        double ref = norm2(gref + t->offset, t->size), diff = norm2(d, t->size);
+        free(d);
+        if (ref == 0.0) {
+            /* experts no token reached: exactly zero on both sides */
+            if (diff != 0.0) fail_msg("%s: reference gradient 0, gpu norm %g", t->name, diff);
+            continue;
+        }
+        double rel = diff / ref;
+        if (rel > worst) worst = rel, worst_name = t->name;
+        if (diff > 3e-2 * ref + 1e-7)
+            fail_msg("%s: gradient relative error %.3g (norm ref %.4g gpu-ref %.4g)", t->name, rel,
+                     ref, diff);
+    }
+    printf("  %d tensors, worst gradient relative error %.3g (%s)\n", r.ntensors, worst, worst_name);
+    free(tok), free(gref), free(g1), free(ggpu), free(bias), free(cref), free(cgpu);
+    exec_gpu_destroy(g);
+    exec_ref_model_destroy(&r);
+    return true;
+}
+
+/* At most three seeds: a case whose routing meets a near-tie three times in a row fails. */
+static void compare(const struct mdl_model *m, uint64_t seed, const struct setup *s)
+{
+    for (int i = 0; i < 3; i++)
+        if (compare_once(m, seed + 1000 * (uint64_t)i, s)) return;
+    fail_msg("%s: the routing differed from the reference in three seeds", m->name);
+}
+
+static const struct setup plain = {0.0, false, -1, 0, 1, 1, false};
+
+static void test_gqa(void **state)
+{
+    (void)state;
+    if (!gpus()) skip();
+    struct mdl_model m;
+    load("tiny-moe-gqa", &m);
+    compare(&m, 1, &plain);
+    struct setup s = plain;
+    s.mbs = 2; /* two sequences in one micro-batch */
+    compare(&m, 2, &s);
+    s.mbs = 1;
+    s.micro = 2; /* gradient accumulation */
+    compare(&m, 3, &s);
+}
+
+static void test_variants(void **state)
+{
+    (void)state;
+    if (!gpus()) skip();
+    struct mdl_model m;
+    load("tiny-moe-gqa", &m);
+    m.first_dense = 1;
+    m.dense_intermediate = 48;
+    m.tied_embeddings = true;
+    compare(&m, 4, &plain);
+    load("tiny-moe-gqa", &m);
+    m.attn.sliding_window = 5;
+    m.attn.sliding_every = 2;
+    m.moe.shared_experts = 1;
+    m.moe.shared_intermediate = 16;
+    m.moe.scoring = MDL_SCORE_SIGMOID;
+    m.moe.n_group = 4;
+    m.moe.topk_group = 2;
+    m.moe.scaling = 2.5;
+    struct setup s = plain;
+    s.with_bias = true;
+    compare(&m, 5, &s);
+    load("tiny-moe-gqa", &m);
+    m.moe.softmax_after_topk = true; /* Mixtral's weights */
+    m.moe.norm_topk = false;
+    s = plain;
+    s.aux_coef = 0.01;
+    compare(&m, 6, &s);
+}
+
+static void test_mla(void **state)
+{
+    (void)state;
+    if (!gpus()) skip();
+    struct mdl_model m;
+    load("tiny-moe-mla", &m);
+    compare(&m, 7, &plain);
+    struct setup s = plain;
+    s.recompute = true;
+    compare(&m, 7, &s);
+    s = plain;
+    s.aux_coef = 0.01;
+    compare(&m, 8, &s);
+    s = plain;
+    s.with_bias = true;
+    compare(&m, 8, &s);
+    m.attn.q_lora_rank = 0; /* DeepSeek-V2-Lite's form */
+    m.moe.scoring = MDL_SCORE_SOFTMAX;
+    m.moe.n_group = m.moe.topk_group = 1;
+    m.moe.norm_topk = false;
+    m.moe.scaling = 1.0;
+    m.moe.shared_experts = 2;
+    compare(&m, 9, &plain);
+}
+
+/* Dropless, directly: every token to one expert (top-1), experts with no token, top_k = E. */
+static void test_dropless(void **state)
+{
+    (void)state;
+    if (!gpus()) skip();
+    struct mdl_model m;
+    load("tiny-moe-gqa", &m);
+    m.moe.top_k = 1;
+    struct setup s = plain;
+    s.force_expert = 3;
+    compare(&m, 10, &s);
+    load("tiny-moe-gqa", &m);
+    s = plain;
+    s.starve = 5; /* top-2 of the last three experts only: five have no rows */
+    s.mbs = 2;
+    compare(&m, 11, &s);
+    load("tiny-moe-gqa", &m);
+    m.moe.top_k = 8; /* every expert for every token */
+    compare(&m, 12, &plain);
+}
+
+/* Reruns are bit-identical: loss and every gradient, three optimizer steps from a GPU init. */
+static void run_steps(const struct mdl_model *m, double *losses, double *params)
+{
+    enum { S = 32, STEPS = 3 };
+    struct exec_gpu_cfg cfg = {S, 2, false, 0.01, 0};
+    struct exec_gpu *g;
+    struct moe_error err;
+    if (exec_gpu_create(&g, m, &cfg, &err) != MOE_OK) fail_msg("%s", err.message);
+    assert_int_equal(exec_gpu_init(g, 1234, &err), MOE_OK);
+    struct exec_data d;
+    assert_int_equal(exec_data_open(&d, NULL, m->vocab, 5, &err), MOE_OK);
+    struct exec_adamw o;
+    exec_adamw_defaults(&o);
+    int tok[2 * (S + 1)];
+    for (int step = 0; step < STEPS; step++) {
+        double gn, a;
+        assert_int_equal(exec_gpu_step_begin(g, &err), MOE_OK);
+        for (int mb = 0; mb < 2; mb++) {
+            exec_data_next(&d, tok, 2 * (S + 1));
+            assert_int_equal(exec_gpu_micro_batch(g, tok, 0.5, &losses[step * 2 + mb], &a, &err), MOE_OK);
+        }
+        assert_int_equal(exec_gpu_optimizer(g, &o, step, &gn, &err), MOE_OK);
+        assert_int_equal(exec_gpu_update_bias(g, 1e-3, &err), MOE_OK);
+        struct exec_gpu_step_stats st;
+        assert_int_equal(exec_gpu_step_end(g, &st, &err), MOE_OK);
+    }
+    assert_int_equal(exec_gpu_get_params(g, params, &err), MOE_OK);
+    exec_data_close(&d);
+    exec_gpu_destroy(g);
+}
+
+static void test_deterministic(void **state)
+{
+    (void)state;
+    if (!gpus()) skip();
+    struct mdl_model m;
+    load("tiny-moe-mla", &m);
+    struct exec_ref_model t;
+    struct moe_error err;
+    assert_int_equal(exec_model_table(&t, &m, &err), MOE_OK);
+    double la[6], lb[6], *pa = malloc(sizeof *pa * t.nparams), *pb = malloc(sizeof *pb * t.nparams);
+    run_steps(&m, la, pa);
+    run_steps(&m, lb, pb);
+    assert_memory_equal(la, lb, sizeof la);
+    assert_memory_equal(pa, pb, sizeof *pa * t.nparams);
+    printf("tiny-moe-mla: 3 steps twice, losses and %zu parameters bit-identical (last loss %.9f)\n",
+           t.nparams, la[5]);
+    free(pa), free(pb);
+}
+
+/* The GPU twin of test_ref_train's run: 60 steps on README.md bytes next to the reference's
+ * AdamW, from the same bf16-rounded weights; the losses agree within 2e-3 relative for ten
+ * steps, and the GPU's loss falls by more than 1 nat. */
+static void test_train_on_text(void **state)
+{
+    (void)state;
+    if (!gpus()) skip();
+    enum { SEQ = 33, STEPS = 60 };
+    struct mdl_model m;
+    load("tiny-moe-gqa", &m);
+    struct exec_ref_model r;
+    struct moe_error err;
+    assert_int_equal(exec_ref_model_create(&r, &m, 42, &err), MOE_OK);
+    for (size_t i = 0; i < r.nparams; i++) r.params[i] = bf16_round(r.params[i]);
+    struct exec_gpu_cfg cfg = {SEQ - 1, 1, false, 0.0, 0};
+    struct exec_gpu *g;
+    if (exec_gpu_create(&g, &m, &cfg, &err) != MOE_OK) fail_msg("%s", err.message);
+    assert_int_equal(exec_gpu_set_params(g, r.params, &err), MOE_OK);
+    char text[1024];
+    struct exec_data d;
+    assert_int_equal(exec_data_open(&d, moe_test_src(text, sizeof text, "README.md"), m.vocab, 1, &err), MOE_OK);
+    double *gr = calloc(r.nparams, sizeof *gr), *m1 = calloc(r.nparams, sizeof *m1),
+           *m2 = calloc(r.nparams, sizeof *m2);
+    struct exec_adamw o;
+    exec_adamw_defaults(&o);
+    o.lr_max = 1e-2;
+    o.lr_min = 1e-3;
+    o.warmup_steps = 5;
+    o.total_steps = STEPS;
+    int tok[SEQ];
+    double first = 0, last = 0, worst = 0;
+    for (int step = 0; step < STEPS; step++) {
+        exec_data_next(&d, tok, SEQ);
+        double lr_, lg, a, gn;
+        assert_int_equal(exec_ref_model_step(&r, tok, SEQ, &lr_, NULL, gr, &err), MOE_OK);
+        double gnr = exec_ref_adamw_step(&r, gr, m1, m2, step, &o);
+        assert_int_equal(exec_gpu_step_begin(g, &err), MOE_OK);
+        assert_int_equal(exec_gpu_micro_batch(g, tok, 1.0, &lg, &a, &err), MOE_OK);
+        assert_int_equal(exec_gpu_optimizer(g, &o, step, &gn, &err), MOE_OK);
+        struct exec_gpu_step_stats st;
+        assert_int_equal(exec_gpu_step_end(g, &st, &err), MOE_OK);
+        double rel = fabs(lg - lr_) / lr_;
+        if (step < 10 && rel > worst) worst = rel;
+        if (getenv("MOEPLAN_TEST_VERBOSE")) {
+            double *pg = malloc(sizeof *pg * r.nparams), wd = 0;
+            const char *wn = "";
+            assert_int_equal(exec_gpu_get_params(g, pg, &err), MOE_OK);
+            for (int i = 0; i < r.ntensors; i++) {
+                const struct exec_tensor *t = &r.tensor[i];
+                double dd = 0, nn = 0;
+                for (size_t j = t->offset; j < t->offset + t->size; j++)
+                    dd += (pg[j] - r.params[j]) * (pg[j] - r.params[j]), nn += r.params[j] * r.params[j];
+                if (sqrt(dd / nn) > wd) wd = sqrt(dd / nn), wn = t->name;
+            }
+            printf("step %d: loss gpu %.5f ref %.5f gnorm %.4f / %.4f; params worst %.3g (%s)\n",
+                   step, lg, lr_, gn, gnr, wd, wn);
+            free(pg);
+        }
+        /* bf16 rounding differences grow through Adam's normalized updates (and a loss spike
+         * amplifies them): the curves are compared step by step over the first ten steps */
+        if (step < 10 && rel > 2e-3) fail_msg("step %d: loss gpu %.5f, ref %.5f", step, lg, lr_);
+        if (step < 5) first += lg / 5;
+        if (step >= STEPS - 5) last += lg / 5;
+    }
+    printf("tiny-moe-gqa on README.md bytes, GPU: loss %.3f -> %.3f; worst difference from the "
+           "reference %.2g relative (first 10 steps)\n", first, last, worst);
+    assert_true(last < first - 1.0);
+    free(gr), free(m1), free(m2);
+    exec_data_close(&d);
+    exec_gpu_destroy(g);
+    exec_ref_model_destroy(&r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gqa),          cmocka_unit_test(test_variants),
+        cmocka_unit_test(test_mla),          cmocka_unit_test(test_dropless),
+        cmocka_unit_test(test_deterministic), cmocka_unit_test(test_train_on_text),
+    };
+    if (!gpus()) {
+        printf("no GPU: skipped\n");
+        return 77;
+    }
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
