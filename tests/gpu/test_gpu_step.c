@@ -178,8 +178,9 @@ static bool compare_once(const struct mdl_model *m, uint64_t seed, const struct 
         double ref = norm2(gref + t->offset, t->size), diff = norm2(d, t->size);
         free(d);
         if (ref == 0.0) {
-            /* experts no token reached: exactly zero on both sides */
-            if (diff != 0.0) fail_msg("%s: reference gradient 0, gpu norm %g", t->name, diff);
+            /* no gradient reaches it (experts no token reached: exactly 0; a top-1 router whose
+             * normalized weight is always 1: fp32 rounding noise only) */
+            if (diff > 1e-7) fail_msg("%s: reference gradient 0, gpu norm %g", t->name, diff);
             continue;
         }
         double rel = diff / ref;
