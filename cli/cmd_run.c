@@ -150,8 +150,9 @@ static int run(struct cli *cli, const struct run_opts *o)
     }
     printf("moeplan run: %s (%d layers, %d experts top-%d) on %s\n", m->name, m->layers,
            m->moe.experts, m->moe.top_k, dev.name);
-    printf("  %d steps x %d micro-batches x %d sequences of %d tokens; recompute %s; data: %s\n",
-           steps, micro, l->mbs, l->seq_len, cost_recompute_names[l->recompute], data.source);
+    printf("  %d steps x %d micro-batch%s x %d sequences of %d tokens; recompute %s; data: %s\n",
+           steps, micro, micro == 1 ? "" : "es", l->mbs, l->seq_len,
+           cost_recompute_names[l->recompute], data.source);
     printf("  AdamW lr %.2g (warm-up %d, cosine), clip %.1f; aux loss %g; bias update %g; seed "
            "%llu\n",
            opt.lr_max, opt.warmup_steps, opt.clip, o->aux, o->bias_rate,
