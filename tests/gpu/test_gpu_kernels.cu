@@ -1,0 +1,280 @@
+/*
+ * test_gpu_kernels.cu: the executor's kernels one by one against the CPU reference (the launchers
+ * of executor/gpu_step.h; the whole step is test_gpu_step.c). Inputs are random, rounded to what
+ * the kernel reads (bf16 where it reads bf16); tolerances, relative to the largest reference value:
+ *   fp32 in and out (norm statistics, RoPE, the permutation, the combine)      1e-5
+ *   bf16 outputs (normed activations, SwiGLU, attention probabilities, dlogits) 8e-3 (2^-7)
+ * The permutation is exact. Exits 77 (skipped) where there is no GPU.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+extern "C" { /* cmocka's header has no C++ guards */
+#include "../unit/moe_test.h"
+}
+
+#include "exec.h"
+#include "gpu_step.h"
+
+#include <math.h>
+#include <vector>
+
+static int gpus(void)
+{
+    int n = 0;
+    struct moe_error err;
+    if (exec_device_count(&n, &err) != MOE_OK) return 0;
+    return n;
+}
+
+template <typename T> static T *dev(const std::vector<T> &h)
+{
+    T *d;
+    assert_int_equal(cudaMalloc((void **)&d, sizeof(T) * (h.size() ? h.size() : 1)), cudaSuccess);
+    if (h.size()) cudaMemcpy(d, h.data(), sizeof(T) * h.size(), cudaMemcpyHostToDevice);
+    return d;
+}
+
+template <typename T> static std::vector<T> host(const T *d, size_t n)
+{
+    std::vector<T> h(n);
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    cudaMemcpy(h.data(), d, sizeof(T) * n, cudaMemcpyDeviceToHost);
+    return h;
+}
+
+static std::vector<double> to_d(const std::vector<float> &v) { return std::vector<double>(v.begin(), v.end()); }
+static std::vector<double> to_d(const std::vector<bf16> &v)
+{
+    std::vector<double> o(v.size());
+    for (size_t i = 0; i < v.size(); i++) o[i] = __bfloat162float(v[i]);
+    return o;
+}
+
+static std::vector<float> randn(size_t n, uint64_t seed, double scale = 1.0)
+{
+    struct moe_rng rng;
+    moe_rng_seed(&rng, seed);
+    std::vector<float> v(n);
+    for (auto &x : v) x = (float)(scale * moe_rng_normal(&rng));
+    return v;
+}
+
+/* max |a - b| <= tol * max |b| */
+static void close(const char *what, const std::vector<double> &a, const std::vector<double> &b,
+                  double tol)
+{
+    assert_int_equal(a.size(), b.size());
+    double mx = 0, worst = 0;
+    for (size_t i = 0; i < b.size(); i++) mx = fmax(mx, fabs(b[i]));
+    for (size_t i = 0; i < b.size(); i++) worst = fmax(worst, fabs(a[i] - b[i]));
+    printf("%-28s max error %.3g = %.2g of the largest value %.3g (tolerance %.0e)\n", what, worst,
+           worst / mx, mx, tol);
+    if (worst > tol * mx) fail_msg("%s: error %g > %g x %g", what, worst, tol, mx);
+}
+
+static void test_rmsnorm(void **state)
+{
+    (void)state;
+    const int T = 37, h = 300;
+    std::vector<float> x = randn((size_t)T * h, 1), w = randn(h, 2), dy = randn((size_t)T * h, 3);
+    for (auto &v : w) v = 1.0f + 0.1f * v;
+    std::vector<double> yr((size_t)T * h), dxr((size_t)T * h), dwr(h, 0.0);
+    exec_ref_rmsnorm(to_d(x).data(), to_d(w).data(), T, h, 1e-6, yr.data());
+    exec_ref_rmsnorm_backward(to_d(x).data(), to_d(w).data(), to_d(dy).data(), T, h, 1e-6, dxr.data(), dwr.data());
+    float *dx_ = dev(x), *dw_ = dev(w), *ddy = dev(dy), *y32 = dev(std::vector<float>((size_t)T * h)),
+          *rstd = dev(std::vector<float>(T)), *gx = dev(std::vector<float>((size_t)T * h)),
+          *part = dev(std::vector<float>((size_t)h * 4)), *gw = dev(std::vector<float>(h));
+    bf16 *y16;
+    cudaMalloc((void **)&y16, sizeof(bf16) * T * h);
+    gk_rmsnorm(dx_, h, dw_, T, h, 1e-6f, y16, h, y32, h, rstd, 0);
+    close("rmsnorm (fp32 out)", to_d(host(y32, (size_t)T * h)), yr, 1e-5);
+    close("rmsnorm (bf16 out)", to_d(host(y16, (size_t)T * h)), yr, 8e-3);
+    gk_rmsnorm_backward(dx_, h, dw_, rstd, ddy, h, NULL, 0, gx, h, T, h, 0);
+    gk_colsum(ddy, h, dx_, h, rstd, T, h, part, gw, false, 0);
+    close("rmsnorm backward dx", to_d(host(gx, (size_t)T * h)), dxr, 1e-5);
+    close("rmsnorm backward dw", to_d(host(gw, h)), dwr, 1e-5);
+    cudaFree(dx_), cudaFree(dw_), cudaFree(ddy), cudaFree(y32), cudaFree(rstd), cudaFree(gx);
+    cudaFree(part), cudaFree(gw), cudaFree(y16);
+}
+
+static void test_rope(void **state)
+{
+    (void)state;
+    const int T = 50, H = 3, D = 24, seq = 20;
+    std::vector<float> x = randn((size_t)T * H * D, 4);
+    std::vector<int> pos(T);
+    for (int t = 0; t < T; t++) pos[t] = t % seq;
+    for (int inv = 0; inv < 2; inv++) {
+        std::vector<double> r = to_d(x);
+        exec_ref_rope(r.data(), T, H, D, 16, 10000.0, pos.data(), inv);
+        float *d = dev(x);
+        gk_rope(d, T, H, D, 16, 10000.0f, seq, inv, 0);
+        close(inv ? "rope inverse" : "rope", to_d(host(d, x.size())), r, 1e-5);
+        cudaFree(d);
+    }
+}
+
+static void test_swiglu(void **state)
+{
+    (void)state;
+    const size_t n = 5000;
+    std::vector<float> g = randn(n, 5, 2.0), u = randn(n, 6), dh = randn(n, 7);
+    std::vector<double> hr(n), dgr(n), dur(n);
+    for (size_t i = 0; i < n; i++) {
+        double x = g[i], s = 1.0 / (1.0 + exp(-x));
+        hr[i] = x * s * u[i];
+        dur[i] = dh[i] * x * s;
+        dgr[i] = dh[i] * u[i] * s * (1.0 + x * (1.0 - s));
+    }
+    float *dg = dev(g), *du = dev(u), *ddh = dev(dh);
+    bf16 *hm, *og, *ou;
+    cudaMalloc((void **)&hm, sizeof(bf16) * n);
+    cudaMalloc((void **)&og, sizeof(bf16) * n);
+    cudaMalloc((void **)&ou, sizeof(bf16) * n);
+    gk_swiglu(dg, du, hm, n, 0);
+    gk_swiglu_backward(dg, du, ddh, og, ou, n, 0);
+    close("swiglu", to_d(host(hm, n)), hr, 8e-3);
+    close("swiglu backward d gate", to_d(host(og, n)), dgr, 8e-3);
+    close("swiglu backward d up", to_d(host(ou, n)), dur, 8e-3);
+    cudaFree(dg), cudaFree(du), cudaFree(ddh), cudaFree(hm), cudaFree(og), cudaFree(ou);
+}
+
+/* The permutation (exact, against exec_ref_permute), with one expert taking most pairs and some
+ * none, over several chunks; then the gather, the weighted combine and its backward. */
+static void test_permute_combine(void **state)
+{
+    (void)state;
+    const int T = 1500, k = 3, E = 16, h = 40, P = T * k;
+    struct moe_rng rng;
+    moe_rng_seed(&rng, 8);
+    std::vector<int> choice(P);
+    for (int t = 0; t < T; t++) /* distinct experts per token, 3 .. 5 get none */
+        for (int j = 0; j < k; j++) {
+            int e;
+            bool dup;
+            do {
+                e = moe_rng_below(&rng, 4) ? 0 + (int)moe_rng_below(&rng, 3) : 6 + (int)moe_rng_below(&rng, 10);
+                dup = false;
+                for (int q = 0; q < j; q++) dup |= choice[t * k + q] == e;
+            } while (dup);
+            choice[t * k + j] = e;
+        }
+    std::vector<int> off(E + 1), src(P);
+    exec_ref_permute(choice.data(), T, k, E, off.data(), src.data());
+    int chunks = (P + GK_CHUNK - 1) / GK_CHUNK;
+    int *dc = dev(choice), *cnt = dev(std::vector<int>((size_t)chunks * E)),
+        *base = dev(std::vector<int>((size_t)chunks * E)), *doff = dev(std::vector<int>(E + 1)),
+        *dsrc = dev(std::vector<int>(P)), *dpos = dev(std::vector<int>(P));
+    gk_permute_count(dc, P, E, cnt, base, doff, 0);
+    gk_permute_place(dc, P, E, base, doff, dsrc, dpos, 0);
+    assert_true(host(doff, E + 1) == off);
+    assert_true(host(dsrc, P) == src);
+    std::vector<int> pos = host(dpos, P);
+    for (int p = 0; p < P; p++) assert_int_equal(pos[src[p]], p);
+    printf("permutation: %d pairs in %d chunks, offsets and rows equal to the reference (experts 3-5 empty)\n", P, chunks);
+    /* gather, combine, combine backward */
+    std::vector<float> xf = randn((size_t)T * h, 9), yp = randn((size_t)P * h, 10), w = randn(P, 11),
+                       dy = randn((size_t)T * h, 12), y0 = randn((size_t)T * h, 13);
+    std::vector<bf16> x16(xf.size());
+    for (size_t i = 0; i < xf.size(); i++) x16[i] = __float2bfloat16(xf[i]);
+    bf16 *dx16 = dev(x16), *xp, *dyp;
+    cudaMalloc((void **)&xp, sizeof(bf16) * P * h);
+    cudaMalloc((void **)&dyp, sizeof(bf16) * P * h);
+    gk_gather(dx16, dsrc, k, P, h, xp, 0);
+    std::vector<bf16> xph = host(xp, (size_t)P * h);
+    for (int p = 0; p < P; p++)
+        assert_memory_equal(&xph[(size_t)p * h], &x16[(size_t)(src[p] / k) * h], sizeof(bf16) * h);
+    float *dyp32 = dev(yp), *dw = dev(w), *ddy = dev(dy), *y = dev(y0), *dwo = dev(std::vector<float>(P));
+    gk_combine(y, dyp32, dw, dpos, T, k, h, 0);
+    gk_combine_backward(ddy, dyp32, dw, dpos, T, k, h, dyp, dwo, 0);
+    std::vector<double> yr((size_t)T * h), dypr((size_t)P * h), dwr(P);
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < h; c++) {
+            double a = y0[(size_t)t * h + c];
+            for (int j = 0; j < k; j++) a += w[t * k + j] * yp[(size_t)pos[t * k + j] * h + c];
+            yr[(size_t)t * h + c] = a;
+        }
+    for (int i = 0; i < P; i++) {
+        int t = i / k;
+        double d = 0;
+        for (int c = 0; c < h; c++) {
+            d += dy[(size_t)t * h + c] * yp[(size_t)pos[i] * h + c];
+            dypr[(size_t)pos[i] * h + c] = w[i] * dy[(size_t)t * h + c];
+        }
+        dwr[i] = d;
+    }
+    close("combine", to_d(host(y, (size_t)T * h)), yr, 1e-5);
+    close("combine backward d rows", to_d(host(dyp, (size_t)P * h)), dypr, 8e-3);
+    close("combine backward d weight", to_d(host(dwo, P)), dwr, 1e-5);
+    cudaFree(dc), cudaFree(cnt), cudaFree(base), cudaFree(doff), cudaFree(dsrc), cudaFree(dpos);
+    cudaFree(dx16), cudaFree(xp), cudaFree(dyp), cudaFree(dyp32), cudaFree(dw), cudaFree(ddy);
+    cudaFree(y), cudaFree(dwo);
+}
+
+/* The masked softmax of attention against the reference's probabilities: q k^T scores built on
+ * the host, causal with a window. */
+static void test_attention_softmax(void **state)
+{
+    (void)state;
+    const int S = 70, window = 20;
+    std::vector<float> z = randn((size_t)S * S, 14, 3.0), dp = randn((size_t)S * S, 15);
+    std::vector<double> pr((size_t)S * S, 0.0), dsr((size_t)S * S, 0.0);
+    for (int i = 0; i < S; i++) {
+        double mx = -HUGE_VAL, sum = 0, dot = 0;
+        int lo = i - window + 1 > 0 ? i - window + 1 : 0;
+        for (int j = lo; j <= i; j++) mx = fmax(mx, z[(size_t)i * S + j]);
+        for (int j = lo; j <= i; j++) sum += exp(z[(size_t)i * S + j] - mx);
+        for (int j = lo; j <= i; j++) pr[(size_t)i * S + j] = exp(z[(size_t)i * S + j] - mx) / sum;
+        for (int j = 0; j < S; j++) dot += pr[(size_t)i * S + j] * dp[(size_t)i * S + j];
+        for (int j = 0; j < S; j++) dsr[(size_t)i * S + j] = pr[(size_t)i * S + j] * (dp[(size_t)i * S + j] - dot);
+    }
+    float *dz = dev(z), *ddp = dev(dp);
+    bf16 *p16, *ds16;
+    cudaMalloc((void **)&p16, sizeof(bf16) * S * S);
+    cudaMalloc((void **)&ds16, sizeof(bf16) * S * S);
+    gk_attn_softmax(dz, p16, S, S, window, 0);
+    gk_attn_softmax_backward(dz, ddp, ds16, S, S, 0);
+    close("attention softmax (fp32)", to_d(host(dz, (size_t)S * S)), pr, 1e-5);
+    close("attention softmax (bf16)", to_d(host(p16, (size_t)S * S)), pr, 8e-3);
+    close("attention softmax backward", to_d(host(ds16, (size_t)S * S)), dsr, 8e-3);
+    cudaFree(dz), cudaFree(ddp), cudaFree(p16), cudaFree(ds16);
+}
+
+static void test_cross_entropy(void **state)
+{
+    (void)state;
+    const int T = 33, V = 1000;
+    std::vector<float> z = randn((size_t)T * V, 16, 2.0);
+    std::vector<int> tgt(T);
+    for (int t = 0; t < T; t++) tgt[t] = (t * 37) % V;
+    std::vector<double> dr((size_t)T * V);
+    double lr_ = exec_ref_cross_entropy(to_d(z).data(), tgt.data(), T, V, dr.data());
+    float *dz = dev(z), *rows = dev(std::vector<float>(T));
+    int *dt = dev(tgt);
+    bf16 *dl;
+    cudaMalloc((void **)&dl, sizeof(bf16) * T * V);
+    gk_cross_entropy(dz, dt, T, V, 1.0f / T, rows, dl, 0);
+    std::vector<float> rh = host(rows, T);
+    double l = 0;
+    for (float v : rh) l += v / T;
+    printf("cross-entropy: loss gpu %.7f ref %.7f\n", l, lr_);
+    assert_true(fabs(l - lr_) < 1e-5 * lr_);
+    close("cross-entropy dlogits", to_d(host(dl, (size_t)T * V)), dr, 8e-3);
+    cudaFree(dz), cudaFree(rows), cudaFree(dt), cudaFree(dl);
+}
+
+int main(void)
+{
+    if (!gpus()) {
+        printf("no GPU: skipped\n");
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_rmsnorm),           cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_swiglu),            cmocka_unit_test(test_permute_combine),
+        cmocka_unit_test(test_attention_softmax), cmocka_unit_test(test_cross_entropy),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
