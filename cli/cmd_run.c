@@ -16,7 +16,8 @@
 #include "plan.h"
 #include "rpt.h"
 
-enum { OPT_STEPS = 1, OPT_DATA, OPT_OUT, OPT_GPUS, OPT_SEED, OPT_AUX, OPT_BIAS, OPT_LR, OPT_WARMUP };
+enum { OPT_STEPS = 1, OPT_DATA, OPT_OUT, OPT_GPUS, OPT_SEED, OPT_AUX, OPT_BIAS, OPT_LR, OPT_WARMUP,
+       OPT_STREAMS };
 
 const struct cli_opt cmd_run_opts[] = {
     {"steps", required_argument, OPT_STEPS, "N", "training steps (100)"},
@@ -30,12 +31,13 @@ const struct cli_opt cmd_run_opts[] = {
      "aux-loss-free balancing: per-step bias update (0.001; 0: off)"},
     {"lr", required_argument, OPT_LR, "LR", "peak learning rate (3e-4; cosine to a tenth)"},
     {"warmup", required_argument, OPT_WARMUP, "N", "warm-up steps (10, at most steps/10 + 1)"},
+    {"expert-streams", required_argument, OPT_STREAMS, "N", "CUDA streams for the expert GEMMs (1 .. 8; 1)"},
     {NULL, 0, 0, NULL, NULL},
 };
 
 struct run_opts {
     const char *plan, *data, *out;
-    uint64_t steps, seed, gpus, warmup;
+    uint64_t steps, seed, gpus, warmup, streams;
     double aux, bias_rate, lr;
 };
 
@@ -124,7 +126,8 @@ static int run(struct cli *cli, const struct run_opts *o)
     if ((st = exec_device_query(0, &dev, &err))) goto cleanup;
     const struct mdl_model *m = &p.model;
     const struct cost_layout *l = &p.layout;
-    struct exec_gpu_cfg cfg = {l->seq_len, l->mbs, l->recompute == COST_RECOMPUTE_FULL, o->aux, 0};
+    struct exec_gpu_cfg cfg = {l->seq_len, l->mbs, l->recompute == COST_RECOMPUTE_FULL, o->aux, 0,
+                              (int)o->streams};
     if ((st = exec_gpu_create(&g, m, &cfg, &err))) goto cleanup;
     if ((st = exec_gpu_init(g, o->seed, &err))) goto cleanup;
     if ((st = exec_data_open(&data, o->data, m->vocab, o->seed, &err))) goto cleanup;
@@ -338,7 +341,7 @@ int cmd_run(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     int nargs;
     int rc = cli_parse(cmd, argc, argv, args, &nargs);
     if (rc >= 0) return rc;
-    struct run_opts o = {NULL, NULL, "measured.json", 100, 1, 1, 10, 0.0, 1e-3, 3e-4};
+    struct run_opts o = {NULL, NULL, "measured.json", 100, 1, 1, 10, 1, 0.0, 1e-3, 3e-4};
     for (int i = 0; i < nargs; i++) {
         const char *v = args[i].value;
         switch (args[i].val) {
@@ -355,6 +358,9 @@ int cmd_run(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
             break;
         case OPT_WARMUP:
             if (!cli_count(cmd, "warmup", v, 0, 10000000, &o.warmup)) return 2;
+            break;
+        case OPT_STREAMS:
+            if (!cli_count(cmd, "expert-streams", v, 1, EXEC_MAX_STREAMS, &o.streams)) return 2;
             break;
         case OPT_AUX:
             if (!parse_num(cmd, "aux-loss-coef", v, 0, 10, &o.aux)) return 2;

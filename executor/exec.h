@@ -180,11 +180,13 @@ enum exec_mem { EXEC_MEM_WEIGHTS = 0, EXEC_MEM_MASTER, EXEC_MEM_GRADS, EXEC_MEM_
                 EXEC_MEM_ACTIVATIONS, EXEC_MEM_WORKSPACE, EXEC_MEM_N };
 extern const char *const exec_mem_names[EXEC_MEM_N];
 
+#define EXEC_MAX_STREAMS 8
 struct exec_gpu_cfg {
     int seq, mbs;      /* one micro-batch: mbs sequences of seq tokens (each read as seq + 1) */
     bool recompute;    /* recompute each block's forward in its backward (plan: recompute full) */
     double aux_coef;   /* load-balance loss coefficient (0: none) */
     int device;
+    int streams;       /* expert GEMMs over this many streams (0 or 1: the main stream only) */
 };
 struct exec_gpu;
 

@@ -77,8 +77,14 @@ struct exec_gpu {
     bool mla;
     int H, KV, dqk, dv, nope, rope, ql, kvl;
     cudaStream_t s;
-    cublasHandle_t blas;
+    cublasHandle_t blas;      /* on s */
     void *blas_ws;
+    /* expert GEMMs spread over side streams (cfg.streams > 1), forked from and joined to s */
+    int nside;
+    cudaStream_t side[EXEC_MAX_STREAMS];
+    cublasHandle_t side_blas[EXEC_MAX_STREAMS];
+    cudaEvent_t fork_ev, join_ev[EXEC_MAX_STREAMS];
+    cublasHandle_t cur;       /* the handle GEMMs go to now */
     /* parameters */
     float *master, *grad, *m1, *m2;
     bf16 *w16;
@@ -173,7 +179,7 @@ static enum moe_status mm(struct exec_gpu *g, bool ta, bool tb, int M_, int N, i
                           cudaDataType ab, cudaDataType ct, struct moe_error *err)
 {
     if (M_ == 0 || N == 0 || batch == 0) return MOE_OK;
-    G_BLAS(cublasGemmStridedBatchedEx(g->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+    G_BLAS(cublasGemmStridedBatchedEx(g->cur, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
                                       ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M_, K, &alpha, B, ab, ldb,
                                       sB, A, ab, lda, sA, &beta, C, ct, ldc, sC, batch,
                                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -208,6 +214,31 @@ static enum moe_status sync_host(struct exec_gpu *g, struct moe_error *err)
 {
     G_CUDA(cudaStreamSynchronize(g->s));
     g->syncs++;
+    return MOE_OK;
+}
+
+/* Expert e's GEMMs go to side stream e % nside between fork and join (one stream: no-ops). */
+static enum moe_status fork_experts(struct exec_gpu *g, struct moe_error *err)
+{
+    if (g->nside < 2) return MOE_OK;
+    G_CUDA(cudaEventRecord(g->fork_ev, g->s));
+    for (int i = 0; i < g->nside; i++) G_CUDA(cudaStreamWaitEvent(g->side[i], g->fork_ev, 0));
+    return MOE_OK;
+}
+
+static void use_expert_stream(struct exec_gpu *g, int e)
+{
+    if (g->nside >= 2) g->cur = g->side_blas[e % g->nside];
+}
+
+static enum moe_status join_experts(struct exec_gpu *g, struct moe_error *err)
+{
+    g->cur = g->blas;
+    if (g->nside < 2) return MOE_OK;
+    for (int i = 0; i < g->nside; i++) {
+        G_CUDA(cudaEventRecord(g->join_ev[i], g->side[i]));
+        G_CUDA(cudaStreamWaitEvent(g->s, g->join_ev[i], 0));
+    }
     return MOE_OK;
 }
 
@@ -410,12 +441,80 @@ static enum moe_status swiglu_backward(struct exec_gpu *g, const bf16 *x, const 
     return lin_dw(g, g->du16, F, x, h, T, h, F, dWu, err);
 }
 
+/* The expert block on the permuted rows xp16 (expert e: rows off[e] .. off[e+1]): gate and up
+ * GEMMs, SwiGLU, down GEMM into yp32; an expert with no rows launches nothing. */
+static enum moe_status experts_forward(struct exec_gpu *g, int l, struct act *A, const int *off,
+                                       struct moe_error *err)
+{
+    const int *w = g->wi[l];
+    int h = g->h, E = g->E, f = g->f;
+    G_TRY(fork_experts(g, err));
+    for (int e = 0; e < E; e++) {
+        int n = off[e + 1] - off[e];
+        if (!n) continue;
+        use_expert_stream(g, e);
+        G_TRY(lin(g, A->xp16 + (size_t)off[e] * h, h, W16(g, w[W_GATE]) + (size_t)e * f * h, n, h,
+                  f, A->eg32 + (size_t)off[e] * f, f, CUDA_R_32F, 0, err));
+        G_TRY(lin(g, A->xp16 + (size_t)off[e] * h, h, W16(g, w[W_UP]) + (size_t)e * f * h, n, h, f,
+                  A->eu32 + (size_t)off[e] * f, f, CUDA_R_32F, 0, err));
+    }
+    G_TRY(join_experts(g, err));
+    G_LAUNCH(gk_swiglu(A->eg32, A->eu32, A->ehm16, (size_t)off[E] * f, g->s));
+    G_TRY(fork_experts(g, err));
+    for (int e = 0; e < E; e++) {
+        int n = off[e + 1] - off[e];
+        if (!n) continue;
+        use_expert_stream(g, e);
+        G_TRY(lin(g, A->ehm16 + (size_t)off[e] * f, f, W16(g, w[W_DOWN]) + (size_t)e * h * f, n, f,
+                  h, A->yp32 + (size_t)off[e] * h, h, CUDA_R_32F, 0, err));
+    }
+    return join_experts(g, err);
+}
+
+/* Its backward from dyp16: dxp32 and the expert weight gradients. */
+static enum moe_status experts_backward(struct exec_gpu *g, int l, const struct act *A,
+                                        const int *off, struct moe_error *err)
+{
+    const int *w = g->wi[l];
+    int h = g->h, E = g->E, f = g->f;
+    G_TRY(fork_experts(g, err));
+    for (int e = 0; e < E; e++) {
+        int n = off[e + 1] - off[e];
+        if (!n) continue;
+        size_t o = off[e];
+        use_expert_stream(g, e);
+        G_TRY(lin_dx(g, g->dyp16 + o * h, h, W16(g, w[W_DOWN]) + (size_t)e * h * f, n, f, h,
+                     g->dehm32 + o * f, f, 0, err));
+        G_TRY(lin_dw(g, g->dyp16 + o * h, h, A->ehm16 + o * f, f, n, f, h,
+                     GR(g, w[W_DOWN]) + (size_t)e * h * f, err));
+    }
+    G_TRY(join_experts(g, err));
+    G_LAUNCH(gk_swiglu_backward(A->eg32, A->eu32, g->dehm32, g->deg16, g->deu16, (size_t)off[E] * f,
+                                g->s));
+    G_TRY(fork_experts(g, err));
+    for (int e = 0; e < E; e++) {
+        int n = off[e + 1] - off[e];
+        if (!n) continue;
+        size_t o = off[e];
+        use_expert_stream(g, e);
+        G_TRY(lin_dx(g, g->deg16 + o * f, f, W16(g, w[W_GATE]) + (size_t)e * f * h, n, h, f,
+                     g->dxp32 + o * h, h, 0, err));
+        G_TRY(lin_dx(g, g->deu16 + o * f, f, W16(g, w[W_UP]) + (size_t)e * f * h, n, h, f,
+                     g->dxp32 + o * h, h, 1, err));
+        G_TRY(lin_dw(g, g->deg16 + o * f, f, A->xp16 + o * h, h, n, h, f,
+                     GR(g, w[W_GATE]) + (size_t)e * f * h, err));
+        G_TRY(lin_dw(g, g->deu16 + o * f, f, A->xp16 + o * h, h, n, h, f,
+                     GR(g, w[W_UP]) + (size_t)e * f * h, err));
+    }
+    return join_experts(g, err);
+}
+
 /* The dropless MoE layer on b16 / b32 (T rows), adding into y. */
 static enum moe_status moe_forward(struct exec_gpu *g, int l, struct act *A, float *y,
                                    struct moe_error *err)
 {
     const int *w = g->wi[l];
-    int T = g->T, h = g->h, E = g->E, k = g->k, f = g->f, P = g->P, mi = g->moe_index[l];
+    int T = g->T, h = g->h, E = g->E, k = g->k, P = g->P, mi = g->moe_index[l];
     int *off = g->cfg.recompute ? g->off_host[0] : g->off_host[l];
     PH(COST_ROUTER);
     G_TRY(mm(g, false, true, T, E, h, 1.0f, A->b32, h, 0, M(g, w[W_ROUTER]), h, 0, 0.0f, A->logits,
@@ -447,21 +546,7 @@ static enum moe_status moe_forward(struct exec_gpu *g, int l, struct act *A, flo
         G_CUDA(cudaStreamSynchronize(g->s));
     }
     PH(COST_EXPERTS_FWD);
-    for (int e = 0; e < E; e++) {
-        int n = off[e + 1] - off[e];
-        if (!n) continue;
-        G_TRY(lin(g, A->xp16 + (size_t)off[e] * h, h, W16(g, w[W_GATE]) + (size_t)e * f * h, n, h,
-                  f, A->eg32 + (size_t)off[e] * f, f, CUDA_R_32F, 0, err));
-        G_TRY(lin(g, A->xp16 + (size_t)off[e] * h, h, W16(g, w[W_UP]) + (size_t)e * f * h, n, h, f,
-                  A->eu32 + (size_t)off[e] * f, f, CUDA_R_32F, 0, err));
-    }
-    G_LAUNCH(gk_swiglu(A->eg32, A->eu32, A->ehm16, (size_t)P * f, g->s));
-    for (int e = 0; e < E; e++) {
-        int n = off[e + 1] - off[e];
-        if (!n) continue;
-        G_TRY(lin(g, A->ehm16 + (size_t)off[e] * f, f, W16(g, w[W_DOWN]) + (size_t)e * h * f, n, f,
-                  h, A->yp32 + (size_t)off[e] * h, h, CUDA_R_32F, 0, err));
-    }
+    G_TRY(experts_forward(g, l, A, off, err));
     PH(COST_UNPERMUTE);
     G_LAUNCH(gk_combine(y, A->yp32, A->weight, A->pos, T, k, h, g->s));
     if (g->fs) {
@@ -494,7 +579,7 @@ static enum moe_status moe_backward(struct exec_gpu *g, int l, const struct act 
                                     struct moe_error *err)
 {
     const int *w = g->wi[l];
-    int T = g->T, h = g->h, E = g->E, k = g->k, f = g->f;
+    int T = g->T, h = g->h, E = g->E, k = g->k;
     const int *off = g->cfg.recompute ? g->off_host[0] : g->off_host[l];
     if (g->fs) {
         PH(COST_SHARED_EXPERT);
@@ -505,30 +590,7 @@ static enum moe_status moe_backward(struct exec_gpu *g, int l, const struct act 
     PH(COST_UNPERMUTE);
     G_LAUNCH(gk_combine_backward(g->dh, A->yp32, A->weight, A->pos, T, k, h, g->dyp16, g->dw, g->s));
     PH(COST_EXPERTS_BWD);
-    for (int e = 0; e < E; e++) {
-        int n = off[e + 1] - off[e];
-        if (!n) continue;
-        size_t o = off[e];
-        G_TRY(lin_dx(g, g->dyp16 + o * h, h, W16(g, w[W_DOWN]) + (size_t)e * h * f, n, f, h,
-                     g->dehm32 + o * f, f, 0, err));
-        G_TRY(lin_dw(g, g->dyp16 + o * h, h, A->ehm16 + o * f, f, n, f, h,
-                     GR(g, w[W_DOWN]) + (size_t)e * h * f, err));
-    }
-    G_LAUNCH(gk_swiglu_backward(A->eg32, A->eu32, g->dehm32, g->deg16, g->deu16, (size_t)g->P * f,
-                                g->s));
-    for (int e = 0; e < E; e++) {
-        int n = off[e + 1] - off[e];
-        if (!n) continue;
-        size_t o = off[e];
-        G_TRY(lin_dx(g, g->deg16 + o * f, f, W16(g, w[W_GATE]) + (size_t)e * f * h, n, h, f,
-                     g->dxp32 + o * h, h, 0, err));
-        G_TRY(lin_dx(g, g->deu16 + o * f, f, W16(g, w[W_UP]) + (size_t)e * f * h, n, h, f,
-                     g->dxp32 + o * h, h, 1, err));
-        G_TRY(lin_dw(g, g->deg16 + o * f, f, A->xp16 + o * h, h, n, h, f,
-                     GR(g, w[W_GATE]) + (size_t)e * f * h, err));
-        G_TRY(lin_dw(g, g->deu16 + o * f, f, A->xp16 + o * h, h, n, h, f,
-                     GR(g, w[W_UP]) + (size_t)e * f * h, err));
-    }
+    G_TRY(experts_backward(g, l, A, off, err));
     PH(COST_PERMUTE);
     G_LAUNCH(gk_gather_sum(g->dxp32, A->pos, T, k, h, g->db32, g->fs > 0, g->s));
     PH(COST_ROUTER);
@@ -701,6 +763,18 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
     G_TRY(dalloc(g, &g->blas_ws, ws, EXEC_MEM_WORKSPACE, err));
     G_BLAS(cublasSetWorkspace(g->blas, g->blas_ws, ws));
     G_BLAS(cublasSetMathMode(g->blas, CUBLAS_DEFAULT_MATH));
+    g->cur = g->blas;
+    g->nside = cfg->streams > 1 ? (cfg->streams < EXEC_MAX_STREAMS ? cfg->streams : EXEC_MAX_STREAMS) : 0;
+    if (g->nside) G_CUDA(cudaEventCreateWithFlags(&g->fork_ev, cudaEventDisableTiming));
+    for (int i = 0; i < g->nside; i++) {
+        void *sws;
+        G_CUDA(cudaStreamCreateWithFlags(&g->side[i], cudaStreamNonBlocking));
+        G_CUDA(cudaEventCreateWithFlags(&g->join_ev[i], cudaEventDisableTiming));
+        G_BLAS(cublasCreate(&g->side_blas[i]));
+        G_BLAS(cublasSetStream(g->side_blas[i], g->side[i]));
+        G_TRY(dalloc(g, &sws, ws, EXEC_MEM_WORKSPACE, err));
+        G_BLAS(cublasSetWorkspace(g->side_blas[i], sws, ws));
+    }
     /* tensor indices */
     size_t n = g->table.nparams;
     g->wi = (int(*)[W_N])calloc((size_t)g->L, sizeof *g->wi);
@@ -857,6 +931,12 @@ extern "C" void exec_gpu_destroy(struct exec_gpu *g)
             if (g->off_host[l]) cudaFreeHost(g->off_host[l]);
     if (g->host_rows) cudaFreeHost(g->host_rows);
     if (g->blas) cublasDestroy(g->blas);
+    for (int i = 0; i < g->nside; i++) {
+        if (g->side_blas[i]) cublasDestroy(g->side_blas[i]);
+        if (g->join_ev[i]) cudaEventDestroy(g->join_ev[i]);
+        if (g->side[i]) cudaStreamDestroy(g->side[i]);
+    }
+    if (g->fork_ev) cudaEventDestroy(g->fork_ev);
     if (g->s) cudaStreamDestroy(g->s);
     free(g->wi), free(g->moe_index), free(g->decay), free(g->off_host), free(g->xin), free(g->act);
     free(g->bias_host), free(g->counts), free(g->step_load);

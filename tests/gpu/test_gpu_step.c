@@ -59,6 +59,7 @@ struct setup {
     int starve;         /* experts 0 .. starve-1 get a large negative bias: no tokens */
     int mbs, micro;     /* sequences per micro-batch, micro-batches per step */
     bool recompute;
+    int streams;        /* expert GEMMs over this many streams */
 };
 
 /* The reference model with test weights: init, larger perturbations (so that every path carries
@@ -112,7 +113,7 @@ static bool compare_once(const struct mdl_model *m, uint64_t seed, const struct 
     int LE = m->layers * m->moe.experts;
     int64_t *cref = calloc((size_t)LE, sizeof *cref), *cgpu = calloc((size_t)m->moe.experts, sizeof *cgpu);
     r.route_counts = cref;
-    struct exec_gpu_cfg cfg = {S, s->mbs, s->recompute, s->aux_coef, 0};
+    struct exec_gpu_cfg cfg = {S, s->mbs, s->recompute, s->aux_coef, 0, s->streams};
     struct exec_gpu *g;
     if (exec_gpu_create(&g, m, &cfg, &err) != MOE_OK) fail_msg("%s", err.message);
     assert_int_equal(exec_gpu_set_params(g, r.params, &err), MOE_OK);
@@ -204,7 +205,7 @@ static void compare(const struct mdl_model *m, uint64_t seed, const struct setup
     fail_msg("%s: the routing differed from the reference in three seeds", m->name);
 }
 
-static const struct setup plain = {0.0, false, -1, 0, 1, 1, false};
+static const struct setup plain = {0.0, false, -1, 0, 1, 1, false, 1};
 
 static void test_gqa(void **state)
 {
@@ -219,6 +220,9 @@ static void test_gqa(void **state)
     s.mbs = 1;
     s.micro = 2; /* gradient accumulation */
     compare(&m, 3, &s);
+    s = plain;
+    s.streams = 3; /* expert GEMMs on three streams */
+    compare(&m, 1, &s);
 }
 
 static void test_variants(void **state)
@@ -298,10 +302,10 @@ static void test_dropless(void **state)
 }
 
 /* Reruns are bit-identical: loss and every gradient, three optimizer steps from a GPU init. */
-static void run_steps(const struct mdl_model *m, double *losses, double *params)
+static void run_steps(const struct mdl_model *m, int streams, double *losses, double *params)
 {
     enum { S = 32, STEPS = 3 };
-    struct exec_gpu_cfg cfg = {S, 2, false, 0.01, 0};
+    struct exec_gpu_cfg cfg = {S, 2, false, 0.01, 0, streams};
     struct exec_gpu *g;
     struct moe_error err;
     if (exec_gpu_create(&g, m, &cfg, &err) != MOE_OK) fail_msg("%s", err.message);
@@ -338,12 +342,15 @@ static void test_deterministic(void **state)
     struct moe_error err;
     assert_int_equal(exec_model_table(&t, &m, &err), MOE_OK);
     double la[6], lb[6], *pa = malloc(sizeof *pa * t.nparams), *pb = malloc(sizeof *pb * t.nparams);
-    run_steps(&m, la, pa);
-    run_steps(&m, lb, pb);
+    run_steps(&m, 1, la, pa);
+    run_steps(&m, 1, lb, pb);
     assert_memory_equal(la, lb, sizeof la);
     assert_memory_equal(pa, pb, sizeof *pa * t.nparams);
-    printf("tiny-moe-mla: 3 steps twice, losses and %zu parameters bit-identical (last loss %.9f)\n",
-           t.nparams, la[5]);
+    run_steps(&m, 4, lb, pb); /* expert GEMMs on four streams: the same bits */
+    assert_memory_equal(la, lb, sizeof la);
+    assert_memory_equal(pa, pb, sizeof *pa * t.nparams);
+    printf("tiny-moe-mla: 3 steps twice and once on 4 expert streams, losses and %zu parameters "
+           "bit-identical (last loss %.9f)\n", t.nparams, la[5]);
     free(pa), free(pb);
 }
 
@@ -361,7 +368,7 @@ static void test_train_on_text(void **state)
     struct moe_error err;
     assert_int_equal(exec_ref_model_create(&r, &m, 42, &err), MOE_OK);
     for (size_t i = 0; i < r.nparams; i++) r.params[i] = bf16_round(r.params[i]);
-    struct exec_gpu_cfg cfg = {SEQ - 1, 1, false, 0.0, 0};
+    struct exec_gpu_cfg cfg = {SEQ - 1, 1, false, 0.0, 0, 1};
     struct exec_gpu *g;
     if (exec_gpu_create(&g, &m, &cfg, &err) != MOE_OK) fail_msg("%s", err.message);
     assert_int_equal(exec_gpu_set_params(g, r.params, &err), MOE_OK);
