@@ -218,10 +218,12 @@ static const struct cli_opt report_opts[] = {
     {"output", required_argument, OPT_O, "DIR", "write the report here"},
     {NULL, 0, 0, NULL, NULL},
 };
+#ifndef MOEPLAN_HAVE_EXECUTOR
 static const struct cli_opt bench_opts[] = {
     {"json", required_argument, OPT_JSON, "FILE", "write the results as JSON"},
     {NULL, 0, 0, NULL, NULL},
 };
+#endif
 
 static const struct cli_cmd commands[] = {
     {"topo", "discover|show|list|generate [options] [CLUSTER|KIND]",
@@ -240,10 +242,13 @@ static const struct cli_cmd commands[] = {
     {"report", "PLAN MEASURED [options]",
      "Predicted-vs-measured report (Markdown + SVG).",
      "reports come with the calibration work (issue 9)", report_opts, cmd_not_built},
-    {"bench", "moe|eval [options]",
-     "Benchmarks: MoE layer vs peers, planner speed.",
-     "benchmarks come with the cost-model and executor-speed work (issues 4 and 7)", bench_opts,
-     cmd_not_built},
+    {"bench", "moe [options]",
+     "Benchmark the MoE layer on this GPU (bench/run-moe: next to PyTorch).",
+#ifdef MOEPLAN_HAVE_EXECUTOR
+     NULL, cmd_bench_opts, cmd_bench},
+#else
+     "the benchmarks run on a GPU: this build has no executor", bench_opts, cmd_not_built},
+#endif
     {"model", "list | show MODEL [options]",
      "Show a model's parameters, FLOPs per token, bytes per block and activations.", NULL,
      cmd_model_opts, cmd_model},

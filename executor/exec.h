@@ -235,6 +235,27 @@ void exec_gpu_memory(const struct exec_gpu *g, struct exec_gpu_memory *m);
 enum moe_status exec_gpu_routing(struct exec_gpu *g, int layer, int64_t *counts, int64_t *coact,
                                  struct moe_error *err);
 
+/* The MoE benchmark (`moeplan bench moe`): one MoE layer of `experts` SwiGLU experts on `tokens`
+ * tokens with seeded skewed routing (Dirichlet(skew) expert probabilities; 0: uniform), forward
+ * + backward with weight gradients; medians of `iters` runs after `warmup`, CUDA events.
+ * `choice` (tokens x top_k) receives the routing used, for the peers to replay. */
+struct exec_moe_bench_cfg {
+    int experts, tokens, top_k, hidden, ffn, streams, warmup, iters;
+    double skew;
+    uint64_t seed;
+};
+struct exec_moe_bench_result {
+    double block_ms;      /* expert block: gate/up GEMMs, SwiGLU, down GEMM, fwd + bwd */
+    double layer_ms;      /* the whole layer: router, top-k, permutation, experts, combine */
+    double dense_ms;      /* the same GEMM chain with every row on one expert: the ceiling */
+    double block_flops, layer_flops;
+    int host_syncs;       /* device-to-host waits in one layer fwd + bwd */
+    double max_over_mean; /* the busiest expert's rows over the mean */
+    double layer_bytes;   /* activations one layer keeps for its backward */
+};
+enum moe_status exec_moe_bench(const struct exec_moe_bench_cfg *c, int *choice,
+                               struct exec_moe_bench_result *r, struct moe_error *err);
+
 /* Versions as integers the way each library reports them (CUDA 13000 = 13.0, NCCL 22803 = 2.28.3). */
 struct exec_versions {
     int cuda_runtime;      /* cudaRuntimeGetVersion */

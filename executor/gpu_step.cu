@@ -85,6 +85,7 @@ struct exec_gpu {
     cublasHandle_t side_blas[EXEC_MAX_STREAMS];
     cudaEvent_t fork_ev, join_ev[EXEC_MAX_STREAMS];
     cublasHandle_t cur;       /* the handle GEMMs go to now */
+    const int *forced_choice; /* device (T, top_k): replaces the router's choice (benchmarks) */
     /* parameters */
     float *master, *grad, *m1, *m2;
     bf16 *w16;
@@ -520,6 +521,9 @@ static enum moe_status moe_forward(struct exec_gpu *g, int l, struct act *A, flo
     G_TRY(mm(g, false, true, T, E, h, 1.0f, A->b32, h, 0, M(g, w[W_ROUTER]), h, 0, 0.0f, A->logits,
              E, 0, 1, CUDA_R_32F, CUDA_R_32F, err));
     G_TRY(exec_route(&g->rc, A->logits, g->bias + (size_t)l * E, T, A->choice, A->weight, g->s, err));
+    if (g->forced_choice)
+        G_CUDA(cudaMemcpyAsync(A->choice, g->forced_choice, sizeof(int) * (size_t)P,
+                               cudaMemcpyDeviceToDevice, g->s));
     if (g->record_stats)
         G_LAUNCH(gk_coactivation(A->choice, T, k, E, g->coact + (size_t)mi * E * E, g->s));
     PH(COST_PERMUTE);
@@ -1203,4 +1207,159 @@ extern "C" enum moe_status exec_gpu_routing(struct exec_gpu *g, int layer, int64
     free(buf);
     G_CUDA(e);
     return MOE_OK;
+}
+
+/* ---- the MoE benchmark --------------------------------------------------------------------- */
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median time of `iters` runs of what `what` selects (0: expert block, 1: whole layer, 2: dense
+ * chain), each bracketed by events on the main stream. */
+static enum moe_status bench_time(struct exec_gpu *g, int what, int *dense_off, int iters,
+                                  double *ms, int *syncs, struct moe_error *err)
+{
+    struct act *A = &g->act[0];
+    double *t = (double *)calloc((size_t)iters, sizeof(double));
+    cudaEvent_t a, b;
+    if (!t) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    G_CUDA(cudaEventCreate(&a));
+    G_CUDA(cudaEventCreate(&b));
+    enum moe_status st = MOE_OK;
+    for (int i = 0; i < iters && st == MOE_OK; i++) {
+        int s0 = g->syncs;
+        g->nev = MAX_EVENTS; /* no phase events inside the benchmark */
+        cudaEventRecord(a, g->s);
+        if (what == 0) {
+            st = experts_forward(g, 0, A, g->off_host[0], err);
+            if (st == MOE_OK) st = experts_backward(g, 0, A, g->off_host[0], err);
+        } else if (what == 1) {
+            st = moe_forward(g, 0, A, g->xin[1], err);
+            if (st == MOE_OK) {
+                gk_to_bf16(g->dh, g->dy16, (size_t)g->T * g->h, g->s);
+                st = moe_backward(g, 0, A, err);
+            }
+        } else {
+            st = experts_forward(g, 0, A, dense_off, err);
+            if (st == MOE_OK) st = experts_backward(g, 0, A, dense_off, err);
+        }
+        cudaEventRecord(b, g->s);
+        cudaError_t e = cudaEventSynchronize(b);
+        float f = 0.0f;
+        if (e == cudaSuccess) e = cudaEventElapsedTime(&f, a, b);
+        if (e != cudaSuccess && st == MOE_OK)
+            st = moe_error_set(err, MOE_ERR_CUDA, "benchmark: %s", cudaGetErrorString(e));
+        t[i] = f;
+        *syncs = g->syncs - s0;
+    }
+    qsort(t, (size_t)iters, sizeof *t, cmp_double);
+    *ms = iters % 2 ? t[iters / 2] : 0.5 * (t[iters / 2 - 1] + t[iters / 2]);
+    free(t);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return st;
+}
+
+extern "C" enum moe_status exec_moe_bench(const struct exec_moe_bench_cfg *c, int *choice,
+                                          struct exec_moe_bench_result *r, struct moe_error *err)
+{
+    memset(r, 0, sizeof *r);
+    if (c->experts < 1 || c->top_k < 1 || c->top_k > c->experts || c->tokens < 1 || c->hidden < 1 ||
+        c->ffn < 1 || c->iters < 1 || c->warmup < 0)
+        return moe_error_set(err, MOE_ERR_INPUT, "bench moe: inconsistent shape");
+    struct mdl_model m;
+    memset(&m, 0, sizeof m);
+    snprintf(m.name, sizeof m.name, "bench-moe");
+    m.layers = 1;
+    m.moe_every = 1;
+    m.hidden = c->hidden;
+    m.vocab = 256;
+    m.norm_eps = 1e-6;
+    m.max_seq_len = 1;
+    m.attn.type = MDL_ATTN_GQA;
+    m.attn.heads = m.attn.kv_heads = 1;
+    m.attn.head_dim = 16;
+    m.attn.rope_theta = 10000;
+    m.moe.experts = c->experts;
+    m.moe.top_k = c->top_k;
+    m.moe.intermediate = c->ffn;
+    m.moe.scoring = MDL_SCORE_SOFTMAX;
+    m.moe.n_group = m.moe.topk_group = 1;
+    m.moe.norm_topk = true;
+    m.moe.scaling = 1.0;
+    /* seeded skewed routing: expert probabilities from Dirichlet(skew), then each token draws
+     * top_k distinct experts in proportion to them */
+    int E = c->experts, k = c->top_k, T = c->tokens;
+    double *p = (double *)malloc(sizeof(double) * E), *q = (double *)malloc(sizeof(double) * E);
+    if (!p || !q) {
+        free(p), free(q);
+        return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    }
+    struct moe_rng rng;
+    moe_rng_seed(&rng, c->seed);
+    if (c->skew > 0) moe_rng_dirichlet(&rng, c->skew, p, (size_t)E);
+    else
+        for (int e = 0; e < E; e++) p[e] = 1.0 / E;
+    for (int t = 0; t < T; t++) {
+        memcpy(q, p, sizeof(double) * E);
+        for (int j = 0; j < k; j++) {
+            double sum = 0.0, u;
+            for (int e = 0; e < E; e++) sum += q[e];
+            u = moe_rng_uniform(&rng) * sum;
+            int e = 0;
+            while (e < E - 1 && (u -= q[e]) >= 0) e++;
+            while (q[e] == 0.0) e = (e + 1) % E; /* rounding at the end of the range */
+            choice[(size_t)t * k + j] = e;
+            q[e] = 0.0;
+        }
+    }
+    free(p), free(q);
+    /* T sequences of one token: the layer sees T tokens, attention's workspace stays tiny */
+    struct exec_gpu_cfg cfg = {1, T, false, 0.0, 0, c->streams};
+    struct exec_gpu *g = NULL;
+    int *dchoice = NULL, dense_off[GK_MAX_EXPERTS + 1];
+    enum moe_status st = exec_gpu_create(&g, &m, &cfg, err);
+    if (st == MOE_OK) st = exec_gpu_init(g, c->seed, err);
+    if (st == MOE_OK && cudaMalloc((void **)&dchoice, sizeof(int) * (size_t)T * k) != cudaSuccess)
+        st = moe_error_set(err, MOE_ERR_CUDA, "bench moe: out of GPU memory");
+    if (st == MOE_OK) {
+        struct act *A = &g->act[0];
+        size_t th = (size_t)T * c->hidden;
+        cudaMemcpy(dchoice, choice, sizeof(int) * (size_t)T * k, cudaMemcpyHostToDevice);
+        g->forced_choice = dchoice;
+        g->record_stats = true;
+        g->grad_scale = 1.0;
+        gk_init(A->b32, th, 0, c->seed + 1, 1.0f, false, g->s);
+        gk_to_bf16(A->b32, A->b16, th, g->s);
+        gk_init(g->dh, th, 0, c->seed + 2, 1.0f, false, g->s);
+        dense_off[0] = 0;
+        for (int e = 1; e <= E; e++) dense_off[e] = T * k;
+        int syncs = 0;
+        double ms;
+        /* warm-up (allocations, cuBLAS heuristics), then the three measurements */
+        for (int i = 0; i < (c->warmup > 1 ? c->warmup : 1) && st == MOE_OK; i++)
+            st = bench_time(g, 1, dense_off, 1, &ms, &syncs, err);
+        if (st == MOE_OK) st = bench_time(g, 0, dense_off, c->iters, &r->block_ms, &syncs, err);
+        if (st == MOE_OK) st = bench_time(g, 1, dense_off, c->iters, &r->layer_ms, &r->host_syncs, err);
+        for (int i = 0; i < c->warmup && st == MOE_OK; i++)
+            st = bench_time(g, 2, dense_off, 1, &ms, &syncs, err);
+        if (st == MOE_OK) st = bench_time(g, 2, dense_off, c->iters, &r->dense_ms, &syncs, err);
+        const int *off = g->off_host[0];
+        double mx = 0;
+        for (int e = 0; e < E; e++) mx = fmax(mx, (double)(off[e + 1] - off[e]));
+        r->max_over_mean = mx / ((double)T * k / E);
+        double R = (double)T * k, h = c->hidden, f = c->ffn;
+        r->block_flops = 18.0 * R * h * f;
+        r->layer_flops = r->block_flops + 6.0 * T * h * E;
+        /* what one MoE layer keeps for its backward: router input and logits, routing, permuted
+         * rows, gate/up outputs, SwiGLU output, expert outputs */
+        r->layer_bytes = th * (4.0 + 2.0) + (double)T * E * 4 + R * 4 * 4 + R * h * 2 + R * f * 4 * 2 +
+                         R * f * 2 + R * h * 4;
+    }
+    cudaFree(dchoice);
+    exec_gpu_destroy(g);
+    return st;
 }

@@ -1,0 +1,157 @@
+/*
+ * cmd_bench.c: `moeplan bench moe`: the executor's MoE layer on this GPU, forward + backward,
+ * next to the dense GEMM chain of the same FLOPs; bench/peers/ times PyTorch on the same shapes
+ * and the same routing (--routing-out), and bench/run-moe prints them side by side.
+ * Built only with the executor.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "exec.h"
+#include "rpt.h"
+
+enum { OPT_E = 1, OPT_T, OPT_K, OPT_H, OPT_F, OPT_SKEW, OPT_SEED, OPT_ITERS, OPT_WARM, OPT_STREAMS,
+       OPT_JSON, OPT_ROUT };
+
+const struct cli_opt cmd_bench_opts[] = {
+    {"experts", required_argument, OPT_E, "E", "routed experts (8)"},
+    {"tokens", required_argument, OPT_T, "T", "tokens; routed rows = T x topk (8192)"},
+    {"topk", required_argument, OPT_K, "K", "experts per token (8)"},
+    {"hidden", required_argument, OPT_H, "H", "hidden size (7168)"},
+    {"ffn", required_argument, OPT_F, "F", "expert FFN width (2048)"},
+    {"skew", required_argument, OPT_SKEW, "ALPHA", "Dirichlet alpha of the expert load (2; 0: uniform)"},
+    {"seed", required_argument, OPT_SEED, "N", "routing and data seed (1)"},
+    {"iters", required_argument, OPT_ITERS, "N", "timed runs, the median is reported (20)"},
+    {"warmup", required_argument, OPT_WARM, "N", "untimed runs first (3)"},
+    {"streams", required_argument, OPT_STREAMS, "N", "CUDA streams for the expert GEMMs (4)"},
+    {"json", required_argument, OPT_JSON, "FILE", "also write the results as JSON"},
+    {"routing-out", required_argument, OPT_ROUT, "FILE",
+     "write the routing used (tokens x topk int32 expert ids) for the peers"},
+    {NULL, 0, 0, NULL, NULL},
+};
+
+int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
+{
+    struct cli_arg args[CLI_MAX_ARGS];
+    int nargs;
+    int rc = cli_parse(cmd, argc, argv, args, &nargs);
+    if (rc >= 0) return rc;
+    struct moe_error err;
+    if (optind >= argc) return cli_usage(cmd, "which benchmark: moe");
+    if (strcmp(argv[optind], "moe") != 0) {
+        if (strcmp(argv[optind], "eval") == 0) {
+            moe_error_set(&err, MOE_ERR_UNSUPPORTED,
+                          "'bench eval' (the planner's evaluation rate) is not built yet");
+            return cli_fail(cli, &err);
+        }
+        return cli_usage(cmd, "unknown benchmark '%s' (moe)", argv[optind]);
+    }
+    uint64_t E = 8, T = 8192, K = 8, H = 7168, F = 2048, seed = 1, iters = 20, warm = 3, streams = 4;
+    double skew = 2.0;
+    const char *json = NULL, *rout = NULL;
+    for (int i = 0; i < nargs; i++) {
+        const char *v = args[i].value;
+        bool ok = true;
+        switch (args[i].val) {
+        case OPT_E: ok = cli_count(cmd, "experts", v, 1, 512, &E); break;
+        case OPT_T: ok = cli_count(cmd, "tokens", v, 1, 1u << 24, &T); break;
+        case OPT_K: ok = cli_count(cmd, "topk", v, 1, 512, &K); break;
+        case OPT_H: ok = cli_count(cmd, "hidden", v, 1, 65536, &H); break;
+        case OPT_F: ok = cli_count(cmd, "ffn", v, 1, 262144, &F); break;
+        case OPT_SEED: ok = cli_count(cmd, "seed", v, 0, UINT32_MAX, &seed); break;
+        case OPT_ITERS: ok = cli_count(cmd, "iters", v, 1, 100000, &iters); break;
+        case OPT_WARM: ok = cli_count(cmd, "warmup", v, 0, 100000, &warm); break;
+        case OPT_STREAMS: ok = cli_count(cmd, "streams", v, 1, EXEC_MAX_STREAMS, &streams); break;
+        case OPT_SKEW: {
+            char *end;
+            skew = strtod(v, &end);
+            if (!*v || *end || !(skew >= 0 && skew <= 1e6))
+                return cli_usage(cmd, "--skew %s: a number >= 0", v);
+            break;
+        }
+        case OPT_JSON: json = v; break;
+        case OPT_ROUT: rout = v; break;
+        }
+        if (!ok) return 2;
+    }
+    if (K > E) return cli_usage(cmd, "--topk %llu exceeds --experts %llu", (unsigned long long)K,
+                                (unsigned long long)E);
+    int ndev = 0;
+    if (exec_device_count(&ndev, &err) != MOE_OK) return cli_fail(cli, &err);
+    if (ndev < 1) {
+        moe_error_set(&err, MOE_ERR_RUNTIME, "no CUDA GPU on this machine: the benchmark runs on a GPU");
+        return cli_fail(cli, &err);
+    }
+    struct exec_device_info dev;
+    if (exec_device_query(0, &dev, &err) != MOE_OK) return cli_fail(cli, &err);
+    struct exec_moe_bench_cfg c = {(int)E, (int)T, (int)K, (int)H, (int)F, (int)streams, (int)warm,
+                                   (int)iters, skew, seed};
+    struct exec_moe_bench_result r;
+    int *choice = malloc(sizeof *choice * (size_t)T * K);
+    if (!choice) {
+        moe_error_set(&err, MOE_ERR_NOMEM, "out of memory");
+        return cli_fail(cli, &err);
+    }
+    if (exec_moe_bench(&c, choice, &r, &err) != MOE_OK) {
+        free(choice);
+        return cli_fail(cli, &err);
+    }
+    double bt = r.block_flops / (r.block_ms * 1e9), lt = r.layer_flops / (r.layer_ms * 1e9),
+           dt = r.block_flops / (r.dense_ms * 1e9);
+    printf("moeplan bench moe on %s: %llu experts x %llu tokens top-%llu (%llu routed rows), hidden "
+           "%llu, ffn %llu; Dirichlet %g load (busiest expert %.2fx the mean); %llu expert streams; "
+           "median of %llu\n",
+           dev.name, (unsigned long long)E, (unsigned long long)T, (unsigned long long)K,
+           (unsigned long long)(T * K), (unsigned long long)H, (unsigned long long)F, skew,
+           r.max_over_mean, (unsigned long long)streams, (unsigned long long)iters);
+    const char *hd[] = {"fwd + bwd", "ms", "TFLOPS", "of dense"};
+    struct rpt_table *t = rpt_table_create(4, hd, "lrrr");
+    const char *names[] = {"expert block", "MoE layer", "dense ceiling"};
+    double ms[] = {r.block_ms, r.layer_ms, r.dense_ms}, tf[] = {bt, lt, dt};
+    for (int i = 0; t && i < 3; i++) {
+        rpt_table_row(t, NULL);
+        rpt_table_cell(t, NULL, "%s", names[i]);
+        rpt_table_cell(t, NULL, "%.3f", ms[i]);
+        rpt_table_cell(t, NULL, "%.1f", tf[i]);
+        rpt_table_cell(t, NULL, "%.2f", tf[i] / dt);
+    }
+    if (t) rpt_table_print(t, stdout);
+    rpt_table_destroy(t);
+    char b[32];
+    moe_format_bytes(r.layer_bytes, b, sizeof b);
+    printf("host syncs per layer (fwd + bwd): %d; activations kept per layer: %s\n", r.host_syncs, b);
+    enum moe_status st = MOE_OK;
+    if (rout) st = moe_file_write_atomic(rout, choice, sizeof *choice * (size_t)T * K, &err);
+    free(choice);
+    if (st != MOE_OK) return cli_fail(cli, &err);
+    if (json) {
+        json_t *o = json_object();
+        json_object_set_new(o, "device", json_string(dev.name));
+        json_object_set_new(o, "experts", json_integer((json_int_t)E));
+        json_object_set_new(o, "tokens", json_integer((json_int_t)T));
+        json_object_set_new(o, "top_k", json_integer((json_int_t)K));
+        json_object_set_new(o, "hidden", json_integer((json_int_t)H));
+        json_object_set_new(o, "ffn", json_integer((json_int_t)F));
+        json_object_set_new(o, "skew", json_real(skew));
+        json_object_set_new(o, "seed", json_integer((json_int_t)seed));
+        json_object_set_new(o, "streams", json_integer((json_int_t)streams));
+        json_object_set_new(o, "iters", json_integer((json_int_t)iters));
+        json_object_set_new(o, "max_over_mean", json_real(r.max_over_mean));
+        json_object_set_new(o, "block_ms", json_real(r.block_ms));
+        json_object_set_new(o, "layer_ms", json_real(r.layer_ms));
+        json_object_set_new(o, "dense_ms", json_real(r.dense_ms));
+        json_object_set_new(o, "block_tflops", json_real(bt));
+        json_object_set_new(o, "layer_tflops", json_real(lt));
+        json_object_set_new(o, "dense_tflops", json_real(dt));
+        json_object_set_new(o, "block_flops", json_real(r.block_flops));
+        json_object_set_new(o, "layer_flops", json_real(r.layer_flops));
+        json_object_set_new(o, "host_syncs_per_layer", json_integer(r.host_syncs));
+        json_object_set_new(o, "layer_activation_bytes", json_real(r.layer_bytes));
+        st = moe_json_write_atomic(json, o, "moeplan.bench.moe", 1, &err);
+        json_decref(o);
+        if (st != MOE_OK) return cli_fail(cli, &err);
+    }
+    return 0;
+}
