@@ -43,7 +43,8 @@ int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     if (strcmp(argv[optind], "moe") != 0) {
         if (strcmp(argv[optind], "eval") == 0) {
             moe_error_set(&err, MOE_ERR_UNSUPPORTED,
-                          "'bench eval' (the planner's evaluation rate) is not built yet");
+                          "the planner's evaluation rate is its own program: build/bench/eval_rate "
+                          "(bench/README.md)");
             return cli_fail(cli, &err);
         }
         return cli_usage(cmd, "unknown benchmark '%s' (moe)", argv[optind]);
