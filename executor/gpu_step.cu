@@ -106,6 +106,9 @@ struct exec_gpu {
     struct act *act;          /* per layer, or all the same with recompute */
     /* workspace */
     int *tok, *tok_in, *tgt, *perm_cnt, *perm_base;
+    int *emb_dev;             /* distinct ids, offsets, positions of the micro-batch's inputs */
+    int *emb_host, *emb_count; /* pinned copy of emb_dev; per-vocabulary counts (host) */
+    int emb_nids;
     float *q32, *k32, *kv32, *S32, *dP32, *part, *dh, *dprev, *da32, *db32, *dq32, *dk32, *dv32;
     float *dqf32, *dkv32, *dckvn32, *dckvf32, *dcqn32, *dcq32, *dhm32, *dw, *dehm32, *dxp32, *dz;
     float *scores, *rstdf, *logits, *row_loss, *dfin32, *ytmp, *yscr;
@@ -836,6 +839,10 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
     size_t HSS = (size_t)H * S * S;
     ALLOC(g->tok, (size_t)g->B * (S + 1), c);
     ALLOC(g->tok_in, T, c);
+    ALLOC(g->emb_dev, (size_t)3 * T + 1, c);
+    G_CUDA(cudaMallocHost((void **)&g->emb_host, sizeof(int) * ((size_t)3 * T + 1)));
+    g->emb_count = (int *)calloc((size_t)g->V, sizeof(int));
+    if (!g->emb_count) return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
     ALLOC(g->tgt, T, c);
     int chunks = (P + GK_CHUNK - 1) / GK_CHUNK, rchunks = (T + GK_CHUNK - 1) / GK_CHUNK;
     ALLOC(g->perm_cnt, (size_t)chunks * E + 1, c);
@@ -934,6 +941,8 @@ extern "C" void exec_gpu_destroy(struct exec_gpu *g)
         for (int l = 0; l < (g->cfg.recompute ? 1 : g->L); l++)
             if (g->off_host[l]) cudaFreeHost(g->off_host[l]);
     if (g->host_rows) cudaFreeHost(g->host_rows);
+    if (g->emb_host) cudaFreeHost(g->emb_host);
+    free(g->emb_count);
     if (g->blas) cublasDestroy(g->blas);
     for (int i = 0; i < g->nside; i++) {
         if (g->side_blas[i]) cublasDestroy(g->side_blas[i]);
@@ -1057,6 +1066,42 @@ extern "C" enum moe_status exec_gpu_step_begin(struct exec_gpu *g, struct moe_er
     return MOE_OK;
 }
 
+/* The embedding backward's plan: the input positions of each distinct token id, in order (a
+ * counting sort on the host, where the tokens are); emb_host = ids (T) | pos (T) | off. */
+static enum moe_status embed_plan(struct exec_gpu *g, const int *tokens, struct moe_error *err)
+{
+    int T = g->T;
+    int *ids = g->emb_host, *pos = g->emb_host + T, *off = g->emb_host + 2 * T, n = 0;
+    for (int b = 0; b < g->B; b++)
+        for (int t = 0; t < g->S; t++) g->emb_count[tokens[b * (g->S + 1) + t]]++;
+    for (int b = 0; b < g->B; b++)
+        for (int t = 0; t < g->S; t++) {
+            int v = tokens[b * (g->S + 1) + t];
+            if (g->emb_count[v] > 0) { /* first sight of v: its slot, counts become fill */
+                ids[n] = v;
+                off[n + 1] = g->emb_count[v];
+                g->emb_count[v] = -(n + 1);
+                n++;
+            }
+        }
+    off[0] = 0;
+    for (int u = 0; u < n; u++) off[u + 1] += off[u];
+    int *cur = (int *)malloc(sizeof(int) * (size_t)(n ? n : 1));
+    if (!cur) return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
+    for (int u = 0; u < n; u++) cur[u] = off[u];
+    for (int b = 0; b < g->B; b++)
+        for (int t = 0; t < g->S; t++) {
+            int v = tokens[b * (g->S + 1) + t], u = -g->emb_count[v] - 1;
+            pos[cur[u]++] = b * g->S + t;
+        }
+    free(cur);
+    for (int u = 0; u < n; u++) g->emb_count[ids[u]] = 0;
+    g->emb_nids = n;
+    G_CUDA(cudaMemcpyAsync(g->emb_dev, g->emb_host, sizeof(int) * ((size_t)3 * T + 1),
+                           cudaMemcpyHostToDevice, g->s));
+    return MOE_OK;
+}
+
 extern "C" enum moe_status exec_gpu_micro_batch(struct exec_gpu *g, const int *tokens,
                                                 double grad_scale, double *loss, double *aux,
                                                 struct moe_error *err)
@@ -1070,6 +1115,7 @@ extern "C" enum moe_status exec_gpu_micro_batch(struct exec_gpu *g, const int *t
                                  tokens[i], V);
     g->record_stats = true;
     g->grad_scale = grad_scale;
+    G_TRY(embed_plan(g, tokens, err));
     PH(COST_EMBED);
     G_CUDA(cudaMemcpyAsync(g->tok, tokens, sizeof(int) * (size_t)g->B * (g->S + 1),
                            cudaMemcpyHostToDevice, g->s));
@@ -1104,7 +1150,8 @@ extern "C" enum moe_status exec_gpu_micro_batch(struct exec_gpu *g, const int *t
         g->dprev = t;
     }
     PH(COST_EMBED);
-    G_LAUNCH(gk_embed_backward(g->dh, g->tok_in, T, h, GR(g, g->embed), g->s));
+    G_LAUNCH(gk_embed_backward(g->dh, g->emb_dev, g->emb_dev + 2 * T, g->emb_dev + T, g->emb_nids, h,
+                               GR(g, g->embed), g->s));
     G_TRY(sync_host(g, err));
     double sum = 0.0;
     for (int t = 0; t < T; t++) sum += g->host_rows[t];

@@ -25,7 +25,9 @@ void gk_init(float *p, size_t n, size_t base, uint64_t seed, float std, bool one
 void gk_to_bf16(const float *x, bf16 *y, size_t n, cudaStream_t s);
 void gk_split(const int *tok, int B, int S, int *in, int *tgt, cudaStream_t s);
 void gk_embed(const float *emb, const int *tok, int T, int h, float *x, cudaStream_t s);
-void gk_embed_backward(const float *dx, const int *tok, int T, int h, float *demb, cudaStream_t s);
+/* ids: the nids distinct token ids of the micro-batch; off (nids + 1), pos (T): their positions. */
+void gk_embed_backward(const float *dx, const int *ids, const int *off, const int *pos, int nids,
+                       int h, float *demb, cudaStream_t s);
 void gk_rmsnorm(const float *x, int ldx, const float *w, int T, int h, float eps, bf16 *y16,
                 int ld16, float *y32, int ld32, float *rstd, cudaStream_t s);
 void gk_rmsnorm_backward(const float *x, int ldx, const float *w, const float *rstd,
