@@ -457,12 +457,10 @@ static enum moe_status experts_forward(struct exec_gpu *g, int l, struct act *A,
         int n = off[e + 1] - off[e];
         if (!n) continue;
         use_expert_stream(g, e);
-        /* gate and up in one batched GEMM: the up tensor follows the gate tensor (E f h apart),
-         * the up output follows the gate output (P f apart) */
-        G_TRY(mm(g, false, true, n, f, h, 1.0f, A->xp16 + (size_t)off[e] * h, h, 0,
-                 W16(g, w[W_GATE]) + (size_t)e * f * h, h, (long long)E * f * h, 0.0f,
-                 A->eg32 + (size_t)off[e] * f, f, (long long)g->P * f, 2, CUDA_R_16BF, CUDA_R_32F,
-                 err));
+        G_TRY(lin(g, A->xp16 + (size_t)off[e] * h, h, W16(g, w[W_GATE]) + (size_t)e * f * h, n, h,
+                  f, A->eg32 + (size_t)off[e] * f, f, CUDA_R_32F, 0, err));
+        G_TRY(lin(g, A->xp16 + (size_t)off[e] * h, h, W16(g, w[W_UP]) + (size_t)e * f * h, n, h, f,
+                  A->eu32 + (size_t)off[e] * f, f, CUDA_R_32F, 0, err));
     }
     G_TRY(join_experts(g, err));
     G_LAUNCH(gk_swiglu(A->eg32, A->eu32, A->ehm16, (size_t)off[E] * f, g->s));
@@ -507,9 +505,10 @@ static enum moe_status experts_backward(struct exec_gpu *g, int l, const struct 
                      g->dxp32 + o * h, h, 0, err));
         G_TRY(lin_dx(g, g->deu16 + o * f, f, W16(g, w[W_UP]) + (size_t)e * f * h, n, h, f,
                      g->dxp32 + o * h, h, 1, err));
-        G_TRY(mm(g, true, false, f, h, n, 1.0f, g->deg16 + o * f, f, (long long)g->P * f,
-                 A->xp16 + o * h, h, 0, 1.0f, GR(g, w[W_GATE]) + (size_t)e * f * h, h,
-                 (long long)E * f * h, 2, CUDA_R_16BF, CUDA_R_32F, err));
+        G_TRY(lin_dw(g, g->deg16 + o * f, f, A->xp16 + o * h, h, n, h, f,
+                     GR(g, w[W_GATE]) + (size_t)e * f * h, err));
+        G_TRY(lin_dw(g, g->deu16 + o * f, f, A->xp16 + o * h, h, n, h, f,
+                     GR(g, w[W_UP]) + (size_t)e * f * h, err));
     }
     return join_experts(g, err);
 }
@@ -712,8 +711,8 @@ static enum moe_status act_alloc(struct exec_gpu *g, struct act *A, bool moe_any
         ALLOC(A->off, E + 1, c);
         ALLOC(A->auxg, E, c);
         ALLOC(A->xp16, (size_t)P * h, c);
-        ALLOC(A->eg32, (size_t)2 * P * g->f, c); /* gate | up outputs, one batched GEMM */
-        A->eu32 = A->eg32 + (size_t)P * g->f;
+        ALLOC(A->eg32, (size_t)P * g->f, c);
+        ALLOC(A->eu32, (size_t)P * g->f, c);
         ALLOC(A->ehm16, (size_t)P * g->f, c);
         ALLOC(A->yp32, (size_t)P * h, c);
     }
@@ -803,12 +802,6 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
             const struct exec_tensor *t = exec_ref_tensor(&g->table, name);
             g->wi[l][j] = t ? (int)(t - g->table.tensor) : -1;
         }
-    }
-    for (int l = 0; l < g->L; l++) {
-        const struct exec_tensor *tg = &g->table.tensor[g->wi[l][W_GATE]],
-                                 *tu = &g->table.tensor[g->wi[l][W_UP]];
-        if (g->moe_index[l] >= 0 && tu->offset != tg->offset + tg->size)
-            return moe_error_set(err, MOE_ERR_RUNTIME, "executor: layer %d: up does not follow gate", l);
     }
     g->embed = (int)(exec_ref_tensor(&g->table, "embed") - g->table.tensor);
     g->final_norm = (int)(exec_ref_tensor(&g->table, "final_norm") - g->table.tensor);
@@ -901,8 +894,8 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
         ALLOC(g->dw, P, c);
         ALLOC(g->dyp16, (size_t)P * h, c);
         ALLOC(g->dehm32, (size_t)P * g->f, c);
-        ALLOC(g->deg16, (size_t)2 * P * g->f, c);
-        g->deu16 = g->deg16 + (size_t)P * g->f;
+        ALLOC(g->deg16, (size_t)P * g->f, c);
+        ALLOC(g->deu16, (size_t)P * g->f, c);
         ALLOC(g->dxp32, (size_t)P * h, c);
         ALLOC(g->dz, (size_t)T * E, c);
         ALLOC(g->scores, (size_t)T * E, c);
