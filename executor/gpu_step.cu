@@ -979,7 +979,9 @@ extern "C" enum moe_status exec_gpu_init(struct exec_gpu *g, uint64_t seed, stru
     return refresh_bf16(g, err);
 }
 
-/* Host copies in pieces through one float buffer. */
+/* Host copies in pieces through one float buffer, on the executor's stream: it is a non-blocking
+ * stream, which the legacy default stream of a plain cudaMemcpy does not order against (a
+ * pageable host-to-device cudaMemcpy may return before its data lands). */
 static enum moe_status copy_params(struct exec_gpu *g, float *dev, double *host, bool to_dev,
                                    struct moe_error *err)
 {
@@ -992,9 +994,11 @@ static enum moe_status copy_params(struct exec_gpu *g, float *dev, double *host,
         cudaError_t e;
         if (to_dev) {
             for (size_t i = 0; i < c; i++) buf[i] = (float)host[o + i];
-            e = cudaMemcpy(dev + o, buf, sizeof(float) * c, cudaMemcpyHostToDevice);
+            e = cudaMemcpyAsync(dev + o, buf, sizeof(float) * c, cudaMemcpyHostToDevice, g->s);
+            if (e == cudaSuccess) e = cudaStreamSynchronize(g->s); /* buf is reused */
         } else {
-            e = cudaMemcpy(buf, dev + o, sizeof(float) * c, cudaMemcpyDeviceToHost);
+            e = cudaMemcpyAsync(buf, dev + o, sizeof(float) * c, cudaMemcpyDeviceToHost, g->s);
+            if (e == cudaSuccess) e = cudaStreamSynchronize(g->s);
             for (size_t i = 0; i < c; i++) host[o + i] = buf[i];
         }
         if (e != cudaSuccess)
@@ -1249,7 +1253,9 @@ extern "C" enum moe_status exec_gpu_routing(struct exec_gpu *g, int layer, int64
     size_t n = (size_t)E * E;
     unsigned long long *buf = (unsigned long long *)malloc(sizeof *buf * n);
     if (!buf) return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
-    cudaError_t e = cudaMemcpy(buf, g->coact + (size_t)mi * n, sizeof *buf * n, cudaMemcpyDeviceToHost);
+    cudaError_t e = cudaMemcpyAsync(buf, g->coact + (size_t)mi * n, sizeof *buf * n,
+                                    cudaMemcpyDeviceToHost, g->s);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(g->s);
     for (size_t i = 0; i < n && e == cudaSuccess; i++) coact[i] = (int64_t)buf[i];
     free(buf);
     G_CUDA(e);
@@ -1375,7 +1381,7 @@ extern "C" enum moe_status exec_moe_bench(const struct exec_moe_bench_cfg *c, in
     if (st == MOE_OK) {
         struct act *A = &g->act[0];
         size_t th = (size_t)T * c->hidden;
-        cudaMemcpy(dchoice, choice, sizeof(int) * (size_t)T * k, cudaMemcpyHostToDevice);
+        cudaMemcpyAsync(dchoice, choice, sizeof(int) * (size_t)T * k, cudaMemcpyHostToDevice, g->s);
         g->forced_choice = dchoice;
         g->record_stats = true;
         g->grad_scale = 1.0;
