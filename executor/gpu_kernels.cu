@@ -113,21 +113,23 @@ void gk_embed(const float *emb, const int *tok, int T, int h, float *x, cudaStre
 }
 
 /* d emb[ids[u]] += sum of dx[pos[i]] over i in off[u] .. off[u+1] (the positions of token id
- * ids[u], in order): blocks (distinct id, column chunk), so no two threads write one element. */
+ * ids[u], in order): one block per distinct id, so no two blocks write one row. */
 __global__ void k_embed_backward(const float *dx, const int *ids, const int *off, const int *pos,
                                  int h, float *demb)
 {
-    int u = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
-    if (c >= h) return;
-    float acc = 0.0f;
-    for (int i = off[u]; i < off[u + 1]; i++) acc += dx[(size_t)pos[i] * h + c];
-    demb[(size_t)ids[u] * h + c] += acc;
+    int u = blockIdx.x;
+    float *row = demb + (size_t)ids[u] * h;
+    for (int c = threadIdx.x; c < h; c += blockDim.x) {
+        float acc = 0.0f;
+        for (int i = off[u]; i < off[u + 1]; i++) acc += dx[(size_t)pos[i] * h + c];
+        row[c] += acc;
+    }
 }
 
 void gk_embed_backward(const float *dx, const int *ids, const int *off, const int *pos, int nids,
                        int h, float *demb, cudaStream_t s)
 {
-    if (nids) k_embed_backward<<<dim3(nids, blocks_for(h, TPB)), TPB, 0, s>>>(dx, ids, off, pos, h, demb);
+    if (nids) k_embed_backward<<<nids, TPB, 0, s>>>(dx, ids, off, pos, h, demb);
 }
 
 /* ---- RMSNorm ----------------------------------------------------------------------------- */
