@@ -104,7 +104,7 @@ static int run(struct cli *cli, const struct run_opts *o)
     struct exec_data data;
     memset(&data, 0, sizeof data);
     int *tokens = NULL, steps = (int)o->steps, ndev = 0;
-    double *loss = NULL, *rows = NULL, (*phase)[COST_NPHASES] = NULL;
+    double *loss = NULL, (*phase)[COST_NPHASES] = NULL;
     json_t *root = NULL, *jsteps = NULL;
     int64_t *counts = NULL, *coact = NULL;
     if ((st = plan_load(o->plan, &p, &err))) goto cleanup;
@@ -144,10 +144,9 @@ static int run(struct cli *cli, const struct run_opts *o)
     opt.warmup_steps = (int)(o->warmup < o->steps / 10 + 1 ? o->warmup : o->steps / 10 + 1);
     tokens = malloc(sizeof *tokens * (size_t)per_mb);
     loss = calloc((size_t)steps, sizeof *loss);
-    rows = calloc((size_t)steps, sizeof *rows);
     phase = calloc((size_t)steps, sizeof *phase);
     jsteps = json_array();
-    if (!tokens || !loss || !rows || !phase || !jsteps) {
+    if (!tokens || !loss || !phase || !jsteps) {
         st = moe_error_set(&err, MOE_ERR_NOMEM, "out of memory");
         goto cleanup;
     }
@@ -180,7 +179,6 @@ static int run(struct cli *cli, const struct run_opts *o)
         double wall_ms = 1e3 * (moe_time_now_s() - t0), ms = ss.phase_ms[COST_STEP];
         double tps = tokens_step / (ms / 1e3), tflops = fl.train_total * tps / 1e12;
         memcpy(phase[s], ss.phase_ms, sizeof phase[s]);
-        rows[s] = ms;
         moe_progress_clear(&bar);
         printf("step %4d/%d  loss %8.4f  lr %.2e  gnorm %7.3f  %9.1f ms  %9.0f tok/s  %7.1f TFLOPS"
                "  MFU %5.1f%%\n",
@@ -329,7 +327,7 @@ static int run(struct cli *cli, const struct run_opts *o)
 cleanup:
     json_decref(root);
     json_decref(jsteps);
-    free(tokens), free(loss), free(rows), free(phase), free(counts), free(coact);
+    free(tokens), free(loss), free(phase), free(counts), free(coact);
     exec_data_close(&data);
     exec_gpu_destroy(g);
     return st == MOE_OK ? 0 : cli_fail(cli, &err);

@@ -102,6 +102,15 @@ const char *moe_glpk_strerror(int rc);
         }                                                                                          \
     } while (0)
 
+/* The same check for functions without a cleanup label: return the error status. */
+#define MOE_LIB_RETURN(status_, call, ok_value, strerror_fn)                                       \
+    do {                                                                                           \
+        int moe_rc_ = (int)(call);                                                                 \
+        if (moe_rc_ != (int)(ok_value))                                                            \
+            return moe_error_set_src(err, (status_), __FILE__, __LINE__, "%s failed: %s (%d)",     \
+                                     #call, strerror_fn(moe_rc_), moe_rc_);                        \
+    } while (0)
+
 #define MOE_CUDA_TRY(call)                                                                         \
     MOE_LIB_TRY(MOE_ERR_CUDA, call, cudaSuccess, moe_cuda_strerror_)
 #define moe_cuda_strerror_(rc) cudaGetErrorString((cudaError_t)(rc))

@@ -24,20 +24,9 @@
 const char *const exec_mem_names[EXEC_MEM_N] = {"weights", "master_weights", "grads",
                                                  "optimizer", "activations", "workspace"};
 
-#define G_CUDA(call)                                                                               \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess)                                                                     \
-            return moe_error_set_src(err, MOE_ERR_CUDA, __FILE__, __LINE__, "%s failed: %s",       \
-                                     #call, cudaGetErrorString(e_));                               \
-    } while (0)
-#define G_BLAS(call)                                                                               \
-    do {                                                                                           \
-        cublasStatus_t e_ = (call);                                                                \
-        if (e_ != CUBLAS_STATUS_SUCCESS)                                                           \
-            return moe_error_set_src(err, MOE_ERR_CUBLAS, __FILE__, __LINE__, "%s failed: %s",     \
-                                     #call, cublasGetStatusString(e_));                            \
-    } while (0)
+/* Functions here own no resources (the struct does), so a failed call returns its error. */
+#define G_CUDA(call) MOE_LIB_RETURN(MOE_ERR_CUDA, call, cudaSuccess, moe_cuda_strerror_)
+#define G_BLAS(call) MOE_LIB_RETURN(MOE_ERR_CUBLAS, call, CUBLAS_STATUS_SUCCESS, moe_cublas_strerror_)
 #define G_TRY(expr)                                                                                \
     do {                                                                                           \
         enum moe_status s_ = (expr);                                                               \
@@ -519,7 +508,7 @@ static enum moe_status moe_forward(struct exec_gpu *g, int l, struct act *A, flo
 {
     const int *w = g->wi[l];
     int T = g->T, h = g->h, E = g->E, k = g->k, P = g->P, mi = g->moe_index[l];
-    int *off = g->cfg.recompute ? g->off_host[0] : g->off_host[l];
+    int *off = g->off_host[l];
     PH(COST_ROUTER);
     G_TRY(mm(g, false, true, T, E, h, 1.0f, A->b32, h, 0, M(g, w[W_ROUTER]), h, 0, 0.0f, A->logits,
              E, 0, 1, CUDA_R_32F, CUDA_R_32F, err));
@@ -569,7 +558,7 @@ static enum moe_status moe_aux_loss(struct exec_gpu *g, int l, const struct act 
                                     struct moe_error *err)
 {
     int T = g->T, E = g->E, P = g->P;
-    const int *off = g->cfg.recompute ? g->off_host[0] : g->off_host[l];
+    const int *off = g->off_host[l];
     G_LAUNCH(gk_scores(&g->rc, A->logits, T, g->scores, g->s));
     G_LAUNCH(gk_colsum(g->scores, E, NULL, 0, NULL, T, E, g->part, g->ytmp, false, g->s));
     float sums[GK_MAX_EXPERTS];
@@ -587,7 +576,7 @@ static enum moe_status moe_backward(struct exec_gpu *g, int l, const struct act 
 {
     const int *w = g->wi[l];
     int T = g->T, h = g->h, E = g->E, k = g->k;
-    const int *off = g->cfg.recompute ? g->off_host[0] : g->off_host[l];
+    const int *off = g->off_host[l];
     if (g->fs) {
         PH(COST_SHARED_EXPERT);
         G_TRY(swiglu_backward(g, A->b16, g->dy16, T, g->fs, W16(g, w[W_SGATE]), W16(g, w[W_SUP]),
