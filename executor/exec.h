@@ -197,13 +197,12 @@ void exec_gpu_destroy(struct exec_gpu *g);
 const struct exec_ref_model *exec_gpu_table(const struct exec_gpu *g);
 /* Seeded initialization on the GPU (normal, std 0.02; norms 1), the same for a seed every run. */
 enum moe_status exec_gpu_init(struct exec_gpu *g, uint64_t seed, struct moe_error *err);
-/* Parameters, gradients (after a step's micro-batches) and selection biases in the reference
+/* Parameters, gradients (after a step's micro-batches) and the selection biases in the reference
  * layout, converted from / to double; bias is (layers, experts), rows of dense layers unused. */
 enum moe_status exec_gpu_set_params(struct exec_gpu *g, const double *params, struct moe_error *err);
 enum moe_status exec_gpu_get_params(struct exec_gpu *g, double *params, struct moe_error *err);
 enum moe_status exec_gpu_get_grads(struct exec_gpu *g, double *grad, struct moe_error *err);
 enum moe_status exec_gpu_set_bias(struct exec_gpu *g, const double *bias, struct moe_error *err);
-enum moe_status exec_gpu_get_bias(struct exec_gpu *g, double *bias, struct moe_error *err);
 
 /* One step: begin (zero the gradients), micro-batches, the optimizer, end (timings). */
 enum moe_status exec_gpu_step_begin(struct exec_gpu *g, struct moe_error *err);

@@ -1039,13 +1039,6 @@ extern "C" enum moe_status exec_gpu_set_bias(struct exec_gpu *g, const double *b
     return upload_bias(g, err);
 }
 
-extern "C" enum moe_status exec_gpu_get_bias(struct exec_gpu *g, double *bias, struct moe_error *err)
-{
-    (void)err;
-    memcpy(bias, g->bias_host, sizeof(double) * (size_t)g->L * g->E);
-    return MOE_OK;
-}
-
 /* ---- the step ------------------------------------------------------------------------------ */
 
 extern "C" enum moe_status exec_gpu_step_begin(struct exec_gpu *g, struct moe_error *err)

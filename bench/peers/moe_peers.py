@@ -18,20 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-
-def timed(fn, warmup, iters):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return float(np.median(times))
+from timing import median_ms
 
 
 def main():
@@ -98,10 +85,10 @@ def main():
 
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    layer_ms = timed(run_layer, a.warmup, a.iters)
+    layer_ms, _ = median_ms(run_layer, a.warmup, a.iters)
     layer_peak = torch.cuda.max_memory_allocated() - base
-    block_ms = timed(run_block, a.warmup, a.iters)
-    dense_ms = timed(run_dense, a.warmup, a.iters)
+    block_ms, _ = median_ms(run_block, a.warmup, a.iters)
+    dense_ms, _ = median_ms(run_dense, a.warmup, a.iters)
     bf_ = 18.0 * R * H * Fd
     lf = bf_ + 6.0 * T * H * E
     res = {

@@ -19,6 +19,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from timing import median_ms
+
 
 def rope(x, theta):
     """Rotate-half RoPE over the last dim of x (batch, seq, heads, dim)."""
@@ -172,19 +174,8 @@ def bench(model, opt, tok, tgt, steps, warmup):
         opt.step()
         return loss
 
-    for _ in range(warmup):
-        step()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(steps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        loss = step()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    return times[len(times) // 2], float(loss)
+    ms, loss = median_ms(step, warmup, steps)
+    return ms, float(loss)
 
 
 def main():
