@@ -19,9 +19,9 @@
  * the same way; reruns are bit-identical; training on text follows the reference's loss curve.
  * Exits 77 (skipped) where there is no GPU.
  */
-#include "../unit/moe_test.h"
+#include "exec.h" /* before moe_test.h: its model helper needs mdl.h */
 
-#include "exec.h"
+#include "../unit/moe_test.h"
 
 #include <math.h>
 
@@ -31,14 +31,6 @@ static int gpus(void)
     struct moe_error err;
     if (exec_device_count(&n, &err) != MOE_OK) return 0;
     return n;
-}
-
-static void load(const char *name, struct mdl_model *m)
-{
-    char dir[1024];
-    struct moe_error err;
-    moe_test_src(dir, sizeof dir, "model");
-    if (mdl_model_resolve(m, name, dir, &err) != MOE_OK) fail_msg("%s", err.message);
 }
 
 /* Round to the nearest bf16 (ties to even), as __float2bfloat16 does. */
@@ -212,7 +204,7 @@ static void test_gqa(void **state)
     (void)state;
     if (!gpus()) skip();
     struct mdl_model m;
-    load("tiny-moe-gqa", &m);
+    moe_test_model("tiny-moe-gqa", &m);
     compare(&m, 1, &plain);
     struct setup s = plain;
     s.mbs = 2; /* two sequences in one micro-batch */
@@ -230,12 +222,12 @@ static void test_variants(void **state)
     (void)state;
     if (!gpus()) skip();
     struct mdl_model m;
-    load("tiny-moe-gqa", &m);
+    moe_test_model("tiny-moe-gqa", &m);
     m.first_dense = 1;
     m.dense_intermediate = 48;
     m.tied_embeddings = true;
     compare(&m, 4, &plain);
-    load("tiny-moe-gqa", &m);
+    moe_test_model("tiny-moe-gqa", &m);
     m.attn.sliding_window = 5;
     m.attn.sliding_every = 2;
     m.moe.shared_experts = 1;
@@ -247,7 +239,7 @@ static void test_variants(void **state)
     struct setup s = plain;
     s.with_bias = true;
     compare(&m, 5, &s);
-    load("tiny-moe-gqa", &m);
+    moe_test_model("tiny-moe-gqa", &m);
     m.moe.softmax_after_topk = true; /* Mixtral's weights */
     m.moe.norm_topk = false;
     s = plain;
@@ -260,7 +252,7 @@ static void test_mla(void **state)
     (void)state;
     if (!gpus()) skip();
     struct mdl_model m;
-    load("tiny-moe-mla", &m);
+    moe_test_model("tiny-moe-mla", &m);
     compare(&m, 7, &plain);
     struct setup s = plain;
     s.recompute = true;
@@ -286,17 +278,17 @@ static void test_dropless(void **state)
     (void)state;
     if (!gpus()) skip();
     struct mdl_model m;
-    load("tiny-moe-gqa", &m);
+    moe_test_model("tiny-moe-gqa", &m);
     m.moe.top_k = 1;
     struct setup s = plain;
     s.force_expert = 3;
     compare(&m, 10, &s);
-    load("tiny-moe-gqa", &m);
+    moe_test_model("tiny-moe-gqa", &m);
     s = plain;
     s.starve = 5; /* top-2 of the last three experts only: five have no rows */
     s.mbs = 2;
     compare(&m, 11, &s);
-    load("tiny-moe-gqa", &m);
+    moe_test_model("tiny-moe-gqa", &m);
     m.moe.top_k = 8; /* every expert for every token */
     compare(&m, 12, &plain);
 }
@@ -337,7 +329,7 @@ static void test_deterministic(void **state)
     (void)state;
     if (!gpus()) skip();
     struct mdl_model m;
-    load("tiny-moe-mla", &m);
+    moe_test_model("tiny-moe-mla", &m);
     struct exec_ref_model t;
     struct moe_error err;
     assert_int_equal(exec_model_table(&t, &m, &err), MOE_OK);
@@ -363,7 +355,7 @@ static void test_train_on_text(void **state)
     if (!gpus()) skip();
     enum { SEQ = 33, STEPS = 60 };
     struct mdl_model m;
-    load("tiny-moe-gqa", &m);
+    moe_test_model("tiny-moe-gqa", &m);
     struct exec_ref_model r;
     struct moe_error err;
     assert_int_equal(exec_ref_model_create(&r, &m, 42, &err), MOE_OK);

@@ -25,4 +25,15 @@ static inline const char *moe_test_src(char *buf, size_t cap, const char *rel)
     return buf;
 }
 
+#ifdef MDL_H
+/* A shipped model by name (model/NAME.json); fails the test when it does not load. */
+static inline void moe_test_model(const char *name, struct mdl_model *m)
+{
+    char dir[1024];
+    struct moe_error err;
+    moe_test_src(dir, sizeof dir, "model");
+    if (mdl_model_resolve(m, name, dir, &err) != MOE_OK) fail_msg("%s", err.message);
+}
+#endif
+
 #endif

@@ -3,19 +3,11 @@
  * gradient) against finite differences, on the tiny GQA model and variants of it (a dense first
  * block, tied embeddings, a sliding window, shared experts).
  */
+#include "exec.h" /* before moe_test.h: its model helper needs mdl.h */
+
 #include "moe_test.h"
 
-#include "exec.h"
-
 #include <math.h>
-
-static void load(const char *name, struct mdl_model *m)
-{
-    char dir[1024];
-    struct moe_error err;
-    moe_test_src(dir, sizeof dir, "model");
-    if (mdl_model_resolve(m, name, dir, &err) != MOE_OK) fail_msg("%s", err.message);
-}
 
 /* Check a spread of entries of every tensor: central differences, 1e-5 relative + 1e-9 absolute
  * (the loss is a sum over many terms, so cancellation costs a digit or two). */
@@ -74,7 +66,7 @@ static void test_tiny_gqa(void **state)
 {
     (void)state;
     struct mdl_model m;
-    load("tiny-moe-gqa", &m);
+    moe_test_model("tiny-moe-gqa", &m);
     check_model(&m, 1);
 }
 
@@ -82,12 +74,12 @@ static void test_variants(void **state)
 {
     (void)state;
     struct mdl_model m;
-    load("tiny-moe-gqa", &m);
+    moe_test_model("tiny-moe-gqa", &m);
     m.first_dense = 1; /* a dense SwiGLU block first */
     m.dense_intermediate = 48;
     m.tied_embeddings = true;
     check_model(&m, 2);
-    load("tiny-moe-gqa", &m);
+    moe_test_model("tiny-moe-gqa", &m);
     m.attn.sliding_window = 3; /* block 0 slides, block 1 is full */
     m.attn.sliding_every = 2;
     m.moe.shared_experts = 1;
@@ -105,7 +97,7 @@ static void test_tiny_mla(void **state)
 {
     (void)state;
     struct mdl_model m;
-    load("tiny-moe-mla", &m);
+    moe_test_model("tiny-moe-mla", &m);
     check_model(&m, 4);
     m.attn.q_lora_rank = 0;
     check_model(&m, 5);
@@ -116,9 +108,9 @@ static void test_aux_loss(void **state)
 {
     (void)state;
     struct mdl_model m;
-    load("tiny-moe-gqa", &m);
+    moe_test_model("tiny-moe-gqa", &m);
     check_model_aux(&m, 6, 0.01);
-    load("tiny-moe-mla", &m);
+    moe_test_model("tiny-moe-mla", &m);
     check_model_aux(&m, 7, 0.01);
 }
 
@@ -128,10 +120,10 @@ static void test_refusals(void **state)
     struct mdl_model m;
     struct exec_ref_model r;
     struct moe_error err;
-    load("qwen3-30b-a3b", &m);
+    moe_test_model("qwen3-30b-a3b", &m);
     assert_int_equal(exec_ref_model_create(&r, &m, 1, &err), MOE_ERR_UNSUPPORTED);
     assert_non_null(strstr(err.message, "QK-norm"));
-    load("tiny-moe-gqa", &m);
+    moe_test_model("tiny-moe-gqa", &m);
     assert_int_equal(exec_ref_model_create(&r, &m, 1, &err), MOE_OK);
     int bad[3] = {1, 999, 2};
     double loss;
