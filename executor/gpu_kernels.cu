@@ -232,8 +232,31 @@ __device__ void rope_cs(int pos, int i, int rot, float theta, bool inverse, floa
     *s = inverse ? (float)-sn : (float)sn;
 }
 
+__global__ void k_rope_table(float2 *tab, int seq, int rot, float theta)
+{
+    int half = rot / 2;
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)seq * half) return;
+    float c, s;
+    rope_cs((int)(i / half), (int)(i % half), rot, theta, false, &c, &s);
+    tab[i] = make_float2(c, s);
+}
+
+void gk_rope_table(float2 *tab, int seq, int rot, float theta, cudaStream_t s)
+{
+    size_t n = (size_t)seq * (rot / 2);
+    if (n) k_rope_table<<<blocks_for(n, TPB), TPB, 0, s>>>(tab, seq, rot, theta);
+}
+
+/* The rotation of the pair (a, b) = (x[p], x[p + half]) at table entry cs; inverse: the transpose. */
+__device__ __forceinline__ float2 rotate(float a, float b, float2 cs, bool inverse)
+{
+    float sn = inverse ? -cs.y : cs.y;
+    return make_float2(a * cs.x - b * sn, a * sn + b * cs.x);
+}
+
 /* In place on x (T, heads, dim), the first rot dims of each head; position t % seq. */
-__global__ void k_rope(float *x, int T, int heads, int dim, int rot, float theta, int seq,
+__global__ void k_rope(float *x, int T, int heads, int dim, int rot, const float2 *tab, int seq,
                        int inverse)
 {
     int half = rot / 2;
@@ -243,158 +266,110 @@ __global__ void k_rope(float *x, int T, int heads, int dim, int rot, float theta
     size_t th = i / half;
     int t = (int)(th / heads);
     float *v = x + th * dim;
-    float c, s;
-    rope_cs(t % seq, p, rot, theta, inverse, &c, &s);
-    float a = v[p], b = v[p + half];
-    v[p] = a * c - b * s;
-    v[p + half] = a * s + b * c;
+    float2 r = rotate(v[p], v[p + half], tab[(size_t)(t % seq) * half + p], inverse);
+    v[p] = r.x;
+    v[p + half] = r.y;
 }
 
-void gk_rope(float *x, int T, int heads, int dim, int rot, float theta, int seq, bool inverse,
-             cudaStream_t s)
+void gk_rope(float *x, int T, int heads, int dim, int rot, const float2 *tab, int seq,
+             bool inverse, cudaStream_t s)
 {
     size_t n = (size_t)T * heads * (rot / 2);
-    if (n) k_rope<<<blocks_for(n, TPB), TPB, 0, s>>>(x, T, heads, dim, rot, theta, seq, inverse);
+    if (n) k_rope<<<blocks_for(n, TPB), TPB, 0, s>>>(x, T, heads, dim, rot, tab, seq, inverse);
 }
 
 /* MLA: q (T, H, rope + nope) = [RoPE(qf rope part) | qf nope part] where qf holds [nope | rope]
- * per head; k = [RoPE(shared key from ckvf[kvl..]) | kv nope part]; v = kv v part. */
-__global__ void k_mla_assemble(const float *qf, const float *ckvf, const float *kv, int T, int H,
-                               int nope, int rope, int dv, int kvl, float theta, int seq, bf16 *q,
-                               bf16 *k, bf16 *v)
+ * per head; k = [RoPE(shared key from ckvf[kvl..]) | kv nope part]; v = kv v part. One block per
+ * token, consecutive threads on consecutive elements. */
+__global__ void k_mla_assemble(const float *qf, const float *ckvf, const float *kv, int H,
+                               int nope, int rope, int dv, int kvl, const float2 *tab, int seq,
+                               bf16 *q, bf16 *k, bf16 *v)
 {
-    int dqk = nope + rope, half = rope / 2;
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i >= (size_t)T * H) return;
-    int t = (int)(i / H);
-    const float *src = qf + i * dqk, *kvs = kv + i * (nope + dv), *kr = ckvf + (size_t)t * (kvl + rope) + kvl;
-    bf16 *qd = q + i * dqk, *kd = k + i * dqk, *vd = v + i * dv;
-    for (int p = 0; p < half; p++) {
-        float c, s;
-        rope_cs(t % seq, p, rope, theta, false, &c, &s);
-        float a = src[nope + p], b = src[nope + p + half];
-        qd[p] = __float2bfloat16(a * c - b * s);
-        qd[p + half] = __float2bfloat16(a * s + b * c);
-        a = kr[p], b = kr[p + half];
-        kd[p] = __float2bfloat16(a * c - b * s);
-        kd[p + half] = __float2bfloat16(a * s + b * c);
+    int dqk = nope + rope, half = rope / 2, t = blockIdx.x;
+    const float2 *cs = tab + (size_t)(t % seq) * half;
+    const float *qt = qf + (size_t)t * H * dqk, *kvt = kv + (size_t)t * H * (nope + dv);
+    const float *kr = ckvf + (size_t)t * (kvl + rope) + kvl;
+    bf16 *qd = q + (size_t)t * H * dqk, *kd = k + (size_t)t * H * dqk, *vd = v + (size_t)t * H * dv;
+    for (int e = threadIdx.x; e < H * dqk; e += blockDim.x) {
+        int hh = e / dqk, c = e % dqk;
+        const float *src = qt + (size_t)hh * dqk;
+        float xq, xk;
+        if (c < rope) {
+            int p = c % half;
+            float2 rq = rotate(src[nope + p], src[nope + p + half], cs[p], false);
+            float2 rk = rotate(kr[p], kr[p + half], cs[p], false);
+            xq = c < half ? rq.x : rq.y;
+            xk = c < half ? rk.x : rk.y;
+        } else {
+            xq = src[c - rope];
+            xk = kvt[(size_t)hh * (nope + dv) + c - rope];
+        }
+        qd[e] = __float2bfloat16(xq);
+        kd[e] = __float2bfloat16(xk);
     }
-    for (int j = 0; j < nope; j++) {
-        qd[rope + j] = __float2bfloat16(src[j]);
-        kd[rope + j] = __float2bfloat16(kvs[j]);
-    }
-    for (int j = 0; j < dv; j++) vd[j] = __float2bfloat16(kvs[nope + j]);
+    for (int e = threadIdx.x; e < H * dv; e += blockDim.x)
+        vd[e] = __float2bfloat16(kvt[(size_t)(e / dv) * (nope + dv) + nope + e % dv]);
 }
 
 void gk_mla_assemble(const float *qf, const float *ckvf, const float *kv, int T, int H, int nope,
-                     int rope, int dv, int kvl, float theta, int seq, bf16 *q, bf16 *k, bf16 *v,
-                     cudaStream_t s)
+                     int rope, int dv, int kvl, const float2 *tab, int seq, bf16 *q, bf16 *k,
+                     bf16 *v, cudaStream_t s)
 {
-    size_t n = (size_t)T * H;
-    if (n)
-        k_mla_assemble<<<blocks_for(n, 128), 128, 0, s>>>(qf, ckvf, kv, T, H, nope, rope, dv, kvl,
-                                                          theta, seq, q, k, v);
+    if (T && H)
+        k_mla_assemble<<<T, TPB, 0, s>>>(qf, ckvf, kv, H, nope, rope, dv, kvl, tab, seq, q, k, v);
 }
 
 /* The MLA backward of the assembly: dqf [nope | inverse RoPE of the rope part], dkv [dk nope |
- * dv], and the shared key's gradient (summed over heads, in head order) into dckvf[kvl..]. */
-__global__ void k_mla_disassemble(const float *dq, const float *dk, const float *dv_, int T,
-                                  int H, int nope, int rope, int dv, int kvl, float theta, int seq,
+ * dv], and the shared key's gradient (summed over heads, in head order) into dckvf[kvl..]. One
+ * block per token. */
+__global__ void k_mla_disassemble(const float *dq, const float *dk, const float *dv_, int H,
+                                  int nope, int rope, int dv, int kvl, const float2 *tab, int seq,
                                   float *dqf, float *dkv, float *dckvf)
 {
-    int dqk = nope + rope, half = rope / 2;
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i >= (size_t)T * H) return;
-    int t = (int)(i / H), hh = (int)(i % H);
-    const float *gq = dq + i * dqk, *gk = dk + i * dqk, *gv = dv_ + i * dv;
-    float *oq = dqf + i * dqk, *okv = dkv + i * (nope + dv);
-    for (int p = 0; p < half; p++) {
-        float c, s;
-        rope_cs(t % seq, p, rope, theta, true, &c, &s);
-        float a = gq[p], b = gq[p + half];
-        oq[nope + p] = a * c - b * s;
-        oq[nope + p + half] = a * s + b * c;
-    }
-    for (int j = 0; j < nope; j++) {
-        oq[j] = gq[rope + j];
-        okv[j] = gk[rope + j];
-    }
-    for (int j = 0; j < dv; j++) okv[nope + j] = gv[j];
-    if (hh != 0) return;
-    /* head 0's thread sums the shared key over the heads of its token */
-    float *kr = dckvf + (size_t)t * (kvl + rope) + kvl;
-    for (int p = 0; p < half; p++) {
-        float a = 0.0f, b = 0.0f;
-        for (int g = 0; g < H; g++) {
-            const float *gkh = dk + ((size_t)t * H + g) * dqk;
-            a += gkh[p];
-            b += gkh[p + half];
+    __shared__ float sum[GK_MAX_ROPE];
+    int dqk = nope + rope, half = rope / 2, t = blockIdx.x;
+    const float2 *cs = tab + (size_t)(t % seq) * half;
+    const float *gq = dq + (size_t)t * H * dqk, *gk = dk + (size_t)t * H * dqk;
+    const float *gv = dv_ + (size_t)t * H * dv;
+    float *oq = dqf + (size_t)t * H * dqk, *okv = dkv + (size_t)t * H * (nope + dv);
+    for (int e = threadIdx.x; e < H * dqk; e += blockDim.x) {
+        int hh = e / dqk, c = e % dqk;
+        const float *g = gq + (size_t)hh * dqk;
+        float x;
+        if (c < nope) {
+            x = g[rope + c];
+        } else {
+            int p = (c - nope) % half;
+            float2 r = rotate(g[p], g[p + half], cs[p], true);
+            x = c - nope < half ? r.x : r.y;
         }
-        float c, s;
-        rope_cs(t % seq, p, rope, theta, true, &c, &s);
-        kr[p] = a * c - b * s;
-        kr[p + half] = a * s + b * c;
+        oq[e] = x;
+    }
+    for (int e = threadIdx.x; e < H * (nope + dv); e += blockDim.x) {
+        int hh = e / (nope + dv), c = e % (nope + dv);
+        okv[e] = c < nope ? gk[(size_t)hh * dqk + rope + c] : gv[(size_t)hh * dv + c - nope];
+    }
+    for (int c = threadIdx.x; c < rope; c += blockDim.x) {
+        float a = 0.0f;
+        for (int hh = 0; hh < H; hh++) a += gk[(size_t)hh * dqk + c];
+        sum[c] = a;
+    }
+    __syncthreads();
+    float *kr = dckvf + (size_t)t * (kvl + rope) + kvl;
+    for (int p = threadIdx.x; p < half; p += blockDim.x) {
+        float2 r = rotate(sum[p], sum[p + half], cs[p], true);
+        kr[p] = r.x;
+        kr[p + half] = r.y;
     }
 }
 
 void gk_mla_disassemble(const float *dq, const float *dk, const float *dv, int T, int H, int nope,
-                        int rope, int dvd, int kvl, float theta, int seq, float *dqf, float *dkv,
-                        float *dckvf, cudaStream_t s)
+                        int rope, int dvd, int kvl, const float2 *tab, int seq, float *dqf,
+                        float *dkv, float *dckvf, cudaStream_t s)
 {
-    size_t n = (size_t)T * H;
-    if (n)
-        k_mla_disassemble<<<blocks_for(n, 128), 128, 0, s>>>(dq, dk, dv, T, H, nope, rope, dvd, kvl,
-                                                             theta, seq, dqf, dkv, dckvf);
-}
-
-/* ---- attention softmax ---------------------------------------------------------------------- */
-
-/* Row i of query position (row % S): causal (and sliding-window) softmax of S32 in place (the
- * probabilities, fp32) and their bf16 copy P16. Masked entries are exactly 0. */
-__global__ void k_attn_softmax(float *S32, bf16 *P16, int S, int window)
-{
-    __shared__ float red[TPB / 32];
-    size_t row = blockIdx.x;
-    int i = (int)(row % S);
-    float *z = S32 + row * S;
-    bf16 *p = P16 + row * S;
-    int lo = window > 0 ? max(0, i - window + 1) : 0;
-    float mx = -INFINITY;
-    for (int j = lo + threadIdx.x; j <= i; j += blockDim.x) mx = fmaxf(mx, z[j]);
-    mx = block_max(mx, red);
-    float sum = 0.0f;
-    for (int j = lo + threadIdx.x; j <= i; j += blockDim.x) sum += expf(z[j] - mx);
-    sum = block_sum(sum, red);
-    float inv = 1.0f / sum;
-    for (int j = threadIdx.x; j < S; j += blockDim.x) {
-        float v = (j >= lo && j <= i) ? expf(z[j] - mx) * inv : 0.0f;
-        z[j] = v;
-        p[j] = __float2bfloat16(v);
-    }
-}
-
-void gk_attn_softmax(float *S32, bf16 *P16, int rows, int S, int window, cudaStream_t s)
-{
-    if (rows) k_attn_softmax<<<rows, TPB, 0, s>>>(S32, P16, S, window);
-}
-
-/* dS = P * (dP - sum_j P dP), as bf16 for the GEMMs. */
-__global__ void k_attn_softmax_backward(const float *P, const float *dP, bf16 *dS, int S)
-{
-    __shared__ float red[TPB / 32];
-    size_t row = blockIdx.x;
-    const float *p = P + row * S, *g = dP + row * S;
-    float dot = 0.0f;
-    for (int j = threadIdx.x; j < S; j += blockDim.x) dot += p[j] * g[j];
-    dot = block_sum(dot, red);
-    for (int j = threadIdx.x; j < S; j += blockDim.x)
-        dS[row * S + j] = __float2bfloat16(p[j] * (g[j] - dot));
-}
-
-void gk_attn_softmax_backward(const float *P, const float *dP, bf16 *dS, int rows, int S,
-                              cudaStream_t s)
-{
-    if (rows) k_attn_softmax_backward<<<rows, TPB, 0, s>>>(P, dP, dS, S);
+    if (T && H)
+        k_mla_disassemble<<<T, TPB, 0, s>>>(dq, dk, dv, H, nope, rope, dvd, kvl, tab, seq, dqf, dkv,
+                                            dckvf);
 }
 
 /* ---- SwiGLU -------------------------------------------------------------------------------- */

@@ -11,8 +11,8 @@
  * MoE: router GEMM, top-k (exec_route), a stable counting-sort permutation on the GPU, one
  * host sync per MoE layer for the per-expert row counts, per-expert cuBLAS GEMMs (every routed
  * (token, expert) pair is a row: nothing dropped or padded), the weighted unpermute; shared
- * experts as one SwiGLU. Attention is computed per sequence with batched GEMMs over heads and a
- * masked softmax; the backward recomputes the probabilities (no seq x seq matrix is kept).
+ * experts as one SwiGLU. Attention is gpu_attention.cu's tensor-core kernel (online softmax, no
+ * seq x seq matrix); its backward recomputes the probabilities from the saved log-sum-exp.
  */
 #include "gpu_step.h"
 
@@ -49,7 +49,7 @@ static const char *const w_names[W_N] = {"attn_norm", "wq", "wk", "wv", "wo", "w
 struct act {
     bf16 *a16, *q16, *k16, *v16, *o16, *cqn16, *ckvn16, *b16, *hm16, *xp16, *ehm16;
     float *rstd1, *cq32, *rstdq, *ckvf32, *rstdkv, *h1, *b32, *rstd2, *g32, *u32;
-    float *logits, *weight, *eg32, *eu32, *yp32, *auxg;
+    float *logits, *weight, *eg32, *eu32, *yp32, *auxg, *lse;
     int *choice, *pos, *row_src, *off;
 };
 
@@ -98,13 +98,14 @@ struct exec_gpu {
     int *emb_dev;             /* distinct ids, offsets, positions of the micro-batch's inputs */
     int *emb_host, *emb_count; /* pinned copy of emb_dev; per-vocabulary counts (host) */
     int emb_nids;
-    float *q32, *k32, *kv32, *S32, *dP32, *part, *dh, *dprev, *da32, *db32, *dq32, *dk32, *dv32;
+    float *q32, *k32, *kv32, *delta, *part, *dh, *dprev, *da32, *db32, *dq32, *dk32, *dv32;
     float *dqf32, *dkv32, *dckvn32, *dckvf32, *dcqn32, *dcq32, *dhm32, *dw, *dehm32, *dxp32, *dz;
     float *scores, *rstdf, *logits, *row_loss, *dfin32, *ytmp, *yscr;
     double grad_scale;        /* of the micro-batch running */
-    bf16 *P16, *dS16, *dy16, *do16, *dq16, *dk16, *dv16, *dkv16, *dckvf16, *dqf16, *dcq16, *dg16,
+    bf16 *dy16, *do16, *dq16, *dk16, *dv16, *dkv16, *dckvf16, *dqf16, *dcq16, *dg16,
         *du16, *dyp16, *deg16, *deu16, *fin16, *dlog16, *dh16;
     double *norm_part;
+    float2 *rope_tab;         /* (S, rotated dims / 2): cos, sin */
     float *host_rows;         /* pinned: row losses */
     /* timing and accounting */
     cudaEvent_t ev[MAX_EVENTS];
@@ -242,35 +243,11 @@ static int layer_window(const struct exec_gpu *g, int l)
 
 /* ---- attention ----------------------------------------------------------------------------- */
 
-/* The core of causal attention for sequence b: P = softmax(scale Q K^T) into S32 (fp32) and P16,
- * then, forward, O = P V; GQA heads hh = g * rep + r batch over the KV groups g per r. */
-static enum moe_status attn_probs(struct exec_gpu *g, const struct act *A, int b, int window,
-                                  struct moe_error *err)
-{
-    int S = g->S, H = g->H, KV = g->KV, dqk = g->dqk, rep = H / KV;
-    float scale = 1.0f / sqrtf((float)dqk);
-    long long SS = (long long)S * S;
-    for (int r = 0; r < rep; r++)
-        G_TRY(mm(g, false, true, S, S, dqk, scale, A->q16 + (size_t)b * S * H * dqk + r * dqk,
-                 H * dqk, (long long)rep * dqk, A->k16 + (size_t)b * S * KV * dqk, KV * dqk, dqk,
-                 0.0f, g->S32 + r * SS, S, rep * SS, KV, CUDA_R_16BF, CUDA_R_32F, err));
-    G_LAUNCH(gk_attn_softmax(g->S32, g->P16, H * S, S, window, g->s));
-    return MOE_OK;
-}
-
 static enum moe_status attn_core_forward(struct exec_gpu *g, struct act *A, int window,
                                          struct moe_error *err)
 {
-    int S = g->S, H = g->H, KV = g->KV, dv = g->dv, rep = H / KV;
-    long long SS = (long long)S * S;
-    for (int b = 0; b < g->B; b++) {
-        G_TRY(attn_probs(g, A, b, window, err));
-        for (int r = 0; r < rep; r++)
-            G_TRY(mm(g, false, false, S, dv, S, 1.0f, g->P16 + r * SS, S, rep * SS,
-                     A->v16 + (size_t)b * S * KV * dv, KV * dv, dv, 0.0f,
-                     A->o16 + (size_t)b * S * H * dv + r * dv, H * dv, (long long)rep * dv, KV,
-                     CUDA_R_16BF, CUDA_R_16BF, err));
-    }
+    G_CUDA(gk_flash_forward(A->q16, A->k16, A->v16, g->B, g->S, g->H, g->KV, g->dqk, g->dv, window,
+                            A->o16, A->lse, g->s));
     return MOE_OK;
 }
 
@@ -278,33 +255,9 @@ static enum moe_status attn_core_forward(struct exec_gpu *g, struct act *A, int 
 static enum moe_status attn_core_backward(struct exec_gpu *g, const struct act *A, int window,
                                           struct moe_error *err)
 {
-    int S = g->S, H = g->H, KV = g->KV, dv = g->dv, dqk = g->dqk, rep = H / KV;
-    float scale = 1.0f / sqrtf((float)dqk);
-    long long SS = (long long)S * S;
-    for (int b = 0; b < g->B; b++) {
-        G_TRY(attn_probs(g, A, b, window, err));
-        const bf16 *dO = g->do16 + (size_t)b * S * H * dv, *V = A->v16 + (size_t)b * S * KV * dv;
-        const bf16 *Q = A->q16 + (size_t)b * S * H * dqk, *K = A->k16 + (size_t)b * S * KV * dqk;
-        for (int r = 0; r < rep; r++) {
-            G_TRY(mm(g, false, true, S, S, dv, 1.0f, dO + r * dv, H * dv, (long long)rep * dv, V,
-                     KV * dv, dv, 0.0f, g->dP32 + r * SS, S, rep * SS, KV, CUDA_R_16BF,
-                     CUDA_R_32F, err));
-            G_TRY(mm(g, true, false, S, dv, S, 1.0f, g->P16 + r * SS, S, rep * SS, dO + r * dv,
-                     H * dv, (long long)rep * dv, r ? 1.0f : 0.0f,
-                     g->dv32 + (size_t)b * S * KV * dv, KV * dv, dv, KV, CUDA_R_16BF, CUDA_R_32F,
-                     err));
-        }
-        G_LAUNCH(gk_attn_softmax_backward(g->S32, g->dP32, g->dS16, H * S, S, g->s));
-        for (int r = 0; r < rep; r++) {
-            G_TRY(mm(g, false, false, S, dqk, S, scale, g->dS16 + r * SS, S, rep * SS, K, KV * dqk,
-                     dqk, 0.0f, g->dq32 + (size_t)b * S * H * dqk + r * dqk, H * dqk,
-                     (long long)rep * dqk, KV, CUDA_R_16BF, CUDA_R_32F, err));
-            G_TRY(mm(g, true, false, S, dqk, S, scale, g->dS16 + r * SS, S, rep * SS, Q + r * dqk,
-                     H * dqk, (long long)rep * dqk, r ? 1.0f : 0.0f,
-                     g->dk32 + (size_t)b * S * KV * dqk, KV * dqk, dqk, KV, CUDA_R_16BF,
-                     CUDA_R_32F, err));
-        }
-    }
+    G_CUDA(gk_flash_backward(A->q16, A->k16, A->v16, A->o16, g->do16, A->lse, g->B, g->S, g->H,
+                             g->KV, g->dqk, g->dv, window, g->delta, g->dq32, g->dk32, g->dv32,
+                             g->s));
     return MOE_OK;
 }
 
@@ -313,13 +266,12 @@ static enum moe_status attn_forward(struct exec_gpu *g, int l, struct act *A, st
 {
     const int *w = g->wi[l];
     int T = g->T, h = g->h, H = g->H, KV = g->KV, dqk = g->dqk, dv = g->dv;
-    float theta = (float)g->m.attn.rope_theta;
     if (!g->mla) {
         G_TRY(lin(g, A->a16, h, W16(g, w[W_WQ]), T, h, H * dqk, g->q32, H * dqk, CUDA_R_32F, 0, err));
         G_TRY(lin(g, A->a16, h, W16(g, w[W_WK]), T, h, KV * dqk, g->k32, KV * dqk, CUDA_R_32F, 0, err));
         G_TRY(lin(g, A->a16, h, W16(g, w[W_WV]), T, h, KV * dv, A->v16, KV * dv, CUDA_R_16BF, 0, err));
-        G_LAUNCH(gk_rope(g->q32, T, H, dqk, dqk, theta, g->S, false, g->s));
-        G_LAUNCH(gk_rope(g->k32, T, KV, dqk, dqk, theta, g->S, false, g->s));
+        G_LAUNCH(gk_rope(g->q32, T, H, dqk, dqk, g->rope_tab, g->S, false, g->s));
+        G_LAUNCH(gk_rope(g->k32, T, KV, dqk, dqk, g->rope_tab, g->S, false, g->s));
         G_LAUNCH(gk_to_bf16(g->q32, A->q16, (size_t)T * H * dqk, g->s));
         G_LAUNCH(gk_to_bf16(g->k32, A->k16, (size_t)T * KV * dqk, g->s));
     } else {
@@ -341,7 +293,7 @@ static enum moe_status attn_forward(struct exec_gpu *g, int l, struct act *A, st
                             NULL, 0, A->rstdkv, g->s));
         G_TRY(lin(g, A->ckvn16, kvl, W16(g, w[W_WKVB]), T, kvl, H * (nope + dv), g->kv32,
                   H * (nope + dv), CUDA_R_32F, 0, err));
-        G_LAUNCH(gk_mla_assemble(g->q32, A->ckvf32, g->kv32, T, H, nope, rope, dv, kvl, theta, g->S,
+        G_LAUNCH(gk_mla_assemble(g->q32, A->ckvf32, g->kv32, T, H, nope, rope, dv, kvl, g->rope_tab, g->S,
                                  A->q16, A->k16, A->v16, g->s));
     }
     return attn_core_forward(g, A, layer_window(g, l), err);
@@ -353,11 +305,10 @@ static enum moe_status attn_backward(struct exec_gpu *g, int l, const struct act
 {
     const int *w = g->wi[l];
     int T = g->T, h = g->h, H = g->H, KV = g->KV, dqk = g->dqk, dv = g->dv;
-    float theta = (float)g->m.attn.rope_theta;
     G_TRY(attn_core_backward(g, A, layer_window(g, l), err));
     if (!g->mla) {
-        G_LAUNCH(gk_rope(g->dq32, T, H, dqk, dqk, theta, g->S, true, g->s));
-        G_LAUNCH(gk_rope(g->dk32, T, KV, dqk, dqk, theta, g->S, true, g->s));
+        G_LAUNCH(gk_rope(g->dq32, T, H, dqk, dqk, g->rope_tab, g->S, true, g->s));
+        G_LAUNCH(gk_rope(g->dk32, T, KV, dqk, dqk, g->rope_tab, g->S, true, g->s));
         G_LAUNCH(gk_to_bf16(g->dq32, g->dq16, (size_t)T * H * dqk, g->s));
         G_LAUNCH(gk_to_bf16(g->dk32, g->dk16, (size_t)T * KV * dqk, g->s));
         G_LAUNCH(gk_to_bf16(g->dv32, g->dv16, (size_t)T * KV * dv, g->s));
@@ -370,7 +321,7 @@ static enum moe_status attn_backward(struct exec_gpu *g, int l, const struct act
         return MOE_OK;
     }
     int ql = g->ql, kvl = g->kvl, rope = g->rope, nope = g->nope;
-    G_LAUNCH(gk_mla_disassemble(g->dq32, g->dk32, g->dv32, T, H, nope, rope, dv, kvl, theta, g->S,
+    G_LAUNCH(gk_mla_disassemble(g->dq32, g->dk32, g->dv32, T, H, nope, rope, dv, kvl, g->rope_tab, g->S,
                                 g->dqf32, g->dkv32, g->dckvf32, g->s));
     G_LAUNCH(gk_to_bf16(g->dkv32, g->dkv16, (size_t)T * H * (nope + dv), g->s));
     G_TRY(lin_dx(g, g->dkv16, H * (nope + dv), W16(g, w[W_WKVB]), T, kvl, H * (nope + dv),
@@ -674,6 +625,7 @@ static enum moe_status act_alloc(struct exec_gpu *g, struct act *A, bool moe_any
     ALLOC(A->k16, (size_t)T * KV * g->dqk, c);
     ALLOC(A->v16, (size_t)T * KV * g->dv, c);
     ALLOC(A->o16, (size_t)T * H * g->dv, c);
+    ALLOC(A->lse, (size_t)T * H, c);
     if (g->mla) {
         ALLOC(A->cq32, (size_t)T * g->ql, c);
         ALLOC(A->rstdq, T, c);
@@ -741,6 +693,14 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
     if (cfg->seq < 1 || cfg->mbs < 1 || cfg->seq > m->max_seq_len)
         return moe_error_set(err, MOE_ERR_INPUT, "executor: sequence %d (1 .. %d), mbs %d",
                              cfg->seq, m->max_seq_len, cfg->mbs);
+    if (g->mla && g->rope > GK_MAX_ROPE)
+        return moe_error_set(err, MOE_ERR_UNSUPPORTED,
+                             "executor: %d RoPE dims in MLA; this build supports at most %d",
+                             g->rope, GK_MAX_ROPE);
+    if (!gk_flash_supported(g->dqk, g->dv))
+        return moe_error_set(err, MOE_ERR_UNSUPPORTED,
+                             "executor: attention head dims %d (q, k) and %d (v); this build "
+                             "supports at most %d", g->dqk, g->dv, GK_FLASH_MAX_DIM);
     if (g->E > GK_MAX_EXPERTS)
         return moe_error_set(err, MOE_ERR_UNSUPPORTED,
                              "executor: %d experts; this build routes at most %d per layer", g->E,
@@ -825,7 +785,6 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
     /* workspace */
     enum exec_mem c = EXEC_MEM_WORKSPACE;
     int dqk = g->dqk, dv = g->dv, S = g->S, fw = g->fd > g->fs ? g->fd : g->fs;
-    size_t HSS = (size_t)H * S * S;
     ALLOC(g->tok, (size_t)g->B * (S + 1), c);
     ALLOC(g->tok_in, T, c);
     ALLOC(g->emb_dev, (size_t)3 * T + 1, c);
@@ -838,10 +797,9 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
     ALLOC(g->perm_base, (size_t)chunks * E + 1, c);
     ALLOC(g->q32, (size_t)T * H * dqk, c);
     ALLOC(g->k32, (size_t)T * KV * dqk, c);
-    ALLOC(g->S32, HSS, c);
-    ALLOC(g->P16, HSS, c);
-    ALLOC(g->dP32, HSS, c);
-    ALLOC(g->dS16, HSS, c);
+    ALLOC(g->delta, (size_t)T * H, c);
+    ALLOC(g->rope_tab, (size_t)S * (g->rope / 2), c);
+    G_LAUNCH(gk_rope_table(g->rope_tab, S, g->rope, (float)g->m.attn.rope_theta, g->s));
     int widest = h > E ? h : E;
     if (g->mla) widest = widest > g->kvl + g->rope ? widest : g->kvl + g->rope;
     if (g->ql > widest) widest = g->ql;

@@ -36,17 +36,32 @@ void gk_rmsnorm_backward(const float *x, int ldx, const float *w, const float *r
 /* out[c] (+)= sum_t a[t,c] * b[t,c] * r[t]; part holds ceil(T / GK_CHUNK) x n floats. */
 void gk_colsum(const float *a, int lda, const float *b, int ldb, const float *r, int T, int n,
                float *part, float *out, bool accumulate, cudaStream_t s);
-void gk_rope(float *x, int T, int heads, int dim, int rot, float theta, int seq, bool inverse,
-             cudaStream_t s);
+/* RoPE's (cos, sin) for positions 0 .. seq-1 and pairs 0 .. rot/2-1, (seq, rot/2), computed
+ * once: the rope kernels read it. */
+void gk_rope_table(float2 *tab, int seq, int rot, float theta, cudaStream_t s);
+void gk_rope(float *x, int T, int heads, int dim, int rot, const float2 *tab, int seq,
+             bool inverse, cudaStream_t s);
 void gk_mla_assemble(const float *qf, const float *ckvf, const float *kv, int T, int H, int nope,
-                     int rope, int dv, int kvl, float theta, int seq, bf16 *q, bf16 *k, bf16 *v,
-                     cudaStream_t s);
+                     int rope, int dv, int kvl, const float2 *tab, int seq, bf16 *q, bf16 *k,
+                     bf16 *v, cudaStream_t s);
+#define GK_MAX_ROPE 512 /* MLA's decoupled RoPE dims, at most */
 void gk_mla_disassemble(const float *dq, const float *dk, const float *dv, int T, int H, int nope,
-                        int rope, int dvd, int kvl, float theta, int seq, float *dqf, float *dkv,
-                        float *dckvf, cudaStream_t s);
-void gk_attn_softmax(float *S32, bf16 *P16, int rows, int S, int window, cudaStream_t s);
-void gk_attn_softmax_backward(const float *P, const float *dP, bf16 *dS, int rows, int S,
-                              cudaStream_t s);
+                        int rope, int dvd, int kvl, const float2 *tab, int seq, float *dqf,
+                        float *dkv, float *dckvf, cudaStream_t s);
+/* Causal attention (sliding window when window > 0) over B sequences of S tokens, tensor cores,
+ * no seq x seq matrix: q (B*S, H, dqk), k (B*S, KV, dqk), v (B*S, KV, dv) bf16, query head hh
+ * reads KV head hh / (H / KV), scale 1/sqrt(dqk). Forward writes o (B*S, H, dv) and lse (B, H, S,
+ * base-2 log-sum-exp of the scaled scores); backward, from dout and the forward's o and lse, writes
+ * dq, dk, dv (fp32, the layouts of q, k, v), delta (B, H, S) is its workspace. */
+#define GK_FLASH_MAX_DIM 256
+bool gk_flash_supported(int dqk, int dv);
+cudaError_t gk_flash_forward(const bf16 *q, const bf16 *k, const bf16 *v, int B, int S, int H,
+                             int KV, int dqk, int dv, int window, bf16 *o, float *lse,
+                             cudaStream_t s);
+cudaError_t gk_flash_backward(const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *o,
+                              const bf16 *dout, const float *lse, int B, int S, int H, int KV,
+                              int dqk, int dv, int window, float *delta, float *dq, float *dk,
+                              float *dvo, cudaStream_t s);
 void gk_swiglu(const float *g, const float *u, bf16 *hm, size_t n, cudaStream_t s);
 void gk_swiglu_backward(const float *g, const float *u, const float *dhm, bf16 *dg, bf16 *du,
                         size_t n, cudaStream_t s);

@@ -3,7 +3,9 @@
  * of executor/gpu_step.h; the whole step is test_gpu_step.c). Inputs are random, rounded to what
  * the kernel reads (bf16 where it reads bf16); tolerances, relative to the largest reference value:
  *   fp32 in and out (norm statistics, RoPE, the permutation, the combine)      1e-5
- *   bf16 outputs (normed activations, SwiGLU, attention probabilities, dlogits) 8e-3 (2^-7)
+ *   bf16 outputs (normed activations, SwiGLU, attention output, dlogits)      8e-3 (2^-7)
+ *   attention gradients (fp32 out; P and dS pass through bf16 on the way)     1e-2
+ *   attention log-sum-exp (fp32)                                              1e-5
  * The permutation is exact. Exits 77 (skipped) where there is no GPU.
  */
 #include <stdarg.h>
@@ -110,9 +112,12 @@ static void test_rope(void **state)
         std::vector<double> r = to_d(x);
         exec_ref_rope(r.data(), T, H, D, 16, 10000.0, pos.data(), inv);
         float *d = dev(x);
-        gk_rope(d, T, H, D, 16, 10000.0f, seq, inv, 0);
+        float2 *tab;
+        assert_int_equal(cudaMalloc((void **)&tab, sizeof(float2) * seq * 8), cudaSuccess);
+        gk_rope_table(tab, seq, 16, 10000.0f, 0);
+        gk_rope(d, T, H, D, 16, tab, seq, inv, 0);
         close(inv ? "rope inverse" : "rope", to_d(host(d, x.size())), r, 1e-5);
-        cudaFree(d);
+        cudaFree(d), cudaFree(tab);
     }
 }
 
@@ -213,33 +218,81 @@ static void test_permute_combine(void **state)
     cudaFree(y), cudaFree(dwo);
 }
 
-/* The masked softmax of attention against the reference's probabilities: q k^T scores built on
- * the host, causal with a window. */
-static void test_attention_softmax(void **state)
+static std::vector<bf16> to_bf16(const std::vector<float> &v)
+{
+    std::vector<bf16> o(v.size());
+    for (size_t i = 0; i < v.size(); i++) o[i] = __float2bfloat16(v[i]);
+    return o;
+}
+
+/* One attention shape: the tensor-core kernels (forward: o, log-sum-exp; backward: dq, dk, dv)
+ * against exec_ref_attention{,_backward} per sequence, on bf16-rounded inputs; the backward run
+ * twice must agree bit for bit. */
+static void flash_case(int B, int S, int H, int KV, int dqk, int dv, int window, uint64_t seed)
+{
+    printf("attention B %d S %d heads %d/%d dims %d/%d window %d\n", B, S, H, KV, dqk, dv, window);
+    size_t T = (size_t)B * S, nq = T * H * dqk, nk = T * KV * dqk, nv = T * KV * dv, no = T * H * dv;
+    std::vector<bf16> q = to_bf16(randn(nq, seed)), k = to_bf16(randn(nk, seed + 1)),
+                      v = to_bf16(randn(nv, seed + 2)), dout = to_bf16(randn(no, seed + 3));
+    std::vector<double> qd = to_d(q), kd = to_d(k), vd = to_d(v), dod = to_d(dout);
+    std::vector<double> or_(no), dqr(nq), dkr(nk), dvr(nv), lr_(T * H);
+    double scale = 1.0 / sqrt((double)dqk);
+    for (int b = 0; b < B; b++) {
+        size_t t0 = (size_t)b * S;
+        exec_ref_attention(&qd[t0 * H * dqk], &kd[t0 * KV * dqk], &vd[t0 * KV * dv], S, H, KV, dqk,
+                           dv, window, scale, &or_[t0 * H * dv]);
+        exec_ref_attention_backward(&qd[t0 * H * dqk], &kd[t0 * KV * dqk], &vd[t0 * KV * dv],
+                                    &dod[t0 * H * dv], S, H, KV, dqk, dv, window, scale,
+                                    &dqr[t0 * H * dqk], &dkr[t0 * KV * dqk], &dvr[t0 * KV * dv]);
+        for (int hh = 0; hh < H; hh++)
+            for (int i = 0; i < S; i++) { /* base-2 log-sum-exp of the scaled scores */
+                double mx = -HUGE_VAL, sum = 0;
+                std::vector<double> z(S, -HUGE_VAL);
+                for (int j = 0; j <= i; j++) {
+                    if (window > 0 && j <= i - window) continue;
+                    double d = 0;
+                    for (int c = 0; c < dqk; c++)
+                        d += qd[((t0 + i) * H + hh) * dqk + c] * kd[((t0 + j) * KV + hh / (H / KV)) * dqk + c];
+                    z[j] = d * scale;
+                    mx = fmax(mx, z[j]);
+                }
+                for (int j = 0; j <= i; j++) sum += exp(z[j] - mx);
+                lr_[((size_t)b * H + hh) * S + i] = (mx + log(sum)) / log(2.0);
+            }
+    }
+    bf16 *dq16 = dev(q), *dk16 = dev(k), *dv16 = dev(v), *ddo = dev(dout);
+    bf16 *o = dev(std::vector<bf16>(no));
+    float *lse = dev(std::vector<float>(T * H)), *delta = dev(std::vector<float>(T * H));
+    float *gq = dev(std::vector<float>(nq)), *gk = dev(std::vector<float>(nk)), *gv = dev(std::vector<float>(nv));
+    assert_true(gk_flash_supported(dqk, dv));
+    assert_int_equal(gk_flash_forward(dq16, dk16, dv16, B, S, H, KV, dqk, dv, window, o, lse, 0), cudaSuccess);
+    assert_int_equal(gk_flash_backward(dq16, dk16, dv16, o, ddo, lse, B, S, H, KV, dqk, dv, window,
+                                       delta, gq, gk, gv, 0), cudaSuccess);
+    close("attention out", to_d(host(o, no)), or_, 8e-3);
+    close("attention log-sum-exp", to_d(host(lse, T * H)), lr_, 1e-5);
+    std::vector<float> q1 = host(gq, nq), k1 = host(gk, nk), v1 = host(gv, nv);
+    close("attention dq", to_d(q1), dqr, 1e-2);
+    close("attention dk", to_d(k1), dkr, 1e-2);
+    close("attention dv", to_d(v1), dvr, 1e-2);
+    assert_int_equal(gk_flash_backward(dq16, dk16, dv16, o, ddo, lse, B, S, H, KV, dqk, dv, window,
+                                       delta, gq, gk, gv, 0), cudaSuccess);
+    assert_true(host(gq, nq) == q1 && host(gk, nk) == k1 && host(gv, nv) == v1);
+    cudaFree(dq16), cudaFree(dk16), cudaFree(dv16), cudaFree(ddo), cudaFree(o), cudaFree(lse);
+    cudaFree(delta), cudaFree(gq), cudaFree(gk), cudaFree(gv);
+}
+
+/* Every compiled width, partial tiles (S not a multiple of 64), GQA, a sliding window, head dims
+ * that are not multiples of 8 (the unvectorized loads). */
+static void test_flash_attention(void **state)
 {
     (void)state;
-    const int S = 70, window = 20;
-    std::vector<float> z = randn((size_t)S * S, 14, 3.0), dp = randn((size_t)S * S, 15);
-    std::vector<double> pr((size_t)S * S, 0.0), dsr((size_t)S * S, 0.0);
-    for (int i = 0; i < S; i++) {
-        double mx = -HUGE_VAL, sum = 0, dot = 0;
-        int lo = i - window + 1 > 0 ? i - window + 1 : 0;
-        for (int j = lo; j <= i; j++) mx = fmax(mx, z[(size_t)i * S + j]);
-        for (int j = lo; j <= i; j++) sum += exp(z[(size_t)i * S + j] - mx);
-        for (int j = lo; j <= i; j++) pr[(size_t)i * S + j] = exp(z[(size_t)i * S + j] - mx) / sum;
-        for (int j = 0; j < S; j++) dot += pr[(size_t)i * S + j] * dp[(size_t)i * S + j];
-        for (int j = 0; j < S; j++) dsr[(size_t)i * S + j] = pr[(size_t)i * S + j] * (dp[(size_t)i * S + j] - dot);
-    }
-    float *dz = dev(z), *ddp = dev(dp);
-    bf16 *p16, *ds16;
-    cudaMalloc((void **)&p16, sizeof(bf16) * S * S);
-    cudaMalloc((void **)&ds16, sizeof(bf16) * S * S);
-    gk_attn_softmax(dz, p16, S, S, window, 0);
-    gk_attn_softmax_backward(dz, ddp, ds16, S, S, 0);
-    close("attention softmax (fp32)", to_d(host(dz, (size_t)S * S)), pr, 1e-5);
-    close("attention softmax (bf16)", to_d(host(p16, (size_t)S * S)), pr, 8e-3);
-    close("attention softmax backward", to_d(host(ds16, (size_t)S * S)), dsr, 8e-3);
-    cudaFree(dz), cudaFree(ddp), cudaFree(p16), cudaFree(ds16);
+    flash_case(2, 200, 4, 2, 64, 64, 0, 20);
+    flash_case(1, 130, 2, 2, 192, 128, 0, 30);
+    flash_case(2, 150, 3, 1, 16, 16, 37, 40);
+    flash_case(1, 97, 2, 1, 20, 12, 0, 50);
+    flash_case(1, 70, 2, 2, 128, 128, 64, 60);
+    flash_case(1, 66, 1, 1, 256, 200, 0, 70);
+    assert_false(gk_flash_supported(320, 128));
 }
 
 static void test_cross_entropy(void **state)
@@ -274,7 +327,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rmsnorm),           cmocka_unit_test(test_rope),
         cmocka_unit_test(test_swiglu),            cmocka_unit_test(test_permute_combine),
-        cmocka_unit_test(test_attention_softmax), cmocka_unit_test(test_cross_entropy),
+        cmocka_unit_test(test_flash_attention), cmocka_unit_test(test_cross_entropy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
