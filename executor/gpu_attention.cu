@@ -2,7 +2,8 @@
  * gpu_attention.cu: causal (optionally sliding-window) attention without a seq x seq matrix, on
  * the tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate), in the manner of FlashAttention-2.
  *
- * Forward: a block owns 64 queries of one head (a warp 16), walks the key tiles its queries see,
+ * Forward: a block owns 64 queries of one head (a warp 16), walks the key tiles its queries see
+ * (the next tile's load by cp.async overlapping this one's products),
  * keeps the running row maximum and sum (online softmax) and the output in registers; it writes O
  * (bf16) and each row's log-sum-exp (base 2, of the scaled scores) for the backward.
  * Backward: delta = rowsum(dO * O); one kernel per key tile (all query heads of its KV group, all
@@ -18,7 +19,13 @@
 #include <stdint.h>
 
 #define FA_BM 64  /* queries per block (forward, dQ) */
-#define FA_BN 64  /* keys per block (dK dV), keys per tile (forward, dQ) */
+#define FA_BN 64  /* keys per block (dK dV) */
+#ifndef FA_BN_FWD
+#define FA_BN_FWD 64 /* keys per tile (forward) */
+#endif
+#ifndef FA_BN_DQ
+#define FA_BN_DQ 32  /* keys per tile (dQ) */
+#endif
 #define FA_BQ 32  /* queries per tile in the dK dV kernel */
 #define FA_PAD 8  /* bf16 of padding per shared row: conflict-free ldmatrix */
 #define FA_THREADS 128
@@ -120,7 +127,8 @@ __device__ __forceinline__ void gemm_pk(float c[][4], const float p[][4], const 
     }
 }
 
-/* rows x d (global, row stride ld) into shared rows x DP (stride DP + FA_PAD), zero beyond. */
+/* rows x d (global, row stride ld) into shared rows x DP (stride DP + FA_PAD), zero beyond, by
+ * cp.async where rows are 16-byte aligned (the caller commits and waits), else plainly. */
 template <int DP>
 __device__ __forceinline__ void load_tile(bf16 *dst, const bf16 *src, size_t ld, int rows,
                                           int nrows, int d)
@@ -129,19 +137,27 @@ __device__ __forceinline__ void load_tile(bf16 *dst, const bf16 *src, size_t ld,
     bool vec = (d % 8 == 0) && (ld % 8 == 0) && ((uintptr_t)src % 16 == 0);
     for (int i = threadIdx.x; i < rows * CH; i += blockDim.x) {
         int r = i / CH, c = (i % CH) * 8;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (r < nrows && c < d) {
-            const bf16 *s = src + r * ld + c;
-            if (vec) {
-                v = *(const uint4 *)s;
-            } else {
-                bf16 tmp[8];
-                for (int e = 0; e < 8; e++) tmp[e] = c + e < d ? s[e] : __float2bfloat16(0.0f);
-                v = *(uint4 *)tmp;
-            }
+        bool in = r < nrows && c < d;
+        bf16 *to = dst + r * LD + c;
+        if (vec) {
+            const bf16 *from = in ? src + r * ld + c : src; /* 0 bytes read: zero fill */
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(to)),
+                         "l"(from), "r"(in ? 16 : 0));
+        } else {
+            bf16 tmp[8];
+            for (int e = 0; e < 8; e++)
+                tmp[e] = in && c + e < d ? src[r * ld + c + e] : __float2bfloat16(0.0f);
+            *(uint4 *)to = *(uint4 *)tmp;
         }
-        *(uint4 *)(dst + r * LD + c) = v;
     }
+}
+
+__device__ __forceinline__ void async_commit() { asm volatile("cp.async.commit_group;"); }
+/* Wait until at most n of this thread's committed groups are pending, then for the block. */
+template <int N> __device__ __forceinline__ void async_wait()
+{
+    asm volatile("cp.async.wait_group %0;" ::"n"(N));
+    __syncthreads();
 }
 
 __device__ __forceinline__ bool visible(int i, int j, int S, int window)
@@ -159,29 +175,44 @@ struct fa_args {
     float scale, scale_log2; /* scale, scale * log2(e) */
 };
 
-template <int DQ, int DV>
+template <int DQ, int DV, int BN>
 __global__ void __launch_bounds__(FA_THREADS) k_flash_forward(fa_args a)
 {
-    constexpr int LQ = DQ + FA_PAD, LV = DV + FA_PAD, NS = FA_BN / 8, NO = DV / 8;
+    constexpr int LQ = DQ + FA_PAD, LV = DV + FA_PAD, NS = BN / 8, NO = DV / 8;
+    constexpr int TILE = BN * (LQ + LV); /* one K and V buffer */
     extern __shared__ uint4 fa_smem[];
-    bf16 *Qs = (bf16 *)fa_smem, *Ks = Qs + FA_BM * LQ, *Vs = Ks + FA_BN * LQ;
-    int S = a.S, H = a.H, KV = a.KV;
+    bf16 *Qs = (bf16 *)fa_smem, *KV = Qs + FA_BM * LQ;
+    int S = a.S, H = a.H, KVh = a.KV;
     int q0 = (gridDim.x - 1 - blockIdx.x) * FA_BM, hh = blockIdx.y, b = blockIdx.z;
-    int kvh = hh / (H / KV), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int kvh = hh / (H / KVh), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     size_t t0 = (size_t)b * S;
+    int r0 = q0 + warp * 16 + (lane >> 2), r1 = r0 + 8, cq = 2 * (lane & 3);
+    int kend = min(S, q0 + FA_BM);
+    int first = (a.window > 0 ? max(0, q0 - a.window + 1) : 0) / BN * BN;
+    int ntiles = (kend - first + BN - 1) / BN;
+    auto load_kv = [&](int it) {
+        int k0 = first + it * BN;
+        bf16 *Ks = KV + (it & 1) * TILE;
+        load_tile<DQ>(Ks, a.k + (t0 + k0) * KVh * a.dqk + (size_t)kvh * a.dqk,
+                      (size_t)KVh * a.dqk, BN, S - k0, a.dqk);
+        load_tile<DV>(Ks + BN * LQ, a.v + (t0 + k0) * KVh * a.dvd + (size_t)kvh * a.dvd,
+                      (size_t)KVh * a.dvd, BN, S - k0, a.dvd);
+    };
     load_tile<DQ>(Qs, a.q + (t0 + q0) * H * a.dqk + (size_t)hh * a.dqk, (size_t)H * a.dqk, FA_BM,
                   S - q0, a.dqk);
-    int r0 = q0 + warp * 16 + (lane >> 2), r1 = r0 + 8, cq = 2 * (lane & 3);
+    load_kv(0);
+    async_commit();
     float o[NO][4] = {}, m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-    int kend = min(S, q0 + FA_BM);
-    int kbeg = a.window > 0 ? max(0, q0 - a.window + 1) : 0;
-    for (int k0 = kbeg / FA_BN * FA_BN; k0 < kend; k0 += FA_BN) {
-        __syncthreads();
-        load_tile<DQ>(Ks, a.k + (t0 + k0) * KV * a.dqk + (size_t)kvh * a.dqk, (size_t)KV * a.dqk,
-                      FA_BN, S - k0, a.dqk);
-        load_tile<DV>(Vs, a.v + (t0 + k0) * KV * a.dvd + (size_t)kvh * a.dvd, (size_t)KV * a.dvd,
-                      FA_BN, S - k0, a.dvd);
-        __syncthreads();
+    for (int it = 0; it < ntiles; it++) {
+        if (it + 1 < ntiles) {
+            load_kv(it + 1);
+            async_commit();
+            async_wait<1>();
+        } else {
+            async_wait<0>();
+        }
+        int k0 = first + it * BN;
+        const bf16 *Ks = KV + (it & 1) * TILE, *Vs = Ks + BN * LQ;
         float s[NS][4] = {};
         gemm_nk<NS>(s, Qs + warp * 16 * LQ, LQ, Ks, LQ, DQ, lane);
         float t0max = -INFINITY, t1max = -INFINITY;
@@ -222,7 +253,8 @@ __global__ void __launch_bounds__(FA_THREADS) k_flash_forward(fa_args a)
             o[n][2] *= al1;
             o[n][3] *= al1;
         }
-        gemm_pk<NO, FA_BN / 16>(o, s, Vs, LV, lane);
+        gemm_pk<NO, BN / 16>(o, s, Vs, LV, lane);
+        __syncthreads(); /* this buffer is refilled by the next iteration's prefetch */
     }
     for (int off = 1; off < 4; off <<= 1) {
         l0 += __shfl_xor_sync(0xffffffffu, l0, off);
@@ -266,97 +298,124 @@ template <int DQ, int DV>
 __global__ void __launch_bounds__(FA_THREADS) k_flash_dkdv(fa_args a)
 {
     constexpr int LQ = DQ + FA_PAD, LV = DV + FA_PAD, NS = FA_BQ / 8;
+    constexpr int TILE = FA_BQ * (LQ + LV) + 4 * FA_BQ; /* Q, dO, then lse and delta (floats) */
     extern __shared__ uint4 fa_smem[];
-    bf16 *Ks = (bf16 *)fa_smem, *Vs = Ks + FA_BN * LQ, *Qs = Vs + FA_BN * LV, *Ds = Qs + FA_BQ * LQ;
-    float *Ls = (float *)(Ds + FA_BQ * LV), *Dl = Ls + FA_BQ;
-    int S = a.S, H = a.H, KV = a.KV, rep = H / KV;
+    bf16 *Ks = (bf16 *)fa_smem, *Vs = Ks + FA_BN * LQ, *QD = Vs + FA_BN * LV;
+    int S = a.S, H = a.H, KVh = a.KV, rep = H / KVh;
     int k0 = blockIdx.x * FA_BN, kvh = blockIdx.y, b = blockIdx.z;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     size_t t0 = (size_t)b * S;
-    load_tile<DQ>(Ks, a.k + (t0 + k0) * KV * a.dqk + (size_t)kvh * a.dqk, (size_t)KV * a.dqk, FA_BN,
-                  S - k0, a.dqk);
-    load_tile<DV>(Vs, a.v + (t0 + k0) * KV * a.dvd + (size_t)kvh * a.dvd, (size_t)KV * a.dvd,
-                  FA_BN, S - k0, a.dvd);
     int j0 = k0 + warp * 16 + (lane >> 2), j1 = j0 + 8, cq = 2 * (lane & 3);
-    float dk[DQ / 8][4] = {}, dv[DV / 8][4] = {};
     int iend = a.window > 0 ? min(S, k0 + FA_BN - 1 + a.window) : S;
-    for (int r = 0; r < rep; r++) {
-        int hh = kvh * rep + r;
+    int first = k0 / FA_BQ * FA_BQ, per = (iend - first + FA_BQ - 1) / FA_BQ, ntiles = rep * per;
+    auto load_q = [&](int it) {
+        int hh = kvh * rep + it / per, i0 = first + it % per * FA_BQ;
+        bf16 *Qs = QD + (it & 1) * TILE, *Ds = Qs + FA_BQ * LQ;
+        float *Ls = (float *)(Ds + FA_BQ * LV), *Dl = Ls + FA_BQ;
+        load_tile<DQ>(Qs, a.q + (t0 + i0) * H * a.dqk + (size_t)hh * a.dqk, (size_t)H * a.dqk,
+                      FA_BQ, S - i0, a.dqk);
+        load_tile<DV>(Ds, a.dout + (t0 + i0) * H * a.dvd + (size_t)hh * a.dvd, (size_t)H * a.dvd,
+                      FA_BQ, S - i0, a.dvd);
         const float *lse = a.lse + ((size_t)b * H + hh) * S, *del = a.delta + ((size_t)b * H + hh) * S;
-        for (int i0 = k0 / FA_BQ * FA_BQ; i0 < iend; i0 += FA_BQ) {
-            __syncthreads();
-            load_tile<DQ>(Qs, a.q + (t0 + i0) * H * a.dqk + (size_t)hh * a.dqk, (size_t)H * a.dqk,
-                          FA_BQ, S - i0, a.dqk);
-            load_tile<DV>(Ds, a.dout + (t0 + i0) * H * a.dvd + (size_t)hh * a.dvd,
-                          (size_t)H * a.dvd, FA_BQ, S - i0, a.dvd);
-            for (int t = threadIdx.x; t < FA_BQ; t += blockDim.x) {
-                Ls[t] = i0 + t < S ? lse[i0 + t] : 0.0f;
-                Dl[t] = i0 + t < S ? del[i0 + t] : 0.0f;
-            }
-            __syncthreads();
-            /* S^T = K Q^T and dP^T = V dO^T: rows keys, columns queries */
-            float p[NS][4] = {}, dp[NS][4] = {};
-            gemm_nk<NS>(p, Ks + warp * 16 * LQ, LQ, Qs, LQ, DQ, lane);
-            gemm_nk<NS>(dp, Vs + warp * 16 * LV, LV, Ds, LV, DV, lane);
-#pragma unroll
-            for (int n = 0; n < NS; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int c = n * 8 + cq + (e & 1), i = i0 + c, j = e < 2 ? j0 : j1;
-                    float pv = visible(i, j, S, a.window) ? exp2f(p[n][e] * a.scale_log2 - Ls[c])
-                                                          : 0.0f;
-                    p[n][e] = pv;
-                    dp[n][e] = pv * (dp[n][e] - Dl[c]);
-                }
-            gemm_pk<DV / 8, FA_BQ / 16>(dv, p, Ds, LV, lane);
-            gemm_pk<DQ / 8, FA_BQ / 16>(dk, dp, Qs, LQ, lane);
+        for (int t = threadIdx.x; t < FA_BQ; t += blockDim.x) {
+            Ls[t] = i0 + t < S ? lse[i0 + t] : 0.0f;
+            Dl[t] = i0 + t < S ? del[i0 + t] : 0.0f;
         }
+    };
+    load_tile<DQ>(Ks, a.k + (t0 + k0) * KVh * a.dqk + (size_t)kvh * a.dqk, (size_t)KVh * a.dqk,
+                  FA_BN, S - k0, a.dqk);
+    load_tile<DV>(Vs, a.v + (t0 + k0) * KVh * a.dvd + (size_t)kvh * a.dvd, (size_t)KVh * a.dvd,
+                  FA_BN, S - k0, a.dvd);
+    load_q(0);
+    async_commit();
+    float dk[DQ / 8][4] = {}, dv[DV / 8][4] = {};
+    for (int it = 0; it < ntiles; it++) {
+        if (it + 1 < ntiles) {
+            load_q(it + 1);
+            async_commit();
+            async_wait<1>();
+        } else {
+            async_wait<0>();
+        }
+        int i0 = first + it % per * FA_BQ;
+        const bf16 *Qs = QD + (it & 1) * TILE, *Ds = Qs + FA_BQ * LQ;
+        const float *Ls = (const float *)(Ds + FA_BQ * LV), *Dl = Ls + FA_BQ;
+        /* S^T = K Q^T and dP^T = V dO^T: rows keys, columns queries */
+        float p[NS][4] = {}, dp[NS][4] = {};
+        gemm_nk<NS>(p, Ks + warp * 16 * LQ, LQ, Qs, LQ, DQ, lane);
+        gemm_nk<NS>(dp, Vs + warp * 16 * LV, LV, Ds, LV, DV, lane);
+#pragma unroll
+        for (int n = 0; n < NS; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int c = n * 8 + cq + (e & 1), i = i0 + c, j = e < 2 ? j0 : j1;
+                float pv = visible(i, j, S, a.window) ? exp2f(p[n][e] * a.scale_log2 - Ls[c]) : 0.0f;
+                p[n][e] = pv;
+                dp[n][e] = pv * (dp[n][e] - Dl[c]);
+            }
+        gemm_pk<DV / 8, FA_BQ / 16>(dv, p, Ds, LV, lane);
+        gemm_pk<DQ / 8, FA_BQ / 16>(dk, dp, Qs, LQ, lane);
+        __syncthreads();
     }
 #pragma unroll
     for (int n = 0; n < DQ / 8; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             int j = e < 2 ? j0 : j1, c = n * 8 + cq + (e & 1);
-            if (j < S && c < a.dqk) a.dk[((t0 + j) * KV + kvh) * a.dqk + c] = dk[n][e] * a.scale;
+            if (j < S && c < a.dqk) a.dk[((t0 + j) * KVh + kvh) * a.dqk + c] = dk[n][e] * a.scale;
         }
 #pragma unroll
     for (int n = 0; n < DV / 8; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             int j = e < 2 ? j0 : j1, c = n * 8 + cq + (e & 1);
-            if (j < S && c < a.dvd) a.dv[((t0 + j) * KV + kvh) * a.dvd + c] = dv[n][e];
+            if (j < S && c < a.dvd) a.dv[((t0 + j) * KVh + kvh) * a.dvd + c] = dv[n][e];
         }
 }
 
 /* dQ of 64 queries of head blockIdx.y. */
-template <int DQ, int DV>
+template <int DQ, int DV, int BN>
 __global__ void __launch_bounds__(FA_THREADS) k_flash_dq(fa_args a)
 {
-    constexpr int LQ = DQ + FA_PAD, LV = DV + FA_PAD, NS = FA_BN / 8;
+    constexpr int LQ = DQ + FA_PAD, LV = DV + FA_PAD, NS = BN / 8, TILE = BN * (LQ + LV);
     extern __shared__ uint4 fa_smem[];
-    bf16 *Qs = (bf16 *)fa_smem, *Ds = Qs + FA_BM * LQ, *Ks = Ds + FA_BM * LV, *Vs = Ks + FA_BN * LQ;
-    int S = a.S, H = a.H, KV = a.KV;
+    bf16 *Qs = (bf16 *)fa_smem, *Ds = Qs + FA_BM * LQ, *KV = Ds + FA_BM * LV;
+    int S = a.S, H = a.H, KVh = a.KV;
     int q0 = (gridDim.x - 1 - blockIdx.x) * FA_BM, hh = blockIdx.y, b = blockIdx.z;
-    int kvh = hh / (H / KV), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int kvh = hh / (H / KVh), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     size_t t0 = (size_t)b * S;
-    load_tile<DQ>(Qs, a.q + (t0 + q0) * H * a.dqk + (size_t)hh * a.dqk, (size_t)H * a.dqk, FA_BM,
-                  S - q0, a.dqk);
-    load_tile<DV>(Ds, a.dout + (t0 + q0) * H * a.dvd + (size_t)hh * a.dvd, (size_t)H * a.dvd,
-                  FA_BM, S - q0, a.dvd);
     int r0 = q0 + warp * 16 + (lane >> 2), r1 = r0 + 8, cq = 2 * (lane & 3);
     const float *lse = a.lse + ((size_t)b * H + hh) * S, *del = a.delta + ((size_t)b * H + hh) * S;
     float L0 = r0 < S ? lse[r0] : 0.0f, L1 = r1 < S ? lse[r1] : 0.0f;
     float D0 = r0 < S ? del[r0] : 0.0f, D1 = r1 < S ? del[r1] : 0.0f;
-    float dq[DQ / 8][4] = {};
     int kend = min(S, q0 + FA_BM);
-    int kbeg = a.window > 0 ? max(0, q0 - a.window + 1) : 0;
-    for (int k0 = kbeg / FA_BN * FA_BN; k0 < kend; k0 += FA_BN) {
-        __syncthreads();
-        load_tile<DQ>(Ks, a.k + (t0 + k0) * KV * a.dqk + (size_t)kvh * a.dqk, (size_t)KV * a.dqk,
-                      FA_BN, S - k0, a.dqk);
-        load_tile<DV>(Vs, a.v + (t0 + k0) * KV * a.dvd + (size_t)kvh * a.dvd, (size_t)KV * a.dvd,
-                      FA_BN, S - k0, a.dvd);
-        __syncthreads();
+    int first = (a.window > 0 ? max(0, q0 - a.window + 1) : 0) / BN * BN;
+    int ntiles = (kend - first + BN - 1) / BN;
+    auto load_kv = [&](int it) {
+        int k0 = first + it * BN;
+        bf16 *Ks = KV + (it & 1) * TILE;
+        load_tile<DQ>(Ks, a.k + (t0 + k0) * KVh * a.dqk + (size_t)kvh * a.dqk,
+                      (size_t)KVh * a.dqk, BN, S - k0, a.dqk);
+        load_tile<DV>(Ks + BN * LQ, a.v + (t0 + k0) * KVh * a.dvd + (size_t)kvh * a.dvd,
+                      (size_t)KVh * a.dvd, BN, S - k0, a.dvd);
+    };
+    load_tile<DQ>(Qs, a.q + (t0 + q0) * H * a.dqk + (size_t)hh * a.dqk, (size_t)H * a.dqk, FA_BM,
+                  S - q0, a.dqk);
+    load_tile<DV>(Ds, a.dout + (t0 + q0) * H * a.dvd + (size_t)hh * a.dvd, (size_t)H * a.dvd,
+                  FA_BM, S - q0, a.dvd);
+    load_kv(0);
+    async_commit();
+    float dq[DQ / 8][4] = {};
+    for (int it = 0; it < ntiles; it++) {
+        if (it + 1 < ntiles) {
+            load_kv(it + 1);
+            async_commit();
+            async_wait<1>();
+        } else {
+            async_wait<0>();
+        }
+        int k0 = first + it * BN;
+        const bf16 *Ks = KV + (it & 1) * TILE, *Vs = Ks + BN * LQ;
         float p[NS][4] = {}, dp[NS][4] = {};
         gemm_nk<NS>(p, Qs + warp * 16 * LQ, LQ, Ks, LQ, DQ, lane);
         gemm_nk<NS>(dp, Ds + warp * 16 * LV, LV, Vs, LV, DV, lane);
@@ -369,7 +428,8 @@ __global__ void __launch_bounds__(FA_THREADS) k_flash_dq(fa_args a)
                                ? exp2f(p[n][e] * a.scale_log2 - (e < 2 ? L0 : L1)) : 0.0f;
                 p[n][e] = pv * (dp[n][e] - (e < 2 ? D0 : D1));
             }
-        gemm_pk<DQ / 8, FA_BN / 16>(dq, p, Ks, LQ, lane);
+        gemm_pk<DQ / 8, BN / 16>(dq, p, Ks, LQ, lane);
+        __syncthreads();
     }
 #pragma unroll
     for (int n = 0; n < DQ / 8; n++)
@@ -382,31 +442,33 @@ __global__ void __launch_bounds__(FA_THREADS) k_flash_dq(fa_args a)
 
 /* ---- launchers ------------------------------------------------------------------------------ */
 
+/* Dynamic shared memory above 48 KB needs the kernel's consent. */
+template <typename K> static cudaError_t launch_smem(K kernel, size_t bytes)
+{
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+}
+
 template <int DQ, int DV>
 static cudaError_t flash_launch(const fa_args &a, int B, bool backward, cudaStream_t s)
 {
     constexpr size_t LQ = DQ + FA_PAD, LV = DV + FA_PAD;
+    constexpr int BNF = FA_BN_FWD, BNQ = FA_BN_DQ;
     int nq = (a.S + FA_BM - 1) / FA_BM, nk = (a.S + FA_BN - 1) / FA_BN;
+    cudaError_t e;
     if (!backward) {
-        size_t sm = ((FA_BM + FA_BN) * LQ + FA_BN * LV) * sizeof(bf16);
-        cudaError_t e = cudaFuncSetAttribute(k_flash_forward<DQ, DV>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
-        if (e != cudaSuccess) return e;
-        k_flash_forward<DQ, DV><<<dim3(nq, a.H, B), FA_THREADS, sm, s>>>(a);
+        size_t sm = (FA_BM * LQ + 2 * BNF * (LQ + LV)) * sizeof(bf16);
+        if ((e = launch_smem(k_flash_forward<DQ, DV, BNF>, sm)) != cudaSuccess) return e;
+        k_flash_forward<DQ, DV, BNF><<<dim3(nq, a.H, B), FA_THREADS, sm, s>>>(a);
         return cudaGetLastError();
     }
     int rows = B * a.S * a.H;
     k_flash_delta<<<(rows + 7) / 8, 256, 0, s>>>(a, rows);
-    size_t sm_kv = ((FA_BN + FA_BQ) * (LQ + LV)) * sizeof(bf16) + 2 * FA_BQ * sizeof(float);
-    cudaError_t e = cudaFuncSetAttribute(k_flash_dkdv<DQ, DV>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm_kv);
-    if (e != cudaSuccess) return e;
+    size_t sm_kv = (FA_BN * (LQ + LV) + 2 * (FA_BQ * (LQ + LV) + 4 * FA_BQ)) * sizeof(bf16);
+    if ((e = launch_smem(k_flash_dkdv<DQ, DV>, sm_kv)) != cudaSuccess) return e;
     k_flash_dkdv<DQ, DV><<<dim3(nk, a.KV, B), FA_THREADS, sm_kv, s>>>(a);
-    size_t sm_q = ((FA_BM + FA_BN) * (LQ + LV)) * sizeof(bf16);
-    e = cudaFuncSetAttribute(k_flash_dq<DQ, DV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)sm_q);
-    if (e != cudaSuccess) return e;
-    k_flash_dq<DQ, DV><<<dim3(nq, a.H, B), FA_THREADS, sm_q, s>>>(a);
+    size_t sm_q = (FA_BM * (LQ + LV) + 2 * BNQ * (LQ + LV)) * sizeof(bf16);
+    if ((e = launch_smem(k_flash_dq<DQ, DV, BNQ>, sm_q)) != cudaSuccess) return e;
+    k_flash_dq<DQ, DV, BNQ><<<dim3(nq, a.H, B), FA_THREADS, sm_q, s>>>(a);
     return cudaGetLastError();
 }
 

@@ -17,7 +17,7 @@
 
 static unsigned blocks_for(size_t n, int per) { return (unsigned)((n + per - 1) / per); }
 
-/* The sum (or max) over the block of one value per thread, in a fixed order; all threads get it. */
+/* The sum over the block of one value per thread, in a fixed order; all threads get it. */
 __device__ float block_sum(float v, float *red)
 {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -27,18 +27,6 @@ __device__ float block_sum(float v, float *red)
     __syncthreads();
     float s = 0.0f;
     for (int i = 0; i < nw; i++) s += red[i];
-    return s;
-}
-
-__device__ float block_max(float v, float *red)
-{
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    int w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) red[w] = v;
-    __syncthreads();
-    float s = -INFINITY;
-    for (int i = 0; i < nw; i++) s = fmaxf(s, red[i]);
     return s;
 }
 
@@ -699,19 +687,49 @@ void gk_coactivation(const int *choice, int T, int k, int E, unsigned long long 
 
 /* ---- loss, optimizer ------------------------------------------------------------------------ */
 
-/* Per row: loss = logsumexp(z) - z[target]; dlogits = (softmax(z) - onehot) * scale (bf16). */
+/* (m, s) += exp(x - m) with m the running maximum: the online softmax denominator. */
+__device__ __forceinline__ void lse_add(float &m, float &s, float x)
+{
+    if (x > m) {
+        s = s * expf(m - x) + 1.0f;
+        m = x;
+    } else {
+        s += expf(x - m);
+    }
+}
+
+/* Merge two (maximum, sum) pairs. */
+__device__ __forceinline__ void lse_merge(float &m, float &s, float m2, float s2)
+{
+    float M = fmaxf(m, m2);
+    if (M == -INFINITY) return;
+    s = s * expf(m - M) + s2 * expf(m2 - M);
+    m = M;
+}
+
+/* Per row: loss = logsumexp(z) - z[target]; dlogits = (softmax(z) - onehot) * scale (bf16). Two
+ * passes over the row: the maximum and the sum together (online), then the gradient. */
 __global__ void k_cross_entropy(const float *logits, const int *tgt, int V, float scale,
                                 float *row_loss, bf16 *dlogits)
 {
-    __shared__ float red[TPB / 32];
+    __shared__ float rm[TPB / 32], rs[TPB / 32];
     size_t t = blockIdx.x;
     const float *z = logits + t * V;
-    float mx = -INFINITY;
-    for (int c = threadIdx.x; c < V; c += blockDim.x) mx = fmaxf(mx, z[c]);
-    mx = block_max(mx, red);
-    float sum = 0.0f;
-    for (int c = threadIdx.x; c < V; c += blockDim.x) sum += expf(z[c] - mx);
-    sum = block_sum(sum, red);
+    float mx = -INFINITY, sum = 0.0f;
+    for (int c = threadIdx.x; c < V; c += blockDim.x) lse_add(mx, sum, z[c]);
+    for (int o = 16; o > 0; o >>= 1) {
+        float m2 = __shfl_xor_sync(0xffffffffu, mx, o), s2 = __shfl_xor_sync(0xffffffffu, sum, o);
+        lse_merge(mx, sum, m2, s2);
+    }
+    int w = threadIdx.x >> 5;
+    if ((threadIdx.x & 31) == 0) {
+        rm[w] = mx;
+        rs[w] = sum;
+    }
+    __syncthreads();
+    mx = rm[0];
+    sum = rs[0];
+    for (int i = 1; i < (int)(blockDim.x >> 5); i++) lse_merge(mx, sum, rm[i], rs[i]);
     float lse = mx + logf(sum);
     int y = tgt[t];
     if (threadIdx.x == 0) row_loss[t] = lse - z[y];
@@ -748,18 +766,40 @@ void gk_sumsq(const float *g, size_t n, double *part, cudaStream_t s)
 }
 
 /* AdamW (decoupled decay) on fp32 masters; writes the bf16 copy. */
+__device__ __forceinline__ float adamw_one(float p, float gr, float *m, float *v,
+                                           const struct gk_adamw &a)
+{
+    gr *= a.scale;
+    *m = a.beta1 * *m + (1.0f - a.beta1) * gr;
+    *v = a.beta2 * *v + (1.0f - a.beta2) * gr * gr;
+    float upd = (*m / a.c1) / (sqrtf(*v / a.c2) + a.eps);
+    return p - a.lr * (upd + a.wd * p);
+}
+
+/* Four elements a thread by 16-byte loads (memory bound: 30 bytes an element); n4 = n / 4. */
+__global__ void k_adamw4(float4 *p, const float4 *g, float4 *m1, float4 *m2, __nv_bfloat162 *w16,
+                         size_t n4, struct gk_adamw a)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= n4) return;
+    float4 x = p[i], gr = g[i], m = m1[i], v = m2[i];
+    x.x = adamw_one(x.x, gr.x, &m.x, &v.x, a);
+    x.y = adamw_one(x.y, gr.y, &m.y, &v.y, a);
+    x.z = adamw_one(x.z, gr.z, &m.z, &v.z, a);
+    x.w = adamw_one(x.w, gr.w, &m.w, &v.w, a);
+    p[i] = x;
+    m1[i] = m;
+    m2[i] = v;
+    w16[2 * i] = __floats2bfloat162_rn(x.x, x.y);
+    w16[2 * i + 1] = __floats2bfloat162_rn(x.z, x.w);
+}
+
 __global__ void k_adamw(float *p, const float *g, float *m1, float *m2, bf16 *w16, size_t n,
                         struct gk_adamw a)
 {
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float gr = g[i] * a.scale;
-    float m = a.beta1 * m1[i] + (1.0f - a.beta1) * gr;
-    float v = a.beta2 * m2[i] + (1.0f - a.beta2) * gr * gr;
-    m1[i] = m;
-    m2[i] = v;
-    float upd = (m / a.c1) / (sqrtf(v / a.c2) + a.eps);
-    float x = p[i] - a.lr * (upd + a.wd * p[i]);
+    float x = adamw_one(p[i], g[i], &m1[i], &m2[i], a);
     p[i] = x;
     w16[i] = __float2bfloat16(x);
 }
@@ -767,5 +807,15 @@ __global__ void k_adamw(float *p, const float *g, float *m1, float *m2, bf16 *w1
 void gk_adamw(float *p, const float *g, float *m1, float *m2, bf16 *w16, size_t n,
               const struct gk_adamw *a, cudaStream_t s)
 {
-    if (n) k_adamw<<<blocks_for(n, TPB), TPB, 0, s>>>(p, g, m1, m2, w16, n, *a);
+    size_t n4 = 0;
+    if ((uintptr_t)p % 16 == 0 && (uintptr_t)g % 16 == 0 && (uintptr_t)m1 % 16 == 0 &&
+        (uintptr_t)m2 % 16 == 0 && (uintptr_t)w16 % 8 == 0)
+        n4 = n / 4;
+    if (n4)
+        k_adamw4<<<blocks_for(n4, TPB), TPB, 0, s>>>((float4 *)p, (const float4 *)g, (float4 *)m1,
+                                                     (float4 *)m2, (__nv_bfloat162 *)w16, n4, *a);
+    size_t r = n - 4 * n4;
+    if (r)
+        k_adamw<<<blocks_for(r, TPB), TPB, 0, s>>>(p + 4 * n4, g + 4 * n4, m1 + 4 * n4, m2 + 4 * n4,
+                                                   w16 + 4 * n4, r, *a);
 }

@@ -16,6 +16,7 @@
  */
 #include "gpu_step.h"
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <math.h>
 #include <stdlib.h>
@@ -53,6 +54,17 @@ struct act {
     int *choice, *pos, *row_src, *off;
 };
 
+/* An expert GEMM kind: its cuBLASLt operation and the algorithm chosen for it once. */
+struct lt_kind {
+    bool ta, tb, vary_k;
+    int fixed, N, lda, ldb, ldc; /* fixed: K when the rows vary, M when K varies */
+    cudaDataType ab, ct;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatmulAlgo_t algo;
+    bool usable;
+};
+#define LT_KINDS 16
+
 #define MAX_EVENTS 16384
 #define MAX_ALLOCS 512
 
@@ -74,6 +86,13 @@ struct exec_gpu {
     cublasHandle_t side_blas[EXEC_MAX_STREAMS];
     cudaEvent_t fork_ev, join_ev[EXEC_MAX_STREAMS];
     cublasHandle_t cur;       /* the handle GEMMs go to now */
+    int cur_side;             /* its side stream, -1: s */
+    bool in_experts;          /* between fork_experts and join_experts: lin* go to mm_expert */
+    void *side_ws[EXEC_MAX_STREAMS];
+    size_t ws_bytes;
+    cublasLtHandle_t lt;      /* the expert GEMMs, whose sizes follow the routing */
+    struct lt_kind lt_kinds[LT_KINDS];
+    int nlt;
     const int *forced_choice; /* device (T, top_k): replaces the router's choice (benchmarks) */
     /* parameters */
     float *master, *grad, *m1, *m2;
@@ -180,11 +199,109 @@ static enum moe_status mm(struct exec_gpu *g, bool ta, bool tb, int M_, int N, i
     return MOE_OK;
 }
 
+/* The expert GEMMs: one size (the rows M, or the reduction K of a weight gradient) changes with
+ * the routing from call to call, and cuBLAS's heuristics, cached by size, then cost 100-300 us of
+ * host time a call (measured on the H200 machine; 12 us for a size seen before), more than the
+ * GEMM itself. So each kind of expert GEMM gets its cuBLASLt algorithm once, chosen at the mean
+ * rows per expert, and reuses it for every size; a size it cannot run goes to mm(). The layouts
+ * are column-major: C^T (N x M) = op(B)^T op(A)^T, as in mm(). */
+static cublasStatus_t lt_layouts(cublasLtMatrixLayout_t l[3], bool ta, bool tb, int M_, int N,
+                                 int K, int lda, int ldb, int ldc, cudaDataType ab, cudaDataType ct)
+{
+    cublasStatus_t st;
+    l[0] = l[1] = l[2] = NULL;
+    if ((st = cublasLtMatrixLayoutCreate(&l[0], ab, tb ? K : N, tb ? N : K, ldb)) ||
+        (st = cublasLtMatrixLayoutCreate(&l[1], ab, ta ? M_ : K, ta ? K : M_, lda)) ||
+        (st = cublasLtMatrixLayoutCreate(&l[2], ct, N, M_, ldc)))
+        return st;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+static void lt_layouts_free(cublasLtMatrixLayout_t l[3])
+{
+    for (int i = 0; i < 3; i++)
+        if (l[i]) cublasLtMatrixLayoutDestroy(l[i]);
+}
+
+static enum moe_status lt_kind_find(struct exec_gpu *g, bool ta, bool tb, bool vary_k, int M_,
+                                    int N, int K, int lda, int ldb, int ldc, cudaDataType ab,
+                                    cudaDataType ct, struct lt_kind **out, struct moe_error *err)
+{
+    int fixed = vary_k ? M_ : K;
+    for (int i = 0; i < g->nlt; i++) {
+        struct lt_kind *q = &g->lt_kinds[i];
+        if (q->ta == ta && q->tb == tb && q->vary_k == vary_k && q->fixed == fixed && q->N == N &&
+            q->lda == lda && q->ldb == ldb && q->ldc == ldc && q->ab == ab && q->ct == ct) {
+            *out = q;
+            return MOE_OK;
+        }
+    }
+    *out = NULL;
+    if (g->nlt == LT_KINDS) return MOE_OK; /* mm() for the rest */
+    struct lt_kind *q = &g->lt_kinds[g->nlt++];
+    *q = lt_kind{ta, tb, vary_k, fixed, N, lda, ldb, ldc, ab, ct, NULL, {}, false};
+    cublasOperation_t oa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, ob = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    G_BLAS(cublasLtMatmulDescCreate(&q->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    G_BLAS(cublasLtMatmulDescSetAttribute(q->op, CUBLASLT_MATMUL_DESC_TRANSA, &oa, sizeof oa));
+    G_BLAS(cublasLtMatmulDescSetAttribute(q->op, CUBLASLT_MATMUL_DESC_TRANSB, &ob, sizeof ob));
+    int mean = (g->P / (g->E > 0 ? g->E : 1) + 63) / 64 * 64;
+    if (mean < 64) mean = 64;
+    cublasLtMatrixLayout_t l[3];
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t r;
+    int nr = 0;
+    cublasStatus_t st = lt_layouts(l, ta, tb, vary_k ? M_ : mean, N, vary_k ? mean : K, lda, ldb,
+                                   ldc, ab, ct);
+    if (!st) st = cublasLtMatmulPreferenceCreate(&pref);
+    if (!st)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                  &g->ws_bytes, sizeof g->ws_bytes);
+    if (!st) st = cublasLtMatmulAlgoGetHeuristic(g->lt, q->op, l[0], l[1], l[2], l[2], pref, 1, &r, &nr);
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    lt_layouts_free(l);
+    if (!st && nr > 0) {
+        q->algo = r.algo;
+        q->usable = true;
+    }
+    *out = q;
+    return MOE_OK;
+}
+
+/* mm() for one expert (batch 1), with M_ (or K, vary_k) the size that follows the routing. */
+static enum moe_status mm_expert(struct exec_gpu *g, bool ta, bool tb, bool vary_k, int M_, int N,
+                                 int K, const void *A, int lda, const void *B, int ldb, float beta,
+                                 void *C, int ldc, cudaDataType ab, cudaDataType ct,
+                                 struct moe_error *err)
+{
+    if (M_ == 0 || N == 0) return MOE_OK;
+    struct lt_kind *q;
+    G_TRY(lt_kind_find(g, ta, tb, vary_k, M_, N, K, lda, ldb, ldc, ab, ct, &q, err));
+    if (q && q->usable) {
+        cublasLtMatrixLayout_t l[3];
+        float alpha = 1.0f;
+        cudaStream_t st_ = g->cur_side < 0 ? g->s : g->side[g->cur_side];
+        void *ws = g->cur_side < 0 ? g->blas_ws : g->side_ws[g->cur_side];
+        cublasStatus_t st = lt_layouts(l, ta, tb, M_, N, K, lda, ldb, ldc, ab, ct);
+        if (!st)
+            st = cublasLtMatmul(g->lt, q->op, &alpha, B, l[0], A, l[1], &beta, C, l[2], C, l[2],
+                                &q->algo, ws, g->ws_bytes, st_);
+        lt_layouts_free(l);
+        if (st == CUBLAS_STATUS_SUCCESS) return MOE_OK;
+        if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE)
+            return moe_error_set(err, MOE_ERR_CUBLAS, "executor: cublasLtMatmul: %s",
+                                 cublasGetStatusString(st));
+    }
+    return mm(g, ta, tb, M_, N, K, 1.0f, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1, ab, ct, err);
+}
+
 /* Y (T x out) = X (T x in) W^T, W (out x in), bf16 inputs; Y fp32 or bf16. */
 static enum moe_status lin(struct exec_gpu *g, const bf16 *X, int ldx, const bf16 *Wt, int T,
                            int in, int out, void *Y, int ldy, cudaDataType yt, float beta,
                            struct moe_error *err)
 {
+    if (g->in_experts)
+        return mm_expert(g, false, true, false, T, out, in, X, ldx, Wt, in, beta, Y, ldy,
+                         CUDA_R_16BF, yt, err);
     return mm(g, false, true, T, out, in, 1.0f, X, ldx, 0, Wt, in, 0, beta, Y, ldy, 0, 1,
               CUDA_R_16BF, yt, err);
 }
@@ -192,6 +309,9 @@ static enum moe_status lin(struct exec_gpu *g, const bf16 *X, int ldx, const bf1
 static enum moe_status lin_dx(struct exec_gpu *g, const bf16 *dY, int lddy, const bf16 *Wt, int T,
                               int in, int out, float *dX, int lddx, float beta, struct moe_error *err)
 {
+    if (g->in_experts)
+        return mm_expert(g, false, false, false, T, in, out, dY, lddy, Wt, in, beta, dX, lddx,
+                         CUDA_R_16BF, CUDA_R_32F, err);
     return mm(g, false, false, T, in, out, 1.0f, dY, lddy, 0, Wt, in, 0, beta, dX, lddx, 0, 1,
               CUDA_R_16BF, CUDA_R_32F, err);
 }
@@ -200,6 +320,9 @@ static enum moe_status lin_dw(struct exec_gpu *g, const bf16 *dY, int lddy, cons
                               int T, int in, int out, float *dW, struct moe_error *err)
 {
     if (T == 0) return MOE_OK;
+    if (g->in_experts)
+        return mm_expert(g, true, false, true, out, in, T, dY, lddy, X, ldx, 1.0f, dW, in,
+                         CUDA_R_16BF, CUDA_R_32F, err);
     return mm(g, true, false, out, in, T, 1.0f, dY, lddy, 0, X, ldx, 0, 1.0f, dW, in, 0, 1,
               CUDA_R_16BF, CUDA_R_32F, err);
 }
@@ -214,6 +337,7 @@ static enum moe_status sync_host(struct exec_gpu *g, struct moe_error *err)
 /* Expert e's GEMMs go to side stream e % nside between fork and join (one stream: no-ops). */
 static enum moe_status fork_experts(struct exec_gpu *g, struct moe_error *err)
 {
+    g->in_experts = true;
     if (g->nside < 2) return MOE_OK;
     G_CUDA(cudaEventRecord(g->fork_ev, g->s));
     for (int i = 0; i < g->nside; i++) G_CUDA(cudaStreamWaitEvent(g->side[i], g->fork_ev, 0));
@@ -222,12 +346,17 @@ static enum moe_status fork_experts(struct exec_gpu *g, struct moe_error *err)
 
 static void use_expert_stream(struct exec_gpu *g, int e)
 {
-    if (g->nside >= 2) g->cur = g->side_blas[e % g->nside];
+    if (g->nside >= 2) {
+        g->cur_side = e % g->nside;
+        g->cur = g->side_blas[g->cur_side];
+    }
 }
 
 static enum moe_status join_experts(struct exec_gpu *g, struct moe_error *err)
 {
     g->cur = g->blas;
+    g->cur_side = -1;
+    g->in_experts = false;
     if (g->nside < 2) return MOE_OK;
     for (int i = 0; i < g->nside; i++) {
         G_CUDA(cudaEventRecord(g->join_ev[i], g->side[i]));
@@ -719,7 +848,10 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
     G_TRY(dalloc(g, &g->blas_ws, ws, EXEC_MEM_WORKSPACE, err));
     G_BLAS(cublasSetWorkspace(g->blas, g->blas_ws, ws));
     G_BLAS(cublasSetMathMode(g->blas, CUBLAS_DEFAULT_MATH));
+    G_BLAS(cublasLtCreate(&g->lt));
+    g->ws_bytes = ws;
     g->cur = g->blas;
+    g->cur_side = -1;
     g->nside = cfg->streams > 1 ? (cfg->streams < EXEC_MAX_STREAMS ? cfg->streams : EXEC_MAX_STREAMS) : 0;
     if (g->nside) G_CUDA(cudaEventCreateWithFlags(&g->fork_ev, cudaEventDisableTiming));
     for (int i = 0; i < g->nside; i++) {
@@ -730,6 +862,7 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
         G_BLAS(cublasSetStream(g->side_blas[i], g->side[i]));
         G_TRY(dalloc(g, &sws, ws, EXEC_MEM_WORKSPACE, err));
         G_BLAS(cublasSetWorkspace(g->side_blas[i], sws, ws));
+        g->side_ws[i] = sws;
     }
     /* tensor indices */
     size_t n = g->table.nparams;
@@ -891,6 +1024,9 @@ extern "C" void exec_gpu_destroy(struct exec_gpu *g)
     if (g->emb_host) cudaFreeHost(g->emb_host);
     free(g->emb_count);
     if (g->blas) cublasDestroy(g->blas);
+    for (int i = 0; i < g->nlt; i++)
+        if (g->lt_kinds[i].op) cublasLtMatmulDescDestroy(g->lt_kinds[i].op);
+    if (g->lt) cublasLtDestroy(g->lt);
     for (int i = 0; i < g->nside; i++) {
         if (g->side_blas[i]) cublasDestroy(g->side_blas[i]);
         if (g->join_ev[i]) cudaEventDestroy(g->join_ev[i]);
