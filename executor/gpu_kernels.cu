@@ -65,9 +65,23 @@ __global__ void k_to_bf16(const float *x, bf16 *y, size_t n)
     if (i < n) y[i] = __float2bfloat16(x[i]);
 }
 
+/* Four a thread by 16-byte loads; n4 = n / 4. */
+__global__ void k_to_bf16x4(const float4 *x, __nv_bfloat162 *y, size_t n4)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= n4) return;
+    float4 v = x[i];
+    y[2 * i] = __floats2bfloat162_rn(v.x, v.y);
+    y[2 * i + 1] = __floats2bfloat162_rn(v.z, v.w);
+}
+
 void gk_to_bf16(const float *x, bf16 *y, size_t n, cudaStream_t s)
 {
-    if (n) k_to_bf16<<<blocks_for(n, TPB), TPB, 0, s>>>(x, y, n);
+    size_t n4 = (uintptr_t)x % 16 == 0 && (uintptr_t)y % 8 == 0 ? n / 4 : 0;
+    if (n4)
+        k_to_bf16x4<<<blocks_for(n4, TPB), TPB, 0, s>>>((const float4 *)x, (__nv_bfloat162 *)y, n4);
+    size_t r = n - 4 * n4;
+    if (r) k_to_bf16<<<blocks_for(r, TPB), TPB, 0, s>>>(x + 4 * n4, y + 4 * n4, r);
 }
 
 /* ---- tokens, embedding --------------------------------------------------------------------- */
@@ -748,9 +762,18 @@ __global__ void k_sumsq(const float *g, size_t n, double *part)
 {
     __shared__ double red[TPB];
     double acc = 0.0;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        acc += (double)g[i] * g[i];
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    size_t i0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if ((uintptr_t)g % 16 == 0) { /* by 16-byte loads, then the tail */
+        const float4 *g4 = (const float4 *)g;
+        for (size_t i = i0; i < n / 4; i += stride) {
+            float4 v = g4[i];
+            acc += (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z + (double)v.w * v.w;
+        }
+        for (size_t i = n / 4 * 4 + i0; i < n; i += stride) acc += (double)g[i] * g[i];
+    } else {
+        for (size_t i = i0; i < n; i += stride) acc += (double)g[i] * g[i];
+    }
     red[threadIdx.x] = acc;
     __syncthreads();
     if (threadIdx.x == 0) {
