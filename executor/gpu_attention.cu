@@ -1,6 +1,6 @@
 /*
  * gpu_attention.cu: causal (optionally sliding-window) attention without a seq x seq matrix, on
- * the tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate), in the manner of FlashAttention-2.
+ * the tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate), after FlashAttention-2.
  *
  * Forward: a block owns 64 queries of one head (a warp 16), walks the key tiles its queries see
  * (the next tile's load by cp.async overlapping this one's products),
@@ -20,12 +20,8 @@
 
 #define FA_BM 64  /* queries per block (forward, dQ) */
 #define FA_BN 64  /* keys per block (dK dV) */
-#ifndef FA_BN_FWD
-#define FA_BN_FWD 64 /* keys per tile (forward) */
-#endif
-#ifndef FA_BN_DQ
-#define FA_BN_DQ 32  /* keys per tile (dQ) */
-#endif
+#define FA_BN_FWD 64 /* keys per tile (forward; 32 measured the same) */
+#define FA_BN_DQ 32  /* keys per tile (dQ: two blocks an SM with the 192/128 width) */
 #define FA_BQ 32  /* queries per tile in the dK dV kernel */
 #define FA_PAD 8  /* bf16 of padding per shared row: conflict-free ldmatrix */
 #define FA_THREADS 128
@@ -37,34 +33,39 @@ __device__ __forceinline__ uint32_t smem_addr(const void *p)
     return (uint32_t)__cvta_generic_to_shared(p);
 }
 
+/* Four 8x8 bf16 matrices from shared memory, lane l giving the address of row l % 8 of matrix
+ * l / 8; TRANS: each transposed on the way. */
+template <bool TRANS> __device__ __forceinline__ void ldsm4(uint32_t r[4], const bf16 *row)
+{
+    if (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(smem_addr(row)));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(smem_addr(row)));
+}
+
 /* A (16 x 16, row-major at p with row stride ld): a[0..3] in mma order. */
 __device__ __forceinline__ void ld_a(uint32_t a[4], const bf16 *p, int ld, int lane)
 {
     int mi = lane >> 3;
-    const bf16 *r = p + ((lane & 7) + (mi & 1) * 8) * ld + (mi >> 1) * 8;
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
-                 : "r"(smem_addr(r)));
+    ldsm4<false>(a, p + ((lane & 7) + (mi & 1) * 8) * ld + (mi >> 1) * 8);
 }
 
 /* B for two n-tiles (16 k x 16 n) stored n-major ([n][k] at p): b[0..1] tile 0, b[2..3] tile 1. */
 __device__ __forceinline__ void ld_b_nk(uint32_t b[4], const bf16 *p, int ld, int lane)
 {
     int mi = lane >> 3;
-    const bf16 *r = p + ((lane & 7) + (mi >> 1) * 8) * ld + (mi & 1) * 8;
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
-                 : "r"(smem_addr(r)));
+    ldsm4<false>(b, p + ((lane & 7) + (mi >> 1) * 8) * ld + (mi & 1) * 8);
 }
 
 /* B for two n-tiles stored k-major ([k][n] at p), transposed by ldmatrix. */
 __device__ __forceinline__ void ld_b_kn(uint32_t b[4], const bf16 *p, int ld, int lane)
 {
     int mi = lane >> 3;
-    const bf16 *r = p + ((lane & 7) + (mi & 1) * 8) * ld + (mi >> 1) * 8;
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
-                 : "r"(smem_addr(r)));
+    ldsm4<true>(b, p + ((lane & 7) + (mi & 1) * 8) * ld + (mi >> 1) * 8);
 }
 
 __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
@@ -165,7 +166,7 @@ __device__ __forceinline__ bool visible(int i, int j, int S, int window)
     return j <= i && i < S && (window <= 0 || j > i - window);
 }
 
-/* ---- forward -------------------------------------------------------------------------------- */
+/* ---- the tiles a block works on ------------------------------------------------------------ */
 
 struct fa_args {
     const bf16 *q, *k, *v, *o_in, *dout;
@@ -175,6 +176,89 @@ struct fa_args {
     float scale, scale_log2; /* scale, scale * log2(e) */
 };
 
+/* Rows [r0, r0 + rows) of head hh of x (B*S tokens, heads, d), the sequence from token t0, into
+ * shared memory (zeros past the sequence's end). */
+template <int DP>
+__device__ __forceinline__ void load_rows(bf16 *dst, const bf16 *x, size_t t0, int r0, int rows,
+                                          int S, int heads, int hh, int d)
+{
+    load_tile<DP>(dst, x + (t0 + r0) * heads * d + (size_t)hh * d, (size_t)heads * d, rows, S - r0,
+                  d);
+}
+
+/* K and V rows [k0, k0 + BN) of KV head kvh: K at buf, V at buf + BN * (DQ + FA_PAD). */
+template <int DQ, int DV, int BN>
+__device__ __forceinline__ void load_kv(bf16 *buf, const fa_args &a, size_t t0, int k0, int kvh)
+{
+    load_rows<DQ>(buf, a.k, t0, k0, BN, a.S, a.KV, kvh, a.dqk);
+    load_rows<DV>(buf + BN * (DQ + FA_PAD), a.v, t0, k0, BN, a.S, a.KV, kvh, a.dvd);
+}
+
+/* A lane's place in its warp's 16 rows from base: rows r0 and r1 = r0 + 8, columns cq, cq + 1 of
+ * each 8-column accumulator tile. */
+struct fa_lane {
+    int warp, lane, r0, r1, cq;
+};
+
+__device__ __forceinline__ fa_lane lane_rows(int base)
+{
+    fa_lane w;
+    w.warp = threadIdx.x >> 5;
+    w.lane = threadIdx.x & 31;
+    w.r0 = base + w.warp * 16 + (w.lane >> 2);
+    w.r1 = w.r0 + 8;
+    w.cq = 2 * (w.lane & 3);
+    return w;
+}
+
+/* A query-tile block (forward, dQ): 64 queries from q0 (the heaviest tiles first) of head hh, its
+ * KV head, and the key tiles those queries see: ntiles of BN keys from first. */
+struct fa_qtile {
+    int q0, hh, kvh, first, ntiles;
+    size_t t0;
+};
+
+template <int BN> __device__ __forceinline__ fa_qtile query_tile(const fa_args &a)
+{
+    fa_qtile t;
+    t.q0 = (gridDim.x - 1 - blockIdx.x) * FA_BM;
+    t.hh = blockIdx.y;
+    t.kvh = t.hh / (a.H / a.KV);
+    t.t0 = (size_t)blockIdx.z * a.S;
+    int kend = min(a.S, t.q0 + FA_BM);
+    t.first = (a.window > 0 ? max(0, t.q0 - a.window + 1) : 0) / BN * BN;
+    t.ntiles = (kend - t.first + BN - 1) / BN;
+    return t;
+}
+
+/* A warp's accumulators (16 x 8N) times scale into its rows of head hh of y (B*S, heads, d). */
+template <int N>
+__device__ __forceinline__ void store_rows(const float acc[][4], float *y, const fa_lane &w,
+                                           size_t t0, int S, int heads, int hh, int d, float scale)
+{
+#pragma unroll
+    for (int n = 0; n < N; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int i = e < 2 ? w.r0 : w.r1, c = n * 8 + w.cq + (e & 1);
+            if (i < S && c < d) y[((t0 + i) * heads + hh) * d + c] = acc[n][e] * scale;
+        }
+}
+
+/* Wait for tile it (prefetching tile it + 1 into the other buffer first, when there is one). */
+template <typename F> __device__ __forceinline__ void next_tile(int it, int ntiles, F prefetch)
+{
+    if (it + 1 < ntiles) {
+        prefetch(it + 1);
+        async_commit();
+        async_wait<1>();
+    } else {
+        async_wait<0>();
+    }
+}
+
+/* ---- forward -------------------------------------------------------------------------------- */
+
 template <int DQ, int DV, int BN>
 __global__ void __launch_bounds__(FA_THREADS) k_flash_forward(fa_args a)
 {
@@ -182,45 +266,28 @@ __global__ void __launch_bounds__(FA_THREADS) k_flash_forward(fa_args a)
     constexpr int TILE = BN * (LQ + LV); /* one K and V buffer */
     extern __shared__ uint4 fa_smem[];
     bf16 *Qs = (bf16 *)fa_smem, *KV = Qs + FA_BM * LQ;
-    int S = a.S, H = a.H, KVh = a.KV;
-    int q0 = (gridDim.x - 1 - blockIdx.x) * FA_BM, hh = blockIdx.y, b = blockIdx.z;
-    int kvh = hh / (H / KVh), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    size_t t0 = (size_t)b * S;
-    int r0 = q0 + warp * 16 + (lane >> 2), r1 = r0 + 8, cq = 2 * (lane & 3);
-    int kend = min(S, q0 + FA_BM);
-    int first = (a.window > 0 ? max(0, q0 - a.window + 1) : 0) / BN * BN;
-    int ntiles = (kend - first + BN - 1) / BN;
-    auto load_kv = [&](int it) {
-        int k0 = first + it * BN;
-        bf16 *Ks = KV + (it & 1) * TILE;
-        load_tile<DQ>(Ks, a.k + (t0 + k0) * KVh * a.dqk + (size_t)kvh * a.dqk,
-                      (size_t)KVh * a.dqk, BN, S - k0, a.dqk);
-        load_tile<DV>(Ks + BN * LQ, a.v + (t0 + k0) * KVh * a.dvd + (size_t)kvh * a.dvd,
-                      (size_t)KVh * a.dvd, BN, S - k0, a.dvd);
+    const int S = a.S;
+    const fa_qtile t = query_tile<BN>(a);
+    const fa_lane w = lane_rows(t.q0);
+    auto load = [&](int it) {
+        load_kv<DQ, DV, BN>(KV + (it & 1) * TILE, a, t.t0, t.first + it * BN, t.kvh);
     };
-    load_tile<DQ>(Qs, a.q + (t0 + q0) * H * a.dqk + (size_t)hh * a.dqk, (size_t)H * a.dqk, FA_BM,
-                  S - q0, a.dqk);
-    load_kv(0);
+    load_rows<DQ>(Qs, a.q, t.t0, t.q0, FA_BM, S, a.H, t.hh, a.dqk);
+    load(0);
     async_commit();
     float o[NO][4] = {}, m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-    for (int it = 0; it < ntiles; it++) {
-        if (it + 1 < ntiles) {
-            load_kv(it + 1);
-            async_commit();
-            async_wait<1>();
-        } else {
-            async_wait<0>();
-        }
-        int k0 = first + it * BN;
+    for (int it = 0; it < t.ntiles; it++) {
+        next_tile(it, t.ntiles, load);
+        int k0 = t.first + it * BN;
         const bf16 *Ks = KV + (it & 1) * TILE, *Vs = Ks + BN * LQ;
         float s[NS][4] = {};
-        gemm_nk<NS>(s, Qs + warp * 16 * LQ, LQ, Ks, LQ, DQ, lane);
+        gemm_nk<NS>(s, Qs + w.warp * 16 * LQ, LQ, Ks, LQ, DQ, w.lane);
         float t0max = -INFINITY, t1max = -INFINITY;
 #pragma unroll
         for (int n = 0; n < NS; n++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                int i = e < 2 ? r0 : r1, j = k0 + n * 8 + cq + (e & 1);
+                int i = e < 2 ? w.r0 : w.r1, j = k0 + n * 8 + w.cq + (e & 1);
                 float x = visible(i, j, S, a.window) ? s[n][e] * a.scale_log2 : -INFINITY;
                 s[n][e] = x;
                 if (e < 2) t0max = fmaxf(t0max, x);
@@ -253,7 +320,7 @@ __global__ void __launch_bounds__(FA_THREADS) k_flash_forward(fa_args a)
             o[n][2] *= al1;
             o[n][3] *= al1;
         }
-        gemm_pk<NO, BN / 16>(o, s, Vs, LV, lane);
+        gemm_pk<NO, BN / 16>(o, s, Vs, LV, w.lane);
         __syncthreads(); /* this buffer is refilled by the next iteration's prefetch */
     }
     for (int off = 1; off < 4; off <<= 1) {
@@ -265,14 +332,15 @@ __global__ void __launch_bounds__(FA_THREADS) k_flash_forward(fa_args a)
     for (int n = 0; n < NO; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            int i = e < 2 ? r0 : r1, c = n * 8 + cq + (e & 1);
+            int i = e < 2 ? w.r0 : w.r1, c = n * 8 + w.cq + (e & 1);
             if (i < S && c < a.dvd)
-                a.o[((t0 + i) * H + hh) * a.dvd + c] = __float2bfloat16(o[n][e] * (e < 2 ? i0 : i1));
+                a.o[((t.t0 + i) * a.H + t.hh) * a.dvd + c] =
+                    __float2bfloat16(o[n][e] * (e < 2 ? i0 : i1));
         }
-    if ((lane & 3) == 0) {
-        float *lse = a.lse + ((size_t)b * H + hh) * S;
-        if (r0 < S) lse[r0] = m0 + log2f(l0);
-        if (r1 < S) lse[r1] = m1 + log2f(l1);
+    if ((w.lane & 3) == 0) {
+        float *lse = a.lse + (t.t0 / S * a.H + t.hh) * S;
+        if (w.r0 < S) lse[w.r0] = m0 + log2f(l0);
+        if (w.r1 < S) lse[w.r1] = m1 + log2f(l1);
     }
 }
 
@@ -301,76 +369,53 @@ __global__ void __launch_bounds__(FA_THREADS) k_flash_dkdv(fa_args a)
     constexpr int TILE = FA_BQ * (LQ + LV) + 4 * FA_BQ; /* Q, dO, then lse and delta (floats) */
     extern __shared__ uint4 fa_smem[];
     bf16 *Ks = (bf16 *)fa_smem, *Vs = Ks + FA_BN * LQ, *QD = Vs + FA_BN * LV;
-    int S = a.S, H = a.H, KVh = a.KV, rep = H / KVh;
-    int k0 = blockIdx.x * FA_BN, kvh = blockIdx.y, b = blockIdx.z;
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    size_t t0 = (size_t)b * S;
-    int j0 = k0 + warp * 16 + (lane >> 2), j1 = j0 + 8, cq = 2 * (lane & 3);
+    const int S = a.S, H = a.H, rep = H / a.KV;
+    const int k0 = blockIdx.x * FA_BN, kvh = blockIdx.y;
+    const size_t t0 = (size_t)blockIdx.z * S;
+    const fa_lane w = lane_rows(k0); /* rows: keys */
     int iend = a.window > 0 ? min(S, k0 + FA_BN - 1 + a.window) : S;
     int first = k0 / FA_BQ * FA_BQ, per = (iend - first + FA_BQ - 1) / FA_BQ, ntiles = rep * per;
-    auto load_q = [&](int it) {
+    auto load = [&](int it) {
         int hh = kvh * rep + it / per, i0 = first + it % per * FA_BQ;
         bf16 *Qs = QD + (it & 1) * TILE, *Ds = Qs + FA_BQ * LQ;
         float *Ls = (float *)(Ds + FA_BQ * LV), *Dl = Ls + FA_BQ;
-        load_tile<DQ>(Qs, a.q + (t0 + i0) * H * a.dqk + (size_t)hh * a.dqk, (size_t)H * a.dqk,
-                      FA_BQ, S - i0, a.dqk);
-        load_tile<DV>(Ds, a.dout + (t0 + i0) * H * a.dvd + (size_t)hh * a.dvd, (size_t)H * a.dvd,
-                      FA_BQ, S - i0, a.dvd);
-        const float *lse = a.lse + ((size_t)b * H + hh) * S, *del = a.delta + ((size_t)b * H + hh) * S;
+        load_rows<DQ>(Qs, a.q, t0, i0, FA_BQ, S, H, hh, a.dqk);
+        load_rows<DV>(Ds, a.dout, t0, i0, FA_BQ, S, H, hh, a.dvd);
+        const float *lse = a.lse + (t0 / S * H + hh) * S, *del = a.delta + (t0 / S * H + hh) * S;
         for (int t = threadIdx.x; t < FA_BQ; t += blockDim.x) {
             Ls[t] = i0 + t < S ? lse[i0 + t] : 0.0f;
             Dl[t] = i0 + t < S ? del[i0 + t] : 0.0f;
         }
     };
-    load_tile<DQ>(Ks, a.k + (t0 + k0) * KVh * a.dqk + (size_t)kvh * a.dqk, (size_t)KVh * a.dqk,
-                  FA_BN, S - k0, a.dqk);
-    load_tile<DV>(Vs, a.v + (t0 + k0) * KVh * a.dvd + (size_t)kvh * a.dvd, (size_t)KVh * a.dvd,
-                  FA_BN, S - k0, a.dvd);
-    load_q(0);
+    load_kv<DQ, DV, FA_BN>(Ks, a, t0, k0, kvh);
+    load(0);
     async_commit();
     float dk[DQ / 8][4] = {}, dv[DV / 8][4] = {};
     for (int it = 0; it < ntiles; it++) {
-        if (it + 1 < ntiles) {
-            load_q(it + 1);
-            async_commit();
-            async_wait<1>();
-        } else {
-            async_wait<0>();
-        }
+        next_tile(it, ntiles, load);
         int i0 = first + it % per * FA_BQ;
         const bf16 *Qs = QD + (it & 1) * TILE, *Ds = Qs + FA_BQ * LQ;
         const float *Ls = (const float *)(Ds + FA_BQ * LV), *Dl = Ls + FA_BQ;
         /* S^T = K Q^T and dP^T = V dO^T: rows keys, columns queries */
         float p[NS][4] = {}, dp[NS][4] = {};
-        gemm_nk<NS>(p, Ks + warp * 16 * LQ, LQ, Qs, LQ, DQ, lane);
-        gemm_nk<NS>(dp, Vs + warp * 16 * LV, LV, Ds, LV, DV, lane);
+        gemm_nk<NS>(p, Ks + w.warp * 16 * LQ, LQ, Qs, LQ, DQ, w.lane);
+        gemm_nk<NS>(dp, Vs + w.warp * 16 * LV, LV, Ds, LV, DV, w.lane);
 #pragma unroll
         for (int n = 0; n < NS; n++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                int c = n * 8 + cq + (e & 1), i = i0 + c, j = e < 2 ? j0 : j1;
-                float pv = visible(i, j, S, a.window) ? exp2f(p[n][e] * a.scale_log2 - Ls[c]) : 0.0f;
+                int c = n * 8 + w.cq + (e & 1), i = i0 + c, j = e < 2 ? w.r0 : w.r1;
+                float pv = visible(i, j, S, a.window) ? exp2f(p[n][e] * a.scale_log2 - Ls[c])
+                                                      : 0.0f;
                 p[n][e] = pv;
                 dp[n][e] = pv * (dp[n][e] - Dl[c]);
             }
-        gemm_pk<DV / 8, FA_BQ / 16>(dv, p, Ds, LV, lane);
-        gemm_pk<DQ / 8, FA_BQ / 16>(dk, dp, Qs, LQ, lane);
+        gemm_pk<DV / 8, FA_BQ / 16>(dv, p, Ds, LV, w.lane);
+        gemm_pk<DQ / 8, FA_BQ / 16>(dk, dp, Qs, LQ, w.lane);
         __syncthreads();
     }
-#pragma unroll
-    for (int n = 0; n < DQ / 8; n++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            int j = e < 2 ? j0 : j1, c = n * 8 + cq + (e & 1);
-            if (j < S && c < a.dqk) a.dk[((t0 + j) * KVh + kvh) * a.dqk + c] = dk[n][e] * a.scale;
-        }
-#pragma unroll
-    for (int n = 0; n < DV / 8; n++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            int j = e < 2 ? j0 : j1, c = n * 8 + cq + (e & 1);
-            if (j < S && c < a.dvd) a.dv[((t0 + j) * KVh + kvh) * a.dvd + c] = dv[n][e];
-        }
+    store_rows<DQ / 8>(dk, a.dk, w, t0, S, a.KV, kvh, a.dqk, a.scale);
+    store_rows<DV / 8>(dv, a.dv, w, t0, S, a.KV, kvh, a.dvd, 1.0f);
 }
 
 /* dQ of 64 queries of head blockIdx.y. */
@@ -380,64 +425,41 @@ __global__ void __launch_bounds__(FA_THREADS) k_flash_dq(fa_args a)
     constexpr int LQ = DQ + FA_PAD, LV = DV + FA_PAD, NS = BN / 8, TILE = BN * (LQ + LV);
     extern __shared__ uint4 fa_smem[];
     bf16 *Qs = (bf16 *)fa_smem, *Ds = Qs + FA_BM * LQ, *KV = Ds + FA_BM * LV;
-    int S = a.S, H = a.H, KVh = a.KV;
-    int q0 = (gridDim.x - 1 - blockIdx.x) * FA_BM, hh = blockIdx.y, b = blockIdx.z;
-    int kvh = hh / (H / KVh), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    size_t t0 = (size_t)b * S;
-    int r0 = q0 + warp * 16 + (lane >> 2), r1 = r0 + 8, cq = 2 * (lane & 3);
-    const float *lse = a.lse + ((size_t)b * H + hh) * S, *del = a.delta + ((size_t)b * H + hh) * S;
-    float L0 = r0 < S ? lse[r0] : 0.0f, L1 = r1 < S ? lse[r1] : 0.0f;
-    float D0 = r0 < S ? del[r0] : 0.0f, D1 = r1 < S ? del[r1] : 0.0f;
-    int kend = min(S, q0 + FA_BM);
-    int first = (a.window > 0 ? max(0, q0 - a.window + 1) : 0) / BN * BN;
-    int ntiles = (kend - first + BN - 1) / BN;
-    auto load_kv = [&](int it) {
-        int k0 = first + it * BN;
-        bf16 *Ks = KV + (it & 1) * TILE;
-        load_tile<DQ>(Ks, a.k + (t0 + k0) * KVh * a.dqk + (size_t)kvh * a.dqk,
-                      (size_t)KVh * a.dqk, BN, S - k0, a.dqk);
-        load_tile<DV>(Ks + BN * LQ, a.v + (t0 + k0) * KVh * a.dvd + (size_t)kvh * a.dvd,
-                      (size_t)KVh * a.dvd, BN, S - k0, a.dvd);
+    const int S = a.S;
+    const fa_qtile t = query_tile<BN>(a);
+    const fa_lane w = lane_rows(t.q0);
+    const float *lse = a.lse + (t.t0 / S * a.H + t.hh) * S;
+    const float *del = a.delta + (t.t0 / S * a.H + t.hh) * S;
+    float L0 = w.r0 < S ? lse[w.r0] : 0.0f, L1 = w.r1 < S ? lse[w.r1] : 0.0f;
+    float D0 = w.r0 < S ? del[w.r0] : 0.0f, D1 = w.r1 < S ? del[w.r1] : 0.0f;
+    auto load = [&](int it) {
+        load_kv<DQ, DV, BN>(KV + (it & 1) * TILE, a, t.t0, t.first + it * BN, t.kvh);
     };
-    load_tile<DQ>(Qs, a.q + (t0 + q0) * H * a.dqk + (size_t)hh * a.dqk, (size_t)H * a.dqk, FA_BM,
-                  S - q0, a.dqk);
-    load_tile<DV>(Ds, a.dout + (t0 + q0) * H * a.dvd + (size_t)hh * a.dvd, (size_t)H * a.dvd,
-                  FA_BM, S - q0, a.dvd);
-    load_kv(0);
+    load_rows<DQ>(Qs, a.q, t.t0, t.q0, FA_BM, S, a.H, t.hh, a.dqk);
+    load_rows<DV>(Ds, a.dout, t.t0, t.q0, FA_BM, S, a.H, t.hh, a.dvd);
+    load(0);
     async_commit();
     float dq[DQ / 8][4] = {};
-    for (int it = 0; it < ntiles; it++) {
-        if (it + 1 < ntiles) {
-            load_kv(it + 1);
-            async_commit();
-            async_wait<1>();
-        } else {
-            async_wait<0>();
-        }
-        int k0 = first + it * BN;
+    for (int it = 0; it < t.ntiles; it++) {
+        next_tile(it, t.ntiles, load);
+        int k0 = t.first + it * BN;
         const bf16 *Ks = KV + (it & 1) * TILE, *Vs = Ks + BN * LQ;
         float p[NS][4] = {}, dp[NS][4] = {};
-        gemm_nk<NS>(p, Qs + warp * 16 * LQ, LQ, Ks, LQ, DQ, lane);
-        gemm_nk<NS>(dp, Ds + warp * 16 * LV, LV, Vs, LV, DV, lane);
+        gemm_nk<NS>(p, Qs + w.warp * 16 * LQ, LQ, Ks, LQ, DQ, w.lane);
+        gemm_nk<NS>(dp, Ds + w.warp * 16 * LV, LV, Vs, LV, DV, w.lane);
 #pragma unroll
         for (int n = 0; n < NS; n++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                int i = e < 2 ? r0 : r1, j = k0 + n * 8 + cq + (e & 1);
+                int i = e < 2 ? w.r0 : w.r1, j = k0 + n * 8 + w.cq + (e & 1);
                 float pv = visible(i, j, S, a.window)
                                ? exp2f(p[n][e] * a.scale_log2 - (e < 2 ? L0 : L1)) : 0.0f;
                 p[n][e] = pv * (dp[n][e] - (e < 2 ? D0 : D1));
             }
-        gemm_pk<DQ / 8, BN / 16>(dq, p, Ks, LQ, lane);
+        gemm_pk<DQ / 8, BN / 16>(dq, p, Ks, LQ, w.lane);
         __syncthreads();
     }
-#pragma unroll
-    for (int n = 0; n < DQ / 8; n++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            int i = e < 2 ? r0 : r1, c = n * 8 + cq + (e & 1);
-            if (i < S && c < a.dqk) a.dq[((t0 + i) * H + hh) * a.dqk + c] = dq[n][e] * a.scale;
-        }
+    store_rows<DQ / 8>(dq, a.dq, w, t.t0, S, a.H, t.hh, a.dqk, a.scale);
 }
 
 /* ---- launchers ------------------------------------------------------------------------------ */
