@@ -73,6 +73,20 @@ enum moe_status exec_ref_moe_backward(const struct exec_ref_moe *w, const double
  * exec_ref_moe_backward. */
 double exec_ref_moe_aux_loss(const struct exec_ref_moe *w, const double *x, int tokens);
 
+/* The pieces of the layer for those who move its rows elsewhere (the expert-parallel layer):
+ * expert e (e = -1: the shared experts) on one row x (hidden) -> out (hidden); its backward for
+ * d_out accumulates the weight gradients into g and adds d x into dx. */
+void exec_ref_expert_forward(const struct exec_ref_moe *w, int e, const double *x, double *out);
+void exec_ref_expert_backward(const struct exec_ref_moe *w, int e, const double *x,
+                              const double *d_out, struct exec_ref_moe_grad *g, double *dx);
+/* The layer's routing of x (tokens, hidden): choice, weight (tokens, top_k). */
+void exec_ref_moe_route(const struct exec_ref_moe *w, const double *x, int tokens, int *choice,
+                        double *weight);
+/* The router's part of one token's backward (no load-balance loss): from dw (top_k), d loss / d
+ * routing weight of each chosen slot, adds into dx (hidden) and g->router. */
+void exec_ref_router_backward(const struct exec_ref_moe *w, const double *x, const double *dw,
+                              double *dx, struct exec_ref_moe_grad *g);
+
 /* Dense building blocks of the reference, rows of T tokens, row-major. */
 
 /* RMSNorm: y = x / rms(x) * w over `h`; backward accumulates dw. */
@@ -161,6 +175,112 @@ enum moe_status exec_data_open(struct exec_data *d, const char *file, int vocab,
                                struct moe_error *err);
 void exec_data_next(struct exec_data *d, int *out, int n);
 void exec_data_close(struct exec_data *d);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Expert parallelism: the token exchange (plain C; the reference and the GPU executor share it)  */
+/* ---------------------------------------------------------------------------------------------- */
+
+#define EXEC_EP_MAX_K 16
+
+/* The EP group of a MoE layer. The ranks of an NVLink domain are contiguous, and domains have
+ * the same number of ranks (the cluster's). */
+struct exec_ep_group {
+    int ranks, experts, top_k;
+    const int *placement;      /* (experts): the rank that holds expert e */
+    const int *domain;         /* (ranks): the NVLink domain of each rank */
+    enum cost_dispatcher mode; /* alltoall (no dedup), per GPU, per domain */
+};
+/* MOE_ERR_INPUT unless the group is well formed (placement in range, domains contiguous and of
+ * one size, top_k <= EXEC_EP_MAX_K). */
+enum moe_status exec_ep_group_check(const struct exec_ep_group *g, struct moe_error *err);
+
+/* What a row in flight carries besides its payload: the token it stands for, and per routing
+ * slot the expert it is bound for on this row's way (-1: not this way) and the slot's weight. */
+struct exec_ep_meta {
+    int src_rank, src_token;
+    int expert[EXEC_EP_MAX_K];
+    double weight[EXEC_EP_MAX_K];
+};
+
+/* The rows one rank sends in one exchange, grouped by destination in rank order. */
+struct exec_ep_rows {
+    int ranks, n;
+    int *count;                /* (ranks): rows to each destination */
+    int *src_row;              /* (n): the sender's row it copies (a token, or a received row) */
+    struct exec_ep_meta *meta; /* (n) */
+};
+void exec_ep_rows_free(struct exec_ep_rows *r);
+
+/* The first hop from rank `me` for its tokens' routing, choice and weight (tokens, top_k).
+ * Alltoall: a row per slot. Per GPU: a row per distinct destination rank, carrying every slot
+ * bound there. Per domain: per GPU inside me's domain; and a row per remote domain, to the rank
+ * of me's index in that domain (the landing rank), carrying all of the domain's slots. Rows to
+ * me itself are rows too (the transport copies them), so every rank runs the same code. */
+enum moe_status exec_ep_first_hop(const struct exec_ep_group *g, int me, const int *choice,
+                                  const double *weight, int tokens, struct exec_ep_rows *out,
+                                  struct moe_error *err);
+/* The second hop at `me` (per-domain dedup; no rows otherwise): for each row me received in the
+ * first hop, a row to every other rank of me's domain that holds some of its slots, with only
+ * that rank's slots. */
+enum moe_status exec_ep_second_hop(const struct exec_ep_group *g, int me,
+                                   const struct exec_ep_meta *recv, int nrecv,
+                                   struct exec_ep_rows *out, struct moe_error *err);
+/* Slot j of a received row is computed at me. */
+bool exec_ep_slot_here(const struct exec_ep_group *g, int me, const struct exec_ep_meta *m, int j);
+/* Adds the payload bytes of rows (bytes_per_row each) that leave me: NVLink inside me's
+ * domain, scale-out beyond it (the planner's cost_dispatch_bytes_exact counts the same). */
+void exec_ep_rows_bytes(const struct exec_ep_group *g, int me, const struct exec_ep_rows *r,
+                        double bytes_per_row, struct cost_bytes *acc);
+
+/* A transport moves items between the ranks of a group. Every rank calls every operation, in
+ * the same order (collectives); a failure anywhere fails the operation on every rank. */
+struct exec_transport;
+struct exec_transport_ops {
+    /* send[r] to rank r -> recv[s] from rank s */
+    enum moe_status (*counts)(struct exec_transport *t, const int *send, int *recv,
+                              struct moe_error *err);
+    /* items of item_bytes: send holds send_count[r] items for rank r, in rank order; recv gets
+     * recv_count[s] items from rank s, in rank order */
+    enum moe_status (*alltoallv)(struct exec_transport *t, const void *send,
+                                 const int *send_count, void *recv, const int *recv_count,
+                                 size_t item_bytes, struct moe_error *err);
+};
+struct exec_transport {
+    int rank, ranks;
+    const struct exec_transport_ops *ops;
+    void *impl;
+};
+
+/* The local transport: R virtual ranks of one process, one thread each, host memory. A rank
+ * that waits longer than timeout_s in a collective, or whose peer failed, returns MOE_ERR_RUNTIME
+ * naming the operation and the ranks that did not arrive: never a hang. */
+struct exec_local_hub;
+enum moe_status exec_local_hub_create(struct exec_local_hub **out, int ranks, double timeout_s,
+                                      struct moe_error *err);
+void exec_local_hub_destroy(struct exec_local_hub *h);
+/* Runs fn on one thread per rank with that rank's transport and error report; the first
+ * failure (by rank) is returned, and a failing rank makes the others' collectives fail. */
+enum moe_status exec_local_run(struct exec_local_hub *h,
+                               enum moe_status (*fn)(struct exec_transport *t, void *arg,
+                                                     struct moe_error *err),
+                               void *arg, struct moe_error *err);
+
+/* The reference's expert-parallel MoE layer on rank t->rank: its tokens x (tokens, hidden) go
+ * through the exchange to the ranks holding their experts and come back weighted; y (tokens,
+ * hidden) equals exec_ref_moe_forward's on those tokens up to the order of the sums. Every rank
+ * holds the whole layer but uses the router, the shared experts and its own experts only. The
+ * load-balance loss is not supported here (cfg.aux_coef must be 0). `sent` (may be NULL) adds
+ * the dispatch payload bytes (hidden doubles a row) by link tier. */
+enum moe_status exec_ref_ep_moe_forward(struct exec_transport *t, const struct exec_ep_group *g,
+                                        const struct exec_ref_moe *w, const double *x,
+                                        int tokens, double *y, struct cost_bytes *sent,
+                                        struct moe_error *err);
+/* Its backward for dy: dx (tokens, hidden); gradients accumulate into gr (the router's and the
+ * shared experts' of this rank's tokens, the experts' of this rank's experts). */
+enum moe_status exec_ref_ep_moe_backward(struct exec_transport *t, const struct exec_ep_group *g,
+                                         const struct exec_ref_moe *w, const double *x,
+                                         int tokens, const double *dy, double *dx,
+                                         struct exec_ref_moe_grad *gr, struct moe_error *err);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* GPU kernels (CUDA builds); device pointers; `stream` is a cudaStream_t (NULL: the default)      */

@@ -216,6 +216,118 @@ double exec_ref_moe_aux_loss(const struct exec_ref_moe *w, const double *x, int 
     return cfg->aux_coef * E * sum / tokens;
 }
 
+/* d loss / d logits (dz, experts) from dw (top_k), d loss / d weight of each chosen slot: back
+ * through the scaling, the normalization or the top-k softmax, and the scores (ds: scratch).
+ * dw is scaled in place. */
+static void router_scores_backward(const struct exec_router_cfg *cfg, const double *s,
+                                   const int *ch, const double *wt, double *dw, double *dz,
+                                   double *ds)
+{
+    int E = cfg->experts, k = cfg->top_k;
+    for (int j = 0; j < k; j++) dw[j] *= cfg->scaling;
+    for (int e = 0; e < E; e++) dz[e] = ds[e] = 0.0;
+    if (cfg->softmax_after_topk) {
+        double dot = 0.0;
+        for (int j = 0; j < k; j++) dot += wt[j] / cfg->scaling * dw[j];
+        for (int j = 0; j < k; j++) dz[ch[j]] = wt[j] / cfg->scaling * (dw[j] - dot);
+        return;
+    }
+    if (cfg->norm_topk) {
+        double sum = 0.0, dot = 0.0;
+        for (int j = 0; j < k; j++) sum += s[ch[j]];
+        for (int j = 0; j < k; j++) dot += dw[j] * s[ch[j]] / sum;
+        for (int j = 0; j < k; j++) ds[ch[j]] = (dw[j] - dot) / sum;
+    } else {
+        for (int j = 0; j < k; j++) ds[ch[j]] = dw[j];
+    }
+    if (cfg->scoring == MDL_SCORE_SIGMOID) {
+        for (int e = 0; e < E; e++) dz[e] = ds[e] * s[e] * (1.0 - s[e]);
+    } else {
+        double dot = 0.0;
+        for (int e = 0; e < E; e++) dot += s[e] * ds[e];
+        for (int e = 0; e < E; e++) dz[e] = s[e] * (ds[e] - dot);
+    }
+}
+
+/* Router gradient and dx of one token from dz (experts). */
+static void router_logits_backward(const struct exec_ref_moe *w, const double *xt,
+                                   const double *dz, double *dxt, double *grad_router)
+{
+    int h = w->hidden;
+    for (int e = 0; e < w->cfg.experts; e++)
+        for (int c = 0; c < h; c++) {
+            grad_router[(size_t)e * h + c] += dz[e] * xt[c];
+            dxt[c] += w->router[(size_t)e * h + c] * dz[e];
+        }
+}
+
+static void expert_weights(const struct exec_ref_moe *w, int e, const double **gate,
+                           const double **up, const double **down, int *f)
+{
+    size_t fh = (size_t)w->ffn * w->hidden;
+    *f = e < 0 ? w->shared_ffn : w->ffn;
+    *gate = e < 0 ? w->sgate : w->gate + (size_t)e * fh;
+    *up = e < 0 ? w->sup : w->up + (size_t)e * fh;
+    *down = e < 0 ? w->sdown : w->down + (size_t)e * fh;
+}
+
+void exec_ref_expert_forward(const struct exec_ref_moe *w, int e, const double *x, double *out)
+{
+    const double *gate, *up, *down;
+    int f;
+    expert_weights(w, e, &gate, &up, &down, &f);
+    double *tmp = malloc(sizeof *tmp * (size_t)(3 * f));
+    if (!tmp) return;
+    swiglu(gate, up, down, w->hidden, f, x, out, tmp, tmp + f, tmp + 2 * f);
+    free(tmp);
+}
+
+void exec_ref_expert_backward(const struct exec_ref_moe *w, int e, const double *x,
+                              const double *d_out, struct exec_ref_moe_grad *g, double *dx)
+{
+    const double *gate, *up, *down;
+    int f;
+    expert_weights(w, e, &gate, &up, &down, &f);
+    size_t fh = (size_t)w->ffn * w->hidden;
+    double *dgate = e < 0 ? g->sgate : g->gate + (size_t)e * fh;
+    double *dup = e < 0 ? g->sup : g->up + (size_t)e * fh;
+    double *ddown = e < 0 ? g->sdown : g->down + (size_t)e * fh;
+    double *tmp = malloc(sizeof *tmp * (size_t)(4 * f));
+    if (!tmp) return;
+    swiglu_backward(gate, up, down, w->hidden, f, x, d_out, dgate, dup, ddown, dx, tmp, tmp + f,
+                    tmp + 2 * f, tmp + 3 * f);
+    free(tmp);
+}
+
+void exec_ref_moe_route(const struct exec_ref_moe *w, const double *x, int tokens, int *choice,
+                        double *weight)
+{
+    int E = w->cfg.experts, k = w->cfg.top_k;
+    double z[4096] = {0};
+    if (E < 1 || E > 4096) return;
+    for (int t = 0; t < tokens; t++) {
+        matvec(w->router, x + (size_t)t * w->hidden, E, w->hidden, z);
+        exec_ref_route(&w->cfg, z, w->bias, 1, choice + (size_t)t * k, weight + (size_t)t * k);
+    }
+}
+
+void exec_ref_router_backward(const struct exec_ref_moe *w, const double *x, const double *dw,
+                              double *dx, struct exec_ref_moe_grad *g)
+{
+    const struct exec_router_cfg *cfg = &w->cfg;
+    int E = cfg->experts, k = cfg->top_k;
+    double z[4096] = {0}, s[4096], ds[4096], dz[4096], wt[64], d[64];
+    int ch[64];
+    if (E < 1 || E > 4096 || k > 64) return;
+    matvec(w->router, x, E, w->hidden, z);
+    scores_of(cfg, z, s);
+    choose(cfg, s, w->bias, ch);
+    weights_of(cfg, z, s, ch, wt);
+    for (int j = 0; j < k; j++) d[j] = dw[j];
+    router_scores_backward(cfg, s, ch, wt, d, dz, ds);
+    router_logits_backward(w, x, dz, dx, g->router);
+}
+
 static enum moe_status check_layer(const struct exec_ref_moe *w, int tokens, struct moe_error *err)
 {
     const struct exec_router_cfg *c = &w->cfg;
@@ -317,30 +429,7 @@ enum moe_status exec_ref_moe_backward(const struct exec_ref_moe *w, const double
         if (w->shared_ffn)
             swiglu_backward(w->sgate, w->sup, w->sdown, h, w->shared_ffn, xt, dyt, gr->sgate,
                             gr->sup, gr->sdown, dxt, g, u, hm, dh);
-        /* Router: back through scaling, normalization or the top-k softmax, and the scores. */
-        for (int j = 0; j < k; j++) dw[j] *= cfg->scaling;
-        for (int e = 0; e < E; e++) dz[e] = ds[e] = 0.0;
-        if (cfg->softmax_after_topk) {
-            double dot = 0.0;
-            for (int j = 0; j < k; j++) dot += wt[j] / cfg->scaling * dw[j];
-            for (int j = 0; j < k; j++) dz[ch[j]] = wt[j] / cfg->scaling * (dw[j] - dot);
-        } else {
-            if (cfg->norm_topk) {
-                double sum = 0.0, dot = 0.0;
-                for (int j = 0; j < k; j++) sum += s[ch[j]];
-                for (int j = 0; j < k; j++) dot += dw[j] * s[ch[j]] / sum;
-                for (int j = 0; j < k; j++) ds[ch[j]] = (dw[j] - dot) / sum;
-            } else {
-                for (int j = 0; j < k; j++) ds[ch[j]] = dw[j];
-            }
-            if (cfg->scoring == MDL_SCORE_SIGMOID) {
-                for (int e = 0; e < E; e++) dz[e] = ds[e] * s[e] * (1.0 - s[e]);
-            } else {
-                double dot = 0.0;
-                for (int e = 0; e < E; e++) dot += s[e] * ds[e];
-                for (int e = 0; e < E; e++) dz[e] = s[e] * (ds[e] - dot);
-            }
-        }
+        router_scores_backward(cfg, s, ch, wt, dw, dz, ds);
         if (cfg->aux_coef != 0.0) {
             /* the load-balance loss through the scores of every expert */
             double da[4096], dot = 0.0;
@@ -352,12 +441,7 @@ enum moe_status exec_ref_moe_backward(const struct exec_ref_moe *w, const double
                 for (int e = 0; e < E; e++) dz[e] += s[e] * (da[e] - dot);
             }
         }
-        for (int e = 0; e < E; e++) {
-            for (int c = 0; c < h; c++) {
-                gr->router[(size_t)e * h + c] += dz[e] * xt[c];
-                dxt[c] += w->router[(size_t)e * h + c] * dz[e];
-            }
-        }
+        router_logits_backward(w, xt, dz, dxt, gr->router);
     }
 cleanup:
     free(z);

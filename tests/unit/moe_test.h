@@ -36,4 +36,44 @@ static inline void moe_test_model(const char *name, struct mdl_model *m)
 }
 #endif
 
+#ifdef EXEC_H
+/* A reference MoE layer with seeded weights (normal, std 0.5) and selection biases (std 0.05). */
+struct moe_test_layer {
+    struct exec_ref_moe w;
+    double *params[7];
+    size_t sizes[7];
+};
+
+static inline void moe_test_layer_init(struct moe_test_layer *L, struct exec_router_cfg cfg,
+                                       int h, int f, int fs, uint64_t seed)
+{
+    struct moe_rng rng;
+    moe_rng_seed(&rng, seed);
+    memset(L, 0, sizeof *L);
+    L->w.cfg = cfg;
+    L->w.hidden = h;
+    L->w.ffn = f;
+    L->w.shared_ffn = fs;
+    int E = cfg.experts;
+    size_t sizes[7] = {(size_t)E * h, (size_t)E * f * h, (size_t)E * f * h, (size_t)E * h * f,
+                       (size_t)fs * h, (size_t)fs * h, (size_t)h * fs};
+    double **slot[7] = {&L->w.router, &L->w.gate, &L->w.up, &L->w.down, &L->w.sgate, &L->w.sup,
+                        &L->w.sdown};
+    for (int i = 0; i < 7; i++) {
+        L->sizes[i] = sizes[i];
+        L->params[i] = calloc(sizes[i] ? sizes[i] : 1, sizeof(double));
+        for (size_t j = 0; j < sizes[i]; j++) L->params[i][j] = 0.5 * moe_rng_normal(&rng);
+        *slot[i] = L->params[i];
+    }
+    L->w.bias = calloc((size_t)E, sizeof(double));
+    for (int e = 0; e < E; e++) L->w.bias[e] = 0.05 * moe_rng_normal(&rng);
+}
+
+static inline void moe_test_layer_free(struct moe_test_layer *L)
+{
+    for (int i = 0; i < 7; i++) free(L->params[i]);
+    free(L->w.bias);
+}
+#endif
+
 #endif

@@ -2,50 +2,13 @@
  * test_ref_moe.c: the CPU reference MoE layer against finite differences (double precision), and
  * its routing and dropless permutation on cases counted by hand.
  */
-#include "moe_test.h"
+#include "exec.h" /* before moe_test.h: its layer helper needs exec.h */
 
-#include "exec.h"
+#include "moe_test.h"
 
 #include <math.h>
 
-struct layer {
-    struct exec_ref_moe w;
-    double *params[7];
-    size_t sizes[7];
-};
-
-static void layer_init(struct layer *L, struct exec_router_cfg cfg, int h, int f, int fs,
-                       uint64_t seed)
-{
-    struct moe_rng rng;
-    moe_rng_seed(&rng, seed);
-    memset(L, 0, sizeof *L);
-    L->w.cfg = cfg;
-    L->w.hidden = h;
-    L->w.ffn = f;
-    L->w.shared_ffn = fs;
-    int E = cfg.experts;
-    size_t sizes[7] = {(size_t)E * h, (size_t)E * f * h, (size_t)E * f * h, (size_t)E * h * f,
-                       (size_t)fs * h, (size_t)fs * h, (size_t)h * fs};
-    double **slot[7] = {&L->w.router, &L->w.gate, &L->w.up, &L->w.down, &L->w.sgate, &L->w.sup,
-                        &L->w.sdown};
-    for (int i = 0; i < 7; i++) {
-        L->sizes[i] = sizes[i];
-        L->params[i] = calloc(sizes[i] ? sizes[i] : 1, sizeof(double));
-        for (size_t j = 0; j < sizes[i]; j++) L->params[i][j] = 0.5 * moe_rng_normal(&rng);
-        *slot[i] = L->params[i];
-    }
-    L->w.bias = calloc((size_t)E, sizeof(double));
-    for (int e = 0; e < E; e++) L->w.bias[e] = 0.05 * moe_rng_normal(&rng);
-}
-
-static void layer_free(struct layer *L)
-{
-    for (int i = 0; i < 7; i++) free(L->params[i]);
-    free(L->w.bias);
-}
-
-static double loss(const struct layer *L, const double *x, int T, const double *dy, int *choice)
+static double loss(const struct moe_test_layer *L, const double *x, int T, const double *dy, int *choice)
 {
     double *y = calloc((size_t)T * L->w.hidden, sizeof *y);
     struct moe_error err;
@@ -61,8 +24,8 @@ static double loss(const struct layer *L, const double *x, int T, const double *
 static void check_gradients(struct exec_router_cfg cfg, int fs, uint64_t seed)
 {
     int h = 6, f = 4, T = 5;
-    struct layer L;
-    layer_init(&L, cfg, h, f, fs, seed);
+    struct moe_test_layer L;
+    moe_test_layer_init(&L, cfg, h, f, fs, seed);
     struct moe_rng rng;
     moe_rng_seed(&rng, seed + 100);
     double x[30], dy[30], dx[30];
@@ -104,7 +67,7 @@ static void check_gradients(struct exec_router_cfg cfg, int fs, uint64_t seed)
     assert_true(checked > 300);
     assert_true(skipped < checked / 50);
     for (int i = 0; i < 7; i++) free(gp[i]);
-    layer_free(&L);
+    moe_test_layer_free(&L);
 }
 
 static void test_gradients(void **state)
@@ -159,8 +122,8 @@ static void test_dropless(void **state)
 {
     (void)state;
     struct exec_router_cfg cfg = {8, 2, MDL_SCORE_SOFTMAX, 1, 1, true, false, 1.0, 0.0};
-    struct layer L;
-    layer_init(&L, cfg, 6, 4, 0, 9);
+    struct moe_test_layer L;
+    moe_test_layer_init(&L, cfg, 6, 4, 0, 9);
     for (int e = 0; e < 8; e++) L.w.bias[e] = e == 3 ? 100.0 : e == 6 ? 50.0 : 0.0;
     int T = 7, choice[14], offsets[9], rows[14];
     double x[42], y[42], w[14];
@@ -184,7 +147,7 @@ static void test_dropless(void **state)
     for (int i = 0; i < 14; i++) assert_int_equal(seen[i], 1);
     /* the weights are still the scores' (bias only selects): they sum to 1 per token */
     for (int t = 0; t < T; t++) assert_true(fabs(w[2 * t] + w[2 * t + 1] - 1.0) < 1e-12);
-    layer_free(&L);
+    moe_test_layer_free(&L);
     struct exec_ref_moe bad = L.w;
     bad.cfg.top_k = 9;
     assert_int_equal(exec_ref_moe_forward(&bad, x, T, y, NULL, NULL, &err), MOE_ERR_INPUT);

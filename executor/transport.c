@@ -1,0 +1,243 @@
+/*
+ * transport.c: the local transport: R virtual ranks in one process, one thread each, moving
+ * host memory. It is how expert parallelism is tested without R GPUs (NCCL refuses two ranks on
+ * one GPU); the NCCL transport runs the same callers on real ranks.
+ *
+ * Every collective is two meetings of all ranks: each posts its send buffer and counts, meets,
+ * copies what the others posted for it, and meets again so no sender reuses a buffer early. A
+ * meeting has a deadline: a rank that waits past it, or whose peer has failed, fails the meeting
+ * for every rank with a message naming the operation and who was missing. So a dead or stuck
+ * rank ends the run with an error, never a hang.
+ */
+#include "exec.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct exec_local_hub {
+    int ranks;
+    double timeout_s;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int arrived, generation;
+    bool failed;
+    char why[MOE_MSG_MAX];
+    bool *here;               /* (ranks) arrived at the current meeting */
+    const void **send;        /* (ranks) posted buffers */
+    const int **send_count;   /* (ranks) posted counts */
+    size_t *item_bytes;       /* (ranks) */
+    struct exec_transport *t; /* (ranks) */
+};
+
+enum moe_status exec_local_hub_create(struct exec_local_hub **out, int ranks, double timeout_s,
+                                      struct moe_error *err)
+{
+    *out = NULL;
+    if (ranks < 1 || timeout_s <= 0)
+        return moe_error_set(err, MOE_ERR_INPUT, "local transport: %d ranks, timeout %g s", ranks,
+                             timeout_s);
+    struct exec_local_hub *h = calloc(1, sizeof *h);
+    if (!h) return moe_error_set(err, MOE_ERR_NOMEM, "local transport: out of memory");
+    h->ranks = ranks;
+    h->timeout_s = timeout_s;
+    pthread_mutex_init(&h->mu, NULL);
+    pthread_cond_init(&h->cv, NULL);
+    h->here = calloc((size_t)ranks, sizeof *h->here);
+    h->send = calloc((size_t)ranks, sizeof *h->send);
+    h->send_count = calloc((size_t)ranks, sizeof *h->send_count);
+    h->item_bytes = calloc((size_t)ranks, sizeof *h->item_bytes);
+    h->t = calloc((size_t)ranks, sizeof *h->t);
+    if (!h->here || !h->send || !h->send_count || !h->item_bytes || !h->t) {
+        exec_local_hub_destroy(h);
+        return moe_error_set(err, MOE_ERR_NOMEM, "local transport: out of memory");
+    }
+    *out = h;
+    return MOE_OK;
+}
+
+void exec_local_hub_destroy(struct exec_local_hub *h)
+{
+    if (!h) return;
+    pthread_mutex_destroy(&h->mu);
+    pthread_cond_destroy(&h->cv);
+    free(h->here);
+    free(h->send);
+    free(h->send_count);
+    free(h->item_bytes);
+    free(h->t);
+    free(h);
+}
+
+/* Fail every rank's current and next meetings (the lock held). */
+static void hub_fail_locked(struct exec_local_hub *h, const char *why)
+{
+    if (!h->failed) snprintf(h->why, sizeof h->why, "%s", why);
+    h->failed = true;
+    pthread_cond_broadcast(&h->cv);
+}
+
+static enum moe_status hub_meet(struct exec_local_hub *h, int rank, const char *op,
+                                struct moe_error *err)
+{
+    pthread_mutex_lock(&h->mu);
+    if (h->failed) {
+        char why[MOE_MSG_MAX];
+        snprintf(why, sizeof why, "%s", h->why);
+        pthread_mutex_unlock(&h->mu);
+        return moe_error_set(err, MOE_ERR_RUNTIME, "rank %d, %s: %s", rank, op, why);
+    }
+    int gen = h->generation;
+    h->here[rank] = true;
+    if (++h->arrived == h->ranks) {
+        h->arrived = 0;
+        h->generation++;
+        memset(h->here, 0, sizeof *h->here * (size_t)h->ranks);
+        pthread_cond_broadcast(&h->cv);
+        pthread_mutex_unlock(&h->mu);
+        return MOE_OK;
+    }
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    double whole = (double)(time_t)h->timeout_s, frac = h->timeout_s - whole;
+    deadline.tv_sec += (time_t)whole;
+    deadline.tv_nsec += (long)(frac * 1e9);
+    if (deadline.tv_nsec >= 1000000000L) {
+        deadline.tv_sec++;
+        deadline.tv_nsec -= 1000000000L;
+    }
+    while (gen == h->generation && !h->failed) {
+        if (pthread_cond_timedwait(&h->cv, &h->mu, &deadline) == ETIMEDOUT &&
+            gen == h->generation) {
+            char why[MOE_MSG_MAX];
+            int n = snprintf(why, sizeof why, "timed out after %g s waiting for rank", h->timeout_s);
+            for (int r = 0, first = 1; r < h->ranks && n < (int)sizeof why; r++)
+                if (!h->here[r]) {
+                    n += snprintf(why + n, sizeof why - (size_t)n, "%s %d", first ? "" : ",", r);
+                    first = 0;
+                }
+            hub_fail_locked(h, why);
+        }
+    }
+    bool failed = gen == h->generation;
+    char why[MOE_MSG_MAX];
+    snprintf(why, sizeof why, "%s", h->why);
+    pthread_mutex_unlock(&h->mu);
+    return failed ? moe_error_set(err, MOE_ERR_RUNTIME, "rank %d, %s: %s", rank, op, why) : MOE_OK;
+}
+
+static enum moe_status local_alltoallv(struct exec_transport *t, const void *send,
+                                       const int *send_count, void *recv, const int *recv_count,
+                                       size_t item_bytes, struct moe_error *err)
+{
+    struct exec_local_hub *h = t->impl;
+    int me = t->rank;
+    h->send[me] = send;
+    h->send_count[me] = send_count;
+    h->item_bytes[me] = item_bytes;
+    enum moe_status st = hub_meet(h, me, "alltoallv (post)", err);
+    if (st != MOE_OK) return st;
+    size_t at = 0;
+    bool match = true;
+    for (int s = 0; s < h->ranks; s++) {
+        const int *sc = h->send_count[s];
+        size_t off = 0;
+        for (int d = 0; d < me; d++) off += (size_t)sc[d];
+        match &= sc[me] == recv_count[s] && h->item_bytes[s] == item_bytes;
+        if (match && sc[me])
+            memcpy((char *)recv + at * item_bytes, (const char *)h->send[s] + off * item_bytes,
+                   (size_t)sc[me] * item_bytes);
+        at += (size_t)recv_count[s];
+    }
+    st = hub_meet(h, me, "alltoallv (copy)", err);
+    if (st != MOE_OK) return st;
+    if (!match)
+        return moe_error_set(err, MOE_ERR_RUNTIME,
+                             "rank %d, alltoallv: receive counts or item sizes disagree with the "
+                             "senders'", me);
+    return MOE_OK;
+}
+
+static enum moe_status local_counts(struct exec_transport *t, const int *send, int *recv,
+                                    struct moe_error *err)
+{
+    struct exec_local_hub *h = t->impl;
+    int me = t->rank;
+    h->send_count[me] = send;
+    enum moe_status st = hub_meet(h, me, "count exchange (post)", err);
+    if (st != MOE_OK) return st;
+    for (int s = 0; s < h->ranks; s++) recv[s] = h->send_count[s][me];
+    return hub_meet(h, me, "count exchange (read)", err);
+}
+
+static const struct exec_transport_ops local_ops = {local_counts, local_alltoallv};
+
+struct run_arg {
+    struct exec_local_hub *h;
+    int rank;
+    enum moe_status (*fn)(struct exec_transport *t, void *arg, struct moe_error *err);
+    void *arg;
+    enum moe_status st;
+    struct moe_error err;
+};
+
+static void *run_rank(void *p)
+{
+    struct run_arg *a = p;
+    struct exec_transport *t = &a->h->t[a->rank];
+    a->st = a->fn(t, a->arg, &a->err);
+    if (a->st != MOE_OK) {
+        /* the others' collectives fail from here on, instead of waiting for this rank */
+        char why[MOE_MSG_MAX];
+        snprintf(why, sizeof why, "rank %d failed: %.900s", a->rank, a->err.message);
+        pthread_mutex_lock(&a->h->mu);
+        hub_fail_locked(a->h, why);
+        pthread_mutex_unlock(&a->h->mu);
+    }
+    return NULL;
+}
+
+enum moe_status exec_local_run(struct exec_local_hub *h,
+                               enum moe_status (*fn)(struct exec_transport *t, void *arg,
+                                                     struct moe_error *err),
+                               void *arg, struct moe_error *err)
+{
+    int R = h->ranks;
+    struct run_arg *a = calloc((size_t)R, sizeof *a);
+    pthread_t *th = calloc((size_t)R, sizeof *th);
+    bool *started = calloc((size_t)R, sizeof *started);
+    if (!a || !th || !started) {
+        free(a), free(th), free(started);
+        return moe_error_set(err, MOE_ERR_NOMEM, "local transport: out of memory");
+    }
+    h->failed = false;
+    h->arrived = 0;
+    memset(h->here, 0, sizeof *h->here * (size_t)R);
+    for (int r = 0; r < R; r++)
+        h->t[r] = (struct exec_transport){r, R, &local_ops, h};
+    enum moe_status st = MOE_OK;
+    for (int r = 0; r < R; r++) {
+        a[r] = (struct run_arg){h, r, fn, arg, MOE_OK, {0}};
+        a[r].err.status = MOE_OK;
+        if (pthread_create(&th[r], NULL, run_rank, &a[r]) != 0) {
+            pthread_mutex_lock(&h->mu);
+            hub_fail_locked(h, "a rank's thread could not start");
+            pthread_mutex_unlock(&h->mu);
+            st = moe_error_set(err, MOE_ERR_RUNTIME, "local transport: rank %d: no thread", r);
+            break;
+        }
+        started[r] = true;
+    }
+    for (int r = 0; r < R; r++)
+        if (started[r]) pthread_join(th[r], NULL);
+    for (int r = 0; r < R && st == MOE_OK; r++)
+        if (a[r].st != MOE_OK) {
+            st = a[r].st;
+            if (err) *err = a[r].err;
+        }
+    free(a), free(th), free(started);
+    return st;
+}

@@ -1,0 +1,243 @@
+/*
+ * test_ref_ep.c: expert parallelism on the CPU: the exchange's rows and bytes on a routing
+ * counted by hand; the reference's EP layer on R virtual ranks (the local transport) against the
+ * one-rank layer on the same tokens, for R = 1, 2, 4, 8 and every dedup mode; and the transport's
+ * failure paths (a failing rank, a rank that never comes) ending in a message, not a hang.
+ */
+#include "exec.h" /* before moe_test.h: its layer helper needs exec.h */
+
+#include "moe_test.h"
+
+#include <math.h>
+#include <time.h>
+#include <unistd.h>
+
+/* 4 ranks in 2 NVLink domains, experts e on rank e / 2, top-3; rank 0's three tokens:
+ *   t0 -> experts 0 1 2 (ranks 0 0 1)   t1 -> 4 5 6 (2 2 3)   t2 -> 2 6 7 (1 3 3)
+ * rows per destination rank, counted by hand:
+ *   alltoall   t0: 0 0 1, t1: 2 2 3, t2: 1 3 3              -> 2 2 2 3
+ *   per GPU    t0: 0 1,   t1: 2 3,   t2: 1 3                -> 1 2 1 2
+ *   per domain t0: 0 1, t1: landing 2, t2: 1 and landing 2  -> 1 2 2 0
+ *              then rank 2 forwards t1 (expert 6) and t2 (6, 7) to rank 3: 2 rows */
+static void test_rows_by_hand(void **state)
+{
+    (void)state;
+    int placement[8] = {0, 0, 1, 1, 2, 2, 3, 3}, domain[4] = {0, 0, 1, 1};
+    int choice[9] = {0, 1, 2, 4, 5, 6, 2, 6, 7}, src[3] = {0, 0, 0};
+    double weight[9] = {0.5, 0.3, 0.2, 0.4, 0.4, 0.2, 0.6, 0.3, 0.1};
+    int want[3][4] = {{2, 2, 2, 3}, {1, 2, 1, 2}, {1, 2, 2, 0}};
+    enum cost_dispatcher modes[3] = {COST_DISPATCH_ALLTOALL, COST_DISPATCH_DEDUP_GPU,
+                                     COST_DISPATCH_DEDUP_DOMAIN};
+    double want_nvlink[3] = {2, 2, 4}, want_scale_out[3] = {5, 3, 2};
+    struct moe_error err;
+    for (int m = 0; m < 3; m++) {
+        struct exec_ep_group g = {4, 8, 3, placement, domain, modes[m]};
+        struct exec_ep_rows r1, r2;
+        assert_int_equal(exec_ep_first_hop(&g, 0, choice, weight, 3, &r1, &err), MOE_OK);
+        for (int d = 0; d < 4; d++) assert_int_equal(r1.count[d], want[m][d]);
+        struct cost_bytes ours = {0, 0}, planner;
+        exec_ep_rows_bytes(&g, 0, &r1, 1.0, &ours);
+        /* the second hop at rank 2, from the rows rank 0 sent it */
+        int at2 = r1.count[0] + r1.count[1];
+        assert_int_equal(exec_ep_second_hop(&g, 2, r1.meta + at2, r1.count[2], &r2, &err), MOE_OK);
+        assert_int_equal(r2.n, m == 2 ? 2 : 0);
+        if (m == 2) {
+            assert_int_equal(r2.count[3], 2);
+            /* t1's row to rank 3 carries slot 2 (expert 6) only; t2's slots 1 and 2 (6, 7) */
+            assert_int_equal(r2.meta[0].src_token, 1);
+            assert_int_equal(r2.meta[0].expert[0], -1);
+            assert_int_equal(r2.meta[0].expert[2], 6);
+            assert_int_equal(r2.meta[1].expert[1], 6);
+            assert_int_equal(r2.meta[1].expert[2], 7);
+            assert_true(r2.meta[1].weight[2] == 0.1);
+        }
+        exec_ep_rows_bytes(&g, 2, &r2, 1.0, &ours);
+        cost_dispatch_bytes_exact(choice, src, 3, 3, placement, domain, modes[m], 1.0, &planner);
+        printf("%-9s rows nvlink %g scale-out %g (planner %g %g)\n", cost_dispatcher_names[m],
+               ours.nvlink, ours.scale_out, planner.nvlink, planner.scale_out);
+        assert_true(ours.nvlink == want_nvlink[m] && ours.scale_out == want_scale_out[m]);
+        assert_true(planner.nvlink == want_nvlink[m] && planner.scale_out == want_scale_out[m]);
+        exec_ep_rows_free(&r1);
+        exec_ep_rows_free(&r2);
+    }
+    int bad_domain[4] = {0, 1, 0, 1};
+    struct exec_ep_group g = {4, 8, 3, placement, bad_domain, COST_DISPATCH_DEDUP_DOMAIN};
+    assert_int_equal(exec_ep_group_check(&g, &err), MOE_ERR_INPUT);
+    printf("%s\n", err.message);
+}
+
+/* One EP run: every rank's tokens, outputs and gradients in the test's buffers. */
+struct ep_run {
+    const struct exec_ep_group *g;
+    const struct exec_ref_moe *w;
+    const double *x, *dy;
+    const int *first;        /* (ranks + 1) token offsets */
+    double *y, *dx;
+    struct exec_ref_moe_grad *grad; /* per rank */
+    struct cost_bytes *sent;        /* per rank */
+};
+
+static enum moe_status ep_rank(struct exec_transport *t, void *arg, struct moe_error *err)
+{
+    struct ep_run *a = arg;
+    int r = t->rank, h = a->w->hidden, T = a->first[r + 1] - a->first[r];
+    size_t o = (size_t)a->first[r] * h;
+    enum moe_status st = exec_ref_ep_moe_forward(t, a->g, a->w, a->x + o, T, a->y + o, &a->sent[r],
+                                                 err);
+    if (st != MOE_OK) return st;
+    return exec_ref_ep_moe_backward(t, a->g, a->w, a->x + o, T, a->dy + o, a->dx + o,
+                                    &a->grad[r], err);
+}
+
+static double *zeros(size_t n) { return calloc(n ? n : 1, sizeof(double)); }
+
+static void grad_alloc(struct exec_ref_moe_grad *g, const struct moe_test_layer *L)
+{
+    double **slot[7] = {&g->router, &g->gate, &g->up, &g->down, &g->sgate, &g->sup, &g->sdown};
+    for (int i = 0; i < 7; i++) *slot[i] = zeros(L->sizes[i]);
+}
+
+static void grad_free(struct exec_ref_moe_grad *g)
+{
+    double *p[7] = {g->router, g->gate, g->up, g->down, g->sgate, g->sup, g->sdown};
+    for (int i = 0; i < 7; i++) free(p[i]);
+}
+
+/* max |a - b| <= tol max |b| */
+static void near(const char *what, const double *a, const double *b, size_t n, double tol)
+{
+    double mx = 0, worst = 0;
+    for (size_t i = 0; i < n; i++) mx = fmax(mx, fabs(b[i]));
+    for (size_t i = 0; i < n; i++) worst = fmax(worst, fabs(a[i] - b[i]));
+    if (worst > tol * mx) fail_msg("%s: error %g of %g (tolerance %g)", what, worst, mx, tol);
+}
+
+/* Tolerance: 1e-12 of the largest value (double precision; only the order of sums differs). */
+static void ep_case(int R, int per_domain, enum cost_dispatcher mode)
+{
+    struct exec_router_cfg cfg = {8, 3, MDL_SCORE_SOFTMAX, 1, 1, true, false, 1.0, 0.0};
+    const int h = 12, f = 8, fs = 6, E = cfg.experts, k = cfg.top_k;
+    struct moe_test_layer L;
+    moe_test_layer_init(&L, cfg, h, f, fs, 100 + R);
+    int placement[8], domain[8], first[9] = {0};
+    for (int e = 0; e < E; e++) placement[e] = (e * 5 + 3) % E % R;
+    for (int r = 0; r < R; r++) {
+        domain[r] = r / per_domain;
+        first[r + 1] = first[r] + (r == 1 && R > 2 ? 0 : 4 + 2 * r); /* rank 1: no tokens */
+    }
+    int T = first[R];
+    struct moe_rng rng;
+    moe_rng_seed(&rng, 7 + R);
+    double *x = zeros((size_t)T * h), *dy = zeros((size_t)T * h);
+    for (int i = 0; i < T * h; i++) {
+        x[i] = moe_rng_normal(&rng);
+        dy[i] = moe_rng_normal(&rng);
+    }
+    /* one rank */
+    double *yr = zeros((size_t)T * h), *dxr = zeros((size_t)T * h);
+    int *choice = calloc((size_t)T * k, sizeof(int)), *src = calloc((size_t)T + 1, sizeof(int));
+    struct exec_ref_moe_grad gr;
+    grad_alloc(&gr, &L);
+    struct moe_error err;
+    assert_int_equal(exec_ref_moe_forward(&L.w, x, T, yr, choice, NULL, &err), MOE_OK);
+    assert_int_equal(exec_ref_moe_backward(&L.w, x, T, dy, dxr, &gr, &err), MOE_OK);
+    /* R virtual ranks */
+    struct exec_ep_group g = {R, E, k, placement, domain, mode};
+    struct exec_ref_moe_grad grads[8];
+    struct cost_bytes sent[8] = {{0, 0}};
+    for (int r = 0; r < R; r++) grad_alloc(&grads[r], &L);
+    double *y = zeros((size_t)T * h), *dx = zeros((size_t)T * h);
+    struct ep_run run = {&g, &L.w, x, dy, first, y, dx, grads, sent};
+    struct exec_local_hub *hub;
+    assert_int_equal(exec_local_hub_create(&hub, R, 10.0, &err), MOE_OK);
+    if (exec_local_run(hub, ep_rank, &run, &err) != MOE_OK) fail_msg("%s", err.message);
+    exec_local_hub_destroy(hub);
+    near("y", y, yr, (size_t)T * h, 1e-12);
+    near("dx", dx, dxr, (size_t)T * h, 1e-12);
+    const double *want[7] = {gr.router, gr.gate, gr.up, gr.down, gr.sgate, gr.sup, gr.sdown};
+    const char *names[7] = {"router", "gate", "up", "down", "sgate", "sup", "sdown"};
+    for (int i = 0; i < 7; i++) {
+        double *sum = zeros(L.sizes[i]);
+        for (int r = 0; r < R; r++) {
+            const double *p[7] = {grads[r].router, grads[r].gate, grads[r].up, grads[r].down,
+                                  grads[r].sgate, grads[r].sup, grads[r].sdown};
+            for (size_t j = 0; j < L.sizes[i]; j++) sum[j] += p[i][j];
+        }
+        near(names[i], sum, want[i], L.sizes[i], 1e-12);
+        free(sum);
+    }
+    /* the bytes it moved are the planner's exact count for the same routing */
+    struct cost_bytes total = {0, 0}, planner;
+    for (int r = 0; r < R; r++) {
+        total.nvlink += sent[r].nvlink;
+        total.scale_out += sent[r].scale_out;
+        for (int t = first[r]; t < first[r + 1]; t++) src[t] = r;
+    }
+    cost_dispatch_bytes_exact(choice, src, T, k, placement, domain, mode, h * sizeof(double),
+                              &planner);
+    printf("EP %d (%d a domain) %-9s: %d tokens, dispatch %6.0f B NVLink %6.0f B scale-out, as "
+           "the planner counts\n", R, per_domain, cost_dispatcher_names[mode], T, total.nvlink,
+           total.scale_out);
+    assert_true(total.nvlink == planner.nvlink && total.scale_out == planner.scale_out);
+    for (int r = 0; r < R; r++) grad_free(&grads[r]);
+    grad_free(&gr);
+    free(x), free(dy), free(yr), free(dxr), free(y), free(dx), free(choice), free(src);
+    moe_test_layer_free(&L);
+}
+
+static void test_ep_equals_one_rank(void **state)
+{
+    (void)state;
+    enum cost_dispatcher modes[3] = {COST_DISPATCH_ALLTOALL, COST_DISPATCH_DEDUP_GPU,
+                                     COST_DISPATCH_DEDUP_DOMAIN};
+    int ranks[4] = {1, 2, 4, 8}, per_domain[4] = {1, 1, 2, 4};
+    for (int i = 0; i < 4; i++)
+        for (int m = 0; m < 3; m++) ep_case(ranks[i], per_domain[i], modes[m]);
+    ep_case(8, 2, COST_DISPATCH_DEDUP_DOMAIN); /* four domains */
+}
+
+/* A rank that fails at once, and one that never arrives: the others stop with a message. */
+static enum moe_status faulty(struct exec_transport *t, void *arg, struct moe_error *err)
+{
+    int mode = *(int *)arg, send[4] = {1, 1, 1, 1}, recv[4];
+    if (t->rank == 1 && mode == 0)
+        return moe_error_set(err, MOE_ERR_RUNTIME, "rank 1 gave up on purpose");
+    if (t->rank == 1 && mode == 1) usleep(600000); /* past the 0.2 s deadline */
+    for (int i = 0; i < 3; i++) {
+        enum moe_status st = t->ops->counts(t, send, recv, err);
+        if (st != MOE_OK) return st;
+    }
+    return MOE_OK;
+}
+
+static void test_transport_faults(void **state)
+{
+    (void)state;
+    struct exec_local_hub *hub;
+    struct moe_error err;
+    assert_int_equal(exec_local_hub_create(&hub, 4, 0.2, &err), MOE_OK);
+    for (int mode = 0; mode < 2; mode++) {
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        assert_int_equal(exec_local_run(hub, faulty, &mode, &err), MOE_ERR_RUNTIME);
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        double s = (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
+        printf("%s (%.2f s)\n", err.message, s);
+        assert_non_null(strstr(err.message, mode == 0 ? "gave up on purpose" : "timed out"));
+        if (mode == 1) assert_non_null(strstr(err.message, "waiting for rank 1"));
+        assert_true(s < 2.0);
+    }
+    int ok = 2;
+    assert_int_equal(exec_local_run(hub, faulty, &ok, &err), MOE_OK); /* the hub is reusable */
+    exec_local_hub_destroy(hub);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_rows_by_hand),
+        cmocka_unit_test(test_ep_equals_one_rank),
+        cmocka_unit_test(test_transport_faults),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
