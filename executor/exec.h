@@ -244,6 +244,9 @@ struct exec_transport_ops {
     enum moe_status (*alltoallv)(struct exec_transport *t, const void *send,
                                  const int *send_count, void *recv, const int *recv_count,
                                  size_t item_bytes, struct moe_error *err);
+    /* x (n doubles) becomes the sum over the ranks, the same on every rank (a fixed order) */
+    enum moe_status (*allreduce_sum)(struct exec_transport *t, double *x, size_t n,
+                                     struct moe_error *err);
 };
 struct exec_transport {
     int rank, ranks;
@@ -281,6 +284,20 @@ enum moe_status exec_ref_ep_moe_backward(struct exec_transport *t, const struct 
                                          const struct exec_ref_moe *w, const double *x,
                                          int tokens, const double *dy, double *dx,
                                          struct exec_ref_moe_grad *gr, struct moe_error *err);
+
+/* exec_ref_model_step with the MoE layers expert-parallel over ep's transport (ep NULL: this
+ * rank alone; the group serves every MoE layer): every rank of the group calls it on its own
+ * tokens (data-parallel elsewhere), and the gradient holds this rank's share: its tokens' for the
+ * replicated parameters, all tokens' for its own experts (zero for the others'), so the sum over
+ * the ranks is the global batch's. `route_counts` counts the one-rank step only. */
+struct exec_ref_ep {
+    struct exec_transport *t;
+    const struct exec_ep_group *g;
+};
+enum moe_status exec_ref_model_step_ep(const struct exec_ref_model *r,
+                                       const struct exec_ref_ep *ep, const int *tokens, int T,
+                                       double *loss, double *aux, double *grad,
+                                       struct moe_error *err);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* GPU kernels (CUDA builds); device pointers; `stream` is a cudaStream_t (NULL: the default)      */

@@ -155,6 +155,7 @@ static void linear_backward(const double *x, const double *W, const double *dy, 
 
 struct ctx {
     const struct exec_ref_model *r;
+    const struct exec_ref_ep *ep; /* NULL: the MoE layers on this rank alone */
     double *grad; /* NULL: forward only */
     int T;
     int *pos;
@@ -369,10 +370,11 @@ static enum moe_status block_forward(const struct ctx *c, int l, const double *x
     if (mdl_layer_is_moe(m, l)) {
         struct exec_ref_moe w;
         moe_view(c, l, &w, NULL);
-        bool count = !c->grad && c->r->route_counts;
+        bool count = !c->grad && c->r->route_counts && !c->ep;
         int *choice = count ? malloc(sizeof *choice * (size_t)T * m->moe.top_k) : NULL;
         if (count && !choice) return moe_error_set(err, MOE_ERR_NOMEM, "reference: out of memory");
-        st = exec_ref_moe_forward(&w, s->b, T, s->f, choice, NULL, err);
+        st = c->ep ? exec_ref_ep_moe_forward(c->ep->t, c->ep->g, &w, s->b, T, s->f, NULL, err)
+                   : exec_ref_moe_forward(&w, s->b, T, s->f, choice, NULL, err);
         for (int i = 0; count && st == MOE_OK && i < T * m->moe.top_k; i++)
             c->r->route_counts[(size_t)l * m->moe.experts + choice[i]]++;
         free(choice);
@@ -414,7 +416,9 @@ static enum moe_status block_backward(const struct ctx *c, int l, const double *
         struct exec_ref_moe w;
         struct exec_ref_moe_grad g;
         moe_view(c, l, &w, &g);
-        if ((st = exec_ref_moe_backward(&w, s->b, T, dy, db, &g, err))) goto cleanup;
+        st = c->ep ? exec_ref_ep_moe_backward(c->ep->t, c->ep->g, &w, s->b, T, dy, db, &g, err)
+                   : exec_ref_moe_backward(&w, s->b, T, dy, db, &g, err);
+        if (st) goto cleanup;
     } else {
         linear_backward(s->hm, P(c, "down", l), dy, T, fd, h, dhm, G(c, "down", l));
         for (size_t i = 0; i < (size_t)T * fd; i++) {
@@ -444,6 +448,14 @@ enum moe_status exec_ref_model_step(const struct exec_ref_model *r, const int *t
                                     double *loss, double *aux, double *grad,
                                     struct moe_error *err)
 {
+    return exec_ref_model_step_ep(r, NULL, tokens, T, loss, aux, grad, err);
+}
+
+enum moe_status exec_ref_model_step_ep(const struct exec_ref_model *r,
+                                       const struct exec_ref_ep *ep, const int *tokens, int T,
+                                       double *loss, double *aux, double *grad,
+                                       struct moe_error *err)
+{
     const struct mdl_model *m = &r->model;
     int h = m->hidden, V = m->vocab, L = m->layers, n = T - 1;
     if (T < 2 || T > m->max_seq_len)
@@ -454,7 +466,7 @@ enum moe_status exec_ref_model_step(const struct exec_ref_model *r, const int *t
             return moe_error_set(err, MOE_ERR_INPUT, "reference step: token %d is %d, vocab %d", t,
                                  tokens[t], V);
     enum moe_status st = MOE_OK;
-    struct ctx c = {r, NULL, n, NULL, 0.0};
+    struct ctx c = {r, ep, NULL, n, NULL, 0.0};
     size_t th = (size_t)n * h;
     double *hs = calloc((size_t)(L + 1) * th, sizeof *hs); /* block inputs, and the last output */
     double *fin = calloc(th, sizeof *fin), *logits = calloc((size_t)n * V, sizeof *logits);

@@ -113,7 +113,8 @@ static enum moe_status hub_meet(struct exec_local_hub *h, int rank, const char *
         if (pthread_cond_timedwait(&h->cv, &h->mu, &deadline) == ETIMEDOUT &&
             gen == h->generation) {
             char why[MOE_MSG_MAX];
-            int n = snprintf(why, sizeof why, "timed out after %g s waiting for rank", h->timeout_s);
+            int n = snprintf(why, sizeof why, "timed out after %g s waiting for rank",
+                             h->timeout_s);
             for (int r = 0, first = 1; r < h->ranks && n < (int)sizeof why; r++)
                 if (!h->here[r]) {
                     n += snprintf(why + n, sizeof why - (size_t)n, "%s %d", first ? "" : ",", r);
@@ -173,7 +174,39 @@ static enum moe_status local_counts(struct exec_transport *t, const int *send, i
     return hub_meet(h, me, "count exchange (read)", err);
 }
 
-static const struct exec_transport_ops local_ops = {local_counts, local_alltoallv};
+/* Every rank sums all ranks' buffers in rank order, so the sums agree bit for bit. */
+static enum moe_status local_allreduce_sum(struct exec_transport *t, double *x, size_t n,
+                                           struct moe_error *err)
+{
+    struct exec_local_hub *h = t->impl;
+    int me = t->rank;
+    double *sum = calloc(n ? n : 1, sizeof *sum);
+    h->send[me] = x;
+    h->item_bytes[me] = n;
+    enum moe_status st = hub_meet(h, me, "all-reduce (post)", err);
+    if (st != MOE_OK) {
+        free(sum);
+        return st;
+    }
+    bool match = sum != NULL;
+    for (int s = 0; s < h->ranks; s++) match &= h->item_bytes[s] == n;
+    for (int s = 0; s < h->ranks && match; s++) {
+        const double *v = h->send[s];
+        for (size_t i = 0; i < n; i++) sum[i] += v[i];
+    }
+    bool oom = sum == NULL;
+    st = hub_meet(h, me, "all-reduce (sum)", err);
+    if (st == MOE_OK && match) memcpy(x, sum, sizeof *x * n);
+    free(sum);
+    if (st != MOE_OK) return st;
+    if (!match)
+        return moe_error_set(err, oom ? MOE_ERR_NOMEM : MOE_ERR_RUNTIME, "rank %d, all-reduce: %s",
+                             me, oom ? "out of memory" : "the ranks' lengths disagree");
+    return MOE_OK;
+}
+
+static const struct exec_transport_ops local_ops = {local_counts, local_alltoallv,
+                                                    local_allreduce_sum};
 
 struct run_arg {
     struct exec_local_hub *h;

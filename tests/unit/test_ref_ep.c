@@ -1,7 +1,9 @@
 /*
  * test_ref_ep.c: expert parallelism on the CPU: the exchange's rows and bytes on a routing
  * counted by hand; the reference's EP layer on R virtual ranks (the local transport) against the
- * one-rank layer on the same tokens, for R = 1, 2, 4, 8 and every dedup mode; and the transport's
+ * one-rank layer on the same tokens, for R = 1, 2, 4, 8 and every dedup mode; a whole model
+ * trained three steps on R ranks (EP in every mode, or DP alone) against one rank on the same
+ * global batch; and the transport's
  * failure paths (a failing rank, a rank that never comes) ending in a message, not a hang.
  */
 #include "exec.h" /* before moe_test.h: its layer helper needs exec.h */
@@ -196,6 +198,119 @@ static void test_ep_equals_one_rank(void **state)
     ep_case(8, 2, COST_DISPATCH_DEDUP_DOMAIN); /* four domains */
 }
 
+/* The model-level twin: R ranks, one sequence of the global batch each, the MoE layers expert-
+ * parallel (or only data-parallel: ep_mode < 0), the gradients summed over the ranks, AdamW on
+ * every rank; against one rank stepping on the mean gradient of the same sequences. */
+#define TW_STEPS 3
+#define TW_T 17
+struct twin {
+    const struct mdl_model *m;
+    int ranks;
+    const int *placement, *domain;
+    int ep_mode;              /* enum cost_dispatcher, or -1: no EP */
+    const int *tokens;        /* (steps, ranks, TW_T) */
+    double loss[TW_STEPS];    /* rank 0's */
+    double *params;           /* rank 0's after the last step */
+    size_t nparams;
+};
+
+static enum moe_status twin_rank(struct exec_transport *t, void *arg, struct moe_error *err)
+{
+    struct twin *a = arg;
+    struct exec_ref_model r;
+    enum moe_status st = exec_ref_model_create(&r, a->m, 5, err);
+    if (st != MOE_OK) return st;
+    struct exec_ep_group g = {a->ranks, a->m->moe.experts, a->m->moe.top_k, a->placement,
+                              a->domain, (enum cost_dispatcher)(a->ep_mode < 0 ? 0 : a->ep_mode)};
+    struct exec_ref_ep ep = {t, &g};
+    struct exec_adamw o;
+    exec_adamw_defaults(&o);
+    o.total_steps = TW_STEPS;
+    o.warmup_steps = 1;
+    double *grad = calloc(r.nparams, sizeof *grad), *m1 = calloc(r.nparams, sizeof *m1),
+           *m2 = calloc(r.nparams, sizeof *m2);
+    for (int s = 0; s < TW_STEPS && st == MOE_OK; s++) {
+        double loss[1];
+        const int *tok = a->tokens + ((size_t)s * a->ranks + t->rank) * TW_T;
+        st = exec_ref_model_step_ep(&r, a->ep_mode < 0 ? NULL : &ep, tok, TW_T, loss, NULL, grad,
+                                    err);
+        if (st == MOE_OK) st = t->ops->allreduce_sum(t, grad, r.nparams, err);
+        if (st == MOE_OK) st = t->ops->allreduce_sum(t, loss, 1, err);
+        if (st != MOE_OK) break;
+        for (size_t i = 0; i < r.nparams; i++) grad[i] /= a->ranks;
+        exec_ref_adamw_step(&r, grad, m1, m2, s + 1, &o);
+        if (t->rank == 0) a->loss[s] = loss[0] / a->ranks;
+    }
+    if (st == MOE_OK && t->rank == 0) memcpy(a->params, r.params, sizeof *r.params * r.nparams);
+    free(grad), free(m1), free(m2);
+    exec_ref_model_destroy(&r);
+    return st;
+}
+
+static void test_model_twin(void **state)
+{
+    (void)state;
+    struct mdl_model m;
+    moe_test_model("tiny-moe-gqa", &m);
+    int tokens[TW_STEPS * 8 * TW_T];
+    struct moe_rng rng;
+    moe_rng_seed(&rng, 11);
+    for (size_t i = 0; i < sizeof tokens / sizeof *tokens; i++)
+        tokens[i] = (int)moe_rng_below(&rng, (uint64_t)m.vocab);
+    struct moe_error err;
+    int cases[][2] = {{2, -1}, {2, 0}, {2, 1}, {2, 2}, {4, 0}, {4, 1}, {4, 2},
+                      {8, 0}, {8, 1}, {8, 2}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        int R = cases[c][0], mode = cases[c][1];
+        /* one rank on the mean gradient of the same R sequences a step */
+        struct exec_ref_model r;
+        assert_int_equal(exec_ref_model_create(&r, &m, 5, &err), MOE_OK);
+        struct exec_adamw o;
+        exec_adamw_defaults(&o);
+        o.total_steps = TW_STEPS;
+        o.warmup_steps = 1;
+        double *g = calloc(r.nparams, sizeof *g), *sum = calloc(r.nparams, sizeof *sum),
+               *m1 = calloc(r.nparams, sizeof *m1), *m2 = calloc(r.nparams, sizeof *m2);
+        double want[TW_STEPS];
+        for (int s = 0; s < TW_STEPS; s++) {
+            memset(sum, 0, sizeof *sum * r.nparams);
+            want[s] = 0;
+            for (int q = 0; q < R; q++) {
+                double l;
+                assert_int_equal(exec_ref_model_step(&r, tokens + ((size_t)s * R + q) * TW_T, TW_T,
+                                                     &l, NULL, g, &err), MOE_OK);
+                want[s] += l / R;
+                for (size_t i = 0; i < r.nparams; i++) sum[i] += g[i] / R;
+            }
+            exec_ref_adamw_step(&r, sum, m1, m2, s + 1, &o);
+        }
+        /* R ranks */
+        int placement[8], domain[8];
+        for (int e = 0; e < m.moe.experts; e++) placement[e] = e / (m.moe.experts / R);
+        for (int q = 0; q < R; q++) domain[q] = q / (R / 2);
+        struct twin tw = {&m, R, placement, domain, mode, tokens, {0},
+                          calloc(r.nparams, sizeof(double)), r.nparams};
+        struct exec_local_hub *hub;
+        assert_int_equal(exec_local_hub_create(&hub, R, 30.0, &err), MOE_OK);
+        if (exec_local_run(hub, twin_rank, &tw, &err) != MOE_OK) fail_msg("%s", err.message);
+        exec_local_hub_destroy(hub);
+        double worst = 0, mx = 0;
+        for (size_t i = 0; i < r.nparams; i++) {
+            worst = fmax(worst, fabs(tw.params[i] - r.params[i]));
+            mx = fmax(mx, fabs(r.params[i]));
+        }
+        printf("%s %d ranks (%d a domain) %s: loss", mode < 0 ? "DP" : "EP", R, R / 2,
+               mode < 0 ? "" : cost_dispatcher_names[mode]);
+        for (int s = 0; s < TW_STEPS; s++) printf(" %.12f/%.12f", tw.loss[s], want[s]);
+        printf("; parameters after %d steps within %.2g of %.3g\n", TW_STEPS, worst, mx);
+        for (int s = 0; s < TW_STEPS; s++)
+            assert_true(fabs(tw.loss[s] - want[s]) <= 1e-10 * want[s]);
+        assert_true(worst <= 1e-10 * mx);
+        free(g), free(sum), free(m1), free(m2), free(tw.params);
+        exec_ref_model_destroy(&r);
+    }
+}
+
 /* A rank that fails at once, and one that never arrives: the others stop with a message. */
 static enum moe_status faulty(struct exec_transport *t, void *arg, struct moe_error *err)
 {
@@ -237,6 +352,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rows_by_hand),
         cmocka_unit_test(test_ep_equals_one_rank),
+        cmocka_unit_test(test_model_twin),
         cmocka_unit_test(test_transport_faults),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
