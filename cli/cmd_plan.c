@@ -6,9 +6,10 @@
 #include <string.h>
 
 #include "cli.h"
+#include "exec.h"
 
 enum { OPT_GBS = 1, OPT_FIX, OPT_MAX_TP, OPT_HEADROOM, OPT_OBJECTIVE, OPT_TOP, OPT_EXPLAIN,
-       OPT_EMIT, OPT_REPLICAS, OPT_TIME, OPT_OUT = 'o' };
+       OPT_EMIT, OPT_REPLICAS, OPT_TIME, OPT_RUNNABLE, OPT_OUT = 'o' };
 
 const struct cli_opt cmd_plan_opts[] = {
     CLI_INPUT_OPTIONS,
@@ -21,6 +22,8 @@ const struct cli_opt cmd_plan_opts[] = {
     {"top", required_argument, OPT_TOP, "K", "alternatives kept (5)"},
     {"replicas", required_argument, OPT_REPLICAS, "N", "extra expert slots per EP rank (0)"},
     {"time-limit", required_argument, OPT_TIME, "S", "seconds per integer program (0.5)"},
+    {"runnable", no_argument, OPT_RUNNABLE, NULL,
+     "only layouts this build's executor runs (moeplan run)"},
     {"explain", no_argument, OPT_EXPLAIN, NULL, "say why this layout"},
     {"emit", required_argument, OPT_EMIT, "T", "print launch flags: megatron or maxtext"},
     {"output", required_argument, OPT_OUT, "FILE", "write plan.json here"},
@@ -36,7 +39,7 @@ int cmd_plan(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     const char *fix = NULL, *out = NULL, *emit = NULL, *objective = NULL;
     uint64_t gbs = 0, max_tp = 8, top = 5, replicas = 0;
     double headroom = 0.05, time_limit = 0.5;
-    bool explain = false;
+    bool explain = false, runnable = false;
     struct cli_input_opts io;
     cli_input_opts_init(&io);
     for (int i = 0; i < nargs; i++) {
@@ -51,6 +54,7 @@ int cmd_plan(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
         case OPT_EMIT: emit = val; break;
         case OPT_OBJECTIVE: objective = val; break;
         case OPT_EXPLAIN: explain = true; break;
+        case OPT_RUNNABLE: runnable = true; break;
         case OPT_GBS: if (!cli_count(cmd, "gbs", val, 1, 1u << 30, &gbs)) return 2; break;
         case OPT_MAX_TP: if (!cli_count(cmd, "max-tp", val, 1, 1024, &max_tp)) return 2; break;
         case OPT_TOP: if (!cli_count(cmd, "top", val, 0, PLAN_MAX_ALT - 1, &top)) return 2; break;
@@ -104,6 +108,7 @@ int cmd_plan(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
         return cli_usage(cmd, "--fix: %s", err.message);
     }
     q.fix = f;
+    if (runnable) q.accept = exec_layout_runnable;
     q.precision = COST_BF16;
     if (io.precision) {
         struct cost_layout p = f;

@@ -66,25 +66,15 @@ static double median(double *v, int n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* What the run refuses: everything a single-GPU bf16 executor does not do yet. */
+/* What the run refuses: everything this build's executor does not do yet (runnable.c). */
 static enum moe_status check_runnable(const struct plan_file *p, const char *file,
                                       struct moe_error *err)
 {
-    const struct cost_layout *l = &p->layout;
-    if (p->gpus > 1 || l->tp > 1 || l->pp > 1 || l->ep > 1 || l->dp > 1 || l->etp > 1)
+    char why[256];
+    if (!exec_layout_runnable(&p->layout, p->gpus, why, sizeof why))
         return moe_error_set(err, MOE_ERR_UNSUPPORTED,
-                             "%s: a plan for %d GPUs (tp=%d pp=%d ep=%d dp=%d); this build's "
-                             "executor runs one GPU: multi-GPU runs come with the distributed "
-                             "executor (issue 8). Plan with --gpus 1 to run here",
-                             file, p->gpus, l->tp, l->pp, l->ep, l->dp);
-    if (l->precision != COST_BF16)
-        return moe_error_set(err, MOE_ERR_UNSUPPORTED,
-                             "%s: precision %s; the executor trains in bf16 only", file,
-                             cost_precision_names[l->precision]);
-    if (l->recompute == COST_RECOMPUTE_SELECTIVE)
-        return moe_error_set(err, MOE_ERR_UNSUPPORTED,
-                             "%s: selective recompute is not in the executor yet (none or full "
-                             "are)", file);
+                             "%s: %s; `moeplan plan --runnable` plans only what this build runs",
+                             file, why);
     return MOE_OK;
 }
 

@@ -176,6 +176,10 @@ enum moe_status exec_data_open(struct exec_data *d, const char *file, int vocab,
 void exec_data_next(struct exec_data *d, int *out, int n);
 void exec_data_close(struct exec_data *d);
 
+/* Whether this build's executor runs a layout on `gpus` GPUs; when not, why (may be NULL) says
+ * what it lacks. `moeplan run` refuses other plans, `moeplan plan --runnable` searches these. */
+bool exec_layout_runnable(const struct cost_layout *l, int gpus, char *why, size_t cap);
+
 /* ---------------------------------------------------------------------------------------------- */
 /* Expert parallelism: the token exchange (plain C; the reference and the GPU executor share it)  */
 /* ---------------------------------------------------------------------------------------------- */

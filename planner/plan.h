@@ -313,6 +313,9 @@ struct plan_request {
     int top_k;                   /* alternatives kept */
     int replica_slots;           /* extra expert slots per EP rank for replicas of hot experts */
     double mip_time_limit_s;     /* per integer program */
+    /* NULL: every layout; else only those it accepts (moeplan plan --runnable: what this
+     * build's executor runs), `why` filled once for the refusal message */
+    bool (*accept)(const struct cost_layout *l, int gpus, char *why, size_t cap);
 };
 
 struct plan_candidate {
@@ -326,7 +329,8 @@ struct plan_result {
     struct plan_candidate best;
     struct plan_candidate alt[PLAN_MAX_ALT];
     int nalt;
-    long evaluated, memory_rejected, invalid;
+    long evaluated, memory_rejected, invalid, not_accepted;
+    char not_accepted_why[256];  /* the accept filter's reason, for the first one it refused */
     double search_s, total_s;
     struct plan_split split;     /* of the best layout */
     struct cost_result even_split; /* the best layout before the split */

@@ -106,6 +106,12 @@ static void search_gpus(const struct plan_request *q, int gpus, struct cost_ctx 
                                     if (!fixed_ok(fx->zero, l.zero) ||
                                         ((int)fx->recompute >= 0 && (int)l.recompute != (int)fx->recompute))
                                         continue;
+                                    if (q->accept &&
+                                        !q->accept(&l, gpus, r->not_accepted_why,
+                                                   r->not_accepted ? 0 : sizeof r->not_accepted_why)) {
+                                        r->not_accepted++;
+                                        continue;
+                                    }
                                     struct cost_result res;
                                     if (cost_memory(ctx, &l, &res, NULL) != MOE_OK) break;
                                     if (!res.fits) {
@@ -264,6 +270,11 @@ enum moe_status plan_search(const struct plan_request *q, struct plan_result *ou
         for (int n = q->gpus / 2; n >= 1 && n >= q->cluster.gpus_used_per_domain / 8; n /= 2)
             search_gpus(q, n, &ctx, &r);
     r.search_s = moe_time_now_s() - t0;
+    if (r.nalt == 0 && r.not_accepted > 0)
+        return moe_error_set(err, MOE_ERR_INFEASIBLE,
+                             "no layout this build runs: %ld layouts were left out (%s), %ld "
+                             "were out of memory",
+                             r.not_accepted, r.not_accepted_why, r.memory_rejected);
     if (r.nalt == 0) {
         return moe_error_set(err, MOE_ERR_INFEASIBLE,
                              "no layout fits: %ld layouts were valid but out of memory (%ld "

@@ -374,6 +374,21 @@ static void test_plan(void **state)
     assert_int_equal(r.code, 2);
     RUN(&r, "plan", "--model", "mixtral-8x7b", "--cluster", "hgx-h200-x8", "--objective", "cost");
     assert_int_equal(r.code, 0);
+    /* --runnable: only what this build's executor runs (one GPU for now), or a refusal, no file */
+    RUN(&r, "plan", "--model", "tiny-moe-gqa", "--cluster", "hgx-h200-x8", "--runnable",
+        "--seq-len", "64", "-o", "/tmp/moe_cli_runnable.json");
+    assert_int_equal(r.code, 4);
+    expect_in(r.err, "no layout this build runs");
+    expect_in(r.err, "the executor runs one GPU");
+    assert_int_equal(access("/tmp/moe_cli_runnable.json", F_OK), -1);
+    RUN(&r, "plan", "--model", "tiny-moe-gqa", "--cluster", "hgx-h200-x8", "--gpus", "1",
+        "--runnable", "--seq-len", "64", "--fix", "recompute=selective");
+    assert_int_equal(r.code, 4);
+    expect_in(r.err, "selective recompute");
+    RUN(&r, "plan", "--model", "tiny-moe-gqa", "--cluster", "hgx-h200-x8", "--gpus", "1",
+        "--runnable", "--seq-len", "64");
+    assert_int_equal(r.code, 0);
+    expect_in(r.out, "tp=1 pp=1 vpp=1 ep=1 etp=1 dp=1");
 }
 
 int main(void)
