@@ -307,6 +307,22 @@ enum moe_status exec_ref_model_step_ep(const struct exec_ref_model *r,
 /* GPU kernels (CUDA builds); device pointers; `stream` is a cudaStream_t (NULL: the default)      */
 /* ---------------------------------------------------------------------------------------------- */
 
+/* The NCCL transport (struct exec_transport over one communicator): alltoallv and all-reduce
+ * buffers in the rank's GPU memory, counts in host memory (as every transport's). Each operation
+ * runs on the transport's stream (exec_nccl_stream) and is waited for with a deadline; NCCL's
+ * asynchronous errors and a passed deadline abort the communicator and fail with the rank and
+ * the operation named. The unique id comes from one rank (exec_nccl_unique_id) and reaches the
+ * others by the launcher's means: shared memory (threads), MPI, or a file (Slurm). */
+#define EXEC_NCCL_ID_BYTES 128
+struct exec_nccl;
+enum moe_status exec_nccl_unique_id(unsigned char id[EXEC_NCCL_ID_BYTES], struct moe_error *err);
+enum moe_status exec_nccl_create(struct exec_nccl **out,
+                                 const unsigned char id[EXEC_NCCL_ID_BYTES], int rank, int ranks,
+                                 int device, double timeout_s, struct moe_error *err);
+void exec_nccl_destroy(struct exec_nccl *c);
+void exec_nccl_transport(struct exec_nccl *c, struct exec_transport *t);
+void *exec_nccl_stream(const struct exec_nccl *c); /* a cudaStream_t */
+
 /* The router's top-k of exec_ref_route, fp32: logits (T, experts), bias (experts) or NULL ->
  * choice (T, top_k), weight (T, top_k). At most 512 experts. */
 enum moe_status exec_route(const struct exec_router_cfg *cfg, const float *logits,
