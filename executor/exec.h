@@ -303,6 +303,28 @@ enum moe_status exec_ref_model_step_ep(const struct exec_ref_model *r,
                                        double *loss, double *aux, double *grad,
                                        struct moe_error *err);
 
+/* A slice of that step, for pipeline stages: blocks [lo, hi) on T - 1 positions. The first
+ * stage (lo 0) starts from the embedding of tokens, a later one from h_in (T - 1, hidden); the
+ * last (hi = layers) ends in the head and *loss, an earlier one in h_out (may be NULL) with *loss
+ * (may be NULL) its load-balance losses. With grad, the backward too, the slice's forward
+ * recomputed: from the loss, or from dh_out (the next stage's dh_in), into the embedding's
+ * gradient or dh_in. */
+enum moe_status exec_ref_model_slice(const struct exec_ref_model *r, const struct exec_ref_ep *ep,
+                                     const int *tokens, int T, int lo, int hi,
+                                     const double *h_in, double *h_out, const double *dh_out,
+                                     double *dh_in, double *loss, double *aux, double *grad,
+                                     struct moe_error *err);
+
+/* The reference's pipeline-parallel step on stage t->rank of t->ranks: blocks [first[s],
+ * first[s + 1]) on stage s (first[0] = 0, first[stages] = layers), M micro-batches of T tokens
+ * (tokens (M, T)) in the 1F1B order, activations and their gradients over the transport. grad
+ * (nparams): this stage's share of the mean gradient over the micro-batches (zero outside its
+ * blocks), so the sum over the stages is the one-rank step's; loss: the mean loss on the last
+ * stage, 0 elsewhere. At most 64 stages. */
+enum moe_status exec_ref_pipeline_step(struct exec_transport *t, const struct exec_ref_model *r,
+                                       const int *first, const int *tokens, int M, int T,
+                                       double *loss, double *grad, struct moe_error *err);
+
 /* ---------------------------------------------------------------------------------------------- */
 /* GPU kernels (CUDA builds); device pointers; `stream` is a cudaStream_t (NULL: the default)      */
 /* ---------------------------------------------------------------------------------------------- */

@@ -4,7 +4,7 @@
  *
  * The rows and their order come from ep.c (the GPU executor uses the same), so this is the twin
  * the GPU path is checked against, and it is itself checked against exec_ref_moe_forward and
- * _backward on the same tokens (tests/unit/test_ref_ep.c) for every dedup mode and rank count.
+ * _backward on the same tokens (tests/unit/test_ref_parallel.c) for every dedup mode and rank count.
  *
  * Forward on each rank: route its tokens; hop 1 (and for per-domain dedup hop 2 from the
  * landing rank) carries x to the ranks of the experts; each row comes back as the weighted sum

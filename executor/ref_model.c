@@ -456,11 +456,27 @@ enum moe_status exec_ref_model_step_ep(const struct exec_ref_model *r,
                                        double *loss, double *aux, double *grad,
                                        struct moe_error *err)
 {
+    return exec_ref_model_slice(r, ep, tokens, T, 0, r->model.layers, NULL, NULL, NULL, NULL,
+                                loss, aux, grad, err);
+}
+
+enum moe_status exec_ref_model_slice(const struct exec_ref_model *r, const struct exec_ref_ep *ep,
+                                     const int *tokens, int T, int lo, int hi,
+                                     const double *h_in, double *h_out, const double *dh_out,
+                                     double *dh_in, double *loss, double *aux, double *grad,
+                                     struct moe_error *err)
+{
     const struct mdl_model *m = &r->model;
     int h = m->hidden, V = m->vocab, L = m->layers, n = T - 1;
+    bool first = lo == 0, last = hi == L;
     if (T < 2 || T > m->max_seq_len)
         return moe_error_set(err, MOE_ERR_INPUT, "reference step: %d tokens (2 .. %d)", T,
                              m->max_seq_len);
+    if (lo < 0 || hi > L || lo >= hi || (!first && !h_in) || (!last && !h_out && !grad) ||
+        (!last && grad && !dh_out) || (!first && grad && !dh_in))
+        return moe_error_set(err, MOE_ERR_INPUT,
+                             "reference step: blocks [%d, %d) of %d, or a slice's input or output "
+                             "missing", lo, hi, L);
     for (int t = 0; t < T; t++)
         if (tokens[t] < 0 || tokens[t] >= V)
             return moe_error_set(err, MOE_ERR_INPUT, "reference step: token %d is %d, vocab %d", t,
@@ -468,9 +484,10 @@ enum moe_status exec_ref_model_step_ep(const struct exec_ref_model *r,
     enum moe_status st = MOE_OK;
     struct ctx c = {r, ep, NULL, n, NULL, 0.0};
     size_t th = (size_t)n * h;
-    double *hs = calloc((size_t)(L + 1) * th, sizeof *hs); /* block inputs, and the last output */
-    double *fin = calloc(th, sizeof *fin), *logits = calloc((size_t)n * V, sizeof *logits);
-    double *dlog = calloc((size_t)n * V, sizeof *dlog), *dfin = calloc(th, sizeof *dfin);
+    int nb = hi - lo;
+    double *hs = calloc((size_t)(nb + 1) * th, sizeof *hs); /* block inputs, and the last output */
+    double *fin = calloc(th, sizeof *fin), *logits = calloc(last ? (size_t)n * V : 1, sizeof *logits);
+    double *dlog = calloc(last ? (size_t)n * V : 1, sizeof *dlog), *dfin = calloc(th, sizeof *dfin);
     double *dh = calloc(th, sizeof *dh), *dprev = calloc(th, sizeof *dprev);
     c.pos = malloc(sizeof *c.pos * (size_t)n);
     struct blk s;
@@ -483,28 +500,47 @@ enum moe_status exec_ref_model_step_ep(const struct exec_ref_model *r,
     for (int t = 0; t < n; t++) c.pos[t] = t;
     const double *emb = P(&c, "embed", -1);
     const double *head = m->tied_embeddings ? emb : P(&c, "lm_head", -1);
-    for (int t = 0; t < n; t++) memcpy(hs + (size_t)t * h, emb + (size_t)tokens[t] * h, sizeof(double) * h);
-    for (int l = 0; l < L; l++)
-        if ((st = block_forward(&c, l, hs + (size_t)l * th, hs + (size_t)(l + 1) * th, &s, err)))
+    if (first)
+        for (int t = 0; t < n; t++)
+            memcpy(hs + (size_t)t * h, emb + (size_t)tokens[t] * h, sizeof(double) * h);
+    else
+        memcpy(hs, h_in, sizeof *hs * th);
+    for (int l = lo; l < hi; l++)
+        if ((st = block_forward(&c, l, hs + (size_t)(l - lo) * th, hs + (size_t)(l - lo + 1) * th,
+                                &s, err)))
             goto cleanup;
-    exec_ref_rmsnorm(hs + (size_t)L * th, P(&c, "final_norm", -1), n, h, m->norm_eps, fin);
-    linear(fin, head, n, h, V, logits);
-    *loss = exec_ref_cross_entropy(logits, tokens + 1, n, V, grad ? dlog : NULL) + c.aux;
     if (aux) *aux = c.aux;
+    if (last) {
+        exec_ref_rmsnorm(hs + (size_t)nb * th, P(&c, "final_norm", -1), n, h, m->norm_eps, fin);
+        linear(fin, head, n, h, V, logits);
+        *loss = exec_ref_cross_entropy(logits, tokens + 1, n, V, grad ? dlog : NULL) + c.aux;
+    } else {
+        if (loss) *loss = c.aux;
+        if (h_out) memcpy(h_out, hs + (size_t)nb * th, sizeof *h_out * th);
+    }
     if (!grad) goto cleanup;
     c.grad = grad;
     memset(grad, 0, sizeof *grad * r->nparams);
-    double *dhead = m->tied_embeddings ? G(&c, "embed", -1) : G(&c, "lm_head", -1);
-    linear_backward(fin, head, dlog, n, h, V, dfin, dhead);
-    exec_ref_rmsnorm_backward(hs + (size_t)L * th, P(&c, "final_norm", -1), dfin, n, h, m->norm_eps,
-                              dh, G(&c, "final_norm", -1));
-    for (int l = L - 1; l >= 0; l--) {
-        if ((st = block_backward(&c, l, hs + (size_t)l * th, dh, dprev, &s, err))) goto cleanup;
+    if (last) {
+        double *dhead = m->tied_embeddings ? G(&c, "embed", -1) : G(&c, "lm_head", -1);
+        linear_backward(fin, head, dlog, n, h, V, dfin, dhead);
+        exec_ref_rmsnorm_backward(hs + (size_t)nb * th, P(&c, "final_norm", -1), dfin, n, h,
+                                  m->norm_eps, dh, G(&c, "final_norm", -1));
+    } else {
+        memcpy(dh, dh_out, sizeof *dh * th);
+    }
+    for (int l = hi - 1; l >= lo; l--) {
+        if ((st = block_backward(&c, l, hs + (size_t)(l - lo) * th, dh, dprev, &s, err)))
+            goto cleanup;
         memcpy(dh, dprev, sizeof *dh * th);
     }
-    double *demb = G(&c, "embed", -1);
-    for (int t = 0; t < n; t++)
-        for (int i = 0; i < h; i++) demb[(size_t)tokens[t] * h + i] += dh[(size_t)t * h + i];
+    if (first) {
+        double *demb = G(&c, "embed", -1);
+        for (int t = 0; t < n; t++)
+            for (int i = 0; i < h; i++) demb[(size_t)tokens[t] * h + i] += dh[(size_t)t * h + i];
+    } else {
+        memcpy(dh_in, dh, sizeof *dh_in * th);
+    }
 cleanup:
     free(hs), free(fin), free(logits), free(dlog), free(dfin), free(dh), free(dprev), free(c.pos);
     blk_free(&s);

@@ -1,9 +1,9 @@
 /*
- * test_ref_ep.c: expert parallelism on the CPU: the exchange's rows and bytes on a routing
+ * test_ref_parallel.c: expert, data and pipeline parallelism on the CPU: the exchange's rows and bytes on a routing
  * counted by hand; the reference's EP layer on R virtual ranks (the local transport) against the
  * one-rank layer on the same tokens, for R = 1, 2, 4, 8 and every dedup mode; a whole model
  * trained three steps on R ranks (EP in every mode, or DP alone) against one rank on the same
- * global batch; and the transport's
+ * global batch; pipeline stages (1F1B) against one rank; and the transport's
  * failure paths (a failing rank, a rank that never comes) ending in a message, not a hang.
  */
 #include "exec.h" /* before moe_test.h: its layer helper needs exec.h */
@@ -311,6 +311,101 @@ static void test_model_twin(void **state)
     }
 }
 
+/* The pipeline twin: S stages, M micro-batches a step in 1F1B order, the stages' gradients and
+ * losses summed, AdamW everywhere; against one rank on the mean gradient of the M sequences. */
+#define PP_M 4
+struct pipe {
+    const struct mdl_model *m;
+    const int *first, *tokens; /* (steps, M, TW_T) */
+    double loss[TW_STEPS], *params;
+};
+
+static enum moe_status pipe_rank(struct exec_transport *t, void *arg, struct moe_error *err)
+{
+    struct pipe *a = arg;
+    struct exec_ref_model r;
+    enum moe_status st = exec_ref_model_create(&r, a->m, 5, err);
+    if (st != MOE_OK) return st;
+    struct exec_adamw o;
+    exec_adamw_defaults(&o);
+    o.total_steps = TW_STEPS;
+    o.warmup_steps = 1;
+    double *grad = calloc(r.nparams, sizeof *grad), *m1 = calloc(r.nparams, sizeof *m1),
+           *m2 = calloc(r.nparams, sizeof *m2);
+    for (int s = 0; s < TW_STEPS && st == MOE_OK; s++) {
+        double loss[1];
+        st = exec_ref_pipeline_step(t, &r, a->first, a->tokens + (size_t)s * PP_M * TW_T, PP_M,
+                                    TW_T, loss, grad, err);
+        if (st == MOE_OK) st = t->ops->allreduce_sum(t, grad, r.nparams, err);
+        if (st == MOE_OK) st = t->ops->allreduce_sum(t, loss, 1, err);
+        if (st != MOE_OK) break;
+        exec_ref_adamw_step(&r, grad, m1, m2, s + 1, &o);
+        if (t->rank == 0) a->loss[s] = loss[0];
+    }
+    if (st == MOE_OK && t->rank == 0) memcpy(a->params, r.params, sizeof *r.params * r.nparams);
+    free(grad), free(m1), free(m2);
+    exec_ref_model_destroy(&r);
+    return st;
+}
+
+static void test_pipeline_twin(void **state)
+{
+    (void)state;
+    struct { const char *model; int stages, first[4]; } cases[] = {
+        {"tiny-moe-mla", 2, {0, 2, 3}}, {"tiny-moe-mla", 3, {0, 1, 2, 3}},
+        {"tiny-moe-gqa", 2, {0, 1, 2}}};
+    struct moe_error err;
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        struct mdl_model m;
+        moe_test_model(cases[c].model, &m);
+        int tokens[TW_STEPS * PP_M * TW_T];
+        struct moe_rng rng;
+        moe_rng_seed(&rng, 13);
+        for (size_t i = 0; i < sizeof tokens / sizeof *tokens; i++)
+            tokens[i] = (int)moe_rng_below(&rng, (uint64_t)m.vocab);
+        struct exec_ref_model r;
+        assert_int_equal(exec_ref_model_create(&r, &m, 5, &err), MOE_OK);
+        struct exec_adamw o;
+        exec_adamw_defaults(&o);
+        o.total_steps = TW_STEPS;
+        o.warmup_steps = 1;
+        double *g = calloc(r.nparams, sizeof *g), *sum = calloc(r.nparams, sizeof *sum),
+               *m1 = calloc(r.nparams, sizeof *m1), *m2 = calloc(r.nparams, sizeof *m2);
+        double want[TW_STEPS];
+        for (int s = 0; s < TW_STEPS; s++) {
+            memset(sum, 0, sizeof *sum * r.nparams);
+            want[s] = 0;
+            for (int q = 0; q < PP_M; q++) {
+                double l;
+                assert_int_equal(exec_ref_model_step(&r, tokens + ((size_t)s * PP_M + q) * TW_T,
+                                                     TW_T, &l, NULL, g, &err), MOE_OK);
+                want[s] += l / PP_M;
+                for (size_t i = 0; i < r.nparams; i++) sum[i] += g[i] / PP_M;
+            }
+            exec_ref_adamw_step(&r, sum, m1, m2, s + 1, &o);
+        }
+        struct pipe p = {&m, cases[c].first, tokens, {0}, calloc(r.nparams, sizeof(double))};
+        struct exec_local_hub *hub;
+        assert_int_equal(exec_local_hub_create(&hub, cases[c].stages, 30.0, &err), MOE_OK);
+        if (exec_local_run(hub, pipe_rank, &p, &err) != MOE_OK) fail_msg("%s", err.message);
+        exec_local_hub_destroy(hub);
+        double worst = 0, mx = 0;
+        for (size_t i = 0; i < r.nparams; i++) {
+            worst = fmax(worst, fabs(p.params[i] - r.params[i]));
+            mx = fmax(mx, fabs(r.params[i]));
+        }
+        printf("PP %d stages of %s, %d micro-batches (1F1B): loss", cases[c].stages,
+               cases[c].model, PP_M);
+        for (int s = 0; s < TW_STEPS; s++) printf(" %.12f/%.12f", p.loss[s], want[s]);
+        printf("; parameters within %.2g of %.3g\n", worst, mx);
+        for (int s = 0; s < TW_STEPS; s++)
+            assert_true(fabs(p.loss[s] - want[s]) <= 1e-10 * want[s]);
+        assert_true(worst <= 1e-10 * mx);
+        free(g), free(sum), free(m1), free(m2), free(p.params);
+        exec_ref_model_destroy(&r);
+    }
+}
+
 /* A rank that fails at once, and one that never arrives: the others stop with a message. */
 static enum moe_status faulty(struct exec_transport *t, void *arg, struct moe_error *err)
 {
@@ -353,6 +448,7 @@ int main(void)
         cmocka_unit_test(test_rows_by_hand),
         cmocka_unit_test(test_ep_equals_one_rank),
         cmocka_unit_test(test_model_twin),
+        cmocka_unit_test(test_pipeline_twin),
         cmocka_unit_test(test_transport_faults),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
