@@ -198,144 +198,45 @@ static void test_ep_equals_one_rank(void **state)
     ep_case(8, 2, COST_DISPATCH_DEDUP_DOMAIN); /* four domains */
 }
 
-/* The model-level twin: R ranks, one sequence of the global batch each, the MoE layers expert-
- * parallel (or only data-parallel: ep_mode < 0), the gradients summed over the ranks, AdamW on
- * every rank; against one rank stepping on the mean gradient of the same sequences. */
+/* Training twins: a whole model trained TW_STEPS AdamW steps on R ranks, each computing its
+ * share of the step's mean gradient and loss (grad_step), summed over the ranks by the transport;
+ * against one rank stepping on the mean gradient of the same sequences. Losses and parameters
+ * within 1e-10 relative. */
 #define TW_STEPS 3
 #define TW_T 17
-struct twin {
+struct trainer {
     const struct mdl_model *m;
-    int ranks;
-    const int *placement, *domain;
-    int ep_mode;              /* enum cost_dispatcher, or -1: no EP */
-    const int *tokens;        /* (steps, ranks, TW_T) */
-    double loss[TW_STEPS];    /* rank 0's */
-    double *params;           /* rank 0's after the last step */
-    size_t nparams;
+    const int *tokens; /* (steps, per_step, TW_T) */
+    int per_step;
+    enum moe_status (*grad_step)(struct exec_transport *t, const struct exec_ref_model *r,
+                                 const int *tokens, double *loss, double *grad, const void *ctx,
+                                 struct moe_error *err);
+    const void *ctx;
+    double loss[TW_STEPS]; /* rank 0's */
+    double *params;        /* rank 0's after the last step */
 };
 
-static enum moe_status twin_rank(struct exec_transport *t, void *arg, struct moe_error *err)
+static void adamw_for_twins(struct exec_adamw *o)
 {
-    struct twin *a = arg;
-    struct exec_ref_model r;
-    enum moe_status st = exec_ref_model_create(&r, a->m, 5, err);
-    if (st != MOE_OK) return st;
-    struct exec_ep_group g = {a->ranks, a->m->moe.experts, a->m->moe.top_k, a->placement,
-                              a->domain, (enum cost_dispatcher)(a->ep_mode < 0 ? 0 : a->ep_mode)};
-    struct exec_ref_ep ep = {t, &g};
-    struct exec_adamw o;
-    exec_adamw_defaults(&o);
-    o.total_steps = TW_STEPS;
-    o.warmup_steps = 1;
-    double *grad = calloc(r.nparams, sizeof *grad), *m1 = calloc(r.nparams, sizeof *m1),
-           *m2 = calloc(r.nparams, sizeof *m2);
-    for (int s = 0; s < TW_STEPS && st == MOE_OK; s++) {
-        double loss[1];
-        const int *tok = a->tokens + ((size_t)s * a->ranks + t->rank) * TW_T;
-        st = exec_ref_model_step_ep(&r, a->ep_mode < 0 ? NULL : &ep, tok, TW_T, loss, NULL, grad,
-                                    err);
-        if (st == MOE_OK) st = t->ops->allreduce_sum(t, grad, r.nparams, err);
-        if (st == MOE_OK) st = t->ops->allreduce_sum(t, loss, 1, err);
-        if (st != MOE_OK) break;
-        for (size_t i = 0; i < r.nparams; i++) grad[i] /= a->ranks;
-        exec_ref_adamw_step(&r, grad, m1, m2, s + 1, &o);
-        if (t->rank == 0) a->loss[s] = loss[0] / a->ranks;
-    }
-    if (st == MOE_OK && t->rank == 0) memcpy(a->params, r.params, sizeof *r.params * r.nparams);
-    free(grad), free(m1), free(m2);
-    exec_ref_model_destroy(&r);
-    return st;
+    exec_adamw_defaults(o);
+    o->total_steps = TW_STEPS;
+    o->warmup_steps = 1;
 }
 
-static void test_model_twin(void **state)
+static enum moe_status train_rank(struct exec_transport *t, void *arg, struct moe_error *err)
 {
-    (void)state;
-    struct mdl_model m;
-    moe_test_model("tiny-moe-gqa", &m);
-    int tokens[TW_STEPS * 8 * TW_T];
-    struct moe_rng rng;
-    moe_rng_seed(&rng, 11);
-    for (size_t i = 0; i < sizeof tokens / sizeof *tokens; i++)
-        tokens[i] = (int)moe_rng_below(&rng, (uint64_t)m.vocab);
-    struct moe_error err;
-    int cases[][2] = {{2, -1}, {2, 0}, {2, 1}, {2, 2}, {4, 0}, {4, 1}, {4, 2},
-                      {8, 0}, {8, 1}, {8, 2}};
-    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
-        int R = cases[c][0], mode = cases[c][1];
-        /* one rank on the mean gradient of the same R sequences a step */
-        struct exec_ref_model r;
-        assert_int_equal(exec_ref_model_create(&r, &m, 5, &err), MOE_OK);
-        struct exec_adamw o;
-        exec_adamw_defaults(&o);
-        o.total_steps = TW_STEPS;
-        o.warmup_steps = 1;
-        double *g = calloc(r.nparams, sizeof *g), *sum = calloc(r.nparams, sizeof *sum),
-               *m1 = calloc(r.nparams, sizeof *m1), *m2 = calloc(r.nparams, sizeof *m2);
-        double want[TW_STEPS];
-        for (int s = 0; s < TW_STEPS; s++) {
-            memset(sum, 0, sizeof *sum * r.nparams);
-            want[s] = 0;
-            for (int q = 0; q < R; q++) {
-                double l;
-                assert_int_equal(exec_ref_model_step(&r, tokens + ((size_t)s * R + q) * TW_T, TW_T,
-                                                     &l, NULL, g, &err), MOE_OK);
-                want[s] += l / R;
-                for (size_t i = 0; i < r.nparams; i++) sum[i] += g[i] / R;
-            }
-            exec_ref_adamw_step(&r, sum, m1, m2, s + 1, &o);
-        }
-        /* R ranks */
-        int placement[8], domain[8];
-        for (int e = 0; e < m.moe.experts; e++) placement[e] = e / (m.moe.experts / R);
-        for (int q = 0; q < R; q++) domain[q] = q / (R / 2);
-        struct twin tw = {&m, R, placement, domain, mode, tokens, {0},
-                          calloc(r.nparams, sizeof(double)), r.nparams};
-        struct exec_local_hub *hub;
-        assert_int_equal(exec_local_hub_create(&hub, R, 30.0, &err), MOE_OK);
-        if (exec_local_run(hub, twin_rank, &tw, &err) != MOE_OK) fail_msg("%s", err.message);
-        exec_local_hub_destroy(hub);
-        double worst = 0, mx = 0;
-        for (size_t i = 0; i < r.nparams; i++) {
-            worst = fmax(worst, fabs(tw.params[i] - r.params[i]));
-            mx = fmax(mx, fabs(r.params[i]));
-        }
-        printf("%s %d ranks (%d a domain) %s: loss", mode < 0 ? "DP" : "EP", R, R / 2,
-               mode < 0 ? "" : cost_dispatcher_names[mode]);
-        for (int s = 0; s < TW_STEPS; s++) printf(" %.12f/%.12f", tw.loss[s], want[s]);
-        printf("; parameters after %d steps within %.2g of %.3g\n", TW_STEPS, worst, mx);
-        for (int s = 0; s < TW_STEPS; s++)
-            assert_true(fabs(tw.loss[s] - want[s]) <= 1e-10 * want[s]);
-        assert_true(worst <= 1e-10 * mx);
-        free(g), free(sum), free(m1), free(m2), free(tw.params);
-        exec_ref_model_destroy(&r);
-    }
-}
-
-/* The pipeline twin: S stages, M micro-batches a step in 1F1B order, the stages' gradients and
- * losses summed, AdamW everywhere; against one rank on the mean gradient of the M sequences. */
-#define PP_M 4
-struct pipe {
-    const struct mdl_model *m;
-    const int *first, *tokens; /* (steps, M, TW_T) */
-    double loss[TW_STEPS], *params;
-};
-
-static enum moe_status pipe_rank(struct exec_transport *t, void *arg, struct moe_error *err)
-{
-    struct pipe *a = arg;
+    struct trainer *a = arg;
     struct exec_ref_model r;
     enum moe_status st = exec_ref_model_create(&r, a->m, 5, err);
     if (st != MOE_OK) return st;
     struct exec_adamw o;
-    exec_adamw_defaults(&o);
-    o.total_steps = TW_STEPS;
-    o.warmup_steps = 1;
+    adamw_for_twins(&o);
     double *grad = calloc(r.nparams, sizeof *grad), *m1 = calloc(r.nparams, sizeof *m1),
            *m2 = calloc(r.nparams, sizeof *m2);
     for (int s = 0; s < TW_STEPS && st == MOE_OK; s++) {
         double loss[1];
-        st = exec_ref_pipeline_step(t, &r, a->first, a->tokens + (size_t)s * PP_M * TW_T, PP_M,
-                                    TW_T, loss, grad, err);
+        st = a->grad_step(t, &r, a->tokens + (size_t)s * a->per_step * TW_T, loss, grad, a->ctx,
+                          err);
         if (st == MOE_OK) st = t->ops->allreduce_sum(t, grad, r.nparams, err);
         if (st == MOE_OK) st = t->ops->allreduce_sum(t, loss, 1, err);
         if (st != MOE_OK) break;
@@ -348,61 +249,118 @@ static enum moe_status pipe_rank(struct exec_transport *t, void *arg, struct moe
     return st;
 }
 
+/* Run the trainer on R ranks and compare it with one rank on the same tokens. */
+static void check_twin(const char *label, struct trainer *tr, int R)
+{
+    struct moe_error err;
+    struct exec_ref_model r;
+    assert_int_equal(exec_ref_model_create(&r, tr->m, 5, &err), MOE_OK);
+    struct exec_adamw o;
+    adamw_for_twins(&o);
+    double *g = calloc(r.nparams, sizeof *g), *sum = calloc(r.nparams, sizeof *sum),
+           *m1 = calloc(r.nparams, sizeof *m1), *m2 = calloc(r.nparams, sizeof *m2);
+    double want[TW_STEPS];
+    for (int s = 0; s < TW_STEPS; s++) {
+        memset(sum, 0, sizeof *sum * r.nparams);
+        want[s] = 0;
+        for (int q = 0; q < tr->per_step; q++) {
+            double l;
+            assert_int_equal(exec_ref_model_step(&r, tr->tokens + ((size_t)s * tr->per_step + q) *
+                                                                      TW_T,
+                                                 TW_T, &l, NULL, g, &err), MOE_OK);
+            want[s] += l / tr->per_step;
+            for (size_t i = 0; i < r.nparams; i++) sum[i] += g[i] / tr->per_step;
+        }
+        exec_ref_adamw_step(&r, sum, m1, m2, s + 1, &o);
+    }
+    tr->params = calloc(r.nparams, sizeof(double));
+    struct exec_local_hub *hub;
+    assert_int_equal(exec_local_hub_create(&hub, R, 30.0, &err), MOE_OK);
+    if (exec_local_run(hub, train_rank, tr, &err) != MOE_OK) fail_msg("%s", err.message);
+    exec_local_hub_destroy(hub);
+    double worst = 0, mx = 0;
+    for (size_t i = 0; i < r.nparams; i++) {
+        worst = fmax(worst, fabs(tr->params[i] - r.params[i]));
+        mx = fmax(mx, fabs(r.params[i]));
+    }
+    printf("%s: loss", label);
+    for (int s = 0; s < TW_STEPS; s++) printf(" %.12f/%.12f", tr->loss[s], want[s]);
+    printf("; parameters after %d steps within %.2g of %.3g\n", TW_STEPS, worst, mx);
+    for (int s = 0; s < TW_STEPS; s++) assert_true(fabs(tr->loss[s] - want[s]) <= 1e-10 * want[s]);
+    assert_true(worst <= 1e-10 * mx);
+    free(g), free(sum), free(m1), free(m2), free(tr->params);
+    exec_ref_model_destroy(&r);
+}
+
+static void twin_tokens(const struct mdl_model *m, int *tokens, size_t n, uint64_t seed)
+{
+    struct moe_rng rng;
+    moe_rng_seed(&rng, seed);
+    for (size_t i = 0; i < n; i++) tokens[i] = (int)moe_rng_below(&rng, (uint64_t)m->vocab);
+}
+
+/* EP (or DP alone: no group) on one sequence a rank: this rank's share is 1/R of its gradient. */
+static enum moe_status ep_grad_step(struct exec_transport *t, const struct exec_ref_model *r,
+                                    const int *tokens, double *loss, double *grad, const void *ctx,
+                                    struct moe_error *err)
+{
+    const struct exec_ep_group *g = ctx;
+    struct exec_ref_ep ep = {t, g};
+    enum moe_status st = exec_ref_model_step_ep(r, g ? &ep : NULL, tokens + (size_t)t->rank * TW_T,
+                                                TW_T, loss, NULL, grad, err);
+    for (size_t i = 0; st == MOE_OK && i < r->nparams; i++) grad[i] /= t->ranks;
+    *loss /= t->ranks;
+    return st;
+}
+
+static void test_model_twin(void **state)
+{
+    (void)state;
+    struct mdl_model m;
+    moe_test_model("tiny-moe-gqa", &m);
+    int tokens[TW_STEPS * 8 * TW_T];
+    twin_tokens(&m, tokens, sizeof tokens / sizeof *tokens, 11);
+    int cases[][2] = {{2, -1}, {2, 0}, {2, 1}, {2, 2}, {4, 0}, {4, 1}, {4, 2},
+                      {8, 0}, {8, 1}, {8, 2}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        int R = cases[c][0], mode = cases[c][1], placement[8], domain[8];
+        for (int e = 0; e < m.moe.experts; e++) placement[e] = e / (m.moe.experts / R);
+        for (int q = 0; q < R; q++) domain[q] = q / (R / 2);
+        struct exec_ep_group g = {R, m.moe.experts, m.moe.top_k, placement, domain,
+                                  (enum cost_dispatcher)(mode < 0 ? 0 : mode)};
+        struct trainer tr = {&m, tokens, R, ep_grad_step, mode < 0 ? NULL : &g, {0}, NULL};
+        char label[128];
+        snprintf(label, sizeof label, "%s %d ranks (%d a domain) %s", mode < 0 ? "DP" : "EP", R,
+                 R / 2, mode < 0 ? "" : cost_dispatcher_names[mode]);
+        check_twin(label, &tr, R);
+    }
+}
+
+/* PP: stages of blocks, PP_M micro-batches a step in 1F1B; the pipeline gives each stage's share. */
+#define PP_M 4
+static enum moe_status pp_grad_step(struct exec_transport *t, const struct exec_ref_model *r,
+                                    const int *tokens, double *loss, double *grad, const void *ctx,
+                                    struct moe_error *err)
+{
+    return exec_ref_pipeline_step(t, r, ctx, tokens, PP_M, TW_T, loss, grad, err);
+}
+
 static void test_pipeline_twin(void **state)
 {
     (void)state;
     struct { const char *model; int stages, first[4]; } cases[] = {
         {"tiny-moe-mla", 2, {0, 2, 3}}, {"tiny-moe-mla", 3, {0, 1, 2, 3}},
         {"tiny-moe-gqa", 2, {0, 1, 2}}};
-    struct moe_error err;
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         struct mdl_model m;
         moe_test_model(cases[c].model, &m);
         int tokens[TW_STEPS * PP_M * TW_T];
-        struct moe_rng rng;
-        moe_rng_seed(&rng, 13);
-        for (size_t i = 0; i < sizeof tokens / sizeof *tokens; i++)
-            tokens[i] = (int)moe_rng_below(&rng, (uint64_t)m.vocab);
-        struct exec_ref_model r;
-        assert_int_equal(exec_ref_model_create(&r, &m, 5, &err), MOE_OK);
-        struct exec_adamw o;
-        exec_adamw_defaults(&o);
-        o.total_steps = TW_STEPS;
-        o.warmup_steps = 1;
-        double *g = calloc(r.nparams, sizeof *g), *sum = calloc(r.nparams, sizeof *sum),
-               *m1 = calloc(r.nparams, sizeof *m1), *m2 = calloc(r.nparams, sizeof *m2);
-        double want[TW_STEPS];
-        for (int s = 0; s < TW_STEPS; s++) {
-            memset(sum, 0, sizeof *sum * r.nparams);
-            want[s] = 0;
-            for (int q = 0; q < PP_M; q++) {
-                double l;
-                assert_int_equal(exec_ref_model_step(&r, tokens + ((size_t)s * PP_M + q) * TW_T,
-                                                     TW_T, &l, NULL, g, &err), MOE_OK);
-                want[s] += l / PP_M;
-                for (size_t i = 0; i < r.nparams; i++) sum[i] += g[i] / PP_M;
-            }
-            exec_ref_adamw_step(&r, sum, m1, m2, s + 1, &o);
-        }
-        struct pipe p = {&m, cases[c].first, tokens, {0}, calloc(r.nparams, sizeof(double))};
-        struct exec_local_hub *hub;
-        assert_int_equal(exec_local_hub_create(&hub, cases[c].stages, 30.0, &err), MOE_OK);
-        if (exec_local_run(hub, pipe_rank, &p, &err) != MOE_OK) fail_msg("%s", err.message);
-        exec_local_hub_destroy(hub);
-        double worst = 0, mx = 0;
-        for (size_t i = 0; i < r.nparams; i++) {
-            worst = fmax(worst, fabs(p.params[i] - r.params[i]));
-            mx = fmax(mx, fabs(r.params[i]));
-        }
-        printf("PP %d stages of %s, %d micro-batches (1F1B): loss", cases[c].stages,
-               cases[c].model, PP_M);
-        for (int s = 0; s < TW_STEPS; s++) printf(" %.12f/%.12f", p.loss[s], want[s]);
-        printf("; parameters within %.2g of %.3g\n", worst, mx);
-        for (int s = 0; s < TW_STEPS; s++)
-            assert_true(fabs(p.loss[s] - want[s]) <= 1e-10 * want[s]);
-        assert_true(worst <= 1e-10 * mx);
-        free(g), free(sum), free(m1), free(m2), free(p.params);
-        exec_ref_model_destroy(&r);
+        twin_tokens(&m, tokens, sizeof tokens / sizeof *tokens, 13);
+        struct trainer tr = {&m, tokens, PP_M, pp_grad_step, cases[c].first, {0}, NULL};
+        char label[128];
+        snprintf(label, sizeof label, "PP %d stages of %s, %d micro-batches (1F1B)",
+                 cases[c].stages, cases[c].model, PP_M);
+        check_twin(label, &tr, cases[c].stages);
     }
 }
 
