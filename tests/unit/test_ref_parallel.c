@@ -1,10 +1,12 @@
 /*
- * test_ref_parallel.c: expert, data and pipeline parallelism on the CPU: the exchange's rows and bytes on a routing
- * counted by hand; the reference's EP layer on R virtual ranks (the local transport) against the
- * one-rank layer on the same tokens, for R = 1, 2, 4, 8 and every dedup mode; a whole model
- * trained three steps on R ranks (EP in every mode, or DP alone) against one rank on the same
- * global batch; pipeline stages (1F1B) against one rank; and the transport's
- * failure paths (a failing rank, a rank that never comes) ending in a message, not a hang.
+ * test_ref_parallel.c: expert, data and pipeline parallelism on the CPU:
+ *   - the exchange's rows and bytes on a routing counted by hand;
+ *   - the reference's EP layer on R virtual ranks (the local transport) against the one-rank
+ *     layer on the same tokens, for R = 1, 2, 4, 8 and every dedup mode;
+ *   - a whole model trained three steps on R ranks (EP in every mode, or DP alone), and in
+ *     pipeline stages (1F1B), against one rank on the same global batch;
+ *   - the transport's failure paths (a failing rank, a rank that never comes) ending in a
+ *     message, not a hang.
  */
 #include "exec.h" /* before moe_test.h: its layer helper needs exec.h */
 
@@ -336,7 +338,8 @@ static void test_model_twin(void **state)
     }
 }
 
-/* PP: stages of blocks, PP_M micro-batches a step in 1F1B; the pipeline gives each stage's share. */
+/* PP: stages of blocks, PP_M micro-batches a step in 1F1B; the pipeline gives each stage's
+ * share. */
 #define PP_M 4
 static enum moe_status pp_grad_step(struct exec_transport *t, const struct exec_ref_model *r,
                                     const int *tokens, double *loss, double *grad, const void *ctx,
