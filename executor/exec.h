@@ -272,6 +272,25 @@ enum moe_status exec_local_run(struct exec_local_hub *h,
                                                      struct moe_error *err),
                                void *arg, struct moe_error *err);
 
+/* Who this process is in a run of many (launch.c): Open MPI's OMPI_COMM_WORLD_{RANK,SIZE,
+ * LOCAL_RANK,LOCAL_SIZE}, else Slurm's SLURM_{PROCID,NTASKS,LOCALID,NTASKS_PER_NODE}, else a
+ * single process (`moeplan run --gpus N` then makes its ranks threads). `get` reads a variable
+ * (NULL: getenv). Inconsistent values are MOE_ERR_INPUT naming the variable. */
+enum exec_launcher { EXEC_LAUNCH_SINGLE = 0, EXEC_LAUNCH_THREADS, EXEC_LAUNCH_MPI,
+                     EXEC_LAUNCH_SLURM };
+extern const char *const exec_launcher_names[];
+struct exec_launch {
+    enum exec_launcher who;
+    int rank, ranks, local_rank, local_ranks;
+};
+enum moe_status exec_launch_detect(struct exec_launch *l, const char *(*get)(const char *),
+                                   struct moe_error *err);
+/* The NCCL id (n bytes) from rank 0 to the others through a file all of them see: rank 0 writes
+ * it atomically, the others wait for it up to timeout_s. The path must be unique to the run (a
+ * stale file of the same name would be read as the id): include the job id. */
+enum moe_status exec_launch_share_id(const char *path, int rank, unsigned char *id, size_t n,
+                                     double timeout_s, struct moe_error *err);
+
 /* The reference's expert-parallel MoE layer on rank t->rank: its tokens x (tokens, hidden) go
  * through the exchange to the ranks holding their experts and come back weighted; y (tokens,
  * hidden) equals exec_ref_moe_forward's on those tokens up to the order of the sums. Every rank

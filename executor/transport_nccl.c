@@ -40,7 +40,7 @@ static enum moe_status nccl_fail(struct exec_nccl *c, const char *op, const char
 {
     if (c->comm) ncclCommAbort(c->comm);
     c->comm = NULL;
-    return moe_error_set(err, MOE_ERR_RUNTIME,
+    return moe_error_set(err, MOE_ERR_NCCL,
                          "rank %d of %d, %s: %s; the communicator was aborted", c->rank, c->ranks,
                          op, what);
 }
@@ -147,7 +147,7 @@ enum moe_status exec_nccl_unique_id(unsigned char id[EXEC_NCCL_ID_BYTES], struct
     ncclUniqueId u;
     ncclResult_t r = ncclGetUniqueId(&u);
     if (r != ncclSuccess)
-        return moe_error_set(err, MOE_ERR_RUNTIME, "ncclGetUniqueId: %s", ncclGetErrorString(r));
+        return moe_error_set(err, MOE_ERR_NCCL, "ncclGetUniqueId: %s", ncclGetErrorString(r));
     memcpy(id, &u, sizeof u);
     return MOE_OK;
 }
@@ -180,7 +180,7 @@ enum moe_status exec_nccl_create(struct exec_nccl **out,
     if (r != ncclSuccess) {
         c->comm = NULL;
         exec_nccl_destroy(c);
-        return moe_error_set(err, MOE_ERR_RUNTIME,
+        return moe_error_set(err, MOE_ERR_NCCL,
                              "NCCL transport: ncclCommInitRank (rank %d of %d, GPU %d): %s", rank,
                              ranks, device, ncclGetErrorString(r));
     }

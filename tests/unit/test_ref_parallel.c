@@ -6,7 +6,8 @@
  *   - a whole model trained three steps on R ranks (EP in every mode, or DP alone), and in
  *     pipeline stages (1F1B), against one rank on the same global batch;
  *   - the transport's failure paths (a failing rank, a rank that never comes) ending in a
- *     message, not a hang.
+ *     message, not a hang;
+ *   - the launcher: ranks from Open MPI's or Slurm's variables, the NCCL id through a file.
  */
 #include "exec.h" /* before moe_test.h: its layer helper needs exec.h */
 
@@ -403,6 +404,98 @@ static void test_transport_faults(void **state)
     exec_local_hub_destroy(hub);
 }
 
+/* The launcher's view of the environment, from a fake one. */
+static const char *const *fake_env;
+static const char *fake_get(const char *name)
+{
+    for (const char *const *e = fake_env; e && *e; e += 2)
+        if (!strcmp(e[0], name)) return e[1];
+    return NULL;
+}
+
+static void test_launch_detect(void **state)
+{
+    (void)state;
+    struct exec_launch l;
+    struct moe_error err;
+    const char *none[] = {NULL};
+    fake_env = none;
+    assert_int_equal(exec_launch_detect(&l, fake_get, &err), MOE_OK);
+    assert_true(l.who == EXEC_LAUNCH_SINGLE && l.rank == 0 && l.ranks == 1);
+    const char *mpi[] = {"OMPI_COMM_WORLD_RANK", "5", "OMPI_COMM_WORLD_SIZE", "16",
+                         "OMPI_COMM_WORLD_LOCAL_RANK", "5", "OMPI_COMM_WORLD_LOCAL_SIZE", "8",
+                         "SLURM_PROCID", "0", "SLURM_NTASKS", "1", NULL};
+    fake_env = mpi;
+    assert_int_equal(exec_launch_detect(&l, fake_get, &err), MOE_OK);
+    assert_true(l.who == EXEC_LAUNCH_MPI && l.rank == 5 && l.ranks == 16 && l.local_rank == 5 &&
+                l.local_ranks == 8);
+    const char *slurm[] = {"SLURM_PROCID", "9", "SLURM_NTASKS", "16", "SLURM_LOCALID", "1", NULL};
+    fake_env = slurm;
+    assert_int_equal(exec_launch_detect(&l, fake_get, &err), MOE_OK);
+    assert_true(l.who == EXEC_LAUNCH_SLURM && l.rank == 9 && l.local_rank == 1 &&
+                l.local_ranks == 16);
+    const char *bad[] = {"SLURM_PROCID", "16", "SLURM_NTASKS", "16", NULL};
+    fake_env = bad;
+    assert_int_equal(exec_launch_detect(&l, fake_get, &err), MOE_ERR_INPUT);
+    printf("%s\n", err.message);
+    const char *junk[] = {"OMPI_COMM_WORLD_RANK", "x1", "OMPI_COMM_WORLD_SIZE", "2", NULL};
+    fake_env = junk;
+    assert_int_equal(exec_launch_detect(&l, fake_get, &err), MOE_ERR_INPUT);
+    assert_non_null(strstr(err.message, "OMPI_COMM_WORLD_RANK='x1'"));
+    const char *half[] = {"SLURM_NTASKS", "4", NULL};
+    fake_env = half;
+    assert_int_equal(exec_launch_detect(&l, fake_get, &err), MOE_ERR_INPUT);
+    assert_non_null(strstr(err.message, "unset"));
+}
+
+/* The id through a file: rank 0 writes, three others read it; rank 0 missing: a deadline. */
+struct id_run {
+    char path[256];
+    bool rank0;
+    unsigned char got[4][EXEC_NCCL_ID_BYTES];
+};
+
+static enum moe_status id_rank(struct exec_transport *t, void *arg, struct moe_error *err)
+{
+    struct id_run *a = arg;
+    unsigned char *id = a->got[t->rank];
+    if (t->rank == 0) {
+        if (!a->rank0) return MOE_OK;
+        for (int i = 0; i < EXEC_NCCL_ID_BYTES; i++) id[i] = (unsigned char)(i * 7 + 3);
+        struct timespec nap = {0, 50000000}; /* the others are already waiting */
+        nanosleep(&nap, NULL);
+    }
+    return exec_launch_share_id(a->path, t->rank, id, EXEC_NCCL_ID_BYTES, 2.0, err);
+}
+
+static void test_launch_share_id(void **state)
+{
+    (void)state;
+    struct id_run a;
+    memset(&a, 0, sizeof a);
+    snprintf(a.path, sizeof a.path, "/tmp/moeplan-test-id-%d", (int)getpid());
+    unlink(a.path);
+    a.rank0 = true;
+    struct exec_local_hub *hub;
+    struct moe_error err;
+    assert_int_equal(exec_local_hub_create(&hub, 4, 5.0, &err), MOE_OK);
+    if (exec_local_run(hub, id_rank, &a, &err) != MOE_OK) fail_msg("%s", err.message);
+    for (int r = 1; r < 4; r++) assert_memory_equal(a.got[r], a.got[0], EXEC_NCCL_ID_BYTES);
+    unlink(a.path);
+    a.rank0 = false;
+    assert_int_equal(exec_local_run(hub, id_rank, &a, &err), MOE_ERR_RUNTIME);
+    printf("%s\n", err.message);
+    assert_non_null(strstr(err.message, "waited 2 s for rank 0"));
+    FILE *f = fopen(a.path, "wb");
+    fputs("short", f);
+    fclose(f);
+    unsigned char id[EXEC_NCCL_ID_BYTES];
+    assert_int_equal(exec_launch_share_id(a.path, 1, id, sizeof id, 1.0, &err), MOE_ERR_INPUT);
+    printf("%s\n", err.message);
+    unlink(a.path);
+    exec_local_hub_destroy(hub);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -411,6 +504,8 @@ int main(void)
         cmocka_unit_test(test_model_twin),
         cmocka_unit_test(test_pipeline_twin),
         cmocka_unit_test(test_transport_faults),
+        cmocka_unit_test(test_launch_detect),
+        cmocka_unit_test(test_launch_share_id),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
