@@ -159,6 +159,10 @@ void exec_adamw_defaults(struct exec_adamw *o);
 double exec_lr_at(const struct exec_adamw *o, int step);
 double exec_ref_adamw_step(struct exec_ref_model *r, const double *grad, double *m1, double *m2,
                            int step, const struct exec_adamw *o);
+/* The update of parameters [lo, hi) only, clipped by a gradient norm computed elsewhere (the
+ * sharded optimizer's: every rank knows the global norm, updates its shard). */
+void exec_ref_adamw_range(struct exec_ref_model *r, const double *grad, double *m1, double *m2,
+                          size_t lo, size_t hi, int step, const struct exec_adamw *o, double norm);
 
 /* Training data: a file of bytes (byte-level tokens, vocab >= 256) or a token file ("MOETOKv1",
  * uint32 vocab, uint64 count, then count uint32 token ids, little-endian); or, with no file,
@@ -333,6 +337,15 @@ enum moe_status exec_ref_model_slice(const struct exec_ref_model *r, const struc
                                      const double *h_in, double *h_out, const double *dh_out,
                                      double *dh_in, double *loss, double *aux, double *grad,
                                      struct moe_error *err);
+
+/* The reference's ZeRO-1 step on data-parallel rank t->rank (ref_zero.c): grad is this rank's
+ * unreduced share (the ranks' sum is the step's gradient); m1, m2 (nparams) are used on this
+ * rank's shard only; every rank ends with the same parameters, and *norm the global gradient
+ * norm before clipping. */
+enum moe_status exec_ref_zero1_step(struct exec_transport *t, struct exec_ref_model *r,
+                                    const double *grad, double *m1, double *m2, int step,
+                                    const struct exec_adamw *o, double *norm,
+                                    struct moe_error *err);
 
 /* The reference's pipeline-parallel step on stage t->rank of t->ranks: blocks [first[s],
  * first[s + 1]) on stage s (first[0] = 0, first[stages] = layers), M micro-batches of T tokens

@@ -42,13 +42,22 @@ double exec_ref_adamw_step(struct exec_ref_model *r, const double *grad, double 
     double norm = 0.0;
     for (size_t i = 0; i < r->nparams; i++) norm += grad[i] * grad[i];
     norm = sqrt(norm);
+    exec_ref_adamw_range(r, grad, m1, m2, 0, r->nparams, step, o, norm);
+    return norm;
+}
+
+void exec_ref_adamw_range(struct exec_ref_model *r, const double *grad, double *m1, double *m2,
+                          size_t lo, size_t hi, int step, const struct exec_adamw *o, double norm)
+{
     double scale = o->clip > 0 && norm > o->clip ? o->clip / norm : 1.0;
     double lr = exec_lr_at(o, step);
     double c1 = 1.0 - pow(o->beta1, step + 1), c2 = 1.0 - pow(o->beta2, step + 1);
     for (int t = 0; t < r->ntensors; t++) {
         const struct exec_tensor *tn = &r->tensor[t];
         double wd = strstr(tn->name, "norm") ? 0.0 : o->weight_decay;
-        for (size_t j = tn->offset; j < tn->offset + tn->size; j++) {
+        size_t a = tn->offset > lo ? tn->offset : lo, b = tn->offset + tn->size;
+        if (b > hi) b = hi;
+        for (size_t j = a; j < b; j++) {
             double g = grad[j] * scale;
             m1[j] = o->beta1 * m1[j] + (1.0 - o->beta1) * g;
             m2[j] = o->beta2 * m2[j] + (1.0 - o->beta2) * g * g;
@@ -56,7 +65,6 @@ double exec_ref_adamw_step(struct exec_ref_model *r, const double *grad, double 
             r->params[j] -= lr * (upd + wd * r->params[j]);
         }
     }
-    return norm;
 }
 
 static uint64_t le64(const unsigned char *b)

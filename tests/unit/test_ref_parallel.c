@@ -215,6 +215,7 @@ struct trainer {
                                  const int *tokens, double *loss, double *grad, const void *ctx,
                                  struct moe_error *err);
     const void *ctx;
+    bool zero1;            /* ZeRO-1 (reduce-scatter, shard update, all-gather), else all-reduce */
     double loss[TW_STEPS]; /* rank 0's */
     double *params;        /* rank 0's after the last step */
 };
@@ -240,10 +241,14 @@ static enum moe_status train_rank(struct exec_transport *t, void *arg, struct mo
         double loss[1];
         st = a->grad_step(t, &r, a->tokens + (size_t)s * a->per_step * TW_T, loss, grad, a->ctx,
                           err);
-        if (st == MOE_OK) st = t->ops->allreduce_sum(t, grad, r.nparams, err);
+        double norm;
+        if (st == MOE_OK && a->zero1)
+            st = exec_ref_zero1_step(t, &r, grad, m1, m2, s + 1, &o, &norm, err);
+        else if (st == MOE_OK)
+            st = t->ops->allreduce_sum(t, grad, r.nparams, err);
         if (st == MOE_OK) st = t->ops->allreduce_sum(t, loss, 1, err);
         if (st != MOE_OK) break;
-        exec_ref_adamw_step(&r, grad, m1, m2, s + 1, &o);
+        if (!a->zero1) exec_ref_adamw_step(&r, grad, m1, m2, s + 1, &o);
         if (t->rank == 0) a->loss[s] = loss[0];
     }
     if (st == MOE_OK && t->rank == 0) memcpy(a->params, r.params, sizeof *r.params * r.nparams);
@@ -331,12 +336,33 @@ static void test_model_twin(void **state)
         for (int q = 0; q < R; q++) domain[q] = q / (R / 2);
         struct exec_ep_group g = {R, m.moe.experts, m.moe.top_k, placement, domain,
                                   (enum cost_dispatcher)(mode < 0 ? 0 : mode)};
-        struct trainer tr = {&m, tokens, R, ep_grad_step, mode < 0 ? NULL : &g, {0}, NULL};
+        struct trainer tr = {&m, tokens, R, ep_grad_step, mode < 0 ? NULL : &g, false, {0}, NULL};
         char label[128];
         snprintf(label, sizeof label, "%s %d ranks (%d a domain) %s", mode < 0 ? "DP" : "EP", R,
                  R / 2, mode < 0 ? "" : cost_dispatcher_names[mode]);
         check_twin(label, &tr, R);
     }
+}
+
+/* ZeRO-1 over 2, 3 and 4 data-parallel ranks (3: shards of unequal size), and with EP. */
+static void test_zero1_twin(void **state)
+{
+    (void)state;
+    struct mdl_model m;
+    moe_test_model("tiny-moe-gqa", &m);
+    int tokens[TW_STEPS * 4 * TW_T];
+    twin_tokens(&m, tokens, sizeof tokens / sizeof *tokens, 17);
+    for (int R = 2; R <= 4; R++) {
+        struct trainer tr = {&m, tokens, R, ep_grad_step, NULL, true, {0}, NULL};
+        char label[64];
+        snprintf(label, sizeof label, "DP %d ranks, ZeRO-1", R);
+        check_twin(label, &tr, R);
+    }
+    int placement[8], domain[4] = {0, 0, 1, 1};
+    for (int e = 0; e < 8; e++) placement[e] = e / 2;
+    struct exec_ep_group g = {4, 8, m.moe.top_k, placement, domain, COST_DISPATCH_DEDUP_DOMAIN};
+    struct trainer tr = {&m, tokens, 4, ep_grad_step, &g, true, {0}, NULL};
+    check_twin("EP 4 ranks dedup-domain, ZeRO-1", &tr, 4);
 }
 
 /* PP: stages of blocks, PP_M micro-batches a step in 1F1B; the pipeline gives each stage's
@@ -360,7 +386,7 @@ static void test_pipeline_twin(void **state)
         moe_test_model(cases[c].model, &m);
         int tokens[TW_STEPS * PP_M * TW_T];
         twin_tokens(&m, tokens, sizeof tokens / sizeof *tokens, 13);
-        struct trainer tr = {&m, tokens, PP_M, pp_grad_step, cases[c].first, {0}, NULL};
+        struct trainer tr = {&m, tokens, PP_M, pp_grad_step, cases[c].first, false, {0}, NULL};
         char label[128];
         snprintf(label, sizeof label, "PP %d stages of %s, %d micro-batches (1F1B)",
                  cases[c].stages, cases[c].model, PP_M);
@@ -503,6 +529,7 @@ int main(void)
         cmocka_unit_test(test_ep_equals_one_rank),
         cmocka_unit_test(test_model_twin),
         cmocka_unit_test(test_pipeline_twin),
+        cmocka_unit_test(test_zero1_twin),
         cmocka_unit_test(test_transport_faults),
         cmocka_unit_test(test_launch_detect),
         cmocka_unit_test(test_launch_share_id),
