@@ -194,6 +194,18 @@ enum moe_status topo_discover(const char *out_dir, const char *gpus_file,
                               const struct topo_cuda_gpu *cuda, int ncuda,
                               struct topo_discovery *out, struct moe_error *err);
 
+/* Binding a rank's thread (bind.c): to the CPUs and memory of the NUMA node of its GPU's PCI
+ * device ("0000:18:00.0"), or of NUMA node `node`. memory_bound: whether the memory binding held
+ * too (best effort: containers often forbid it). */
+struct topo_binding {
+    int numa_node;      /* -1: hwloc names none */
+    bool memory_bound;
+    char cpus[256];     /* the CPU list bound to, "0-15" */
+};
+enum moe_status topo_bind_near_pci(const char *busid, struct topo_binding *b,
+                                   struct moe_error *err);
+enum moe_status topo_bind_numa(int node, struct topo_binding *b, struct moe_error *err);
+
 #ifdef __cplusplus
 }
 #endif

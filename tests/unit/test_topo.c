@@ -1,11 +1,15 @@
 /*
  * test_topo.c: GPU specs, every shipped cluster and node XML, the NVLink matrix read back
- * through hwloc, the generator's reproducibility, discovery of this machine, and bad input.
+ * through hwloc, the generator's reproducibility, discovery of this machine, binding a thread
+ * next to a NUMA node or a PCI device, and bad input.
  */
+#define _GNU_SOURCE /* sched_getaffinity */
 #include "moe_test.h"
 
 #include "topo.h"
 
+#include <dirent.h>
+#include <sched.h>
 #include <unistd.h>
 
 static void test_hwloc_version(void **state)
@@ -255,6 +259,49 @@ static void test_discover_here(void **state)
     rmdir(tmp);
 }
 
+/* "0-3,8,10-11" -> the CPUs in it. */
+static bool cpu_listed(const char *list, int cpu)
+{
+    for (const char *p = list; *p;) {
+        char *end;
+        long a = strtol(p, &end, 10), b = a;
+        if (end == p) return false;
+        if (*end == '-') b = strtol(end + 1, &end, 10);
+        if (cpu >= a && cpu <= b) return true;
+        p = *end == ',' ? end + 1 : end;
+        if (*end != ',') break;
+    }
+    return false;
+}
+
+/* Binding this thread next to NUMA node 0 and next to a PCI device of this machine: the thread's
+ * affinity is then exactly the CPUs reported. */
+static void test_bind(void **state)
+{
+    (void)state;
+    struct topo_binding b;
+    struct moe_error err;
+    assert_int_equal(topo_bind_numa(0, &b, &err), MOE_OK);
+    printf("bound to NUMA node %d, CPUs %s, memory %s\n", b.numa_node, b.cpus,
+           b.memory_bound ? "bound" : "not bound (not allowed here)");
+    cpu_set_t set;
+    assert_int_equal(sched_getaffinity(0, sizeof set, &set), 0);
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        assert_true(!!CPU_ISSET(c, &set) == cpu_listed(b.cpus, c));
+    assert_int_equal(topo_bind_numa(4096, &b, &err), MOE_ERR_INPUT);
+    assert_int_equal(topo_bind_near_pci("ffff:ff:1f.7", &b, &err), MOE_ERR_RUNTIME);
+    printf("%s\n", err.message);
+    DIR *d = opendir("/sys/bus/pci/devices");
+    struct dirent *e = NULL;
+    while (d && (e = readdir(d)) && e->d_name[0] == '.') {}
+    const char *comp = getenv("HWLOC_COMPONENTS");
+    if (e && !(comp && strstr(comp, "-pci"))) { /* the sanitizer run discovers without PCI */
+        assert_int_equal(topo_bind_near_pci(e->d_name, &b, &err), MOE_OK);
+        printf("near %s: NUMA node %d, CPUs %s\n", e->d_name, b.numa_node, b.cpus);
+    }
+    if (d) closedir(d);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -262,7 +309,7 @@ int main(void)
         cmocka_unit_test(test_shipped_clusters),   cmocka_unit_test(test_node_xml_nvlink),
         cmocka_unit_test(test_generator_reproduces_shipped), cmocka_unit_test(test_bad_clusters),
         cmocka_unit_test(test_bad_xml),            cmocka_unit_test(test_cluster_save_roundtrip),
-        cmocka_unit_test(test_discover_here),
+        cmocka_unit_test(test_discover_here),     cmocka_unit_test(test_bind),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
