@@ -269,6 +269,22 @@ struct exec_local_hub;
 enum moe_status exec_local_hub_create(struct exec_local_hub **out, int ranks, double timeout_s,
                                       struct moe_error *err);
 void exec_local_hub_destroy(struct exec_local_hub *h);
+/* Where the local transport's buffers live and how it moves them: host memory by default;
+ * device memory for virtual ranks on one GPU (exec_local_gpu_memory). `ready` makes a rank's
+ * buffers complete before the others read them (a stream's work finished). */
+struct exec_local_mem {
+    void *(*alloc)(void *ctx, int rank, size_t bytes);
+    void (*free)(void *ctx, int rank, void *p);
+    enum moe_status (*copy)(void *ctx, int rank, void *dst, const void *src, size_t bytes,
+                            struct moe_error *err);
+    /* dst[i] = sum over s of src[s][i], in rank order */
+    enum moe_status (*sum)(void *ctx, int rank, double *dst, const double *const *src, int ranks,
+                           size_t n, struct moe_error *err);
+    enum moe_status (*ready)(void *ctx, int rank, struct moe_error *err);
+    void *ctx;
+};
+/* mem NULL: host memory. Set before exec_local_run. */
+void exec_local_hub_set_memory(struct exec_local_hub *h, const struct exec_local_mem *mem);
 /* Runs fn on one thread per rank with that rank's transport and error report; the first
  * failure (by rank) is returned, and a failing rank makes the others' collectives fail. */
 enum moe_status exec_local_run(struct exec_local_hub *h,
@@ -360,6 +376,11 @@ enum moe_status exec_ref_pipeline_step(struct exec_transport *t, const struct ex
 /* ---------------------------------------------------------------------------------------------- */
 /* GPU kernels (CUDA builds); device pointers; `stream` is a cudaStream_t (NULL: the default)      */
 /* ---------------------------------------------------------------------------------------------- */
+
+/* The local transport's memory for virtual ranks on one GPU (gpu_local.cu): device buffers,
+ * rank r's work on streams[r] (cudaStream_t, owned by the caller for the run); at most 64 ranks.
+ * Each rank's thread sets its device itself. */
+void exec_local_gpu_memory(struct exec_local_mem *mem, void **streams);
 
 /* The NCCL transport (struct exec_transport over one communicator): alltoallv and all-reduce
  * buffers in the rank's GPU memory, counts in host memory (as every transport's). Each operation

@@ -31,7 +31,55 @@ struct exec_local_hub {
     const int **send_count;   /* (ranks) posted counts */
     size_t *item_bytes;       /* (ranks) */
     struct exec_transport *t; /* (ranks) */
+    struct exec_local_mem mem;  /* where the buffers live: host memory unless set */
 };
+
+/* Host memory: the default. */
+static void *host_alloc(void *ctx, int rank, size_t bytes)
+{
+    (void)ctx, (void)rank;
+    return malloc(bytes ? bytes : 1);
+}
+
+static void host_free(void *ctx, int rank, void *p)
+{
+    (void)ctx, (void)rank;
+    free(p);
+}
+
+static enum moe_status host_copy(void *ctx, int rank, void *dst, const void *src, size_t bytes,
+                                 struct moe_error *err)
+{
+    (void)ctx, (void)rank, (void)err;
+    memcpy(dst, src, bytes);
+    return MOE_OK;
+}
+
+static enum moe_status host_sum(void *ctx, int rank, double *dst, const double *const *src,
+                                int ranks, size_t n, struct moe_error *err)
+{
+    (void)ctx, (void)rank, (void)err;
+    for (size_t i = 0; i < n; i++) {
+        double a = 0.0;
+        for (int s = 0; s < ranks; s++) a += src[s][i];
+        dst[i] = a;
+    }
+    return MOE_OK;
+}
+
+static enum moe_status host_ready(void *ctx, int rank, struct moe_error *err)
+{
+    (void)ctx, (void)rank, (void)err;
+    return MOE_OK;
+}
+
+static const struct exec_local_mem host_mem = {host_alloc, host_free, host_copy, host_sum,
+                                               host_ready, NULL};
+
+void exec_local_hub_set_memory(struct exec_local_hub *h, const struct exec_local_mem *mem)
+{
+    h->mem = mem ? *mem : host_mem;
+}
 
 enum moe_status exec_local_hub_create(struct exec_local_hub **out, int ranks, double timeout_s,
                                       struct moe_error *err)
@@ -44,6 +92,7 @@ enum moe_status exec_local_hub_create(struct exec_local_hub **out, int ranks, do
     if (!h) return moe_error_set(err, MOE_ERR_NOMEM, "local transport: out of memory");
     h->ranks = ranks;
     h->timeout_s = timeout_s;
+    h->mem = host_mem;
     pthread_mutex_init(&h->mu, NULL);
     pthread_cond_init(&h->cv, NULL);
     h->here = calloc((size_t)ranks, sizeof *h->here);
@@ -136,25 +185,29 @@ static enum moe_status local_alltoallv(struct exec_transport *t, const void *sen
 {
     struct exec_local_hub *h = t->impl;
     int me = t->rank;
+    enum moe_status st = h->mem.ready(h->mem.ctx, me, err);
+    if (st != MOE_OK) return st;
     h->send[me] = send;
     h->send_count[me] = send_count;
     h->item_bytes[me] = item_bytes;
-    enum moe_status st = hub_meet(h, me, "alltoallv (post)", err);
-    if (st != MOE_OK) return st;
+    if ((st = hub_meet(h, me, "alltoallv (post)", err)) != MOE_OK) return st;
     size_t at = 0;
     bool match = true;
+    enum moe_status cst = MOE_OK;
     for (int s = 0; s < h->ranks; s++) {
         const int *sc = h->send_count[s];
         size_t off = 0;
         for (int d = 0; d < me; d++) off += (size_t)sc[d];
         match &= sc[me] == recv_count[s] && h->item_bytes[s] == item_bytes;
-        if (match && sc[me])
-            memcpy((char *)recv + at * item_bytes, (const char *)h->send[s] + off * item_bytes,
-                   (size_t)sc[me] * item_bytes);
+        if (match && sc[me] && cst == MOE_OK)
+            cst = h->mem.copy(h->mem.ctx, me, (char *)recv + at * item_bytes,
+                              (const char *)h->send[s] + off * item_bytes,
+                              (size_t)sc[me] * item_bytes, err);
         at += (size_t)recv_count[s];
     }
     st = hub_meet(h, me, "alltoallv (copy)", err);
     if (st != MOE_OK) return st;
+    if (cst != MOE_OK) return cst;
     if (!match)
         return moe_error_set(err, MOE_ERR_RUNTIME,
                              "rank %d, alltoallv: receive counts or item sizes disagree with the "
@@ -180,29 +233,32 @@ static enum moe_status local_allreduce_sum(struct exec_transport *t, double *x, 
 {
     struct exec_local_hub *h = t->impl;
     int me = t->rank;
-    double *sum = calloc(n ? n : 1, sizeof *sum);
+    enum moe_status st = h->mem.ready(h->mem.ctx, me, err);
+    if (st != MOE_OK) return st;
+    double *sum = h->mem.alloc(h->mem.ctx, me, sizeof *sum * n);
+    const double **srcs = malloc(sizeof *srcs * (size_t)h->ranks);
     h->send[me] = x;
     h->item_bytes[me] = n;
-    enum moe_status st = hub_meet(h, me, "all-reduce (post)", err);
-    if (st != MOE_OK) {
-        free(sum);
-        return st;
+    if ((st = hub_meet(h, me, "all-reduce (post)", err)) != MOE_OK) goto done;
+    bool match = sum && srcs;
+    for (int s = 0; s < h->ranks; s++) {
+        match &= h->item_bytes[s] == n;
+        if (srcs) srcs[s] = h->send[s];
     }
-    bool match = sum != NULL;
-    for (int s = 0; s < h->ranks; s++) match &= h->item_bytes[s] == n;
-    for (int s = 0; s < h->ranks && match; s++) {
-        const double *v = h->send[s];
-        for (size_t i = 0; i < n; i++) sum[i] += v[i];
+    enum moe_status sst = match ? h->mem.sum(h->mem.ctx, me, sum, srcs, h->ranks, n, err) : MOE_OK;
+    if ((st = hub_meet(h, me, "all-reduce (sum)", err)) != MOE_OK) goto done;
+    if ((st = sst) != MOE_OK) goto done;
+    if (!match) {
+        st = moe_error_set(err, sum && srcs ? MOE_ERR_RUNTIME : MOE_ERR_NOMEM,
+                           "rank %d, all-reduce: %s", me,
+                           sum && srcs ? "the ranks' lengths disagree" : "out of memory");
+        goto done;
     }
-    bool oom = sum == NULL;
-    st = hub_meet(h, me, "all-reduce (sum)", err);
-    if (st == MOE_OK && match) memcpy(x, sum, sizeof *x * n);
-    free(sum);
-    if (st != MOE_OK) return st;
-    if (!match)
-        return moe_error_set(err, oom ? MOE_ERR_NOMEM : MOE_ERR_RUNTIME, "rank %d, all-reduce: %s",
-                             me, oom ? "out of memory" : "the ranks' lengths disagree");
-    return MOE_OK;
+    st = h->mem.copy(h->mem.ctx, me, x, sum, sizeof *x * n, err);
+done:
+    if (sum) h->mem.free(h->mem.ctx, me, sum);
+    free(srcs);
+    return st;
 }
 
 static const struct exec_transport_ops local_ops = {local_counts, local_alltoallv,
