@@ -82,10 +82,15 @@ void exec_ref_expert_backward(const struct exec_ref_moe *w, int e, const double 
 /* The layer's routing of x (tokens, hidden): choice, weight (tokens, top_k). */
 void exec_ref_moe_route(const struct exec_ref_moe *w, const double *x, int tokens, int *choice,
                         double *weight);
-/* The router's part of one token's backward (no load-balance loss): from dw (top_k), d loss / d
- * routing weight of each chosen slot, adds into dx (hidden) and g->router. */
+/* The fractions f_e (experts) of the layer's routed pairs on x (tokens, hidden). */
+void exec_ref_moe_route_fractions(const struct exec_ref_moe *w, const double *x, int tokens,
+                                  double *frac);
+/* The router's part of one token's backward: from dw (top_k), d loss / d routing weight of each
+ * chosen slot, and the load-balance loss of `tokens` tokens with fractions frac (NULL: none),
+ * adds into dx (hidden) and g->router. */
 void exec_ref_router_backward(const struct exec_ref_moe *w, const double *x, const double *dw,
-                              double *dx, struct exec_ref_moe_grad *g);
+                              const double *frac, int tokens, double *dx,
+                              struct exec_ref_moe_grad *g);
 
 /* Dense building blocks of the reference, rows of T tokens, row-major. */
 
@@ -315,8 +320,9 @@ enum moe_status exec_launch_share_id(const char *path, int rank, unsigned char *
  * through the exchange to the ranks holding their experts and come back weighted; y (tokens,
  * hidden) equals exec_ref_moe_forward's on those tokens up to the order of the sums. Every rank
  * holds the whole layer but uses the router, the shared experts and its own experts only. The
- * load-balance loss is not supported here (cfg.aux_coef must be 0). `sent` (may be NULL) adds
- * the dispatch payload bytes (hidden doubles a row) by link tier. */
+ * load-balance loss (cfg.aux_coef) is each rank's over its own tokens, as the routing is (its
+ * value: exec_ref_moe_aux_loss on this rank's x). `sent` (may be NULL) adds the dispatch payload
+ * bytes (hidden doubles a row) by link tier. */
 enum moe_status exec_ref_ep_moe_forward(struct exec_transport *t, const struct exec_ep_group *g,
                                         const struct exec_ref_moe *w, const double *x,
                                         int tokens, double *y, struct cost_bytes *sent,

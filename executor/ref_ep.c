@@ -115,10 +115,6 @@ static enum moe_status dispatch(struct exec_transport *t, const struct exec_ep_g
 static enum moe_status check(const struct exec_transport *t, const struct exec_ep_group *g,
                              const struct exec_ref_moe *w, struct moe_error *err)
 {
-    if (w->cfg.aux_coef != 0.0)
-        return moe_error_set(err, MOE_ERR_UNSUPPORTED,
-                             "expert parallelism: the load-balance loss is not implemented for "
-                             "EP > 1 yet");
     if (g->ranks != t->ranks || g->experts != w->cfg.experts || g->top_k != w->cfg.top_k)
         return moe_error_set(err, MOE_ERR_INPUT,
                              "expert parallelism: the group (%d ranks, %d experts, top_k %d) does "
@@ -212,6 +208,7 @@ enum moe_status exec_ref_ep_moe_backward(struct exec_transport *t, const struct 
     struct hop h1 = {0}, h2 = {0};
     double *xdy = alloc0((size_t)tokens * 2 * h, sizeof(double));
     double *tmp = alloc0((size_t)2 * h, sizeof(double)), *res = NULL, *b1 = NULL, *b2 = NULL;
+    double *frac = NULL;
     if (!xdy || !tmp) {
         st = moe_error_set(err, MOE_ERR_NOMEM, "expert parallelism: out of memory");
         goto done;
@@ -225,7 +222,8 @@ enum moe_status exec_ref_ep_moe_backward(struct exec_transport *t, const struct 
     b1 = alloc0((size_t)h1.n_in * wide, sizeof(double));
     b2 = alloc0((size_t)h2.n_in * wide, sizeof(double));
     res = alloc0((size_t)tokens * wide, sizeof(double)); /* per token: [dx, dw] */
-    if (!b1 || !b2 || !res) {
+    frac = w->cfg.aux_coef != 0.0 ? alloc0((size_t)w->cfg.experts, sizeof(double)) : NULL;
+    if (!b1 || !b2 || !res || (w->cfg.aux_coef != 0.0 && !frac)) {
         st = moe_error_set(err, MOE_ERR_NOMEM, "expert parallelism: out of memory");
         goto done;
     }
@@ -237,12 +235,13 @@ enum moe_status exec_ref_ep_moe_backward(struct exec_transport *t, const struct 
                        gr, tmp, tmp + h);
     if ((st = hop_return(t, &h2, b2, wide, b1, err)) != MOE_OK) goto done;
     if ((st = hop_return(t, &h1, b1, wide, res, err)) != MOE_OK) goto done;
+    if (frac) exec_ref_moe_route_fractions(w, x, tokens, frac);
     for (int i = 0; i < tokens; i++) {
         const double *xt = x + (size_t)i * h;
         double *dxt = dx + (size_t)i * h, *r = res + (size_t)i * wide;
         memcpy(dxt, r, sizeof(double) * (size_t)h);
         if (w->shared_ffn) exec_ref_expert_backward(w, -1, xt, dy + (size_t)i * h, gr, dxt);
-        exec_ref_router_backward(w, xt, r + h, dxt, gr);
+        exec_ref_router_backward(w, xt, r + h, frac, tokens, dxt, gr);
     }
 done:
     hop_free(&h1);
@@ -252,5 +251,6 @@ done:
     free(res);
     free(b1);
     free(b2);
+    free(frac);
     return st;
 }

@@ -187,7 +187,8 @@ static void swiglu_backward(const double *gate, const double *up, const double *
 }
 
 /* Fractions f_e of the routed pairs per expert, for the load-balance loss. */
-static void route_fractions(const struct exec_ref_moe *w, const double *x, int tokens, double *f)
+void exec_ref_moe_route_fractions(const struct exec_ref_moe *w, const double *x, int tokens,
+                                  double *f)
 {
     const struct exec_router_cfg *cfg = &w->cfg;
     int E = cfg->experts, k = cfg->top_k, ch[4096];
@@ -207,7 +208,7 @@ double exec_ref_moe_aux_loss(const struct exec_ref_moe *w, const double *x, int 
     int E = cfg->experts;
     if (cfg->aux_coef == 0.0 || tokens == 0) return 0.0;
     double f[4096], z[4096], s[4096], sum = 0.0;
-    route_fractions(w, x, tokens, f);
+    exec_ref_moe_route_fractions(w, x, tokens, f);
     for (int t = 0; t < tokens; t++) {
         matvec(w->router, x + (size_t)t * w->hidden, E, w->hidden, z);
         scores_of(cfg, z, s);
@@ -246,6 +247,22 @@ static void router_scores_backward(const struct exec_router_cfg *cfg, const doub
         double dot = 0.0;
         for (int e = 0; e < E; e++) dot += s[e] * ds[e];
         for (int e = 0; e < E; e++) dz[e] = s[e] * (ds[e] - dot);
+    }
+}
+
+/* The load-balance loss of `tokens` tokens with pair fractions frac, through the scores s of one
+ * token: d aux / d s_e = aux_coef * E * f_e / tokens, added into dz. */
+static void aux_scores_backward(const struct exec_router_cfg *cfg, const double *s,
+                                const double *frac, int tokens, double *dz)
+{
+    int E = cfg->experts;
+    double da[4096], dot = 0.0;
+    for (int e = 0; e < E; e++) da[e] = cfg->aux_coef * E * frac[e] / tokens;
+    if (cfg->scoring == MDL_SCORE_SIGMOID) {
+        for (int e = 0; e < E; e++) dz[e] += da[e] * s[e] * (1.0 - s[e]);
+    } else {
+        for (int e = 0; e < E; e++) dot += s[e] * da[e];
+        for (int e = 0; e < E; e++) dz[e] += s[e] * (da[e] - dot);
     }
 }
 
@@ -312,7 +329,8 @@ void exec_ref_moe_route(const struct exec_ref_moe *w, const double *x, int token
 }
 
 void exec_ref_router_backward(const struct exec_ref_moe *w, const double *x, const double *dw,
-                              double *dx, struct exec_ref_moe_grad *g)
+                              const double *frac, int tokens, double *dx,
+                              struct exec_ref_moe_grad *g)
 {
     const struct exec_router_cfg *cfg = &w->cfg;
     int E = cfg->experts, k = cfg->top_k;
@@ -325,6 +343,7 @@ void exec_ref_router_backward(const struct exec_ref_moe *w, const double *x, con
     weights_of(cfg, z, s, ch, wt);
     for (int j = 0; j < k; j++) d[j] = dw[j];
     router_scores_backward(cfg, s, ch, wt, d, dz, ds);
+    if (frac && cfg->aux_coef != 0.0) aux_scores_backward(cfg, s, frac, tokens, dz);
     router_logits_backward(w, x, dz, dx, g->router);
 }
 
@@ -403,7 +422,7 @@ enum moe_status exec_ref_moe_backward(const struct exec_ref_moe *w, const double
     double *g = tmp, *u = tmp + fs, *hm = tmp + 2 * fs, *dh = tmp + 3 * fs, *out = tmp + 4 * fs,
            *dout = out + h;
     double frac[4096];
-    if (cfg->aux_coef != 0.0) route_fractions(w, x, tokens, frac);
+    if (cfg->aux_coef != 0.0) exec_ref_moe_route_fractions(w, x, tokens, frac);
     for (int t = 0; t < tokens; t++) {
         const double *xt = x + (size_t)t * h, *dyt = dy + (size_t)t * h;
         double *dxt = dx + (size_t)t * h;
@@ -430,17 +449,7 @@ enum moe_status exec_ref_moe_backward(const struct exec_ref_moe *w, const double
             swiglu_backward(w->sgate, w->sup, w->sdown, h, w->shared_ffn, xt, dyt, gr->sgate,
                             gr->sup, gr->sdown, dxt, g, u, hm, dh);
         router_scores_backward(cfg, s, ch, wt, dw, dz, ds);
-        if (cfg->aux_coef != 0.0) {
-            /* the load-balance loss through the scores of every expert */
-            double da[4096], dot = 0.0;
-            for (int e = 0; e < E; e++) da[e] = cfg->aux_coef * E * frac[e] / tokens;
-            if (cfg->scoring == MDL_SCORE_SIGMOID) {
-                for (int e = 0; e < E; e++) dz[e] += da[e] * s[e] * (1.0 - s[e]);
-            } else {
-                for (int e = 0; e < E; e++) dot += s[e] * da[e];
-                for (int e = 0; e < E; e++) dz[e] += s[e] * (da[e] - dot);
-            }
-        }
+        if (cfg->aux_coef != 0.0) aux_scores_backward(cfg, s, frac, tokens, dz);
         router_logits_backward(w, xt, dz, dxt, gr->router);
     }
 cleanup:

@@ -216,6 +216,7 @@ struct trainer {
                                  struct moe_error *err);
     const void *ctx;
     bool zero1;            /* ZeRO-1 (reduce-scatter, shard update, all-gather), else all-reduce */
+    double aux_coef;       /* the model's load-balance loss */
     double loss[TW_STEPS]; /* rank 0's */
     double *params;        /* rank 0's after the last step */
 };
@@ -233,6 +234,7 @@ static enum moe_status train_rank(struct exec_transport *t, void *arg, struct mo
     struct exec_ref_model r;
     enum moe_status st = exec_ref_model_create(&r, a->m, 5, err);
     if (st != MOE_OK) return st;
+    r.aux_coef = a->aux_coef;
     struct exec_adamw o;
     adamw_for_twins(&o);
     double *grad = calloc(r.nparams, sizeof *grad), *m1 = calloc(r.nparams, sizeof *m1),
@@ -263,6 +265,7 @@ static void check_twin(const char *label, struct trainer *tr, int R)
     struct moe_error err;
     struct exec_ref_model r;
     assert_int_equal(exec_ref_model_create(&r, tr->m, 5, &err), MOE_OK);
+    r.aux_coef = tr->aux_coef;
     struct exec_adamw o;
     adamw_for_twins(&o);
     double *g = calloc(r.nparams, sizeof *g), *sum = calloc(r.nparams, sizeof *sum),
@@ -336,11 +339,15 @@ static void test_model_twin(void **state)
         for (int q = 0; q < R; q++) domain[q] = q / (R / 2);
         struct exec_ep_group g = {R, m.moe.experts, m.moe.top_k, placement, domain,
                                   (enum cost_dispatcher)(mode < 0 ? 0 : mode)};
-        struct trainer tr = {&m, tokens, R, ep_grad_step, mode < 0 ? NULL : &g, false, {0}, NULL};
-        char label[128];
-        snprintf(label, sizeof label, "%s %d ranks (%d a domain) %s", mode < 0 ? "DP" : "EP", R,
-                 R / 2, mode < 0 ? "" : cost_dispatcher_names[mode]);
-        check_twin(label, &tr, R);
+        for (int aux = 0; aux < (R == 4 && mode == 1 ? 2 : 1); aux++) {
+            struct trainer tr = {&m, tokens, R, ep_grad_step, mode < 0 ? NULL : &g, false,
+                                 aux ? 0.01 : 0.0, {0}, NULL};
+            char label[128];
+            snprintf(label, sizeof label, "%s %d ranks (%d a domain) %s%s",
+                     mode < 0 ? "DP" : "EP", R, R / 2, mode < 0 ? "" : cost_dispatcher_names[mode],
+                     aux ? ", load-balance loss 0.01 (each rank's own tokens)" : "");
+            check_twin(label, &tr, R);
+        }
     }
 }
 
@@ -353,7 +360,7 @@ static void test_zero1_twin(void **state)
     int tokens[TW_STEPS * 4 * TW_T];
     twin_tokens(&m, tokens, sizeof tokens / sizeof *tokens, 17);
     for (int R = 2; R <= 4; R++) {
-        struct trainer tr = {&m, tokens, R, ep_grad_step, NULL, true, {0}, NULL};
+        struct trainer tr = {&m, tokens, R, ep_grad_step, NULL, true, 0.0, {0}, NULL};
         char label[64];
         snprintf(label, sizeof label, "DP %d ranks, ZeRO-1", R);
         check_twin(label, &tr, R);
@@ -361,7 +368,7 @@ static void test_zero1_twin(void **state)
     int placement[8], domain[4] = {0, 0, 1, 1};
     for (int e = 0; e < 8; e++) placement[e] = e / 2;
     struct exec_ep_group g = {4, 8, m.moe.top_k, placement, domain, COST_DISPATCH_DEDUP_DOMAIN};
-    struct trainer tr = {&m, tokens, 4, ep_grad_step, &g, true, {0}, NULL};
+    struct trainer tr = {&m, tokens, 4, ep_grad_step, &g, true, 0.0, {0}, NULL};
     check_twin("EP 4 ranks dedup-domain, ZeRO-1", &tr, 4);
 }
 
@@ -386,7 +393,8 @@ static void test_pipeline_twin(void **state)
         moe_test_model(cases[c].model, &m);
         int tokens[TW_STEPS * PP_M * TW_T];
         twin_tokens(&m, tokens, sizeof tokens / sizeof *tokens, 13);
-        struct trainer tr = {&m, tokens, PP_M, pp_grad_step, cases[c].first, false, {0}, NULL};
+        struct trainer tr = {&m, tokens, PP_M, pp_grad_step, cases[c].first, false, 0.0, {0},
+                             NULL};
         char label[128];
         snprintf(label, sizeof label, "PP %d stages of %s, %d micro-batches (1F1B)",
                  cases[c].stages, cases[c].model, PP_M);
