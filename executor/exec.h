@@ -260,6 +260,9 @@ struct exec_transport_ops {
     /* x (n doubles) becomes the sum over the ranks, the same on every rank (a fixed order) */
     enum moe_status (*allreduce_sum)(struct exec_transport *t, double *x, size_t n,
                                      struct moe_error *err);
+    /* the same for floats (the GPU's gradients) */
+    enum moe_status (*allreduce_sum_f32)(struct exec_transport *t, float *x, size_t n,
+                                         struct moe_error *err);
 };
 struct exec_transport {
     int rank, ranks;
@@ -285,6 +288,8 @@ struct exec_local_mem {
     /* dst[i] = sum over s of src[s][i], in rank order */
     enum moe_status (*sum)(void *ctx, int rank, double *dst, const double *const *src, int ranks,
                            size_t n, struct moe_error *err);
+    enum moe_status (*sum_f32)(void *ctx, int rank, float *dst, const float *const *src,
+                               int ranks, size_t n, struct moe_error *err);
     enum moe_status (*ready)(void *ctx, int rank, struct moe_error *err);
     void *ctx;
 };

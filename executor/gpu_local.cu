@@ -12,15 +12,15 @@
 
 #define GL_MAX_RANKS 64
 
-struct gl_srcs {
-    const double *p[GL_MAX_RANKS];
+template <typename T> struct gl_srcs_t {
+    const T *p[GL_MAX_RANKS];
 };
 
-__global__ void k_sum_ranks(double *dst, gl_srcs src, int ranks, size_t n)
+template <typename T> __global__ void k_sum_ranks(T *dst, gl_srcs_t<T> src, int ranks, size_t n)
 {
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i >= n) return;
-    double a = 0.0;
+    T a = 0;
     for (int s = 0; s < ranks; s++) a += src.p[s][i];
     dst[i] = a;
 }
@@ -56,19 +56,32 @@ static enum moe_status gl_copy(void *ctx, int rank, void *dst, const void *src, 
     return gl_check(e, rank, "copy", err);
 }
 
-static enum moe_status gl_sum(void *ctx, int rank, double *dst, const double *const *src,
-                              int ranks, size_t n, struct moe_error *err)
+template <typename T>
+static enum moe_status gl_sum_t(void *ctx, int rank, T *dst, const T *const *src, int ranks,
+                                size_t n, struct moe_error *err)
 {
     if (ranks > GL_MAX_RANKS)
         return moe_error_set(err, MOE_ERR_UNSUPPORTED,
                              "local GPU transport: %d ranks (at most %d)", ranks, GL_MAX_RANKS);
-    gl_srcs p;
+    gl_srcs_t<T> p;
     for (int s = 0; s < ranks; s++) p.p[s] = src[s];
     cudaStream_t s = gl_stream(ctx, rank);
-    if (n) k_sum_ranks<<<(unsigned)((n + 255) / 256), 256, 0, s>>>(dst, p, ranks, n);
+    if (n) k_sum_ranks<T><<<(unsigned)((n + 255) / 256), 256, 0, s>>>(dst, p, ranks, n);
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess) e = cudaStreamSynchronize(s);
     return gl_check(e, rank, "sum", err);
+}
+
+static enum moe_status gl_sum(void *ctx, int rank, double *dst, const double *const *src,
+                              int ranks, size_t n, struct moe_error *err)
+{
+    return gl_sum_t(ctx, rank, dst, src, ranks, n, err);
+}
+
+static enum moe_status gl_sum_f32(void *ctx, int rank, float *dst, const float *const *src,
+                                  int ranks, size_t n, struct moe_error *err)
+{
+    return gl_sum_t(ctx, rank, dst, src, ranks, n, err);
 }
 
 static enum moe_status gl_ready(void *ctx, int rank, struct moe_error *err)
@@ -82,6 +95,7 @@ void exec_local_gpu_memory(struct exec_local_mem *mem, void **streams)
     mem->free = gl_free;
     mem->copy = gl_copy;
     mem->sum = gl_sum;
+    mem->sum_f32 = gl_sum_f32;
     mem->ready = gl_ready;
     mem->ctx = streams;
 }

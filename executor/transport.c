@@ -67,6 +67,18 @@ static enum moe_status host_sum(void *ctx, int rank, double *dst, const double *
     return MOE_OK;
 }
 
+static enum moe_status host_sum_f32(void *ctx, int rank, float *dst, const float *const *src,
+                                    int ranks, size_t n, struct moe_error *err)
+{
+    (void)ctx, (void)rank, (void)err;
+    for (size_t i = 0; i < n; i++) {
+        float a = 0.0f;
+        for (int s = 0; s < ranks; s++) a += src[s][i];
+        dst[i] = a;
+    }
+    return MOE_OK;
+}
+
 static enum moe_status host_ready(void *ctx, int rank, struct moe_error *err)
 {
     (void)ctx, (void)rank, (void)err;
@@ -74,7 +86,7 @@ static enum moe_status host_ready(void *ctx, int rank, struct moe_error *err)
 }
 
 static const struct exec_local_mem host_mem = {host_alloc, host_free, host_copy, host_sum,
-                                               host_ready, NULL};
+                                               host_sum_f32, host_ready, NULL};
 
 void exec_local_hub_set_memory(struct exec_local_hub *h, const struct exec_local_mem *mem)
 {
@@ -228,24 +240,28 @@ static enum moe_status local_counts(struct exec_transport *t, const int *send, i
 }
 
 /* Every rank sums all ranks' buffers in rank order, so the sums agree bit for bit. */
-static enum moe_status local_allreduce_sum(struct exec_transport *t, double *x, size_t n,
-                                           struct moe_error *err)
+static enum moe_status local_allreduce(struct exec_transport *t, void *x, size_t n, bool f32,
+                                       struct moe_error *err)
 {
     struct exec_local_hub *h = t->impl;
     int me = t->rank;
+    size_t esz = f32 ? sizeof(float) : sizeof(double);
     enum moe_status st = h->mem.ready(h->mem.ctx, me, err);
     if (st != MOE_OK) return st;
-    double *sum = h->mem.alloc(h->mem.ctx, me, sizeof *sum * n);
-    const double **srcs = malloc(sizeof *srcs * (size_t)h->ranks);
+    void *sum = h->mem.alloc(h->mem.ctx, me, esz * n);
+    const void **srcs = malloc(sizeof *srcs * (size_t)h->ranks);
     h->send[me] = x;
-    h->item_bytes[me] = n;
+    h->item_bytes[me] = esz * n;
     if ((st = hub_meet(h, me, "all-reduce (post)", err)) != MOE_OK) goto done;
     bool match = sum && srcs;
     for (int s = 0; s < h->ranks; s++) {
-        match &= h->item_bytes[s] == n;
+        match &= h->item_bytes[s] == esz * n;
         if (srcs) srcs[s] = h->send[s];
     }
-    enum moe_status sst = match ? h->mem.sum(h->mem.ctx, me, sum, srcs, h->ranks, n, err) : MOE_OK;
+    enum moe_status sst = MOE_OK;
+    if (match)
+        sst = f32 ? h->mem.sum_f32(h->mem.ctx, me, sum, (const float *const *)srcs, h->ranks, n, err)
+                  : h->mem.sum(h->mem.ctx, me, sum, (const double *const *)srcs, h->ranks, n, err);
     if ((st = hub_meet(h, me, "all-reduce (sum)", err)) != MOE_OK) goto done;
     if ((st = sst) != MOE_OK) goto done;
     if (!match) {
@@ -254,15 +270,27 @@ static enum moe_status local_allreduce_sum(struct exec_transport *t, double *x, 
                            sum && srcs ? "the ranks' lengths disagree" : "out of memory");
         goto done;
     }
-    st = h->mem.copy(h->mem.ctx, me, x, sum, sizeof *x * n, err);
+    st = h->mem.copy(h->mem.ctx, me, x, sum, esz * n, err);
 done:
     if (sum) h->mem.free(h->mem.ctx, me, sum);
     free(srcs);
     return st;
 }
 
+static enum moe_status local_allreduce_sum(struct exec_transport *t, double *x, size_t n,
+                                           struct moe_error *err)
+{
+    return local_allreduce(t, x, n, false, err);
+}
+
+static enum moe_status local_allreduce_sum_f32(struct exec_transport *t, float *x, size_t n,
+                                               struct moe_error *err)
+{
+    return local_allreduce(t, x, n, true, err);
+}
+
 static const struct exec_transport_ops local_ops = {local_counts, local_alltoallv,
-                                                    local_allreduce_sum};
+                                                    local_allreduce_sum, local_allreduce_sum_f32};
 
 struct run_arg {
     struct exec_local_hub *h;

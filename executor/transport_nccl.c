@@ -139,8 +139,18 @@ static enum moe_status nccl_allreduce_sum(struct exec_transport *t, double *x, s
     return nccl_wait(c, op, err);
 }
 
+static enum moe_status nccl_allreduce_sum_f32(struct exec_transport *t, float *x, size_t n,
+                                              struct moe_error *err)
+{
+    struct exec_nccl *c = t->impl;
+    const char *op = "all-reduce";
+    if (!c->comm) return aborted(c, op, err);
+    if (n) N_TRY(c, op, ncclAllReduce(x, x, n, ncclFloat32, ncclSum, c->comm, c->stream));
+    return nccl_wait(c, op, err);
+}
+
 static const struct exec_transport_ops nccl_ops = {nccl_counts, nccl_alltoallv,
-                                                   nccl_allreduce_sum};
+                                                   nccl_allreduce_sum, nccl_allreduce_sum_f32};
 
 enum moe_status exec_nccl_unique_id(unsigned char id[EXEC_NCCL_ID_BYTES], struct moe_error *err)
 {
