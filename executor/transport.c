@@ -260,8 +260,10 @@ static enum moe_status local_allreduce(struct exec_transport *t, void *x, size_t
     }
     enum moe_status sst = MOE_OK;
     if (match)
-        sst = f32 ? h->mem.sum_f32(h->mem.ctx, me, sum, (const float *const *)srcs, h->ranks, n, err)
-                  : h->mem.sum(h->mem.ctx, me, sum, (const double *const *)srcs, h->ranks, n, err);
+        sst = f32 ? h->mem.sum_f32(h->mem.ctx, me, sum, (const float *const *)srcs, h->ranks, n,
+                                   err)
+                  : h->mem.sum(h->mem.ctx, me, sum, (const double *const *)srcs, h->ranks, n,
+                               err);
     if ((st = hub_meet(h, me, "all-reduce (sum)", err)) != MOE_OK) goto done;
     if ((st = sst) != MOE_OK) goto done;
     if (!match) {
