@@ -430,6 +430,12 @@ struct exec_gpu_cfg {
     double aux_coef;   /* load-balance loss coefficient (0: none) */
     int device;
     int streams;       /* expert GEMMs over this many streams (0 or 1: the main stream only) */
+    /* Expert parallelism (NULL: none): this rank's transport (device memory: the local GPU
+     * transport or NCCL) and the group of every MoE layer. Each rank's exec_gpu holds the whole
+     * model but computes only its own experts; the others' gradients stay zero, so summing the
+     * gradients over the ranks (exec_gpu_reduce_grads) gives every parameter's. */
+    struct exec_transport *ep;
+    const struct exec_ep_group *ep_group;
 };
 struct exec_gpu;
 
@@ -445,6 +451,12 @@ enum moe_status exec_gpu_init(struct exec_gpu *g, uint64_t seed, struct moe_erro
 enum moe_status exec_gpu_set_params(struct exec_gpu *g, const double *params, struct moe_error *err);
 enum moe_status exec_gpu_get_params(struct exec_gpu *g, double *params, struct moe_error *err);
 enum moe_status exec_gpu_get_grads(struct exec_gpu *g, double *grad, struct moe_error *err);
+/* Data parallelism: sum the step's gradients over the transport's ranks (each rank passed its
+ * share, grad_scale / ranks, to exec_gpu_micro_batch), before exec_gpu_optimizer. */
+enum moe_status exec_gpu_reduce_grads(struct exec_gpu *g, struct exec_transport *t,
+                                      struct moe_error *err);
+/* The stream the step runs on (a cudaStream_t): the local GPU transport's per-rank stream. */
+void *exec_gpu_stream(const struct exec_gpu *g);
 enum moe_status exec_gpu_set_bias(struct exec_gpu *g, const double *bias, struct moe_error *err);
 
 /* One step: begin (zero the gradients), micro-batches, the optimizer, end (timings). */

@@ -842,3 +842,72 @@ void gk_adamw(float *p, const float *g, float *m1, float *m2, bf16 *w16, size_t 
         k_adamw<<<blocks_for(r, TPB), TPB, 0, s>>>(p + 4 * n4, g + 4 * n4, m1 + 4 * n4, m2 + 4 * n4,
                                                    w16 + 4 * n4, r, *a);
 }
+
+/* ---- expert parallelism: rows in flight ------------------------------------------------------ */
+
+/* out[r] (+)= sum over e in [row_off[r], row_off[r + 1]) of (w ? w[e] : 1) src[idx[e]], rows of
+ * h floats, in e order: a fixed order, so every run sums the same way. */
+__global__ void k_rows_csr(float *out, const float *src, const int *idx, const float *w,
+                           const int *row_off, int h, int accumulate)
+{
+    int r = blockIdx.x;
+    int lo = row_off[r], hi = row_off[r + 1];
+    for (int c = threadIdx.x; c < h; c += blockDim.x) {
+        float acc = accumulate ? out[(size_t)r * h + c] : 0.0f;
+        for (int e = lo; e < hi; e++) acc += (w ? w[e] : 1.0f) * src[(size_t)idx[e] * h + c];
+        out[(size_t)r * h + c] = acc;
+    }
+}
+
+void gk_rows_csr(float *out, const float *src, const int *idx, const float *w, const int *row_off,
+                 int nrows, int h, bool accumulate, cudaStream_t s)
+{
+    if (nrows && h) k_rows_csr<<<nrows, h < TPB ? 32 * ((h + 31) / 32) : TPB, 0, s>>>(
+        out, src, idx, w, row_off, h, accumulate);
+}
+
+__global__ void k_rows_gather32(const float *src, const int *idx, int n, int h, float *dst)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)n * h) return;
+    dst[i] = src[(size_t)idx[i / h] * h + i % h];
+}
+
+void gk_rows_gather32(const float *src, const int *idx, int n, int h, float *dst, cudaStream_t s)
+{
+    size_t m = (size_t)n * h;
+    if (m) k_rows_gather32<<<blocks_for(m, TPB), TPB, 0, s>>>(src, idx, n, h, dst);
+}
+
+/* Per local pair p of a received row: d expert_out = w dy (bf16) and dw = dy . expert_out. */
+__global__ void k_pairs_backward(const float *dy, const int *pair_row, const float *pair_w,
+                                 const float *yp, int h, bf16 *dyp, float *dwp)
+{
+    __shared__ float red[TPB / 32];
+    size_t p = blockIdx.x;
+    const float *d = dy + (size_t)pair_row[p] * h, *y = yp + p * h;
+    float w = pair_w[p], dot = 0.0f;
+    for (int c = threadIdx.x; c < h; c += blockDim.x) {
+        dot += d[c] * y[c];
+        dyp[p * h + c] = __float2bfloat16(w * d[c]);
+    }
+    dot = block_sum(dot, red);
+    if (threadIdx.x == 0) dwp[p] = dot;
+}
+
+void gk_pairs_backward(const float *dy, const int *pair_row, const float *pair_w, const float *yp,
+                       int npairs, int h, bf16 *dyp, float *dwp, cudaStream_t s)
+{
+    if (npairs) k_pairs_backward<<<npairs, TPB, 0, s>>>(dy, pair_row, pair_w, yp, h, dyp, dwp);
+}
+
+__global__ void k_scatter(const float *src, const int *dst_idx, int n, float *dst)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[dst_idx[i]] = src[i];
+}
+
+void gk_scatter(const float *src, const int *dst_idx, int n, float *dst, cudaStream_t s)
+{
+    if (n) k_scatter<<<blocks_for((size_t)n, TPB), TPB, 0, s>>>(src, dst_idx, n, dst);
+}

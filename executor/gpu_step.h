@@ -90,4 +90,16 @@ void gk_sumsq(const float *g, size_t n, double *part, cudaStream_t s);
 void gk_adamw(float *p, const float *g, float *m1, float *m2, bf16 *w16, size_t n,
               const struct gk_adamw *a, cudaStream_t s);
 
+/* Expert parallelism's rows in flight (gpu_step.cu's EP path):
+ * out[r] (+)= sum over e in [row_off[r], row_off[r+1]) of (w ? w[e] : 1) src[idx[e]] (rows of h);
+ * dst[i] = src[idx[i]] (fp32 rows of h);
+ * per local pair p: dyp[p] = w[p] dy[pair_row[p]] (bf16), dwp[p] = dy[pair_row[p]] . yp[p];
+ * dst[dst_idx[i]] = src[i]. */
+void gk_rows_csr(float *out, const float *src, const int *idx, const float *w, const int *row_off,
+                 int nrows, int h, bool accumulate, cudaStream_t s);
+void gk_rows_gather32(const float *src, const int *idx, int n, int h, float *dst, cudaStream_t s);
+void gk_pairs_backward(const float *dy, const int *pair_row, const float *pair_w, const float *yp,
+                       int npairs, int h, bf16 *dyp, float *dwp, cudaStream_t s);
+void gk_scatter(const float *src, const int *dst_idx, int n, float *dst, cudaStream_t s);
+
 #endif

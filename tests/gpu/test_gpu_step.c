@@ -17,12 +17,16 @@
  * rounding decides a near-tie the other way, the case is rerun with the next seed (at most 3).
  * Dropless edge cases (one expert takes every token, experts with none, top_k = experts) match
  * the same way; reruns are bit-identical; training on text follows the reference's loss curve.
+ * Expert parallelism: 2, 4 and 8 virtual ranks on the one GPU (the local transport in device
+ * memory), one sequence a rank, in every dedup mode, against the reference on the same sequences
+ * with the same tolerances.
  * Exits 77 (skipped) where there is no GPU.
  */
 #include "exec.h" /* before moe_test.h: its model helper needs mdl.h */
 
 #include "../unit/moe_test.h"
 
+#include <cuda_runtime_api.h>
 #include <math.h>
 
 static int gpus(void)
@@ -52,7 +56,56 @@ struct setup {
     int mbs, micro;     /* sequences per micro-batch, micro-batches per step */
     bool recompute;
     int streams;        /* expert GEMMs over this many streams */
+    int ep;             /* > 1: that many virtual EP ranks on the GPU, one sequence each */
+    enum cost_dispatcher ep_mode;
 };
+
+/* The GPU side of an EP case: R virtual ranks on one GPU (the local transport, device memory),
+ * each an exec_gpu of the whole model computing its experts, one sequence each (grad_scale 1/R),
+ * gradients summed over the ranks. Out: the mean loss, rank 0's reduced gradients, the routing
+ * counts summed over the ranks (layers x experts). */
+struct ep_gpu_run {
+    const struct mdl_model *m;
+    const struct exec_ep_group *g;
+    const double *params, *bias;
+    const int *tok;
+    int S;
+    void *streams[8];
+    double loss[8], aux[8], *grad;
+    int64_t *counts;       /* (ranks, layers, experts) */
+    double step_ms;
+    int syncs;
+};
+
+static enum moe_status ep_gpu_rank(struct exec_transport *t, void *arg, struct moe_error *err)
+{
+    struct ep_gpu_run *a = arg;
+    int r = t->rank, E = a->m->moe.experts;
+    struct exec_gpu_cfg cfg = {a->S, 1, false, 0.0, 0, 1, t, a->g};
+    struct exec_gpu *g;
+    cudaSetDevice(0);
+    enum moe_status st = exec_gpu_create(&g, a->m, &cfg, err);
+    if (st != MOE_OK) return st;
+    a->streams[r] = exec_gpu_stream(g);
+    struct exec_gpu_step_stats ss;
+    if ((st = exec_gpu_set_params(g, a->params, err)) || (st = exec_gpu_set_bias(g, a->bias, err)) ||
+        (st = exec_gpu_step_begin(g, err)) ||
+        (st = exec_gpu_micro_batch(g, a->tok + (size_t)r * (a->S + 1), 1.0 / t->ranks, &a->loss[r],
+                                   &a->aux[r], err)) ||
+        (st = exec_gpu_step_end(g, &ss, err)) || (st = exec_gpu_reduce_grads(g, t, err)))
+        goto done;
+    if (r == 0) {
+        if ((st = exec_gpu_get_grads(g, a->grad, err))) goto done;
+        a->step_ms = ss.phase_ms[COST_STEP];
+        a->syncs = ss.host_syncs;
+    }
+    for (int l = 0; l < a->m->layers && st == MOE_OK; l++)
+        if (mdl_layer_is_moe(a->m, l))
+            st = exec_gpu_routing(g, l, a->counts + ((size_t)r * a->m->layers + l) * E, NULL, err);
+done:
+    exec_gpu_destroy(g);
+    return st;
+}
 
 /* The reference model with test weights: init, larger perturbations (so that every path carries
  * signal and routing has clear margins), rounded to bf16. */
@@ -102,15 +155,10 @@ static bool compare_once(const struct mdl_model *m, uint64_t seed, const struct 
     struct moe_error err;
     double *bias;
     ref_setup(&r, m, seed, s, &bias);
-    int LE = m->layers * m->moe.experts;
-    int64_t *cref = calloc((size_t)LE, sizeof *cref), *cgpu = calloc((size_t)m->moe.experts, sizeof *cgpu);
+    int LE = m->layers * m->moe.experts, E = m->moe.experts;
+    int64_t *cref = calloc((size_t)LE, sizeof *cref), *cgpu = calloc((size_t)LE, sizeof *cgpu);
     r.route_counts = cref;
-    struct exec_gpu_cfg cfg = {S, s->mbs, s->recompute, s->aux_coef, 0, s->streams};
-    struct exec_gpu *g;
-    if (exec_gpu_create(&g, m, &cfg, &err) != MOE_OK) fail_msg("%s", err.message);
-    assert_int_equal(exec_gpu_set_params(g, r.params, &err), MOE_OK);
-    assert_int_equal(exec_gpu_set_bias(g, bias, &err), MOE_OK);
-    int nseq = s->mbs * s->micro, per = S + 1;
+    int nseq = s->ep > 1 ? s->ep : s->mbs * s->micro, per = S + 1;
     int *tok = malloc(sizeof *tok * (size_t)nseq * per);
     struct moe_rng rng;
     moe_rng_seed(&rng, seed + 99);
@@ -128,27 +176,66 @@ static bool compare_once(const struct mdl_model *m, uint64_t seed, const struct 
         for (size_t i = 0; i < n; i++) gref[i] += g1[i] / nseq;
     }
     /* GPU */
-    double lgpu = 0, agpu = 0;
-    assert_int_equal(exec_gpu_step_begin(g, &err), MOE_OK);
-    for (int mb = 0; mb < s->micro; mb++) {
-        double l, a;
-        if (exec_gpu_micro_batch(g, tok + mb * s->mbs * per, 1.0 / s->micro, &l, &a, &err) != MOE_OK)
-            fail_msg("%s", err.message);
-        lgpu += l / s->micro;
-        agpu += a / s->micro;
+    double lgpu = 0, agpu = 0, step_ms;
+    int syncs;
+    if (s->ep > 1) {
+        int R = s->ep, placement[64], domain[8];
+        for (int e = 0; e < E; e++) placement[e] = (e * 5 + 3) % E % R;
+        for (int q = 0; q < R; q++) domain[q] = q / (R / 2);
+        struct exec_ep_group eg = {R, E, m->moe.top_k, placement, domain, s->ep_mode};
+        int64_t *per_rank = calloc((size_t)R * LE, sizeof *per_rank);
+        struct ep_gpu_run a = {m, &eg, r.params, bias, tok, S, {0}, {0}, {0}, ggpu, per_rank, 0, 0};
+        struct exec_local_hub *hub;
+        struct exec_local_mem mem;
+        assert_int_equal(exec_local_hub_create(&hub, R, 60.0, &err), MOE_OK);
+        exec_local_gpu_memory(&mem, a.streams);
+        exec_local_hub_set_memory(hub, &mem);
+        if (exec_local_run(hub, ep_gpu_rank, &a, &err) != MOE_OK) fail_msg("%s", err.message);
+        exec_local_hub_destroy(hub);
+        for (int q = 0; q < R; q++) {
+            lgpu += a.loss[q] / R;
+            agpu += a.aux[q] / R;
+            for (int i = 0; i < LE; i++) cgpu[i] += per_rank[(size_t)q * LE + i];
+        }
+        free(per_rank);
+        step_ms = a.step_ms;
+        syncs = a.syncs;
+    } else {
+        struct exec_gpu_cfg cfg = {S, s->mbs, s->recompute, s->aux_coef, 0, s->streams, NULL,
+                                   NULL};
+        struct exec_gpu *g;
+        if (exec_gpu_create(&g, m, &cfg, &err) != MOE_OK) fail_msg("%s", err.message);
+        assert_int_equal(exec_gpu_set_params(g, r.params, &err), MOE_OK);
+        assert_int_equal(exec_gpu_set_bias(g, bias, &err), MOE_OK);
+        assert_int_equal(exec_gpu_step_begin(g, &err), MOE_OK);
+        for (int mb = 0; mb < s->micro; mb++) {
+            double l, a;
+            if (exec_gpu_micro_batch(g, tok + mb * s->mbs * per, 1.0 / s->micro, &l, &a, &err) !=
+                MOE_OK)
+                fail_msg("%s", err.message);
+            lgpu += l / s->micro;
+            agpu += a / s->micro;
+        }
+        struct exec_gpu_step_stats st;
+        assert_int_equal(exec_gpu_step_end(g, &st, &err), MOE_OK);
+        assert_int_equal(exec_gpu_get_grads(g, ggpu, &err), MOE_OK);
+        for (int l = 0; l < m->layers; l++)
+            if (mdl_layer_is_moe(m, l))
+                assert_int_equal(exec_gpu_routing(g, l, cgpu + (size_t)l * E, NULL, &err), MOE_OK);
+        step_ms = st.phase_ms[COST_STEP];
+        syncs = st.host_syncs;
+        exec_gpu_destroy(g);
     }
-    struct exec_gpu_step_stats st;
-    assert_int_equal(exec_gpu_step_end(g, &st, &err), MOE_OK);
-    assert_int_equal(exec_gpu_get_grads(g, ggpu, &err), MOE_OK);
-    printf("%s (mbs %d x %d, aux %g%s): loss gpu %.6f ref %.6f (aux %.6f / %.6f); step %.2f ms, "
+    char ep[64] = "";
+    if (s->ep > 1) snprintf(ep, sizeof ep, ", EP %d %s", s->ep, cost_dispatcher_names[s->ep_mode]);
+    printf("%s (mbs %d x %d, aux %g%s%s): loss gpu %.6f ref %.6f (aux %.6f / %.6f); step %.2f ms, "
            "%d host syncs\n",
-           m->name, s->mbs, s->micro, s->aux_coef, s->recompute ? ", recompute" : "", lgpu, lref,
-           agpu, aref, st.phase_ms[COST_STEP], st.host_syncs);
+           m->name, s->mbs, s->micro, s->aux_coef, s->recompute ? ", recompute" : "", ep, lgpu,
+           lref, agpu, aref, step_ms, syncs);
     bool same = true;
     for (int l = 0; l < m->layers; l++) {
         if (!mdl_layer_is_moe(m, l)) continue;
-        assert_int_equal(exec_gpu_routing(g, l, cgpu, NULL, &err), MOE_OK);
-        if (memcmp(cgpu, cref + (size_t)l * m->moe.experts, sizeof *cgpu * m->moe.experts)) {
+        if (memcmp(cgpu + (size_t)l * E, cref + (size_t)l * E, sizeof *cgpu * E)) {
             printf("  layer %d: the routing differs from the reference at a near-tie\n", l);
             same = false;
         }
@@ -156,7 +243,6 @@ static bool compare_once(const struct mdl_model *m, uint64_t seed, const struct 
     if (fabs(lgpu - lref) > 2e-3 * fabs(lref)) fail_msg("loss: gpu %.8f, ref %.8f", lgpu, lref);
     if (!same) {
         free(tok), free(gref), free(g1), free(ggpu), free(bias), free(cref), free(cgpu);
-        exec_gpu_destroy(g);
         exec_ref_model_destroy(&r);
         return false;
     }
@@ -184,7 +270,6 @@ static bool compare_once(const struct mdl_model *m, uint64_t seed, const struct 
     }
     printf("  %d tensors, worst gradient relative error %.3g (%s)\n", r.ntensors, worst, worst_name);
     free(tok), free(gref), free(g1), free(ggpu), free(bias), free(cref), free(cgpu);
-    exec_gpu_destroy(g);
     exec_ref_model_destroy(&r);
     return true;
 }
@@ -197,7 +282,25 @@ static void compare(const struct mdl_model *m, uint64_t seed, const struct setup
     fail_msg("%s: the routing differed from the reference in three seeds", m->name);
 }
 
-static const struct setup plain = {0.0, false, -1, 0, 1, 1, false, 1};
+static const struct setup plain = {0.0, false, -1, 0, 1, 1, false, 1, 0, COST_DISPATCH_ALLTOALL};
+
+/* Expert parallelism on virtual ranks of the one GPU: EP 2, 4 and 8 in every dedup mode, one
+ * sequence a rank, against the reference on the same sequences. */
+static void test_expert_parallel(void **state)
+{
+    (void)state;
+    struct mdl_model m;
+    moe_test_model("tiny-moe-gqa", &m);
+    enum cost_dispatcher modes[3] = {COST_DISPATCH_ALLTOALL, COST_DISPATCH_DEDUP_GPU,
+                                     COST_DISPATCH_DEDUP_DOMAIN};
+    for (int R = 2; R <= 8; R *= 2)
+        for (int i = 0; i < 3; i++) {
+            struct setup s = plain;
+            s.ep = R;
+            s.ep_mode = modes[i];
+            compare(&m, 20 + (uint64_t)R, &s);
+        }
+}
 
 static void test_gqa(void **state)
 {
@@ -297,7 +400,7 @@ static void test_dropless(void **state)
 static void run_steps(const struct mdl_model *m, int streams, double *losses, double *params)
 {
     enum { S = 32, STEPS = 3 };
-    struct exec_gpu_cfg cfg = {S, 2, false, 0.01, 0, streams};
+    struct exec_gpu_cfg cfg = {S, 2, false, 0.01, 0, streams, NULL, NULL};
     struct exec_gpu *g;
     struct moe_error err;
     if (exec_gpu_create(&g, m, &cfg, &err) != MOE_OK) fail_msg("%s", err.message);
@@ -360,7 +463,7 @@ static void test_train_on_text(void **state)
     struct moe_error err;
     assert_int_equal(exec_ref_model_create(&r, &m, 42, &err), MOE_OK);
     for (size_t i = 0; i < r.nparams; i++) r.params[i] = bf16_round(r.params[i]);
-    struct exec_gpu_cfg cfg = {SEQ - 1, 1, false, 0.0, 0, 1};
+    struct exec_gpu_cfg cfg = {SEQ - 1, 1, false, 0.0, 0, 1, NULL, NULL};
     struct exec_gpu *g;
     if (exec_gpu_create(&g, &m, &cfg, &err) != MOE_OK) fail_msg("%s", err.message);
     assert_int_equal(exec_gpu_set_params(g, r.params, &err), MOE_OK);
@@ -425,6 +528,7 @@ int main(void)
         cmocka_unit_test(test_gqa),          cmocka_unit_test(test_variants),
         cmocka_unit_test(test_mla),          cmocka_unit_test(test_dropless),
         cmocka_unit_test(test_deterministic), cmocka_unit_test(test_train_on_text),
+        cmocka_unit_test(test_expert_parallel),
     };
     if (!gpus()) {
         printf("no GPU: skipped\n");
