@@ -129,24 +129,26 @@ static enum moe_status nccl_counts(struct exec_transport *t, const int *send, in
     return nccl_wait(c, op, err);
 }
 
-static enum moe_status nccl_allreduce_sum(struct exec_transport *t, double *x, size_t n,
-                                          struct moe_error *err)
+static enum moe_status nccl_allreduce(struct exec_transport *t, void *x, size_t n,
+                                      ncclDataType_t type, struct moe_error *err)
 {
     struct exec_nccl *c = t->impl;
     const char *op = "all-reduce";
     if (!c->comm) return aborted(c, op, err);
-    if (n) N_TRY(c, op, ncclAllReduce(x, x, n, ncclFloat64, ncclSum, c->comm, c->stream));
+    if (n) N_TRY(c, op, ncclAllReduce(x, x, n, type, ncclSum, c->comm, c->stream));
     return nccl_wait(c, op, err);
+}
+
+static enum moe_status nccl_allreduce_sum(struct exec_transport *t, double *x, size_t n,
+                                          struct moe_error *err)
+{
+    return nccl_allreduce(t, x, n, ncclFloat64, err);
 }
 
 static enum moe_status nccl_allreduce_sum_f32(struct exec_transport *t, float *x, size_t n,
                                               struct moe_error *err)
 {
-    struct exec_nccl *c = t->impl;
-    const char *op = "all-reduce";
-    if (!c->comm) return aborted(c, op, err);
-    if (n) N_TRY(c, op, ncclAllReduce(x, x, n, ncclFloat32, ncclSum, c->comm, c->stream));
-    return nccl_wait(c, op, err);
+    return nccl_allreduce(t, x, n, ncclFloat32, err);
 }
 
 static const struct exec_transport_ops nccl_ops = {nccl_counts, nccl_alltoallv,
