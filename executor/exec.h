@@ -474,6 +474,8 @@ enum moe_status exec_gpu_update_bias(struct exec_gpu *g, double rate, struct moe
 struct exec_gpu_step_stats {
     double phase_ms[COST_NPHASES]; /* CUDA-event time of each phase this step (COST_STEP: all) */
     int host_syncs;                /* device-to-host waits this step */
+    struct cost_bytes dispatch;    /* expert parallelism: token payload this rank sent this step
+                                    * (both hops, forward), by link tier, as the planner counts */
 };
 enum moe_status exec_gpu_step_end(struct exec_gpu *g, struct exec_gpu_step_stats *s,
                                   struct moe_error *err);

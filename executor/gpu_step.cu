@@ -156,6 +156,7 @@ struct exec_gpu {
     int nev, ev_created;
     bool ev_overflow;
     int syncs;
+    struct cost_bytes sent;   /* expert parallelism: dispatch payload this step */
     bool record_stats;        /* false in a recompute forward */
     double mem[EXEC_MEM_N], peak_used, dev_total;
     void *allocs[MAX_ALLOCS];
@@ -804,6 +805,10 @@ static enum moe_status ep_forward(struct exec_gpu *g, int l, struct act *A, floa
                           g->ep_recv16 + (size_t)L->n1 * h, err)))
         goto done;
     if ((st = ep_index(g, L, m1, m2, err))) goto done;
+    if (g->record_stats) { /* not the recompute forward's */
+        exec_ep_rows_bytes(eg, me, &L->h1, sizeof(bf16) * (double)h, &g->sent);
+        exec_ep_rows_bytes(eg, me, &L->h2, sizeof(bf16) * (double)h, &g->sent);
+    }
     PH(COST_EXPERTS_FWD);
     if (L->npairs) {
         G_LAUNCH(gk_gather(g->ep_recv16, L->pair_row, 1, L->npairs, h, A->xp16, g->s));
@@ -1515,6 +1520,7 @@ extern "C" enum moe_status exec_gpu_step_begin(struct exec_gpu *g, struct moe_er
     g->nev = 0;
     g->ev_overflow = false;
     g->syncs = 0;
+    g->sent.nvlink = g->sent.scale_out = 0.0;
     memset(g->step_load, 0, sizeof(int64_t) * (size_t)(g->nmoe ? g->nmoe : 1) * g->E);
     PH(COST_OPTIMIZER);
     G_CUDA(cudaMemsetAsync(g->grad, 0, sizeof(float) * g->table.nparams, g->s));
@@ -1680,6 +1686,7 @@ extern "C" enum moe_status exec_gpu_step_end(struct exec_gpu *g, struct exec_gpu
         st->phase_ms[COST_STEP] += ms;
     }
     st->host_syncs = g->syncs;
+    st->dispatch = g->sent;
     size_t fr, tot;
     G_CUDA(cudaMemGetInfo(&fr, &tot));
     if ((double)(tot - fr) > g->peak_used) g->peak_used = (double)(tot - fr);

@@ -75,6 +75,7 @@ struct ep_gpu_run {
     int64_t *counts;       /* (ranks, layers, experts) */
     double step_ms;
     int syncs;
+    struct cost_bytes sent[8];
 };
 
 static enum moe_status ep_gpu_rank(struct exec_transport *t, void *arg, struct moe_error *err)
@@ -94,6 +95,7 @@ static enum moe_status ep_gpu_rank(struct exec_transport *t, void *arg, struct m
                                    &a->aux[r], err)) ||
         (st = exec_gpu_step_end(g, &ss, err)) || (st = exec_gpu_reduce_grads(g, t, err)))
         goto done;
+    a->sent[r] = ss.dispatch;
     if (r == 0) {
         if ((st = exec_gpu_get_grads(g, a->grad, err))) goto done;
         a->step_ms = ss.phase_ms[COST_STEP];
@@ -184,7 +186,8 @@ static bool compare_once(const struct mdl_model *m, uint64_t seed, const struct 
         for (int q = 0; q < R; q++) domain[q] = q / (R / 2);
         struct exec_ep_group eg = {R, E, m->moe.top_k, placement, domain, s->ep_mode};
         int64_t *per_rank = calloc((size_t)R * LE, sizeof *per_rank);
-        struct ep_gpu_run a = {m, &eg, r.params, bias, tok, S, {0}, {0}, {0}, ggpu, per_rank, 0, 0};
+        struct ep_gpu_run a = {m, &eg, r.params, bias, tok, S, {0}, {0}, {0},
+                               ggpu, per_rank, 0, 0, {{0, 0}}};
         struct exec_local_hub *hub;
         struct exec_local_mem mem;
         assert_int_equal(exec_local_hub_create(&hub, R, 60.0, &err), MOE_OK);
@@ -200,6 +203,10 @@ static bool compare_once(const struct mdl_model *m, uint64_t seed, const struct 
         free(per_rank);
         step_ms = a.step_ms;
         syncs = a.syncs;
+        double nv = 0, so = 0;
+        for (int q = 0; q < R; q++) nv += a.sent[q].nvlink, so += a.sent[q].scale_out;
+        printf("  EP %d dispatch payload: %.0f B over NVLink, %.0f B scale-out (all ranks)\n", R,
+               nv, so);
     } else {
         struct exec_gpu_cfg cfg = {S, s->mbs, s->recompute, s->aux_coef, 0, s->streams, NULL,
                                    NULL};
