@@ -117,7 +117,7 @@ static int run(struct cli *cli, const struct run_opts *o)
     const struct mdl_model *m = &p.model;
     const struct cost_layout *l = &p.layout;
     struct exec_gpu_cfg cfg = {l->seq_len, l->mbs, l->recompute == COST_RECOMPUTE_FULL, o->aux, 0,
-                              (int)o->streams, NULL, NULL};
+                              (int)o->streams, NULL, NULL, 0.0};
     if ((st = exec_gpu_create(&g, m, &cfg, &err))) goto cleanup;
     if ((st = exec_gpu_init(g, o->seed, &err))) goto cleanup;
     if ((st = exec_data_open(&data, o->data, m->vocab, o->seed, &err))) goto cleanup;

@@ -436,6 +436,10 @@ struct exec_gpu_cfg {
      * gradients over the ranks (exec_gpu_reduce_grads) gives every parameter's. */
     struct exec_transport *ep;
     const struct exec_ep_group *ep_group;
+    /* rows and pairs a rank may receive, x its own tokens' pairs (the plan's dispatch buffer
+     * factor, 2 by default there); 0: the ranks' count, room for every pair of every rank. More
+     * than that stops the step with a message: no row is ever dropped. */
+    double ep_buffer_factor;
 };
 struct exec_gpu;
 

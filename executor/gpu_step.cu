@@ -617,7 +617,8 @@ static enum moe_status ep_check_rows(const struct exec_gpu *g, int n, const char
     if (n <= g->rows_cap) return MOE_OK;
     return moe_error_set(err, MOE_ERR_RUNTIME,
                          "expert parallelism: rank %d would hold %d %s, its buffers %d; no row is "
-                         "dropped: the step stops (fewer tokens per micro-batch fit)",
+                         "dropped: the step stops (a larger ep_buffer_factor, or fewer tokens per "
+                         "micro-batch, fit)",
                          g->cfg.ep->rank, n, what, g->rows_cap);
 }
 
@@ -1156,7 +1157,13 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
     g->fs = m->moe.shared_experts * m->moe.shared_intermediate;
     g->fd = m->dense_intermediate;
     g->P = g->T * g->k;
-    g->Pe = g->rows_cap = cfg->ep ? g->P * cfg->ep->ranks : g->P;
+    if (cfg->ep) {
+        double f = cfg->ep_buffer_factor > 0 ? cfg->ep_buffer_factor : cfg->ep->ranks;
+        if (f > cfg->ep->ranks) f = cfg->ep->ranks;
+        g->Pe = g->rows_cap = (int)ceil(f * g->P);
+    } else {
+        g->Pe = g->rows_cap = g->P;
+    }
     g->mla = at->type == MDL_ATTN_MLA;
     g->H = at->heads;
     g->KV = g->mla ? at->heads : at->kv_heads;
@@ -1829,7 +1836,7 @@ extern "C" enum moe_status exec_moe_bench(const struct exec_moe_bench_cfg *c, in
     }
     free(p), free(q);
     /* T sequences of one token: the layer sees T tokens, attention's workspace stays tiny */
-    struct exec_gpu_cfg cfg = {1, T, false, 0.0, 0, c->streams, NULL, NULL};
+    struct exec_gpu_cfg cfg = {1, T, false, 0.0, 0, c->streams, NULL, NULL, 0.0};
     struct exec_gpu *g = NULL;
     int *dchoice = NULL, dense_off[GK_MAX_EXPERTS + 1];
     enum moe_status st = exec_gpu_create(&g, &m, &cfg, err);
