@@ -281,7 +281,8 @@ static enum moe_status lt_kind_find(struct exec_gpu *g, bool ta, bool tb, bool v
     if (!st)
         st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                   &g->ws_bytes, sizeof g->ws_bytes);
-    if (!st) st = cublasLtMatmulAlgoGetHeuristic(g->lt, q->op, l[0], l[1], l[2], l[2], pref, 1, &r, &nr);
+    if (!st)
+        st = cublasLtMatmulAlgoGetHeuristic(g->lt, q->op, l[0], l[1], l[2], l[2], pref, 1, &r, &nr);
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
     lt_layouts_free(l);
     if (!st && nr > 0) {
@@ -705,12 +706,14 @@ static enum moe_status ep_index(struct exec_gpu *g, struct ep_layer *L,
                              me, np, g->Pe);
     size_t ni = (size_t)(np ? np : 1);
     int *pair_row = (int *)malloc(sizeof(int) * ni), *pair_dst = (int *)malloc(sizeof(int) * ni);
-    int *row_pairs = (int *)malloc(sizeof(int) * ni), *row_off = (int *)calloc((size_t)rows + 1, sizeof(int));
+    int *row_pairs = (int *)malloc(sizeof(int) * ni);
+    int *row_off = (int *)calloc((size_t)rows + 1, sizeof(int));
     int *tok_off = (int *)calloc((size_t)T + 1, sizeof(int));
     int *tok_rows = (int *)malloc(sizeof(int) * (size_t)(L->h1.n ? L->h1.n : 1));
     int *fwd_off = (int *)calloc((size_t)L->n1 + 1, sizeof(int));
     int *fwd_rows = (int *)malloc(sizeof(int) * (size_t)(L->h2.n ? L->h2.n : 1));
-    float *pair_w = (float *)malloc(sizeof(float) * ni), *row_w = (float *)malloc(sizeof(float) * ni);
+    float *pair_w = (float *)malloc(sizeof(float) * ni);
+    float *row_w = (float *)malloc(sizeof(float) * ni);
     int *at = (int *)calloc((size_t)E + 1, sizeof(int));
     enum moe_status st = MOE_OK;
     if (!pair_row || !pair_dst || !row_pairs || !row_off || !tok_off || !tok_rows || !fwd_off ||

@@ -1,6 +1,6 @@
 /*
  * test_ref_parallel.c: expert, data and pipeline parallelism on the CPU:
- *   - the exchange's rows and bytes on a routing counted by hand;
+ *   - the exchange's rows and bytes on a routing counted by hand, and on 300 random ones;
  *   - the reference's EP layer on R virtual ranks (the local transport) against the one-rank
  *     layer on the same tokens, for R = 1, 2, 4, 8 and every dedup mode;
  *   - a whole model trained three steps on R ranks (EP in every mode, or DP alone), and in
@@ -69,6 +69,90 @@ static void test_rows_by_hand(void **state)
     struct exec_ep_group g = {4, 8, 3, placement, bad_domain, COST_DISPATCH_DEDUP_DOMAIN};
     assert_int_equal(exec_ep_group_check(&g, &err), MOE_ERR_INPUT);
     printf("%s\n", err.message);
+}
+
+/* Random exchanges, no transport: every rank's first hop delivered in rank order, every second
+ * hop likewise; then each (rank, token, slot) must be computed exactly once, at the rank that
+ * holds its expert, and the bytes must be the planner's. 300 cases: 1-8 ranks, domains of every
+ * size dividing them, 1-16 experts anywhere, top-1 to top-4, 0-6 tokens a rank. */
+static void test_exchange_random(void **state)
+{
+    (void)state;
+    struct moe_rng rng;
+    moe_rng_seed(&rng, 2026);
+    struct moe_error err;
+    for (int c = 0; c < 300; c++) {
+        int R = 1 + (int)moe_rng_below(&rng, 8), dsz;
+        do dsz = 1 + (int)moe_rng_below(&rng, (uint64_t)R); while (R % dsz);
+        int E = R + (int)moe_rng_below(&rng, (uint64_t)(17 - R));
+        int k = 1 + (int)moe_rng_below(&rng, 4);
+        if (k > E) k = E;
+        enum cost_dispatcher mode = (enum cost_dispatcher)moe_rng_below(&rng, 3);
+        int placement[16], domain[8], T[8], first[9] = {0};
+        for (int e = 0; e < E; e++) placement[e] = (int)moe_rng_below(&rng, (uint64_t)R);
+        for (int r = 0; r < R; r++) {
+            domain[r] = r / dsz;
+            T[r] = (int)moe_rng_below(&rng, 7);
+            first[r + 1] = first[r] + T[r];
+        }
+        int N = first[R];
+        int *choice = calloc((size_t)(N ? N : 1) * k, sizeof(int));
+        int *src = calloc((size_t)N + 1, sizeof(int));
+        double *weight = calloc((size_t)(N ? N : 1) * k, sizeof(double));
+        int *seen = calloc((size_t)(N ? N : 1) * k, sizeof(int));
+        for (int t = 0; t < N; t++) {
+            for (int j = 0; j < k; j++) {
+                int e, dup;
+                do {
+                    e = (int)moe_rng_below(&rng, (uint64_t)E);
+                    dup = 0;
+                    for (int i = 0; i < j; i++) dup |= choice[t * k + i] == e;
+                } while (dup);
+                choice[t * k + j] = e;
+                weight[t * k + j] = 1.0 / k;
+            }
+        }
+        struct exec_ep_group g = {R, E, k, placement, domain, mode};
+        struct exec_ep_rows h1[8], h2[8];
+        struct cost_bytes ours = {0, 0}, planner;
+        for (int r = 0; r < R; r++) {
+            for (int t = first[r]; t < first[r + 1]; t++) src[t] = r;
+            assert_int_equal(exec_ep_first_hop(&g, r, choice + (size_t)first[r] * k,
+                                               weight + (size_t)first[r] * k, T[r], &h1[r], &err),
+                             MOE_OK);
+            exec_ep_rows_bytes(&g, r, &h1[r], 1.0, &ours);
+        }
+        for (int hop = 0; hop < 2; hop++) {
+            struct exec_ep_rows *out = hop ? h2 : h1;
+            for (int d = 0; d < R; d++) {
+                /* what d receives, in rank order */
+                struct exec_ep_meta recv[512];
+                int n = 0;
+                for (int s2 = 0; s2 < R; s2++) {
+                    int at = 0;
+                    for (int q = 0; q < d; q++) at += out[s2].count[q];
+                    for (int i = 0; i < out[s2].count[d]; i++) recv[n++] = out[s2].meta[at + i];
+                }
+                for (int i = 0; i < n; i++)
+                    for (int j = 0; j < k; j++)
+                        if (exec_ep_slot_here(&g, d, &recv[i], j))
+                            seen[(first[recv[i].src_rank] + recv[i].src_token) * k + j]++;
+                if (!hop) {
+                    assert_int_equal(exec_ep_second_hop(&g, d, recv, n, &h2[d], &err), MOE_OK);
+                    exec_ep_rows_bytes(&g, d, &h2[d], 1.0, &ours);
+                }
+            }
+        }
+        for (int i = 0; i < N * k; i++)
+            if (seen[i] != 1) fail_msg("case %d (%d ranks, %s): pair %d computed %d times", c, R,
+                                       cost_dispatcher_names[mode], i, seen[i]);
+        cost_dispatch_bytes_exact(choice, src, N, k, placement, domain, mode, 1.0, &planner);
+        assert_true(ours.nvlink == planner.nvlink && ours.scale_out == planner.scale_out);
+        for (int r = 0; r < R; r++) exec_ep_rows_free(&h1[r]), exec_ep_rows_free(&h2[r]);
+        free(choice), free(src), free(weight), free(seen);
+    }
+    printf("300 random exchanges: every pair computed once, where its expert is; bytes as "
+           "planned\n");
 }
 
 /* One EP run: every rank's tokens, outputs and gradients in the test's buffers. */
@@ -534,6 +618,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rows_by_hand),
+        cmocka_unit_test(test_exchange_random),
         cmocka_unit_test(test_ep_equals_one_rank),
         cmocka_unit_test(test_model_twin),
         cmocka_unit_test(test_pipeline_twin),
