@@ -374,14 +374,15 @@ enum moe_status exec_ref_zero1_step(struct exec_transport *t, struct exec_ref_mo
                                     const struct exec_adamw *o, double *norm,
                                     struct moe_error *err);
 
-/* The reference's pipeline-parallel step on stage t->rank of t->ranks: blocks [first[s],
- * first[s + 1]) on stage s (first[0] = 0, first[stages] = layers), M micro-batches of T tokens
- * (tokens (M, T)) in the 1F1B order, activations and their gradients over the transport. grad
- * (nparams): this stage's share of the mean gradient over the micro-batches (zero outside its
- * blocks), so the sum over the stages is the one-rank step's; loss: the mean loss on the last
- * stage, 0 elsewhere. At most 64 stages. */
+/* The reference's pipeline-parallel step on rank t->rank of t->ranks, with vpp chunks a rank:
+ * blocks [first[v], first[v + 1]) on virtual stage v, which lives on rank v % ranks (first[0] =
+ * 0, first[ranks * vpp] = layers), M micro-batches of T tokens (tokens (M, T)) in the 1F1B order
+ * (interleaved when vpp > 1: M a multiple of the ranks), activations and their gradients over
+ * the transport. grad (nparams): this rank's share of the mean gradient over the micro-batches
+ * (zero outside its blocks), so the sum over the ranks is the one-rank step's; loss: the mean
+ * loss on the last virtual stage's rank, 0 elsewhere. At most 64 ranks. */
 enum moe_status exec_ref_pipeline_step(struct exec_transport *t, const struct exec_ref_model *r,
-                                       const int *first, const int *tokens, int M, int T,
+                                       const int *first, int vpp, const int *tokens, int M, int T,
                                        double *loss, double *grad, struct moe_error *err);
 
 /* ---------------------------------------------------------------------------------------------- */

@@ -1,8 +1,9 @@
 /*
- * ref_pp.c: the reference's pipeline-parallel step. Stage s (rank s of the transport) holds
- * blocks [first[s], first[s + 1]); the first stage also the embedding, the last the head and the
- * loss. M micro-batches go through in the 1F1B order (stage s runs S - 1 - s forwards first,
- * then alternates one forward and one backward, then drains its backwards), in rounds: in each,
+ * ref_pp.c: the reference's pipeline-parallel step. Virtual stage v (of S ranks x vpp chunks)
+ * holds blocks [first[v], first[v + 1]) and lives on rank v % S; the first also holds the
+ * embedding, the last the head and the loss. M micro-batches go through in the 1F1B order (rank s
+ * runs S - 1 - s forwards first, then alternates one forward and one backward, then drains its
+ * backwards), or Megatron's interleaved 1F1B when vpp > 1, in rounds: in each,
  * every stage runs its next operation if its input has arrived, then one exchange carries the
  * activations forward and the gradients back. Every rank derives the same round table from
  * (S, M), so the exchanges match without asking. The backward of a slice recomputes its forward
@@ -18,34 +19,52 @@
 
 struct pp_op {
     char kind; /* 'F', 'B', or 0: idle this round */
-    int mb;
+    int mb, v; /* micro-batch, virtual stage */
 };
 
-/* The round table (rounds x S) of 1F1B for S stages and M micro-batches; returns the rounds. */
-static int pp_schedule(int S, int M, struct pp_op **table)
+/* Rank s's operations in order. vpp = 1: 1F1B (S - 1 - s forwards first). vpp > 1: Megatron's
+ * interleaved 1F1B over the rank's chunks (virtual stages s, s + S, ...): forward k runs chunk
+ * (k / S) % vpp of micro-batch (k / (S vpp)) S + k % S, backward k the chunks in reverse; the
+ * warm-up is (S - s - 1) 2 + (vpp - 1) S forwards. */
+static int pp_list(int S, int vpp, int M, int s, struct pp_op *l)
 {
-    int per = 2 * M, cap = 4 * M * S + 4 * S;
+    int n = 0, total = M * vpp;
+    int w = vpp == 1 ? S - 1 - s : (S - s - 1) * 2 + (vpp - 1) * S;
+    if (w > total) w = total;
+    for (int i = 0; i < w; i++) {
+        int c = (i / S) % vpp;
+        l[n++] = (struct pp_op){'F', (i / (S * vpp)) * S + i % S, c * S + s};
+    }
+    for (int j = 0; j < total; j++) {
+        int i = w + j;
+        if (i < total) {
+            int c = (i / S) % vpp;
+            l[n++] = (struct pp_op){'F', (i / (S * vpp)) * S + i % S, c * S + s};
+        }
+        int c = vpp - 1 - (j / S) % vpp;
+        l[n++] = (struct pp_op){'B', (j / (S * vpp)) * S + j % S, c * S + s};
+    }
+    return n;
+}
+
+/* The round table (rounds x S) for S ranks of vpp chunks and M micro-batches; returns the rounds
+ * (-1: out of memory, or a schedule that cannot finish). */
+static int pp_schedule(int S, int vpp, int M, struct pp_op **table)
+{
+    int V = S * vpp, per = 2 * M * vpp, cap = 4 * per * S + 4 * S;
     struct pp_op *list = calloc((size_t)S * per, sizeof *list);
     struct pp_op *t = calloc((size_t)cap * S, sizeof *t);
     int *next = calloc((size_t)S, sizeof(int));
-    bool *act = calloc((size_t)S * M, sizeof(bool)), *grd = calloc((size_t)S * M, sizeof(bool));
-    bool *fwd = calloc((size_t)S * M, sizeof(bool));
+    bool *act = calloc((size_t)V * M, sizeof(bool)), *grd = calloc((size_t)V * M, sizeof(bool));
+    bool *fwd = calloc((size_t)V * M, sizeof(bool));
     int rounds = -1;
     if (!list || !t || !next || !act || !grd || !fwd) goto done;
-    for (int s = 0; s < S; s++) {
-        struct pp_op *l = list + (size_t)s * per;
-        int w = S - 1 - s < M ? S - 1 - s : M, n = 0;
-        for (int i = 0; i < w; i++) l[n++] = (struct pp_op){'F', i};
-        for (int j = 0; j < M; j++) {
-            if (w + j < M) l[n++] = (struct pp_op){'F', w + j};
-            l[n++] = (struct pp_op){'B', j};
-        }
-    }
+    for (int s = 0; s < S; s++) pp_list(S, vpp, M, s, list + (size_t)s * per);
     for (rounds = 0;; rounds++) {
         bool left = false;
         for (int s = 0; s < S; s++) left |= next[s] < per;
         if (!left) break;
-        if (rounds == cap) { /* cannot happen for 1F1B; never loop forever */
+        if (rounds == cap) {
             rounds = -1;
             goto done;
         }
@@ -53,9 +72,8 @@ static int pp_schedule(int S, int M, struct pp_op **table)
         for (int s = 0; s < S; s++) {
             if (next[s] == per) continue;
             struct pp_op op = list[(size_t)s * per + next[s]];
-            bool ready = op.kind == 'F' ? s == 0 || act[(size_t)s * M + op.mb]
-                                        : (s == S - 1 ? fwd[(size_t)s * M + op.mb]
-                                                      : grd[(size_t)s * M + op.mb]);
+            size_t at = (size_t)op.v * M + op.mb;
+            bool ready = op.kind == 'F' ? op.v == 0 || act[at] : (op.v == V - 1 ? fwd[at] : grd[at]);
             if (ready) row[s] = op;
         }
         for (int s = 0; s < S; s++) {
@@ -63,10 +81,10 @@ static int pp_schedule(int S, int M, struct pp_op **table)
             if (!op.kind) continue;
             next[s]++;
             if (op.kind == 'F') {
-                fwd[(size_t)s * M + op.mb] = true;
-                if (s + 1 < S) act[(size_t)(s + 1) * M + op.mb] = true;
-            } else if (s > 0) {
-                grd[(size_t)(s - 1) * M + op.mb] = true;
+                fwd[(size_t)op.v * M + op.mb] = true;
+                if (op.v + 1 < V) act[(size_t)(op.v + 1) * M + op.mb] = true;
+            } else if (op.v > 0) {
+                grd[(size_t)(op.v - 1) * M + op.mb] = true;
             }
         }
     }
@@ -81,23 +99,26 @@ done:
 }
 
 enum moe_status exec_ref_pipeline_step(struct exec_transport *t, const struct exec_ref_model *r,
-                                       const int *first, const int *tokens, int M, int T,
+                                       const int *first, int vpp, const int *tokens, int M, int T,
                                        double *loss, double *grad, struct moe_error *err)
 {
-    int S = t->ranks, me = t->rank, h = r->model.hidden, n = T - 1;
-    if (M < 1 || S > PP_MAX_STAGES || first[0] != 0 || first[S] != r->model.layers)
+    int S = t->ranks, me = t->rank, h = r->model.hidden, n = T - 1, V = S * vpp;
+    if (M < 1 || vpp < 1 || S > PP_MAX_STAGES || first[0] != 0 || first[V] != r->model.layers ||
+        (vpp > 1 && M % S))
         return moe_error_set(err, MOE_ERR_INPUT,
-                             "pipeline: %d micro-batches, %d stages (at most %d) from block %d to "
-                             "%d of %d", M, S, PP_MAX_STAGES, first[0], first[S],
-                             r->model.layers);
-    for (int s = 0; s < S; s++)
-        if (first[s + 1] <= first[s])
-            return moe_error_set(err, MOE_ERR_INPUT, "pipeline: stage %d has no blocks", s);
+                             "pipeline: %d micro-batches (a multiple of the %d ranks when "
+                             "interleaved), %d x %d virtual stages (at most %d ranks) from block %d "
+                             "to %d of %d",
+                             M, S, S, vpp, PP_MAX_STAGES, first[0], first[V], r->model.layers);
+    for (int v = 0; v < V; v++)
+        if (first[v + 1] <= first[v])
+            return moe_error_set(err, MOE_ERR_INPUT, "pipeline: virtual stage %d has no blocks", v);
     size_t th = (size_t)n * h;
     struct pp_op *table = NULL;
-    int rounds = pp_schedule(S, M, &table);
-    double *act = calloc((size_t)M * th, sizeof *act);   /* this stage's input, per micro-batch */
-    double *dgo = calloc((size_t)M * th, sizeof *dgo);   /* the gradient of its output */
+    int rounds = pp_schedule(S, vpp, M, &table);
+    /* per (chunk, micro-batch) of this rank: its input, and the gradient of its output */
+    double *act = calloc((size_t)vpp * M * th, sizeof *act);
+    double *dgo = calloc((size_t)vpp * M * th, sizeof *dgo);
     double *out = calloc(th, sizeof *out), *in = calloc(2 * th, sizeof *in);
     double *tmp = calloc(r->nparams, sizeof *tmp);
     enum moe_status st = MOE_OK;
@@ -107,38 +128,46 @@ enum moe_status exec_ref_pipeline_step(struct exec_transport *t, const struct ex
     }
     memset(grad, 0, sizeof *grad * r->nparams);
     *loss = 0.0;
-    int lo = first[me], hi = first[me + 1];
     for (int k = 0; k < rounds && st == MOE_OK; k++) {
         const struct pp_op *row = table + (size_t)k * S, op = row[me];
-        const int *tok = tokens + (size_t)op.mb * T;
         int send[PP_MAX_STAGES] = {0}, recv[PP_MAX_STAGES] = {0};
-        const double *h_in = me > 0 ? act + (size_t)op.mb * th : NULL;
-        if (op.kind == 'F') {
+        if (op.kind) {
+            const int *tok = tokens + (size_t)op.mb * T;
+            int lo = first[op.v], hi = first[op.v + 1];
+            size_t slot = ((size_t)(op.v / S) * M + op.mb) * th;
+            const double *h_in = op.v > 0 ? act + slot : NULL;
             double l = 0.0;
-            st = exec_ref_model_slice(r, NULL, tok, T, lo, hi, h_in, me + 1 < S ? out : NULL, NULL,
-                                      NULL, &l, NULL, NULL, err);
-            if (me + 1 == S) *loss += l / M;
-            if (me + 1 < S) send[me + 1] = (int)th;
-        } else if (op.kind == 'B') {
-            double l;
-            st = exec_ref_model_slice(r, NULL, tok, T, lo, hi, h_in, NULL,
-                                      me + 1 < S ? dgo + (size_t)op.mb * th : NULL,
-                                      me > 0 ? out : NULL, &l, NULL, tmp, err);
-            for (size_t i = 0; st == MOE_OK && i < r->nparams; i++) grad[i] += tmp[i] / M;
-            if (me > 0) send[me - 1] = (int)th;
+            if (op.kind == 'F') {
+                st = exec_ref_model_slice(r, NULL, tok, T, lo, hi, h_in, op.v + 1 < V ? out : NULL,
+                                          NULL, NULL, &l, NULL, NULL, err);
+                if (op.v + 1 == V) *loss += l / M;
+                else send[(op.v + 1) % S] = (int)th;
+            } else {
+                st = exec_ref_model_slice(r, NULL, tok, T, lo, hi, h_in, NULL,
+                                          op.v + 1 < V ? dgo + slot : NULL, op.v > 0 ? out : NULL,
+                                          &l, NULL, tmp, err);
+                for (size_t i = 0; st == MOE_OK && i < r->nparams; i++) grad[i] += tmp[i] / M;
+                if (op.v > 0) send[(op.v - 1) % S] = (int)th;
+            }
         }
         if (st != MOE_OK) break; /* the peers fail at this round's exchange */
-        if (me > 0 && row[me - 1].kind == 'F') recv[me - 1] = (int)th;
-        if (me + 1 < S && row[me + 1].kind == 'B') recv[me + 1] = (int)th;
-        st = t->ops->alltoallv(t, out, send, in, recv, sizeof(double), err);
-        /* what came: from below an activation (first in rank order), from above a gradient */
-        size_t at = 0;
-        if (st == MOE_OK && me > 0 && recv[me - 1]) {
-            memcpy(act + (size_t)row[me - 1].mb * th, in, sizeof *in * th);
-            at = th;
+        /* what comes this round: a peer's forward into a chunk here, a peer's backward likewise */
+        int from[2] = {-1, -1}, nin = 0;
+        for (int q = 0; q < S; q++) {
+            struct pp_op o = row[q];
+            if (!o.kind) continue;
+            int to = o.kind == 'F' ? o.v + 1 : o.v - 1;
+            if (to < 0 || to >= V || to % S != me) continue;
+            recv[q] = (int)th;
+            from[nin++] = q;
         }
-        if (st == MOE_OK && me + 1 < S && recv[me + 1])
-            memcpy(dgo + (size_t)row[me + 1].mb * th, in + at, sizeof *in * th);
+        st = t->ops->alltoallv(t, out, send, in, recv, sizeof(double), err);
+        for (int i = 0; st == MOE_OK && i < nin; i++) { /* in rank order */
+            struct pp_op o = row[from[i]];
+            int to = o.kind == 'F' ? o.v + 1 : o.v - 1;
+            size_t slot = ((size_t)(to / S) * M + o.mb) * th;
+            memcpy((o.kind == 'F' ? act : dgo) + slot, in + (size_t)i * th, sizeof *in * th);
+        }
     }
 done:
     free(table), free(act), free(dgo), free(out), free(in), free(tmp);

@@ -456,33 +456,55 @@ static void test_zero1_twin(void **state)
     check_twin("EP 4 ranks dedup-domain, ZeRO-1", &tr, 4);
 }
 
-/* PP: stages of blocks, PP_M micro-batches a step in 1F1B; the pipeline gives each stage's
- * share. */
+/* PP: stages of blocks, PP_M micro-batches a step in 1F1B (interleaved with vpp > 1); the
+ * pipeline gives each rank's share. */
 #define PP_M 4
+struct pp_case {
+    const char *model;
+    int layers, ranks, vpp, first[9];
+};
 static enum moe_status pp_grad_step(struct exec_transport *t, const struct exec_ref_model *r,
                                     const int *tokens, double *loss, double *grad, const void *ctx,
                                     struct moe_error *err)
 {
-    return exec_ref_pipeline_step(t, r, ctx, tokens, PP_M, TW_T, loss, grad, err);
+    const struct pp_case *pc = ctx;
+    return exec_ref_pipeline_step(t, r, pc->first, pc->vpp, tokens, PP_M, TW_T, loss, grad, err);
 }
 
 static void test_pipeline_twin(void **state)
 {
     (void)state;
-    struct { const char *model; int stages, first[4]; } cases[] = {
-        {"tiny-moe-mla", 2, {0, 2, 3}}, {"tiny-moe-mla", 3, {0, 1, 2, 3}},
-        {"tiny-moe-gqa", 2, {0, 1, 2}}};
+    static const struct pp_case cases[] = {
+        {"tiny-moe-mla", 0, 2, 1, {0, 2, 3}},
+        {"tiny-moe-mla", 0, 3, 1, {0, 1, 2, 3}},
+        {"tiny-moe-gqa", 0, 2, 1, {0, 1, 2}},
+        {"tiny-moe-gqa", 4, 2, 2, {0, 1, 2, 3, 4}},          /* interleaved: 2 ranks x 2 chunks */
+        {"tiny-moe-gqa", 9, 2, 4, {0, 1, 2, 3, 4, 5, 6, 7, 9}}, /* 2 x 4, uneven chunks */
+        {"tiny-moe-gqa", 6, 3, 2, {0, 1, 2, 3, 4, 5, 6}}};   /* 3 x 2 (PP_M not a multiple) */
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         struct mdl_model m;
         moe_test_model(cases[c].model, &m);
+        if (cases[c].layers) m.layers = cases[c].layers;
         int tokens[TW_STEPS * PP_M * TW_T];
         twin_tokens(&m, tokens, sizeof tokens / sizeof *tokens, 13);
-        struct trainer tr = {&m, tokens, PP_M, pp_grad_step, cases[c].first, false, 0.0, {0},
-                             NULL};
         char label[128];
-        snprintf(label, sizeof label, "PP %d stages of %s, %d micro-batches (1F1B)",
-                 cases[c].stages, cases[c].model, PP_M);
-        check_twin(label, &tr, cases[c].stages);
+        snprintf(label, sizeof label, "PP %d ranks x %d chunks of %s (%d layers), %d micro-batches",
+                 cases[c].ranks, cases[c].vpp, cases[c].model, m.layers, PP_M);
+        if (cases[c].vpp > 1 && PP_M % cases[c].ranks) { /* refused, by name */
+            struct moe_error err;
+            struct exec_ref_model r;
+            assert_int_equal(exec_ref_model_create(&r, &m, 5, &err), MOE_OK);
+            double *g = calloc(r.nparams, sizeof *g), l;
+            struct exec_transport t1 = {0, cases[c].ranks, NULL, NULL};
+            assert_int_equal(exec_ref_pipeline_step(&t1, &r, cases[c].first, cases[c].vpp, tokens,
+                                                    PP_M, TW_T, &l, g, &err), MOE_ERR_INPUT);
+            printf("%s: %s\n", label, err.message);
+            free(g);
+            exec_ref_model_destroy(&r);
+            continue;
+        }
+        struct trainer tr = {&m, tokens, PP_M, pp_grad_step, &cases[c], false, 0.0, {0}, NULL};
+        check_twin(label, &tr, cases[c].ranks);
     }
 }
 
