@@ -474,7 +474,8 @@ enum moe_status exec_gpu_micro_batch(struct exec_gpu *g, const int *tokens, doub
 /* Clip to the global norm and apply AdamW; *gnorm is the norm before clipping. */
 enum moe_status exec_gpu_optimizer(struct exec_gpu *g, const struct exec_adamw *o, int step,
                                    double *gnorm, struct moe_error *err);
-/* Aux-loss-free balancing: bias_e += rate * sign(mean load - load_e) from this step's loads. */
+/* Aux-loss-free balancing: bias_e += rate * sign(mean load - load_e) from this step's loads
+ * (with expert parallelism, every rank's loads summed, so the biases stay equal on all ranks). */
 enum moe_status exec_gpu_update_bias(struct exec_gpu *g, double rate, struct moe_error *err);
 struct exec_gpu_step_stats {
     double phase_ms[COST_NPHASES]; /* CUDA-event time of each phase this step (COST_STEP: all) */

@@ -1669,17 +1669,43 @@ extern "C" enum moe_status exec_gpu_update_bias(struct exec_gpu *g, double rate,
 {
     if (rate == 0.0 || g->nmoe == 0) return MOE_OK;
     int E = g->E;
+    size_t n = (size_t)g->nmoe * E;
+    double *load_all = (double *)malloc(sizeof(double) * n);
+    if (!load_all) return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
+    for (size_t i = 0; i < n; i++) load_all[i] = (double)g->step_load[i];
+    if (g->cfg.ep) {
+        /* every rank's load: the biases stay the same on every rank */
+        double *d = (double *)g->ep_send32; /* rows_cap x h floats: room for the loads */
+        enum moe_status st = sizeof(double) * n <= sizeof(float) * (size_t)g->rows_cap * g->h
+                                 ? MOE_OK
+                                 : moe_error_set(err, MOE_ERR_RUNTIME,
+                                                 "executor: no room to sum the expert loads");
+        cudaError_t e = cudaSuccess;
+        if (st == MOE_OK) e = cudaMemcpy(d, load_all, sizeof(double) * n, cudaMemcpyHostToDevice);
+        if (st == MOE_OK && e == cudaSuccess)
+            st = g->cfg.ep->ops->allreduce_sum(g->cfg.ep, d, n, err);
+        if (st == MOE_OK && e == cudaSuccess)
+            e = cudaMemcpy(load_all, d, sizeof(double) * n, cudaMemcpyDeviceToHost);
+        if (st == MOE_OK && e != cudaSuccess)
+            st = moe_error_set(err, MOE_ERR_CUDA, "executor: the expert loads: %s",
+                               cudaGetErrorString(e));
+        if (st != MOE_OK) {
+            free(load_all);
+            return st;
+        }
+    }
     for (int l = 0; l < g->L; l++) {
         int mi = g->moe_index[l];
         if (mi < 0) continue;
-        const int64_t *load = g->step_load + (size_t)mi * E;
+        const double *load = load_all + (size_t)mi * E;
         double mean = 0.0;
-        for (int e = 0; e < E; e++) mean += (double)load[e] / E;
+        for (int e = 0; e < E; e++) mean += load[e] / E;
         for (int e = 0; e < E; e++) {
-            double d = mean - (double)load[e];
+            double d = mean - load[e];
             g->bias_host[(size_t)l * E + e] += rate * (d > 0 ? 1.0 : d < 0 ? -1.0 : 0.0);
         }
     }
+    free(load_all);
     return upload_bias(g, err);
 }
 
