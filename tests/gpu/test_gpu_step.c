@@ -56,8 +56,10 @@ struct setup {
     int mbs, micro;     /* sequences per micro-batch, micro-batches per step */
     bool recompute;
     int streams;        /* expert GEMMs over this many streams */
-    int ep;             /* > 1: that many virtual EP ranks on the GPU, one sequence each */
+    int ep;             /* > 1: that many virtual EP ranks on the GPU, one sequence each; or 1
+                         * with ep_nccl: the EP path over NCCL with one rank (to itself) */
     enum cost_dispatcher ep_mode;
+    bool ep_nccl;
 };
 
 /* The GPU side of an EP case: R virtual ranks on one GPU (the local transport, device memory),
@@ -160,7 +162,7 @@ static bool compare_once(const struct mdl_model *m, uint64_t seed, const struct 
     int LE = m->layers * m->moe.experts, E = m->moe.experts;
     int64_t *cref = calloc((size_t)LE, sizeof *cref), *cgpu = calloc((size_t)LE, sizeof *cgpu);
     r.route_counts = cref;
-    int nseq = s->ep > 1 ? s->ep : s->mbs * s->micro, per = S + 1;
+    int nseq = s->ep >= 1 ? s->ep : s->mbs * s->micro, per = S + 1;
     int *tok = malloc(sizeof *tok * (size_t)nseq * per);
     struct moe_rng rng;
     moe_rng_seed(&rng, seed + 99);
@@ -180,7 +182,25 @@ static bool compare_once(const struct mdl_model *m, uint64_t seed, const struct 
     /* GPU */
     double lgpu = 0, agpu = 0, step_ms;
     int syncs;
-    if (s->ep > 1) {
+    if (s->ep >= 1 && s->ep_nccl) { /* one rank, its exchange through NCCL to itself */
+        int placement[64] = {0}, domain[1] = {0};
+        struct exec_ep_group eg = {1, E, m->moe.top_k, placement, domain, s->ep_mode};
+        unsigned char id[EXEC_NCCL_ID_BYTES];
+        struct exec_nccl *nc;
+        struct exec_transport t;
+        if (exec_nccl_unique_id(id, &err) != MOE_OK ||
+            exec_nccl_create(&nc, id, 0, 1, 0, 60.0, &err) != MOE_OK)
+            fail_msg("%s", err.message);
+        exec_nccl_transport(nc, &t);
+        struct ep_gpu_run a = {m, &eg, r.params, bias, tok, S, {0}, {0}, {0},
+                               ggpu, cgpu, 0, 0, {{0, 0}}};
+        if (ep_gpu_rank(&t, &a, &err) != MOE_OK) fail_msg("%s", err.message);
+        exec_nccl_destroy(nc);
+        lgpu = a.loss[0];
+        agpu = a.aux[0];
+        step_ms = a.step_ms;
+        syncs = a.syncs;
+    } else if (s->ep > 1) {
         int R = s->ep, placement[64], domain[8];
         for (int e = 0; e < E; e++) placement[e] = (e * 5 + 3) % E % R;
         for (int q = 0; q < R; q++) domain[q] = q / (R / 2);
@@ -234,7 +254,9 @@ static bool compare_once(const struct mdl_model *m, uint64_t seed, const struct 
         exec_gpu_destroy(g);
     }
     char ep[64] = "";
-    if (s->ep > 1) snprintf(ep, sizeof ep, ", EP %d %s", s->ep, cost_dispatcher_names[s->ep_mode]);
+    if (s->ep >= 1)
+        snprintf(ep, sizeof ep, ", EP %d %s%s", s->ep, cost_dispatcher_names[s->ep_mode],
+                 s->ep_nccl ? " over NCCL" : "");
     printf("%s (mbs %d x %d, aux %g%s%s): loss gpu %.6f ref %.6f (aux %.6f / %.6f); step %.2f ms, "
            "%d host syncs\n",
            m->name, s->mbs, s->micro, s->aux_coef, s->recompute ? ", recompute" : "", ep, lgpu,
@@ -289,10 +311,11 @@ static void compare(const struct mdl_model *m, uint64_t seed, const struct setup
     fail_msg("%s: the routing differed from the reference in three seeds", m->name);
 }
 
-static const struct setup plain = {0.0, false, -1, 0, 1, 1, false, 1, 0, COST_DISPATCH_ALLTOALL};
+static const struct setup plain = {0.0, false, -1, 0, 1, 1, false, 1, 0, COST_DISPATCH_ALLTOALL,
+                                   false};
 
 /* Expert parallelism on virtual ranks of the one GPU: EP 2, 4 and 8 in every dedup mode, one
- * sequence a rank, against the reference on the same sequences. */
+ * sequence a rank, against the reference on the same sequences; and EP 1 over NCCL. */
 static void test_expert_parallel(void **state)
 {
     (void)state;
@@ -307,6 +330,11 @@ static void test_expert_parallel(void **state)
             s.ep_mode = modes[i];
             compare(&m, 20 + (uint64_t)R, &s);
         }
+    struct setup s = plain; /* the same path over NCCL, one rank sending to itself */
+    s.ep = 1;
+    s.ep_mode = COST_DISPATCH_DEDUP_GPU;
+    s.ep_nccl = true;
+    compare(&m, 30, &s);
 }
 
 static void test_gqa(void **state)
