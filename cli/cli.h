@@ -52,6 +52,9 @@ int cli_fail(struct cli *cli, const struct moe_error *err);
  * prints the usage error and returns false. */
 bool cli_count(const struct cli_cmd *cmd, const char *opt, const char *value, uint64_t min,
                uint64_t max, uint64_t *out);
+/* A real number option in [min, max]; a usage error (and false) otherwise. */
+bool cli_real(const struct cli_cmd *cmd, const char *opt, const char *value, double min,
+              double max, double *out);
 /* The *.json files of a folder (less `except`), sorted by name, strdup'd into names (cap of them;
  * the caller frees each). Returns their count, or -1 with err filled. */
 int cli_list_json(const char *dir, const char *except, char **names, int cap,

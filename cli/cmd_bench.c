@@ -65,13 +65,7 @@ int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
         case OPT_ITERS: ok = cli_count(cmd, "iters", v, 1, 100000, &iters); break;
         case OPT_WARM: ok = cli_count(cmd, "warmup", v, 0, 100000, &warm); break;
         case OPT_STREAMS: ok = cli_count(cmd, "streams", v, 1, EXEC_MAX_STREAMS, &streams); break;
-        case OPT_SKEW: {
-            char *end;
-            skew = strtod(v, &end);
-            if (!*v || *end || !(skew >= 0 && skew <= 1e6))
-                return cli_usage(cmd, "--skew %s: a number >= 0", v);
-            break;
-        }
+        case OPT_SKEW: ok = cli_real(cmd, "skew", v, 0, 1e6, &skew); break;
         case OPT_JSON: json = v; break;
         case OPT_ROUT: rout = v; break;
         }

@@ -44,7 +44,6 @@ int cmd_plan(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     cli_input_opts_init(&io);
     for (int i = 0; i < nargs; i++) {
         const char *val = args[i].value;
-        char *end;
         int shared = cli_input_arg(cmd, &args[i], &io);
         if (shared < 0) return 2;
         if (shared) continue;
@@ -60,14 +59,10 @@ int cmd_plan(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
         case OPT_TOP: if (!cli_count(cmd, "top", val, 0, PLAN_MAX_ALT - 1, &top)) return 2; break;
         case OPT_REPLICAS: if (!cli_count(cmd, "replicas", val, 0, 64, &replicas)) return 2; break;
         case OPT_HEADROOM:
-            headroom = strtod(val, &end);
-            if (*end || !(headroom >= 0 && headroom < 0.9))
-                return cli_usage(cmd, "--headroom %s: a fraction in [0, 0.9)", val);
+            if (!cli_real(cmd, "headroom", val, 0, 0.89, &headroom)) return 2;
             break;
         case OPT_TIME:
-            time_limit = strtod(val, &end);
-            if (*end || !(time_limit > 0 && time_limit <= 3600))
-                return cli_usage(cmd, "--time-limit %s: seconds in (0, 3600]", val);
+            if (!cli_real(cmd, "time-limit", val, 1e-3, 3600, &time_limit)) return 2;
             break;
         }
     }

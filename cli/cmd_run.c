@@ -41,19 +41,6 @@ struct run_opts {
     double aux, bias_rate, lr;
 };
 
-static bool parse_num(const struct cli_cmd *cmd, const char *opt, const char *v, double min,
-                      double max, double *out)
-{
-    char *end;
-    double x = strtod(v, &end);
-    if (!*v || *end || !(x >= min && x <= max)) {
-        cli_usage(cmd, "--%s %s: a number in [%g, %g]", opt, v, min, max);
-        return false;
-    }
-    *out = x;
-    return true;
-}
-
 static double median(double *v, int n)
 {
     if (n <= 0) return 0.0;
@@ -351,13 +338,13 @@ int cmd_run(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
             if (!cli_count(cmd, "expert-streams", v, 1, EXEC_MAX_STREAMS, &o.streams)) return 2;
             break;
         case OPT_AUX:
-            if (!parse_num(cmd, "aux-loss-coef", v, 0, 10, &o.aux)) return 2;
+            if (!cli_real(cmd, "aux-loss-coef", v, 0, 10, &o.aux)) return 2;
             break;
         case OPT_BIAS:
-            if (!parse_num(cmd, "bias-update-rate", v, 0, 1, &o.bias_rate)) return 2;
+            if (!cli_real(cmd, "bias-update-rate", v, 0, 1, &o.bias_rate)) return 2;
             break;
         case OPT_LR:
-            if (!parse_num(cmd, "lr", v, 1e-9, 1, &o.lr)) return 2;
+            if (!cli_real(cmd, "lr", v, 1e-9, 1, &o.lr)) return 2;
             break;
         }
     }

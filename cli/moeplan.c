@@ -70,6 +70,19 @@ int cli_usage(const struct cli_cmd *cmd, const char *fmt, ...)
     return moe_status_exit_code(MOE_ERR_USAGE);
 }
 
+bool cli_real(const struct cli_cmd *cmd, const char *opt, const char *value, double min,
+              double max, double *out)
+{
+    char *end;
+    double x = strtod(value, &end);
+    if (!*value || *end || !(x >= min && x <= max)) {
+        cli_usage(cmd, "--%s %s: a number in [%g, %g]", opt, value, min, max);
+        return false;
+    }
+    *out = x;
+    return true;
+}
+
 bool cli_count(const struct cli_cmd *cmd, const char *opt, const char *value, uint64_t min,
                uint64_t max, uint64_t *out)
 {

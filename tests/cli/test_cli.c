@@ -372,6 +372,9 @@ static void test_plan(void **state)
     expect_in(r.err, "--emit deepspeed: megatron or maxtext");
     RUN(&r, "plan", "--model", "mixtral-8x7b", "--cluster", "hgx-h200-x8", "--fix", "bogus=1");
     assert_int_equal(r.code, 2);
+    RUN(&r, "plan", "--model", "mixtral-8x7b", "--cluster", "hgx-h200-x8", "--headroom", "");
+    assert_int_equal(r.code, 2); /* an empty number once read as 0 */
+    expect_in(r.err, "--headroom : a number in [0, 0.89]");
     RUN(&r, "plan", "--model", "mixtral-8x7b", "--cluster", "hgx-h200-x8", "--objective", "cost");
     assert_int_equal(r.code, 0);
     /* --runnable: only what this build's executor runs (one GPU for now), or a refusal, no file */
