@@ -28,13 +28,6 @@ struct exec_nccl {
     int *dcounts;      /* device: 2 x ranks ints for the count exchange */
 };
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static enum moe_status nccl_fail(struct exec_nccl *c, const char *op, const char *what,
                                  struct moe_error *err)
 {
@@ -48,7 +41,7 @@ static enum moe_status nccl_fail(struct exec_nccl *c, const char *op, const char
 /* Until the stream has finished the operation, NCCL reports an error, or the deadline passes. */
 static enum moe_status nccl_wait(struct exec_nccl *c, const char *op, struct moe_error *err)
 {
-    double t0 = now_s();
+    double t0 = moe_time_now_s();
     for (;;) {
         cudaError_t e = cudaStreamQuery(c->stream);
         if (e == cudaSuccess) return MOE_OK;
@@ -57,7 +50,7 @@ static enum moe_status nccl_wait(struct exec_nccl *c, const char *op, struct moe
         if (ncclCommGetAsyncError(c->comm, &async) != ncclSuccess ||
             (async != ncclSuccess && async != ncclInProgress))
             return nccl_fail(c, op, ncclGetErrorString(async), err);
-        if (now_s() - t0 > c->timeout_s) {
+        if (moe_time_now_s() - t0 > c->timeout_s) {
             char what[128];
             snprintf(what, sizeof what, "not complete after %g s (a peer gone or stuck)",
                      c->timeout_s);
