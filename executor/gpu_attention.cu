@@ -464,45 +464,51 @@ __global__ void __launch_bounds__(FA_THREADS) k_flash_dq(fa_args a)
 
 /* ---- launchers ------------------------------------------------------------------------------ */
 
-/* Dynamic shared memory above 48 KB needs the kernel's consent. */
+/* Dynamic shared memory above 48 KB needs the kernel's consent: given once per device, at
+ * start-up (gk_flash_prepare), not on every launch. */
 template <typename K> static cudaError_t launch_smem(K kernel, size_t bytes)
 {
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
 }
 
+enum fa_mode { FA_PREPARE, FA_FORWARD, FA_BACKWARD };
+
 template <int DQ, int DV>
-static cudaError_t flash_launch(const fa_args &a, int B, bool backward, cudaStream_t s)
+static cudaError_t flash_launch(const fa_args &a, int B, fa_mode mode, cudaStream_t s)
 {
     constexpr size_t LQ = DQ + FA_PAD, LV = DV + FA_PAD;
     constexpr int BNF = FA_BN_FWD, BNQ = FA_BN_DQ;
+    constexpr size_t sm_f = (FA_BM * LQ + 2 * BNF * (LQ + LV)) * sizeof(bf16);
+    constexpr size_t sm_kv =
+        (FA_BN * (LQ + LV) + 2 * (FA_BQ * (LQ + LV) + 4 * FA_BQ)) * sizeof(bf16);
+    constexpr size_t sm_q = (FA_BM * (LQ + LV) + 2 * BNQ * (LQ + LV)) * sizeof(bf16);
+    if (mode == FA_PREPARE) {
+        cudaError_t e = launch_smem(k_flash_forward<DQ, DV, BNF>, sm_f);
+        if (e == cudaSuccess) e = launch_smem(k_flash_dkdv<DQ, DV>, sm_kv);
+        if (e == cudaSuccess) e = launch_smem(k_flash_dq<DQ, DV, BNQ>, sm_q);
+        return e;
+    }
     int nq = (a.S + FA_BM - 1) / FA_BM, nk = (a.S + FA_BN - 1) / FA_BN;
-    cudaError_t e;
-    if (!backward) {
-        size_t sm = (FA_BM * LQ + 2 * BNF * (LQ + LV)) * sizeof(bf16);
-        if ((e = launch_smem(k_flash_forward<DQ, DV, BNF>, sm)) != cudaSuccess) return e;
-        k_flash_forward<DQ, DV, BNF><<<dim3(nq, a.H, B), FA_THREADS, sm, s>>>(a);
+    if (mode == FA_FORWARD) {
+        k_flash_forward<DQ, DV, BNF><<<dim3(nq, a.H, B), FA_THREADS, sm_f, s>>>(a);
         return cudaGetLastError();
     }
     int rows = B * a.S * a.H;
     k_flash_delta<<<(rows + 7) / 8, 256, 0, s>>>(a, rows);
-    size_t sm_kv = (FA_BN * (LQ + LV) + 2 * (FA_BQ * (LQ + LV) + 4 * FA_BQ)) * sizeof(bf16);
-    if ((e = launch_smem(k_flash_dkdv<DQ, DV>, sm_kv)) != cudaSuccess) return e;
     k_flash_dkdv<DQ, DV><<<dim3(nk, a.KV, B), FA_THREADS, sm_kv, s>>>(a);
-    size_t sm_q = (FA_BM * (LQ + LV) + 2 * BNQ * (LQ + LV)) * sizeof(bf16);
-    if ((e = launch_smem(k_flash_dq<DQ, DV, BNQ>, sm_q)) != cudaSuccess) return e;
     k_flash_dq<DQ, DV, BNQ><<<dim3(nq, a.H, B), FA_THREADS, sm_q, s>>>(a);
     return cudaGetLastError();
 }
 
 /* The compiled widths, smallest first. */
-static cudaError_t flash_dispatch(const fa_args &a, int B, bool backward, cudaStream_t s)
+static cudaError_t flash_dispatch(const fa_args &a, int B, fa_mode mode, cudaStream_t s)
 {
     int q = a.dqk, v = a.dvd;
-    if (q <= 32 && v <= 32) return flash_launch<32, 32>(a, B, backward, s);
-    if (q <= 64 && v <= 64) return flash_launch<64, 64>(a, B, backward, s);
-    if (q <= 128 && v <= 128) return flash_launch<128, 128>(a, B, backward, s);
-    if (q <= 192 && v <= 128) return flash_launch<192, 128>(a, B, backward, s);
-    return flash_launch<256, 256>(a, B, backward, s);
+    if (q <= 32 && v <= 32) return flash_launch<32, 32>(a, B, mode, s);
+    if (q <= 64 && v <= 64) return flash_launch<64, 64>(a, B, mode, s);
+    if (q <= 128 && v <= 128) return flash_launch<128, 128>(a, B, mode, s);
+    if (q <= 192 && v <= 128) return flash_launch<192, 128>(a, B, mode, s);
+    return flash_launch<256, 256>(a, B, mode, s);
 }
 
 bool gk_flash_supported(int dqk, int dv)
@@ -528,6 +534,14 @@ static fa_args flash_args(const bf16 *q, const bf16 *k, const bf16 *v, int S, in
     return a;
 }
 
+cudaError_t gk_flash_prepare(int dqk, int dv)
+{
+    fa_args a = {};
+    a.dqk = dqk;
+    a.dvd = dv;
+    return flash_dispatch(a, 0, FA_PREPARE, 0);
+}
+
 cudaError_t gk_flash_forward(const bf16 *q, const bf16 *k, const bf16 *v, int B, int S, int H,
                              int KV, int dqk, int dv, int window, bf16 *o, float *lse,
                              cudaStream_t s)
@@ -536,7 +550,7 @@ cudaError_t gk_flash_forward(const bf16 *q, const bf16 *k, const bf16 *v, int B,
     fa_args a = flash_args(q, k, v, S, H, KV, dqk, dv, window);
     a.o = o;
     a.lse = lse;
-    return flash_dispatch(a, B, false, s);
+    return flash_dispatch(a, B, FA_FORWARD, s);
 }
 
 cudaError_t gk_flash_backward(const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *o,
@@ -553,5 +567,5 @@ cudaError_t gk_flash_backward(const bf16 *q, const bf16 *k, const bf16 *v, const
     a.dq = dq;
     a.dk = dk;
     a.dv = dvo;
-    return flash_dispatch(a, B, true, s);
+    return flash_dispatch(a, B, FA_BACKWARD, s);
 }

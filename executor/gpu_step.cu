@@ -1305,6 +1305,7 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
     ALLOC(g->delta, (size_t)T * H, c);
     ALLOC(g->rope_tab, (size_t)S * (g->rope / 2), c);
     G_LAUNCH(gk_rope_table(g->rope_tab, S, g->rope, (float)g->m.attn.rope_theta, g->s));
+    G_CUDA(gk_flash_prepare(g->dqk, g->dv));
     int widest = h > E ? h : E;
     if (g->mla) widest = widest > g->kvl + g->rope ? widest : g->kvl + g->rope;
     if (g->ql > widest) widest = g->ql;

@@ -55,6 +55,8 @@ void gk_mla_disassemble(const float *dq, const float *dk, const float *dv, int T
  * dq, dk, dv (fp32, the layouts of q, k, v), delta (B, H, S) is its workspace. */
 #define GK_FLASH_MAX_DIM 256
 bool gk_flash_supported(int dqk, int dv);
+/* Once per device and head widths, before the first launch (the kernels' shared memory). */
+cudaError_t gk_flash_prepare(int dqk, int dv);
 cudaError_t gk_flash_forward(const bf16 *q, const bf16 *k, const bf16 *v, int B, int S, int H,
                              int KV, int dqk, int dv, int window, bf16 *o, float *lse,
                              cudaStream_t s);

@@ -265,6 +265,7 @@ static void flash_case(int B, int S, int H, int KV, int dqk, int dv, int window,
     float *lse = dev(std::vector<float>(T * H)), *delta = dev(std::vector<float>(T * H));
     float *gq = dev(std::vector<float>(nq)), *gk = dev(std::vector<float>(nk)), *gv = dev(std::vector<float>(nv));
     assert_true(gk_flash_supported(dqk, dv));
+    assert_int_equal(gk_flash_prepare(dqk, dv), cudaSuccess);
     assert_int_equal(gk_flash_forward(dq16, dk16, dv16, B, S, H, KV, dqk, dv, window, o, lse, 0), cudaSuccess);
     assert_int_equal(gk_flash_backward(dq16, dk16, dv16, o, ddo, lse, B, S, H, KV, dqk, dv, window,
                                        delta, gq, gk, gv, 0), cudaSuccess);
