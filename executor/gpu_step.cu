@@ -889,9 +889,10 @@ static enum moe_status moe_forward(struct exec_gpu *g, int l, struct act *A, flo
     PH(COST_PERMUTE);
     G_LAUNCH(gk_permute_count(A->choice, P, E, g->perm_cnt, g->perm_base, A->off, g->s));
     G_CUDA(cudaMemcpyAsync(off, A->off, sizeof(int) * (E + 1), cudaMemcpyDeviceToHost, g->s));
-    G_LAUNCH(gk_permute_place(A->choice, P, E, g->perm_base, A->off, A->row_src, A->pos, g->s));
-    G_LAUNCH(gk_gather(A->b16, A->row_src, k, P, h, A->xp16, g->s));
-    if (g->cfg.ep) { /* expert parallelism: the exchange is planned on the host */
+    if (!g->cfg.ep) { /* with EP the exchange places the rows (ep_forward) */
+        G_LAUNCH(gk_permute_place(A->choice, P, E, g->perm_base, A->off, A->row_src, A->pos, g->s));
+        G_LAUNCH(gk_gather(A->b16, A->row_src, k, P, h, A->xp16, g->s));
+    } else { /* the counts stay: the load statistics and the load-balance loss read them */
         G_CUDA(cudaMemcpyAsync(g->choice_host, A->choice, sizeof(int) * (size_t)P,
                                cudaMemcpyDeviceToHost, g->s));
         G_CUDA(cudaMemcpyAsync(g->weight_host, A->weight, sizeof(float) * (size_t)P,
