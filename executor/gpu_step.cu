@@ -113,6 +113,7 @@ struct exec_gpu {
     struct exec_ep_meta *ep_meta_send, *ep_meta_recv;
     bf16 *ep_send16, *ep_recv16;
     float *ep_send32, *ep_recv32, *ep_part, *ep_ret, *ep_dwrows, *ep_dwret, *dwp;
+    double *ep_loads;         /* (nmoe, E): the step's loads, summed over the ranks */
     int *choice_host;         /* pinned (P) */
     float *weight_host;       /* pinned (P) */
     struct lt_kind lt_kinds[LT_KINDS];
@@ -1112,6 +1113,7 @@ static enum moe_status ep_alloc(struct exec_gpu *g, struct moe_error *err)
     ALLOC(g->ep_dwrows, (size_t)cap * k, c);
     ALLOC(g->ep_dwret, (size_t)cap * k, c);
     ALLOC(g->dwp, Pe, c);
+    ALLOC(g->ep_loads, (size_t)g->nmoe * E, c);
     G_CUDA(cudaMallocHost((void **)&g->choice_host, sizeof(int) * (size_t)g->P));
     G_CUDA(cudaMallocHost((void **)&g->weight_host, sizeof(float) * (size_t)g->P));
     g->epl = (struct ep_layer *)calloc((size_t)g->nmoe, sizeof *g->epl);
@@ -1675,20 +1677,14 @@ extern "C" enum moe_status exec_gpu_update_bias(struct exec_gpu *g, double rate,
     double *load_all = (double *)malloc(sizeof(double) * n);
     if (!load_all) return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
     for (size_t i = 0; i < n; i++) load_all[i] = (double)g->step_load[i];
-    if (g->cfg.ep) {
-        /* every rank's load: the biases stay the same on every rank */
-        double *d = (double *)g->ep_send32; /* rows_cap x h floats: room for the loads */
-        enum moe_status st = sizeof(double) * n <= sizeof(float) * (size_t)g->rows_cap * g->h
-                                 ? MOE_OK
-                                 : moe_error_set(err, MOE_ERR_RUNTIME,
-                                                 "executor: no room to sum the expert loads");
-        cudaError_t e = cudaSuccess;
-        if (st == MOE_OK) e = cudaMemcpy(d, load_all, sizeof(double) * n, cudaMemcpyHostToDevice);
-        if (st == MOE_OK && e == cudaSuccess)
-            st = g->cfg.ep->ops->allreduce_sum(g->cfg.ep, d, n, err);
-        if (st == MOE_OK && e == cudaSuccess)
-            e = cudaMemcpy(load_all, d, sizeof(double) * n, cudaMemcpyDeviceToHost);
-        if (st == MOE_OK && e != cudaSuccess)
+    if (g->cfg.ep) { /* every rank's loads: the biases stay the same on every rank */
+        enum moe_status st = MOE_OK;
+        cudaError_t e = cudaMemcpy(g->ep_loads, load_all, sizeof(double) * n,
+                                   cudaMemcpyHostToDevice);
+        if (e == cudaSuccess) st = g->cfg.ep->ops->allreduce_sum(g->cfg.ep, g->ep_loads, n, err);
+        if (e == cudaSuccess && st == MOE_OK)
+            e = cudaMemcpy(load_all, g->ep_loads, sizeof(double) * n, cudaMemcpyDeviceToHost);
+        if (e != cudaSuccess)
             st = moe_error_set(err, MOE_ERR_CUDA, "executor: the expert loads: %s",
                                cudaGetErrorString(e));
         if (st != MOE_OK) {
