@@ -716,9 +716,11 @@ static enum moe_status ep_index(struct exec_gpu *g, struct ep_layer *L,
     float *pair_w = (float *)malloc(sizeof(float) * ni);
     float *row_w = (float *)malloc(sizeof(float) * ni);
     int *at = (int *)calloc((size_t)E + 1, sizeof(int));
+    int *next = (int *)malloc(sizeof(int) * ((size_t)T + 1));
+    int *nf = (int *)malloc(sizeof(int) * ((size_t)L->n1 + 1));
     enum moe_status st = MOE_OK;
     if (!pair_row || !pair_dst || !row_pairs || !row_off || !tok_off || !tok_rows || !fwd_off ||
-        !fwd_rows || !pair_w || !row_w || !at) {
+        !fwd_rows || !pair_w || !row_w || !at || !next || !nf) {
         st = moe_error_set(err, MOE_ERR_NOMEM, "expert parallelism: out of memory");
         goto done;
     }
@@ -748,22 +750,12 @@ static enum moe_status ep_index(struct exec_gpu *g, struct ep_layer *L,
     /* the returns: a token's hop-1 rows, a hop-1 row's forwards, each in the order sent */
     for (int i = 0; i < L->h1.n; i++) tok_off[L->h1.src_row[i] + 1]++;
     for (int t = 0; t < T; t++) tok_off[t + 1] += tok_off[t];
-    {
-        int *next = (int *)malloc(sizeof(int) * ((size_t)T + 1));
-        int *nf = (int *)malloc(sizeof(int) * ((size_t)L->n1 + 1));
-        if (!next || !nf) {
-            free(next), free(nf);
-            st = moe_error_set(err, MOE_ERR_NOMEM, "expert parallelism: out of memory");
-            goto done;
-        }
-        memcpy(next, tok_off, sizeof(int) * ((size_t)T + 1));
-        for (int i = 0; i < L->h1.n; i++) tok_rows[next[L->h1.src_row[i]]++] = i;
-        for (int i = 0; i < L->h2.n; i++) fwd_off[L->h2.src_row[i] + 1]++;
-        for (int r = 0; r < L->n1; r++) fwd_off[r + 1] += fwd_off[r];
-        memcpy(nf, fwd_off, sizeof(int) * ((size_t)L->n1 + 1));
-        for (int i = 0; i < L->h2.n; i++) fwd_rows[nf[L->h2.src_row[i]]++] = i;
-        free(next), free(nf);
-    }
+    memcpy(next, tok_off, sizeof(int) * ((size_t)T + 1));
+    for (int i = 0; i < L->h1.n; i++) tok_rows[next[L->h1.src_row[i]]++] = i;
+    for (int i = 0; i < L->h2.n; i++) fwd_off[L->h2.src_row[i] + 1]++;
+    for (int r = 0; r < L->n1; r++) fwd_off[r + 1] += fwd_off[r];
+    memcpy(nf, fwd_off, sizeof(int) * ((size_t)L->n1 + 1));
+    for (int i = 0; i < L->h2.n; i++) fwd_rows[nf[L->h2.src_row[i]]++] = i;
     L->npairs = np;
     if ((st = ep_upload(g, L->pair_row, pair_row, sizeof(int) * (size_t)np, err)) ||
         (st = ep_upload(g, L->pair_dst, pair_dst, sizeof(int) * (size_t)np, err)) ||
@@ -779,7 +771,7 @@ static enum moe_status ep_index(struct exec_gpu *g, struct ep_layer *L,
     st = sync_host(g, err); /* the host arrays are freed next */
 done:
     free(pair_row), free(pair_dst), free(row_pairs), free(row_off), free(tok_off), free(tok_rows);
-    free(fwd_off), free(fwd_rows), free(pair_w), free(row_w), free(at);
+    free(fwd_off), free(fwd_rows), free(pair_w), free(row_w), free(at), free(next), free(nf);
     return st;
 }
 
