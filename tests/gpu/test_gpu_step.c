@@ -360,26 +360,13 @@ static void test_variants(void **state)
     (void)state;
     if (!gpus()) skip();
     struct mdl_model m;
-    moe_test_model("tiny-moe-gqa", &m);
-    m.first_dense = 1;
-    m.dense_intermediate = 48;
-    m.tied_embeddings = true;
+    moe_test_variant(&m, MOE_TEST_DENSE_TIED, 0);
     compare(&m, 4, &plain);
-    moe_test_model("tiny-moe-gqa", &m);
-    m.attn.sliding_window = 5;
-    m.attn.sliding_every = 2;
-    m.moe.shared_experts = 1;
-    m.moe.shared_intermediate = 16;
-    m.moe.scoring = MDL_SCORE_SIGMOID;
-    m.moe.n_group = 4;
-    m.moe.topk_group = 2;
-    m.moe.scaling = 2.5;
+    moe_test_variant(&m, MOE_TEST_SLIDING_SIGMOID, 5);
     struct setup s = plain;
     s.with_bias = true;
     compare(&m, 5, &s);
-    moe_test_model("tiny-moe-gqa", &m);
-    m.moe.softmax_after_topk = true; /* Mixtral's weights */
-    m.moe.norm_topk = false;
+    moe_test_variant(&m, MOE_TEST_MIXTRAL, 0); /* Mixtral's weights */
     s = plain;
     s.aux_coef = 0.01;
     compare(&m, 6, &s);

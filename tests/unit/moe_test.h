@@ -34,6 +34,33 @@ static inline void moe_test_model(const char *name, struct mdl_model *m)
     moe_test_src(dir, sizeof dir, "model");
     if (mdl_model_resolve(m, name, dir, &err) != MOE_OK) fail_msg("%s", err.message);
 }
+
+/* tiny-moe-gqa changed to reach the model's other code paths (the reference's and the GPU step's
+ * tests share them): MOE_TEST_DENSE_TIED a dense SwiGLU block first and tied embeddings;
+ * MOE_TEST_SLIDING_SIGMOID a sliding window of `window` on every other block, a shared expert,
+ * sigmoid group-limited routing with scaling; MOE_TEST_MIXTRAL softmax after the top-k. */
+enum { MOE_TEST_DENSE_TIED, MOE_TEST_SLIDING_SIGMOID, MOE_TEST_MIXTRAL };
+static inline void moe_test_variant(struct mdl_model *m, int which, int window)
+{
+    moe_test_model("tiny-moe-gqa", m);
+    if (which == MOE_TEST_DENSE_TIED) {
+        m->first_dense = 1;
+        m->dense_intermediate = 48;
+        m->tied_embeddings = true;
+    } else if (which == MOE_TEST_SLIDING_SIGMOID) {
+        m->attn.sliding_window = window;
+        m->attn.sliding_every = 2;
+        m->moe.shared_experts = 1;
+        m->moe.shared_intermediate = 16;
+        m->moe.scoring = MDL_SCORE_SIGMOID;
+        m->moe.n_group = 4;
+        m->moe.topk_group = 2;
+        m->moe.scaling = 2.5;
+    } else {
+        m->moe.softmax_after_topk = true;
+        m->moe.norm_topk = false;
+    }
+}
 #endif
 
 #ifdef EXEC_H

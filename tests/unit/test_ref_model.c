@@ -74,20 +74,9 @@ static void test_variants(void **state)
 {
     (void)state;
     struct mdl_model m;
-    moe_test_model("tiny-moe-gqa", &m);
-    m.first_dense = 1; /* a dense SwiGLU block first */
-    m.dense_intermediate = 48;
-    m.tied_embeddings = true;
+    moe_test_variant(&m, MOE_TEST_DENSE_TIED, 0);
     check_model(&m, 2);
-    moe_test_model("tiny-moe-gqa", &m);
-    m.attn.sliding_window = 3; /* block 0 slides, block 1 is full */
-    m.attn.sliding_every = 2;
-    m.moe.shared_experts = 1;
-    m.moe.shared_intermediate = 16;
-    m.moe.scoring = MDL_SCORE_SIGMOID;
-    m.moe.n_group = 4;
-    m.moe.topk_group = 2;
-    m.moe.scaling = 2.5;
+    moe_test_variant(&m, MOE_TEST_SLIDING_SIGMOID, 3); /* block 0 slides, block 1 is full */
     check_model(&m, 3);
 }
 
