@@ -495,11 +495,7 @@ static void test_train_on_text(void **state)
     double *gr = calloc(r.nparams, sizeof *gr), *m1 = calloc(r.nparams, sizeof *m1),
            *m2 = calloc(r.nparams, sizeof *m2);
     struct exec_adamw o;
-    exec_adamw_defaults(&o);
-    o.lr_max = 1e-2;
-    o.lr_min = 1e-3;
-    o.warmup_steps = 5;
-    o.total_steps = STEPS;
+    moe_test_adamw(&o, STEPS);
     int tok[SEQ];
     double first = 0, last = 0, worst = 0;
     for (int step = 0; step < STEPS; step++) {

@@ -64,6 +64,17 @@ static inline void moe_test_variant(struct mdl_model *m, int which, int window)
 #endif
 
 #ifdef EXEC_H
+/* The optimizer of the tests that train the tiny models on text: a high learning rate (1e-2 down
+ * to 1e-3), 5 warm-up steps, for `steps` steps. */
+static inline void moe_test_adamw(struct exec_adamw *o, int steps)
+{
+    exec_adamw_defaults(o);
+    o->lr_max = 1e-2;
+    o->lr_min = 1e-3;
+    o->warmup_steps = 5;
+    o->total_steps = steps;
+}
+
 /* A reference MoE layer with seeded weights (normal, std 0.5) and selection biases (std 0.05). */
 struct moe_test_layer {
     struct exec_ref_moe w;

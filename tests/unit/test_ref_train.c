@@ -2,9 +2,9 @@
  * test_ref_train.c: the learning-rate schedule, AdamW, the data reader, and the CPU reference
  * training the tiny model on real text (this repository's README): the loss must fall.
  */
-#include "moe_test.h"
+#include "exec.h" /* before moe_test.h: its helpers need exec.h */
 
-#include "exec.h"
+#include "moe_test.h"
 
 #include <math.h>
 #include <fcntl.h>
@@ -131,11 +131,7 @@ static void test_loss_falls_on_text(void **state)
     double *g = calloc(r.nparams, sizeof *g), *m1 = calloc(r.nparams, sizeof *m1),
            *m2 = calloc(r.nparams, sizeof *m2);
     struct exec_adamw o;
-    exec_adamw_defaults(&o);
-    o.lr_max = 1e-2;
-    o.lr_min = 1e-3;
-    o.warmup_steps = 5;
-    o.total_steps = 60;
+    moe_test_adamw(&o, 60);
     enum { SEQ = 33 };
     int tokens[SEQ];
     double first = 0, last = 0;
