@@ -8,11 +8,17 @@
  * meeting has a deadline: a rank that waits past it, or whose peer has failed, fails the meeting
  * for every rank with a message naming the operation and who was missing. So a dead or stuck
  * rank ends the run with an error, never a hang.
+ *
+ * A split makes child hubs (the plan's EP, DP, expert-DP groups) of the same threads. A failure
+ * in a child fails its parent too; a wait in a child looks at its parents every few
+ * milliseconds, so a rank failing anywhere ends every wait. Locks are taken child before parent
+ * only, never the other way.
  */
 #include "exec.h"
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,8 +30,12 @@ struct exec_local_hub {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int arrived, generation;
-    bool failed;
+    atomic_bool failed;
     char why[MOE_MSG_MAX];
+    struct exec_local_hub *parent; /* a split's hub: the hub it came from (NULL: the root) */
+    int *world;                    /* a split's hub: the root's rank of each of its ranks */
+    int refs;                      /* a split's hub: its ranks that have not released it */
+    struct exec_local_hub **child; /* (ranks) a split's new hub, at its lowest rank */
     bool *here;               /* (ranks) arrived at the current meeting */
     const void **send;        /* (ranks) posted buffers */
     const int **send_count;   /* (ranks) posted counts */
@@ -112,7 +122,8 @@ enum moe_status exec_local_hub_create(struct exec_local_hub **out, int ranks, do
     h->send_count = calloc((size_t)ranks, sizeof *h->send_count);
     h->item_bytes = calloc((size_t)ranks, sizeof *h->item_bytes);
     h->t = calloc((size_t)ranks, sizeof *h->t);
-    if (!h->here || !h->send || !h->send_count || !h->item_bytes || !h->t) {
+    h->child = calloc((size_t)ranks, sizeof *h->child);
+    if (!h->here || !h->send || !h->send_count || !h->item_bytes || !h->t || !h->child) {
         exec_local_hub_destroy(h);
         return moe_error_set(err, MOE_ERR_NOMEM, "local transport: out of memory");
     }
@@ -130,26 +141,54 @@ void exec_local_hub_destroy(struct exec_local_hub *h)
     free(h->send_count);
     free(h->item_bytes);
     free(h->t);
+    free(h->child);
+    free(h->world);
     free(h);
 }
 
-/* Fail every rank's current and next meetings (the lock held). */
+/* The root's rank of rank `me` of h: what the memory's callbacks and messages name. */
+static int world_rank(const struct exec_local_hub *h, int me) { return h->world ? h->world[me] : me; }
+
+/* Fail every rank's current and next meetings (h's lock held), and its parents'. */
 static void hub_fail_locked(struct exec_local_hub *h, const char *why)
 {
     if (!h->failed) snprintf(h->why, sizeof h->why, "%s", why);
     h->failed = true;
     pthread_cond_broadcast(&h->cv);
+    if (h->parent) {
+        pthread_mutex_lock(&h->parent->mu);
+        hub_fail_locked(h->parent, why);
+        pthread_mutex_unlock(&h->parent->mu);
+    }
+}
+
+/* A parent of h failed: h fails too, with the parent's reason (h's lock held). */
+static bool hub_parent_failed_locked(struct exec_local_hub *h)
+{
+    for (struct exec_local_hub *p = h->parent; p; p = p->parent)
+        if (atomic_load(&p->failed)) {
+            char why[MOE_MSG_MAX];
+            pthread_mutex_lock(&p->mu);
+            snprintf(why, sizeof why, "%s", p->why);
+            pthread_mutex_unlock(&p->mu);
+            if (!h->failed) snprintf(h->why, sizeof h->why, "%s", why);
+            h->failed = true;
+            pthread_cond_broadcast(&h->cv);
+            return true;
+        }
+    return false;
 }
 
 static enum moe_status hub_meet(struct exec_local_hub *h, int rank, const char *op,
                                 struct moe_error *err)
 {
     pthread_mutex_lock(&h->mu);
-    if (h->failed) {
+    int who = world_rank(h, rank);
+    if (h->failed || hub_parent_failed_locked(h)) {
         char why[MOE_MSG_MAX];
         snprintf(why, sizeof why, "%s", h->why);
         pthread_mutex_unlock(&h->mu);
-        return moe_error_set(err, MOE_ERR_RUNTIME, "rank %d, %s: %s", rank, op, why);
+        return moe_error_set(err, MOE_ERR_RUNTIME, "rank %d, %s: %s", who, op, why);
     }
     int gen = h->generation;
     h->here[rank] = true;
@@ -170,15 +209,29 @@ static enum moe_status hub_meet(struct exec_local_hub *h, int rank, const char *
         deadline.tv_sec++;
         deadline.tv_nsec -= 1000000000L;
     }
-    while (gen == h->generation && !h->failed) {
-        if (pthread_cond_timedwait(&h->cv, &h->mu, &deadline) == ETIMEDOUT &&
-            gen == h->generation) {
+    while (gen == h->generation && !h->failed && !hub_parent_failed_locked(h)) {
+        struct timespec until = deadline;
+        if (h->parent) { /* a child's wait looks at its parents every 10 ms */
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_nsec += 10000000L;
+            if (until.tv_nsec >= 1000000000L) {
+                until.tv_sec++;
+                until.tv_nsec -= 1000000000L;
+            }
+            if (until.tv_sec > deadline.tv_sec ||
+                (until.tv_sec == deadline.tv_sec && until.tv_nsec > deadline.tv_nsec))
+                until = deadline;
+        }
+        if (pthread_cond_timedwait(&h->cv, &h->mu, &until) == ETIMEDOUT &&
+            gen == h->generation && until.tv_sec == deadline.tv_sec &&
+            until.tv_nsec == deadline.tv_nsec) {
             char why[MOE_MSG_MAX];
             int n = snprintf(why, sizeof why, "timed out after %g s waiting for rank",
                              h->timeout_s);
             for (int r = 0, first = 1; r < h->ranks && n < (int)sizeof why; r++)
                 if (!h->here[r]) {
-                    n += snprintf(why + n, sizeof why - (size_t)n, "%s %d", first ? "" : ",", r);
+                    n += snprintf(why + n, sizeof why - (size_t)n, "%s %d", first ? "" : ",",
+                                  world_rank(h, r));
                     first = 0;
                 }
             hub_fail_locked(h, why);
@@ -188,7 +241,7 @@ static enum moe_status hub_meet(struct exec_local_hub *h, int rank, const char *
     char why[MOE_MSG_MAX];
     snprintf(why, sizeof why, "%s", h->why);
     pthread_mutex_unlock(&h->mu);
-    return failed ? moe_error_set(err, MOE_ERR_RUNTIME, "rank %d, %s: %s", rank, op, why) : MOE_OK;
+    return failed ? moe_error_set(err, MOE_ERR_RUNTIME, "rank %d, %s: %s", who, op, why) : MOE_OK;
 }
 
 static enum moe_status local_alltoallv(struct exec_transport *t, const void *send,
@@ -197,7 +250,7 @@ static enum moe_status local_alltoallv(struct exec_transport *t, const void *sen
 {
     struct exec_local_hub *h = t->impl;
     int me = t->rank;
-    enum moe_status st = h->mem.ready(h->mem.ctx, me, err);
+    enum moe_status st = h->mem.ready(h->mem.ctx, world_rank(h, me), err);
     if (st != MOE_OK) return st;
     h->send[me] = send;
     h->send_count[me] = send_count;
@@ -212,7 +265,7 @@ static enum moe_status local_alltoallv(struct exec_transport *t, const void *sen
         for (int d = 0; d < me; d++) off += (size_t)sc[d];
         match &= sc[me] == recv_count[s] && h->item_bytes[s] == item_bytes;
         if (match && sc[me] && cst == MOE_OK)
-            cst = h->mem.copy(h->mem.ctx, me, (char *)recv + at * item_bytes,
+            cst = h->mem.copy(h->mem.ctx, world_rank(h, me), (char *)recv + at * item_bytes,
                               (const char *)h->send[s] + off * item_bytes,
                               (size_t)sc[me] * item_bytes, err);
         at += (size_t)recv_count[s];
@@ -223,7 +276,7 @@ static enum moe_status local_alltoallv(struct exec_transport *t, const void *sen
     if (!match)
         return moe_error_set(err, MOE_ERR_RUNTIME,
                              "rank %d, alltoallv: receive counts or item sizes disagree with the "
-                             "senders'", me);
+                             "senders'", world_rank(h, me));
     return MOE_OK;
 }
 
@@ -246,9 +299,10 @@ static enum moe_status local_allreduce(struct exec_transport *t, void *x, size_t
     struct exec_local_hub *h = t->impl;
     int me = t->rank;
     size_t esz = f32 ? sizeof(float) : sizeof(double);
-    enum moe_status st = h->mem.ready(h->mem.ctx, me, err);
+    enum moe_status st = h->mem.ready(h->mem.ctx, world_rank(h, me), err);
     if (st != MOE_OK) return st;
-    void *sum = h->mem.alloc(h->mem.ctx, me, esz * n);
+    int wr = world_rank(h, me);
+    void *sum = h->mem.alloc(h->mem.ctx, wr, esz * n);
     const void **srcs = malloc(sizeof *srcs * (size_t)h->ranks);
     h->send[me] = x;
     h->item_bytes[me] = esz * n;
@@ -260,21 +314,21 @@ static enum moe_status local_allreduce(struct exec_transport *t, void *x, size_t
     }
     enum moe_status sst = MOE_OK;
     if (match)
-        sst = f32 ? h->mem.sum_f32(h->mem.ctx, me, sum, (const float *const *)srcs, h->ranks, n,
+        sst = f32 ? h->mem.sum_f32(h->mem.ctx, wr, sum, (const float *const *)srcs, h->ranks, n,
                                    err)
-                  : h->mem.sum(h->mem.ctx, me, sum, (const double *const *)srcs, h->ranks, n,
+                  : h->mem.sum(h->mem.ctx, wr, sum, (const double *const *)srcs, h->ranks, n,
                                err);
     if ((st = hub_meet(h, me, "all-reduce (sum)", err)) != MOE_OK) goto done;
     if ((st = sst) != MOE_OK) goto done;
     if (!match) {
         st = moe_error_set(err, sum && srcs ? MOE_ERR_RUNTIME : MOE_ERR_NOMEM,
-                           "rank %d, all-reduce: %s", me,
+                           "rank %d, all-reduce: %s", wr,
                            sum && srcs ? "the ranks' lengths disagree" : "out of memory");
         goto done;
     }
-    st = h->mem.copy(h->mem.ctx, me, x, sum, esz * n, err);
+    st = h->mem.copy(h->mem.ctx, wr, x, sum, esz * n, err);
 done:
-    if (sum) h->mem.free(h->mem.ctx, me, sum);
+    if (sum) h->mem.free(h->mem.ctx, wr, sum);
     free(srcs);
     return st;
 }
@@ -291,8 +345,64 @@ static enum moe_status local_allreduce_sum_f32(struct exec_transport *t, float *
     return local_allreduce(t, x, n, true, err);
 }
 
-static const struct exec_transport_ops local_ops = {local_counts, local_alltoallv,
-                                                    local_allreduce_sum, local_allreduce_sum_f32};
+static enum moe_status local_split(struct exec_transport *t, int color,
+                                   struct exec_transport *out, struct moe_error *err);
+static void local_release(struct exec_transport *t);
+
+static const struct exec_transport_ops local_ops = {local_counts,       local_alltoallv,
+                                                    local_allreduce_sum, local_allreduce_sum_f32,
+                                                    local_split,         local_release};
+
+/* Two meetings: every rank posts its color; the lowest rank of each color makes the group's hub
+ * (a failure there fails the second meeting for all); then each takes its group's hub. */
+static enum moe_status local_split(struct exec_transport *t, int color,
+                                   struct exec_transport *out, struct moe_error *err)
+{
+    struct exec_local_hub *h = t->impl;
+    int me = t->rank;
+    h->send[me] = &color;
+    enum moe_status st = hub_meet(h, me, "split (post)", err);
+    if (st != MOE_OK) return st;
+    int n = 0, leader = -1, mine = -1;
+    for (int s = 0; s < h->ranks; s++)
+        if (*(const int *)h->send[s] == color) {
+            if (leader < 0) leader = s;
+            if (s == me) mine = n;
+            n++;
+        }
+    if (leader == me) {
+        struct exec_local_hub *c = NULL;
+        if (exec_local_hub_create(&c, n, h->timeout_s, NULL) == MOE_OK &&
+            (c->world = malloc(sizeof *c->world * (size_t)n))) {
+            for (int s = 0, i = 0; s < h->ranks; s++)
+                if (*(const int *)h->send[s] == color) c->world[i++] = world_rank(h, s);
+            c->mem = h->mem;
+            c->parent = h;
+            c->refs = n;
+        } else {
+            exec_local_hub_destroy(c);
+            c = NULL;
+            pthread_mutex_lock(&h->mu);
+            hub_fail_locked(h, "split: out of memory");
+            pthread_mutex_unlock(&h->mu);
+        }
+        h->child[me] = c;
+    }
+    if ((st = hub_meet(h, me, "split (make)", err)) != MOE_OK) return st;
+    *out = (struct exec_transport){mine, n, &local_ops, h->child[leader]};
+    return MOE_OK;
+}
+
+static void local_release(struct exec_transport *t)
+{
+    struct exec_local_hub *c = t->impl;
+    if (!c || !c->parent) return;
+    pthread_mutex_lock(&c->mu);
+    bool last = --c->refs == 0;
+    pthread_mutex_unlock(&c->mu);
+    if (last) exec_local_hub_destroy(c);
+    t->impl = NULL;
+}
 
 struct run_arg {
     struct exec_local_hub *h;

@@ -144,8 +144,65 @@ static enum moe_status nccl_allreduce_sum_f32(struct exec_transport *t, float *x
     return nccl_allreduce(t, x, n, ncclFloat32, err);
 }
 
-static const struct exec_transport_ops nccl_ops = {nccl_counts, nccl_alltoallv,
-                                                   nccl_allreduce_sum, nccl_allreduce_sum_f32};
+static enum moe_status nccl_split(struct exec_transport *t, int color,
+                                  struct exec_transport *out, struct moe_error *err);
+
+static void nccl_release(struct exec_transport *t)
+{
+    exec_nccl_destroy(t->impl);
+    t->impl = NULL;
+}
+
+static const struct exec_transport_ops nccl_ops = {nccl_counts,        nccl_alltoallv,
+                                                   nccl_allreduce_sum, nccl_allreduce_sum_f32,
+                                                   nccl_split,         nccl_release};
+
+/* A communicator, its stream and count buffer on the parent's GPU; comm set by the caller. */
+static enum moe_status nccl_alloc(struct exec_nccl **out, int rank, int ranks, int device,
+                                  double timeout_s, struct moe_error *err)
+{
+    *out = NULL;
+    struct exec_nccl *c = calloc(1, sizeof *c);
+    if (!c) return moe_error_set(err, MOE_ERR_NOMEM, "NCCL transport: out of memory");
+    c->rank = rank;
+    c->ranks = ranks;
+    c->device = device;
+    c->timeout_s = timeout_s;
+    cudaError_t e = cudaSetDevice(device);
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaMalloc((void **)&c->dcounts, sizeof(int) * 2 * (size_t)ranks);
+    if (e != cudaSuccess) {
+        exec_nccl_destroy(c);
+        return moe_error_set(err, MOE_ERR_CUDA, "NCCL transport, rank %d, GPU %d: %s", rank,
+                             device, cudaGetErrorString(e));
+    }
+    *out = c;
+    return MOE_OK;
+}
+
+/* ncclCommSplit, keyed by the parent's rank (the group keeps the parent's order). */
+static enum moe_status nccl_split(struct exec_transport *t, int color,
+                                  struct exec_transport *out, struct moe_error *err)
+{
+    struct exec_nccl *c = t->impl, *n = NULL;
+    const char *op = "split";
+    if (!c->comm) return aborted(c, op, err);
+    ncclComm_t comm = NULL;
+    N_TRY(c, op, ncclCommSplit(c->comm, color, c->rank, &comm, NULL));
+    int rank = 0, ranks = 0;
+    if (ncclCommUserRank(comm, &rank) != ncclSuccess || ncclCommCount(comm, &ranks) != ncclSuccess) {
+        ncclCommDestroy(comm);
+        return nccl_fail(c, op, "the new communicator's rank and size", err);
+    }
+    enum moe_status st = nccl_alloc(&n, rank, ranks, c->device, c->timeout_s, err);
+    if (st != MOE_OK) {
+        ncclCommDestroy(comm);
+        return st;
+    }
+    n->comm = comm;
+    exec_nccl_transport(n, out);
+    return MOE_OK;
+}
 
 enum moe_status exec_nccl_unique_id(unsigned char id[EXEC_NCCL_ID_BYTES], struct moe_error *err)
 {
@@ -165,20 +222,9 @@ enum moe_status exec_nccl_create(struct exec_nccl **out,
     if (ranks < 1 || rank < 0 || rank >= ranks || timeout_s <= 0)
         return moe_error_set(err, MOE_ERR_INPUT, "NCCL transport: rank %d of %d, timeout %g s",
                              rank, ranks, timeout_s);
-    struct exec_nccl *c = calloc(1, sizeof *c);
-    if (!c) return moe_error_set(err, MOE_ERR_NOMEM, "NCCL transport: out of memory");
-    c->rank = rank;
-    c->ranks = ranks;
-    c->device = device;
-    c->timeout_s = timeout_s;
-    cudaError_t e = cudaSetDevice(device);
-    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
-    if (e == cudaSuccess) e = cudaMalloc((void **)&c->dcounts, sizeof(int) * 2 * (size_t)ranks);
-    if (e != cudaSuccess) {
-        exec_nccl_destroy(c);
-        return moe_error_set(err, MOE_ERR_CUDA, "NCCL transport, rank %d, GPU %d: %s", rank,
-                             device, cudaGetErrorString(e));
-    }
+    struct exec_nccl *c;
+    enum moe_status st = nccl_alloc(&c, rank, ranks, device, timeout_s, err);
+    if (st != MOE_OK) return st;
     ncclUniqueId u;
     memcpy(&u, id, sizeof u);
     ncclResult_t r = ncclCommInitRank(&c->comm, ranks, u, rank);

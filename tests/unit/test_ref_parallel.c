@@ -544,6 +544,71 @@ static void test_transport_faults(void **state)
     exec_local_hub_destroy(hub);
 }
 
+/* Splits: 6 ranks into the plan's kind of groups (EP: 0-2 and 3-5; expert-DP: r % 3), each
+ * group's all-reduce its own; a rank that fails while the others wait in a group ends them. */
+struct split_arg {
+    int fail; /* -1: none; else this rank fails after the splits */
+    double sum_ep[6], sum_edp[6];
+    int rank_ep[6], size_ep[6], rank_edp[6];
+};
+
+static enum moe_status split_rank(struct exec_transport *t, void *arg, struct moe_error *err)
+{
+    struct split_arg *a = arg;
+    int me = t->rank;
+    struct exec_transport ep, edp;
+    enum moe_status st = t->ops->split(t, me / 3, &ep, err);
+    if (st != MOE_OK) return st;
+    if ((st = t->ops->split(t, me % 3, &edp, err)) != MOE_OK) {
+        ep.ops->release(&ep);
+        return st;
+    }
+    a->rank_ep[me] = ep.rank;
+    a->size_ep[me] = ep.ranks;
+    a->rank_edp[me] = edp.rank;
+    double x = 1 << me, y = 100.0 * (me + 1);
+    if (me == a->fail) {
+        st = moe_error_set(err, MOE_ERR_RUNTIME, "rank %d gave up inside its groups", me);
+    } else {
+        if ((st = ep.ops->allreduce_sum(&ep, &x, 1, err)) == MOE_OK)
+            st = edp.ops->allreduce_sum(&edp, &y, 1, err);
+    }
+    a->sum_ep[me] = x;
+    a->sum_edp[me] = y;
+    ep.ops->release(&ep);
+    edp.ops->release(&edp);
+    return st;
+}
+
+static void test_transport_split(void **state)
+{
+    (void)state;
+    struct exec_local_hub *hub;
+    struct moe_error err;
+    assert_int_equal(exec_local_hub_create(&hub, 6, 5.0, &err), MOE_OK);
+    struct split_arg a = {.fail = -1};
+    if (exec_local_run(hub, split_rank, &a, &err) != MOE_OK) fail_msg("%s", err.message);
+    for (int r = 0; r < 6; r++) {
+        assert_int_equal(a.rank_ep[r], r % 3); /* ordered by the parent's rank */
+        assert_int_equal(a.size_ep[r], 3);
+        assert_int_equal(a.rank_edp[r], r / 3);
+        assert_true(a.sum_ep[r] == (r < 3 ? 1 + 2 + 4 : 8 + 16 + 32));
+        assert_true(a.sum_edp[r] == 100.0 * (r % 3 + 1) + 100.0 * (r % 3 + 4));
+    }
+    /* rank 4 fails; its EP partners (3, 5) wait in their group: they fail at once with the
+     * reason, long before the 5 s deadline */
+    a.fail = 4;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    assert_int_equal(exec_local_run(hub, split_rank, &a, &err), MOE_ERR_RUNTIME);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    printf("split groups, rank 4 failing: %s (%.2f s)\n", err.message, s);
+    assert_non_null(strstr(err.message, "gave up inside its groups"));
+    assert_true(s < 1.0);
+    exec_local_hub_destroy(hub);
+}
+
 /* The launcher's view of the environment, from a fake one. */
 static const char *const *fake_env;
 static const char *fake_get(const char *name)
@@ -646,6 +711,7 @@ int main(void)
         cmocka_unit_test(test_pipeline_twin),
         cmocka_unit_test(test_zero1_twin),
         cmocka_unit_test(test_transport_faults),
+        cmocka_unit_test(test_transport_split),
         cmocka_unit_test(test_launch_detect),
         cmocka_unit_test(test_launch_share_id),
     };
