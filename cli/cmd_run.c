@@ -3,8 +3,10 @@
  * measure it: a line per step, the per-phase table against the plan's prediction, and
  * measured.json ("moeplan.measured", documented in executor/README.md).
  *
- * This build runs plans for one GPU (the single-GPU executor); a plan for more GPUs is refused
- * naming what it needs. Built only with the executor (MOEPLAN_HAVE_EXECUTOR).
+ * The ranks run in executor/run.c (exec_run): one GPU, a thread per GPU of this node, virtual
+ * ranks on one GPU, or a process each under mpirun/srun; rank 0 prints and writes. A plan this
+ * build cannot run is refused naming what it needs. Built only with the executor
+ * (MOEPLAN_HAVE_EXECUTOR).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -17,14 +19,24 @@
 #include "rpt.h"
 
 enum { OPT_STEPS = 1, OPT_DATA, OPT_OUT, OPT_GPUS, OPT_SEED, OPT_AUX, OPT_BIAS, OPT_LR, OPT_WARMUP,
-       OPT_STREAMS };
+       OPT_STREAMS, OPT_VIRTUAL, OPT_NCCL, OPT_RENDEZVOUS, OPT_TIMEOUT, OPT_FAULT };
 
 const struct cli_opt cmd_run_opts[] = {
     {"steps", required_argument, OPT_STEPS, "N", "training steps (100)"},
     {"data", required_argument, OPT_DATA, "FILE",
      "train on this file: bytes as tokens, or a MOETOKv1 token file (default: synthetic tokens)"},
     {"out", required_argument, OPT_OUT, "FILE", "write measured.json here (measured.json)"},
-    {"gpus", required_argument, OPT_GPUS, "N", "GPUs on this node (1; more with the distributed executor)"},
+    {"gpus", required_argument, OPT_GPUS, "N",
+     "GPUs of this node, a thread each (default: the plan's ranks; under mpirun/srun: 1 a process)"},
+    {"virtual-ranks", no_argument, OPT_VIRTUAL, NULL,
+     "run every rank of the plan on GPU 0 (threads, in-process transport): checks a multi-GPU plan"},
+    {"nccl", no_argument, OPT_NCCL, NULL, "a one-GPU plan through NCCL all the same (one rank)"},
+    {"rendezvous", required_argument, OPT_RENDEZVOUS, "FILE",
+     "mpirun/srun: the file rank 0 leaves the NCCL id in, seen by every node (default: /tmp, by job id)"},
+    {"timeout", required_argument, OPT_TIMEOUT, "S",
+     "a rank waiting longer than S seconds in a collective ends the run (60)"},
+    {"inject-fault", required_argument, OPT_FAULT, "RANK:STEP",
+     "testing: that rank stops in the middle of that step; the others must exit with a message"},
     {"seed", required_argument, OPT_SEED, "N", "initialization and synthetic-data seed (1)"},
     {"aux-loss-coef", required_argument, OPT_AUX, "C", "load-balance loss coefficient (0: none)"},
     {"bias-update-rate", required_argument, OPT_BIAS, "R",
@@ -36,9 +48,11 @@ const struct cli_opt cmd_run_opts[] = {
 };
 
 struct run_opts {
-    const char *plan, *data, *out;
+    const char *plan, *data, *out, *rendezvous;
     uint64_t steps, seed, gpus, warmup, streams;
-    double aux, bias_rate, lr;
+    double aux, bias_rate, lr, timeout;
+    bool virtual_ranks, nccl;
+    int fail_rank, fail_step;
 };
 
 static double median(double *v, int n)
@@ -53,18 +67,6 @@ static double median(double *v, int n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* What the run refuses: everything this build's executor does not do yet (runnable.c). */
-static enum moe_status check_runnable(const struct plan_file *p, const char *file,
-                                      struct moe_error *err)
-{
-    char why[256];
-    if (!exec_layout_runnable(&p->layout, p->gpus, why, sizeof why))
-        return moe_error_set(err, MOE_ERR_UNSUPPORTED,
-                             "%s: %s; `moeplan plan --runnable` plans only what this build runs",
-                             file, why);
-    return MOE_OK;
-}
-
 static json_t *phases_json(const double *ms)
 {
     json_t *o = json_object();
@@ -72,112 +74,178 @@ static json_t *phases_json(const double *ms)
     return o;
 }
 
+static json_t *bytes_json(struct cost_bytes b)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "nvlink", json_real(b.nvlink));
+    json_object_set_new(o, "scale_out", json_real(b.scale_out));
+    return o;
+}
+
+/* What rank 0 keeps of the run while it goes: the lines it prints, the steps' JSON. */
+struct run_log {
+    const struct run_opts *o;
+    const struct plan_file *p;
+    struct exec_run_info info;
+    struct mdl_flops fl;
+    double tokens_step, peak, *loss, (*phase)[COST_NPHASES];
+    json_t *steps;
+    struct moe_progress bar;
+};
+
+static void on_start(void *ctx, const struct exec_run_info *info)
+{
+    struct run_log *lg = ctx;
+    const struct mdl_model *m = &lg->p->model;
+    const struct cost_layout *l = &lg->p->layout;
+    lg->info = *info;
+    int micro = lg->p->micro_batches;
+    printf("moeplan run: %s (%d layers, %d experts top-%d) on %s\n", m->name, m->layers,
+           m->moe.experts, m->moe.top_k, info->dev.name);
+    if (info->ranks > 1 || lg->o->nccl) {
+        char lay[256];
+        cost_layout_format(l, lay, sizeof lay);
+        printf("  %d rank%s (%s, %d GPU%s in this process): %s\n", info->ranks,
+               info->ranks == 1 ? "" : "s",
+               lg->o->virtual_ranks ? "virtual ranks on one GPU, in-process transport" : "NCCL",
+               info->devices, info->devices == 1 ? "" : "s", lay);
+    }
+    printf("  rank 0 %s\n", info->binding);
+    printf("  %d steps x %d micro-batch%s x %d sequences of %d tokens x dp %d; recompute %s; "
+           "data: %s\n",
+           (int)lg->o->steps, micro, micro == 1 ? "" : "es", l->mbs, l->seq_len, l->dp,
+           cost_recompute_names[l->recompute], info->data);
+    printf("  AdamW lr %.2g (warm-up %d, cosine), clip %.1f; aux loss %g; bias update %g; seed "
+           "%llu\n",
+           info->opt.lr_max, info->opt.warmup_steps, info->opt.clip, lg->o->aux,
+           lg->o->bias_rate, (unsigned long long)lg->o->seed);
+    fflush(stdout);
+    moe_progress_start(&lg->bar, stderr, true, "training", lg->o->steps);
+}
+
+static void on_step(void *ctx, const struct exec_run_step *s)
+{
+    struct run_log *lg = ctx;
+    int i = s->step - 1;
+    double ms = s->gpu.phase_ms[COST_STEP], tps = lg->tokens_step / (ms / 1e3);
+    double tflops = lg->fl.train_total * tps / 1e12 / lg->p->gpus; /* per GPU, as the plan's */
+    lg->loss[i] = s->loss;
+    memcpy(lg->phase[i], s->gpu.phase_ms, sizeof lg->phase[i]);
+    moe_progress_clear(&lg->bar);
+    printf("step %4d/%d  loss %8.4f  lr %.2e  gnorm %7.3f  %9.1f ms  %9.0f tok/s  %7.1f TFLOPS"
+           "  MFU %5.1f%%\n",
+           s->step, (int)lg->o->steps, s->loss, s->lr, s->gnorm, ms, tps, tflops,
+           lg->peak > 0 ? 100.0 * tflops / lg->peak : 0.0);
+    fflush(stdout);
+    moe_progress_update(&lg->bar, (uint64_t)s->step);
+    json_t *js = json_object();
+    json_object_set_new(js, "step", json_integer(s->step));
+    json_object_set_new(js, "loss", json_real(s->loss));
+    json_object_set_new(js, "aux_loss", json_real(s->aux));
+    json_object_set_new(js, "lr", json_real(s->lr));
+    json_object_set_new(js, "grad_norm", json_real(s->gnorm));
+    json_object_set_new(js, "step_ms", json_real(ms));
+    json_object_set_new(js, "wall_ms", json_real(s->wall_ms));
+    json_object_set_new(js, "tokens_per_s", json_real(tps));
+    json_object_set_new(js, "model_tflops", json_real(tflops));
+    json_object_set_new(js, "host_syncs", json_integer(s->gpu.host_syncs));
+    json_object_set_new(js, "phases_ms", phases_json(s->gpu.phase_ms));
+    if (lg->p->layout.ep > 1) json_object_set_new(js, "dispatch_bytes", bytes_json(s->gpu.dispatch));
+    json_array_append_new(lg->steps, js);
+}
+
+/* A default rendezvous file unique to the job: Open MPI's (PMIx) namespace or Slurm's job and
+ * step; NULL when neither names the job. */
+static const char *default_rendezvous(char *buf, size_t cap)
+{
+    const char *ns = getenv("PMIX_NAMESPACE"), *jid = getenv("OMPI_MCA_ess_base_jobid");
+    const char *sj = getenv("SLURM_JOB_ID"), *ss = getenv("SLURM_STEP_ID");
+    if (ns || jid) snprintf(buf, cap, "/tmp/moeplan-nccl-id-%s", ns ? ns : jid);
+    else if (sj) snprintf(buf, cap, "/tmp/moeplan-nccl-id-%s.%s", sj, ss ? ss : "0");
+    else return NULL;
+    for (char *c = buf + 5; *c; c++)
+        if (*c == '/') *c = '_';
+    return buf;
+}
+
 static int run(struct cli *cli, const struct run_opts *o)
 {
     struct moe_error err;
     enum moe_status st = MOE_OK;
     struct plan_file p;
-    struct exec_gpu *g = NULL;
-    struct exec_data data;
-    memset(&data, 0, sizeof data);
-    int *tokens = NULL, steps = (int)o->steps, ndev = 0;
-    double *loss = NULL, (*phase)[COST_NPHASES] = NULL;
-    json_t *root = NULL, *jsteps = NULL;
-    int64_t *counts = NULL, *coact = NULL;
+    struct exec_run_result res;
+    memset(&res, 0, sizeof res);
+    json_t *root = NULL;
+    struct run_log lg;
+    memset(&lg, 0, sizeof lg);
+    char idbuf[MOE_PATH_MAX];
     if ((st = plan_load(o->plan, &p, &err))) goto cleanup;
-    if (o->gpus > 1) {
-        st = moe_error_set(&err, MOE_ERR_UNSUPPORTED,
-                           "--gpus %llu: this build's executor runs one GPU; multi-GPU runs come "
-                           "with the distributed executor (issue 8)",
+    struct exec_run_cfg c;
+    memset(&c, 0, sizeof c);
+    c.plan = &p;
+    c.mode = o->virtual_ranks ? EXEC_RUN_VIRTUAL : EXEC_RUN_THREADS;
+    c.nccl = o->nccl;
+    if ((st = exec_launch_detect(&c.launch, NULL, &err))) goto cleanup;
+    if (c.launch.who != EXEC_LAUNCH_SINGLE && !o->virtual_ranks) {
+        c.mode = EXEC_RUN_PROCESS;
+        c.id_file = o->rendezvous ? o->rendezvous : default_rendezvous(idbuf, sizeof idbuf);
+        if (!c.id_file) {
+            st = moe_error_set(&err, MOE_ERR_INPUT,
+                               "started by %s, but no job id names the NCCL id's file: give "
+                               "--rendezvous FILE (a path every node sees)",
+                               exec_launcher_names[c.launch.who]);
+            goto cleanup;
+        }
+        if (o->gpus > 1) {
+            st = moe_error_set(&err, MOE_ERR_INPUT, "--gpus %llu under %s: one GPU a process",
+                               (unsigned long long)o->gpus, exec_launcher_names[c.launch.who]);
+            goto cleanup;
+        }
+    } else if (o->gpus && !o->virtual_ranks && (int)o->gpus != p.gpus) {
+        st = moe_error_set(&err, MOE_ERR_INPUT,
+                           "--gpus %llu, but %s is a plan for %d GPU%s (plan for this node with "
+                           "`moeplan plan --gpus %llu`)",
+                           (unsigned long long)o->gpus, o->plan, p.gpus, p.gpus == 1 ? "" : "s",
                            (unsigned long long)o->gpus);
         goto cleanup;
     }
-    if ((st = check_runnable(&p, o->plan, &err))) goto cleanup;
-    if ((st = exec_device_count(&ndev, &err))) goto cleanup;
-    if (ndev < 1) {
-        st = moe_error_set(&err, MOE_ERR_RUNTIME, "no CUDA GPU on this machine: `moeplan run` "
-                                                  "trains on a GPU (plan and predict run anywhere)");
-        goto cleanup;
-    }
-    struct exec_device_info dev;
-    if ((st = exec_device_query(0, &dev, &err))) goto cleanup;
+    c.data = o->data;
+    c.seed = o->seed;
+    c.steps = (int)o->steps;
+    c.warmup = (int)o->warmup;
+    c.streams = (int)o->streams;
+    c.lr = o->lr;
+    c.aux = o->aux;
+    c.bias_rate = o->bias_rate;
+    c.timeout_s = o->timeout;
+    c.fail_rank = o->fail_rank;
+    c.fail_step = o->fail_step;
+    c.on_start = on_start;
+    c.on_step = on_step;
+    c.ctx = &lg;
     const struct mdl_model *m = &p.model;
     const struct cost_layout *l = &p.layout;
-    struct exec_gpu_cfg cfg = {l->seq_len, l->mbs, l->recompute == COST_RECOMPUTE_FULL, o->aux, 0,
-                              (int)o->streams, NULL, NULL, 0.0};
-    if ((st = exec_gpu_create(&g, m, &cfg, &err))) goto cleanup;
-    if ((st = exec_gpu_init(g, o->seed, &err))) goto cleanup;
-    if ((st = exec_data_open(&data, o->data, m->vocab, o->seed, &err))) goto cleanup;
-    int per_mb = l->mbs * (l->seq_len + 1), micro = p.micro_batches;
-    double tokens_step = (double)micro * l->mbs * l->seq_len;
-    struct mdl_flops fl;
-    mdl_flops_per_token(m, l->seq_len, &fl);
-    double peak = p.mfu > 0 ? p.model_tflops_per_gpu / p.mfu : 0.0; /* the plan GPU's bf16 peak */
-    struct exec_adamw opt;
-    exec_adamw_defaults(&opt);
-    opt.lr_max = o->lr;
-    opt.lr_min = o->lr / 10;
-    opt.total_steps = steps;
-    opt.warmup_steps = (int)(o->warmup < o->steps / 10 + 1 ? o->warmup : o->steps / 10 + 1);
-    tokens = malloc(sizeof *tokens * (size_t)per_mb);
-    loss = calloc((size_t)steps, sizeof *loss);
-    phase = calloc((size_t)steps, sizeof *phase);
-    jsteps = json_array();
-    if (!tokens || !loss || !phase || !jsteps) {
+    int steps = (int)o->steps, micro = p.micro_batches;
+    lg.o = o;
+    lg.p = &p;
+    lg.tokens_step = (double)micro * l->mbs * l->seq_len * l->dp;
+    mdl_flops_per_token(m, l->seq_len, &lg.fl);
+    lg.peak = p.mfu > 0 ? p.model_tflops_per_gpu / p.mfu : 0.0; /* the plan GPU's bf16 peak */
+    lg.loss = calloc((size_t)steps, sizeof *lg.loss);
+    lg.phase = calloc((size_t)steps, sizeof *lg.phase);
+    lg.steps = json_array();
+    if (!lg.loss || !lg.phase || !lg.steps) {
         st = moe_error_set(&err, MOE_ERR_NOMEM, "out of memory");
         goto cleanup;
     }
-    printf("moeplan run: %s (%d layers, %d experts top-%d) on %s\n", m->name, m->layers,
-           m->moe.experts, m->moe.top_k, dev.name);
-    printf("  %d steps x %d micro-batch%s x %d sequences of %d tokens; recompute %s; data: %s\n",
-           steps, micro, micro == 1 ? "" : "es", l->mbs, l->seq_len,
-           cost_recompute_names[l->recompute], data.source);
-    printf("  AdamW lr %.2g (warm-up %d, cosine), clip %.1f; aux loss %g; bias update %g; seed "
-           "%llu\n",
-           opt.lr_max, opt.warmup_steps, opt.clip, o->aux, o->bias_rate,
-           (unsigned long long)o->seed);
-    fflush(stdout);
-    struct moe_progress bar;
-    moe_progress_start(&bar, stderr, true, "training", (uint64_t)steps);
-    for (int s = 0; s < steps; s++) {
-        double t0 = moe_time_now_s(), aux_step = 0.0, gnorm = 0.0;
-        struct exec_gpu_step_stats ss;
-        if ((st = exec_gpu_step_begin(g, &err))) goto cleanup;
-        for (int mb = 0; mb < micro; mb++) {
-            double lm, am;
-            exec_data_next(&data, tokens, per_mb);
-            if ((st = exec_gpu_micro_batch(g, tokens, 1.0 / micro, &lm, &am, &err))) goto cleanup;
-            loss[s] += lm / micro;
-            aux_step += am / micro;
-        }
-        if ((st = exec_gpu_optimizer(g, &opt, s, &gnorm, &err))) goto cleanup;
-        if ((st = exec_gpu_update_bias(g, o->bias_rate, &err))) goto cleanup;
-        if ((st = exec_gpu_step_end(g, &ss, &err))) goto cleanup;
-        double wall_ms = 1e3 * (moe_time_now_s() - t0), ms = ss.phase_ms[COST_STEP];
-        double tps = tokens_step / (ms / 1e3), tflops = fl.train_total * tps / 1e12;
-        memcpy(phase[s], ss.phase_ms, sizeof phase[s]);
-        moe_progress_clear(&bar);
-        printf("step %4d/%d  loss %8.4f  lr %.2e  gnorm %7.3f  %9.1f ms  %9.0f tok/s  %7.1f TFLOPS"
-               "  MFU %5.1f%%\n",
-               s + 1, steps, loss[s], exec_lr_at(&opt, s), gnorm, ms, tps, tflops,
-               peak > 0 ? 100.0 * tflops / peak : 0.0);
-        fflush(stdout);
-        moe_progress_update(&bar, (uint64_t)s + 1);
-        json_t *js = json_object();
-        json_object_set_new(js, "step", json_integer(s + 1));
-        json_object_set_new(js, "loss", json_real(loss[s]));
-        json_object_set_new(js, "aux_loss", json_real(aux_step));
-        json_object_set_new(js, "lr", json_real(exec_lr_at(&opt, s)));
-        json_object_set_new(js, "grad_norm", json_real(gnorm));
-        json_object_set_new(js, "step_ms", json_real(ms));
-        json_object_set_new(js, "wall_ms", json_real(wall_ms));
-        json_object_set_new(js, "tokens_per_s", json_real(tps));
-        json_object_set_new(js, "model_tflops", json_real(tflops));
-        json_object_set_new(js, "host_syncs", json_integer(ss.host_syncs));
-        json_object_set_new(js, "phases_ms", phases_json(ss.phase_ms));
-        json_array_append_new(jsteps, js);
+    st = exec_run(&c, &res, &err);
+    if (lg.bar.out) moe_progress_finish(&lg.bar);
+    if (st == MOE_ERR_UNSUPPORTED) { /* what the plan asks and this build lacks */
+        struct moe_error what = err;
+        moe_error_set(&err, what.status, "%s: %s", o->plan, what.message);
     }
-    moe_progress_finish(&bar);
+    if (st != MOE_OK) goto cleanup;
+    if (!res.filled) goto cleanup; /* a rank other than 0 of mpirun/srun: rank 0 reports */
     /* medians over the steps after the first (warm-up: cuBLAS heuristics, allocations) */
     int first = steps > 1 ? 1 : 0, n = steps - first;
     double med[COST_NPHASES], *col = malloc(sizeof *col * (size_t)(n ? n : 1));
@@ -186,14 +254,14 @@ static int run(struct cli *cli, const struct run_opts *o)
         goto cleanup;
     }
     for (int ph = 0; ph < COST_NPHASES; ph++) {
-        for (int i = 0; i < n; i++) col[i] = phase[first + i][ph];
+        for (int i = 0; i < n; i++) col[i] = lg.phase[first + i][ph];
         med[ph] = median(col, n);
     }
     free(col);
-    double mstep = med[COST_STEP], mtps = tokens_step / (mstep / 1e3);
-    double mtflops = fl.train_total * mtps / 1e12;
+    double mstep = med[COST_STEP], mtps = lg.tokens_step / (mstep / 1e3);
+    double mtflops = lg.fl.train_total * mtps / 1e12 / p.gpus;
     /* the table: measured medians against the plan's prediction */
-    printf("\nper-phase time, median of steps %d-%d (CUDA events), against the plan:\n",
+    printf("\nper-phase time, median of steps %d-%d (CUDA events, rank 0), against the plan:\n",
            first + 1, steps);
     const char *h[] = {"phase", "measured", "predicted", "error"};
     struct rpt_table *t = rpt_table_create(4, h, "lrrr");
@@ -208,41 +276,55 @@ static int run(struct cli *cli, const struct run_opts *o)
     }
     if (t) rpt_table_print(t, stdout);
     rpt_table_destroy(t);
-    printf("\nmedian step %.1f ms: %.0f tokens/s, %.1f model TFLOPS, MFU %.1f%% (of %.0f bf16 TFLOPS); "
-           "loss %.4f -> %.4f\n",
-           mstep, mtps, mtflops, peak > 0 ? 100.0 * mtflops / peak : 0.0, peak, loss[0],
-           loss[steps - 1]);
+    int nmoe = 0;
+    for (int b = 0; b < m->layers; b++) nmoe += mdl_layer_is_moe(m, b);
+    /* the dispatch payload per GPU, MoE layer and micro-batch, as the plan predicts it */
+    double per = (double)p.gpus * nmoe * micro * steps;
+    struct cost_bytes mb = {res.dispatch.nvlink / per, res.dispatch.scale_out / per};
+    if (l->ep > 1)
+        printf("\ndispatch payload per GPU, MoE layer and micro-batch: NVLink %.0f B (plan %.0f), "
+               "scale-out %.0f B (plan %.0f)\n",
+               mb.nvlink, p.dispatch_bytes.nvlink, mb.scale_out, p.dispatch_bytes.scale_out);
+    printf("\nmedian step %.1f ms: %.0f tokens/s, %.1f model TFLOPS per GPU, MFU %.1f%% (of %.0f "
+           "bf16 TFLOPS); loss %.4f -> %.4f\n",
+           mstep, mtps, mtflops, lg.peak > 0 ? 100.0 * mtflops / lg.peak : 0.0, lg.peak, lg.loss[0],
+           lg.loss[steps - 1]);
     /* measured.json */
+    const struct exec_device_info *dev = &lg.info.dev;
     root = json_object();
     json_object_set_new(root, "plan", json_string(o->plan));
     json_object_set_new(root, "model", json_string(m->name));
     json_t *jd = json_object();
-    json_object_set_new(jd, "name", json_string(dev.name));
-    json_object_set_new(jd, "sms", json_integer(dev.sm_count));
-    json_object_set_new(jd, "memory_bytes", json_real(dev.memory_bytes));
-    json_object_set_new(jd, "peak_bf16_tflops", json_real(peak));
+    json_object_set_new(jd, "name", json_string(dev->name));
+    json_object_set_new(jd, "sms", json_integer(dev->sm_count));
+    json_object_set_new(jd, "memory_bytes", json_real(dev->memory_bytes));
+    json_object_set_new(jd, "peak_bf16_tflops", json_real(lg.peak));
     json_object_set_new(root, "device", jd);
     json_t *jr = json_object();
     json_object_set_new(jr, "steps", json_integer(steps));
+    json_object_set_new(jr, "ranks", json_integer(p.gpus));
+    json_object_set_new(jr, "launch", json_string(c.nccl || p.gpus > 1 || c.mode == EXEC_RUN_PROCESS
+                                                      ? exec_run_mode_names[c.mode] : "single"));
+    json_object_set_new(jr, "binding_rank0", json_string(lg.info.binding));
     json_object_set_new(jr, "seq_len", json_integer(l->seq_len));
     json_object_set_new(jr, "mbs", json_integer(l->mbs));
     json_object_set_new(jr, "micro_batches", json_integer(micro));
-    json_object_set_new(jr, "tokens_per_step", json_real(tokens_step));
+    json_object_set_new(jr, "tokens_per_step", json_real(lg.tokens_step));
     json_object_set_new(jr, "recompute", json_string(cost_recompute_names[l->recompute]));
-    json_object_set_new(jr, "data", json_string(data.source));
+    json_object_set_new(jr, "data", json_string(lg.info.data));
     json_object_set_new(jr, "seed", json_integer((json_int_t)o->seed));
-    json_object_set_new(jr, "lr_max", json_real(opt.lr_max));
-    json_object_set_new(jr, "warmup_steps", json_integer(opt.warmup_steps));
+    json_object_set_new(jr, "lr_max", json_real(lg.info.opt.lr_max));
+    json_object_set_new(jr, "warmup_steps", json_integer(lg.info.opt.warmup_steps));
     json_object_set_new(jr, "aux_loss_coef", json_real(o->aux));
     json_object_set_new(jr, "bias_update_rate", json_real(o->bias_rate));
-    json_object_set_new(jr, "model_flops_per_token", json_real(fl.train_total));
+    json_object_set_new(jr, "model_flops_per_token", json_real(lg.fl.train_total));
     json_object_set_new(root, "run", jr);
     json_t *jm = json_object();
     json_object_set_new(jm, "steps_counted", json_integer(n));
     json_object_set_new(jm, "step_ms", json_real(mstep));
     json_object_set_new(jm, "tokens_per_s", json_real(mtps));
     json_object_set_new(jm, "model_tflops", json_real(mtflops));
-    json_object_set_new(jm, "mfu", json_real(peak > 0 ? mtflops / peak : 0.0));
+    json_object_set_new(jm, "mfu", json_real(lg.peak > 0 ? mtflops / lg.peak : 0.0));
     json_object_set_new(jm, "phases_ms", phases_json(med));
     json_object_set_new(root, "median", jm);
     json_t *jp = json_object();
@@ -251,40 +333,40 @@ static int run(struct cli *cli, const struct run_opts *o)
     for (int ph = 0; ph < COST_NPHASES; ph++) pms[ph] = p.phase_us[ph] / 1e3;
     json_object_set_new(jp, "phases_ms", phases_json(pms));
     json_object_set_new(root, "prediction", jp);
-    struct exec_gpu_memory mem;
-    exec_gpu_memory(g, &mem);
+    if (l->ep > 1) {
+        json_t *jx = json_object();
+        json_object_set_new(jx, "mode", json_string(cost_dispatcher_names[l->dispatcher]));
+        json_object_set_new(jx, "measured_bytes_per_gpu_per_layer", bytes_json(mb));
+        json_object_set_new(jx, "predicted_bytes_per_gpu_per_layer", bytes_json(p.dispatch_bytes));
+        json_object_set_new(jx, "measured_bytes_total", bytes_json(res.dispatch));
+        json_object_set_new(root, "dispatch", jx);
+    }
+    const struct exec_gpu_memory *mem = &res.memory;
     json_t *jmem = json_object();
     double alloc = 0;
-    for (int c = 0; c < EXEC_MEM_N; c++) {
-        json_object_set_new(jmem, exec_mem_names[c], json_real(mem.bytes[c]));
-        alloc += mem.bytes[c];
+    for (int k = 0; k < EXEC_MEM_N; k++) {
+        json_object_set_new(jmem, exec_mem_names[k], json_real(mem->bytes[k]));
+        alloc += mem->bytes[k];
     }
     json_object_set_new(jmem, "allocated_total", json_real(alloc));
-    json_object_set_new(jmem, "device_used_peak", json_real(mem.device_used_peak));
-    json_object_set_new(jmem, "device_total", json_real(mem.device_total));
+    json_object_set_new(jmem, "device_used_peak", json_real(mem->device_used_peak));
+    json_object_set_new(jmem, "device_total", json_real(mem->device_total));
     json_object_set_new(root, "memory_bytes", jmem);
     json_t *jl = json_array();
-    for (int s = 0; s < steps; s++) json_array_append_new(jl, json_real(loss[s]));
+    for (int s = 0; s < steps; s++) json_array_append_new(jl, json_real(lg.loss[s]));
     json_object_set_new(root, "loss_curve", jl);
-    json_object_set_new(root, "steps", jsteps);
-    jsteps = NULL;
+    json_object_set_new(root, "steps", lg.steps);
+    lg.steps = NULL;
     /* routing in the planner's routing-input form (cost_routing_load reads measured.json) */
     int E = m->moe.experts;
     json_t *jrt = json_object(), *jlay = json_array();
-    counts = malloc(sizeof *counts * (size_t)E);
-    coact = malloc(sizeof *coact * (size_t)E * E);
-    if (!counts || !coact) {
-        st = moe_error_set(&err, MOE_ERR_NOMEM, "out of memory");
-        json_decref(jrt), json_decref(jlay);
-        goto cleanup;
-    }
     json_object_set_new(jrt, "experts", json_integer(E));
     json_object_set_new(jrt, "top_k", json_integer(m->moe.top_k));
-    json_object_set_new(jrt, "tokens", json_real(tokens_step * steps));
-    for (int b = 0; b < m->layers && st == MOE_OK; b++) {
+    json_object_set_new(jrt, "tokens", json_real(lg.tokens_step * steps));
+    for (int b = 0; b < m->layers; b++) {
         if (!mdl_layer_is_moe(m, b)) continue;
-        if ((st = exec_gpu_routing(g, b, counts, coact, &err))) break;
         json_t *jo = json_object(), *jc = json_array(), *jco = json_array();
+        const int64_t *counts = res.counts + (size_t)b * E, *coact = res.coact + (size_t)b * E * E;
         for (int e = 0; e < E; e++) {
             json_array_append_new(jc, json_integer(counts[e]));
             json_t *row = json_array();
@@ -298,16 +380,26 @@ static int run(struct cli *cli, const struct run_opts *o)
     }
     json_object_set_new(jrt, "layers", jlay);
     json_object_set_new(root, "routing", jrt);
-    if (st != MOE_OK) goto cleanup;
     if ((st = moe_json_write_atomic(o->out, root, "moeplan.measured", 1, &err))) goto cleanup;
     printf("measured.json written to %s\n", o->out);
 cleanup:
     json_decref(root);
-    json_decref(jsteps);
-    free(tokens), free(loss), free(phase), free(counts), free(coact);
-    exec_data_close(&data);
-    exec_gpu_destroy(g);
+    json_decref(lg.steps);
+    free(lg.loss), free(lg.phase);
+    exec_run_result_free(&res);
+    plan_file_free(&p);
     return st == MOE_OK ? 0 : cli_fail(cli, &err);
+}
+
+/* RANK:STEP of --inject-fault. */
+static bool parse_fault(const struct cli_cmd *cmd, const char *v, int *rank, int *step)
+{
+    char extra;
+    if (sscanf(v, "%d:%d%c", rank, step, &extra) != 2 || *rank < 0 || *step < 1) {
+        cli_usage(cmd, "--inject-fault '%s': RANK:STEP (rank >= 0, step >= 1)", v);
+        return false;
+    }
+    return true;
 }
 
 int cmd_run(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
@@ -316,7 +408,8 @@ int cmd_run(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     int nargs;
     int rc = cli_parse(cmd, argc, argv, args, &nargs);
     if (rc >= 0) return rc;
-    struct run_opts o = {NULL, NULL, "measured.json", 100, 1, 1, 10, 1, 0.0, 1e-3, 3e-4};
+    struct run_opts o = {NULL, NULL, "measured.json", NULL, 100, 1, 0, 10, 1, 0.0, 1e-3, 3e-4,
+                         60.0, false, false, -1, -1};
     for (int i = 0; i < nargs; i++) {
         const char *v = args[i].value;
         switch (args[i].val) {
@@ -345,6 +438,15 @@ int cmd_run(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
             break;
         case OPT_LR:
             if (!cli_real(cmd, "lr", v, 1e-9, 1, &o.lr)) return 2;
+            break;
+        case OPT_VIRTUAL: o.virtual_ranks = true; break;
+        case OPT_NCCL: o.nccl = true; break;
+        case OPT_RENDEZVOUS: o.rendezvous = v; break;
+        case OPT_TIMEOUT:
+            if (!cli_real(cmd, "timeout", v, 0.01, 86400, &o.timeout)) return 2;
+            break;
+        case OPT_FAULT:
+            if (!parse_fault(cmd, v, &o.fail_rank, &o.fail_step)) return 2;
             break;
         }
     }

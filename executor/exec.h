@@ -263,6 +263,11 @@ struct exec_transport_ops {
     /* the same for floats (the GPU's gradients) */
     enum moe_status (*allreduce_sum_f32)(struct exec_transport *t, float *x, size_t n,
                                          struct moe_error *err);
+    /* A sub-group (the plan's EP, expert-DP, DP groups): the ranks passing the same color form
+     * one, ordered by rank; *out is this rank's transport in it, released with `release`. */
+    enum moe_status (*split)(struct exec_transport *t, int color, struct exec_transport *out,
+                             struct moe_error *err);
+    void (*release)(struct exec_transport *t); /* a split's transport only */
 };
 struct exec_transport {
     int rank, ranks;
@@ -436,11 +441,12 @@ struct exec_gpu_cfg {
      * model but computes only its own experts; the others' gradients stay zero, so summing the
      * gradients over the ranks (exec_gpu_reduce_grads) gives every parameter's. */
     struct exec_transport *ep;
-    const struct exec_ep_group *ep_group;
+    const struct exec_ep_group *ep_group; /* one for every MoE layer, or ep_groups of them */
     /* rows and pairs a rank may receive, x its own tokens' pairs (the plan's dispatch buffer
      * factor, 2 by default there); 0: the ranks' count, room for every pair of every rank. More
      * than that stops the step with a message: no row is ever dropped. */
     double ep_buffer_factor;
+    int ep_groups; /* 0 or 1: ep_group serves every MoE layer; else one per MoE layer, in order */
 };
 struct exec_gpu;
 
@@ -474,9 +480,11 @@ enum moe_status exec_gpu_micro_batch(struct exec_gpu *g, const int *tokens, doub
 /* Clip to the global norm and apply AdamW; *gnorm is the norm before clipping. */
 enum moe_status exec_gpu_optimizer(struct exec_gpu *g, const struct exec_adamw *o, int step,
                                    double *gnorm, struct moe_error *err);
-/* Aux-loss-free balancing: bias_e += rate * sign(mean load - load_e) from this step's loads
- * (with expert parallelism, every rank's loads summed, so the biases stay equal on all ranks). */
-enum moe_status exec_gpu_update_bias(struct exec_gpu *g, double rate, struct moe_error *err);
+/* Aux-loss-free balancing: bias_e += rate * sign(mean load - load_e) from this step's loads,
+ * summed over t's ranks (every rank of the run, so the biases stay equal on all; NULL: this
+ * rank's alone). */
+enum moe_status exec_gpu_update_bias(struct exec_gpu *g, double rate, struct exec_transport *t,
+                                     struct moe_error *err);
 struct exec_gpu_step_stats {
     double phase_ms[COST_NPHASES]; /* CUDA-event time of each phase this step (COST_STEP: all) */
     int host_syncs;                /* device-to-host waits this step */
@@ -543,6 +551,62 @@ struct exec_device_info {
 /* Number of CUDA devices; 0 (and MOE_OK) where there is no GPU or no driver. */
 enum moe_status exec_device_count(int *count, struct moe_error *err);
 enum moe_status exec_device_query(int index, struct exec_device_info *info, struct moe_error *err);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Running a plan (run.c): every rank's training loop, however its ranks were started             */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* How the plan's ranks run. One GPU and no --nccl: a single rank, no transport at all. */
+enum exec_run_mode {
+    EXEC_RUN_THREADS = 0, /* one process, a thread per GPU of this node (--gpus N), NCCL */
+    EXEC_RUN_VIRTUAL,     /* every rank a thread on GPU 0, the local transport (--virtual-ranks) */
+    EXEC_RUN_PROCESS,     /* this process is one rank of mpirun or srun (launch), NCCL */
+};
+extern const char *const exec_run_mode_names[];
+
+struct exec_run_step {
+    int step;                       /* 1-based */
+    double loss, aux, lr, gnorm;    /* loss and aux: the mean over the global batch */
+    double wall_ms;                 /* rank 0's host time of the step */
+    struct exec_gpu_step_stats gpu; /* rank 0's phases and host syncs; dispatch: every rank's */
+};
+struct exec_run_info {             /* what the run found before its first step (rank 0's) */
+    struct exec_device_info dev;
+    int ranks, devices;            /* ranks of the run; GPUs this process uses */
+    struct exec_adamw opt;
+    char data[MOE_PATH_MAX + 64];  /* the data source */
+    char binding[320];             /* rank 0's CPU binding, or why there is none */
+};
+struct exec_run_cfg {
+    const struct plan_file *plan;
+    enum exec_run_mode mode;
+    bool nccl;                     /* one GPU, THREADS: its one rank through NCCL all the same */
+    struct exec_launch launch;     /* PROCESS: who this process is (exec_launch_detect) */
+    const char *id_file;           /* PROCESS: where rank 0 leaves the NCCL id for the others */
+    const char *data;              /* training data (NULL: synthetic tokens) */
+    uint64_t seed;
+    int steps, warmup, streams;
+    double lr, aux, bias_rate;
+    double timeout_s;              /* a collective waited for longer fails the run (60) */
+    int fail_rank, fail_step;      /* a test of fault handling: that rank stops in the middle of
+                                    * that step (1-based), the others must fail (-1: none) */
+    /* called on rank 0 (its thread, or the rank-0 process) */
+    void (*on_start)(void *ctx, const struct exec_run_info *info);
+    void (*on_step)(void *ctx, const struct exec_run_step *s);
+    void *ctx;
+};
+struct exec_run_result {           /* filled on rank 0 (the rank-0 process) */
+    bool filled;
+    int64_t *counts, *coact;       /* (layers, experts), (layers, experts, experts): every rank's */
+    struct exec_gpu_memory memory; /* rank 0's */
+    struct cost_bytes dispatch;    /* token payload sent in all steps, every rank */
+};
+/* Trains the plan: checks that this build runs it (exec_layout_runnable), starts the ranks,
+ * builds their groups (EP, DP), and runs `steps` steps. A rank that fails or stops makes the
+ * others fail within timeout_s; the first failure (by rank) is returned. */
+enum moe_status exec_run(const struct exec_run_cfg *c, struct exec_run_result *r,
+                         struct moe_error *err);
+void exec_run_result_free(struct exec_run_result *r);
 
 #ifdef __cplusplus
 }

@@ -113,7 +113,7 @@ struct exec_gpu {
     struct exec_ep_meta *ep_meta_send, *ep_meta_recv;
     bf16 *ep_send16, *ep_recv16;
     float *ep_send32, *ep_recv32, *ep_part, *ep_ret, *ep_dwrows, *ep_dwret, *dwp;
-    double *ep_loads;         /* (nmoe, E): the step's loads, summed over the ranks */
+    double *ep_loads;         /* (nmoe, E): the step's loads, summed over the run's ranks */
     int *choice_host;         /* pinned (P) */
     float *weight_host;       /* pinned (P) */
     struct lt_kind lt_kinds[LT_KINDS];
@@ -689,12 +689,18 @@ static enum moe_status ep_upload(struct exec_gpu *g, void *dst, const void *src,
     return MOE_OK;
 }
 
+/* The EP group of MoE layer mi (the mi-th MoE layer). */
+static const struct exec_ep_group *ep_group_of(const struct exec_gpu *g, int mi)
+{
+    return g->cfg.ep_group + (g->cfg.ep_groups > 1 ? mi : 0);
+}
+
 /* From the received metadata: the local pairs in expert order, and every CSR of the layer. */
 static enum moe_status ep_index(struct exec_gpu *g, struct ep_layer *L,
                                 const struct exec_ep_meta *m1, const struct exec_ep_meta *m2,
                                 struct moe_error *err)
 {
-    const struct exec_ep_group *eg = g->cfg.ep_group;
+    const struct exec_ep_group *eg = ep_group_of(g, (int)(L - g->epl));
     int me = g->cfg.ep->rank, E = g->E, k = g->k, T = g->T, rows = L->n1 + L->n2;
     int np = 0;
     for (int r = 0; r < rows; r++) {
@@ -780,7 +786,7 @@ done:
 static enum moe_status ep_forward(struct exec_gpu *g, int l, struct act *A, float *y,
                                   struct moe_error *err)
 {
-    const struct exec_ep_group *eg = g->cfg.ep_group;
+    const struct exec_ep_group *eg = ep_group_of(g, g->moe_index[l]);
     struct ep_layer *L = &g->epl[g->moe_index[l]];
     int me = g->cfg.ep->rank, T = g->T, h = g->h, P = g->P;
     double *wd = (double *)malloc(sizeof(double) * (size_t)P);
@@ -1105,7 +1111,6 @@ static enum moe_status ep_alloc(struct exec_gpu *g, struct moe_error *err)
     ALLOC(g->ep_dwrows, (size_t)cap * k, c);
     ALLOC(g->ep_dwret, (size_t)cap * k, c);
     ALLOC(g->dwp, Pe, c);
-    ALLOC(g->ep_loads, (size_t)g->nmoe * E, c);
     G_CUDA(cudaMallocHost((void **)&g->choice_host, sizeof(int) * (size_t)g->P));
     G_CUDA(cudaMallocHost((void **)&g->weight_host, sizeof(float) * (size_t)g->P));
     g->epl = (struct ep_layer *)calloc((size_t)g->nmoe, sizeof *g->epl);
@@ -1177,13 +1182,21 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
         return moe_error_set(err, MOE_ERR_INPUT, "executor: sequence %d (1 .. %d), mbs %d",
                              cfg->seq, m->max_seq_len, cfg->mbs);
     if (cfg->ep) {
-        const struct exec_ep_group *eg = cfg->ep_group;
-        if (!eg || eg->ranks != cfg->ep->ranks || eg->experts != g->E || eg->top_k != g->k)
+        int nmoe = 0;
+        for (int l = 0; l < m->layers; l++) nmoe += mdl_layer_is_moe(m, l);
+        if (cfg->ep_groups > 1 && cfg->ep_groups != nmoe)
             return moe_error_set(err, MOE_ERR_INPUT,
-                                 "executor: expert parallelism needs a group of the transport's %d "
-                                 "ranks for %d experts, top_k %d",
-                                 cfg->ep->ranks, g->E, g->k);
-        G_TRY(exec_ep_group_check(eg, err));
+                                 "executor: %d EP groups for %d MoE layers (one, or one a layer)",
+                                 cfg->ep_groups, nmoe);
+        for (int i = 0; i < (cfg->ep_groups > 1 ? cfg->ep_groups : 1); i++) {
+            const struct exec_ep_group *eg = cfg->ep_group ? cfg->ep_group + i : NULL;
+            if (!eg || eg->ranks != cfg->ep->ranks || eg->experts != g->E || eg->top_k != g->k)
+                return moe_error_set(err, MOE_ERR_INPUT,
+                                     "executor: expert parallelism needs a group of the "
+                                     "transport's %d ranks for %d experts, top_k %d",
+                                     cfg->ep->ranks, g->E, g->k);
+            G_TRY(exec_ep_group_check(eg, err));
+        }
         if (cfg->recompute)
             return moe_error_set(err, MOE_ERR_UNSUPPORTED,
                                  "executor: expert parallelism with full recompute is not in the "
@@ -1346,6 +1359,7 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
         ALLOC(g->deu16, (size_t)g->Pe * g->f, c);
         ALLOC(g->dxp32, (size_t)g->Pe * h, c);
         ALLOC(g->dz, (size_t)T * E, c);
+        ALLOC(g->ep_loads, (size_t)g->nmoe * E, c);
         if (cfg->ep) G_TRY(ep_alloc(g, err));
         ALLOC(g->scores, (size_t)T * E, c);
     }
@@ -1661,7 +1675,7 @@ extern "C" enum moe_status exec_gpu_optimizer(struct exec_gpu *g, const struct e
 }
 
 extern "C" enum moe_status exec_gpu_update_bias(struct exec_gpu *g, double rate,
-                                                struct moe_error *err)
+                                                struct exec_transport *t, struct moe_error *err)
 {
     if (rate == 0.0 || g->nmoe == 0) return MOE_OK;
     int E = g->E;
@@ -1669,11 +1683,11 @@ extern "C" enum moe_status exec_gpu_update_bias(struct exec_gpu *g, double rate,
     double *load_all = (double *)malloc(sizeof(double) * n);
     if (!load_all) return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
     for (size_t i = 0; i < n; i++) load_all[i] = (double)g->step_load[i];
-    if (g->cfg.ep) { /* every rank's loads: the biases stay the same on every rank */
+    if (t) { /* every rank's loads: the biases stay the same on every rank */
         enum moe_status st = MOE_OK;
         cudaError_t e = cudaMemcpy(g->ep_loads, load_all, sizeof(double) * n,
                                    cudaMemcpyHostToDevice);
-        if (e == cudaSuccess) st = g->cfg.ep->ops->allreduce_sum(g->cfg.ep, g->ep_loads, n, err);
+        if (e == cudaSuccess) st = t->ops->allreduce_sum(t, g->ep_loads, n, err);
         if (e == cudaSuccess && st == MOE_OK)
             e = cudaMemcpy(load_all, g->ep_loads, sizeof(double) * n, cudaMemcpyDeviceToHost);
         if (e != cudaSuccess)
@@ -1855,7 +1869,7 @@ extern "C" enum moe_status exec_moe_bench(const struct exec_moe_bench_cfg *c, in
     }
     free(p), free(q);
     /* T sequences of one token: the layer sees T tokens, attention's workspace stays tiny */
-    struct exec_gpu_cfg cfg = {1, T, false, 0.0, 0, c->streams, NULL, NULL, 0.0};
+    struct exec_gpu_cfg cfg = {1, T, false, 0.0, 0, c->streams, NULL, NULL, 0.0, 0};
     struct exec_gpu *g = NULL;
     int *dchoice = NULL, dense_off[GK_MAX_EXPERTS + 1];
     enum moe_status st = exec_gpu_create(&g, &m, &cfg, err);

@@ -14,11 +14,29 @@ bool exec_layout_runnable(const struct cost_layout *l, int gpus, char *why, size
         why = none;
         cap = sizeof none;
     }
-    if (gpus > 1 || l->tp > 1 || l->pp > 1 || l->ep > 1 || l->dp > 1 || l->etp > 1) {
+    if (l->tp > 1 || l->etp > 1) {
+        snprintf(why, cap, "tp=%d etp=%d: tensor parallelism is not in the executor yet (tp=1)",
+                 l->tp, l->etp);
+        return false;
+    }
+    if (l->pp > 1) {
+        snprintf(why, cap, "pp=%d: pipeline stages are not in the GPU executor yet (pp=1)", l->pp);
+        return false;
+    }
+    if (l->dp > 1 && l->zero > 0) {
         snprintf(why, cap,
-                 "%d GPUs (tp=%d pp=%d ep=%d dp=%d): the executor runs one GPU; multi-GPU runs "
-                 "come with the distributed executor (issue 8)",
-                 gpus, l->tp, l->pp, l->ep, l->dp);
+                 "zero=%d with dp=%d: the GPU executor keeps the optimizer state whole on every "
+                 "rank (zero=0); sharding it is not in yet",
+                 l->zero, l->dp);
+        return false;
+    }
+    if (l->ep > 1 && l->recompute == COST_RECOMPUTE_FULL) {
+        snprintf(why, cap, "ep=%d with full recompute: not in the executor yet (recompute=none)",
+                 l->ep);
+        return false;
+    }
+    if (gpus != l->dp) {
+        snprintf(why, cap, "%d GPUs for dp=%d", gpus, l->dp);
         return false;
     }
     if (l->precision != COST_BF16) {

@@ -354,6 +354,10 @@ enum moe_status plan_save(const struct plan_request *req, const struct plan_resu
 enum moe_status plan_check_doc(const struct moe_jdoc *doc, char *summary, size_t cap,
                                struct moe_error *err);
 /* A plan as the executor runs it: the model, the layout and the prediction it checks against. */
+struct plan_rank {
+    int domain, node, local_gpu; /* NVLink domain, node, GPU index on the node */
+    int tp, dp, pp, ep, edp;     /* coordinates: the rank's index in each group */
+};
 struct plan_file {
     struct mdl_model model;
     struct cost_layout layout;
@@ -361,9 +365,18 @@ struct plan_file {
     char gpu[64];
     double step_us, model_tflops_per_gpu, mfu;
     double phase_us[COST_NPHASES]; /* predicted exposed time per phase */
+    struct plan_rank *rank;        /* (gpus) */
+    /* (layers x experts): the EP rank that serves expert e of MoE layer l; -1 for dense layers;
+     * -2 where the plan splits an expert's tokens over replicas */
+    int *placement;
+    double buffer_factor;          /* dispatch receive buffers x the balanced load */
+    /* predicted token payload one GPU sends per MoE layer and micro-batch (dispatch), by tier */
+    struct cost_bytes dispatch_bytes;
 };
-/* Read and check a plan.json (plan_check_doc's rules); errors name file:line:col. */
+/* Read and check a plan.json (plan_check_doc's rules); errors name file:line:col. Free with
+ * plan_file_free (also after a failure). */
 enum moe_status plan_load(const char *file, struct plan_file *p, struct moe_error *err);
+void plan_file_free(struct plan_file *p);
 /* The human summary (--explain) and the launcher flags (--emit megatron|maxtext). */
 void plan_print_summary(const struct plan_request *req, const struct plan_result *r, FILE *out);
 void plan_print_explain(const struct plan_request *req, const struct plan_result *r, FILE *out);

@@ -190,6 +190,10 @@ enum moe_status plan_save(const struct plan_request *q, const struct plan_result
     double balanced_rows = T * m->moe.top_k * l->etp;
     json_object_set_new(disp, "mode", json_string(cost_dispatcher_names[l->dispatcher]));
     json_object_set_new(disp, "buffer_factor", json_real(2.0));
+    json_object_set_new(disp, "predicted_bytes_per_gpu_per_layer",
+                        json_real(r->best.result.dispatch_bytes_per_gpu));
+    json_object_set_new(disp, "predicted_scale_out_bytes_per_gpu_per_layer",
+                        json_real(r->best.result.dispatch_scale_out_bytes));
     json_object_set_new(disp, "recv_capacity_rows_per_rank", json_integer((json_int_t)ceil(2.0 * balanced_rows)));
     json_object_set_new(disp, "balanced_rows_per_rank", json_real(balanced_rows));
     json_object_set_new(disp, "on_overflow", json_string("stop: the step is not applied and the run exits naming the layer"));
@@ -326,15 +330,104 @@ enum moe_status plan_check_doc(const struct moe_jdoc *doc, char *summary, size_t
     return MOE_OK;
 }
 
+/* The plan's "ranks": each one's domain, node and coordinates (in range of the layout). */
+static enum moe_status load_ranks(const struct moe_jval *root, struct plan_file *p,
+                                  struct moe_error *err)
+{
+    struct moe_jval ranks, rk;
+    enum moe_status st = moe_jval_array(root, "ranks", true, &ranks, NULL, err);
+    if (st != MOE_OK) return st;
+    p->rank = calloc((size_t)p->gpus, sizeof *p->rank);
+    if (!p->rank) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    const struct cost_layout *l = &p->layout;
+    int edp = l->tp * l->dp / (l->ep * l->etp);
+    for (int i = 0; i < p->gpus; i++) {
+        struct plan_rank *r = &p->rank[i];
+        int at;
+        if ((st = moe_jval_at_object(&ranks, (size_t)i, &rk, err)) ||
+            (st = moe_jval_int32(&rk, "rank", true, 0, i, i, &at, err)) ||
+            (st = moe_jval_int32(&rk, "domain", true, 0, 0, p->gpus - 1, &r->domain, err)) ||
+            (st = moe_jval_int32(&rk, "node", true, 0, 0, p->gpus - 1, &r->node, err)) ||
+            (st = moe_jval_int32(&rk, "local_gpu", true, 0, 0, p->gpus - 1, &r->local_gpu, err)) ||
+            (st = moe_jval_int32(&rk, "tp", true, 0, 0, l->tp - 1, &r->tp, err)) ||
+            (st = moe_jval_int32(&rk, "dp", true, 0, 0, l->dp - 1, &r->dp, err)) ||
+            (st = moe_jval_int32(&rk, "pp", true, 0, 0, l->pp - 1, &r->pp, err)) ||
+            (st = moe_jval_int32(&rk, "ep", true, 0, 0, l->ep - 1, &r->ep, err)) ||
+            (st = moe_jval_int32(&rk, "edp", true, 0, 0, edp - 1, &r->edp, err)))
+            return st;
+    }
+    return MOE_OK;
+}
+
+/* The plan's "experts" and "dispatch": the EP rank of each expert of each MoE layer. */
+static enum moe_status load_placement(const struct moe_jval *root, struct plan_file *p,
+                                      struct moe_error *err)
+{
+    struct moe_jval experts, groups, of_layer, disp;
+    const struct mdl_model *m = &p->model;
+    int E = m->moe.experts, L = m->layers;
+    enum moe_status st;
+    if ((st = moe_jval_object(root, "experts", true, &experts, NULL, err)) ||
+        (st = moe_jval_array(&experts, "groups", true, &groups, NULL, err)) ||
+        (st = moe_jval_object(root, "dispatch", true, &disp, NULL, err)) ||
+        (st = moe_jval_num(&disp, "buffer_factor", true, 2.0, 1.0, 1e6, &p->buffer_factor, err)) ||
+        (st = moe_jval_num(&disp, "predicted_bytes_per_gpu_per_layer", false, 0.0, 0.0, 1e18,
+                           &p->dispatch_bytes.nvlink, err)) ||
+        (st = moe_jval_num(&disp, "predicted_scale_out_bytes_per_gpu_per_layer", false, 0.0, 0.0,
+                           1e18, &p->dispatch_bytes.scale_out, err)))
+        return st;
+    p->dispatch_bytes.nvlink -= p->dispatch_bytes.scale_out; /* the total, less scale-out */
+    if (p->dispatch_bytes.nvlink < 0) p->dispatch_bytes.nvlink = 0;
+    p->placement = malloc(sizeof *p->placement * (size_t)L * (size_t)(E > 0 ? E : 1));
+    if (!p->placement) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    int ng = (int)moe_jval_len(&groups);
+    if (ng == 0 || E == 0) { /* one EP rank: every expert there */
+        for (int l = 0; l < L; l++)
+            for (int e = 0; e < E; e++) p->placement[l * E + e] = mdl_layer_is_moe(m, l) ? 0 : -1;
+        return MOE_OK;
+    }
+    if ((st = moe_jval_array(&experts, "group_of_layer", true, &of_layer, NULL, err))) return st;
+    if ((int)moe_jval_len(&of_layer) != L)
+        return moe_jval_error(&experts, "group_of_layer", err, "%zu entries for %d layers",
+                              moe_jval_len(&of_layer), L);
+    for (int l = 0; l < L; l++) {
+        int64_t g;
+        if ((st = moe_jval_at_int(&of_layer, (size_t)l, -1, ng - 1, &g, err))) return st;
+        if ((g < 0) != !mdl_layer_is_moe(m, l))
+            return moe_jval_error(&experts, "group_of_layer", err,
+                                  "layer %d: group %lld, but the layer is %s", l, (long long)g,
+                                  mdl_layer_is_moe(m, l) ? "MoE" : "dense");
+        for (int e = 0; e < E; e++) p->placement[l * E + e] = -1;
+        if (g < 0) continue;
+        struct moe_jval grp, rk;
+        if ((st = moe_jval_at_object(&groups, (size_t)g, &grp, err)) ||
+            (st = moe_jval_array(&grp, "ranks", true, &rk, NULL, err)))
+            return st;
+        /* plan_check_doc checked the entries: each expert's shares add up to 1 */
+        for (size_t k = 0; k < moe_jval_len(&rk); k++) {
+            json_t *list = json_array_get(rk.json, k);
+            for (size_t i = 0; i < json_array_size(list); i++) {
+                json_t *it = json_array_get(list, i);
+                json_t *ej = json_is_object(it) ? json_object_get(it, "expert") : it;
+                double share = json_is_object(it) ? json_number_value(json_object_get(it, "share"))
+                                                  : 1.0;
+                int e = (int)json_integer_value(ej);
+                p->placement[l * E + e] = share >= 1.0 - 1e-9 ? (int)k : -2;
+            }
+        }
+    }
+    return MOE_OK;
+}
+
 enum moe_status plan_load(const char *file, struct plan_file *p, struct moe_error *err)
 {
     struct moe_jdoc doc;
     struct moe_jval root, in, lay, model, pred, phases, ph;
     char schema[64], summary[256];
     int version, v;
+    memset(p, 0, sizeof *p);
     enum moe_status st = moe_jdoc_load(&doc, file, err);
     if (st != MOE_OK) return st;
-    memset(p, 0, sizeof *p);
     if ((st = moe_jdoc_schema(&doc, schema, sizeof schema, &version, err))) goto cleanup;
     if ((st = moe_jdoc_root(&doc, &root, err))) goto cleanup;
     if (strcmp(schema, "moeplan.plan") != 0) {
@@ -385,7 +478,17 @@ enum moe_status plan_load(const char *file, struct plan_file *p, struct moe_erro
             (st = moe_jval_num(&ph, "exposed_us", true, 0, 0, 1e18, &p->phase_us[i], err)))
             goto cleanup;
     }
+    if ((st = load_ranks(&root, p, err))) goto cleanup;
+    st = load_placement(&root, p, err);
 cleanup:
     moe_jdoc_free(&doc);
     return st;
+}
+
+void plan_file_free(struct plan_file *p)
+{
+    free(p->rank);
+    free(p->placement);
+    p->rank = NULL;
+    p->placement = NULL;
 }

@@ -62,7 +62,10 @@ static void search_gpus(const struct plan_request *q, int gpus, struct cost_ctx 
     } rungs[] = {{COST_RECOMPUTE_NONE, 1}, {COST_RECOMPUTE_NONE, 2}, {COST_RECOMPUTE_SELECTIVE, 1},
                  {COST_RECOMPUTE_SELECTIVE, 2}, {COST_RECOMPUTE_NONE, 3},
                  {COST_RECOMPUTE_SELECTIVE, 3}, {COST_RECOMPUTE_FULL, 1}, {COST_RECOMPUTE_FULL, 2},
-                 {COST_RECOMPUTE_FULL, 3}};
+                 {COST_RECOMPUTE_FULL, 3},
+                 /* no sharding costs memory and saves no time: only when zero=0 is fixed, or the
+                  * sharded rungs were not accepted (--runnable) */
+                 {COST_RECOMPUTE_NONE, 0}, {COST_RECOMPUTE_SELECTIVE, 0}, {COST_RECOMPUTE_FULL, 0}};
     for (int tp = 1; tp <= gpus && tp <= q->max_tp; tp *= 2) {
         if (gpus % tp || tp > domain || m->attn.heads % tp || q->seq_len % tp || !fixed_ok(fx->tp, tp))
             continue;

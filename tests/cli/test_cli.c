@@ -180,7 +180,7 @@ static void test_not_built(void **state)
 }
 
 #ifdef MOEPLAN_HAVE_EXECUTOR
-/* `run`: a missing plan, a plan for many GPUs (refused, naming the distributed executor), and a
+/* `run`: a missing plan, a plan this build does not run (refused, naming what), and a
  * one-GPU plan of the tiny model: trained where there is a GPU, a clear refusal where not. */
 static void test_run(void **state)
 {
@@ -193,8 +193,14 @@ static void test_run(void **state)
         "-o", "/tmp/moe_cli_plan8.json");
     assert_int_equal(r.code, 0);
     RUN(&r, "run", "/tmp/moe_cli_plan8.json");
-    assert_int_equal(r.code, 1);
-    expect_in(r.err, "distributed executor");
+    assert_int_equal(r.code, 1); /* zero=1 over dp=8: refused by name before any GPU work */
+    expect_in(r.err, "moe_cli_plan8.json: zero=1 with dp=8");
+    RUN(&r, "run", "/tmp/moe_cli_plan8.json", "--gpus", "2");
+    assert_int_equal(r.code, 3);
+    expect_in(r.err, "--gpus 2, but /tmp/moe_cli_plan8.json is a plan for 8 GPUs");
+    RUN(&r, "run", "/tmp/moe_cli_plan8.json", "--inject-fault", "1");
+    assert_int_equal(r.code, 2);
+    expect_in(r.err, "RANK:STEP");
     RUN(&r, "plan", "--model", "tiny-moe-gqa", "--cluster", "hgx-h200-x8", "--gpus", "1",
         "--seq-len", "64", "-o", "/tmp/moe_cli_plan1.json");
     assert_int_equal(r.code, 0);
@@ -377,13 +383,19 @@ static void test_plan(void **state)
     expect_in(r.err, "--headroom : a number in [0, 0.89]");
     RUN(&r, "plan", "--model", "mixtral-8x7b", "--cluster", "hgx-h200-x8", "--objective", "cost");
     assert_int_equal(r.code, 0);
-    /* --runnable: only what this build's executor runs (one GPU for now), or a refusal, no file */
+    /* --runnable: only what this build's executor runs, or a refusal, no file */
+    unlink("/tmp/moe_cli_runnable.json");
     RUN(&r, "plan", "--model", "tiny-moe-gqa", "--cluster", "hgx-h200-x8", "--runnable",
-        "--seq-len", "64", "-o", "/tmp/moe_cli_runnable.json");
+        "--seq-len", "64", "--fix", "pp=2", "-o", "/tmp/moe_cli_runnable.json");
     assert_int_equal(r.code, 4);
     expect_in(r.err, "no layout this build runs");
-    expect_in(r.err, "the executor runs one GPU");
+    expect_in(r.err, "pipeline stages are not in the GPU executor yet");
     assert_int_equal(access("/tmp/moe_cli_runnable.json", F_OK), -1);
+    RUN(&r, "plan", "--model", "tiny-moe-gqa", "--cluster", "hgx-h200-x8", "--runnable",
+        "--seq-len", "64"); /* 8 GPUs: data and expert parallel, the optimizer state whole */
+    assert_int_equal(r.code, 0);
+    expect_in(r.out, "tp=1 pp=1 vpp=1");
+    expect_in(r.out, "dp=8 zero=0");
     RUN(&r, "plan", "--model", "tiny-moe-gqa", "--cluster", "hgx-h200-x8", "--gpus", "1",
         "--runnable", "--seq-len", "64", "--fix", "recompute=selective");
     assert_int_equal(r.code, 4);

@@ -1,0 +1,406 @@
+/*
+ * run.c: a plan's training run: every rank's loop, however the ranks were started (issue 8):
+ * one GPU (no transport), a thread per GPU of this node (NCCL), virtual ranks on GPU 0 (the
+ * local transport: a multi-GPU plan checked on one GPU), or one process of mpirun or srun
+ * (NCCL, its id through a file).
+ *
+ * What runs is what exec_layout_runnable lets through: tp = pp = 1, so every rank is a DP rank,
+ * and the EP groups are the ranks of one expert-DP index (the plan's "ranks": the same edp, in
+ * rank order, which is each one's ep). The groups are split from the run's communicator.
+ * - Data: every rank reads the step's whole global batch from the same stream and trains on its
+ *   sequences: micro-batch mb of DP rank d holds sequences (mb x dp + d) x mbs ... + mbs - 1, so
+ *   any dp and micro-batching trains on the same tokens with the same mean loss.
+ * - Gradients: one all-reduce over the run. A rank's gradient of an expert it does not hold is
+ *   zero, so that sum gives the dense parameters their DP sum and each expert its expert-DP sum.
+ *   (Reducing experts over their own group only would move ep times fewer bytes: not yet.)
+ * - Biases of aux-loss-free balancing: the loads of every rank, so they stay equal everywhere.
+ */
+#include "exec.h"
+#include "topo.h"
+
+#include <cuda_runtime_api.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+const char *const exec_run_mode_names[] = {"threads", "virtual", "process"};
+
+#define RUN_MAX_VIRTUAL 64
+
+struct run_shared {
+    const struct exec_run_cfg *c;
+    struct exec_run_result *r;
+    unsigned char id[EXEC_NCCL_ID_BYTES]; /* THREADS: the NCCL id, through memory */
+    void *streams[RUN_MAX_VIRTUAL];       /* VIRTUAL: each rank's stream, for the local memory */
+};
+
+/* x (n doubles, host) summed over t's ranks, through the device buffer d (n doubles). */
+static enum moe_status sum_doubles(struct exec_transport *t, double *d, double *x, size_t n,
+                                   struct moe_error *err)
+{
+    if (cudaMemcpy(d, x, sizeof *x * n, cudaMemcpyHostToDevice) != cudaSuccess)
+        return moe_error_set(err, MOE_ERR_CUDA, "run: rank %d: copy to the GPU", t->rank);
+    enum moe_status st = t->ops->allreduce_sum(t, d, n, err);
+    if (st != MOE_OK) return st;
+    if (cudaMemcpy(x, d, sizeof *x * n, cudaMemcpyDeviceToHost) != cudaSuccess)
+        return moe_error_set(err, MOE_ERR_CUDA, "run: rank %d: copy from the GPU", t->rank);
+    return MOE_OK;
+}
+
+/* The EP groups of rank me, one per MoE layer: the plan's placement, the members' domains. */
+static enum moe_status ep_groups(const struct plan_file *p, int me, struct exec_ep_group **out,
+                                 int **domain_out, struct moe_error *err)
+{
+    const struct mdl_model *m = &p->model;
+    int ep = p->layout.ep, E = m->moe.experts, nmoe = 0, k = 0;
+    for (int l = 0; l < m->layers; l++) nmoe += mdl_layer_is_moe(m, l);
+    struct exec_ep_group *g = calloc((size_t)(nmoe ? nmoe : 1), sizeof *g);
+    int *domain = malloc(sizeof *domain * (size_t)ep);
+    *out = g;
+    *domain_out = domain;
+    if (!g || !domain) return moe_error_set(err, MOE_ERR_NOMEM, "run: out of memory");
+    for (int q = 0; q < p->gpus; q++) {
+        if (p->rank[q].edp != p->rank[me].edp) continue;
+        if (k >= ep || p->rank[q].ep != k)
+            return moe_error_set(err, MOE_ERR_INPUT,
+                                 "plan: rank %d has ep %d; the EP group of edp %d runs in rank "
+                                 "order (ep %d expected)",
+                                 q, p->rank[q].ep, p->rank[me].edp, k);
+        domain[k++] = p->rank[q].domain;
+    }
+    if (k != ep)
+        return moe_error_set(err, MOE_ERR_INPUT, "plan: the EP group of edp %d has %d ranks, ep = %d",
+                             p->rank[me].edp, k, ep);
+    for (int l = 0, i = 0; l < m->layers; l++) {
+        if (!mdl_layer_is_moe(m, l)) continue;
+        const int *pl = p->placement + (size_t)l * E;
+        for (int e = 0; e < E; e++)
+            if (pl[e] < 0)
+                return moe_error_set(err, MOE_ERR_UNSUPPORTED,
+                                     "plan: layer %d, expert %d is split over replicas; the "
+                                     "executor serves each expert from one rank (plan without "
+                                     "--replicas)",
+                                     l, e);
+        g[i++] = (struct exec_ep_group){ep, E, m->moe.top_k, pl, domain, p->layout.dispatcher};
+    }
+    return MOE_OK;
+}
+
+/* Rank 0's binding to its GPU's NUMA node (hwloc), described; not binding is not an error. */
+static void bind_rank(const struct exec_device_info *dev, char *out, size_t cap)
+{
+    struct topo_binding b;
+    struct moe_error e;
+    if (topo_bind_near_pci(dev->pci_bus_id, &b, &e) != MOE_OK)
+        snprintf(out, cap, "not bound (%.200s)", e.message);
+    else if (b.numa_node < 0)
+        snprintf(out, cap, "CPUs %.200s (hwloc names no NUMA node for %.31s)", b.cpus,
+                 dev->pci_bus_id);
+    else
+        snprintf(out, cap, "NUMA node %d, CPUs %.200s%s", b.numa_node, b.cpus,
+                 b.memory_bound ? ", memory too" : " (memory binding refused)");
+}
+
+/* The routing since the start, every rank's summed, into r (rank 0). */
+static enum moe_status routing(struct exec_gpu *g, const struct mdl_model *m,
+                               struct exec_transport *world, bool first,
+                               struct exec_run_result *r, struct moe_error *err)
+{
+    int E = m->moe.experts, L = m->layers;
+    size_t nc = (size_t)L * E, n = nc + nc * E;
+    int64_t *c = calloc(n ? n : 1, sizeof *c);
+    double *x = malloc(sizeof *x * (n ? n : 1)), *d = NULL;
+    enum moe_status st = MOE_OK;
+    if (!c || !x) {
+        st = moe_error_set(err, MOE_ERR_NOMEM, "run: out of memory");
+        goto done;
+    }
+    for (int l = 0; l < L && st == MOE_OK; l++)
+        if (mdl_layer_is_moe(m, l))
+            st = exec_gpu_routing(g, l, c + (size_t)l * E, c + nc + (size_t)l * E * E, err);
+    if (st != MOE_OK) goto done;
+    if (world && n) {
+        for (size_t i = 0; i < n; i++) x[i] = (double)c[i];
+        if (cudaMalloc((void **)&d, sizeof *d * n) != cudaSuccess) {
+            st = moe_error_set(err, MOE_ERR_CUDA, "run: out of GPU memory for the routing");
+            goto done;
+        }
+        if ((st = sum_doubles(world, d, x, n, err))) goto done;
+        for (size_t i = 0; i < n; i++) c[i] = (int64_t)x[i];
+    }
+    if (first) {
+        r->counts = malloc(sizeof *r->counts * (nc ? nc : 1));
+        r->coact = malloc(sizeof *r->coact * (nc * E > 0 ? nc * E : 1));
+        if (!r->counts || !r->coact) {
+            st = moe_error_set(err, MOE_ERR_NOMEM, "run: out of memory");
+            goto done;
+        }
+        memcpy(r->counts, c, sizeof *c * nc);
+        memcpy(r->coact, c + nc, sizeof *c * nc * E);
+    }
+done:
+    free(c), free(x);
+    if (d) cudaFree(d);
+    return st;
+}
+
+/* One rank's run: its GPU, its EP group, `steps` steps of the plan. world: the run's transport
+ * (NULL: one rank alone). */
+static enum moe_status rank_main(struct run_shared *sh, int me, struct exec_transport *world,
+                                 int device, struct moe_error *err)
+{
+    const struct exec_run_cfg *c = sh->c;
+    const struct plan_file *p = c->plan;
+    const struct mdl_model *m = &p->model;
+    const struct cost_layout *l = &p->layout;
+    const struct plan_rank *pr = &p->rank[me];
+    int dp = l->dp, micro = p->micro_batches, per = l->seq_len + 1;
+    int seqs = micro * dp * l->mbs, nmoe = 0;
+    for (int b = 0; b < m->layers; b++) nmoe += mdl_layer_is_moe(m, b);
+    struct exec_transport ept = {0, 1, NULL, NULL};
+    struct exec_ep_group *groups = NULL;
+    int *domain = NULL, *tok = NULL;
+    double *scratch = NULL;
+    struct exec_gpu *g = NULL;
+    struct exec_data data;
+    memset(&data, 0, sizeof data);
+    struct exec_run_info info;
+    memset(&info, 0, sizeof info);
+    enum moe_status st = MOE_OK;
+    if (cudaSetDevice(device) != cudaSuccess) {
+        st = moe_error_set(err, MOE_ERR_CUDA, "run: rank %d: no GPU %d", me, device);
+        goto done;
+    }
+    if ((st = exec_device_query(device, &info.dev, err))) goto done;
+    if (c->mode == EXEC_RUN_VIRTUAL)
+        snprintf(info.binding, sizeof info.binding, "not bound (virtual ranks share one GPU)");
+    else
+        bind_rank(&info.dev, info.binding, sizeof info.binding);
+    if (l->ep > 1) {
+        if ((st = ep_groups(p, me, &groups, &domain, err))) goto done;
+        if ((st = world->ops->split(world, pr->edp, &ept, err))) goto done;
+    }
+    struct exec_gpu_cfg cfg = {l->seq_len, l->mbs, l->recompute == COST_RECOMPUTE_FULL, c->aux,
+                               device, c->streams, ept.ops ? &ept : NULL, groups,
+                               p->buffer_factor, nmoe};
+    if ((st = exec_gpu_create(&g, m, &cfg, err))) goto done;
+    if (c->mode == EXEC_RUN_VIRTUAL) sh->streams[me] = exec_gpu_stream(g);
+    if ((st = exec_gpu_init(g, c->seed, err))) goto done;
+    if ((st = exec_data_open(&data, c->data, m->vocab, c->seed, err))) goto done;
+    exec_adamw_defaults(&info.opt);
+    info.opt.lr_max = c->lr;
+    info.opt.lr_min = c->lr / 10;
+    info.opt.total_steps = c->steps;
+    info.opt.warmup_steps = c->warmup < c->steps / 10 + 1 ? c->warmup : c->steps / 10 + 1;
+    tok = malloc(sizeof *tok * (size_t)seqs * per);
+    if (!tok) {
+        st = moe_error_set(err, MOE_ERR_NOMEM, "run: out of memory");
+        goto done;
+    }
+    if (world && cudaMalloc((void **)&scratch, sizeof *scratch * 4) != cudaSuccess) {
+        st = moe_error_set(err, MOE_ERR_CUDA, "run: rank %d: out of GPU memory", me);
+        goto done;
+    }
+    info.ranks = p->gpus;
+    info.devices = c->mode == EXEC_RUN_THREADS ? p->gpus : 1;
+    snprintf(info.data, sizeof info.data, "%s", data.source);
+    if (me == 0 && c->on_start) c->on_start(c->ctx, &info);
+    for (int s = 0; s < c->steps; s++) {
+        double t0 = moe_time_now_s(), v[4] = {0, 0, 0, 0}, gnorm = 0.0;
+        struct exec_gpu_step_stats ss;
+        if ((st = exec_gpu_step_begin(g, err))) goto done;
+        exec_data_next(&data, tok, seqs * per);
+        for (int mb = 0; mb < micro; mb++) {
+            double lm, am;
+            const int *mine = tok + (size_t)(mb * dp + pr->dp) * l->mbs * per;
+            if ((st = exec_gpu_micro_batch(g, mine, 1.0 / (micro * dp), &lm, &am, err))) goto done;
+            v[0] += lm / micro;
+            v[1] += am / micro;
+        }
+        if (me == c->fail_rank && s + 1 == c->fail_step) {
+            if (c->mode == EXEC_RUN_PROCESS) { /* a process that dies, as a crashed rank does */
+                fprintf(stderr, "moeplan: rank %d exits in the middle of step %d (fault test)\n",
+                        me, s + 1);
+                _exit(3);
+            }
+            st = moe_error_set(err, MOE_ERR_RUNTIME,
+                               "rank %d stopped in the middle of step %d (fault test)", me, s + 1);
+            goto done;
+        }
+        if (world && (st = exec_gpu_reduce_grads(g, world, err))) goto done;
+        if ((st = exec_gpu_optimizer(g, &info.opt, s, &gnorm, err))) goto done;
+        if ((st = exec_gpu_update_bias(g, c->bias_rate, world, err))) goto done;
+        if ((st = exec_gpu_step_end(g, &ss, err))) goto done;
+        v[2] = ss.dispatch.nvlink;
+        v[3] = ss.dispatch.scale_out;
+        if (world && (st = sum_doubles(world, scratch, v, 4, err))) goto done;
+        if (me != 0) continue;
+        struct exec_run_step rs = {s + 1, v[0] / dp, v[1] / dp, exec_lr_at(&info.opt, s), gnorm,
+                                   1e3 * (moe_time_now_s() - t0), ss};
+        rs.gpu.dispatch = (struct cost_bytes){v[2], v[3]};
+        sh->r->dispatch.nvlink += v[2];
+        sh->r->dispatch.scale_out += v[3];
+        if (c->on_step) c->on_step(c->ctx, &rs);
+    }
+    if ((st = routing(g, m, world, me == 0, sh->r, err))) goto done;
+    if (me == 0) {
+        exec_gpu_memory(g, &sh->r->memory);
+        sh->r->filled = true;
+    }
+done:
+    exec_gpu_destroy(g);
+    if (ept.ops) ept.ops->release(&ept);
+    if (scratch) cudaFree(scratch);
+    exec_data_close(&data);
+    free(groups), free(domain), free(tok);
+    return st;
+}
+
+static enum moe_status virtual_rank(struct exec_transport *t, void *arg, struct moe_error *err)
+{
+    return rank_main(arg, t->rank, t, 0, err);
+}
+
+/* THREADS: a rank on GPU `rank`, its own NCCL communicator. */
+struct thread_rank {
+    struct run_shared *sh;
+    int rank;
+    enum moe_status st;
+    struct moe_error err;
+};
+
+static enum moe_status nccl_rank(struct run_shared *sh, const unsigned char *id, int rank,
+                                 int ranks, int device, struct moe_error *err)
+{
+    struct exec_nccl *nc;
+    struct exec_transport t;
+    enum moe_status st = exec_nccl_create(&nc, id, rank, ranks, device, sh->c->timeout_s, err);
+    if (st != MOE_OK) return st;
+    exec_nccl_transport(nc, &t);
+    st = rank_main(sh, rank, &t, device, err);
+    exec_nccl_destroy(nc);
+    return st;
+}
+
+static void *thread_main(void *arg)
+{
+    struct thread_rank *a = arg;
+    a->err.status = MOE_OK;
+    a->st = nccl_rank(a->sh, a->sh->id, a->rank, a->sh->c->plan->gpus, a->rank, &a->err);
+    return NULL;
+}
+
+static enum moe_status run_threads(struct run_shared *sh, int ndev, struct moe_error *err)
+{
+    int R = sh->c->plan->gpus;
+    if (R == 1 && !sh->c->nccl) return rank_main(sh, 0, NULL, 0, err);
+    if (R > ndev)
+        return moe_error_set(err, MOE_ERR_INPUT,
+                             "the plan has %d ranks and this machine %d GPU%s: start a rank per "
+                             "GPU with mpirun or srun, or check the plan on one GPU with "
+                             "--virtual-ranks",
+                             R, ndev, ndev == 1 ? "" : "s");
+    enum moe_status st = exec_nccl_unique_id(sh->id, err);
+    if (st != MOE_OK) return st;
+    struct thread_rank *a = calloc((size_t)R, sizeof *a);
+    pthread_t *th = calloc((size_t)R, sizeof *th);
+    if (!a || !th) {
+        free(a), free(th);
+        return moe_error_set(err, MOE_ERR_NOMEM, "run: out of memory");
+    }
+    int started = 0;
+    for (; started < R; started++) {
+        a[started] = (struct thread_rank){sh, started, MOE_OK, {0}};
+        if (pthread_create(&th[started], NULL, thread_main, &a[started]) != 0) break;
+    }
+    /* a rank that never starts leaves the others to time out in their first collective */
+    if (started < R)
+        st = moe_error_set(err, MOE_ERR_RUNTIME, "run: rank %d's thread did not start", started);
+    for (int q = 0; q < started; q++) pthread_join(th[q], NULL);
+    for (int q = 0; q < started && st == MOE_OK; q++)
+        if (a[q].st != MOE_OK) {
+            st = a[q].st;
+            *err = a[q].err;
+        }
+    free(a), free(th);
+    return st;
+}
+
+static enum moe_status run_virtual(struct run_shared *sh, struct moe_error *err)
+{
+    int R = sh->c->plan->gpus;
+    if (R > RUN_MAX_VIRTUAL)
+        return moe_error_set(err, MOE_ERR_INPUT, "--virtual-ranks: %d ranks (at most %d)", R,
+                             RUN_MAX_VIRTUAL);
+    struct exec_local_hub *hub;
+    struct exec_local_mem mem;
+    enum moe_status st = exec_local_hub_create(&hub, R, sh->c->timeout_s, err);
+    if (st != MOE_OK) return st;
+    exec_local_gpu_memory(&mem, sh->streams);
+    exec_local_hub_set_memory(hub, &mem);
+    st = exec_local_run(hub, virtual_rank, sh, err);
+    exec_local_hub_destroy(hub);
+    return st;
+}
+
+static enum moe_status run_process(struct run_shared *sh, int ndev, struct moe_error *err)
+{
+    const struct exec_run_cfg *c = sh->c;
+    const struct exec_launch *la = &c->launch;
+    int R = c->plan->gpus;
+    if (la->ranks != R)
+        return moe_error_set(err, MOE_ERR_INPUT,
+                             "the plan has %d ranks; %s started %d (mpirun -np %d / srun -n %d)",
+                             R, exec_launcher_names[la->who], la->ranks, R, R);
+    if (la->local_rank >= ndev)
+        return moe_error_set(err, MOE_ERR_INPUT,
+                             "rank %d is local rank %d on a node with %d GPU%s", la->rank,
+                             la->local_rank, ndev, ndev == 1 ? "" : "s");
+    if (!c->id_file)
+        return moe_error_set(err, MOE_ERR_INPUT, "run: no file to pass the NCCL id through");
+    unsigned char id[EXEC_NCCL_ID_BYTES];
+    enum moe_status st = la->rank == 0 ? exec_nccl_unique_id(id, err) : MOE_OK;
+    if (st == MOE_OK)
+        st = exec_launch_share_id(c->id_file, la->rank, id, sizeof id, c->timeout_s, err);
+    if (st != MOE_OK) return st;
+    st = nccl_rank(sh, id, la->rank, R, la->local_rank, err);
+    if (la->rank == 0) unlink(c->id_file); /* every rank has joined: the id is spent */
+    return st;
+}
+
+enum moe_status exec_run(const struct exec_run_cfg *c, struct exec_run_result *r,
+                         struct moe_error *err)
+{
+    memset(r, 0, sizeof *r);
+    const struct plan_file *p = c->plan;
+    char why[256];
+    if (!exec_layout_runnable(&p->layout, p->gpus, why, sizeof why))
+        return moe_error_set(err, MOE_ERR_UNSUPPORTED,
+                             "%s; `moeplan plan --runnable` plans only what this build runs", why);
+    if (c->steps < 1 || c->timeout_s <= 0)
+        return moe_error_set(err, MOE_ERR_INPUT, "run: %d steps, timeout %g s", c->steps,
+                             c->timeout_s);
+    int ndev = 0;
+    enum moe_status st = exec_device_count(&ndev, err);
+    if (st != MOE_OK) return st;
+    if (ndev < 1)
+        return moe_error_set(err, MOE_ERR_RUNTIME, "no CUDA GPU on this machine: `moeplan run` "
+                                                   "trains on a GPU (plan and predict run anywhere)");
+    struct run_shared sh;
+    memset(&sh, 0, sizeof sh);
+    sh.c = c;
+    sh.r = r;
+    switch (c->mode) {
+    case EXEC_RUN_VIRTUAL: return run_virtual(&sh, err);
+    case EXEC_RUN_PROCESS: return run_process(&sh, ndev, err);
+    default: return run_threads(&sh, ndev, err);
+    }
+}
+
+void exec_run_result_free(struct exec_run_result *r)
+{
+    free(r->counts), free(r->coact);
+    r->counts = r->coact = NULL;
+}
