@@ -102,13 +102,15 @@ static void on_start(void *ctx, const struct exec_run_info *info)
     int micro = lg->p->micro_batches;
     printf("moeplan run: %s (%d layers, %d experts top-%d) on %s\n", m->name, m->layers,
            m->moe.experts, m->moe.top_k, info->dev.name);
-    if (info->ranks > 1 || lg->o->nccl) {
+    if (info->transport) {
+        static const char *const how[] = {"threads of this process, NCCL",
+                                          "virtual ranks on one GPU, in-process transport",
+                                          "a process each, NCCL"};
         char lay[256];
         cost_layout_format(l, lay, sizeof lay);
-        printf("  %d rank%s (%s, %d GPU%s in this process): %s\n", info->ranks,
-               info->ranks == 1 ? "" : "s",
-               lg->o->virtual_ranks ? "virtual ranks on one GPU, in-process transport" : "NCCL",
-               info->devices, info->devices == 1 ? "" : "s", lay);
+        printf("  %d rank%s (%s; %d GPU%s in this process): %s\n", info->ranks,
+               info->ranks == 1 ? "" : "s", how[info->mode], info->devices,
+               info->devices == 1 ? "" : "s", lay);
     }
     printf("  rank 0 %s\n", info->binding);
     printf("  %d steps x %d micro-batch%s x %d sequences of %d tokens x dp %d; recompute %s; "
@@ -303,8 +305,8 @@ static int run(struct cli *cli, const struct run_opts *o)
     json_t *jr = json_object();
     json_object_set_new(jr, "steps", json_integer(steps));
     json_object_set_new(jr, "ranks", json_integer(p.gpus));
-    json_object_set_new(jr, "launch", json_string(c.nccl || p.gpus > 1 || c.mode == EXEC_RUN_PROCESS
-                                                      ? exec_run_mode_names[c.mode] : "single"));
+    json_object_set_new(jr, "launch", json_string(lg.info.transport ? exec_run_mode_names[c.mode]
+                                                                    : "single"));
     json_object_set_new(jr, "binding_rank0", json_string(lg.info.binding));
     json_object_set_new(jr, "seq_len", json_integer(l->seq_len));
     json_object_set_new(jr, "mbs", json_integer(l->mbs));

@@ -263,6 +263,10 @@ struct exec_transport_ops {
     /* the same for floats (the GPU's gradients) */
     enum moe_status (*allreduce_sum_f32)(struct exec_transport *t, float *x, size_t n,
                                          struct moe_error *err);
+    /* x holds ranks x n floats; rank r's part (x + r n) goes to every rank, in place (the
+     * sharded optimizer's parameters) */
+    enum moe_status (*allgather_f32)(struct exec_transport *t, float *x, size_t n,
+                                     struct moe_error *err);
     /* A sub-group (the plan's EP, expert-DP, DP groups): the ranks passing the same color form
      * one, ordered by rank; *out is this rank's transport in it, released with `release`. */
     enum moe_status (*split)(struct exec_transport *t, int color, struct exec_transport *out,
@@ -447,6 +451,10 @@ struct exec_gpu_cfg {
      * than that stops the step with a message: no row is ever dropped. */
     double ep_buffer_factor;
     int ep_groups; /* 0 or 1: ep_group serves every MoE layer; else one per MoE layer, in order */
+    /* ZeRO-1 (NULL: none): the optimizer state sharded over this transport's ranks (the DP
+     * group; device memory): each rank updates its shard of the parameters after the gradients
+     * were summed (exec_gpu_reduce_grads), and exec_gpu_optimizer all-gathers them */
+    struct exec_transport *zero;
 };
 struct exec_gpu;
 
@@ -571,6 +579,8 @@ struct exec_run_step {
     struct exec_gpu_step_stats gpu; /* rank 0's phases and host syncs; dispatch: every rank's */
 };
 struct exec_run_info {             /* what the run found before its first step (rank 0's) */
+    enum exec_run_mode mode;
+    bool transport;                /* the ranks talk (NCCL or the local transport) */
     struct exec_device_info dev;
     int ranks, devices;            /* ranks of the run; GPUs this process uses */
     struct exec_adamw opt;

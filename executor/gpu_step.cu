@@ -121,6 +121,10 @@ struct exec_gpu {
     const int *forced_choice; /* device (T, top_k): replaces the router's choice (benchmarks) */
     /* parameters */
     float *master, *grad, *m1, *m2;
+    /* ZeRO-1 (cfg.zero): this rank's shard of the flat parameters, [shard_lo, shard_hi), of
+     * shard_n each rank (the last one's padded); m1 and m2 hold the shard only, master all
+     * ranks x shard_n (every rank's part arrives by all-gather after each update) */
+    size_t shard_lo, shard_hi, shard_n;
     bf16 *w16;
     int (*wi)[W_N];           /* per layer: tensor index of each weight, -1: none */
     int embed, final_norm, head;
@@ -1270,11 +1274,22 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
     const struct exec_tensor *head = exec_ref_tensor(&g->table, m->tied_embeddings ? "embed" : "lm_head");
     g->head = (int)(head - g->table.tensor);
     /* parameters and optimizer state */
-    ALLOC(g->master, n, EXEC_MEM_MASTER);
+    g->shard_lo = 0;
+    g->shard_hi = g->shard_n = n;
+    size_t nmaster = n;
+    if (cfg->zero) { /* shards of a multiple of 4 floats: the 16-byte AdamW kernel */
+        int R = cfg->zero->ranks;
+        g->shard_n = (n + 4 * (size_t)R - 1) / (4 * (size_t)R) * 4;
+        g->shard_lo = g->shard_n * (size_t)cfg->zero->rank;
+        g->shard_hi = g->shard_lo + g->shard_n < n ? g->shard_lo + g->shard_n : n;
+        if (g->shard_hi < g->shard_lo) g->shard_hi = g->shard_lo;
+        nmaster = g->shard_n * (size_t)R;
+    }
+    ALLOC(g->master, nmaster, EXEC_MEM_MASTER);
     ALLOC(g->w16, n, EXEC_MEM_WEIGHTS);
     ALLOC(g->grad, n, EXEC_MEM_GRADS);
-    ALLOC(g->m1, n, EXEC_MEM_OPTIMIZER);
-    ALLOC(g->m2, n, EXEC_MEM_OPTIMIZER);
+    ALLOC(g->m1, g->shard_n, EXEC_MEM_OPTIMIZER);
+    ALLOC(g->m2, g->shard_n, EXEC_MEM_OPTIMIZER);
     int E = g->E, T = g->T, P = g->P, h = g->h, H = g->H, KV = g->KV;
     ALLOC(g->bias, (size_t)g->L * E, EXEC_MEM_MASTER);
     g->bias_host = (double *)calloc((size_t)g->L * E, sizeof(double));
@@ -1448,8 +1463,8 @@ extern "C" enum moe_status exec_gpu_init(struct exec_gpu *g, uint64_t seed, stru
         G_LAUNCH(gk_init(g->master + t->offset, t->size, t->offset, seed, 0.02f,
                          strstr(t->name, "norm") != NULL, g->s));
     }
-    G_CUDA(cudaMemsetAsync(g->m1, 0, sizeof(float) * g->table.nparams, g->s));
-    G_CUDA(cudaMemsetAsync(g->m2, 0, sizeof(float) * g->table.nparams, g->s));
+    G_CUDA(cudaMemsetAsync(g->m1, 0, sizeof(float) * g->shard_n, g->s));
+    G_CUDA(cudaMemsetAsync(g->m2, 0, sizeof(float) * g->shard_n, g->s));
     return refresh_bf16(g, err);
 }
 
@@ -1665,11 +1680,19 @@ extern "C" enum moe_status exec_gpu_optimizer(struct exec_gpu *g, const struct e
     a.c1 = (float)(1.0 - pow(o->beta1, step + 1));
     a.c2 = (float)(1.0 - pow(o->beta2, step + 1));
     a.scale = (float)(o->clip > 0 && norm > o->clip ? o->clip / norm : 1.0);
+    size_t lo = g->shard_lo, hi = g->shard_hi; /* everything, unless ZeRO-1 */
     for (int i = 0; i < g->table.ntensors; i++) {
         const struct exec_tensor *t = &g->table.tensor[i];
+        size_t a0 = t->offset > lo ? t->offset : lo, b0 = t->offset + t->size < hi ? t->offset + t->size : hi;
+        if (a0 >= b0) continue;
         a.wd = g->decay[i] ? (float)o->weight_decay : 0.0f;
-        G_LAUNCH(gk_adamw(g->master + t->offset, g->grad + t->offset, g->m1 + t->offset,
-                          g->m2 + t->offset, g->w16 + t->offset, t->size, &a, g->s));
+        G_LAUNCH(gk_adamw(g->master + a0, g->grad + a0, g->m1 + (a0 - lo), g->m2 + (a0 - lo),
+                          g->w16 + a0, b0 - a0, &a, g->s));
+    }
+    if (g->cfg.zero) { /* every rank's updated shard to every rank, then their bf16 copies */
+        G_TRY(sync_host(g, err));
+        G_TRY(g->cfg.zero->ops->allgather_f32(g->cfg.zero, g->master, g->shard_n, err));
+        G_LAUNCH(gk_to_bf16(g->master, g->w16, g->table.nparams, g->s));
     }
     return MOE_OK;
 }
@@ -1869,7 +1892,7 @@ extern "C" enum moe_status exec_moe_bench(const struct exec_moe_bench_cfg *c, in
     }
     free(p), free(q);
     /* T sequences of one token: the layer sees T tokens, attention's workspace stays tiny */
-    struct exec_gpu_cfg cfg = {1, T, false, 0.0, 0, c->streams, NULL, NULL, 0.0, 0};
+    struct exec_gpu_cfg cfg = {1, T, false, 0.0, 0, c->streams, NULL, NULL, 0.0, 0, NULL};
     struct exec_gpu *g = NULL;
     int *dchoice = NULL, dense_off[GK_MAX_EXPERTS + 1];
     enum moe_status st = exec_gpu_create(&g, &m, &cfg, err);

@@ -13,6 +13,8 @@
  * - Gradients: one all-reduce over the run. A rank's gradient of an expert it does not hold is
  *   zero, so that sum gives the dense parameters their DP sum and each expert its expert-DP sum.
  *   (Reducing experts over their own group only would move ep times fewer bytes: not yet.)
+ * - ZeRO-1 (zero = 1): the optimizer state sharded over the run's ranks; each updates its
+ *   shard after the all-reduce and all-gathers the parameters (exec_gpu_cfg.zero).
  * - Biases of aux-loss-free balancing: the loads of every rank, so they stay equal everywhere.
  */
 #include "exec.h"
@@ -184,7 +186,7 @@ static enum moe_status rank_main(struct run_shared *sh, int me, struct exec_tran
     }
     struct exec_gpu_cfg cfg = {l->seq_len, l->mbs, l->recompute == COST_RECOMPUTE_FULL, c->aux,
                                device, c->streams, ept.ops ? &ept : NULL, groups,
-                               p->buffer_factor, nmoe};
+                               p->buffer_factor, nmoe, l->zero >= 1 && dp > 1 ? world : NULL};
     if ((st = exec_gpu_create(&g, m, &cfg, err))) goto done;
     if (c->mode == EXEC_RUN_VIRTUAL) sh->streams[me] = exec_gpu_stream(g);
     if ((st = exec_gpu_init(g, c->seed, err))) goto done;
@@ -203,6 +205,8 @@ static enum moe_status rank_main(struct run_shared *sh, int me, struct exec_tran
         st = moe_error_set(err, MOE_ERR_CUDA, "run: rank %d: out of GPU memory", me);
         goto done;
     }
+    info.mode = c->mode;
+    info.transport = world != NULL;
     info.ranks = p->gpus;
     info.devices = c->mode == EXEC_RUN_THREADS ? p->gpus : 1;
     snprintf(info.data, sizeof info.data, "%s", data.source);

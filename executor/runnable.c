@@ -23,10 +23,10 @@ bool exec_layout_runnable(const struct cost_layout *l, int gpus, char *why, size
         snprintf(why, cap, "pp=%d: pipeline stages are not in the GPU executor yet (pp=1)", l->pp);
         return false;
     }
-    if (l->dp > 1 && l->zero > 0) {
+    if (l->dp > 1 && l->zero > 1) {
         snprintf(why, cap,
-                 "zero=%d with dp=%d: the GPU executor keeps the optimizer state whole on every "
-                 "rank (zero=0); sharding it is not in yet",
+                 "zero=%d with dp=%d: the GPU executor shards the optimizer state only (ZeRO-1), "
+                 "not the gradients or parameters (zero=1 or 0)",
                  l->zero, l->dp);
         return false;
     }

@@ -345,13 +345,39 @@ static enum moe_status local_allreduce_sum_f32(struct exec_transport *t, float *
     return local_allreduce(t, x, n, true, err);
 }
 
+/* Every rank copies the others' parts out of their posted buffers. */
+static enum moe_status local_allgather_f32(struct exec_transport *t, float *x, size_t n,
+                                           struct moe_error *err)
+{
+    struct exec_local_hub *h = t->impl;
+    int me = t->rank, wr = world_rank(h, me);
+    enum moe_status st = h->mem.ready(h->mem.ctx, wr, err);
+    if (st != MOE_OK) return st;
+    h->send[me] = x;
+    h->item_bytes[me] = n;
+    if ((st = hub_meet(h, me, "all-gather (post)", err)) != MOE_OK) return st;
+    enum moe_status cst = MOE_OK;
+    bool match = true;
+    for (int s = 0; s < h->ranks; s++) match &= h->item_bytes[s] == n;
+    for (int s = 0; s < h->ranks && match && cst == MOE_OK && n; s++)
+        if (s != me)
+            cst = h->mem.copy(h->mem.ctx, wr, x + (size_t)s * n,
+                              (const float *)h->send[s] + (size_t)s * n, sizeof *x * n, err);
+    if ((st = hub_meet(h, me, "all-gather (copy)", err)) != MOE_OK) return st;
+    if (cst != MOE_OK) return cst;
+    if (!match)
+        return moe_error_set(err, MOE_ERR_RUNTIME, "rank %d, all-gather: the ranks' lengths "
+                                                   "disagree", wr);
+    return MOE_OK;
+}
+
 static enum moe_status local_split(struct exec_transport *t, int color,
                                    struct exec_transport *out, struct moe_error *err);
 static void local_release(struct exec_transport *t);
 
-static const struct exec_transport_ops local_ops = {local_counts,       local_alltoallv,
-                                                    local_allreduce_sum, local_allreduce_sum_f32,
-                                                    local_split,         local_release};
+static const struct exec_transport_ops local_ops = {
+    local_counts,        local_alltoallv, local_allreduce_sum, local_allreduce_sum_f32,
+    local_allgather_f32, local_split,     local_release};
 
 /* Two meetings: every rank posts its color; the lowest rank of each color makes the group's hub
  * (a failure there fails the second meeting for all); then each takes its group's hub. */

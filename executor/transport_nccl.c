@@ -144,6 +144,16 @@ static enum moe_status nccl_allreduce_sum_f32(struct exec_transport *t, float *x
     return nccl_allreduce(t, x, n, ncclFloat32, err);
 }
 
+static enum moe_status nccl_allgather_f32(struct exec_transport *t, float *x, size_t n,
+                                          struct moe_error *err)
+{
+    struct exec_nccl *c = t->impl;
+    const char *op = "all-gather";
+    if (!c->comm) return aborted(c, op, err);
+    if (n) N_TRY(c, op, ncclAllGather(x + (size_t)c->rank * n, x, n, ncclFloat32, c->comm, c->stream));
+    return nccl_wait(c, op, err);
+}
+
 static enum moe_status nccl_split(struct exec_transport *t, int color,
                                   struct exec_transport *out, struct moe_error *err);
 
@@ -153,9 +163,9 @@ static void nccl_release(struct exec_transport *t)
     t->impl = NULL;
 }
 
-static const struct exec_transport_ops nccl_ops = {nccl_counts,        nccl_alltoallv,
-                                                   nccl_allreduce_sum, nccl_allreduce_sum_f32,
-                                                   nccl_split,         nccl_release};
+static const struct exec_transport_ops nccl_ops = {
+    nccl_counts,        nccl_alltoallv, nccl_allreduce_sum, nccl_allreduce_sum_f32,
+    nccl_allgather_f32, nccl_split,     nccl_release};
 
 /* A communicator, its stream and count buffer on the parent's GPU; comm set by the caller. */
 static enum moe_status nccl_alloc(struct exec_nccl **out, int rank, int ranks, int device,

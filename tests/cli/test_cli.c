@@ -190,11 +190,21 @@ static void test_run(void **state)
     assert_true(r.code != 0);
     expect_in(r.err, "/nonexistent/plan.json");
     RUN(&r, "plan", "--model", "tiny-moe-gqa", "--cluster", "hgx-h200-x8", "--seq-len", "64",
+        "--fix", "pp=2", "-o", "/tmp/moe_cli_plan_pp2.json");
+    assert_int_equal(r.code, 0);
+    RUN(&r, "run", "/tmp/moe_cli_plan_pp2.json");
+    assert_int_equal(r.code, 1); /* refused by name before any GPU work */
+    expect_in(r.err, "moe_cli_plan_pp2.json: pp=2: pipeline stages are not in the GPU executor");
+    unlink("/tmp/moe_cli_plan_pp2.json");
+    RUN(&r, "plan", "--model", "tiny-moe-gqa", "--cluster", "hgx-h200-x8", "--seq-len", "64",
         "-o", "/tmp/moe_cli_plan8.json");
     assert_int_equal(r.code, 0);
-    RUN(&r, "run", "/tmp/moe_cli_plan8.json");
-    assert_int_equal(r.code, 1); /* zero=1 over dp=8: refused by name before any GPU work */
-    expect_in(r.err, "moe_cli_plan8.json: zero=1 with dp=8");
+    RUN(&r, "run", "/tmp/moe_cli_plan8.json"); /* 8 ranks: a GPU each, or virtual ranks */
+    if (r.code == 1) expect_in(r.err, "no CUDA GPU");
+    else {
+        assert_int_equal(r.code, 3);
+        expect_in(r.err, "the plan has 8 ranks and this machine");
+    }
     RUN(&r, "run", "/tmp/moe_cli_plan8.json", "--gpus", "2");
     assert_int_equal(r.code, 3);
     expect_in(r.err, "--gpus 2, but /tmp/moe_cli_plan8.json is a plan for 8 GPUs");
@@ -395,7 +405,7 @@ static void test_plan(void **state)
         "--seq-len", "64"); /* 8 GPUs: data and expert parallel, the optimizer state whole */
     assert_int_equal(r.code, 0);
     expect_in(r.out, "tp=1 pp=1 vpp=1");
-    expect_in(r.out, "dp=8 zero=0");
+    expect_in(r.out, "dp=8 zero=1");
     RUN(&r, "plan", "--model", "tiny-moe-gqa", "--cluster", "hgx-h200-x8", "--gpus", "1",
         "--runnable", "--seq-len", "64", "--fix", "recompute=selective");
     assert_int_equal(r.code, 4);

@@ -9,8 +9,10 @@
  *     per-expert token counts of every MoE layer equal DP 1's exactly; over 6 steps (lr 1e-3)
  *     each step's loss is within 2e-3 relative of DP 1's (bf16 activations, sums in another
  *     order: the single-GPU step's loss tolerance);
- *   - the dispatch payload the ranks report equals the bytes the EP exchange sends (nonzero,
- *     and none over scale-out inside one domain);
+ *   - ZeRO-1 over DP 2 and EP 4 repeats the loss curve of the same layout without it bit for
+ *     bit, with 1/dp of its optimizer state;
+ *   - the dispatch payload the ranks report is nonzero with EP, zero without, and none over
+ *     scale-out inside one domain;
  *   - a rank that stops in the middle of step 2 makes the run fail within the timeout, the
  *     message naming that rank.
  * Exits 77 (skipped) where there is no GPU.
@@ -29,6 +31,8 @@ struct run_case {
     int dp, ep, domain; /* domain: GPUs per NVLink domain */
     enum cost_dispatcher mode;
     bool nccl;
+    int zero;
+    int same_as;        /* >= 0: the case whose loss curve this one repeats bit for bit */
 };
 
 struct collected {
@@ -52,7 +56,7 @@ static void make_plan(struct plan_file *p, const struct run_case *rc)
     memset(p, 0, sizeof *p);
     moe_test_model("tiny-moe-gqa", &p->model);
     struct cost_layout *l = &p->layout;
-    *l = (struct cost_layout){1, 1, 1, rc->ep, 1, rc->dp, 0, SEQ, 1, GBS, COST_BF16,
+    *l = (struct cost_layout){1, 1, 1, rc->ep, 1, rc->dp, rc->zero, SEQ, 1, GBS, COST_BF16,
                               COST_RECOMPUTE_NONE, rc->mode, false};
     p->gpus = rc->dp;
     p->micro_batches = GBS / rc->dp;
@@ -98,13 +102,15 @@ static enum moe_status run_case(const struct run_case *rc, int steps, struct col
 }
 
 static const struct run_case cases[] = {
-    {"DP 1", 1, 1, 1, COST_DISPATCH_ALLTOALL, false},
-    {"DP 2", 2, 1, 2, COST_DISPATCH_ALLTOALL, false},
-    {"EP 2 alltoall", 2, 2, 2, COST_DISPATCH_ALLTOALL, false},
-    {"EP 4 dedup-gpu, 2 domains", 4, 4, 2, COST_DISPATCH_DEDUP_GPU, false},
-    {"EP 8 dedup-domain, 2 domains", 8, 8, 4, COST_DISPATCH_DEDUP_DOMAIN, false},
-    {"EP 4 x 2 groups dedup-gpu", 8, 4, 4, COST_DISPATCH_DEDUP_GPU, false},
-    {"DP 1 over NCCL", 1, 1, 1, COST_DISPATCH_ALLTOALL, true},
+    {"DP 1", 1, 1, 1, COST_DISPATCH_ALLTOALL, false, 0, -1},
+    {"DP 2", 2, 1, 2, COST_DISPATCH_ALLTOALL, false, 0, -1},
+    {"EP 2 alltoall", 2, 2, 2, COST_DISPATCH_ALLTOALL, false, 0, -1},
+    {"EP 4 dedup-gpu, 2 domains", 4, 4, 2, COST_DISPATCH_DEDUP_GPU, false, 0, -1},
+    {"EP 8 dedup-domain, 2 domains", 8, 8, 4, COST_DISPATCH_DEDUP_DOMAIN, false, 0, -1},
+    {"EP 4 x 2 groups dedup-gpu", 8, 4, 4, COST_DISPATCH_DEDUP_GPU, false, 0, -1},
+    {"DP 1 over NCCL", 1, 1, 1, COST_DISPATCH_ALLTOALL, true, 0, -1},
+    {"DP 2 ZeRO-1", 2, 1, 2, COST_DISPATCH_ALLTOALL, false, 1, 1},
+    {"EP 4 dedup-gpu ZeRO-1", 4, 4, 2, COST_DISPATCH_DEDUP_GPU, false, 1, 3},
 };
 
 static void test_equivalence(void **state)
@@ -113,7 +119,7 @@ static void test_equivalence(void **state)
     struct moe_error err;
     int n = (int)(sizeof cases / sizeof cases[0]), E = 8, L = 2;
     int64_t base_counts[16];
-    double base_loss[STEPS];
+    double base_loss[STEPS], curves[16][STEPS], optimizer_bytes[16];
     for (int i = 0; i < n; i++) {
         struct collected one, curve;
         struct exec_run_result res;
@@ -130,7 +136,19 @@ static void test_equivalence(void **state)
         exec_run_result_free(&res);
         if (run_case(&cases[i], STEPS, &curve, &res, -1, 60.0, &err) != MOE_OK)
             fail_msg("%s: %s", cases[i].name, err.message);
+        optimizer_bytes[i] = res.memory.bytes[EXEC_MEM_OPTIMIZER];
         exec_run_result_free(&res);
+        memcpy(curves[i], curve.loss, sizeof curves[i]);
+        int same = cases[i].same_as;
+        if (same >= 0) { /* ZeRO-1: the same sums, the same updates: the same bits */
+            if (memcmp(curves[same], curve.loss, sizeof curve.loss))
+                fail_msg("%s: the loss curve differs from %s's", cases[i].name, cases[same].name);
+            double f = optimizer_bytes[i] / optimizer_bytes[same];
+            printf("%s: loss curve bit-identical to %s's; optimizer state %.0f of %.0f bytes "
+                   "(%.3f)\n", cases[i].name, cases[same].name, optimizer_bytes[i],
+                   optimizer_bytes[same], f);
+            assert_true(f < 1.0 / cases[i].dp + 0.01);
+        }
         assert_int_equal(curve.steps, STEPS);
         if (i == 0) memcpy(base_loss, curve.loss, sizeof base_loss);
         double worst = 0;

@@ -545,11 +545,13 @@ static void test_transport_faults(void **state)
 }
 
 /* Splits: 6 ranks into the plan's kind of groups (EP: 0-2 and 3-5; expert-DP: r % 3), each
- * group's all-reduce its own; a rank that fails while the others wait in a group ends them. */
+ * group's all-reduce and all-gather its own; a rank that fails while the others wait in a group
+ * ends them. */
 struct split_arg {
     int fail; /* -1: none; else this rank fails after the splits */
     double sum_ep[6], sum_edp[6];
     int rank_ep[6], size_ep[6], rank_edp[6];
+    bool gathered_ok[6];
 };
 
 static enum moe_status split_rank(struct exec_transport *t, void *arg, struct moe_error *err)
@@ -572,6 +574,13 @@ static enum moe_status split_rank(struct exec_transport *t, void *arg, struct mo
     } else {
         if ((st = ep.ops->allreduce_sum(&ep, &x, 1, err)) == MOE_OK)
             st = edp.ops->allreduce_sum(&edp, &y, 1, err);
+        float parts[6] = {0}; /* the EP group's all-gather: two floats a rank, in place */
+        parts[2 * ep.rank] = (float)me;
+        parts[2 * ep.rank + 1] = -(float)me;
+        if (st == MOE_OK) st = ep.ops->allgather_f32(&ep, parts, 2, err);
+        for (int q = 0; q < 3 && st == MOE_OK; q++)
+            a->gathered_ok[me] &= parts[2 * q] == (float)(me / 3 * 3 + q) &&
+                                  parts[2 * q + 1] == -(float)(me / 3 * 3 + q);
     }
     a->sum_ep[me] = x;
     a->sum_edp[me] = y;
@@ -586,7 +595,7 @@ static void test_transport_split(void **state)
     struct exec_local_hub *hub;
     struct moe_error err;
     assert_int_equal(exec_local_hub_create(&hub, 6, 5.0, &err), MOE_OK);
-    struct split_arg a = {.fail = -1};
+    struct split_arg a = {.fail = -1, .gathered_ok = {1, 1, 1, 1, 1, 1}};
     if (exec_local_run(hub, split_rank, &a, &err) != MOE_OK) fail_msg("%s", err.message);
     for (int r = 0; r < 6; r++) {
         assert_int_equal(a.rank_ep[r], r % 3); /* ordered by the parent's rank */
@@ -594,6 +603,7 @@ static void test_transport_split(void **state)
         assert_int_equal(a.rank_edp[r], r / 3);
         assert_true(a.sum_ep[r] == (r < 3 ? 1 + 2 + 4 : 8 + 16 + 32));
         assert_true(a.sum_edp[r] == 100.0 * (r % 3 + 1) + 100.0 * (r % 3 + 4));
+        assert_true(a.gathered_ok[r]);
     }
     /* rank 4 fails; its EP partners (3, 5) wait in their group: they fail at once with the
      * reason, long before the 5 s deadline */
