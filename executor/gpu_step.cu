@@ -1168,6 +1168,9 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
         double f = cfg->ep_buffer_factor > 0 ? cfg->ep_buffer_factor : cfg->ep->ranks;
         if (f > cfg->ep->ranks) f = cfg->ep->ranks;
         g->Pe = g->rows_cap = (int)ceil(f * g->P);
+        /* per-domain dedup: a landing rank holds rows for its whole domain before it forwards
+         * them, and the forwarded rows besides: twice the rows for the same pairs */
+        if (cfg->ep_group && cfg->ep_group->mode == COST_DISPATCH_DEDUP_DOMAIN) g->rows_cap *= 2;
     } else {
         g->Pe = g->rows_cap = g->P;
     }
