@@ -383,6 +383,25 @@ enum moe_status exec_ref_zero1_step(struct exec_transport *t, struct exec_ref_mo
                                     const struct exec_adamw *o, double *norm,
                                     struct moe_error *err);
 
+/* The pipeline schedule (ref_pp.c), shared by the reference and the GPU run: rank s of S runs
+ * 1F1B (S - 1 - s forwards first, then one forward and one backward, then the backwards left),
+ * or Megatron's interleaved 1F1B over its vpp chunks (virtual stages s, s + S, ...), in rounds:
+ * in each, every rank runs its next operation if its input has arrived, then one exchange
+ * carries the activations forward and the gradients back. */
+#define EXEC_PP_MAX_STAGES 64
+struct exec_pp_op {
+    char kind; /* 'F', 'B', or 0: idle this round */
+    int mb, v; /* micro-batch, virtual stage */
+};
+/* The round table (rounds x S) for M micro-batches; returns the rounds (-1: out of memory, or a
+ * schedule that cannot finish). free() the table. */
+int exec_pp_rounds(int S, int vpp, int M, struct exec_pp_op **table);
+/* Round `row`'s exchange at rank me of S (V virtual stages): send[q] / recv[q] items (`items`
+ * each way that moves); returns how many arrive, in rank order, each in arriving[] (at most 2) as
+ * (kind, micro-batch, the virtual stage here it is for). */
+int exec_pp_round_io(const struct exec_pp_op *row, int S, int V, int me, int items, int *send,
+                     int *recv, struct exec_pp_op *arriving);
+
 /* The reference's pipeline-parallel step on rank t->rank of t->ranks, with vpp chunks a rank:
  * blocks [first[v], first[v + 1]) on virtual stage v, which lives on rank v % ranks (first[0] =
  * 0, first[ranks * vpp] = layers), M micro-batches of T tokens (tokens (M, T)) in the 1F1B order
@@ -485,6 +504,18 @@ enum moe_status exec_gpu_step_begin(struct exec_gpu *g, struct moe_error *err);
  * cross-entropy plus the load-balance losses, *aux the latter alone. */
 enum moe_status exec_gpu_micro_batch(struct exec_gpu *g, const int *tokens, double grad_scale,
                                      double *loss, double *aux, struct moe_error *err);
+/* Pipeline stages: one micro-batch through blocks [lo, hi) only. The first stage (lo 0) starts
+ * from the tokens' embedding, a later one from h_in (device, T x hidden fp32); the last (hi the
+ * layers) ends in the head and the loss, an earlier one in h_out (device) when forward only.
+ * With `backward`, the slice's forward is recomputed (its statistics not counted again) and its
+ * backward runs from the loss or from dh_out (device: the gradient of the slice's output) into
+ * the embedding's gradient or dh_in (device); gradients of grad_scale x the loss accumulate.
+ * *loss: the mean cross-entropy (last stage) plus the slice's load-balance losses, *aux these.
+ * Not with expert parallelism. */
+enum moe_status exec_gpu_slice(struct exec_gpu *g, const int *tokens, int lo, int hi,
+                               const float *h_in, float *h_out, const float *dh_out, float *dh_in,
+                               bool backward, double grad_scale, double *loss, double *aux,
+                               struct moe_error *err);
 /* Clip to the global norm and apply AdamW; *gnorm is the norm before clipping. */
 enum moe_status exec_gpu_optimizer(struct exec_gpu *g, const struct exec_adamw *o, int step,
                                    double *gnorm, struct moe_error *err);

@@ -1601,44 +1601,58 @@ static enum moe_status embed_plan(struct exec_gpu *g, const int *tokens, struct 
     return MOE_OK;
 }
 
-extern "C" enum moe_status exec_gpu_micro_batch(struct exec_gpu *g, const int *tokens,
-                                                double grad_scale, double *loss, double *aux,
-                                                struct moe_error *err)
+/* The tokens of a micro-batch to the GPU (inputs and targets), and the embedding's backward
+ * plan; MOE_ERR_INPUT for a token outside the vocabulary. */
+static enum moe_status load_tokens(struct exec_gpu *g, const int *tokens, struct moe_error *err)
 {
-    int T = g->T, h = g->h, V = g->V, L = g->L;
-    float eps = (float)g->m.norm_eps;
-    double aux_sum = 0.0;
     for (int i = 0; i < g->B * (g->S + 1); i++)
-        if (tokens[i] < 0 || tokens[i] >= V)
+        if (tokens[i] < 0 || tokens[i] >= g->V)
             return moe_error_set(err, MOE_ERR_INPUT, "executor: token %d is %d, vocab %d", i,
-                                 tokens[i], V);
-    g->record_stats = true;
-    g->grad_scale = grad_scale;
+                                 tokens[i], g->V);
     G_TRY(embed_plan(g, tokens, err));
     PH(COST_EMBED);
     G_CUDA(cudaMemcpyAsync(g->tok, tokens, sizeof(int) * (size_t)g->B * (g->S + 1),
                            cudaMemcpyHostToDevice, g->s));
     G_LAUNCH(gk_split(g->tok, g->B, g->S, g->tok_in, g->tgt, g->s));
-    G_LAUNCH(gk_embed(M(g, g->embed), g->tok_in, T, h, g->xin[0], g->s));
-    for (int l = 0; l < L; l++)
-        G_TRY(block_forward(g, l, g->xin[l], g->xin[l + 1], &g->act[l], &aux_sum, err));
+    return MOE_OK;
+}
+
+/* Blocks [lo, hi) forward from xin[lo] (lo 0: the embedding of the tokens), and, when hi is the
+ * last, the head and the loss with its gradient (grad_scale / T a row) into dlog16. */
+static enum moe_status forward_part(struct exec_gpu *g, int lo, int hi, double *aux_sum,
+                                    struct moe_error *err)
+{
+    int T = g->T, h = g->h, V = g->V, L = g->L;
+    if (lo == 0) G_LAUNCH(gk_embed(M(g, g->embed), g->tok_in, T, h, g->xin[0], g->s));
+    for (int l = lo; l < hi; l++)
+        G_TRY(block_forward(g, l, g->xin[l], g->xin[l + 1], &g->act[l], aux_sum, err));
+    if (hi < L) return MOE_OK;
     PH(COST_LM_HEAD);
-    G_LAUNCH(gk_rmsnorm(g->xin[L], h, M(g, g->final_norm), T, h, eps, g->fin16, h, NULL, 0,
-                        g->rstdf, g->s));
+    G_LAUNCH(gk_rmsnorm(g->xin[L], h, M(g, g->final_norm), T, h, (float)g->m.norm_eps, g->fin16,
+                        h, NULL, 0, g->rstdf, g->s));
     G_TRY(lin(g, g->fin16, h, W16(g, g->head), T, h, V, g->logits, V, CUDA_R_32F, 0, err));
     PH(COST_LOSS);
-    G_LAUNCH(gk_cross_entropy(g->logits, g->tgt, T, V, (float)(grad_scale / T), g->row_loss,
+    G_LAUNCH(gk_cross_entropy(g->logits, g->tgt, T, V, (float)(g->grad_scale / T), g->row_loss,
                               g->dlog16, g->s));
     G_CUDA(cudaMemcpyAsync(g->host_rows, g->row_loss, sizeof(float) * T, cudaMemcpyDeviceToHost, g->s));
-    /* backward */
-    PH(COST_LM_HEAD);
-    G_TRY(lin_dx(g, g->dlog16, V, W16(g, g->head), T, h, V, g->dfin32, h, 0, err));
-    G_TRY(lin_dw(g, g->dlog16, V, g->fin16, h, T, h, V, GR(g, g->head), err));
-    G_LAUNCH(gk_rmsnorm_backward(g->xin[L], h, M(g, g->final_norm), g->rstdf, g->dfin32, h, NULL, 0,
-                                 g->dh, h, T, h, g->s));
-    G_LAUNCH(gk_colsum(g->dfin32, h, g->xin[L], h, g->rstdf, T, h, g->part, GR(g, g->final_norm),
-                       true, g->s));
-    for (int l = L - 1; l >= 0; l--) {
+    return MOE_OK;
+}
+
+/* Blocks [lo, hi) backward, from the loss (hi the last) or from g->dh (the gradient of
+ * xin[hi]); ends with g->dh the gradient of xin[lo], or in the embedding's gradient (lo 0). */
+static enum moe_status backward_part(struct exec_gpu *g, int lo, int hi, struct moe_error *err)
+{
+    int T = g->T, h = g->h, V = g->V, L = g->L;
+    if (hi == L) {
+        PH(COST_LM_HEAD);
+        G_TRY(lin_dx(g, g->dlog16, V, W16(g, g->head), T, h, V, g->dfin32, h, 0, err));
+        G_TRY(lin_dw(g, g->dlog16, V, g->fin16, h, T, h, V, GR(g, g->head), err));
+        G_LAUNCH(gk_rmsnorm_backward(g->xin[L], h, M(g, g->final_norm), g->rstdf, g->dfin32, h,
+                                     NULL, 0, g->dh, h, T, h, g->s));
+        G_LAUNCH(gk_colsum(g->dfin32, h, g->xin[L], h, g->rstdf, T, h, g->part,
+                           GR(g, g->final_norm), true, g->s));
+    }
+    for (int l = hi - 1; l >= lo; l--) {
         if (g->cfg.recompute) {
             g->record_stats = false;
             G_TRY(block_forward(g, l, g->xin[l], g->yscr, &g->act[l], NULL, err));
@@ -1648,15 +1662,65 @@ extern "C" enum moe_status exec_gpu_micro_batch(struct exec_gpu *g, const int *t
         g->dh = g->dprev;
         g->dprev = t;
     }
+    if (lo > 0) return MOE_OK;
     PH(COST_EMBED);
     G_LAUNCH(gk_embed_backward(g->dh, g->emb_dev, g->emb_dev + 2 * T, g->emb_dev + T, g->emb_nids, h,
                                GR(g, g->embed), g->s));
+    return MOE_OK;
+}
+
+/* The loss after the work queued so far: the mean cross-entropy when the head ran, plus aux. */
+static enum moe_status finish_loss(struct exec_gpu *g, bool head, double aux_sum, double *loss,
+                                   double *aux, struct moe_error *err)
+{
     G_TRY(sync_host(g, err));
     double sum = 0.0;
-    for (int t = 0; t < T; t++) sum += g->host_rows[t];
-    *loss = sum / T + aux_sum;
+    for (int t = 0; head && t < g->T; t++) sum += g->host_rows[t];
+    *loss = (head ? sum / g->T : 0.0) + aux_sum;
     if (aux) *aux = aux_sum;
     return MOE_OK;
+}
+
+extern "C" enum moe_status exec_gpu_micro_batch(struct exec_gpu *g, const int *tokens,
+                                                double grad_scale, double *loss, double *aux,
+                                                struct moe_error *err)
+{
+    double aux_sum = 0.0;
+    g->record_stats = true;
+    g->grad_scale = grad_scale;
+    G_TRY(load_tokens(g, tokens, err));
+    G_TRY(forward_part(g, 0, g->L, &aux_sum, err));
+    G_TRY(backward_part(g, 0, g->L, err));
+    return finish_loss(g, true, aux_sum, loss, aux, err);
+}
+
+extern "C" enum moe_status exec_gpu_slice(struct exec_gpu *g, const int *tokens, int lo, int hi,
+                                          const float *h_in, float *h_out, const float *dh_out,
+                                          float *dh_in, bool backward, double grad_scale,
+                                          double *loss, double *aux, struct moe_error *err)
+{
+    int L = g->L;
+    size_t th = sizeof(float) * (size_t)g->T * g->h;
+    if (lo < 0 || hi > L || lo >= hi || (lo > 0 && !h_in) || (hi < L && !backward && !h_out) ||
+        (hi < L && backward && !dh_out) || (lo > 0 && backward && !dh_in) || g->cfg.ep)
+        return moe_error_set(err, MOE_ERR_INPUT,
+                             "executor: a slice of blocks [%d, %d) of %d needs its input, output "
+                             "and gradients (and no expert parallelism)",
+                             lo, hi, L);
+    double aux_sum = 0.0;
+    g->record_stats = !backward; /* the backward's forward is a recomputation */
+    g->grad_scale = grad_scale;
+    G_TRY(load_tokens(g, tokens, err));
+    if (lo > 0) G_CUDA(cudaMemcpyAsync(g->xin[lo], h_in, th, cudaMemcpyDeviceToDevice, g->s));
+    G_TRY(forward_part(g, lo, hi, &aux_sum, err));
+    if (!backward) {
+        if (hi < L) G_CUDA(cudaMemcpyAsync(h_out, g->xin[hi], th, cudaMemcpyDeviceToDevice, g->s));
+        return finish_loss(g, hi == L, aux_sum, loss, aux, err);
+    }
+    if (hi < L) G_CUDA(cudaMemcpyAsync(g->dh, dh_out, th, cudaMemcpyDeviceToDevice, g->s));
+    G_TRY(backward_part(g, lo, hi, err));
+    if (lo > 0) G_CUDA(cudaMemcpyAsync(dh_in, g->dh, th, cudaMemcpyDeviceToDevice, g->s));
+    return finish_loss(g, hi == L, aux_sum, loss, aux, err);
 }
 
 extern "C" enum moe_status exec_gpu_optimizer(struct exec_gpu *g, const struct exec_adamw *o,

@@ -15,45 +15,38 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define PP_MAX_STAGES 64
-
-struct pp_op {
-    char kind; /* 'F', 'B', or 0: idle this round */
-    int mb, v; /* micro-batch, virtual stage */
-};
+#define PP_MAX_STAGES EXEC_PP_MAX_STAGES
 
 /* Rank s's operations in order. vpp = 1: 1F1B (S - 1 - s forwards first). vpp > 1: Megatron's
  * interleaved 1F1B over the rank's chunks (virtual stages s, s + S, ...): forward k runs chunk
  * (k / S) % vpp of micro-batch (k / (S vpp)) S + k % S, backward k the chunks in reverse; the
  * warm-up is (S - s - 1) 2 + (vpp - 1) S forwards. */
-static int pp_list(int S, int vpp, int M, int s, struct pp_op *l)
+static int pp_list(int S, int vpp, int M, int s, struct exec_pp_op *l)
 {
     int n = 0, total = M * vpp;
     int w = vpp == 1 ? S - 1 - s : (S - s - 1) * 2 + (vpp - 1) * S;
     if (w > total) w = total;
     for (int i = 0; i < w; i++) {
         int c = (i / S) % vpp;
-        l[n++] = (struct pp_op){'F', (i / (S * vpp)) * S + i % S, c * S + s};
+        l[n++] = (struct exec_pp_op){'F', (i / (S * vpp)) * S + i % S, c * S + s};
     }
     for (int j = 0; j < total; j++) {
         int i = w + j;
         if (i < total) {
             int c = (i / S) % vpp;
-            l[n++] = (struct pp_op){'F', (i / (S * vpp)) * S + i % S, c * S + s};
+            l[n++] = (struct exec_pp_op){'F', (i / (S * vpp)) * S + i % S, c * S + s};
         }
         int c = vpp - 1 - (j / S) % vpp;
-        l[n++] = (struct pp_op){'B', (j / (S * vpp)) * S + j % S, c * S + s};
+        l[n++] = (struct exec_pp_op){'B', (j / (S * vpp)) * S + j % S, c * S + s};
     }
     return n;
 }
 
-/* The round table (rounds x S) for S ranks of vpp chunks and M micro-batches; returns the rounds
- * (-1: out of memory, or a schedule that cannot finish). */
-static int pp_schedule(int S, int vpp, int M, struct pp_op **table)
+int exec_pp_rounds(int S, int vpp, int M, struct exec_pp_op **table)
 {
     int V = S * vpp, per = 2 * M * vpp, cap = 4 * per * S + 4 * S;
-    struct pp_op *list = calloc((size_t)S * per, sizeof *list);
-    struct pp_op *t = calloc((size_t)cap * S, sizeof *t);
+    struct exec_pp_op *list = calloc((size_t)S * per, sizeof *list);
+    struct exec_pp_op *t = calloc((size_t)cap * S, sizeof *t);
     int *next = calloc((size_t)S, sizeof(int));
     bool *act = calloc((size_t)V * M, sizeof(bool)), *grd = calloc((size_t)V * M, sizeof(bool));
     bool *fwd = calloc((size_t)V * M, sizeof(bool));
@@ -68,16 +61,16 @@ static int pp_schedule(int S, int vpp, int M, struct pp_op **table)
             rounds = -1;
             goto done;
         }
-        struct pp_op *row = t + (size_t)rounds * S;
+        struct exec_pp_op *row = t + (size_t)rounds * S;
         for (int s = 0; s < S; s++) {
             if (next[s] == per) continue;
-            struct pp_op op = list[(size_t)s * per + next[s]];
+            struct exec_pp_op op = list[(size_t)s * per + next[s]];
             size_t at = (size_t)op.v * M + op.mb;
             bool ready = op.kind == 'F' ? op.v == 0 || act[at] : (op.v == V - 1 ? fwd[at] : grd[at]);
             if (ready) row[s] = op;
         }
         for (int s = 0; s < S; s++) {
-            struct pp_op op = row[s];
+            struct exec_pp_op op = row[s];
             if (!op.kind) continue;
             next[s]++;
             if (op.kind == 'F') {
@@ -98,6 +91,25 @@ done:
     return rounds;
 }
 
+int exec_pp_round_io(const struct exec_pp_op *row, int S, int V, int me, int items, int *send,
+                     int *recv, struct exec_pp_op *arriving)
+{
+    int nin = 0;
+    for (int q = 0; q < S; q++) send[q] = recv[q] = 0;
+    const struct exec_pp_op *op = &row[me];
+    if (op->kind == 'F' && op->v + 1 < V) send[(op->v + 1) % S] = items;
+    if (op->kind == 'B' && op->v > 0) send[(op->v - 1) % S] = items;
+    for (int q = 0; q < S; q++) {
+        const struct exec_pp_op *o = &row[q];
+        if (!o->kind) continue;
+        int to = o->kind == 'F' ? o->v + 1 : o->v - 1;
+        if (to < 0 || to >= V || to % S != me) continue;
+        recv[q] = items;
+        arriving[nin++] = (struct exec_pp_op){o->kind, o->mb, to};
+    }
+    return nin;
+}
+
 enum moe_status exec_ref_pipeline_step(struct exec_transport *t, const struct exec_ref_model *r,
                                        const int *first, int vpp, const int *tokens, int M, int T,
                                        double *loss, double *grad, struct moe_error *err)
@@ -114,8 +126,8 @@ enum moe_status exec_ref_pipeline_step(struct exec_transport *t, const struct ex
         if (first[v + 1] <= first[v])
             return moe_error_set(err, MOE_ERR_INPUT, "pipeline: virtual stage %d has no blocks", v);
     size_t th = (size_t)n * h;
-    struct pp_op *table = NULL;
-    int rounds = pp_schedule(S, vpp, M, &table);
+    struct exec_pp_op *table = NULL;
+    int rounds = exec_pp_rounds(S, vpp, M, &table);
     /* per (chunk, micro-batch) of this rank: its input, and the gradient of its output */
     double *act = calloc((size_t)vpp * M * th, sizeof *act);
     double *dgo = calloc((size_t)vpp * M * th, sizeof *dgo);
@@ -129,7 +141,7 @@ enum moe_status exec_ref_pipeline_step(struct exec_transport *t, const struct ex
     memset(grad, 0, sizeof *grad * r->nparams);
     *loss = 0.0;
     for (int k = 0; k < rounds && st == MOE_OK; k++) {
-        const struct pp_op *row = table + (size_t)k * S, op = row[me];
+        const struct exec_pp_op *row = table + (size_t)k * S, op = row[me];
         int send[PP_MAX_STAGES] = {0}, recv[PP_MAX_STAGES] = {0};
         if (op.kind) {
             const int *tok = tokens + (size_t)op.mb * T;
@@ -141,32 +153,21 @@ enum moe_status exec_ref_pipeline_step(struct exec_transport *t, const struct ex
                 st = exec_ref_model_slice(r, NULL, tok, T, lo, hi, h_in, op.v + 1 < V ? out : NULL,
                                           NULL, NULL, &l, NULL, NULL, err);
                 if (op.v + 1 == V) *loss += l / M;
-                else send[(op.v + 1) % S] = (int)th;
             } else {
                 st = exec_ref_model_slice(r, NULL, tok, T, lo, hi, h_in, NULL,
                                           op.v + 1 < V ? dgo + slot : NULL, op.v > 0 ? out : NULL,
                                           &l, NULL, tmp, err);
                 for (size_t i = 0; st == MOE_OK && i < r->nparams; i++) grad[i] += tmp[i] / M;
-                if (op.v > 0) send[(op.v - 1) % S] = (int)th;
             }
         }
         if (st != MOE_OK) break; /* the peers fail at this round's exchange */
-        /* what comes this round: a peer's forward into a chunk here, a peer's backward likewise */
-        int from[2] = {-1, -1}, nin = 0;
-        for (int q = 0; q < S; q++) {
-            struct pp_op o = row[q];
-            if (!o.kind) continue;
-            int to = o.kind == 'F' ? o.v + 1 : o.v - 1;
-            if (to < 0 || to >= V || to % S != me) continue;
-            recv[q] = (int)th;
-            from[nin++] = q;
-        }
+        struct exec_pp_op arriving[2];
+        int nin = exec_pp_round_io(row, S, V, me, (int)th, send, recv, arriving);
         st = t->ops->alltoallv(t, out, send, in, recv, sizeof(double), err);
         for (int i = 0; st == MOE_OK && i < nin; i++) { /* in rank order */
-            struct pp_op o = row[from[i]];
-            int to = o.kind == 'F' ? o.v + 1 : o.v - 1;
-            size_t slot = ((size_t)(to / S) * M + o.mb) * th;
-            memcpy((o.kind == 'F' ? act : dgo) + slot, in + (size_t)i * th, sizeof *in * th);
+            const struct exec_pp_op *o = &arriving[i];
+            size_t slot = ((size_t)(o->v / S) * M + o->mb) * th;
+            memcpy((o->kind == 'F' ? act : dgo) + slot, in + (size_t)i * th, sizeof *in * th);
         }
     }
 done:

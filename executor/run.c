@@ -4,14 +4,20 @@
  * local transport: a multi-GPU plan checked on one GPU), or one process of mpirun or srun
  * (NCCL, its id through a file).
  *
- * What runs is what exec_layout_runnable lets through: tp = pp = 1, so every rank is a DP rank,
- * and the EP groups are the ranks of one expert-DP index (the plan's "ranks": the same edp, in
- * rank order, which is each one's ep). The groups are split from the run's communicator.
+ * What runs is what exec_layout_runnable lets through: tp = 1; EP or PP, not both. The groups are
+ * split from the run's communicator by the plan's "ranks": an EP group is the ranks of one
+ * expert-DP index (in rank order, which is each one's ep), a PP group those of one DP index (in
+ * rank order: each one's stage). Every rank holds the whole model and computes its part: its
+ * experts, its stages (so memory is not yet the plan's per-stage or per-expert memory).
+ * - Pipeline: the plan's stage split, the 1F1B or interleaved schedule of the reference
+ *   (exec_pp_rounds), activations and their gradients over the PP group each round; a stage's
+ *   backward recomputes its forward from the stage input kept per (chunk, micro-batch).
  * - Data: every rank reads the step's whole global batch from the same stream and trains on its
  *   sequences: micro-batch mb of DP rank d holds sequences (mb x dp + d) x mbs ... + mbs - 1, so
  *   any dp and micro-batching trains on the same tokens with the same mean loss.
- * - Gradients: one all-reduce over the run. A rank's gradient of an expert it does not hold is
- *   zero, so that sum gives the dense parameters their DP sum and each expert its expert-DP sum.
+ * - Gradients: one all-reduce over the run. A rank's gradient of an expert or a stage it does
+ *   not hold is zero, so that sum gives each parameter its DP (or expert-DP) sum, and tied
+ *   embeddings the sum of the first and the last stage.
  *   (Reducing experts over their own group only would move ep times fewer bytes: not yet.)
  * - ZeRO-1 (zero = 1): the optimizer state sharded over the run's ranks; each updates its
  *   shard after the all-reduce and all-gathers the parameters (exec_gpu_cfg.zero).
@@ -148,6 +154,106 @@ done:
     return st;
 }
 
+/* A pipeline rank's state: its PP group, the round table, the stage split, and device buffers
+ * for each (chunk, micro-batch) of this rank: its input, and the gradient of its output. */
+struct pipe {
+    struct exec_transport t;
+    struct exec_pp_op *table;
+    int rounds, S, vpp, V, M, first[EXEC_PP_MAX_STAGES * 8 + 1];
+    size_t th; /* floats of one activation: tokens x hidden */
+    float *act, *dgo, *out, *in;
+};
+
+static void pipe_free(struct pipe *p)
+{
+    if (p->t.ops) p->t.ops->release(&p->t);
+    free(p->table);
+    if (p->act) cudaFree(p->act);
+    if (p->dgo) cudaFree(p->dgo);
+    if (p->out) cudaFree(p->out);
+    if (p->in) cudaFree(p->in);
+}
+
+/* The PP group of rank me (the ranks of its DP index, in rank order: its pp coordinate), the
+ * schedule and the buffers. */
+static enum moe_status pipe_init(struct pipe *pp, const struct plan_file *p, int me,
+                                 struct exec_transport *world, struct moe_error *err)
+{
+    const struct cost_layout *l = &p->layout;
+    memset(pp, 0, sizeof *pp);
+    pp->S = l->pp;
+    pp->vpp = l->vpp;
+    pp->V = l->pp * l->vpp;
+    pp->M = p->micro_batches;
+    if (pp->V > (int)(sizeof pp->first / sizeof pp->first[0]) - 1 || pp->S > EXEC_PP_MAX_STAGES ||
+        (pp->vpp > 1 && pp->M % pp->S))
+        return moe_error_set(err, MOE_ERR_INPUT,
+                             "plan: %d x %d virtual stages (at most %d ranks), %d micro-batches (a "
+                             "multiple of pp when interleaved)",
+                             pp->S, pp->vpp, EXEC_PP_MAX_STAGES, pp->M);
+    for (int v = 0; v < pp->V; v++) pp->first[v + 1] = pp->first[v] + p->stage_layers[v];
+    for (int q = 0, k = 0; q < p->gpus; q++)
+        if (p->rank[q].dp == p->rank[me].dp && p->rank[q].pp != k++)
+            return moe_error_set(err, MOE_ERR_INPUT,
+                                 "plan: rank %d has pp %d; the stages of dp %d run in rank order",
+                                 q, p->rank[q].pp, p->rank[me].dp);
+    enum moe_status st = world->ops->split(world, p->rank[me].dp, &pp->t, err);
+    if (st != MOE_OK) return st;
+    if ((pp->rounds = exec_pp_rounds(pp->S, pp->vpp, pp->M, &pp->table)) < 0)
+        return moe_error_set(err, MOE_ERR_NOMEM, "pipeline: out of memory");
+    pp->th = (size_t)l->mbs * l->seq_len * p->model.hidden;
+    size_t slots = (size_t)pp->vpp * pp->M * pp->th * sizeof(float);
+    if (cudaMalloc((void **)&pp->act, slots) != cudaSuccess ||
+        cudaMalloc((void **)&pp->dgo, slots) != cudaSuccess ||
+        cudaMalloc((void **)&pp->out, pp->th * sizeof(float)) != cudaSuccess ||
+        cudaMalloc((void **)&pp->in, 2 * pp->th * sizeof(float)) != cudaSuccess)
+        return moe_error_set(err, MOE_ERR_CUDA,
+                             "pipeline: rank %d: out of GPU memory for %d x %d stage activations",
+                             me, pp->vpp, pp->M);
+    return MOE_OK;
+}
+
+/* One step's micro-batches through this rank's stages, in the schedule's rounds: *loss and *aux
+ * are this rank's share (the last stage's cross-entropy, every stage's load-balance losses),
+ * means over the micro-batches. */
+static enum moe_status pipe_step(struct pipe *pp, struct exec_gpu *g, const int *tok, int per,
+                                 int mbs, int dp, int dpi, double *loss, double *aux,
+                                 struct moe_error *err)
+{
+    int S = pp->S, V = pp->V, M = pp->M, me = pp->t.rank;
+    double scale = 1.0 / ((double)M * dp);
+    enum moe_status st = MOE_OK;
+    *loss = *aux = 0.0;
+    for (int k = 0; k < pp->rounds && st == MOE_OK; k++) {
+        const struct exec_pp_op *row = pp->table + (size_t)k * S, op = row[me];
+        if (op.kind) {
+            const int *mine = tok + (size_t)(op.mb * dp + dpi) * mbs * per;
+            int lo = pp->first[op.v], hi = pp->first[op.v + 1];
+            float *slot = pp->act + ((size_t)(op.v / S) * M + op.mb) * pp->th;
+            float *dslot = pp->dgo + ((size_t)(op.v / S) * M + op.mb) * pp->th;
+            double l, a;
+            bool bw = op.kind == 'B', last = op.v + 1 == V;
+            st = exec_gpu_slice(g, mine, lo, hi, op.v > 0 ? slot : NULL,
+                                !bw && !last ? pp->out : NULL, bw && !last ? dslot : NULL,
+                                bw && op.v > 0 ? pp->out : NULL, bw, scale, &l, &a, err);
+            if (!bw) *loss += l / M, *aux += a / M;
+        }
+        if (st != MOE_OK) break; /* the others fail in this round's exchange */
+        int send[EXEC_PP_MAX_STAGES], recv[EXEC_PP_MAX_STAGES];
+        struct exec_pp_op arriving[2];
+        int nin = exec_pp_round_io(row, S, V, me, (int)pp->th, send, recv, arriving);
+        st = pp->t.ops->alltoallv(&pp->t, pp->out, send, pp->in, recv, sizeof(float), err);
+        for (int i = 0; st == MOE_OK && i < nin; i++) { /* in rank order */
+            const struct exec_pp_op *o = &arriving[i];
+            float *dst = (o->kind == 'F' ? pp->act : pp->dgo) + ((size_t)(o->v / S) * M + o->mb) * pp->th;
+            if (cudaMemcpyAsync(dst, pp->in + (size_t)i * pp->th, pp->th * sizeof(float),
+                                cudaMemcpyDeviceToDevice, exec_gpu_stream(g)) != cudaSuccess)
+                st = moe_error_set(err, MOE_ERR_CUDA, "pipeline: rank %d: a copy", me);
+        }
+    }
+    return st;
+}
+
 /* One rank's run: its GPU, its EP group, `steps` steps of the plan. world: the run's transport
  * (NULL: one rank alone). */
 static enum moe_status rank_main(struct run_shared *sh, int me, struct exec_transport *world,
@@ -162,6 +268,8 @@ static enum moe_status rank_main(struct run_shared *sh, int me, struct exec_tran
     int seqs = micro * dp * l->mbs, nmoe = 0;
     for (int b = 0; b < m->layers; b++) nmoe += mdl_layer_is_moe(m, b);
     struct exec_transport ept = {0, 1, NULL, NULL};
+    struct pipe pipe;
+    memset(&pipe, 0, sizeof pipe);
     struct exec_ep_group *groups = NULL;
     int *domain = NULL, *tok = NULL;
     double *scratch = NULL;
@@ -184,6 +292,7 @@ static enum moe_status rank_main(struct run_shared *sh, int me, struct exec_tran
         if ((st = ep_groups(p, me, &groups, &domain, err))) goto done;
         if ((st = world->ops->split(world, pr->edp, &ept, err))) goto done;
     }
+    if (l->pp > 1 && (st = pipe_init(&pipe, p, me, world, err))) goto done;
     struct exec_gpu_cfg cfg = {l->seq_len, l->mbs, l->recompute == COST_RECOMPUTE_FULL, c->aux,
                                device, c->streams, ept.ops ? &ept : NULL, groups,
                                p->buffer_factor, nmoe, l->zero >= 1 && dp > 1 ? world : NULL};
@@ -216,7 +325,10 @@ static enum moe_status rank_main(struct run_shared *sh, int me, struct exec_tran
         struct exec_gpu_step_stats ss;
         if ((st = exec_gpu_step_begin(g, err))) goto done;
         exec_data_next(&data, tok, seqs * per);
-        for (int mb = 0; mb < micro; mb++) {
+        if (l->pp > 1 &&
+            (st = pipe_step(&pipe, g, tok, per, l->mbs, dp, pr->dp, &v[0], &v[1], err)))
+            goto done;
+        for (int mb = 0; mb < micro && l->pp == 1; mb++) {
             double lm, am;
             const int *mine = tok + (size_t)(mb * dp + pr->dp) * l->mbs * per;
             if ((st = exec_gpu_micro_batch(g, mine, 1.0 / (micro * dp), &lm, &am, err))) goto done;
@@ -254,6 +366,7 @@ static enum moe_status rank_main(struct run_shared *sh, int me, struct exec_tran
         sh->r->filled = true;
     }
 done:
+    pipe_free(&pipe);
     exec_gpu_destroy(g);
     if (ept.ops) ept.ops->release(&ept);
     if (scratch) cudaFree(scratch);

@@ -19,8 +19,11 @@ bool exec_layout_runnable(const struct cost_layout *l, int gpus, char *why, size
                  l->tp, l->etp);
         return false;
     }
-    if (l->pp > 1) {
-        snprintf(why, cap, "pp=%d: pipeline stages are not in the GPU executor yet (pp=1)", l->pp);
+    if (l->pp > 1 && l->ep > 1) {
+        snprintf(why, cap,
+                 "pp=%d with ep=%d: expert parallelism inside pipeline stages is not in the GPU "
+                 "executor yet (pp=1 or ep=1)",
+                 l->pp, l->ep);
         return false;
     }
     if (l->dp > 1 && l->zero > 1) {
@@ -35,8 +38,8 @@ bool exec_layout_runnable(const struct cost_layout *l, int gpus, char *why, size
                  l->ep);
         return false;
     }
-    if (gpus != l->dp) {
-        snprintf(why, cap, "%d GPUs for dp=%d", gpus, l->dp);
+    if (gpus != l->pp * l->dp) {
+        snprintf(why, cap, "%d GPUs for pp=%d x dp=%d", gpus, l->pp, l->dp);
         return false;
     }
     if (l->precision != COST_BF16) {

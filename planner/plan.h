@@ -369,6 +369,7 @@ struct plan_file {
     /* (layers x experts): the EP rank that serves expert e of MoE layer l; -1 for dense layers;
      * -2 where the plan splits an expert's tokens over replicas */
     int *placement;
+    int *stage_layers;             /* (pp x vpp) blocks of each virtual stage, in stage order */
     double buffer_factor;          /* dispatch receive buffers x the balanced load */
     /* predicted token payload one GPU sends per MoE layer and micro-batch (dispatch), by tier */
     struct cost_bytes dispatch_bytes;

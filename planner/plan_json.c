@@ -359,6 +359,34 @@ static enum moe_status load_ranks(const struct moe_jval *root, struct plan_file 
     return MOE_OK;
 }
 
+/* The plan's "stages": blocks per virtual stage, at least one each, all of the model's. */
+static enum moe_status load_stages(const struct moe_jval *root, struct plan_file *p,
+                                   struct moe_error *err)
+{
+    struct moe_jval stages, counts;
+    enum moe_status st;
+    if ((st = moe_jval_object(root, "stages", true, &stages, NULL, err)) ||
+        (st = moe_jval_array(&stages, "layers_per_virtual_stage", true, &counts, NULL, err)))
+        return st;
+    int V = p->layout.pp * p->layout.vpp, sum = 0;
+    if ((int)moe_jval_len(&counts) != V)
+        return moe_jval_error(&stages, "layers_per_virtual_stage", err,
+                              "%zu virtual stages, the layout has pp x vpp = %d",
+                              moe_jval_len(&counts), V);
+    p->stage_layers = malloc(sizeof *p->stage_layers * (size_t)V);
+    if (!p->stage_layers) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    for (int v = 0; v < V; v++) {
+        int64_t n;
+        if ((st = moe_jval_at_int(&counts, (size_t)v, 1, p->model.layers, &n, err))) return st;
+        p->stage_layers[v] = (int)n;
+        sum += (int)n;
+    }
+    if (sum != p->model.layers)
+        return moe_jval_error(&stages, "layers_per_virtual_stage", err,
+                              "the stages hold %d blocks, the model %d", sum, p->model.layers);
+    return MOE_OK;
+}
+
 /* The plan's "experts" and "dispatch": the EP rank of each expert of each MoE layer. */
 static enum moe_status load_placement(const struct moe_jval *root, struct plan_file *p,
                                       struct moe_error *err)
@@ -479,6 +507,7 @@ enum moe_status plan_load(const char *file, struct plan_file *p, struct moe_erro
             goto cleanup;
     }
     if ((st = load_ranks(&root, p, err))) goto cleanup;
+    if ((st = load_stages(&root, p, err))) goto cleanup;
     st = load_placement(&root, p, err);
 cleanup:
     moe_jdoc_free(&doc);
@@ -489,6 +518,8 @@ void plan_file_free(struct plan_file *p)
 {
     free(p->rank);
     free(p->placement);
+    free(p->stage_layers);
     p->rank = NULL;
     p->placement = NULL;
+    p->stage_layers = NULL;
 }

@@ -194,7 +194,8 @@ static void test_run(void **state)
     assert_int_equal(r.code, 0);
     RUN(&r, "run", "/tmp/moe_cli_plan_pp2.json");
     assert_int_equal(r.code, 1); /* refused by name before any GPU work */
-    expect_in(r.err, "moe_cli_plan_pp2.json: pp=2: pipeline stages are not in the GPU executor");
+    expect_in(r.err, "moe_cli_plan_pp2.json: pp=2 with ep=4: expert parallelism inside pipeline "
+                     "stages is not in the GPU executor yet");
     unlink("/tmp/moe_cli_plan_pp2.json");
     RUN(&r, "plan", "--model", "tiny-moe-gqa", "--cluster", "hgx-h200-x8", "--seq-len", "64",
         "-o", "/tmp/moe_cli_plan8.json");
@@ -396,10 +397,10 @@ static void test_plan(void **state)
     /* --runnable: only what this build's executor runs, or a refusal, no file */
     unlink("/tmp/moe_cli_runnable.json");
     RUN(&r, "plan", "--model", "tiny-moe-gqa", "--cluster", "hgx-h200-x8", "--runnable",
-        "--seq-len", "64", "--fix", "pp=2", "-o", "/tmp/moe_cli_runnable.json");
+        "--seq-len", "64", "--fix", "tp=2", "-o", "/tmp/moe_cli_runnable.json");
     assert_int_equal(r.code, 4);
     expect_in(r.err, "no layout this build runs");
-    expect_in(r.err, "pipeline stages are not in the GPU executor yet");
+    expect_in(r.err, "tensor parallelism is not in the executor yet");
     assert_int_equal(access("/tmp/moe_cli_runnable.json", F_OK), -1);
     RUN(&r, "plan", "--model", "tiny-moe-gqa", "--cluster", "hgx-h200-x8", "--runnable",
         "--seq-len", "64"); /* 8 GPUs: data and expert parallel, the optimizer state whole */

@@ -5,10 +5,11 @@
  *   - equivalence: tiny-moe-gqa, the same seed, data and global batch (8 sequences of 32
  *     tokens), trained with DP 1 (8 micro-batches), DP 2, EP 2 (alltoall), EP 4 (dedup-gpu, two
  *     NVLink domains of 2), EP 8 (dedup-domain, two domains of 4), EP 4 x 2 EP groups
- *     (dedup-gpu), and DP 1 through NCCL (one rank sending to itself). After one step the
- *     per-expert token counts of every MoE layer equal DP 1's exactly; over 6 steps (lr 1e-3)
- *     each step's loss is within 2e-3 relative of DP 1's (bf16 activations, sums in another
- *     order: the single-GPU step's loss tolerance);
+ *     (dedup-gpu), DP 1 through NCCL (one rank sending to itself), PP 2 (1F1B), PP 2 x DP 2
+ *     with ZeRO-1; and on a 4-block model PP 2 x 2 chunks (interleaved 1F1B) and PP 4 against
+ *     that model's DP 1. After one step the per-expert token counts of every MoE layer equal
+ *     DP 1's exactly; over 6 steps (lr 1e-3) each step's loss is within 2e-3 relative of DP 1's
+ *     (bf16 activations, sums in another order: the single-GPU step's loss tolerance);
  *   - ZeRO-1 over DP 2 and EP 4 repeats the loss curve of the same layout without it bit for
  *     bit, with 1/dp of its optimizer state;
  *   - the dispatch payload the ranks report is nonzero with EP, zero without, and none over
@@ -33,6 +34,8 @@ struct run_case {
     bool nccl;
     int zero;
     int same_as;        /* >= 0: the case whose loss curve this one repeats bit for bit */
+    int pp, vpp, layers; /* pipeline stages, chunks a rank; blocks of the model (0: its 2) */
+    int base;           /* the case it is compared with: its model's one-GPU run */
 };
 
 struct collected {
@@ -55,20 +58,26 @@ static void make_plan(struct plan_file *p, const struct run_case *rc)
 {
     memset(p, 0, sizeof *p);
     moe_test_model("tiny-moe-gqa", &p->model);
+    if (rc->layers) p->model.layers = rc->layers;
     struct cost_layout *l = &p->layout;
-    *l = (struct cost_layout){1, 1, 1, rc->ep, 1, rc->dp, rc->zero, SEQ, 1, GBS, COST_BF16,
+    int pp = rc->pp ? rc->pp : 1, vpp = rc->vpp ? rc->vpp : 1, V = pp * vpp;
+    *l = (struct cost_layout){1, pp, vpp, rc->ep, 1, rc->dp, rc->zero, SEQ, 1, GBS, COST_BF16,
                               COST_RECOMPUTE_NONE, rc->mode, false};
-    p->gpus = rc->dp;
+    p->gpus = pp * rc->dp;
     p->micro_batches = GBS / rc->dp;
+    p->stage_layers = malloc(sizeof *p->stage_layers * (size_t)V);
+    assert_non_null(p->stage_layers);
+    for (int v = 0; v < V; v++) p->stage_layers[v] = p->model.layers / V + (v < p->model.layers % V);
     p->buffer_factor = 0; /* room for every pair: the test's skewed tiny batches */
     p->rank = calloc((size_t)p->gpus, sizeof *p->rank);
     int E = p->model.moe.experts, L = p->model.layers;
     p->placement = malloc(sizeof *p->placement * (size_t)L * E);
     assert_non_null(p->rank);
     assert_non_null(p->placement);
-    for (int q = 0; q < p->gpus; q++)
-        p->rank[q] = (struct plan_rank){q / rc->domain, q / rc->domain, q % rc->domain, 0, q, 0,
-                                        q % rc->ep, q / rc->ep};
+    for (int q = 0; q < p->gpus; q++) /* stage-major, as the planner numbers them */
+        p->rank[q] = (struct plan_rank){q / rc->domain, q / rc->domain, q % rc->domain, 0,
+                                        q % rc->dp, q / rc->dp, q % rc->dp % rc->ep,
+                                        q % rc->dp / rc->ep};
     for (int b = 0; b < L; b++) /* a placement that is not contiguous */
         for (int e = 0; e < E; e++)
             p->placement[b * E + e] = mdl_layer_is_moe(&p->model, b) ? (e * 5 + 3) % E % rc->ep : -1;
@@ -84,7 +93,7 @@ static enum moe_status run_case(const struct run_case *rc, int steps, struct col
     struct exec_run_cfg c;
     memset(&c, 0, sizeof c);
     c.plan = &p;
-    c.mode = rc->dp > 1 ? EXEC_RUN_VIRTUAL : EXEC_RUN_THREADS;
+    c.mode = p.gpus > 1 ? EXEC_RUN_VIRTUAL : EXEC_RUN_THREADS;
     c.nccl = rc->nccl;
     c.seed = 5;
     c.steps = steps;
@@ -102,37 +111,43 @@ static enum moe_status run_case(const struct run_case *rc, int steps, struct col
 }
 
 static const struct run_case cases[] = {
-    {"DP 1", 1, 1, 1, COST_DISPATCH_ALLTOALL, false, 0, -1},
-    {"DP 2", 2, 1, 2, COST_DISPATCH_ALLTOALL, false, 0, -1},
-    {"EP 2 alltoall", 2, 2, 2, COST_DISPATCH_ALLTOALL, false, 0, -1},
-    {"EP 4 dedup-gpu, 2 domains", 4, 4, 2, COST_DISPATCH_DEDUP_GPU, false, 0, -1},
-    {"EP 8 dedup-domain, 2 domains", 8, 8, 4, COST_DISPATCH_DEDUP_DOMAIN, false, 0, -1},
-    {"EP 4 x 2 groups dedup-gpu", 8, 4, 4, COST_DISPATCH_DEDUP_GPU, false, 0, -1},
-    {"DP 1 over NCCL", 1, 1, 1, COST_DISPATCH_ALLTOALL, true, 0, -1},
-    {"DP 2 ZeRO-1", 2, 1, 2, COST_DISPATCH_ALLTOALL, false, 1, 1},
-    {"EP 4 dedup-gpu ZeRO-1", 4, 4, 2, COST_DISPATCH_DEDUP_GPU, false, 1, 3},
+    {"DP 1", 1, 1, 1, COST_DISPATCH_ALLTOALL, false, 0, -1, 0, 0, 0, 0},
+    {"DP 2", 2, 1, 2, COST_DISPATCH_ALLTOALL, false, 0, -1, 0, 0, 0, 0},
+    {"EP 2 alltoall", 2, 2, 2, COST_DISPATCH_ALLTOALL, false, 0, -1, 0, 0, 0, 0},
+    {"EP 4 dedup-gpu, 2 domains", 4, 4, 2, COST_DISPATCH_DEDUP_GPU, false, 0, -1, 0, 0, 0, 0},
+    {"EP 8 dedup-domain, 2 domains", 8, 8, 4, COST_DISPATCH_DEDUP_DOMAIN, false, 0, -1, 0, 0, 0, 0},
+    {"EP 4 x 2 groups dedup-gpu", 8, 4, 4, COST_DISPATCH_DEDUP_GPU, false, 0, -1, 0, 0, 0, 0},
+    {"DP 1 over NCCL", 1, 1, 1, COST_DISPATCH_ALLTOALL, true, 0, -1, 0, 0, 0, 0},
+    {"DP 2 ZeRO-1", 2, 1, 2, COST_DISPATCH_ALLTOALL, false, 1, 1, 0, 0, 0, 0},
+    {"EP 4 dedup-gpu ZeRO-1", 4, 4, 2, COST_DISPATCH_DEDUP_GPU, false, 1, 3, 0, 0, 0, 0},
+    {"PP 2", 1, 1, 2, COST_DISPATCH_ALLTOALL, false, 0, -1, 2, 1, 0, 0},
+    {"PP 2 x DP 2, ZeRO-1", 2, 1, 4, COST_DISPATCH_ALLTOALL, false, 1, -1, 2, 1, 0, 0},
+    {"DP 1, 4 blocks", 1, 1, 1, COST_DISPATCH_ALLTOALL, false, 0, -1, 0, 0, 4, 11},
+    {"PP 2 x 2 chunks (interleaved)", 1, 1, 2, COST_DISPATCH_ALLTOALL, false, 0, -1, 2, 2, 4, 11},
+    {"PP 4, 4 blocks", 1, 1, 4, COST_DISPATCH_ALLTOALL, false, 0, -1, 4, 1, 4, 11},
 };
 
 static void test_equivalence(void **state)
 {
     (void)state;
     struct moe_error err;
-    int n = (int)(sizeof cases / sizeof cases[0]), E = 8, L = 2;
-    int64_t base_counts[16];
-    double base_loss[STEPS], curves[16][STEPS], optimizer_bytes[16];
+    int n = (int)(sizeof cases / sizeof cases[0]), E = 8;
+    int64_t counts[16][32];
+    double curves[16][STEPS], optimizer_bytes[16];
     for (int i = 0; i < n; i++) {
         struct collected one, curve;
         struct exec_run_result res;
         if (run_case(&cases[i], 1, &one, &res, -1, 60.0, &err) != MOE_OK)
             fail_msg("%s: %s", cases[i].name, err.message);
         assert_true(res.filled);
-        assert_int_equal(E * L, res.counts ? 16 : 0);
-        if (i == 0) memcpy(base_counts, res.counts, sizeof base_counts);
+        int L = cases[i].layers ? cases[i].layers : 2, b = cases[i].base;
+        assert_true(E * L <= 32);
+        memcpy(counts[i], res.counts, sizeof(int64_t) * (size_t)E * L);
         for (int j = 0; j < E * L; j++)
-            if (res.counts[j] != base_counts[j])
-                fail_msg("%s: layer %d expert %d has %lld tokens after one step, DP 1 %lld",
-                         cases[i].name, j / E, j % E, (long long)res.counts[j],
-                         (long long)base_counts[j]);
+            if (counts[i][j] != counts[b][j])
+                fail_msg("%s: layer %d expert %d has %lld tokens after one step, %s %lld",
+                         cases[i].name, j / E, j % E, (long long)counts[i][j], cases[b].name,
+                         (long long)counts[b][j]);
         exec_run_result_free(&res);
         if (run_case(&cases[i], STEPS, &curve, &res, -1, 60.0, &err) != MOE_OK)
             fail_msg("%s: %s", cases[i].name, err.message);
@@ -150,19 +165,18 @@ static void test_equivalence(void **state)
             assert_true(f < 1.0 / cases[i].dp + 0.01);
         }
         assert_int_equal(curve.steps, STEPS);
-        if (i == 0) memcpy(base_loss, curve.loss, sizeof base_loss);
         double worst = 0;
         for (int s = 0; s < STEPS; s++) {
-            double rel = fabs(curve.loss[s] - base_loss[s]) / fabs(base_loss[s]);
+            double rel = fabs(curve.loss[s] - curves[b][s]) / fabs(curves[b][s]);
             if (rel > worst) worst = rel;
             if (rel > 2e-3)
-                fail_msg("%s: step %d loss %.6f, DP 1 %.6f", cases[i].name, s + 1, curve.loss[s],
-                         base_loss[s]);
+                fail_msg("%s: step %d loss %.6f, %s %.6f", cases[i].name, s + 1, curve.loss[s],
+                         cases[b].name, curves[b][s]);
         }
-        printf("%-30s loss %.5f -> %.5f, worst step difference from DP 1 %.2e; dispatch %.0f B "
+        printf("%-30s loss %.5f -> %.5f, worst step difference from %s %.2e; dispatch %.0f B "
                "NVLink, %.0f B scale-out\n",
-               cases[i].name, curve.loss[0], curve.loss[STEPS - 1], worst, curve.sent.nvlink,
-               curve.sent.scale_out);
+               cases[i].name, curve.loss[0], curve.loss[STEPS - 1], cases[b].name, worst,
+               curve.sent.nvlink, curve.sent.scale_out);
         if (cases[i].ep > 1) assert_true(curve.sent.nvlink + curve.sent.scale_out > 0);
         if (cases[i].ep > 1 && cases[i].ep <= cases[i].domain) assert_true(curve.sent.scale_out == 0);
         if (cases[i].ep == 1) assert_true(curve.sent.nvlink + curve.sent.scale_out == 0);
