@@ -19,7 +19,7 @@
 #include "rpt.h"
 
 enum { OPT_STEPS = 1, OPT_DATA, OPT_OUT, OPT_GPUS, OPT_SEED, OPT_AUX, OPT_BIAS, OPT_LR, OPT_WARMUP,
-       OPT_STREAMS, OPT_VIRTUAL, OPT_NCCL, OPT_RENDEZVOUS, OPT_TIMEOUT, OPT_FAULT };
+       OPT_STREAMS, OPT_VIRTUAL, OPT_NCCL, OPT_RENDEZVOUS, OPT_TIMEOUT, OPT_FAULT, OPT_NO_OVERLAP };
 
 const struct cli_opt cmd_run_opts[] = {
     {"steps", required_argument, OPT_STEPS, "N", "training steps (100)"},
@@ -27,14 +27,16 @@ const struct cli_opt cmd_run_opts[] = {
      "train on this file: bytes as tokens, or a MOETOKv1 token file (default: synthetic tokens)"},
     {"out", required_argument, OPT_OUT, "FILE", "write measured.json here (measured.json)"},
     {"gpus", required_argument, OPT_GPUS, "N",
-     "GPUs of this node, a thread each (default: the plan's ranks; under mpirun/srun: 1 a process)"},
+     "GPUs of this node, a thread each (default: the plan's ranks; mpirun/srun: one a process)"},
     {"virtual-ranks", no_argument, OPT_VIRTUAL, NULL,
-     "run every rank of the plan on GPU 0 (threads, in-process transport): checks a multi-GPU plan"},
+     "every rank of the plan on GPU 0 (threads, in-process transport): checks a multi-GPU plan"},
     {"nccl", no_argument, OPT_NCCL, NULL, "a one-GPU plan through NCCL all the same (one rank)"},
     {"rendezvous", required_argument, OPT_RENDEZVOUS, "FILE",
-     "mpirun/srun: the file rank 0 leaves the NCCL id in, seen by every node (default: /tmp, by job id)"},
+     "mpirun/srun: a file every node sees, for the NCCL id (default: one in /tmp named by the job)"},
     {"timeout", required_argument, OPT_TIMEOUT, "S",
      "a rank waiting longer than S seconds in a collective ends the run (60)"},
+    {"no-grad-overlap", no_argument, OPT_NO_OVERLAP, NULL,
+     "all-reduce the gradients after the backward (default: block by block inside it)"},
     {"inject-fault", required_argument, OPT_FAULT, "RANK:STEP",
      "testing: that rank stops in the middle of that step; the others must exit with a message"},
     {"seed", required_argument, OPT_SEED, "N", "initialization and synthetic-data seed (1)"},
@@ -51,7 +53,7 @@ struct run_opts {
     const char *plan, *data, *out, *rendezvous;
     uint64_t steps, seed, gpus, warmup, streams;
     double aux, bias_rate, lr, timeout;
-    bool virtual_ranks, nccl;
+    bool virtual_ranks, nccl, no_overlap;
     int fail_rank, fail_step;
 };
 
@@ -152,7 +154,8 @@ static void on_step(void *ctx, const struct exec_run_step *s)
     json_object_set_new(js, "model_tflops", json_real(tflops));
     json_object_set_new(js, "host_syncs", json_integer(s->gpu.host_syncs));
     json_object_set_new(js, "phases_ms", phases_json(s->gpu.phase_ms));
-    if (lg->p->layout.ep > 1) json_object_set_new(js, "dispatch_bytes", bytes_json(s->gpu.dispatch));
+    if (lg->p->layout.ep > 1)
+        json_object_set_new(js, "dispatch_bytes", bytes_json(s->gpu.dispatch));
     json_array_append_new(lg->steps, js);
 }
 
@@ -220,6 +223,7 @@ static int run(struct cli *cli, const struct run_opts *o)
     c.aux = o->aux;
     c.bias_rate = o->bias_rate;
     c.timeout_s = o->timeout;
+    c.no_grad_overlap = o->no_overlap;
     c.fail_rank = o->fail_rank;
     c.fail_step = o->fail_step;
     c.on_start = on_start;
@@ -411,7 +415,7 @@ int cmd_run(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     int rc = cli_parse(cmd, argc, argv, args, &nargs);
     if (rc >= 0) return rc;
     struct run_opts o = {NULL, NULL, "measured.json", NULL, 100, 1, 0, 10, 1, 0.0, 1e-3, 3e-4,
-                         60.0, false, false, -1, -1};
+                         60.0, false, false, false, -1, -1};
     for (int i = 0; i < nargs; i++) {
         const char *v = args[i].value;
         switch (args[i].val) {
@@ -443,6 +447,7 @@ int cmd_run(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
             break;
         case OPT_VIRTUAL: o.virtual_ranks = true; break;
         case OPT_NCCL: o.nccl = true; break;
+        case OPT_NO_OVERLAP: o.no_overlap = true; break;
         case OPT_RENDEZVOUS: o.rendezvous = v; break;
         case OPT_TIMEOUT:
             if (!cli_real(cmd, "timeout", v, 0.01, 86400, &o.timeout)) return 2;

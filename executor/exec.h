@@ -267,6 +267,12 @@ struct exec_transport_ops {
      * sharded optimizer's parameters) */
     enum moe_status (*allgather_f32)(struct exec_transport *t, float *x, size_t n,
                                      struct moe_error *err);
+    /* The float all-reduce started after the work queued on `stream` (a cudaStreamT), not
+     * waited for: several may be outstanding; `wait` finishes them all (with the deadline). The
+     * local transport has no asynchrony: its start completes at once. */
+    enum moe_status (*allreduce_f32_start)(struct exec_transport *t, float *x, size_t n,
+                                           void *stream, struct moe_error *err);
+    enum moe_status (*wait)(struct exec_transport *t, struct moe_error *err);
     /* A sub-group (the plan's EP, expert-DP, DP groups): the ranks passing the same color form
      * one, ordered by rank; *out is this rank's transport in it, released with `release`. */
     enum moe_status (*split)(struct exec_transport *t, int color, struct exec_transport *out,
@@ -474,6 +480,12 @@ struct exec_gpu_cfg {
      * group; device memory): each rank updates its shard of the parameters after the gradients
      * were summed (exec_gpu_reduce_grads), and exec_gpu_optimizer all-gathers them */
     struct exec_transport *zero;
+    /* Data parallelism (NULL: none): the gradients' all-reduce group. With micro_batches (a
+     * step's, > 0) known, the last micro-batch's backward starts each block's all-reduce (a
+     * bucket: the block's parameters) as soon as its gradients are complete, overlapping the
+     * blocks still to go; exec_gpu_reduce_grads(g, dp) reduces the rest and waits. */
+    struct exec_transport *dp;
+    int micro_batches;
 };
 struct exec_gpu;
 
@@ -490,7 +502,8 @@ enum moe_status exec_gpu_set_params(struct exec_gpu *g, const double *params, st
 enum moe_status exec_gpu_get_params(struct exec_gpu *g, double *params, struct moe_error *err);
 enum moe_status exec_gpu_get_grads(struct exec_gpu *g, double *grad, struct moe_error *err);
 /* Data parallelism: sum the step's gradients over the transport's ranks (each rank passed its
- * share, grad_scale / ranks, to exec_gpu_micro_batch), before exec_gpu_optimizer. */
+ * share, grad_scale / ranks, to exec_gpu_micro_batch), before exec_gpu_optimizer; with t the
+ * cfg's dp, only what the backward has not started already, then the wait for all. */
 enum moe_status exec_gpu_reduce_grads(struct exec_gpu *g, struct exec_transport *t,
                                       struct moe_error *err);
 /* The stream the step runs on (a cudaStream_t): the local GPU transport's per-rank stream. */
@@ -629,6 +642,7 @@ struct exec_run_cfg {
     int steps, warmup, streams;
     double lr, aux, bias_rate;
     double timeout_s;              /* a collective waited for longer fails the run (60) */
+    bool no_grad_overlap;          /* all-reduce the gradients after the backward, not in it */
     int fail_rank, fail_step;      /* a test of fault handling: that rank stops in the middle of
                                     * that step (1-based), the others must fail (-1: none) */
     /* called on rank 0 (its thread, or the rank-0 process) */

@@ -163,6 +163,11 @@ struct exec_gpu {
     int syncs;
     struct cost_bytes sent;   /* expert parallelism: dispatch payload this step */
     bool record_stats;        /* false in a recompute forward */
+    /* gradient buckets (cfg.dp): block l's parameters are [blk_off[l], blk_off[l + 1]); the
+     * last micro-batch's backward starts their all-reduce block by block */
+    size_t *blk_off;
+    bool buckets_ok, bucketing, started;
+    int mb_done;
     double mem[EXEC_MEM_N], peak_used, dev_total;
     void *allocs[MAX_ALLOCS];
     int nallocs;
@@ -1258,8 +1263,9 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
     g->decay = (bool *)calloc((size_t)g->table.ntensors, sizeof(bool));
     g->off_host = (int **)calloc((size_t)g->L, sizeof(int *));
     g->xin = (float **)calloc((size_t)g->L + 1, sizeof(float *));
+    g->blk_off = (size_t *)calloc((size_t)g->L + 1, sizeof(size_t));
     g->act = (struct act *)calloc((size_t)g->L, sizeof(struct act));
-    if (!g->wi || !g->moe_index || !g->decay || !g->off_host || !g->xin || !g->act)
+    if (!g->wi || !g->moe_index || !g->decay || !g->off_host || !g->xin || !g->act || !g->blk_off)
         return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
     for (int i = 0; i < g->table.ntensors; i++)
         g->decay[i] = strstr(g->table.tensor[i].name, "norm") == NULL;
@@ -1276,6 +1282,22 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
     g->final_norm = (int)(exec_ref_tensor(&g->table, "final_norm") - g->table.tensor);
     const struct exec_tensor *head = exec_ref_tensor(&g->table, m->tied_embeddings ? "embed" : "lm_head");
     g->head = (int)(head - g->table.tensor);
+    /* gradient buckets: each block's tensors one contiguous range, blocks in order */
+    g->buckets_ok = true;
+    for (int l = 0; l < g->L; l++) {
+        size_t lo = (size_t)-1, hi = 0;
+        char pre[16];
+        int np = snprintf(pre, sizeof pre, "blk%d.", l);
+        for (int i = 0; i < g->table.ntensors; i++) {
+            const struct exec_tensor *t = &g->table.tensor[i];
+            if (strncmp(t->name, pre, (size_t)np)) continue;
+            if (t->offset < lo) lo = t->offset;
+            if (t->offset + t->size > hi) hi = t->offset + t->size;
+        }
+        if (l > 0 && lo != g->blk_off[l]) g->buckets_ok = false;
+        g->blk_off[l] = lo;
+        g->blk_off[l + 1] = hi;
+    }
     /* parameters and optimizer state */
     g->shard_lo = 0;
     g->shard_hi = g->shard_n = n;
@@ -1444,6 +1466,7 @@ extern "C" void exec_gpu_destroy(struct exec_gpu *g)
     if (g->fork_ev) cudaEventDestroy(g->fork_ev);
     if (g->s) cudaStreamDestroy(g->s);
     free(g->wi), free(g->moe_index), free(g->decay), free(g->off_host), free(g->xin), free(g->act);
+    free(g->blk_off);
     free(g->bias_host), free(g->counts), free(g->step_load);
     free(g);
 }
@@ -1519,8 +1542,16 @@ extern "C" enum moe_status exec_gpu_get_params(struct exec_gpu *g, double *param
 extern "C" enum moe_status exec_gpu_reduce_grads(struct exec_gpu *g, struct exec_transport *t,
                                                  struct moe_error *err)
 {
+    PH(COST_DP_GRAD_SYNC);
+    size_t n = g->table.nparams, lo = g->blk_off[0], hi = g->blk_off[g->L];
+    if (g->started && t == g->cfg.dp) { /* the blocks are under way: the rest, then the wait */
+        G_TRY(t->ops->allreduce_f32_start(t, g->grad, lo, g->s, err));
+        G_TRY(t->ops->allreduce_f32_start(t, g->grad + hi, n - hi, g->s, err));
+        g->started = false;
+        return t->ops->wait(t, err);
+    }
     G_TRY(sync_host(g, err));
-    return t->ops->allreduce_sum_f32(t, g->grad, g->table.nparams, err);
+    return t->ops->allreduce_sum_f32(t, g->grad, n, err);
 }
 
 extern "C" void *exec_gpu_stream(const struct exec_gpu *g) { return g->s; }
@@ -1559,6 +1590,8 @@ extern "C" enum moe_status exec_gpu_step_begin(struct exec_gpu *g, struct moe_er
     g->ev_overflow = false;
     g->syncs = 0;
     g->sent.nvlink = g->sent.scale_out = 0.0;
+    g->mb_done = 0;
+    g->started = g->bucketing = false;
     memset(g->step_load, 0, sizeof(int64_t) * (size_t)(g->nmoe ? g->nmoe : 1) * g->E);
     PH(COST_OPTIMIZER);
     G_CUDA(cudaMemsetAsync(g->grad, 0, sizeof(float) * g->table.nparams, g->s));
@@ -1658,6 +1691,12 @@ static enum moe_status backward_part(struct exec_gpu *g, int lo, int hi, struct 
             G_TRY(block_forward(g, l, g->xin[l], g->yscr, &g->act[l], NULL, err));
         }
         G_TRY(block_backward(g, l, g->xin[l], &g->act[l], err));
+        if (g->bucketing) { /* block l's gradients are complete: its all-reduce starts */
+            struct exec_transport *dp = g->cfg.dp;
+            size_t a = g->blk_off[l], b = g->blk_off[l + 1];
+            G_TRY(dp->ops->allreduce_f32_start(dp, g->grad + a, b - a, g->s, err));
+            g->started = true;
+        }
         float *t = g->dh;
         g->dh = g->dprev;
         g->dprev = t;
@@ -1688,9 +1727,13 @@ extern "C" enum moe_status exec_gpu_micro_batch(struct exec_gpu *g, const int *t
     double aux_sum = 0.0;
     g->record_stats = true;
     g->grad_scale = grad_scale;
+    g->bucketing = g->cfg.dp && g->buckets_ok && g->cfg.micro_batches > 0 &&
+                   g->mb_done + 1 == g->cfg.micro_batches;
     G_TRY(load_tokens(g, tokens, err));
     G_TRY(forward_part(g, 0, g->L, &aux_sum, err));
     G_TRY(backward_part(g, 0, g->L, err));
+    g->bucketing = false;
+    g->mb_done++;
     return finish_loss(g, true, aux_sum, loss, aux, err);
 }
 
@@ -1750,7 +1793,8 @@ extern "C" enum moe_status exec_gpu_optimizer(struct exec_gpu *g, const struct e
     size_t lo = g->shard_lo, hi = g->shard_hi; /* everything, unless ZeRO-1 */
     for (int i = 0; i < g->table.ntensors; i++) {
         const struct exec_tensor *t = &g->table.tensor[i];
-        size_t a0 = t->offset > lo ? t->offset : lo, b0 = t->offset + t->size < hi ? t->offset + t->size : hi;
+        size_t a0 = t->offset > lo ? t->offset : lo;
+        size_t b0 = t->offset + t->size < hi ? t->offset + t->size : hi;
         if (a0 >= b0) continue;
         a.wd = g->decay[i] ? (float)o->weight_decay : 0.0f;
         G_LAUNCH(gk_adamw(g->master + a0, g->grad + a0, g->m1 + (a0 - lo), g->m2 + (a0 - lo),
@@ -1959,7 +2003,7 @@ extern "C" enum moe_status exec_moe_bench(const struct exec_moe_bench_cfg *c, in
     }
     free(p), free(q);
     /* T sequences of one token: the layer sees T tokens, attention's workspace stays tiny */
-    struct exec_gpu_cfg cfg = {1, T, false, 0.0, 0, c->streams, NULL, NULL, 0.0, 0, NULL};
+    struct exec_gpu_cfg cfg = {1, T, false, 0.0, 0, c->streams, NULL, NULL, 0.0, 0, NULL, NULL, 0};
     struct exec_gpu *g = NULL;
     int *dchoice = NULL, dense_off[GK_MAX_EXPERTS + 1];
     enum moe_status st = exec_gpu_create(&g, &m, &cfg, err);

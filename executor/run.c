@@ -19,6 +19,8 @@
  *   not hold is zero, so that sum gives each parameter its DP (or expert-DP) sum, and tied
  *   embeddings the sum of the first and the last stage.
  *   (Reducing experts over their own group only would move ep times fewer bytes: not yet.)
+ * - Overlap: in the last micro-batch's backward each block's gradients start their all-reduce
+ *   (a bucket a block) as soon as they are complete, on the transport's stream (pp = 1).
  * - ZeRO-1 (zero = 1): the optimizer state sharded over the run's ranks; each updates its
  *   shard after the all-reduce and all-gathers the parameters (exec_gpu_cfg.zero).
  * - Biases of aux-loss-free balancing: the loads of every rank, so they stay equal everywhere.
@@ -79,7 +81,8 @@ static enum moe_status ep_groups(const struct plan_file *p, int me, struct exec_
         domain[k++] = p->rank[q].domain;
     }
     if (k != ep)
-        return moe_error_set(err, MOE_ERR_INPUT, "plan: the EP group of edp %d has %d ranks, ep = %d",
+        return moe_error_set(err, MOE_ERR_INPUT,
+                             "plan: the EP group of edp %d has %d ranks, ep = %d",
                              p->rank[me].edp, k, ep);
     for (int l = 0, i = 0; l < m->layers; l++) {
         if (!mdl_layer_is_moe(m, l)) continue;
@@ -245,7 +248,8 @@ static enum moe_status pipe_step(struct pipe *pp, struct exec_gpu *g, const int 
         st = pp->t.ops->alltoallv(&pp->t, pp->out, send, pp->in, recv, sizeof(float), err);
         for (int i = 0; st == MOE_OK && i < nin; i++) { /* in rank order */
             const struct exec_pp_op *o = &arriving[i];
-            float *dst = (o->kind == 'F' ? pp->act : pp->dgo) + ((size_t)(o->v / S) * M + o->mb) * pp->th;
+            size_t at = ((size_t)(o->v / S) * M + o->mb) * pp->th;
+            float *dst = (o->kind == 'F' ? pp->act : pp->dgo) + at;
             if (cudaMemcpyAsync(dst, pp->in + (size_t)i * pp->th, pp->th * sizeof(float),
                                 cudaMemcpyDeviceToDevice, exec_gpu_stream(g)) != cudaSuccess)
                 st = moe_error_set(err, MOE_ERR_CUDA, "pipeline: rank %d: a copy", me);
@@ -295,7 +299,8 @@ static enum moe_status rank_main(struct run_shared *sh, int me, struct exec_tran
     if (l->pp > 1 && (st = pipe_init(&pipe, p, me, world, err))) goto done;
     struct exec_gpu_cfg cfg = {l->seq_len, l->mbs, l->recompute == COST_RECOMPUTE_FULL, c->aux,
                                device, c->streams, ept.ops ? &ept : NULL, groups,
-                               p->buffer_factor, nmoe, l->zero >= 1 && dp > 1 ? world : NULL};
+                               p->buffer_factor, nmoe, l->zero >= 1 && dp > 1 ? world : NULL,
+                               l->pp == 1 && !c->no_grad_overlap ? world : NULL, micro};
     if ((st = exec_gpu_create(&g, m, &cfg, err))) goto done;
     if (c->mode == EXEC_RUN_VIRTUAL) sh->streams[me] = exec_gpu_stream(g);
     if ((st = exec_gpu_init(g, c->seed, err))) goto done;
@@ -503,8 +508,9 @@ enum moe_status exec_run(const struct exec_run_cfg *c, struct exec_run_result *r
     enum moe_status st = exec_device_count(&ndev, err);
     if (st != MOE_OK) return st;
     if (ndev < 1)
-        return moe_error_set(err, MOE_ERR_RUNTIME, "no CUDA GPU on this machine: `moeplan run` "
-                                                   "trains on a GPU (plan and predict run anywhere)");
+        return moe_error_set(err, MOE_ERR_RUNTIME,
+                             "no CUDA GPU on this machine: `moeplan run` trains on a GPU (plan "
+                             "and predict run anywhere)");
     struct run_shared sh;
     memset(&sh, 0, sizeof sh);
     sh.c = c;

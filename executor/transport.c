@@ -147,7 +147,10 @@ void exec_local_hub_destroy(struct exec_local_hub *h)
 }
 
 /* The root's rank of rank `me` of h: what the memory's callbacks and messages name. */
-static int world_rank(const struct exec_local_hub *h, int me) { return h->world ? h->world[me] : me; }
+static int world_rank(const struct exec_local_hub *h, int me)
+{
+    return h->world ? h->world[me] : me;
+}
 
 /* Fail every rank's current and next meetings (h's lock held), and its parents'. */
 static void hub_fail_locked(struct exec_local_hub *h, const char *why)
@@ -371,13 +374,29 @@ static enum moe_status local_allgather_f32(struct exec_transport *t, float *x, s
     return MOE_OK;
 }
 
+/* No asynchrony here: the all-reduce runs at once (the memory's `ready` waits for the rank's
+ * queued work), and there is nothing left to wait for. */
+static enum moe_status local_allreduce_f32_start(struct exec_transport *t, float *x, size_t n,
+                                                 void *stream, struct moe_error *err)
+{
+    (void)stream;
+    return local_allreduce(t, x, n, true, err);
+}
+
+static enum moe_status local_wait(struct exec_transport *t, struct moe_error *err)
+{
+    (void)t, (void)err;
+    return MOE_OK;
+}
+
 static enum moe_status local_split(struct exec_transport *t, int color,
                                    struct exec_transport *out, struct moe_error *err);
 static void local_release(struct exec_transport *t);
 
 static const struct exec_transport_ops local_ops = {
-    local_counts,        local_alltoallv, local_allreduce_sum, local_allreduce_sum_f32,
-    local_allgather_f32, local_split,     local_release};
+    local_counts,        local_alltoallv,           local_allreduce_sum,
+    local_allreduce_sum_f32, local_allgather_f32, local_allreduce_f32_start,
+    local_wait,          local_split,               local_release};
 
 /* Two meetings: every rank posts its color; the lowest rank of each color makes the group's hub
  * (a failure there fails the second meeting for all); then each takes its group's hub. */

@@ -150,8 +150,33 @@ static enum moe_status nccl_allgather_f32(struct exec_transport *t, float *x, si
     struct exec_nccl *c = t->impl;
     const char *op = "all-gather";
     if (!c->comm) return aborted(c, op, err);
-    if (n) N_TRY(c, op, ncclAllGather(x + (size_t)c->rank * n, x, n, ncclFloat32, c->comm, c->stream));
+    if (n)
+        N_TRY(c, op, ncclAllGather(x + (size_t)c->rank * n, x, n, ncclFloat32, c->comm, c->stream));
     return nccl_wait(c, op, err);
+}
+
+/* After the caller's queued work (an event on its stream), on the transport's stream. */
+static enum moe_status nccl_allreduce_f32_start(struct exec_transport *t, float *x, size_t n,
+                                                void *stream, struct moe_error *err)
+{
+    struct exec_nccl *c = t->impl;
+    const char *op = "all-reduce (bucket)";
+    if (!c->comm) return aborted(c, op, err);
+    cudaEvent_t ev;
+    cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventRecord(ev, (cudaStream_t)stream);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(c->stream, ev, 0);
+    if (e == cudaSuccess) e = cudaEventDestroy(ev);
+    if (e != cudaSuccess) return nccl_fail(c, op, cudaGetErrorString(e), err);
+    if (n) N_TRY(c, op, ncclAllReduce(x, x, n, ncclFloat32, ncclSum, c->comm, c->stream));
+    return MOE_OK;
+}
+
+static enum moe_status nccl_wait_all(struct exec_transport *t, struct moe_error *err)
+{
+    struct exec_nccl *c = t->impl;
+    if (!c->comm) return aborted(c, "all-reduce (buckets)", err);
+    return nccl_wait(c, "all-reduce (buckets)", err);
 }
 
 static enum moe_status nccl_split(struct exec_transport *t, int color,
@@ -164,8 +189,9 @@ static void nccl_release(struct exec_transport *t)
 }
 
 static const struct exec_transport_ops nccl_ops = {
-    nccl_counts,        nccl_alltoallv, nccl_allreduce_sum, nccl_allreduce_sum_f32,
-    nccl_allgather_f32, nccl_split,     nccl_release};
+    nccl_counts,        nccl_alltoallv,           nccl_allreduce_sum,
+    nccl_allreduce_sum_f32, nccl_allgather_f32, nccl_allreduce_f32_start,
+    nccl_wait_all,      nccl_split,               nccl_release};
 
 /* A communicator, its stream and count buffer on the parent's GPU; comm set by the caller. */
 static enum moe_status nccl_alloc(struct exec_nccl **out, int rank, int ranks, int device,
@@ -200,7 +226,8 @@ static enum moe_status nccl_split(struct exec_transport *t, int color,
     ncclComm_t comm = NULL;
     N_TRY(c, op, ncclCommSplit(c->comm, color, c->rank, &comm, NULL));
     int rank = 0, ranks = 0;
-    if (ncclCommUserRank(comm, &rank) != ncclSuccess || ncclCommCount(comm, &ranks) != ncclSuccess) {
+    if (ncclCommUserRank(comm, &rank) != ncclSuccess ||
+        ncclCommCount(comm, &ranks) != ncclSuccess) {
         ncclCommDestroy(comm);
         return nccl_fail(c, op, "the new communicator's rank and size", err);
     }
