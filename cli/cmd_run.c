@@ -32,7 +32,7 @@ const struct cli_opt cmd_run_opts[] = {
      "every rank of the plan on GPU 0 (threads, in-process transport): checks a multi-GPU plan"},
     {"nccl", no_argument, OPT_NCCL, NULL, "a one-GPU plan through NCCL all the same (one rank)"},
     {"rendezvous", required_argument, OPT_RENDEZVOUS, "FILE",
-     "mpirun/srun: a file every node sees, for the NCCL id (default: one in /tmp named by the job)"},
+     "mpirun/srun: a file every node sees, for the NCCL id (default: in /tmp, named by the job)"},
     {"timeout", required_argument, OPT_TIMEOUT, "S",
      "a rank waiting longer than S seconds in a collective ends the run (60)"},
     {"no-grad-overlap", no_argument, OPT_NO_OVERLAP, NULL,
