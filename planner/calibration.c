@@ -8,6 +8,7 @@
  */
 #include "plan.h"
 
+#include <math.h>
 #include <string.h>
 
 void cost_calibration_defaults(struct cost_calibration *cal, const struct topo_gpu_spec *gpu)
@@ -31,6 +32,10 @@ void cost_calibration_defaults(struct cost_calibration *cal, const struct topo_g
     cal->scale_out_eff = 0.86; /* ~43 of 50 GB/s across nodes */
     cal->a2a_latency_us = 15.0;
     cal->overlap_max = 0.8;
+    for (int p = 0; p < COST_NPHASES; p++) {
+        cal->phase_scale[p] = 1.0;
+        cal->phase_fixed_us[p] = 0.0;
+    }
 }
 
 enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *file,
@@ -40,7 +45,8 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
         "schema", "version", "gpu", "driver", "date", "libraries", "measured", "defaults_used",
         "gemm_eff", "gemm_eff_fp8", "gemm_m_half", "gemm_k_half", "gemm_tile_m", "gemm_tile_n",
         "attn_fwd_eff", "attn_bwd_eff", "hbm_eff", "launch_us", "nvlink_eff",
-        "nvlink_allreduce_eff", "scale_out_eff", "a2a_latency_us", "overlap_max", NULL};
+        "nvlink_allreduce_eff", "scale_out_eff", "a2a_latency_us", "overlap_max", "phases",
+        "fit", NULL};
     struct moe_jdoc doc;
     struct moe_jval root;
     char schema[64], gpu[64], date[64];
@@ -87,6 +93,17 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
     if ((st = moe_jval_int(&root, "gemm_tile_n", false, t.gemm_tile_n, 8, 1024, &tile, err)))
         goto cleanup;
     t.gemm_tile_n = (int)tile;
+    struct moe_jval phases, ph;
+    bool have = false;
+    if ((st = moe_jval_object(&root, "phases", false, &phases, &have, err))) goto cleanup;
+    for (int p = 0; have && p < COST_NPHASES; p++) {
+        bool one = false;
+        if ((st = moe_jval_object(&phases, cost_phase_names[p], false, &ph, &one, err))) goto cleanup;
+        if (!one) continue;
+        if ((st = moe_jval_num(&ph, "scale", true, 1.0, 0.01, 100.0, &t.phase_scale[p], err)) ||
+            (st = moe_jval_num(&ph, "fixed_us", true, 0.0, 0.0, 1e7, &t.phase_fixed_us[p], err)))
+            goto cleanup;
+    }
     t.calibrated = true;
     snprintf(t.source, sizeof t.source, "calibrated: %s (%s, %s)", file, gpu,
              date[0] ? date : "undated");
@@ -94,4 +111,130 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
 cleanup:
     moe_jdoc_free(&doc);
     return st;
+}
+
+enum moe_status cost_calibration_write(const struct cost_calibration *cal, json_t *meta,
+                                       const char *file, struct moe_error *err)
+{
+    json_t *root = json_object(), *phases = json_object();
+    const char *k;
+    json_t *v;
+    json_object_foreach(meta, k, v) json_object_set(root, k, v);
+#define PUT(key) json_object_set_new(root, #key, json_real(cal->key))
+    PUT(gemm_eff);
+    PUT(gemm_eff_fp8);
+    PUT(gemm_m_half);
+    PUT(gemm_k_half);
+    PUT(attn_fwd_eff);
+    PUT(attn_bwd_eff);
+    PUT(hbm_eff);
+    PUT(launch_us);
+    PUT(nvlink_eff);
+    PUT(nvlink_allreduce_eff);
+    PUT(scale_out_eff);
+    PUT(a2a_latency_us);
+    PUT(overlap_max);
+#undef PUT
+    json_object_set_new(root, "gemm_tile_m", json_integer(cal->gemm_tile_m));
+    json_object_set_new(root, "gemm_tile_n", json_integer(cal->gemm_tile_n));
+    for (int p = 0; p < COST_NPHASES; p++) {
+        if (cal->phase_scale[p] == 1.0 && cal->phase_fixed_us[p] == 0.0) continue;
+        json_t *o = json_object();
+        json_object_set_new(o, "scale", json_real(cal->phase_scale[p]));
+        json_object_set_new(o, "fixed_us", json_real(cal->phase_fixed_us[p]));
+        json_object_set_new(phases, cost_phase_names[p], o);
+    }
+    json_object_set_new(root, "phases", phases);
+    enum moe_status st = moe_json_write_atomic(file, root, COST_CALIBRATION_SCHEMA, 1, err);
+    json_decref(root);
+    return st;
+}
+
+/* The rms of log(predicted / measured) for the GEMM samples under cal. */
+static double gemm_misfit(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
+                          const struct cost_gemm_sample *s, int n)
+{
+    double e = 0.0;
+    for (int i = 0; i < n; i++) {
+        double r = log(cost_gemm_us(cal, gpu, s[i].m, s[i].n, s[i].k, false) / s[i].us);
+        e += r * r;
+    }
+    return sqrt(e / n);
+}
+
+double cost_fit_gemm(struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
+                     const struct cost_gemm_sample *s, int n)
+{
+    if (n < 1) return 0.0;
+    /* a grid over the half-efficiency sizes, then coordinate steps that shrink */
+    struct cost_calibration best = *cal, t = *cal;
+    double best_e = INFINITY;
+    static const double eff[] = {0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9};
+    for (int a = 0; a < 13; a++)
+        for (int b = 0; b < 13; b++)
+            for (size_t c = 0; c < sizeof eff / sizeof eff[0]; c++) {
+                t.gemm_m_half = a ? pow(2.0, a - 1) : 0.0;
+                t.gemm_k_half = b ? pow(2.0, b - 1) : 0.0;
+                t.gemm_eff = eff[c];
+                double e = gemm_misfit(&t, gpu, s, n);
+                if (e < best_e) best_e = e, best = t;
+            }
+    for (double step = 0.25; step > 1e-4; step /= 2) {
+        bool moved = true;
+        while (moved) {
+            moved = false;
+            for (int which = 0; which < 3; which++)
+                for (int dir = -1; dir <= 1; dir += 2) {
+                    t = best;
+                    double *x = which == 0 ? &t.gemm_eff : which == 1 ? &t.gemm_m_half
+                                                                      : &t.gemm_k_half;
+                    *x = which > 0 && *x < 1.0 && dir > 0 ? 1.0 : *x * (1.0 + dir * step);
+                    if (t.gemm_eff > 1.0 || t.gemm_eff < 0.01) continue;
+                    double e = gemm_misfit(&t, gpu, s, n);
+                    if (e < best_e - 1e-12) best_e = e, best = t, moved = true;
+                }
+        }
+    }
+    cal->gemm_eff = best.gemm_eff;
+    cal->gemm_m_half = best.gemm_m_half;
+    cal->gemm_k_half = best.gemm_k_half;
+    double rel = 0.0;
+    for (int i = 0; i < n; i++) {
+        double r = cost_gemm_us(cal, gpu, s[i].m, s[i].n, s[i].k, false) / s[i].us - 1.0;
+        rel += r * r;
+    }
+    return sqrt(rel / n);
+}
+
+double cost_fit_linear(const double *model, const double *count, const double *measured, int n,
+                       double *scale, double *fixed)
+{
+    /* minimize sum ((s m_j + f c_j - y_j) / y_j)^2: 2 x 2 normal equations, weights 1 / y^2 */
+    double smm = 0, smc = 0, scc = 0, smy = 0, scy = 0;
+    for (int j = 0; j < n; j++) {
+        if (measured[j] <= 0) continue;
+        double w = 1.0 / (measured[j] * measured[j]);
+        smm += w * model[j] * model[j];
+        smc += w * model[j] * count[j];
+        scc += w * count[j] * count[j];
+        smy += w * model[j] * measured[j];
+        scy += w * count[j] * measured[j];
+    }
+    double det = smm * scc - smc * smc, s = smm > 0 ? smy / smm : 1.0, f = 0.0;
+    if (smm > 0 && scc > 0 && det > 1e-9 * smm * scc) { /* else the scale alone */
+        double s2 = (smy * scc - scy * smc) / det, f2 = (scy * smm - smy * smc) / det;
+        if (f2 >= 0 && s2 >= 1e-3) s = s2, f = f2;
+        else if (f2 >= 0) s = 1e-3, f = (scy - s * smc) / scc; /* the fixed time dominates */
+    }
+    *scale = s > 1e-3 ? s : 1e-3;
+    *fixed = f > 0 ? f : 0.0;
+    double e = 0.0;
+    int used = 0;
+    for (int j = 0; j < n; j++) {
+        if (measured[j] <= 0) continue;
+        double r = (*scale * model[j] + *fixed * count[j]) / measured[j] - 1.0;
+        e += r * r;
+        used++;
+    }
+    return used ? sqrt(e / used) : 0.0;
 }

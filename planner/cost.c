@@ -430,6 +430,15 @@ static double block_activation_bytes(const struct cost_ctx *c, const struct cost
     return T * (per_token + routed);
 }
 
+/* The calibration's per-phase correction of the compute of one occurrence (fwd and bwd parts):
+ * both scaled, the fixed time added to the forward part. */
+static void phase_correct(const struct cost_calibration *cal, int p, double *fwd, double *bwd)
+{
+    if (*fwd + *bwd <= 0.0) return;
+    *fwd = *fwd * cal->phase_scale[p] + cal->phase_fixed_us[p];
+    *bwd *= cal->phase_scale[p];
+}
+
 static void block_cost(const struct cost_ctx *c, const struct cost_layout *l, int layer,
                        int moe_index, struct block_cost *b)
 {
@@ -438,6 +447,15 @@ static void block_cost(const struct cost_ctx *c, const struct cost_layout *l, in
     attention_cost(c, l, layer, b);
     if (mdl_layer_is_moe(&c->model, layer)) moe_cost(c, l, moe_index, b);
     else dense_ffn_cost(c, l, b);
+    /* attention's forward and backward are two phases: each gets its own correction */
+    phase_correct(&c->cal, COST_ATTN_FWD, &b->fwd[COST_ATTN_FWD], &b->bwd[COST_ATTN_FWD]);
+    phase_correct(&c->cal, COST_ATTN_BWD, &b->bwd[COST_ATTN_BWD], &b->fwd[COST_ATTN_BWD]);
+    phase_correct(&c->cal, COST_EXPERTS_FWD, &b->fwd[COST_EXPERTS_FWD], &b->bwd[COST_EXPERTS_FWD]);
+    phase_correct(&c->cal, COST_EXPERTS_BWD, &b->bwd[COST_EXPERTS_BWD], &b->fwd[COST_EXPERTS_BWD]);
+    static const int both[] = {COST_ROUTER, COST_PERMUTE, COST_UNPERMUTE, COST_SHARED_EXPERT,
+                               COST_DENSE_FFN};
+    for (size_t i = 0; i < sizeof both / sizeof both[0]; i++)
+        phase_correct(&c->cal, both[i], &b->fwd[both[i]], &b->bwd[both[i]]);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -549,18 +567,22 @@ static void stage_cost(const struct cost_ctx *c, const struct cost_layout *l, in
     double T = (double)l->mbs * l->seq_len / l->tp, M = (double)l->mbs * l->seq_len;
     double h = m->hidden, V = (double)m->vocab / l->tp;
     if (v == 0) { /* embedding */
-        double emb = membound_us(c, T * h * BF16 * 2.0, 1);
-        s->fwd_us += emb;
-        s->bwd_us += 2.0 * emb;
-        s->phases[COST_EMBED] += 3.0 * emb;
+        double emb = membound_us(c, T * h * BF16 * 2.0, 1), ef = emb, eb = 2.0 * emb;
+        phase_correct(&c->cal, COST_EMBED, &ef, &eb);
+        s->fwd_us += ef;
+        s->bwd_us += eb;
+        s->phases[COST_EMBED] += ef + eb;
     }
     if (v == stages - 1) { /* LM head and loss, vocab-parallel */
         double head = cost_gemm_us(&c->cal, g, M, V, h, false);
         double loss = membound_us(c, M * V * 4.0 * 3.0, 3);
-        s->fwd_us += head + loss;
-        s->bwd_us += 2.0 * head + loss;
-        s->phases[COST_LM_HEAD] += 3.0 * head;
-        s->phases[COST_LOSS] += 2.0 * loss;
+        double hf = head, hb = 2.0 * head, lf = loss, lb = loss;
+        phase_correct(&c->cal, COST_LM_HEAD, &hf, &hb);
+        phase_correct(&c->cal, COST_LOSS, &lf, &lb);
+        s->fwd_us += hf + lf;
+        s->bwd_us += hb + lb;
+        s->phases[COST_LM_HEAD] += hf + hb;
+        s->phases[COST_LOSS] += lf + lb;
     }
 }
 
@@ -752,7 +774,8 @@ static enum moe_status evaluate(const struct cost_ctx *c, const struct cost_layo
     for (int v = busiest; v < stages; v += pp) last_bwd += bwd[v];
     double dp_exposed = dp_comm - fmin(c->cal.overlap_max * (l->zero == 0 ? 2.0 * rs : rs), last_bwd);
     double owned = dense / (l->zero >= 1 ? l->dp : 1) + expert / (l->zero >= 1 ? edp : 1);
-    double optim = membound_us(c, owned * 30.0, 4);
+    double optim = membound_us(c, owned * 30.0, 4), optim_b = 0.0;
+    phase_correct(&c->cal, COST_OPTIMIZER, &optim, &optim_b);
 
     r.step_us = makespan + dp_exposed + optim;
     for (int v = busiest; v < stages; v += pp)

@@ -118,6 +118,11 @@ struct cost_calibration {
     double scale_out_eff;       /* achieved fraction of the NIC bandwidth */
     double a2a_latency_us;      /* fixed cost of one dispatch or combine */
     double overlap_max;         /* most of an overlappable communication that hides (0..1) */
+    /* What the executor's own kernels add to the analytic time of each compute phase, fitted
+     * from calibration steps (`moeplan calibrate`): time = scale x model + fixed_us for every
+     * occurrence (a block's phase per micro-batch; embed, lm_head, loss per micro-batch; the
+     * optimizer per step). Defaults 1 and 0. */
+    double phase_scale[COST_NPHASES], phase_fixed_us[COST_NPHASES];
 };
 
 /* Datasheet defaults for a GPU (fractions others report; see reference/hardware.md). */
@@ -125,6 +130,25 @@ void cost_calibration_defaults(struct cost_calibration *cal, const struct topo_g
 /* Load a profile ("moeplan.calibration"); keys it does not name keep the defaults. */
 enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *file,
                                       struct moe_error *err);
+/* Write a profile (atomically): the calibration's values, and meta's keys (gpu, driver, date,
+ * libraries, measured, defaults_used, fit: what `moeplan calibrate` measured and how). */
+enum moe_status cost_calibration_write(const struct cost_calibration *cal, json_t *meta,
+                                       const char *file, struct moe_error *err);
+
+/* Fitting the calibration to measurements (`moeplan calibrate`; the tests recover known values
+ * from synthetic ones). */
+struct cost_gemm_sample {
+    double m, n, k, us;
+};
+/* gemm_eff, gemm_m_half and gemm_k_half that fit the samples best (least squares of the log of
+ * predicted over measured time; tiles, launch and HBM efficiency as cal has them). Returns the
+ * rms relative error of the fit. */
+double cost_fit_gemm(struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
+                     const struct cost_gemm_sample *s, int n);
+/* scale > 0 and fixed >= 0 with measured_j ~= scale x model_j + fixed x count_j (least squares
+ * on the relative error); returns the rms relative error. */
+double cost_fit_linear(const double *model, const double *count, const double *measured, int n,
+                       double *scale, double *fixed);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Routing                                                                                        */

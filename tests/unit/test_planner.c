@@ -374,6 +374,70 @@ static void test_loaders(void **state)
     assert_true(fabs(b / a - 0.8 / 0.5) < 1e-9);
 }
 
+/* Calibration fits on synthetic measurements made with known parameters: they come back. And a
+ * profile written and read back keeps every value, the per-phase corrections included. */
+static void test_calibration_fit(void **state)
+{
+    (void)state;
+    struct topo_gpu_spec g = h200();
+    struct cost_calibration truth, fit;
+    cost_calibration_defaults(&truth, &g);
+    truth.gemm_eff = 0.71;
+    truth.gemm_m_half = 40.0;
+    truth.gemm_k_half = 150.0;
+    struct cost_gemm_sample s[64];
+    int n = 0;
+    static const double ms[] = {16, 64, 256, 1024, 8192}, ks[] = {64, 512, 4096};
+    for (int i = 0; i < 5; i++)
+        for (int j = 0; j < 3; j++)
+            for (int q = 0; q < 2; q++) {
+                double nn = q ? 2048 : 7168;
+                s[n] = (struct cost_gemm_sample){ms[i], nn, ks[j], 0.0};
+                s[n].us = cost_gemm_us(&truth, &g, s[n].m, s[n].n, s[n].k, false);
+                n++;
+            }
+    cost_calibration_defaults(&fit, &g);
+    double rms = cost_fit_gemm(&fit, &g, s, n);
+    printf("GEMM fit: eff %.4f (0.71), m_half %.2f (40), k_half %.2f (150), rms %.2e\n",
+           fit.gemm_eff, fit.gemm_m_half, fit.gemm_k_half, rms);
+    assert_true(fabs(fit.gemm_eff - 0.71) < 0.01 * 0.71);
+    assert_true(fabs(fit.gemm_m_half - 40.0) < 0.05 * 40.0);
+    assert_true(fabs(fit.gemm_k_half - 150.0) < 0.05 * 150.0);
+    assert_true(rms < 1e-3);
+    /* measured = 1.7 model + 35 us per occurrence, exactly */
+    double model[4] = {100, 250, 900, 40}, count[4] = {4, 8, 2, 16}, meas[4];
+    for (int j = 0; j < 4; j++) meas[j] = 1.7 * model[j] + 35.0 * count[j];
+    double sc, fx;
+    assert_true(cost_fit_linear(model, count, meas, 4, &sc, &fx) < 1e-12);
+    assert_true(fabs(sc - 1.7) < 1e-9 && fabs(fx - 35.0) < 1e-9);
+    /* a phase the model underrates by a constant only, and one it has right */
+    for (int j = 0; j < 4; j++) meas[j] = model[j] + 10.0 * count[j];
+    cost_fit_linear(model, count, meas, 4, &sc, &fx);
+    assert_true(fabs(sc - 1.0) < 1e-9 && fabs(fx - 10.0) < 1e-9);
+    for (int j = 0; j < 4; j++) meas[j] = 2.0 * model[j];
+    cost_fit_linear(model, count, meas, 4, &sc, &fx);
+    assert_true(fabs(sc - 2.0) < 1e-9 && fx == 0.0);
+    /* write, read back */
+    fit.phase_scale[COST_EMBED] = 3.5;
+    fit.phase_fixed_us[COST_ROUTER] = 120.0;
+    json_t *meta = json_object();
+    json_object_set_new(meta, "gpu", json_string("H200"));
+    json_object_set_new(meta, "date", json_string("2026-12-03"));
+    char path[] = "/tmp/moe_test_profile.json";
+    struct moe_error err;
+    assert_int_equal(cost_calibration_write(&fit, meta, path, &err), MOE_OK);
+    json_decref(meta);
+    struct cost_calibration back;
+    cost_calibration_defaults(&back, &g);
+    if (cost_calibration_load(&back, path, &err) != MOE_OK) fail_msg("%s", err.message);
+    unlink(path);
+    assert_true(back.calibrated);
+    assert_true(fabs(back.gemm_eff / fit.gemm_eff - 1) < 1e-9 &&
+                fabs(back.gemm_m_half / fit.gemm_m_half - 1) < 1e-9); /* JSON keeps 12 digits */
+    assert_true(back.phase_scale[COST_EMBED] == 3.5 && back.phase_fixed_us[COST_ROUTER] == 120.0);
+    assert_true(back.phase_scale[COST_ROUTER] == 1.0 && back.phase_fixed_us[COST_EMBED] == 0.0);
+}
+
 /* Brute force over every assignment of E experts to G ranks with `slots` each (no replicas):
  * the smallest hottest-rank load. */
 static double brute_placement(const double *pick, int E, int G, int slots, int e, int *used,
@@ -618,7 +682,7 @@ int main(void)
         cmocka_unit_test(test_properties),    cmocka_unit_test(test_layouts),
         cmocka_unit_test(test_routing),       cmocka_unit_test(test_loaders),
         cmocka_unit_test(test_placement_milp), cmocka_unit_test(test_stage_split),
-        cmocka_unit_test(test_search_and_plan_file),
+        cmocka_unit_test(test_search_and_plan_file), cmocka_unit_test(test_calibration_fit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
