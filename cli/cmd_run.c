@@ -19,7 +19,8 @@
 #include "rpt.h"
 
 enum { OPT_STEPS = 1, OPT_DATA, OPT_OUT, OPT_GPUS, OPT_SEED, OPT_AUX, OPT_BIAS, OPT_LR, OPT_WARMUP,
-       OPT_STREAMS, OPT_VIRTUAL, OPT_NCCL, OPT_RENDEZVOUS, OPT_TIMEOUT, OPT_FAULT, OPT_NO_OVERLAP };
+       OPT_STREAMS, OPT_VIRTUAL, OPT_NCCL, OPT_RENDEZVOUS, OPT_TIMEOUT, OPT_FAULT, OPT_NO_OVERLAP,
+       OPT_MAX_ERROR };
 
 const struct cli_opt cmd_run_opts[] = {
     {"steps", required_argument, OPT_STEPS, "N", "training steps (100)"},
@@ -35,6 +36,8 @@ const struct cli_opt cmd_run_opts[] = {
      "mpirun/srun: a file every node sees, for the NCCL id (default: in /tmp, named by the job)"},
     {"timeout", required_argument, OPT_TIMEOUT, "S",
      "a rank waiting longer than S seconds in a collective ends the run (60)"},
+    {"max-error", required_argument, OPT_MAX_ERROR, "PCT",
+     "exit 5 when the measured step is further than PCT% from the plan's prediction"},
     {"no-grad-overlap", no_argument, OPT_NO_OVERLAP, NULL,
      "all-reduce the gradients after the backward (default: block by block inside it)"},
     {"inject-fault", required_argument, OPT_FAULT, "RANK:STEP",
@@ -52,7 +55,7 @@ const struct cli_opt cmd_run_opts[] = {
 struct run_opts {
     const char *plan, *data, *out, *rendezvous;
     uint64_t steps, seed, gpus, warmup, streams;
-    double aux, bias_rate, lr, timeout;
+    double aux, bias_rate, lr, timeout, max_error;
     bool virtual_ranks, nccl, no_overlap;
     int fail_rank, fail_step;
 };
@@ -388,6 +391,12 @@ static int run(struct cli *cli, const struct run_opts *o)
     json_object_set_new(root, "routing", jrt);
     if ((st = moe_json_write_atomic(o->out, root, "moeplan.measured", 1, &err))) goto cleanup;
     printf("measured.json written to %s\n", o->out);
+    double step_err = p.step_us > 0 ? 100.0 * (mstep * 1e3 / p.step_us - 1.0) : 0.0;
+    if (o->max_error > 0 && fabs(step_err) > o->max_error)
+        st = moe_error_set(&err, MOE_ERR_VERIFY,
+                           "the measured step (%.2f ms) is %+.1f%% from the plan's %.2f ms, more "
+                           "than --max-error %g%%",
+                           mstep, step_err, p.step_us / 1e3, o->max_error);
 cleanup:
     json_decref(root);
     json_decref(lg.steps);
@@ -415,7 +424,7 @@ int cmd_run(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     int rc = cli_parse(cmd, argc, argv, args, &nargs);
     if (rc >= 0) return rc;
     struct run_opts o = {NULL, NULL, "measured.json", NULL, 100, 1, 0, 10, 1, 0.0, 1e-3, 3e-4,
-                         60.0, false, false, false, -1, -1};
+                         60.0, 0.0, false, false, false, -1, -1};
     for (int i = 0; i < nargs; i++) {
         const char *v = args[i].value;
         switch (args[i].val) {
@@ -448,6 +457,9 @@ int cmd_run(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
         case OPT_VIRTUAL: o.virtual_ranks = true; break;
         case OPT_NCCL: o.nccl = true; break;
         case OPT_NO_OVERLAP: o.no_overlap = true; break;
+        case OPT_MAX_ERROR:
+            if (!cli_real(cmd, "max-error", v, 0.01, 1e6, &o.max_error)) return 2;
+            break;
         case OPT_RENDEZVOUS: o.rendezvous = v; break;
         case OPT_TIMEOUT:
             if (!cli_real(cmd, "timeout", v, 0.01, 86400, &o.timeout)) return 2;

@@ -223,10 +223,16 @@ static int cmd_run(struct cli *cli, const struct cli_cmd *cmd, int argc, char **
 
 enum { OPT_MODEL = 1, OPT_CLUSTER, OPT_LAYOUT, OPT_SEQ, OPT_GBS, OPT_JSON, OPT_O, OPT_CAL };
 
+#ifndef MOEPLAN_HAVE_EXECUTOR
 static const struct cli_opt calibrate_opts[] = {
     {"output", required_argument, OPT_O, "FILE", "write the profile here"},
     {NULL, 0, 0, NULL, NULL},
 };
+static const struct cli_opt validate_opts[] = {
+    {"output", required_argument, OPT_O, "DIR", "write the report here"},
+    {NULL, 0, 0, NULL, NULL},
+};
+#endif
 static const struct cli_opt report_opts[] = {
     {"output", required_argument, OPT_O, "DIR", "write the report here"},
     {NULL, 0, 0, NULL, NULL},
@@ -251,7 +257,18 @@ static const struct cli_cmd commands[] = {
      "Train a plan for real on GPUs and measure each phase.", NULL, cmd_run_opts, cmd_run},
     {"calibrate", "[options]",
      "Microbenchmark this GPU machine; fit a profile.",
-     "calibration comes with the calibration work (issue 9)", calibrate_opts, cmd_not_built},
+#ifdef MOEPLAN_HAVE_EXECUTOR
+     NULL, cmd_calibrate_opts, cmd_calibrate},
+#else
+     "calibration measures a GPU: this build has no executor", calibrate_opts, cmd_not_built},
+#endif
+    {"validate", "[options]",
+     "Plan, run and compare a set of one-GPU jobs; write the report.",
+#ifdef MOEPLAN_HAVE_EXECUTOR
+     NULL, cmd_validate_opts, cmd_validate},
+#else
+     "validation runs jobs on a GPU: this build has no executor", validate_opts, cmd_not_built},
+#endif
     {"report", "PLAN MEASURED [options]",
      "Predicted-vs-measured report (Markdown + SVG).",
      "reports come with the calibration work (issue 9)", report_opts, cmd_not_built},

@@ -578,6 +578,18 @@ struct exec_moe_bench_result {
 enum moe_status exec_moe_bench(const struct exec_moe_bench_cfg *c, int *choice,
                                struct exec_moe_bench_result *r, struct moe_error *err);
 
+/* Microbenchmarks for `moeplan calibrate` (calib.cu), on the current GPU, each the median of
+ * `iters` CUDA-event timings after a warm-up: a row-major bf16 GEMM (m x k) (k x n) through
+ * cuBLAS with fp32 accumulation; the flash attention kernels over seqs causal sequences of seq
+ * tokens (forward, and backward with dq, dk, dv); a device-to-device copy of `bytes`; one empty
+ * kernel's launch. Microseconds. */
+enum moe_status exec_time_gemm(int m, int n, int k, int iters, double *us, struct moe_error *err);
+enum moe_status exec_time_attention(int seqs, int seq, int heads, int kv_heads, int dqk, int dv,
+                                    int iters, double *fwd_us, double *bwd_us,
+                                    struct moe_error *err);
+enum moe_status exec_time_copy(size_t bytes, int iters, double *us, struct moe_error *err);
+enum moe_status exec_time_launch(int iters, double *us, struct moe_error *err);
+
 /* Versions as integers the way each library reports them (CUDA 13000 = 13.0, NCCL 22803 = 2.28.3). */
 struct exec_versions {
     int cuda_runtime;      /* cudaRuntimeGetVersion */

@@ -1,0 +1,184 @@
+/*
+ * calib.cu: the microbenchmarks `moeplan calibrate` fits the cost model to, each timed the way
+ * the executor runs it: a bf16 GEMM through cuBLAS (fp32 accumulate, the executor's call), the
+ * flash attention kernels forward and backward, a device-to-device copy (HBM bandwidth) and an
+ * empty kernel (launch cost). Each time is the median of `iters` CUDA-event timings after two
+ * warm-up runs; inputs are seeded normal numbers (gk_init), never uninitialized memory.
+ */
+#include "exec.h"
+#include "gpu_step.h"
+
+#include <algorithm>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <vector>
+
+namespace {
+
+enum moe_status cuda_fail(cudaError_t e, const char *what, struct moe_error *err)
+{
+    return moe_error_set(err, MOE_ERR_CUDA, "calibrate: %s: %s", what, cudaGetErrorString(e));
+}
+
+/* Device buffers freed on scope exit. */
+struct dbufs {
+    std::vector<void *> p;
+    ~dbufs()
+    {
+        for (void *x : p) cudaFree(x);
+    }
+    template <typename T> T *get(size_t n, cudaError_t *e)
+    {
+        void *x = nullptr;
+        if (*e == cudaSuccess) *e = cudaMalloc(&x, sizeof(T) * (n ? n : 1));
+        if (*e == cudaSuccess) p.push_back(x);
+        return (T *)x;
+    }
+};
+
+__global__ void k_empty() {}
+
+__global__ void k_f32_to_bf16(const float *x, bf16 *y, size_t n)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i < n) y[i] = __float2bfloat16(x[i]);
+}
+
+/* Seeded bf16 values: fp32 normal numbers through a scratch buffer. */
+cudaError_t fill_bf16(bf16 *y, size_t n, uint64_t seed, float *scratch, size_t cap)
+{
+    for (size_t at = 0; at < n; at += cap) {
+        size_t m = std::min(cap, n - at);
+        gk_init(scratch, m, at, seed, 0.5f, false, 0);
+        k_f32_to_bf16<<<(unsigned)((m + 255) / 256), 256>>>(scratch, y + at, m);
+    }
+    return cudaGetLastError();
+}
+
+/* The median of iters timings of fn(), after two warm-up calls. */
+template <typename F> cudaError_t time_median(int iters, F fn, double *us)
+{
+    cudaEvent_t a, b;
+    cudaError_t e = cudaEventCreate(&a);
+    if (e == cudaSuccess) e = cudaEventCreate(&b);
+    std::vector<double> t;
+    for (int i = 0; i < 2 && e == cudaSuccess; i++) e = fn();
+    for (int i = 0; i < iters && e == cudaSuccess; i++) {
+        cudaEventRecord(a, 0);
+        e = fn();
+        cudaEventRecord(b, 0);
+        if (e == cudaSuccess) e = cudaEventSynchronize(b);
+        float ms = 0;
+        if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, a, b);
+        t.push_back(1e3 * ms);
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    if (e != cudaSuccess) return e;
+    std::sort(t.begin(), t.end());
+    *us = t.empty() ? 0.0 : t[t.size() / 2];
+    return cudaSuccess;
+}
+
+} // namespace
+
+extern "C" enum moe_status exec_time_gemm(int m, int n, int k, int iters, double *us,
+                                          struct moe_error *err)
+{
+    if (m < 1 || n < 1 || k < 1 || iters < 1)
+        return moe_error_set(err, MOE_ERR_INPUT, "calibrate: GEMM %d x %d x %d", m, n, k);
+    dbufs d;
+    cudaError_t e = cudaSuccess;
+    size_t cap = 1u << 22;
+    float *scratch = d.get<float>(cap, &e);
+    bf16 *a = d.get<bf16>((size_t)m * k, &e), *b = d.get<bf16>((size_t)k * n, &e);
+    bf16 *c = d.get<bf16>((size_t)m * n, &e);
+    if (e == cudaSuccess) e = fill_bf16(a, (size_t)m * k, 1, scratch, cap);
+    if (e == cudaSuccess) e = fill_bf16(b, (size_t)k * n, 2, scratch, cap);
+    if (e != cudaSuccess) return cuda_fail(e, "GEMM buffers", err);
+    cublasHandle_t h;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS)
+        return moe_error_set(err, MOE_ERR_CUDA, "calibrate: cublasCreate failed");
+    float one = 1.0f, zero = 0.0f;
+    cublasStatus_t bs = CUBLAS_STATUS_SUCCESS;
+    /* row-major C (m, n) = A (m, k) B (k, n): column-major C^T = B^T A^T, as the executor calls */
+    e = time_median(iters,
+                    [&]() {
+                        bs = cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &one, b,
+                                          CUDA_R_16BF, n, a, CUDA_R_16BF, k, &zero, c,
+                                          CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                                          CUBLAS_GEMM_DEFAULT);
+                        return bs == CUBLAS_STATUS_SUCCESS ? cudaGetLastError()
+                                                           : cudaErrorUnknown;
+                    },
+                    us);
+    cublasDestroy(h);
+    if (bs != CUBLAS_STATUS_SUCCESS)
+        return moe_error_set(err, MOE_ERR_CUDA, "calibrate: cublasGemmEx %d x %d x %d: status %d",
+                             m, n, k, (int)bs);
+    return e == cudaSuccess ? MOE_OK : cuda_fail(e, "GEMM", err);
+}
+
+extern "C" enum moe_status exec_time_attention(int seqs, int seq, int heads, int kv_heads,
+                                               int dqk, int dv, int iters, double *fwd_us,
+                                               double *bwd_us, struct moe_error *err)
+{
+    if (seqs < 1 || seq < 1 || heads < 1 || kv_heads < 1 || heads % kv_heads ||
+        !gk_flash_supported(dqk, dv) || iters < 1)
+        return moe_error_set(err, MOE_ERR_INPUT,
+                             "calibrate: attention %d x %d tokens, %d / %d heads, dims %d / %d", seqs,
+                             seq, heads, kv_heads, dqk, dv);
+    size_t T = (size_t)seqs * seq, nq = T * heads * dqk, nk = T * kv_heads * dqk;
+    size_t nv = T * kv_heads * dv, no = T * heads * dv, cap = 1u << 22;
+    dbufs d;
+    cudaError_t e = gk_flash_prepare(dqk, dv);
+    float *scratch = d.get<float>(cap, &e);
+    bf16 *q = d.get<bf16>(nq, &e), *k = d.get<bf16>(nk, &e), *v = d.get<bf16>(nv, &e);
+    bf16 *o = d.get<bf16>(no, &e), *dout = d.get<bf16>(no, &e);
+    float *lse = d.get<float>(T * heads, &e), *delta = d.get<float>(T * heads, &e);
+    float *dq = d.get<float>(nq, &e), *dk = d.get<float>(nk, &e), *dvv = d.get<float>(nv, &e);
+    if (e == cudaSuccess) e = fill_bf16(q, nq, 3, scratch, cap);
+    if (e == cudaSuccess) e = fill_bf16(k, nk, 4, scratch, cap);
+    if (e == cudaSuccess) e = fill_bf16(v, nv, 5, scratch, cap);
+    if (e == cudaSuccess) e = fill_bf16(dout, no, 6, scratch, cap);
+    if (e != cudaSuccess) return cuda_fail(e, "attention buffers", err);
+    e = time_median(
+        iters,
+        [&]() { return gk_flash_forward(q, k, v, seqs, seq, heads, kv_heads, dqk, dv, 0, o, lse, 0); },
+        fwd_us);
+    if (e == cudaSuccess)
+        e = time_median(iters,
+                        [&]() {
+                            return gk_flash_backward(q, k, v, o, dout, lse, seqs, seq, heads,
+                                                     kv_heads, dqk, dv, 0, delta, dq, dk, dvv, 0);
+                        },
+                        bwd_us);
+    return e == cudaSuccess ? MOE_OK : cuda_fail(e, "attention", err);
+}
+
+extern "C" enum moe_status exec_time_copy(size_t bytes, int iters, double *us,
+                                          struct moe_error *err)
+{
+    dbufs d;
+    cudaError_t e = cudaSuccess;
+    char *a = d.get<char>(bytes, &e), *b = d.get<char>(bytes, &e);
+    if (e == cudaSuccess) e = cudaMemset(a, 1, bytes);
+    if (e == cudaSuccess)
+        e = time_median(iters, [&]() { return cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, 0); },
+                        us);
+    return e == cudaSuccess ? MOE_OK : cuda_fail(e, "copy", err);
+}
+
+extern "C" enum moe_status exec_time_launch(int iters, double *us, struct moe_error *err)
+{
+    /* 100 empty kernels back to back: the cost of one on the stream */
+    double t = 0;
+    cudaError_t e = time_median(iters,
+                                [&]() {
+                                    for (int i = 0; i < 100; i++) k_empty<<<1, 32>>>();
+                                    return cudaGetLastError();
+                                },
+                                &t);
+    *us = t / 100;
+    return e == cudaSuccess ? MOE_OK : cuda_fail(e, "launch", err);
+}
