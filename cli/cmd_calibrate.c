@@ -193,7 +193,7 @@ static const struct job valid_jobs[] = {
     {"qwen3-30b-a3b", 4, 0, 2048, 2, 1, COST_RECOMPUTE_NONE},
     {"deepseek-v2-lite", 4, 0, 4096, 2, 1, COST_RECOMPUTE_FULL},
     {"mixtral-8x7b", 2, 0, 2048, 2, 2, COST_RECOMPUTE_NONE},
-    {"deepseek-v3", 3, 16, 2048, 1, 1, COST_RECOMPUTE_NONE},
+    {"deepseek-v3", 4, 16, 2048, 1, 1, COST_RECOMPUTE_NONE},
     {"qwen3-30b-a3b", 2, 64, 4096, 1, 2, COST_RECOMPUTE_NONE},
     {"kimi-k2", 2, 16, 1024, 4, 1, COST_RECOMPUTE_FULL},
 };

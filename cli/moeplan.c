@@ -185,6 +185,7 @@ int cli_fail(struct cli *cli, const struct moe_error *err)
     return moe_status_exit_code(err->status);
 }
 
+#ifndef MOEPLAN_HAVE_EXECUTOR
 /* A subcommand that this build lacks: parse its options (so that a typo is still a usage error),
  * then say plainly that it is not built and exit 1. */
 static int cmd_not_built(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
@@ -194,10 +195,11 @@ static int cmd_not_built(struct cli *cli, const struct cli_cmd *cmd, int argc, c
     int rc = cli_parse(cmd, argc, argv, args, &nargs);
     if (rc >= 0) return rc;
     struct moe_error err;
-    moe_error_set(&err, MOE_ERR_UNSUPPORTED, "'%s' is not built yet: %s", cmd->name,
+    moe_error_set(&err, MOE_ERR_UNSUPPORTED, "'%s' is not in this build: %s", cmd->name,
                   cmd->planned);
     return cli_fail(cli, &err);
 }
+#endif
 
 /* ---------------------------------------------------------------------------------------------- */
 /* moeplan run: not in a build without CUDA (cmd_run.c where the executor is built)               */
@@ -233,10 +235,6 @@ static const struct cli_opt validate_opts[] = {
     {NULL, 0, 0, NULL, NULL},
 };
 #endif
-static const struct cli_opt report_opts[] = {
-    {"output", required_argument, OPT_O, "DIR", "write the report here"},
-    {NULL, 0, 0, NULL, NULL},
-};
 #ifndef MOEPLAN_HAVE_EXECUTOR
 static const struct cli_opt bench_opts[] = {
     {"json", required_argument, OPT_JSON, "FILE", "write the results as JSON"},
@@ -270,8 +268,7 @@ static const struct cli_cmd commands[] = {
      "validation runs jobs on a GPU: this build has no executor", validate_opts, cmd_not_built},
 #endif
     {"report", "PLAN MEASURED [options]",
-     "Predicted-vs-measured report (Markdown + SVG).",
-     "reports come with the calibration work (issue 9)", report_opts, cmd_not_built},
+     "Predicted-vs-measured report (Markdown + SVG).", NULL, cmd_report_opts, cmd_report},
     {"bench", "moe [options]",
      "Benchmark the MoE layer on this GPU (bench/run-moe: next to PyTorch).",
 #ifdef MOEPLAN_HAVE_EXECUTOR

@@ -3,6 +3,7 @@
  *
  * A struct rpt_table collects rows of text cells and prints them aligned, with a header rule,
  * either for a terminal or as a Markdown table (the same table lands in reports and notes).
+ * Charts (svg.c) are standalone SVG that renders on GitHub: no script, no external assets.
  */
 #ifndef RPT_H
 #define RPT_H
@@ -28,6 +29,18 @@ enum moe_status rpt_table_cell(struct rpt_table *t, struct moe_error *err, const
 void rpt_table_print(const struct rpt_table *t, FILE *out);
 /* Print as a GitHub Markdown table. */
 void rpt_table_print_markdown(const struct rpt_table *t, FILE *out);
+
+/* Charts. Same data, same bytes. Errors: MOE_ERR_INPUT for no data or a value that is not a
+ * number, MOE_ERR_IO when writing failed. */
+#define RPT_SVG_MAX_SERIES 4
+/* Horizontal bars: n rows (labels), ns series each; values[i * ns + s]; negatives left of 0. */
+enum moe_status rpt_svg_bars(FILE *f, const char *title, const char *unit,
+                             const char *const *labels, int n, const char *const *series, int ns,
+                             const double *values, struct moe_error *err);
+/* Lines: n points x, ns series y[s * n + i]. */
+enum moe_status rpt_svg_lines(FILE *f, const char *title, const char *xlabel, const char *ylabel,
+                              const double *x, int n, const char *const *series, int ns,
+                              const double *y, struct moe_error *err);
 
 #ifdef __cplusplus
 }

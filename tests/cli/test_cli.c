@@ -170,12 +170,17 @@ static void test_not_built(void **state)
 {
     (void)state;
     static struct result r;
-    RUN(&r, "calibrate");
-    assert_int_equal(r.code, 1);
+    RUN(&r, "calibrate", "--bogus"); /* options are checked in every build */
+    assert_int_equal(r.code, 2);
 #ifndef MOEPLAN_HAVE_EXECUTOR
     RUN(&r, "run", "plan.json");
     assert_int_equal(r.code, 1);
     expect_in(r.err, "this build has no executor");
+    RUN(&r, "calibrate");
+    assert_int_equal(r.code, 1);
+    expect_in(r.err, "this build has no executor");
+    RUN(&r, "validate");
+    assert_int_equal(r.code, 1);
 #endif
 }
 
@@ -232,6 +237,34 @@ static void test_run(void **state)
     unlink("/tmp/moe_cli_plan1.json");
 }
 #endif
+
+/* `report`: a plan and a run's measured.json into a folder of Markdown and SVG; bad input named. */
+static void test_report(void **state)
+{
+    (void)state;
+    static struct result r;
+    RUN(&r, "report", "tests/data/report/plan.json", "tests/data/report/measured.json", "-o",
+        "/tmp/moe_cli_report");
+    assert_int_equal(r.code, 0);
+    expect_in(r.out, "predicted against measured");
+    expect_in(r.out, "dispatch");
+    static const char *const files[] = {"README.md", "phases.svg", "errors.svg", "loss.svg",
+                                        "experts.svg"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char path[256];
+        snprintf(path, sizeof path, "/tmp/moe_cli_report/%s", files[i]);
+        assert_int_equal(access(path, F_OK), 0);
+        unlink(path);
+    }
+    rmdir("/tmp/moe_cli_report");
+    RUN(&r, "report", "tests/data/report/plan.json", "tests/data/report/plan.json", "-o",
+        "/tmp/moe_cli_report");
+    assert_int_equal(r.code, 3);
+    expect_in(r.err, "expected \"moeplan.measured\"");
+    assert_int_equal(access("/tmp/moe_cli_report/README.md", F_OK), -1);
+    RUN(&r, "report", "tests/data/report/plan.json");
+    assert_int_equal(r.code, 2);
+}
 
 static void test_model_commands(void **state)
 {
@@ -428,6 +461,7 @@ int main(void)
 #ifdef MOEPLAN_HAVE_EXECUTOR
         cmocka_unit_test(test_run),
 #endif
+        cmocka_unit_test(test_report),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,317 @@
+/*
+ * cmd_report.c: `moeplan report PLAN MEASURED [-o DIR]`: the predicted-vs-measured report of one
+ * run. DIR/README.md (GitHub Markdown) with four SVG charts next to it: predicted and measured
+ * time per phase, the error per phase, the loss curve, and the expert load (a histogram of each
+ * expert's tokens over the balanced share, measured against the plan's routing). The same table
+ * prints to the terminal. Every file is written whole or not at all (moe_file_write_atomic); the
+ * README last, so a report folder with a README is complete.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cli.h"
+#include "plan.h"
+#include "rpt.h"
+
+enum { OPT_OUT = 'o' };
+
+const struct cli_opt cmd_report_opts[] = {
+    {"output", required_argument, OPT_OUT, "DIR", "write the report here (report)"},
+    {NULL, 0, 0, NULL, NULL},
+};
+
+/* What the report reads of measured.json. */
+struct measured {
+    double phase_ms[COST_NPHASES];
+    double *loss;
+    int steps, experts, top_k, layers;
+    double *counts; /* (layers, experts) tokens routed, summed over the run */
+    char device[128], model[64];
+};
+
+static void measured_free(struct measured *m)
+{
+    free(m->loss);
+    free(m->counts);
+}
+
+static enum moe_status measured_load(const char *file, struct measured *ms, struct moe_error *err)
+{
+    struct moe_jdoc doc;
+    struct moe_jval root, med, ph, curve, dev, rt, lay, one, cnt;
+    char schema[64];
+    int version;
+    memset(ms, 0, sizeof *ms);
+    enum moe_status st = moe_jdoc_load(&doc, file, err);
+    if (st != MOE_OK) return st;
+    if ((st = moe_jdoc_schema(&doc, schema, sizeof schema, &version, err)) ||
+        (st = moe_jdoc_root(&doc, &root, err)))
+        goto done;
+    if (strcmp(schema, "moeplan.measured") != 0) {
+        st = moe_jval_error(&root, "schema", err, "expected \"moeplan.measured\", got \"%s\"", schema);
+        goto done;
+    }
+    if ((st = moe_jval_str(&root, "model", true, NULL, ms->model, sizeof ms->model, err)) ||
+        (st = moe_jval_object(&root, "device", true, &dev, NULL, err)) ||
+        (st = moe_jval_str(&dev, "name", true, NULL, ms->device, sizeof ms->device, err)) ||
+        (st = moe_jval_object(&root, "median", true, &med, NULL, err)) ||
+        (st = moe_jval_object(&med, "phases_ms", true, &ph, NULL, err)) ||
+        (st = moe_jval_array(&root, "loss_curve", true, &curve, NULL, err)))
+        goto done;
+    for (int p = 0; p < COST_NPHASES; p++)
+        if ((st = moe_jval_num(&ph, cost_phase_names[p], true, 0, 0, 1e9, &ms->phase_ms[p], err)))
+            goto done;
+    ms->steps = (int)moe_jval_len(&curve);
+    if (ms->steps < 1) {
+        st = moe_jval_error(&root, "loss_curve", err, "no steps");
+        goto done;
+    }
+    ms->loss = malloc(sizeof *ms->loss * (size_t)ms->steps);
+    if (!ms->loss) {
+        st = moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (int i = 0; i < ms->steps; i++)
+        if ((st = moe_jval_at_num(&curve, (size_t)i, -1e9, 1e9, &ms->loss[i], err))) goto done;
+    int64_t e, k;
+    if ((st = moe_jval_object(&root, "routing", true, &rt, NULL, err)) ||
+        (st = moe_jval_int(&rt, "experts", true, 0, 0, 1 << 16, &e, err)) ||
+        (st = moe_jval_int(&rt, "top_k", true, 0, 0, 1 << 10, &k, err)) ||
+        (st = moe_jval_array(&rt, "layers", true, &lay, NULL, err)))
+        goto done;
+    ms->experts = (int)e;
+    ms->top_k = (int)k;
+    ms->layers = (int)moe_jval_len(&lay);
+    ms->counts = calloc((size_t)(ms->layers * ms->experts + 1), sizeof *ms->counts);
+    if (!ms->counts) {
+        st = moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (int l = 0; l < ms->layers; l++) {
+        if ((st = moe_jval_at_object(&lay, (size_t)l, &one, err)) ||
+            (st = moe_jval_array(&one, "counts", true, &cnt, NULL, err)))
+            goto done;
+        if ((int)moe_jval_len(&cnt) != ms->experts) {
+            st = moe_jval_error(&one, "counts", err, "%zu counts for %d experts", moe_jval_len(&cnt),
+                                ms->experts);
+            goto done;
+        }
+        for (int x = 0; x < ms->experts; x++)
+            if ((st = moe_jval_at_num(&cnt, (size_t)x, 0, 1e18, &ms->counts[l * ms->experts + x],
+                                      err)))
+                goto done;
+    }
+done:
+    moe_jdoc_free(&doc);
+    if (st != MOE_OK) measured_free(ms);
+    return st;
+}
+
+/* A chart drawn into memory, then written whole. */
+typedef enum moe_status (*chart_fn)(FILE *f, const void *arg, struct moe_error *err);
+
+static enum moe_status write_chart(const char *dir, const char *name, chart_fn fn, const void *arg,
+                                   struct moe_error *err)
+{
+    char *text = NULL, path[MOE_PATH_MAX];
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    enum moe_status st = fn(f, arg, err);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    if (st == MOE_OK) st = moe_file_write_atomic(path, text, len, err);
+    free(text);
+    return st;
+}
+
+struct report {
+    const struct plan_file *p;
+    const struct measured *m;
+    int rows[COST_NPHASES], nrows;   /* the phases shown: predicted or measured, not the step */
+};
+
+static enum moe_status chart_phases(FILE *f, const void *arg, struct moe_error *err)
+{
+    const struct report *r = arg;
+    const char *labels[COST_NPHASES], *series[2] = {"predicted", "measured"};
+    double v[2 * COST_NPHASES];
+    for (int i = 0; i < r->nrows; i++) {
+        int p = r->rows[i];
+        labels[i] = cost_phase_names[p];
+        v[2 * i] = r->p->phase_us[p] / 1e3;
+        v[2 * i + 1] = r->m->phase_ms[p];
+    }
+    return rpt_svg_bars(f, "Time per phase, one step", "ms", labels, r->nrows, series, 2, v, err);
+}
+
+static enum moe_status chart_errors(FILE *f, const void *arg, struct moe_error *err)
+{
+    const struct report *r = arg;
+    const char *labels[COST_NPHASES + 1], *series[1] = {"measured / predicted - 1"};
+    double v[COST_NPHASES + 1];
+    int n = 0;
+    for (int i = 0; i < r->nrows; i++) {
+        int p = r->rows[i];
+        if (r->p->phase_us[p] <= 0) continue;
+        labels[n] = cost_phase_names[p];
+        v[n++] = 100.0 * (r->m->phase_ms[p] * 1e3 / r->p->phase_us[p] - 1.0);
+    }
+    labels[n] = "step";
+    v[n++] = 100.0 * (r->m->phase_ms[COST_STEP] * 1e3 / r->p->step_us - 1.0);
+    return rpt_svg_bars(f, "Error per phase", "%", labels, n, series, 1, v, err);
+}
+
+static enum moe_status chart_loss(FILE *f, const void *arg, struct moe_error *err)
+{
+    const struct measured *m = ((const struct report *)arg)->m;
+    double *x = malloc(sizeof *x * (size_t)m->steps);
+    if (!x) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < m->steps; i++) x[i] = i + 1;
+    const char *series[1] = {"training loss"};
+    enum moe_status st = rpt_svg_lines(f, "Loss curve", "step", "loss", x, m->steps, series, 1,
+                                       m->loss, err);
+    free(x);
+    return st;
+}
+
+/* Experts by load over the balanced share (every MoE layer's experts): the plan's routing puts
+ * them at 1.0x when it was uniform. */
+#define NBINS 8
+static const double bin_hi[NBINS] = {0.25, 0.5, 0.75, 0.9, 1.1, 1.25, 1.5, INFINITY};
+static const char *const bin_name[NBINS] = {"< 0.25x", "0.25-0.5x", "0.5-0.75x", "0.75-0.9x",
+                                            "0.9-1.1x", "1.1-1.25x", "1.25-1.5x", ">= 1.5x"};
+
+static void load_bins(const struct measured *m, double *measured, double *balanced)
+{
+    for (int b = 0; b < NBINS; b++) measured[b] = balanced[b] = 0;
+    for (int l = 0; l < m->layers; l++) {
+        double sum = 0;
+        for (int x = 0; x < m->experts; x++) sum += m->counts[l * m->experts + x];
+        double mean = sum / m->experts;
+        for (int x = 0; x < m->experts && mean > 0; x++) {
+            double r = m->counts[l * m->experts + x] / mean;
+            int b = 0;
+            while (r >= bin_hi[b]) b++;
+            measured[b]++;
+        }
+        balanced[4] += m->experts;
+    }
+}
+
+static enum moe_status chart_experts(FILE *f, const void *arg, struct moe_error *err)
+{
+    const struct measured *m = ((const struct report *)arg)->m;
+    double meas[NBINS], bal[NBINS], v[2 * NBINS];
+    load_bins(m, meas, bal);
+    for (int b = 0; b < NBINS; b++) v[2 * b] = bal[b], v[2 * b + 1] = meas[b];
+    const char *series[2] = {"predicted (uniform routing)", "measured"};
+    return rpt_svg_bars(f, "Experts by tokens over the balanced share (all MoE layers)", "experts",
+                        bin_name, NBINS, series, 2, v, err);
+}
+
+static int report(struct cli *cli, const char *plan_file, const char *measured_file,
+                  const char *dir)
+{
+    struct moe_error err;
+    struct plan_file p;
+    struct measured m;
+    enum moe_status st = plan_load(plan_file, &p, &err);
+    if (st != MOE_OK) {
+        plan_file_free(&p);
+        return cli_fail(cli, &err);
+    }
+    if ((st = measured_load(measured_file, &m, &err))) {
+        plan_file_free(&p);
+        return cli_fail(cli, &err);
+    }
+    if (strcmp(m.model, p.model.name) != 0) {
+        moe_error_set(&err, MOE_ERR_INPUT, "%s measured %s, the plan %s is for %s", measured_file,
+                      m.model, plan_file, p.model.name);
+        goto fail;
+    }
+    struct report r = {&p, &m, {0}, 0};
+    for (int ph = 0; ph < COST_STEP; ph++)
+        if (p.phase_us[ph] > 0 || m.phase_ms[ph] > 0) r.rows[r.nrows++] = ph;
+    const char *h[] = {"phase", "predicted", "measured", "error"};
+    struct rpt_table *t = rpt_table_create(4, h, "lrrr");
+    if (!t) {
+        moe_error_set(&err, MOE_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    for (int i = 0; i <= r.nrows; i++) {
+        int ph = i < r.nrows ? r.rows[i] : COST_STEP;
+        double pr = ph == COST_STEP ? p.step_us / 1e3 : p.phase_us[ph] / 1e3;
+        rpt_table_row(t, NULL);
+        rpt_table_cell(t, NULL, "%s", cost_phase_names[ph]);
+        rpt_table_cell(t, NULL, "%.2f ms", pr);
+        rpt_table_cell(t, NULL, "%.2f ms", m.phase_ms[ph]);
+        if (pr > 0) rpt_table_cell(t, NULL, "%+.1f%%", 100.0 * (m.phase_ms[ph] / pr - 1.0));
+        else rpt_table_cell(t, NULL, "-");
+    }
+    printf("%s on %s: predicted against measured (median step)\n", p.model.name, m.device);
+    rpt_table_print(t, stdout);
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        rpt_table_destroy(t);
+        moe_error_set_at(&err, MOE_ERR_IO, dir, 0, 0, "cannot create the folder: %s", strerror(errno));
+        goto fail;
+    }
+    if ((st = write_chart(dir, "phases.svg", chart_phases, &r, &err)) ||
+        (st = write_chart(dir, "errors.svg", chart_errors, &r, &err)) ||
+        (m.steps > 1 && (st = write_chart(dir, "loss.svg", chart_loss, &r, &err))) ||
+        (m.layers && (st = write_chart(dir, "experts.svg", chart_experts, &r, &err)))) {
+        rpt_table_destroy(t);
+        goto fail;
+    }
+    char *text = NULL, path[MOE_PATH_MAX], lay[256];
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f) {
+        rpt_table_destroy(t);
+        moe_error_set(&err, MOE_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    cost_layout_format(&p.layout, lay, sizeof lay);
+    fprintf(f, "# %s on %s: predicted against measured\n\n", p.model.name, m.device);
+    fprintf(f, "Plan `%s` (%d GPU%s, %s), measured `%s` (%d steps; medians of steps 2-%d).\n\n",
+            plan_file, p.gpus, p.gpus == 1 ? "" : "s", lay, measured_file, m.steps, m.steps);
+    rpt_table_print_markdown(t, f);
+    fprintf(f, "\n![time per phase](phases.svg)\n\n![error per phase](errors.svg)\n");
+    if (m.steps > 1) fprintf(f, "\n![loss curve](loss.svg)\n");
+    if (m.layers) {
+        double meas[NBINS], bal[NBINS];
+        load_bins(&m, meas, bal);
+        fprintf(f, "\n![expert load](experts.svg)\n\nExpert load: %d experts in %d MoE layers; the "
+                   "plan predicted each at its balanced share (%.0f of %d in 0.9-1.1x measured).\n",
+                m.experts, m.layers, meas[4], m.experts * m.layers);
+    }
+    fclose(f);
+    rpt_table_destroy(t);
+    snprintf(path, sizeof path, "%s/README.md", dir);
+    st = moe_file_write_atomic(path, text, len, &err);
+    free(text);
+    if (st != MOE_OK) goto fail;
+    printf("report written to %s\n", path);
+    measured_free(&m);
+    plan_file_free(&p);
+    return 0;
+fail:
+    measured_free(&m);
+    plan_file_free(&p);
+    return cli_fail(cli, &err);
+}
+
+int cmd_report(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
+{
+    struct cli_arg args[CLI_MAX_ARGS];
+    int nargs, rc = cli_parse(cmd, argc, argv, args, &nargs);
+    if (rc >= 0) return rc;
+    const char *dir = "report";
+    for (int i = 0; i < nargs; i++)
+        if (args[i].val == OPT_OUT) dir = args[i].value;
+    if (optind != argc - 2) return cli_usage(cmd, "give a plan and a measured.json");
+    return report(cli, argv[optind], argv[optind + 1], dir);
+}
