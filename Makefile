@@ -3,6 +3,8 @@
 #   make run       install missing packages, build (Release), run the main job on its defaults
 #   make test      the same build with -Werror, all tests; then the CUDA-off build and its tests
 #   make sanitize  ASan + UBSan build (no CUDA) and its unit and CLI tests
+#   make validate  on a GPU machine: calibrate it, then validate the cost model against 8 jobs
+#                  (writes $(VALIDATE)/: the profile and the report; also without the profile)
 #   make clean     remove the build folders
 
 BUILD        ?= build
@@ -11,8 +13,9 @@ BUILD_ASAN   ?= build-asan
 JOBS         ?= $(shell nproc)
 CMAKE_FLAGS  ?=
 MOEPLAN       = ./$(BUILD)/cli/moeplan
+VALIDATE     ?= $(BUILD)/validation
 
-.PHONY: all deps build run test test-nocuda sanitize clean
+.PHONY: all deps build run test test-nocuda sanitize validate clean
 
 all: build
 
@@ -43,6 +46,12 @@ sanitize: deps
 	@cmake -S . -B $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=Debug -DMOEPLAN_CUDA=OFF -DMOEPLAN_SANITIZE=ON -DMOEPLAN_WERROR=ON >/dev/null
 	@cmake --build $(BUILD_ASAN) -j$(JOBS) >/dev/null
 	cd $(BUILD_ASAN) && ctest --output-on-failure -L 'unit|cli'
+
+validate: build
+	mkdir -p $(VALIDATE)
+	$(MOEPLAN) calibrate -o $(VALIDATE)/calibration.json
+	$(MOEPLAN) validate --calibration $(VALIDATE)/calibration.json -o $(VALIDATE)/with-profile
+	$(MOEPLAN) validate -o $(VALIDATE)/datasheet-defaults
 
 clean:
 	rm -rf $(BUILD) $(BUILD_NOCUDA) $(BUILD_ASAN)
