@@ -250,6 +250,15 @@ static void test_report(void **state)
     expect_in(r.out, "dispatch");
     static const char *const files[] = {"README.md", "phases.svg", "errors.svg", "loss.svg",
                                         "experts.svg"};
+    /* the README and a chart byte for byte as the golden ones (looked at when they were made) */
+    static const char *const golden[][2] = {{"README.md", "tests/data/golden/report-README.md"},
+                                            {"phases.svg", "tests/data/golden/report-phases.svg"}};
+    for (size_t i = 0; i < 2; i++) {
+        char made[256], cmd[600];
+        snprintf(made, sizeof made, "/tmp/moe_cli_report/%s", golden[i][0]);
+        snprintf(cmd, sizeof cmd, "cmp -s %s %s/%s", made, MOEPLAN_SOURCE_DIR, golden[i][1]);
+        if (system(cmd) != 0) fail_msg("%s differs from %s", made, golden[i][1]);
+    }
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         char path[256];
         snprintf(path, sizeof path, "/tmp/moe_cli_report/%s", files[i]);
