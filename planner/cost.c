@@ -44,9 +44,11 @@ double cost_gemm_us(const struct cost_calibration *cal, const struct topo_gpu_sp
     if (m <= 0 || n <= 0 || k <= 0) return 0.0;
     double peak = (fp8 && gpu->fp8_tflops > 0 ? gpu->fp8_tflops * cal->gemm_eff_fp8
                                               : gpu->bf16_tflops * cal->gemm_eff) * 1e12;
+    /* wave quantization of the output tiles; fewer tiles than SMs are split along k (cuBLAS's
+     * split-K) to fill the machine, their cost left to the small-M term */
     double tiles = ceil(m / cal->gemm_tile_m) * ceil(n / cal->gemm_tile_n);
     double waves = ceil(tiles / gpu->sms);
-    double wave_eff = tiles / (waves * gpu->sms);
+    double wave_eff = tiles < gpu->sms ? 1.0 : tiles / (waves * gpu->sms);
     double m_eff = m / (m + cal->gemm_m_half), k_eff = k / (k + cal->gemm_k_half);
     double t_flops = 2.0 * m * n * k / (peak * wave_eff * m_eff * k_eff);
     double bytes = (fp8 ? 1.0 : BF16) * (m * k + k * n) + BF16 * m * n;
