@@ -62,6 +62,8 @@ static bool xml_well_formed(const char *text, size_t len, int *line, int *col, c
                             size_t cap)
 {
     struct xml_cursor c = {text, text + len, 1, 1};
+    char set_msg[160];
+    int set_line = 0, set_col = 0;
     enum { DEPTH = 256 };
     const char *name[DEPTH];
     size_t name_len[DEPTH];
@@ -110,8 +112,12 @@ static bool xml_well_formed(const char *text, size_t len, int *line, int *col, c
             xc_step(&c);
             continue;
         }
-        /* Attributes until '>' or '/>'. */
-        bool self_closing = false;
+        /* Attributes until '>' or '/>'. An <object> must carry the sets hwloc 2.9 reads without
+         * checking (a CPU-side object without its cpusets crashes its XML import). */
+        bool self_closing = false, object = nlen == 6 && !memcmp(n0, "object", 6);
+        unsigned sets = 0; /* bits: cpuset, complete_cpuset, nodeset, complete_nodeset */
+        const char *type = NULL;
+        size_t type_len = 0;
         for (;;) {
             while (c.p < c.end && (*c.p == ' ' || *c.p == '\t' || *c.p == '\n' || *c.p == '\r'))
                 xc_step(&c);
@@ -126,12 +132,19 @@ static bool xml_well_formed(const char *text, size_t len, int *line, int *col, c
             const char *a0 = c.p;
             while (c.p < c.end && is_name_char(*c.p)) xc_step(&c);
             if (c.p == a0) FAULT("unexpected '%c' in <%.*s>", *c.p, (int)nlen, n0);
+            size_t alen = (size_t)(c.p - a0);
+            static const char *const set_names[4] = {"cpuset", "complete_cpuset", "nodeset",
+                                                     "complete_nodeset"};
+            for (int k = 0; object && k < 4; k++)
+                if (alen == strlen(set_names[k]) && !memcmp(a0, set_names[k], alen)) sets |= 1u << k;
+            bool is_type = object && alen == 4 && !memcmp(a0, "type", 4);
             if (c.p >= c.end || *c.p != '=') FAULT("'=' expected after attribute name");
             xc_step(&c);
             if (c.p >= c.end || (*c.p != '"' && *c.p != '\'')) FAULT("attribute value needs quotes");
             char q = *c.p;
             int ql = c.line, qc = c.col;
             xc_step(&c);
+            if (is_type) type = c.p;
             while (c.p < c.end && *c.p != q) {
                 if (*c.p == '<') FAULT("'<' inside an attribute value (quote opened at %d:%d)", ql, qc);
                 xc_step(&c);
@@ -142,7 +155,25 @@ static bool xml_well_formed(const char *text, size_t len, int *line, int *col, c
                 snprintf(msg, cap, "unterminated attribute value");
                 return false;
             }
+            if (is_type) type_len = (size_t)(c.p - type);
             xc_step(&c);
+        }
+        if (object && type) {
+            static const char *const io[] = {"Bridge", "PCIDev", "OSDev", "Misc"};
+            bool cpu_side = true;
+            for (int k = 0; k < 4; k++)
+                if (type_len == strlen(io[k]) && !memcmp(type, io[k], type_len)) cpu_side = false;
+            bool numa = type_len == 8 && !memcmp(type, "NUMANode", 8);
+            unsigned need = cpu_side ? (numa ? 15u : 3u) : 0u;
+            if ((sets & need) != need && !set_line) { /* told once the syntax is good */
+                set_line = tl;
+                set_col = tc;
+                snprintf(set_msg, sizeof set_msg, "<object type=\"%.*s\"> lacks %s (hwloc needs %s)",
+                         (int)(type_len < 32 ? type_len : 32), type,
+                         !(sets & 1u) ? "cpuset" : !(sets & 2u) ? "complete_cpuset"
+                         : !(sets & 4u) ? "nodeset" : "complete_nodeset",
+                         numa ? "the four cpusets and nodesets" : "cpuset and complete_cpuset");
+            }
         }
         xc_step(&c); /* '>' */
         if (depth == 0) roots++;
@@ -169,6 +200,12 @@ static bool xml_well_formed(const char *text, size_t len, int *line, int *col, c
     }
     if (roots == 0) FAULT("no XML element");
 #undef FAULT
+    if (set_line) {
+        *line = set_line;
+        *col = set_col;
+        snprintf(msg, cap, "%s", set_msg);
+        return false;
+    }
     return true;
 }
 

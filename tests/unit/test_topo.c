@@ -202,6 +202,11 @@ static void test_bad_xml(void **state)
     assert_int_equal(err.line, 4);
     assert_int_equal(err.col, 3);
     assert_non_null(strstr(err.message, "</objekt> does not close <object> opened at 3:3"));
+    /* hwloc 2.9 crashes on an object without its cpusets (found by fuzz_xml): refused first */
+    assert_int_equal(topo_node_load_xml(&n, moe_test_src(path, sizeof path, "tests/data/topo/missing-cpuset.xml"), &err),
+                     MOE_ERR_INPUT);
+    assert_int_equal(err.line, 5);
+    assert_non_null(strstr(err.message, "<object type=\"Core\"> lacks complete_cpuset"));
     assert_int_equal(topo_node_load_xml(&n, moe_test_src(path, sizeof path, "tests/data/topo/not-hwloc.xml"), &err),
                      MOE_ERR_INPUT);
     assert_non_null(strstr(err.message, "hwloc rejects this topology XML"));
