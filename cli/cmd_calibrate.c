@@ -177,13 +177,15 @@ static enum moe_status load_cluster(struct cli *cli, const char *name, struct to
     return topo_cluster_resolve(cl, name, dir, err);
 }
 
-/* The calibration jobs: large and small experts (64 and 128 of DeepSeek-V2-Lite's), a dense
- * block, both attentions, full recompute. */
+/* The calibration jobs: large and small experts (Mixtral's; 64 and 128 of DeepSeek-V2-Lite's), a
+ * dense block, both attentions, hidden 4096 to 7168, sequences 1024 to 4096, full recompute. */
 static const struct job calib_jobs[] = {
     {"mixtral-8x7b", 2, 0, 1024, 2, 1, COST_RECOMPUTE_NONE},
+    {"mixtral-8x7b", 3, 0, 4096, 1, 1, COST_RECOMPUTE_NONE},
     {"deepseek-v2-lite", 3, 0, 1024, 2, 1, COST_RECOMPUTE_NONE},
     {"deepseek-v2-lite", 2, 128, 2048, 1, 2, COST_RECOMPUTE_NONE},
-    {"deepseek-v2-lite", 2, 32, 2048, 1, 1, COST_RECOMPUTE_FULL},
+    {"deepseek-v2-lite", 3, 0, 4096, 1, 1, COST_RECOMPUTE_FULL},
+    {"kimi-k2", 2, 8, 2048, 1, 1, COST_RECOMPUTE_NONE},
 };
 #define NCALIB ((int)(sizeof calib_jobs / sizeof calib_jobs[0]))
 
@@ -274,8 +276,9 @@ static int calibrate(struct cli *cli, const char *out, bool quick, const char *c
     int ng = 0;
     if ((st = measure_gemms(quick, gs, &ng, &err))) goto fail;
     double rms = cost_fit_gemm(&cal, g, gs, ng);
-    printf("  %d GEMMs: gemm_eff %.3f, m_half %.1f rows, k_half %.1f; fit rms error %.1f%%\n", ng,
-           cal.gemm_eff, cal.gemm_m_half, cal.gemm_k_half, 100 * rms);
+    printf("  %d GEMMs: gemm_eff %.3f, m_half %.1f rows, k_half %.1f, fixed %.1f us; fit rms error "
+           "%.1f%%\n", ng, cal.gemm_eff, cal.gemm_m_half, cal.gemm_k_half, cal.gemm_fixed_us,
+           100 * rms);
     for (int i = 0; i < ng; i++)
         printf("    GEMM %6.0f x %6.0f x %6.0f: %9.1f us, %6.1f TFLOPS; the fit %9.1f us\n", gs[i].m,
                gs[i].n, gs[i].k, gs[i].us, 2e-6 * gs[i].m * gs[i].n * gs[i].k / gs[i].us,

@@ -43,7 +43,8 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
 {
     static const char *const keys[] = {
         "schema", "version", "gpu", "driver", "date", "libraries", "measured", "defaults_used",
-        "gemm_eff", "gemm_eff_fp8", "gemm_m_half", "gemm_k_half", "gemm_tile_m", "gemm_tile_n",
+        "gemm_eff", "gemm_eff_fp8", "gemm_m_half", "gemm_k_half", "gemm_fixed_us", "gemm_tile_m",
+        "gemm_tile_n",
         "attn_fwd_eff", "attn_bwd_eff", "hbm_eff", "launch_us", "nvlink_eff",
         "nvlink_allreduce_eff", "scale_out_eff", "a2a_latency_us", "overlap_max", "phases",
         "fit", NULL};
@@ -82,7 +83,9 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
         goto cleanup;
     if ((st = moe_jval_num(&root, "gemm_k_half", false, t.gemm_k_half, 0, 1e6, &t.gemm_k_half, err)))
         goto cleanup;
-    if ((st = moe_jval_num(&root, "launch_us", false, t.launch_us, 0, 1e4, &t.launch_us, err)))
+    if ((st = moe_jval_num(&root, "launch_us", false, t.launch_us, 0, 1e4, &t.launch_us, err)) ||
+        (st = moe_jval_num(&root, "gemm_fixed_us", false, t.gemm_fixed_us, 0, 1e4,
+                           &t.gemm_fixed_us, err)))
         goto cleanup;
     if ((st = moe_jval_num(&root, "a2a_latency_us", false, t.a2a_latency_us, 0, 1e5,
                            &t.a2a_latency_us, err)))
@@ -125,6 +128,7 @@ enum moe_status cost_calibration_write(const struct cost_calibration *cal, json_
     PUT(gemm_eff_fp8);
     PUT(gemm_m_half);
     PUT(gemm_k_half);
+    PUT(gemm_fixed_us);
     PUT(attn_fwd_eff);
     PUT(attn_bwd_eff);
     PUT(hbm_eff);
@@ -170,24 +174,27 @@ double cost_fit_gemm(struct cost_calibration *cal, const struct topo_gpu_spec *g
     struct cost_calibration best = *cal, t = *cal;
     double best_e = INFINITY;
     static const double eff[] = {0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9};
+    static const double fixed[] = {0.0, 2.0, 5.0, 10.0, 20.0};
     for (int a = 0; a < 13; a++)
         for (int b = 0; b < 13; b++)
-            for (size_t c = 0; c < sizeof eff / sizeof eff[0]; c++) {
-                t.gemm_m_half = a ? pow(2.0, a - 1) : 0.0;
-                t.gemm_k_half = b ? pow(2.0, b - 1) : 0.0;
-                t.gemm_eff = eff[c];
-                double e = gemm_misfit(&t, gpu, s, n);
-                if (e < best_e) best_e = e, best = t;
-            }
+            for (size_t c = 0; c < sizeof eff / sizeof eff[0]; c++)
+                for (size_t d = 0; d < sizeof fixed / sizeof fixed[0]; d++) {
+                    t.gemm_m_half = a ? pow(2.0, a - 1) : 0.0;
+                    t.gemm_k_half = b ? pow(2.0, b - 1) : 0.0;
+                    t.gemm_eff = eff[c];
+                    t.gemm_fixed_us = fixed[d];
+                    double e = gemm_misfit(&t, gpu, s, n);
+                    if (e < best_e) best_e = e, best = t;
+                }
     for (double step = 0.25; step > 1e-4; step /= 2) {
         bool moved = true;
         while (moved) {
             moved = false;
-            for (int which = 0; which < 3; which++)
+            for (int which = 0; which < 4; which++)
                 for (int dir = -1; dir <= 1; dir += 2) {
                     t = best;
                     double *x = which == 0 ? &t.gemm_eff : which == 1 ? &t.gemm_m_half
-                                                                      : &t.gemm_k_half;
+                              : which == 2 ? &t.gemm_k_half : &t.gemm_fixed_us;
                     *x = which > 0 && *x < 1.0 && dir > 0 ? 1.0 : *x * (1.0 + dir * step);
                     if (t.gemm_eff > 1.0 || t.gemm_eff < 0.01) continue;
                     double e = gemm_misfit(&t, gpu, s, n);
@@ -198,6 +205,7 @@ double cost_fit_gemm(struct cost_calibration *cal, const struct topo_gpu_spec *g
     cal->gemm_eff = best.gemm_eff;
     cal->gemm_m_half = best.gemm_m_half;
     cal->gemm_k_half = best.gemm_k_half;
+    cal->gemm_fixed_us = best.gemm_fixed_us;
     double rel = 0.0;
     for (int i = 0; i < n; i++) {
         double r = cost_gemm_us(cal, gpu, s[i].m, s[i].n, s[i].k, false) / s[i].us - 1.0;

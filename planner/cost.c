@@ -53,7 +53,7 @@ double cost_gemm_us(const struct cost_calibration *cal, const struct topo_gpu_sp
     double t_flops = 2.0 * m * n * k / (peak * wave_eff * m_eff * k_eff);
     double bytes = (fp8 ? 1.0 : BF16) * (m * k + k * n) + BF16 * m * n;
     double t_mem = bytes / (gpu->hbm_bytes_per_s * cal->hbm_eff);
-    return (t_flops > t_mem ? t_flops : t_mem) * 1e6 + cal->launch_us;
+    return (t_flops > t_mem ? t_flops : t_mem) * 1e6 + cal->launch_us + cal->gemm_fixed_us;
 }
 
 static double membound_us(const struct cost_ctx *c, double bytes, int kernels)

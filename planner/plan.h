@@ -109,6 +109,7 @@ struct cost_calibration {
     double gemm_eff_fp8;        /* the same for fp8 / mxfp8 */
     double gemm_m_half;         /* rows at which a GEMM runs at half its large-M efficiency */
     double gemm_k_half;         /* the same for the reduction dimension */
+    double gemm_fixed_us;       /* a GEMM's time beyond its launch at any size (setup, tail) */
     int gemm_tile_m, gemm_tile_n; /* output tile for wave quantization */
     double attn_fwd_eff, attn_bwd_eff; /* flash attention, fraction of bf16 peak */
     double hbm_eff;             /* memory-bound kernels, fraction of HBM bandwidth */
@@ -140,9 +141,9 @@ enum moe_status cost_calibration_write(const struct cost_calibration *cal, json_
 struct cost_gemm_sample {
     double m, n, k, us;
 };
-/* gemm_eff, gemm_m_half and gemm_k_half that fit the samples best (least squares of the log of
- * predicted over measured time; tiles, launch and HBM efficiency as cal has them). Returns the
- * rms relative error of the fit. */
+/* gemm_eff, gemm_m_half, gemm_k_half and gemm_fixed_us that fit the samples best (least squares
+ * of the log of predicted over measured time; tiles, launch and HBM efficiency as cal has them).
+ * Returns the rms relative error of the fit. */
 double cost_fit_gemm(struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
                      const struct cost_gemm_sample *s, int n);
 /* scale > 0 and fixed >= 0 with measured_j ~= scale x model_j + fixed x count_j (least squares

@@ -385,6 +385,7 @@ static void test_calibration_fit(void **state)
     truth.gemm_eff = 0.71;
     truth.gemm_m_half = 40.0;
     truth.gemm_k_half = 150.0;
+    truth.gemm_fixed_us = 9.0;
     struct cost_gemm_sample s[64];
     int n = 0;
     static const double ms[] = {16, 64, 256, 1024, 8192}, ks[] = {64, 512, 4096};
@@ -398,11 +399,12 @@ static void test_calibration_fit(void **state)
             }
     cost_calibration_defaults(&fit, &g);
     double rms = cost_fit_gemm(&fit, &g, s, n);
-    printf("GEMM fit: eff %.4f (0.71), m_half %.2f (40), k_half %.2f (150), rms %.2e\n",
-           fit.gemm_eff, fit.gemm_m_half, fit.gemm_k_half, rms);
+    printf("GEMM fit: eff %.4f (0.71), m_half %.2f (40), k_half %.2f (150), fixed %.2f us (9), "
+           "rms %.2e\n", fit.gemm_eff, fit.gemm_m_half, fit.gemm_k_half, fit.gemm_fixed_us, rms);
     assert_true(fabs(fit.gemm_eff - 0.71) < 0.01 * 0.71);
     assert_true(fabs(fit.gemm_m_half - 40.0) < 0.05 * 40.0);
     assert_true(fabs(fit.gemm_k_half - 150.0) < 0.05 * 150.0);
+    assert_true(fabs(fit.gemm_fixed_us - 9.0) < 0.05 * 9.0);
     assert_true(rms < 1e-3);
     /* measured = 1.7 model + 35 us per occurrence, exactly */
     double model[4] = {100, 250, 900, 40}, count[4] = {4, 8, 2, 16}, meas[4];
