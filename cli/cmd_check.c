@@ -19,8 +19,7 @@ const struct cli_opt cmd_check_opts[] = {
 };
 
 /* Schemas moeplan writes or reads, and whether this build can validate them yet. */
-static const char *const known_schemas[] = {"moeplan.measured",
-                                            "moeplan.routing", "moeplan.calibration", NULL};
+static const char *const known_schemas[] = {"moeplan.measured", "moeplan.routing", NULL};
 
 /* A node XML: well-formed, accepted by hwloc, and what hwloc reads back from it. */
 static enum moe_status check_xml(const char *file, char *summary, size_t cap,
@@ -83,6 +82,18 @@ static enum moe_status check_file(const struct cli *cli, const char *file, char 
         int n = 0;
         if ((st = topo_gpus_load(file, specs, 64, &n, err)) != MOE_OK) goto cleanup;
         snprintf(summary, cap, "%s v%d: %d GPU specs", schema, version, n);
+        goto cleanup;
+    }
+    if (strcmp(schema, COST_CALIBRATION_SCHEMA) == 0) {
+        struct cost_calibration cal;
+        cost_calibration_defaults(&cal, NULL);
+        if ((st = cost_calibration_load(&cal, file, err)) != MOE_OK) goto cleanup;
+        int fitted = 0;
+        for (int p = 0; p < COST_NPHASES; p++)
+            fitted += cal.phase_scale[p] != 1.0 || cal.phase_fixed_us[p] != 0.0;
+        snprintf(summary, cap, "%s v%d: %s; gemm_eff %.3f, attention %.3f / %.3f, %d phase "
+                 "corrections", schema, version, cal.source, cal.gemm_eff, cal.attn_fwd_eff,
+                 cal.attn_bwd_eff, fitted);
         goto cleanup;
     }
     for (const char *const *k = known_schemas; *k; k++) {
