@@ -25,12 +25,14 @@
 #include "plan.h"
 #include "rpt.h"
 
-enum { OPT_QUICK = 1, OPT_CAL, OPT_CLUSTER, OPT_STEPS, OPT_OUT = 'o' };
+enum { OPT_QUICK = 1, OPT_CAL, OPT_CLUSTER, OPT_STEPS, OPT_REFIT, OPT_OUT = 'o' };
 
 const struct cli_opt cmd_calibrate_opts[] = {
     {"output", required_argument, OPT_OUT, "FILE", "write the profile here (calibration.json)"},
     {"quick", no_argument, OPT_QUICK, NULL, "fewer shapes and steps (about a minute)"},
     {"cluster", required_argument, OPT_CLUSTER, "C", "the cluster this GPU belongs to (h200-vm)"},
+    {"refit", required_argument, OPT_REFIT, "PROFILE",
+     "no GPU needed: fit again the measurements a profile keeps (after a change of the model)"},
     {NULL, 0, 0, NULL, NULL},
 };
 
@@ -238,157 +240,296 @@ static json_t *num_array(const double *v, int n)
     return a;
 }
 
-static int calibrate(struct cli *cli, const char *out, bool quick, const char *cluster)
+/* Everything calibrate measures: what the fit reads, what the profile keeps ("measured"), and
+ * what --refit reads back from a profile to fit again without a GPU. */
+#define MAX_GEMMS 128
+#define MAX_ATTN 16
+#define MAX_JOBS 16
+struct calib_data {
+    char gpu[256], driver[32], date[32], cuda[32], cublas[32], nccl[32];
+    double launch_us, copy_us, copy_bytes;
+    struct cost_gemm_sample gemm[MAX_GEMMS];
+    int ngemm;
+    double attn[MAX_ATTN][8]; /* seqs, seq, heads, kv heads, dqk, dv, forward us, backward us */
+    int nattn;
+    struct job job[MAX_JOBS];
+    char model[MAX_JOBS][64];
+    double got[MAX_JOBS][COST_NPHASES]; /* each job's median phases, us */
+    int njobs;
+    bool quick;
+};
+
+/* "mixtral-8x7b L2 E16 seq 1024 mbs 2 x 1 recompute" (job_name's form) back into a job. */
+static bool job_parse(const char *name, struct job *j, char *model, size_t cap)
 {
-    struct moe_error err;
-    enum moe_status st;
-    struct topo_cluster cl;
+    char m[64];
+    int n = 0;
+    memset(j, 0, sizeof *j);
+    if (sscanf(name, "%63s L%d%n", m, &j->layers, &n) != 2) return false;
+    const char *r = name + n;
+    if (sscanf(r, " E%d%n", &j->experts, &n) == 1) r += n;
+    if (sscanf(r, " seq %d mbs %d x %d%n", &j->seq, &j->mbs, &j->micro, &n) != 3) return false;
+    j->recompute = strstr(r + n, "recompute") ? COST_RECOMPUTE_FULL : COST_RECOMPUTE_NONE;
+    snprintf(model, cap, "%s", m);
+    j->model = model;
+    return j->layers > 0 && j->seq > 0 && j->mbs > 0 && j->micro > 0;
+}
+
+/* On the GPU: the microbenchmarks and the calibration jobs. */
+static enum moe_status measure(struct cli *cli, const struct topo_cluster *cl, bool quick,
+                               struct calib_data *d, struct moe_error *err)
+{
     struct exec_device_info dev;
+    struct exec_versions v;
     int ndev = 0;
-    if ((st = load_cluster(cli, cluster, &cl, &err))) return cli_fail(cli, &err);
-    if ((st = exec_device_count(&ndev, &err))) return cli_fail(cli, &err);
-    if (ndev < 1) {
-        moe_error_set(&err, MOE_ERR_RUNTIME, "no CUDA GPU on this machine: calibration measures "
-                                             "a GPU (plan and predict take a profile made there)");
-        return cli_fail(cli, &err);
-    }
-    if ((st = exec_device_query(0, &dev, &err))) return cli_fail(cli, &err);
-    const struct topo_gpu_spec *g = &cl.gpu;
-    struct cost_calibration cal;
-    cost_calibration_defaults(&cal, g);
-    json_t *meas = json_object();
+    enum moe_status st = exec_device_count(&ndev, err);
+    if (st != MOE_OK) return st;
+    if (ndev < 1)
+        return moe_error_set(err, MOE_ERR_RUNTIME,
+                             "no CUDA GPU on this machine: calibration measures a GPU (plan and "
+                             "predict take a profile made there; --refit fits one again here)");
+    if ((st = exec_device_query(0, &dev, err))) return st;
+    exec_versions_get(&v);
+    memset(d, 0, sizeof *d);
+    d->quick = quick;
+    time_t now = time(NULL);
+    strftime(d->date, sizeof d->date, "%Y-%m-%d", gmtime(&now));
+    snprintf(d->gpu, sizeof d->gpu, "%s", dev.name);
+    snprintf(d->driver, sizeof d->driver, "%d.%d", v.cuda_driver / 1000, (v.cuda_driver % 1000) / 10);
+    snprintf(d->cuda, sizeof d->cuda, "%d.%d", v.cuda_runtime / 1000, (v.cuda_runtime % 1000) / 10);
+    snprintf(d->cublas, sizeof d->cublas, "%d.%d.%d", v.cublas_major, v.cublas_minor, v.cublas_patch);
+    snprintf(d->nccl, sizeof d->nccl, "%d.%d.%d", v.nccl_runtime / 10000, (v.nccl_runtime / 100) % 100,
+             v.nccl_runtime % 100);
     printf("moeplan calibrate: %s (%s: %.0f bf16 TFLOPS, %.2f TB/s HBM in the datasheet)\n",
-           dev.name, g->name, g->bf16_tflops, g->hbm_bytes_per_s / 1e12);
-    /* launch and HBM */
-    double launch = 0, copy = 0;
+           dev.name, cl->gpu.name, cl->gpu.bf16_tflops, cl->gpu.hbm_bytes_per_s / 1e12);
     size_t bytes = (size_t)1 << 30;
-    if ((st = exec_time_launch(quick ? 5 : 20, &launch, &err)) ||
-        (st = exec_time_copy(bytes, quick ? 5 : 20, &copy, &err)))
-        goto fail;
-    cal.launch_us = launch;
-    cal.hbm_eff = fmin(1.0, 2.0 * bytes / (copy * 1e-6) / g->hbm_bytes_per_s);
-    printf("  launch %.2f us a kernel; copy of 1 GiB %.0f us: %.2f TB/s read + write, hbm_eff %.3f\n",
-           launch, copy, 2.0 * bytes / (copy * 1e-6) / 1e12, cal.hbm_eff);
-    json_object_set_new(meas, "launch_us", json_real(launch));
-    json_object_set_new(meas, "copy_1gib_us", json_real(copy));
-    /* GEMMs */
-    struct cost_gemm_sample gs[64];
-    int ng = 0;
-    if ((st = measure_gemms(quick, gs, &ng, &err))) goto fail;
-    double rms = cost_fit_gemm(&cal, g, gs, ng);
-    printf("  %d GEMMs: gemm_eff %.3f, m_half %.1f rows, k_half %.1f, fixed %.1f us; fit rms error "
-           "%.1f%%\n", ng, cal.gemm_eff, cal.gemm_m_half, cal.gemm_k_half, cal.gemm_fixed_us,
-           100 * rms);
-    for (int i = 0; i < ng; i++)
-        printf("    GEMM %6.0f x %6.0f x %6.0f: %9.1f us, %6.1f TFLOPS; the fit %9.1f us\n", gs[i].m,
-               gs[i].n, gs[i].k, gs[i].us, 2e-6 * gs[i].m * gs[i].n * gs[i].k / gs[i].us,
-               cost_gemm_us(&cal, g, gs[i].m, gs[i].n, gs[i].k, false));
-    json_t *jg = json_array();
-    for (int i = 0; i < ng; i++) {
-        double v[4] = {gs[i].m, gs[i].n, gs[i].k, gs[i].us};
-        json_array_append_new(jg, num_array(v, 4));
-    }
-    json_object_set_new(meas, "gemm_m_n_k_us", jg);
-    json_object_set_new(meas, "gemm_fit_rms", json_real(rms));
-    /* attention: GQA at the shipped widths, MLA's 192/128 */
+    d->copy_bytes = (double)bytes;
+    if ((st = exec_time_launch(quick ? 5 : 20, &d->launch_us, err)) ||
+        (st = exec_time_copy(bytes, quick ? 5 : 20, &d->copy_us, err)) ||
+        (st = measure_gemms(quick, d->gemm, &d->ngemm, err)))
+        return st;
     static const int at[][6] = {{4, 1024, 32, 8, 128, 128}, {1, 4096, 32, 8, 128, 128},
                                 {2, 2048, 16, 16, 192, 128}, {1, 4096, 16, 16, 192, 128},
                                 {2, 2048, 32, 4, 128, 128}};
-    double fe[8], be[8];
-    int na = quick ? 3 : 5;
-    json_t *ja = json_array();
-    for (int i = 0; i < na; i++) {
-        double f, b;
+    d->nattn = quick ? 3 : 5;
+    for (int i = 0; i < d->nattn; i++) {
+        for (int k = 0; k < 6; k++) d->attn[i][k] = at[i][k];
         if ((st = exec_time_attention(at[i][0], at[i][1], at[i][2], at[i][3], at[i][4], at[i][5],
-                                      quick ? 3 : 10, &f, &b, &err)))
-            goto fail;
+                                      quick ? 3 : 10, &d->attn[i][6], &d->attn[i][7], err)))
+            return st;
+    }
+    struct cost_calibration base;
+    cost_calibration_defaults(&base, &cl->gpu);
+    for (int i = 0; i < NCALIB; i++) {
+        struct plan_file p;
+        double l0, l1;
+        d->job[i] = calib_jobs[i];
+        st = job_plan(cli, &calib_jobs[i], cl, &base, &p, err);
+        if (st == MOE_OK) st = job_run(&p, quick ? 5 : 9, d->got[i], &l0, &l1, err);
+        plan_file_free(&p);
+        if (st != MOE_OK) return st;
+        for (int ph = 0; ph < COST_NPHASES; ph++) d->got[i][ph] *= 1e3; /* us */
+        d->njobs++;
+    }
+    return MOE_OK;
+}
+
+/* Row i of arr: n positive finite numbers. */
+static enum moe_status number_row(const struct moe_jval *arr, size_t i, double *v, int n,
+                                  struct moe_error *err)
+{
+    json_t *row = json_array_get(arr->json, i);
+    if (!json_is_array(row) || (int)json_array_size(row) != n)
+        return moe_jval_error(arr, NULL, err, "entry %zu: a list of %d numbers", i, n);
+    for (int k = 0; k < n; k++) {
+        json_t *x = json_array_get(row, (size_t)k);
+        v[k] = json_is_number(x) ? json_number_value(x) : -1;
+        if (!(v[k] > 0 && v[k] < 1e12))
+            return moe_jval_error(arr, NULL, err, "entry %zu, number %d: positive and finite", i, k);
+    }
+    return MOE_OK;
+}
+
+/* A profile's "measured" back into the data (--refit). */
+static enum moe_status load_data(const char *file, struct calib_data *d, struct moe_error *err)
+{
+    struct moe_jdoc doc;
+    struct moe_jval root, m, arr, lib;
+    memset(d, 0, sizeof *d);
+    enum moe_status st = moe_jdoc_load(&doc, file, err);
+    if (st != MOE_OK) return st;
+    bool have_lib = false;
+    if ((st = moe_jdoc_root(&doc, &root, err)) ||
+        (st = moe_jval_str(&root, "gpu", true, NULL, d->gpu, sizeof d->gpu, err)) ||
+        (st = moe_jval_str(&root, "driver", false, "?", d->driver, sizeof d->driver, err)) ||
+        (st = moe_jval_str(&root, "date", false, "?", d->date, sizeof d->date, err)) ||
+        (st = moe_jval_object(&root, "libraries", false, &lib, &have_lib, err)) ||
+        (st = moe_jval_object(&root, "measured", true, &m, NULL, err)) ||
+        (st = moe_jval_num(&m, "launch_us", true, 0, 0, 1e4, &d->launch_us, err)) ||
+        (st = moe_jval_num(&m, "copy_1gib_us", true, 0, 1, 1e9, &d->copy_us, err)))
+        goto done;
+    if (have_lib && ((st = moe_jval_str(&lib, "cuda_runtime", false, "?", d->cuda, sizeof d->cuda, err)) ||
+                     (st = moe_jval_str(&lib, "cublas", false, "?", d->cublas, sizeof d->cublas, err)) ||
+                     (st = moe_jval_str(&lib, "nccl", false, "?", d->nccl, sizeof d->nccl, err))))
+        goto done;
+    d->copy_bytes = 1073741824.0;
+    if ((st = moe_jval_array(&m, "gemm_m_n_k_us", true, &arr, NULL, err))) goto done;
+    for (size_t i = 0; i < moe_jval_len(&arr) && d->ngemm < MAX_GEMMS; i++) {
+        double v[4];
+        if ((st = number_row(&arr, i, v, 4, err))) goto done;
+        d->gemm[d->ngemm++] = (struct cost_gemm_sample){v[0], v[1], v[2], v[3]};
+    }
+    if ((st = moe_jval_array(&m, "attention_seqs_seq_h_kv_dqk_dv_fwd_bwd_us", true, &arr, NULL, err)))
+        goto done;
+    for (size_t i = 0; i < moe_jval_len(&arr) && d->nattn < MAX_ATTN; i++, d->nattn++)
+        if ((st = number_row(&arr, i, d->attn[d->nattn], 8, err))) goto done;
+    if ((st = moe_jval_array(&m, "jobs", true, &arr, NULL, err))) goto done;
+    for (size_t i = 0; i < moe_jval_len(&arr) && d->njobs < MAX_JOBS; i++) {
+        struct moe_jval jo, ph;
+        char name[128];
+        int n = d->njobs;
+        if ((st = moe_jval_at_object(&arr, i, &jo, err)) ||
+            (st = moe_jval_str(&jo, "job", true, NULL, name, sizeof name, err)) ||
+            (st = moe_jval_array(&jo, "measured_phases_us", true, &ph, NULL, err)))
+            goto done;
+        if (!job_parse(name, &d->job[n], d->model[n], sizeof d->model[n]) ||
+            (int)moe_jval_len(&ph) != COST_NPHASES) {
+            st = moe_jval_error(&jo, "job", err, "\"%s\": not a calibration job of this build", name);
+            goto done;
+        }
+        for (int k = 0; k < COST_NPHASES; k++)
+            if ((st = moe_jval_at_num(&ph, (size_t)k, 0, 1e12, &d->got[n][k], err))) goto done;
+        d->njobs++;
+    }
+done:
+    moe_jdoc_free(&doc);
+    return st;
+}
+
+/* The fits, on any machine: the microbenchmarks into the efficiencies, then each phase's
+ * correction over the jobs; meas receives the numbers the profile keeps. */
+static enum moe_status fit(struct cli *cli, const struct topo_cluster *cl,
+                           const struct calib_data *d, struct cost_calibration *cal, json_t *meas,
+                           struct moe_error *err)
+{
+    const struct topo_gpu_spec *g = &cl->gpu;
+    cost_calibration_defaults(cal, g);
+    cal->launch_us = d->launch_us;
+    cal->hbm_eff = fmin(1.0, 2.0 * d->copy_bytes / (d->copy_us * 1e-6) / g->hbm_bytes_per_s);
+    printf("  launch %.2f us a kernel; copy of 1 GiB %.0f us: %.2f TB/s read + write, hbm_eff %.3f\n",
+           d->launch_us, d->copy_us, 2.0 * d->copy_bytes / (d->copy_us * 1e-6) / 1e12, cal->hbm_eff);
+    json_object_set_new(meas, "launch_us", json_real(d->launch_us));
+    json_object_set_new(meas, "copy_1gib_us", json_real(d->copy_us));
+    double rms = cost_fit_gemm(cal, g, d->gemm, d->ngemm);
+    printf("  %d GEMMs: gemm_eff %.3f, m_half %.1f rows, k_half %.1f, fixed %.1f us; fit rms error "
+           "%.1f%%\n", d->ngemm, cal->gemm_eff, cal->gemm_m_half, cal->gemm_k_half,
+           cal->gemm_fixed_us, 100 * rms);
+    json_t *jg = json_array();
+    for (int i = 0; i < d->ngemm; i++) {
+        const struct cost_gemm_sample *x = &d->gemm[i];
+        double v[4] = {x->m, x->n, x->k, x->us};
+        json_array_append_new(jg, num_array(v, 4));
+        printf("    GEMM %6.0f x %6.0f x %6.0f: %9.1f us, %6.1f TFLOPS; the fit %9.1f us\n", x->m,
+               x->n, x->k, x->us, 2e-6 * x->m * x->n * x->k / x->us,
+               cost_gemm_us(cal, g, x->m, x->n, x->k, false));
+    }
+    json_object_set_new(meas, "gemm_m_n_k_us", jg);
+    json_object_set_new(meas, "gemm_fit_rms", json_real(rms));
+    double fe[MAX_ATTN], be[MAX_ATTN];
+    json_t *ja = json_array();
+    for (int i = 0; i < d->nattn; i++) {
+        const double *a = d->attn[i];
         /* the cost model's count: 2 heads (dqk + dv) per attended key, (S + 1) / 2 keys */
-        double flops = (double)at[i][0] * at[i][1] * 2.0 * at[i][2] * (at[i][4] + at[i][5]) *
-                       (at[i][1] + 1) / 2.0;
-        fe[i] = flops / ((f - launch) * 1e-6) / (g->bf16_tflops * 1e12);
-        be[i] = 2.5 * flops / ((b - launch) * 1e-6) / (g->bf16_tflops * 1e12);
-        double v[8] = {at[i][0], at[i][1], at[i][2], at[i][3], at[i][4], at[i][5], f, b};
-        json_array_append_new(ja, num_array(v, 8));
+        double flops = a[0] * a[1] * 2.0 * a[2] * (a[4] + a[5]) * (a[1] + 1) / 2.0;
+        fe[i] = flops / ((a[6] - d->launch_us) * 1e-6) / (g->bf16_tflops * 1e12);
+        be[i] = 2.5 * flops / ((a[7] - d->launch_us) * 1e-6) / (g->bf16_tflops * 1e12);
+        json_array_append_new(ja, num_array(a, 8));
     }
-    qsort(fe, (size_t)na, sizeof fe[0], cmp_double);
-    qsort(be, (size_t)na, sizeof be[0], cmp_double);
-    cal.attn_fwd_eff = fe[na / 2];
-    cal.attn_bwd_eff = be[na / 2];
-    printf("  %d attention shapes: attn_fwd_eff %.3f, attn_bwd_eff %.3f (medians)\n", na,
-           cal.attn_fwd_eff, cal.attn_bwd_eff);
+    qsort(fe, (size_t)d->nattn, sizeof fe[0], cmp_double);
+    qsort(be, (size_t)d->nattn, sizeof be[0], cmp_double);
+    if (d->nattn) {
+        cal->attn_fwd_eff = fe[d->nattn / 2];
+        cal->attn_bwd_eff = be[d->nattn / 2];
+    }
+    printf("  %d attention shapes: attn_fwd_eff %.3f, attn_bwd_eff %.3f (medians)\n", d->nattn,
+           cal->attn_fwd_eff, cal->attn_bwd_eff);
     json_object_set_new(meas, "attention_seqs_seq_h_kv_dqk_dv_fwd_bwd_us", ja);
-    /* the calibration jobs: per-phase corrections */
-    {
-        int steps = quick ? 5 : 9;
-        double model[NCALIB][COST_NPHASES], count[NCALIB][COST_NPHASES], got[NCALIB][COST_NPHASES];
-        json_t *jj = json_array();
-        for (int i = 0; i < NCALIB; i++) {
-            struct plan_file p;
-            char name[128];
-            double l0, l1;
-            job_name(&calib_jobs[i], name, sizeof name);
-            st = job_plan(cli, &calib_jobs[i], &cl, &cal, &p, &err);
-            if (st == MOE_OK) st = job_run(&p, steps, got[i], &l0, &l1, &err);
-            for (int ph = 0; st == MOE_OK && ph < COST_NPHASES; ph++) {
-                model[i][ph] = p.phase_us[ph];
-                count[i][ph] = occurrences(&p, ph);
-                got[i][ph] *= 1e3; /* us */
-            }
-            if (st == MOE_OK)
-                printf("  job %d, %s: step %.1f ms, %.1f ms predicted before the phase fit\n",
-                       i + 1, name, got[i][COST_STEP] / 1e3, p.step_us / 1e3);
-            json_t *o = json_object();
-            json_object_set_new(o, "job", json_string(name));
-            if (st == MOE_OK) {
-                json_object_set_new(o, "measured_phases_us", num_array(got[i], COST_NPHASES));
-                json_object_set_new(o, "model_phases_us", num_array(model[i], COST_NPHASES));
-            }
-            json_array_append_new(jj, o);
-            plan_file_free(&p);
-            if (st != MOE_OK) goto fail;
+    /* the jobs: their predictions under the fitted efficiencies, then each phase's correction */
+    double model[MAX_JOBS][COST_NPHASES], count[MAX_JOBS][COST_NPHASES];
+    json_t *jj = json_array();
+    for (int i = 0; i < d->njobs; i++) {
+        struct plan_file p;
+        char name[128];
+        job_name(&d->job[i], name, sizeof name);
+        enum moe_status st = job_plan(cli, &d->job[i], cl, cal, &p, err);
+        for (int ph = 0; st == MOE_OK && ph < COST_NPHASES; ph++) {
+            model[i][ph] = p.phase_us[ph];
+            count[i][ph] = occurrences(&p, ph);
         }
-        json_object_set_new(meas, "jobs", jj);
-        json_object_set_new(meas, "phase_order", json_null());
-        json_t *jp = json_array();
-        for (int ph = 0; ph < COST_NPHASES; ph++) json_array_append_new(jp, json_string(cost_phase_names[ph]));
-        json_object_set(meas, "phase_order", jp);
-        json_decref(jp);
-        printf("  per-phase fit over the %d jobs (measured = scale x model + fixed per occurrence):\n",
-               NCALIB);
-        for (int ph = 0; ph < COST_NPHASES; ph++) {
-            double m[NCALIB], c[NCALIB], y[NCALIB], any = 0;
-            for (int i = 0; i < NCALIB; i++) {
-                m[i] = model[i][ph];
-                c[i] = count[i][ph];
-                y[i] = got[i][ph];
-                any += c[i] * y[i];
-            }
-            if (any <= 0) continue;
-            double sc, fx, e = cost_fit_linear(m, c, y, NCALIB, &sc, &fx);
-            cal.phase_scale[ph] = sc;
-            cal.phase_fixed_us[ph] = fx;
-            printf("    %-14s scale %6.3f  fixed %8.1f us  rms %5.1f%%\n", cost_phase_names[ph], sc,
-                   fx, 100 * e);
+        if (st == MOE_OK)
+            printf("  job %d, %s: step %.1f ms, %.1f ms predicted before the phase fit\n", i + 1,
+                   name, d->got[i][COST_STEP] / 1e3, p.step_us / 1e3);
+        plan_file_free(&p);
+        if (st != MOE_OK) {
+            json_decref(jj);
+            return st;
         }
+        json_t *o = json_object();
+        json_object_set_new(o, "job", json_string(name));
+        json_object_set_new(o, "measured_phases_us", num_array(d->got[i], COST_NPHASES));
+        json_object_set_new(o, "model_phases_us", num_array(model[i], COST_NPHASES));
+        json_array_append_new(jj, o);
     }
-    {
-        json_t *meta = json_object(), *lib = json_object(), *dflt = json_array();
-        struct exec_versions v;
-        exec_versions_get(&v);
-        char buf[64], date[32];
-        time_t now = time(NULL);
-        strftime(date, sizeof date, "%Y-%m-%d", gmtime(&now));
-        json_object_set_new(meta, "gpu", json_string(dev.name));
-        snprintf(buf, sizeof buf, "%d.%d", v.cuda_driver / 1000, (v.cuda_driver % 1000) / 10);
-        json_object_set_new(meta, "driver", json_string(buf));
-        json_object_set_new(meta, "date", json_string(date));
-        snprintf(buf, sizeof buf, "%d.%d", v.cuda_runtime / 1000, (v.cuda_runtime % 1000) / 10);
-        json_object_set_new(lib, "cuda_runtime", json_string(buf));
-        snprintf(buf, sizeof buf, "%d.%d.%d", v.cublas_major, v.cublas_minor, v.cublas_patch);
-        json_object_set_new(lib, "cublas", json_string(buf));
-        snprintf(buf, sizeof buf, "%d.%d.%d", v.nccl_runtime / 10000, (v.nccl_runtime / 100) % 100,
-                 v.nccl_runtime % 100);
-        json_object_set_new(lib, "nccl", json_string(buf));
+    json_object_set_new(meas, "jobs", jj);
+    json_t *jp = json_array();
+    for (int ph = 0; ph < COST_NPHASES; ph++) json_array_append_new(jp, json_string(cost_phase_names[ph]));
+    json_object_set_new(meas, "phase_order", jp);
+    printf("  per-phase fit over the %d jobs (measured = scale x model + fixed per occurrence):\n",
+           d->njobs);
+    for (int ph = 0; ph < COST_NPHASES; ph++) {
+        double m[MAX_JOBS], c[MAX_JOBS], y[MAX_JOBS], any = 0;
+        for (int i = 0; i < d->njobs; i++) {
+            m[i] = model[i][ph];
+            c[i] = count[i][ph];
+            y[i] = d->got[i][ph];
+            any += c[i] * y[i];
+        }
+        if (any <= 0) continue;
+        double sc, fx, e = cost_fit_linear(m, c, y, d->njobs, &sc, &fx);
+        cal->phase_scale[ph] = sc;
+        cal->phase_fixed_us[ph] = fx;
+        printf("    %-14s scale %6.3f  fixed %8.1f us  rms %5.1f%%\n", cost_phase_names[ph], sc, fx,
+               100 * e);
+    }
+    return MOE_OK;
+}
+
+static int calibrate(struct cli *cli, const char *out, bool quick, const char *cluster,
+                     const char *refit)
+{
+    struct moe_error err;
+    struct topo_cluster cl;
+    struct calib_data *d = calloc(1, sizeof *d);
+    json_t *meas = json_object(), *meta = NULL;
+    struct cost_calibration cal;
+    enum moe_status st = d ? load_cluster(cli, cluster, &cl, &err)
+                           : moe_error_set(&err, MOE_ERR_NOMEM, "out of memory");
+    if (st == MOE_OK && refit) {
+        printf("moeplan calibrate --refit %s: the measurements kept there, fitted again\n", refit);
+        st = load_data(refit, d, &err);
+    } else if (st == MOE_OK) {
+        st = measure(cli, &cl, quick, d, &err);
+    }
+    if (st == MOE_OK) st = fit(cli, &cl, d, &cal, meas, &err);
+    if (st == MOE_OK) {
+        meta = json_object();
+        json_t *lib = json_object(), *dflt = json_array();
+        json_object_set_new(meta, "gpu", json_string(d->gpu));
+        json_object_set_new(meta, "driver", json_string(d->driver));
+        json_object_set_new(meta, "date", json_string(d->date));
+        json_object_set_new(lib, "cuda_runtime", json_string(d->cuda));
+        json_object_set_new(lib, "cublas", json_string(d->cublas));
+        json_object_set_new(lib, "nccl", json_string(d->nccl));
         json_object_set_new(meta, "libraries", lib);
         static const char *const defaults[] = {
             "gemm_eff_fp8 (no fp8 GEMM in the executor)", "nvlink_eff (one GPU: no NVLink)",
@@ -399,16 +540,17 @@ static int calibrate(struct cli *cli, const char *out, bool quick, const char *c
         json_object_set_new(meta, "defaults_used", dflt);
         json_object_set_new(meta, "measured", meas);
         meas = NULL;
-        json_object_set_new(meta, "fit", json_string(quick ? "moeplan calibrate --quick" : "moeplan calibrate"));
+        json_object_set_new(meta, "fit", json_string(refit ? "moeplan calibrate --refit"
+                                                     : d->quick ? "moeplan calibrate --quick"
+                                                                : "moeplan calibrate"));
         st = cost_calibration_write(&cal, meta, out, &err);
-        json_decref(meta);
-        if (st != MOE_OK) return cli_fail(cli, &err);
     }
+    json_decref(meas);
+    json_decref(meta);
+    free(d);
+    if (st != MOE_OK) return cli_fail(cli, &err);
     printf("profile written to %s (NVLink, network and fp8 values: datasheet defaults)\n", out);
     return 0;
-fail:
-    json_decref(meas);
-    return cli_fail(cli, &err);
 }
 
 int cmd_calibrate(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
@@ -416,15 +558,16 @@ int cmd_calibrate(struct cli *cli, const struct cli_cmd *cmd, int argc, char **a
     struct cli_arg args[CLI_MAX_ARGS];
     int nargs, rc = cli_parse(cmd, argc, argv, args, &nargs);
     if (rc >= 0) return rc;
-    const char *out = "calibration.json", *cluster = "h200-vm";
+    const char *out = "calibration.json", *cluster = "h200-vm", *refit = NULL;
     bool quick = false;
     for (int i = 0; i < nargs; i++) {
         if (args[i].val == OPT_OUT) out = args[i].value;
         if (args[i].val == OPT_QUICK) quick = true;
         if (args[i].val == OPT_CLUSTER) cluster = args[i].value;
+        if (args[i].val == OPT_REFIT) refit = args[i].value;
     }
     if (optind != argc) return cli_usage(cmd, "no operands");
-    return calibrate(cli, out, quick, cluster);
+    return calibrate(cli, out, quick, cluster, refit);
 }
 
 /* validate ------------------------------------------------------------------------------------- */

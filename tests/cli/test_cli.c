@@ -235,6 +235,20 @@ static void test_run(void **state)
     }
     unlink("/tmp/moe_cli_plan8.json");
     unlink("/tmp/moe_cli_plan1.json");
+    /* the committed H200 profile fitted again from the measurements it keeps (no GPU needed) */
+    RUN(&r, "calibrate", "--refit", "topologies/calibration/h200.json", "-o",
+        "/tmp/moe_cli_refit.json");
+    assert_int_equal(r.code, 0);
+    expect_in(r.out, "60 GEMMs: gemm_eff");
+    expect_in(r.out, "per-phase fit over the 4 jobs");
+    RUN(&r, "check", "/tmp/moe_cli_refit.json");
+    assert_int_equal(r.code, 0);
+    expect_in(r.out, "13 phase corrections");
+    unlink("/tmp/moe_cli_refit.json");
+    RUN(&r, "calibrate", "--refit", "tests/data/calibration-test.json", "-o", "/tmp/moe_cli_refit.json");
+    assert_int_equal(r.code, 3); /* no measurements in it: refused by name, nothing written */
+    expect_in(r.err, "measured");
+    assert_int_equal(access("/tmp/moe_cli_refit.json", F_OK), -1);
 }
 #endif
 
