@@ -3,6 +3,8 @@
 #   make run       install missing packages, build (Release), run the main job on its defaults
 #   make test      the same build with -Werror, all tests; then the CUDA-off build and its tests
 #   make sanitize  ASan + UBSan build (no CUDA) and its unit and CLI tests
+#   make memcheck  the CLI tests (CUDA-off build) under valgrind memcheck: zero errors, no leaks
+#   make fuzz      the libFuzzer harnesses (clang), 70 s in all (scripts/fuzz)
 #   make validate  on a GPU machine: calibrate it, then validate the cost model against 8 jobs
 #                  (writes $(VALIDATE)/: the profile and the report; also without the profile)
 #   make clean     remove the build folders
@@ -15,7 +17,7 @@ CMAKE_FLAGS  ?=
 MOEPLAN       = ./$(BUILD)/cli/moeplan
 VALIDATE     ?= $(BUILD)/validation
 
-.PHONY: all deps build run test test-nocuda sanitize validate clean
+.PHONY: all deps build run test test-nocuda sanitize memcheck fuzz validate clean
 
 all: build
 
@@ -46,6 +48,12 @@ sanitize: deps
 	@cmake -S . -B $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=Debug -DMOEPLAN_CUDA=OFF -DMOEPLAN_SANITIZE=ON -DMOEPLAN_WERROR=ON >/dev/null
 	@cmake --build $(BUILD_ASAN) -j$(JOBS) >/dev/null
 	cd $(BUILD_ASAN) && ctest --output-on-failure -L 'unit|cli'
+
+memcheck: test-nocuda
+	cd $(BUILD_NOCUDA) && MOEPLAN_CLI_VALGRIND=1 ctest --output-on-failure -L cli
+
+fuzz: deps
+	scripts/fuzz 70
 
 validate: build
 	mkdir -p $(VALIDATE)
