@@ -6,8 +6,12 @@
 
 #include "moe_common.h"
 
+#include <dirent.h>
 #include <math.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static void test_exit_codes(void **state)
@@ -372,6 +376,68 @@ static void test_log_levels(void **state)
     fclose(f);
 }
 
+/* A writer killed with SIGKILL at random moments, 60 times: the file is always absent (before
+ * the first write landed), or the old content, or the new one, whole; never torn. */
+static void test_atomic_write_killed(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/moe_test_kill_XXXXXX", path[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/out.json", dir);
+    size_t na = 3u << 20, nb = 5u << 20;
+    char *a = malloc(na), *b = malloc(nb), *got = malloc(nb + 1);
+    assert_true(a && b && got);
+    memset(a, 'a', na);
+    memset(b, 'b', nb);
+    memcpy(a + na - 5, "A-END", 5);
+    memcpy(b + nb - 5, "B-END", 5);
+    struct moe_rng rng;
+    moe_rng_seed(&rng, 77);
+    int absent = 0, old_or_new = 0, leftovers = 0;
+    for (int round = 0; round < 60; round++) {
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) { /* the writer: A, B, A, ... as fast as it can */
+            for (int i = 0;; i++) {
+                struct moe_error e;
+                if (moe_file_write_atomic(path, i % 2 ? b : a, i % 2 ? nb : na, &e) != MOE_OK)
+                    _exit(3);
+            }
+        }
+        struct timespec nap = {0, (long)moe_rng_below(&rng, 30000000)}; /* up to 30 ms */
+        nanosleep(&nap, NULL);
+        kill(pid, SIGKILL);
+        int status;
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        assert_true(WIFSIGNALED(status)); /* killed, not failed */
+        FILE *f = fopen(path, "rb");
+        if (!f) {
+            absent++;
+            continue;
+        }
+        size_t n = fread(got, 1, nb + 1, f);
+        fclose(f);
+        bool is_a = n == na && !memcmp(got, a, na), is_b = n == nb && !memcmp(got, b, nb);
+        if (!is_a && !is_b) fail_msg("round %d: a torn file of %zu bytes", round, n);
+        old_or_new++;
+        DIR *d = opendir(dir); /* what a kill left behind: temp files, never the target torn */
+        for (struct dirent *e; d && (e = readdir(d));)
+            if (strstr(e->d_name, ".tmp.")) {
+                char tmp[512];
+                snprintf(tmp, sizeof tmp, "%s/%s", dir, e->d_name);
+                unlink(tmp);
+                leftovers++;
+            }
+        if (d) closedir(d);
+    }
+    printf("60 kills: %d before the first write, %d a whole file (old or new), %d killed mid-write "
+           "(their temp files removed)\n", absent, old_or_new, leftovers);
+    assert_true(old_or_new > 0 && leftovers > 0); /* the kills did land inside writes */
+    unlink(path);
+    rmdir(dir);
+    free(a), free(b), free(got);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -380,7 +446,7 @@ int main(void)
         cmocka_unit_test(test_rng),             cmocka_unit_test(test_json_locate),
         cmocka_unit_test(test_json_unpack),     cmocka_unit_test(test_json_syntax_errors),
         cmocka_unit_test(test_json_write_atomic), cmocka_unit_test(test_progress_not_a_terminal),
-        cmocka_unit_test(test_log_levels),
+        cmocka_unit_test(test_log_levels), cmocka_unit_test(test_atomic_write_killed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
