@@ -104,7 +104,8 @@ static void job_step(void *ctx, const struct exec_run_step *s)
     struct job_run *r = ctx;
     if (s->step == 1) r->loss0 = s->loss;
     r->loss1 = s->loss;
-    if (s->step > 1 && r->n < r->steps) memcpy(r->phase[r->n++], s->gpu.phase_ms, sizeof r->phase[0]);
+    if (s->step > 1 && r->n < r->steps)
+        memcpy(r->phase[r->n++], s->gpu.phase_ms, sizeof r->phase[0]);
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -206,8 +207,8 @@ static const struct job valid_jobs[] = {
 
 static void job_name(const struct job *j, char *buf, size_t cap)
 {
-    snprintf(buf, cap, "%s L%d%s%.0d seq %d mbs %d x %d%s", j->model, j->layers, j->experts ? " E" : "",
-             j->experts, j->seq, j->mbs, j->micro,
+    snprintf(buf, cap, "%s L%d%s%.0d seq %d mbs %d x %d%s", j->model, j->layers,
+             j->experts ? " E" : "", j->experts, j->seq, j->mbs, j->micro,
              j->recompute == COST_RECOMPUTE_FULL ? " recompute" : "");
 }
 
@@ -227,7 +228,8 @@ static enum moe_status measure_gemms(bool quick, struct cost_gemm_sample *s, int
             if (quick && b % 2) continue;
             struct cost_gemm_sample *x = &s[(*n)++];
             *x = (struct cost_gemm_sample){ms[b], nk[a][0], nk[a][1], 0};
-            enum moe_status st = exec_time_gemm(ms[b], nk[a][0], nk[a][1], quick ? 5 : 15, &x->us, err);
+            enum moe_status st =
+                exec_time_gemm(ms[b], nk[a][0], nk[a][1], quick ? 5 : 15, &x->us, err);
             if (st != MOE_OK) return st;
         }
     return MOE_OK;
@@ -295,11 +297,13 @@ static enum moe_status measure(struct cli *cli, const struct topo_cluster *cl, b
     time_t now = time(NULL);
     strftime(d->date, sizeof d->date, "%Y-%m-%d", gmtime(&now));
     snprintf(d->gpu, sizeof d->gpu, "%s", dev.name);
-    snprintf(d->driver, sizeof d->driver, "%d.%d", v.cuda_driver / 1000, (v.cuda_driver % 1000) / 10);
+    snprintf(d->driver, sizeof d->driver, "%d.%d", v.cuda_driver / 1000,
+             (v.cuda_driver % 1000) / 10);
     snprintf(d->cuda, sizeof d->cuda, "%d.%d", v.cuda_runtime / 1000, (v.cuda_runtime % 1000) / 10);
-    snprintf(d->cublas, sizeof d->cublas, "%d.%d.%d", v.cublas_major, v.cublas_minor, v.cublas_patch);
-    snprintf(d->nccl, sizeof d->nccl, "%d.%d.%d", v.nccl_runtime / 10000, (v.nccl_runtime / 100) % 100,
-             v.nccl_runtime % 100);
+    snprintf(d->cublas, sizeof d->cublas, "%d.%d.%d", v.cublas_major, v.cublas_minor,
+             v.cublas_patch);
+    snprintf(d->nccl, sizeof d->nccl, "%d.%d.%d", v.nccl_runtime / 10000,
+             (v.nccl_runtime / 100) % 100, v.nccl_runtime % 100);
     printf("moeplan calibrate: %s (%s: %.0f bf16 TFLOPS, %.2f TB/s HBM in the datasheet)\n",
            dev.name, cl->gpu.name, cl->gpu.bf16_tflops, cl->gpu.hbm_bytes_per_s / 1e12);
     size_t bytes = (size_t)1 << 30;
@@ -345,7 +349,8 @@ static enum moe_status number_row(const struct moe_jval *arr, size_t i, double *
         json_t *x = json_array_get(row, (size_t)k);
         v[k] = json_is_number(x) ? json_number_value(x) : -1;
         if (!(v[k] > 0 && v[k] < 1e12))
-            return moe_jval_error(arr, NULL, err, "entry %zu, number %d: positive and finite", i, k);
+            return moe_jval_error(arr, NULL, err, "entry %zu, number %d: positive and finite", i,
+                                  k);
     }
     return MOE_OK;
 }
@@ -368,9 +373,10 @@ static enum moe_status load_data(const char *file, struct calib_data *d, struct 
         (st = moe_jval_num(&m, "launch_us", true, 0, 0, 1e4, &d->launch_us, err)) ||
         (st = moe_jval_num(&m, "copy_1gib_us", true, 0, 1, 1e9, &d->copy_us, err)))
         goto done;
-    if (have_lib && ((st = moe_jval_str(&lib, "cuda_runtime", false, "?", d->cuda, sizeof d->cuda, err)) ||
-                     (st = moe_jval_str(&lib, "cublas", false, "?", d->cublas, sizeof d->cublas, err)) ||
-                     (st = moe_jval_str(&lib, "nccl", false, "?", d->nccl, sizeof d->nccl, err))))
+    if (have_lib &&
+        ((st = moe_jval_str(&lib, "cuda_runtime", false, "?", d->cuda, sizeof d->cuda, err)) ||
+         (st = moe_jval_str(&lib, "cublas", false, "?", d->cublas, sizeof d->cublas, err)) ||
+         (st = moe_jval_str(&lib, "nccl", false, "?", d->nccl, sizeof d->nccl, err))))
         goto done;
     d->copy_bytes = 1073741824.0;
     if ((st = moe_jval_array(&m, "gemm_m_n_k_us", true, &arr, NULL, err))) goto done;
@@ -379,7 +385,8 @@ static enum moe_status load_data(const char *file, struct calib_data *d, struct 
         if ((st = number_row(&arr, i, v, 4, err))) goto done;
         d->gemm[d->ngemm++] = (struct cost_gemm_sample){v[0], v[1], v[2], v[3]};
     }
-    if ((st = moe_jval_array(&m, "attention_seqs_seq_h_kv_dqk_dv_fwd_bwd_us", true, &arr, NULL, err)))
+    if ((st = moe_jval_array(&m, "attention_seqs_seq_h_kv_dqk_dv_fwd_bwd_us", true, &arr, NULL,
+                             err)))
         goto done;
     for (size_t i = 0; i < moe_jval_len(&arr) && d->nattn < MAX_ATTN; i++, d->nattn++)
         if ((st = number_row(&arr, i, d->attn[d->nattn], 8, err))) goto done;
@@ -394,7 +401,8 @@ static enum moe_status load_data(const char *file, struct calib_data *d, struct 
             goto done;
         if (!job_parse(name, &d->job[n], d->model[n], sizeof d->model[n]) ||
             (int)moe_jval_len(&ph) != COST_NPHASES) {
-            st = moe_jval_error(&jo, "job", err, "\"%s\": not a calibration job of this build", name);
+            st = moe_jval_error(&jo, "job", err, "\"%s\": not a calibration job of this build",
+                                name);
             goto done;
         }
         for (int k = 0; k < COST_NPHASES; k++)
@@ -416,8 +424,9 @@ static enum moe_status fit(struct cli *cli, const struct topo_cluster *cl,
     cost_calibration_defaults(cal, g);
     cal->launch_us = d->launch_us;
     cal->hbm_eff = fmin(1.0, 2.0 * d->copy_bytes / (d->copy_us * 1e-6) / g->hbm_bytes_per_s);
-    printf("  launch %.2f us a kernel; copy of 1 GiB %.0f us: %.2f TB/s read + write, hbm_eff %.3f\n",
-           d->launch_us, d->copy_us, 2.0 * d->copy_bytes / (d->copy_us * 1e-6) / 1e12, cal->hbm_eff);
+    printf(
+        "  launch %.2f us a kernel; copy of 1 GiB %.0f us: %.2f TB/s read + write, hbm_eff %.3f\n",
+        d->launch_us, d->copy_us, 2.0 * d->copy_bytes / (d->copy_us * 1e-6) / 1e12, cal->hbm_eff);
     json_object_set_new(meas, "launch_us", json_real(d->launch_us));
     json_object_set_new(meas, "copy_1gib_us", json_real(d->copy_us));
     double rms = cost_fit_gemm(cal, g, d->gemm, d->ngemm);
@@ -482,7 +491,8 @@ static enum moe_status fit(struct cli *cli, const struct topo_cluster *cl,
     }
     json_object_set_new(meas, "jobs", jj);
     json_t *jp = json_array();
-    for (int ph = 0; ph < COST_NPHASES; ph++) json_array_append_new(jp, json_string(cost_phase_names[ph]));
+    for (int ph = 0; ph < COST_NPHASES; ph++)
+        json_array_append_new(jp, json_string(cost_phase_names[ph]));
     json_object_set_new(meas, "phase_order", jp);
     printf("  per-phase fit over the %d jobs (measured = scale x model + fixed per occurrence):\n",
            d->njobs);
@@ -582,7 +592,8 @@ static int validate(struct cli *cli, const char *dir, const char *cal_file, cons
     cost_calibration_defaults(&cal, &cl.gpu);
     if (cal_file && cost_calibration_load(&cal, cal_file, &err)) return cli_fail(cli, &err);
     if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
-        moe_error_set_at(&err, MOE_ERR_IO, dir, 0, 0, "cannot create the folder: %s", strerror(errno));
+        moe_error_set_at(&err, MOE_ERR_IO, dir, 0, 0, "cannot create the folder: %s",
+                         strerror(errno));
         return cli_fail(cli, &err);
     }
     printf("moeplan validate: %d one-GPU jobs, %d steps each, predicted with %s\n", NVALID, steps,
@@ -667,8 +678,10 @@ static int validate(struct cli *cli, const char *dir, const char *cal_file, cons
     rpt_table_print(t, stdout);
     printf("\nerror of each phase of 5%% of the step or more:\n");
     rpt_table_print(t2, stdout);
-    printf("\nstep error: mean |error| %.1f%%, worst %.1f%% (targets with a profile: each within 5%%, "
-           "mean under 3%%)\n", 100 * sum / done, 100 * worst);
+    printf(
+        "\nstep error: mean |error| %.1f%%, worst %.1f%% (targets with a profile: each within 5%%, "
+        "mean under 3%%)\n",
+        100 * sum / done, 100 * worst);
     char path[MOE_PATH_MAX], *text = NULL;
     size_t len = 0;
     snprintf(path, sizeof path, "%s/README.md", dir);
@@ -679,14 +692,17 @@ static int validate(struct cli *cli, const char *dir, const char *cal_file, cons
         return cli_fail(cli, &err);
     }
     fprintf(f, "# Validation: predicted against measured step time\n\n");
-    fprintf(f, "`moeplan validate%s%s --steps %d`: %d one-GPU jobs, each trained %d steps (medians "
-               "of steps 2-%d, CUDA events), predicted with %s.\n\n",
-            cal_file ? " --calibration " : "", cal_file ? cal_file : "", steps, NVALID, steps, steps,
-            cal.source);
+    fprintf(f,
+            "`moeplan validate%s%s --steps %d`: %d one-GPU jobs, each trained %d steps (medians "
+            "of steps 2-%d, CUDA events), predicted with %s.\n\n",
+            cal_file ? " --calibration " : "", cal_file ? cal_file : "", steps, NVALID, steps,
+            steps, cal.source);
     rpt_table_print_markdown(t, f);
-    fprintf(f, "\nMean |error| %.1f%% of the step, worst %.1f%%, over %d jobs.\n\n", 100 * sum / done,
-            100 * worst, done);
-    fprintf(f, "Error of each phase that takes 5%% of the step or more (measured / predicted - 1):\n\n");
+    fprintf(f, "\nMean |error| %.1f%% of the step, worst %.1f%%, over %d jobs.\n\n",
+            100 * sum / done, 100 * worst, done);
+    fprintf(
+        f,
+        "Error of each phase that takes 5%% of the step or more (measured / predicted - 1):\n\n");
     rpt_table_print_markdown(t2, f);
     fclose(f);
     rpt_table_destroy(t);

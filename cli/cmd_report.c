@@ -51,7 +51,8 @@ static enum moe_status measured_load(const char *file, struct measured *ms, stru
         (st = moe_jdoc_root(&doc, &root, err)))
         goto done;
     if (strcmp(schema, "moeplan.measured") != 0) {
-        st = moe_jval_error(&root, "schema", err, "expected \"moeplan.measured\", got \"%s\"", schema);
+        st = moe_jval_error(&root, "schema", err, "expected \"moeplan.measured\", got \"%s\"",
+                            schema);
         goto done;
     }
     if ((st = moe_jval_str(&root, "model", true, NULL, ms->model, sizeof ms->model, err)) ||
@@ -95,8 +96,8 @@ static enum moe_status measured_load(const char *file, struct measured *ms, stru
             (st = moe_jval_array(&one, "counts", true, &cnt, NULL, err)))
             goto done;
         if ((int)moe_jval_len(&cnt) != ms->experts) {
-            st = moe_jval_error(&one, "counts", err, "%zu counts for %d experts", moe_jval_len(&cnt),
-                                ms->experts);
+            st = moe_jval_error(&one, "counts", err, "%zu counts for %d experts",
+                                moe_jval_len(&cnt), ms->experts);
             goto done;
         }
         for (int x = 0; x < ms->experts; x++)
@@ -256,7 +257,8 @@ static int report(struct cli *cli, const char *plan_file, const char *measured_f
     rpt_table_print(t, stdout);
     if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
         rpt_table_destroy(t);
-        moe_error_set_at(&err, MOE_ERR_IO, dir, 0, 0, "cannot create the folder: %s", strerror(errno));
+        moe_error_set_at(&err, MOE_ERR_IO, dir, 0, 0, "cannot create the folder: %s",
+                         strerror(errno));
         goto fail;
     }
     if ((st = write_chart(dir, "phases.svg", chart_phases, &r, &err)) ||

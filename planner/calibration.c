@@ -79,9 +79,11 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
 #undef FRACTION
     if ((st = moe_jval_num(&root, "overlap_max", false, t.overlap_max, 0, 1, &t.overlap_max, err)))
         goto cleanup;
-    if ((st = moe_jval_num(&root, "gemm_m_half", false, t.gemm_m_half, 0, 1e6, &t.gemm_m_half, err)))
+    if ((st =
+             moe_jval_num(&root, "gemm_m_half", false, t.gemm_m_half, 0, 1e6, &t.gemm_m_half, err)))
         goto cleanup;
-    if ((st = moe_jval_num(&root, "gemm_k_half", false, t.gemm_k_half, 0, 1e6, &t.gemm_k_half, err)))
+    if ((st =
+             moe_jval_num(&root, "gemm_k_half", false, t.gemm_k_half, 0, 1e6, &t.gemm_k_half, err)))
         goto cleanup;
     if ((st = moe_jval_num(&root, "launch_us", false, t.launch_us, 0, 1e4, &t.launch_us, err)) ||
         (st = moe_jval_num(&root, "gemm_fixed_us", false, t.gemm_fixed_us, 0, 1e4,
@@ -101,7 +103,8 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
     if ((st = moe_jval_object(&root, "phases", false, &phases, &have, err))) goto cleanup;
     for (int p = 0; have && p < COST_NPHASES; p++) {
         bool one = false;
-        if ((st = moe_jval_object(&phases, cost_phase_names[p], false, &ph, &one, err))) goto cleanup;
+        if ((st = moe_jval_object(&phases, cost_phase_names[p], false, &ph, &one, err)))
+            goto cleanup;
         if (!one) continue;
         if ((st = moe_jval_num(&ph, "scale", true, 1.0, 0.01, 100.0, &t.phase_scale[p], err)) ||
             (st = moe_jval_num(&ph, "fixed_us", true, 0.0, 0.0, 1e7, &t.phase_fixed_us[p], err)))

@@ -94,11 +94,12 @@ enum moe_status rpt_svg_bars(FILE *f, const char *title, const char *unit,
         double v = lo + step * k, x = left + plot_w * k / ticks;
         fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#dddddd\"/>\n",
                 x, top, x, top + row * n);
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"#555555\">%.4g</text>\n",
+        fprintf(f,
+                "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"#555555\">%.4g</text>\n",
                 x, top + row * n + 16, v);
     }
-    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"#555555\">", left + plot_w / 2,
-            top + row * n + 36);
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"#555555\">",
+            left + plot_w / 2, top + row * n + 36);
     put_text(f, unit);
     fprintf(f, "</text>\n");
     for (int i = 0; i < n; i++) {
@@ -130,7 +131,8 @@ enum moe_status rpt_svg_lines(FILE *f, const char *title, const char *xlabel, co
     double xl = x[0], xh = x[0], yl = INFINITY, yh = -INFINITY;
     for (int i = 0; i < n; i++) {
         if (!isfinite(x[i]))
-            return moe_error_set(err, MOE_ERR_INPUT, "chart \"%s\": x %d is not a number", title, i);
+            return moe_error_set(err, MOE_ERR_INPUT, "chart \"%s\": x %d is not a number", title,
+                                 i);
         xl = fmin(xl, x[i]);
         xh = fmax(xh, x[i]);
         for (int s = 0; s < ns; s++) {
@@ -156,11 +158,12 @@ enum moe_status rpt_svg_lines(FILE *f, const char *title, const char *xlabel, co
                 left, py, left + pw, py);
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\" fill=\"#555555\">%.4g</text>\n",
                 left - 6, py + 4, vy);
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"#555555\">%.4g</text>\n",
+        fprintf(f,
+                "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"#555555\">%.4g</text>\n",
                 px, top + ph + 16, vx);
     }
-    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"#555555\">", left + pw / 2,
-            top + ph + 36);
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"#555555\">",
+            left + pw / 2, top + ph + 36);
     put_text(f, xlabel);
     fprintf(f, "</text>\n<text x=\"14\" y=\"%.1f\" text-anchor=\"middle\" fill=\"#555555\" "
                "transform=\"rotate(-90 14 %.1f)\">", top + ph / 2, top + ph / 2);

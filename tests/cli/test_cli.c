@@ -187,6 +187,146 @@ static void test_check_bad_input(void **state)
     expect_in(r.out, "deepseek-v3.json: ok");
 }
 
+/* Bad inputs, a row each: the file's text (written to /tmp), the command that reads it (FILE is
+ * replaced by the file), the exit code and a piece of the message. None may crash or hang. */
+struct bad_input {
+    const char *text, *args[12];
+    int code;
+    const char *message;
+};
+
+#define M_HEAD "{\"schema\": \"moeplan.model\", \"version\": 1, \"name\": \"m\", "
+#define C_HEAD "{\"schema\": \"moeplan.cluster\", \"version\": 1, \"name\": \"c\", "
+static const struct bad_input bad_inputs[] = {
+    /* syntax and encoding */
+    {"", {"check", "FILE"}, 3, "FILE"},
+    {"{\"schema\": \"moeplan.model\", \"version\": 1", {"check", "FILE"}, 3, "FILE:1:"},
+    {"{\"schema\": \"moeplan.model\", \"na\xff\xfeme\": 1}",
+     {"check", "FILE"},
+     3,
+     "decode byte 0xff"},
+    {"{\"a\": 1, \"a\": 2}", {"check", "FILE"}, 3, "FILE:1:"},
+    {"[1, 2, 3]", {"check", "FILE"}, 3, "FILE"},
+    {"{\"version\": 1}", {"check", "FILE"}, 3, "schema"},
+    /* models: wrong types, missing keys, absurd values */
+    {M_HEAD "\"layers\": \"four\"}", {"check", "FILE"}, 3, "layers"},
+    {M_HEAD "\"layers\": 0, \"hidden\": 64}", {"check", "FILE"}, 3, "layers"},
+    {M_HEAD "\"layers\": -3, \"hidden\": 64}", {"check", "FILE"}, 3, "layers"},
+    {M_HEAD "\"layers\": 1e999, \"hidden\": 64}", {"check", "FILE"}, 3, "FILE"},
+    {M_HEAD "\"layers\": 2}", {"check", "FILE"}, 3, "FILE"},
+    {M_HEAD "\"layers\": 2, \"hidden\": 64, \"vocab\": 256, \"flavour\": 1}",
+     {"check", "FILE"},
+     3,
+     "FILE"},
+    /* clusters */
+    {C_HEAD "\"gpu\": \"H200\", \"nodes\": 1000000000000000000}",
+     {"check", "FILE"},
+     3,
+     "node: required key is missing"},
+    {C_HEAD "\"gpu\": \"H900\", \"nodes\": 1}", {"check", "FILE"}, 3, "FILE"},
+    {C_HEAD "\"gpu\": 7, \"nodes\": 1}", {"check", "FILE"}, 3, "gpu"},
+    /* the planner's inputs through the planner */
+    {"not json", {"plan", "--model", "FILE", "--cluster", "hgx-h200-x8"}, 3, "FILE"},
+    {"not json", {"plan", "--model", "tiny-moe-gqa", "--cluster", "FILE"}, 3, "FILE"},
+    {"{\"schema\": \"moeplan.calibration\", \"version\": 1, \"gpu\": \"H200\", \"gemm_eff\": 7}",
+     {"predict", "--model", "tiny-moe-gqa", "--cluster", "hgx-h200-x8", "--calibration", "FILE",
+      "--layout", "tp=1"},
+     3,
+     "gemm_eff"},
+    {"{\"schema\": \"moeplan.calibration\", \"version\": 1, \"gpu\": \"H200\", \"phases\": "
+     "{\"attn_fwd\": {\"scale\": -1, \"fixed_us\": 0}}}",
+     {"predict", "--model", "tiny-moe-gqa", "--cluster", "hgx-h200-x8", "--calibration", "FILE",
+      "--layout", "tp=1"},
+     3,
+     "scale"},
+    {"{\"schema\": \"moeplan.routing\", \"version\": 1, \"experts\": 8, \"top_k\": 2, \"layers\": "
+     "[{\"counts\": [1, 2, 3]}]}",
+     {"plan", "--model", "tiny-moe-gqa", "--cluster", "hgx-h200-x8", "--routing", "FILE"},
+     3,
+     "FILE"},
+    {"{\"schema\": \"moeplan.routing\", \"version\": 1, \"experts\": 64, \"top_k\": 2, \"layers\": "
+     "[]}",
+     {"plan", "--model", "tiny-moe-gqa", "--cluster", "hgx-h200-x8", "--routing", "FILE"},
+     3,
+     "FILE"},
+    /* plans: a layout that does not multiply to the GPUs, a truncated plan, a measured file */
+    {"{\"schema\": \"moeplan.plan\", \"version\": 1, \"inputs\": {\"gpus\": 8}, \"layout\": "
+     "{\"tp\": 2, \"pp\": 1, \"vpp\": 1, \"dp\": 2, \"ep\": 1, \"etp\": 1}, \"model\": {}}",
+     {"check", "FILE"},
+     3,
+     "not the 8 GPUs"},
+    {"{\"schema\": \"moeplan.plan\", \"version\": 1, \"inputs\": {\"gpus\": 8}",
+     {"check", "FILE"},
+     3,
+     "FILE:1:"},
+    {"{\"schema\": \"moeplan.measured\", \"version\": 1}",
+     {"report", "tests/data/report/plan.json", "FILE", "-o", "/tmp/moe_cli_bad_report"},
+     3,
+     "model"},
+    /* node XML */
+    {"<?xml version=\"1.0\"?>\n<topology version=\"2.0\">\n  <object type=\"Machine\"",
+     {"check", "FILE"},
+     3,
+     "FILE"},
+    {"<topology><object type=\"Machine\" cpuset=\"0x1\"/></topology>",
+     {"check", "FILE"},
+     3,
+     "lacks complete_cpuset"},
+};
+
+static void test_bad_input_table(void **state)
+{
+    (void)state;
+    static struct result r;
+    int n = (int)(sizeof bad_inputs / sizeof bad_inputs[0]), bad = 0;
+    for (int i = 0; i < n; i++) {
+        const struct bad_input *b = &bad_inputs[i];
+        bool xml = b->text[0] == '<';
+        char path[64];
+        snprintf(path, sizeof path, "/tmp/moe_cli_bad_%d.%s", i, xml ? "xml" : "json");
+        FILE *f = fopen(path, "wb");
+        assert_non_null(f);
+        fputs(b->text, f);
+        fclose(f);
+        const char *args[13];
+        int k = 0;
+        for (; b->args[k]; k++) args[k] = !strcmp(b->args[k], "FILE") ? path : b->args[k];
+        args[k] = NULL;
+        run(&r, args);
+        char want[256];
+        snprintf(want, sizeof want, "%s", b->message);
+        char *at = strstr(want, "FILE");
+        if (at)
+            snprintf(at, sizeof want - (size_t)(at - want), "%s%s", path,
+                     b->message + (at - want) + 4);
+        if (r.code != b->code || !strstr(r.err, want)) {
+            printf("bad input %d (%s): exit %d (want %d), message \"%s\" (want \"%s\")\n", i,
+                   b->args[0], r.code, b->code, r.err, want);
+            bad++;
+        }
+        unlink(path);
+    }
+    if (bad) fail_msg("%d bad inputs were not refused as expected", bad);
+    /* absurd option values: usage errors */
+    RUN(&r, "plan", "--model", "tiny-moe-gqa", "--cluster", "hgx-h200-x8", "--gpus",
+        "1000000000000000000");
+    assert_int_equal(r.code, 2);
+    RUN(&r, "plan", "--model", "tiny-moe-gqa", "--cluster", "hgx-h200-x8", "--seq-len", "nan");
+    assert_int_equal(r.code, 2);
+    RUN(&r, "plan", "--model", "tiny-moe-gqa", "--cluster", "hgx-h200-x8", "--headroom", "-0.5");
+    assert_int_equal(r.code, 2);
+    /* a file over the size limit: refused before it is read */
+    FILE *f = fopen("/tmp/moe_cli_huge.json", "wb");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, (long)(300u << 20), SEEK_SET), 0); /* sparse: 300 MiB */
+    fputc('}', f);
+    fclose(f);
+    RUN(&r, "check", "/tmp/moe_cli_huge.json");
+    assert_int_equal(r.code, 3);
+    unlink("/tmp/moe_cli_huge.json");
+    printf("%d bad inputs and a 300 MiB file: each refused with its message and exit 3\n", n);
+}
+
 static void test_not_built(void **state)
 {
     (void)state;
@@ -241,7 +381,8 @@ static void test_run(void **state)
     RUN(&r, "plan", "--model", "tiny-moe-gqa", "--cluster", "hgx-h200-x8", "--gpus", "1",
         "--seq-len", "64", "-o", "/tmp/moe_cli_plan1.json");
     assert_int_equal(r.code, 0);
-    RUN(&r, "run", "/tmp/moe_cli_plan1.json", "--steps", "3", "--out", "/tmp/moe_cli_measured.json");
+    RUN(&r, "run", "/tmp/moe_cli_plan1.json", "--steps", "3", "--out",
+        "/tmp/moe_cli_measured.json");
     if (r.code == 0) {
         expect_in(r.out, "step    3/3");
         expect_in(r.out, "measured.json written");
@@ -266,7 +407,8 @@ static void test_run(void **state)
     assert_int_equal(r.code, 0);
     expect_in(r.out, "13 phase corrections");
     unlink("/tmp/moe_cli_refit.json");
-    RUN(&r, "calibrate", "--refit", "tests/data/calibration-test.json", "-o", "/tmp/moe_cli_refit.json");
+    RUN(&r, "calibrate", "--refit", "tests/data/calibration-test.json", "-o",
+        "/tmp/moe_cli_refit.json");
     assert_int_equal(r.code, 3); /* no measurements in it: refused by name, nothing written */
     expect_in(r.err, "measured");
     assert_int_equal(access("/tmp/moe_cli_refit.json", F_OK), -1);
@@ -506,6 +648,7 @@ int main(void)
         cmocka_unit_test(test_run),
 #endif
         cmocka_unit_test(test_report),
+        cmocka_unit_test(test_bad_input_table),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,7 +1,7 @@
 /*
  * test_reports.c: tables for the terminal and Markdown, and the SVG charts, against golden text
- * (the .svg files of tests/data/golden/: looked at as PNG, rendered by rsvg-convert, when they were made; to
- * remake one after a deliberate change, delete it and run the test once).
+ * (the .svg files of tests/data/golden/: looked at as PNG, rendered by rsvg-convert, when they were
+ * made; to remake one after a deliberate change, delete it and run the test once).
  */
 #include "moe_test.h"
 
@@ -105,7 +105,8 @@ static void test_svg(void **state)
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
-    const char *labels[] = {"attn_fwd", "experts<bwd>", "optimizer"}, *series[] = {"predicted", "measured"};
+    const char *labels[] = {"attn_fwd", "experts<bwd>", "optimizer"},
+               *series[] = {"predicted", "measured"};
     const double v[] = {4.5, 9.9, 21.6, 20.5, 16.0, 20.4};
     assert_int_equal(rpt_svg_bars(f, "Time & phase", "ms", labels, 3, series, 2, v, &err), MOE_OK);
     fclose(f);
