@@ -189,6 +189,30 @@ void exec_data_close(struct exec_data *d);
  * what it lacks. `moeplan run` refuses other plans, `moeplan plan --runnable` searches these. */
 bool exec_layout_runnable(const struct cost_layout *l, int gpus, char *why, size_t cap);
 
+/* Checkpoints (ckpt.c): DIR/step-NNNNNNNN/ with a file per (rank, part) and a manifest per rank
+ * (sizes, FNV-1a checksums) written after the files; DIR/latest names the newest complete one and
+ * is written last by rank 0. Every file is written atomically, so a kill at any moment leaves the
+ * previous checkpoint whole. Loading refuses, naming the file, a missing, truncated or corrupt
+ * part and a checkpoint of another model, size, step or rank layout. */
+struct exec_ckpt_id {
+    const char *model;
+    size_t nparams;
+    int step, rank, ranks;
+};
+struct exec_ckpt_part {
+    const char *name;  /* "params", "m1", ... */
+    const void *data;  /* save: what to write */
+    void *out;         /* load: where to read it */
+    size_t bytes;
+};
+enum moe_status exec_ckpt_save(const char *dir, const struct exec_ckpt_id *id,
+                               const struct exec_ckpt_part *parts, int nparts,
+                               struct moe_error *err);
+/* The step of DIR/latest; MOE_ERR_INPUT when there is none. */
+enum moe_status exec_ckpt_latest(const char *dir, int *step, struct moe_error *err);
+enum moe_status exec_ckpt_load(const char *dir, int step, const struct exec_ckpt_id *id,
+                               struct exec_ckpt_part *parts, int nparts, struct moe_error *err);
+
 /* ---------------------------------------------------------------------------------------------- */
 /* Expert parallelism: the token exchange (plain C; the reference and the GPU executor share it)  */
 /* ---------------------------------------------------------------------------------------------- */
