@@ -64,9 +64,13 @@ enum moe_status exec_ckpt_save(const char *dir, const struct exec_ckpt_id *id,
     snprintf(path, sizeof path, "%s/manifest-rank%d.json", sub, id->rank);
     if (st == MOE_OK) st = moe_json_write_atomic(path, root, CKPT_SCHEMA, 1, err);
     json_decref(root);
-    if (st != MOE_OK || id->rank != 0) return st; /* rank 0 moves `latest`, after its own files */
-    char name[32];
-    int n = snprintf(name, sizeof name, "step-%08d\n", id->step);
+    return st;
+}
+
+enum moe_status exec_ckpt_commit(const char *dir, int step, struct moe_error *err)
+{
+    char name[32], path[MOE_PATH_MAX + 16];
+    int n = snprintf(name, sizeof name, "step-%08d\n", step);
     snprintf(path, sizeof path, "%s/latest", dir);
     return moe_file_write_atomic(path, name, (size_t)n, err);
 }

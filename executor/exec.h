@@ -190,10 +190,10 @@ void exec_data_close(struct exec_data *d);
 bool exec_layout_runnable(const struct cost_layout *l, int gpus, char *why, size_t cap);
 
 /* Checkpoints (ckpt.c): DIR/step-NNNNNNNN/ with a file per (rank, part) and a manifest per rank
- * (sizes, FNV-1a checksums) written after the files; DIR/latest names the newest complete one and
- * is written last by rank 0. Every file is written atomically, so a kill at any moment leaves the
- * previous checkpoint whole. Loading refuses, naming the file, a missing, truncated or corrupt
- * part and a checkpoint of another model, size, step or rank layout. */
+ * (sizes, FNV-1a checksums) written after the files; DIR/latest names the newest complete one:
+ * exec_ckpt_commit, once every rank's save returned. Every file is written atomically, so a kill
+ * at any moment leaves the previous checkpoint whole. Loading refuses, naming the file, a
+ * missing, truncated or corrupt part and a checkpoint of another model, size, step or ranks. */
 struct exec_ckpt_id {
     const char *model;
     size_t nparams;
@@ -208,6 +208,7 @@ struct exec_ckpt_part {
 enum moe_status exec_ckpt_save(const char *dir, const struct exec_ckpt_id *id,
                                const struct exec_ckpt_part *parts, int nparts,
                                struct moe_error *err);
+enum moe_status exec_ckpt_commit(const char *dir, int step, struct moe_error *err);
 /* The step of DIR/latest; MOE_ERR_INPUT when there is none. */
 enum moe_status exec_ckpt_latest(const char *dir, int *step, struct moe_error *err);
 enum moe_status exec_ckpt_load(const char *dir, int step, const struct exec_ckpt_id *id,

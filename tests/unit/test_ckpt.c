@@ -83,7 +83,9 @@ static void train(struct trainer *t, const char *dir, double *loss)
             struct exec_ckpt_part p[5];
             int np = parts_of(t, p);
             struct exec_ckpt_id id = id_of(t);
-            if (exec_ckpt_save(dir, &id, p, np, &err) != MOE_OK) fail_msg("%s", err.message);
+            if (exec_ckpt_save(dir, &id, p, np, &err) != MOE_OK ||
+                exec_ckpt_commit(dir, t->step, &err) != MOE_OK)
+                fail_msg("%s", err.message);
         }
     }
 }
@@ -185,6 +187,8 @@ static void test_refusals(void **state)
     struct exec_ckpt_id id = id_of(&t);
     assert_int_equal(exec_ckpt_save(dir, &id, p, np, &err), MOE_OK);
     int step;
+    assert_int_equal(exec_ckpt_latest(dir, &step, &err), MOE_ERR_INPUT); /* not committed yet */
+    assert_int_equal(exec_ckpt_commit(dir, EVERY, &err), MOE_OK);
     assert_int_equal(exec_ckpt_latest(dir, &step, &err), MOE_OK);
     assert_int_equal(step, EVERY);
     assert_int_equal(exec_ckpt_load(dir, step, &id, p, np, &err), MOE_OK);
