@@ -20,7 +20,7 @@
 
 enum { OPT_STEPS = 1, OPT_DATA, OPT_OUT, OPT_GPUS, OPT_SEED, OPT_AUX, OPT_BIAS, OPT_LR, OPT_WARMUP,
        OPT_STREAMS, OPT_VIRTUAL, OPT_NCCL, OPT_RENDEZVOUS, OPT_TIMEOUT, OPT_FAULT, OPT_NO_OVERLAP,
-       OPT_MAX_ERROR };
+       OPT_MAX_ERROR, OPT_CKPT_DIR, OPT_CKPT_EVERY, OPT_RESUME };
 
 const struct cli_opt cmd_run_opts[] = {
     {"steps", required_argument, OPT_STEPS, "N", "training steps (100)"},
@@ -36,6 +36,9 @@ const struct cli_opt cmd_run_opts[] = {
      "mpirun/srun: a file every node sees, for the NCCL id (default: in /tmp, named by the job)"},
     {"timeout", required_argument, OPT_TIMEOUT, "S",
      "a rank waiting longer than S seconds in a collective ends the run (60)"},
+    {"checkpoint-dir", required_argument, OPT_CKPT_DIR, "D", "keep checkpoints in this folder"},
+    {"checkpoint-every", required_argument, OPT_CKPT_EVERY, "N", "a checkpoint every N steps"},
+    {"resume", no_argument, OPT_RESUME, NULL, "continue from --checkpoint-dir's latest checkpoint"},
     {"max-error", required_argument, OPT_MAX_ERROR, "PCT",
      "exit 5 when the measured step is further than PCT% from the plan's prediction"},
     {"no-grad-overlap", no_argument, OPT_NO_OVERLAP, NULL,
@@ -48,15 +51,16 @@ const struct cli_opt cmd_run_opts[] = {
      "aux-loss-free balancing: per-step bias update (0.001; 0: off)"},
     {"lr", required_argument, OPT_LR, "LR", "peak learning rate (3e-4; cosine to a tenth)"},
     {"warmup", required_argument, OPT_WARMUP, "N", "warm-up steps (10, at most steps/10 + 1)"},
-    {"expert-streams", required_argument, OPT_STREAMS, "N", "CUDA streams for the expert GEMMs (1 .. 8; 1)"},
+    {"expert-streams", required_argument, OPT_STREAMS, "N",
+     "CUDA streams for the expert GEMMs (1 .. 8; 1)"},
     {NULL, 0, 0, NULL, NULL},
 };
 
 struct run_opts {
-    const char *plan, *data, *out, *rendezvous;
-    uint64_t steps, seed, gpus, warmup, streams;
+    const char *plan, *data, *out, *rendezvous, *ckpt_dir;
+    uint64_t steps, seed, gpus, warmup, streams, ckpt_every;
     double aux, bias_rate, lr, timeout, max_error;
-    bool virtual_ranks, nccl, no_overlap;
+    bool virtual_ranks, nccl, no_overlap, resume;
     int fail_rank, fail_step;
 };
 
@@ -75,7 +79,8 @@ static double median(double *v, int n)
 static json_t *phases_json(const double *ms)
 {
     json_t *o = json_object();
-    for (int p = 0; p < COST_NPHASES; p++) json_object_set_new(o, cost_phase_names[p], json_real(ms[p]));
+    for (int p = 0; p < COST_NPHASES; p++)
+        json_object_set_new(o, cost_phase_names[p], json_real(ms[p]));
     return o;
 }
 
@@ -227,6 +232,9 @@ static int run(struct cli *cli, const struct run_opts *o)
     c.bias_rate = o->bias_rate;
     c.timeout_s = o->timeout;
     c.no_grad_overlap = o->no_overlap;
+    c.ckpt_dir = o->ckpt_dir;
+    c.ckpt_every = (int)o->ckpt_every;
+    c.resume = o->resume;
     c.fail_rank = o->fail_rank;
     c.fail_step = o->fail_step;
     c.on_start = on_start;
@@ -255,8 +263,8 @@ static int run(struct cli *cli, const struct run_opts *o)
     }
     if (st != MOE_OK) goto cleanup;
     if (!res.filled) goto cleanup; /* a rank other than 0 of mpirun/srun: rank 0 reports */
-    /* medians over the steps after the first (warm-up: cuBLAS heuristics, allocations) */
-    int first = steps > 1 ? 1 : 0, n = steps - first;
+    /* medians over the steps after the first run (warm-up: cuBLAS heuristics, allocations) */
+    int s0 = lg.info.first_step, first = s0 + (steps - s0 > 1 ? 1 : 0), n = steps - first;
     double med[COST_NPHASES], *col = malloc(sizeof *col * (size_t)(n ? n : 1));
     if (!col) {
         st = moe_error_set(&err, MOE_ERR_NOMEM, "out of memory");
@@ -280,7 +288,8 @@ static int run(struct cli *cli, const struct run_opts *o)
         rpt_table_cell(t, NULL, "%s", cost_phase_names[ph]);
         rpt_table_cell(t, NULL, "%.2f ms", med[ph]);
         rpt_table_cell(t, NULL, "%.2f ms", p.phase_us[ph] / 1e3);
-        if (p.phase_us[ph] > 0) rpt_table_cell(t, NULL, "%+.0f%%", 100.0 * (med[ph] * 1e3 / p.phase_us[ph] - 1.0));
+        if (p.phase_us[ph] > 0)
+            rpt_table_cell(t, NULL, "%+.0f%%", 100.0 * (med[ph] * 1e3 / p.phase_us[ph] - 1.0));
         else rpt_table_cell(t, NULL, "-");
     }
     if (t) rpt_table_print(t, stdout);
@@ -296,8 +305,8 @@ static int run(struct cli *cli, const struct run_opts *o)
                mb.nvlink, p.dispatch_bytes.nvlink, mb.scale_out, p.dispatch_bytes.scale_out);
     printf("\nmedian step %.1f ms: %.0f tokens/s, %.1f model TFLOPS per GPU, MFU %.1f%% (of %.0f "
            "bf16 TFLOPS); loss %.4f -> %.4f\n",
-           mstep, mtps, mtflops, lg.peak > 0 ? 100.0 * mtflops / lg.peak : 0.0, lg.peak, lg.loss[0],
-           lg.loss[steps - 1]);
+           mstep, mtps, mtflops, lg.peak > 0 ? 100.0 * mtflops / lg.peak : 0.0, lg.peak,
+           lg.loss[s0], lg.loss[steps - 1]);
     /* measured.json */
     const struct exec_device_info *dev = &lg.info.dev;
     root = json_object();
@@ -311,6 +320,7 @@ static int run(struct cli *cli, const struct run_opts *o)
     json_object_set_new(root, "device", jd);
     json_t *jr = json_object();
     json_object_set_new(jr, "steps", json_integer(steps));
+    json_object_set_new(jr, "first_step", json_integer(s0 + 1)); /* > 1: resumed */
     json_object_set_new(jr, "ranks", json_integer(p.gpus));
     json_object_set_new(jr, "launch", json_string(lg.info.transport ? exec_run_mode_names[c.mode]
                                                                     : "single"));
@@ -362,7 +372,7 @@ static int run(struct cli *cli, const struct run_opts *o)
     json_object_set_new(jmem, "device_total", json_real(mem->device_total));
     json_object_set_new(root, "memory_bytes", jmem);
     json_t *jl = json_array();
-    for (int s = 0; s < steps; s++) json_array_append_new(jl, json_real(lg.loss[s]));
+    for (int s = s0; s < steps; s++) json_array_append_new(jl, json_real(lg.loss[s]));
     json_object_set_new(root, "loss_curve", jl);
     json_object_set_new(root, "steps", lg.steps);
     lg.steps = NULL;
@@ -371,7 +381,7 @@ static int run(struct cli *cli, const struct run_opts *o)
     json_t *jrt = json_object(), *jlay = json_array();
     json_object_set_new(jrt, "experts", json_integer(E));
     json_object_set_new(jrt, "top_k", json_integer(m->moe.top_k));
-    json_object_set_new(jrt, "tokens", json_real(lg.tokens_step * steps));
+    json_object_set_new(jrt, "tokens", json_real(lg.tokens_step * (steps - s0)));
     for (int b = 0; b < m->layers; b++) {
         if (!mdl_layer_is_moe(m, b)) continue;
         json_t *jo = json_object(), *jc = json_array(), *jco = json_array();
@@ -379,7 +389,8 @@ static int run(struct cli *cli, const struct run_opts *o)
         for (int e = 0; e < E; e++) {
             json_array_append_new(jc, json_integer(counts[e]));
             json_t *row = json_array();
-            for (int f = 0; f < E; f++) json_array_append_new(row, json_integer(coact[(size_t)e * E + f]));
+            for (int f = 0; f < E; f++)
+                json_array_append_new(row, json_integer(coact[(size_t)e * E + f]));
             json_array_append_new(jco, row);
         }
         json_object_set_new(jo, "layer", json_integer(b));
@@ -423,8 +434,8 @@ int cmd_run(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     int nargs;
     int rc = cli_parse(cmd, argc, argv, args, &nargs);
     if (rc >= 0) return rc;
-    struct run_opts o = {NULL, NULL, "measured.json", NULL, 100, 1, 0, 10, 1, 0.0, 1e-3, 3e-4,
-                         60.0, 0.0, false, false, false, -1, -1};
+    struct run_opts o = {NULL, NULL, "measured.json", NULL, NULL, 100, 1, 0, 10, 1, 0, 0.0, 1e-3,
+                         3e-4, 60.0, 0.0, false, false, false, false, -1, -1};
     for (int i = 0; i < nargs; i++) {
         const char *v = args[i].value;
         switch (args[i].val) {
@@ -457,6 +468,11 @@ int cmd_run(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
         case OPT_VIRTUAL: o.virtual_ranks = true; break;
         case OPT_NCCL: o.nccl = true; break;
         case OPT_NO_OVERLAP: o.no_overlap = true; break;
+        case OPT_CKPT_DIR: o.ckpt_dir = v; break;
+        case OPT_RESUME: o.resume = true; break;
+        case OPT_CKPT_EVERY:
+            if (!cli_count(cmd, "checkpoint-every", v, 1, 10000000, &o.ckpt_every)) return 2;
+            break;
         case OPT_MAX_ERROR:
             if (!cli_real(cmd, "max-error", v, 0.01, 1e6, &o.max_error)) return 2;
             break;
@@ -470,6 +486,8 @@ int cmd_run(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
         }
     }
     if (optind != argc - 1) return cli_usage(cmd, "give one plan file");
+    if ((o.resume || o.ckpt_every) && !o.ckpt_dir)
+        return cli_usage(cmd, "--resume and --checkpoint-every need --checkpoint-dir");
     o.plan = argv[optind];
     return run(cli, &o);
 }

@@ -54,7 +54,8 @@ enum moe_status exec_ckpt_save(const char *dir, const struct exec_ckpt_id *id,
         st = moe_file_write_atomic(path, parts[i].data, parts[i].bytes, err);
         json_t *f = json_object();
         char sum[24];
-        snprintf(sum, sizeof sum, "%016llx", (unsigned long long)fnv1a(parts[i].data, parts[i].bytes));
+        snprintf(sum, sizeof sum, "%016llx",
+                 (unsigned long long)fnv1a(parts[i].data, parts[i].bytes));
         json_object_set_new(f, "part", json_string(parts[i].name));
         json_object_set_new(f, "bytes", json_integer((json_int_t)parts[i].bytes));
         json_object_set_new(f, "fnv1a", json_string(sum));
@@ -111,7 +112,8 @@ static enum moe_status load_part(const char *sub, int rank, const struct moe_jva
                               i, pname, (long long)bytes, part->name, part->bytes);
     snprintf(path, sizeof path, "%s/rank%d-%s.bin", sub, rank, part->name);
     FILE *in = fopen(path, "rb");
-    if (!in) return moe_error_set_at(err, MOE_ERR_INPUT, path, 0, 0, "missing: %s", strerror(errno));
+    if (!in)
+        return moe_error_set_at(err, MOE_ERR_INPUT, path, 0, 0, "missing: %s", strerror(errno));
     size_t got = fread(part->out, 1, part->bytes, in);
     int more = fgetc(in);
     fclose(in);
@@ -122,7 +124,8 @@ static enum moe_status load_part(const char *sub, int rank, const struct moe_jva
     snprintf(sum, sizeof sum, "%016llx", (unsigned long long)fnv1a(part->out, part->bytes));
     if (strcmp(sum, want) != 0)
         return moe_error_set_at(err, MOE_ERR_INPUT, path, 0, 0,
-                                "checksum %s, the manifest says %s: the file is corrupt", sum, want);
+                                "checksum %s, the manifest says %s: the file is corrupt", sum,
+                                want);
     return MOE_OK;
 }
 
@@ -166,7 +169,8 @@ enum moe_status exec_ckpt_load(const char *dir, int step, const struct exec_ckpt
                             moe_jval_len(&files), nparts);
         goto done;
     }
-    for (int i = 0; i < nparts && st == MOE_OK; i++) st = load_part(sub, id->rank, &files, i, &parts[i], err);
+    for (int i = 0; i < nparts && st == MOE_OK; i++)
+        st = load_part(sub, id->rank, &files, i, &parts[i], err);
 done:
     moe_jdoc_free(&doc);
     return st;

@@ -531,6 +531,14 @@ enum moe_status exec_gpu_get_grads(struct exec_gpu *g, double *grad, struct moe_
  * cfg's dp, only what the backward has not started already, then the wait for all. */
 enum moe_status exec_gpu_reduce_grads(struct exec_gpu *g, struct exec_transport *t,
                                       struct moe_error *err);
+/* The state a checkpoint keeps besides the parameters: the AdamW moments of this rank's shard
+ * (exec_gpu_state_floats floats each: all of them without ZeRO) and the selection biases
+ * (layers x experts), to or from host memory. */
+size_t exec_gpu_state_floats(const struct exec_gpu *g);
+enum moe_status exec_gpu_get_state(struct exec_gpu *g, float *m1, float *m2, double *bias,
+                                   struct moe_error *err);
+enum moe_status exec_gpu_set_state(struct exec_gpu *g, const float *m1, const float *m2,
+                                   const double *bias, struct moe_error *err);
 /* The stream the step runs on (a cudaStream_t): the local GPU transport's per-rank stream. */
 void *exec_gpu_stream(const struct exec_gpu *g);
 enum moe_status exec_gpu_set_bias(struct exec_gpu *g, const double *bias, struct moe_error *err);
@@ -664,6 +672,7 @@ struct exec_run_info {             /* what the run found before its first step (
     bool transport;                /* the ranks talk (NCCL or the local transport) */
     struct exec_device_info dev;
     int ranks, devices;            /* ranks of the run; GPUs this process uses */
+    int first_step;                /* 0, or the step a resumed run starts from */
     struct exec_adamw opt;
     char data[MOE_PATH_MAX + 64];  /* the data source */
     char binding[320];             /* rank 0's CPU binding, or why there is none */
@@ -680,6 +689,9 @@ struct exec_run_cfg {
     double lr, aux, bias_rate;
     double timeout_s;              /* a collective waited for longer fails the run (60) */
     bool no_grad_overlap;          /* all-reduce the gradients after the backward, not in it */
+    const char *ckpt_dir;          /* checkpoints here (NULL: none) ... */
+    int ckpt_every;                /* ... every this many steps (0: none) */
+    bool resume;                   /* start from ckpt_dir's latest checkpoint */
     int fail_rank, fail_step;      /* a test of fault handling: that rank stops in the middle of
                                     * that step (1-based), the others must fail (-1: none) */
     /* called on rank 0 (its thread, or the rank-0 process) */

@@ -1556,6 +1556,30 @@ extern "C" enum moe_status exec_gpu_reduce_grads(struct exec_gpu *g, struct exec
 
 extern "C" void *exec_gpu_stream(const struct exec_gpu *g) { return g->s; }
 
+extern "C" size_t exec_gpu_state_floats(const struct exec_gpu *g) { return g->shard_n; }
+
+extern "C" enum moe_status exec_gpu_get_state(struct exec_gpu *g, float *m1, float *m2,
+                                              double *bias, struct moe_error *err)
+{
+    size_t n = sizeof(float) * g->shard_n;
+    G_CUDA(cudaMemcpyAsync(m1, g->m1, n, cudaMemcpyDeviceToHost, g->s));
+    G_CUDA(cudaMemcpyAsync(m2, g->m2, n, cudaMemcpyDeviceToHost, g->s));
+    G_CUDA(cudaStreamSynchronize(g->s));
+    memcpy(bias, g->bias_host, sizeof(double) * (size_t)g->L * g->E);
+    return MOE_OK;
+}
+
+extern "C" enum moe_status exec_gpu_set_state(struct exec_gpu *g, const float *m1,
+                                              const float *m2, const double *bias,
+                                              struct moe_error *err)
+{
+    size_t n = sizeof(float) * g->shard_n;
+    G_CUDA(cudaMemcpyAsync(g->m1, m1, n, cudaMemcpyHostToDevice, g->s));
+    G_CUDA(cudaMemcpyAsync(g->m2, m2, n, cudaMemcpyHostToDevice, g->s));
+    G_CUDA(cudaStreamSynchronize(g->s));
+    return exec_gpu_set_bias(g, bias, err);
+}
+
 extern "C" enum moe_status exec_gpu_get_grads(struct exec_gpu *g, double *grad, struct moe_error *err)
 {
     G_CUDA(cudaStreamSynchronize(g->s));

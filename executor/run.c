@@ -258,6 +258,40 @@ static enum moe_status pipe_step(struct pipe *pp, struct exec_gpu *g, const int 
     return st;
 }
 
+/* A rank's checkpoint in host memory: the parameters, the optimizer's shard, the biases, and
+ * where the data stream stands. */
+struct ckpt {
+    double *params, *bias;
+    float *m1, *m2;
+    struct exec_ckpt_part part[6];
+};
+
+static enum moe_status ckpt_init(struct ckpt *k, struct exec_gpu *g, struct exec_data *d,
+                                 struct moe_error *err)
+{
+    const struct exec_ref_model *t = exec_gpu_table(g);
+    size_t n = t->nparams, sn = exec_gpu_state_floats(g);
+    size_t nb = (size_t)t->model.layers * (t->model.moe.experts ? t->model.moe.experts : 1);
+    k->params = malloc(sizeof *k->params * n);
+    k->bias = calloc(nb, sizeof *k->bias);
+    k->m1 = malloc(sizeof *k->m1 * sn);
+    k->m2 = malloc(sizeof *k->m2 * sn);
+    if (!k->params || !k->bias || !k->m1 || !k->m2)
+        return moe_error_set(err, MOE_ERR_NOMEM, "checkpoint: out of memory");
+    k->part[0] = (struct exec_ckpt_part){"params", k->params, k->params, sizeof *k->params * n};
+    k->part[1] = (struct exec_ckpt_part){"adam_m1", k->m1, k->m1, sizeof *k->m1 * sn};
+    k->part[2] = (struct exec_ckpt_part){"adam_m2", k->m2, k->m2, sizeof *k->m2 * sn};
+    k->part[3] = (struct exec_ckpt_part){"bias", k->bias, k->bias, sizeof *k->bias * nb};
+    k->part[4] = (struct exec_ckpt_part){"data_pos", &d->pos, &d->pos, sizeof d->pos};
+    k->part[5] = (struct exec_ckpt_part){"data_rng", &d->rng, &d->rng, sizeof d->rng};
+    return MOE_OK;
+}
+
+static void ckpt_free(struct ckpt *k)
+{
+    free(k->params), free(k->bias), free(k->m1), free(k->m2);
+}
+
 /* One rank's run: its GPU, its EP group, `steps` steps of the plan. world: the run's transport
  * (NULL: one rank alone). */
 static enum moe_status rank_main(struct run_shared *sh, int me, struct exec_transport *world,
@@ -274,6 +308,9 @@ static enum moe_status rank_main(struct run_shared *sh, int me, struct exec_tran
     struct exec_transport ept = {0, 1, NULL, NULL};
     struct pipe pipe;
     memset(&pipe, 0, sizeof pipe);
+    struct ckpt ck;
+    memset(&ck, 0, sizeof ck);
+    int s0 = 0;
     struct exec_ep_group *groups = NULL;
     int *domain = NULL, *tok = NULL;
     double *scratch = NULL;
@@ -324,8 +361,27 @@ static enum moe_status rank_main(struct run_shared *sh, int me, struct exec_tran
     info.ranks = p->gpus;
     info.devices = c->mode == EXEC_RUN_THREADS ? p->gpus : 1;
     snprintf(info.data, sizeof info.data, "%s", data.source);
+    bool ckpt = c->ckpt_dir && (c->ckpt_every > 0 || c->resume);
+    struct exec_ckpt_id cid = {m->name, exec_gpu_table(g)->nparams, 0, me, p->gpus};
+    if (ckpt && (st = ckpt_init(&ck, g, &data, err))) goto done;
+    if (ckpt && c->resume) { /* the state of the latest checkpoint, then its step */
+        if ((st = exec_ckpt_latest(c->ckpt_dir, &s0, err))) goto done;
+        cid.step = s0;
+        if ((st = exec_ckpt_load(c->ckpt_dir, s0, &cid, ck.part, 6, err)) ||
+            (st = exec_gpu_set_params(g, ck.params, err)) ||
+            (st = exec_gpu_set_state(g, ck.m1, ck.m2, ck.bias, err)))
+            goto done;
+        if (s0 >= c->steps) {
+            st = moe_error_set(err, MOE_ERR_INPUT,
+                               "%s: the checkpoint is at step %d, the run has %d steps: nothing "
+                               "left to run",
+                               c->ckpt_dir, s0, c->steps);
+            goto done;
+        }
+    }
+    info.first_step = s0;
     if (me == 0 && c->on_start) c->on_start(c->ctx, &info);
-    for (int s = 0; s < c->steps; s++) {
+    for (int s = s0; s < c->steps; s++) {
         double t0 = moe_time_now_s(), v[4] = {0, 0, 0, 0}, gnorm = 0.0;
         struct exec_gpu_step_stats ss;
         if ((st = exec_gpu_step_begin(g, err))) goto done;
@@ -357,6 +413,16 @@ static enum moe_status rank_main(struct run_shared *sh, int me, struct exec_tran
         v[2] = ss.dispatch.nvlink;
         v[3] = ss.dispatch.scale_out;
         if (world && (st = sum_doubles(world, scratch, v, 4, err))) goto done;
+        if (ckpt && c->ckpt_every > 0 && (s + 1) % c->ckpt_every == 0) {
+            double one = 1.0; /* every rank's files are down before rank 0 commits */
+            cid.step = s + 1;
+            if ((st = exec_gpu_get_params(g, ck.params, err)) ||
+                (st = exec_gpu_get_state(g, ck.m1, ck.m2, ck.bias, err)) ||
+                (st = exec_ckpt_save(c->ckpt_dir, &cid, ck.part, 6, err)) ||
+                (world && (st = sum_doubles(world, scratch, &one, 1, err))) ||
+                (me == 0 && (st = exec_ckpt_commit(c->ckpt_dir, s + 1, err))))
+                goto done;
+        }
         if (me != 0) continue;
         struct exec_run_step rs = {s + 1, v[0] / dp, v[1] / dp, exec_lr_at(&info.opt, s), gnorm,
                                    1e3 * (moe_time_now_s() - t0), ss};
@@ -371,6 +437,7 @@ static enum moe_status rank_main(struct run_shared *sh, int me, struct exec_tran
         sh->r->filled = true;
     }
 done:
+    ckpt_free(&ck);
     pipe_free(&pipe);
     exec_gpu_destroy(g);
     if (ept.ops) ept.ops->release(&ept);

@@ -375,6 +375,9 @@ static void test_run(void **state)
     RUN(&r, "run", "/tmp/moe_cli_plan8.json", "--gpus", "2");
     assert_int_equal(r.code, 3);
     expect_in(r.err, "--gpus 2, but /tmp/moe_cli_plan8.json is a plan for 8 GPUs");
+    RUN(&r, "run", "/tmp/moe_cli_plan8.json", "--resume");
+    assert_int_equal(r.code, 2);
+    expect_in(r.err, "need --checkpoint-dir");
     RUN(&r, "run", "/tmp/moe_cli_plan8.json", "--inject-fault", "1");
     assert_int_equal(r.code, 2);
     expect_in(r.err, "RANK:STEP");

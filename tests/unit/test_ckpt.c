@@ -178,7 +178,8 @@ static void test_refusals(void **state)
     int tok[SEQ + 1];
     for (int s = 0; s < EVERY; s++) {
         exec_data_next(&t.d, tok, SEQ + 1);
-        assert_int_equal(exec_ref_model_step(&t.r, tok, SEQ + 1, &loss[s], NULL, t.grad, &err), MOE_OK);
+        assert_int_equal(exec_ref_model_step(&t.r, tok, SEQ + 1, &loss[s], NULL, t.grad, &err),
+                         MOE_OK);
         exec_ref_adamw_step(&t.r, t.grad, t.m1, t.m2, s, &t.opt);
     }
     t.step = EVERY;
