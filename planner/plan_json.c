@@ -414,6 +414,11 @@ static enum moe_status load_placement(const struct moe_jval *root, struct plan_f
             for (int e = 0; e < E; e++) p->placement[l * E + e] = mdl_layer_is_moe(m, l) ? 0 : -1;
         return MOE_OK;
     }
+    int64_t pe;
+    if ((st = moe_jval_int(&experts, "experts", true, 0, 1, 1 << 16, &pe, err))) return st;
+    if (pe != E) /* the placement's expert ids index the model's experts (found by fuzz_plan) */
+        return moe_jval_error(&experts, "experts", err, "%lld experts placed, the model has %d",
+                              (long long)pe, E);
     if ((st = moe_jval_array(&experts, "group_of_layer", true, &of_layer, NULL, err))) return st;
     if ((int)moe_jval_len(&of_layer) != L)
         return moe_jval_error(&experts, "group_of_layer", err, "%zu entries for %d layers",
