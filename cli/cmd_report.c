@@ -27,21 +27,24 @@ const struct cli_opt cmd_report_opts[] = {
 struct measured {
     double phase_ms[COST_NPHASES];
     double *loss;
-    int steps, experts, top_k, layers;
-    double *counts; /* (layers, experts) tokens routed, summed over the run */
+    int steps;
+    struct cost_routing routing; /* its "routing", as the planner reads it (cost_routing_load) */
+    bool have_routing;
     char device[128], model[64];
 };
 
 static void measured_free(struct measured *m)
 {
     free(m->loss);
-    free(m->counts);
+    if (m->have_routing) cost_routing_free(&m->routing);
 }
 
-static enum moe_status measured_load(const char *file, struct measured *ms, struct moe_error *err)
+/* The run's numbers; its routing for a model of `experts` experts, top_k (none: no MoE). */
+static enum moe_status measured_load(const char *file, int experts, int top_k,
+                                     struct measured *ms, struct moe_error *err)
 {
     struct moe_jdoc doc;
-    struct moe_jval root, med, ph, curve, dev, rt, lay, one, cnt;
+    struct moe_jval root, med, ph, curve, dev;
     char schema[64];
     int version;
     memset(ms, 0, sizeof *ms);
@@ -77,33 +80,9 @@ static enum moe_status measured_load(const char *file, struct measured *ms, stru
     }
     for (int i = 0; i < ms->steps; i++)
         if ((st = moe_jval_at_num(&curve, (size_t)i, -1e9, 1e9, &ms->loss[i], err))) goto done;
-    int64_t e, k;
-    if ((st = moe_jval_object(&root, "routing", true, &rt, NULL, err)) ||
-        (st = moe_jval_int(&rt, "experts", true, 0, 0, 1 << 16, &e, err)) ||
-        (st = moe_jval_int(&rt, "top_k", true, 0, 0, 1 << 10, &k, err)) ||
-        (st = moe_jval_array(&rt, "layers", true, &lay, NULL, err)))
-        goto done;
-    ms->experts = (int)e;
-    ms->top_k = (int)k;
-    ms->layers = (int)moe_jval_len(&lay);
-    ms->counts = calloc((size_t)(ms->layers * ms->experts + 1), sizeof *ms->counts);
-    if (!ms->counts) {
-        st = moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    for (int l = 0; l < ms->layers; l++) {
-        if ((st = moe_jval_at_object(&lay, (size_t)l, &one, err)) ||
-            (st = moe_jval_array(&one, "counts", true, &cnt, NULL, err)))
-            goto done;
-        if ((int)moe_jval_len(&cnt) != ms->experts) {
-            st = moe_jval_error(&one, "counts", err, "%zu counts for %d experts",
-                                moe_jval_len(&cnt), ms->experts);
-            goto done;
-        }
-        for (int x = 0; x < ms->experts; x++)
-            if ((st = moe_jval_at_num(&cnt, (size_t)x, 0, 1e18, &ms->counts[l * ms->experts + x],
-                                      err)))
-                goto done;
+    if (experts > 0) { /* the same reader as `plan --routing measured.json` */
+        if ((st = cost_routing_load(&ms->routing, file, experts, top_k, err))) goto done;
+        ms->have_routing = true;
     }
 done:
     moe_jdoc_free(&doc);
@@ -188,18 +167,17 @@ static const char *const bin_name[NBINS] = {"< 0.25x", "0.25-0.5x", "0.5-0.75x",
 
 static void load_bins(const struct measured *m, double *measured, double *balanced)
 {
+    const struct cost_routing *r = &m->routing;
     for (int b = 0; b < NBINS; b++) measured[b] = balanced[b] = 0;
-    for (int l = 0; l < m->layers; l++) {
-        double sum = 0;
-        for (int x = 0; x < m->experts; x++) sum += m->counts[l * m->experts + x];
-        double mean = sum / m->experts;
-        for (int x = 0; x < m->experts && mean > 0; x++) {
-            double r = m->counts[l * m->experts + x] / mean;
+    for (int l = 0; l < r->layers; l++) {
+        double mean = (double)r->top_k / r->experts; /* the picks of a layer sum to top_k */
+        for (int x = 0; x < r->experts; x++) {
+            double q = r->pick[(size_t)l * r->experts + x] / mean;
             int b = 0;
-            while (r >= bin_hi[b]) b++;
+            while (q >= bin_hi[b]) b++;
             measured[b]++;
         }
-        balanced[4] += m->experts;
+        balanced[4] += r->experts;
     }
 }
 
@@ -225,7 +203,8 @@ static int report(struct cli *cli, const char *plan_file, const char *measured_f
         plan_file_free(&p);
         return cli_fail(cli, &err);
     }
-    if ((st = measured_load(measured_file, &m, &err))) {
+    int E = mdl_moe_layer_count(&p.model) ? p.model.moe.experts : 0;
+    if ((st = measured_load(measured_file, E, p.model.moe.top_k, &m, &err))) {
         plan_file_free(&p);
         return cli_fail(cli, &err);
     }
@@ -264,7 +243,7 @@ static int report(struct cli *cli, const char *plan_file, const char *measured_f
     if ((st = write_chart(dir, "phases.svg", chart_phases, &r, &err)) ||
         (st = write_chart(dir, "errors.svg", chart_errors, &r, &err)) ||
         (m.steps > 1 && (st = write_chart(dir, "loss.svg", chart_loss, &r, &err))) ||
-        (m.layers && (st = write_chart(dir, "experts.svg", chart_experts, &r, &err)))) {
+        (m.have_routing && (st = write_chart(dir, "experts.svg", chart_experts, &r, &err)))) {
         rpt_table_destroy(t);
         goto fail;
     }
@@ -283,12 +262,13 @@ static int report(struct cli *cli, const char *plan_file, const char *measured_f
     rpt_table_print_markdown(t, f);
     fprintf(f, "\n![time per phase](phases.svg)\n\n![error per phase](errors.svg)\n");
     if (m.steps > 1) fprintf(f, "\n![loss curve](loss.svg)\n");
-    if (m.layers) {
+    if (m.have_routing) {
         double meas[NBINS], bal[NBINS];
         load_bins(&m, meas, bal);
         fprintf(f, "\n![expert load](experts.svg)\n\nExpert load: %d experts in %d MoE layers; the "
                    "plan predicted each at its balanced share (%.0f of %d in 0.9-1.1x measured).\n",
-                m.experts, m.layers, meas[4], m.experts * m.layers);
+                m.routing.experts, m.routing.layers, meas[4],
+                m.routing.experts * m.routing.layers);
     }
     fclose(f);
     rpt_table_destroy(t);
