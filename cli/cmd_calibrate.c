@@ -108,12 +108,6 @@ static void job_step(void *ctx, const struct exec_run_step *s)
         memcpy(r->phase[r->n++], s->gpu.phase_ms, sizeof r->phase[0]);
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* Trains the job `steps` steps; med[p]: the median of each phase (ms) over steps 2..N. */
 static enum moe_status job_run(const struct plan_file *p, int steps, double *med, double *loss0,
                                double *loss1, struct moe_error *err)
@@ -142,8 +136,7 @@ static enum moe_status job_run(const struct plan_file *p, int steps, double *med
         for (int ph = 0; ph < COST_NPHASES; ph++) {
             int n = jr.n < 512 ? jr.n : 512;
             for (int i = 0; i < n; i++) col[i] = jr.phase[i][ph];
-            qsort(col, (size_t)n, sizeof col[0], cmp_double);
-            med[ph] = n ? (n % 2 ? col[n / 2] : 0.5 * (col[n / 2 - 1] + col[n / 2])) : 0.0;
+            med[ph] = moe_median(col, (size_t)n);
         }
         *loss0 = jr.loss0;
         *loss1 = jr.loss1;
@@ -454,11 +447,9 @@ static enum moe_status fit(struct cli *cli, const struct topo_cluster *cl,
         be[i] = 2.5 * flops / ((a[7] - d->launch_us) * 1e-6) / (g->bf16_tflops * 1e12);
         json_array_append_new(ja, num_array(a, 8));
     }
-    qsort(fe, (size_t)d->nattn, sizeof fe[0], cmp_double);
-    qsort(be, (size_t)d->nattn, sizeof be[0], cmp_double);
     if (d->nattn) {
-        cal->attn_fwd_eff = fe[d->nattn / 2];
-        cal->attn_bwd_eff = be[d->nattn / 2];
+        cal->attn_fwd_eff = moe_median(fe, (size_t)d->nattn);
+        cal->attn_bwd_eff = moe_median(be, (size_t)d->nattn);
     }
     printf("  %d attention shapes: attn_fwd_eff %.3f, attn_bwd_eff %.3f (medians)\n", d->nattn,
            cal->attn_fwd_eff, cal->attn_bwd_eff);

@@ -64,18 +64,6 @@ struct run_opts {
     int fail_rank, fail_step;
 };
 
-static double median(double *v, int n)
-{
-    if (n <= 0) return 0.0;
-    for (int i = 1; i < n; i++) /* insertion sort: n is the step count */
-        for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
-            double t = v[j];
-            v[j] = v[j - 1];
-            v[j - 1] = t;
-        }
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 static json_t *phases_json(const double *ms)
 {
     json_t *o = json_object();
@@ -272,7 +260,7 @@ static int run(struct cli *cli, const struct run_opts *o)
     }
     for (int ph = 0; ph < COST_NPHASES; ph++) {
         for (int i = 0; i < n; i++) col[i] = lg.phase[first + i][ph];
-        med[ph] = median(col, n);
+        med[ph] = moe_median(col, (size_t)n);
     }
     free(col);
     double mstep = med[COST_STEP], mtps = lg.tokens_step / (mstep / 1e3);

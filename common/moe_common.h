@@ -175,6 +175,8 @@ enum moe_status moe_parse_count(const char *text, uint64_t *out, struct moe_erro
 enum moe_status moe_parse_bandwidth(const char *text, double *bytes_per_s, struct moe_error *err);
 /* Human formats: "1.50 GiB", "812.3 us" / "1.234 ms" / "2.500 s". */
 void moe_format_bytes(double bytes, char *buf, size_t cap);
+/* The median of v[0..n) (sorted in place; the mean of the middle two when n is even; 0 for n 0). */
+double moe_median(double *v, size_t n);
 void moe_format_time_us(double us, char *buf, size_t cap);
 
 /* Monotonic wall clock in seconds. */

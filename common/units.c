@@ -1,5 +1,6 @@
 /*
- * units.c: parsing of sizes, counts and bandwidths as users write them, and human formats.
+ * units.c: parsing of sizes, counts and bandwidths as users write them, human formats, and the
+ * median every timing table reports.
  *
  * The convention (documented in the README): K, M, G, T, P alone or with "i"/"iB" are powers of
  * 1024 (sequence lengths and memory: "64K" = 65536); KB, MB, GB, TB, PB are powers of 1000.
@@ -139,4 +140,17 @@ double moe_time_now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double moe_median(double *v, size_t n)
+{
+    if (n == 0) return 0.0;
+    qsort(v, n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }

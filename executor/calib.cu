@@ -75,8 +75,7 @@ template <typename F> cudaError_t time_median(int iters, F fn, double *us)
     cudaEventDestroy(a);
     cudaEventDestroy(b);
     if (e != cudaSuccess) return e;
-    std::sort(t.begin(), t.end());
-    *us = t.empty() ? 0.0 : t[t.size() / 2];
+    *us = moe_median(t.data(), t.size());
     return cudaSuccess;
 }
 

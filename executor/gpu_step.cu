@@ -1920,11 +1920,6 @@ extern "C" enum moe_status exec_gpu_routing(struct exec_gpu *g, int layer, int64
 
 /* ---- the MoE benchmark --------------------------------------------------------------------- */
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 /* Median time of `iters` runs of what `what` selects (0: expert block, 1: whole layer, 2: dense
  * chain), each bracketed by events on the main stream. */
@@ -1964,8 +1959,7 @@ static enum moe_status bench_time(struct exec_gpu *g, int what, int *dense_off, 
         t[i] = f;
         *syncs = g->syncs - s0;
     }
-    qsort(t, (size_t)iters, sizeof *t, cmp_double);
-    *ms = iters % 2 ? t[iters / 2] : 0.5 * (t[iters / 2 - 1] + t[iters / 2]);
+    *ms = moe_median(t, (size_t)iters);
     free(t);
     cudaEventDestroy(a);
     cudaEventDestroy(b);
