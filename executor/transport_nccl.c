@@ -26,6 +26,7 @@ struct exec_nccl {
     int rank, ranks, device;
     double timeout_s;
     int *dcounts;      /* device: 2 x ranks ints for the count exchange */
+    cudaEvent_t after; /* the caller's work a started all-reduce waits for (one, reused) */
 };
 
 static enum moe_status nccl_fail(struct exec_nccl *c, const char *op, const char *what,
@@ -162,11 +163,8 @@ static enum moe_status nccl_allreduce_f32_start(struct exec_transport *t, float 
     struct exec_nccl *c = t->impl;
     const char *op = "all-reduce (bucket)";
     if (!c->comm) return aborted(c, op, err);
-    cudaEvent_t ev;
-    cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
-    if (e == cudaSuccess) e = cudaEventRecord(ev, (cudaStream_t)stream);
-    if (e == cudaSuccess) e = cudaStreamWaitEvent(c->stream, ev, 0);
-    if (e == cudaSuccess) e = cudaEventDestroy(ev);
+    cudaError_t e = cudaEventRecord(c->after, (cudaStream_t)stream);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(c->stream, c->after, 0);
     if (e != cudaSuccess) return nccl_fail(c, op, cudaGetErrorString(e), err);
     if (n) N_TRY(c, op, ncclAllReduce(x, x, n, ncclFloat32, ncclSum, c->comm, c->stream));
     return MOE_OK;
@@ -207,6 +205,7 @@ static enum moe_status nccl_alloc(struct exec_nccl **out, int rank, int ranks, i
     cudaError_t e = cudaSetDevice(device);
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     if (e == cudaSuccess) e = cudaMalloc((void **)&c->dcounts, sizeof(int) * 2 * (size_t)ranks);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->after, cudaEventDisableTiming);
     if (e != cudaSuccess) {
         exec_nccl_destroy(c);
         return moe_error_set(err, MOE_ERR_CUDA, "NCCL transport, rank %d, GPU %d: %s", rank,
@@ -281,6 +280,7 @@ void exec_nccl_destroy(struct exec_nccl *c)
     if (!c) return;
     if (c->comm) ncclCommDestroy(c->comm);
     if (c->dcounts) cudaFree(c->dcounts);
+    if (c->after) cudaEventDestroy(c->after);
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c);
 }
