@@ -146,19 +146,23 @@ static enum moe_status job_run(const struct plan_file *p, int steps, double *med
 }
 
 /* How often the cost model counts phase p in a step of job p: the blocks that have it times the
- * micro-batches; once a micro-batch for the embedding, head and loss; once for the optimizer. */
+ * micro-batches (a block's forward twice with full recompute); once a micro-batch for the
+ * embedding, head and loss; once for the optimizer. */
 static double occurrences(const struct plan_file *p, int ph)
 {
     const struct mdl_model *m = &p->model;
     int moe = 0, dense = 0;
     for (int b = 0; b < m->layers; b++) mdl_layer_is_moe(m, b) ? moe++ : dense++;
     double mb = p->micro_batches;
+    double fwd = p->layout.recompute == COST_RECOMPUTE_FULL ? 2.0 * mb : mb;
     switch (ph) {
-    case COST_ATTN_FWD: case COST_ATTN_BWD: return (moe + dense) * mb;
-    case COST_ROUTER: case COST_PERMUTE: case COST_UNPERMUTE: case COST_EXPERTS_FWD:
+    case COST_ATTN_FWD: return (moe + dense) * fwd;
+    case COST_ATTN_BWD: return (moe + dense) * mb;
     case COST_EXPERTS_BWD: return moe * mb;
-    case COST_SHARED_EXPERT: return m->moe.shared_experts ? moe * mb : 0.0;
-    case COST_DENSE_FFN: return dense * mb;
+    case COST_ROUTER: case COST_PERMUTE: case COST_UNPERMUTE: case COST_EXPERTS_FWD:
+        return moe * fwd;
+    case COST_SHARED_EXPERT: return m->moe.shared_experts ? moe * fwd : 0.0;
+    case COST_DENSE_FFN: return dense * fwd;
     case COST_EMBED: case COST_LM_HEAD: case COST_LOSS: return mb;
     case COST_OPTIMIZER: return 1.0;
     default: return 0.0;
@@ -228,6 +232,39 @@ static enum moe_status measure_gemms(bool quick, struct cost_gemm_sample *s, int
     return MOE_OK;
 }
 
+/* The executor's expert block (`moeplan bench moe`'s): the expert shapes of the shipped models
+ * and their proxies, few rows an expert to many. Each row: experts, top-k, hidden, intermediate,
+ * tokens, then the forward and the backward, us. */
+#define EXPERT_COLS 7
+#define EXPERT_KEY "experts_e_k_h_f_tokens_fwd_bwd_us"
+static enum moe_status measure_experts(bool quick, double (*x)[EXPERT_COLS], int *n,
+                                       struct moe_error *err)
+{
+    static const int shape[][4] = {{8, 2, 4096, 14336}, {64, 6, 2048, 1408}, {128, 6, 2048, 1408},
+                                   {16, 8, 7168, 2048}, {8, 8, 7168, 2048}};
+    static const int tokens[] = {1024, 4096, 8192};
+    int ns = (int)(sizeof shape / sizeof shape[0]), nt = (int)(sizeof tokens / sizeof tokens[0]);
+    *n = 0;
+    for (int a = 0; a < ns; a++)
+        for (int b = 0; b < nt; b++) {
+            if (quick && b == 1) continue;
+            struct exec_moe_bench_cfg c = {shape[a][0], tokens[b], shape[a][1], shape[a][2],
+                                           shape[a][3], 0, 2, quick ? 3 : 7, 0.0, 17};
+            struct exec_moe_bench_result r;
+            int *choice = malloc(sizeof(int) * (size_t)c.tokens * c.top_k);
+            if (!choice) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+            enum moe_status st = exec_moe_bench(&c, choice, &r, err);
+            free(choice);
+            if (st != MOE_OK) return st;
+            double *v = x[(*n)++];
+            for (int k = 0; k < 4; k++) v[k] = shape[a][k];
+            v[4] = tokens[b];
+            v[5] = r.block_fwd_ms * 1e3;
+            v[6] = (r.block_ms - r.block_fwd_ms) * 1e3;
+        }
+    return MOE_OK;
+}
+
 static json_t *num_array(const double *v, int n)
 {
     json_t *a = json_array();
@@ -240,6 +277,7 @@ static json_t *num_array(const double *v, int n)
 #define MAX_GEMMS 128
 #define MAX_ATTN 16
 #define MAX_JOBS 16
+#define MAX_EXPERT_SHAPES 32
 struct calib_data {
     char gpu[256], driver[32], date[32], cuda[32], cublas[32], nccl[32];
     double launch_us, copy_us, copy_bytes;
@@ -247,6 +285,8 @@ struct calib_data {
     int ngemm;
     double attn[MAX_ATTN][8]; /* seqs, seq, heads, kv heads, dqk, dv, forward us, backward us */
     int nattn;
+    double expert[MAX_EXPERT_SHAPES][EXPERT_COLS]; /* measure_experts' rows */
+    int nexpert;
     struct job job[MAX_JOBS];
     char model[MAX_JOBS][64];
     double got[MAX_JOBS][COST_NPHASES]; /* each job's median phases, us */
@@ -303,12 +343,14 @@ static enum moe_status measure(struct cli *cli, const struct topo_cluster *cl, b
     d->copy_bytes = (double)bytes;
     if ((st = exec_time_launch(quick ? 5 : 20, &d->launch_us, err)) ||
         (st = exec_time_copy(bytes, quick ? 5 : 20, &d->copy_us, err)) ||
-        (st = measure_gemms(quick, d->gemm, &d->ngemm, err)))
+        (st = measure_gemms(quick, d->gemm, &d->ngemm, err)) ||
+        (st = measure_experts(quick, d->expert, &d->nexpert, err)))
         return st;
     static const int at[][6] = {{4, 1024, 32, 8, 128, 128}, {1, 4096, 32, 8, 128, 128},
                                 {2, 2048, 16, 16, 192, 128}, {1, 4096, 16, 16, 192, 128},
-                                {2, 2048, 32, 4, 128, 128}};
-    d->nattn = quick ? 3 : 5;
+                                {2, 2048, 32, 4, 128, 128},  {4, 1024, 16, 16, 192, 128},
+                                {8, 512, 32, 8, 128, 128},   {2, 2048, 32, 8, 128, 128}};
+    d->nattn = quick ? 3 : 8;
     for (int i = 0; i < d->nattn; i++) {
         for (int k = 0; k < 6; k++) d->attn[i][k] = at[i][k];
         if ((st = exec_time_attention(at[i][0], at[i][1], at[i][2], at[i][3], at[i][4], at[i][5],
@@ -383,6 +425,11 @@ static enum moe_status load_data(const char *file, struct calib_data *d, struct 
         goto done;
     for (size_t i = 0; i < moe_jval_len(&arr) && d->nattn < MAX_ATTN; i++, d->nattn++)
         if ((st = number_row(&arr, i, d->attn[d->nattn], 8, err))) goto done;
+    bool have_ex = false; /* profiles before the expert benchmark have none */
+    if ((st = moe_jval_array(&m, EXPERT_KEY, false, &arr, &have_ex, err))) goto done;
+    for (size_t i = 0; have_ex && i < moe_jval_len(&arr) && d->nexpert < MAX_EXPERT_SHAPES;
+         i++, d->nexpert++)
+        if ((st = number_row(&arr, i, d->expert[d->nexpert], EXPERT_COLS, err))) goto done;
     if ((st = moe_jval_array(&m, "jobs", true, &arr, NULL, err))) goto done;
     for (size_t i = 0; i < moe_jval_len(&arr) && d->njobs < MAX_JOBS; i++) {
         struct moe_jval jo, ph;
@@ -405,6 +452,84 @@ static enum moe_status load_data(const char *file, struct calib_data *d, struct 
 done:
     moe_jdoc_free(&doc);
     return st;
+}
+
+/* Flash attention: efficiency x seq / (seq + attn_seq_half) of the bf16 peak, the efficiencies
+ * the medians over the shapes for each half-point of a grid, the half-point the one of the
+ * smallest rms log error (forward and backward together). */
+static void fit_attention(const struct topo_gpu_spec *g, const struct calib_data *d,
+                          struct cost_calibration *cal)
+{
+    if (!d->nattn) return;
+    double best = INFINITY, peak = g->bf16_tflops * 1e12;
+    for (int step = 0; step <= 40; step++) {
+        double half = step ? 32.0 * pow(2.0, (step - 1) / 4.0) : 0.0; /* 32 to 8192 */
+        double fe[MAX_ATTN], be[MAX_ATTN], eff[2], err = 0.0;
+        for (int i = 0; i < d->nattn; i++) {
+            const double *a = d->attn[i];
+            /* the cost model's count: 2 heads (dqk + dv) per attended key, (S + 1) / 2 keys */
+            double flops = a[0] * a[1] * 2.0 * a[2] * (a[4] + a[5]) * (a[1] + 1) / 2.0;
+            double slow = (a[1] + half) / a[1];
+            fe[i] = flops / ((a[6] - d->launch_us) * 1e-6) / peak * slow;
+            be[i] = 2.5 * flops / ((a[7] - d->launch_us) * 1e-6) / peak * slow;
+        }
+        eff[0] = moe_median(fe, (size_t)d->nattn);
+        eff[1] = moe_median(be, (size_t)d->nattn);
+        if (eff[0] > 1.0 || eff[1] > 1.0) continue;
+        for (int i = 0; i < d->nattn; i++)
+            err += pow(log(fe[i] / eff[0]), 2) + pow(log(be[i] / eff[1]), 2);
+        if (err < best) {
+            best = err;
+            cal->attn_fwd_eff = eff[0];
+            cal->attn_bwd_eff = eff[1];
+            cal->attn_seq_half = half;
+        }
+    }
+    printf("  %d attention shapes: attn_fwd_eff %.3f, attn_bwd_eff %.3f at long sequences, half "
+           "of it at %.0f tokens; rms error %.1f%%\n", d->nattn, cal->attn_fwd_eff,
+           cal->attn_bwd_eff, cal->attn_seq_half, 100 * sqrt(best / (2 * d->nattn)));
+}
+
+/* The expert block's correction: over the benchmark's shapes, measured = scale x the model's
+ * size-dependent time + fixed_share x its fixed time, for the forward and the backward. The
+ * benchmark routes uniformly: every expert gets tokens x top-k / experts rows. */
+static void fit_experts(const struct topo_gpu_spec *g, const struct calib_data *d,
+                        struct cost_calibration *cal, json_t *meas)
+{
+    if (!d->nexpert) {
+        printf("  no expert-block measurements (an older profile): the expert correction stays "
+               "1 and 1\n");
+        return;
+    }
+    double var[2][MAX_EXPERT_SHAPES], fixed[2][MAX_EXPERT_SHAPES], y[2][MAX_EXPERT_SHAPES];
+    json_t *je = json_array();
+    for (int i = 0; i < d->nexpert; i++) {
+        const double *x = d->expert[i];
+        double E = x[0], rows = x[4] * x[1] / x[0], v[2], f[2];
+        cost_expert_parts(cal, g, rows, x[2], x[3], false, v, f);
+        for (int b = 0; b < 2; b++) {
+            var[b][i] = E * v[b];
+            fixed[b][i] = E * f[b];
+            y[b][i] = x[5 + b];
+        }
+        json_array_append_new(je, num_array(x, EXPERT_COLS));
+    }
+    json_object_set_new(meas, EXPERT_KEY, je);
+    printf("  %d expert blocks (the executor's, uniform routing), measured = scale x model + "
+           "fixed_share x its fixed time:\n", d->nexpert);
+    for (int b = 0; b < 2; b++) {
+        double e = cost_fit_linear(var[b], fixed[b], y[b], d->nexpert, &cal->expert_scale[b],
+                                   &cal->expert_fixed_share[b]);
+        printf("    %-8s scale %.3f  fixed_share %.3f  rms %.1f%%\n", b ? "backward" : "forward",
+               cal->expert_scale[b], cal->expert_fixed_share[b], 100 * e);
+    }
+    for (int i = 0; i < d->nexpert; i++) {
+        const double *x = d->expert[i];
+        printf("    E %3.0f top-%.0f h %5.0f f %5.0f, %5.0f tokens: fwd %8.1f us (fit %8.1f), "
+               "bwd %8.1f us (fit %8.1f)\n", x[0], x[1], x[2], x[3], x[4], x[5],
+               cal->expert_scale[0] * var[0][i] + cal->expert_fixed_share[0] * fixed[0][i], x[6],
+               cal->expert_scale[1] * var[1][i] + cal->expert_fixed_share[1] * fixed[1][i]);
+    }
 }
 
 /* The fits, on any machine: the microbenchmarks into the efficiencies, then each phase's
@@ -437,23 +562,11 @@ static enum moe_status fit(struct cli *cli, const struct topo_cluster *cl,
     }
     json_object_set_new(meas, "gemm_m_n_k_us", jg);
     json_object_set_new(meas, "gemm_fit_rms", json_real(rms));
-    double fe[MAX_ATTN], be[MAX_ATTN];
     json_t *ja = json_array();
-    for (int i = 0; i < d->nattn; i++) {
-        const double *a = d->attn[i];
-        /* the cost model's count: 2 heads (dqk + dv) per attended key, (S + 1) / 2 keys */
-        double flops = a[0] * a[1] * 2.0 * a[2] * (a[4] + a[5]) * (a[1] + 1) / 2.0;
-        fe[i] = flops / ((a[6] - d->launch_us) * 1e-6) / (g->bf16_tflops * 1e12);
-        be[i] = 2.5 * flops / ((a[7] - d->launch_us) * 1e-6) / (g->bf16_tflops * 1e12);
-        json_array_append_new(ja, num_array(a, 8));
-    }
-    if (d->nattn) {
-        cal->attn_fwd_eff = moe_median(fe, (size_t)d->nattn);
-        cal->attn_bwd_eff = moe_median(be, (size_t)d->nattn);
-    }
-    printf("  %d attention shapes: attn_fwd_eff %.3f, attn_bwd_eff %.3f (medians)\n", d->nattn,
-           cal->attn_fwd_eff, cal->attn_bwd_eff);
+    for (int i = 0; i < d->nattn; i++) json_array_append_new(ja, num_array(d->attn[i], 8));
+    fit_attention(g, d, cal);
     json_object_set_new(meas, "attention_seqs_seq_h_kv_dqk_dv_fwd_bwd_us", ja);
+    fit_experts(g, d, cal, meas);
     /* the jobs: their predictions under the fitted efficiencies, then each phase's correction */
     double model[MAX_JOBS][COST_NPHASES], count[MAX_JOBS][COST_NPHASES];
     json_t *jj = json_array();

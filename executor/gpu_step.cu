@@ -1920,9 +1920,8 @@ extern "C" enum moe_status exec_gpu_routing(struct exec_gpu *g, int layer, int64
 
 /* ---- the MoE benchmark --------------------------------------------------------------------- */
 
-
 /* Median time of `iters` runs of what `what` selects (0: expert block, 1: whole layer, 2: dense
- * chain), each bracketed by events on the main stream. */
+ * chain, 3: the expert block's forward), each bracketed by events on the main stream. */
 static enum moe_status bench_time(struct exec_gpu *g, int what, int *dense_off, int iters,
                                   double *ms, int *syncs, struct moe_error *err)
 {
@@ -1937,9 +1936,9 @@ static enum moe_status bench_time(struct exec_gpu *g, int what, int *dense_off, 
         int s0 = g->syncs;
         g->nev = MAX_EVENTS; /* no phase events inside the benchmark */
         cudaEventRecord(a, g->s);
-        if (what == 0) {
+        if (what == 0 || what == 3) {
             st = experts_forward(g, 0, A, g->off_host[0], err);
-            if (st == MOE_OK) st = experts_backward(g, 0, A, g->off_host[0], err);
+            if (st == MOE_OK && what == 0) st = experts_backward(g, 0, A, g->off_host[0], err);
         } else if (what == 1) {
             st = moe_forward(g, 0, A, g->xin[1], err);
             if (st == MOE_OK) {
@@ -2046,6 +2045,7 @@ extern "C" enum moe_status exec_moe_bench(const struct exec_moe_bench_cfg *c, in
         for (int i = 0; i < (c->warmup > 1 ? c->warmup : 1) && st == MOE_OK; i++)
             st = bench_time(g, 1, dense_off, 1, &ms, &syncs, err);
         if (st == MOE_OK) st = bench_time(g, 0, dense_off, c->iters, &r->block_ms, &syncs, err);
+        if (st == MOE_OK) st = bench_time(g, 3, dense_off, c->iters, &r->block_fwd_ms, &syncs, err);
         if (st == MOE_OK) st = bench_time(g, 1, dense_off, c->iters, &r->layer_ms, &r->host_syncs, err);
         for (int i = 0; i < c->warmup && st == MOE_OK; i++)
             st = bench_time(g, 2, dense_off, 1, &ms, &syncs, err);

@@ -36,6 +36,7 @@ void cost_calibration_defaults(struct cost_calibration *cal, const struct topo_g
         cal->phase_scale[p] = 1.0;
         cal->phase_fixed_us[p] = 0.0;
     }
+    for (int i = 0; i < 2; i++) cal->expert_scale[i] = cal->expert_fixed_share[i] = 1.0;
 }
 
 enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *file,
@@ -45,9 +46,9 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
         "schema", "version", "gpu", "driver", "date", "libraries", "measured", "defaults_used",
         "gemm_eff", "gemm_eff_fp8", "gemm_m_half", "gemm_k_half", "gemm_fixed_us", "gemm_tile_m",
         "gemm_tile_n",
-        "attn_fwd_eff", "attn_bwd_eff", "hbm_eff", "launch_us", "nvlink_eff",
+        "attn_fwd_eff", "attn_bwd_eff", "attn_seq_half", "hbm_eff", "launch_us", "nvlink_eff",
         "nvlink_allreduce_eff", "scale_out_eff", "a2a_latency_us", "overlap_max", "phases",
-        "fit", NULL};
+        "experts", "fit", NULL};
     struct moe_jdoc doc;
     struct moe_jval root;
     char schema[64], gpu[64], date[64];
@@ -85,6 +86,9 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
     if ((st =
              moe_jval_num(&root, "gemm_k_half", false, t.gemm_k_half, 0, 1e6, &t.gemm_k_half, err)))
         goto cleanup;
+    if ((st = moe_jval_num(&root, "attn_seq_half", false, t.attn_seq_half, 0, 1e6,
+                           &t.attn_seq_half, err)))
+        goto cleanup;
     if ((st = moe_jval_num(&root, "launch_us", false, t.launch_us, 0, 1e4, &t.launch_us, err)) ||
         (st = moe_jval_num(&root, "gemm_fixed_us", false, t.gemm_fixed_us, 0, 1e4,
                            &t.gemm_fixed_us, err)))
@@ -108,6 +112,15 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
         if (!one) continue;
         if ((st = moe_jval_num(&ph, "scale", true, 1.0, 0.01, 100.0, &t.phase_scale[p], err)) ||
             (st = moe_jval_num(&ph, "fixed_us", true, 0.0, 0.0, 1e7, &t.phase_fixed_us[p], err)))
+            goto cleanup;
+    }
+    struct moe_jval ex, dir;
+    if ((st = moe_jval_object(&root, "experts", false, &ex, &have, err))) goto cleanup;
+    for (int i = 0; have && i < 2; i++) {
+        if ((st = moe_jval_object(&ex, i ? "backward" : "forward", true, &dir, NULL, err)) ||
+            (st = moe_jval_num(&dir, "scale", true, 1.0, 0.01, 100.0, &t.expert_scale[i], err)) ||
+            (st = moe_jval_num(&dir, "fixed_share", true, 1.0, 0.0, 100.0,
+                               &t.expert_fixed_share[i], err)))
             goto cleanup;
     }
     t.calibrated = true;
@@ -134,6 +147,7 @@ enum moe_status cost_calibration_write(const struct cost_calibration *cal, json_
     PUT(gemm_fixed_us);
     PUT(attn_fwd_eff);
     PUT(attn_bwd_eff);
+    PUT(attn_seq_half);
     PUT(hbm_eff);
     PUT(launch_us);
     PUT(nvlink_eff);
@@ -152,6 +166,14 @@ enum moe_status cost_calibration_write(const struct cost_calibration *cal, json_
         json_object_set_new(phases, cost_phase_names[p], o);
     }
     json_object_set_new(root, "phases", phases);
+    json_t *ex = json_object();
+    for (int i = 0; i < 2; i++) {
+        json_t *o = json_object();
+        json_object_set_new(o, "scale", json_real(cal->expert_scale[i]));
+        json_object_set_new(o, "fixed_share", json_real(cal->expert_fixed_share[i]));
+        json_object_set_new(ex, i ? "backward" : "forward", o);
+    }
+    json_object_set_new(root, "experts", ex);
     enum moe_status st = moe_json_write_atomic(file, root, COST_CALIBRATION_SCHEMA, 1, err);
     json_decref(root);
     return st;

@@ -38,10 +38,13 @@ const char *const cost_mem_names[COST_NMEM] = {"weights",     "grads",          
 /* Primitives                                                                                     */
 /* ---------------------------------------------------------------------------------------------- */
 
-double cost_gemm_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
-                    double m, double n, double k, bool fp8)
+/* A GEMM's size-dependent time; *fixed receives its launch and setup time. */
+static double gemm_split(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
+                         double m, double n, double k, bool fp8, double *fixed)
 {
+    *fixed = 0.0;
     if (m <= 0 || n <= 0 || k <= 0) return 0.0;
+    *fixed = cal->launch_us + cal->gemm_fixed_us;
     double peak = (fp8 && gpu->fp8_tflops > 0 ? gpu->fp8_tflops * cal->gemm_eff_fp8
                                               : gpu->bf16_tflops * cal->gemm_eff) * 1e12;
     /* wave quantization of the output tiles; fewer tiles than SMs are split along k (cuBLAS's
@@ -53,13 +56,34 @@ double cost_gemm_us(const struct cost_calibration *cal, const struct topo_gpu_sp
     double t_flops = 2.0 * m * n * k / (peak * wave_eff * m_eff * k_eff);
     double bytes = (fp8 ? 1.0 : BF16) * (m * k + k * n) + BF16 * m * n;
     double t_mem = bytes / (gpu->hbm_bytes_per_s * cal->hbm_eff);
-    return (t_flops > t_mem ? t_flops : t_mem) * 1e6 + cal->launch_us + cal->gemm_fixed_us;
+    return (t_flops > t_mem ? t_flops : t_mem) * 1e6;
+}
+
+double cost_gemm_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
+                    double m, double n, double k, bool fp8)
+{
+    double fixed, var = gemm_split(cal, gpu, m, n, k, fp8, &fixed);
+    return var + fixed;
 }
 
 static double membound_us(const struct cost_ctx *c, double bytes, int kernels)
 {
     return bytes / (c->cluster.gpu.hbm_bytes_per_s * c->cal.hbm_eff) * 1e6 +
            kernels * c->cal.launch_us;
+}
+
+void cost_expert_parts(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
+                       double rows, double h, double f, bool fp8, double var[2], double fixed[2])
+{
+    double fu, fd;
+    double up = gemm_split(cal, gpu, rows, 2 * f, h, fp8, &fu);
+    double down = gemm_split(cal, gpu, rows, h, f, fp8, &fd);
+    double act = rows * 3 * f * BF16 / (gpu->hbm_bytes_per_s * cal->hbm_eff) * 1e6;
+    var[0] = up + down + act;
+    fixed[0] = fu + fd + (rows > 0 ? cal->launch_us : 0.0);
+    /* dgrad and wgrad: two GEMMs of the same size each; the SwiGLU backward twice the traffic */
+    var[1] = 2.0 * var[0];
+    fixed[1] = 2.0 * fixed[0];
 }
 
 double cost_allreduce_us(double bytes, int n, double bytes_per_s, double latency_us)
@@ -234,9 +258,9 @@ static void moe_traffic(const struct cost_ctx *c, const struct cost_layout *l, i
 /* One block's cost for one micro-batch on one GPU: phase compute (fwd and bwd), communication,
  * and the overlap window. */
 struct block_cost {
-    double fwd[COST_NPHASES], bwd[COST_NPHASES]; /* compute, and exposed comm in comm phases */
+    double fwd[COST_NPHASES], bwd[COST_NPHASES]; /* compute */
     double comm_fwd[COST_NPHASES], comm_bwd[COST_NPHASES];
-    double recompute_us;     /* forward work redone in backward */
+    double recompute[COST_NPHASES]; /* forward work redone in backward, by the phase it repeats */
     double dispatch_bytes, nodedup_bytes, scale_bytes; /* per a2a, sent by this GPU */
     double hot_ratio;
 };
@@ -273,15 +297,17 @@ static void attention_cost(const struct cost_ctx *c, const struct cost_layout *l
     mdl_block_flops_fwd(m, layer, l->seq_len, flops);
     double core_flops = flops[MDL_ATTN_CORE] * M / tp;
     double peak = g->bf16_tflops * 1e12;
-    double core_fwd = core_flops / (peak * cal->attn_fwd_eff) * 1e6 + cal->launch_us;
-    double core_bwd = 2.5 * core_flops / (peak * cal->attn_bwd_eff) * 1e6 + cal->launch_us;
+    /* short sequences run the flash kernels below their long-sequence efficiency */
+    double seq_eff = l->seq_len / (l->seq_len + cal->attn_seq_half);
+    double core_fwd = core_flops / (peak * cal->attn_fwd_eff * seq_eff) * 1e6 + cal->launch_us;
+    double core_bwd =
+        2.5 * core_flops / (peak * cal->attn_bwd_eff * seq_eff) * 1e6 + cal->launch_us;
     /* Norms, RoPE, residual adds: a few passes over the local tokens. */
     double T = M / tp;
     double elt = membound_us(c, 8.0 * T * h * BF16, 6);
     b->fwd[COST_ATTN_FWD] = proj + core_fwd + elt;
     b->bwd[COST_ATTN_BWD] = 2.0 * proj + core_bwd + 2.0 * elt;
-    if (l->recompute == COST_RECOMPUTE_SELECTIVE) b->recompute_us += core_fwd + elt;
-    if (l->recompute == COST_RECOMPUTE_FULL) b->recompute_us += b->fwd[COST_ATTN_FWD];
+    if (l->recompute == COST_RECOMPUTE_SELECTIVE) b->recompute[COST_ATTN_FWD] += core_fwd + elt;
     /* Sequence-parallel TP: all-gather in, reduce-scatter out, and the same in backward. */
     if (l->tp > 1) {
         double bw, lat;
@@ -298,14 +324,13 @@ static double experts_on_hot_rank_us(const struct cost_ctx *c, const struct cost
     const struct topo_gpu_spec *g = &c->cluster.gpu;
     const struct mdl_moe *e = &c->model.moe;
     double h = c->model.hidden, f = (double)e->intermediate / l->etp, fwd = 0.0, bwd = 0.0;
+    const double *sc = c->cal.expert_scale, *sh = c->cal.expert_fixed_share;
     for (int i = 0; i < n; i++) {
         if (rows[i] <= 0) continue;
-        double up = cost_gemm_us(&c->cal, g, rows[i], 2 * f, h, fp8);
-        double down = cost_gemm_us(&c->cal, g, rows[i], h, f, fp8);
-        double act = membound_us(c, rows[i] * 3 * f * BF16, 1);
-        fwd += up + down + act;
-        /* dgrad and wgrad: two GEMMs of the same size each. */
-        bwd += 2.0 * (up + down) + 2.0 * act;
+        double var[2], fixed[2];
+        cost_expert_parts(&c->cal, g, rows[i], h, f, fp8, var, fixed);
+        fwd += sc[0] * var[0] + sh[0] * fixed[0];
+        bwd += sc[1] * var[1] + sh[1] * fixed[1];
     }
     *bwd_us = bwd;
     return fwd;
@@ -349,7 +374,7 @@ static void moe_cost(const struct cost_ctx *c, const struct cost_layout *l, int 
         double sw = 0.0;
         for (int i = 0; i < local; i++)
             sw += membound_us(c, rows[i] * 3.0 * e->intermediate / l->etp * BF16, 1);
-        b->recompute_us += sw;
+        b->recompute[COST_EXPERTS_FWD] += sw;
     }
     /* Shared experts on the local tokens. */
     if (e->shared_experts) {
@@ -359,9 +384,6 @@ static void moe_cost(const struct cost_ctx *c, const struct cost_layout *l, int 
         b->fwd[COST_SHARED_EXPERT] = sh;
         b->bwd[COST_SHARED_EXPERT] = 2.0 * sh;
     }
-    if (l->recompute == COST_RECOMPUTE_FULL)
-        b->recompute_us += b->fwd[COST_ROUTER] + b->fwd[COST_PERMUTE] + b->fwd[COST_UNPERMUTE] +
-                           b->fwd[COST_EXPERTS_FWD] + b->fwd[COST_SHARED_EXPERT];
     /* Dispatch and combine. fp8 training dispatches fp8 tokens with per-128 scales; the combine
      * stays bf16. */
     double tok_bytes = h * BF16, disp_bytes = fp8 ? h * (1.0 + 4.0 / 128.0) : tok_bytes;
@@ -396,8 +418,8 @@ static void dense_ffn_cost(const struct cost_ctx *c, const struct cost_layout *l
                  membound_us(c, M * 3 * f * BF16, 1);
     b->fwd[COST_DENSE_FFN] = ffn;
     b->bwd[COST_DENSE_FFN] = 2.0 * ffn;
-    if (l->recompute == COST_RECOMPUTE_SELECTIVE) b->recompute_us += membound_us(c, M * 3 * f * BF16, 1);
-    if (l->recompute == COST_RECOMPUTE_FULL) b->recompute_us += ffn;
+    if (l->recompute == COST_RECOMPUTE_SELECTIVE)
+        b->recompute[COST_DENSE_FFN] += membound_us(c, M * 3 * f * BF16, 1);
     if (l->tp > 1) {
         double bw, lat;
         group_link(c, l->tp, 1, &bw, &lat);
@@ -458,6 +480,10 @@ static void block_cost(const struct cost_ctx *c, const struct cost_layout *l, in
                                COST_DENSE_FFN};
     for (size_t i = 0; i < sizeof both / sizeof both[0]; i++)
         phase_correct(&c->cal, both[i], &b->fwd[both[i]], &b->bwd[both[i]]);
+    /* Full recompute runs the block's forward compute again before its backward (fwd[] holds no
+     * communication; the executor refuses expert parallelism with full recompute). */
+    if (l->recompute == COST_RECOMPUTE_FULL)
+        for (int p = 0; p < COST_NPHASES; p++) b->recompute[p] = b->fwd[p];
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -554,9 +580,11 @@ static void stage_cost(const struct cost_ctx *c, const struct cost_layout *l, in
             s->phases[p] += b->fwd[p] + b->bwd[p] + ef + eb;
             s->comm[p] += comm_f + comm_b;
         }
-        s->bwd_us += b->recompute_us;
-        /* recomputed forward work is charged to the forward phases it repeats */
-        s->phases[mdl_layer_is_moe(m, i) ? COST_EXPERTS_BWD : COST_ATTN_BWD] += b->recompute_us;
+        /* recomputed forward work runs in the backward, charged to the phases it repeats */
+        for (int p = 0; p < COST_NPHASES; p++) {
+            s->bwd_us += b->recompute[p];
+            s->phases[p] += b->recompute[p];
+        }
         if (moe) {
             s->moe_layers++;
             s->dispatch_bytes = b->dispatch_bytes;

@@ -112,6 +112,7 @@ struct cost_calibration {
     double gemm_fixed_us;       /* a GEMM's time beyond its launch at any size (setup, tail) */
     int gemm_tile_m, gemm_tile_n; /* output tile for wave quantization */
     double attn_fwd_eff, attn_bwd_eff; /* flash attention, fraction of bf16 peak */
+    double attn_seq_half;       /* sequence at which attention runs at half that (0: none) */
     double hbm_eff;             /* memory-bound kernels, fraction of HBM bandwidth */
     double launch_us;           /* per kernel launch */
     double nvlink_eff;          /* achieved fraction of NVLink bandwidth (all-to-all, p2p) */
@@ -124,6 +125,11 @@ struct cost_calibration {
      * occurrence (a block's phase per micro-batch; embed, lm_head, loss per micro-batch; the
      * optimizer per step). Defaults 1 and 0. */
     double phase_scale[COST_NPHASES], phase_fixed_us[COST_NPHASES];
+    /* The executor's expert block (per-expert GEMMs on side streams), fitted from its own
+     * benchmark: an expert's forward [0] and backward [1] = scale x the GEMMs' and SwiGLU's
+     * size-dependent time + fixed_share x their fixed (launch and setup) time; the streams hide
+     * part of the fixed time. Defaults 1 and 1. */
+    double expert_scale[2], expert_fixed_share[2];
 };
 
 /* Datasheet defaults for a GPU (fractions others report; see reference/hardware.md). */
@@ -308,6 +314,11 @@ enum moe_status cost_memory(const struct cost_ctx *ctx, const struct cost_layout
  * and wave quantization and small-M / small-K penalties. */
 double cost_gemm_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
                     double m, double n, double k, bool fp8);
+/* One SwiGLU expert on `rows` rows (hidden h, intermediate f), before the expert correction:
+ * the size-dependent time var[0] and the fixed time fixed[0] of its forward (up and down GEMMs,
+ * SwiGLU), var[1] and fixed[1] of its backward (dgrad and wgrad of both). */
+void cost_expert_parts(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
+                       double rows, double h, double f, bool fp8, double var[2], double fixed[2]);
 /* Ring all-reduce of `bytes` over `n` ranks at `bytes_per_s` bus bandwidth, `latency_us` a hop. */
 double cost_allreduce_us(double bytes, int n, double bytes_per_s, double latency_us);
 /* Reduce-scatter or all-gather: half the ring all-reduce's traffic. */
