@@ -185,7 +185,7 @@ static const struct job calib_jobs[] = {
     {"deepseek-v2-lite", 3, 0, 1024, 2, 1, COST_RECOMPUTE_NONE},
     {"deepseek-v2-lite", 2, 128, 2048, 1, 2, COST_RECOMPUTE_NONE},
     {"deepseek-v2-lite", 3, 0, 4096, 1, 1, COST_RECOMPUTE_FULL},
-    {"kimi-k2", 2, 8, 2048, 1, 1, COST_RECOMPUTE_NONE},
+    {"kimi-k2", 2, 32, 2048, 1, 1, COST_RECOMPUTE_NONE},
 };
 #define NCALIB ((int)(sizeof calib_jobs / sizeof calib_jobs[0]))
 
@@ -241,7 +241,7 @@ static enum moe_status measure_experts(bool quick, double (*x)[EXPERT_COLS], int
                                        struct moe_error *err)
 {
     static const int shape[][4] = {{8, 2, 4096, 14336}, {64, 6, 2048, 1408}, {128, 6, 2048, 1408},
-                                   {16, 8, 7168, 2048}, {8, 8, 7168, 2048}};
+                                   {16, 8, 7168, 2048}, {32, 8, 7168, 2048}};
     static const int tokens[] = {1024, 4096, 8192};
     int ns = (int)(sizeof shape / sizeof shape[0]), nt = (int)(sizeof tokens / sizeof tokens[0]);
     *n = 0;
@@ -503,32 +503,43 @@ static void fit_experts(const struct topo_gpu_spec *g, const struct calib_data *
     }
     double var[2][MAX_EXPERT_SHAPES], fixed[2][MAX_EXPERT_SHAPES], y[2][MAX_EXPERT_SHAPES];
     json_t *je = json_array();
-    for (int i = 0; i < d->nexpert; i++) {
-        const double *x = d->expert[i];
-        double E = x[0], rows = x[4] * x[1] / x[0], v[2], f[2];
-        cost_expert_parts(cal, g, rows, x[2], x[3], false, v, f);
-        for (int b = 0; b < 2; b++) {
-            var[b][i] = E * v[b];
-            fixed[b][i] = E * f[b];
-            y[b][i] = x[5 + b];
-        }
-        json_array_append_new(je, num_array(x, EXPERT_COLS));
-    }
+    for (int i = 0; i < d->nexpert; i++)
+        json_array_append_new(je, num_array(d->expert[i], EXPERT_COLS));
     json_object_set_new(meas, EXPERT_KEY, je);
     printf("  %d expert blocks (the executor's, uniform routing), measured = scale x model + "
            "fixed_share x its fixed time:\n", d->nexpert);
+    struct cost_calibration t = *cal;
     for (int b = 0; b < 2; b++) {
-        double e = cost_fit_linear(var[b], fixed[b], y[b], d->nexpert, &cal->expert_scale[b],
-                                   &cal->expert_fixed_share[b]);
-        printf("    %-8s scale %.3f  fixed_share %.3f  rms %.1f%%\n", b ? "backward" : "forward",
-               cal->expert_scale[b], cal->expert_fixed_share[b], 100 * e);
+        double best = INFINITY;
+        for (int step = 0; step <= 48; step++) {
+            t.expert_m_half[b] = step ? 4.0 * pow(2.0, (step - 1) / 4.0) : 0.0; /* to 16384 */
+            for (int i = 0; i < d->nexpert; i++) {
+                const double *x = d->expert[i];
+                double E = x[0], rows = x[4] * x[1] / x[0], v[2], f[2];
+                cost_expert_parts(&t, g, rows, x[2], x[3], false, v, f);
+                var[b][i] = E * v[b];
+                fixed[b][i] = E * f[b];
+                y[b][i] = x[5 + b];
+            }
+            double sc, sh, e = cost_fit_linear(var[b], fixed[b], y[b], d->nexpert, &sc, &sh);
+            if (e < best) {
+                best = e;
+                cal->expert_scale[b] = sc;
+                cal->expert_fixed_share[b] = sh;
+                cal->expert_m_half[b] = t.expert_m_half[b];
+            }
+        }
+        printf("    %-8s scale %.3f  fixed_share %.3f  m_half %.0f rows  rms %.1f%%\n",
+               b ? "backward" : "forward", cal->expert_scale[b], cal->expert_fixed_share[b],
+               cal->expert_m_half[b], 100 * best);
     }
     for (int i = 0; i < d->nexpert; i++) {
         const double *x = d->expert[i];
+        double us[2];
+        cost_expert_us(cal, g, x[4] * x[1] / x[0], x[2], x[3], false, us);
         printf("    E %3.0f top-%.0f h %5.0f f %5.0f, %5.0f tokens: fwd %8.1f us (fit %8.1f), "
-               "bwd %8.1f us (fit %8.1f)\n", x[0], x[1], x[2], x[3], x[4], x[5],
-               cal->expert_scale[0] * var[0][i] + cal->expert_fixed_share[0] * fixed[0][i], x[6],
-               cal->expert_scale[1] * var[1][i] + cal->expert_fixed_share[1] * fixed[1][i]);
+               "bwd %8.1f us (fit %8.1f)\n", x[0], x[1], x[2], x[3], x[4], x[5], x[0] * us[0],
+               x[6], x[0] * us[1]);
     }
 }
 
@@ -548,6 +559,7 @@ static enum moe_status fit(struct cli *cli, const struct topo_cluster *cl,
     json_object_set_new(meas, "launch_us", json_real(d->launch_us));
     json_object_set_new(meas, "copy_1gib_us", json_real(d->copy_us));
     double rms = cost_fit_gemm(cal, g, d->gemm, d->ngemm);
+    cal->expert_m_half[0] = cal->expert_m_half[1] = cal->gemm_m_half; /* until fit_experts */
     printf("  %d GEMMs: gemm_eff %.3f, m_half %.1f rows, k_half %.1f, fixed %.1f us; fit rms error "
            "%.1f%%\n", d->ngemm, cal->gemm_eff, cal->gemm_m_half, cal->gemm_k_half,
            cal->gemm_fixed_us, 100 * rms);

@@ -36,7 +36,10 @@ void cost_calibration_defaults(struct cost_calibration *cal, const struct topo_g
         cal->phase_scale[p] = 1.0;
         cal->phase_fixed_us[p] = 0.0;
     }
-    for (int i = 0; i < 2; i++) cal->expert_scale[i] = cal->expert_fixed_share[i] = 1.0;
+    for (int i = 0; i < 2; i++) {
+        cal->expert_scale[i] = cal->expert_fixed_share[i] = 1.0;
+        cal->expert_m_half[i] = cal->gemm_m_half;
+    }
 }
 
 enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *file,
@@ -116,11 +119,15 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
     }
     struct moe_jval ex, dir;
     if ((st = moe_jval_object(&root, "experts", false, &ex, &have, err))) goto cleanup;
-    for (int i = 0; have && i < 2; i++) {
-        if ((st = moe_jval_object(&ex, i ? "backward" : "forward", true, &dir, NULL, err)) ||
-            (st = moe_jval_num(&dir, "scale", true, 1.0, 0.01, 100.0, &t.expert_scale[i], err)) ||
-            (st = moe_jval_num(&dir, "fixed_share", true, 1.0, 0.0, 100.0,
-                               &t.expert_fixed_share[i], err)))
+    for (int i = 0; i < 2; i++) {
+        t.expert_m_half[i] = t.gemm_m_half;
+        if (have &&
+            ((st = moe_jval_object(&ex, i ? "backward" : "forward", true, &dir, NULL, err)) ||
+             (st = moe_jval_num(&dir, "scale", true, 1.0, 0.01, 100.0, &t.expert_scale[i], err)) ||
+             (st = moe_jval_num(&dir, "fixed_share", true, 1.0, 0.0, 100.0,
+                                &t.expert_fixed_share[i], err)) ||
+             (st = moe_jval_num(&dir, "m_half", false, t.gemm_m_half, 0.0, 1e6,
+                                &t.expert_m_half[i], err))))
             goto cleanup;
     }
     t.calibrated = true;
@@ -171,6 +178,7 @@ enum moe_status cost_calibration_write(const struct cost_calibration *cal, json_
         json_t *o = json_object();
         json_object_set_new(o, "scale", json_real(cal->expert_scale[i]));
         json_object_set_new(o, "fixed_share", json_real(cal->expert_fixed_share[i]));
+        json_object_set_new(o, "m_half", json_real(cal->expert_m_half[i]));
         json_object_set_new(ex, i ? "backward" : "forward", o);
     }
     json_object_set_new(root, "experts", ex);

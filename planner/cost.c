@@ -75,15 +75,34 @@ static double membound_us(const struct cost_ctx *c, double bytes, int kernels)
 void cost_expert_parts(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
                        double rows, double h, double f, bool fp8, double var[2], double fixed[2])
 {
-    double fu, fd;
-    double up = gemm_split(cal, gpu, rows, 2 * f, h, fp8, &fu);
-    double down = gemm_split(cal, gpu, rows, h, f, fp8, &fd);
-    double act = rows * 3 * f * BF16 / (gpu->hbm_bytes_per_s * cal->hbm_eff) * 1e6;
-    var[0] = up + down + act;
-    fixed[0] = fu + fd + (rows > 0 ? cal->launch_us : 0.0);
-    /* dgrad and wgrad: two GEMMs of the same size each; the SwiGLU backward twice the traffic */
-    var[1] = 2.0 * var[0];
-    fixed[1] = 2.0 * fixed[0];
+    var[0] = var[1] = fixed[0] = fixed[1] = 0.0;
+    if (rows <= 0) return;
+    double hbm = gpu->hbm_bytes_per_s * cal->hbm_eff, fx[6];
+    double act = rows * 3 * f * BF16 / hbm * 1e6;
+    struct cost_calibration c = *cal;
+    c.gemm_m_half = cal->expert_m_half[0];
+    var[0] = gemm_split(&c, gpu, rows, 2 * f, h, fp8, &fx[0]) + /* gate and up */
+             gemm_split(&c, gpu, rows, h, f, fp8, &fx[1]) + act; /* down */
+    fixed[0] = fx[0] + fx[1] + cal->launch_us;
+    /* dgrad (rows x input), wgrad (weights over the rows, the reduction) of both, added into
+     * fp32 weight gradients: a read and a write of them whatever the rows; SwiGLU's backward
+     * moves twice its forward's bytes */
+    c.gemm_m_half = cal->expert_m_half[1];
+    var[1] = gemm_split(&c, gpu, rows, f, h, fp8, &fx[2]) +
+             gemm_split(&c, gpu, rows, h, 2 * f, fp8, &fx[3]) +
+             gemm_split(&c, gpu, h, f, rows, fp8, &fx[4]) +
+             gemm_split(&c, gpu, 2 * f, h, rows, fp8, &fx[5]) + 3 * h * f * 8.0 / hbm * 1e6 +
+             2.0 * act;
+    fixed[1] = fx[2] + fx[3] + fx[4] + fx[5] + cal->launch_us;
+}
+
+void cost_expert_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
+                    double rows, double h, double f, bool fp8, double us[2])
+{
+    double var[2], fixed[2];
+    cost_expert_parts(cal, gpu, rows, h, f, fp8, var, fixed);
+    for (int i = 0; i < 2; i++)
+        us[i] = cal->expert_scale[i] * var[i] + cal->expert_fixed_share[i] * fixed[i];
 }
 
 double cost_allreduce_us(double bytes, int n, double bytes_per_s, double latency_us)
@@ -324,13 +343,11 @@ static double experts_on_hot_rank_us(const struct cost_ctx *c, const struct cost
     const struct topo_gpu_spec *g = &c->cluster.gpu;
     const struct mdl_moe *e = &c->model.moe;
     double h = c->model.hidden, f = (double)e->intermediate / l->etp, fwd = 0.0, bwd = 0.0;
-    const double *sc = c->cal.expert_scale, *sh = c->cal.expert_fixed_share;
     for (int i = 0; i < n; i++) {
-        if (rows[i] <= 0) continue;
-        double var[2], fixed[2];
-        cost_expert_parts(&c->cal, g, rows[i], h, f, fp8, var, fixed);
-        fwd += sc[0] * var[0] + sh[0] * fixed[0];
-        bwd += sc[1] * var[1] + sh[1] * fixed[1];
+        double us[2];
+        cost_expert_us(&c->cal, g, rows[i], h, f, fp8, us);
+        fwd += us[0];
+        bwd += us[1];
     }
     *bwd_us = bwd;
     return fwd;

@@ -130,6 +130,7 @@ struct cost_calibration {
      * size-dependent time + fixed_share x their fixed (launch and setup) time; the streams hide
      * part of the fixed time. Defaults 1 and 1. */
     double expert_scale[2], expert_fixed_share[2];
+    double expert_m_half[2];    /* the expert GEMMs' own gemm_m_half (defaults: gemm_m_half) */
 };
 
 /* Datasheet defaults for a GPU (fractions others report; see reference/hardware.md). */
@@ -316,9 +317,13 @@ double cost_gemm_us(const struct cost_calibration *cal, const struct topo_gpu_sp
                     double m, double n, double k, bool fp8);
 /* One SwiGLU expert on `rows` rows (hidden h, intermediate f), before the expert correction:
  * the size-dependent time var[0] and the fixed time fixed[0] of its forward (up and down GEMMs,
- * SwiGLU), var[1] and fixed[1] of its backward (dgrad and wgrad of both). */
+ * SwiGLU), var[1] and fixed[1] of its backward (dgrad and wgrad of both, the wgrad added into
+ * fp32 gradients), its GEMMs at expert_m_half. */
 void cost_expert_parts(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
                        double rows, double h, double f, bool fp8, double var[2], double fixed[2]);
+/* The same corrected (expert_scale, expert_fixed_share): us[0] forward, us[1] backward. */
+void cost_expert_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
+                    double rows, double h, double f, bool fp8, double us[2]);
 /* Ring all-reduce of `bytes` over `n` ranks at `bytes_per_s` bus bandwidth, `latency_us` a hop. */
 double cost_allreduce_us(double bytes, int n, double bytes_per_s, double latency_us);
 /* Reduce-scatter or all-gather: half the ring all-reduce's traffic. */

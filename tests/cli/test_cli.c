@@ -13,7 +13,7 @@ extern char **environ;
 
 struct result {
     int code;
-    char out[16384];
+    char out[65536];
     char err[16384];
 };
 
@@ -405,7 +405,8 @@ static void test_run(void **state)
         "/tmp/moe_cli_refit.json");
     assert_int_equal(r.code, 0);
     expect_in(r.out, "60 GEMMs: gemm_eff");
-    expect_in(r.out, "per-phase fit over the 4 jobs");
+    expect_in(r.out, "15 expert blocks");
+    expect_in(r.out, "per-phase fit over the 6 jobs");
     RUN(&r, "check", "/tmp/moe_cli_refit.json");
     assert_int_equal(r.code, 0);
     expect_in(r.out, "13 phase corrections");
