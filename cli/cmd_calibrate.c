@@ -454,45 +454,23 @@ done:
     return st;
 }
 
-/* Flash attention: efficiency x seq / (seq + attn_seq_half) of the bf16 peak, the efficiencies
- * the medians over the shapes for each half-point of a grid, the half-point the one of the
- * smallest rms log error (forward and backward together). */
+/* Flash attention: efficiency x seq / (seq + attn_seq_half) of the bf16 peak
+ * (cost_fit_attention). */
 static void fit_attention(const struct topo_gpu_spec *g, const struct calib_data *d,
                           struct cost_calibration *cal)
 {
-    if (!d->nattn) return;
-    double best = INFINITY, peak = g->bf16_tflops * 1e12;
-    for (int step = 0; step <= 40; step++) {
-        double half = step ? 32.0 * pow(2.0, (step - 1) / 4.0) : 0.0; /* 32 to 8192 */
-        double fe[MAX_ATTN], be[MAX_ATTN], eff[2], err = 0.0;
-        for (int i = 0; i < d->nattn; i++) {
-            const double *a = d->attn[i];
-            /* the cost model's count: 2 heads (dqk + dv) per attended key, (S + 1) / 2 keys */
-            double flops = a[0] * a[1] * 2.0 * a[2] * (a[4] + a[5]) * (a[1] + 1) / 2.0;
-            double slow = (a[1] + half) / a[1];
-            fe[i] = flops / ((a[6] - d->launch_us) * 1e-6) / peak * slow;
-            be[i] = 2.5 * flops / ((a[7] - d->launch_us) * 1e-6) / peak * slow;
-        }
-        eff[0] = moe_median(fe, (size_t)d->nattn);
-        eff[1] = moe_median(be, (size_t)d->nattn);
-        if (eff[0] > 1.0 || eff[1] > 1.0) continue;
-        for (int i = 0; i < d->nattn; i++)
-            err += pow(log(fe[i] / eff[0]), 2) + pow(log(be[i] / eff[1]), 2);
-        if (err < best) {
-            best = err;
-            cal->attn_fwd_eff = eff[0];
-            cal->attn_bwd_eff = eff[1];
-            cal->attn_seq_half = half;
-        }
+    struct cost_attn_sample s[MAX_ATTN];
+    for (int i = 0; i < d->nattn; i++) {
+        const double *a = d->attn[i];
+        s[i] = (struct cost_attn_sample){a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]};
     }
+    double e = cost_fit_attention(cal, g, s, d->nattn);
     printf("  %d attention shapes: attn_fwd_eff %.3f, attn_bwd_eff %.3f at long sequences, half "
            "of it at %.0f tokens; rms error %.1f%%\n", d->nattn, cal->attn_fwd_eff,
-           cal->attn_bwd_eff, cal->attn_seq_half, 100 * sqrt(best / (2 * d->nattn)));
+           cal->attn_bwd_eff, cal->attn_seq_half, 100 * e);
 }
 
-/* The expert block's correction: over the benchmark's shapes, measured = scale x the model's
- * size-dependent time + fixed_share x its fixed time, for the forward and the backward. The
- * benchmark routes uniformly: every expert gets tokens x top-k / experts rows. */
+/* The expert block's correction over the benchmark's shapes (cost_fit_experts). */
 static void fit_experts(const struct topo_gpu_spec *g, const struct calib_data *d,
                         struct cost_calibration *cal, json_t *meas)
 {
@@ -501,38 +479,22 @@ static void fit_experts(const struct topo_gpu_spec *g, const struct calib_data *
                "1 and 1\n");
         return;
     }
-    double var[2][MAX_EXPERT_SHAPES], fixed[2][MAX_EXPERT_SHAPES], y[2][MAX_EXPERT_SHAPES];
+    struct cost_expert_sample s[MAX_EXPERT_SHAPES];
     json_t *je = json_array();
-    for (int i = 0; i < d->nexpert; i++)
-        json_array_append_new(je, num_array(d->expert[i], EXPERT_COLS));
+    for (int i = 0; i < d->nexpert; i++) {
+        const double *x = d->expert[i];
+        s[i] = (struct cost_expert_sample){x[0], x[1], x[2], x[3], x[4], x[5], x[6]};
+        json_array_append_new(je, num_array(x, EXPERT_COLS));
+    }
     json_object_set_new(meas, EXPERT_KEY, je);
+    double rms[2];
+    cost_fit_experts(cal, g, s, d->nexpert, rms);
     printf("  %d expert blocks (the executor's, uniform routing), measured = scale x model + "
            "fixed_share x its fixed time:\n", d->nexpert);
-    struct cost_calibration t = *cal;
-    for (int b = 0; b < 2; b++) {
-        double best = INFINITY;
-        for (int step = 0; step <= 48; step++) {
-            t.expert_m_half[b] = step ? 4.0 * pow(2.0, (step - 1) / 4.0) : 0.0; /* to 16384 */
-            for (int i = 0; i < d->nexpert; i++) {
-                const double *x = d->expert[i];
-                double E = x[0], rows = x[4] * x[1] / x[0], v[2], f[2];
-                cost_expert_parts(&t, g, rows, x[2], x[3], false, v, f);
-                var[b][i] = E * v[b];
-                fixed[b][i] = E * f[b];
-                y[b][i] = x[5 + b];
-            }
-            double sc, sh, e = cost_fit_linear(var[b], fixed[b], y[b], d->nexpert, &sc, &sh);
-            if (e < best) {
-                best = e;
-                cal->expert_scale[b] = sc;
-                cal->expert_fixed_share[b] = sh;
-                cal->expert_m_half[b] = t.expert_m_half[b];
-            }
-        }
+    for (int b = 0; b < 2; b++)
         printf("    %-8s scale %.3f  fixed_share %.3f  m_half %.0f rows  rms %.1f%%\n",
                b ? "backward" : "forward", cal->expert_scale[b], cal->expert_fixed_share[b],
-               cal->expert_m_half[b], 100 * best);
-    }
+               cal->expert_m_half[b], 100 * rms[b]);
     for (int i = 0; i < d->nexpert; i++) {
         const double *x = d->expert[i];
         double us[2];

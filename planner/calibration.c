@@ -279,3 +279,119 @@ double cost_fit_linear(const double *model, const double *count, const double *m
     }
     return used ? sqrt(e / used) : 0.0;
 }
+
+/* A one-parameter search for x >= 0: a grid of x0 x 2^(i/4) (and 0), then multiplicative steps
+ * that shrink; misfit(x, ctx) is what it minimizes. */
+static double search_half(double (*misfit)(double, void *), void *ctx, double x0, int steps,
+                          double *best_x)
+{
+    double best = INFINITY;
+    for (int i = 0; i <= steps; i++) {
+        double x = i ? x0 * pow(2.0, (i - 1) / 4.0) : 0.0, e = misfit(x, ctx);
+        if (e < best) best = e, *best_x = x;
+    }
+    for (double f = pow(2.0, 0.125); f > 1.0 + 1e-6 && *best_x > 0; f = sqrt(f)) {
+        bool moved = true;
+        while (moved) {
+            moved = false;
+            for (int dir = -1; dir <= 1; dir += 2) {
+                double x = dir < 0 ? *best_x / f : *best_x * f, e = misfit(x, ctx);
+                if (e < best - 1e-15) best = e, *best_x = x, moved = true;
+            }
+        }
+    }
+    return best;
+}
+
+/* Attention: for a half-point, each sample's implied efficiencies, their medians, and the rms
+ * log error of the samples around them. */
+struct attn_fit {
+    struct cost_calibration *cal;
+    const struct topo_gpu_spec *gpu;
+    const struct cost_attn_sample *s;
+    int n;
+};
+
+static double attn_flops(const struct cost_attn_sample *a)
+{
+    /* the cost model's count: 2 heads (dqk + dv) per attended key, (S + 1) / 2 keys */
+    return a->seqs * a->seq * 2.0 * a->heads * (a->dqk + a->dv) * (a->seq + 1) / 2.0;
+}
+
+static double attn_misfit(double half, void *ctx)
+{
+    struct attn_fit *f = ctx;
+    double fe[64], be[64], err = 0.0;
+    int n = f->n < 64 ? f->n : 64;
+    for (int i = 0; i < n; i++) {
+        const struct cost_attn_sample *a = &f->s[i];
+        double peak = f->gpu->bf16_tflops * 1e12 * a->seq / (a->seq + half);
+        fe[i] = attn_flops(a) / ((a->fwd_us - f->cal->launch_us) * 1e-6) / peak;
+        be[i] = 2.5 * attn_flops(a) / ((a->bwd_us - f->cal->launch_us) * 1e-6) / peak;
+    }
+    double ef = moe_median(fe, (size_t)n), eb = moe_median(be, (size_t)n);
+    if (!(ef > 0 && ef <= 1.0 && eb > 0 && eb <= 1.0)) return INFINITY;
+    for (int i = 0; i < n; i++) err += pow(log(fe[i] / ef), 2) + pow(log(be[i] / eb), 2);
+    f->cal->attn_fwd_eff = ef;
+    f->cal->attn_bwd_eff = eb;
+    return sqrt(err / (2 * n));
+}
+
+double cost_fit_attention(struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
+                          const struct cost_attn_sample *s, int n)
+{
+    if (n < 1) return 0.0;
+    struct cost_calibration t = *cal;
+    struct attn_fit f = {&t, gpu, s, n};
+    double half = 0.0;
+    search_half(attn_misfit, &f, 16.0, 40, &half); /* 16 to 16384 tokens */
+    double e = attn_misfit(half, &f); /* t's efficiencies at the chosen point */
+    cal->attn_fwd_eff = t.attn_fwd_eff;
+    cal->attn_bwd_eff = t.attn_bwd_eff;
+    cal->attn_seq_half = half;
+    return e;
+}
+
+/* Experts: for direction d and an m_half, the least-squares scale and fixed share. */
+struct expert_fit {
+    struct cost_calibration *cal;
+    const struct topo_gpu_spec *gpu;
+    const struct cost_expert_sample *s;
+    int n, d;
+};
+
+static double expert_misfit(double half, void *ctx)
+{
+    struct expert_fit *f = ctx;
+    double var[64], fixed[64], y[64];
+    int n = f->n < 64 ? f->n : 64;
+    f->cal->expert_m_half[f->d] = half;
+    for (int i = 0; i < n; i++) {
+        const struct cost_expert_sample *x = &f->s[i];
+        double v[2], fx[2];
+        cost_expert_parts(f->cal, f->gpu, x->tokens * x->top_k / x->experts, x->hidden, x->ffn,
+                          false, v, fx);
+        var[i] = x->experts * v[f->d];
+        fixed[i] = x->experts * fx[f->d];
+        y[i] = f->d ? x->bwd_us : x->fwd_us;
+    }
+    return cost_fit_linear(var, fixed, y, n, &f->cal->expert_scale[f->d],
+                           &f->cal->expert_fixed_share[f->d]);
+}
+
+void cost_fit_experts(struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
+                      const struct cost_expert_sample *s, int n, double rms[2])
+{
+    rms[0] = rms[1] = 0.0;
+    if (n < 1) return;
+    for (int d = 0; d < 2; d++) {
+        struct cost_calibration t = *cal;
+        struct expert_fit f = {&t, gpu, s, n, d};
+        double half = 0.0;
+        search_half(expert_misfit, &f, 4.0, 48, &half); /* 4 to 16384 rows */
+        rms[d] = expert_misfit(half, &f);
+        cal->expert_m_half[d] = half;
+        cal->expert_scale[d] = t.expert_scale[d];
+        cal->expert_fixed_share[d] = t.expert_fixed_share[d];
+    }
+}

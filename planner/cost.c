@@ -105,6 +105,15 @@ void cost_expert_us(const struct cost_calibration *cal, const struct topo_gpu_sp
         us[i] = cal->expert_scale[i] * var[i] + cal->expert_fixed_share[i] * fixed[i];
 }
 
+void cost_attention_core_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
+                            double flops, double seq, double us[2])
+{
+    /* short sequences run the flash kernels below their long-sequence efficiency */
+    double peak = gpu->bf16_tflops * 1e12 * seq / (seq + cal->attn_seq_half);
+    us[0] = flops / (peak * cal->attn_fwd_eff) * 1e6 + cal->launch_us;
+    us[1] = 2.5 * flops / (peak * cal->attn_bwd_eff) * 1e6 + cal->launch_us;
+}
+
 double cost_allreduce_us(double bytes, int n, double bytes_per_s, double latency_us)
 {
     if (n <= 1 || bytes <= 0) return 0.0;
@@ -315,12 +324,9 @@ static void attention_cost(const struct cost_ctx *c, const struct cost_layout *l
     double flops[MDL_NCOMPONENTS];
     mdl_block_flops_fwd(m, layer, l->seq_len, flops);
     double core_flops = flops[MDL_ATTN_CORE] * M / tp;
-    double peak = g->bf16_tflops * 1e12;
-    /* short sequences run the flash kernels below their long-sequence efficiency */
-    double seq_eff = l->seq_len / (l->seq_len + cal->attn_seq_half);
-    double core_fwd = core_flops / (peak * cal->attn_fwd_eff * seq_eff) * 1e6 + cal->launch_us;
-    double core_bwd =
-        2.5 * core_flops / (peak * cal->attn_bwd_eff * seq_eff) * 1e6 + cal->launch_us;
+    double core[2];
+    cost_attention_core_us(cal, g, core_flops, l->seq_len, core);
+    double core_fwd = core[0], core_bwd = core[1];
     /* Norms, RoPE, residual adds: a few passes over the local tokens. */
     double T = M / tp;
     double elt = membound_us(c, 8.0 * T * h * BF16, 6);

@@ -157,6 +157,24 @@ double cost_fit_gemm(struct cost_calibration *cal, const struct topo_gpu_spec *g
  * on the relative error); returns the rms relative error. */
 double cost_fit_linear(const double *model, const double *count, const double *measured, int n,
                        double *scale, double *fixed);
+/* Flash attention over `seqs` causal sequences of `seq` tokens, `heads` query heads (kv_heads
+ * the keys'), head sizes dqk and dv: its forward and backward, us. */
+struct cost_attn_sample {
+    double seqs, seq, heads, kv_heads, dqk, dv, fwd_us, bwd_us;
+};
+/* attn_fwd_eff, attn_bwd_eff and attn_seq_half that fit the samples best (rms of the log of
+ * predicted over measured, forward and backward together); returns that rms. */
+double cost_fit_attention(struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
+                          const struct cost_attn_sample *s, int n);
+/* The executor's expert block: `experts` SwiGLU experts, top_k, hidden, ffn, on `tokens` tokens
+ * routed uniformly (tokens x top_k / experts rows each); forward and backward, us. */
+struct cost_expert_sample {
+    double experts, top_k, hidden, ffn, tokens, fwd_us, bwd_us;
+};
+/* expert_scale, expert_fixed_share and expert_m_half of each direction that fit the samples
+ * best (cost_fit_linear for each m_half); rms[d] receives direction d's rms relative error. */
+void cost_fit_experts(struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
+                      const struct cost_expert_sample *s, int n, double rms[2]);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Routing                                                                                        */
@@ -324,6 +342,10 @@ void cost_expert_parts(const struct cost_calibration *cal, const struct topo_gpu
 /* The same corrected (expert_scale, expert_fixed_share): us[0] forward, us[1] backward. */
 void cost_expert_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
                     double rows, double h, double f, bool fp8, double us[2]);
+/* Core attention (the flash kernels) of `flops` (the model's count) at sequence `seq`:
+ * us[0] forward, us[1] backward (2.5 x the FLOPs). */
+void cost_attention_core_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
+                            double flops, double seq, double us[2]);
 /* Ring all-reduce of `bytes` over `n` ranks at `bytes_per_s` bus bandwidth, `latency_us` a hop. */
 double cost_allreduce_us(double bytes, int n, double bytes_per_s, double latency_us);
 /* Reduce-scatter or all-gather: half the ring all-reduce's traffic. */

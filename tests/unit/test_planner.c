@@ -419,6 +419,56 @@ static void test_calibration_fit(void **state)
     for (int j = 0; j < 4; j++) meas[j] = 2.0 * model[j];
     cost_fit_linear(model, count, meas, 4, &sc, &fx);
     assert_true(fabs(sc - 2.0) < 1e-9 && fx == 0.0);
+    /* attention: made with efficiencies 0.13 / 0.10 and a half-point of 300 tokens */
+    truth.attn_fwd_eff = 0.13;
+    truth.attn_bwd_eff = 0.10;
+    truth.attn_seq_half = 300.0;
+    struct cost_attn_sample as[6];
+    static const double seqs[] = {512, 1024, 2048, 4096, 8192, 1024}, dq[] = {128, 192};
+    for (int i = 0; i < 6; i++) {
+        as[i] = (struct cost_attn_sample){8192 / seqs[i], seqs[i], 32, 8, dq[i % 2], 128, 0, 0};
+        double flops = as[i].seqs * seqs[i] * 2.0 * 32 * (dq[i % 2] + 128) * (seqs[i] + 1) / 2.0;
+        double us[2];
+        cost_attention_core_us(&truth, &g, flops, seqs[i], us);
+        as[i].fwd_us = us[0];
+        as[i].bwd_us = us[1];
+    }
+    rms = cost_fit_attention(&fit, &g, as, 6);
+    printf("attention fit: eff %.4f / %.4f (0.13 / 0.10), half %.1f tokens (300), rms %.2e\n",
+           fit.attn_fwd_eff, fit.attn_bwd_eff, fit.attn_seq_half, rms);
+    assert_true(fabs(fit.attn_fwd_eff - 0.13) < 0.01 * 0.13);
+    assert_true(fabs(fit.attn_bwd_eff - 0.10) < 0.01 * 0.10);
+    assert_true(fabs(fit.attn_seq_half - 300.0) < 0.02 * 300.0);
+    assert_true(rms < 1e-3);
+    /* the expert block: scale, fixed share and m_half of each direction come back */
+    truth = fit;
+    truth.expert_scale[0] = 1.3, truth.expert_scale[1] = 1.15;
+    truth.expert_fixed_share[0] = 0.6, truth.expert_fixed_share[1] = 0.45;
+    truth.expert_m_half[0] = 90.0, truth.expert_m_half[1] = 30.0;
+    struct cost_expert_sample es[12];
+    static const double shape[][4] = {{8, 2, 4096, 14336}, {64, 6, 2048, 1408},
+                                      {16, 8, 7168, 2048}, {128, 8, 2048, 768}};
+    int ne = 0;
+    for (int a = 0; a < 4; a++)
+        for (double t = 1024; t <= 16384; t *= 4) {
+            double us[2], rows = t * shape[a][1] / shape[a][0];
+            cost_expert_us(&truth, &g, rows, shape[a][2], shape[a][3], false, us);
+            es[ne++] = (struct cost_expert_sample){shape[a][0], shape[a][1], shape[a][2],
+                                                   shape[a][3], t, shape[a][0] * us[0],
+                                                   shape[a][0] * us[1]};
+        }
+    double erms[2];
+    cost_fit_experts(&fit, &g, es, ne, erms);
+    for (int d = 0; d < 2; d++) {
+        printf("expert fit %d: scale %.4f (%.2f), share %.4f (%.2f), m_half %.2f (%.0f), "
+               "rms %.1e\n", d, fit.expert_scale[d], truth.expert_scale[d], fit.expert_fixed_share[d],
+               truth.expert_fixed_share[d], fit.expert_m_half[d], truth.expert_m_half[d],
+               erms[d]);
+        assert_true(fabs(fit.expert_scale[d] / truth.expert_scale[d] - 1) < 0.01);
+        assert_true(fabs(fit.expert_fixed_share[d] / truth.expert_fixed_share[d] - 1) < 0.02);
+        assert_true(fabs(fit.expert_m_half[d] / truth.expert_m_half[d] - 1) < 0.02);
+        assert_true(erms[d] < 1e-3);
+    }
     /* write, read back */
     fit.phase_scale[COST_EMBED] = 3.5;
     fit.phase_fixed_us[COST_ROUTER] = 120.0;
@@ -438,6 +488,11 @@ static void test_calibration_fit(void **state)
                 fabs(back.gemm_m_half / fit.gemm_m_half - 1) < 1e-9); /* JSON keeps 12 digits */
     assert_true(back.phase_scale[COST_EMBED] == 3.5 && back.phase_fixed_us[COST_ROUTER] == 120.0);
     assert_true(back.phase_scale[COST_ROUTER] == 1.0 && back.phase_fixed_us[COST_EMBED] == 0.0);
+    assert_true(fabs(back.attn_seq_half / fit.attn_seq_half - 1) < 1e-9);
+    for (int d = 0; d < 2; d++)
+        assert_true(fabs(back.expert_scale[d] / fit.expert_scale[d] - 1) < 1e-9 &&
+                    fabs(back.expert_fixed_share[d] / fit.expert_fixed_share[d] - 1) < 1e-9 &&
+                    fabs(back.expert_m_half[d] / fit.expert_m_half[d] - 1) < 1e-9);
 }
 
 /* Brute force over every assignment of E experts to G ranks with `slots` each (no replicas):
