@@ -9,6 +9,7 @@
  * (MOEPLAN_HAVE_EXECUTOR).
  */
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -20,7 +21,8 @@
 
 enum { OPT_STEPS = 1, OPT_DATA, OPT_OUT, OPT_GPUS, OPT_SEED, OPT_AUX, OPT_BIAS, OPT_LR, OPT_WARMUP,
        OPT_STREAMS, OPT_VIRTUAL, OPT_NCCL, OPT_RENDEZVOUS, OPT_TIMEOUT, OPT_FAULT, OPT_NO_OVERLAP,
-       OPT_MAX_ERROR, OPT_CKPT_DIR, OPT_CKPT_EVERY, OPT_RESUME };
+       OPT_MAX_ERROR, OPT_CKPT_DIR, OPT_CKPT_EVERY, OPT_RESUME, OPT_NONFINITE, OPT_NAN,
+       OPT_MEM_LIMIT };
 
 const struct cli_opt cmd_run_opts[] = {
     {"steps", required_argument, OPT_STEPS, "N", "training steps (100)"},
@@ -39,12 +41,19 @@ const struct cli_opt cmd_run_opts[] = {
     {"checkpoint-dir", required_argument, OPT_CKPT_DIR, "D", "keep checkpoints in this folder"},
     {"checkpoint-every", required_argument, OPT_CKPT_EVERY, "N", "a checkpoint every N steps"},
     {"resume", no_argument, OPT_RESUME, NULL, "continue from --checkpoint-dir's latest checkpoint"},
+    {"on-nonfinite", required_argument, OPT_NONFINITE, "stop|skip",
+     "NaN or Inf in the gradients: stop naming the block and tensor (stop), or skip the step's "
+     "update (skip; 3 in a row stop)"},
+    {"gpu-memory-limit", required_argument, OPT_MEM_LIMIT, "BYTES",
+     "allocate at most this much GPU memory a rank (e.g. 40GB; default: the device's)"},
     {"max-error", required_argument, OPT_MAX_ERROR, "PCT",
      "exit 5 when the measured step is further than PCT% from the plan's prediction"},
     {"no-grad-overlap", no_argument, OPT_NO_OVERLAP, NULL,
      "all-reduce the gradients after the backward (default: block by block inside it)"},
     {"inject-fault", required_argument, OPT_FAULT, "RANK:STEP",
      "testing: that rank stops in the middle of that step; the others must exit with a message"},
+    {"inject-nan", required_argument, OPT_NAN, "STEP:TENSOR[:weight]",
+     "testing: a NaN into that tensor's gradient (or, :weight, into it) at that step (3:blk1.wo)"},
     {"seed", required_argument, OPT_SEED, "N", "initialization and synthetic-data seed (1)"},
     {"aux-loss-coef", required_argument, OPT_AUX, "C", "load-balance loss coefficient (0: none)"},
     {"bias-update-rate", required_argument, OPT_BIAS, "R",
@@ -62,7 +71,19 @@ struct run_opts {
     double aux, bias_rate, lr, timeout, max_error;
     bool virtual_ranks, nccl, no_overlap, resume;
     int fail_rank, fail_step;
+    bool skip_nonfinite;
+    const char *nan_tensor;
+    int nan_step;
+    uint64_t mem_limit;
+    bool nan_weight;
+    char nan_buf[72];
 };
+
+/* SIGINT / SIGTERM during a run: the ranks finish the step, checkpoint, stop (a second one
+ * ends the process at once: the handler is reset by the first). */
+static volatile sig_atomic_t stop_signal;
+
+static void on_signal(int sig) { stop_signal = sig; }
 
 static json_t *phases_json(const double *ms)
 {
@@ -87,6 +108,7 @@ struct run_log {
     struct exec_run_info info;
     struct mdl_flops fl;
     double tokens_step, peak, *loss, (*phase)[COST_NPHASES];
+    bool *skipped;
     json_t *steps;
     struct moe_progress bar;
 };
@@ -128,6 +150,19 @@ static void on_step(void *ctx, const struct exec_run_step *s)
     struct run_log *lg = ctx;
     int i = s->step - 1;
     double ms = s->gpu.phase_ms[COST_STEP], tps = lg->tokens_step / (ms / 1e3);
+    if (s->skipped) {
+        lg->skipped[i] = true;
+        lg->loss[i] = NAN;
+        moe_progress_clear(&lg->bar);
+        printf("step %4d/%d  skipped (no update): %s\n", s->step, (int)lg->o->steps, s->why);
+        fflush(stdout);
+        moe_progress_update(&lg->bar, (uint64_t)s->step);
+        json_t *js = json_object();
+        json_object_set_new(js, "step", json_integer(s->step));
+        json_object_set_new(js, "skipped", json_string(s->why));
+        json_array_append_new(lg->steps, js);
+        return;
+    }
     double tflops = lg->fl.train_total * tps / 1e12 / lg->p->gpus; /* per GPU, as the plan's */
     lg->loss[i] = s->loss;
     memcpy(lg->phase[i], s->gpu.phase_ms, sizeof lg->phase[i]);
@@ -167,6 +202,34 @@ static const char *default_rendezvous(char *buf, size_t cap)
     for (char *c = buf + 5; *c; c++)
         if (*c == '/') *c = '_';
     return buf;
+}
+
+/* What a failed run's message adds: the plan a build lacks; next to GPU memory running out, the
+ * plan's prediction; after NaN or Inf, the checkpoint that stays. */
+static void explain_failure(const struct run_opts *o, const struct plan_file *p,
+                            enum moe_status st, struct moe_error *err)
+{
+    struct moe_error what = *err;
+    if (st == MOE_ERR_UNSUPPORTED) moe_error_set(err, st, "%s: %s", o->plan, what.message);
+    if (st == MOE_ERR_NOMEM && strstr(what.message, "GPU memory")) {
+        const double *b = p->memory_bytes;
+        moe_error_set(err, st,
+                      "%s\n  the plan predicts %.3g GB a GPU: weights %.3g, gradients %.3g, "
+                      "optimizer %.3g, activations %.3g, dispatch buffers %.3g, reserved %.3g",
+                      what.message, p->memory_total_bytes / 1e9, b[COST_MEM_WEIGHTS] / 1e9,
+                      b[COST_MEM_GRADS] / 1e9, b[COST_MEM_OPTIMIZER] / 1e9,
+                      b[COST_MEM_ACTIVATIONS] / 1e9, b[COST_MEM_DISPATCH] / 1e9,
+                      b[COST_MEM_RESERVED] / 1e9);
+    }
+    if (st == MOE_ERR_NUMERICS) {
+        int last = 0;
+        struct moe_error ignore;
+        if (o->ckpt_dir && exec_ckpt_latest(o->ckpt_dir, &last, &ignore) == MOE_OK)
+            moe_error_set(err, st, "%s\n  the last checkpoint, step %d in %s, is untouched "
+                          "(--resume continues from it)", what.message, last, o->ckpt_dir);
+        else
+            moe_error_set(err, st, "%s\n  no checkpoint to go back to", what.message);
+    }
 }
 
 static int run(struct cli *cli, const struct run_opts *o)
@@ -225,6 +288,12 @@ static int run(struct cli *cli, const struct run_opts *o)
     c.resume = o->resume;
     c.fail_rank = o->fail_rank;
     c.fail_step = o->fail_step;
+    c.skip_nonfinite = o->skip_nonfinite;
+    c.nan_tensor = o->nan_tensor;
+    c.nan_step = o->nan_step;
+    c.nan_weight = o->nan_weight;
+    c.gpu_mem_limit = (double)o->mem_limit;
+    c.stop = &stop_signal;
     c.on_start = on_start;
     c.on_step = on_step;
     c.ctx = &lg;
@@ -238,17 +307,25 @@ static int run(struct cli *cli, const struct run_opts *o)
     lg.peak = p.mfu > 0 ? p.model_tflops_per_gpu / p.mfu : 0.0; /* the plan GPU's bf16 peak */
     lg.loss = calloc((size_t)steps, sizeof *lg.loss);
     lg.phase = calloc((size_t)steps, sizeof *lg.phase);
+    lg.skipped = calloc((size_t)steps, sizeof *lg.skipped);
     lg.steps = json_array();
-    if (!lg.loss || !lg.phase || !lg.steps) {
+    if (!lg.loss || !lg.phase || !lg.skipped || !lg.steps) {
         st = moe_error_set(&err, MOE_ERR_NOMEM, "out of memory");
         goto cleanup;
     }
+    struct sigaction sa, old_int, old_term;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sa.sa_flags = (int)SA_RESETHAND;
+    sigemptyset(&sa.sa_mask);
+    stop_signal = 0;
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
     st = exec_run(&c, &res, &err);
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
     if (lg.bar.out) moe_progress_finish(&lg.bar);
-    if (st == MOE_ERR_UNSUPPORTED) { /* what the plan asks and this build lacks */
-        struct moe_error what = err;
-        moe_error_set(&err, what.status, "%s: %s", o->plan, what.message);
-    }
+    if (st != MOE_OK) explain_failure(o, &p, st, &err);
     if (st != MOE_OK) goto cleanup;
     if (!res.filled) goto cleanup; /* a rank other than 0 of mpirun/srun: rank 0 reports */
     /* medians over the steps after the first run (warm-up: cuBLAS heuristics, allocations) */
@@ -258,9 +335,12 @@ static int run(struct cli *cli, const struct run_opts *o)
         st = moe_error_set(&err, MOE_ERR_NOMEM, "out of memory");
         goto cleanup;
     }
+    int kept = 0; /* skipped steps ran no optimizer: not in the medians */
     for (int ph = 0; ph < COST_NPHASES; ph++) {
-        for (int i = 0; i < n; i++) col[i] = lg.phase[first + i][ph];
-        med[ph] = moe_median(col, (size_t)n);
+        kept = 0;
+        for (int i = 0; i < n; i++)
+            if (!lg.skipped[first + i]) col[kept++] = lg.phase[first + i][ph];
+        med[ph] = kept ? moe_median(col, (size_t)kept) : 0.0;
     }
     free(col);
     double mstep = med[COST_STEP], mtps = lg.tokens_step / (mstep / 1e3);
@@ -360,7 +440,8 @@ static int run(struct cli *cli, const struct run_opts *o)
     json_object_set_new(jmem, "device_total", json_real(mem->device_total));
     json_object_set_new(root, "memory_bytes", jmem);
     json_t *jl = json_array();
-    for (int s = s0; s < steps; s++) json_array_append_new(jl, json_real(lg.loss[s]));
+    for (int s = s0; s < steps; s++)
+        json_array_append_new(jl, lg.skipped[s] ? json_null() : json_real(lg.loss[s]));
     json_object_set_new(root, "loss_curve", jl);
     json_object_set_new(root, "steps", lg.steps);
     lg.steps = NULL;
@@ -399,9 +480,13 @@ static int run(struct cli *cli, const struct run_opts *o)
 cleanup:
     json_decref(root);
     json_decref(lg.steps);
-    free(lg.loss), free(lg.phase);
+    free(lg.loss), free(lg.phase), free(lg.skipped);
     exec_run_result_free(&res);
     plan_file_free(&p);
+    if (st == MOE_ERR_INTERRUPTED && stop_signal) {
+        cli_fail(cli, &err);
+        return 128 + stop_signal;
+    }
     return st == MOE_OK ? 0 : cli_fail(cli, &err);
 }
 
@@ -423,7 +508,7 @@ int cmd_run(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     int rc = cli_parse(cmd, argc, argv, args, &nargs);
     if (rc >= 0) return rc;
     struct run_opts o = {NULL, NULL, "measured.json", NULL, NULL, 100, 1, 0, 10, 1, 0, 0.0, 1e-3,
-                         3e-4, 60.0, 0.0, false, false, false, false, -1, -1};
+                         3e-4, 60.0, 0.0, false, false, false, false, -1, -1, false, NULL, 0, 0, false, ""};
     for (int i = 0; i < nargs; i++) {
         const char *v = args[i].value;
         switch (args[i].val) {
@@ -470,6 +555,27 @@ int cmd_run(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
             break;
         case OPT_FAULT:
             if (!parse_fault(cmd, v, &o.fail_rank, &o.fail_step)) return 2;
+            break;
+        case OPT_NONFINITE:
+            if (strcmp(v, "stop") && strcmp(v, "skip"))
+                return cli_usage(cmd, "--on-nonfinite %s: stop or skip", v);
+            o.skip_nonfinite = strcmp(v, "skip") == 0;
+            break;
+        case OPT_NAN: {
+            int n = 0;
+            size_t len = strlen(v);
+            if (sscanf(v, "%d:%n", &o.nan_step, &n) != 1 || o.nan_step < 1 || !v[n] ||
+                (size_t)n + 64 <= len)
+                return cli_usage(cmd, "--inject-nan '%s': STEP:TENSOR[:weight] (step >= 1)", v);
+            snprintf(o.nan_buf, sizeof o.nan_buf, "%s", v + n);
+            char *w = strstr(o.nan_buf, ":weight");
+            if (w && !w[7]) *w = '\0', o.nan_weight = true;
+            o.nan_tensor = o.nan_buf;
+            break;
+        }
+        case OPT_MEM_LIMIT:
+            if (!cli_count(cmd, "gpu-memory-limit", v, 1 << 20, (uint64_t)1 << 50, &o.mem_limit))
+                return 2;
             break;
         }
     }

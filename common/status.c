@@ -24,6 +24,8 @@ const char *moe_status_name(enum moe_status st)
     case MOE_ERR_CUBLAS: return "cuBLAS error";
     case MOE_ERR_NCCL: return "NCCL error";
     case MOE_ERR_GLPK: return "GLPK error";
+    case MOE_ERR_NUMERICS: return "NaN or Inf in training";
+    case MOE_ERR_INTERRUPTED: return "interrupted";
     }
     return "unknown status";
 }
@@ -36,6 +38,8 @@ int moe_status_exit_code(enum moe_status st)
     case MOE_ERR_INPUT: return 3;
     case MOE_ERR_INFEASIBLE: return 4;
     case MOE_ERR_VERIFY: return 5;
+    case MOE_ERR_NUMERICS: return 6;
+    case MOE_ERR_INTERRUPTED: return 130;
     default: return 1;
     }
 }

@@ -9,6 +9,8 @@
 #ifndef EXEC_H
 #define EXEC_H
 
+#include <signal.h>
+
 #include "mdl.h"
 #include "plan.h"
 
@@ -484,6 +486,7 @@ enum exec_mem { EXEC_MEM_WEIGHTS = 0, EXEC_MEM_MASTER, EXEC_MEM_GRADS, EXEC_MEM_
 extern const char *const exec_mem_names[EXEC_MEM_N];
 
 #define EXEC_MAX_STREAMS 8
+#define EXEC_MAX_SKIPS 3 /* steps skipped for NaN or Inf in a row that stop a run */
 struct exec_gpu_cfg {
     int seq, mbs;      /* one micro-batch: mbs sequences of seq tokens (each read as seq + 1) */
     bool recompute;    /* recompute each block's forward in its backward (plan: recompute full) */
@@ -511,6 +514,9 @@ struct exec_gpu_cfg {
      * blocks still to go; exec_gpu_reduce_grads(g, dp) reduces the rest and waits. */
     struct exec_transport *dp;
     int micro_batches;
+    /* GPU memory this exec_gpu may allocate, bytes (0: what the device has); more fails the
+     * allocation as a full device would, naming it (MOE_ERR_NOMEM) */
+    double mem_limit;
 };
 struct exec_gpu;
 
@@ -562,9 +568,19 @@ enum moe_status exec_gpu_slice(struct exec_gpu *g, const int *tokens, int lo, in
                                const float *h_in, float *h_out, const float *dh_out, float *dh_in,
                                bool backward, double grad_scale, double *loss, double *aux,
                                struct moe_error *err);
-/* Clip to the global norm and apply AdamW; *gnorm is the norm before clipping. */
+/* Clip to the global norm and apply AdamW; *gnorm is the norm before clipping. A norm that is
+ * NaN or Inf applies nothing and returns MOE_ERR_NUMERICS naming the step (0-based `step` + 1)
+ * and where the first non-finite value is (exec_gpu_nonfinite). */
 enum moe_status exec_gpu_optimizer(struct exec_gpu *g, const struct exec_adamw *o, int step,
                                    double *gnorm, struct moe_error *err);
+/* Where NaN or Inf is, in words, after a micro-batch: the first block whose output holds one
+ * (its input finite), else the parameter gradient nearest the output that does; "" if none. */
+enum moe_status exec_gpu_nonfinite(struct exec_gpu *g, char *where, size_t cap,
+                                   struct moe_error *err);
+/* Testing: a NaN into one element of the named tensor's gradient (after a backward) or, with
+ * `weight`, of the tensor itself (its fp32 master and bf16 copy). */
+enum moe_status exec_gpu_poison(struct exec_gpu *g, const char *tensor, bool weight,
+                                struct moe_error *err);
 /* Aux-loss-free balancing: bias_e += rate * sign(mean load - load_e) from this step's loads,
  * summed over t's ranks (every rank of the run, so the biases stay equal on all; NULL: this
  * rank's alone). */
@@ -664,6 +680,8 @@ extern const char *const exec_run_mode_names[];
 
 struct exec_run_step {
     int step;                       /* 1-based */
+    bool skipped;                   /* NaN or Inf: no update (skip_nonfinite); why: the reason */
+    char why[512];
     double loss, aux, lr, gnorm;    /* loss and aux: the mean over the global batch */
     double wall_ms;                 /* rank 0's host time of the step */
     struct exec_gpu_step_stats gpu; /* rank 0's phases and host syncs; dispatch: every rank's */
@@ -695,6 +713,17 @@ struct exec_run_cfg {
     bool resume;                   /* start from ckpt_dir's latest checkpoint */
     int fail_rank, fail_step;      /* a test of fault handling: that rank stops in the middle of
                                     * that step (1-based), the others must fail (-1: none) */
+    /* NaN or Inf in the gradients (or the loss): stop the run with MOE_ERR_NUMERICS naming the
+     * step, the block and the tensor (false), or skip the step's update (true) and stop after
+     * EXEC_MAX_SKIPS skipped in a row. The last checkpoint is from before, untouched. */
+    bool skip_nonfinite;
+    const char *nan_tensor;        /* testing: rank 0 poisons this gradient (or weight) ... */
+    int nan_step;                  /* ... at this step (1-based; 0: never) */
+    bool nan_weight;               /* the weight, at the step's start: the forward meets it */
+    /* set asynchronously (a signal handler: nonzero): the ranks agree to stop after the step
+     * they are in, write a checkpoint when ckpt_dir is set, and return MOE_ERR_INTERRUPTED */
+    const volatile sig_atomic_t *stop;
+    double gpu_mem_limit;          /* bytes a rank may allocate (0: the device's) */
     /* called on rank 0 (its thread, or the rank-0 process) */
     void (*on_start)(void *ctx, const struct exec_run_info *info);
     void (*on_step)(void *ctx, const struct exec_run_step *s);

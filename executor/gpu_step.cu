@@ -175,27 +175,48 @@ struct exec_gpu {
 
 /* ---- small helpers ----------------------------------------------------------------------- */
 
+static double allocated(const struct exec_gpu *g)
+{
+    double sum = 0.0;
+    for (int k = 0; k < EXEC_MEM_N; k++) sum += g->mem[k];
+    return sum;
+}
+
+/* `what` names the buffer in a failure (the code's name for it, "g->" left off). */
 static enum moe_status dalloc(struct exec_gpu *g, void **p, size_t bytes, enum exec_mem cat,
-                              struct moe_error *err)
+                              const char *what, struct moe_error *err)
 {
     *p = NULL;
     if (bytes == 0) bytes = 16;
+    if (strncmp(what, "g->", 3) == 0) what += 3;
     if (g->nallocs == MAX_ALLOCS)
         return moe_error_set(err, MOE_ERR_RUNTIME, "executor: more than %d allocations", MAX_ALLOCS);
+    double lim = g->cfg.mem_limit, have = allocated(g);
+    if (lim > 0 && have + (double)bytes > lim)
+        return moe_error_set(err, MOE_ERR_NOMEM,
+                             "executor: out of GPU memory allocating %s (%s, %.3g GB): %.3g GB "
+                             "allocated so far, the limit %.3g GB (--gpu-memory-limit)",
+                             what, exec_mem_names[cat], bytes / 1e9, have / 1e9, lim / 1e9);
     cudaError_t e = cudaMalloc(p, bytes);
-    if (e != cudaSuccess)
-        return moe_error_set(err, MOE_ERR_CUDA,
-                             "executor: cudaMalloc of %.3g GB (%s) failed: %s; %.3g GB allocated "
-                             "so far",
-                             bytes / 1e9, exec_mem_names[cat], cudaGetErrorString(e),
-                             (g->mem[0] + g->mem[1] + g->mem[2] + g->mem[3] + g->mem[4] + g->mem[5]) / 1e9);
+    if (e != cudaSuccess) {
+        size_t fr = 0, tot = 0;
+        cudaGetLastError(); /* not sticky: clear it */
+        cudaMemGetInfo(&fr, &tot);
+        bool oom = e == cudaErrorMemoryAllocation;
+        return moe_error_set(err, oom ? MOE_ERR_NOMEM : MOE_ERR_CUDA,
+                             "executor: %scudaMalloc of %s (%s, %.3g GB): %s; %.3g GB allocated "
+                             "so far, %.3g of %.3g GB free on the device",
+                             oom ? "out of GPU memory: " : "", what, exec_mem_names[cat],
+                             bytes / 1e9, cudaGetErrorString(e), have / 1e9, fr / 1e9, tot / 1e9);
+    }
     g->allocs[g->nallocs++] = *p;
     g->mem[cat] += (double)bytes;
     G_CUDA(cudaMemsetAsync(*p, 0, bytes, g->s));
     return MOE_OK;
 }
 
-#define ALLOC(ptr, count, cat) G_TRY(dalloc(g, (void **)&(ptr), sizeof(*(ptr)) * (size_t)(count), cat, err))
+#define ALLOC(ptr, count, cat)                                                                     \
+    G_TRY(dalloc(g, (void **)&(ptr), sizeof(*(ptr)) * (size_t)(count), cat, #ptr, err))
 
 /* Mark the start of a phase (and the end of the one before); -1 ends the last. */
 static enum moe_status phase(struct exec_gpu *g, int ph, struct moe_error *err)
@@ -1237,7 +1258,7 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
     G_BLAS(cublasSetStream(g->blas, g->s));
     /* a fixed workspace keeps cuBLAS's choice of algorithm, and so its results, the same */
     size_t ws = 64u << 20;
-    G_TRY(dalloc(g, &g->blas_ws, ws, EXEC_MEM_WORKSPACE, err));
+    G_TRY(dalloc(g, &g->blas_ws, ws, EXEC_MEM_WORKSPACE, "the cuBLAS workspace", err));
     G_BLAS(cublasSetWorkspace(g->blas, g->blas_ws, ws));
     G_BLAS(cublasSetMathMode(g->blas, CUBLAS_DEFAULT_MATH));
     G_BLAS(cublasLtCreate(&g->lt));
@@ -1252,7 +1273,7 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
         G_CUDA(cudaEventCreateWithFlags(&g->join_ev[i], cudaEventDisableTiming));
         G_BLAS(cublasCreate(&g->side_blas[i]));
         G_BLAS(cublasSetStream(g->side_blas[i], g->side[i]));
-        G_TRY(dalloc(g, &sws, ws, EXEC_MEM_WORKSPACE, err));
+        G_TRY(dalloc(g, &sws, ws, EXEC_MEM_WORKSPACE, "a side stream's cuBLAS workspace", err));
         G_BLAS(cublasSetWorkspace(g->side_blas[i], sws, ws));
         g->side_ws[i] = sws;
     }
@@ -1801,11 +1822,12 @@ extern "C" enum moe_status exec_gpu_optimizer(struct exec_gpu *g, const struct e
     for (int i = 0; i < GK_NORM_BLOCKS; i++) norm += part[i];
     norm = sqrt(norm);
     *gnorm = norm;
-    if (!isfinite(norm))
-        return moe_error_set(err, MOE_ERR_RUNTIME,
-                             "step %d: the gradient norm is %g; training diverged (lower the "
-                             "learning rate or check the data)",
-                             step, norm);
+    if (!isfinite(norm)) {
+        char where[384];
+        G_TRY(exec_gpu_nonfinite(g, where, sizeof where, err));
+        return moe_error_set(err, MOE_ERR_NUMERICS, "step %d: the gradient norm is %g: %s", step + 1,
+                             norm, where[0] ? where : "no tensor holds it now");
+    }
     struct gk_adamw a;
     a.lr = (float)exec_lr_at(o, step);
     a.beta1 = (float)o->beta1;
@@ -1830,6 +1852,65 @@ extern "C" enum moe_status exec_gpu_optimizer(struct exec_gpu *g, const struct e
         G_LAUNCH(gk_to_bf16(g->master, g->w16, g->table.nparams, g->s));
     }
     return MOE_OK;
+}
+
+/* True when n floats at d hold NaN or Inf (their sum of squares is not finite). */
+static enum moe_status nonfinite(struct exec_gpu *g, const float *d, size_t n, bool *bad,
+                                 struct moe_error *err)
+{
+    double part[GK_NORM_BLOCKS], sum = 0.0;
+    G_LAUNCH(gk_sumsq(d, n, g->norm_part, g->s));
+    G_CUDA(cudaMemcpyAsync(part, g->norm_part, sizeof part, cudaMemcpyDeviceToHost, g->s));
+    G_TRY(sync_host(g, err));
+    for (int i = 0; i < GK_NORM_BLOCKS; i++) sum += part[i];
+    *bad = !isfinite(sum);
+    return MOE_OK;
+}
+
+extern "C" enum moe_status exec_gpu_nonfinite(struct exec_gpu *g, char *where, size_t cap,
+                                              struct moe_error *err)
+{
+    size_t th = (size_t)g->T * g->h;
+    bool bad = false;
+    where[0] = '\0';
+    for (int l = 0; l <= g->L; l++) { /* xin[0]: the embedding; xin[l + 1]: block l's output */
+        G_TRY(nonfinite(g, g->xin[l], th, &bad, err));
+        if (!bad) continue;
+        if (l == 0) snprintf(where, cap, "the embedding's output holds NaN or Inf");
+        else
+            snprintf(where, cap, "block %d's forward output holds NaN or Inf (its input is "
+                     "finite); the loss and every gradient after it follow", l - 1);
+        return MOE_OK;
+    }
+    for (int i = g->table.ntensors - 1; i >= 0; i--) { /* from the head back, as the backward */
+        const struct exec_tensor *t = &g->table.tensor[i];
+        G_TRY(nonfinite(g, g->grad + t->offset, t->size, &bad, err));
+        if (!bad) continue;
+        snprintf(where, cap, "the gradient of %s (%d x %d) holds NaN or Inf, the tensors after "
+                 "it in the backward none (every block's forward output is finite)",
+                 t->name, t->rows, t->cols);
+        return MOE_OK;
+    }
+    return MOE_OK;
+}
+
+extern "C" enum moe_status exec_gpu_poison(struct exec_gpu *g, const char *tensor, bool weight,
+                                           struct moe_error *err)
+{
+    const struct exec_tensor *t = exec_ref_tensor(&g->table, tensor);
+    if (!t)
+        return moe_error_set(err, MOE_ERR_INPUT, "no tensor named '%s' in this model (e.g. %s)",
+                             tensor, g->table.tensor[g->table.ntensors - 1].name);
+    size_t at = t->offset + t->size / 2;
+    float nan = NAN;
+    bf16 nan16 = __float2bfloat16(nan);
+    if (weight) {
+        G_CUDA(cudaMemcpyAsync(g->master + at, &nan, sizeof nan, cudaMemcpyHostToDevice, g->s));
+        G_CUDA(cudaMemcpyAsync(g->w16 + at, &nan16, sizeof nan16, cudaMemcpyHostToDevice, g->s));
+    } else {
+        G_CUDA(cudaMemcpyAsync(g->grad + at, &nan, sizeof nan, cudaMemcpyHostToDevice, g->s));
+    }
+    return sync_host(g, err);
 }
 
 extern "C" enum moe_status exec_gpu_update_bias(struct exec_gpu *g, double rate,
@@ -2020,7 +2101,7 @@ extern "C" enum moe_status exec_moe_bench(const struct exec_moe_bench_cfg *c, in
     }
     free(p), free(q);
     /* T sequences of one token: the layer sees T tokens, attention's workspace stays tiny */
-    struct exec_gpu_cfg cfg = {1, T, false, 0.0, 0, c->streams, NULL, NULL, 0.0, 0, NULL, NULL, 0};
+    struct exec_gpu_cfg cfg = {1, T, false, 0.0, 0, c->streams, NULL, NULL, 0.0, 0, NULL, NULL, 0, 0.0};
     struct exec_gpu *g = NULL;
     int *dchoice = NULL, dense_off[GK_MAX_EXPERTS + 1];
     enum moe_status st = exec_gpu_create(&g, &m, &cfg, err);

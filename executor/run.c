@@ -135,7 +135,7 @@ static enum moe_status routing(struct exec_gpu *g, const struct mdl_model *m,
     if (world && n) {
         for (size_t i = 0; i < n; i++) x[i] = (double)c[i];
         if (cudaMalloc((void **)&d, sizeof *d * n) != cudaSuccess) {
-            st = moe_error_set(err, MOE_ERR_CUDA, "run: out of GPU memory for the routing");
+            st = moe_error_set(err, MOE_ERR_NOMEM, "run: out of GPU memory for the routing");
             goto done;
         }
         if ((st = sum_doubles(world, d, x, n, err))) goto done;
@@ -210,7 +210,7 @@ static enum moe_status pipe_init(struct pipe *pp, const struct plan_file *p, int
         cudaMalloc((void **)&pp->dgo, slots) != cudaSuccess ||
         cudaMalloc((void **)&pp->out, pp->th * sizeof(float)) != cudaSuccess ||
         cudaMalloc((void **)&pp->in, 2 * pp->th * sizeof(float)) != cudaSuccess)
-        return moe_error_set(err, MOE_ERR_CUDA,
+        return moe_error_set(err, MOE_ERR_NOMEM,
                              "pipeline: rank %d: out of GPU memory for %d x %d stage activations",
                              me, pp->vpp, pp->M);
     return MOE_OK;
@@ -337,7 +337,8 @@ static enum moe_status rank_main(struct run_shared *sh, int me, struct exec_tran
     struct exec_gpu_cfg cfg = {l->seq_len, l->mbs, l->recompute == COST_RECOMPUTE_FULL, c->aux,
                                device, c->streams, ept.ops ? &ept : NULL, groups,
                                p->buffer_factor, nmoe, l->zero >= 1 && dp > 1 ? world : NULL,
-                               l->pp == 1 && !c->no_grad_overlap ? world : NULL, micro};
+                               l->pp == 1 && !c->no_grad_overlap ? world : NULL, micro,
+                               c->gpu_mem_limit};
     if ((st = exec_gpu_create(&g, m, &cfg, err))) goto done;
     if (c->mode == EXEC_RUN_VIRTUAL) sh->streams[me] = exec_gpu_stream(g);
     if ((st = exec_gpu_init(g, c->seed, err))) goto done;
@@ -352,8 +353,8 @@ static enum moe_status rank_main(struct run_shared *sh, int me, struct exec_tran
         st = moe_error_set(err, MOE_ERR_NOMEM, "run: out of memory");
         goto done;
     }
-    if (world && cudaMalloc((void **)&scratch, sizeof *scratch * 4) != cudaSuccess) {
-        st = moe_error_set(err, MOE_ERR_CUDA, "run: rank %d: out of GPU memory", me);
+    if (world && cudaMalloc((void **)&scratch, sizeof *scratch * 5) != cudaSuccess) {
+        st = moe_error_set(err, MOE_ERR_NOMEM, "run: rank %d: out of GPU memory", me);
         goto done;
     }
     info.mode = c->mode;
@@ -361,7 +362,8 @@ static enum moe_status rank_main(struct run_shared *sh, int me, struct exec_tran
     info.ranks = p->gpus;
     info.devices = c->mode == EXEC_RUN_THREADS ? p->gpus : 1;
     snprintf(info.data, sizeof info.data, "%s", data.source);
-    bool ckpt = c->ckpt_dir && (c->ckpt_every > 0 || c->resume);
+    bool ckpt = c->ckpt_dir != NULL;
+    int skips = 0; /* steps skipped for NaN or Inf in a row */
     struct exec_ckpt_id cid = {m->name, exec_gpu_table(g)->nparams, 0, me, p->gpus};
     if (ckpt && (st = ckpt_init(&ck, g, &data, err))) goto done;
     if (ckpt && c->resume) { /* the state of the latest checkpoint, then its step */
@@ -382,9 +384,13 @@ static enum moe_status rank_main(struct run_shared *sh, int me, struct exec_tran
     info.first_step = s0;
     if (me == 0 && c->on_start) c->on_start(c->ctx, &info);
     for (int s = s0; s < c->steps; s++) {
-        double t0 = moe_time_now_s(), v[4] = {0, 0, 0, 0}, gnorm = 0.0;
+        double t0 = moe_time_now_s(), v[5] = {0, 0, 0, 0, 0}, gnorm = 0.0;
+        char why[512] = "";
         struct exec_gpu_step_stats ss;
         if ((st = exec_gpu_step_begin(g, err))) goto done;
+        if (me == 0 && c->nan_tensor && s + 1 == c->nan_step && c->nan_weight &&
+            (st = exec_gpu_poison(g, c->nan_tensor, true, err)))
+            goto done;
         exec_data_next(&data, tok, seqs * per);
         if (l->pp > 1 &&
             (st = pipe_step(&pipe, g, tok, per, l->mbs, dp, pr->dp, &v[0], &v[1], err)))
@@ -406,14 +412,34 @@ static enum moe_status rank_main(struct run_shared *sh, int me, struct exec_tran
                                "rank %d stopped in the middle of step %d (fault test)", me, s + 1);
             goto done;
         }
+        if (me == 0 && c->nan_tensor && s + 1 == c->nan_step && !c->nan_weight &&
+            (st = exec_gpu_poison(g, c->nan_tensor, false, err)))
+            goto done;
         if (world && (st = exec_gpu_reduce_grads(g, world, err))) goto done;
-        if ((st = exec_gpu_optimizer(g, &info.opt, s, &gnorm, err))) goto done;
-        if ((st = exec_gpu_update_bias(g, c->bias_rate, world, err))) goto done;
+        /* the norm is of the summed gradients: every rank decides the same */
+        st = exec_gpu_optimizer(g, &info.opt, s, &gnorm, err);
+        bool skipped = st == MOE_ERR_NUMERICS && c->skip_nonfinite && ++skips < EXEC_MAX_SKIPS;
+        if (st == MOE_ERR_NUMERICS && c->skip_nonfinite && !skipped)
+            snprintf(err->message + strlen(err->message),
+                     sizeof err->message - strlen(err->message),
+                     " (%d steps in a row skipped: the run stops)", EXEC_MAX_SKIPS);
+        if (skipped) {
+            snprintf(why, sizeof why, "%s", err->message);
+            st = MOE_OK;
+        } else if (st != MOE_OK) {
+            goto done;
+        } else {
+            skips = 0;
+            if ((st = exec_gpu_update_bias(g, c->bias_rate, world, err))) goto done;
+        }
         if ((st = exec_gpu_step_end(g, &ss, err))) goto done;
         v[2] = ss.dispatch.nvlink;
         v[3] = ss.dispatch.scale_out;
-        if (world && (st = sum_doubles(world, scratch, v, 4, err))) goto done;
-        if (ckpt && c->ckpt_every > 0 && (s + 1) % c->ckpt_every == 0) {
+        v[4] = c->stop && *c->stop ? 1.0 : 0.0;
+        if (world && (st = sum_doubles(world, scratch, v, 5, err))) goto done;
+        bool stop = v[4] > 0 && s + 1 < c->steps; /* agreed: some rank was asked to stop */
+        bool due = c->ckpt_every > 0 && (s + 1) % c->ckpt_every == 0;
+        if (ckpt && (due || stop)) {
             double one = 1.0; /* every rank's files are down before rank 0 commits */
             cid.step = s + 1;
             if ((st = exec_gpu_get_params(g, ck.params, err)) ||
@@ -423,13 +449,29 @@ static enum moe_status rank_main(struct run_shared *sh, int me, struct exec_tran
                 (me == 0 && (st = exec_ckpt_commit(c->ckpt_dir, s + 1, err))))
                 goto done;
         }
-        if (me != 0) continue;
-        struct exec_run_step rs = {s + 1, v[0] / dp, v[1] / dp, exec_lr_at(&info.opt, s), gnorm,
-                                   1e3 * (moe_time_now_s() - t0), ss};
-        rs.gpu.dispatch = (struct cost_bytes){v[2], v[3]};
-        sh->r->dispatch.nvlink += v[2];
-        sh->r->dispatch.scale_out += v[3];
-        if (c->on_step) c->on_step(c->ctx, &rs);
+        if (me == 0) {
+            struct exec_run_step rs = {s + 1, skipped, "", v[0] / dp, v[1] / dp,
+                                       exec_lr_at(&info.opt, s), gnorm,
+                                       1e3 * (moe_time_now_s() - t0), ss};
+            snprintf(rs.why, sizeof rs.why, "%s", why);
+            rs.gpu.dispatch = (struct cost_bytes){v[2], v[3]};
+            sh->r->dispatch.nvlink += v[2];
+            sh->r->dispatch.scale_out += v[3];
+            if (c->on_step) c->on_step(c->ctx, &rs);
+        }
+        if (stop) {
+            if (ckpt)
+                st = moe_error_set(err, MOE_ERR_INTERRUPTED,
+                                   "stopped by a signal after step %d of %d; checkpoint of step %d "
+                                   "in %s: continue with --resume",
+                                   s + 1, c->steps, s + 1, c->ckpt_dir);
+            else
+                st = moe_error_set(err, MOE_ERR_INTERRUPTED,
+                                   "stopped by a signal after step %d of %d; no --checkpoint-dir, "
+                                   "nothing saved",
+                                   s + 1, c->steps);
+            goto done;
+        }
     }
     if ((st = routing(g, m, world, me == 0, sh->r, err))) goto done;
     if (me == 0) {

@@ -428,6 +428,7 @@ struct plan_file {
     char gpu[64];
     double step_us, model_tflops_per_gpu, mfu;
     double phase_us[COST_NPHASES]; /* predicted exposed time per phase */
+    double memory_bytes[COST_NMEM], memory_total_bytes; /* predicted, the fullest GPU */
     struct plan_rank *rank;        /* (gpus) */
     /* (layers x experts): the EP rank that serves expert e of MoE layer l; -1 for dense layers;
      * -2 where the plan splits an expert's tokens over replicas */

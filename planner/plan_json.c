@@ -511,6 +511,14 @@ enum moe_status plan_load(const char *file, struct plan_file *p, struct moe_erro
             (st = moe_jval_num(&ph, "exposed_us", true, 0, 0, 1e18, &p->phase_us[i], err)))
             goto cleanup;
     }
+    struct moe_jval mem;
+    if ((st = moe_jval_object(&pred, "memory_bytes", true, &mem, NULL, err)) ||
+        (st = moe_jval_num(&mem, "total", true, 0, 0, 1e18, &p->memory_total_bytes, err)))
+        goto cleanup;
+    for (int k = 0; k < COST_NMEM; k++)
+        if ((st = moe_jval_num(&mem, cost_mem_names[k], true, 0, 0, 1e18, &p->memory_bytes[k],
+                               err)))
+            goto cleanup;
     if ((st = load_ranks(&root, p, err))) goto cleanup;
     if ((st = load_stages(&root, p, err))) goto cleanup;
     st = load_placement(&root, p, err);

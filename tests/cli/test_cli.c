@@ -381,6 +381,15 @@ static void test_run(void **state)
     RUN(&r, "run", "/tmp/moe_cli_plan8.json", "--inject-fault", "1");
     assert_int_equal(r.code, 2);
     expect_in(r.err, "RANK:STEP");
+    RUN(&r, "run", "/tmp/moe_cli_plan8.json", "--on-nonfinite", "ignore");
+    assert_int_equal(r.code, 2);
+    expect_in(r.err, "--on-nonfinite ignore: stop or skip");
+    RUN(&r, "run", "/tmp/moe_cli_plan8.json", "--inject-nan", "0:blk0.wo");
+    assert_int_equal(r.code, 2);
+    expect_in(r.err, "STEP:TENSOR[:weight]");
+    RUN(&r, "run", "/tmp/moe_cli_plan8.json", "--gpu-memory-limit", "12");
+    assert_int_equal(r.code, 2);
+    expect_in(r.err, "--gpu-memory-limit 12: must be in");
     RUN(&r, "plan", "--model", "tiny-moe-gqa", "--cluster", "hgx-h200-x8", "--gpus", "1",
         "--seq-len", "64", "-o", "/tmp/moe_cli_plan1.json");
     assert_int_equal(r.code, 0);
