@@ -45,16 +45,20 @@ const struct cli_opt cmd_validate_opts[] = {
     {NULL, 0, 0, NULL, NULL},
 };
 
-/* A one-GPU job: a proxy of a shipped model and its layout. */
+/* A one-GPU job: a proxy of a shipped model and its layout; skew > 0 skews its routing with a
+ * fixed selection bias (expert e gets skew x (E - 1 - e) / (E - 1) / E added to its score),
+ * and the job is predicted with the routing it measured, as `plan --routing` does. */
 struct job {
     const char *model;
     int layers, experts, seq, mbs, micro;
     enum cost_recompute recompute;
+    double skew;
 };
 
 /* The job's plan as plan_load gives it, with the cost model's prediction under cal. */
 static enum moe_status job_plan(struct cli *cli, const struct job *j, const struct topo_cluster *cl,
-                                const struct cost_calibration *cal, struct plan_file *p,
+                                const struct cost_calibration *cal,
+                                const struct cost_routing *routing, struct plan_file *p,
                                 struct moe_error *err)
 {
     char dir[MOE_PATH_MAX];
@@ -70,6 +74,7 @@ static enum moe_status job_plan(struct cli *cli, const struct job *j, const stru
                               j->recompute, COST_DISPATCH_ALLTOALL, false};
     struct cost_ctx ctx;
     cost_ctx_init(&ctx, m, cl, cal, 1);
+    ctx.routing = routing;
     struct cost_result r;
     if ((st = cost_evaluate(&ctx, l, &r, err))) return st;
     p->gpus = 1;
@@ -108,12 +113,23 @@ static void job_step(void *ctx, const struct exec_run_step *s)
         memcpy(r->phase[r->n++], s->gpu.phase_ms, sizeof r->phase[0]);
 }
 
-/* Trains the job `steps` steps; med[p]: the median of each phase (ms) over steps 2..N. */
-static enum moe_status job_run(const struct plan_file *p, int steps, double *med, double *loss0,
-                               double *loss1, struct moe_error *err)
+/* Trains the job `steps` steps; med[p]: the median of each phase (ms) over steps 2..N; with
+ * routing, the MoE layers' measured routing too (cost_routing_free it). */
+static enum moe_status job_run(const struct plan_file *p, double skew, int steps, double *med,
+                               double *loss0, double *loss1, struct cost_routing *routing,
+                               struct moe_error *err)
 {
+    const struct mdl_model *m = &p->model;
+    int E = m->moe.experts;
     struct job_run jr = {steps, 0, calloc((size_t)steps, sizeof(double[COST_NPHASES])), 0, 0};
-    if (!jr.phase) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    double *bias = skew > 0 ? calloc((size_t)m->layers * E, sizeof *bias) : NULL;
+    if (!jr.phase || (skew > 0 && !bias)) {
+        free(jr.phase), free(bias);
+        return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    }
+    for (int b = 0; bias && b < m->layers; b++)
+        for (int e = 0; e < E; e++)
+            bias[(size_t)b * E + e] = E > 1 ? skew * (E - 1 - e) / (E - 1) / E : 0.0;
     struct exec_run_cfg c;
     memset(&c, 0, sizeof c);
     c.plan = p;
@@ -123,14 +139,27 @@ static enum moe_status job_run(const struct plan_file *p, int steps, double *med
     c.warmup = 1;
     c.streams = 1;
     c.lr = 3e-4;
-    c.bias_rate = 1e-3;
+    c.bias_rate = skew > 0 ? 0.0 : 1e-3; /* a skewed job keeps its bias */
+    c.bias0 = bias;
     c.timeout_s = 60;
     c.fail_rank = c.fail_step = -1;
     c.on_step = job_step;
     c.ctx = &jr;
     struct exec_run_result res;
+    memset(&res, 0, sizeof res);
     enum moe_status st = exec_run(&c, &res, err);
+    if (st == MOE_OK && routing) { /* the MoE layers' rows of (layers, experts) */
+        int64_t *moe = malloc(sizeof *moe * (size_t)m->layers * E);
+        int n = 0;
+        for (int b = 0; moe && b < m->layers; b++)
+            if (mdl_layer_is_moe(m, b))
+                memcpy(moe + (size_t)n++ * E, res.counts + (size_t)b * E, sizeof *moe * E);
+        st = moe ? cost_routing_from_counts(routing, moe, n, E, m->moe.top_k, err)
+                 : moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+        free(moe);
+    }
     exec_run_result_free(&res);
+    free(bias);
     if (st == MOE_OK) {
         double col[512];
         for (int ph = 0; ph < COST_NPHASES; ph++) {
@@ -180,33 +209,35 @@ static enum moe_status load_cluster(struct cli *cli, const char *name, struct to
 /* The calibration jobs: large and small experts (Mixtral's; 64 and 128 of DeepSeek-V2-Lite's), a
  * dense block, both attentions, hidden 4096 to 7168, sequences 1024 to 4096, full recompute. */
 static const struct job calib_jobs[] = {
-    {"mixtral-8x7b", 2, 0, 1024, 2, 1, COST_RECOMPUTE_NONE},
-    {"mixtral-8x7b", 3, 0, 4096, 1, 1, COST_RECOMPUTE_NONE},
-    {"deepseek-v2-lite", 3, 0, 1024, 2, 1, COST_RECOMPUTE_NONE},
-    {"deepseek-v2-lite", 2, 128, 2048, 1, 2, COST_RECOMPUTE_NONE},
-    {"deepseek-v2-lite", 3, 0, 4096, 1, 1, COST_RECOMPUTE_FULL},
-    {"kimi-k2", 2, 32, 2048, 1, 1, COST_RECOMPUTE_NONE},
+    {"mixtral-8x7b", 2, 0, 1024, 2, 1, COST_RECOMPUTE_NONE, 0},
+    {"mixtral-8x7b", 3, 0, 4096, 1, 1, COST_RECOMPUTE_NONE, 0},
+    {"deepseek-v2-lite", 3, 0, 1024, 2, 1, COST_RECOMPUTE_NONE, 0},
+    {"deepseek-v2-lite", 2, 128, 2048, 1, 2, COST_RECOMPUTE_NONE, 0},
+    {"deepseek-v2-lite", 3, 0, 4096, 1, 1, COST_RECOMPUTE_FULL, 0},
+    {"kimi-k2", 2, 32, 2048, 1, 1, COST_RECOMPUTE_NONE, 0},
 };
 #define NCALIB ((int)(sizeof calib_jobs / sizeof calib_jobs[0]))
 
-/* The validation jobs: other models, depths, sequences, micro-batching and recompute. */
+/* The validation jobs: other models, depths, sequences, micro-batching, recompute and skew. */
 static const struct job valid_jobs[] = {
-    {"deepseek-v2-lite", 4, 0, 2048, 4, 1, COST_RECOMPUTE_NONE},
-    {"mixtral-8x7b", 4, 0, 4096, 1, 1, COST_RECOMPUTE_NONE},
-    {"deepseek-v2-lite", 3, 96, 2048, 2, 1, COST_RECOMPUTE_NONE},
-    {"deepseek-v2-lite", 4, 0, 4096, 2, 1, COST_RECOMPUTE_FULL},
-    {"mixtral-8x7b", 2, 0, 2048, 2, 2, COST_RECOMPUTE_NONE},
-    {"deepseek-v3", 4, 16, 2048, 1, 1, COST_RECOMPUTE_NONE},
-    {"mixtral-8x7b", 2, 16, 4096, 1, 2, COST_RECOMPUTE_NONE},
-    {"kimi-k2", 2, 16, 1024, 4, 1, COST_RECOMPUTE_FULL},
+    {"deepseek-v2-lite", 4, 0, 2048, 4, 1, COST_RECOMPUTE_NONE, 0},
+    {"mixtral-8x7b", 4, 0, 4096, 1, 1, COST_RECOMPUTE_NONE, 0},
+    {"deepseek-v2-lite", 3, 96, 2048, 2, 1, COST_RECOMPUTE_NONE, 0},
+    {"deepseek-v2-lite", 4, 0, 4096, 2, 1, COST_RECOMPUTE_FULL, 0},
+    {"mixtral-8x7b", 2, 0, 2048, 2, 2, COST_RECOMPUTE_NONE, 0},
+    {"deepseek-v3", 4, 16, 2048, 1, 1, COST_RECOMPUTE_NONE, 0},
+    {"mixtral-8x7b", 2, 16, 4096, 1, 2, COST_RECOMPUTE_NONE, 0},
+    {"kimi-k2", 2, 16, 1024, 4, 1, COST_RECOMPUTE_FULL, 0},
+    {"deepseek-v2-lite", 3, 0, 2048, 2, 1, COST_RECOMPUTE_NONE, 1.0},
 };
 #define NVALID ((int)(sizeof valid_jobs / sizeof valid_jobs[0]))
 
 static void job_name(const struct job *j, char *buf, size_t cap)
 {
-    snprintf(buf, cap, "%s L%d%s%.0d seq %d mbs %d x %d%s", j->model, j->layers,
-             j->experts ? " E" : "", j->experts, j->seq, j->mbs, j->micro,
-             j->recompute == COST_RECOMPUTE_FULL ? " recompute" : "");
+    int n = snprintf(buf, cap, "%s L%d%s%.0d seq %d mbs %d x %d%s", j->model, j->layers,
+                     j->experts ? " E" : "", j->experts, j->seq, j->mbs, j->micro,
+                     j->recompute == COST_RECOMPUTE_FULL ? " recompute" : "");
+    if (j->skew > 0 && n > 0 && (size_t)n < cap) snprintf(buf + n, cap - n, " skew %g", j->skew);
 }
 
 /* GEMMs of the executor's shapes: the projections, the LM head, and expert GEMMs from a few rows
@@ -305,6 +336,8 @@ static bool job_parse(const char *name, struct job *j, char *model, size_t cap)
     if (sscanf(r, " E%d%n", &j->experts, &n) == 1) r += n;
     if (sscanf(r, " seq %d mbs %d x %d%n", &j->seq, &j->mbs, &j->micro, &n) != 3) return false;
     j->recompute = strstr(r + n, "recompute") ? COST_RECOMPUTE_FULL : COST_RECOMPUTE_NONE;
+    const char *sk = strstr(r + n, " skew ");
+    if (sk && sscanf(sk, " skew %lf", &j->skew) != 1) return false;
     snprintf(model, cap, "%s", m);
     j->model = model;
     return j->layers > 0 && j->seq > 0 && j->mbs > 0 && j->micro > 0;
@@ -363,8 +396,8 @@ static enum moe_status measure(struct cli *cli, const struct topo_cluster *cl, b
         struct plan_file p;
         double l0, l1;
         d->job[i] = calib_jobs[i];
-        st = job_plan(cli, &calib_jobs[i], cl, &base, &p, err);
-        if (st == MOE_OK) st = job_run(&p, quick ? 5 : 9, d->got[i], &l0, &l1, err);
+        st = job_plan(cli, &calib_jobs[i], cl, &base, NULL, &p, err);
+        if (st == MOE_OK) st = job_run(&p, 0.0, quick ? 5 : 9, d->got[i], &l0, &l1, NULL, err);
         plan_file_free(&p);
         if (st != MOE_OK) return st;
         for (int ph = 0; ph < COST_NPHASES; ph++) d->got[i][ph] *= 1e3; /* us */
@@ -548,7 +581,7 @@ static enum moe_status fit(struct cli *cli, const struct topo_cluster *cl,
         struct plan_file p;
         char name[128];
         job_name(&d->job[i], name, sizeof name);
-        enum moe_status st = job_plan(cli, &d->job[i], cl, cal, &p, err);
+        enum moe_status st = job_plan(cli, &d->job[i], cl, cal, NULL, &p, err);
         for (int ph = 0; st == MOE_OK && ph < COST_NPHASES; ph++) {
             model[i][ph] = p.phase_us[ph];
             count[i][ph] = occurrences(&p, ph);
@@ -694,8 +727,22 @@ static int validate(struct cli *cli, const char *dir, const char *cal_file, cons
         char name[128];
         double med[COST_NPHASES], l0, l1;
         job_name(&valid_jobs[i], name, sizeof name);
-        enum moe_status st = job_plan(cli, &valid_jobs[i], &cl, &cal, &p, &err);
-        if (st == MOE_OK) st = job_run(&p, steps, med, &l0, &l1, &err);
+        const struct job *j = &valid_jobs[i];
+        struct cost_routing rt;
+        memset(&rt, 0, sizeof rt);
+        enum moe_status st = job_plan(cli, j, &cl, &cal, NULL, &p, &err);
+        if (st == MOE_OK)
+            st = job_run(&p, j->skew, steps, med, &l0, &l1, j->skew > 0 ? &rt : NULL, &err);
+        if (st == MOE_OK && j->skew > 0) { /* predicted again with the routing it measured */
+            plan_file_free(&p);
+            st = job_plan(cli, j, &cl, &cal, &rt, &p, &err);
+            double mx = 0;
+            for (int e = 0; e < rt.experts; e++) mx = fmax(mx, rt.pick[e] * rt.experts / rt.top_k);
+            if (st == MOE_OK)
+                printf("  %s: its routing's busiest expert has %.1f x the mean load (first MoE "
+                       "layer); predicted with that routing\n", name, mx);
+        }
+        cost_routing_free(&rt);
         double pstep = p.step_us, pph[COST_NPHASES];
         memcpy(pph, p.phase_us, sizeof pph);
         plan_file_free(&p);

@@ -724,6 +724,8 @@ struct exec_run_cfg {
      * they are in, write a checkpoint when ckpt_dir is set, and return MOE_ERR_INTERRUPTED */
     const volatile sig_atomic_t *stop;
     double gpu_mem_limit;          /* bytes a rank may allocate (0: the device's) */
+    const double *bias0;           /* (layers, experts) selection biases to start from (NULL:
+                                    * zeros; a resumed run has its checkpoint's) */
     /* called on rank 0 (its thread, or the rank-0 process) */
     void (*on_start)(void *ctx, const struct exec_run_info *info);
     void (*on_step)(void *ctx, const struct exec_run_step *s);

@@ -342,6 +342,7 @@ static enum moe_status rank_main(struct run_shared *sh, int me, struct exec_tran
     if ((st = exec_gpu_create(&g, m, &cfg, err))) goto done;
     if (c->mode == EXEC_RUN_VIRTUAL) sh->streams[me] = exec_gpu_stream(g);
     if ((st = exec_gpu_init(g, c->seed, err))) goto done;
+    if (c->bias0 && (st = exec_gpu_set_bias(g, c->bias0, err))) goto done;
     if ((st = exec_data_open(&data, c->data, m->vocab, c->seed, err))) goto done;
     exec_adamw_defaults(&info.opt);
     info.opt.lr_max = c->lr;

@@ -204,6 +204,9 @@ enum moe_status cost_routing_load(struct cost_routing *r, const char *file, int 
 /* From explicit token choices: `choice` is tokens x top_k expert ids (exact counts). */
 enum moe_status cost_routing_from_choices(struct cost_routing *r, const int *choice, int tokens,
                                           int experts, int top_k, struct moe_error *err);
+/* From counts (layers x experts) of (token, expert) pairs, each layer over its own total. */
+enum moe_status cost_routing_from_counts(struct cost_routing *r, const int64_t *counts, int layers,
+                                         int experts, int top_k, struct moe_error *err);
 void cost_routing_free(struct cost_routing *r);
 
 /* Which EP rank holds each expert: placement[e] in [0, ep). NULL in the API means contiguous

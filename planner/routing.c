@@ -134,6 +134,32 @@ enum moe_status cost_routing_from_choices(struct cost_routing *r, const int *cho
     return MOE_OK;
 }
 
+enum moe_status cost_routing_from_counts(struct cost_routing *r, const int64_t *counts, int layers,
+                                         int experts, int top_k, struct moe_error *err)
+{
+    if (layers < 1 || experts < 1 || top_k < 1)
+        return moe_error_set(err, MOE_ERR_INPUT, "routing: no layers or experts");
+    double *pick = calloc((size_t)layers * experts, sizeof *pick);
+    if (!pick) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory building a routing");
+    for (int l = 0; l < layers; l++) {
+        double total = 0.0;
+        for (int e = 0; e < experts; e++) total += (double)counts[(size_t)l * experts + e];
+        if (total <= 0.0) {
+            free(pick);
+            return moe_error_set(err, MOE_ERR_INPUT, "routing: layer %d routed no token", l);
+        }
+        for (int e = 0; e < experts; e++) /* P(a token picks e): counts over tokens */
+            pick[(size_t)l * experts + e] = (double)counts[(size_t)l * experts + e] * top_k / total;
+    }
+    memset(r, 0, sizeof *r);
+    r->kind = COST_ROUTING_MEASURED;
+    r->experts = experts;
+    r->top_k = top_k;
+    r->layers = layers;
+    r->pick = pick;
+    return MOE_OK;
+}
+
 enum moe_status cost_routing_load(struct cost_routing *r, const char *file, int experts,
                                   int top_k, struct moe_error *err)
 {
