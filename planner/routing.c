@@ -46,6 +46,19 @@ static void picks_from_weights(const double *w, int n, int k, double *pick)
     }
 }
 
+/* A routing that owns pick (and pair, NULL: none). */
+static void routing_fill(struct cost_routing *r, enum cost_routing_kind kind, int experts,
+                         int top_k, int layers, double *pick, double *pair)
+{
+    memset(r, 0, sizeof *r);
+    r->kind = kind;
+    r->experts = experts;
+    r->top_k = top_k;
+    r->layers = layers;
+    r->pick = pick;
+    r->pair = pair;
+}
+
 enum moe_status cost_routing_synthetic(struct cost_routing *r, enum cost_routing_kind kind,
                                        double param, uint64_t seed, int experts, int top_k,
                                        struct moe_error *err)
@@ -89,14 +102,9 @@ enum moe_status cost_routing_synthetic(struct cost_routing *r, enum cost_routing
     picks_from_weights(w, experts, top_k, pick);
     free(w);
     free(perm);
-    memset(r, 0, sizeof *r);
-    r->kind = kind;
+    routing_fill(r, kind, experts, top_k, 1, pick, NULL);
     r->param = param;
     r->seed = seed;
-    r->experts = experts;
-    r->top_k = top_k;
-    r->layers = 1;
-    r->pick = pick;
     return MOE_OK;
 }
 
@@ -124,13 +132,7 @@ enum moe_status cost_routing_from_choices(struct cost_routing *r, const int *cho
             for (int b = 0; b < top_k; b++)
                 if (b != a) pair[(size_t)e * experts + choice[t * top_k + b]] += 1.0 / tokens;
         }
-    memset(r, 0, sizeof *r);
-    r->kind = COST_ROUTING_MEASURED;
-    r->experts = experts;
-    r->top_k = top_k;
-    r->layers = 1;
-    r->pick = pick;
-    r->pair = pair;
+    routing_fill(r, COST_ROUTING_MEASURED, experts, top_k, 1, pick, pair);
     return MOE_OK;
 }
 
@@ -151,12 +153,7 @@ enum moe_status cost_routing_from_counts(struct cost_routing *r, const int64_t *
         for (int e = 0; e < experts; e++) /* P(a token picks e): counts over tokens */
             pick[(size_t)l * experts + e] = (double)counts[(size_t)l * experts + e] * top_k / total;
     }
-    memset(r, 0, sizeof *r);
-    r->kind = COST_ROUTING_MEASURED;
-    r->experts = experts;
-    r->top_k = top_k;
-    r->layers = layers;
-    r->pick = pick;
+    routing_fill(r, COST_ROUTING_MEASURED, experts, top_k, layers, pick, NULL);
     return MOE_OK;
 }
 
@@ -258,13 +255,8 @@ enum moe_status cost_routing_load(struct cost_routing *r, const char *file, int 
             }
         }
     }
-    memset(r, 0, sizeof *r);
-    r->kind = COST_ROUTING_MEASURED;
-    r->experts = experts;
-    r->top_k = top_k;
-    r->layers = (int)nl;
-    r->pick = pick;
-    r->pair = have_pairs ? pair : NULL;
+    routing_fill(r, COST_ROUTING_MEASURED, experts, top_k, (int)nl, pick,
+                 have_pairs ? pair : NULL);
     if (!have_pairs) free(pair);
     pick = pair = NULL;
 cleanup:
