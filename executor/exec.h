@@ -681,7 +681,7 @@ extern const char *const exec_run_mode_names[];
 struct exec_run_step {
     int step;                       /* 1-based */
     bool skipped;                   /* NaN or Inf: no update (skip_nonfinite); why: the reason */
-    char why[512];
+    char why[MOE_MSG_MAX];
     double loss, aux, lr, gnorm;    /* loss and aux: the mean over the global batch */
     double wall_ms;                 /* rank 0's host time of the step */
     struct exec_gpu_step_stats gpu; /* rank 0's phases and host syncs; dispatch: every rank's */

@@ -386,7 +386,7 @@ static enum moe_status rank_main(struct run_shared *sh, int me, struct exec_tran
     if (me == 0 && c->on_start) c->on_start(c->ctx, &info);
     for (int s = s0; s < c->steps; s++) {
         double t0 = moe_time_now_s(), v[5] = {0, 0, 0, 0, 0}, gnorm = 0.0;
-        char why[512] = "";
+        char why[MOE_MSG_MAX] = "";
         struct exec_gpu_step_stats ss;
         if ((st = exec_gpu_step_begin(g, err))) goto done;
         if (me == 0 && c->nan_tensor && s + 1 == c->nan_step && c->nan_weight &&
@@ -420,10 +420,11 @@ static enum moe_status rank_main(struct run_shared *sh, int me, struct exec_tran
         /* the norm is of the summed gradients: every rank decides the same */
         st = exec_gpu_optimizer(g, &info.opt, s, &gnorm, err);
         bool skipped = st == MOE_ERR_NUMERICS && c->skip_nonfinite && ++skips < EXEC_MAX_SKIPS;
-        if (st == MOE_ERR_NUMERICS && c->skip_nonfinite && !skipped)
-            snprintf(err->message + strlen(err->message),
-                     sizeof err->message - strlen(err->message),
-                     " (%d steps in a row skipped: the run stops)", EXEC_MAX_SKIPS);
+        if (st == MOE_ERR_NUMERICS && c->skip_nonfinite && !skipped) {
+            struct moe_error why = *err;
+            moe_error_set(err, st, "%s (%d steps in a row skipped: the run stops)", why.message,
+                          EXEC_MAX_SKIPS);
+        }
         if (skipped) {
             snprintf(why, sizeof why, "%s", err->message);
             st = MOE_OK;
