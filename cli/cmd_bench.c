@@ -13,7 +13,7 @@
 #include "rpt.h"
 
 enum { OPT_E = 1, OPT_T, OPT_K, OPT_H, OPT_F, OPT_SKEW, OPT_SEED, OPT_ITERS, OPT_WARM, OPT_STREAMS,
-       OPT_JSON, OPT_ROUT };
+       OPT_JSON, OPT_ROUT, OPT_CAL, OPT_CLUSTER };
 
 const struct cli_opt cmd_bench_opts[] = {
     {"experts", required_argument, OPT_E, "E", "routed experts (8)"},
@@ -27,6 +27,10 @@ const struct cli_opt cmd_bench_opts[] = {
     {"warmup", required_argument, OPT_WARM, "N", "untimed runs first (3)"},
     {"streams", required_argument, OPT_STREAMS, "N", "CUDA streams for the expert GEMMs (4)"},
     {"json", required_argument, OPT_JSON, "FILE", "also write the results as JSON"},
+    {"calibration", required_argument, OPT_CAL, "FILE",
+     "the cost model's expert block for this routing next to the measured (a profile)"},
+    {"cluster", required_argument, OPT_CLUSTER, "C",
+     "with --calibration: the GPU's cluster (h200-vm)"},
     {"routing-out", required_argument, OPT_ROUT, "FILE",
      "write the routing used (tokens x topk int32 expert ids) for the peers"},
     {NULL, 0, 0, NULL, NULL},
@@ -51,7 +55,7 @@ int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     }
     uint64_t E = 8, T = 8192, K = 8, H = 7168, F = 2048, seed = 1, iters = 20, warm = 3, streams = 4;
     double skew = 2.0;
-    const char *json = NULL, *rout = NULL;
+    const char *json = NULL, *rout = NULL, *cal_file = NULL, *cluster = "h200-vm";
     for (int i = 0; i < nargs; i++) {
         const char *v = args[i].value;
         bool ok = true;
@@ -68,11 +72,22 @@ int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
         case OPT_SKEW: ok = cli_real(cmd, "skew", v, 0, 1e6, &skew); break;
         case OPT_JSON: json = v; break;
         case OPT_ROUT: rout = v; break;
+        case OPT_CAL: cal_file = v; break;
+        case OPT_CLUSTER: cluster = v; break;
         }
         if (!ok) return 2;
     }
     if (K > E) return cli_usage(cmd, "--topk %llu exceeds --experts %llu", (unsigned long long)K,
                                 (unsigned long long)E);
+    struct topo_cluster cl;
+    struct cost_calibration cal;
+    if (cal_file) {
+        char dir[MOE_PATH_MAX];
+        cli_data_path(cli, "topologies", dir, sizeof dir);
+        if (topo_cluster_resolve(&cl, cluster, dir, &err) != MOE_OK) return cli_fail(cli, &err);
+        cost_calibration_defaults(&cal, &cl.gpu);
+        if (cost_calibration_load(&cal, cal_file, &err) != MOE_OK) return cli_fail(cli, &err);
+    }
     int ndev = 0;
     if (exec_device_count(&ndev, &err) != MOE_OK) return cli_fail(cli, &err);
     if (ndev < 1) {
@@ -117,6 +132,20 @@ int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     char b[32];
     moe_format_bytes(r.layer_bytes, b, sizeof b);
     printf("host syncs per layer (fwd + bwd): %d; activations kept per layer: %s\n", r.host_syncs, b);
+    if (cal_file) { /* the cost model on this routing's rows per expert */
+        double *rows = calloc(E, sizeof *rows), us[2], pred[2] = {0, 0};
+        for (uint64_t i = 0; rows && i < T * K; i++) rows[choice[i]] += 1.0;
+        for (uint64_t e = 0; rows && e < E; e++) {
+            cost_expert_us(&cal, &cl.gpu, rows[e], (double)H, (double)F, false, us);
+            pred[0] += us[0] / 1e3, pred[1] += us[1] / 1e3;
+        }
+        free(rows);
+        double mf = r.block_fwd_ms, mb = r.block_ms - r.block_fwd_ms;
+        printf("expert block against the cost model (%s, this routing's rows): forward %.3f ms, "
+               "model %.3f (%+.1f%%); backward %.3f ms, model %.3f (%+.1f%%)\n",
+               cal.source, mf, pred[0], 100 * (mf / pred[0] - 1), mb, pred[1],
+               100 * (mb / pred[1] - 1));
+    }
     enum moe_status st = MOE_OK;
     if (rout) st = moe_file_write_atomic(rout, choice, sizeof *choice * (size_t)T * K, &err);
     free(choice);
