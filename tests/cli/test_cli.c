@@ -387,6 +387,9 @@ static void test_run(void **state)
     RUN(&r, "run", "/tmp/moe_cli_plan8.json", "--inject-nan", "0:blk0.wo");
     assert_int_equal(r.code, 2);
     expect_in(r.err, "STEP:TENSOR[:weight]");
+    RUN(&r, "bench", "moe", "--calibration", "/nonexistent-profile.json");
+    assert_int_equal(r.code, 3); /* the profile is read before the GPU is looked for */
+    expect_in(r.err, "/nonexistent-profile.json: cannot open");
     RUN(&r, "run", "/tmp/moe_cli_plan8.json", "--gpu-memory-limit", "12");
     assert_int_equal(r.code, 2);
     expect_in(r.err, "--gpu-memory-limit 12: must be in");
