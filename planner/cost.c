@@ -38,9 +38,10 @@ const char *const cost_mem_names[COST_NMEM] = {"weights",     "grads",          
 /* Primitives                                                                                     */
 /* ---------------------------------------------------------------------------------------------- */
 
-/* A GEMM's size-dependent time; *fixed receives its launch and setup time. */
+/* A GEMM's size-dependent time, rows at half efficiency m_half; *fixed receives its launch and
+ * setup time. */
 static double gemm_split(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
-                         double m, double n, double k, bool fp8, double *fixed)
+                         double m, double n, double k, bool fp8, double m_half, double *fixed)
 {
     *fixed = 0.0;
     if (m <= 0 || n <= 0 || k <= 0) return 0.0;
@@ -52,7 +53,7 @@ static double gemm_split(const struct cost_calibration *cal, const struct topo_g
     double tiles = ceil(m / cal->gemm_tile_m) * ceil(n / cal->gemm_tile_n);
     double waves = ceil(tiles / gpu->sms);
     double wave_eff = tiles < gpu->sms ? 1.0 : tiles / (waves * gpu->sms);
-    double m_eff = m / (m + cal->gemm_m_half), k_eff = k / (k + cal->gemm_k_half);
+    double m_eff = m / (m + m_half), k_eff = k / (k + cal->gemm_k_half);
     double t_flops = 2.0 * m * n * k / (peak * wave_eff * m_eff * k_eff);
     double bytes = (fp8 ? 1.0 : BF16) * (m * k + k * n) + BF16 * m * n;
     double t_mem = bytes / (gpu->hbm_bytes_per_s * cal->hbm_eff);
@@ -62,7 +63,7 @@ static double gemm_split(const struct cost_calibration *cal, const struct topo_g
 double cost_gemm_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
                     double m, double n, double k, bool fp8)
 {
-    double fixed, var = gemm_split(cal, gpu, m, n, k, fp8, &fixed);
+    double fixed, var = gemm_split(cal, gpu, m, n, k, fp8, cal->gemm_m_half, &fixed);
     return var + fixed;
 }
 
@@ -79,19 +80,18 @@ void cost_expert_parts(const struct cost_calibration *cal, const struct topo_gpu
     if (rows <= 0) return;
     double hbm = gpu->hbm_bytes_per_s * cal->hbm_eff, fx[6];
     double act = rows * 3 * f * BF16 / hbm * 1e6;
-    struct cost_calibration c = *cal;
-    c.gemm_m_half = cal->expert_m_half[0];
-    var[0] = gemm_split(&c, gpu, rows, 2 * f, h, fp8, &fx[0]) + /* gate and up */
-             gemm_split(&c, gpu, rows, h, f, fp8, &fx[1]) + act; /* down */
+    double mh = cal->expert_m_half[0];
+    var[0] = gemm_split(cal, gpu, rows, 2 * f, h, fp8, mh, &fx[0]) + /* gate and up */
+             gemm_split(cal, gpu, rows, h, f, fp8, mh, &fx[1]) + act; /* down */
     fixed[0] = fx[0] + fx[1] + cal->launch_us;
     /* dgrad (rows x input), wgrad (weights over the rows, the reduction) of both, added into
      * fp32 weight gradients: a read and a write of them whatever the rows; SwiGLU's backward
      * moves twice its forward's bytes */
-    c.gemm_m_half = cal->expert_m_half[1];
-    var[1] = gemm_split(&c, gpu, rows, f, h, fp8, &fx[2]) +
-             gemm_split(&c, gpu, rows, h, 2 * f, fp8, &fx[3]) +
-             gemm_split(&c, gpu, h, f, rows, fp8, &fx[4]) +
-             gemm_split(&c, gpu, 2 * f, h, rows, fp8, &fx[5]) + 3 * h * f * 8.0 / hbm * 1e6 +
+    mh = cal->expert_m_half[1];
+    var[1] = gemm_split(cal, gpu, rows, f, h, fp8, mh, &fx[2]) +
+             gemm_split(cal, gpu, rows, h, 2 * f, fp8, mh, &fx[3]) +
+             gemm_split(cal, gpu, h, f, rows, fp8, mh, &fx[4]) +
+             gemm_split(cal, gpu, 2 * f, h, rows, fp8, mh, &fx[5]) + 3 * h * f * 8.0 / hbm * 1e6 +
              2.0 * act;
     fixed[1] = fx[2] + fx[3] + fx[4] + fx[5] + cal->launch_us;
 }
