@@ -388,9 +388,10 @@ static enum moe_status rank_main(struct run_shared *sh, int me, struct exec_tran
         double t0 = moe_time_now_s(), v[5] = {0, 0, 0, 0, 0}, gnorm = 0.0;
         char why[MOE_MSG_MAX] = "";
         struct exec_gpu_step_stats ss;
+        /* testing (--inject-nan): rank 0 poisons a weight before the step, a gradient after it */
+        bool poison = me == 0 && c->nan_tensor && s + 1 == c->nan_step;
         if ((st = exec_gpu_step_begin(g, err))) goto done;
-        if (me == 0 && c->nan_tensor && s + 1 == c->nan_step && c->nan_weight &&
-            (st = exec_gpu_poison(g, c->nan_tensor, true, err)))
+        if (poison && c->nan_weight && (st = exec_gpu_poison(g, c->nan_tensor, true, err)))
             goto done;
         exec_data_next(&data, tok, seqs * per);
         if (l->pp > 1 &&
@@ -413,24 +414,25 @@ static enum moe_status rank_main(struct run_shared *sh, int me, struct exec_tran
                                "rank %d stopped in the middle of step %d (fault test)", me, s + 1);
             goto done;
         }
-        if (me == 0 && c->nan_tensor && s + 1 == c->nan_step && !c->nan_weight &&
-            (st = exec_gpu_poison(g, c->nan_tensor, false, err)))
+        if (poison && !c->nan_weight && (st = exec_gpu_poison(g, c->nan_tensor, false, err)))
             goto done;
         if (world && (st = exec_gpu_reduce_grads(g, world, err))) goto done;
         /* the norm is of the summed gradients: every rank decides the same */
         st = exec_gpu_optimizer(g, &info.opt, s, &gnorm, err);
-        bool skipped = st == MOE_ERR_NUMERICS && c->skip_nonfinite && ++skips < EXEC_MAX_SKIPS;
-        if (st == MOE_ERR_NUMERICS && c->skip_nonfinite && !skipped) {
-            struct moe_error why = *err;
-            moe_error_set(err, st, "%s (%d steps in a row skipped: the run stops)", why.message,
-                          EXEC_MAX_SKIPS);
+        bool skipped = false;
+        if (st == MOE_ERR_NUMERICS && c->skip_nonfinite) {
+            struct moe_error first = *err;
+            if (++skips < EXEC_MAX_SKIPS) {
+                snprintf(why, sizeof why, "%s", first.message);
+                skipped = true;
+                st = MOE_OK;
+            } else {
+                moe_error_set(err, st, "%s (%d steps in a row skipped: the run stops)",
+                              first.message, EXEC_MAX_SKIPS);
+            }
         }
-        if (skipped) {
-            snprintf(why, sizeof why, "%s", err->message);
-            st = MOE_OK;
-        } else if (st != MOE_OK) {
-            goto done;
-        } else {
+        if (st != MOE_OK) goto done;
+        if (!skipped) {
             skips = 0;
             if ((st = exec_gpu_update_bias(g, c->bias_rate, world, err))) goto done;
         }
