@@ -211,7 +211,7 @@ static void explain_failure(const struct run_opts *o, const struct plan_file *p,
 {
     struct moe_error what = *err;
     if (st == MOE_ERR_UNSUPPORTED) moe_error_set(err, st, "%s: %s", o->plan, what.message);
-    if (st == MOE_ERR_NOMEM && strstr(what.message, "GPU memory")) {
+    if (st == MOE_ERR_GPU_NOMEM) {
         const double *b = p->memory_bytes;
         moe_error_set(err, st,
                       "%s\n  the plan predicts %.3g GB a GPU: weights %.3g, gradients %.3g, "

@@ -38,13 +38,14 @@ enum moe_status {
     MOE_ERR_VERIFY,      /* a check of results failed: exit 5 */
     MOE_ERR_RUNTIME,     /* anything else that went wrong at run time: exit 1 */
     MOE_ERR_IO,          /* a file could not be read or written: exit 1 */
-    MOE_ERR_NOMEM,       /* an allocation failed (host, or GPU memory): exit 1 */
+    MOE_ERR_NOMEM,       /* host allocation failed: exit 1 */
     MOE_ERR_UNSUPPORTED, /* not built or not implemented in this build: exit 1 */
     MOE_ERR_CUDA,        /* CUDA runtime or driver: exit 1 */
     MOE_ERR_CUBLAS,      /* cuBLAS: exit 1 */
     MOE_ERR_NCCL,        /* NCCL: exit 1 */
     MOE_ERR_GLPK,        /* GLPK solver failure: exit 1 */
     MOE_ERR_NUMERICS,    /* training met NaN or Inf: exit 6 */
+    MOE_ERR_GPU_NOMEM,   /* GPU memory ran out (or passed the set limit): exit 1 */
     MOE_ERR_INTERRUPTED, /* stopped by SIGINT or SIGTERM: exit 128 + the signal (130 here) */
 };
 

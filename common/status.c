@@ -25,6 +25,7 @@ const char *moe_status_name(enum moe_status st)
     case MOE_ERR_NCCL: return "NCCL error";
     case MOE_ERR_GLPK: return "GLPK error";
     case MOE_ERR_NUMERICS: return "NaN or Inf in training";
+    case MOE_ERR_GPU_NOMEM: return "out of GPU memory";
     case MOE_ERR_INTERRUPTED: return "interrupted";
     }
     return "unknown status";

@@ -515,7 +515,7 @@ struct exec_gpu_cfg {
     struct exec_transport *dp;
     int micro_batches;
     /* GPU memory this exec_gpu may allocate, bytes (0: what the device has); more fails the
-     * allocation as a full device would, naming it (MOE_ERR_NOMEM) */
+     * allocation as a full device would, naming it (MOE_ERR_GPU_NOMEM) */
     double mem_limit;
 };
 struct exec_gpu;

@@ -193,7 +193,7 @@ static enum moe_status dalloc(struct exec_gpu *g, void **p, size_t bytes, enum e
         return moe_error_set(err, MOE_ERR_RUNTIME, "executor: more than %d allocations", MAX_ALLOCS);
     double lim = g->cfg.mem_limit, have = allocated(g);
     if (lim > 0 && have + (double)bytes > lim)
-        return moe_error_set(err, MOE_ERR_NOMEM,
+        return moe_error_set(err, MOE_ERR_GPU_NOMEM,
                              "executor: out of GPU memory allocating %s (%s, %.3g GB): %.3g GB "
                              "allocated so far, the limit %.3g GB (--gpu-memory-limit)",
                              what, exec_mem_names[cat], bytes / 1e9, have / 1e9, lim / 1e9);
@@ -203,7 +203,7 @@ static enum moe_status dalloc(struct exec_gpu *g, void **p, size_t bytes, enum e
         cudaGetLastError(); /* not sticky: clear it */
         cudaMemGetInfo(&fr, &tot);
         bool oom = e == cudaErrorMemoryAllocation;
-        return moe_error_set(err, oom ? MOE_ERR_NOMEM : MOE_ERR_CUDA,
+        return moe_error_set(err, oom ? MOE_ERR_GPU_NOMEM : MOE_ERR_CUDA,
                              "executor: %scudaMalloc of %s (%s, %.3g GB): %s; %.3g GB allocated "
                              "so far, %.3g of %.3g GB free on the device",
                              oom ? "out of GPU memory: " : "", what, exec_mem_names[cat],
@@ -2107,7 +2107,7 @@ extern "C" enum moe_status exec_moe_bench(const struct exec_moe_bench_cfg *c, in
     enum moe_status st = exec_gpu_create(&g, &m, &cfg, err);
     if (st == MOE_OK) st = exec_gpu_init(g, c->seed, err);
     if (st == MOE_OK && cudaMalloc((void **)&dchoice, sizeof(int) * (size_t)T * k) != cudaSuccess)
-        st = moe_error_set(err, MOE_ERR_CUDA, "bench moe: out of GPU memory");
+        st = moe_error_set(err, MOE_ERR_GPU_NOMEM, "bench moe: out of GPU memory");
     if (st == MOE_OK) {
         struct act *A = &g->act[0];
         size_t th = (size_t)T * c->hidden;

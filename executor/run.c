@@ -135,7 +135,7 @@ static enum moe_status routing(struct exec_gpu *g, const struct mdl_model *m,
     if (world && n) {
         for (size_t i = 0; i < n; i++) x[i] = (double)c[i];
         if (cudaMalloc((void **)&d, sizeof *d * n) != cudaSuccess) {
-            st = moe_error_set(err, MOE_ERR_NOMEM, "run: out of GPU memory for the routing");
+            st = moe_error_set(err, MOE_ERR_GPU_NOMEM, "run: out of GPU memory for the routing");
             goto done;
         }
         if ((st = sum_doubles(world, d, x, n, err))) goto done;
@@ -210,7 +210,7 @@ static enum moe_status pipe_init(struct pipe *pp, const struct plan_file *p, int
         cudaMalloc((void **)&pp->dgo, slots) != cudaSuccess ||
         cudaMalloc((void **)&pp->out, pp->th * sizeof(float)) != cudaSuccess ||
         cudaMalloc((void **)&pp->in, 2 * pp->th * sizeof(float)) != cudaSuccess)
-        return moe_error_set(err, MOE_ERR_NOMEM,
+        return moe_error_set(err, MOE_ERR_GPU_NOMEM,
                              "pipeline: rank %d: out of GPU memory for %d x %d stage activations",
                              me, pp->vpp, pp->M);
     return MOE_OK;
@@ -355,7 +355,7 @@ static enum moe_status rank_main(struct run_shared *sh, int me, struct exec_tran
         goto done;
     }
     if (world && cudaMalloc((void **)&scratch, sizeof *scratch * 5) != cudaSuccess) {
-        st = moe_error_set(err, MOE_ERR_NOMEM, "run: rank %d: out of GPU memory", me);
+        st = moe_error_set(err, MOE_ERR_GPU_NOMEM, "run: rank %d: out of GPU memory", me);
         goto done;
     }
     info.mode = c->mode;
