@@ -64,6 +64,11 @@ void cli_data_path(const struct cli *cli, const char *rel, char *buf, size_t cap
 
 /* The inputs of the planner commands. */
 #include "plan.h"
+/* A cluster by name or file, and with cal (not NULL) its GPU's calibration: the datasheet
+ * defaults, or the profile cal_file (not NULL). */
+enum moe_status cli_cluster_load(const struct cli *cli, const char *name, const char *cal_file,
+                                 struct topo_cluster *cl, struct cost_calibration *cal,
+                                 struct moe_error *err);
 struct cli_inputs {
     struct mdl_model model;
     struct topo_cluster cluster;

@@ -81,13 +81,8 @@ int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
                                 (unsigned long long)E);
     struct topo_cluster cl;
     struct cost_calibration cal;
-    if (cal_file) {
-        char dir[MOE_PATH_MAX];
-        cli_data_path(cli, "topologies", dir, sizeof dir);
-        if (topo_cluster_resolve(&cl, cluster, dir, &err) != MOE_OK) return cli_fail(cli, &err);
-        cost_calibration_defaults(&cal, &cl.gpu);
-        if (cost_calibration_load(&cal, cal_file, &err) != MOE_OK) return cli_fail(cli, &err);
-    }
+    if (cal_file && cli_cluster_load(cli, cluster, cal_file, &cl, &cal, &err) != MOE_OK)
+        return cli_fail(cli, &err);
     int ndev = 0;
     if (exec_device_count(&ndev, &err) != MOE_OK) return cli_fail(cli, &err);
     if (ndev < 1) {

@@ -198,14 +198,6 @@ static double occurrences(const struct plan_file *p, int ph)
     }
 }
 
-static enum moe_status load_cluster(struct cli *cli, const char *name, struct topo_cluster *cl,
-                                    struct moe_error *err)
-{
-    char dir[MOE_PATH_MAX];
-    cli_data_path(cli, "topologies", dir, sizeof dir);
-    return topo_cluster_resolve(cl, name, dir, err);
-}
-
 /* The calibration jobs: large and small experts (Mixtral's; 64 and 128 of DeepSeek-V2-Lite's), a
  * dense block, both attentions, hidden 4096 to 7168, sequences 1024 to 4096, full recompute. */
 static const struct job calib_jobs[] = {
@@ -633,7 +625,7 @@ static int calibrate(struct cli *cli, const char *out, bool quick, const char *c
     struct calib_data *d = calloc(1, sizeof *d);
     json_t *meas = json_object(), *meta = NULL;
     struct cost_calibration cal;
-    enum moe_status st = d ? load_cluster(cli, cluster, &cl, &err)
+    enum moe_status st = d ? cli_cluster_load(cli, cluster, NULL, &cl, NULL, &err)
                            : moe_error_set(&err, MOE_ERR_NOMEM, "out of memory");
     if (st == MOE_OK && refit) {
         printf("moeplan calibrate --refit %s: the measurements kept there, fitted again\n", refit);
@@ -699,9 +691,7 @@ static int validate(struct cli *cli, const char *dir, const char *cal_file, cons
     struct moe_error err;
     struct topo_cluster cl;
     struct cost_calibration cal;
-    if (load_cluster(cli, cluster, &cl, &err)) return cli_fail(cli, &err);
-    cost_calibration_defaults(&cal, &cl.gpu);
-    if (cal_file && cost_calibration_load(&cal, cal_file, &err)) return cli_fail(cli, &err);
+    if (cli_cluster_load(cli, cluster, cal_file, &cl, &cal, &err)) return cli_fail(cli, &err);
     if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
         moe_error_set_at(&err, MOE_ERR_IO, dir, 0, 0, "cannot create the folder: %s",
                          strerror(errno));

@@ -7,6 +7,18 @@
 
 #include "cli.h"
 
+enum moe_status cli_cluster_load(const struct cli *cli, const char *name, const char *cal_file,
+                                 struct topo_cluster *cl, struct cost_calibration *cal,
+                                 struct moe_error *err)
+{
+    char dir[MOE_PATH_MAX];
+    cli_data_path(cli, "topologies", dir, sizeof dir);
+    enum moe_status st = topo_cluster_resolve(cl, name, dir, err);
+    if (st != MOE_OK || !cal) return st;
+    cost_calibration_defaults(cal, &cl->gpu);
+    return cal_file ? cost_calibration_load(cal, cal_file, err) : MOE_OK;
+}
+
 void cli_input_opts_init(struct cli_input_opts *o)
 {
     memset(o, 0, sizeof *o);
@@ -54,17 +66,14 @@ int cli_load_inputs(struct cli *cli, const struct cli_cmd *cmd, const struct cli
     if (mdl_model_resolve(&in->model, model, dir, &err) != MOE_OK ||
         mdl_model_override(&in->model, ov, &err) != MOE_OK)
         return cli_fail(cli, &err);
-    cli_data_path(cli, "topologies", dir, sizeof dir);
-    if (topo_cluster_resolve(&in->cluster, cluster, dir, &err) != MOE_OK) return cli_fail(cli, &err);
+    if (cli_cluster_load(cli, cluster, cal_file, &in->cluster, &in->cal, &err) != MOE_OK)
+        return cli_fail(cli, &err);
     in->gpus = gpus ? (int)gpus : in->cluster.gpus_usable;
     if (in->gpus > in->cluster.gpus_usable) {
         moe_error_set(&err, MOE_ERR_INFEASIBLE, "--gpus %d: %s has %d usable GPUs", in->gpus,
                       in->cluster.name, in->cluster.gpus_usable);
         return cli_fail(cli, &err);
     }
-    cost_calibration_defaults(&in->cal, &in->cluster.gpu);
-    if (cal_file && cost_calibration_load(&in->cal, cal_file, &err) != MOE_OK)
-        return cli_fail(cli, &err);
     const struct mdl_moe *e = &in->model.moe;
     enum moe_status st = MOE_OK;
     if (!routing || !strcmp(routing, "uniform")) {
