@@ -46,6 +46,10 @@ struct cli_arg {
 int cli_parse(const struct cli_cmd *cmd, int argc, char **argv, struct cli_arg *out, int *nout);
 /* Print "moeplan: CMD: <message>" and the try-help line; returns exit code 2. */
 int cli_usage(const struct cli_cmd *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Whether `path` may be written as the output of option `opt` (moe_output_check: not an input of
+ * this command, not a folder; "-" is standard output); prints the usage error if not. Call it
+ * after the inputs are loaded and before long work. */
+bool cli_output_ok(const struct cli_cmd *cmd, const char *opt, const char *path);
 /* Log an error report; returns its exit code. */
 int cli_fail(struct cli *cli, const struct moe_error *err);
 /* An option's value as a whole number in [min, max] (accepts 64K and the like); on a bad value

@@ -76,6 +76,10 @@ int cmd_plan(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     struct cli_inputs in;
     rc = cli_load_inputs(cli, cmd, &io, &in);
     if (rc >= 0) return rc;
+    if (out && !cli_output_ok(cmd, "-o", out)) {
+        cost_routing_free(&in.routing);
+        return 2;
+    }
     static struct plan_request q; /* large: not on the stack */
     memset(&q, 0, sizeof q);
     q.model = in.model;
@@ -121,15 +125,19 @@ int cmd_plan(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
         cost_routing_free(&in.routing);
         return cli_fail(cli, &err);
     }
-    plan_print_summary(&q, &r, stdout);
-    if (explain) plan_print_explain(&q, &r, stdout);
+    /* With -o -, the plan goes to standard output and the text to standard error. */
+    FILE *txt = out && !strcmp(out, "-") ? stderr : stdout;
+    plan_print_summary(&q, &r, txt);
+    if (explain) plan_print_explain(&q, &r, txt);
     if (emit) {
-        printf("\n");
-        if (plan_print_emit(&q, &r, emit, stdout, &err) != MOE_OK) rc = cli_fail(cli, &err);
+        fprintf(txt, "\n");
+        if (plan_print_emit(&q, &r, emit, txt, &err) != MOE_OK) rc = cli_fail(cli, &err);
     }
     if (out) {
         if (plan_save(&q, &r, out, &err) != MOE_OK) rc = cli_fail(cli, &err);
-        else printf("\nplan written to %s\n", out);
+        else if (strcmp(out, "-")) fprintf(txt, "\nplan written to %s\n", out);
+    } else {
+        fprintf(txt, "\nno plan file written: add -o plan.json to keep it (moeplan run takes it)\n");
     }
     plan_result_free(&r);
     cost_routing_free(&in.routing);

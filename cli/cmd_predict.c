@@ -26,11 +26,11 @@ static void fmt_us(double us, char *buf, size_t cap)
 }
 
 static void print_prediction(const struct cli_inputs *in, const struct cost_layout *l,
-                             const struct cost_result *r)
+                             const struct cost_result *r, FILE *out)
 {
     char lay[512];
     cost_layout_format(l, lay, sizeof lay);
-    printf("%s on %d x %s of %s\nlayout: %s\nmicro-batches: %d; calibration: %s\n\n",
+    fprintf(out, "%s on %d x %s of %s\nlayout: %s\nmicro-batches: %d; calibration: %s\n\n",
            in->model.name, in->gpus, in->cluster.gpu.name, in->cluster.name, lay,
            r->micro_batches, in->cal.source);
     const char *h[] = {"phase", "compute", "communication", "exposed", "share"};
@@ -56,20 +56,20 @@ static void print_prediction(const struct cli_inputs *in, const struct cost_layo
     rpt_table_cell(t, NULL, "%s", "");
     rpt_table_cell(t, NULL, "%s", c);
     rpt_table_cell(t, NULL, "100.0%%");
-    if (t) rpt_table_print(t, stdout);
+    if (t) rpt_table_print(t, out);
     rpt_table_destroy(t);
-    printf("\nthroughput: %.0f tokens/s/GPU, %.1f model TFLOPS/GPU, MFU %.1f%% (of %.0f bf16 "
+    fprintf(out, "\nthroughput: %.0f tokens/s/GPU, %.1f model TFLOPS/GPU, MFU %.1f%% (of %.0f bf16 "
            "TFLOPS); bubble %.1f%%\n",
            r->tokens_per_s_per_gpu, r->model_tflops_per_gpu, 100 * r->mfu,
            in->cluster.gpu.bf16_tflops, 100 * r->bubble_fraction);
     if (l->ep > 1) {
         moe_format_bytes(r->dispatch_bytes_per_gpu, a, sizeof a);
         moe_format_bytes(r->dispatch_bytes_nodedup, b, sizeof b);
-        printf("experts: hottest EP rank has %.2fx the balanced load; dispatch sends %s per GPU "
+        fprintf(out, "experts: hottest EP rank has %.2fx the balanced load; dispatch sends %s per GPU "
                "per MoE layer and micro-batch (%s without dedup)\n",
                r->hottest_rank_load, a, b);
     }
-    printf("\nmemory per GPU (fullest pipeline rank):\n");
+    fprintf(out, "\nmemory per GPU (fullest pipeline rank):\n");
     const char *hm[] = {"category", "bytes"};
     t = rpt_table_create(2, hm, "lr");
     for (int k = 0; t && k < COST_NMEM; k++) {
@@ -82,11 +82,11 @@ static void print_prediction(const struct cli_inputs *in, const struct cost_layo
     rpt_table_row(t, NULL);
     rpt_table_cell(t, NULL, "total");
     rpt_table_cell(t, NULL, "%s", a);
-    if (t) rpt_table_print(t, stdout);
+    if (t) rpt_table_print(t, out);
     rpt_table_destroy(t);
     moe_format_bytes(r->memory_capacity_bytes, b, sizeof b);
     moe_format_bytes(fabs(r->memory_capacity_bytes - r->memory_total_bytes), c, sizeof c);
-    printf("capacity %s after headroom; %s %s\n", b, r->fits ? "headroom left" : "short by", c);
+    fprintf(out, "capacity %s after headroom; %s %s\n", b, r->fits ? "headroom left" : "short by", c);
 }
 
 static enum moe_status write_json(const char *file, const struct cli_inputs *in,
@@ -146,6 +146,10 @@ int cmd_predict(struct cli *cli, const struct cli_cmd *cmd, int argc, char **arg
     struct cli_inputs in;
     rc = cli_load_inputs(cli, cmd, &io, &in);
     if (rc >= 0) return rc;
+    if (json && !cli_output_ok(cmd, "--json", json)) {
+        cost_routing_free(&in.routing);
+        return 2;
+    }
     struct moe_error err;
     struct cost_layout l = {1, 1, 1, 1, 1, 0, 1, (int)io.seq, 1, 0, COST_BF16,
                             COST_RECOMPUTE_NONE, COST_DISPATCH_ALLTOALL, false};
@@ -167,7 +171,7 @@ int cmd_predict(struct cli *cli, const struct cli_cmd *cmd, int argc, char **arg
     enum moe_status st = cost_evaluate(&ctx, &l, &r, &err);
     cost_routing_free(&in.routing);
     if (st != MOE_OK) return cli_fail(cli, &err);
-    print_prediction(&in, &l, &r);
+    print_prediction(&in, &l, &r, json && !strcmp(json, "-") ? stderr : stdout);
     if (json && write_json(json, &in, &l, &r, &err) != MOE_OK) return cli_fail(cli, &err);
     if (!r.fits) {
         moe_error_set(&err, MOE_ERR_INFEASIBLE, "the layout does not fit: %s", r.reason);

@@ -35,7 +35,7 @@ int cli_input_arg(const struct cli_cmd *cmd, const struct cli_arg *a, struct cli
     case CLI_IN_CAL: o->cal = a->value; return 1;
     case CLI_IN_ROUTING: o->routing = a->value; return 1;
     case CLI_IN_PRECISION: o->precision = a->value; return 1;
-    case CLI_IN_GPUS: return cli_count(cmd, "gpus", a->value, 1, 1u << 24, &o->gpus) ? 1 : -1;
+    case CLI_IN_GPUS: return cli_count(cmd, "gpus", a->value, 1, TOPO_MAX_GPUS, &o->gpus) ? 1 : -1;
     case CLI_IN_SEQ: return cli_count(cmd, "seq-len", a->value, 1, 1u << 30, &o->seq) ? 1 : -1;
     case CLI_IN_SEED: return cli_count(cmd, "seed", a->value, 0, UINT32_MAX, &o->seed) ? 1 : -1;
     case CLI_IN_LAYERS:
@@ -69,11 +69,9 @@ int cli_load_inputs(struct cli *cli, const struct cli_cmd *cmd, const struct cli
     if (cli_cluster_load(cli, cluster, cal_file, &in->cluster, &in->cal, &err) != MOE_OK)
         return cli_fail(cli, &err);
     in->gpus = gpus ? (int)gpus : in->cluster.gpus_usable;
-    if (in->gpus > in->cluster.gpus_usable) {
-        moe_error_set(&err, MOE_ERR_INFEASIBLE, "--gpus %d: %s has %d usable GPUs", in->gpus,
-                      in->cluster.name, in->cluster.gpus_usable);
-        return cli_fail(cli, &err);
-    }
+    if (in->gpus > in->cluster.gpus_usable)
+        return cli_usage(cmd, "--gpus %d: %s has %d usable GPU%s", in->gpus, in->cluster.name,
+                         in->cluster.gpus_usable, in->cluster.gpus_usable == 1 ? "" : "s");
     const struct mdl_moe *e = &in->model.moe;
     enum moe_status st = MOE_OK;
     if (!routing || !strcmp(routing, "uniform")) {
@@ -81,9 +79,12 @@ int cli_load_inputs(struct cli *cli, const struct cli_cmd *cmd, const struct cli
                                     e->top_k, &err);
     } else if (!strncmp(routing, "zipf:", 5) || !strncmp(routing, "dirichlet:", 10)) {
         bool zipf = routing[0] == 'z';
-        char *end;
-        double v = strtod(strchr(routing, ':') + 1, &end);
-        if (*end) return cli_usage(cmd, "--routing %s: a number after ':'", routing);
+        const char *num = strchr(routing, ':') + 1;
+        double v;
+        struct moe_error perr;
+        if (moe_parse_size(num, &v, &perr) != MOE_OK)
+            return cli_usage(cmd, "--routing %s: a non-negative number after ':' (zipf:1.2, "
+                             "dirichlet:0.5)", routing);
         st = cost_routing_synthetic(&in->routing, zipf ? COST_ROUTING_ZIPF : COST_ROUTING_DIRICHLET,
                                     v, seed, e->experts, e->top_k, &err);
     } else {

@@ -174,9 +174,23 @@ int cli_parse(const struct cli_cmd *cmd, int argc, char **argv, struct cli_arg *
                              bad);
         }
         if (*nout == CLI_MAX_ARGS) return cli_usage(cmd, "too many options");
+        if (optarg && !optarg[0]) {
+            const char *name = "?";
+            for (const struct cli_opt *o = cmd->opts; o && o->name; o++)
+                if (o->val == c) name = o->name;
+            return cli_usage(cmd, "option '--%s' has an empty value", name);
+        }
         out[(*nout)++] = (struct cli_arg){c, optarg};
     }
     return -1;
+}
+
+bool cli_output_ok(const struct cli_cmd *cmd, const char *opt, const char *path)
+{
+    struct moe_error err;
+    if (moe_output_check(path, &err) == MOE_OK) return true;
+    cli_usage(cmd, "%s %s: %s", opt, path, err.message);
+    return false;
 }
 
 int cli_fail(struct cli *cli, const struct moe_error *err)

@@ -36,6 +36,12 @@ enum moe_status moe_jdoc_parse(struct moe_jdoc *doc, const char *name, const cha
     if (memchr(text, '\0', len))
         return moe_error_set_at(err, MOE_ERR_INPUT, name, 0, 0,
                                 "file contains a NUL byte: not a JSON text");
+    /* A UTF-8 byte-order mark (Windows editors write one): RFC 8259 lets a parser ignore it, and
+     * jansson would otherwise report an invisible character. */
+    if (len >= 3 && !memcmp(text, "\xEF\xBB\xBF", 3)) {
+        text += 3;
+        len -= 3;
+    }
     json_error_t jerr;
     json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
@@ -60,13 +66,11 @@ enum moe_status moe_jdoc_load(struct moe_jdoc *doc, const char *file, struct moe
 {
     enum moe_status st = MOE_OK;
     char *buf = NULL;
-    FILE *f = fopen(file, "rb");
-    if (!f)
-        return moe_error_set_at(err, MOE_ERR_INPUT, file, 0, 0, "cannot open: %s",
-                                strerror(errno));
+    FILE *f;
+    if ((st = moe_file_open_input(file, &f, err))) return st;
     struct stat sb;
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        st = moe_error_set_at(err, MOE_ERR_INPUT, file, 0, 0, "not a regular file");
+    if (fstat(fileno(f), &sb) != 0) {
+        st = moe_error_set_at(err, MOE_ERR_IO, file, 0, 0, "cannot stat: %s", strerror(errno));
         goto cleanup;
     }
     if ((uint64_t)sb.st_size > MOE_JSON_MAX_BYTES) {
@@ -436,9 +440,14 @@ enum moe_status moe_jval_str(const struct moe_jval *obj, const char *key, bool r
     if (n + 1 > cap)
         return moe_jval_error(obj, key, err, "string is too long (%zu bytes, at most %zu)", n,
                               cap - 1);
-    if (memchr(json_string_value(j), '\0', n))
-        return moe_jval_error(obj, key, err, "string contains a NUL character");
-    memcpy(buf, json_string_value(j), n + 1);
+    const unsigned char *v = (const unsigned char *)json_string_value(j);
+    for (size_t i = 0; i < n; i++)
+        /* names and paths end up on terminals: no escape sequences, tabs or line breaks */
+        if (v[i] < 0x20 || v[i] == 0x7f)
+            return moe_jval_error(obj, key, err,
+                                  "string contains a control character (0x%02x at byte %zu)",
+                                  v[i], i);
+    memcpy(buf, v, n + 1);
     return MOE_OK;
 }
 
@@ -592,58 +601,8 @@ enum moe_status moe_jval_at_int(const struct moe_jval *arr, size_t i, int64_t mi
 }
 
 /* ---------------------------------------------------------------------------------------------- */
-/* Atomic output                                                                                  */
+/* Output (written through moe_file_write_atomic, file.c)                                         */
 /* ---------------------------------------------------------------------------------------------- */
-
-static void fsync_parent(const char *file)
-{
-    char dir[MOE_PATH_MAX];
-    snprintf(dir, sizeof dir, "%s", file);
-    int fd = open(dirname(dir), O_RDONLY | O_DIRECTORY);
-    if (fd >= 0) {
-        fsync(fd); /* best effort: some file systems refuse fsync of a folder */
-        close(fd);
-    }
-}
-
-enum moe_status moe_file_write_atomic(const char *file, const void *data, size_t len,
-                                      struct moe_error *err)
-{
-    char tmp[MOE_PATH_MAX + 16];
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", file) >= sizeof tmp)
-        return moe_error_set(err, MOE_ERR_IO, "%s: path is too long", file);
-    int fd = mkstemp(tmp);
-    if (fd < 0)
-        return moe_error_set_at(err, MOE_ERR_IO, file, 0, 0, "cannot create a temp file: %s",
-                                strerror(errno));
-    const char *p = data;
-    size_t left = len;
-    while (left > 0) {
-        ssize_t n = write(fd, p, left);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) goto fail;
-        p += n;
-        left -= (size_t)n;
-    }
-    if (fsync(fd) != 0) goto fail;
-    /* mkstemp makes the file 0600; written files should be as readable as any other output. */
-    mode_t mask = umask(0);
-    umask(mask);
-    if (fchmod(fd, 0666 & ~mask) != 0) goto fail;
-    if (close(fd) != 0) {
-        fd = -1;
-        goto fail;
-    }
-    fd = -1;
-    if (rename(tmp, file) != 0) goto fail;
-    fsync_parent(file);
-    return MOE_OK;
-fail:;
-    int saved = errno;
-    if (fd >= 0) close(fd);
-    unlink(tmp);
-    return moe_error_set_at(err, MOE_ERR_IO, file, 0, 0, "write failed: %s", strerror(saved));
-}
 
 enum moe_status moe_json_write_atomic(const char *file, json_t *root, const char *schema,
                                       int version, struct moe_error *err)

@@ -30,9 +30,18 @@ void moe_log_msg(const struct moe_log *log, enum moe_log_level level, const char
 
 void moe_log_error(const struct moe_log *log, const struct moe_error *err)
 {
-    char buf[MOE_MSG_MAX + MOE_PATH_MAX + 64];
+    char buf[MOE_MSG_MAX + MOE_PATH_MAX + 64], safe[4 * sizeof buf];
     moe_error_format(err, buf, sizeof buf);
-    moe_log_msg(log, MOE_LOG_ERROR, "%s", buf);
+    /* A message may quote the user's bytes (a file name, a value): control characters are shown
+     * as \xNN, never sent to the terminal raw. */
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)buf; *p && o + 5 < sizeof safe; p++) {
+        if ((*p < 0x20 && *p != '\n') || *p == 0x7f)
+            o += (size_t)snprintf(safe + o, sizeof safe - o, "\\x%02x", *p);
+        else safe[o++] = (char)*p;
+    }
+    safe[o] = '\0';
+    moe_log_msg(log, MOE_LOG_ERROR, "%s", safe);
 }
 
 void moe_progress_start(struct moe_progress *p, FILE *out, bool enabled, const char *label,

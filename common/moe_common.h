@@ -299,12 +299,32 @@ enum moe_status moe_jval_at_int(const struct moe_jval *arr, size_t i, int64_t mi
  * Returns false when the path is not found; then *line and *col are left unchanged. */
 bool moe_json_locate(const char *text, size_t len, const char *jpath, int *line, int *col);
 
-/* Write `root` to `file` atomically: a temp file in the same folder, fsync, rename, fsync of the
- * folder. "schema" and "version" are set first in the written object. A failure leaves any
- * previous file as it was and removes the temp file. */
+/* Write `root` to `file` through moe_file_write_atomic. "schema" and "version" are set first in
+ * the written object. */
 enum moe_status moe_json_write_atomic(const char *file, json_t *root, const char *schema,
                                       int version, struct moe_error *err);
-/* Write any bytes atomically, with the same guarantees. */
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Files (file.c)                                                                                 */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* Open a user's input file for reading: stat first and open non-blocking, so that a FIFO, a
+ * device or a folder is refused at once (MOE_ERR_INPUT, "not a regular file") and never blocks.
+ * The file is remembered as an input of this process: moe_file_write_atomic refuses to replace
+ * it. */
+enum moe_status moe_file_open_input(const char *path, FILE **out, struct moe_error *err);
+/* The path names a regular file (following links); never blocks. */
+bool moe_file_is_regular(const char *path);
+/* Whether `file` may be written as an output: not empty, not an input this process read (exit 2,
+ * MOE_ERR_USAGE), not a folder or another kind of non-file. "-" (standard output), a character
+ * device and a FIFO are fine. Commands call it before long work; moe_file_write_atomic calls it
+ * again. */
+enum moe_status moe_output_check(const char *file, struct moe_error *err);
+/* Write bytes to `file`: "-" is standard output; a character device or FIFO is written in place;
+ * a symbolic link is written through (the link stays); a regular file is replaced atomically (a
+ * temp file in the same folder, fsync, rename, fsync of the folder) with SIGINT, SIGTERM and
+ * SIGHUP held until the temp file is renamed or removed. A failure leaves any previous file as it
+ * was and no temp file. */
 enum moe_status moe_file_write_atomic(const char *file, const void *data, size_t len,
                                       struct moe_error *err);
 

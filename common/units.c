@@ -36,6 +36,10 @@ static enum moe_status parse_number(const char *text, double *out, const char **
     while (isspace((unsigned char)*text)) text++;
     if (*text == '-' || *text == '+' || !(isdigit((unsigned char)*text) || *text == '.'))
         return moe_error_set(err, MOE_ERR_INPUT, "'%s' is not a non-negative number", text);
+    /* Decimal only: strtod would also take hexadecimal ("0x10" is 16, "0x1p4" too), which no
+     * user writing a GPU count means. */
+    if (text[0] == '0' && (text[1] == 'x' || text[1] == 'X'))
+        return moe_error_set(err, MOE_ERR_INPUT, "'%s' is not a decimal number", text);
     errno = 0;
     char *e;
     double v = strtod(text, &e);

@@ -89,7 +89,7 @@ enum moe_status exec_launch_share_id(const char *path, int rank, unsigned char *
     if (rank == 0) return moe_file_write_atomic(path, id, n, err);
     double t0 = moe_time_now_s();
     for (;;) {
-        FILE *f = fopen(path, "rb");
+        FILE *f = moe_file_is_regular(path) ? fopen(path, "rb") : NULL;
         if (f) {
             size_t got = fread(id, 1, n, f);
             int extra = fgetc(f);

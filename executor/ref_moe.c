@@ -351,7 +351,7 @@ static enum moe_status check_layer(const struct exec_ref_moe *w, int tokens, str
 {
     const struct exec_router_cfg *c = &w->cfg;
     if (tokens < 0 || w->hidden < 1 || w->ffn < 1 || c->experts < 1 || c->experts > 4096 ||
-        c->top_k < 1 || c->top_k > c->experts || c->n_group < 1 || c->experts % c->n_group ||
+        c->top_k < 1 || c->top_k > 64 || c->top_k > c->experts || c->n_group < 1 || c->experts % c->n_group ||
         c->topk_group < 1 || c->topk_group > c->n_group ||
         c->top_k > c->topk_group * (c->experts / c->n_group))
         return moe_error_set(err, MOE_ERR_INPUT, "reference MoE: inconsistent shapes or routing");

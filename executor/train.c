@@ -88,9 +88,9 @@ enum moe_status exec_data_open(struct exec_data *d, const char *file, int vocab,
     }
     enum moe_status st = MOE_OK;
     unsigned char *buf = NULL;
-    FILE *f = fopen(file, "rb");
+    FILE *f;
     struct stat sb;
-    if (!f) return moe_error_set_at(err, MOE_ERR_INPUT, file, 0, 0, "cannot open: %s", strerror(errno));
+    if ((st = moe_file_open_input(file, &f, err))) return st;
     if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size < 2 ||
         (uint64_t)sb.st_size > (1ull << 34)) {
         st = moe_error_set_at(err, MOE_ERR_INPUT, file, 0, 0,

@@ -258,6 +258,37 @@ static enum moe_status hf_llama4(const struct moe_jval *o, struct mdl_model *m,
     return MOE_OK;
 }
 
+/* Our keys under each family's names, so that a value the model check refuses is named as the
+ * user wrote it (pairs, NULL-terminated; what a family does not list keeps our name). */
+#define HF_COMMON_NAMES                                                                            \
+    "layers", "num_hidden_layers", "hidden", "hidden_size", "vocab", "vocab_size", "heads",        \
+        "num_attention_heads", "kv_heads", "num_key_value_heads", "head_dim", "head_dim (or "      \
+        "hidden_size / num_attention_heads)", "dense_intermediate", "intermediate_size"
+static const char *const hf_names_deepseek[] = {
+    HF_COMMON_NAMES, "first_dense", "first_k_dense_replace", "moe_every", "moe_layer_freq",
+    "experts", "n_routed_experts", "shared_experts", "n_shared_experts", "top_k",
+    "num_experts_per_tok", "intermediate", "moe_intermediate_size", "shared_intermediate",
+    "moe_intermediate_size", "n_group", "n_group", "topk_group", "topk_group", "scaling",
+    "routed_scaling_factor", NULL};
+static const char *const hf_names_qwen3[] = {
+    HF_COMMON_NAMES, "moe_every", "decoder_sparse_step", "experts", "num_experts", "top_k",
+    "num_experts_per_tok", "intermediate", "moe_intermediate_size", NULL};
+static const char *const hf_names_mixtral[] = {
+    HF_COMMON_NAMES, "experts", "num_local_experts", "top_k", "num_experts_per_tok",
+    "intermediate", "intermediate_size", "sliding_window", "sliding_window", NULL};
+static const char *const hf_names_dbrx[] = {
+    "layers", "n_layers", "hidden", "d_model", "vocab", "vocab_size", "heads", "n_heads",
+    "kv_heads", "attn_config.kv_n_heads", "head_dim", "d_model / n_heads", "experts",
+    "ffn_config.moe_num_experts", "top_k", "ffn_config.moe_top_k", "intermediate",
+    "ffn_config.ffn_hidden_size", NULL};
+static const char *const hf_names_gpt_oss[] = {
+    HF_COMMON_NAMES, "experts", "num_local_experts", "top_k", "num_experts_per_tok",
+    "intermediate", "intermediate_size", NULL};
+static const char *const hf_names_llama4[] = {
+    HF_COMMON_NAMES, "moe_every", "interleave_moe_layer_step", "experts", "num_local_experts",
+    "top_k", "num_experts_per_tok", "intermediate", "intermediate_size", "dense_intermediate",
+    "intermediate_size_mlp", NULL};
+
 enum moe_status mdl_model_from_hf(struct mdl_model *m, const struct moe_jdoc *doc,
                                   struct moe_error *err)
 {
@@ -273,14 +304,26 @@ enum moe_status mdl_model_from_hf(struct mdl_model *m, const struct moe_jdoc *do
     t.moe.scaling = 1.0;
     t.norm_eps = 1e-6;
     t.attn.rope_theta = 10000.0;
-    if (!strcmp(type, "deepseek_v3") || !strcmp(type, "deepseek_v2") || !strcmp(type, "kimi_k2"))
+    const char *const *names = NULL;
+    if (!strcmp(type, "deepseek_v3") || !strcmp(type, "deepseek_v2") || !strcmp(type, "kimi_k2")) {
         st = hf_deepseek(&root, &t, err);
-    else if (!strcmp(type, "qwen3_moe")) st = hf_qwen3_moe(&root, &t, err);
-    else if (!strcmp(type, "mixtral")) st = hf_mixtral(&root, &t, err);
-    else if (!strcmp(type, "dbrx")) st = hf_dbrx(&root, &t, err);
-    else if (!strcmp(type, "gpt_oss")) st = hf_gpt_oss(&root, &t, err);
-    else if (!strcmp(type, "llama4")) st = hf_llama4(&root, &t, err);
-    else {
+        names = hf_names_deepseek;
+    } else if (!strcmp(type, "qwen3_moe")) {
+        st = hf_qwen3_moe(&root, &t, err);
+        names = hf_names_qwen3;
+    } else if (!strcmp(type, "mixtral")) {
+        st = hf_mixtral(&root, &t, err);
+        names = hf_names_mixtral;
+    } else if (!strcmp(type, "dbrx")) {
+        st = hf_dbrx(&root, &t, err);
+        names = hf_names_dbrx;
+    } else if (!strcmp(type, "gpt_oss")) {
+        st = hf_gpt_oss(&root, &t, err);
+        names = hf_names_gpt_oss;
+    } else if (!strcmp(type, "llama4")) {
+        st = hf_llama4(&root, &t, err);
+        names = hf_names_llama4;
+    } else {
         char list[256] = "";
         size_t used = 0;
         for (int i = 0; mdl_hf_model_types[i]; i++)
@@ -301,7 +344,7 @@ enum moe_status mdl_model_from_hf(struct mdl_model *m, const struct moe_jdoc *do
     /* "org/model" -> "model": our names are short and path-free. */
     const char *slash = strrchr(name, '/');
     snprintf(t.name, sizeof t.name, "%s", slash ? slash + 1 : name);
-    if ((st = mdl_model_validate(&t, doc->file, err))) return st;
+    if ((st = mdl_model_validate_as(&t, doc->file, names, err))) return st;
     *m = t;
     return MOE_OK;
 }

@@ -18,6 +18,11 @@ extern "C" {
 #endif
 
 #define MDL_NAME_MAX 64
+/* The largest models moeplan takes (every model file, HF config and --layers/--experts override is
+ * checked against these; the planner sizes its buffers by the model, within them). */
+#define MDL_MAX_LAYERS 100000
+#define MDL_MAX_EXPERTS 65536
+#define MDL_MAX_TOP_K 64
 #define MDL_SCHEMA "moeplan.model"
 #define MDL_SCHEMA_VERSION 1
 
@@ -85,6 +90,10 @@ extern const char *const mdl_hf_model_types[];
 /* Check every invariant of a model; `where` names the source in messages. */
 enum moe_status mdl_model_validate(const struct mdl_model *m, const char *where,
                                    struct moe_error *err);
+/* The same, naming keys as the source does: `names` holds pairs {our key, theirs, ..., NULL}
+ * (a Hugging Face config's decoder_sparse_step for our moe_every). */
+enum moe_status mdl_model_validate_as(const struct mdl_model *m, const char *where,
+                                      const char *const *names, struct moe_error *err);
 
 /* What `--model` accepts: a shipped name ("deepseek-v3", looked up as model_dir/NAME.json), a
  * path to one of our files, or a path to a Hugging Face config.json. */

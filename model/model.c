@@ -87,10 +87,10 @@ static enum moe_status load_moe(const struct moe_jval *o, struct mdl_moe *e, str
     enum moe_status st;
     int scoring;
     if ((st = moe_jval_keys(o, keys, err)) != MOE_OK) return st;
-    if ((st = moe_jval_int32(o, "experts", true, 0, 1, 1 << 16, &e->experts, err))) return st;
+    if ((st = moe_jval_int32(o, "experts", true, 0, 1, MDL_MAX_EXPERTS, &e->experts, err))) return st;
     if ((st = moe_jval_int32(o, "shared_experts", false, 0, 0, 1024, &e->shared_experts, err)))
         return st;
-    if ((st = moe_jval_int32(o, "top_k", true, 0, 1, 1 << 16, &e->top_k, err))) return st;
+    if ((st = moe_jval_int32(o, "top_k", true, 0, 1, MDL_MAX_TOP_K, &e->top_k, err))) return st;
     if ((st = moe_jval_int32(o, "intermediate", true, 0, 1, MAX_DIM, &e->intermediate, err))) return st;
     if ((st = moe_jval_int32(o, "shared_intermediate", false, e->intermediate, 1, MAX_DIM,
                        &e->shared_intermediate, err)))
@@ -154,7 +154,7 @@ enum moe_status mdl_model_from_jval(struct mdl_model *m, const struct moe_jval *
     if ((st = moe_jval_keys(&root, keys, err))) return st;
     if ((st = moe_jval_str(&root, "name", true, NULL, t.name, sizeof t.name, err))) return st;
     if (!t.name[0]) return moe_jval_error(&root, "name", err, "must not be empty");
-    if ((st = moe_jval_int32(&root, "layers", true, 0, 1, 100000, &t.layers, err))) return st;
+    if ((st = moe_jval_int32(&root, "layers", true, 0, 1, MDL_MAX_LAYERS, &t.layers, err))) return st;
     if ((st = moe_jval_int32(&root, "first_dense", false, 0, 0, t.layers, &t.first_dense, err)))
         return st;
     if ((st = moe_jval_int32(&root, "moe_every", false, 1, 1, 1000, &t.moe_every, err))) return st;
@@ -216,52 +216,86 @@ bool mdl_layer_is_sliding(const struct mdl_model *m, int layer)
     return m->attn.sliding_window > 0 && every > 0 && layer % every != every - 1;
 }
 
-enum moe_status mdl_model_validate(const struct mdl_model *m, const char *where,
-                                   struct moe_error *err)
+/* The user's name of one of our keys: `names` holds pairs {ours, theirs, ..., NULL} (a Hugging
+ * Face config calls moe_every decoder_sparse_step); a key it does not list keeps our name. */
+static const char *key_name(const char *const *names, const char *ours)
+{
+    for (int i = 0; names && names[i]; i += 2)
+        if (!strcmp(names[i], ours)) return names[i + 1];
+    return ours;
+}
+
+enum moe_status mdl_model_validate_as(const struct mdl_model *m, const char *where,
+                                      const char *const *names, struct moe_error *err)
 {
     const char *w = where ? where : m->name;
     const struct mdl_attention *a = &m->attn;
     const struct mdl_moe *e = &m->moe;
 #define INVALID(...) return moe_error_set_at(err, MOE_ERR_INPUT, w, 0, 0, __VA_ARGS__)
+#define K(key) key_name(names, key)
     if (m->layers < 1 || m->hidden < 1 || m->vocab < 1)
-        INVALID("layers (%d), hidden (%d) and vocab (%d) must be positive", m->layers, m->hidden,
-                m->vocab);
+        INVALID("%s (%d), %s (%d) and %s (%d) must be positive", K("layers"), m->layers,
+                K("hidden"), m->hidden, K("vocab"), m->vocab);
+    if (m->layers > MDL_MAX_LAYERS)
+        INVALID("%s = %d: moeplan takes at most %d", K("layers"), m->layers, MDL_MAX_LAYERS);
     if (m->first_dense < 0 || m->first_dense > m->layers)
-        INVALID("first_dense (%d) must be in [0, layers (%d)]", m->first_dense, m->layers);
-    if (m->moe_every < 1) INVALID("moe_every (%d) must be at least 1", m->moe_every);
-    if (a->heads < 1) INVALID("attention heads (%d) must be at least 1", a->heads);
+        INVALID("%s (%d) must be in [0, %s (%d)]", K("first_dense"), m->first_dense, K("layers"),
+                m->layers);
+    if (m->moe_every < 1) INVALID("%s (%d) must be at least 1", K("moe_every"), m->moe_every);
+    if (a->heads < 1) INVALID("%s (%d) must be at least 1", K("heads"), a->heads);
     if (a->type == MDL_ATTN_GQA) {
         if (a->kv_heads < 1 || a->heads % a->kv_heads != 0)
-            INVALID("heads (%d) must be a multiple of kv_heads (%d)", a->heads, a->kv_heads);
+            INVALID("%s (%d) must be a multiple of %s (%d)", K("heads"), a->heads, K("kv_heads"),
+                    a->kv_heads);
         if (a->head_dim < 2 || a->head_dim % 2 != 0)
-            INVALID("head_dim (%d) must be even and positive (RoPE rotates pairs)", a->head_dim);
+            INVALID("%s (%d) must be even and positive (RoPE rotates pairs)", K("head_dim"),
+                    a->head_dim);
     } else {
         if (a->kv_lora_rank < 1 || a->qk_nope_head_dim < 1 || a->v_head_dim < 1)
-            INVALID("MLA needs kv_lora_rank, qk_nope_head_dim and v_head_dim >= 1");
+            INVALID("MLA needs %s, %s and %s >= 1", K("kv_lora_rank"), K("qk_nope_head_dim"),
+                    K("v_head_dim"));
         if (a->qk_rope_head_dim % 2 != 0)
-            INVALID("qk_rope_head_dim (%d) must be even (RoPE rotates pairs)",
+            INVALID("%s (%d) must be even (RoPE rotates pairs)", K("qk_rope_head_dim"),
                     a->qk_rope_head_dim);
     }
     if (a->sliding_window < 0 || (a->sliding_window > 0 && a->sliding_every < 1))
-        INVALID("a sliding window needs sliding_every >= 1");
+        INVALID("a sliding window (%s) needs %s >= 1", K("sliding_window"), K("sliding_every"));
     if (e->experts < 1 || e->top_k < 1 || e->top_k > e->experts)
-        INVALID("top_k must be in [1, experts]: top_k %d, experts %d", e->top_k, e->experts);
-    if (e->intermediate < 1) INVALID("moe.intermediate (%d) must be positive", e->intermediate);
+        INVALID("%s must be in [1, %s]: %d and %d", K("top_k"), K("experts"), e->top_k,
+                e->experts);
+    if (e->experts > MDL_MAX_EXPERTS)
+        INVALID("%s = %d: moeplan takes at most %d routed experts", K("experts"), e->experts,
+                MDL_MAX_EXPERTS);
+    if (e->top_k > MDL_MAX_TOP_K)
+        INVALID("%s = %d: moeplan routes a token to at most %d experts", K("top_k"), e->top_k,
+                MDL_MAX_TOP_K);
+    if (e->intermediate < 1)
+        INVALID("%s (%d) must be positive", K("intermediate"), e->intermediate);
     if (e->shared_experts < 0 || (e->shared_experts > 0 && e->shared_intermediate < 1))
-        INVALID("shared experts need a positive shared_intermediate");
+        INVALID("shared experts (%s) need a positive %s", K("shared_experts"),
+                K("shared_intermediate"));
     if (e->n_group < 1 || e->experts % e->n_group != 0)
-        INVALID("experts (%d) must be divisible by n_group (%d)", e->experts, e->n_group);
+        INVALID("%s (%d) must be divisible by %s (%d)", K("experts"), e->experts, K("n_group"),
+                e->n_group);
     if (e->topk_group < 1 || e->topk_group > e->n_group)
-        INVALID("topk_group (%d) must be in [1, n_group (%d)]", e->topk_group, e->n_group);
+        INVALID("%s (%d) must be in [1, %s (%d)]", K("topk_group"), e->topk_group, K("n_group"),
+                e->n_group);
     if (e->top_k > e->topk_group * (e->experts / e->n_group))
-        INVALID("top_k (%d) exceeds the experts reachable in topk_group groups (%d)", e->top_k,
-                e->topk_group * (e->experts / e->n_group));
-    if (!(e->scaling > 0.0)) INVALID("moe.scaling must be positive");
+        INVALID("%s (%d) exceeds the experts reachable in %s groups (%d)", K("top_k"), e->top_k,
+                K("topk_group"), e->topk_group * (e->experts / e->n_group));
+    if (!(e->scaling > 0.0)) INVALID("%s must be positive", K("scaling"));
     if (mdl_moe_layer_count(m) == 0) INVALID("the model has no MoE layer: moeplan plans MoE models");
     if (mdl_moe_layer_count(m) < m->layers && m->dense_intermediate < 1)
-        INVALID("the model has dense layers: dense_intermediate must be positive");
+        INVALID("the model has dense layers: %s must be positive", K("dense_intermediate"));
+#undef K
 #undef INVALID
     return MOE_OK;
+}
+
+enum moe_status mdl_model_validate(const struct mdl_model *m, const char *where,
+                                   struct moe_error *err)
+{
+    return mdl_model_validate_as(m, where, NULL, err);
 }
 
 enum moe_status mdl_model_resolve(struct mdl_model *m, const char *spec, const char *model_dir,
@@ -270,7 +304,9 @@ enum moe_status mdl_model_resolve(struct mdl_model *m, const char *spec, const c
     char path[MOE_PATH_MAX];
     bool is_path = strchr(spec, '/') || strstr(spec, ".json");
     if (is_path) {
-        snprintf(path, sizeof path, "%s", spec);
+        if ((size_t)snprintf(path, sizeof path, "%s", spec) >= sizeof path)
+            return moe_error_set(err, MOE_ERR_INPUT, "the model path has %zu characters, more "
+                                 "than the %zu allowed", strlen(spec), sizeof path - 1);
     } else {
         for (const char *c = spec; *c; c++)
             if (!((*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9') || *c == '-' || *c == '.' ||
@@ -279,13 +315,11 @@ enum moe_status mdl_model_resolve(struct mdl_model *m, const char *spec, const c
                                      spec);
         if ((size_t)snprintf(path, sizeof path, "%s/%s.json", model_dir, spec) >= sizeof path)
             return moe_error_set(err, MOE_ERR_INPUT, "model directory path is too long");
-        FILE *f = fopen(path, "r");
-        if (!f)
+        if (!moe_file_is_regular(path))
             return moe_error_set(err, MOE_ERR_INPUT,
                                  "no model named '%s' (looked for %s; `moeplan model list` shows "
                                  "the shipped ones)",
                                  spec, path);
-        fclose(f);
     }
     struct moe_jdoc doc;
     enum moe_status st = moe_jdoc_load(&doc, path, err);
@@ -313,12 +347,14 @@ enum moe_status mdl_model_override(struct mdl_model *m, const struct mdl_overrid
         t.layers = o->layers;
         /* Keep the dense prefix only as long as at least one MoE block remains. */
         if (t.first_dense >= t.layers) t.first_dense = t.layers - 1;
-        if (o->layers > 100000)
-            return moe_error_set(err, MOE_ERR_INPUT, "--layers %d is absurd", o->layers);
+        if (o->layers > MDL_MAX_LAYERS)
+            return moe_error_set(err, MOE_ERR_INPUT, "--layers %d: at most %d", o->layers,
+                                 MDL_MAX_LAYERS);
     }
     if (o->experts) {
-        if (o->experts > (1 << 16))
-            return moe_error_set(err, MOE_ERR_INPUT, "--experts %d is absurd", o->experts);
+        if (o->experts > MDL_MAX_EXPERTS)
+            return moe_error_set(err, MOE_ERR_INPUT, "--experts %d: at most %d", o->experts,
+                                 MDL_MAX_EXPERTS);
         if (o->experts < t.moe.top_k)
             return moe_error_set(err, MOE_ERR_INPUT,
                                  "--experts %d is fewer than top_k (%d) of %s", o->experts,

@@ -195,8 +195,8 @@ struct moe_traffic {
     int hot_rank;
 };
 
-static void moe_traffic(const struct cost_ctx *c, const struct cost_layout *l, int layer_idx,
-                        struct moe_traffic *out)
+static enum moe_status moe_traffic(const struct cost_ctx *c, const struct cost_layout *l,
+                                   int layer_idx, struct moe_traffic *out, struct moe_error *err)
 {
     const struct mdl_moe *me = &c->model.moe;
     int E = me->experts, ep = l->ep, k = me->top_k;
@@ -206,18 +206,25 @@ static void moe_traffic(const struct cost_ctx *c, const struct cost_layout *l, i
     const double *pair = c->routing && c->routing->pair
                              ? c->routing->pair + (size_t)rl * E * E : NULL;
     double uniform = (double)k / E;
-    enum { MAXR = 1024 };
-    double load[MAXR], hit[MAXR];
-    int members[4096];
+    /* Sized by the model and the layout (up to MDL_MAX_EXPERTS experts and EP ranks): the heap,
+     * not fixed arrays. */
+    double *load = malloc(sizeof *load * 2 * (size_t)ep);
+    int *members = malloc(sizeof *members * ((size_t)E + 2 * (size_t)ep + 1));
+    if (!load || !members) {
+        free(load);
+        free(members);
+        return moe_error_set(err, MOE_ERR_NOMEM, "out of memory costing %d experts on %d EP ranks",
+                             E, ep);
+    }
+    double *hit = load + ep;
+    int *start = members + E, *fill = start + ep + 1;
     memset(out, 0, sizeof *out);
-    if (ep > MAXR || E > 4096) ep = ep > MAXR ? MAXR : ep;
     /* EP ranks per NVLink domain: EP peers sit etp GPUs apart. */
     int rpd = c->cluster.gpus_used_per_domain / l->etp;
     if (rpd < 1) rpd = 1;
     if (rpd > ep) rpd = ep;
     double max_load = 0.0, sum_load = 0.0, max_hit = 0.0, sum_hit = 0.0;
     /* Experts grouped by rank in one pass (a counting sort): members[start[r] .. start[r+1]). */
-    int start[MAXR + 1], fill[MAXR];
     memset(start, 0, sizeof(int) * (size_t)(ep + 1));
     for (int e = 0; e < E; e++) start[expert_rank(c, e, ep) + 1]++;
     for (int r = 0; r < ep; r++) start[r + 1] += start[r];
@@ -277,6 +284,9 @@ static void moe_traffic(const struct cost_ctx *c, const struct cost_layout *l, i
     out->recv_ratio = l->dispatcher == COST_DISPATCH_ALLTOALL
                           ? out->hot_ratio
                           : (sum_hit > 0 ? max_hit / (sum_hit / ep) : 1.0);
+    free(load);
+    free(members);
+    return MOE_OK;
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -359,8 +369,8 @@ static double experts_on_hot_rank_us(const struct cost_ctx *c, const struct cost
     return fwd;
 }
 
-static void moe_cost(const struct cost_ctx *c, const struct cost_layout *l, int moe_index,
-                     struct block_cost *b)
+static enum moe_status moe_cost(const struct cost_ctx *c, const struct cost_layout *l,
+                                int moe_index, struct block_cost *b, struct moe_error *err)
 {
     const struct mdl_model *m = &c->model;
     const struct mdl_moe *e = &m->moe;
@@ -369,7 +379,8 @@ static void moe_cost(const struct cost_ctx *c, const struct cost_layout *l, int 
     bool fp8 = l->precision != COST_BF16;
     double T = (double)l->mbs * l->seq_len / l->tp, h = m->hidden, k = e->top_k;
     struct moe_traffic tr;
-    moe_traffic(c, l, moe_index, &tr);
+    enum moe_status st = moe_traffic(c, l, moe_index, &tr, err);
+    if (st != MOE_OK) return st;
     b->hot_ratio = tr.hot_ratio;
     /* Router: GEMM, scores, top-k. */
     double router = cost_gemm_us(&c->cal, g, T, e->experts, h, false) +
@@ -382,12 +393,14 @@ static void moe_cost(const struct cost_ctx *c, const struct cost_layout *l, int 
     b->fwd[COST_UNPERMUTE] = b->bwd[COST_UNPERMUTE] = perm;
     /* Experts on the hottest rank: its local experts' rows. */
     int ep = l->ep, local = 0;
-    double rows[4096];
+    double *rows = malloc(sizeof *rows * (size_t)e->experts); /* (local experts of the hot rank) */
+    if (!rows) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory costing %d experts",
+                                    e->experts);
     double pool = T * ep * l->etp; /* tokens whose choices reach one expert group */
     int rl = c->routing && c->routing->layers > 1 ? moe_index % c->routing->layers : 0;
     const double *pick = c->routing ? c->routing->pick + (size_t)rl * e->experts : NULL;
     int hot = tr.hot_rank;
-    for (int x = 0; x < e->experts && local < 4096; x++)
+    for (int x = 0; x < e->experts; x++)
         if (expert_rank(c, x, ep) == hot)
             rows[local++] = (pick ? pick[x] : k / e->experts) * pool;
     double ebwd;
@@ -399,6 +412,7 @@ static void moe_cost(const struct cost_ctx *c, const struct cost_layout *l, int 
             sw += membound_us(c, rows[i] * 3.0 * e->intermediate / l->etp * BF16, 1);
         b->recompute[COST_EXPERTS_FWD] += sw;
     }
+    free(rows);
     /* Shared experts on the local tokens. */
     if (e->shared_experts) {
         double fs = (double)e->shared_experts * e->shared_intermediate;
@@ -428,6 +442,7 @@ static void moe_cost(const struct cost_ctx *c, const struct cost_layout *l, int 
     /* Backward: the combine's gradient travels like a dispatch, the dispatch's like a combine. */
     b->comm_bwd[COST_COMBINE] = a2a[0];
     b->comm_bwd[COST_DISPATCH] = a2a[1];
+    return MOE_OK;
 }
 
 static void dense_ffn_cost(const struct cost_ctx *c, const struct cost_layout *l,
@@ -486,14 +501,19 @@ static void phase_correct(const struct cost_calibration *cal, int p, double *fwd
     *bwd *= cal->phase_scale[p];
 }
 
-static void block_cost(const struct cost_ctx *c, const struct cost_layout *l, int layer,
-                       int moe_index, struct block_cost *b)
+static enum moe_status block_cost(const struct cost_ctx *c, const struct cost_layout *l,
+                                  int layer, int moe_index, struct block_cost *b,
+                                  struct moe_error *err)
 {
     memset(b, 0, sizeof *b);
     b->hot_ratio = 1.0;
     attention_cost(c, l, layer, b);
-    if (mdl_layer_is_moe(&c->model, layer)) moe_cost(c, l, moe_index, b);
-    else dense_ffn_cost(c, l, b);
+    if (mdl_layer_is_moe(&c->model, layer)) {
+        enum moe_status st = moe_cost(c, l, moe_index, b, err);
+        if (st != MOE_OK) return st;
+    } else {
+        dense_ffn_cost(c, l, b);
+    }
     /* attention's forward and backward are two phases: each gets its own correction */
     phase_correct(&c->cal, COST_ATTN_FWD, &b->fwd[COST_ATTN_FWD], &b->bwd[COST_ATTN_FWD]);
     phase_correct(&c->cal, COST_ATTN_BWD, &b->bwd[COST_ATTN_BWD], &b->fwd[COST_ATTN_BWD]);
@@ -507,6 +527,7 @@ static void block_cost(const struct cost_ctx *c, const struct cost_layout *l, in
      * communication; the executor refuses expert parallelism with full recompute). */
     if (l->recompute == COST_RECOMPUTE_FULL)
         for (int p = 0; p < COST_NPHASES; p++) b->recompute[p] = b->fwd[p];
+    return MOE_OK;
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -537,7 +558,7 @@ static void stage_range(const struct cost_ctx *c, int stages, int v, int *first,
         *count = c->stage_layers[v];
         return;
     }
-    int counts[256];
+    int counts[COST_MAX_STAGES];
     cost_even_split(L, stages, counts);
     for (int s = 0; s < v; s++) *first += counts[s];
     *count = counts[v];
@@ -564,8 +585,9 @@ struct stage_cost {
 
 /* `cached`: the dense [0] and MoE [1] block costs, computed once per layout (NULL entries when
  * the routing differs per layer and each block is costed on its own). */
-static void stage_cost(const struct cost_ctx *c, const struct cost_layout *l, int v, int stages,
-                       const struct block_cost *cached[2], struct stage_cost *s)
+static enum moe_status stage_cost(const struct cost_ctx *c, const struct cost_layout *l, int v,
+                                  int stages, const struct block_cost *cached[2],
+                                  struct stage_cost *s, struct moe_error *err)
 {
     memset(s, 0, sizeof *s);
     const struct mdl_model *m = &c->model;
@@ -578,7 +600,8 @@ static void stage_cost(const struct cost_ctx *c, const struct cost_layout *l, in
         struct block_cost bl;
         const struct block_cost *b = cached[moe ? 1 : 0];
         if (!b) {
-            block_cost(c, l, i, moe_before, &bl);
+            enum moe_status st = block_cost(c, l, i, moe_before, &bl, err);
+            if (st != MOE_OK) return st;
             b = &bl;
         }
         if (moe) moe_before++;
@@ -637,6 +660,7 @@ static void stage_cost(const struct cost_ctx *c, const struct cost_layout *l, in
         s->phases[COST_LM_HEAD] += hf + hb;
         s->phases[COST_LOSS] += lf + lb;
     }
+    return MOE_OK;
 }
 
 /* What a virtual stage holds: its parameters (whole, before TP/EP sharding) and the activation
@@ -747,15 +771,17 @@ static enum moe_status evaluate(const struct cost_ctx *c, const struct cost_layo
     if (l->precision != COST_BF16 && t->gpu.fp8_tflops <= 0)
         return moe_error_set(err, MOE_ERR_INFEASIBLE, "%s has no fp8", t->gpu.name);
     int pp = l->pp, vpp = l->vpp, stages = pp * vpp, mb = cost_layout_micro_batches(l);
-    if (stages > 256) return moe_error_set(err, MOE_ERR_INFEASIBLE, "more than 256 stages");
+    if (pp > COST_MAX_PP || stages > COST_MAX_STAGES)
+        return moe_error_set(err, MOE_ERR_INFEASIBLE, "more than %d pipeline ranks or %d stages",
+                             COST_MAX_PP, COST_MAX_STAGES);
     r.micro_batches = mb;
     double hot = 1.0;
     if (mdl_moe_layer_count(m) > 0) {
         struct moe_traffic tr;
-        moe_traffic(c, l, 0, &tr);
+        if ((st = moe_traffic(c, l, 0, &tr, err))) return st;
         hot = tr.hot_ratio;
     }
-    struct stage_memory sm[256];
+    struct stage_memory sm[COST_MAX_STAGES];
     for (int v = 0; v < stages; v++) stage_memory(c, l, v, stages, hot, &sm[v]);
     memory_of(c, l, sm, &r);
     if (memory_only) {
@@ -772,18 +798,19 @@ static enum moe_status evaluate(const struct cost_ctx *c, const struct cost_layo
         else first_dense = i;
     }
     if (first_dense >= 0) {
-        block_cost(c, l, first_dense, 0, &dense_b);
+        if ((st = block_cost(c, l, first_dense, 0, &dense_b, err))) return st;
         cached[0] = &dense_b;
     }
     if (first_moe >= 0 && !(c->routing && c->routing->layers > 1)) {
-        block_cost(c, l, first_moe, 0, &moe_b);
+        if ((st = block_cost(c, l, first_moe, 0, &moe_b, err))) return st;
         cached[1] = &moe_b;
     }
-    struct stage_cost sc[256];
-    for (int v = 0; v < stages; v++) stage_cost(c, l, v, stages, cached, &sc[v]);
+    struct stage_cost sc[COST_MAX_STAGES];
+    for (int v = 0; v < stages; v++)
+        if ((st = stage_cost(c, l, v, stages, cached, &sc[v], err))) return st;
 
     /* Pipeline: simulate (capped micro-batches, then the steady state adds the bottleneck). */
-    double fwd[256], bwd[256];
+    double fwd[COST_MAX_STAGES], bwd[COST_MAX_STAGES];
     double h = m->hidden, T = (double)l->mbs * l->seq_len / l->tp;
     double p2p = 0.0;
     if (pp > 1) {
@@ -800,7 +827,7 @@ static enum moe_status evaluate(const struct cost_ctx *c, const struct cost_layo
     if (mb > cap) sim_mb = vpp > 1 ? cap - cap % pp : cap;
     struct cost_pipe_result pr;
     if ((st = cost_pipeline_simulate(pp, vpp, sim_mb, fwd, bwd, p2p, &pr, err))) return st;
-    double per_rank[64] = {0};
+    double per_rank[COST_MAX_PP] = {0};
     int busiest = 0;
     for (int v = 0; v < stages; v++) per_rank[v % pp] += fwd[v] + bwd[v];
     for (int s = 0; s < pp; s++)
@@ -884,20 +911,21 @@ enum moe_status cost_block_times(const struct cost_ctx *c, const struct cost_lay
     const struct block_cost *cached[2] = {NULL, NULL};
     /* The ends alone: an empty first stage (embedding) and an empty last stage (head, loss). */
     struct stage_cost sc;
-    stage_cost(&one, l, 0, 2, cached, &sc);
+    if ((st = stage_cost(&one, l, 0, 2, cached, &sc, err))) goto done;
     *first_extra_us = sc.fwd_us + sc.bwd_us;
-    stage_cost(&one, l, 1, 2, cached, &sc);
+    if ((st = stage_cost(&one, l, 1, 2, cached, &sc, err))) goto done;
     *last_extra_us = sc.fwd_us + sc.bwd_us;
     /* Each block as the middle stage of three: [0 layers][layer i][rest]. */
     for (int i = 0; i < m->layers; i++) {
         split[0] = i;
         split[1] = 1;
         split[2] = m->layers - i - 1;
-        stage_cost(&one, l, 1, 3, cached, &sc);
+        if ((st = stage_cost(&one, l, 1, 3, cached, &sc, err))) goto done;
         layer_us[i] = sc.fwd_us + sc.bwd_us;
     }
+done:
     free(split);
-    return MOE_OK;
+    return st;
 }
 
 enum moe_status cost_evaluate(const struct cost_ctx *ctx, const struct cost_layout *l,

@@ -71,6 +71,8 @@ enum moe_status cost_layout_parse(struct cost_layout *l, const char *text, struc
             return moe_error_set(err, MOE_ERR_USAGE, "layout: %s=%s is not a valid count", key,
                                  val);
         int n = (int)v;
+        if (!strcmp(key, "zero") && n > 3)
+            return moe_error_set(err, MOE_ERR_USAGE, "layout: zero=%s (0, 1, 2 or 3)", val);
         if (!strcmp(key, "tp")) t.tp = n;
         else if (!strcmp(key, "pp")) t.pp = n;
         else if (!strcmp(key, "vpp")) t.vpp = n;
@@ -115,12 +117,15 @@ enum moe_status cost_layout_check(const struct cost_layout *l, const struct mdl_
         l->mbs < 1 || l->gbs < 1 || l->seq_len < 1)
         NO("every degree, mbs, gbs and the sequence length must be at least 1");
     if (l->zero < 0 || l->zero > 3) NO("zero must be 0, 1, 2 or 3, not %d", l->zero);
+    if (l->pp > COST_MAX_PP || (long)l->pp * l->vpp > COST_MAX_STAGES)
+        NO("pp = %d, vpp = %d: moeplan simulates at most %d pipeline ranks and %d virtual stages",
+           l->pp, l->vpp, COST_MAX_PP, COST_MAX_STAGES);
     if ((long)l->tp * l->pp * l->dp != gpus)
         NO("tp x pp x dp = %d x %d x %d = %ld, not the %d GPUs", l->tp, l->pp, l->dp,
            (long)l->tp * l->pp * l->dp, gpus);
     if (((long)l->tp * l->dp) % ((long)l->ep * l->etp) != 0)
-        NO("ep x etp = %d x %d must divide tp x dp = %d (the GPUs of a stage)", l->ep, l->etp,
-           l->tp * l->dp);
+        NO("ep x etp = %d x %d must divide tp x dp = %ld (the GPUs of a stage)", l->ep, l->etp,
+           (long)l->tp * l->dp);
     if (m->moe.experts % l->ep != 0)
         NO("ep = %d does not divide the %d experts", l->ep, m->moe.experts);
     if (m->attn.heads % l->tp != 0) NO("tp = %d does not divide the %d heads", l->tp, m->attn.heads);

@@ -47,9 +47,11 @@ void plan_print_summary(const struct plan_request *q, const struct plan_result *
                 r->groups, r->groups == 1 ? "" : "s", r->best.layout.ep,
                 r->placement[0].balanced_load > 0 ? r->placement[0].max_load / r->placement[0].balanced_load : 1,
                 r->placement[0].mip.status);
-    fprintf(out, "search: %ld layouts evaluated, %ld out of memory, %ld invalid, in %.2f s (%.2f s "
-                 "with placement and split); calibration: %s\n",
-            r->evaluated, r->memory_rejected, r->invalid, r->search_s, r->total_s, q->cal.source);
+    fprintf(out, "search: %ld layouts tried in %.2f s (%.2f s with placement and split): %ld fit and "
+                 "were costed, %ld did not fit in memory, %ld are not valid for this model and "
+                 "cluster; calibration: %s\n",
+            r->evaluated + r->memory_rejected + r->invalid, r->search_s, r->total_s, r->evaluated,
+            r->memory_rejected, r->invalid, q->cal.source);
     if (r->nalt) {
         fprintf(out, "\n%-4s %-88s %10s %8s\n", "#", "alternative", "step", "vs plan");
         for (int i = 0; i < r->nalt; i++) {
@@ -60,8 +62,23 @@ void plan_print_summary(const struct plan_request *q, const struct plan_result *
     }
 }
 
+/* "step 1.234 s, 5.0% faster than WHAT (1.299 s)", or "the same step time as WHAT (1.234 s)"
+ * when the two agree to printing precision. */
+static const char *compare_steps(double us, double other_us, const char *what, char *buf,
+                                 size_t cap)
+{
+    double rel = other_us > 0 ? us / other_us - 1.0 : 0.0;
+    if (fabs(rel) < 5e-4)
+        snprintf(buf, cap, "the same step time as %s (%.3f s)", what, us / 1e6);
+    else
+        snprintf(buf, cap, "step %.3f s, %.1f%% %s than %s (%.3f s)", us / 1e6, 100 * fabs(rel),
+                 rel < 0 ? "faster" : "slower", what, other_us / 1e6);
+    return buf;
+}
+
 void plan_print_explain(const struct plan_request *q, const struct plan_result *r, FILE *out)
 {
+    char gap_buf[256];
     const struct cost_result *res = &r->best.result;
     const struct cost_layout *l = &r->best.layout;
     char lay[512], a[32], b[32];
@@ -97,11 +114,15 @@ void plan_print_explain(const struct plan_request *q, const struct plan_result *
         moe_format_bytes(r->no_dedup.dispatch_bytes_per_gpu, b, sizeof b);
         moe_format_bytes(res->dispatch_scale_out_bytes, c, sizeof c);
         moe_format_bytes(r->no_dedup.dispatch_scale_out_bytes, d, sizeof d);
+        double total = res->dispatch_bytes_per_gpu, plain = r->no_dedup.dispatch_bytes_per_gpu;
         fprintf(out, "  what dedup bought (%s): per GPU, MoE layer and micro-batch the dispatch "
-                     "sends %s (%s over scale-out) instead of %s (%s over scale-out) with the "
-                     "plain all-to-all; step %.3f s instead of %.3f s (%+.1f%%)\n",
-                cost_dispatcher_names[l->dispatcher], a, c, b, d, res->step_us / 1e6,
-                r->no_dedup.step_us / 1e6, 100.0 * (res->step_us / r->no_dedup.step_us - 1.0));
+                     "sends %s (%s of it over scale-out); the plain all-to-all sends %s (%s over "
+                     "scale-out)%s; %s\n",
+                cost_dispatcher_names[l->dispatcher], a, c, b, d,
+                total > plain ? ": more bytes in all, fewer of them over the slower scale-out"
+                              : "",
+                compare_steps(res->step_us, r->no_dedup.step_us, "the plain all-to-all", gap_buf,
+                              sizeof gap_buf));
     }
     if (l->ep > 1) {
         const struct plan_placement *pl = &r->placement[0];
@@ -110,18 +131,20 @@ void plan_print_explain(const struct plan_request *q, const struct plan_result *
         else if (isfinite(pl->mip.gap)) snprintf(gap, sizeof gap, "%.2f%%", 100 * pl->mip.gap);
         else snprintf(gap, sizeof gap, "not known");
         fprintf(out, "  what placement bought: hottest EP rank %.3fx balanced (greedy %.3fx; MILP "
-                     "%s, gap %s%s); step %.3f s against %.3f s with contiguous experts\n",
+                     "%s, gap %s%s); %s\n",
                 pl->max_load / pl->balanced_load, pl->greedy_max_load / pl->balanced_load,
                 pl->mip.status, gap, pl->used_mip ? ", its answer used" : ", greedy kept",
-                res->step_us / 1e6, r->contiguous.step_us / 1e6);
+                compare_steps(res->step_us, r->contiguous.step_us, "contiguous experts", gap_buf,
+                              sizeof gap_buf));
     } else {
         fprintf(out, "  no expert parallelism: every GPU holds every expert (ep = 1)\n");
     }
     if (l->pp * l->vpp > 1)
-        fprintf(out, "  what the stage split bought: busiest pipeline rank %.1f ms per micro-batch "
-                     "instead of %.1f ms (even split); step %.3f s instead of %.3f s\n",
-                r->split.busiest_us / 1e3, r->split.even_busiest_us / 1e3, res->step_us / 1e6,
-                r->even_split.step_us / 1e6);
+        fprintf(out, "  what the stage split bought: busiest pipeline rank %.1f ms per micro-batch, "
+                     "%.1f ms with an even split; %s\n",
+                r->split.busiest_us / 1e3, r->split.even_busiest_us / 1e3,
+                compare_steps(res->step_us, r->even_split.step_us, "the even split", gap_buf,
+                              sizeof gap_buf));
     fprintf(out, "  predictions use %s\n", q->cal.source);
 }
 

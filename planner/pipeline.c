@@ -35,7 +35,7 @@ enum moe_status cost_pipeline_simulate(int pp, int vpp, int micro_batches, const
                                        const double *bwd_us, double p2p_us,
                                        struct cost_pipe_result *out, struct moe_error *err)
 {
-    if (pp < 1 || pp > 64 || vpp < 1 || micro_batches < 1)
+    if (pp < 1 || pp > COST_MAX_PP || vpp < 1 || micro_batches < 1)
         return moe_error_set(err, MOE_ERR_INFEASIBLE, "pipeline: pp %d (1..64), vpp %d, %d micro-batches",
                              pp, vpp, micro_batches);
     if (vpp > 1 && micro_batches % pp != 0)
@@ -51,8 +51,8 @@ enum moe_status cost_pipeline_simulate(int pp, int vpp, int micro_batches, const
         return moe_error_set(err, MOE_ERR_NOMEM, "pipeline: out of memory");
     }
     for (size_t i = 0; i < cells; i++) fin_f[i] = fin_b[i] = -1.0;
-    int next[64], nf[64], nb[64], in_flight[64];
-    double free_at[64];
+    int next[COST_MAX_PP], nf[COST_MAX_PP], nb[COST_MAX_PP], in_flight[COST_MAX_PP];
+    double free_at[COST_MAX_PP];
     struct cost_pipe_result r;
     memset(&r, 0, sizeof r);
     for (int s = 0; s < pp; s++) next[s] = nf[s] = nb[s] = in_flight[s] = 0, free_at[s] = 0.0;

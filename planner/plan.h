@@ -16,6 +16,11 @@
 #include "mdl.h"
 #include "topo.h"
 
+/* The pipeline the cost model simulates: at most COST_MAX_PP ranks and COST_MAX_STAGES virtual
+ * stages (cost_layout_check refuses more). */
+#define COST_MAX_PP 64
+#define COST_MAX_STAGES 256
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -74,7 +79,7 @@ int plan_placement_rank(const struct plan_placement *pl, int e);
 /* Split `layers` blocks into `stages` contiguous virtual stages (stage s on pp rank s % pp),
  * minimizing the busiest rank's time: layer_us[i] per block, plus first/last extras. */
 struct plan_split {
-    int stage_layers[256];
+    int stage_layers[COST_MAX_STAGES];
     double busiest_us;
     double even_busiest_us;      /* the even split, for comparison */
     struct plan_mip_report mip;
@@ -263,8 +268,8 @@ enum moe_status cost_layout_check(const struct cost_layout *l, const struct mdl_
  * activations to the next stage. Stage index = chunk * pp + rank (Megatron's interleaving). */
 struct cost_pipe_result {
     double makespan_us;
-    double busy_us[64];         /* per pp rank: compute time in the step */
-    int max_in_flight[64];      /* per pp rank: most micro-batch chunks held for backward */
+    double busy_us[COST_MAX_PP];         /* per pp rank: compute time in the step */
+    int max_in_flight[COST_MAX_PP];      /* per pp rank: most micro-batch chunks held for backward */
     double bubble_fraction;     /* of the busiest rank: 1 - busy / makespan */
 };
 /* Event-driven 1F1B (vpp = 1) or interleaved 1F1B (vpp > 1, micro_batches % pp == 0). */
@@ -359,6 +364,9 @@ double cost_allgather_us(double bytes, int n, double bytes_per_s, double latency
 /* ---------------------------------------------------------------------------------------------- */
 
 #define PLAN_SCHEMA "moeplan.plan"
+#define PLAN_SCHEMA_VERSION 2 /* 2: "ranks" is a rule, not a list of every GPU */
+#define PLAN_MAX_GPUS TOPO_MAX_GPUS  /* the largest cluster or plan moeplan takes */
+#define PLAN_MAX_PLACEMENT (1 << 26)  /* layers x experts of a plan (the executor's table) */
 #define PLAN_MAX_ALT 16
 #define PLAN_MAX_GROUPS 8
 
@@ -397,11 +405,20 @@ struct plan_result {
     int nalt;
     long evaluated, memory_rejected, invalid, not_accepted;
     char not_accepted_why[256];  /* the accept filter's reason, for the first one it refused */
+    /* Why layouts were refused, for a message when none fits: the commonest reason (by its
+     * words, numbers aside) with one example, and one out-of-memory example. */
+    struct plan_refusal {
+        char key[96];            /* the reason without its digits */
+        char example[256];       /* one whole reason */
+        char layout[160];        /* the layout it was given for */
+        long count;
+    } refusal[8];
+    int nrefusal;
+    char oom_example[256], oom_layout[160];
     double search_s, total_s;
     struct plan_split split;     /* of the best layout */
     struct cost_result even_split; /* the best layout before the split */
     int groups;                  /* expert placement groups (0: ep = 1) */
-    int group_of_moe_layer[1024];
     struct plan_placement placement[PLAN_MAX_GROUPS];
     struct cost_result contiguous; /* the best layout with contiguous placement */
     struct cost_result no_dedup;   /* the best layout with the plain all-to-all */
@@ -416,7 +433,9 @@ void plan_result_free(struct plan_result *r);
 /* Write plan.json (atomically). */
 enum moe_status plan_save(const struct plan_request *req, const struct plan_result *r,
                           const char *file, struct moe_error *err);
-/* Validate a plan file: degrees multiply to the GPU count, every expert placed, memory fits. */
+/* Validate a plan file with every rule plan_load applies (the same function: what `check`
+ * accepts, `run` and `report` accept): the layout is valid for the model and the GPUs, every
+ * stage and expert placed, memory fits. `summary` gets a line about it. */
 enum moe_status plan_check_doc(const struct moe_jdoc *doc, char *summary, size_t cap,
                                struct moe_error *err);
 /* A plan as the executor runs it: the model, the layout and the prediction it checks against. */
@@ -424,7 +443,17 @@ struct plan_rank {
     int domain, node, local_gpu; /* NVLink domain, node, GPU index on the node */
     int tp, dp, pp, ep, edp;     /* coordinates: the rank's index in each group */
 };
+/* The rule that numbers the GPUs (plan.json "ranks"): GPU g is the g-th used GPU, domain
+ * g / gpus_per_domain; tp varies fastest, then dp, then pp; inside a stage's tp x dp GPUs the
+ * expert layers count etp fastest, then ep, then edp. */
+#define PLAN_RANK_ORDER "tp, dp, pp (fastest first); experts: etp, ep, edp within a stage"
+struct plan_rank_map {
+    int gpus_per_domain, nodes_per_domain, gpus_per_node;
+};
+void plan_rank_of(const struct cost_layout *l, const struct plan_rank_map *map, int g,
+                  struct plan_rank *r);
 struct plan_file {
+    struct plan_rank_map rank_map;
     struct mdl_model model;
     struct cost_layout layout;
     int gpus, micro_batches;

@@ -108,25 +108,13 @@ enum moe_status plan_save(const struct plan_request *q, const struct plan_result
     json_object_set_new(lay, "overlap", json_boolean(l->overlap));
     json_object_set_new(root, "layout", lay);
 
-    /* Ranks: tp innermost, then dp, then pp; the expert layers regroup a stage's tp x dp GPUs as
-     * etp (innermost) x ep x edp. GPU r is the r-th used GPU: domain r / gpus_used. */
-    json_t *ranks = json_array();
-    for (int g = 0; g < gpus; g++) {
-        int in_stage = g % (l->tp * l->dp), dom = g / c->gpus_used_per_domain;
-        int in_dom = g % c->gpus_used_per_domain;
-        json_t *o = json_object();
-        json_object_set_new(o, "rank", json_integer(g));
-        json_object_set_new(o, "domain", json_integer(dom));
-        json_object_set_new(o, "node", json_integer(dom * c->nodes_per_domain + in_dom / c->gpus_per_node));
-        json_object_set_new(o, "local_gpu", json_integer(in_dom % c->gpus_per_node));
-        json_object_set_new(o, "tp", json_integer(g % l->tp));
-        json_object_set_new(o, "dp", json_integer(in_stage / l->tp));
-        json_object_set_new(o, "pp", json_integer(g / (l->tp * l->dp)));
-        json_object_set_new(o, "etp", json_integer(in_stage % l->etp));
-        json_object_set_new(o, "ep", json_integer((in_stage / l->etp) % l->ep));
-        json_object_set_new(o, "edp", json_integer(in_stage / (l->etp * l->ep)));
-        json_array_append_new(ranks, o);
-    }
+    /* Ranks, as a rule rather than a list (a plan's size must not grow with the GPUs): see
+     * plan_rank_of. */
+    json_t *ranks = json_object();
+    json_object_set_new(ranks, "order", json_string(PLAN_RANK_ORDER));
+    json_object_set_new(ranks, "gpus_per_domain", json_integer(c->gpus_used_per_domain));
+    json_object_set_new(ranks, "nodes_per_domain", json_integer(c->nodes_per_domain));
+    json_object_set_new(ranks, "gpus_per_node", json_integer(c->gpus_per_node));
     json_object_set_new(root, "ranks", ranks);
 
     json_t *stages = json_object(), *counts = json_array(), *rank_of = json_array();
@@ -175,10 +163,12 @@ enum moe_status plan_save(const struct plan_request *q, const struct plan_result
         json_object_set_new(o, "mip", mip_json(&pl->mip));
         json_array_append_new(groups, o);
     }
-    int mi = 0;
+    /* Consecutive MoE layers share a group: MoE layer i of n is in group i x groups / n. */
+    int mi = 0, moe_layers = mdl_moe_layer_count(m);
     for (int i = 0; i < m->layers; i++)
         json_array_append_new(layer_group, mdl_layer_is_moe(m, i) && r->groups
-                                               ? json_integer(r->group_of_moe_layer[mi++])
+                                               ? json_integer((json_int_t)mi++ * r->groups /
+                                                              moe_layers)
                                                : json_integer(-1));
     json_object_set_new(experts, "groups", groups);
     json_object_set_new(experts, "group_of_layer", layer_group);
@@ -240,122 +230,53 @@ enum moe_status plan_save(const struct plan_request *q, const struct plan_result
     json_object_set_new(search, "total_seconds", json_real(r->total_s));
     json_object_set_new(search, "binding_constraint", json_string(r->binding));
     json_object_set_new(root, "search", search);
-    enum moe_status st = moe_json_write_atomic(file, root, PLAN_SCHEMA, 1, err);
+    enum moe_status st = moe_json_write_atomic(file, root, PLAN_SCHEMA, PLAN_SCHEMA_VERSION, err);
     json_decref(root);
     return st;
 }
 
-enum moe_status plan_check_doc(const struct moe_jdoc *doc, char *summary, size_t cap,
-                               struct moe_error *err)
+void plan_rank_of(const struct cost_layout *l, const struct plan_rank_map *map, int g,
+                  struct plan_rank *r)
 {
-    struct moe_jval root, in, lay, ranks, experts, groups, pred, mem, model;
-    enum moe_status st;
-    if ((st = moe_jdoc_root(doc, &root, err))) return st;
-    if ((st = moe_jval_object(&root, "inputs", true, &in, NULL, err))) return st;
-    if ((st = moe_jval_object(&root, "layout", true, &lay, NULL, err))) return st;
-    if ((st = moe_jval_object(&root, "model", true, &model, NULL, err))) return st;
-    int64_t gpus, tp, pp, dp, ep, etp, vpp, E;
-    if ((st = moe_jval_int(&in, "gpus", true, 0, 1, 1 << 24, &gpus, err))) return st;
-    if ((st = moe_jval_int(&lay, "tp", true, 0, 1, 1 << 20, &tp, err))) return st;
-    if ((st = moe_jval_int(&lay, "pp", true, 0, 1, 1 << 20, &pp, err))) return st;
-    if ((st = moe_jval_int(&lay, "vpp", true, 0, 1, 1 << 20, &vpp, err))) return st;
-    if ((st = moe_jval_int(&lay, "dp", true, 0, 1, 1 << 24, &dp, err))) return st;
-    if ((st = moe_jval_int(&lay, "ep", true, 0, 1, 1 << 20, &ep, err))) return st;
-    if ((st = moe_jval_int(&lay, "etp", true, 0, 1, 1 << 20, &etp, err))) return st;
-    if (tp * pp * dp != gpus)
-        return moe_jval_error(&lay, NULL, err, "tp x pp x dp = %lld, not the %lld GPUs of the plan",
-                              (long long)(tp * pp * dp), (long long)gpus);
-    if ((tp * dp) % (ep * etp))
-        return moe_jval_error(&lay, "ep", err, "ep x etp does not divide tp x dp");
-    if ((st = moe_jval_array(&root, "ranks", true, &ranks, NULL, err))) return st;
-    if ((int64_t)moe_jval_len(&ranks) != gpus)
-        return moe_jval_error(&root, "ranks", err, "%zu ranks for %lld GPUs", moe_jval_len(&ranks),
-                              (long long)gpus);
-    if ((st = moe_jval_object(&root, "experts", true, &experts, NULL, err))) return st;
-    if ((st = moe_jval_int(&experts, "experts", true, 0, 1, 1 << 16, &E, err))) return st;
-    if ((st = moe_jval_array(&experts, "groups", true, &groups, NULL, err))) return st;
-    for (size_t g = 0; g < moe_jval_len(&groups); g++) {
-        struct moe_jval grp, rk;
-        if ((st = moe_jval_at_object(&groups, g, &grp, err))) return st;
-        if ((st = moe_jval_array(&grp, "ranks", true, &rk, NULL, err))) return st;
-        if ((int64_t)moe_jval_len(&rk) != ep)
-            return moe_jval_error(&grp, "ranks", err, "%zu EP ranks, the layout has %lld",
-                                  moe_jval_len(&rk), (long long)ep);
-        double *served = calloc((size_t)E, sizeof *served);
-        if (!served) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
-        for (size_t k = 0; k < moe_jval_len(&rk) && st == MOE_OK; k++) {
-            json_t *list = json_array_get(rk.json, k);
-            if (!json_is_array(list)) {
-                st = moe_jval_error(&rk, NULL, err, "rank %zu: a list of experts", k);
-                break;
-            }
-            for (size_t i = 0; i < json_array_size(list); i++) {
-                json_t *it = json_array_get(list, i);
-                json_t *ej = json_is_object(it) ? json_object_get(it, "expert") : it;
-                double share = json_is_object(it) ? json_number_value(json_object_get(it, "share")) : 1.0;
-                json_int_t e = json_is_integer(ej) ? json_integer_value(ej) : -1;
-                if (e < 0 || e >= E || !(share > 0 && share <= 1)) {
-                    st = moe_jval_error(&rk, NULL, err, "rank %zu: bad expert entry %zu", k, i);
-                    break;
-                }
-                served[e] += share;
-            }
-        }
-        for (int64_t e = 0; e < E && st == MOE_OK; e++)
-            if (fabs(served[e] - 1.0) > 1e-6)
-                st = moe_jval_error(&grp, "ranks", err,
-                                    "expert %lld is placed with total share %g, not 1",
-                                    (long long)e, served[e]);
-        free(served);
-        if (st != MOE_OK) return st;
-    }
-    if (moe_jval_len(&groups) == 0 && ep > 1)
-        return moe_jval_error(&experts, "groups", err, "ep = %lld but no expert placement",
-                              (long long)ep);
-    if ((st = moe_jval_object(&root, "prediction", true, &pred, NULL, err))) return st;
-    if ((st = moe_jval_object(&pred, "memory_bytes", true, &mem, NULL, err))) return st;
-    double total, capacity, step;
-    if ((st = moe_jval_num(&mem, "total", true, 0, 0, 1e18, &total, err))) return st;
-    if ((st = moe_jval_num(&mem, "capacity", true, 0, 0, 1e18, &capacity, err))) return st;
-    if ((st = moe_jval_num(&pred, "step_us", true, 0, 0, 1e18, &step, err))) return st;
-    if (total > capacity)
-        return moe_jval_error(&mem, "total", err, "memory %.3g bytes exceeds the capacity %.3g",
-                              total, capacity);
-    char name[64];
-    moe_jval_str(&model, "name", false, "?", name, sizeof name, NULL);
-    snprintf(summary, cap, "moeplan.plan: %s on %lld GPUs, tp=%lld pp=%lld vpp=%lld ep=%lld dp=%lld, "
-             "%zu placement group%s, step %.1f ms predicted",
-             name, (long long)gpus, (long long)tp, (long long)pp, (long long)vpp, (long long)ep,
-             (long long)dp, moe_jval_len(&groups), moe_jval_len(&groups) == 1 ? "" : "s", step / 1e3);
-    return MOE_OK;
+    int in_stage = g % (l->tp * l->dp), dom = g / map->gpus_per_domain;
+    int in_dom = g % map->gpus_per_domain;
+    r->domain = dom;
+    r->node = dom * map->nodes_per_domain + in_dom / map->gpus_per_node;
+    r->local_gpu = in_dom % map->gpus_per_node;
+    r->tp = g % l->tp;
+    r->dp = in_stage / l->tp;
+    r->pp = g / (l->tp * l->dp);
+    r->ep = (in_stage / l->etp) % l->ep;
+    r->edp = in_stage / (l->etp * l->ep);
 }
 
-/* The plan's "ranks": each one's domain, node and coordinates (in range of the layout). */
+/* The plan's "ranks": the rule that gives each GPU its domain, node and coordinates. */
 static enum moe_status load_ranks(const struct moe_jval *root, struct plan_file *p,
                                   struct moe_error *err)
 {
-    struct moe_jval ranks, rk;
-    enum moe_status st = moe_jval_array(root, "ranks", true, &ranks, NULL, err);
-    if (st != MOE_OK) return st;
+    struct moe_jval ranks;
+    char order[128];
+    struct plan_rank_map *map = &p->rank_map;
+    enum moe_status st;
+    if ((st = moe_jval_object(root, "ranks", true, &ranks, NULL, err)) ||
+        (st = moe_jval_str(&ranks, "order", true, NULL, order, sizeof order, err)) ||
+        (st = moe_jval_int32(&ranks, "gpus_per_domain", true, 0, 1, PLAN_MAX_GPUS,
+                             &map->gpus_per_domain, err)) ||
+        (st = moe_jval_int32(&ranks, "nodes_per_domain", true, 0, 1, PLAN_MAX_GPUS,
+                             &map->nodes_per_domain, err)) ||
+        (st = moe_jval_int32(&ranks, "gpus_per_node", true, 0, 1, PLAN_MAX_GPUS,
+                             &map->gpus_per_node, err)))
+        return st;
+    if (strcmp(order, PLAN_RANK_ORDER))
+        return moe_jval_error(&ranks, "order", err, "must be \"%s\"", PLAN_RANK_ORDER);
+    if ((int64_t)map->nodes_per_domain * map->gpus_per_node < map->gpus_per_domain)
+        return moe_jval_error(&ranks, "gpus_per_domain", err,
+                              "%d GPUs used per domain, but a domain of %d nodes has %lld",
+                              map->gpus_per_domain, map->nodes_per_domain,
+                              (long long)map->nodes_per_domain * map->gpus_per_node);
     p->rank = calloc((size_t)p->gpus, sizeof *p->rank);
     if (!p->rank) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
-    const struct cost_layout *l = &p->layout;
-    int edp = l->tp * l->dp / (l->ep * l->etp);
-    for (int i = 0; i < p->gpus; i++) {
-        struct plan_rank *r = &p->rank[i];
-        int at;
-        if ((st = moe_jval_at_object(&ranks, (size_t)i, &rk, err)) ||
-            (st = moe_jval_int32(&rk, "rank", true, 0, i, i, &at, err)) ||
-            (st = moe_jval_int32(&rk, "domain", true, 0, 0, p->gpus - 1, &r->domain, err)) ||
-            (st = moe_jval_int32(&rk, "node", true, 0, 0, p->gpus - 1, &r->node, err)) ||
-            (st = moe_jval_int32(&rk, "local_gpu", true, 0, 0, p->gpus - 1, &r->local_gpu, err)) ||
-            (st = moe_jval_int32(&rk, "tp", true, 0, 0, l->tp - 1, &r->tp, err)) ||
-            (st = moe_jval_int32(&rk, "dp", true, 0, 0, l->dp - 1, &r->dp, err)) ||
-            (st = moe_jval_int32(&rk, "pp", true, 0, 0, l->pp - 1, &r->pp, err)) ||
-            (st = moe_jval_int32(&rk, "ep", true, 0, 0, l->ep - 1, &r->ep, err)) ||
-            (st = moe_jval_int32(&rk, "edp", true, 0, 0, edp - 1, &r->edp, err)))
-            return st;
-    }
+    for (int g = 0; g < p->gpus; g++) plan_rank_of(&p->layout, map, g, &p->rank[g]);
     return MOE_OK;
 }
 
@@ -387,6 +308,53 @@ static enum moe_status load_stages(const struct moe_jval *root, struct plan_file
     return MOE_OK;
 }
 
+/* Each placement group: ep lists of expert entries (an id, or {"expert", "share"} for a replica),
+ * every expert's shares adding up to 1. */
+static enum moe_status check_groups(const struct moe_jval *groups, int E, int ep,
+                                    struct moe_error *err)
+{
+    enum moe_status st = MOE_OK;
+    for (size_t g = 0; g < moe_jval_len(groups); g++) {
+        struct moe_jval grp, rk;
+        if ((st = moe_jval_at_object(groups, g, &grp, err))) return st;
+        if ((st = moe_jval_array(&grp, "ranks", true, &rk, NULL, err))) return st;
+        if ((int64_t)moe_jval_len(&rk) != ep)
+            return moe_jval_error(&grp, "ranks", err, "%zu EP ranks, the layout has %d",
+                                  moe_jval_len(&rk), ep);
+        double *served = calloc((size_t)E, sizeof *served);
+        if (!served) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+        for (size_t k = 0; k < moe_jval_len(&rk) && st == MOE_OK; k++) {
+            json_t *list = json_array_get(rk.json, k);
+            if (!json_is_array(list)) {
+                st = moe_jval_error(&rk, NULL, err, "rank %zu: a list of experts", k);
+                break;
+            }
+            for (size_t i = 0; i < json_array_size(list); i++) {
+                json_t *it = json_array_get(list, i);
+                json_t *ej = json_is_object(it) ? json_object_get(it, "expert") : it;
+                json_t *sj = json_is_object(it) ? json_object_get(it, "share") : NULL;
+                double share = sj ? (json_is_number(sj) ? json_number_value(sj) : -1.0) : 1.0;
+                json_int_t e = json_is_integer(ej) ? json_integer_value(ej) : -1;
+                if (e < 0 || e >= E || !(share > 0 && share <= 1)) {
+                    st = moe_jval_error(&rk, NULL, err,
+                                        "rank %zu: entry %zu is not an expert in [0, %d) with a "
+                                        "share in (0, 1]", k, i, E);
+                    break;
+                }
+                served[e] += share;
+            }
+        }
+        for (int e = 0; e < E && st == MOE_OK; e++)
+            if (fabs(served[e] - 1.0) > 1e-6)
+                st = moe_jval_error(&grp, "ranks", err,
+                                    "expert %d is placed with total share %g, not 1", e,
+                                    served[e]);
+        free(served);
+        if (st != MOE_OK) return st;
+    }
+    return MOE_OK;
+}
+
 /* The plan's "experts" and "dispatch": the EP rank of each expert of each MoE layer. */
 static enum moe_status load_placement(const struct moe_jval *root, struct plan_file *p,
                                       struct moe_error *err)
@@ -406,9 +374,17 @@ static enum moe_status load_placement(const struct moe_jval *root, struct plan_f
         return st;
     p->dispatch_bytes.nvlink -= p->dispatch_bytes.scale_out; /* the total, less scale-out */
     if (p->dispatch_bytes.nvlink < 0) p->dispatch_bytes.nvlink = 0;
+    if ((int64_t)L * E > PLAN_MAX_PLACEMENT)
+        return moe_jval_error(root, "model", err,
+                              "%d layers x %d experts: more placements (one per layer and expert) "
+                              "than the %d a plan may hold", L, E, PLAN_MAX_PLACEMENT);
     p->placement = malloc(sizeof *p->placement * (size_t)L * (size_t)(E > 0 ? E : 1));
     if (!p->placement) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
     int ng = (int)moe_jval_len(&groups);
+    if (ng == 0 && p->layout.ep > 1)
+        return moe_jval_error(&experts, "groups", err, "ep = %d but no expert placement",
+                              p->layout.ep);
+    if ((st = check_groups(&groups, E, p->layout.ep, err))) return st;
     if (ng == 0 || E == 0) { /* one EP rank: every expert there */
         for (int l = 0; l < L; l++)
             for (int e = 0; e < E; e++) p->placement[l * E + e] = mdl_layer_is_moe(m, l) ? 0 : -1;
@@ -436,7 +412,7 @@ static enum moe_status load_placement(const struct moe_jval *root, struct plan_f
         if ((st = moe_jval_at_object(&groups, (size_t)g, &grp, err)) ||
             (st = moe_jval_array(&grp, "ranks", true, &rk, NULL, err)))
             return st;
-        /* plan_check_doc checked the entries: each expert's shares add up to 1 */
+        /* check_groups checked the entries: each expert's shares add up to 1 */
         for (size_t k = 0; k < moe_jval_len(&rk); k++) {
             json_t *list = json_array_get(rk.json, k);
             for (size_t i = 0; i < json_array_size(list); i++) {
@@ -452,78 +428,117 @@ static enum moe_status load_placement(const struct moe_jval *root, struct plan_f
     return MOE_OK;
 }
 
-enum moe_status plan_load(const char *file, struct plan_file *p, struct moe_error *err)
+/* Every check of a plan, in one place: `moeplan check`, `run`, `report` and `calibrate` read
+ * plans through it, so that a plan one of them accepts, all of them do. */
+static enum moe_status plan_from_doc(const struct moe_jdoc *doc, struct plan_file *p,
+                                     struct moe_error *err)
 {
-    struct moe_jdoc doc;
-    struct moe_jval root, in, lay, model, pred, phases, ph;
-    char schema[64], summary[256];
+    struct moe_jval root, in, lay, model, pred, phases, ph, mem;
+    char schema[64];
     int version, v;
-    memset(p, 0, sizeof *p);
-    enum moe_status st = moe_jdoc_load(&doc, file, err);
-    if (st != MOE_OK) return st;
-    if ((st = moe_jdoc_schema(&doc, schema, sizeof schema, &version, err))) goto cleanup;
-    if ((st = moe_jdoc_root(&doc, &root, err))) goto cleanup;
-    if (strcmp(schema, "moeplan.plan") != 0) {
-        st = moe_jval_error(&root, "schema", err, "expected \"moeplan.plan\", got \"%s\"", schema);
-        goto cleanup;
-    }
-    if ((st = plan_check_doc(&doc, summary, sizeof summary, err))) goto cleanup;
-    if ((st = moe_jval_object(&root, "inputs", true, &in, NULL, err))) goto cleanup;
-    if ((st = moe_jval_object(&root, "layout", true, &lay, NULL, err))) goto cleanup;
-    if ((st = moe_jval_object(&root, "model", true, &model, NULL, err))) goto cleanup;
-    if ((st = moe_jval_object(&root, "prediction", true, &pred, NULL, err))) goto cleanup;
-    if ((st = mdl_model_from_jval(&p->model, &model, err))) goto cleanup;
+    enum moe_status st;
+    if ((st = moe_jdoc_schema(doc, schema, sizeof schema, &version, err)) ||
+        (st = moe_jdoc_root(doc, &root, err)))
+        return st;
+    if (strcmp(schema, PLAN_SCHEMA) != 0)
+        return moe_jval_error(&root, "schema", err, "expected \"%s\", got \"%s\"", PLAN_SCHEMA,
+                              schema);
+    if (version != PLAN_SCHEMA_VERSION)
+        return moe_jval_error(&root, "version", err,
+                              "plan version %d; this moeplan reads version %d (plan again)",
+                              version, PLAN_SCHEMA_VERSION);
+    if ((st = moe_jval_object(&root, "inputs", true, &in, NULL, err)) ||
+        (st = moe_jval_object(&root, "layout", true, &lay, NULL, err)))
+        return st;
     struct cost_layout *l = &p->layout;
-    if ((st = moe_jval_int32(&in, "gpus", true, 0, 1, 1 << 24, &p->gpus, err)) ||
+    if ((st = moe_jval_int32(&in, "gpus", true, 0, 1, PLAN_MAX_GPUS, &p->gpus, err)) ||
         (st = moe_jval_str(&in, "gpu", false, "?", p->gpu, sizeof p->gpu, err)) ||
-        (st = moe_jval_int32(&lay, "tp", true, 0, 1, 1 << 20, &l->tp, err)) ||
-        (st = moe_jval_int32(&lay, "pp", true, 0, 1, 1 << 20, &l->pp, err)) ||
-        (st = moe_jval_int32(&lay, "vpp", true, 0, 1, 1 << 20, &l->vpp, err)) ||
-        (st = moe_jval_int32(&lay, "ep", true, 0, 1, 1 << 20, &l->ep, err)) ||
-        (st = moe_jval_int32(&lay, "etp", true, 0, 1, 1 << 20, &l->etp, err)) ||
-        (st = moe_jval_int32(&lay, "dp", true, 0, 1, 1 << 24, &l->dp, err)) ||
-        (st = moe_jval_int32(&lay, "zero", true, 0, 0, 3, &l->zero, err)) ||
+        (st = moe_jval_int32(&lay, "tp", true, 0, 1, PLAN_MAX_GPUS, &l->tp, err)) ||
+        (st = moe_jval_int32(&lay, "pp", true, 0, 1, COST_MAX_PP, &l->pp, err)) ||
+        (st = moe_jval_int32(&lay, "vpp", true, 0, 1, COST_MAX_STAGES, &l->vpp, err)) ||
+        (st = moe_jval_int32(&lay, "ep", true, 0, 1, MDL_MAX_EXPERTS, &l->ep, err)) ||
+        (st = moe_jval_int32(&lay, "etp", true, 0, 1, PLAN_MAX_GPUS, &l->etp, err)) ||
+        (st = moe_jval_int32(&lay, "dp", true, 0, 1, PLAN_MAX_GPUS, &l->dp, err)))
+        return st;
+    if ((int64_t)l->tp * l->pp * l->dp != p->gpus)
+        return moe_jval_error(&lay, NULL, err, "tp x pp x dp = %lld, not the %d GPUs of the plan",
+                              (long long)l->tp * l->pp * l->dp, p->gpus);
+    if ((st = moe_jval_int32(&lay, "zero", true, 0, 0, 3, &l->zero, err)) ||
         (st = moe_jval_int32(&lay, "mbs", true, 0, 1, 1 << 20, &l->mbs, err)) ||
         (st = moe_jval_int32(&lay, "gbs", true, 0, 1, 1 << 28, &l->gbs, err)) ||
         (st = moe_jval_int32(&lay, "seq_len", true, 0, 2, 1 << 24, &l->seq_len, err)) ||
         (st = moe_jval_int32(&lay, "micro_batches", true, 0, 1, 1 << 24, &p->micro_batches, err)))
-        goto cleanup;
-    if ((st = moe_jval_enum(&lay, "precision", true, 0, cost_precision_names, &v, err))) goto cleanup;
+        return st;
+    if ((st = moe_jval_enum(&lay, "precision", true, 0, cost_precision_names, &v, err))) return st;
     l->precision = (enum cost_precision)v;
-    if ((st = moe_jval_enum(&lay, "recompute", true, 0, cost_recompute_names, &v, err))) goto cleanup;
+    if ((st = moe_jval_enum(&lay, "recompute", true, 0, cost_recompute_names, &v, err))) return st;
     l->recompute = (enum cost_recompute)v;
     if ((st = moe_jval_enum(&lay, "dispatcher", true, 0, cost_dispatcher_names, &v, err)))
-        goto cleanup;
+        return st;
     l->dispatcher = (enum cost_dispatcher)v;
-    if ((st = moe_jval_bool(&lay, "overlap", false, true, &l->overlap, err))) goto cleanup;
-    if ((int64_t)p->micro_batches * l->mbs * l->dp != l->gbs) {
-        st = moe_jval_error(&lay, "micro_batches", err, "micro_batches x mbs x dp is not gbs");
-        goto cleanup;
-    }
+    if ((st = moe_jval_bool(&lay, "overlap", false, true, &l->overlap, err))) return st;
+    if ((st = moe_jval_object(&root, "model", true, &model, NULL, err)) ||
+        (st = moe_jval_object(&root, "prediction", true, &pred, NULL, err)) ||
+        (st = mdl_model_from_jval(&p->model, &model, err)))
+        return st;
+    /* The planner's own rules for a layout (every product in 64 bits: no overflow). */
+    struct moe_error why;
+    if (cost_layout_check(l, &p->model, p->gpus, &why) != MOE_OK)
+        return moe_jval_error(&lay, NULL, err, "%s", why.message);
+    if ((int64_t)p->micro_batches * l->mbs * l->dp != l->gbs)
+        return moe_jval_error(&lay, "micro_batches", err, "micro_batches x mbs x dp is not gbs");
     if ((st = moe_jval_num(&pred, "step_us", true, 0, 0, 1e18, &p->step_us, err)) ||
         (st = moe_jval_num(&pred, "model_tflops_per_gpu", true, 0, 0, 1e9, &p->model_tflops_per_gpu,
                            err)) ||
         (st = moe_jval_num(&pred, "mfu", true, 0, 0, 1, &p->mfu, err)) ||
         (st = moe_jval_object(&pred, "phases", true, &phases, NULL, err)))
-        goto cleanup;
-    for (int i = 0; i < COST_NPHASES; i++) {
+        return st;
+    for (int i = 0; i < COST_NPHASES; i++)
         if ((st = moe_jval_object(&phases, cost_phase_names[i], true, &ph, NULL, err)) ||
             (st = moe_jval_num(&ph, "exposed_us", true, 0, 0, 1e18, &p->phase_us[i], err)))
-            goto cleanup;
-    }
-    struct moe_jval mem;
+            return st;
+    double capacity;
     if ((st = moe_jval_object(&pred, "memory_bytes", true, &mem, NULL, err)) ||
-        (st = moe_jval_num(&mem, "total", true, 0, 0, 1e18, &p->memory_total_bytes, err)))
-        goto cleanup;
+        (st = moe_jval_num(&mem, "total", true, 0, 0, 1e18, &p->memory_total_bytes, err)) ||
+        (st = moe_jval_num(&mem, "capacity", true, 0, 0, 1e18, &capacity, err)))
+        return st;
+    if (p->memory_total_bytes > capacity)
+        return moe_jval_error(&mem, "total", err, "memory %.3g bytes exceeds the capacity %.3g",
+                              p->memory_total_bytes, capacity);
     for (int k = 0; k < COST_NMEM; k++)
         if ((st = moe_jval_num(&mem, cost_mem_names[k], true, 0, 0, 1e18, &p->memory_bytes[k],
                                err)))
-            goto cleanup;
-    if ((st = load_ranks(&root, p, err))) goto cleanup;
-    if ((st = load_stages(&root, p, err))) goto cleanup;
-    st = load_placement(&root, p, err);
-cleanup:
+            return st;
+    if ((st = load_ranks(&root, p, err)) || (st = load_stages(&root, p, err)))
+        return st;
+    return load_placement(&root, p, err);
+}
+
+enum moe_status plan_load(const char *file, struct plan_file *p, struct moe_error *err)
+{
+    struct moe_jdoc doc;
+    memset(p, 0, sizeof *p);
+    enum moe_status st = moe_jdoc_load(&doc, file, err);
+    if (st != MOE_OK) return st;
+    st = plan_from_doc(&doc, p, err);
     moe_jdoc_free(&doc);
+    return st;
+}
+
+enum moe_status plan_check_doc(const struct moe_jdoc *doc, char *summary, size_t cap,
+                               struct moe_error *err)
+{
+    struct plan_file p;
+    memset(&p, 0, sizeof p);
+    enum moe_status st = plan_from_doc(doc, &p, err);
+    if (st == MOE_OK) {
+        const struct cost_layout *l = &p.layout;
+        snprintf(summary, cap,
+                 "moeplan.plan: %s on %d GPUs, tp=%d pp=%d vpp=%d ep=%d dp=%d, step %.1f ms "
+                 "predicted",
+                 p.model.name, p.gpus, l->tp, l->pp, l->vpp, l->ep, l->dp, p.step_us / 1e3);
+    }
+    plan_file_free(&p);
     return st;
 }
 

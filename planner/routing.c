@@ -272,7 +272,7 @@ void cost_dispatch_bytes_exact(const int *choice, const int *src_rank, int token
                                struct cost_bytes *out)
 {
     out->nvlink = out->scale_out = 0.0;
-    enum { MAXK = 64 };
+    enum { MAXK = MDL_MAX_TOP_K }; /* the model's bound on top_k */
     for (int t = 0; t < tokens; t++) {
         int src = src_rank[t], dst[MAXK], n = 0;
         for (int a = 0; a < top_k && a < MAXK; a++) dst[n++] = placement[choice[t * top_k + a]];

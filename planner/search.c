@@ -26,6 +26,27 @@ void plan_result_free(struct plan_result *r)
 
 static bool fixed_ok(int fix, int v) { return fix < 0 || fix == v; }
 
+/* Count a refused layout under its reason's words (digits left out, so "tp = 2 does not divide
+ * the 8 heads" and "tp = 4 ..." are one reason). */
+static void refused(struct plan_result *r, const struct cost_layout *l, const char *why)
+{
+    char key[sizeof r->refusal[0].key];
+    size_t n = 0;
+    for (const char *p = why; *p && n + 1 < sizeof key && p - why < 200; p++)
+        if (!(*p >= '0' && *p <= '9')) key[n++] = *p;
+    key[n] = '\0';
+    int i = 0;
+    while (i < r->nrefusal && strcmp(r->refusal[i].key, key)) i++;
+    if (i == r->nrefusal) {
+        if (i == (int)(sizeof r->refusal / sizeof r->refusal[0])) return;
+        r->nrefusal++;
+        snprintf(r->refusal[i].key, sizeof r->refusal[i].key, "%s", key);
+        snprintf(r->refusal[i].example, sizeof r->refusal[i].example, "%.200s", why);
+        cost_layout_format(l, r->refusal[i].layout, sizeof r->refusal[i].layout);
+    }
+    r->refusal[i].count++;
+}
+
 /* Keep the top K (plus the best) in order of score. */
 static void keep(struct plan_result *r, int k, const struct plan_candidate *c)
 {
@@ -99,8 +120,10 @@ static void search_gpus(const struct plan_request *q, int gpus, struct cost_ctx 
                                 struct cost_layout l = {tp, pp, vpp, ep, etp, dp, 1, q->seq_len,
                                                         mbs, q->gbs, q->precision,
                                                         COST_RECOMPUTE_NONE, disp, true};
-                                if (cost_layout_check(&l, m, gpus, NULL) != MOE_OK) {
+                                struct moe_error why;
+                                if (cost_layout_check(&l, m, gpus, &why) != MOE_OK) {
                                     r->invalid++;
+                                    refused(r, &l, why.message);
                                     continue;
                                 }
                                 for (size_t k = 0; k < sizeof rungs / sizeof rungs[0]; k++) {
@@ -118,7 +141,12 @@ static void search_gpus(const struct plan_request *q, int gpus, struct cost_ctx 
                                     struct cost_result res;
                                     if (cost_memory(ctx, &l, &res, NULL) != MOE_OK) break;
                                     if (!res.fits) {
-                                        r->memory_rejected++;
+                                        if (!r->memory_rejected++) {
+                                            snprintf(r->oom_example, sizeof r->oom_example, "%s",
+                                                     res.reason);
+                                            cost_layout_format(&l, r->oom_layout,
+                                                               sizeof r->oom_layout);
+                                        }
                                         continue;
                                     }
                                     if (cost_evaluate(ctx, &l, &res, NULL) != MOE_OK) break;
@@ -176,7 +204,6 @@ static enum moe_status refine(const struct plan_request *q, struct cost_ctx *ctx
             }
         }
         free(pick);
-        for (int i = 0; i < moe_layers && i < 1024; i++) r->group_of_moe_layer[i] = i * r->groups / moe_layers;
         r->primary = malloc(sizeof *r->primary * (size_t)E);
         if (!r->primary) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
         for (int e = 0; e < E; e++) r->primary[e] = plan_placement_rank(&r->placement[0], e);
@@ -278,13 +305,28 @@ enum moe_status plan_search(const struct plan_request *q, struct plan_result *ou
                              "no layout this build runs: %ld layouts were left out (%s), %ld "
                              "were out of memory",
                              r.not_accepted, r.not_accepted_why, r.memory_rejected);
-    if (r.nalt == 0) {
+    if (r.nalt == 0 && r.memory_rejected == 0 && r.invalid == 0)
         return moe_error_set(err, MOE_ERR_INFEASIBLE,
-                             "no layout fits: %ld layouts were valid but out of memory (%ld "
-                             "invalid); more GPUs, a shorter sequence, a smaller global batch or "
-                             "--fix choices that allow sharding may help",
-                             r.memory_rejected, r.invalid);
+                             "no layout to try: no tp, pp, ep and micro-batch size fit %d GPUs, "
+                             "a global batch of %d and the --fix choices",
+                             q->gpus, q->gbs);
+    if (r.nalt == 0 && r.memory_rejected == 0) {
+        int top = 0;
+        for (int i = 1; i < r.nrefusal; i++)
+            if (r.refusal[i].count > r.refusal[top].count) top = i;
+        return moe_error_set(err, MOE_ERR_INFEASIBLE,
+                             "no layout fits: all %ld layouts tried are invalid; the commonest "
+                             "reason (%ld of them): %s (e.g. %s)",
+                             r.invalid, r.refusal[top].count, r.refusal[top].example,
+                             r.refusal[top].layout);
     }
+    if (r.nalt == 0)
+        return moe_error_set(err, MOE_ERR_INFEASIBLE,
+                             "no layout fits: %ld valid layout%s out of memory (e.g. %s: %s), %ld "
+                             "invalid; more GPUs, a shorter sequence, a smaller global batch or "
+                             "--fix choices that allow sharding may help",
+                             r.memory_rejected, r.memory_rejected == 1 ? " is" : "s are",
+                             r.oom_layout, r.oom_example, r.invalid);
     r.best = r.alt[0];
     memmove(r.alt, r.alt + 1, sizeof r.alt[0] * (size_t)(r.nalt - 1));
     r.nalt--;

@@ -16,7 +16,7 @@
 
 static double busiest(const int *count, const double *w, int stages, int pp, double a, double b)
 {
-    double rank[256] = {0};
+    double rank[COST_MAX_STAGES] = {0};
     int l = 0;
     for (int s = 0; s < stages; s++) {
         double t = 0;
@@ -34,13 +34,13 @@ enum moe_status plan_split_stages(const double *layer_us, int layers, int stages
                                   double first_extra_us, double last_extra_us, double time_limit_s,
                                   struct plan_split *out, struct moe_error *err)
 {
-    if (stages < 1 || stages > 256 || pp < 1 || stages % pp != 0 || layers < stages)
+    if (stages < 1 || stages > COST_MAX_STAGES || pp < 1 || stages % pp != 0 || layers < stages)
         return moe_error_set(err, MOE_ERR_INFEASIBLE,
                              "%d layers cannot be split into %d stages over pp %d", layers, stages,
                              pp);
     struct plan_split r;
     memset(&r, 0, sizeof r);
-    int even[256];
+    int even[COST_MAX_STAGES];
     cost_even_split(layers, stages, even);
     r.even_busiest_us = busiest(even, layer_us, stages, pp, first_extra_us, last_extra_us);
     if (stages == 1) {

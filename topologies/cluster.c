@@ -112,9 +112,9 @@ enum moe_status topo_cluster_from_doc(struct topo_cluster *c, const struct moe_j
                               : snprintf(t.node_xml, sizeof t.node_xml, "%s/%s", dirname(dir), xml);
         if (n < 0 || (size_t)n >= sizeof t.node_xml)
             return moe_jval_error(&node, "hwloc_xml", err, "path is too long");
-        FILE *f = fopen(t.node_xml, "r");
-        if (!f) return moe_jval_error(&node, "hwloc_xml", err, "cannot open %s", t.node_xml);
-        fclose(f);
+        if (!moe_file_is_regular(t.node_xml))
+            return moe_jval_error(&node, "hwloc_xml", err, "%s is not a readable regular file",
+                                  t.node_xml);
     }
     if ((st = moe_jval_int32(&root, "nodes", true, 0, 1, 1 << 20, &t.nodes, err))) return st;
 
@@ -131,6 +131,11 @@ enum moe_status topo_cluster_from_doc(struct topo_cluster *c, const struct moe_j
         return st;
     if ((st = moe_jval_num(&dom, "latency_us", false, 1.0, 0, 1e6, &t.nvlink_latency_us, err)))
         return st;
+    if ((int64_t)t.nodes * t.gpus_per_node > TOPO_MAX_GPUS)
+        return moe_jval_error(&root, "nodes", err,
+                              "%d nodes x %d GPUs = %lld GPUs: moeplan takes clusters of at most "
+                              "%d GPUs", t.nodes, t.gpus_per_node,
+                              (long long)t.nodes * t.gpus_per_node, TOPO_MAX_GPUS);
     if (t.nodes % t.nodes_per_domain != 0)
         return moe_jval_error(&dom, "nodes", err,
                               "the cluster's %d nodes do not split into domains of %d", t.nodes,
@@ -208,11 +213,7 @@ void topo_gpus_file_for(const char *cluster_file, const char *topo_dir, char *bu
     /* A cluster outside the shipped folder (a discovered local.json) names GPUs of the shipped
      * spec file unless it has its own gpus.json beside it. */
     default_gpus_file(cluster_file, buf, cap);
-    FILE *f = fopen(buf, "r");
-    if (f) {
-        fclose(f);
-        return;
-    }
+    if (moe_file_is_regular(buf)) return;
     int n = snprintf(buf, cap, "%s/gpus.json", topo_dir);
     if (n < 0 || (size_t)n >= cap) buf[cap - 1] = '\0';
 }
@@ -222,7 +223,9 @@ enum moe_status topo_cluster_resolve(struct topo_cluster *c, const char *spec,
 {
     char path[MOE_PATH_MAX], gpus[MOE_PATH_MAX];
     if (strchr(spec, '/') || strstr(spec, ".json")) {
-        snprintf(path, sizeof path, "%s", spec);
+        if ((size_t)snprintf(path, sizeof path, "%s", spec) >= sizeof path)
+            return moe_error_set(err, MOE_ERR_INPUT, "the cluster path has %zu characters, more "
+                                 "than the %zu allowed", strlen(spec), sizeof path - 1);
     } else {
         for (const char *p = spec; *p; p++)
             if (!((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '-' || *p == '_'))
@@ -231,13 +234,11 @@ enum moe_status topo_cluster_resolve(struct topo_cluster *c, const char *spec,
         int n = snprintf(path, sizeof path, "%s/%s.json", topo_dir, spec);
         if (n < 0 || (size_t)n >= sizeof path)
             return moe_error_set(err, MOE_ERR_INPUT, "topology directory path is too long");
-        FILE *f = fopen(path, "r");
-        if (!f)
+        if (!moe_file_is_regular(path))
             return moe_error_set(err, MOE_ERR_INPUT,
                                  "no cluster named '%s' (looked for %s; `moeplan topo list` shows "
                                  "the shipped ones)",
                                  spec, path);
-        fclose(f);
     }
     topo_gpus_file_for(path, topo_dir, gpus, sizeof gpus);
     return topo_cluster_load(c, path, gpus, err);

@@ -333,8 +333,8 @@ enum moe_status topo_node_load_xml(struct topo_node *node, const char *file,
     enum moe_status st = MOE_OK;
     char *text = NULL;
     hwloc_topology_t t = NULL;
-    FILE *f = fopen(file, "rb");
-    if (!f) return moe_error_set_at(err, MOE_ERR_INPUT, file, 0, 0, "cannot open");
+    FILE *f;
+    if ((st = moe_file_open_input(file, &f, err))) return st;
     long len = -1;
     if (fseek(f, 0, SEEK_END) == 0) len = ftell(f);
     if (len < 0 || len > (long)MOE_JSON_MAX_BYTES || fseek(f, 0, SEEK_SET) != 0) {

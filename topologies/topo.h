@@ -21,6 +21,9 @@ extern "C" {
 
 #define TOPO_NAME_MAX 64
 #define TOPO_MAX_GPUS_PER_NODE 16
+/* The largest cluster moeplan takes: about a million GPUs, more than any machine built; a
+ * bound that keeps a plan's search and files small. */
+#define TOPO_MAX_GPUS (1 << 20)
 #define TOPO_CLUSTER_SCHEMA "moeplan.cluster"
 #define TOPO_GPUS_SCHEMA "moeplan.gpus"
 #define TOPO_SCHEMA_VERSION 1

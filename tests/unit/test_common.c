@@ -328,6 +328,11 @@ static void test_json_write_atomic(void **state)
     char bad[300];
     snprintf(bad, sizeof bad, "%s/no/such/dir/x.json", dir);
     assert_int_equal(moe_file_write_atomic(bad, "x", 1, &err), MOE_ERR_IO);
+    /* `path` was read as an input above (moe_jdoc_load): it is never overwritten. */
+    assert_int_equal(moe_file_write_atomic(path, "new\n", 4, &err), MOE_ERR_USAGE);
+    assert_non_null(strstr(err.message, "never overwrites its inputs"));
+    snprintf(path, sizeof path, "%s/other.json", dir);
+    assert_int_equal(moe_file_write_atomic(path, "old\n", 4, &err), MOE_OK);
     assert_int_equal(moe_file_write_atomic(path, "new\n", 4, &err), MOE_OK);
     FILE *f = fopen(path, "r");
     char buf[16] = {0};
@@ -335,8 +340,10 @@ static void test_json_write_atomic(void **state)
     fclose(f);
     assert_string_equal(buf, "new\n");
     char cmd[400];
-    snprintf(cmd, sizeof cmd, "test $(ls -A %s | wc -l) -eq 1", dir);
+    snprintf(cmd, sizeof cmd, "test $(ls -A %s | wc -l) -eq 2", dir); /* no temp file */
     assert_int_equal(system(cmd), 0);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/out.json", dir);
     unlink(path);
     rmdir(dir);
 }
