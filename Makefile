@@ -4,10 +4,13 @@
 #   make test      the same build with -Werror, all tests; then the CUDA-off build and its tests
 #   make sanitize  ASan + UBSan build (no CUDA) and its unit and CLI tests
 #   make memcheck  the CLI tests (CUDA-off build) under valgrind memcheck: zero errors, no leaks
-#   make fuzz      the libFuzzer harnesses (clang), 70 s in all (scripts/fuzz)
+#   make fuzz      the libFuzzer harnesses (clang), 80 s in all (scripts/fuzz)
 #   make validate  on a GPU machine: calibrate it, then validate the cost model against 8 jobs
 #                  (writes $(VALIDATE)/: the profile and the report; also without the profile)
 #   make clean     remove the build folders
+
+SHELL        := /bin/bash
+.SHELLFLAGS  := -eo pipefail -c
 
 BUILD        ?= build
 BUILD_NOCUDA ?= build-nocuda
@@ -17,16 +20,24 @@ CMAKE_FLAGS  ?=
 MOEPLAN       = ./$(BUILD)/cli/moeplan
 VALIDATE     ?= $(BUILD)/validation
 
-.PHONY: all deps build run test test-nocuda sanitize memcheck fuzz validate clean
+.PHONY: all deps tools build run test test-nocuda sanitize memcheck fuzz validate clean
 
 all: build
 
 deps:
 	@scripts/install-deps
 
+# CMake's configure prints only its moeplan lines (what was found, whether the executor is built);
+# the build prints its progress lines ([ 42%] Building ...).
+CONFIGURE_FILTER = { grep -E '^-- moeplan|Error|error|Warning' || true; }
+BUILD_FILTER = { grep -E '^\[ *[0-9]+%\]|error|warning' || true; }
+
 build: deps
-	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DMOEPLAN_WERROR=ON $(CMAKE_FLAGS) >/dev/null
-	@cmake --build $(BUILD) -j$(JOBS) >/dev/null
+	@echo "moeplan: configuring $(BUILD)/ (CMake, Release)"
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DMOEPLAN_WERROR=ON $(CMAKE_FLAGS) | $(CONFIGURE_FILTER)
+	@echo "moeplan: building $(BUILD)/ with $(JOBS) jobs"
+	@cmake --build $(BUILD) -j$(JOBS) | $(BUILD_FILTER)
+	@test -x $(BUILD)/cli/moeplan
 
 run: build
 	$(MOEPLAN) --version
@@ -40,20 +51,27 @@ test: build
 	$(MAKE) --no-print-directory test-nocuda
 
 test-nocuda: deps
-	@cmake -S . -B $(BUILD_NOCUDA) -DCMAKE_BUILD_TYPE=Release -DMOEPLAN_CUDA=OFF -DMOEPLAN_WERROR=ON >/dev/null
-	@cmake --build $(BUILD_NOCUDA) -j$(JOBS) >/dev/null
+	@echo "moeplan: configuring and building $(BUILD_NOCUDA)/ (MOEPLAN_CUDA=OFF: the planner alone)"
+	@cmake -S . -B $(BUILD_NOCUDA) -DCMAKE_BUILD_TYPE=Release -DMOEPLAN_CUDA=OFF -DMOEPLAN_WERROR=ON | $(CONFIGURE_FILTER)
+	@cmake --build $(BUILD_NOCUDA) -j$(JOBS) | $(BUILD_FILTER)
+	@test -x $(BUILD_NOCUDA)/cli/moeplan
 	cd $(BUILD_NOCUDA) && ctest --output-on-failure
 
+tools:
+	@scripts/install-deps tools
+
 sanitize: deps
-	@cmake -S . -B $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=Debug -DMOEPLAN_CUDA=OFF -DMOEPLAN_SANITIZE=ON -DMOEPLAN_WERROR=ON >/dev/null
-	@cmake --build $(BUILD_ASAN) -j$(JOBS) >/dev/null
+	@echo "moeplan: configuring and building $(BUILD_ASAN)/ (ASan + UBSan)"
+	@cmake -S . -B $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=Debug -DMOEPLAN_CUDA=OFF -DMOEPLAN_SANITIZE=ON -DMOEPLAN_WERROR=ON | $(CONFIGURE_FILTER)
+	@cmake --build $(BUILD_ASAN) -j$(JOBS) | $(BUILD_FILTER)
+	@test -x $(BUILD_ASAN)/cli/moeplan
 	cd $(BUILD_ASAN) && ctest --output-on-failure -L 'unit|cli'
 
-memcheck: test-nocuda
+memcheck: tools test-nocuda
 	cd $(BUILD_NOCUDA) && MOEPLAN_CLI_VALGRIND=1 ctest --output-on-failure -L cli
 
-fuzz: deps
-	scripts/fuzz 70
+fuzz: deps tools
+	scripts/fuzz 80
 
 validate: build
 	mkdir -p $(VALIDATE)

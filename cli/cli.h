@@ -28,7 +28,7 @@ struct cli_cmd {
     const char *name;
     const char *args;    /* "[options] FILE..." */
     const char *summary;
-    const char *planned; /* non-NULL: not built yet; what brings it */
+    const char *missing; /* non-NULL: not in this build (no CUDA); why */
     const struct cli_opt *opts;
     int (*run)(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv);
 };

@@ -80,6 +80,20 @@ static enum moe_status measured_load(const char *file, int experts, int top_k,
     }
     for (int i = 0; i < ms->steps; i++)
         if ((st = moe_jval_at_num(&curve, (size_t)i, -1e9, 1e9, &ms->loss[i], err))) goto done;
+    /* Step times: positive and below a day (1e308 ms or -5 ms are not a run's). */
+    double step_ms;
+    if ((st = moe_jval_num(&med, "step_ms", true, 0, 1e-6, 864e5, &step_ms, err))) goto done;
+    if (!(ms->phase_ms[COST_STEP] > 0))
+        st = moe_jval_error(&ph, "step", err, "the median step must be positive");
+    struct moe_jval steps, one;
+    bool have_steps = false;
+    if (st == MOE_OK) st = moe_jval_array(&root, "steps", false, &steps, &have_steps, err);
+    for (size_t i = 0; st == MOE_OK && have_steps && i < moe_jval_len(&steps); i++) {
+        double v;
+        if ((st = moe_jval_at_object(&steps, i, &one, err)) == MOE_OK)
+            st = moe_jval_num(&one, "step_ms", true, 0, 1e-6, 864e5, &v, err);
+    }
+    if (st != MOE_OK) goto done;
     if (experts > 0) { /* the same reader as `plan --routing measured.json` */
         if ((st = cost_routing_load(&ms->routing, file, experts, top_k, err))) goto done;
         ms->have_routing = true;

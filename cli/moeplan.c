@@ -43,7 +43,7 @@ enum { OPT_HELP = 1000 };
 static void cmd_help(const struct cli_cmd *cmd, FILE *out)
 {
     fprintf(out, "usage: moeplan %s %s\n\n%s\n", cmd->name, cmd->args, cmd->summary);
-    if (cmd->planned) fprintf(out, "\nNot built yet: %s.\n", cmd->planned);
+    if (cmd->missing) fprintf(out, "\nNeeds a CUDA build: %s.\n", cmd->missing);
     fprintf(out, "\noptions:\n");
     for (const struct cli_opt *o = cmd->opts; o && o->name; o++) {
         char left[64];
@@ -209,8 +209,8 @@ static int cmd_not_built(struct cli *cli, const struct cli_cmd *cmd, int argc, c
     int rc = cli_parse(cmd, argc, argv, args, &nargs);
     if (rc >= 0) return rc;
     struct moe_error err;
-    moe_error_set(&err, MOE_ERR_UNSUPPORTED, "'%s' is not in this build: %s", cmd->name,
-                  cmd->planned);
+    moe_error_set(&err, MOE_ERR_UNSUPPORTED, "'%s' needs a CUDA build: %s", cmd->name,
+                  cmd->missing);
     return cli_fail(cli, &err);
 }
 #endif
@@ -266,7 +266,13 @@ static const struct cli_cmd commands[] = {
      "Predict step time, phases and memory of a given layout.", NULL, cmd_predict_opts,
      cmd_predict},
     {"run", "PLAN [options]",
-     "Train a plan for real on GPUs and measure each phase.", NULL, cmd_run_opts, cmd_run},
+     "Train a plan for real on GPUs and measure each phase.",
+#ifdef MOEPLAN_HAVE_EXECUTOR
+     NULL,
+#else
+     "training runs on GPUs: this build has no executor",
+#endif
+     cmd_run_opts, cmd_run},
     {"calibrate", "[options]",
      "Microbenchmark this GPU machine; fit a profile.",
 #ifdef MOEPLAN_HAVE_EXECUTOR
@@ -364,7 +370,7 @@ static void print_help(FILE *out)
             "commands:\n");
     for (int i = 0; i < NCOMMANDS; i++)
         fprintf(out, "  %-10s %s%s\n", commands[i].name, commands[i].summary,
-                commands[i].planned ? " (not built yet)" : "");
+                commands[i].missing ? " (needs a CUDA build)" : "");
     fprintf(out, "\n'moeplan <command> --help' shows a command's options.\n"
                  "Exit codes: 0 ok, 1 runtime failure, 2 usage, 3 invalid input, 4 infeasible,\n"
                  "5 verification failed.\n");

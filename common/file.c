@@ -19,7 +19,8 @@
  * reads are found deep inside the loaders (a node XML named by a cluster, the GPU specs beside a
  * cluster file), and the guarantee "no command changes an input's bytes" must hold for all of
  * them, whatever option names the output. The list only grows, is guarded by a mutex, and holds
- * no state that changes a result.
+ * no state that changes a result. A file is known by device, inode and change time: an inode
+ * number freed by a deleted input may name a new file later.
  */
 #include "moe_common.h"
 
@@ -38,29 +39,52 @@
 /* The inputs this process read                                                                   */
 /* ---------------------------------------------------------------------------------------------- */
 
-#define MAX_INPUTS 64
+struct input {
+    dev_t dev;
+    ino_t ino;
+    struct timespec ctime; /* an inode number is reused once its file is deleted */
+    char path[MOE_PATH_MAX];
+};
 
 static struct {
     pthread_mutex_t lock;
-    int n;
-    dev_t dev[MAX_INPUTS];
-    ino_t ino[MAX_INPUTS];
-    char path[MAX_INPUTS][MOE_PATH_MAX];
-} inputs = {PTHREAD_MUTEX_INITIALIZER, 0, {0}, {0}, {{0}}};
+    int n, cap;
+    struct input *at; /* grows; freed by the process's exit */
+} inputs = {PTHREAD_MUTEX_INITIALIZER, 0, 0, NULL};
 
-static void input_remember(const struct stat *sb, const char *path)
+static bool same_file(const struct input *in, const struct stat *sb)
 {
+    return in->dev == sb->st_dev && in->ino == sb->st_ino &&
+           in->ctime.tv_sec == sb->st_ctim.tv_sec && in->ctime.tv_nsec == sb->st_ctim.tv_nsec;
+}
+
+/* Remember an input; false when out of memory (the caller refuses the file then: an input that
+ * could not be remembered could be overwritten). */
+static bool input_remember(const struct stat *sb, const char *path)
+{
+    bool ok = true;
     pthread_mutex_lock(&inputs.lock);
     bool known = false;
-    for (int i = 0; i < inputs.n && !known; i++)
-        known = inputs.dev[i] == sb->st_dev && inputs.ino[i] == sb->st_ino;
-    if (!known && inputs.n < MAX_INPUTS) {
-        inputs.dev[inputs.n] = sb->st_dev;
-        inputs.ino[inputs.n] = sb->st_ino;
-        snprintf(inputs.path[inputs.n], MOE_PATH_MAX, "%s", path);
-        inputs.n++;
+    for (int i = 0; i < inputs.n && !known; i++) known = same_file(&inputs.at[i], sb);
+    if (!known && inputs.n == inputs.cap) {
+        int cap = inputs.cap ? 2 * inputs.cap : 16;
+        struct input *at = realloc(inputs.at, sizeof *at * (size_t)cap);
+        if (at) {
+            inputs.at = at;
+            inputs.cap = cap;
+        } else {
+            ok = false;
+        }
+    }
+    if (!known && ok) {
+        struct input *in = &inputs.at[inputs.n++];
+        in->dev = sb->st_dev;
+        in->ino = sb->st_ino;
+        in->ctime = sb->st_ctim;
+        snprintf(in->path, sizeof in->path, "%s", path);
     }
     pthread_mutex_unlock(&inputs.lock);
+    return ok;
 }
 
 /* The path under which `sb` was read as an input, or NULL. */
@@ -69,8 +93,8 @@ static const char *input_find(const struct stat *sb, char *buf, size_t cap)
     const char *found = NULL;
     pthread_mutex_lock(&inputs.lock);
     for (int i = 0; i < inputs.n && !found; i++)
-        if (inputs.dev[i] == sb->st_dev && inputs.ino[i] == sb->st_ino) {
-            snprintf(buf, cap, "%s", inputs.path[i]);
+        if (same_file(&inputs.at[i], sb)) {
+            snprintf(buf, cap, "%s", inputs.at[i].path);
             found = buf;
         }
     pthread_mutex_unlock(&inputs.lock);
@@ -117,7 +141,10 @@ enum moe_status moe_file_open_input(const char *path, FILE **out, struct moe_err
         close(fd);
         return moe_error_set(err, MOE_ERR_NOMEM, "out of memory opening %s", path);
     }
-    input_remember(&sb, path);
+    if (!input_remember(&sb, path)) {
+        fclose(f);
+        return moe_error_set(err, MOE_ERR_NOMEM, "out of memory opening %s", path);
+    }
     *out = f;
     return MOE_OK;
 }
@@ -183,11 +210,15 @@ enum moe_status moe_output_check(const char *file, struct moe_error *err)
     bool exists;
     enum moe_status st = output_target(file, target, sizeof target, &sb, &exists, err);
     if (st != MOE_OK || !exists) return st;
-    if (input_find(&sb, input, sizeof input))
+    if (input_find(&sb, input, sizeof input)) {
+        if (!strcmp(input, file))
+            return moe_error_set(err, MOE_ERR_USAGE,
+                                 "the output %s is an input of this command: moeplan never "
+                                 "overwrites its inputs; write the output elsewhere", file);
         return moe_error_set(err, MOE_ERR_USAGE,
                              "the output %s is %s, an input of this command: moeplan never "
-                             "overwrites its inputs; write the output elsewhere",
-                             file, strcmp(input, file) ? input : "read above");
+                             "overwrites its inputs; write the output elsewhere", file, input);
+    }
     if (S_ISREG(sb.st_mode) || S_ISCHR(sb.st_mode) || S_ISFIFO(sb.st_mode)) return MOE_OK;
     return moe_error_set(err, MOE_ERR_USAGE, "the output %s is %s, not a file", file,
                          file_kind(sb.st_mode));

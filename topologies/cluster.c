@@ -112,9 +112,13 @@ enum moe_status topo_cluster_from_doc(struct topo_cluster *c, const struct moe_j
                               : snprintf(t.node_xml, sizeof t.node_xml, "%s/%s", dirname(dir), xml);
         if (n < 0 || (size_t)n >= sizeof t.node_xml)
             return moe_jval_error(&node, "hwloc_xml", err, "path is too long");
-        if (!moe_file_is_regular(t.node_xml))
+        /* Opened (not only looked at): the node XML is one of the command's inputs. */
+        FILE *xf;
+        struct moe_error xerr;
+        if (moe_file_open_input(t.node_xml, &xf, &xerr) != MOE_OK)
             return moe_jval_error(&node, "hwloc_xml", err, "%s is not a readable regular file",
                                   t.node_xml);
+        fclose(xf);
     }
     if ((st = moe_jval_int32(&root, "nodes", true, 0, 1, 1 << 20, &t.nodes, err))) return st;
 

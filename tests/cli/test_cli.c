@@ -1,91 +1,7 @@
 /*
  * test_cli.c: runs the real moeplan binary and checks exit codes, stdout and stderr.
  */
-#include "../unit/moe_test.h"
-
-#include <fcntl.h>
-#include <spawn.h>
-#include <stdbool.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-extern char **environ;
-
-struct result {
-    int code;
-    char out[65536];
-    char err[16384];
-};
-
-static void slurp(const char *path, char *buf, size_t cap)
-{
-    FILE *f = fopen(path, "r");
-    size_t n = f ? fread(buf, 1, cap - 1, f) : 0;
-    buf[n] = '\0';
-    if (f) fclose(f);
-}
-
-/* Run moeplan with the given arguments (NULL-terminated) from the source folder. */
-static void run(struct result *r, const char *const *args)
-{
-    char out_path[] = "/tmp/moe_cli_out_XXXXXX", err_path[] = "/tmp/moe_cli_err_XXXXXX";
-    int out_fd = mkstemp(out_path), err_fd = mkstemp(err_path);
-    assert_true(out_fd >= 0 && err_fd >= 0);
-    /* MOEPLAN_CLI_VALGRIND=1 (make memcheck): every run under valgrind's memcheck; an error or a
-     * definite leak makes it exit 99 and the test fail with valgrind's report */
-    bool vg = getenv("MOEPLAN_CLI_VALGRIND") && strcmp(getenv("MOEPLAN_CLI_VALGRIND"), "0");
-    char vg_log[64], vg_log_opt[96], vg_supp[1100];
-    snprintf(vg_log, sizeof vg_log, "/tmp/moe_cli_vg_%d.log", (int)getpid());
-    snprintf(vg_log_opt, sizeof vg_log_opt, "--log-file=%s", vg_log);
-    snprintf(vg_supp, sizeof vg_supp, "--suppressions=%s/tests/valgrind.supp", MOEPLAN_SOURCE_DIR);
-    const char *argv[48];
-    int n = 0;
-    if (vg) {
-        const char *pre[] = {"valgrind", "--quiet", "--error-exitcode=99", "--leak-check=full",
-                             "--show-leak-kinds=definite", "--errors-for-leak-kinds=definite",
-                             vg_supp, vg_log_opt};
-        for (size_t i = 0; i < sizeof pre / sizeof pre[0]; i++) argv[n++] = pre[i];
-    }
-    argv[n++] = MOEPLAN_BINARY;
-    for (int i = 0; args[i] && n < 47; i++) argv[n++] = args[i];
-    argv[n] = NULL;
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, out_fd, 1);
-    posix_spawn_file_actions_adddup2(&fa, err_fd, 2);
-    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    char cwd[1024];
-    assert_non_null(getcwd(cwd, sizeof cwd));
-    assert_int_equal(chdir(MOEPLAN_SOURCE_DIR), 0);
-    pid_t pid;
-    int rc = posix_spawnp(&pid, argv[0], &fa, NULL, (char *const *)argv, environ);
-    assert_int_equal(chdir(cwd), 0);
-    assert_int_equal(rc, 0);
-    int status;
-    assert_int_equal(waitpid(pid, &status, 0), pid);
-    posix_spawn_file_actions_destroy(&fa);
-    close(out_fd);
-    close(err_fd);
-    assert_true(WIFEXITED(status)); /* never a crash */
-    r->code = WEXITSTATUS(status);
-    if (vg && r->code == 99) {
-        static char report[8192];
-        slurp(vg_log, report, sizeof report);
-        fail_msg("valgrind: moeplan %s ...:\n%s", args[0], report);
-    }
-    if (vg) unlink(vg_log);
-    slurp(out_path, r->out, sizeof r->out);
-    slurp(err_path, r->err, sizeof r->err);
-    unlink(out_path);
-    unlink(err_path);
-}
-
-#define RUN(r, ...) run(r, (const char *const[]){__VA_ARGS__, NULL})
-
-static void expect_in(const char *haystack, const char *needle)
-{
-    if (!strstr(haystack, needle)) fail_msg("expected '%s' in:\n%s", needle, haystack);
-}
+#include "cli_run.h"
 
 static void test_version(void **state)
 {
@@ -340,8 +256,13 @@ static void test_not_built(void **state)
     RUN(&r, "calibrate");
     assert_int_equal(r.code, 1);
     expect_in(r.err, "this build has no executor");
+    expect_in(r.err, "needs a CUDA build");
     RUN(&r, "validate");
     assert_int_equal(r.code, 1);
+    RUN(&r, "--help");
+    expect_in(r.out, "(needs a CUDA build)");
+    RUN(&r, "bench", "--help");
+    expect_in(r.out, "Needs a CUDA build");
 #endif
 }
 

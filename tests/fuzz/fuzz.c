@@ -8,6 +8,9 @@
  *   routing      a routing or measured.json                cost_routing_load
  *   calibration  a calibration profile                     cost_calibration_load
  *   xml          a node's hwloc XML                        topo_node_load_xml
+ *   predict      option values and model sizes, through   mdl_model_override, cost_layout_parse,
+ *                the cost model (what `moeplan predict     cost_routing_synthetic, cost_evaluate
+ *                --experts E --layers L --layout ...` runs)
  *
  * Every input must give MOE_OK or an error report; the sanitizers (ASan, UBSan) and libFuzzer
  * catch any crash, leak, overflow or hang. Loaders that read a path get the input through a file
@@ -88,6 +91,52 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         cost_calibration_load(&cal, path, &err);
         unlink(path);
     }
+#elif defined(FUZZ_PREDICT)
+    /* The first 16 bytes are option values (--experts, --layers, the layout's degrees, seq,
+     * routing), the rest a --layout text; the model is a shipped one picked by a byte. The
+     * values reach past every documented limit, so a buffer sized by a guess (the 4,096-expert
+     * array this harness was written for) overflows here. */
+    static const char *const models[] = {"tiny-moe-gqa", "tiny-moe-mla", "deepseek-v3",
+                                         "mixtral-8x7b", "qwen3-30b-a3b", "gpt-oss-20b"};
+    static struct topo_cluster cl;
+    static bool have_cluster;
+    if (size < 16) return 0;
+    if (!have_cluster) {
+        char dir[1024];
+        snprintf(dir, sizeof dir, "%s/topologies", MOEPLAN_SOURCE_DIR);
+        if (topo_cluster_resolve(&cl, "hgx-h100-x128", dir, &err) != MOE_OK) abort();
+        have_cluster = true;
+    }
+    char mdir[1024];
+    snprintf(mdir, sizeof mdir, "%s/model", MOEPLAN_SOURCE_DIR);
+    static struct mdl_model m;
+    if (mdl_model_resolve(&m, models[data[0] % 6], mdir, &err) != MOE_OK) abort();
+    uint32_t experts = (uint32_t)data[1] | (uint32_t)data[2] << 8 | (uint32_t)(data[3] & 1) << 16;
+    struct mdl_overrides ov = {(int)(data[4] % 8), (int)experts};
+    if (mdl_model_override(&m, &ov, &err) != MOE_OK) return 0;
+    int ep = 1 << (data[5] % 18), dp = 1 << (data[6] % 11), pp = 1 + data[7] % 9;
+    struct cost_layout l = {1 << (data[8] % 4), pp, 1 + data[9] % 4, ep, 1, dp, data[10] % 4,
+                            128 << (data[11] % 8), 1 << (data[12] % 4), 0, COST_BF16,
+                            (enum cost_recompute)(data[13] % 3), (enum cost_dispatcher)(data[14] % 3),
+                            (data[15] & 1) != 0};
+    l.gbs = l.dp * l.mbs * (1 + data[15] % 16);
+    char lay[256];
+    size_t n = size - 16 < sizeof lay - 1 ? size - 16 : sizeof lay - 1;
+    memcpy(lay, data + 16, n);
+    lay[n] = '\0';
+    if (n && cost_layout_parse(&l, lay, &err) != MOE_OK) return 0;
+    int gpus = l.tp * l.pp * l.dp;
+    if (gpus < 1 || gpus > cl.gpus_usable) return 0;
+    struct cost_routing r;
+    if (cost_routing_synthetic(&r, data[15] & 2 ? COST_ROUTING_ZIPF : COST_ROUTING_UNIFORM,
+                               (data[15] >> 2) / 8.0, 1, m.moe.experts, m.moe.top_k, &err) != MOE_OK)
+        return 0;
+    struct cost_ctx ctx;
+    cost_ctx_init(&ctx, &m, &cl, NULL, gpus);
+    ctx.routing = &r;
+    struct cost_result res;
+    if (cost_layout_check(&l, &m, gpus, &err) == MOE_OK) cost_evaluate(&ctx, &l, &res, &err);
+    cost_routing_free(&r);
 #elif defined(FUZZ_XML)
     const char *path = as_file(data, size, "xml");
     if (path) {
