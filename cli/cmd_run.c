@@ -8,6 +8,7 @@
  * build cannot run is refused naming what it needs. Built only with the executor
  * (MOEPLAN_HAVE_EXECUTOR).
  */
+#include <errno.h>
 #include <math.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -490,11 +491,26 @@ cleanup:
     return st == MOE_OK ? 0 : cli_fail(cli, &err);
 }
 
+/* A decimal int in [min, max] at *p, which moves past it; false if there is none (sscanf's %d
+ * has undefined behaviour on overflow). */
+static bool take_int(const char **p, long min, long max, int *out)
+{
+    char *end;
+    errno = 0;
+    if (!(**p >= '0' && **p <= '9')) return false;
+    long x = strtol(*p, &end, 10);
+    if (errno || x < min || x > max) return false;
+    *out = (int)x;
+    *p = end;
+    return true;
+}
+
 /* RANK:STEP of --inject-fault. */
 static bool parse_fault(const struct cli_cmd *cmd, const char *v, int *rank, int *step)
 {
-    char extra;
-    if (sscanf(v, "%d:%d%c", rank, step, &extra) != 2 || *rank < 0 || *step < 1) {
+    const char *p = v;
+    if (!take_int(&p, 0, 1 << 24, rank) || *p++ != ':' || !take_int(&p, 1, INT32_MAX, step) ||
+        *p) {
         cli_usage(cmd, "--inject-fault '%s': RANK:STEP (rank >= 0, step >= 1)", v);
         return false;
     }
@@ -562,12 +578,12 @@ int cmd_run(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
             o.skip_nonfinite = strcmp(v, "skip") == 0;
             break;
         case OPT_NAN: {
-            int n = 0;
-            size_t len = strlen(v);
-            if (sscanf(v, "%d:%n", &o.nan_step, &n) != 1 || o.nan_step < 1 || !v[n] ||
-                (size_t)n + 64 <= len)
+            const char *p = v;
+            bool ok = take_int(&p, 1, INT32_MAX, &o.nan_step) && *p++ == ':' && *p;
+            size_t n = (size_t)(p - v), len = strlen(v);
+            if (!ok || n + 64 <= len)
                 return cli_usage(cmd, "--inject-nan '%s': STEP:TENSOR[:weight] (step >= 1)", v);
-            snprintf(o.nan_buf, sizeof o.nan_buf, "%s", v + n);
+            snprintf(o.nan_buf, sizeof o.nan_buf, "%s", p);
             char *w = strstr(o.nan_buf, ":weight");
             if (w && !w[7]) *w = '\0', o.nan_weight = true;
             o.nan_tensor = o.nan_buf;

@@ -75,7 +75,10 @@ bool cli_real(const struct cli_cmd *cmd, const char *opt, const char *value, dou
 {
     char *end;
     double x = strtod(value, &end);
-    if (!*value || *end || !(x >= min && x <= max)) {
+    /* decimal only, as every count: no "0x1p-4", no leading blanks */
+    bool decimal = (value[0] >= '0' && value[0] <= '9') || value[0] == '.' || value[0] == '-';
+    if (value[0] == '0' && (value[1] == 'x' || value[1] == 'X')) decimal = false;
+    if (!*value || *end || !decimal || !(x >= min && x <= max)) {
         cli_usage(cmd, "--%s %s: a number in [%g, %g]", opt, value, min, max);
         return false;
     }

@@ -139,7 +139,12 @@ void plan_print_explain(const struct plan_request *q, const struct plan_result *
     } else {
         fprintf(out, "  no expert parallelism: every GPU holds every expert (ep = 1)\n");
     }
-    if (l->pp * l->vpp > 1)
+    if (l->pp * l->vpp > 1 &&
+        fabs(r->split.busiest_us - r->split.even_busiest_us) < 5e-4 * r->split.even_busiest_us)
+        fprintf(out, "  what the stage split bought: nothing; the even split is as good (busiest "
+                     "pipeline rank %.1f ms per micro-batch)\n",
+                r->split.busiest_us / 1e3);
+    else if (l->pp * l->vpp > 1)
         fprintf(out, "  what the stage split bought: busiest pipeline rank %.1f ms per micro-batch, "
                      "%.1f ms with an even split; %s\n",
                 r->split.busiest_us / 1e3, r->split.even_busiest_us / 1e3,

@@ -70,9 +70,12 @@ static double score_of(const struct plan_request *q, const struct cost_layout *l
     return gpus * res->step_us / 3.6e9 / (tokens / 1e12);
 }
 
-static void search_gpus(const struct plan_request *q, int gpus, struct cost_ctx *ctx,
-                        struct plan_result *r)
+/* Every layout on `gpus` GPUs into r's ranking. An error of the cost model (out of memory) ends
+ * the search: a layout silently skipped would change the answer. */
+static enum moe_status search_gpus(const struct plan_request *q, int gpus, struct cost_ctx *ctx,
+                                   struct plan_result *r, struct moe_error *err)
 {
+    enum moe_status st;
     const struct mdl_model *m = &q->model;
     const struct cost_layout *fx = &q->fix;
     ctx->gpus = gpus;
@@ -139,7 +142,17 @@ static void search_gpus(const struct plan_request *q, int gpus, struct cost_ctx 
                                         continue;
                                     }
                                     struct cost_result res;
-                                    if (cost_memory(ctx, &l, &res, NULL) != MOE_OK) break;
+                                    struct moe_error why;
+                                    st = cost_memory(ctx, &l, &res, &why);
+                                    if (st == MOE_ERR_INFEASIBLE) { /* mxfp8 on Hopper, ... */
+                                        r->invalid++;
+                                        refused(r, &l, why.message);
+                                        break;
+                                    }
+                                    if (st != MOE_OK) {
+                                        if (err) *err = why;
+                                        return st;
+                                    }
                                     if (!res.fits) {
                                         if (!r->memory_rejected++) {
                                             snprintf(r->oom_example, sizeof r->oom_example, "%s",
@@ -149,7 +162,7 @@ static void search_gpus(const struct plan_request *q, int gpus, struct cost_ctx 
                                         }
                                         continue;
                                     }
-                                    if (cost_evaluate(ctx, &l, &res, NULL) != MOE_OK) break;
+                                    if ((st = cost_evaluate(ctx, &l, &res, err))) return st;
                                     r->evaluated++;
                                     struct plan_candidate c = {l, res, gpus,
                                                                score_of(q, &l, &res, gpus)};
@@ -163,6 +176,7 @@ static void search_gpus(const struct plan_request *q, int gpus, struct cost_ctx 
             }
         }
     }
+    return MOE_OK;
 }
 
 /* Expert placement per layer group and the stage split, for the best layout. */
@@ -295,10 +309,12 @@ enum moe_status plan_search(const struct plan_request *q, struct plan_result *ou
     cost_ctx_init(&ctx, &q->model, &q->cluster, &q->cal, q->gpus);
     ctx.routing = q->routing;
     ctx.memory_headroom = q->headroom;
-    search_gpus(q, q->gpus, &ctx, &r);
+    enum moe_status st = search_gpus(q, q->gpus, &ctx, &r, err);
     if (q->objective == PLAN_COST)
-        for (int n = q->gpus / 2; n >= 1 && n >= q->cluster.gpus_used_per_domain / 8; n /= 2)
-            search_gpus(q, n, &ctx, &r);
+        for (int n = q->gpus / 2; st == MOE_OK && n >= 1 &&
+                                  n >= q->cluster.gpus_used_per_domain / 8; n /= 2)
+            st = search_gpus(q, n, &ctx, &r, err);
+    if (st != MOE_OK) return st;
     r.search_s = moe_time_now_s() - t0;
     if (r.nalt == 0 && r.not_accepted > 0)
         return moe_error_set(err, MOE_ERR_INFEASIBLE,
@@ -330,7 +346,7 @@ enum moe_status plan_search(const struct plan_request *q, struct plan_result *ou
     r.best = r.alt[0];
     memmove(r.alt, r.alt + 1, sizeof r.alt[0] * (size_t)(r.nalt - 1));
     r.nalt--;
-    enum moe_status st = refine(q, &ctx, &r, err);
+    st = refine(q, &ctx, &r, err);
     if (st != MOE_OK) {
         plan_result_free(&r);
         return st;

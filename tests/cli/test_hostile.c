@@ -324,6 +324,10 @@ static void test_values_and_messages(void **state)
     expect(&r, 2, "not a decimal number");
     RUN(&r, "predict", TINY, "--layout", "tp=1,zero=4");
     expect(&r, 2, "zero=4 (0, 1, 2 or 3)");
+    RUN(&r, "plan", TINY, "--headroom", "0x0.1p0");
+    expect(&r, 2, "a number in [0, 0.89]");
+    RUN(&r, "plan", TINY, "--precision", "mxfp8");
+    expect(&r, 4, "mxfp8 needs Blackwell");
     /* every layout invalid: the commonest reason and an example */
     RUN(&r, "plan", "--model", "tiny-moe-gqa", "--cluster", "h200-vm");
     expect(&r, 4, "commonest reason");
