@@ -65,7 +65,18 @@ static bool input_remember(const struct stat *sb, const char *path)
     bool ok = true;
     pthread_mutex_lock(&inputs.lock);
     bool known = false;
-    for (int i = 0; i < inputs.n && !known; i++) known = same_file(&inputs.at[i], sb);
+    for (int i = 0; i < inputs.n && !known; i++) {
+        struct input *in = &inputs.at[i];
+        known = same_file(in, sb);
+        if (!known && !strcmp(in->path, path)) {
+            /* the same name read again names a new file now (a loop rewriting one path, as the
+             * fuzzers do): the entry follows the name, so the list stays as long as the names */
+            in->dev = sb->st_dev;
+            in->ino = sb->st_ino;
+            in->ctime = sb->st_ctim;
+            known = true;
+        }
+    }
     if (!known && inputs.n == inputs.cap) {
         int cap = inputs.cap ? 2 * inputs.cap : 16;
         struct input *at = realloc(inputs.at, sizeof *at * (size_t)cap);

@@ -65,6 +65,25 @@ static void copy(const char *from, const char *name)
     free(b);
 }
 
+/* DIR/name: the file `from` with its one occurrence of `was` replaced by `now`. */
+static void put_edited(const char *name, const char *from, const char *was, const char *now)
+{
+    size_t n;
+    char *text = slurp_all(from, &n);
+    assert_non_null(text);
+    char *k = strstr(text, was);
+    if (!k) fail_msg("%s has no '%s'", from, was);
+    char *edited = malloc(n + strlen(now) + 1);
+    assert_non_null(edited);
+    size_t pre = (size_t)(k - text);
+    memcpy(edited, text, pre);
+    strcpy(edited + pre, now);
+    strcat(edited, k + strlen(was));
+    put(name, edited);
+    free(edited);
+    free(text);
+}
+
 static void expect(const struct result *r, int code, const char *words)
 {
     if (r->code != code || (words && !strstr(r->err, words) && !strstr(r->out, words)))
@@ -104,18 +123,22 @@ static void test_expert_counts(void **state)
     expect(&r, 4, "does not fit"); /* costed whole: 256 experts a GPU do not fit an H100 */
     RUN(&r, "predict", TINY, "--experts", "65537", "--layout", "tp=1");
     expect(&r, 2, "must be in [1, 65536]");
-    put("e70000.json", "{\"schema\": \"moeplan.model\", \"version\": 1, \"name\": \"m\", "
-                       "\"layers\": 2, \"hidden\": 64, \"vocab\": 256, \"attention\": {\"type\": "
-                       "\"gqa\", \"heads\": 4, \"kv_heads\": 2, \"head_dim\": 16}, \"moe\": "
-                       "{\"experts\": 70000, \"top_k\": 2, \"intermediate\": 32}}");
-    RUN(&r, "check", at("e70000.json"));
-    expect(&r, 3, "65536");
-    put("k100.json", "{\"schema\": \"moeplan.model\", \"version\": 1, \"name\": \"m\", "
-                     "\"layers\": 2, \"hidden\": 64, \"vocab\": 256, \"attention\": {\"type\": "
-                     "\"gqa\", \"heads\": 4, \"kv_heads\": 2, \"head_dim\": 16}, \"moe\": "
-                     "{\"experts\": 128, \"top_k\": 100, \"intermediate\": 32}}");
-    RUN(&r, "check", at("k100.json"));
-    expect(&r, 3, "top_k");
+    static const struct {
+        int experts, top_k;
+        const char *words;
+    } files[] = {{70000, 2, "65536"}, {128, 100, "top_k"}};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char text[512];
+        snprintf(text, sizeof text,
+                 "{\"schema\": \"moeplan.model\", \"version\": 1, \"name\": \"m\", \"layers\": 2, "
+                 "\"hidden\": 64, \"vocab\": 256, \"attention\": {\"type\": \"gqa\", \"heads\": 4, "
+                 "\"kv_heads\": 2, \"head_dim\": 16}, \"moe\": {\"experts\": %d, \"top_k\": %d, "
+                 "\"intermediate\": 32}}",
+                 files[i].experts, files[i].top_k);
+        put("big-model.json", text);
+        RUN(&r, "check", at("big-model.json"));
+        expect(&r, 3, files[i].words);
+    }
 }
 
 /* A FIFO named as any input is refused at once, never opened for a blocking read. */
@@ -280,9 +303,6 @@ static void test_plan_validator(void **state)
 {
     (void)state;
     static struct result r;
-    size_t n;
-    char *good = slurp_all("tests/data/report/plan.json", &n);
-    assert_non_null(good);
     struct {
         const char *from, *to, *words;
     } edits[] = {
@@ -294,21 +314,12 @@ static void test_plan_validator(void **state)
         {"\"version\": 2", "\"version\": 1", "plan again"},
     };
     for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
-        char *at_ = strstr(good, edits[i].from);
-        if (!at_) fail_msg("the test plan has no '%s'", edits[i].from);
-        char *bad = malloc(n + 64);
-        size_t pre = (size_t)(at_ - good);
-        memcpy(bad, good, pre);
-        strcpy(bad + pre, edits[i].to);
-        strcat(bad, at_ + strlen(edits[i].from));
-        put("bad-plan.json", bad);
-        free(bad);
+        put_edited("bad-plan.json", "tests/data/report/plan.json", edits[i].from, edits[i].to);
         RUN(&r, "check", at("bad-plan.json"));
         expect(&r, 3, edits[i].words);
         RUN(&r, "report", at("bad-plan.json"), "tests/data/report/measured.json", "-o", at("rep"));
         expect(&r, 3, edits[i].words);
     }
-    free(good);
 }
 
 /* Values that were taken wrongly, messages that were unclear. */
@@ -316,18 +327,22 @@ static void test_values_and_messages(void **state)
 {
     (void)state;
     static struct result r;
-    RUN(&r, "plan", TINY, "--routing", "zipf:");
-    expect(&r, 2, "a non-negative number after ':'");
-    RUN(&r, "plan", TINY, "--gpus", "9");
-    expect(&r, 2, "has 1 usable GPU");
-    RUN(&r, "plan", TINY, "--gpus", "0x10");
-    expect(&r, 2, "not a decimal number");
-    RUN(&r, "predict", TINY, "--layout", "tp=1,zero=4");
-    expect(&r, 2, "zero=4 (0, 1, 2 or 3)");
-    RUN(&r, "plan", TINY, "--headroom", "0x0.1p0");
-    expect(&r, 2, "a number in [0, 0.89]");
-    RUN(&r, "plan", TINY, "--precision", "mxfp8");
-    expect(&r, 4, "mxfp8 needs Blackwell");
+    static const struct {
+        const char *args[12];
+        int code;
+        const char *words;
+    } cases[] = {
+        {{"plan", TINY, "--routing", "zipf:"}, 2, "a non-negative number after ':'"},
+        {{"plan", TINY, "--gpus", "9"}, 2, "has 1 usable GPU"},
+        {{"plan", TINY, "--gpus", "0x10"}, 2, "not a decimal number"},
+        {{"predict", TINY, "--layout", "tp=1,zero=4"}, 2, "zero=4 (0, 1, 2 or 3)"},
+        {{"plan", TINY, "--headroom", "0x0.1p0"}, 2, "a number in [0, 0.89]"},
+        {{"plan", TINY, "--precision", "mxfp8"}, 4, "mxfp8 needs Blackwell"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        run(&r, cases[i].args);
+        expect(&r, cases[i].code, cases[i].words);
+    }
     /* every layout invalid: the commonest reason and an example */
     RUN(&r, "plan", "--model", "tiny-moe-gqa", "--cluster", "h200-vm");
     expect(&r, 4, "commonest reason");
@@ -338,24 +353,13 @@ static void test_values_and_messages(void **state)
     RUN(&r, "plan", "--model", "mixtral-8x7b", "--cluster", "hgx-h200-x8", "--explain");
     expect(&r, 0, "the same step time as contiguous experts");
     /* measured step times that no run has */
-    size_t n;
-    char *m = slurp_all("tests/data/report/measured.json", &n);
     const char *keys[] = {"\"step_ms\": 8.97116805892", "\"step_ms\": 196.000893457"};
     const char *vals[] = {"\"step_ms\": -5", "\"step_ms\": 1e308"};
     for (int i = 0; i < 2; i++) {
-        char *k = strstr(m, keys[i]);
-        assert_non_null(k);
-        char *bad = malloc(n + 64);
-        size_t pre = (size_t)(k - m);
-        memcpy(bad, m, pre);
-        strcpy(bad + pre, vals[i]);
-        strcat(bad, k + strlen(keys[i]));
-        put("bad-measured.json", bad);
-        free(bad);
+        put_edited("bad-measured.json", "tests/data/report/measured.json", keys[i], vals[i]);
         RUN(&r, "report", "tests/data/report/plan.json", at("bad-measured.json"), "-o", at("rep"));
         expect(&r, 3, "step_ms");
     }
-    free(m);
     /* control characters: refused in names, never printed raw */
     put("ctl.json", "{\"schema\": \"moeplan.model\", \"version\": 1, \"name\": \"m\\u001b[31m\", "
                     "\"layers\": 2, \"hidden\": 64, \"vocab\": 256}");
@@ -363,6 +367,7 @@ static void test_values_and_messages(void **state)
     expect(&r, 3, "control character");
     assert_null(strchr(r.err, '\033'));
     /* a Hugging Face config: its own key names in messages; a UTF-8 BOM is ignored */
+    size_t n;
     char *hf = slurp_all("tests/data/hf/qwen3_moe.json", &n);
     assert_non_null(hf);
     char *bom = malloc(n + 4);
@@ -373,16 +378,9 @@ static void test_values_and_messages(void **state)
     free(bom);
     RUN(&r, "model", "show", at("bom.json"));
     expect(&r, 0, "MoE");
-    char *k = strstr(hf, "\"decoder_sparse_step\": 1");
-    assert_non_null(k);
-    char *bad = malloc(n + 64);
-    size_t pre = (size_t)(k - hf);
-    memcpy(bad, hf, pre);
-    strcpy(bad + pre, "\"decoder_sparse_step\": 0");
-    strcat(bad, k + strlen("\"decoder_sparse_step\": 1"));
-    put("hf-bad.json", bad);
-    free(bad);
     free(hf);
+    put_edited("hf-bad.json", "tests/data/hf/qwen3_moe.json", "\"decoder_sparse_step\": 1",
+               "\"decoder_sparse_step\": 0");
     RUN(&r, "model", "show", at("hf-bad.json"));
     expect(&r, 3, "decoder_sparse_step");
     assert_null(strstr(r.err, "moe_every"));
