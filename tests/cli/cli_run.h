@@ -97,6 +97,36 @@ static inline void run(struct result *r, const char *const *args)
     unlink(err_path);
 }
 
+/* This test program's scratch folder (mkdtemp, removed at the end): cli_scratch_setup and
+ * cli_scratch_teardown are the cmocka group setup and teardown. */
+static char cli_scratch[64];
+
+static inline int cli_scratch_setup(void **state)
+{
+    (void)state;
+    snprintf(cli_scratch, sizeof cli_scratch, "/tmp/moe_cli_XXXXXX");
+    /* the shipped files are named relative to the source folder, as moeplan's runs see them */
+    return mkdtemp(cli_scratch) && chdir(MOEPLAN_SOURCE_DIR) == 0 ? 0 : -1;
+}
+
+static inline int cli_scratch_teardown(void **state)
+{
+    (void)state;
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", cli_scratch);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+/* "SCRATCH/name", in one of a few rotating buffers (several in one call's arguments). */
+static inline const char *cli_tmp(const char *name)
+{
+    static char buf[8][512];
+    static int i;
+    i = (i + 1) % 8;
+    snprintf(buf[i], sizeof buf[i], "%s/%s", cli_scratch, name);
+    return buf[i];
+}
+
 #define RUN(r, ...) run(r, (const char *const[]){__VA_ARGS__, NULL})
 
 static inline void expect_in(const char *haystack, const char *needle)

@@ -103,7 +103,7 @@ static void test_check_bad_input(void **state)
     expect_in(r.out, "deepseek-v3.json: ok");
 }
 
-/* Bad inputs, a row each: the file's text (written to /tmp), the command that reads it (FILE is
+/* Bad inputs, a row each: the file's text (written to the scratch folder), the command that reads it (FILE is
  * replaced by the file), the exit code and a piece of the message. None may crash or hang. */
 struct bad_input {
     const char *text, *args[12];
@@ -176,7 +176,7 @@ static const struct bad_input bad_inputs[] = {
      3,
      "FILE:1:"},
     {"{\"schema\": \"moeplan.measured\", \"version\": 1}",
-     {"report", "tests/data/report/plan.json", "FILE", "-o", "/tmp/moe_cli_bad_report"},
+     {"report", "tests/data/report/plan.json", "FILE", "-o", "OUTDIR"},
      3,
      "model"},
     /* node XML */
@@ -198,15 +198,18 @@ static void test_bad_input_table(void **state)
     for (int i = 0; i < n; i++) {
         const struct bad_input *b = &bad_inputs[i];
         bool xml = b->text[0] == '<';
-        char path[64];
-        snprintf(path, sizeof path, "/tmp/moe_cli_bad_%d.%s", i, xml ? "xml" : "json");
+        char path[128];
+        snprintf(path, sizeof path, "%s/bad_%d.%s", cli_scratch, i, xml ? "xml" : "json");
         FILE *f = fopen(path, "wb");
         assert_non_null(f);
         fputs(b->text, f);
         fclose(f);
         const char *args[13];
         int k = 0;
-        for (; b->args[k]; k++) args[k] = !strcmp(b->args[k], "FILE") ? path : b->args[k];
+        for (; b->args[k]; k++)
+            args[k] = !strcmp(b->args[k], "FILE")     ? path
+                      : !strcmp(b->args[k], "OUTDIR") ? cli_tmp("bad_report")
+                                                      : b->args[k];
         args[k] = NULL;
         run(&r, args);
         char want[256];
@@ -232,14 +235,14 @@ static void test_bad_input_table(void **state)
     RUN(&r, "plan", "--model", "tiny-moe-gqa", "--cluster", "hgx-h200-x8", "--headroom", "-0.5");
     assert_int_equal(r.code, 2);
     /* a file over the size limit: refused before it is read */
-    FILE *f = fopen("/tmp/moe_cli_huge.json", "wb");
+    FILE *f = fopen(cli_tmp("huge.json"), "wb");
     assert_non_null(f);
     assert_int_equal(fseek(f, (long)(300u << 20), SEEK_SET), 0); /* sparse: 300 MiB */
     fputc('}', f);
     fclose(f);
-    RUN(&r, "check", "/tmp/moe_cli_huge.json");
+    RUN(&r, "check", cli_tmp("huge.json"));
     assert_int_equal(r.code, 3);
-    unlink("/tmp/moe_cli_huge.json");
+    unlink(cli_tmp("huge.json"));
     printf("%d bad inputs and a 300 MiB file: each refused with its message and exit 3\n", n);
 }
 
@@ -274,81 +277,83 @@ static void test_run(void **state)
     (void)state;
     static struct result r;
     RUN(&r, "run", "/nonexistent/plan.json");
-    assert_true(r.code != 0);
-    expect_in(r.err, "/nonexistent/plan.json");
+    assert_int_equal(r.code, 3);
+    expect_in(r.err, "/nonexistent/plan.json: cannot open: No such file or directory");
     RUN(&r, "plan", "--model", "tiny-moe-gqa", "--cluster", "hgx-h200-x8", "--seq-len", "64",
-        "--fix", "pp=2", "-o", "/tmp/moe_cli_plan_pp2.json");
+        "--fix", "pp=2", "-o", cli_tmp("plan_pp2.json"));
     assert_int_equal(r.code, 0);
-    RUN(&r, "run", "/tmp/moe_cli_plan_pp2.json");
+    RUN(&r, "run", cli_tmp("plan_pp2.json"));
     assert_int_equal(r.code, 1); /* refused by name before any GPU work */
-    expect_in(r.err, "moe_cli_plan_pp2.json: pp=2 with ep=4: expert parallelism inside pipeline "
+    expect_in(r.err, "plan_pp2.json: pp=2 with ep=4: expert parallelism inside pipeline "
                      "stages is not in the GPU executor yet");
-    unlink("/tmp/moe_cli_plan_pp2.json");
+    unlink(cli_tmp("plan_pp2.json"));
     RUN(&r, "plan", "--model", "tiny-moe-gqa", "--cluster", "hgx-h200-x8", "--seq-len", "64",
-        "-o", "/tmp/moe_cli_plan8.json");
+        "-o", cli_tmp("plan8.json"));
     assert_int_equal(r.code, 0);
-    RUN(&r, "run", "/tmp/moe_cli_plan8.json"); /* 8 ranks: a GPU each, or virtual ranks */
+    RUN(&r, "run", cli_tmp("plan8.json")); /* 8 ranks: a GPU each, or virtual ranks */
     if (r.code == 1) expect_in(r.err, "no CUDA GPU");
     else {
         assert_int_equal(r.code, 3);
         expect_in(r.err, "the plan has 8 ranks and this machine");
     }
-    RUN(&r, "run", "/tmp/moe_cli_plan8.json", "--gpus", "2");
+    RUN(&r, "run", cli_tmp("plan8.json"), "--gpus", "2");
     assert_int_equal(r.code, 3);
-    expect_in(r.err, "--gpus 2, but /tmp/moe_cli_plan8.json is a plan for 8 GPUs");
-    RUN(&r, "run", "/tmp/moe_cli_plan8.json", "--resume");
+    char want[600];
+    snprintf(want, sizeof want, "--gpus 2, but %s is a plan for 8 GPUs", cli_tmp("plan8.json"));
+    expect_in(r.err, want);
+    RUN(&r, "run", cli_tmp("plan8.json"), "--resume");
     assert_int_equal(r.code, 2);
     expect_in(r.err, "need --checkpoint-dir");
-    RUN(&r, "run", "/tmp/moe_cli_plan8.json", "--inject-fault", "1");
+    RUN(&r, "run", cli_tmp("plan8.json"), "--inject-fault", "1");
     assert_int_equal(r.code, 2);
     expect_in(r.err, "RANK:STEP");
-    RUN(&r, "run", "/tmp/moe_cli_plan8.json", "--on-nonfinite", "ignore");
+    RUN(&r, "run", cli_tmp("plan8.json"), "--on-nonfinite", "ignore");
     assert_int_equal(r.code, 2);
     expect_in(r.err, "--on-nonfinite ignore: stop or skip");
-    RUN(&r, "run", "/tmp/moe_cli_plan8.json", "--inject-nan", "0:blk0.wo");
+    RUN(&r, "run", cli_tmp("plan8.json"), "--inject-nan", "0:blk0.wo");
     assert_int_equal(r.code, 2);
     expect_in(r.err, "STEP:TENSOR[:weight]");
     RUN(&r, "bench", "moe", "--calibration", "/nonexistent-profile.json");
     assert_int_equal(r.code, 3); /* the profile is read before the GPU is looked for */
     expect_in(r.err, "/nonexistent-profile.json: cannot open");
-    RUN(&r, "run", "/tmp/moe_cli_plan8.json", "--gpu-memory-limit", "12");
+    RUN(&r, "run", cli_tmp("plan8.json"), "--gpu-memory-limit", "12");
     assert_int_equal(r.code, 2);
     expect_in(r.err, "--gpu-memory-limit 12: must be in");
     RUN(&r, "plan", "--model", "tiny-moe-gqa", "--cluster", "hgx-h200-x8", "--gpus", "1",
-        "--seq-len", "64", "-o", "/tmp/moe_cli_plan1.json");
+        "--seq-len", "64", "-o", cli_tmp("plan1.json"));
     assert_int_equal(r.code, 0);
-    RUN(&r, "run", "/tmp/moe_cli_plan1.json", "--steps", "3", "--out",
-        "/tmp/moe_cli_measured.json");
+    RUN(&r, "run", cli_tmp("plan1.json"), "--steps", "3", "--out",
+        cli_tmp("measured.json"));
     if (r.code == 0) {
         expect_in(r.out, "step    3/3");
         expect_in(r.out, "measured.json written");
         /* the planner reads the measured routing back */
         RUN(&r, "predict", "--model", "tiny-moe-gqa", "--cluster", "hgx-h200-x8", "--gpus", "1",
-            "--seq-len", "64", "--routing", "/tmp/moe_cli_measured.json", "--layout", "mbs=1");
+            "--seq-len", "64", "--routing", cli_tmp("measured.json"), "--layout", "mbs=1");
         assert_int_equal(r.code, 0);
-        unlink("/tmp/moe_cli_measured.json");
+        unlink(cli_tmp("measured.json"));
     } else {
         assert_int_equal(r.code, 1);
         expect_in(r.err, "no CUDA GPU");
     }
-    unlink("/tmp/moe_cli_plan8.json");
-    unlink("/tmp/moe_cli_plan1.json");
+    unlink(cli_tmp("plan8.json"));
+    unlink(cli_tmp("plan1.json"));
     /* the committed H200 profile fitted again from the measurements it keeps (no GPU needed) */
     RUN(&r, "calibrate", "--refit", "topologies/calibration/h200.json", "-o",
-        "/tmp/moe_cli_refit.json");
+        cli_tmp("refit.json"));
     assert_int_equal(r.code, 0);
     expect_in(r.out, "60 GEMMs: gemm_eff");
     expect_in(r.out, "15 expert blocks");
     expect_in(r.out, "per-phase fit over the 6 jobs");
-    RUN(&r, "check", "/tmp/moe_cli_refit.json");
+    RUN(&r, "check", cli_tmp("refit.json"));
     assert_int_equal(r.code, 0);
     expect_in(r.out, "13 phase corrections");
-    unlink("/tmp/moe_cli_refit.json");
+    unlink(cli_tmp("refit.json"));
     RUN(&r, "calibrate", "--refit", "tests/data/calibration-test.json", "-o",
-        "/tmp/moe_cli_refit.json");
+        cli_tmp("refit.json"));
     assert_int_equal(r.code, 3); /* no measurements in it: refused by name, nothing written */
     expect_in(r.err, "measured");
-    assert_int_equal(access("/tmp/moe_cli_refit.json", F_OK), -1);
+    assert_int_equal(access(cli_tmp("refit.json"), F_OK), -1);
 }
 #endif
 
@@ -358,7 +363,7 @@ static void test_report(void **state)
     (void)state;
     static struct result r;
     RUN(&r, "report", "tests/data/report/plan.json", "tests/data/report/measured.json", "-o",
-        "/tmp/moe_cli_report");
+        cli_tmp("report"));
     assert_int_equal(r.code, 0);
     expect_in(r.out, "predicted against measured");
     expect_in(r.out, "dispatch");
@@ -369,22 +374,22 @@ static void test_report(void **state)
                                             {"phases.svg", "tests/data/golden/report-phases.svg"}};
     for (size_t i = 0; i < 2; i++) {
         char made[256], cmd[600];
-        snprintf(made, sizeof made, "/tmp/moe_cli_report/%s", golden[i][0]);
+        snprintf(made, sizeof made, "%s/%s", cli_tmp("report"), golden[i][0]);
         snprintf(cmd, sizeof cmd, "cmp -s %s %s/%s", made, MOEPLAN_SOURCE_DIR, golden[i][1]);
         if (system(cmd) != 0) fail_msg("%s differs from %s", made, golden[i][1]);
     }
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         char path[256];
-        snprintf(path, sizeof path, "/tmp/moe_cli_report/%s", files[i]);
+        snprintf(path, sizeof path, "%s/%s", cli_tmp("report"), files[i]);
         assert_int_equal(access(path, F_OK), 0);
         unlink(path);
     }
-    rmdir("/tmp/moe_cli_report");
+    rmdir(cli_tmp("report"));
     RUN(&r, "report", "tests/data/report/plan.json", "tests/data/report/plan.json", "-o",
-        "/tmp/moe_cli_report");
+        cli_tmp("report"));
     assert_int_equal(r.code, 3);
     expect_in(r.err, "expected \"moeplan.measured\"");
-    assert_int_equal(access("/tmp/moe_cli_report/README.md", F_OK), -1);
+    assert_int_equal(access(cli_tmp("report/README.md"), F_OK), -1);
     RUN(&r, "report", "tests/data/report/plan.json");
     assert_int_equal(r.code, 2);
 }
@@ -459,12 +464,13 @@ static void test_topo_commands(void **state)
     assert_int_equal(r.code, 0);
     expect_in(r.out, "8 x H200 usable in 1 NVLink domain");
     expect_in(r.out, "4 GPUs, 4 NICs, NVLinkBandwidth matrix");
-    RUN(&r, "topo", "discover", "-o", "/tmp");
+    RUN(&r, "topo", "discover", "-o", cli_scratch);
     assert_int_equal(r.code, 0);
-    expect_in(r.out, "hwloc: /tmp/local-node.xml written");
-    if (!strstr(r.out, "no NVIDIA GPU found")) expect_in(r.out, "cluster: /tmp/local.json written");
-    unlink("/tmp/local-node.xml");
-    unlink("/tmp/local.json");
+    char want[300];
+    snprintf(want, sizeof want, "hwloc: %s written", cli_tmp("local-node.xml"));
+    expect_in(r.out, want);
+    snprintf(want, sizeof want, "cluster: %s written", cli_tmp("local.json"));
+    if (!strstr(r.out, "no NVIDIA GPU found")) expect_in(r.out, want);
     RUN(&r, "topo", "discover", "-o");
     assert_int_equal(r.code, 2);
     expect_in(r.err, "option '-o' needs a value");
@@ -478,20 +484,20 @@ static void test_predict(void **state)
     static struct result r;
     RUN(&r, "predict", "--model", "mixtral-8x7b", "--cluster", "hgx-h100-x128", "--layout",
         "tp=2,pp=4,ep=8,dp=128,zero=1,mbs=1,gbs=1024,dispatcher=dedup-gpu,overlap=on",
-        "--json", "/tmp/moe_pred.json");
+        "--json", cli_tmp("pred.json"));
     assert_int_equal(r.code, 0);
     expect_in(r.out, "mixtral-8x7b on 1024 x H100 of hgx-h100-x128");
     expect_in(r.out, "calibration: datasheet defaults (uncalibrated)");
     expect_in(r.out, "experts_bwd");
     expect_in(r.out, "tokens/s/GPU");
     expect_in(r.out, "headroom left");
-    FILE *f = fopen("/tmp/moe_pred.json", "r");
+    FILE *f = fopen(cli_tmp("pred.json"), "r");
     char head[64] = {0};
     assert_non_null(f);
     assert_true(fread(head, 1, sizeof head - 1, f) > 0);
     fclose(f);
     expect_in(head, "\"schema\": \"moeplan.prediction\"");
-    unlink("/tmp/moe_pred.json");
+    unlink(cli_tmp("pred.json"));
     RUN(&r, "predict", "--model", "deepseek-v3", "--cluster", "gb200-nvl72-x16", "--layout",
         "tp=1,pp=1,ep=8,dp=1024,gbs=1024");
     assert_int_equal(r.code, 4);
@@ -517,18 +523,19 @@ static void test_plan(void **state)
     (void)state;
     static struct result r;
     RUN(&r, "plan", "--model", "mixtral-8x7b", "--cluster", "hgx-h100-x128", "--gpus", "64",
-        "--gbs", "256", "--explain", "--emit", "megatron", "-o", "/tmp/moe_cli_plan.json");
+        "--gbs", "256", "--explain", "--emit", "megatron", "-o", cli_tmp("plan.json"));
     assert_int_equal(r.code, 0);
     expect_in(r.out, "plan: mixtral-8x7b on 64 x H100 (hgx-h100-x128), gbs 256 x seq 4096");
     expect_in(r.out, "why this layout:");
     expect_in(r.out, "binding constraint:");
     expect_in(r.out, "--tensor-model-parallel-size");
     expect_in(r.out, "--expert-model-parallel-size");
-    expect_in(r.out, "plan written to /tmp/moe_cli_plan.json");
-    RUN(&r, "check", "/tmp/moe_cli_plan.json");
+    expect_in(r.out, "plan written to ");
+    expect_in(r.out, cli_tmp("plan.json"));
+    RUN(&r, "check", cli_tmp("plan.json"));
     assert_int_equal(r.code, 0);
     expect_in(r.out, "ok (moeplan.plan: mixtral-8x7b on 64 GPUs");
-    unlink("/tmp/moe_cli_plan.json");
+    unlink(cli_tmp("plan.json"));
     RUN(&r, "plan", "--model", "mixtral-8x7b", "--cluster", "hgx-h100-x128", "--gpus", "64",
         "--gbs", "256", "--emit", "maxtext", "--fix", "ep=8,tp=1");
     assert_int_equal(r.code, 0);
@@ -551,13 +558,13 @@ static void test_plan(void **state)
     RUN(&r, "plan", "--model", "mixtral-8x7b", "--cluster", "hgx-h200-x8", "--objective", "cost");
     assert_int_equal(r.code, 0);
     /* --runnable: only what this build's executor runs, or a refusal, no file */
-    unlink("/tmp/moe_cli_runnable.json");
+    unlink(cli_tmp("runnable.json"));
     RUN(&r, "plan", "--model", "tiny-moe-gqa", "--cluster", "hgx-h200-x8", "--runnable",
-        "--seq-len", "64", "--fix", "tp=2", "-o", "/tmp/moe_cli_runnable.json");
+        "--seq-len", "64", "--fix", "tp=2", "-o", cli_tmp("runnable.json"));
     assert_int_equal(r.code, 4);
     expect_in(r.err, "no layout this build runs");
     expect_in(r.err, "tensor parallelism is not in the executor yet");
-    assert_int_equal(access("/tmp/moe_cli_runnable.json", F_OK), -1);
+    assert_int_equal(access(cli_tmp("runnable.json"), F_OK), -1);
     RUN(&r, "plan", "--model", "tiny-moe-gqa", "--cluster", "hgx-h200-x8", "--runnable",
         "--seq-len", "64"); /* 8 GPUs: data and expert parallel, the optimizer state whole */
     assert_int_equal(r.code, 0);
@@ -587,5 +594,5 @@ int main(void)
         cmocka_unit_test(test_report),
         cmocka_unit_test(test_bad_input_table),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cmocka_run_group_tests(tests, cli_scratch_setup, cli_scratch_teardown);
 }

@@ -13,7 +13,8 @@
 #include <stdarg.h>
 #include <sys/stat.h>
 
-static char dir[64]; /* this run's scratch folder */
+#define dir cli_scratch
+#define at cli_tmp
 
 static void put(const char *name, const char *text)
 {
@@ -25,15 +26,6 @@ static void put(const char *name, const char *text)
     fclose(f);
 }
 
-/* "DIR/name", in one of a few rotating buffers (several in one call's arguments). */
-static const char *at(const char *name)
-{
-    static char buf[8][512];
-    static int i;
-    i = (i + 1) % 8;
-    snprintf(buf[i], sizeof buf[i], "%s/%s", dir, name);
-    return buf[i];
-}
 
 static char *slurp_all(const char *path, size_t *len)
 {
@@ -89,22 +81,6 @@ static void expect(const struct result *r, int code, const char *words)
     if (r->code != code || (words && !strstr(r->err, words) && !strstr(r->out, words)))
         fail_msg("exit %d (want %d), expected '%s' in:\n%s%s", r->code, code,
                  words ? words : "", r->err, r->out);
-}
-
-static int setup(void **state)
-{
-    (void)state;
-    snprintf(dir, sizeof dir, "/tmp/moe_hostile_XXXXXX");
-    /* the shipped files are named relative to the source folder, as moeplan's runs see them */
-    return mkdtemp(dir) && chdir(MOEPLAN_SOURCE_DIR) == 0 ? 0 : -1;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    return system(cmd) == 0 ? 0 : -1;
 }
 
 #define TINY "--model", "tiny-moe-gqa", "--cluster", "h200-vm", "--seq-len", "128"
@@ -465,5 +441,5 @@ int main(void)
         cmocka_unit_test(test_interrupted_write), cmocka_unit_test(test_plan_validator),
         cmocka_unit_test(test_values_and_messages), cmocka_unit_test(test_inputs_unchanged),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, cli_scratch_setup, cli_scratch_teardown);
 }

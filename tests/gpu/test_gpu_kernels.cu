@@ -63,17 +63,12 @@ static std::vector<float> randn(size_t n, uint64_t seed, double scale = 1.0)
     return v;
 }
 
-/* max |a - b| <= tol * max |b| */
+/* moe_expect_close on vectors: every |a - b| <= tol x max |b|, and no NaN. */
 static void close(const char *what, const std::vector<double> &a, const std::vector<double> &b,
                   double tol)
 {
     assert_int_equal(a.size(), b.size());
-    double mx = 0, worst = 0;
-    for (size_t i = 0; i < b.size(); i++) mx = fmax(mx, fabs(b[i]));
-    for (size_t i = 0; i < b.size(); i++) worst = fmax(worst, fabs(a[i] - b[i]));
-    printf("%-28s max error %.3g = %.2g of the largest value %.3g (tolerance %.0e)\n", what, worst,
-           worst / mx, mx, tol);
-    if (worst > tol * mx) fail_msg("%s: error %g > %g x %g", what, worst, tol, mx);
+    moe_expect_close(what, a.data(), b.data(), b.size(), tol);
 }
 
 static void test_rmsnorm(void **state)
@@ -91,7 +86,17 @@ static void test_rmsnorm(void **state)
     bf16 *y16;
     cudaMalloc((void **)&y16, sizeof(bf16) * T * h);
     gk_rmsnorm(dx_, h, dw_, T, h, 1e-6f, y16, h, y32, h, rstd, 0);
-    close("rmsnorm (fp32 out)", to_d(host(y32, (size_t)T * h)), yr, 1e-5);
+    std::vector<double> y = to_d(host(y32, (size_t)T * h));
+    close("rmsnorm (fp32 out)", y, yr, 1e-5);
+    /* The check catches a poisoned element of the kernel's output; the helper it replaced, max of
+     * fmax(worst, |a - b|) against the tolerance, did not (fmax drops the NaN). */
+    y[(size_t)T * h / 2] = NAN;
+    double worst = 0;
+    for (size_t i = 0; i < y.size(); i++) worst = fmax(worst, fabs(y[i] - yr[i]));
+    assert_false(worst > 1e-5 * moe_max_abs(yr.data(), yr.size())); /* the old check: passed */
+    assert_int_equal(moe_count_wrong("rmsnorm, one NaN", y.data(), yr.data(), y.size(), 0,
+                                     1e-5 * moe_max_abs(yr.data(), yr.size())),
+                     1);
     close("rmsnorm (bf16 out)", to_d(host(y16, (size_t)T * h)), yr, 8e-3);
     gk_rmsnorm_backward(dx_, h, dw_, rstd, ddy, h, NULL, 0, gx, h, T, h, 0);
     gk_colsum(ddy, h, dx_, h, rstd, T, h, part, gw, false, 0);

@@ -59,7 +59,8 @@ static void check(struct exec_router_cfg cfg, int tokens, uint64_t seed, bool wi
         }
         for (int j = 0; j < k; j++) {
             size_t i = (size_t)t * k + j;
-            worst = fmax(worst, fabs(wgpu[i] - wref[i]) / fmax(fabs(wref[i]), 1e-30));
+            double e = fabs(wgpu[i] - wref[i]) / fmax(fabs(wref[i]), 1e-30);
+            worst = isnan(e) ? INFINITY : fmax(worst, e); /* fmax drops a NaN: keep it */
         }
     }
     printf("route E=%d k=%d groups=%d/%d tokens=%d: choices equal but %d near-tie tokens, worst "

@@ -186,7 +186,7 @@ static void test_equivalence(void **state)
         for (int s = 0; s < STEPS; s++) {
             double rel = fabs(curve.loss[s] - curves[b][s]) / fabs(curves[b][s]);
             if (rel > worst) worst = rel;
-            if (rel > 2e-3)
+            if (!(rel <= 2e-3))
                 fail_msg("%s: step %d loss %.6f, %s %.6f", cases[i].name, s + 1, curve.loss[s],
                          cases[b].name, curves[b][s]);
         }

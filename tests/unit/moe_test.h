@@ -14,9 +14,62 @@
 
 #include <cmocka.h>
 
+#include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* The one comparison of computed values against a reference, in every test. Element i is wrong
+ * unless both values are finite and |got - ref| <= atol + rtol |ref_i|: written so that a NaN or
+ * an infinity anywhere fails (`err > tol` alone is false for a NaN and lets it pass). Prints one
+ * line (the worst error, #wrong out of n, as nccl-tests counts) and the first wrong elements with
+ * their index. Returns the number wrong; moe_expect_near fails the test when it is not 0. */
+static inline size_t moe_count_wrong(const char *what, const double *got, const double *ref,
+                                     size_t n, double rtol, double atol)
+{
+    size_t wrong = 0;
+    double worst = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double err = fabs(got[i] - ref[i]);
+        bool ok = isfinite(got[i]) && isfinite(ref[i]) && err <= atol + rtol * fabs(ref[i]);
+        if (isfinite(err) && err > worst) worst = err;
+        if (ok) continue;
+        if (wrong < 5)
+            printf("  %s[%zu]: got %.10g, reference %.10g (error %.3g, allowed %.3g)\n", what, i,
+                   got[i], ref[i], err, atol + rtol * fabs(ref[i]));
+        wrong++;
+    }
+    printf("%-32s max error %.3g; #wrong %zu of %zu (rtol %.0e, atol %.3g)\n", what, worst, wrong,
+           n, rtol, atol);
+    return wrong;
+}
+
+static inline void moe_expect_near(const char *what, const double *got, const double *ref,
+                                   size_t n, double rtol, double atol)
+{
+    size_t wrong = moe_count_wrong(what, got, ref, n, rtol, atol);
+    if (wrong) fail_msg("%s: %zu of %zu elements wrong", what, wrong, n);
+}
+
+/* The largest |v_i| (NaN if any is NaN): tolerances "a share of the largest value" use it. */
+static inline double moe_max_abs(const double *v, size_t n)
+{
+    double mx = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(v[i])) return NAN;
+        if (fabs(v[i]) > mx) mx = fabs(v[i]);
+    }
+    return mx;
+}
+
+/* moe_expect_near with the tolerance a share of the reference's largest value: every element
+ * within tol x max |ref| (for results whose small elements carry no meaning of their own). */
+static inline void moe_expect_close(const char *what, const double *got, const double *ref,
+                                    size_t n, double tol)
+{
+    moe_expect_near(what, got, ref, n, 0.0, tol * moe_max_abs(ref, n));
+}
 
 /* A path under the source tree, for shipped and test files. */
 static inline const char *moe_test_src(char *buf, size_t cap, const char *rel)

@@ -47,7 +47,7 @@ static void check_model_aux(const struct mdl_model *m, uint64_t seed, double aux
             assert_int_equal(exec_ref_model_step(&r, tokens, 9, &lm, NULL, NULL, &err), MOE_OK);
             r.params[j] = keep;
             double num = (lp - lm) / (2 * e);
-            if (fabs(num - grad[j]) > 1e-5 * fabs(num) + 1e-9)
+            if (!(fabs(num - grad[j]) <= 1e-5 * fabs(num) + 1e-9))
                 fail_msg("%s: %s[%zu]: analytic %.10g, numeric %.10g", m->name, t->name,
                          j - t->offset, grad[j], num);
             checked++;

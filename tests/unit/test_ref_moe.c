@@ -58,7 +58,7 @@ static void check_gradients(struct exec_router_cfg cfg, int fs, uint64_t seed)
                 continue;
             }
             double num = (lp - lm) / (2 * eps);
-            if (fabs(num - an[j]) > 1e-6 * fabs(num) + 1e-8)
+            if (!(fabs(num - an[j]) <= 1e-6 * fabs(num) + 1e-8))
                 fail_msg("param block %d entry %zu: analytic %.10g, numeric %.10g", p, j, an[j], num);
             checked++;
         }

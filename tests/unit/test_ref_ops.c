@@ -17,12 +17,6 @@ static void fill(double *v, int n, uint64_t seed)
     for (int i = 0; i < n; i++) v[i] = moe_rng_normal(&rng);
 }
 
-static void expect_close(const char *what, const double *analytic, const double *numeric, int n)
-{
-    for (int i = 0; i < n; i++)
-        if (fabs(analytic[i] - numeric[i]) > 1e-6 * fabs(numeric[i]) + 1e-9)
-            fail_msg("%s[%d]: analytic %.10g, numeric %.10g", what, i, analytic[i], numeric[i]);
-}
 
 /* --- RMSNorm --- */
 static double rms_loss(const double *x, const double *w, const double *dy)
@@ -60,8 +54,8 @@ static void test_rmsnorm(void **state)
         w[i] = k;
         nw[i] = (a - b) / (2 * e);
     }
-    expect_close("rmsnorm dx", dx, nx, T * HID);
-    expect_close("rmsnorm dw", dw, nw, HID);
+    moe_expect_near("rmsnorm dx", dx, nx, (size_t)(T * HID), 1e-6, 1e-9);
+    moe_expect_near("rmsnorm dw", dw, nw, (size_t)(HID), 1e-6, 1e-9);
     /* by hand: x = (3, 4), w = 1, eps 0: rms = sqrt(12.5) */
     double x2[2] = {3, 4}, w2[2] = {1, 1}, y2[2];
     exec_ref_rmsnorm(x2, w2, 1, 2, 0.0, y2);
@@ -141,9 +135,9 @@ static void test_attention(void **state)
         numeric(q, T * H * DQK, nq, q, k, v, dout, window);
         numeric(k, T * KV * DQK, nk, q, k, v, dout, window);
         numeric(v, T * KV * DV, nv, q, k, v, dout, window);
-        expect_close("attention dq", dq, nq, T * H * DQK);
-        expect_close("attention dk", dk, nk, T * KV * DQK);
-        expect_close("attention dv", dv, nv, T * KV * DV);
+        moe_expect_near("attention dq", dq, nq, (size_t)(T * H * DQK), 1e-6, 1e-9);
+        moe_expect_near("attention dk", dk, nk, (size_t)(T * KV * DQK), 1e-6, 1e-9);
+        moe_expect_near("attention dv", dv, nv, (size_t)(T * KV * DV), 1e-6, 1e-9);
     }
     /* Causality by hand: token 0 sees only itself, so its output is v[0] of its kv head. */
     double q[T * H * DQK], k[T * KV * DQK], v[T * KV * DV], out[T * H * DV];
@@ -179,17 +173,42 @@ static void test_cross_entropy(void **state)
         z[i] = keep;
         nz[i] = (a - b) / (2 * e);
     }
-    expect_close("cross-entropy dlogits", dz, nz, T * VOCAB);
+    moe_expect_near("cross-entropy dlogits", dz, nz, (size_t)(T * VOCAB), 1e-6, 1e-9);
     /* uniform logits: log(vocab) */
     double u[VOCAB] = {0};
     int t0 = 4;
     assert_true(fabs(exec_ref_cross_entropy(u, &t0, 1, VOCAB, NULL) - log(VOCAB)) < 1e-15);
 }
 
+/* The comparison every test uses fails on a poisoned element: a NaN or an infinity in one place
+ * of a kernel's output. The helpers it replaced (`worst = fmax(worst, err); if (worst > tol)`
+ * and `if (err > tol) fail`) let a NaN through: fmax drops it and the comparison is false. */
+static void test_check_catches_nan(void **state)
+{
+    (void)state;
+    double x[T * HID], w[HID], y[T * HID], ref[T * HID];
+    fill(x, T * HID, 1);
+    fill(w, HID, 2);
+    exec_ref_rmsnorm(x, w, T, HID, 1e-6, ref);
+    const double poison[] = {NAN, INFINITY, -INFINITY, 1.0};
+    for (int p = 0; p < 4; p++) {
+        memcpy(y, ref, sizeof y);
+        y[T * HID / 3] += p == 3 ? 1.0 : 0.0; /* the last: a plain wrong value */
+        if (p < 3) y[T * HID / 3] = poison[p];
+        double worst = 0, mx = moe_max_abs(ref, T * HID);
+        for (int i = 0; i < T * HID; i++) worst = fmax(worst, fabs(y[i] - ref[i]));
+        bool old_passed = !(worst > 1e-6 * mx) && !(fabs(y[T * HID / 3] - ref[T * HID / 3]) > 1e-6);
+        if (p == 0) assert_true(old_passed); /* a NaN went through the old helpers */
+        assert_int_equal(moe_count_wrong("poisoned rmsnorm", y, ref, T * HID, 1e-6, 1e-9), 1);
+    }
+    assert_int_equal(moe_count_wrong("clean rmsnorm", ref, ref, T * HID, 0, 0), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_rmsnorm), cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_check_catches_nan), cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_rope),
         cmocka_unit_test(test_attention), cmocka_unit_test(test_cross_entropy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -192,14 +192,6 @@ static void grad_free(struct exec_ref_moe_grad *g)
     for (int i = 0; i < 7; i++) free(p[i]);
 }
 
-/* max |a - b| <= tol max |b| */
-static void near(const char *what, const double *a, const double *b, size_t n, double tol)
-{
-    double mx = 0, worst = 0;
-    for (size_t i = 0; i < n; i++) mx = fmax(mx, fabs(b[i]));
-    for (size_t i = 0; i < n; i++) worst = fmax(worst, fabs(a[i] - b[i]));
-    if (worst > tol * mx) fail_msg("%s: error %g of %g (tolerance %g)", what, worst, mx, tol);
-}
 
 /* Tolerance: 1e-12 of the largest value (double precision; only the order of sums differs). */
 static void ep_case(int R, int per_domain, enum cost_dispatcher mode)
@@ -241,8 +233,8 @@ static void ep_case(int R, int per_domain, enum cost_dispatcher mode)
     assert_int_equal(exec_local_hub_create(&hub, R, 10.0, &err), MOE_OK);
     if (exec_local_run(hub, ep_rank, &run, &err) != MOE_OK) fail_msg("%s", err.message);
     exec_local_hub_destroy(hub);
-    near("y", y, yr, (size_t)T * h, 1e-12);
-    near("dx", dx, dxr, (size_t)T * h, 1e-12);
+    moe_expect_close("y", y, yr, (size_t)T * h, 1e-12);
+    moe_expect_close("dx", dx, dxr, (size_t)T * h, 1e-12);
     const double *want[7] = {gr.router, gr.gate, gr.up, gr.down, gr.sgate, gr.sup, gr.sdown};
     const char *names[7] = {"router", "gate", "up", "down", "sgate", "sup", "sdown"};
     for (int i = 0; i < 7; i++) {
@@ -252,7 +244,7 @@ static void ep_case(int R, int per_domain, enum cost_dispatcher mode)
                                   grads[r].sgate, grads[r].sup, grads[r].sdown};
             for (size_t j = 0; j < L.sizes[i]; j++) sum[j] += p[i][j];
         }
-        near(names[i], sum, want[i], L.sizes[i], 1e-12);
+        moe_expect_close(names[i], sum, want[i], L.sizes[i], 1e-12);
         free(sum);
     }
     /* the bytes it moved are the planner's exact count for the same routing */
@@ -373,16 +365,11 @@ static void check_twin(const char *label, struct trainer *tr, int R)
     assert_int_equal(exec_local_hub_create(&hub, R, 30.0, &err), MOE_OK);
     if (exec_local_run(hub, train_rank, tr, &err) != MOE_OK) fail_msg("%s", err.message);
     exec_local_hub_destroy(hub);
-    double worst = 0, mx = 0;
-    for (size_t i = 0; i < r.nparams; i++) {
-        worst = fmax(worst, fabs(tr->params[i] - r.params[i]));
-        mx = fmax(mx, fabs(r.params[i]));
-    }
     printf("%s: loss", label);
     for (int s = 0; s < TW_STEPS; s++) printf(" %.12f/%.12f", tr->loss[s], want[s]);
-    printf("; parameters after %d steps within %.2g of %.3g\n", TW_STEPS, worst, mx);
-    for (int s = 0; s < TW_STEPS; s++) assert_true(fabs(tr->loss[s] - want[s]) <= 1e-10 * want[s]);
-    assert_true(worst <= 1e-10 * mx);
+    printf("\n");
+    moe_expect_near("losses", tr->loss, want, TW_STEPS, 1e-10, 0.0);
+    moe_expect_close("parameters after the steps", tr->params, r.params, r.nparams, 1e-10);
     free(g), free(sum), free(m1), free(m2), free(tr->params);
     exec_ref_model_destroy(&r);
 }
