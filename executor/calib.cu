@@ -6,7 +6,7 @@
  * warm-up runs; inputs are seeded normal numbers (gk_init), never uninitialized memory.
  */
 #include "exec.h"
-#include "gpu_step.h"
+#include "gpu_kernels.h"
 
 #include <algorithm>
 #include <cublas_v2.h>

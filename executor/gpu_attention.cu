@@ -13,7 +13,7 @@
  * Head dims are padded with zeros in shared memory to the kernel's compiled width (the smallest of
  * 32/32, 64/64, 128/128, 192/128, 256/256 that holds (dqk, dv)).
  */
-#include "gpu_step.h"
+#include "gpu_kernels.h"
 
 #include <math.h>
 #include <stdint.h>

@@ -1,6 +1,6 @@
 /*
  * gpu_kernels.cu: the CUDA kernels of the training step, one launcher each (declared in
- * gpu_step.h, internal to executor/).
+ * gpu_kernels.h, internal to executor/).
  *
  * Every kernel is deterministic: reductions run in a fixed order inside one block, or in fixed
  * chunks summed in chunk order; no floating-point atomics are used anywhere, so a seed gives the
@@ -9,7 +9,7 @@
  * its reference operation in ref_ops.c / ref_moe.c / ref_model.c; the speed work replaces them
  * one by one, measured.
  */
-#include "gpu_step.h"
+#include "gpu_kernels.h"
 
 #include <math.h>
 

@@ -1,6 +1,6 @@
 /*
  * test_gpu_kernels.cu: the executor's kernels one by one against the CPU reference (the launchers
- * of executor/gpu_step.h; the whole step is test_gpu_step.c). Inputs are random, rounded to what
+ * of executor/gpu_kernels.h; the whole step is test_gpu_step.c). Inputs are random, rounded to what
  * the kernel reads (bf16 where it reads bf16); tolerances, relative to the largest reference value:
  *   fp32 in and out (norm statistics, RoPE, the permutation, the combine)      1e-5
  *   bf16 outputs (normed activations, SwiGLU, attention output, dlogits)      8e-3 (2^-7)
@@ -17,7 +17,7 @@ extern "C" { /* cmocka's header has no C++ guards */
 }
 
 #include "exec.h"
-#include "gpu_step.h"
+#include "gpu_kernels.h"
 
 #include <math.h>
 #include <vector>

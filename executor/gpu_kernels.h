@@ -1,9 +1,9 @@
 /*
- * gpu_step.h: the launchers of gpu_kernels.cu, for gpu_step.cu (internal to executor/; the
- * module's public header is exec.h).
+ * gpu_kernels.h: the launchers of the CUDA kernels (gpu_kernels.cu, gpu_attention.cu), for the
+ * GPU executor's files (internal to executor/; the module's public header is exec.h).
  */
-#ifndef GPU_STEP_H
-#define GPU_STEP_H
+#ifndef GPU_KERNELS_H
+#define GPU_KERNELS_H
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -92,7 +92,7 @@ void gk_sumsq(const float *g, size_t n, double *part, cudaStream_t s);
 void gk_adamw(float *p, const float *g, float *m1, float *m2, bf16 *w16, size_t n,
               const struct gk_adamw *a, cudaStream_t s);
 
-/* Expert parallelism's rows in flight (gpu_step.cu's EP path):
+/* Expert parallelism's rows in flight (gpu_ep.cu):
  * out[r] (+)= sum over e in [row_off[r], row_off[r+1]) of (w ? w[e] : 1) src[idx[e]] (rows of h);
  * dst[i] = src[idx[i]] (fp32 rows of h);
  * per local pair p: dyp[p] = w[p] dy[pair_row[p]] (bf16), dwp[p] = dy[pair_row[p]] . yp[p];

@@ -1,0 +1,253 @@
+/*
+ * gpu.h: the GPU executor's state and what its files share (internal to executor/; the module's
+ * public header is exec.h, the launchers of the kernels are in gpu_kernels.h).
+ *
+ * struct exec_gpu holds everything one GPU's training step owns: shapes, streams and cuBLAS
+ * handles, parameters, activations, workspace, timing events. Its files, one room each:
+ *   gpu_create.cu      creation, buffers (every allocation named, counted by category),
+ *                      parameters, optimizer state, selection biases
+ *   gpu_step.cu        the step: phase timing, a block forward and backward, micro-batches,
+ *                      the loss, the optimizer, NaN/Inf checks, routing statistics
+ *   gpu_gemm.cu        the GEMM wrappers and the expert side streams
+ *   gpu_attn_block.cu  the attention half of a block
+ *   gpu_moe.cu         SwiGLU, the experts and the dropless MoE layer
+ *   gpu_ep.cu          expert parallelism: the MoE layer across ranks
+ *   gpu_bench.cu       the MoE layer benchmark (moeplan bench moe, calibrate)
+ * Functions here own no resources (the struct does): a failed call returns its error, and
+ * exec_gpu_destroy frees what was made. Tensor shapes are written (rows, columns).
+ */
+#ifndef GPU_H
+#define GPU_H
+
+#include "gpu_kernels.h"
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Functions here own no resources (the struct does), so a failed call returns its error. */
+#define G_CUDA(call) MOE_LIB_RETURN(MOE_ERR_CUDA, call, cudaSuccess, moe_cuda_strerror_)
+#define G_BLAS(call) MOE_LIB_RETURN(MOE_ERR_CUBLAS, call, CUBLAS_STATUS_SUCCESS, moe_cublas_strerror_)
+#define G_TRY(expr)                                                                                \
+    do {                                                                                           \
+        enum moe_status s_ = (expr);                                                               \
+        if (s_ != MOE_OK) return s_;                                                               \
+    } while (0)
+/* A kernel launch: check it was accepted. */
+#define G_LAUNCH(call)                                                                             \
+    do {                                                                                           \
+        call;                                                                                      \
+        G_CUDA(cudaGetLastError());                                                                \
+    } while (0)
+
+/* A block's weights, by their names in the parameter table. */
+enum { W_ATTN_NORM, W_WQ, W_WK, W_WV, W_WO, W_WQA, W_QA_NORM, W_WQB, W_WKVA, W_KVA_NORM, W_WKVB,
+       W_FFN_NORM, W_ROUTER, W_GATE, W_UP, W_DOWN, W_SGATE, W_SUP, W_SDOWN, W_N };
+static const char *const w_names[W_N] = {"attn_norm", "wq", "wk", "wv", "wo", "wqa", "qa_norm",
+                                         "wqb", "wkva", "kva_norm", "wkvb", "ffn_norm", "router",
+                                         "gate", "up", "down", "sgate", "sup", "sdown"};
+
+/* What one block keeps from its forward for its backward. */
+struct act {
+    bf16 *a16, *q16, *k16, *v16, *o16, *cqn16, *ckvn16, *b16, *hm16, *xp16, *ehm16;
+    float *rstd1, *cq32, *rstdq, *ckvf32, *rstdkv, *h1, *b32, *rstd2, *g32, *u32;
+    float *logits, *weight, *eg32, *eu32, *yp32, *auxg, *lse;
+    int *choice, *pos, *row_src, *off;
+};
+
+/* An expert GEMM kind: its cuBLASLt operation and the algorithm chosen for it once. */
+struct lt_kind {
+    bool ta, tb, vary_k;
+    int fixed, N, lda, ldb, ldc; /* fixed: K when the rows vary, M when K varies */
+    cudaDataType ab, ct;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatmulAlgo_t algo;
+    bool usable;
+};
+#define LT_KINDS 16
+
+/* Expert parallelism: one MoE layer's exchange, kept from its forward for its backward. Rows
+ * received are hop 1's [0, n1) then hop 2's [n1, n1 + n2); the local pairs (row, slot) are in
+ * expert order for the GEMMs. */
+struct ep_layer {
+    struct exec_ep_rows h1, h2; /* host: the rows this rank sent */
+    int *in1, *in2;             /* host (ranks): rows received from each rank */
+    int n1, n2, npairs;
+    int *off;                   /* host (E + 1): local pairs per expert */
+    /* device: per pair (expert order) its received row, weight and (row * top_k + slot); per
+     * received row its pairs (CSR, slot order) and their weights; per token the hop-1 rows it
+     * sent (CSR, for the returns); per hop-1 row received the hop-2 rows forwarded (CSR) */
+    int *pair_row, *pair_dst, *row_off, *row_pairs, *tok_off, *tok_rows, *fwd_off, *fwd_rows;
+    float *pair_w, *row_w;
+};
+
+#define MAX_EVENTS 16384
+#define MAX_ALLOCS 512
+
+struct exec_gpu {
+    struct exec_ref_model table;
+    struct mdl_model m;
+    struct exec_gpu_cfg cfg;
+    struct exec_router_cfg rc;
+    /* shapes: a micro-batch of mbs sequences of seq tokens is `tokens` rows; `pairs` routed
+     * (token, expert) pairs = tokens x top_k */
+    int tokens, seq, mbs, pairs, layers, hidden, vocab;
+    int experts, top_k, ffn, shared_ffn, dense_ffn; /* ffn: an expert's width */
+    /* attention shapes: heads, kv_heads; per head dqk (q and k) and dv wide; MLA splits dqk into
+     * nope + rope and compresses q and kv to q_lora and kv_lora */
+    bool mla;
+    int heads, kv_heads, dqk, dv, nope, rope, q_lora, kv_lora;
+    cudaStream_t s;
+    cublasHandle_t blas;      /* on s */
+    void *blas_ws;
+    /* expert GEMMs spread over side streams (cfg.streams > 1), forked from and joined to s */
+    int nside;
+    cudaStream_t side[EXEC_MAX_STREAMS];
+    cublasHandle_t side_blas[EXEC_MAX_STREAMS];
+    cudaEvent_t fork_ev, join_ev[EXEC_MAX_STREAMS];
+    cublasHandle_t cur;       /* the handle GEMMs go to now */
+    int cur_side;             /* its side stream, -1: s */
+    bool in_experts;          /* between fork_experts and join_experts: lin* go to mm_expert */
+    void *side_ws[EXEC_MAX_STREAMS];
+    size_t ws_bytes;
+    cublasLtHandle_t lt;      /* the expert GEMMs, whose sizes follow the routing */
+    /* expert parallelism (cfg.ep): Pe pairs and rows_cap rows a rank may hold */
+    struct ep_layer *epl;     /* (nmoe) */
+    int Pe, rows_cap;
+    int *ep_idx;
+    struct exec_ep_meta *ep_meta_send, *ep_meta_recv;
+    bf16 *ep_send16, *ep_recv16;
+    float *ep_send32, *ep_recv32, *ep_part, *ep_ret, *ep_dwrows, *ep_dwret, *dwp;
+    double *ep_loads;         /* (nmoe, E): the step's loads, summed over the run's ranks */
+    int *choice_host;         /* pinned (P) */
+    float *weight_host;       /* pinned (P) */
+    struct lt_kind lt_kinds[LT_KINDS];
+    int nlt;
+    const int *forced_choice; /* device (T, top_k): replaces the router's choice (benchmarks) */
+    /* parameters */
+    float *master, *grad, *m1, *m2;
+    /* ZeRO-1 (cfg.zero): this rank's shard of the flat parameters, [shard_lo, shard_hi), of
+     * shard_n each rank (the last one's padded); m1 and m2 hold the shard only, master all
+     * ranks x shard_n (every rank's part arrives by all-gather after each update) */
+    size_t shard_lo, shard_hi, shard_n;
+    bf16 *w16;
+    int (*wi)[W_N];           /* per layer: tensor index of each weight, -1: none */
+    int embed, final_norm, head;
+    bool *decay;              /* per tensor */
+    /* MoE */
+    int *moe_index;           /* per layer: its index among MoE layers, -1 dense */
+    int nmoe;
+    float *bias;              /* (layers, E) device, selection bias */
+    double *bias_host;
+    int64_t *counts;          /* (nmoe, E) since creation */
+    int64_t *step_load;       /* (nmoe, E) this step */
+    unsigned long long *coact;/* (nmoe, E, E) device */
+    int **off_host;           /* per layer (or one with recompute): E + 1 */
+    /* activations */
+    float **xin;              /* per layer input of the block, and xin[L] the last output */
+    struct act *act;          /* per layer, or all the same with recompute */
+    /* workspace */
+    int *tok, *tok_in, *tgt, *perm_cnt, *perm_base;
+    int *emb_dev;             /* distinct ids, offsets, positions of the micro-batch's inputs */
+    int *emb_host, *emb_count; /* pinned copy of emb_dev; per-vocabulary counts (host) */
+    int emb_nids;
+    float *q32, *k32, *kv32, *delta, *part, *dh, *dprev, *da32, *db32, *dq32, *dk32, *dv32;
+    float *dqf32, *dkv32, *dckvn32, *dckvf32, *dcqn32, *dcq32, *dhm32, *dw, *dehm32, *dxp32, *dz;
+    float *scores, *rstdf, *logits, *row_loss, *dfin32, *ytmp, *yscr;
+    double grad_scale;        /* of the micro-batch running */
+    bf16 *dy16, *do16, *dq16, *dk16, *dv16, *dkv16, *dckvf16, *dqf16, *dcq16, *dg16,
+        *du16, *dyp16, *deg16, *deu16, *fin16, *dlog16, *dh16;
+    double *norm_part;
+    float2 *rope_tab;         /* (S, rotated dims / 2): cos, sin */
+    float *host_rows;         /* pinned: row losses */
+    /* timing and accounting */
+    cudaEvent_t ev[MAX_EVENTS];
+    int ev_phase[MAX_EVENTS];
+    int nev, ev_created;
+    bool ev_overflow;
+    int syncs;
+    struct cost_bytes sent;   /* expert parallelism: dispatch payload this step */
+    bool record_stats;        /* false in a recompute forward */
+    /* gradient buckets (cfg.dp): block l's parameters are [blk_off[l], blk_off[l + 1]); the
+     * last micro-batch's backward starts their all-reduce block by block */
+    size_t *blk_off;
+    bool buckets_ok, bucketing, started;
+    int mb_done;
+    double mem[EXEC_MEM_N], peak_used, dev_total;
+    void *allocs[MAX_ALLOCS];
+    int nallocs;
+};
+
+static inline double allocated(const struct exec_gpu *g)
+{
+    double sum = 0.0;
+    for (int k = 0; k < EXEC_MEM_N; k++) sum += g->mem[k];
+    return sum;
+}
+#define ALLOC(ptr, count, cat)                                                                     \
+    G_TRY(gpu_dalloc(g, (void **)&(ptr), sizeof(*(ptr)) * (size_t)(count), cat, #ptr, err))
+#define PH(p) G_TRY(gpu_phase(g, (p), err))
+static inline float *M(const struct exec_gpu *g, int t) { return g->master + g->table.tensor[t].offset; }
+static inline bf16 *W16(const struct exec_gpu *g, int t) { return g->w16 + g->table.tensor[t].offset; }
+static inline float *GR(const struct exec_gpu *g, int t) { return g->grad + g->table.tensor[t].offset; }
+
+/* gpu_create.cu: creation, buffers, parameters, optimizer state and selection biases */
+enum moe_status gpu_dalloc(struct exec_gpu *g, void **p, size_t bytes, enum exec_mem cat,
+                              const char *what, struct moe_error *err);
+enum moe_status gpu_upload_bias(struct exec_gpu *g, struct moe_error *err);
+
+/* gpu_step.cu: the step: phases, blocks, micro-batches, loss, optimizer, checks */
+enum moe_status gpu_phase(struct exec_gpu *g, int ph, struct moe_error *err);
+
+/* gpu_gemm.cu: GEMMs (cuBLAS, cuBLASLt for the expert GEMMs) and the expert streams */
+enum moe_status gpu_mm(struct exec_gpu *g, bool ta, bool tb, int M_, int N, int K, float alpha,
+                          const void *A, int lda, long long sA, const void *B, int ldb,
+                          long long sB, float beta, void *C, int ldc, long long sC, int batch,
+                          cudaDataType ab, cudaDataType ct, struct moe_error *err);
+enum moe_status gpu_lin(struct exec_gpu *g, const bf16 *X, int ldx, const bf16 *Wt, int T,
+                           int in, int out, void *Y, int ldy, cudaDataType yt, float beta,
+                           struct moe_error *err);
+enum moe_status gpu_lin_dx(struct exec_gpu *g, const bf16 *dY, int lddy, const bf16 *Wt, int T,
+                              int in, int out, float *dX, int lddx, float beta, struct moe_error *err);
+enum moe_status gpu_lin_dw(struct exec_gpu *g, const bf16 *dY, int lddy, const bf16 *X, int ldx,
+                              int T, int in, int out, float *dW, struct moe_error *err);
+enum moe_status gpu_sync_host(struct exec_gpu *g, struct moe_error *err);
+enum moe_status gpu_fork_experts(struct exec_gpu *g, struct moe_error *err);
+void gpu_use_expert_stream(struct exec_gpu *g, int e);
+enum moe_status gpu_join_experts(struct exec_gpu *g, struct moe_error *err);
+
+/* gpu_attn_block.cu: the attention half of a block (GQA or MLA), forward and backward */
+enum moe_status gpu_attn_forward(struct exec_gpu *g, int l, struct act *A, struct moe_error *err);
+enum moe_status gpu_attn_backward(struct exec_gpu *g, int l, const struct act *A,
+                                     struct moe_error *err);
+
+/* gpu_moe.cu: SwiGLU, the experts and the dropless MoE layer on one GPU */
+enum moe_status gpu_swiglu_forward(struct exec_gpu *g, const bf16 *x, int T, int F,
+                                      const bf16 *Wg, const bf16 *Wu, const bf16 *Wd, float *g32,
+                                      float *u32, bf16 *hm16, float *y, struct moe_error *err);
+enum moe_status gpu_swiglu_backward(struct exec_gpu *g, const bf16 *x, const bf16 *dy16, int T,
+                                       int F, const bf16 *Wg, const bf16 *Wu, const bf16 *Wd,
+                                       const float *g32, const float *u32, const bf16 *hm16,
+                                       float *dWg, float *dWu, float *dWd, float *dx, float beta,
+                                       struct moe_error *err);
+enum moe_status gpu_experts_forward(struct exec_gpu *g, int l, struct act *A, const int *off,
+                                       struct moe_error *err);
+enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act *A,
+                                        const int *off, struct moe_error *err);
+enum moe_status gpu_moe_forward(struct exec_gpu *g, int l, struct act *A, float *y,
+                                   struct moe_error *err);
+enum moe_status gpu_moe_aux_loss(struct exec_gpu *g, int l, const struct act *A, double *aux,
+                                    struct moe_error *err);
+enum moe_status gpu_moe_backward(struct exec_gpu *g, int l, const struct act *A,
+                                    struct moe_error *err);
+
+/* gpu_ep.cu: expert parallelism: the MoE layer with its tokens exchanged between ranks */
+enum moe_status gpu_ep_forward(struct exec_gpu *g, int l, struct act *A, float *y,
+                                  struct moe_error *err);
+enum moe_status gpu_ep_backward(struct exec_gpu *g, int l, const struct act *A,
+                                   struct moe_error *err);
+enum moe_status gpu_ep_alloc(struct exec_gpu *g, struct moe_error *err);
+
+#endif

@@ -1,0 +1,153 @@
+/*
+ * gpu_bench.cu: the MoE layer benchmark (moeplan bench moe, calibrate's expert block): the
+ * expert block alone, the whole layer and a dense ceiling of the same FLOPs, forward and
+ * backward, with a seeded routing forced into the router's place.
+ */
+#include "gpu.h"
+
+/* Median time of `iters` runs of what `what` selects (0: expert block, 1: whole layer, 2: dense
+ * chain, 3: the expert block's forward), each bracketed by events on the main stream. */
+static enum moe_status bench_time(struct exec_gpu *g, int what, int *dense_off, int iters,
+                                  double *ms, int *syncs, struct moe_error *err)
+{
+    struct act *A = &g->act[0];
+    double *t = (double *)calloc((size_t)iters, sizeof(double));
+    cudaEvent_t a, b;
+    if (!t) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    G_CUDA(cudaEventCreate(&a));
+    G_CUDA(cudaEventCreate(&b));
+    enum moe_status st = MOE_OK;
+    for (int i = 0; i < iters && st == MOE_OK; i++) {
+        int s0 = g->syncs;
+        g->nev = MAX_EVENTS; /* no phase events inside the benchmark */
+        cudaEventRecord(a, g->s);
+        if (what == 0 || what == 3) {
+            st = gpu_experts_forward(g, 0, A, g->off_host[0], err);
+            if (st == MOE_OK && what == 0) st = gpu_experts_backward(g, 0, A, g->off_host[0], err);
+        } else if (what == 1) {
+            st = gpu_moe_forward(g, 0, A, g->xin[1], err);
+            if (st == MOE_OK) {
+                gk_to_bf16(g->dh, g->dy16, (size_t)g->tokens * g->hidden, g->s);
+                st = gpu_moe_backward(g, 0, A, err);
+            }
+        } else {
+            st = gpu_experts_forward(g, 0, A, dense_off, err);
+            if (st == MOE_OK) st = gpu_experts_backward(g, 0, A, dense_off, err);
+        }
+        cudaEventRecord(b, g->s);
+        cudaError_t e = cudaEventSynchronize(b);
+        float f = 0.0f;
+        if (e == cudaSuccess) e = cudaEventElapsedTime(&f, a, b);
+        if (e != cudaSuccess && st == MOE_OK)
+            st = moe_error_set(err, MOE_ERR_CUDA, "benchmark: %s", cudaGetErrorString(e));
+        t[i] = f;
+        *syncs = g->syncs - s0;
+    }
+    *ms = moe_median(t, (size_t)iters);
+    free(t);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return st;
+}
+
+extern "C" enum moe_status exec_moe_bench(const struct exec_moe_bench_cfg *c, int *choice,
+                                          struct exec_moe_bench_result *r, struct moe_error *err)
+{
+    memset(r, 0, sizeof *r);
+    if (c->experts < 1 || c->top_k < 1 || c->top_k > c->experts || c->tokens < 1 || c->hidden < 1 ||
+        c->ffn < 1 || c->iters < 1 || c->warmup < 0)
+        return moe_error_set(err, MOE_ERR_INPUT, "bench moe: inconsistent shape");
+    struct mdl_model m;
+    memset(&m, 0, sizeof m);
+    snprintf(m.name, sizeof m.name, "bench-moe");
+    m.layers = 1;
+    m.moe_every = 1;
+    m.hidden = c->hidden;
+    m.vocab = 256;
+    m.norm_eps = 1e-6;
+    m.max_seq_len = 1;
+    m.attn.type = MDL_ATTN_GQA;
+    m.attn.heads = m.attn.kv_heads = 1;
+    m.attn.head_dim = 16;
+    m.attn.rope_theta = 10000;
+    m.moe.experts = c->experts;
+    m.moe.top_k = c->top_k;
+    m.moe.intermediate = c->ffn;
+    m.moe.scoring = MDL_SCORE_SOFTMAX;
+    m.moe.n_group = m.moe.topk_group = 1;
+    m.moe.norm_topk = true;
+    m.moe.scaling = 1.0;
+    /* seeded skewed routing: expert probabilities from Dirichlet(skew), then each token draws
+     * top_k distinct experts in proportion to them */
+    int E = c->experts, k = c->top_k, T = c->tokens;
+    double *p = (double *)malloc(sizeof(double) * E), *q = (double *)malloc(sizeof(double) * E);
+    if (!p || !q) {
+        free(p), free(q);
+        return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    }
+    struct moe_rng rng;
+    moe_rng_seed(&rng, c->seed);
+    if (c->skew > 0) moe_rng_dirichlet(&rng, c->skew, p, (size_t)E);
+    else
+        for (int e = 0; e < E; e++) p[e] = 1.0 / E;
+    for (int t = 0; t < T; t++) {
+        memcpy(q, p, sizeof(double) * E);
+        for (int j = 0; j < k; j++) {
+            double sum = 0.0, u;
+            for (int e = 0; e < E; e++) sum += q[e];
+            u = moe_rng_uniform(&rng) * sum;
+            int e = 0;
+            while (e < E - 1 && (u -= q[e]) >= 0) e++;
+            while (q[e] == 0.0) e = (e + 1) % E; /* rounding at the end of the range */
+            choice[(size_t)t * k + j] = e;
+            q[e] = 0.0;
+        }
+    }
+    free(p), free(q);
+    /* T sequences of one token: the layer sees T tokens, attention's workspace stays tiny */
+    struct exec_gpu_cfg cfg = {1, T, false, 0.0, 0, c->streams, NULL, NULL, 0.0, 0, NULL, NULL, 0, 0.0};
+    struct exec_gpu *g = NULL;
+    int *dchoice = NULL, dense_off[GK_MAX_EXPERTS + 1];
+    enum moe_status st = exec_gpu_create(&g, &m, &cfg, err);
+    if (st == MOE_OK) st = exec_gpu_init(g, c->seed, err);
+    if (st == MOE_OK && cudaMalloc((void **)&dchoice, sizeof(int) * (size_t)T * k) != cudaSuccess)
+        st = moe_error_set(err, MOE_ERR_GPU_NOMEM, "bench moe: out of GPU memory");
+    if (st == MOE_OK) {
+        struct act *A = &g->act[0];
+        size_t th = (size_t)T * c->hidden;
+        cudaMemcpyAsync(dchoice, choice, sizeof(int) * (size_t)T * k, cudaMemcpyHostToDevice, g->s);
+        g->forced_choice = dchoice;
+        g->record_stats = true;
+        g->grad_scale = 1.0;
+        gk_init(A->b32, th, 0, c->seed + 1, 1.0f, false, g->s);
+        gk_to_bf16(A->b32, A->b16, th, g->s);
+        gk_init(g->dh, th, 0, c->seed + 2, 1.0f, false, g->s);
+        dense_off[0] = 0;
+        for (int e = 1; e <= E; e++) dense_off[e] = T * k;
+        int syncs = 0;
+        double ms;
+        /* warm-up (allocations, cuBLAS heuristics), then the three measurements */
+        for (int i = 0; i < (c->warmup > 1 ? c->warmup : 1) && st == MOE_OK; i++)
+            st = bench_time(g, 1, dense_off, 1, &ms, &syncs, err);
+        if (st == MOE_OK) st = bench_time(g, 0, dense_off, c->iters, &r->block_ms, &syncs, err);
+        if (st == MOE_OK) st = bench_time(g, 3, dense_off, c->iters, &r->block_fwd_ms, &syncs, err);
+        if (st == MOE_OK) st = bench_time(g, 1, dense_off, c->iters, &r->layer_ms, &r->host_syncs, err);
+        for (int i = 0; i < c->warmup && st == MOE_OK; i++)
+            st = bench_time(g, 2, dense_off, 1, &ms, &syncs, err);
+        if (st == MOE_OK) st = bench_time(g, 2, dense_off, c->iters, &r->dense_ms, &syncs, err);
+        const int *off = g->off_host[0];
+        double mx = 0;
+        for (int e = 0; e < E; e++) mx = fmax(mx, (double)(off[e + 1] - off[e]));
+        r->max_over_mean = mx / ((double)T * k / E);
+        double R = (double)T * k, h = c->hidden, f = c->ffn;
+        r->block_flops = 18.0 * R * h * f;
+        r->layer_flops = r->block_flops + 6.0 * T * h * E;
+        /* what one MoE layer keeps for its backward: router input and logits, routing, permuted
+         * rows, gate/up outputs, SwiGLU output, expert outputs */
+        r->layer_bytes = th * (4.0 + 2.0) + (double)T * E * 4 + R * 4 * 4 + R * h * 2 + R * f * 4 * 2 +
+                         R * f * 2 + R * h * 4;
+    }
+    cudaFree(dchoice);
+    exec_gpu_destroy(g);
+    return st;
+}

@@ -1,0 +1,548 @@
+/*
+ * gpu_create.cu: making and freeing a struct exec_gpu: shapes from the model, streams and
+ * handles, every buffer (gpu_dalloc names and counts each by category, and honours
+ * --gpu-memory-limit), parameters in and out (fp32 masters, bf16 copies), the optimizer state of
+ * ZeRO-1's shard, the routers' selection biases.
+ */
+#include "gpu.h"
+
+const char *const exec_mem_names[EXEC_MEM_N] = {"weights", "master_weights", "grads",
+                                                 "optimizer", "activations", "workspace"};
+
+/* `what` names the buffer in a failure (the code's name for it, "g->" left off). */
+enum moe_status gpu_dalloc(struct exec_gpu *g, void **p, size_t bytes, enum exec_mem cat,
+                              const char *what, struct moe_error *err)
+{
+    *p = NULL;
+    if (bytes == 0) bytes = 16;
+    if (strncmp(what, "g->", 3) == 0) what += 3;
+    if (g->nallocs == MAX_ALLOCS)
+        return moe_error_set(err, MOE_ERR_RUNTIME, "executor: more than %d allocations", MAX_ALLOCS);
+    double lim = g->cfg.mem_limit, have = allocated(g);
+    if (lim > 0 && have + (double)bytes > lim)
+        return moe_error_set(err, MOE_ERR_GPU_NOMEM,
+                             "executor: out of GPU memory allocating %s (%s, %.3g GB): %.3g GB "
+                             "allocated so far, the limit %.3g GB (--gpu-memory-limit)",
+                             what, exec_mem_names[cat], bytes / 1e9, have / 1e9, lim / 1e9);
+    cudaError_t e = cudaMalloc(p, bytes);
+    if (e != cudaSuccess) {
+        size_t fr = 0, tot = 0;
+        cudaGetLastError(); /* not sticky: clear it */
+        cudaMemGetInfo(&fr, &tot);
+        bool oom = e == cudaErrorMemoryAllocation;
+        return moe_error_set(err, oom ? MOE_ERR_GPU_NOMEM : MOE_ERR_CUDA,
+                             "executor: %scudaMalloc of %s (%s, %.3g GB): %s; %.3g GB allocated "
+                             "so far, %.3g of %.3g GB free on the device",
+                             oom ? "out of GPU memory: " : "", what, exec_mem_names[cat],
+                             bytes / 1e9, cudaGetErrorString(e), have / 1e9, fr / 1e9, tot / 1e9);
+    }
+    g->allocs[g->nallocs++] = *p;
+    g->mem[cat] += (double)bytes;
+    G_CUDA(cudaMemsetAsync(*p, 0, bytes, g->s));
+    return MOE_OK;
+}
+
+static enum moe_status act_alloc(struct exec_gpu *g, struct act *A, bool moe_any, bool dense_any,
+                                 struct moe_error *err)
+{
+    int T = g->tokens, h = g->hidden, P = g->pairs, E = g->experts, H = g->heads, KV = g->kv_heads;
+    enum exec_mem c = EXEC_MEM_ACTIVATIONS;
+    int fw = g->dense_ffn > g->shared_ffn ? g->dense_ffn : g->shared_ffn;
+    ALLOC(A->a16, (size_t)T * h, c);
+    ALLOC(A->rstd1, T, c);
+    ALLOC(A->q16, (size_t)T * H * g->dqk, c);
+    ALLOC(A->k16, (size_t)T * KV * g->dqk, c);
+    ALLOC(A->v16, (size_t)T * KV * g->dv, c);
+    ALLOC(A->o16, (size_t)T * H * g->dv, c);
+    ALLOC(A->lse, (size_t)T * H, c);
+    if (g->mla) {
+        ALLOC(A->cq32, (size_t)T * g->q_lora, c);
+        ALLOC(A->rstdq, T, c);
+        ALLOC(A->cqn16, (size_t)T * g->q_lora, c);
+        ALLOC(A->ckvf32, (size_t)T * (g->kv_lora + g->rope), c);
+        ALLOC(A->rstdkv, T, c);
+        ALLOC(A->ckvn16, (size_t)T * g->kv_lora, c);
+    }
+    ALLOC(A->h1, (size_t)T * h, c);
+    ALLOC(A->b16, (size_t)T * h, c);
+    ALLOC(A->rstd2, T, c);
+    if (fw && (dense_any || g->shared_ffn)) {
+        ALLOC(A->g32, (size_t)T * fw, c);
+        ALLOC(A->u32, (size_t)T * fw, c);
+        ALLOC(A->hm16, (size_t)T * fw, c);
+    }
+    if (moe_any) {
+        ALLOC(A->b32, (size_t)T * h, c);
+        ALLOC(A->logits, (size_t)T * E, c);
+        ALLOC(A->choice, (size_t)P, c);
+        ALLOC(A->weight, (size_t)P, c);
+        ALLOC(A->pos, (size_t)P, c);
+        ALLOC(A->row_src, (size_t)P, c);
+        ALLOC(A->off, E + 1, c);
+        ALLOC(A->auxg, E, c);
+        ALLOC(A->xp16, (size_t)g->Pe * h, c);
+        ALLOC(A->eg32, (size_t)g->Pe * g->ffn, c);
+        ALLOC(A->eu32, (size_t)g->Pe * g->ffn, c);
+        ALLOC(A->ehm16, (size_t)g->Pe * g->ffn, c);
+        ALLOC(A->yp32, (size_t)g->Pe * h, c);
+    }
+    return MOE_OK;
+}
+
+static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
+                              const struct exec_gpu_cfg *cfg, struct moe_error *err)
+{
+    const struct mdl_attention *at = &m->attn;
+    G_TRY(exec_model_table(&g->table, m, err));
+    g->m = *m;
+    g->cfg = *cfg;
+    g->seq = cfg->seq;
+    g->mbs = cfg->mbs;
+    g->tokens = cfg->seq * cfg->mbs;
+    g->layers = m->layers;
+    g->hidden = m->hidden;
+    g->vocab = m->vocab;
+    g->experts = m->moe.experts;
+    g->top_k = m->moe.top_k;
+    g->ffn = m->moe.intermediate;
+    g->shared_ffn = m->moe.shared_experts * m->moe.shared_intermediate;
+    g->dense_ffn = m->dense_intermediate;
+    g->pairs = g->tokens * g->top_k;
+    if (cfg->ep) {
+        double f = cfg->ep_buffer_factor > 0 ? cfg->ep_buffer_factor : cfg->ep->ranks;
+        if (f > cfg->ep->ranks) f = cfg->ep->ranks;
+        g->Pe = g->rows_cap = (int)ceil(f * g->pairs);
+        /* per-domain dedup: a landing rank holds rows for its whole domain before it forwards
+         * them, and the forwarded rows besides: twice the rows for the same pairs */
+        if (cfg->ep_group && cfg->ep_group->mode == COST_DISPATCH_DEDUP_DOMAIN) g->rows_cap *= 2;
+    } else {
+        g->Pe = g->rows_cap = g->pairs;
+    }
+    g->mla = at->type == MDL_ATTN_MLA;
+    g->heads = at->heads;
+    g->kv_heads = g->mla ? at->heads : at->kv_heads;
+    g->nope = g->mla ? at->qk_nope_head_dim : 0;
+    g->rope = g->mla ? at->qk_rope_head_dim : at->head_dim;
+    g->dqk = g->nope + g->rope;
+    g->dv = g->mla ? at->v_head_dim : at->head_dim;
+    g->q_lora = g->mla ? at->q_lora_rank : 0;
+    g->kv_lora = g->mla ? at->kv_lora_rank : 0;
+    exec_router_cfg_from_model(&g->rc, m);
+    g->rc.aux_coef = cfg->aux_coef;
+    if (cfg->seq < 1 || cfg->mbs < 1 || cfg->seq > m->max_seq_len)
+        return moe_error_set(err, MOE_ERR_INPUT, "executor: sequence %d (1 .. %d), mbs %d",
+                             cfg->seq, m->max_seq_len, cfg->mbs);
+    if (cfg->ep) {
+        int nmoe = 0;
+        for (int l = 0; l < m->layers; l++) nmoe += mdl_layer_is_moe(m, l);
+        if (cfg->ep_groups > 1 && cfg->ep_groups != nmoe)
+            return moe_error_set(err, MOE_ERR_INPUT,
+                                 "executor: %d EP groups for %d MoE layers (one, or one a layer)",
+                                 cfg->ep_groups, nmoe);
+        for (int i = 0; i < (cfg->ep_groups > 1 ? cfg->ep_groups : 1); i++) {
+            const struct exec_ep_group *eg = cfg->ep_group ? cfg->ep_group + i : NULL;
+            if (!eg || eg->ranks != cfg->ep->ranks || eg->experts != g->experts || eg->top_k != g->top_k)
+                return moe_error_set(err, MOE_ERR_INPUT,
+                                     "executor: expert parallelism needs a group of the "
+                                     "transport's %d ranks for %d experts, top_k %d",
+                                     cfg->ep->ranks, g->experts, g->top_k);
+            G_TRY(exec_ep_group_check(eg, err));
+        }
+        if (cfg->recompute)
+            return moe_error_set(err, MOE_ERR_UNSUPPORTED,
+                                 "executor: expert parallelism with full recompute is not in the "
+                                 "executor yet");
+    }
+    if (g->mla && g->rope > GK_MAX_ROPE)
+        return moe_error_set(err, MOE_ERR_UNSUPPORTED,
+                             "executor: %d RoPE dims in MLA; this build supports at most %d",
+                             g->rope, GK_MAX_ROPE);
+    if (!gk_flash_supported(g->dqk, g->dv))
+        return moe_error_set(err, MOE_ERR_UNSUPPORTED,
+                             "executor: attention head dims %d (q, k) and %d (v); this build "
+                             "supports at most %d", g->dqk, g->dv, GK_FLASH_MAX_DIM);
+    if (g->experts > GK_MAX_EXPERTS)
+        return moe_error_set(err, MOE_ERR_UNSUPPORTED,
+                             "executor: %d experts; this build routes at most %d per layer", g->experts,
+                             GK_MAX_EXPERTS);
+    if ((double)g->pairs * (g->hidden > g->ffn ? g->hidden : g->ffn) > 2e9 || (double)g->tokens * g->vocab > 2e9)
+        return moe_error_set(err, MOE_ERR_UNSUPPORTED,
+                             "executor: a micro-batch of %d tokens is too large for 32-bit GEMM "
+                             "offsets; lower mbs or seq_len",
+                             g->tokens);
+    G_CUDA(cudaSetDevice(cfg->device));
+    G_CUDA(cudaStreamCreateWithFlags(&g->s, cudaStreamNonBlocking));
+    G_BLAS(cublasCreate(&g->blas));
+    G_BLAS(cublasSetStream(g->blas, g->s));
+    /* a fixed workspace keeps cuBLAS's choice of algorithm, and so its results, the same */
+    size_t ws = 64u << 20;
+    G_TRY(gpu_dalloc(g, &g->blas_ws, ws, EXEC_MEM_WORKSPACE, "the cuBLAS workspace", err));
+    G_BLAS(cublasSetWorkspace(g->blas, g->blas_ws, ws));
+    G_BLAS(cublasSetMathMode(g->blas, CUBLAS_DEFAULT_MATH));
+    G_BLAS(cublasLtCreate(&g->lt));
+    g->ws_bytes = ws;
+    g->cur = g->blas;
+    g->cur_side = -1;
+    g->nside = cfg->streams > 1 ? (cfg->streams < EXEC_MAX_STREAMS ? cfg->streams : EXEC_MAX_STREAMS) : 0;
+    if (g->nside) G_CUDA(cudaEventCreateWithFlags(&g->fork_ev, cudaEventDisableTiming));
+    for (int i = 0; i < g->nside; i++) {
+        void *sws;
+        G_CUDA(cudaStreamCreateWithFlags(&g->side[i], cudaStreamNonBlocking));
+        G_CUDA(cudaEventCreateWithFlags(&g->join_ev[i], cudaEventDisableTiming));
+        G_BLAS(cublasCreate(&g->side_blas[i]));
+        G_BLAS(cublasSetStream(g->side_blas[i], g->side[i]));
+        G_TRY(gpu_dalloc(g, &sws, ws, EXEC_MEM_WORKSPACE, "a side stream's cuBLAS workspace", err));
+        G_BLAS(cublasSetWorkspace(g->side_blas[i], sws, ws));
+        g->side_ws[i] = sws;
+    }
+    /* tensor indices */
+    size_t n = g->table.nparams;
+    g->wi = (int(*)[W_N])calloc((size_t)g->layers, sizeof *g->wi);
+    g->moe_index = (int *)calloc((size_t)g->layers, sizeof(int));
+    g->decay = (bool *)calloc((size_t)g->table.ntensors, sizeof(bool));
+    g->off_host = (int **)calloc((size_t)g->layers, sizeof(int *));
+    g->xin = (float **)calloc((size_t)g->layers + 1, sizeof(float *));
+    g->blk_off = (size_t *)calloc((size_t)g->layers + 1, sizeof(size_t));
+    g->act = (struct act *)calloc((size_t)g->layers, sizeof(struct act));
+    if (!g->wi || !g->moe_index || !g->decay || !g->off_host || !g->xin || !g->act || !g->blk_off)
+        return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
+    for (int i = 0; i < g->table.ntensors; i++)
+        g->decay[i] = strstr(g->table.tensor[i].name, "norm") == NULL;
+    for (int l = 0; l < g->layers; l++) {
+        g->moe_index[l] = mdl_layer_is_moe(m, l) ? g->nmoe++ : -1;
+        for (int j = 0; j < W_N; j++) {
+            char name[64];
+            snprintf(name, sizeof name, "blk%d.%s", l, w_names[j]);
+            const struct exec_tensor *t = exec_ref_tensor(&g->table, name);
+            g->wi[l][j] = t ? (int)(t - g->table.tensor) : -1;
+        }
+    }
+    g->embed = (int)(exec_ref_tensor(&g->table, "embed") - g->table.tensor);
+    g->final_norm = (int)(exec_ref_tensor(&g->table, "final_norm") - g->table.tensor);
+    const struct exec_tensor *head = exec_ref_tensor(&g->table, m->tied_embeddings ? "embed" : "lm_head");
+    g->head = (int)(head - g->table.tensor);
+    /* gradient buckets: each block's tensors one contiguous range, blocks in order */
+    g->buckets_ok = true;
+    for (int l = 0; l < g->layers; l++) {
+        size_t lo = (size_t)-1, hi = 0;
+        char pre[16];
+        int np = snprintf(pre, sizeof pre, "blk%d.", l);
+        for (int i = 0; i < g->table.ntensors; i++) {
+            const struct exec_tensor *t = &g->table.tensor[i];
+            if (strncmp(t->name, pre, (size_t)np)) continue;
+            if (t->offset < lo) lo = t->offset;
+            if (t->offset + t->size > hi) hi = t->offset + t->size;
+        }
+        if (l > 0 && lo != g->blk_off[l]) g->buckets_ok = false;
+        g->blk_off[l] = lo;
+        g->blk_off[l + 1] = hi;
+    }
+    /* parameters and optimizer state */
+    g->shard_lo = 0;
+    g->shard_hi = g->shard_n = n;
+    size_t nmaster = n;
+    if (cfg->zero) { /* shards of a multiple of 4 floats: the 16-byte AdamW kernel */
+        int R = cfg->zero->ranks;
+        g->shard_n = (n + 4 * (size_t)R - 1) / (4 * (size_t)R) * 4;
+        g->shard_lo = g->shard_n * (size_t)cfg->zero->rank;
+        g->shard_hi = g->shard_lo + g->shard_n < n ? g->shard_lo + g->shard_n : n;
+        if (g->shard_hi < g->shard_lo) g->shard_hi = g->shard_lo;
+        nmaster = g->shard_n * (size_t)R;
+    }
+    ALLOC(g->master, nmaster, EXEC_MEM_MASTER);
+    ALLOC(g->w16, n, EXEC_MEM_WEIGHTS);
+    ALLOC(g->grad, n, EXEC_MEM_GRADS);
+    ALLOC(g->m1, g->shard_n, EXEC_MEM_OPTIMIZER);
+    ALLOC(g->m2, g->shard_n, EXEC_MEM_OPTIMIZER);
+    int E = g->experts, T = g->tokens, P = g->pairs, h = g->hidden, H = g->heads, KV = g->kv_heads;
+    ALLOC(g->bias, (size_t)g->layers * E, EXEC_MEM_MASTER);
+    g->bias_host = (double *)calloc((size_t)g->layers * E, sizeof(double));
+    g->counts = (int64_t *)calloc((size_t)(g->nmoe ? g->nmoe : 1) * E, sizeof(int64_t));
+    g->step_load = (int64_t *)calloc((size_t)(g->nmoe ? g->nmoe : 1) * E, sizeof(int64_t));
+    if (!g->bias_host || !g->counts || !g->step_load)
+        return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
+    ALLOC(g->coact, (size_t)(g->nmoe ? g->nmoe : 1) * E * E, EXEC_MEM_WORKSPACE);
+    /* activations */
+    bool moe_any = g->nmoe > 0, dense_any = g->nmoe < g->layers;
+    for (int l = 0; l <= g->layers; l++) ALLOC(g->xin[l], (size_t)T * h, EXEC_MEM_ACTIVATIONS);
+    int nact = cfg->recompute ? 1 : g->layers;
+    for (int l = 0; l < nact; l++) {
+        G_TRY(act_alloc(g, &g->act[l], moe_any, dense_any, err));
+        G_CUDA(cudaMallocHost((void **)&g->off_host[l], sizeof(int) * (E + 1)));
+    }
+    for (int l = nact; l < g->layers; l++) {
+        g->act[l] = g->act[0];
+        g->off_host[l] = g->off_host[0];
+    }
+    /* workspace */
+    enum exec_mem c = EXEC_MEM_WORKSPACE;
+    int dqk = g->dqk, dv = g->dv, S = g->seq, fw = g->dense_ffn > g->shared_ffn ? g->dense_ffn : g->shared_ffn;
+    ALLOC(g->tok, (size_t)g->mbs * (S + 1), c);
+    ALLOC(g->tok_in, T, c);
+    ALLOC(g->emb_dev, (size_t)3 * T + 1, c);
+    G_CUDA(cudaMallocHost((void **)&g->emb_host, sizeof(int) * ((size_t)3 * T + 1)));
+    g->emb_count = (int *)calloc((size_t)g->vocab, sizeof(int));
+    if (!g->emb_count) return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
+    ALLOC(g->tgt, T, c);
+    int chunks = (P + GK_CHUNK - 1) / GK_CHUNK, rchunks = (T + GK_CHUNK - 1) / GK_CHUNK;
+    ALLOC(g->perm_cnt, (size_t)chunks * E + 1, c);
+    ALLOC(g->perm_base, (size_t)chunks * E + 1, c);
+    ALLOC(g->q32, (size_t)T * H * dqk, c);
+    ALLOC(g->k32, (size_t)T * KV * dqk, c);
+    ALLOC(g->delta, (size_t)T * H, c);
+    ALLOC(g->rope_tab, (size_t)S * (g->rope / 2), c);
+    G_LAUNCH(gk_rope_table(g->rope_tab, S, g->rope, (float)g->m.attn.rope_theta, g->s));
+    G_CUDA(gk_flash_prepare(g->dqk, g->dv));
+    int widest = h > E ? h : E;
+    if (g->mla) widest = widest > g->kv_lora + g->rope ? widest : g->kv_lora + g->rope;
+    if (g->q_lora > widest) widest = g->q_lora;
+    ALLOC(g->part, (size_t)rchunks * widest, c);
+    ALLOC(g->ytmp, widest, c);
+    ALLOC(g->dh, (size_t)T * h, c);
+    ALLOC(g->dprev, (size_t)T * h, c);
+    if (cfg->recompute) ALLOC(g->yscr, (size_t)T * h, c);
+    ALLOC(g->da32, (size_t)T * h, c);
+    ALLOC(g->db32, (size_t)T * h, c);
+    ALLOC(g->dy16, (size_t)T * h, c);
+    ALLOC(g->dh16, (size_t)T * h, c);
+    ALLOC(g->do16, (size_t)T * H * dv, c);
+    ALLOC(g->dq32, (size_t)T * H * dqk, c);
+    ALLOC(g->dk32, (size_t)T * KV * dqk, c);
+    ALLOC(g->dv32, (size_t)T * KV * dv, c);
+    ALLOC(g->dq16, (size_t)T * H * dqk, c);
+    ALLOC(g->dk16, (size_t)T * KV * dqk, c);
+    ALLOC(g->dv16, (size_t)T * KV * dv, c);
+    if (g->mla) {
+        ALLOC(g->kv32, (size_t)T * H * (g->nope + dv), c);
+        ALLOC(g->dqf32, (size_t)T * H * dqk, c);
+        ALLOC(g->dqf16, (size_t)T * H * dqk, c);
+        ALLOC(g->dkv32, (size_t)T * H * (g->nope + dv), c);
+        ALLOC(g->dkv16, (size_t)T * H * (g->nope + dv), c);
+        ALLOC(g->dckvn32, (size_t)T * g->kv_lora, c);
+        ALLOC(g->dckvf32, (size_t)T * (g->kv_lora + g->rope), c);
+        ALLOC(g->dckvf16, (size_t)T * (g->kv_lora + g->rope), c);
+        ALLOC(g->dcqn32, (size_t)T * g->q_lora, c);
+        ALLOC(g->dcq32, (size_t)T * g->q_lora, c);
+        ALLOC(g->dcq16, (size_t)T * g->q_lora, c);
+    }
+    if (fw) {
+        ALLOC(g->dhm32, (size_t)T * fw, c);
+        ALLOC(g->dg16, (size_t)T * fw, c);
+        ALLOC(g->du16, (size_t)T * fw, c);
+    }
+    if (moe_any) {
+        ALLOC(g->dw, P, c);
+        ALLOC(g->dyp16, (size_t)g->Pe * h, c);
+        ALLOC(g->dehm32, (size_t)g->Pe * g->ffn, c);
+        ALLOC(g->deg16, (size_t)g->Pe * g->ffn, c);
+        ALLOC(g->deu16, (size_t)g->Pe * g->ffn, c);
+        ALLOC(g->dxp32, (size_t)g->Pe * h, c);
+        ALLOC(g->dz, (size_t)T * E, c);
+        ALLOC(g->ep_loads, (size_t)g->nmoe * E, c);
+        if (cfg->ep) G_TRY(gpu_ep_alloc(g, err));
+        ALLOC(g->scores, (size_t)T * E, c);
+    }
+    ALLOC(g->fin16, (size_t)T * h, c);
+    ALLOC(g->rstdf, T, c);
+    ALLOC(g->logits, (size_t)T * g->vocab, c);
+    ALLOC(g->dlog16, (size_t)T * g->vocab, c);
+    ALLOC(g->row_loss, T, c);
+    ALLOC(g->dfin32, (size_t)T * h, c);
+    ALLOC(g->norm_part, GK_NORM_BLOCKS, c);
+    G_CUDA(cudaMallocHost((void **)&g->host_rows, sizeof(float) * (size_t)T));
+    size_t fr, tot;
+    G_CUDA(cudaStreamSynchronize(g->s));
+    G_CUDA(cudaMemGetInfo(&fr, &tot));
+    g->dev_total = (double)tot;
+    g->peak_used = (double)(tot - fr);
+    return MOE_OK;
+}
+
+extern "C" enum moe_status exec_gpu_create(struct exec_gpu **out, const struct mdl_model *m,
+                                           const struct exec_gpu_cfg *cfg, struct moe_error *err)
+{
+    *out = NULL;
+    struct exec_gpu *g = (struct exec_gpu *)calloc(1, sizeof *g);
+    if (!g) return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
+    enum moe_status st = create(g, m, cfg, err);
+    if (st != MOE_OK) {
+        exec_gpu_destroy(g);
+        return st;
+    }
+    *out = g;
+    return MOE_OK;
+}
+
+extern "C" void exec_gpu_destroy(struct exec_gpu *g)
+{
+    if (!g) return;
+    if (g->s) cudaStreamSynchronize(g->s);
+    for (int i = 0; i < g->nallocs; i++) cudaFree(g->allocs[i]);
+    for (int i = 0; i < g->ev_created; i++) cudaEventDestroy(g->ev[i]);
+    if (g->off_host)
+        for (int l = 0; l < (g->cfg.recompute ? 1 : g->layers); l++)
+            if (g->off_host[l]) cudaFreeHost(g->off_host[l]);
+    if (g->host_rows) cudaFreeHost(g->host_rows);
+    if (g->choice_host) cudaFreeHost(g->choice_host);
+    if (g->weight_host) cudaFreeHost(g->weight_host);
+    for (int i = 0; g->epl && i < g->nmoe; i++) {
+        exec_ep_rows_free(&g->epl[i].h1);
+        exec_ep_rows_free(&g->epl[i].h2);
+        free(g->epl[i].in1), free(g->epl[i].in2), free(g->epl[i].off);
+    }
+    free(g->epl);
+    if (g->emb_host) cudaFreeHost(g->emb_host);
+    free(g->emb_count);
+    if (g->blas) cublasDestroy(g->blas);
+    for (int i = 0; i < g->nlt; i++)
+        if (g->lt_kinds[i].op) cublasLtMatmulDescDestroy(g->lt_kinds[i].op);
+    if (g->lt) cublasLtDestroy(g->lt);
+    for (int i = 0; i < g->nside; i++) {
+        if (g->side_blas[i]) cublasDestroy(g->side_blas[i]);
+        if (g->join_ev[i]) cudaEventDestroy(g->join_ev[i]);
+        if (g->side[i]) cudaStreamDestroy(g->side[i]);
+    }
+    if (g->fork_ev) cudaEventDestroy(g->fork_ev);
+    if (g->s) cudaStreamDestroy(g->s);
+    free(g->wi), free(g->moe_index), free(g->decay), free(g->off_host), free(g->xin), free(g->act);
+    free(g->blk_off);
+    free(g->bias_host), free(g->counts), free(g->step_load);
+    free(g);
+}
+
+extern "C" const struct exec_ref_model *exec_gpu_table(const struct exec_gpu *g) { return &g->table; }
+
+/* ---- parameters ---------------------------------------------------------------------------- */
+
+static enum moe_status refresh_bf16(struct exec_gpu *g, struct moe_error *err)
+{
+    G_LAUNCH(gk_to_bf16(g->master, g->w16, g->table.nparams, g->s));
+    G_CUDA(cudaStreamSynchronize(g->s));
+    return MOE_OK;
+}
+
+extern "C" enum moe_status exec_gpu_init(struct exec_gpu *g, uint64_t seed, struct moe_error *err)
+{
+    for (int i = 0; i < g->table.ntensors; i++) {
+        const struct exec_tensor *t = &g->table.tensor[i];
+        G_LAUNCH(gk_init(g->master + t->offset, t->size, t->offset, seed, 0.02f,
+                         strstr(t->name, "norm") != NULL, g->s));
+    }
+    G_CUDA(cudaMemsetAsync(g->m1, 0, sizeof(float) * g->shard_n, g->s));
+    G_CUDA(cudaMemsetAsync(g->m2, 0, sizeof(float) * g->shard_n, g->s));
+    return refresh_bf16(g, err);
+}
+
+/* Host copies in pieces through one float buffer, on the executor's stream: it is a non-blocking
+ * stream, which the legacy default stream of a plain cudaMemcpy does not order against (a
+ * pageable host-to-device cudaMemcpy may return before its data lands). */
+static enum moe_status copy_params(struct exec_gpu *g, float *dev, double *host, bool to_dev,
+                                   struct moe_error *err)
+{
+    size_t n = g->table.nparams, piece = 1u << 24;
+    float *buf = (float *)malloc(sizeof(float) * (n < piece ? n : piece));
+    if (!buf) return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
+    enum moe_status st = MOE_OK;
+    for (size_t o = 0; o < n && st == MOE_OK; o += piece) {
+        size_t c = n - o < piece ? n - o : piece;
+        cudaError_t e;
+        if (to_dev) {
+            for (size_t i = 0; i < c; i++) buf[i] = (float)host[o + i];
+            e = cudaMemcpyAsync(dev + o, buf, sizeof(float) * c, cudaMemcpyHostToDevice, g->s);
+            if (e == cudaSuccess) e = cudaStreamSynchronize(g->s); /* buf is reused */
+        } else {
+            e = cudaMemcpyAsync(buf, dev + o, sizeof(float) * c, cudaMemcpyDeviceToHost, g->s);
+            if (e == cudaSuccess) e = cudaStreamSynchronize(g->s);
+            for (size_t i = 0; i < c; i++) host[o + i] = buf[i];
+        }
+        if (e != cudaSuccess)
+            st = moe_error_set(err, MOE_ERR_CUDA, "executor: copy of parameters: %s",
+                               cudaGetErrorString(e));
+    }
+    free(buf);
+    return st;
+}
+
+extern "C" enum moe_status exec_gpu_set_params(struct exec_gpu *g, const double *params,
+                                               struct moe_error *err)
+{
+    G_CUDA(cudaStreamSynchronize(g->s));
+    G_TRY(copy_params(g, g->master, (double *)params, true, err));
+    return refresh_bf16(g, err);
+}
+
+extern "C" enum moe_status exec_gpu_get_params(struct exec_gpu *g, double *params,
+                                               struct moe_error *err)
+{
+    G_CUDA(cudaStreamSynchronize(g->s));
+    return copy_params(g, g->master, params, false, err);
+}
+
+extern "C" enum moe_status exec_gpu_reduce_grads(struct exec_gpu *g, struct exec_transport *t,
+                                                 struct moe_error *err)
+{
+    PH(COST_DP_GRAD_SYNC);
+    size_t n = g->table.nparams, lo = g->blk_off[0], hi = g->blk_off[g->layers];
+    if (g->started && t == g->cfg.dp) { /* the blocks are under way: the rest, then the wait */
+        G_TRY(t->ops->allreduce_f32_start(t, g->grad, lo, g->s, err));
+        G_TRY(t->ops->allreduce_f32_start(t, g->grad + hi, n - hi, g->s, err));
+        g->started = false;
+        return t->ops->wait(t, err);
+    }
+    G_TRY(gpu_sync_host(g, err));
+    return t->ops->allreduce_sum_f32(t, g->grad, n, err);
+}
+
+extern "C" void *exec_gpu_stream(const struct exec_gpu *g) { return g->s; }
+
+extern "C" size_t exec_gpu_state_floats(const struct exec_gpu *g) { return g->shard_n; }
+
+extern "C" enum moe_status exec_gpu_get_state(struct exec_gpu *g, float *m1, float *m2,
+                                              double *bias, struct moe_error *err)
+{
+    size_t n = sizeof(float) * g->shard_n;
+    G_CUDA(cudaMemcpyAsync(m1, g->m1, n, cudaMemcpyDeviceToHost, g->s));
+    G_CUDA(cudaMemcpyAsync(m2, g->m2, n, cudaMemcpyDeviceToHost, g->s));
+    G_CUDA(cudaStreamSynchronize(g->s));
+    memcpy(bias, g->bias_host, sizeof(double) * (size_t)g->layers * g->experts);
+    return MOE_OK;
+}
+
+extern "C" enum moe_status exec_gpu_set_state(struct exec_gpu *g, const float *m1,
+                                              const float *m2, const double *bias,
+                                              struct moe_error *err)
+{
+    size_t n = sizeof(float) * g->shard_n;
+    G_CUDA(cudaMemcpyAsync(g->m1, m1, n, cudaMemcpyHostToDevice, g->s));
+    G_CUDA(cudaMemcpyAsync(g->m2, m2, n, cudaMemcpyHostToDevice, g->s));
+    G_CUDA(cudaStreamSynchronize(g->s));
+    return exec_gpu_set_bias(g, bias, err);
+}
+
+extern "C" enum moe_status exec_gpu_get_grads(struct exec_gpu *g, double *grad, struct moe_error *err)
+{
+    G_CUDA(cudaStreamSynchronize(g->s));
+    return copy_params(g, g->grad, grad, false, err);
+}
+
+enum moe_status gpu_upload_bias(struct exec_gpu *g, struct moe_error *err)
+{
+    size_t n = (size_t)g->layers * g->experts;
+    float *b = (float *)malloc(sizeof(float) * n);
+    if (!b) return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
+    for (size_t i = 0; i < n; i++) b[i] = (float)g->bias_host[i];
+    cudaError_t e = cudaMemcpyAsync(g->bias, b, sizeof(float) * n, cudaMemcpyHostToDevice, g->s);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(g->s);
+    free(b);
+    G_CUDA(e);
+    return MOE_OK;
+}
+
+extern "C" enum moe_status exec_gpu_set_bias(struct exec_gpu *g, const double *bias,
+                                             struct moe_error *err)
+{
+    memcpy(g->bias_host, bias, sizeof(double) * (size_t)g->layers * g->experts);
+    return gpu_upload_bias(g, err);
+}
+
+/* ---- the step ------------------------------------------------------------------------------ */

@@ -1,0 +1,192 @@
+/*
+ * gpu_gemm.cu: the GEMMs of the step. Dense GEMMs go to cuBLAS (one strided-batched call);
+ * the expert GEMMs, whose row counts change with the routing every call, go to cuBLASLt with
+ * the algorithm chosen once per shape kind (cuBLAS's own heuristics cost 100-300 us of host
+ * time a call at a new size). Expert e's GEMMs run on side stream e % nside between
+ * gpu_fork_experts and gpu_join_experts.
+ */
+#include "gpu.h"
+
+/* Row-major C (M x N) = alpha op(A) op(B) + beta C, batched with strides; op(A) is M x K. cuBLAS
+ * is column-major, so it computes C^T = op(B)^T op(A)^T with the operands swapped. */
+enum moe_status gpu_mm(struct exec_gpu *g, bool ta, bool tb, int M_, int N, int K, float alpha,
+                          const void *A, int lda, long long sA, const void *B, int ldb,
+                          long long sB, float beta, void *C, int ldc, long long sC, int batch,
+                          cudaDataType ab, cudaDataType ct, struct moe_error *err)
+{
+    if (M_ == 0 || N == 0 || batch == 0) return MOE_OK;
+    G_BLAS(cublasGemmStridedBatchedEx(g->cur, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                      ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M_, K, &alpha, B, ab, ldb,
+                                      sB, A, ab, lda, sA, &beta, C, ct, ldc, sC, batch,
+                                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return MOE_OK;
+}
+
+/* The expert GEMMs: one size (the rows M, or the reduction K of a weight gradient) changes with
+ * the routing from call to call, and cuBLAS's heuristics, cached by size, then cost 100-300 us of
+ * host time a call (measured on the H200 machine; 12 us for a size seen before), more than the
+ * GEMM itself. So each kind of expert GEMM gets its cuBLASLt algorithm once, chosen at the mean
+ * rows per expert, and reuses it for every size; a size it cannot run goes to gpu_mm(). The layouts
+ * are column-major: C^T (N x M) = op(B)^T op(A)^T, as in gpu_mm(). */
+static cublasStatus_t lt_layouts(cublasLtMatrixLayout_t l[3], bool ta, bool tb, int M_, int N,
+                                 int K, int lda, int ldb, int ldc, cudaDataType ab, cudaDataType ct)
+{
+    cublasStatus_t st;
+    l[0] = l[1] = l[2] = NULL;
+    if ((st = cublasLtMatrixLayoutCreate(&l[0], ab, tb ? K : N, tb ? N : K, ldb)) ||
+        (st = cublasLtMatrixLayoutCreate(&l[1], ab, ta ? M_ : K, ta ? K : M_, lda)) ||
+        (st = cublasLtMatrixLayoutCreate(&l[2], ct, N, M_, ldc)))
+        return st;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+static void lt_layouts_free(cublasLtMatrixLayout_t l[3])
+{
+    for (int i = 0; i < 3; i++)
+        if (l[i]) cublasLtMatrixLayoutDestroy(l[i]);
+}
+
+static enum moe_status lt_kind_find(struct exec_gpu *g, bool ta, bool tb, bool vary_k, int M_,
+                                    int N, int K, int lda, int ldb, int ldc, cudaDataType ab,
+                                    cudaDataType ct, struct lt_kind **out, struct moe_error *err)
+{
+    int fixed = vary_k ? M_ : K;
+    for (int i = 0; i < g->nlt; i++) {
+        struct lt_kind *q = &g->lt_kinds[i];
+        if (q->ta == ta && q->tb == tb && q->vary_k == vary_k && q->fixed == fixed && q->N == N &&
+            q->lda == lda && q->ldb == ldb && q->ldc == ldc && q->ab == ab && q->ct == ct) {
+            *out = q;
+            return MOE_OK;
+        }
+    }
+    *out = NULL;
+    if (g->nlt == LT_KINDS) return MOE_OK; /* gpu_mm() for the rest */
+    struct lt_kind *q = &g->lt_kinds[g->nlt++];
+    *q = lt_kind{ta, tb, vary_k, fixed, N, lda, ldb, ldc, ab, ct, NULL, {}, false};
+    cublasOperation_t oa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, ob = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    G_BLAS(cublasLtMatmulDescCreate(&q->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    G_BLAS(cublasLtMatmulDescSetAttribute(q->op, CUBLASLT_MATMUL_DESC_TRANSA, &oa, sizeof oa));
+    G_BLAS(cublasLtMatmulDescSetAttribute(q->op, CUBLASLT_MATMUL_DESC_TRANSB, &ob, sizeof ob));
+    int mean = (g->pairs / (g->experts > 0 ? g->experts : 1) + 63) / 64 * 64;
+    if (mean < 64) mean = 64;
+    cublasLtMatrixLayout_t l[3];
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t r;
+    int nr = 0;
+    cublasStatus_t st = lt_layouts(l, ta, tb, vary_k ? M_ : mean, N, vary_k ? mean : K, lda, ldb,
+                                   ldc, ab, ct);
+    if (!st) st = cublasLtMatmulPreferenceCreate(&pref);
+    if (!st)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                  &g->ws_bytes, sizeof g->ws_bytes);
+    if (!st)
+        st = cublasLtMatmulAlgoGetHeuristic(g->lt, q->op, l[0], l[1], l[2], l[2], pref, 1, &r, &nr);
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    lt_layouts_free(l);
+    if (!st && nr > 0) {
+        q->algo = r.algo;
+        q->usable = true;
+    }
+    *out = q;
+    return MOE_OK;
+}
+
+/* gpu_mm() for one expert (batch 1), with M_ (or K, vary_k) the size that follows the routing. */
+static enum moe_status mm_expert(struct exec_gpu *g, bool ta, bool tb, bool vary_k, int M_, int N,
+                                 int K, const void *A, int lda, const void *B, int ldb, float beta,
+                                 void *C, int ldc, cudaDataType ab, cudaDataType ct,
+                                 struct moe_error *err)
+{
+    if (M_ == 0 || N == 0) return MOE_OK;
+    struct lt_kind *q;
+    G_TRY(lt_kind_find(g, ta, tb, vary_k, M_, N, K, lda, ldb, ldc, ab, ct, &q, err));
+    if (q && q->usable) {
+        cublasLtMatrixLayout_t l[3];
+        float alpha = 1.0f;
+        cudaStream_t st_ = g->cur_side < 0 ? g->s : g->side[g->cur_side];
+        void *ws = g->cur_side < 0 ? g->blas_ws : g->side_ws[g->cur_side];
+        cublasStatus_t st = lt_layouts(l, ta, tb, M_, N, K, lda, ldb, ldc, ab, ct);
+        if (!st)
+            st = cublasLtMatmul(g->lt, q->op, &alpha, B, l[0], A, l[1], &beta, C, l[2], C, l[2],
+                                &q->algo, ws, g->ws_bytes, st_);
+        lt_layouts_free(l);
+        if (st == CUBLAS_STATUS_SUCCESS) return MOE_OK;
+        if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE)
+            return moe_error_set(err, MOE_ERR_CUBLAS, "executor: cublasLtMatmul: %s",
+                                 cublasGetStatusString(st));
+    }
+    return gpu_mm(g, ta, tb, M_, N, K, 1.0f, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1, ab, ct, err);
+}
+
+/* Y (T x out) = X (T x in) W^T, W (out x in), bf16 inputs; Y fp32 or bf16. */
+enum moe_status gpu_lin(struct exec_gpu *g, const bf16 *X, int ldx, const bf16 *Wt, int T,
+                           int in, int out, void *Y, int ldy, cudaDataType yt, float beta,
+                           struct moe_error *err)
+{
+    if (g->in_experts)
+        return mm_expert(g, false, true, false, T, out, in, X, ldx, Wt, in, beta, Y, ldy,
+                         CUDA_R_16BF, yt, err);
+    return gpu_mm(g, false, true, T, out, in, 1.0f, X, ldx, 0, Wt, in, 0, beta, Y, ldy, 0, 1,
+              CUDA_R_16BF, yt, err);
+}
+
+/* dX (T x in, fp32) (+)= dY (T x out) W. */
+enum moe_status gpu_lin_dx(struct exec_gpu *g, const bf16 *dY, int lddy, const bf16 *Wt, int T,
+                              int in, int out, float *dX, int lddx, float beta, struct moe_error *err)
+{
+    if (g->in_experts)
+        return mm_expert(g, false, false, false, T, in, out, dY, lddy, Wt, in, beta, dX, lddx,
+                         CUDA_R_16BF, CUDA_R_32F, err);
+    return gpu_mm(g, false, false, T, in, out, 1.0f, dY, lddy, 0, Wt, in, 0, beta, dX, lddx, 0, 1,
+              CUDA_R_16BF, CUDA_R_32F, err);
+}
+
+/* dW (out x in, fp32) += dY^T X. */
+enum moe_status gpu_lin_dw(struct exec_gpu *g, const bf16 *dY, int lddy, const bf16 *X, int ldx,
+                              int T, int in, int out, float *dW, struct moe_error *err)
+{
+    if (T == 0) return MOE_OK;
+    if (g->in_experts)
+        return mm_expert(g, true, false, true, out, in, T, dY, lddy, X, ldx, 1.0f, dW, in,
+                         CUDA_R_16BF, CUDA_R_32F, err);
+    return gpu_mm(g, true, false, out, in, T, 1.0f, dY, lddy, 0, X, ldx, 0, 1.0f, dW, in, 0, 1,
+              CUDA_R_16BF, CUDA_R_32F, err);
+}
+
+enum moe_status gpu_sync_host(struct exec_gpu *g, struct moe_error *err)
+{
+    G_CUDA(cudaStreamSynchronize(g->s));
+    g->syncs++;
+    return MOE_OK;
+}
+
+/* Expert e's GEMMs go to side stream e % nside between fork and join (one stream: no-ops). */
+enum moe_status gpu_fork_experts(struct exec_gpu *g, struct moe_error *err)
+{
+    g->in_experts = true;
+    if (g->nside < 2) return MOE_OK;
+    G_CUDA(cudaEventRecord(g->fork_ev, g->s));
+    for (int i = 0; i < g->nside; i++) G_CUDA(cudaStreamWaitEvent(g->side[i], g->fork_ev, 0));
+    return MOE_OK;
+}
+
+void gpu_use_expert_stream(struct exec_gpu *g, int e)
+{
+    if (g->nside >= 2) {
+        g->cur_side = e % g->nside;
+        g->cur = g->side_blas[g->cur_side];
+    }
+}
+
+enum moe_status gpu_join_experts(struct exec_gpu *g, struct moe_error *err)
+{
+    g->cur = g->blas;
+    g->cur_side = -1;
+    g->in_experts = false;
+    if (g->nside < 2) return MOE_OK;
+    for (int i = 0; i < g->nside; i++) {
+        G_CUDA(cudaEventRecord(g->join_ev[i], g->side[i]));
+        G_CUDA(cudaStreamWaitEvent(g->s, g->join_ev[i], 0));
+    }
+    return MOE_OK;
+}

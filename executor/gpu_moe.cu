@@ -1,0 +1,222 @@
+/*
+ * gpu_moe.cu: SwiGLU (dense FFN, shared experts, each expert) and the dropless MoE layer on one
+ * GPU: router GEMM, top-k (exec_route), a stable counting-sort permutation, one host sync for
+ * the per-expert row counts, per-expert GEMMs on every routed (token, expert) pair (nothing
+ * dropped or padded), the weighted unpermute. With expert parallelism the layer goes to
+ * gpu_ep.cu instead.
+ */
+#include "gpu.h"
+
+/* y += down(silu(gate x) * up x) for T rows of width F (saving g32, u32, hm16). */
+enum moe_status gpu_swiglu_forward(struct exec_gpu *g, const bf16 *x, int T, int F,
+                                      const bf16 *Wg, const bf16 *Wu, const bf16 *Wd, float *g32,
+                                      float *u32, bf16 *hm16, float *y, struct moe_error *err)
+{
+    int h = g->hidden;
+    G_TRY(gpu_lin(g, x, h, Wg, T, h, F, g32, F, CUDA_R_32F, 0, err));
+    G_TRY(gpu_lin(g, x, h, Wu, T, h, F, u32, F, CUDA_R_32F, 0, err));
+    G_LAUNCH(gk_swiglu(g32, u32, hm16, (size_t)T * F, g->s));
+    return gpu_lin(g, hm16, F, Wd, T, F, h, y, h, CUDA_R_32F, 1.0f, err);
+}
+
+/* Backward of swiglu_forward for dy16: dx (+)= (beta), weight gradients +=. */
+enum moe_status gpu_swiglu_backward(struct exec_gpu *g, const bf16 *x, const bf16 *dy16, int T,
+                                       int F, const bf16 *Wg, const bf16 *Wu, const bf16 *Wd,
+                                       const float *g32, const float *u32, const bf16 *hm16,
+                                       float *dWg, float *dWu, float *dWd, float *dx, float beta,
+                                       struct moe_error *err)
+{
+    int h = g->hidden;
+    if (T == 0) return MOE_OK;
+    G_TRY(gpu_lin_dx(g, dy16, h, Wd, T, F, h, g->dhm32, F, 0, err));
+    G_TRY(gpu_lin_dw(g, dy16, h, hm16, F, T, F, h, dWd, err));
+    G_LAUNCH(gk_swiglu_backward(g32, u32, g->dhm32, g->dg16, g->du16, (size_t)T * F, g->s));
+    G_TRY(gpu_lin_dx(g, g->dg16, F, Wg, T, h, F, dx, h, beta, err));
+    G_TRY(gpu_lin_dx(g, g->du16, F, Wu, T, h, F, dx, h, 1.0f, err));
+    G_TRY(gpu_lin_dw(g, g->dg16, F, x, h, T, h, F, dWg, err));
+    return gpu_lin_dw(g, g->du16, F, x, h, T, h, F, dWu, err);
+}
+
+/* The expert block on the permuted rows xp16 (expert e: rows off[e] .. off[e+1]): gate and up
+ * GEMMs, SwiGLU, down GEMM into yp32; an expert with no rows launches nothing. */
+enum moe_status gpu_experts_forward(struct exec_gpu *g, int l, struct act *A, const int *off,
+                                       struct moe_error *err)
+{
+    const int *w = g->wi[l];
+    int h = g->hidden, E = g->experts, f = g->ffn;
+    G_TRY(gpu_fork_experts(g, err));
+    for (int e = 0; e < E; e++) {
+        int n = off[e + 1] - off[e];
+        if (!n) continue;
+        gpu_use_expert_stream(g, e);
+        G_TRY(gpu_lin(g, A->xp16 + (size_t)off[e] * h, h, W16(g, w[W_GATE]) + (size_t)e * f * h, n, h,
+                  f, A->eg32 + (size_t)off[e] * f, f, CUDA_R_32F, 0, err));
+        G_TRY(gpu_lin(g, A->xp16 + (size_t)off[e] * h, h, W16(g, w[W_UP]) + (size_t)e * f * h, n, h, f,
+                  A->eu32 + (size_t)off[e] * f, f, CUDA_R_32F, 0, err));
+    }
+    G_TRY(gpu_join_experts(g, err));
+    G_LAUNCH(gk_swiglu(A->eg32, A->eu32, A->ehm16, (size_t)off[E] * f, g->s));
+    G_TRY(gpu_fork_experts(g, err));
+    for (int e = 0; e < E; e++) {
+        int n = off[e + 1] - off[e];
+        if (!n) continue;
+        gpu_use_expert_stream(g, e);
+        G_TRY(gpu_lin(g, A->ehm16 + (size_t)off[e] * f, f, W16(g, w[W_DOWN]) + (size_t)e * h * f, n, f,
+                  h, A->yp32 + (size_t)off[e] * h, h, CUDA_R_32F, 0, err));
+    }
+    return gpu_join_experts(g, err);
+}
+
+/* Its backward from dyp16: dxp32 and the expert weight gradients. */
+enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act *A,
+                                        const int *off, struct moe_error *err)
+{
+    const int *w = g->wi[l];
+    int h = g->hidden, E = g->experts, f = g->ffn;
+    G_TRY(gpu_fork_experts(g, err));
+    for (int e = 0; e < E; e++) {
+        int n = off[e + 1] - off[e];
+        if (!n) continue;
+        size_t o = off[e];
+        gpu_use_expert_stream(g, e);
+        G_TRY(gpu_lin_dx(g, g->dyp16 + o * h, h, W16(g, w[W_DOWN]) + (size_t)e * h * f, n, f, h,
+                     g->dehm32 + o * f, f, 0, err));
+        G_TRY(gpu_lin_dw(g, g->dyp16 + o * h, h, A->ehm16 + o * f, f, n, f, h,
+                     GR(g, w[W_DOWN]) + (size_t)e * h * f, err));
+    }
+    G_TRY(gpu_join_experts(g, err));
+    G_LAUNCH(gk_swiglu_backward(A->eg32, A->eu32, g->dehm32, g->deg16, g->deu16, (size_t)off[E] * f,
+                                g->s));
+    G_TRY(gpu_fork_experts(g, err));
+    for (int e = 0; e < E; e++) {
+        int n = off[e + 1] - off[e];
+        if (!n) continue;
+        size_t o = off[e];
+        gpu_use_expert_stream(g, e);
+        G_TRY(gpu_lin_dx(g, g->deg16 + o * f, f, W16(g, w[W_GATE]) + (size_t)e * f * h, n, h, f,
+                     g->dxp32 + o * h, h, 0, err));
+        G_TRY(gpu_lin_dx(g, g->deu16 + o * f, f, W16(g, w[W_UP]) + (size_t)e * f * h, n, h, f,
+                     g->dxp32 + o * h, h, 1, err));
+        G_TRY(gpu_lin_dw(g, g->deg16 + o * f, f, A->xp16 + o * h, h, n, h, f,
+                     GR(g, w[W_GATE]) + (size_t)e * f * h, err));
+        G_TRY(gpu_lin_dw(g, g->deu16 + o * f, f, A->xp16 + o * h, h, n, h, f,
+                     GR(g, w[W_UP]) + (size_t)e * f * h, err));
+    }
+    return gpu_join_experts(g, err);
+}
+
+/* ---- expert parallelism ------------------------------------------------------------------- */
+
+/* The dropless MoE layer on b16 / b32 (T rows), adding into y. */
+enum moe_status gpu_moe_forward(struct exec_gpu *g, int l, struct act *A, float *y,
+                                   struct moe_error *err)
+{
+    const int *w = g->wi[l];
+    int T = g->tokens, h = g->hidden, E = g->experts, k = g->top_k, P = g->pairs, mi = g->moe_index[l];
+    int *off = g->off_host[l];
+    PH(COST_ROUTER);
+    G_TRY(gpu_mm(g, false, true, T, E, h, 1.0f, A->b32, h, 0, M(g, w[W_ROUTER]), h, 0, 0.0f, A->logits,
+             E, 0, 1, CUDA_R_32F, CUDA_R_32F, err));
+    G_TRY(exec_route(&g->rc, A->logits, g->bias + (size_t)l * E, T, A->choice, A->weight, g->s, err));
+    if (g->forced_choice)
+        G_CUDA(cudaMemcpyAsync(A->choice, g->forced_choice, sizeof(int) * (size_t)P,
+                               cudaMemcpyDeviceToDevice, g->s));
+    if (g->record_stats)
+        G_LAUNCH(gk_coactivation(A->choice, T, k, E, g->coact + (size_t)mi * E * E, g->s));
+    PH(COST_PERMUTE);
+    G_LAUNCH(gk_permute_count(A->choice, P, E, g->perm_cnt, g->perm_base, A->off, g->s));
+    G_CUDA(cudaMemcpyAsync(off, A->off, sizeof(int) * (E + 1), cudaMemcpyDeviceToHost, g->s));
+    if (!g->cfg.ep) { /* with EP the exchange places the rows (ep_forward) */
+        G_LAUNCH(gk_permute_place(A->choice, P, E, g->perm_base, A->off, A->row_src, A->pos, g->s));
+        G_LAUNCH(gk_gather(A->b16, A->row_src, k, P, h, A->xp16, g->s));
+    } else { /* the counts stay: the load statistics and the load-balance loss read them */
+        G_CUDA(cudaMemcpyAsync(g->choice_host, A->choice, sizeof(int) * (size_t)P,
+                               cudaMemcpyDeviceToHost, g->s));
+        G_CUDA(cudaMemcpyAsync(g->weight_host, A->weight, sizeof(float) * (size_t)P,
+                               cudaMemcpyDeviceToHost, g->s));
+    }
+    G_TRY(gpu_sync_host(g, err)); /* the per-expert row counts decide the GEMM shapes */
+    if (off[E] != P)
+        return moe_error_set(err, MOE_ERR_RUNTIME, "executor: layer %d permuted %d of %d rows", l,
+                             off[E], P);
+    if (g->record_stats)
+        for (int e = 0; e < E; e++) {
+            g->counts[(size_t)mi * E + e] += off[e + 1] - off[e];
+            g->step_load[(size_t)mi * E + e] += off[e + 1] - off[e];
+        }
+    if (g->rc.aux_coef != 0.0) {
+        /* d aux / d s_te = coef * E * f_e / T, f_e the fraction of pairs on e; aux itself needs
+         * the mean scores, summed on the GPU in a fixed order */
+        float auxg[GK_MAX_EXPERTS];
+        for (int e = 0; e < E; e++)
+            auxg[e] = (float)(g->grad_scale * g->rc.aux_coef * E * ((double)(off[e + 1] - off[e]) / P) / T);
+        G_CUDA(cudaMemcpyAsync(A->auxg, auxg, sizeof(float) * E, cudaMemcpyHostToDevice, g->s));
+        G_CUDA(cudaStreamSynchronize(g->s));
+    }
+    if (g->cfg.ep) {
+        G_TRY(gpu_ep_forward(g, l, A, y, err));
+    } else {
+        PH(COST_EXPERTS_FWD);
+        G_TRY(gpu_experts_forward(g, l, A, off, err));
+        PH(COST_UNPERMUTE);
+        G_LAUNCH(gk_combine(y, A->yp32, A->weight, A->pos, T, k, h, g->s));
+    }
+    if (g->shared_ffn) {
+        PH(COST_SHARED_EXPERT);
+        G_TRY(gpu_swiglu_forward(g, A->b16, T, g->shared_ffn, W16(g, w[W_SGATE]), W16(g, w[W_SUP]),
+                             W16(g, w[W_SDOWN]), A->g32, A->u32, A->hm16, y, err));
+    }
+    return MOE_OK;
+}
+
+/* The load-balance loss of MoE layer l from its saved routing (one host sync). */
+enum moe_status gpu_moe_aux_loss(struct exec_gpu *g, int l, const struct act *A, double *aux,
+                                    struct moe_error *err)
+{
+    int T = g->tokens, E = g->experts, P = g->pairs;
+    const int *off = g->off_host[l];
+    G_LAUNCH(gk_scores(&g->rc, A->logits, T, g->scores, g->s));
+    G_LAUNCH(gk_colsum(g->scores, E, NULL, 0, NULL, T, E, g->part, g->ytmp, false, g->s));
+    float sums[GK_MAX_EXPERTS];
+    G_CUDA(cudaMemcpyAsync(sums, g->ytmp, sizeof(float) * E, cudaMemcpyDeviceToHost, g->s));
+    G_TRY(gpu_sync_host(g, err));
+    double a = 0.0;
+    for (int e = 0; e < E; e++) a += (double)(off[e + 1] - off[e]) / P * sums[e] / T;
+    *aux += g->rc.aux_coef * E * a;
+    return MOE_OK;
+}
+
+/* Backward of the MoE layer for dy16 / dy (fp32): db32 = d input, weight gradients +=. */
+enum moe_status gpu_moe_backward(struct exec_gpu *g, int l, const struct act *A,
+                                    struct moe_error *err)
+{
+    const int *w = g->wi[l];
+    int T = g->tokens, h = g->hidden, E = g->experts, k = g->top_k;
+    const int *off = g->off_host[l];
+    if (g->shared_ffn) {
+        PH(COST_SHARED_EXPERT);
+        G_TRY(gpu_swiglu_backward(g, A->b16, g->dy16, T, g->shared_ffn, W16(g, w[W_SGATE]), W16(g, w[W_SUP]),
+                              W16(g, w[W_SDOWN]), A->g32, A->u32, A->hm16, GR(g, w[W_SGATE]),
+                              GR(g, w[W_SUP]), GR(g, w[W_SDOWN]), g->db32, 0.0f, err));
+    }
+    if (g->cfg.ep) {
+        G_TRY(gpu_ep_backward(g, l, A, err));
+    } else {
+        PH(COST_UNPERMUTE);
+        G_LAUNCH(gk_combine_backward(g->dh, A->yp32, A->weight, A->pos, T, k, h, g->dyp16, g->dw,
+                                     g->s));
+        PH(COST_EXPERTS_BWD);
+        G_TRY(gpu_experts_backward(g, l, A, off, err));
+        PH(COST_PERMUTE);
+        G_LAUNCH(gk_gather_sum(g->dxp32, A->pos, T, k, h, g->db32, g->shared_ffn > 0, g->s));
+    }
+    PH(COST_ROUTER);
+    G_LAUNCH(gk_router_backward(&g->rc, A->logits, A->choice, A->weight, g->dw,
+                                g->rc.aux_coef != 0.0 ? A->auxg : NULL, T, g->dz, g->s));
+    G_TRY(gpu_mm(g, true, false, E, h, T, 1.0f, g->dz, E, 0, A->b32, h, 0, 1.0f, GR(g, w[W_ROUTER]), h,
+             0, 1, CUDA_R_32F, CUDA_R_32F, err));
+    return gpu_mm(g, false, false, T, h, E, 1.0f, g->dz, E, 0, M(g, w[W_ROUTER]), h, 0, 1.0f, g->db32,
+              h, 0, 1, CUDA_R_32F, CUDA_R_32F, err);
+}
+
+/* ---- blocks ------------------------------------------------------------------------------- */
