@@ -30,9 +30,6 @@
 #ifndef MOEPLAN_DATA_DIR
 #define MOEPLAN_DATA_DIR "."
 #endif
-#ifndef MOEPLAN_CMOCKA_VERSION
-#define MOEPLAN_CMOCKA_VERSION "unknown"
-#endif
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Option parsing shared by all subcommands                                                       */
@@ -357,9 +354,11 @@ static void print_version(void)
     rpt_table_row(t, NULL);
     rpt_table_cell(t, NULL, "jansson");
     rpt_table_cell(t, NULL, "%s", moe_jansson_version());
+#ifdef MOEPLAN_CMOCKA_VERSION /* a build with its tests */
     rpt_table_row(t, NULL);
     rpt_table_cell(t, NULL, "cmocka");
     rpt_table_cell(t, NULL, "%s (tests only)", MOEPLAN_CMOCKA_VERSION);
+#endif
     rpt_table_print(t, stdout);
     rpt_table_destroy(t);
 }

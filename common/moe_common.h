@@ -1,8 +1,8 @@
 /*
  * moe_common.h: the one public header of common/, the layer every other module stands on.
  *
- * What lives here: the status codes and error report every function returns and fills; the *_TRY
- * macros that record where a library call failed; JSON input (load with file:line:col errors,
+ * What lives here: the status codes and error report every function returns and fills; the
+ * check macros (MOE_CHECK, MOE_CUDA_GOTO, ...) that record where a library call failed; JSON input (load with file:line:col errors,
  * strict unpacking into C structs) and output (atomic writes, "schema" and "version" on every
  * file); logging; a progress bar that draws only on a terminal; size, count and bandwidth parsing;
  * a seeded RNG so that every random choice in moeplan is reproducible.
@@ -84,29 +84,42 @@ void moe_error_format(const struct moe_error *err, char *buf, size_t cap);
  * common needs no glpk.h. */
 const char *moe_glpk_strerror(int rc);
 
-/* TRY macros. They expect `enum moe_status st` and a `cleanup:` label in the calling function
- * (the house style: one cleanup label), and an error report pointer `err` (may be NULL).
- * MOE_TRY propagates a moeplan status; the library forms record the failing call, its error
- * string and the source line. The library macros expand to calls of that library's own
- * error-string function, so they are used only where its header is included. */
-#define MOE_TRY(expr)                                                                              \
+/* Checks: one family, for our calls and for the libraries'. Each expects an error report pointer
+ * `err` (may be NULL) in scope. A library form records the failing call, the library's message
+ * and code, and the source line (moe_error_set_src). The library forms expand to the library's
+ * own error-string function, so they are used only where its header is included.
+ *
+ *   MOE_CHECK_GOTO(expr, st, label)       st = expr (a moe_status); on failure goto label
+ *   MOE_CUDA_GOTO(call, st, label)        the same for a CUDA runtime call (cuBLAS, NCCL, GLPK:
+ *   MOE_CUBLAS_GOTO, MOE_NCCL_GOTO,       their own forms); st gets the error status
+ *   MOE_GLPK_GOTO
+ *   MOE_CHECK(expr), MOE_CUDA_CHECK(call), in a function that owns nothing to clean up: return
+ *   MOE_CUBLAS_CHECK(call)                the error status instead of jumping
+ *   MOE_LAUNCH_CHECK(launch)              a kernel launch, then cudaGetLastError() checked
+ */
+#define MOE_CHECK_GOTO(expr, st, label)                                                            \
     do {                                                                                           \
-        st = (expr);                                                                               \
-        if (st != MOE_OK) goto cleanup;                                                            \
+        (st) = (expr);                                                                             \
+        if ((st) != MOE_OK) goto label;                                                            \
     } while (0)
 
-#define MOE_LIB_TRY(status_, call, ok_value, strerror_fn)                                          \
+#define MOE_CHECK(expr)                                                                            \
+    do {                                                                                           \
+        enum moe_status moe_st_ = (expr);                                                          \
+        if (moe_st_ != MOE_OK) return moe_st_;                                                     \
+    } while (0)
+
+#define MOE_LIB_GOTO(status_, call, ok_value, strerror_fn, st, label)                              \
     do {                                                                                           \
         int moe_rc_ = (int)(call);                                                                 \
         if (moe_rc_ != (int)(ok_value)) {                                                          \
-            st = moe_error_set_src(err, (status_), __FILE__, __LINE__, "%s failed: %s (%d)",       \
-                                   #call, strerror_fn(moe_rc_), moe_rc_);                          \
-            goto cleanup;                                                                          \
+            (st) = moe_error_set_src(err, (status_), __FILE__, __LINE__, "%s failed: %s (%d)",     \
+                                     #call, strerror_fn(moe_rc_), moe_rc_);                        \
+            goto label;                                                                            \
         }                                                                                          \
     } while (0)
 
-/* The same check for functions without a cleanup label: return the error status. */
-#define MOE_LIB_RETURN(status_, call, ok_value, strerror_fn)                                       \
+#define MOE_LIB_CHECK(status_, call, ok_value, strerror_fn)                                        \
     do {                                                                                           \
         int moe_rc_ = (int)(call);                                                                 \
         if (moe_rc_ != (int)(ok_value))                                                            \
@@ -114,16 +127,25 @@ const char *moe_glpk_strerror(int rc);
                                      #call, strerror_fn(moe_rc_), moe_rc_);                        \
     } while (0)
 
-#define MOE_CUDA_TRY(call)                                                                         \
-    MOE_LIB_TRY(MOE_ERR_CUDA, call, cudaSuccess, moe_cuda_strerror_)
 #define moe_cuda_strerror_(rc) cudaGetErrorString((cudaError_t)(rc))
-#define MOE_CUBLAS_TRY(call)                                                                       \
-    MOE_LIB_TRY(MOE_ERR_CUBLAS, call, CUBLAS_STATUS_SUCCESS, moe_cublas_strerror_)
 #define moe_cublas_strerror_(rc) cublasGetStatusString((cublasStatus_t)(rc))
-#define MOE_NCCL_TRY(call)                                                                         \
-    MOE_LIB_TRY(MOE_ERR_NCCL, call, ncclSuccess, moe_nccl_strerror_)
 #define moe_nccl_strerror_(rc) ncclGetErrorString((ncclResult_t)(rc))
-#define MOE_GLPK_TRY(call) MOE_LIB_TRY(MOE_ERR_GLPK, call, 0, moe_glpk_strerror)
+#define MOE_CUDA_GOTO(call, st, label)                                                             \
+    MOE_LIB_GOTO(MOE_ERR_CUDA, call, cudaSuccess, moe_cuda_strerror_, st, label)
+#define MOE_CUBLAS_GOTO(call, st, label)                                                           \
+    MOE_LIB_GOTO(MOE_ERR_CUBLAS, call, CUBLAS_STATUS_SUCCESS, moe_cublas_strerror_, st, label)
+#define MOE_NCCL_GOTO(call, st, label)                                                             \
+    MOE_LIB_GOTO(MOE_ERR_NCCL, call, ncclSuccess, moe_nccl_strerror_, st, label)
+#define MOE_GLPK_GOTO(call, st, label)                                                             \
+    MOE_LIB_GOTO(MOE_ERR_GLPK, call, 0, moe_glpk_strerror, st, label)
+#define MOE_CUDA_CHECK(call) MOE_LIB_CHECK(MOE_ERR_CUDA, call, cudaSuccess, moe_cuda_strerror_)
+#define MOE_CUBLAS_CHECK(call)                                                                     \
+    MOE_LIB_CHECK(MOE_ERR_CUBLAS, call, CUBLAS_STATUS_SUCCESS, moe_cublas_strerror_)
+#define MOE_LAUNCH_CHECK(launch)                                                                   \
+    do {                                                                                           \
+        launch;                                                                                    \
+        MOE_CUDA_CHECK(cudaGetLastError());                                                        \
+    } while (0)
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Logging                                                                                        */

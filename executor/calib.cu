@@ -51,8 +51,10 @@ cudaError_t fill_bf16(bf16 *y, size_t n, uint64_t seed, float *scratch, size_t c
         size_t m = std::min(cap, n - at);
         gk_init(scratch, m, at, seed, 0.5f, false, 0);
         k_f32_to_bf16<<<(unsigned)((m + 255) / 256), 256>>>(scratch, y + at, m);
+        cudaError_t e = cudaGetLastError(); /* each launch checked, not only the last */
+        if (e != cudaSuccess) return e;
     }
-    return cudaGetLastError();
+    return cudaSuccess;
 }
 
 /* The median of iters timings of fn(), after two warm-up calls. */
@@ -64,9 +66,9 @@ template <typename F> cudaError_t time_median(int iters, F fn, double *us)
     std::vector<double> t;
     for (int i = 0; i < 2 && e == cudaSuccess; i++) e = fn();
     for (int i = 0; i < iters && e == cudaSuccess; i++) {
-        cudaEventRecord(a, 0);
-        e = fn();
-        cudaEventRecord(b, 0);
+        e = cudaEventRecord(a, 0);
+        if (e == cudaSuccess) e = fn();
+        if (e == cudaSuccess) e = cudaEventRecord(b, 0);
         if (e == cudaSuccess) e = cudaEventSynchronize(b);
         float ms = 0;
         if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, a, b);

@@ -16,13 +16,15 @@
 void exec_versions_get(struct exec_versions *v)
 {
     memset(v, 0, sizeof *v);
-    cudaRuntimeGetVersion(&v->cuda_runtime);
+    /* Every query checked: a failure leaves its 0, which --version prints as not found. */
+    if (cudaRuntimeGetVersion(&v->cuda_runtime) != cudaSuccess) v->cuda_runtime = 0;
     if (cudaDriverGetVersion(&v->cuda_driver) != cudaSuccess) v->cuda_driver = 0;
     v->cuda_compiled = CUDART_VERSION;
-    cublasGetProperty(MAJOR_VERSION, &v->cublas_major);
-    cublasGetProperty(MINOR_VERSION, &v->cublas_minor);
-    cublasGetProperty(PATCH_LEVEL, &v->cublas_patch);
-    ncclGetVersion(&v->nccl_runtime);
+    if (cublasGetProperty(MAJOR_VERSION, &v->cublas_major) != CUBLAS_STATUS_SUCCESS ||
+        cublasGetProperty(MINOR_VERSION, &v->cublas_minor) != CUBLAS_STATUS_SUCCESS ||
+        cublasGetProperty(PATCH_LEVEL, &v->cublas_patch) != CUBLAS_STATUS_SUCCESS)
+        v->cublas_major = v->cublas_minor = v->cublas_patch = 0;
+    if (ncclGetVersion(&v->nccl_runtime) != ncclSuccess) v->nccl_runtime = 0;
     v->nccl_compiled = NCCL_VERSION_CODE;
 }
 
@@ -47,9 +49,9 @@ enum moe_status exec_device_query(int index, struct exec_device_info *info, stru
     enum moe_status st = MOE_OK;
     struct cudaDeviceProp p;
     int clock_khz = 0, bus_bits = 0;
-    MOE_CUDA_TRY(cudaGetDeviceProperties(&p, index));
-    MOE_CUDA_TRY(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, index));
-    MOE_CUDA_TRY(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, index));
+    MOE_CUDA_GOTO(cudaGetDeviceProperties(&p, index), st, cleanup);
+    MOE_CUDA_GOTO(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, index), st, cleanup);
+    MOE_CUDA_GOTO(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, index), st, cleanup);
     memset(info, 0, sizeof *info);
     info->index = index;
     snprintf(info->name, sizeof info->name, "%s", p.name);
@@ -59,7 +61,8 @@ enum moe_status exec_device_query(int index, struct exec_device_info *info, stru
     info->memory_bytes = (double)p.totalGlobalMem;
     /* DDR: two transfers per clock. */
     info->memory_bandwidth_bytes_per_s = 2.0 * clock_khz * 1e3 * (bus_bits / 8.0);
-    cudaDeviceGetPCIBusId(info->pci_bus_id, (int)sizeof info->pci_bus_id, index);
+    MOE_CUDA_GOTO(cudaDeviceGetPCIBusId(info->pci_bus_id, (int)sizeof info->pci_bus_id, index), st,
+                  cleanup);
 cleanup:
     return st;
 }

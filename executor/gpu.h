@@ -27,21 +27,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Functions here own no resources (the struct does), so a failed call returns its error. */
-#define G_CUDA(call) MOE_LIB_RETURN(MOE_ERR_CUDA, call, cudaSuccess, moe_cuda_strerror_)
-#define G_BLAS(call) MOE_LIB_RETURN(MOE_ERR_CUBLAS, call, CUBLAS_STATUS_SUCCESS, moe_cublas_strerror_)
-#define G_TRY(expr)                                                                                \
-    do {                                                                                           \
-        enum moe_status s_ = (expr);                                                               \
-        if (s_ != MOE_OK) return s_;                                                               \
-    } while (0)
-/* A kernel launch: check it was accepted. */
-#define G_LAUNCH(call)                                                                             \
-    do {                                                                                           \
-        call;                                                                                      \
-        G_CUDA(cudaGetLastError());                                                                \
-    } while (0)
-
 /* A block's weights, by their names in the parameter table. */
 enum { W_ATTN_NORM, W_WQ, W_WK, W_WV, W_WO, W_WQA, W_QA_NORM, W_WQB, W_WKVA, W_KVA_NORM, W_WKVB,
        W_FFN_NORM, W_ROUTER, W_GATE, W_UP, W_DOWN, W_SGATE, W_SUP, W_SDOWN, W_N };
@@ -187,8 +172,8 @@ static inline double allocated(const struct exec_gpu *g)
     return sum;
 }
 #define ALLOC(ptr, count, cat)                                                                     \
-    G_TRY(gpu_dalloc(g, (void **)&(ptr), sizeof(*(ptr)) * (size_t)(count), cat, #ptr, err))
-#define PH(p) G_TRY(gpu_phase(g, (p), err))
+    MOE_CHECK(gpu_dalloc(g, (void **)&(ptr), sizeof(*(ptr)) * (size_t)(count), cat, #ptr, err))
+#define PH(p) MOE_CHECK(gpu_phase(g, (p), err))
 static inline float *M(const struct exec_gpu *g, int t) { return g->master + g->table.tensor[t].offset; }
 static inline bf16 *W16(const struct exec_gpu *g, int t) { return g->w16 + g->table.tensor[t].offset; }
 static inline float *GR(const struct exec_gpu *g, int t) { return g->grad + g->table.tensor[t].offset; }

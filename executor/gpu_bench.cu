@@ -14,13 +14,17 @@ static enum moe_status bench_time(struct exec_gpu *g, int what, int *dense_off, 
     double *t = (double *)calloc((size_t)iters, sizeof(double));
     cudaEvent_t a, b;
     if (!t) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
-    G_CUDA(cudaEventCreate(&a));
-    G_CUDA(cudaEventCreate(&b));
+    MOE_CUDA_CHECK(cudaEventCreate(&a));
+    MOE_CUDA_CHECK(cudaEventCreate(&b));
     enum moe_status st = MOE_OK;
     for (int i = 0; i < iters && st == MOE_OK; i++) {
         int s0 = g->syncs;
         g->nev = MAX_EVENTS; /* no phase events inside the benchmark */
-        cudaEventRecord(a, g->s);
+        cudaError_t e = cudaEventRecord(a, g->s);
+        if (e != cudaSuccess) {
+            st = moe_error_set(err, MOE_ERR_CUDA, "benchmark: %s", cudaGetErrorString(e));
+            break;
+        }
         if (what == 0 || what == 3) {
             st = gpu_experts_forward(g, 0, A, g->off_host[0], err);
             if (st == MOE_OK && what == 0) st = gpu_experts_backward(g, 0, A, g->off_host[0], err);
@@ -28,14 +32,17 @@ static enum moe_status bench_time(struct exec_gpu *g, int what, int *dense_off, 
             st = gpu_moe_forward(g, 0, A, g->xin[1], err);
             if (st == MOE_OK) {
                 gk_to_bf16(g->dh, g->dy16, (size_t)g->tokens * g->hidden, g->s);
-                st = gpu_moe_backward(g, 0, A, err);
+                e = cudaGetLastError();
+                st = e == cudaSuccess ? gpu_moe_backward(g, 0, A, err)
+                                      : moe_error_set(err, MOE_ERR_CUDA, "benchmark: %s",
+                                                      cudaGetErrorString(e));
             }
         } else {
             st = gpu_experts_forward(g, 0, A, dense_off, err);
             if (st == MOE_OK) st = gpu_experts_backward(g, 0, A, dense_off, err);
         }
-        cudaEventRecord(b, g->s);
-        cudaError_t e = cudaEventSynchronize(b);
+        e = cudaEventRecord(b, g->s);
+        if (e == cudaSuccess) e = cudaEventSynchronize(b);
         float f = 0.0f;
         if (e == cudaSuccess) e = cudaEventElapsedTime(&f, a, b);
         if (e != cudaSuccess && st == MOE_OK)
@@ -48,6 +55,22 @@ static enum moe_status bench_time(struct exec_gpu *g, int what, int *dense_off, 
     cudaEventDestroy(a);
     cudaEventDestroy(b);
     return st;
+}
+
+/* The benchmark's inputs on the GPU: the forced routing, seeded activations and gradients. */
+static enum moe_status bench_inputs(struct exec_gpu *g, int *dchoice, const int *choice,
+                                    size_t pairs, size_t th, uint64_t seed, struct moe_error *err)
+{
+    struct act *A = &g->act[0];
+    MOE_CUDA_CHECK(cudaMemcpyAsync(dchoice, choice, sizeof(int) * pairs, cudaMemcpyHostToDevice,
+                                   g->s));
+    g->forced_choice = dchoice;
+    g->record_stats = true;
+    g->grad_scale = 1.0;
+    MOE_LAUNCH_CHECK(gk_init(A->b32, th, 0, seed + 1, 1.0f, false, g->s));
+    MOE_LAUNCH_CHECK(gk_to_bf16(A->b32, A->b16, th, g->s));
+    MOE_LAUNCH_CHECK(gk_init(g->dh, th, 0, seed + 2, 1.0f, false, g->s));
+    return MOE_OK;
 }
 
 extern "C" enum moe_status exec_moe_bench(const struct exec_moe_bench_cfg *c, int *choice,
@@ -112,16 +135,9 @@ extern "C" enum moe_status exec_moe_bench(const struct exec_moe_bench_cfg *c, in
     if (st == MOE_OK) st = exec_gpu_init(g, c->seed, err);
     if (st == MOE_OK && cudaMalloc((void **)&dchoice, sizeof(int) * (size_t)T * k) != cudaSuccess)
         st = moe_error_set(err, MOE_ERR_GPU_NOMEM, "bench moe: out of GPU memory");
+    size_t th = (size_t)T * c->hidden;
+    if (st == MOE_OK) st = bench_inputs(g, dchoice, choice, (size_t)T * k, th, c->seed, err);
     if (st == MOE_OK) {
-        struct act *A = &g->act[0];
-        size_t th = (size_t)T * c->hidden;
-        cudaMemcpyAsync(dchoice, choice, sizeof(int) * (size_t)T * k, cudaMemcpyHostToDevice, g->s);
-        g->forced_choice = dchoice;
-        g->record_stats = true;
-        g->grad_scale = 1.0;
-        gk_init(A->b32, th, 0, c->seed + 1, 1.0f, false, g->s);
-        gk_to_bf16(A->b32, A->b16, th, g->s);
-        gk_init(g->dh, th, 0, c->seed + 2, 1.0f, false, g->s);
         dense_off[0] = 0;
         for (int e = 1; e <= E; e++) dense_off[e] = T * k;
         int syncs = 0;

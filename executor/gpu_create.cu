@@ -38,7 +38,7 @@ enum moe_status gpu_dalloc(struct exec_gpu *g, void **p, size_t bytes, enum exec
     }
     g->allocs[g->nallocs++] = *p;
     g->mem[cat] += (double)bytes;
-    G_CUDA(cudaMemsetAsync(*p, 0, bytes, g->s));
+    MOE_CUDA_CHECK(cudaMemsetAsync(*p, 0, bytes, g->s));
     return MOE_OK;
 }
 
@@ -93,7 +93,7 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
                               const struct exec_gpu_cfg *cfg, struct moe_error *err)
 {
     const struct mdl_attention *at = &m->attn;
-    G_TRY(exec_model_table(&g->table, m, err));
+    MOE_CHECK(exec_model_table(&g->table, m, err));
     g->m = *m;
     g->cfg = *cfg;
     g->seq = cfg->seq;
@@ -146,7 +146,7 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
                                      "executor: expert parallelism needs a group of the "
                                      "transport's %d ranks for %d experts, top_k %d",
                                      cfg->ep->ranks, g->experts, g->top_k);
-            G_TRY(exec_ep_group_check(eg, err));
+            MOE_CHECK(exec_ep_group_check(eg, err));
         }
         if (cfg->recompute)
             return moe_error_set(err, MOE_ERR_UNSUPPORTED,
@@ -170,29 +170,29 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
                              "executor: a micro-batch of %d tokens is too large for 32-bit GEMM "
                              "offsets; lower mbs or seq_len",
                              g->tokens);
-    G_CUDA(cudaSetDevice(cfg->device));
-    G_CUDA(cudaStreamCreateWithFlags(&g->s, cudaStreamNonBlocking));
-    G_BLAS(cublasCreate(&g->blas));
-    G_BLAS(cublasSetStream(g->blas, g->s));
+    MOE_CUDA_CHECK(cudaSetDevice(cfg->device));
+    MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&g->s, cudaStreamNonBlocking));
+    MOE_CUBLAS_CHECK(cublasCreate(&g->blas));
+    MOE_CUBLAS_CHECK(cublasSetStream(g->blas, g->s));
     /* a fixed workspace keeps cuBLAS's choice of algorithm, and so its results, the same */
     size_t ws = 64u << 20;
-    G_TRY(gpu_dalloc(g, &g->blas_ws, ws, EXEC_MEM_WORKSPACE, "the cuBLAS workspace", err));
-    G_BLAS(cublasSetWorkspace(g->blas, g->blas_ws, ws));
-    G_BLAS(cublasSetMathMode(g->blas, CUBLAS_DEFAULT_MATH));
-    G_BLAS(cublasLtCreate(&g->lt));
+    MOE_CHECK(gpu_dalloc(g, &g->blas_ws, ws, EXEC_MEM_WORKSPACE, "the cuBLAS workspace", err));
+    MOE_CUBLAS_CHECK(cublasSetWorkspace(g->blas, g->blas_ws, ws));
+    MOE_CUBLAS_CHECK(cublasSetMathMode(g->blas, CUBLAS_DEFAULT_MATH));
+    MOE_CUBLAS_CHECK(cublasLtCreate(&g->lt));
     g->ws_bytes = ws;
     g->cur = g->blas;
     g->cur_side = -1;
     g->nside = cfg->streams > 1 ? (cfg->streams < EXEC_MAX_STREAMS ? cfg->streams : EXEC_MAX_STREAMS) : 0;
-    if (g->nside) G_CUDA(cudaEventCreateWithFlags(&g->fork_ev, cudaEventDisableTiming));
+    if (g->nside) MOE_CUDA_CHECK(cudaEventCreateWithFlags(&g->fork_ev, cudaEventDisableTiming));
     for (int i = 0; i < g->nside; i++) {
         void *sws;
-        G_CUDA(cudaStreamCreateWithFlags(&g->side[i], cudaStreamNonBlocking));
-        G_CUDA(cudaEventCreateWithFlags(&g->join_ev[i], cudaEventDisableTiming));
-        G_BLAS(cublasCreate(&g->side_blas[i]));
-        G_BLAS(cublasSetStream(g->side_blas[i], g->side[i]));
-        G_TRY(gpu_dalloc(g, &sws, ws, EXEC_MEM_WORKSPACE, "a side stream's cuBLAS workspace", err));
-        G_BLAS(cublasSetWorkspace(g->side_blas[i], sws, ws));
+        MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&g->side[i], cudaStreamNonBlocking));
+        MOE_CUDA_CHECK(cudaEventCreateWithFlags(&g->join_ev[i], cudaEventDisableTiming));
+        MOE_CUBLAS_CHECK(cublasCreate(&g->side_blas[i]));
+        MOE_CUBLAS_CHECK(cublasSetStream(g->side_blas[i], g->side[i]));
+        MOE_CHECK(gpu_dalloc(g, &sws, ws, EXEC_MEM_WORKSPACE, "a side stream's cuBLAS workspace", err));
+        MOE_CUBLAS_CHECK(cublasSetWorkspace(g->side_blas[i], sws, ws));
         g->side_ws[i] = sws;
     }
     /* tensor indices */
@@ -267,8 +267,8 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
     for (int l = 0; l <= g->layers; l++) ALLOC(g->xin[l], (size_t)T * h, EXEC_MEM_ACTIVATIONS);
     int nact = cfg->recompute ? 1 : g->layers;
     for (int l = 0; l < nact; l++) {
-        G_TRY(act_alloc(g, &g->act[l], moe_any, dense_any, err));
-        G_CUDA(cudaMallocHost((void **)&g->off_host[l], sizeof(int) * (E + 1)));
+        MOE_CHECK(act_alloc(g, &g->act[l], moe_any, dense_any, err));
+        MOE_CUDA_CHECK(cudaMallocHost((void **)&g->off_host[l], sizeof(int) * (E + 1)));
     }
     for (int l = nact; l < g->layers; l++) {
         g->act[l] = g->act[0];
@@ -280,7 +280,7 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
     ALLOC(g->tok, (size_t)g->mbs * (S + 1), c);
     ALLOC(g->tok_in, T, c);
     ALLOC(g->emb_dev, (size_t)3 * T + 1, c);
-    G_CUDA(cudaMallocHost((void **)&g->emb_host, sizeof(int) * ((size_t)3 * T + 1)));
+    MOE_CUDA_CHECK(cudaMallocHost((void **)&g->emb_host, sizeof(int) * ((size_t)3 * T + 1)));
     g->emb_count = (int *)calloc((size_t)g->vocab, sizeof(int));
     if (!g->emb_count) return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
     ALLOC(g->tgt, T, c);
@@ -291,8 +291,8 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
     ALLOC(g->k32, (size_t)T * KV * dqk, c);
     ALLOC(g->delta, (size_t)T * H, c);
     ALLOC(g->rope_tab, (size_t)S * (g->rope / 2), c);
-    G_LAUNCH(gk_rope_table(g->rope_tab, S, g->rope, (float)g->m.attn.rope_theta, g->s));
-    G_CUDA(gk_flash_prepare(g->dqk, g->dv));
+    MOE_LAUNCH_CHECK(gk_rope_table(g->rope_tab, S, g->rope, (float)g->m.attn.rope_theta, g->s));
+    MOE_CUDA_CHECK(gk_flash_prepare(g->dqk, g->dv));
     int widest = h > E ? h : E;
     if (g->mla) widest = widest > g->kv_lora + g->rope ? widest : g->kv_lora + g->rope;
     if (g->q_lora > widest) widest = g->q_lora;
@@ -339,7 +339,7 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
         ALLOC(g->dxp32, (size_t)g->Pe * h, c);
         ALLOC(g->dz, (size_t)T * E, c);
         ALLOC(g->ep_loads, (size_t)g->nmoe * E, c);
-        if (cfg->ep) G_TRY(gpu_ep_alloc(g, err));
+        if (cfg->ep) MOE_CHECK(gpu_ep_alloc(g, err));
         ALLOC(g->scores, (size_t)T * E, c);
     }
     ALLOC(g->fin16, (size_t)T * h, c);
@@ -349,10 +349,10 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
     ALLOC(g->row_loss, T, c);
     ALLOC(g->dfin32, (size_t)T * h, c);
     ALLOC(g->norm_part, GK_NORM_BLOCKS, c);
-    G_CUDA(cudaMallocHost((void **)&g->host_rows, sizeof(float) * (size_t)T));
+    MOE_CUDA_CHECK(cudaMallocHost((void **)&g->host_rows, sizeof(float) * (size_t)T));
     size_t fr, tot;
-    G_CUDA(cudaStreamSynchronize(g->s));
-    G_CUDA(cudaMemGetInfo(&fr, &tot));
+    MOE_CUDA_CHECK(cudaStreamSynchronize(g->s));
+    MOE_CUDA_CHECK(cudaMemGetInfo(&fr, &tot));
     g->dev_total = (double)tot;
     g->peak_used = (double)(tot - fr);
     return MOE_OK;
@@ -416,8 +416,8 @@ extern "C" const struct exec_ref_model *exec_gpu_table(const struct exec_gpu *g)
 
 static enum moe_status refresh_bf16(struct exec_gpu *g, struct moe_error *err)
 {
-    G_LAUNCH(gk_to_bf16(g->master, g->w16, g->table.nparams, g->s));
-    G_CUDA(cudaStreamSynchronize(g->s));
+    MOE_LAUNCH_CHECK(gk_to_bf16(g->master, g->w16, g->table.nparams, g->s));
+    MOE_CUDA_CHECK(cudaStreamSynchronize(g->s));
     return MOE_OK;
 }
 
@@ -425,11 +425,11 @@ extern "C" enum moe_status exec_gpu_init(struct exec_gpu *g, uint64_t seed, stru
 {
     for (int i = 0; i < g->table.ntensors; i++) {
         const struct exec_tensor *t = &g->table.tensor[i];
-        G_LAUNCH(gk_init(g->master + t->offset, t->size, t->offset, seed, 0.02f,
+        MOE_LAUNCH_CHECK(gk_init(g->master + t->offset, t->size, t->offset, seed, 0.02f,
                          strstr(t->name, "norm") != NULL, g->s));
     }
-    G_CUDA(cudaMemsetAsync(g->m1, 0, sizeof(float) * g->shard_n, g->s));
-    G_CUDA(cudaMemsetAsync(g->m2, 0, sizeof(float) * g->shard_n, g->s));
+    MOE_CUDA_CHECK(cudaMemsetAsync(g->m1, 0, sizeof(float) * g->shard_n, g->s));
+    MOE_CUDA_CHECK(cudaMemsetAsync(g->m2, 0, sizeof(float) * g->shard_n, g->s));
     return refresh_bf16(g, err);
 }
 
@@ -466,15 +466,15 @@ static enum moe_status copy_params(struct exec_gpu *g, float *dev, double *host,
 extern "C" enum moe_status exec_gpu_set_params(struct exec_gpu *g, const double *params,
                                                struct moe_error *err)
 {
-    G_CUDA(cudaStreamSynchronize(g->s));
-    G_TRY(copy_params(g, g->master, (double *)params, true, err));
+    MOE_CUDA_CHECK(cudaStreamSynchronize(g->s));
+    MOE_CHECK(copy_params(g, g->master, (double *)params, true, err));
     return refresh_bf16(g, err);
 }
 
 extern "C" enum moe_status exec_gpu_get_params(struct exec_gpu *g, double *params,
                                                struct moe_error *err)
 {
-    G_CUDA(cudaStreamSynchronize(g->s));
+    MOE_CUDA_CHECK(cudaStreamSynchronize(g->s));
     return copy_params(g, g->master, params, false, err);
 }
 
@@ -484,12 +484,12 @@ extern "C" enum moe_status exec_gpu_reduce_grads(struct exec_gpu *g, struct exec
     PH(COST_DP_GRAD_SYNC);
     size_t n = g->table.nparams, lo = g->blk_off[0], hi = g->blk_off[g->layers];
     if (g->started && t == g->cfg.dp) { /* the blocks are under way: the rest, then the wait */
-        G_TRY(t->ops->allreduce_f32_start(t, g->grad, lo, g->s, err));
-        G_TRY(t->ops->allreduce_f32_start(t, g->grad + hi, n - hi, g->s, err));
+        MOE_CHECK(t->ops->allreduce_f32_start(t, g->grad, lo, g->s, err));
+        MOE_CHECK(t->ops->allreduce_f32_start(t, g->grad + hi, n - hi, g->s, err));
         g->started = false;
         return t->ops->wait(t, err);
     }
-    G_TRY(gpu_sync_host(g, err));
+    MOE_CHECK(gpu_sync_host(g, err));
     return t->ops->allreduce_sum_f32(t, g->grad, n, err);
 }
 
@@ -501,9 +501,9 @@ extern "C" enum moe_status exec_gpu_get_state(struct exec_gpu *g, float *m1, flo
                                               double *bias, struct moe_error *err)
 {
     size_t n = sizeof(float) * g->shard_n;
-    G_CUDA(cudaMemcpyAsync(m1, g->m1, n, cudaMemcpyDeviceToHost, g->s));
-    G_CUDA(cudaMemcpyAsync(m2, g->m2, n, cudaMemcpyDeviceToHost, g->s));
-    G_CUDA(cudaStreamSynchronize(g->s));
+    MOE_CUDA_CHECK(cudaMemcpyAsync(m1, g->m1, n, cudaMemcpyDeviceToHost, g->s));
+    MOE_CUDA_CHECK(cudaMemcpyAsync(m2, g->m2, n, cudaMemcpyDeviceToHost, g->s));
+    MOE_CUDA_CHECK(cudaStreamSynchronize(g->s));
     memcpy(bias, g->bias_host, sizeof(double) * (size_t)g->layers * g->experts);
     return MOE_OK;
 }
@@ -513,15 +513,15 @@ extern "C" enum moe_status exec_gpu_set_state(struct exec_gpu *g, const float *m
                                               struct moe_error *err)
 {
     size_t n = sizeof(float) * g->shard_n;
-    G_CUDA(cudaMemcpyAsync(g->m1, m1, n, cudaMemcpyHostToDevice, g->s));
-    G_CUDA(cudaMemcpyAsync(g->m2, m2, n, cudaMemcpyHostToDevice, g->s));
-    G_CUDA(cudaStreamSynchronize(g->s));
+    MOE_CUDA_CHECK(cudaMemcpyAsync(g->m1, m1, n, cudaMemcpyHostToDevice, g->s));
+    MOE_CUDA_CHECK(cudaMemcpyAsync(g->m2, m2, n, cudaMemcpyHostToDevice, g->s));
+    MOE_CUDA_CHECK(cudaStreamSynchronize(g->s));
     return exec_gpu_set_bias(g, bias, err);
 }
 
 extern "C" enum moe_status exec_gpu_get_grads(struct exec_gpu *g, double *grad, struct moe_error *err)
 {
-    G_CUDA(cudaStreamSynchronize(g->s));
+    MOE_CUDA_CHECK(cudaStreamSynchronize(g->s));
     return copy_params(g, g->grad, grad, false, err);
 }
 
@@ -534,7 +534,7 @@ enum moe_status gpu_upload_bias(struct exec_gpu *g, struct moe_error *err)
     cudaError_t e = cudaMemcpyAsync(g->bias, b, sizeof(float) * n, cudaMemcpyHostToDevice, g->s);
     if (e == cudaSuccess) e = cudaStreamSynchronize(g->s);
     free(b);
-    G_CUDA(e);
+    MOE_CUDA_CHECK(e);
     return MOE_OK;
 }
 

@@ -26,21 +26,21 @@ static enum moe_status ep_meta_out(struct exec_gpu *g, const struct exec_ep_rows
                                    int *n_in, struct exec_ep_meta **meta, struct moe_error *err)
 {
     struct exec_transport *t = g->cfg.ep;
-    G_TRY(ep_check_rows(g, r->n, "rows to send", err));
-    G_TRY(t->ops->counts(t, r->count, in, err));
+    MOE_CHECK(ep_check_rows(g, r->n, "rows to send", err));
+    MOE_CHECK(t->ops->counts(t, r->count, in, err));
     int n = 0;
     for (int s = 0; s < t->ranks; s++) n += in[s];
-    G_TRY(ep_check_rows(g, n, "received rows", err));
+    MOE_CHECK(ep_check_rows(g, n, "received rows", err));
     if (r->n)
-        G_CUDA(cudaMemcpyAsync(g->ep_meta_send, r->meta, sizeof *r->meta * (size_t)r->n,
+        MOE_CUDA_CHECK(cudaMemcpyAsync(g->ep_meta_send, r->meta, sizeof *r->meta * (size_t)r->n,
                                cudaMemcpyHostToDevice, g->s));
-    G_TRY(gpu_sync_host(g, err));
-    G_TRY(t->ops->alltoallv(t, g->ep_meta_send, r->count, g->ep_meta_recv, in, sizeof *r->meta,
+    MOE_CHECK(gpu_sync_host(g, err));
+    MOE_CHECK(t->ops->alltoallv(t, g->ep_meta_send, r->count, g->ep_meta_recv, in, sizeof *r->meta,
                             err));
     *meta = (struct exec_ep_meta *)malloc(sizeof **meta * (size_t)(n ? n : 1));
     if (!*meta) return moe_error_set(err, MOE_ERR_NOMEM, "expert parallelism: out of memory");
     if (n)
-        G_CUDA(cudaMemcpy(*meta, g->ep_meta_recv, sizeof **meta * (size_t)n,
+        MOE_CUDA_CHECK(cudaMemcpy(*meta, g->ep_meta_recv, sizeof **meta * (size_t)n,
                           cudaMemcpyDeviceToHost));
     *n_in = n;
     return MOE_OK;
@@ -54,14 +54,14 @@ static enum moe_status ep_rows_out(struct exec_gpu *g, const struct exec_ep_rows
     struct exec_transport *t = g->cfg.ep;
     int h = g->hidden;
     if (r->n) {
-        G_CUDA(cudaMemcpyAsync(g->ep_idx, r->src_row, sizeof(int) * (size_t)r->n,
+        MOE_CUDA_CHECK(cudaMemcpyAsync(g->ep_idx, r->src_row, sizeof(int) * (size_t)r->n,
                                cudaMemcpyHostToDevice, g->s));
         if (f32)
-            G_LAUNCH(gk_rows_gather32((const float *)src, g->ep_idx, r->n, h, g->ep_send32, g->s));
+            MOE_LAUNCH_CHECK(gk_rows_gather32((const float *)src, g->ep_idx, r->n, h, g->ep_send32, g->s));
         else
-            G_LAUNCH(gk_gather((const bf16 *)src, g->ep_idx, 1, r->n, h, g->ep_send16, g->s));
+            MOE_LAUNCH_CHECK(gk_gather((const bf16 *)src, g->ep_idx, 1, r->n, h, g->ep_send16, g->s));
     }
-    G_TRY(gpu_sync_host(g, err));
+    MOE_CHECK(gpu_sync_host(g, err));
     return t->ops->alltoallv(t, f32 ? (const void *)g->ep_send32 : (const void *)g->ep_send16,
                              r->count, recv, in, (f32 ? sizeof(float) : sizeof(bf16)) * (size_t)h,
                              err);
@@ -74,14 +74,14 @@ static enum moe_status ep_rows_back(struct exec_gpu *g, const struct exec_ep_row
                                     struct moe_error *err)
 {
     struct exec_transport *t = g->cfg.ep;
-    G_TRY(gpu_sync_host(g, err));
+    MOE_CHECK(gpu_sync_host(g, err));
     return t->ops->alltoallv(t, back, in, got, r->count, sizeof(float) * (size_t)width, err);
 }
 
 static enum moe_status ep_upload(struct exec_gpu *g, void *dst, const void *src, size_t bytes,
                                  struct moe_error *err)
 {
-    if (bytes) G_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g->s));
+    if (bytes) MOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g->s));
     return MOE_OK;
 }
 
@@ -210,18 +210,18 @@ enum moe_status gpu_ep_forward(struct exec_gpu *g, int l, struct act *A, float *
     }
     PH(COST_EXPERTS_FWD);
     if (L->npairs) {
-        G_LAUNCH(gk_gather(g->ep_recv16, L->pair_row, 1, L->npairs, h, A->xp16, g->s));
+        MOE_LAUNCH_CHECK(gk_gather(g->ep_recv16, L->pair_row, 1, L->npairs, h, A->xp16, g->s));
         if ((st = gpu_experts_forward(g, l, A, L->off, err))) goto done;
     }
     PH(COST_COMBINE);
-    G_LAUNCH(gk_rows_csr(g->ep_part, A->yp32, L->row_pairs, L->row_w, L->row_off, L->n1 + L->n2,
+    MOE_LAUNCH_CHECK(gk_rows_csr(g->ep_part, A->yp32, L->row_pairs, L->row_w, L->row_off, L->n1 + L->n2,
                          h, false, g->s));
     if ((st = ep_rows_back(g, &L->h2, L->in2, g->ep_part + (size_t)L->n1 * h, h, g->ep_ret, err)))
         goto done;
-    G_LAUNCH(gk_rows_csr(g->ep_part, g->ep_ret, L->fwd_rows, NULL, L->fwd_off, L->n1, h, true,
+    MOE_LAUNCH_CHECK(gk_rows_csr(g->ep_part, g->ep_ret, L->fwd_rows, NULL, L->fwd_off, L->n1, h, true,
                          g->s));
     if ((st = ep_rows_back(g, &L->h1, L->in1, g->ep_part, h, g->ep_ret, err))) goto done;
-    G_LAUNCH(gk_rows_csr(y, g->ep_ret, L->tok_rows, NULL, L->tok_off, T, h, true, g->s));
+    MOE_LAUNCH_CHECK(gk_rows_csr(y, g->ep_ret, L->tok_rows, NULL, L->tok_off, T, h, true, g->s));
 done:
     free(m1);
     free(m2);
@@ -237,31 +237,31 @@ enum moe_status gpu_ep_backward(struct exec_gpu *g, int l, const struct act *A,
     struct ep_layer *L = &g->epl[g->moe_index[l]];
     int T = g->tokens, h = g->hidden, k = g->top_k, rows = L->n1 + L->n2;
     PH(COST_COMBINE);
-    G_TRY(ep_rows_out(g, &L->h1, L->in1, g->dh, true, g->ep_recv32, err));
-    G_TRY(ep_rows_out(g, &L->h2, L->in2, g->ep_recv32, true, g->ep_recv32 + (size_t)L->n1 * h,
+    MOE_CHECK(ep_rows_out(g, &L->h1, L->in1, g->dh, true, g->ep_recv32, err));
+    MOE_CHECK(ep_rows_out(g, &L->h2, L->in2, g->ep_recv32, true, g->ep_recv32 + (size_t)L->n1 * h,
                       err));
     PH(COST_EXPERTS_BWD);
     if (L->npairs) {
-        G_LAUNCH(gk_pairs_backward(g->ep_recv32, L->pair_row, L->pair_w, A->yp32, L->npairs, h,
+        MOE_LAUNCH_CHECK(gk_pairs_backward(g->ep_recv32, L->pair_row, L->pair_w, A->yp32, L->npairs, h,
                                    g->dyp16, g->dwp, g->s));
-        G_TRY(gpu_experts_backward(g, l, A, L->off, err));
+        MOE_CHECK(gpu_experts_backward(g, l, A, L->off, err));
     }
     PH(COST_DISPATCH);
-    G_LAUNCH(gk_rows_csr(g->ep_part, g->dxp32, L->row_pairs, NULL, L->row_off, rows, h, false,
+    MOE_LAUNCH_CHECK(gk_rows_csr(g->ep_part, g->dxp32, L->row_pairs, NULL, L->row_off, rows, h, false,
                          g->s));
-    if (rows) G_CUDA(cudaMemsetAsync(g->ep_dwrows, 0, sizeof(float) * (size_t)rows * k, g->s));
-    G_LAUNCH(gk_scatter(g->dwp, L->pair_dst, L->npairs, g->ep_dwrows, g->s));
-    G_TRY(ep_rows_back(g, &L->h2, L->in2, g->ep_part + (size_t)L->n1 * h, h, g->ep_ret, err));
-    G_LAUNCH(gk_rows_csr(g->ep_part, g->ep_ret, L->fwd_rows, NULL, L->fwd_off, L->n1, h, true,
+    if (rows) MOE_CUDA_CHECK(cudaMemsetAsync(g->ep_dwrows, 0, sizeof(float) * (size_t)rows * k, g->s));
+    MOE_LAUNCH_CHECK(gk_scatter(g->dwp, L->pair_dst, L->npairs, g->ep_dwrows, g->s));
+    MOE_CHECK(ep_rows_back(g, &L->h2, L->in2, g->ep_part + (size_t)L->n1 * h, h, g->ep_ret, err));
+    MOE_LAUNCH_CHECK(gk_rows_csr(g->ep_part, g->ep_ret, L->fwd_rows, NULL, L->fwd_off, L->n1, h, true,
                          g->s));
-    G_TRY(ep_rows_back(g, &L->h2, L->in2, g->ep_dwrows + (size_t)L->n1 * k, k, g->ep_dwret, err));
-    G_LAUNCH(gk_rows_csr(g->ep_dwrows, g->ep_dwret, L->fwd_rows, NULL, L->fwd_off, L->n1, k, true,
+    MOE_CHECK(ep_rows_back(g, &L->h2, L->in2, g->ep_dwrows + (size_t)L->n1 * k, k, g->ep_dwret, err));
+    MOE_LAUNCH_CHECK(gk_rows_csr(g->ep_dwrows, g->ep_dwret, L->fwd_rows, NULL, L->fwd_off, L->n1, k, true,
                          g->s));
-    G_TRY(ep_rows_back(g, &L->h1, L->in1, g->ep_part, h, g->ep_ret, err));
-    G_LAUNCH(gk_rows_csr(g->db32, g->ep_ret, L->tok_rows, NULL, L->tok_off, T, h, g->shared_ffn > 0,
+    MOE_CHECK(ep_rows_back(g, &L->h1, L->in1, g->ep_part, h, g->ep_ret, err));
+    MOE_LAUNCH_CHECK(gk_rows_csr(g->db32, g->ep_ret, L->tok_rows, NULL, L->tok_off, T, h, g->shared_ffn > 0,
                          g->s));
-    G_TRY(ep_rows_back(g, &L->h1, L->in1, g->ep_dwrows, k, g->ep_dwret, err));
-    G_LAUNCH(gk_rows_csr(g->dw, g->ep_dwret, L->tok_rows, NULL, L->tok_off, T, k, false, g->s));
+    MOE_CHECK(ep_rows_back(g, &L->h1, L->in1, g->ep_dwrows, k, g->ep_dwret, err));
+    MOE_LAUNCH_CHECK(gk_rows_csr(g->dw, g->ep_dwret, L->tok_rows, NULL, L->tok_off, T, k, false, g->s));
     return MOE_OK;
 }
 
@@ -284,8 +284,8 @@ enum moe_status gpu_ep_alloc(struct exec_gpu *g, struct moe_error *err)
     ALLOC(g->ep_dwrows, (size_t)cap * k, c);
     ALLOC(g->ep_dwret, (size_t)cap * k, c);
     ALLOC(g->dwp, Pe, c);
-    G_CUDA(cudaMallocHost((void **)&g->choice_host, sizeof(int) * (size_t)g->pairs));
-    G_CUDA(cudaMallocHost((void **)&g->weight_host, sizeof(float) * (size_t)g->pairs));
+    MOE_CUDA_CHECK(cudaMallocHost((void **)&g->choice_host, sizeof(int) * (size_t)g->pairs));
+    MOE_CUDA_CHECK(cudaMallocHost((void **)&g->weight_host, sizeof(float) * (size_t)g->pairs));
     g->epl = (struct ep_layer *)calloc((size_t)g->nmoe, sizeof *g->epl);
     if (!g->epl) return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
     size_t ni = 3 * Pe + 2 * ((size_t)cap + 1) + (size_t)T + 1 + (size_t)g->pairs + (size_t)cap;

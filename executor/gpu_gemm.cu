@@ -15,7 +15,7 @@ enum moe_status gpu_mm(struct exec_gpu *g, bool ta, bool tb, int M_, int N, int 
                           cudaDataType ab, cudaDataType ct, struct moe_error *err)
 {
     if (M_ == 0 || N == 0 || batch == 0) return MOE_OK;
-    G_BLAS(cublasGemmStridedBatchedEx(g->cur, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+    MOE_CUBLAS_CHECK(cublasGemmStridedBatchedEx(g->cur, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
                                       ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M_, K, &alpha, B, ab, ldb,
                                       sB, A, ab, lda, sA, &beta, C, ct, ldc, sC, batch,
                                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -64,9 +64,9 @@ static enum moe_status lt_kind_find(struct exec_gpu *g, bool ta, bool tb, bool v
     struct lt_kind *q = &g->lt_kinds[g->nlt++];
     *q = lt_kind{ta, tb, vary_k, fixed, N, lda, ldb, ldc, ab, ct, NULL, {}, false};
     cublasOperation_t oa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, ob = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-    G_BLAS(cublasLtMatmulDescCreate(&q->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    G_BLAS(cublasLtMatmulDescSetAttribute(q->op, CUBLASLT_MATMUL_DESC_TRANSA, &oa, sizeof oa));
-    G_BLAS(cublasLtMatmulDescSetAttribute(q->op, CUBLASLT_MATMUL_DESC_TRANSB, &ob, sizeof ob));
+    MOE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&q->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    MOE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(q->op, CUBLASLT_MATMUL_DESC_TRANSA, &oa, sizeof oa));
+    MOE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(q->op, CUBLASLT_MATMUL_DESC_TRANSB, &ob, sizeof ob));
     int mean = (g->pairs / (g->experts > 0 ? g->experts : 1) + 63) / 64 * 64;
     if (mean < 64) mean = 64;
     cublasLtMatrixLayout_t l[3];
@@ -99,7 +99,7 @@ static enum moe_status mm_expert(struct exec_gpu *g, bool ta, bool tb, bool vary
 {
     if (M_ == 0 || N == 0) return MOE_OK;
     struct lt_kind *q;
-    G_TRY(lt_kind_find(g, ta, tb, vary_k, M_, N, K, lda, ldb, ldc, ab, ct, &q, err));
+    MOE_CHECK(lt_kind_find(g, ta, tb, vary_k, M_, N, K, lda, ldb, ldc, ab, ct, &q, err));
     if (q && q->usable) {
         cublasLtMatrixLayout_t l[3];
         float alpha = 1.0f;
@@ -155,7 +155,7 @@ enum moe_status gpu_lin_dw(struct exec_gpu *g, const bf16 *dY, int lddy, const b
 
 enum moe_status gpu_sync_host(struct exec_gpu *g, struct moe_error *err)
 {
-    G_CUDA(cudaStreamSynchronize(g->s));
+    MOE_CUDA_CHECK(cudaStreamSynchronize(g->s));
     g->syncs++;
     return MOE_OK;
 }
@@ -165,8 +165,8 @@ enum moe_status gpu_fork_experts(struct exec_gpu *g, struct moe_error *err)
 {
     g->in_experts = true;
     if (g->nside < 2) return MOE_OK;
-    G_CUDA(cudaEventRecord(g->fork_ev, g->s));
-    for (int i = 0; i < g->nside; i++) G_CUDA(cudaStreamWaitEvent(g->side[i], g->fork_ev, 0));
+    MOE_CUDA_CHECK(cudaEventRecord(g->fork_ev, g->s));
+    for (int i = 0; i < g->nside; i++) MOE_CUDA_CHECK(cudaStreamWaitEvent(g->side[i], g->fork_ev, 0));
     return MOE_OK;
 }
 
@@ -185,8 +185,8 @@ enum moe_status gpu_join_experts(struct exec_gpu *g, struct moe_error *err)
     g->in_experts = false;
     if (g->nside < 2) return MOE_OK;
     for (int i = 0; i < g->nside; i++) {
-        G_CUDA(cudaEventRecord(g->join_ev[i], g->side[i]));
-        G_CUDA(cudaStreamWaitEvent(g->s, g->join_ev[i], 0));
+        MOE_CUDA_CHECK(cudaEventRecord(g->join_ev[i], g->side[i]));
+        MOE_CUDA_CHECK(cudaStreamWaitEvent(g->s, g->join_ev[i], 0));
     }
     return MOE_OK;
 }

@@ -13,9 +13,9 @@ enum moe_status gpu_swiglu_forward(struct exec_gpu *g, const bf16 *x, int T, int
                                       float *u32, bf16 *hm16, float *y, struct moe_error *err)
 {
     int h = g->hidden;
-    G_TRY(gpu_lin(g, x, h, Wg, T, h, F, g32, F, CUDA_R_32F, 0, err));
-    G_TRY(gpu_lin(g, x, h, Wu, T, h, F, u32, F, CUDA_R_32F, 0, err));
-    G_LAUNCH(gk_swiglu(g32, u32, hm16, (size_t)T * F, g->s));
+    MOE_CHECK(gpu_lin(g, x, h, Wg, T, h, F, g32, F, CUDA_R_32F, 0, err));
+    MOE_CHECK(gpu_lin(g, x, h, Wu, T, h, F, u32, F, CUDA_R_32F, 0, err));
+    MOE_LAUNCH_CHECK(gk_swiglu(g32, u32, hm16, (size_t)T * F, g->s));
     return gpu_lin(g, hm16, F, Wd, T, F, h, y, h, CUDA_R_32F, 1.0f, err);
 }
 
@@ -28,12 +28,12 @@ enum moe_status gpu_swiglu_backward(struct exec_gpu *g, const bf16 *x, const bf1
 {
     int h = g->hidden;
     if (T == 0) return MOE_OK;
-    G_TRY(gpu_lin_dx(g, dy16, h, Wd, T, F, h, g->dhm32, F, 0, err));
-    G_TRY(gpu_lin_dw(g, dy16, h, hm16, F, T, F, h, dWd, err));
-    G_LAUNCH(gk_swiglu_backward(g32, u32, g->dhm32, g->dg16, g->du16, (size_t)T * F, g->s));
-    G_TRY(gpu_lin_dx(g, g->dg16, F, Wg, T, h, F, dx, h, beta, err));
-    G_TRY(gpu_lin_dx(g, g->du16, F, Wu, T, h, F, dx, h, 1.0f, err));
-    G_TRY(gpu_lin_dw(g, g->dg16, F, x, h, T, h, F, dWg, err));
+    MOE_CHECK(gpu_lin_dx(g, dy16, h, Wd, T, F, h, g->dhm32, F, 0, err));
+    MOE_CHECK(gpu_lin_dw(g, dy16, h, hm16, F, T, F, h, dWd, err));
+    MOE_LAUNCH_CHECK(gk_swiglu_backward(g32, u32, g->dhm32, g->dg16, g->du16, (size_t)T * F, g->s));
+    MOE_CHECK(gpu_lin_dx(g, g->dg16, F, Wg, T, h, F, dx, h, beta, err));
+    MOE_CHECK(gpu_lin_dx(g, g->du16, F, Wu, T, h, F, dx, h, 1.0f, err));
+    MOE_CHECK(gpu_lin_dw(g, g->dg16, F, x, h, T, h, F, dWg, err));
     return gpu_lin_dw(g, g->du16, F, x, h, T, h, F, dWu, err);
 }
 
@@ -44,24 +44,24 @@ enum moe_status gpu_experts_forward(struct exec_gpu *g, int l, struct act *A, co
 {
     const int *w = g->wi[l];
     int h = g->hidden, E = g->experts, f = g->ffn;
-    G_TRY(gpu_fork_experts(g, err));
+    MOE_CHECK(gpu_fork_experts(g, err));
     for (int e = 0; e < E; e++) {
         int n = off[e + 1] - off[e];
         if (!n) continue;
         gpu_use_expert_stream(g, e);
-        G_TRY(gpu_lin(g, A->xp16 + (size_t)off[e] * h, h, W16(g, w[W_GATE]) + (size_t)e * f * h, n, h,
+        MOE_CHECK(gpu_lin(g, A->xp16 + (size_t)off[e] * h, h, W16(g, w[W_GATE]) + (size_t)e * f * h, n, h,
                   f, A->eg32 + (size_t)off[e] * f, f, CUDA_R_32F, 0, err));
-        G_TRY(gpu_lin(g, A->xp16 + (size_t)off[e] * h, h, W16(g, w[W_UP]) + (size_t)e * f * h, n, h, f,
+        MOE_CHECK(gpu_lin(g, A->xp16 + (size_t)off[e] * h, h, W16(g, w[W_UP]) + (size_t)e * f * h, n, h, f,
                   A->eu32 + (size_t)off[e] * f, f, CUDA_R_32F, 0, err));
     }
-    G_TRY(gpu_join_experts(g, err));
-    G_LAUNCH(gk_swiglu(A->eg32, A->eu32, A->ehm16, (size_t)off[E] * f, g->s));
-    G_TRY(gpu_fork_experts(g, err));
+    MOE_CHECK(gpu_join_experts(g, err));
+    MOE_LAUNCH_CHECK(gk_swiglu(A->eg32, A->eu32, A->ehm16, (size_t)off[E] * f, g->s));
+    MOE_CHECK(gpu_fork_experts(g, err));
     for (int e = 0; e < E; e++) {
         int n = off[e + 1] - off[e];
         if (!n) continue;
         gpu_use_expert_stream(g, e);
-        G_TRY(gpu_lin(g, A->ehm16 + (size_t)off[e] * f, f, W16(g, w[W_DOWN]) + (size_t)e * h * f, n, f,
+        MOE_CHECK(gpu_lin(g, A->ehm16 + (size_t)off[e] * f, f, W16(g, w[W_DOWN]) + (size_t)e * h * f, n, f,
                   h, A->yp32 + (size_t)off[e] * h, h, CUDA_R_32F, 0, err));
     }
     return gpu_join_experts(g, err);
@@ -73,33 +73,33 @@ enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act
 {
     const int *w = g->wi[l];
     int h = g->hidden, E = g->experts, f = g->ffn;
-    G_TRY(gpu_fork_experts(g, err));
+    MOE_CHECK(gpu_fork_experts(g, err));
     for (int e = 0; e < E; e++) {
         int n = off[e + 1] - off[e];
         if (!n) continue;
         size_t o = off[e];
         gpu_use_expert_stream(g, e);
-        G_TRY(gpu_lin_dx(g, g->dyp16 + o * h, h, W16(g, w[W_DOWN]) + (size_t)e * h * f, n, f, h,
+        MOE_CHECK(gpu_lin_dx(g, g->dyp16 + o * h, h, W16(g, w[W_DOWN]) + (size_t)e * h * f, n, f, h,
                      g->dehm32 + o * f, f, 0, err));
-        G_TRY(gpu_lin_dw(g, g->dyp16 + o * h, h, A->ehm16 + o * f, f, n, f, h,
+        MOE_CHECK(gpu_lin_dw(g, g->dyp16 + o * h, h, A->ehm16 + o * f, f, n, f, h,
                      GR(g, w[W_DOWN]) + (size_t)e * h * f, err));
     }
-    G_TRY(gpu_join_experts(g, err));
-    G_LAUNCH(gk_swiglu_backward(A->eg32, A->eu32, g->dehm32, g->deg16, g->deu16, (size_t)off[E] * f,
+    MOE_CHECK(gpu_join_experts(g, err));
+    MOE_LAUNCH_CHECK(gk_swiglu_backward(A->eg32, A->eu32, g->dehm32, g->deg16, g->deu16, (size_t)off[E] * f,
                                 g->s));
-    G_TRY(gpu_fork_experts(g, err));
+    MOE_CHECK(gpu_fork_experts(g, err));
     for (int e = 0; e < E; e++) {
         int n = off[e + 1] - off[e];
         if (!n) continue;
         size_t o = off[e];
         gpu_use_expert_stream(g, e);
-        G_TRY(gpu_lin_dx(g, g->deg16 + o * f, f, W16(g, w[W_GATE]) + (size_t)e * f * h, n, h, f,
+        MOE_CHECK(gpu_lin_dx(g, g->deg16 + o * f, f, W16(g, w[W_GATE]) + (size_t)e * f * h, n, h, f,
                      g->dxp32 + o * h, h, 0, err));
-        G_TRY(gpu_lin_dx(g, g->deu16 + o * f, f, W16(g, w[W_UP]) + (size_t)e * f * h, n, h, f,
+        MOE_CHECK(gpu_lin_dx(g, g->deu16 + o * f, f, W16(g, w[W_UP]) + (size_t)e * f * h, n, h, f,
                      g->dxp32 + o * h, h, 1, err));
-        G_TRY(gpu_lin_dw(g, g->deg16 + o * f, f, A->xp16 + o * h, h, n, h, f,
+        MOE_CHECK(gpu_lin_dw(g, g->deg16 + o * f, f, A->xp16 + o * h, h, n, h, f,
                      GR(g, w[W_GATE]) + (size_t)e * f * h, err));
-        G_TRY(gpu_lin_dw(g, g->deu16 + o * f, f, A->xp16 + o * h, h, n, h, f,
+        MOE_CHECK(gpu_lin_dw(g, g->deu16 + o * f, f, A->xp16 + o * h, h, n, h, f,
                      GR(g, w[W_UP]) + (size_t)e * f * h, err));
     }
     return gpu_join_experts(g, err);
@@ -115,27 +115,27 @@ enum moe_status gpu_moe_forward(struct exec_gpu *g, int l, struct act *A, float 
     int T = g->tokens, h = g->hidden, E = g->experts, k = g->top_k, P = g->pairs, mi = g->moe_index[l];
     int *off = g->off_host[l];
     PH(COST_ROUTER);
-    G_TRY(gpu_mm(g, false, true, T, E, h, 1.0f, A->b32, h, 0, M(g, w[W_ROUTER]), h, 0, 0.0f, A->logits,
+    MOE_CHECK(gpu_mm(g, false, true, T, E, h, 1.0f, A->b32, h, 0, M(g, w[W_ROUTER]), h, 0, 0.0f, A->logits,
              E, 0, 1, CUDA_R_32F, CUDA_R_32F, err));
-    G_TRY(exec_route(&g->rc, A->logits, g->bias + (size_t)l * E, T, A->choice, A->weight, g->s, err));
+    MOE_CHECK(exec_route(&g->rc, A->logits, g->bias + (size_t)l * E, T, A->choice, A->weight, g->s, err));
     if (g->forced_choice)
-        G_CUDA(cudaMemcpyAsync(A->choice, g->forced_choice, sizeof(int) * (size_t)P,
+        MOE_CUDA_CHECK(cudaMemcpyAsync(A->choice, g->forced_choice, sizeof(int) * (size_t)P,
                                cudaMemcpyDeviceToDevice, g->s));
     if (g->record_stats)
-        G_LAUNCH(gk_coactivation(A->choice, T, k, E, g->coact + (size_t)mi * E * E, g->s));
+        MOE_LAUNCH_CHECK(gk_coactivation(A->choice, T, k, E, g->coact + (size_t)mi * E * E, g->s));
     PH(COST_PERMUTE);
-    G_LAUNCH(gk_permute_count(A->choice, P, E, g->perm_cnt, g->perm_base, A->off, g->s));
-    G_CUDA(cudaMemcpyAsync(off, A->off, sizeof(int) * (E + 1), cudaMemcpyDeviceToHost, g->s));
+    MOE_LAUNCH_CHECK(gk_permute_count(A->choice, P, E, g->perm_cnt, g->perm_base, A->off, g->s));
+    MOE_CUDA_CHECK(cudaMemcpyAsync(off, A->off, sizeof(int) * (E + 1), cudaMemcpyDeviceToHost, g->s));
     if (!g->cfg.ep) { /* with EP the exchange places the rows (ep_forward) */
-        G_LAUNCH(gk_permute_place(A->choice, P, E, g->perm_base, A->off, A->row_src, A->pos, g->s));
-        G_LAUNCH(gk_gather(A->b16, A->row_src, k, P, h, A->xp16, g->s));
+        MOE_LAUNCH_CHECK(gk_permute_place(A->choice, P, E, g->perm_base, A->off, A->row_src, A->pos, g->s));
+        MOE_LAUNCH_CHECK(gk_gather(A->b16, A->row_src, k, P, h, A->xp16, g->s));
     } else { /* the counts stay: the load statistics and the load-balance loss read them */
-        G_CUDA(cudaMemcpyAsync(g->choice_host, A->choice, sizeof(int) * (size_t)P,
+        MOE_CUDA_CHECK(cudaMemcpyAsync(g->choice_host, A->choice, sizeof(int) * (size_t)P,
                                cudaMemcpyDeviceToHost, g->s));
-        G_CUDA(cudaMemcpyAsync(g->weight_host, A->weight, sizeof(float) * (size_t)P,
+        MOE_CUDA_CHECK(cudaMemcpyAsync(g->weight_host, A->weight, sizeof(float) * (size_t)P,
                                cudaMemcpyDeviceToHost, g->s));
     }
-    G_TRY(gpu_sync_host(g, err)); /* the per-expert row counts decide the GEMM shapes */
+    MOE_CHECK(gpu_sync_host(g, err)); /* the per-expert row counts decide the GEMM shapes */
     if (off[E] != P)
         return moe_error_set(err, MOE_ERR_RUNTIME, "executor: layer %d permuted %d of %d rows", l,
                              off[E], P);
@@ -150,20 +150,20 @@ enum moe_status gpu_moe_forward(struct exec_gpu *g, int l, struct act *A, float 
         float auxg[GK_MAX_EXPERTS];
         for (int e = 0; e < E; e++)
             auxg[e] = (float)(g->grad_scale * g->rc.aux_coef * E * ((double)(off[e + 1] - off[e]) / P) / T);
-        G_CUDA(cudaMemcpyAsync(A->auxg, auxg, sizeof(float) * E, cudaMemcpyHostToDevice, g->s));
-        G_CUDA(cudaStreamSynchronize(g->s));
+        MOE_CUDA_CHECK(cudaMemcpyAsync(A->auxg, auxg, sizeof(float) * E, cudaMemcpyHostToDevice, g->s));
+        MOE_CUDA_CHECK(cudaStreamSynchronize(g->s));
     }
     if (g->cfg.ep) {
-        G_TRY(gpu_ep_forward(g, l, A, y, err));
+        MOE_CHECK(gpu_ep_forward(g, l, A, y, err));
     } else {
         PH(COST_EXPERTS_FWD);
-        G_TRY(gpu_experts_forward(g, l, A, off, err));
+        MOE_CHECK(gpu_experts_forward(g, l, A, off, err));
         PH(COST_UNPERMUTE);
-        G_LAUNCH(gk_combine(y, A->yp32, A->weight, A->pos, T, k, h, g->s));
+        MOE_LAUNCH_CHECK(gk_combine(y, A->yp32, A->weight, A->pos, T, k, h, g->s));
     }
     if (g->shared_ffn) {
         PH(COST_SHARED_EXPERT);
-        G_TRY(gpu_swiglu_forward(g, A->b16, T, g->shared_ffn, W16(g, w[W_SGATE]), W16(g, w[W_SUP]),
+        MOE_CHECK(gpu_swiglu_forward(g, A->b16, T, g->shared_ffn, W16(g, w[W_SGATE]), W16(g, w[W_SUP]),
                              W16(g, w[W_SDOWN]), A->g32, A->u32, A->hm16, y, err));
     }
     return MOE_OK;
@@ -175,11 +175,11 @@ enum moe_status gpu_moe_aux_loss(struct exec_gpu *g, int l, const struct act *A,
 {
     int T = g->tokens, E = g->experts, P = g->pairs;
     const int *off = g->off_host[l];
-    G_LAUNCH(gk_scores(&g->rc, A->logits, T, g->scores, g->s));
-    G_LAUNCH(gk_colsum(g->scores, E, NULL, 0, NULL, T, E, g->part, g->ytmp, false, g->s));
+    MOE_LAUNCH_CHECK(gk_scores(&g->rc, A->logits, T, g->scores, g->s));
+    MOE_LAUNCH_CHECK(gk_colsum(g->scores, E, NULL, 0, NULL, T, E, g->part, g->ytmp, false, g->s));
     float sums[GK_MAX_EXPERTS];
-    G_CUDA(cudaMemcpyAsync(sums, g->ytmp, sizeof(float) * E, cudaMemcpyDeviceToHost, g->s));
-    G_TRY(gpu_sync_host(g, err));
+    MOE_CUDA_CHECK(cudaMemcpyAsync(sums, g->ytmp, sizeof(float) * E, cudaMemcpyDeviceToHost, g->s));
+    MOE_CHECK(gpu_sync_host(g, err));
     double a = 0.0;
     for (int e = 0; e < E; e++) a += (double)(off[e + 1] - off[e]) / P * sums[e] / T;
     *aux += g->rc.aux_coef * E * a;
@@ -195,25 +195,25 @@ enum moe_status gpu_moe_backward(struct exec_gpu *g, int l, const struct act *A,
     const int *off = g->off_host[l];
     if (g->shared_ffn) {
         PH(COST_SHARED_EXPERT);
-        G_TRY(gpu_swiglu_backward(g, A->b16, g->dy16, T, g->shared_ffn, W16(g, w[W_SGATE]), W16(g, w[W_SUP]),
+        MOE_CHECK(gpu_swiglu_backward(g, A->b16, g->dy16, T, g->shared_ffn, W16(g, w[W_SGATE]), W16(g, w[W_SUP]),
                               W16(g, w[W_SDOWN]), A->g32, A->u32, A->hm16, GR(g, w[W_SGATE]),
                               GR(g, w[W_SUP]), GR(g, w[W_SDOWN]), g->db32, 0.0f, err));
     }
     if (g->cfg.ep) {
-        G_TRY(gpu_ep_backward(g, l, A, err));
+        MOE_CHECK(gpu_ep_backward(g, l, A, err));
     } else {
         PH(COST_UNPERMUTE);
-        G_LAUNCH(gk_combine_backward(g->dh, A->yp32, A->weight, A->pos, T, k, h, g->dyp16, g->dw,
+        MOE_LAUNCH_CHECK(gk_combine_backward(g->dh, A->yp32, A->weight, A->pos, T, k, h, g->dyp16, g->dw,
                                      g->s));
         PH(COST_EXPERTS_BWD);
-        G_TRY(gpu_experts_backward(g, l, A, off, err));
+        MOE_CHECK(gpu_experts_backward(g, l, A, off, err));
         PH(COST_PERMUTE);
-        G_LAUNCH(gk_gather_sum(g->dxp32, A->pos, T, k, h, g->db32, g->shared_ffn > 0, g->s));
+        MOE_LAUNCH_CHECK(gk_gather_sum(g->dxp32, A->pos, T, k, h, g->db32, g->shared_ffn > 0, g->s));
     }
     PH(COST_ROUTER);
-    G_LAUNCH(gk_router_backward(&g->rc, A->logits, A->choice, A->weight, g->dw,
+    MOE_LAUNCH_CHECK(gk_router_backward(&g->rc, A->logits, A->choice, A->weight, g->dw,
                                 g->rc.aux_coef != 0.0 ? A->auxg : NULL, T, g->dz, g->s));
-    G_TRY(gpu_mm(g, true, false, E, h, T, 1.0f, g->dz, E, 0, A->b32, h, 0, 1.0f, GR(g, w[W_ROUTER]), h,
+    MOE_CHECK(gpu_mm(g, true, false, E, h, T, 1.0f, g->dz, E, 0, A->b32, h, 0, 1.0f, GR(g, w[W_ROUTER]), h,
              0, 1, CUDA_R_32F, CUDA_R_32F, err));
     return gpu_mm(g, false, false, T, h, E, 1.0f, g->dz, E, 0, M(g, w[W_ROUTER]), h, 0, 1.0f, g->db32,
               h, 0, 1, CUDA_R_32F, CUDA_R_32F, err);

@@ -20,10 +20,10 @@ enum moe_status gpu_phase(struct exec_gpu *g, int ph, struct moe_error *err)
     }
     if (g->nev > 0 && g->ev_phase[g->nev - 1] == ph) return MOE_OK;
     if (g->nev == g->ev_created) {
-        G_CUDA(cudaEventCreate(&g->ev[g->nev]));
+        MOE_CUDA_CHECK(cudaEventCreate(&g->ev[g->nev]));
         g->ev_created++;
     }
-    G_CUDA(cudaEventRecord(g->ev[g->nev], g->s));
+    MOE_CUDA_CHECK(cudaEventRecord(g->ev[g->nev], g->s));
     g->ev_phase[g->nev++] = ph;
     return MOE_OK;
 }
@@ -37,18 +37,18 @@ static enum moe_status block_forward(struct exec_gpu *g, int l, const float *x, 
     float eps = (float)g->m.norm_eps;
     bool moe = g->moe_index[l] >= 0;
     PH(COST_ATTN_FWD);
-    G_LAUNCH(gk_rmsnorm(x, h, M(g, w[W_ATTN_NORM]), T, h, eps, A->a16, h, NULL, 0, A->rstd1, g->s));
-    G_TRY(gpu_attn_forward(g, l, A, err));
-    G_CUDA(cudaMemcpyAsync(A->h1, x, th * sizeof(float), cudaMemcpyDeviceToDevice, g->s));
-    G_TRY(gpu_lin(g, A->o16, g->heads * g->dv, W16(g, w[W_WO]), T, g->heads * g->dv, h, A->h1, h, CUDA_R_32F,
+    MOE_LAUNCH_CHECK(gk_rmsnorm(x, h, M(g, w[W_ATTN_NORM]), T, h, eps, A->a16, h, NULL, 0, A->rstd1, g->s));
+    MOE_CHECK(gpu_attn_forward(g, l, A, err));
+    MOE_CUDA_CHECK(cudaMemcpyAsync(A->h1, x, th * sizeof(float), cudaMemcpyDeviceToDevice, g->s));
+    MOE_CHECK(gpu_lin(g, A->o16, g->heads * g->dv, W16(g, w[W_WO]), T, g->heads * g->dv, h, A->h1, h, CUDA_R_32F,
               1.0f, err));
     PH(moe ? COST_ROUTER : COST_DENSE_FFN);
-    G_LAUNCH(gk_rmsnorm(A->h1, h, M(g, w[W_FFN_NORM]), T, h, eps, A->b16, h, moe ? A->b32 : NULL, h,
+    MOE_LAUNCH_CHECK(gk_rmsnorm(A->h1, h, M(g, w[W_FFN_NORM]), T, h, eps, A->b16, h, moe ? A->b32 : NULL, h,
                         A->rstd2, g->s));
-    G_CUDA(cudaMemcpyAsync(y, A->h1, th * sizeof(float), cudaMemcpyDeviceToDevice, g->s));
+    MOE_CUDA_CHECK(cudaMemcpyAsync(y, A->h1, th * sizeof(float), cudaMemcpyDeviceToDevice, g->s));
     if (moe) {
-        G_TRY(gpu_moe_forward(g, l, A, y, err));
-        if (aux && g->rc.aux_coef != 0.0) G_TRY(gpu_moe_aux_loss(g, l, A, aux, err));
+        MOE_CHECK(gpu_moe_forward(g, l, A, y, err));
+        if (aux && g->rc.aux_coef != 0.0) MOE_CHECK(gpu_moe_aux_loss(g, l, A, aux, err));
         return MOE_OK;
     }
     return gpu_swiglu_forward(g, A->b16, T, g->dense_ffn, W16(g, w[W_GATE]), W16(g, w[W_UP]),
@@ -62,29 +62,29 @@ static enum moe_status block_backward(struct exec_gpu *g, int l, const float *x,
     const int *w = g->wi[l];
     int T = g->tokens, h = g->hidden, Hd = g->heads * g->dv;
     bool moe = g->moe_index[l] >= 0;
-    G_LAUNCH(gk_to_bf16(g->dh, g->dy16, (size_t)T * h, g->s));
+    MOE_LAUNCH_CHECK(gk_to_bf16(g->dh, g->dy16, (size_t)T * h, g->s));
     if (moe) {
-        G_TRY(gpu_moe_backward(g, l, A, err));
+        MOE_CHECK(gpu_moe_backward(g, l, A, err));
     } else {
         PH(COST_DENSE_FFN);
-        G_TRY(gpu_swiglu_backward(g, A->b16, g->dy16, T, g->dense_ffn, W16(g, w[W_GATE]), W16(g, w[W_UP]),
+        MOE_CHECK(gpu_swiglu_backward(g, A->b16, g->dy16, T, g->dense_ffn, W16(g, w[W_GATE]), W16(g, w[W_UP]),
                               W16(g, w[W_DOWN]), A->g32, A->u32, A->hm16, GR(g, w[W_GATE]),
                               GR(g, w[W_UP]), GR(g, w[W_DOWN]), g->db32, 0.0f, err));
     }
     /* h1 = x + attn: dh1 = dy + norm backward of the FFN input (in place in dh) */
-    G_LAUNCH(gk_rmsnorm_backward(A->h1, h, M(g, w[W_FFN_NORM]), A->rstd2, g->db32, h, g->dh, h,
+    MOE_LAUNCH_CHECK(gk_rmsnorm_backward(A->h1, h, M(g, w[W_FFN_NORM]), A->rstd2, g->db32, h, g->dh, h,
                                  g->dh, h, T, h, g->s));
-    G_LAUNCH(gk_colsum(g->db32, h, A->h1, h, A->rstd2, T, h, g->part, GR(g, w[W_FFN_NORM]), true,
+    MOE_LAUNCH_CHECK(gk_colsum(g->db32, h, A->h1, h, A->rstd2, T, h, g->part, GR(g, w[W_FFN_NORM]), true,
                        g->s));
     PH(COST_ATTN_BWD);
-    G_LAUNCH(gk_to_bf16(g->dh, g->dh16, (size_t)T * h, g->s));
-    G_TRY(gpu_mm(g, false, false, T, Hd, h, 1.0f, g->dh16, h, 0, W16(g, w[W_WO]), Hd, 0, 0.0f, g->do16,
+    MOE_LAUNCH_CHECK(gk_to_bf16(g->dh, g->dh16, (size_t)T * h, g->s));
+    MOE_CHECK(gpu_mm(g, false, false, T, Hd, h, 1.0f, g->dh16, h, 0, W16(g, w[W_WO]), Hd, 0, 0.0f, g->do16,
              Hd, 0, 1, CUDA_R_16BF, CUDA_R_16BF, err));
-    G_TRY(gpu_lin_dw(g, g->dh16, h, A->o16, Hd, T, Hd, h, GR(g, w[W_WO]), err));
-    G_TRY(gpu_attn_backward(g, l, A, err));
-    G_LAUNCH(gk_rmsnorm_backward(x, h, M(g, w[W_ATTN_NORM]), A->rstd1, g->da32, h, g->dh, h,
+    MOE_CHECK(gpu_lin_dw(g, g->dh16, h, A->o16, Hd, T, Hd, h, GR(g, w[W_WO]), err));
+    MOE_CHECK(gpu_attn_backward(g, l, A, err));
+    MOE_LAUNCH_CHECK(gk_rmsnorm_backward(x, h, M(g, w[W_ATTN_NORM]), A->rstd1, g->da32, h, g->dh, h,
                                  g->dprev, h, T, h, g->s));
-    G_LAUNCH(gk_colsum(g->da32, h, x, h, A->rstd1, T, h, g->part, GR(g, w[W_ATTN_NORM]), true, g->s));
+    MOE_LAUNCH_CHECK(gk_colsum(g->da32, h, x, h, A->rstd1, T, h, g->part, GR(g, w[W_ATTN_NORM]), true, g->s));
     return MOE_OK;
 }
 
@@ -100,7 +100,7 @@ extern "C" enum moe_status exec_gpu_step_begin(struct exec_gpu *g, struct moe_er
     g->started = g->bucketing = false;
     memset(g->step_load, 0, sizeof(int64_t) * (size_t)(g->nmoe ? g->nmoe : 1) * g->experts);
     PH(COST_OPTIMIZER);
-    G_CUDA(cudaMemsetAsync(g->grad, 0, sizeof(float) * g->table.nparams, g->s));
+    MOE_CUDA_CHECK(cudaMemsetAsync(g->grad, 0, sizeof(float) * g->table.nparams, g->s));
     return MOE_OK;
 }
 
@@ -135,7 +135,7 @@ static enum moe_status embed_plan(struct exec_gpu *g, const int *tokens, struct 
     free(cur);
     for (int u = 0; u < n; u++) g->emb_count[ids[u]] = 0;
     g->emb_nids = n;
-    G_CUDA(cudaMemcpyAsync(g->emb_dev, g->emb_host, sizeof(int) * ((size_t)3 * T + 1),
+    MOE_CUDA_CHECK(cudaMemcpyAsync(g->emb_dev, g->emb_host, sizeof(int) * ((size_t)3 * T + 1),
                            cudaMemcpyHostToDevice, g->s));
     return MOE_OK;
 }
@@ -148,11 +148,11 @@ static enum moe_status load_tokens(struct exec_gpu *g, const int *tokens, struct
         if (tokens[i] < 0 || tokens[i] >= g->vocab)
             return moe_error_set(err, MOE_ERR_INPUT, "executor: token %d is %d, vocab %d", i,
                                  tokens[i], g->vocab);
-    G_TRY(embed_plan(g, tokens, err));
+    MOE_CHECK(embed_plan(g, tokens, err));
     PH(COST_EMBED);
-    G_CUDA(cudaMemcpyAsync(g->tok, tokens, sizeof(int) * (size_t)g->mbs * (g->seq + 1),
+    MOE_CUDA_CHECK(cudaMemcpyAsync(g->tok, tokens, sizeof(int) * (size_t)g->mbs * (g->seq + 1),
                            cudaMemcpyHostToDevice, g->s));
-    G_LAUNCH(gk_split(g->tok, g->mbs, g->seq, g->tok_in, g->tgt, g->s));
+    MOE_LAUNCH_CHECK(gk_split(g->tok, g->mbs, g->seq, g->tok_in, g->tgt, g->s));
     return MOE_OK;
 }
 
@@ -162,18 +162,18 @@ static enum moe_status forward_part(struct exec_gpu *g, int lo, int hi, double *
                                     struct moe_error *err)
 {
     int T = g->tokens, h = g->hidden, V = g->vocab, L = g->layers;
-    if (lo == 0) G_LAUNCH(gk_embed(M(g, g->embed), g->tok_in, T, h, g->xin[0], g->s));
+    if (lo == 0) MOE_LAUNCH_CHECK(gk_embed(M(g, g->embed), g->tok_in, T, h, g->xin[0], g->s));
     for (int l = lo; l < hi; l++)
-        G_TRY(block_forward(g, l, g->xin[l], g->xin[l + 1], &g->act[l], aux_sum, err));
+        MOE_CHECK(block_forward(g, l, g->xin[l], g->xin[l + 1], &g->act[l], aux_sum, err));
     if (hi < L) return MOE_OK;
     PH(COST_LM_HEAD);
-    G_LAUNCH(gk_rmsnorm(g->xin[L], h, M(g, g->final_norm), T, h, (float)g->m.norm_eps, g->fin16,
+    MOE_LAUNCH_CHECK(gk_rmsnorm(g->xin[L], h, M(g, g->final_norm), T, h, (float)g->m.norm_eps, g->fin16,
                         h, NULL, 0, g->rstdf, g->s));
-    G_TRY(gpu_lin(g, g->fin16, h, W16(g, g->head), T, h, V, g->logits, V, CUDA_R_32F, 0, err));
+    MOE_CHECK(gpu_lin(g, g->fin16, h, W16(g, g->head), T, h, V, g->logits, V, CUDA_R_32F, 0, err));
     PH(COST_LOSS);
-    G_LAUNCH(gk_cross_entropy(g->logits, g->tgt, T, V, (float)(g->grad_scale / T), g->row_loss,
+    MOE_LAUNCH_CHECK(gk_cross_entropy(g->logits, g->tgt, T, V, (float)(g->grad_scale / T), g->row_loss,
                               g->dlog16, g->s));
-    G_CUDA(cudaMemcpyAsync(g->host_rows, g->row_loss, sizeof(float) * T, cudaMemcpyDeviceToHost, g->s));
+    MOE_CUDA_CHECK(cudaMemcpyAsync(g->host_rows, g->row_loss, sizeof(float) * T, cudaMemcpyDeviceToHost, g->s));
     return MOE_OK;
 }
 
@@ -184,23 +184,23 @@ static enum moe_status backward_part(struct exec_gpu *g, int lo, int hi, struct 
     int T = g->tokens, h = g->hidden, V = g->vocab, L = g->layers;
     if (hi == L) {
         PH(COST_LM_HEAD);
-        G_TRY(gpu_lin_dx(g, g->dlog16, V, W16(g, g->head), T, h, V, g->dfin32, h, 0, err));
-        G_TRY(gpu_lin_dw(g, g->dlog16, V, g->fin16, h, T, h, V, GR(g, g->head), err));
-        G_LAUNCH(gk_rmsnorm_backward(g->xin[L], h, M(g, g->final_norm), g->rstdf, g->dfin32, h,
+        MOE_CHECK(gpu_lin_dx(g, g->dlog16, V, W16(g, g->head), T, h, V, g->dfin32, h, 0, err));
+        MOE_CHECK(gpu_lin_dw(g, g->dlog16, V, g->fin16, h, T, h, V, GR(g, g->head), err));
+        MOE_LAUNCH_CHECK(gk_rmsnorm_backward(g->xin[L], h, M(g, g->final_norm), g->rstdf, g->dfin32, h,
                                      NULL, 0, g->dh, h, T, h, g->s));
-        G_LAUNCH(gk_colsum(g->dfin32, h, g->xin[L], h, g->rstdf, T, h, g->part,
+        MOE_LAUNCH_CHECK(gk_colsum(g->dfin32, h, g->xin[L], h, g->rstdf, T, h, g->part,
                            GR(g, g->final_norm), true, g->s));
     }
     for (int l = hi - 1; l >= lo; l--) {
         if (g->cfg.recompute) {
             g->record_stats = false;
-            G_TRY(block_forward(g, l, g->xin[l], g->yscr, &g->act[l], NULL, err));
+            MOE_CHECK(block_forward(g, l, g->xin[l], g->yscr, &g->act[l], NULL, err));
         }
-        G_TRY(block_backward(g, l, g->xin[l], &g->act[l], err));
+        MOE_CHECK(block_backward(g, l, g->xin[l], &g->act[l], err));
         if (g->bucketing) { /* block l's gradients are complete: its all-reduce starts */
             struct exec_transport *dp = g->cfg.dp;
             size_t a = g->blk_off[l], b = g->blk_off[l + 1];
-            G_TRY(dp->ops->allreduce_f32_start(dp, g->grad + a, b - a, g->s, err));
+            MOE_CHECK(dp->ops->allreduce_f32_start(dp, g->grad + a, b - a, g->s, err));
             g->started = true;
         }
         float *t = g->dh;
@@ -209,7 +209,7 @@ static enum moe_status backward_part(struct exec_gpu *g, int lo, int hi, struct 
     }
     if (lo > 0) return MOE_OK;
     PH(COST_EMBED);
-    G_LAUNCH(gk_embed_backward(g->dh, g->emb_dev, g->emb_dev + 2 * T, g->emb_dev + T, g->emb_nids, h,
+    MOE_LAUNCH_CHECK(gk_embed_backward(g->dh, g->emb_dev, g->emb_dev + 2 * T, g->emb_dev + T, g->emb_nids, h,
                                GR(g, g->embed), g->s));
     return MOE_OK;
 }
@@ -218,7 +218,7 @@ static enum moe_status backward_part(struct exec_gpu *g, int lo, int hi, struct 
 static enum moe_status finish_loss(struct exec_gpu *g, bool head, double aux_sum, double *loss,
                                    double *aux, struct moe_error *err)
 {
-    G_TRY(gpu_sync_host(g, err));
+    MOE_CHECK(gpu_sync_host(g, err));
     double sum = 0.0;
     for (int t = 0; head && t < g->tokens; t++) sum += g->host_rows[t];
     *loss = (head ? sum / g->tokens : 0.0) + aux_sum;
@@ -235,9 +235,9 @@ extern "C" enum moe_status exec_gpu_micro_batch(struct exec_gpu *g, const int *t
     g->grad_scale = grad_scale;
     g->bucketing = g->cfg.dp && g->buckets_ok && g->cfg.micro_batches > 0 &&
                    g->mb_done + 1 == g->cfg.micro_batches;
-    G_TRY(load_tokens(g, tokens, err));
-    G_TRY(forward_part(g, 0, g->layers, &aux_sum, err));
-    G_TRY(backward_part(g, 0, g->layers, err));
+    MOE_CHECK(load_tokens(g, tokens, err));
+    MOE_CHECK(forward_part(g, 0, g->layers, &aux_sum, err));
+    MOE_CHECK(backward_part(g, 0, g->layers, err));
     g->bucketing = false;
     g->mb_done++;
     return finish_loss(g, true, aux_sum, loss, aux, err);
@@ -259,16 +259,16 @@ extern "C" enum moe_status exec_gpu_slice(struct exec_gpu *g, const int *tokens,
     double aux_sum = 0.0;
     g->record_stats = !backward; /* the backward's forward is a recomputation */
     g->grad_scale = grad_scale;
-    G_TRY(load_tokens(g, tokens, err));
-    if (lo > 0) G_CUDA(cudaMemcpyAsync(g->xin[lo], h_in, th, cudaMemcpyDeviceToDevice, g->s));
-    G_TRY(forward_part(g, lo, hi, &aux_sum, err));
+    MOE_CHECK(load_tokens(g, tokens, err));
+    if (lo > 0) MOE_CUDA_CHECK(cudaMemcpyAsync(g->xin[lo], h_in, th, cudaMemcpyDeviceToDevice, g->s));
+    MOE_CHECK(forward_part(g, lo, hi, &aux_sum, err));
     if (!backward) {
-        if (hi < L) G_CUDA(cudaMemcpyAsync(h_out, g->xin[hi], th, cudaMemcpyDeviceToDevice, g->s));
+        if (hi < L) MOE_CUDA_CHECK(cudaMemcpyAsync(h_out, g->xin[hi], th, cudaMemcpyDeviceToDevice, g->s));
         return finish_loss(g, hi == L, aux_sum, loss, aux, err);
     }
-    if (hi < L) G_CUDA(cudaMemcpyAsync(g->dh, dh_out, th, cudaMemcpyDeviceToDevice, g->s));
-    G_TRY(backward_part(g, lo, hi, err));
-    if (lo > 0) G_CUDA(cudaMemcpyAsync(dh_in, g->dh, th, cudaMemcpyDeviceToDevice, g->s));
+    if (hi < L) MOE_CUDA_CHECK(cudaMemcpyAsync(g->dh, dh_out, th, cudaMemcpyDeviceToDevice, g->s));
+    MOE_CHECK(backward_part(g, lo, hi, err));
+    if (lo > 0) MOE_CUDA_CHECK(cudaMemcpyAsync(dh_in, g->dh, th, cudaMemcpyDeviceToDevice, g->s));
     return finish_loss(g, hi == L, aux_sum, loss, aux, err);
 }
 
@@ -277,15 +277,15 @@ extern "C" enum moe_status exec_gpu_optimizer(struct exec_gpu *g, const struct e
 {
     PH(COST_OPTIMIZER);
     double part[GK_NORM_BLOCKS], norm = 0.0;
-    G_LAUNCH(gk_sumsq(g->grad, g->table.nparams, g->norm_part, g->s));
-    G_CUDA(cudaMemcpyAsync(part, g->norm_part, sizeof part, cudaMemcpyDeviceToHost, g->s));
-    G_TRY(gpu_sync_host(g, err));
+    MOE_LAUNCH_CHECK(gk_sumsq(g->grad, g->table.nparams, g->norm_part, g->s));
+    MOE_CUDA_CHECK(cudaMemcpyAsync(part, g->norm_part, sizeof part, cudaMemcpyDeviceToHost, g->s));
+    MOE_CHECK(gpu_sync_host(g, err));
     for (int i = 0; i < GK_NORM_BLOCKS; i++) norm += part[i];
     norm = sqrt(norm);
     *gnorm = norm;
     if (!isfinite(norm)) {
         char where[384];
-        G_TRY(exec_gpu_nonfinite(g, where, sizeof where, err));
+        MOE_CHECK(exec_gpu_nonfinite(g, where, sizeof where, err));
         return moe_error_set(err, MOE_ERR_NUMERICS, "step %d: the gradient norm is %g: %s", step + 1,
                              norm, where[0] ? where : "no tensor holds it now");
     }
@@ -304,13 +304,13 @@ extern "C" enum moe_status exec_gpu_optimizer(struct exec_gpu *g, const struct e
         size_t b0 = t->offset + t->size < hi ? t->offset + t->size : hi;
         if (a0 >= b0) continue;
         a.wd = g->decay[i] ? (float)o->weight_decay : 0.0f;
-        G_LAUNCH(gk_adamw(g->master + a0, g->grad + a0, g->m1 + (a0 - lo), g->m2 + (a0 - lo),
+        MOE_LAUNCH_CHECK(gk_adamw(g->master + a0, g->grad + a0, g->m1 + (a0 - lo), g->m2 + (a0 - lo),
                           g->w16 + a0, b0 - a0, &a, g->s));
     }
     if (g->cfg.zero) { /* every rank's updated shard to every rank, then their bf16 copies */
-        G_TRY(gpu_sync_host(g, err));
-        G_TRY(g->cfg.zero->ops->allgather_f32(g->cfg.zero, g->master, g->shard_n, err));
-        G_LAUNCH(gk_to_bf16(g->master, g->w16, g->table.nparams, g->s));
+        MOE_CHECK(gpu_sync_host(g, err));
+        MOE_CHECK(g->cfg.zero->ops->allgather_f32(g->cfg.zero, g->master, g->shard_n, err));
+        MOE_LAUNCH_CHECK(gk_to_bf16(g->master, g->w16, g->table.nparams, g->s));
     }
     return MOE_OK;
 }
@@ -320,9 +320,9 @@ static enum moe_status nonfinite(struct exec_gpu *g, const float *d, size_t n, b
                                  struct moe_error *err)
 {
     double part[GK_NORM_BLOCKS], sum = 0.0;
-    G_LAUNCH(gk_sumsq(d, n, g->norm_part, g->s));
-    G_CUDA(cudaMemcpyAsync(part, g->norm_part, sizeof part, cudaMemcpyDeviceToHost, g->s));
-    G_TRY(gpu_sync_host(g, err));
+    MOE_LAUNCH_CHECK(gk_sumsq(d, n, g->norm_part, g->s));
+    MOE_CUDA_CHECK(cudaMemcpyAsync(part, g->norm_part, sizeof part, cudaMemcpyDeviceToHost, g->s));
+    MOE_CHECK(gpu_sync_host(g, err));
     for (int i = 0; i < GK_NORM_BLOCKS; i++) sum += part[i];
     *bad = !isfinite(sum);
     return MOE_OK;
@@ -335,7 +335,7 @@ extern "C" enum moe_status exec_gpu_nonfinite(struct exec_gpu *g, char *where, s
     bool bad = false;
     where[0] = '\0';
     for (int l = 0; l <= g->layers; l++) { /* xin[0]: the embedding; xin[l + 1]: block l's output */
-        G_TRY(nonfinite(g, g->xin[l], th, &bad, err));
+        MOE_CHECK(nonfinite(g, g->xin[l], th, &bad, err));
         if (!bad) continue;
         if (l == 0) snprintf(where, cap, "the embedding's output holds NaN or Inf");
         else
@@ -345,7 +345,7 @@ extern "C" enum moe_status exec_gpu_nonfinite(struct exec_gpu *g, char *where, s
     }
     for (int i = g->table.ntensors - 1; i >= 0; i--) { /* from the head back, as the backward */
         const struct exec_tensor *t = &g->table.tensor[i];
-        G_TRY(nonfinite(g, g->grad + t->offset, t->size, &bad, err));
+        MOE_CHECK(nonfinite(g, g->grad + t->offset, t->size, &bad, err));
         if (!bad) continue;
         snprintf(where, cap, "the gradient of %s (%d x %d) holds NaN or Inf, the tensors after "
                  "it in the backward none (every block's forward output is finite)",
@@ -366,10 +366,10 @@ extern "C" enum moe_status exec_gpu_poison(struct exec_gpu *g, const char *tenso
     float nan = NAN;
     bf16 nan16 = __float2bfloat16(nan);
     if (weight) {
-        G_CUDA(cudaMemcpyAsync(g->master + at, &nan, sizeof nan, cudaMemcpyHostToDevice, g->s));
-        G_CUDA(cudaMemcpyAsync(g->w16 + at, &nan16, sizeof nan16, cudaMemcpyHostToDevice, g->s));
+        MOE_CUDA_CHECK(cudaMemcpyAsync(g->master + at, &nan, sizeof nan, cudaMemcpyHostToDevice, g->s));
+        MOE_CUDA_CHECK(cudaMemcpyAsync(g->w16 + at, &nan16, sizeof nan16, cudaMemcpyHostToDevice, g->s));
     } else {
-        G_CUDA(cudaMemcpyAsync(g->grad + at, &nan, sizeof nan, cudaMemcpyHostToDevice, g->s));
+        MOE_CUDA_CHECK(cudaMemcpyAsync(g->grad + at, &nan, sizeof nan, cudaMemcpyHostToDevice, g->s));
     }
     return gpu_sync_host(g, err);
 }
@@ -417,18 +417,18 @@ extern "C" enum moe_status exec_gpu_step_end(struct exec_gpu *g, struct exec_gpu
                                              struct moe_error *err)
 {
     PH(-1);
-    G_CUDA(cudaStreamSynchronize(g->s));
+    MOE_CUDA_CHECK(cudaStreamSynchronize(g->s));
     memset(st, 0, sizeof *st);
     for (int i = 0; i + 1 < g->nev; i++) {
         float ms = 0.0f;
-        G_CUDA(cudaEventElapsedTime(&ms, g->ev[i], g->ev[i + 1]));
+        MOE_CUDA_CHECK(cudaEventElapsedTime(&ms, g->ev[i], g->ev[i + 1]));
         if (g->ev_phase[i] >= 0) st->phase_ms[g->ev_phase[i]] += ms;
         st->phase_ms[COST_STEP] += ms;
     }
     st->host_syncs = g->syncs;
     st->dispatch = g->sent;
     size_t fr, tot;
-    G_CUDA(cudaMemGetInfo(&fr, &tot));
+    MOE_CUDA_CHECK(cudaMemGetInfo(&fr, &tot));
     if ((double)(tot - fr) > g->peak_used) g->peak_used = (double)(tot - fr);
     return MOE_OK;
 }
@@ -456,7 +456,7 @@ extern "C" enum moe_status exec_gpu_routing(struct exec_gpu *g, int layer, int64
     if (e == cudaSuccess) e = cudaStreamSynchronize(g->s);
     for (size_t i = 0; i < n && e == cudaSuccess; i++) coact[i] = (int64_t)buf[i];
     free(buf);
-    G_CUDA(e);
+    MOE_CUDA_CHECK(e);
     return MOE_OK;
 }
 

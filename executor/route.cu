@@ -88,7 +88,7 @@ extern "C" enum moe_status exec_route(const struct exec_router_cfg *cfg, const f
     int threads = 128, blocks = (tokens + threads - 1) / threads;
     exec_route_kernel<<<blocks, threads, 0, (cudaStream_t)stream>>>(*cfg, logits, bias, tokens,
                                                                     choice, weight);
-    MOE_CUDA_TRY(cudaGetLastError());
+    MOE_CUDA_GOTO(cudaGetLastError(), st, cleanup);
 cleanup:
     return st;
 }

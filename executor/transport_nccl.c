@@ -68,12 +68,14 @@ static enum moe_status aborted(const struct exec_nccl *c, const char *op, struct
                          c->rank, op);
 }
 
-#define N_TRY(c, op, call)                                                                         \
-    do {                                                                                           \
-        ncclResult_t r_ = (call);                                                                  \
-        if (r_ != ncclSuccess && r_ != ncclInProgress)                                             \
-            return nccl_fail((c), (op), ncclGetErrorString(r_), err);                              \
-    } while (0)
+/* An NCCL call's result: in progress is fine (non-blocking communicators); any error aborts the
+ * communicator and names the rank and the operation. Used as MOE_CHECK(nccl_result(...)). */
+static enum moe_status nccl_result(struct exec_nccl *c, const char *op, ncclResult_t r,
+                                   struct moe_error *err)
+{
+    if (r == ncclSuccess || r == ncclInProgress) return MOE_OK;
+    return nccl_fail(c, op, ncclGetErrorString(r), err);
+}
 
 static enum moe_status nccl_alltoallv(struct exec_transport *t, const void *send,
                                       const int *send_count, void *recv, const int *recv_count,
@@ -83,20 +85,20 @@ static enum moe_status nccl_alltoallv(struct exec_transport *t, const void *send
     const char *op = "alltoallv";
     if (!c->comm) return aborted(c, op, err);
     size_t so = 0, ro = 0;
-    N_TRY(c, op, ncclGroupStart());
+    MOE_CHECK(nccl_result(c, op, ncclGroupStart(), err));
     for (int p = 0; p < c->ranks; p++) {
         if (send_count[p])
-            N_TRY(c, op, ncclSend((const char *)send + so * item_bytes,
+            MOE_CHECK(nccl_result(c, op, ncclSend((const char *)send + so * item_bytes,
                                   (size_t)send_count[p] * item_bytes, ncclUint8, p, c->comm,
-                                  c->stream));
+                                  c->stream), err));
         if (recv_count[p])
-            N_TRY(c, op, ncclRecv((char *)recv + ro * item_bytes,
+            MOE_CHECK(nccl_result(c, op, ncclRecv((char *)recv + ro * item_bytes,
                                   (size_t)recv_count[p] * item_bytes, ncclUint8, p, c->comm,
-                                  c->stream));
+                                  c->stream), err));
         so += (size_t)send_count[p];
         ro += (size_t)recv_count[p];
     }
-    N_TRY(c, op, ncclGroupEnd());
+    MOE_CHECK(nccl_result(c, op, ncclGroupEnd(), err));
     return nccl_wait(c, op, err);
 }
 
@@ -111,12 +113,12 @@ static enum moe_status nccl_counts(struct exec_transport *t, const int *send, in
     if (cudaMemcpyAsync(c->dcounts, send, sizeof(int) * (size_t)R, cudaMemcpyHostToDevice,
                         c->stream) != cudaSuccess)
         return nccl_fail(c, op, "cudaMemcpyAsync", err);
-    N_TRY(c, op, ncclGroupStart());
+    MOE_CHECK(nccl_result(c, op, ncclGroupStart(), err));
     for (int p = 0; p < R; p++) {
-        N_TRY(c, op, ncclSend(c->dcounts + p, 1, ncclInt32, p, c->comm, c->stream));
-        N_TRY(c, op, ncclRecv(c->dcounts + R + p, 1, ncclInt32, p, c->comm, c->stream));
+        MOE_CHECK(nccl_result(c, op, ncclSend(c->dcounts + p, 1, ncclInt32, p, c->comm, c->stream), err));
+        MOE_CHECK(nccl_result(c, op, ncclRecv(c->dcounts + R + p, 1, ncclInt32, p, c->comm, c->stream), err));
     }
-    N_TRY(c, op, ncclGroupEnd());
+    MOE_CHECK(nccl_result(c, op, ncclGroupEnd(), err));
     if (cudaMemcpyAsync(recv, c->dcounts + R, sizeof(int) * (size_t)R, cudaMemcpyDeviceToHost,
                         c->stream) != cudaSuccess)
         return nccl_fail(c, op, "cudaMemcpyAsync", err);
@@ -129,7 +131,7 @@ static enum moe_status nccl_allreduce(struct exec_transport *t, void *x, size_t 
     struct exec_nccl *c = t->impl;
     const char *op = "all-reduce";
     if (!c->comm) return aborted(c, op, err);
-    if (n) N_TRY(c, op, ncclAllReduce(x, x, n, type, ncclSum, c->comm, c->stream));
+    if (n) MOE_CHECK(nccl_result(c, op, ncclAllReduce(x, x, n, type, ncclSum, c->comm, c->stream), err));
     return nccl_wait(c, op, err);
 }
 
@@ -152,7 +154,7 @@ static enum moe_status nccl_allgather_f32(struct exec_transport *t, float *x, si
     const char *op = "all-gather";
     if (!c->comm) return aborted(c, op, err);
     if (n)
-        N_TRY(c, op, ncclAllGather(x + (size_t)c->rank * n, x, n, ncclFloat32, c->comm, c->stream));
+        MOE_CHECK(nccl_result(c, op, ncclAllGather(x + (size_t)c->rank * n, x, n, ncclFloat32, c->comm, c->stream), err));
     return nccl_wait(c, op, err);
 }
 
@@ -166,7 +168,7 @@ static enum moe_status nccl_allreduce_f32_start(struct exec_transport *t, float 
     cudaError_t e = cudaEventRecord(c->after, (cudaStream_t)stream);
     if (e == cudaSuccess) e = cudaStreamWaitEvent(c->stream, c->after, 0);
     if (e != cudaSuccess) return nccl_fail(c, op, cudaGetErrorString(e), err);
-    if (n) N_TRY(c, op, ncclAllReduce(x, x, n, ncclFloat32, ncclSum, c->comm, c->stream));
+    if (n) MOE_CHECK(nccl_result(c, op, ncclAllReduce(x, x, n, ncclFloat32, ncclSum, c->comm, c->stream), err));
     return MOE_OK;
 }
 
@@ -223,7 +225,7 @@ static enum moe_status nccl_split(struct exec_transport *t, int color,
     const char *op = "split";
     if (!c->comm) return aborted(c, op, err);
     ncclComm_t comm = NULL;
-    N_TRY(c, op, ncclCommSplit(c->comm, color, c->rank, &comm, NULL));
+    MOE_CHECK(nccl_result(c, op, ncclCommSplit(c->comm, color, c->rank, &comm, NULL), err));
     int rank = 0, ranks = 0;
     if (ncclCommUserRank(comm, &rank) != ncclSuccess ||
         ncclCommCount(comm, &ranks) != ncclSuccess) {

@@ -44,12 +44,12 @@ static void test_error_format(void **state)
     assert_string_equal(moe_glpk_strerror(0x09), "time limit exceeded (GLP_ETMLIM)");
 }
 
-/* A function in the house style, to check that MOE_GLPK_TRY records the call and jumps. */
+/* A function in the house style, to check that MOE_GLPK_GOTO records the call and jumps. */
 static enum moe_status fails_with_glpk_code(struct moe_error *err, int *cleaned)
 {
     enum moe_status st = MOE_OK;
-    MOE_GLPK_TRY(0);
-    MOE_GLPK_TRY(0x0A);
+    MOE_GLPK_GOTO(0, st, cleanup);
+    MOE_GLPK_GOTO(0x0A, st, cleanup);
     st = MOE_ERR_RUNTIME; /* not reached */
 cleanup:
     *cleaned = 1;
