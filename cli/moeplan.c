@@ -234,12 +234,11 @@ static int cmd_run(struct cli *cli, const struct cli_cmd *cmd, int argc, char **
 #endif
 
 /* ---------------------------------------------------------------------------------------------- */
-/* Option tables of the subcommands that later work fills in                                      */
+/* Option tables of the GPU commands in a build without them (a typo is still a usage error)     */
 /* ---------------------------------------------------------------------------------------------- */
 
-enum { OPT_MODEL = 1, OPT_CLUSTER, OPT_LAYOUT, OPT_SEQ, OPT_GBS, OPT_JSON, OPT_O, OPT_CAL };
-
 #ifndef MOEPLAN_HAVE_EXECUTOR
+enum { OPT_JSON = 1, OPT_O };
 static const struct cli_opt calibrate_opts[] = {
     {"output", required_argument, OPT_O, "FILE", "write the profile here"},
     {NULL, 0, 0, NULL, NULL},
@@ -248,8 +247,6 @@ static const struct cli_opt validate_opts[] = {
     {"output", required_argument, OPT_O, "DIR", "write the report here"},
     {NULL, 0, 0, NULL, NULL},
 };
-#endif
-#ifndef MOEPLAN_HAVE_EXECUTOR
 static const struct cli_opt bench_opts[] = {
     {"json", required_argument, OPT_JSON, "FILE", "write the results as JSON"},
     {NULL, 0, 0, NULL, NULL},
@@ -373,9 +370,10 @@ static void print_help(FILE *out)
     for (int i = 0; i < NCOMMANDS; i++)
         fprintf(out, "  %-10s %s%s\n", commands[i].name, commands[i].summary,
                 commands[i].missing ? " (needs a CUDA build)" : "");
-    fprintf(out, "\n'moeplan <command> --help' shows a command's options.\n"
-                 "Exit codes: 0 ok, 1 runtime failure, 2 usage, 3 invalid input, 4 infeasible,\n"
-                 "5 verification failed.\n");
+    fprintf(out, "\n'moeplan <command> --help' shows a command's options.\n\nexit codes:\n");
+    size_t n;
+    const struct moe_exit_code *codes = moe_exit_codes(&n);
+    for (size_t i = 0; i < n; i++) fprintf(out, "  %-6s %s\n", codes[i].code, codes[i].meaning);
 }
 
 int main(int argc, char **argv)

@@ -64,8 +64,13 @@ struct moe_error {
 };
 
 const char *moe_status_name(enum moe_status st);
-/* The process exit code of DESIGN.md for a status (0, 1, 2, 3, 4 or 5). */
+/* The process exit code for a status (the table below). */
 int moe_status_exit_code(enum moe_status st);
+/* Every exit code of moeplan with its meaning, for --help, the README and their test. */
+struct moe_exit_code {
+    const char *code, *meaning;
+};
+const struct moe_exit_code *moe_exit_codes(size_t *n);
 
 /* Fill `err` (may be NULL) and return `st`. The `_at` form names a place in an input file. */
 enum moe_status moe_error_set(struct moe_error *err, enum moe_status st, const char *fmt, ...)

@@ -31,6 +31,25 @@ const char *moe_status_name(enum moe_status st)
     return "unknown status";
 }
 
+/* The exit codes, in one place: `moeplan --help` prints this table, the README shows it, and
+ * test_cli checks that both say the same as this. */
+static const struct moe_exit_code exit_codes[] = {
+    {"0", "success"},
+    {"1", "runtime failure (CUDA, cuBLAS, NCCL, GLPK, a file, memory, GPU memory; a command this build lacks)"},
+    {"2", "usage error (a `try 'moeplan CMD --help'` line follows)"},
+    {"3", "invalid input (file:line:col where it applies)"},
+    {"4", "infeasible: no layout fits, or the given one does not"},
+    {"5", "verification failed (run --max-error)"},
+    {"6", "NaN or Inf in training"},
+    {"128+N", "stopped by signal N: 130 for SIGINT, 143 for SIGTERM (run, after a checkpoint)"},
+};
+
+const struct moe_exit_code *moe_exit_codes(size_t *n)
+{
+    *n = sizeof exit_codes / sizeof exit_codes[0];
+    return exit_codes;
+}
+
 int moe_status_exit_code(enum moe_status st)
 {
     switch (st) {

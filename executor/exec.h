@@ -457,7 +457,7 @@ void exec_local_gpu_memory(struct exec_local_mem *mem, void **streams);
 
 /* The NCCL transport (struct exec_transport over one communicator): alltoallv and all-reduce
  * buffers in the rank's GPU memory, counts in host memory (as every transport's). Each operation
- * runs on the transport's stream (exec_nccl_stream) and is waited for with a deadline; NCCL's
+ * runs on the transport's own stream and is waited for with a deadline; NCCL's
  * asynchronous errors and a passed deadline abort the communicator and fail with the rank and
  * the operation named. The unique id comes from one rank (exec_nccl_unique_id) and reaches the
  * others by the launcher's means: shared memory (threads), MPI, or a file (Slurm). */
@@ -469,7 +469,6 @@ enum moe_status exec_nccl_create(struct exec_nccl **out,
                                  int device, double timeout_s, struct moe_error *err);
 void exec_nccl_destroy(struct exec_nccl *c);
 void exec_nccl_transport(struct exec_nccl *c, struct exec_transport *t);
-void *exec_nccl_stream(const struct exec_nccl *c); /* a cudaStream_t */
 
 /* The router's top-k of exec_ref_route, fp32: logits (T, experts), bias (experts) or NULL ->
  * choice (T, top_k), weight (T, top_k). At most 512 experts. */

@@ -295,4 +295,3 @@ void exec_nccl_transport(struct exec_nccl *c, struct exec_transport *t)
     t->impl = c;
 }
 
-void *exec_nccl_stream(const struct exec_nccl *c) { return c->stream; }

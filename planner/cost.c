@@ -114,12 +114,6 @@ void cost_attention_core_us(const struct cost_calibration *cal, const struct top
     us[1] = 2.5 * flops / (peak * cal->attn_bwd_eff) * 1e6 + cal->launch_us;
 }
 
-double cost_allreduce_us(double bytes, int n, double bytes_per_s, double latency_us)
-{
-    if (n <= 1 || bytes <= 0) return 0.0;
-    return 2.0 * (n - 1) / n * bytes / bytes_per_s * 1e6 + 2.0 * (n - 1) * latency_us;
-}
-
 double cost_allgather_us(double bytes, int n, double bytes_per_s, double latency_us)
 {
     if (n <= 1 || bytes <= 0) return 0.0;

@@ -354,9 +354,8 @@ void cost_expert_us(const struct cost_calibration *cal, const struct topo_gpu_sp
  * us[0] forward, us[1] backward (2.5 x the FLOPs). */
 void cost_attention_core_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
                             double flops, double seq, double us[2]);
-/* Ring all-reduce of `bytes` over `n` ranks at `bytes_per_s` bus bandwidth, `latency_us` a hop. */
-double cost_allreduce_us(double bytes, int n, double bytes_per_s, double latency_us);
-/* Reduce-scatter or all-gather: half the ring all-reduce's traffic. */
+/* Ring reduce-scatter or all-gather of `bytes` over `n` ranks at `bytes_per_s` bus bandwidth,
+ * `latency_us` a hop (an all-reduce is one of each). */
 double cost_allgather_us(double bytes, int n, double bytes_per_s, double latency_us);
 
 /* ---------------------------------------------------------------------------------------------- */

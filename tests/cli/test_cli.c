@@ -3,6 +3,8 @@
  */
 #include "cli_run.h"
 
+#include "moe_common.h"
+
 static void test_version(void **state)
 {
     (void)state;
@@ -40,6 +42,31 @@ static void test_help(void **state)
     RUN(&r, NULL);
     assert_int_equal(r.code, 2);
     expect_in(r.err, "usage: moeplan");
+}
+
+/* The exit codes: one table (common/status.c), printed by --help and shown in the README. */
+static void test_exit_code_table(void **state)
+{
+    (void)state;
+    static struct result r;
+    RUN(&r, "--help");
+    assert_int_equal(r.code, 0);
+    static char readme[1 << 16];
+    slurp("README.md", readme, sizeof readme);
+    size_t n;
+    const struct moe_exit_code *codes = moe_exit_codes(&n);
+    assert_true(n >= 8);
+    for (size_t i = 0; i < n; i++) {
+        char line[512];
+        snprintf(line, sizeof line, "  %-6s %s\n", codes[i].code, codes[i].meaning);
+        expect_in(r.out, line);
+        snprintf(line, sizeof line, "| %s | %s |", codes[i].code, codes[i].meaning);
+        expect_in(readme, line);
+    }
+    /* and the statuses map onto them */
+    assert_int_equal(moe_status_exit_code(MOE_ERR_USAGE), 2);
+    assert_int_equal(moe_status_exit_code(MOE_ERR_NUMERICS), 6);
+    assert_int_equal(moe_status_exit_code(MOE_ERR_GPU_NOMEM), 1);
 }
 
 static void test_usage_errors(void **state)
@@ -584,6 +611,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_version),      cmocka_unit_test(test_help),
+        cmocka_unit_test(test_exit_code_table),
         cmocka_unit_test(test_usage_errors), cmocka_unit_test(test_check),
         cmocka_unit_test(test_check_bad_input), cmocka_unit_test(test_not_built),
         cmocka_unit_test(test_model_commands),  cmocka_unit_test(test_topo_commands),
