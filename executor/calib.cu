@@ -5,7 +5,7 @@
  * empty kernel (launch cost). Each time is the median of `iters` CUDA-event timings after two
  * warm-up runs; inputs are seeded normal numbers (gk_init), never uninitialized memory.
  */
-#include "exec.h"
+#include "exec_gpu.h"
 #include "gpu_kernels.h"
 
 #include <algorithm>

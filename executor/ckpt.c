@@ -9,7 +9,7 @@
  * ranks, then each file's size and checksum as it reads it: a corrupt, truncated or mismatched
  * checkpoint is refused naming the file (the buffers read so far are then not to be used).
  */
-#include "exec.h"
+#include "exec_ref.h"
 
 #include <errno.h>
 #include <stdio.h>

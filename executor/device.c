@@ -4,7 +4,7 @@
  * The GPU machine's libnccl (2.28.3) is older than our headers (2.28.9): the runtime version is
  * what counts for which NCCL calls are safe, so both are reported.
  */
-#include "exec.h"
+#include "exec_gpu.h"
 
 #include <string.h>
 

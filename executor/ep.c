@@ -15,7 +15,7 @@
  * Everything here is host code on routing decisions only, shared by the reference (ref_ep.c)
  * and the GPU executor.
  */
-#include "exec.h"
+#include "exec_dist.h"
 
 #include <stdlib.h>
 #include <string.h>

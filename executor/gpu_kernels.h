@@ -9,7 +9,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "exec.h"
+#include "exec_gpu.h"
 
 typedef __nv_bfloat16 bf16;
 

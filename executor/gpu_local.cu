@@ -6,7 +6,7 @@
  * for before the meeting that lets the sender reuse its buffer; the all-reduce's sum is a kernel
  * that adds the R buffers in rank order, so every rank gets the same bits.
  */
-#include "exec.h"
+#include "exec_gpu.h"
 
 #include <cuda_runtime.h>
 

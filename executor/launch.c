@@ -8,7 +8,7 @@
  * see: rank 0 writes it atomically, the others wait for it with a deadline, so a missing rank 0
  * ends the run with a message, not a hang. MPI itself is not needed for that.
  */
-#include "exec.h"
+#include "exec_dist.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -12,7 +12,7 @@
  * the returned rows, then the shared experts. Backward: the same rows carry [x, dy] out and
  * [dx, dw of its slots] back; the router's backward runs at the token's own rank from dw.
  */
-#include "exec.h"
+#include "exec_dist.h"
 
 #include <stdlib.h>
 #include <string.h>

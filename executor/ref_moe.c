@@ -17,7 +17,7 @@
  *   aux = a * E * sum_e f_e * P_e,  f_e = (pairs routed to e) / (T * top_k),  P_e = mean_t s_te
  * f_e is piecewise constant, so d aux / d s_te = a * E * f_e / T, through the scores.
  */
-#include "exec.h"
+#include "exec_ref.h"
 
 #include <math.h>
 #include <stdlib.h>

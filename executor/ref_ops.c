@@ -3,7 +3,7 @@
  * (with a sliding window), cross-entropy; forward and backward, double precision, written as the
  * formulas read. Checked against finite differences in tests/unit/test_ref_ops.c.
  */
-#include "exec.h"
+#include "exec_ref.h"
 
 #include <math.h>
 #include <stdlib.h>

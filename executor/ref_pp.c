@@ -10,7 +10,7 @@
  * from the stage's saved input (exec_ref_model_slice), so the result is the one-rank step's up to
  * the order of the sums over micro-batches.
  */
-#include "exec.h"
+#include "exec_dist.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -6,7 +6,7 @@
  * squares, each rank updates its shard, and the shards are all-gathered into every rank's
  * parameters. The result is the all-reduce + full AdamW step's up to the order of the norm's sum.
  */
-#include "exec.h"
+#include "exec_dist.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -5,7 +5,7 @@
  * choice matches the reference and the weights match to fp32 rounding. A fused, warp-per-token
  * version comes with the executor's speed work; this one is the correct baseline.
  */
-#include "exec.h"
+#include "exec_gpu.h"
 
 #include <cuda_runtime.h>
 

@@ -6,7 +6,7 @@
  * wd * p), after clipping the gradient to a global norm. Data are read in order so that a run is
  * reproducible and resumable from a position; synthetic tokens come from the seeded RNG.
  */
-#include "exec.h"
+#include "exec_ref.h"
 
 #include <errno.h>
 #include <math.h>

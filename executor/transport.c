@@ -14,7 +14,7 @@
  * milliseconds, so a rank failing anywhere ends every wait. Locks are taken child before parent
  * only, never the other way.
  */
-#include "exec.h"
+#include "exec_dist.h"
 
 #include <errno.h>
 #include <pthread.h>

@@ -10,7 +10,7 @@
  * operation, so a broken job ends with a message instead of hanging. Only NCCL API present in
  * 2.28.3 (the GPU machine's library) is used.
  */
-#include "exec.h"
+#include "exec_dist.h"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>

@@ -1,0 +1,220 @@
+/*
+ * exec_gpu.h: the GPU executor's interface (CUDA builds): the training step on one GPU
+ * (exec_gpu_*), the router kernel, the microbenchmarks of calibration, versions and devices.
+ * Plain C: no CUDA header, device pointers as void *, streams as cudaStream_t behind void *.
+ * Part of executor/'s public interface (exec.h includes it).
+ */
+#ifndef EXEC_GPU_H
+#define EXEC_GPU_H
+
+#include "exec_dist.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------------------------------------- */
+/* GPU kernels (CUDA builds); device pointers; `stream` is a cudaStream_t (NULL: the default)      */
+/* ---------------------------------------------------------------------------------------------- */
+
+
+/* The router's top-k of exec_ref_route, fp32: logits (T, experts), bias (experts) or NULL ->
+ * choice (T, top_k), weight (T, top_k). At most 512 experts. */
+enum moe_status exec_route(const struct exec_router_cfg *cfg, const float *logits,
+                           const float *bias, int tokens, int *choice, float *weight,
+                           void *stream, struct moe_error *err);
+
+/* The training step on one GPU. A rank owns a slice of the model (layers [layer_lo, layer_hi),
+ * experts [expert_lo, expert_hi)); with one GPU that is all of it, which is all this build runs.
+ * Weights bf16 with fp32 masters, gradients and AdamW state fp32; the residual stream fp32;
+ * GEMMs through cuBLAS (bf16 in, fp32 accumulate); the router in fp32. */
+enum exec_mem { EXEC_MEM_WEIGHTS = 0, EXEC_MEM_MASTER, EXEC_MEM_GRADS, EXEC_MEM_OPTIMIZER,
+                EXEC_MEM_ACTIVATIONS, EXEC_MEM_WORKSPACE, EXEC_MEM_N };
+extern const char *const exec_mem_names[EXEC_MEM_N];
+
+#define EXEC_MAX_STREAMS 8
+#define EXEC_MAX_SKIPS 3 /* steps skipped for NaN or Inf in a row that stop a run */
+struct exec_gpu_cfg {
+    int seq, mbs;      /* one micro-batch: mbs sequences of seq tokens (each read as seq + 1) */
+    bool recompute;    /* recompute each block's forward in its backward (plan: recompute full) */
+    double aux_coef;   /* load-balance loss coefficient (0: none) */
+    int device;
+    int streams;       /* expert GEMMs over this many streams (0 or 1: the main stream only) */
+    /* Expert parallelism (NULL: none): this rank's transport (device memory: the local GPU
+     * transport or NCCL) and the group of every MoE layer. Each rank's exec_gpu holds the whole
+     * model but computes only its own experts; the others' gradients stay zero, so summing the
+     * gradients over the ranks (exec_gpu_reduce_grads) gives every parameter's. */
+    struct exec_transport *ep;
+    const struct exec_ep_group *ep_group; /* one for every MoE layer, or ep_groups of them */
+    /* rows and pairs a rank may receive, x its own tokens' pairs (the plan's dispatch buffer
+     * factor, 2 by default there); 0: the ranks' count, room for every pair of every rank. More
+     * than that stops the step with a message: no row is ever dropped. */
+    double ep_buffer_factor;
+    int ep_groups; /* 0 or 1: ep_group serves every MoE layer; else one per MoE layer, in order */
+    /* ZeRO-1 (NULL: none): the optimizer state sharded over this transport's ranks (the DP
+     * group; device memory): each rank updates its shard of the parameters after the gradients
+     * were summed (exec_gpu_reduce_grads), and exec_gpu_optimizer all-gathers them */
+    struct exec_transport *zero;
+    /* Data parallelism (NULL: none): the gradients' all-reduce group. With micro_batches (a
+     * step's, > 0) known, the last micro-batch's backward starts each block's all-reduce (a
+     * bucket: the block's parameters) as soon as its gradients are complete, overlapping the
+     * blocks still to go; exec_gpu_reduce_grads(g, dp) reduces the rest and waits. */
+    struct exec_transport *dp;
+    int micro_batches;
+    /* GPU memory this exec_gpu may allocate, bytes (0: what the device has); more fails the
+     * allocation as a full device would, naming it (MOE_ERR_GPU_NOMEM) */
+    double mem_limit;
+};
+struct exec_gpu;
+
+enum moe_status exec_gpu_create(struct exec_gpu **out, const struct mdl_model *m,
+                                const struct exec_gpu_cfg *cfg, struct moe_error *err);
+void exec_gpu_destroy(struct exec_gpu *g);
+/* The tensor table (params NULL): the reference's layout of the parameters. */
+const struct exec_ref_model *exec_gpu_table(const struct exec_gpu *g);
+/* Seeded initialization on the GPU (normal, std 0.02; norms 1), the same for a seed every run. */
+enum moe_status exec_gpu_init(struct exec_gpu *g, uint64_t seed, struct moe_error *err);
+/* Parameters, gradients (after a step's micro-batches) and the selection biases in the reference
+ * layout, converted from / to double; bias is (layers, experts), rows of dense layers unused. */
+enum moe_status exec_gpu_set_params(struct exec_gpu *g, const double *params, struct moe_error *err);
+enum moe_status exec_gpu_get_params(struct exec_gpu *g, double *params, struct moe_error *err);
+enum moe_status exec_gpu_get_grads(struct exec_gpu *g, double *grad, struct moe_error *err);
+/* Data parallelism: sum the step's gradients over the transport's ranks (each rank passed its
+ * share, grad_scale / ranks, to exec_gpu_micro_batch), before exec_gpu_optimizer; with t the
+ * cfg's dp, only what the backward has not started already, then the wait for all. */
+enum moe_status exec_gpu_reduce_grads(struct exec_gpu *g, struct exec_transport *t,
+                                      struct moe_error *err);
+/* The state a checkpoint keeps besides the parameters: the AdamW moments of this rank's shard
+ * (exec_gpu_state_floats floats each: all of them without ZeRO) and the selection biases
+ * (layers x experts), to or from host memory. */
+size_t exec_gpu_state_floats(const struct exec_gpu *g);
+enum moe_status exec_gpu_get_state(struct exec_gpu *g, float *m1, float *m2, double *bias,
+                                   struct moe_error *err);
+enum moe_status exec_gpu_set_state(struct exec_gpu *g, const float *m1, const float *m2,
+                                   const double *bias, struct moe_error *err);
+/* The stream the step runs on (a cudaStream_t): the local GPU transport's per-rank stream. */
+void *exec_gpu_stream(const struct exec_gpu *g);
+enum moe_status exec_gpu_set_bias(struct exec_gpu *g, const double *bias, struct moe_error *err);
+
+/* One step: begin (zero the gradients), micro-batches, the optimizer, end (timings). */
+enum moe_status exec_gpu_step_begin(struct exec_gpu *g, struct moe_error *err);
+/* Forward and backward of one micro-batch of tokens (mbs, seq + 1) from the host. Gradients of
+ * grad_scale x (mean cross-entropy + load-balance losses) accumulate; *loss is that mean
+ * cross-entropy plus the load-balance losses, *aux the latter alone. */
+enum moe_status exec_gpu_micro_batch(struct exec_gpu *g, const int *tokens, double grad_scale,
+                                     double *loss, double *aux, struct moe_error *err);
+/* Pipeline stages: one micro-batch through blocks [lo, hi) only. The first stage (lo 0) starts
+ * from the tokens' embedding, a later one from h_in (device, T x hidden fp32); the last (hi the
+ * layers) ends in the head and the loss, an earlier one in h_out (device) when forward only.
+ * With `backward`, the slice's forward is recomputed (its statistics not counted again) and its
+ * backward runs from the loss or from dh_out (device: the gradient of the slice's output) into
+ * the embedding's gradient or dh_in (device); gradients of grad_scale x the loss accumulate.
+ * *loss: the mean cross-entropy (last stage) plus the slice's load-balance losses, *aux these.
+ * Not with expert parallelism. */
+enum moe_status exec_gpu_slice(struct exec_gpu *g, const int *tokens, int lo, int hi,
+                               const float *h_in, float *h_out, const float *dh_out, float *dh_in,
+                               bool backward, double grad_scale, double *loss, double *aux,
+                               struct moe_error *err);
+/* Clip to the global norm and apply AdamW; *gnorm is the norm before clipping. A norm that is
+ * NaN or Inf applies nothing and returns MOE_ERR_NUMERICS naming the step (0-based `step` + 1)
+ * and where the first non-finite value is (exec_gpu_nonfinite). */
+enum moe_status exec_gpu_optimizer(struct exec_gpu *g, const struct exec_adamw *o, int step,
+                                   double *gnorm, struct moe_error *err);
+/* Where NaN or Inf is, in words, after a micro-batch: the first block whose output holds one
+ * (its input finite), else the parameter gradient nearest the output that does; "" if none. */
+enum moe_status exec_gpu_nonfinite(struct exec_gpu *g, char *where, size_t cap,
+                                   struct moe_error *err);
+/* Testing: a NaN into one element of the named tensor's gradient (after a backward) or, with
+ * `weight`, of the tensor itself (its fp32 master and bf16 copy). */
+enum moe_status exec_gpu_poison(struct exec_gpu *g, const char *tensor, bool weight,
+                                struct moe_error *err);
+/* Aux-loss-free balancing: bias_e += rate * sign(mean load - load_e) from this step's loads,
+ * summed over t's ranks (every rank of the run, so the biases stay equal on all; NULL: this
+ * rank's alone). */
+enum moe_status exec_gpu_update_bias(struct exec_gpu *g, double rate, struct exec_transport *t,
+                                     struct moe_error *err);
+struct exec_gpu_step_stats {
+    double phase_ms[COST_NPHASES]; /* CUDA-event time of each phase this step (COST_STEP: all) */
+    int host_syncs;                /* device-to-host waits this step */
+    struct cost_bytes dispatch;    /* expert parallelism: token payload this rank sent this step
+                                    * (both hops, forward), by link tier, as the planner counts */
+};
+enum moe_status exec_gpu_step_end(struct exec_gpu *g, struct exec_gpu_step_stats *s,
+                                  struct moe_error *err);
+
+struct exec_gpu_memory {
+    double bytes[EXEC_MEM_N];      /* what the executor allocated, by category */
+    double device_used_peak;       /* the device's used memory at its highest seen (all users) */
+    double device_total;
+};
+void exec_gpu_memory(const struct exec_gpu *g, struct exec_gpu_memory *m);
+/* Routing since creation for MoE layer `layer`: counts[experts] of (token, expert) pairs and
+ * coact[experts x experts] of tokens choosing both (NULL: not wanted). */
+enum moe_status exec_gpu_routing(struct exec_gpu *g, int layer, int64_t *counts, int64_t *coact,
+                                 struct moe_error *err);
+
+/* The MoE benchmark (`moeplan bench moe`): one MoE layer of `experts` SwiGLU experts on `tokens`
+ * tokens with seeded skewed routing (Dirichlet(skew) expert probabilities; 0: uniform), forward
+ * + backward with weight gradients; medians of `iters` runs after `warmup`, CUDA events.
+ * `choice` (tokens x top_k) receives the routing used, for the peers to replay. */
+struct exec_moe_bench_cfg {
+    int experts, tokens, top_k, hidden, ffn, streams, warmup, iters;
+    double skew;
+    uint64_t seed;
+};
+struct exec_moe_bench_result {
+    double block_ms;      /* expert block: gate/up GEMMs, SwiGLU, down GEMM, fwd + bwd */
+    double block_fwd_ms;  /* its forward alone */
+    double layer_ms;      /* the whole layer: router, top-k, permutation, experts, combine */
+    double dense_ms;      /* the same GEMM chain with every row on one expert: the ceiling */
+    double block_flops, layer_flops;
+    int host_syncs;       /* device-to-host waits in one layer fwd + bwd */
+    double max_over_mean; /* the busiest expert's rows over the mean */
+    double layer_bytes;   /* activations one layer keeps for its backward */
+};
+enum moe_status exec_moe_bench(const struct exec_moe_bench_cfg *c, int *choice,
+                               struct exec_moe_bench_result *r, struct moe_error *err);
+
+/* Microbenchmarks for `moeplan calibrate` (calib.cu), on the current GPU, each the median of
+ * `iters` CUDA-event timings after a warm-up: a row-major bf16 GEMM (m x k) (k x n) through
+ * cuBLAS with fp32 accumulation; the flash attention kernels over seqs causal sequences of seq
+ * tokens (forward, and backward with dq, dk, dv); a device-to-device copy of `bytes`; one empty
+ * kernel's launch. Microseconds. */
+enum moe_status exec_time_gemm(int m, int n, int k, int iters, double *us, struct moe_error *err);
+enum moe_status exec_time_attention(int seqs, int seq, int heads, int kv_heads, int dqk, int dv,
+                                    int iters, double *fwd_us, double *bwd_us,
+                                    struct moe_error *err);
+enum moe_status exec_time_copy(size_t bytes, int iters, double *us, struct moe_error *err);
+enum moe_status exec_time_launch(int iters, double *us, struct moe_error *err);
+
+/* Versions as integers the way each library reports them (CUDA 13000 = 13.0, NCCL 22803 = 2.28.3). */
+struct exec_versions {
+    int cuda_runtime;      /* cudaRuntimeGetVersion */
+    int cuda_driver;       /* cudaDriverGetVersion; 0: no driver on this machine */
+    int cuda_compiled;     /* CUDART_VERSION of the headers */
+    int cublas_major, cublas_minor, cublas_patch;
+    int nccl_runtime;      /* ncclGetVersion */
+    int nccl_compiled;     /* NCCL_VERSION_CODE of the headers */
+};
+
+void exec_versions_get(struct exec_versions *v);
+
+struct exec_device_info {
+    int index;
+    char name[256];
+    int cc_major, cc_minor;
+    int sm_count;
+    double memory_bytes;
+    double memory_bandwidth_bytes_per_s; /* from the memory clock and bus width */
+    char pci_bus_id[32];
+};
+
+/* Number of CUDA devices; 0 (and MOE_OK) where there is no GPU or no driver. */
+enum moe_status exec_device_count(int *count, struct moe_error *err);
+enum moe_status exec_device_query(int index, struct exec_device_info *info, struct moe_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* EXEC_GPU_H */

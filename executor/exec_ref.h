@@ -1,0 +1,219 @@
+/*
+ * exec_ref.h: the CPU reference of the executor (plain C, double precision, built everywhere):
+ * every operation of the model, a whole training step (loss and every gradient), the optimizer,
+ * training data and checkpoints. Every GPU kernel and backward pass is checked against it.
+ * Part of executor/'s public interface (exec.h includes it).
+ */
+#ifndef EXEC_REF_H
+#define EXEC_REF_H
+
+#include "mdl.h"
+#include "plan.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------------------------------------- */
+/* The CPU reference (plain C, double precision; built without CUDA too)                          */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* The routing rule of a model's MoE layers (from struct mdl_moe). */
+struct exec_router_cfg {
+    int experts, top_k;
+    enum mdl_scoring scoring;
+    int n_group, topk_group;
+    bool norm_topk, softmax_after_topk;
+    double scaling;
+    double aux_coef; /* load-balance loss coefficient (0: none); see ref_moe.c */
+};
+void exec_router_cfg_from_model(struct exec_router_cfg *cfg, const struct mdl_model *m);
+
+/* One MoE layer's weights, row-major:
+ *   router (experts, hidden); bias (experts): added to the scores for selection only
+ *   (aux-loss-free balancing), never to the weights;
+ *   gate, up (experts, ffn, hidden); down (experts, hidden, ffn);
+ *   shared experts fused into one SwiGLU of width shared_ffn (0: none):
+ *   sgate, sup (shared_ffn, hidden); sdown (hidden, shared_ffn). */
+struct exec_ref_moe {
+    struct exec_router_cfg cfg;
+    int hidden, ffn, shared_ffn;
+    double *router, *bias, *gate, *up, *down, *sgate, *sup, *sdown;
+};
+
+/* Gradients of the same shapes (bias has none). */
+struct exec_ref_moe_grad {
+    double *router, *gate, *up, *down, *sgate, *sup, *sdown;
+};
+
+/* Routing of T tokens: choice (T, top_k) expert ids in order of selection, weight (T, top_k). */
+void exec_ref_route(const struct exec_router_cfg *cfg, const double *logits, const double *bias,
+                    int tokens, int *choice, double *weight);
+
+/* Dropless permutation by a stable counting sort: offsets (experts + 1) and, for each position
+ * of the permuted rows, the (token * top_k + slot) it comes from; tokens keep their order within
+ * an expert. Every (token, expert) pair is a row: no capacity, no drop. */
+void exec_ref_permute(const int *choice, int tokens, int top_k, int experts, int *offsets,
+                      int *row_src);
+
+/* y (T, hidden) = shared(x) + sum_j weight_j * expert_{choice_j}(x), with choice and weight
+ * returned (T, top_k) when not NULL. */
+enum moe_status exec_ref_moe_forward(const struct exec_ref_moe *w, const double *x, int tokens,
+                                     double *y, int *choice, double *weight,
+                                     struct moe_error *err);
+/* Backward: dx (T, hidden) and the weight gradients (accumulated into g) for upstream dy. The
+ * routing is recomputed; the top-k choice itself is piecewise constant and passes no gradient. */
+enum moe_status exec_ref_moe_backward(const struct exec_ref_moe *w, const double *x, int tokens,
+                                      const double *dy, double *dx, struct exec_ref_moe_grad *g,
+                                      struct moe_error *err);
+
+/* The load-balance loss of the layer on x (0 when cfg.aux_coef is 0); its gradient is part of
+ * exec_ref_moe_backward. */
+double exec_ref_moe_aux_loss(const struct exec_ref_moe *w, const double *x, int tokens);
+
+/* The pieces of the layer for those who move its rows elsewhere (the expert-parallel layer):
+ * expert e (e = -1: the shared experts) on one row x (hidden) -> out (hidden); its backward for
+ * d_out accumulates the weight gradients into g and adds d x into dx. */
+void exec_ref_expert_forward(const struct exec_ref_moe *w, int e, const double *x, double *out);
+void exec_ref_expert_backward(const struct exec_ref_moe *w, int e, const double *x,
+                              const double *d_out, struct exec_ref_moe_grad *g, double *dx);
+/* The layer's routing of x (tokens, hidden): choice, weight (tokens, top_k). */
+void exec_ref_moe_route(const struct exec_ref_moe *w, const double *x, int tokens, int *choice,
+                        double *weight);
+/* The fractions f_e (experts) of the layer's routed pairs on x (tokens, hidden). */
+void exec_ref_moe_route_fractions(const struct exec_ref_moe *w, const double *x, int tokens,
+                                  double *frac);
+/* The router's part of one token's backward: from dw (top_k), d loss / d routing weight of each
+ * chosen slot, and the load-balance loss of `tokens` tokens with fractions frac (NULL: none),
+ * adds into dx (hidden) and g->router. */
+void exec_ref_router_backward(const struct exec_ref_moe *w, const double *x, const double *dw,
+                              const double *frac, int tokens, double *dx,
+                              struct exec_ref_moe_grad *g);
+
+/* Dense building blocks of the reference, rows of T tokens, row-major. */
+
+/* RMSNorm: y = x / rms(x) * w over `h`; backward accumulates dw. */
+void exec_ref_rmsnorm(const double *x, const double *w, int tokens, int h, double eps, double *y);
+void exec_ref_rmsnorm_backward(const double *x, const double *w, const double *dy, int tokens,
+                               int h, double eps, double *dx, double *dw);
+/* RoPE in place on (tokens, heads, dim), rotating the first `rot` dims as pairs (i, i + rot/2)
+ * by position x theta^(-2i/rot) (the Hugging Face rotate-half convention); `inverse` rotates
+ * back, which is also the backward. */
+void exec_ref_rope(double *x, int tokens, int heads, int dim, int rot, double theta,
+                   const int *position, bool inverse);
+/* Causal attention with GQA (heads a multiple of kv_heads) and an optional sliding window
+ * (0: none): q (T, heads, dqk), k (T, kv, dqk), v (T, kv, dv) -> out (T, heads, dv), scores
+ * scaled by `scale`. Backward gives dq, dk, dv (overwritten). */
+void exec_ref_attention(const double *q, const double *k, const double *v, int tokens,
+                        int heads, int kv_heads, int dqk, int dv, int window, double scale,
+                        double *out);
+void exec_ref_attention_backward(const double *q, const double *k, const double *v,
+                                 const double *dout, int tokens, int heads, int kv_heads, int dqk,
+                                 int dv, int window, double scale, double *dq, double *dk,
+                                 double *dv_out);
+/* Mean cross-entropy of logits (tokens, vocab) against targets; dlogits (may be NULL) is the
+ * gradient of that mean. */
+double exec_ref_cross_entropy(const double *logits, const int *targets, int tokens, int vocab,
+                              double *dlogits);
+
+/* A whole model in the reference: every parameter in one flat buffer, named tensors at offsets
+ * (the layout checkpoints and the GPU executor share). */
+#define EXEC_MAX_TENSORS 4096
+struct exec_tensor {
+    char name[64];
+    size_t offset, size;
+    int rows, cols;
+};
+struct exec_ref_model {
+    struct mdl_model model;
+    double *params;
+    size_t nparams;
+    struct exec_tensor tensor[EXEC_MAX_TENSORS];
+    int ntensors;
+    double *bias;    /* (layers, experts) selection bias of the MoE layers, or NULL: none */
+    double aux_coef; /* load-balance loss coefficient of every MoE layer (0: none) */
+    int64_t *route_counts; /* (layers, experts) or NULL: each step adds its (token, expert) pairs */
+};
+/* The tensor table alone (params NULL): names, shapes and offsets, which the GPU executor shares.
+ * A few per-model features (QK-norm, attention biases, sinks, expert biases) are not in the
+ * executor yet: those models are refused with MOE_ERR_UNSUPPORTED naming the feature. */
+enum moe_status exec_model_table(struct exec_ref_model *r, const struct mdl_model *m,
+                                 struct moe_error *err);
+/* The table and a seeded initialization (normal, std 0.02; norms at 1). */
+enum moe_status exec_ref_model_create(struct exec_ref_model *r, const struct mdl_model *m,
+                                      uint64_t seed, struct moe_error *err);
+void exec_ref_model_destroy(struct exec_ref_model *r);
+const struct exec_tensor *exec_ref_tensor(const struct exec_ref_model *r, const char *name);
+/* Mean next-token cross-entropy of tokens[0..T) predicting tokens[1..T], one sequence, plus the
+ * load-balance losses when aux_coef > 0 (their sum in *aux when aux is not NULL); `grad`
+ * (nparams, may be NULL) receives d loss / d params (overwritten). */
+enum moe_status exec_ref_model_step(const struct exec_ref_model *r, const int *tokens, int T,
+                                    double *loss, double *aux, double *grad,
+                                    struct moe_error *err);
+
+/* Training: warmup + cosine learning rate, and AdamW with global-norm gradient clipping (fp64
+ * master weights here; the GPU keeps fp32 masters for its bf16 weights). Norm weights get no
+ * weight decay. Returns the gradient norm before clipping. */
+struct exec_adamw {
+    double lr_max, lr_min, beta1, beta2, eps, weight_decay, clip;
+    int warmup_steps, total_steps;
+};
+void exec_adamw_defaults(struct exec_adamw *o);
+double exec_lr_at(const struct exec_adamw *o, int step);
+double exec_ref_adamw_step(struct exec_ref_model *r, const double *grad, double *m1, double *m2,
+                           int step, const struct exec_adamw *o);
+/* The update of parameters [lo, hi) only, clipped by a gradient norm computed elsewhere (the
+ * sharded optimizer's: every rank knows the global norm, updates its shard). */
+void exec_ref_adamw_range(struct exec_ref_model *r, const double *grad, double *m1, double *m2,
+                          size_t lo, size_t hi, int step, const struct exec_adamw *o, double norm);
+
+/* Training data: a file of bytes (byte-level tokens, vocab >= 256) or a token file ("MOETOKv1",
+ * uint32 vocab, uint64 count, then count uint32 token ids, little-endian); or, with no file,
+ * seeded synthetic tokens. Windows of seq + 1 tokens are read in order, wrapping around. */
+struct exec_data {
+    int *tokens;
+    size_t count, pos;
+    int vocab;
+    bool synthetic;
+    struct moe_rng rng;
+    char source[MOE_PATH_MAX];
+};
+enum moe_status exec_data_open(struct exec_data *d, const char *file, int vocab, uint64_t seed,
+                               struct moe_error *err);
+void exec_data_next(struct exec_data *d, int *out, int n);
+void exec_data_close(struct exec_data *d);
+
+/* Whether this build's executor runs a layout on `gpus` GPUs; when not, why (may be NULL) says
+ * what it lacks. `moeplan run` refuses other plans, `moeplan plan --runnable` searches these. */
+bool exec_layout_runnable(const struct cost_layout *l, int gpus, char *why, size_t cap);
+
+/* Checkpoints (ckpt.c): DIR/step-NNNNNNNN/ with a file per (rank, part) and a manifest per rank
+ * (sizes, FNV-1a checksums) written after the files; DIR/latest names the newest complete one:
+ * exec_ckpt_commit, once every rank's save returned. Every file is written atomically, so a kill
+ * at any moment leaves the previous checkpoint whole. Loading refuses, naming the file, a
+ * missing, truncated or corrupt part and a checkpoint of another model, size, step or ranks. */
+struct exec_ckpt_id {
+    const char *model;
+    size_t nparams;
+    int step, rank, ranks;
+};
+struct exec_ckpt_part {
+    const char *name;  /* "params", "m1", ... */
+    const void *data;  /* save: what to write */
+    void *out;         /* load: where to read it */
+    size_t bytes;
+};
+enum moe_status exec_ckpt_save(const char *dir, const struct exec_ckpt_id *id,
+                               const struct exec_ckpt_part *parts, int nparts,
+                               struct moe_error *err);
+enum moe_status exec_ckpt_commit(const char *dir, int step, struct moe_error *err);
+/* The step of DIR/latest; MOE_ERR_INPUT when there is none. */
+enum moe_status exec_ckpt_latest(const char *dir, int *step, struct moe_error *err);
+enum moe_status exec_ckpt_load(const char *dir, int step, const struct exec_ckpt_id *id,
+                               struct exec_ckpt_part *parts, int nparts, struct moe_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* EXEC_REF_H */
