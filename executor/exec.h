@@ -14,6 +14,7 @@
 #include <signal.h>
 
 #include "exec_gpu.h"
+#include "plan.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -8,7 +8,7 @@
 #define EXEC_REF_H
 
 #include "mdl.h"
-#include "plan.h"
+#include "cost.h" /* the layouts, phases and routings it shares with the planner; no GLPK */
 
 #ifdef __cplusplus
 extern "C" {

@@ -1,0 +1,302 @@
+/*
+ * cost.h: the cost model of planner/: predicting one training step of a model on a cluster for
+ * one parallel layout: time per phase, what communication is exposed, the pipeline bubble from an
+ * event-driven simulation of the schedule, and memory per GPU. Every efficiency it uses comes from
+ * a calibration profile (struct cost_calibration): measured on a machine, or datasheet defaults
+ * that the output calls uncalibrated. Evaluating a layout is a pure function of a prepared context
+ * and the layout, cheap enough for a search to call hundreds of thousands of times.
+ *
+ * Its vocabulary (layouts, phase names, dispatchers, routings) is what the executor and the
+ * reports share with the planner. It needs no GLPK; plan.h (the search, placement, the plan
+ * file) includes it.
+ */
+#ifndef COST_H
+#define COST_H
+
+#include "mdl.h"
+#include "topo.h"
+
+/* The pipeline the cost model simulates: at most COST_MAX_PP ranks and COST_MAX_STAGES virtual
+ * stages (cost_layout_check refuses more). */
+#define COST_MAX_PP 64
+#define COST_MAX_STAGES 256
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Phases: the names predictions and measurements share (DESIGN.md)                               */
+/* ---------------------------------------------------------------------------------------------- */
+
+enum cost_phase {
+    COST_EMBED = 0, COST_ATTN_FWD, COST_ATTN_BWD, COST_ROUTER, COST_PERMUTE, COST_DISPATCH,
+    COST_EXPERTS_FWD, COST_EXPERTS_BWD, COST_COMBINE, COST_UNPERMUTE, COST_SHARED_EXPERT,
+    COST_DENSE_FFN, COST_LM_HEAD, COST_LOSS, COST_TP_COMM, COST_DP_GRAD_SYNC, COST_PP_P2P,
+    COST_OPTIMIZER, COST_BUBBLE, COST_STEP, COST_NPHASES
+};
+extern const char *const cost_phase_names[COST_NPHASES];
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Calibration                                                                                    */
+/* ---------------------------------------------------------------------------------------------- */
+
+#define COST_CALIBRATION_SCHEMA "moeplan.calibration"
+
+/* Every efficiency the cost model uses. Fractions are of the datasheet peak. */
+struct cost_calibration {
+    bool calibrated;            /* false: datasheet defaults (reference/hardware.md) */
+    char source[256];           /* "datasheet defaults" or the profile's GPU, driver and date */
+    double gemm_eff;            /* large-GEMM fraction of peak (bf16) */
+    double gemm_eff_fp8;        /* the same for fp8 / mxfp8 */
+    double gemm_m_half;         /* rows at which a GEMM runs at half its large-M efficiency */
+    double gemm_k_half;         /* the same for the reduction dimension */
+    double gemm_fixed_us;       /* a GEMM's time beyond its launch at any size (setup, tail) */
+    int gemm_tile_m, gemm_tile_n; /* output tile for wave quantization */
+    double attn_fwd_eff, attn_bwd_eff; /* flash attention, fraction of bf16 peak */
+    double attn_seq_half;       /* sequence at which attention runs at half that (0: none) */
+    double hbm_eff;             /* memory-bound kernels, fraction of HBM bandwidth */
+    double launch_us;           /* per kernel launch */
+    double nvlink_eff;          /* achieved fraction of NVLink bandwidth (all-to-all, p2p) */
+    double nvlink_allreduce_eff;/* ring all-reduce bus bandwidth fraction over NVLink */
+    double scale_out_eff;       /* achieved fraction of the NIC bandwidth */
+    double a2a_latency_us;      /* fixed cost of one dispatch or combine */
+    double overlap_max;         /* most of an overlappable communication that hides (0..1) */
+    /* What the executor's own kernels add to the analytic time of each compute phase, fitted
+     * from calibration steps (`moeplan calibrate`): time = scale x model + fixed_us for every
+     * occurrence (a block's phase per micro-batch; embed, lm_head, loss per micro-batch; the
+     * optimizer per step). Defaults 1 and 0. */
+    double phase_scale[COST_NPHASES], phase_fixed_us[COST_NPHASES];
+    /* The executor's expert block (per-expert GEMMs on side streams), fitted from its own
+     * benchmark: an expert's forward [0] and backward [1] = scale x the GEMMs' and SwiGLU's
+     * size-dependent time + fixed_share x their fixed (launch and setup) time; the streams hide
+     * part of the fixed time. Defaults 1 and 1. */
+    double expert_scale[2], expert_fixed_share[2];
+    double expert_m_half[2];    /* the expert GEMMs' own gemm_m_half (defaults: gemm_m_half) */
+};
+
+/* Datasheet defaults for a GPU (fractions others report; see reference/hardware.md). */
+void cost_calibration_defaults(struct cost_calibration *cal, const struct topo_gpu_spec *gpu);
+/* Load a profile ("moeplan.calibration"); keys it does not name keep the defaults. */
+enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *file,
+                                      struct moe_error *err);
+/* Write a profile (atomically): the calibration's values, and meta's keys (gpu, driver, date,
+ * libraries, measured, defaults_used, fit: what `moeplan calibrate` measured and how). */
+enum moe_status cost_calibration_write(const struct cost_calibration *cal, json_t *meta,
+                                       const char *file, struct moe_error *err);
+
+/* Fitting the calibration to measurements (`moeplan calibrate`; the tests recover known values
+ * from synthetic ones). */
+struct cost_gemm_sample {
+    double m, n, k, us;
+};
+/* gemm_eff, gemm_m_half, gemm_k_half and gemm_fixed_us that fit the samples best (least squares
+ * of the log of predicted over measured time; tiles, launch and HBM efficiency as cal has them).
+ * Returns the rms relative error of the fit. */
+double cost_fit_gemm(struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
+                     const struct cost_gemm_sample *s, int n);
+/* scale > 0 and fixed >= 0 with measured_j ~= scale x model_j + fixed x count_j (least squares
+ * on the relative error); returns the rms relative error. */
+double cost_fit_linear(const double *model, const double *count, const double *measured, int n,
+                       double *scale, double *fixed);
+/* Flash attention over `seqs` causal sequences of `seq` tokens, `heads` query heads (kv_heads
+ * the keys'), head sizes dqk and dv: its forward and backward, us. */
+struct cost_attn_sample {
+    double seqs, seq, heads, kv_heads, dqk, dv, fwd_us, bwd_us;
+};
+/* attn_fwd_eff, attn_bwd_eff and attn_seq_half that fit the samples best (rms of the log of
+ * predicted over measured, forward and backward together); returns that rms. */
+double cost_fit_attention(struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
+                          const struct cost_attn_sample *s, int n);
+/* The executor's expert block: `experts` SwiGLU experts, top_k, hidden, ffn, on `tokens` tokens
+ * routed uniformly (tokens x top_k / experts rows each); forward and backward, us. */
+struct cost_expert_sample {
+    double experts, top_k, hidden, ffn, tokens, fwd_us, bwd_us;
+};
+/* expert_scale, expert_fixed_share and expert_m_half of each direction that fit the samples
+ * best (cost_fit_linear for each m_half); rms[d] receives direction d's rms relative error. */
+void cost_fit_experts(struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
+                      const struct cost_expert_sample *s, int n, double rms[2]);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Routing                                                                                        */
+/* ---------------------------------------------------------------------------------------------- */
+
+enum cost_routing_kind { COST_ROUTING_UNIFORM = 0, COST_ROUTING_ZIPF, COST_ROUTING_DIRICHLET,
+                         COST_ROUTING_MEASURED };
+
+/* Which experts tokens choose: the probability that a token picks expert e (sums to top_k), per
+ * MoE layer, and optionally how often pairs are picked together. */
+struct cost_routing {
+    enum cost_routing_kind kind;
+    double param;            /* Zipf exponent or Dirichlet alpha */
+    uint64_t seed;
+    int experts, top_k, layers; /* layers: MoE layers described (1: one for all) */
+    double *pick;            /* layers x experts: P(a token picks e), sum_e = top_k */
+    double *pair;            /* layers x experts x experts: P(picks both e and f), or NULL */
+};
+
+/* A synthetic routing: uniform, Zipf(s) over experts, or Dirichlet(alpha), seeded. */
+enum moe_status cost_routing_synthetic(struct cost_routing *r, enum cost_routing_kind kind,
+                                       double param, uint64_t seed, int experts, int top_k,
+                                       struct moe_error *err);
+/* A measured routing ("moeplan.routing": per-layer expert counts, optional co-activation). */
+enum moe_status cost_routing_load(struct cost_routing *r, const char *file, int experts,
+                                  int top_k, struct moe_error *err);
+/* From explicit token choices: `choice` is tokens x top_k expert ids (exact counts). */
+enum moe_status cost_routing_from_choices(struct cost_routing *r, const int *choice, int tokens,
+                                          int experts, int top_k, struct moe_error *err);
+/* From counts (layers x experts) of (token, expert) pairs, each layer over its own total. */
+enum moe_status cost_routing_from_counts(struct cost_routing *r, const int64_t *counts, int layers,
+                                         int experts, int top_k, struct moe_error *err);
+void cost_routing_free(struct cost_routing *r);
+
+/* Which EP rank holds each expert: placement[e] in [0, ep). NULL in the API means contiguous
+ * (expert e on rank e / (experts / ep)). */
+
+/* Dispatch bytes of one token-exchange, counted exactly from explicit choices: tokens on rank
+ * src_rank[t] with choice[t*k..] go to the ranks holding those experts. `gpu_domain[r]` names the
+ * NVLink domain of EP rank r. Totals over all ranks, for what crosses NVLink and scale-out. */
+enum cost_dispatcher { COST_DISPATCH_ALLTOALL = 0, COST_DISPATCH_DEDUP_GPU,
+                       COST_DISPATCH_DEDUP_DOMAIN };
+extern const char *const cost_dispatcher_names[];
+struct cost_bytes {
+    double nvlink, scale_out; /* bytes (token payload only) */
+};
+void cost_dispatch_bytes_exact(const int *choice, const int *src_rank, int tokens, int top_k,
+                               const int *placement, const int *gpu_domain,
+                               enum cost_dispatcher mode, double bytes_per_token,
+                               struct cost_bytes *out);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Layouts                                                                                        */
+/* ---------------------------------------------------------------------------------------------- */
+
+enum cost_precision { COST_BF16 = 0, COST_FP8, COST_MXFP8 };
+enum cost_recompute { COST_RECOMPUTE_NONE = 0, COST_RECOMPUTE_SELECTIVE, COST_RECOMPUTE_FULL };
+extern const char *const cost_precision_names[];
+extern const char *const cost_recompute_names[];
+
+struct cost_layout {
+    int tp, pp, vpp, ep, etp, dp, zero;
+    int seq_len, mbs, gbs;
+    enum cost_precision precision;
+    enum cost_recompute recompute;
+    enum cost_dispatcher dispatcher;
+    bool overlap;             /* EP all-to-all overlapped with compute */
+};
+
+/* "tp=1,pp=8,vpp=4,ep=64,dp=128,zero=1,mbs=1,gbs=8192,recompute=selective,dispatcher=dedup-gpu".
+ * Keys left out keep the values already in `l`. */
+enum moe_status cost_layout_parse(struct cost_layout *l, const char *text, struct moe_error *err);
+void cost_layout_format(const struct cost_layout *l, char *buf, size_t cap);
+/* Micro-batches per step: gbs / (dp * mbs). */
+int cost_layout_micro_batches(const struct cost_layout *l);
+/* Structural validity for this model and GPU count (divisibility, degrees multiply to gpus). A
+ * failure is MOE_ERR_INFEASIBLE with the reason. */
+enum moe_status cost_layout_check(const struct cost_layout *l, const struct mdl_model *m,
+                                  int gpus, struct moe_error *err);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Pipeline simulation                                                                            */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* Per (virtual) stage: forward and backward time of one micro-batch, and the p2p time to pass
+ * activations to the next stage. Stage index = chunk * pp + rank (Megatron's interleaving). */
+struct cost_pipe_result {
+    double makespan_us;
+    double busy_us[COST_MAX_PP];         /* per pp rank: compute time in the step */
+    int max_in_flight[COST_MAX_PP];      /* per pp rank: most micro-batch chunks held for backward */
+    double bubble_fraction;     /* of the busiest rank: 1 - busy / makespan */
+};
+/* Event-driven 1F1B (vpp = 1) or interleaved 1F1B (vpp > 1, micro_batches % pp == 0). */
+enum moe_status cost_pipeline_simulate(int pp, int vpp, int micro_batches, const double *fwd_us,
+                                       const double *bwd_us, double p2p_us,
+                                       struct cost_pipe_result *out, struct moe_error *err);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Evaluation                                                                                     */
+/* ---------------------------------------------------------------------------------------------- */
+
+enum cost_mem { COST_MEM_WEIGHTS = 0, COST_MEM_GRADS, COST_MEM_OPTIMIZER, COST_MEM_ACTIVATIONS,
+                COST_MEM_DISPATCH, COST_MEM_RESERVED, COST_NMEM };
+extern const char *const cost_mem_names[COST_NMEM];
+
+/* Everything the evaluation needs that does not depend on the layout. */
+struct cost_ctx {
+    struct mdl_model model;
+    struct topo_cluster cluster;
+    struct cost_calibration cal;
+    const struct cost_routing *routing; /* NULL: uniform */
+    const int *placement;               /* NULL: contiguous */
+    int gpus;                           /* GPUs the layout uses */
+    const int *stage_layers;            /* layers per virtual stage (pp x vpp of them, in stage
+                                         * order); NULL: an even split */
+    double memory_headroom;             /* fraction of HBM kept free, default 0.05 */
+    double dispatch_buffer_factor;      /* receive buffers x the balanced load, default 2.0 */
+};
+
+struct cost_result {
+    bool fits;
+    double compute_us[COST_NPHASES]; /* busiest pp rank, whole step */
+    double comm_us[COST_NPHASES];    /* communication time of the phase */
+    double exposed_us[COST_NPHASES]; /* what the step pays: compute + exposed communication */
+    double step_us;
+    double tokens_per_s_per_gpu;
+    double model_tflops_per_gpu;
+    double mfu;
+    double memory_bytes[COST_NMEM];  /* the fullest GPU */
+    double memory_total_bytes, memory_capacity_bytes;
+    double bubble_fraction;
+    double hottest_rank_load;        /* expert rows on the hottest EP rank / balanced rows */
+    double dispatch_bytes_per_gpu;   /* per MoE layer per micro-batch, sent */
+    double dispatch_bytes_nodedup;   /* the same with no dedup, for comparison */
+    double dispatch_scale_out_bytes; /* the part of dispatch_bytes_per_gpu over scale-out */
+    int micro_batches;
+    char reason[256];                /* why it does not fit, when !fits */
+};
+
+/* Prepare a context: copies the model and cluster; routing and placement are borrowed. */
+void cost_ctx_init(struct cost_ctx *ctx, const struct mdl_model *m, const struct topo_cluster *c,
+                   const struct cost_calibration *cal, int gpus);
+/* Predict one step. MOE_ERR_INFEASIBLE (reason in err) when the layout is invalid; a valid
+ * layout that does not fit in memory returns MOE_OK with fits = false and the reason. */
+enum moe_status cost_evaluate(const struct cost_ctx *ctx, const struct cost_layout *l,
+                              struct cost_result *out, struct moe_error *err);
+/* The even split: layers per virtual stage, the remainder to the middle stages first. */
+void cost_even_split(int layers, int stages, int *counts);
+/* What the stage split needs: forward + backward time of one micro-batch of each block (layer),
+ * and what the first and last stages add (embedding; LM head and loss), for `l`. */
+enum moe_status cost_block_times(const struct cost_ctx *ctx, const struct cost_layout *l,
+                                 double *layer_us, double *first_extra_us, double *last_extra_us,
+                                 struct moe_error *err);
+/* Memory only (the cheap first filter of a search). */
+enum moe_status cost_memory(const struct cost_ctx *ctx, const struct cost_layout *l,
+                            struct cost_result *out, struct moe_error *err);
+
+/* Time of one GEMM (M x K) @ (K x N) at `tflops` peak under the calibration: roofline with tile
+ * and wave quantization and small-M / small-K penalties. */
+double cost_gemm_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
+                    double m, double n, double k, bool fp8);
+/* One SwiGLU expert on `rows` rows (hidden h, intermediate f), before the expert correction:
+ * the size-dependent time var[0] and the fixed time fixed[0] of its forward (up and down GEMMs,
+ * SwiGLU), var[1] and fixed[1] of its backward (dgrad and wgrad of both, the wgrad added into
+ * fp32 gradients), its GEMMs at expert_m_half. */
+void cost_expert_parts(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
+                       double rows, double h, double f, bool fp8, double var[2], double fixed[2]);
+/* The same corrected (expert_scale, expert_fixed_share): us[0] forward, us[1] backward. */
+void cost_expert_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
+                    double rows, double h, double f, bool fp8, double us[2]);
+/* Core attention (the flash kernels) of `flops` (the model's count) at sequence `seq`:
+ * us[0] forward, us[1] backward (2.5 x the FLOPs). */
+void cost_attention_core_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
+                            double flops, double seq, double us[2]);
+/* Ring reduce-scatter or all-gather of `bytes` over `n` ranks at `bytes_per_s` bus bandwidth,
+ * `latency_us` a hop (an all-reduce is one of each). */
+double cost_allgather_us(double bytes, int n, double bytes_per_s, double latency_us);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* COST_H */
