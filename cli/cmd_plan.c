@@ -107,7 +107,20 @@ int cmd_plan(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
         return cli_usage(cmd, "--fix: %s", err.message);
     }
     q.fix = f;
-    if (runnable) q.accept = exec_layout_runnable;
+    if (runnable) {
+        char why[256];
+        if (replicas > 0) {
+            cost_routing_free(&in.routing);
+            return cli_usage(cmd, "--runnable plans without --replicas: the executor serves each "
+                             "expert from one rank");
+        }
+        if (!exec_model_runnable(&in.model, why, sizeof why)) {
+            cost_routing_free(&in.routing);
+            moe_error_set(&err, MOE_ERR_INFEASIBLE, "no layout this build runs: %s", why);
+            return cli_fail(cli, &err);
+        }
+        q.accept = exec_layout_runnable;
+    }
     q.precision = COST_BF16;
     if (io.precision) {
         struct cost_layout p = f;

@@ -183,9 +183,16 @@ enum moe_status exec_data_open(struct exec_data *d, const char *file, int vocab,
 void exec_data_next(struct exec_data *d, int *out, int n);
 void exec_data_close(struct exec_data *d);
 
-/* Whether this build's executor runs a layout on `gpus` GPUs; when not, why (may be NULL) says
- * what it lacks. `moeplan run` refuses other plans, `moeplan plan --runnable` searches these. */
+/* What this build's executor runs (runnable.c); when not, why (may be NULL) says what it lacks.
+ * exec_model_supported: the model's features (the CPU reference's too); exec_model_runnable:
+ * and its sizes on the GPU; exec_layout_runnable: a layout on `gpus` GPUs (the filter of
+ * `plan --runnable`'s search); exec_plan_runnable: all of them and the plan's placement
+ * (`placement`: layers x experts as plan_file holds it, or NULL) -- the one gate of `run`. */
+bool exec_model_supported(const struct mdl_model *m, char *why, size_t cap);
+bool exec_model_runnable(const struct mdl_model *m, char *why, size_t cap);
 bool exec_layout_runnable(const struct cost_layout *l, int gpus, char *why, size_t cap);
+bool exec_plan_runnable(const struct mdl_model *m, const struct cost_layout *l, int gpus,
+                        const int *placement, char *why, size_t cap);
 
 /* Checkpoints (ckpt.c): DIR/step-NNNNNNNN/ with a file per (rank, part) and a manifest per rank
  * (sizes, FNV-1a checksums) written after the files; DIR/latest names the newest complete one:

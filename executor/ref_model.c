@@ -48,10 +48,9 @@ enum moe_status exec_model_table(struct exec_ref_model *r, const struct mdl_mode
                                  struct moe_error *err)
 {
     const struct mdl_attention *a = &m->attn;
-    if (a->qk_norm || a->bias || a->sinks || m->moe.expert_bias)
-        return moe_error_set(err, MOE_ERR_UNSUPPORTED,
-                             "%s: QK-norm, attention biases, sinks and expert biases are not in "
-                             "the executor yet", m->name);
+    char why[256];
+    if (!exec_model_supported(m, why, sizeof why))
+        return moe_error_set(err, MOE_ERR_UNSUPPORTED, "%s", why);
     memset(r, 0, sizeof *r);
     r->model = *m;
     int h = m->hidden, H = a->heads, KV = a->kv_heads, hd = a->head_dim;

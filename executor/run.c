@@ -4,7 +4,7 @@
  * local transport: a multi-GPU plan checked on one GPU), or one process of mpirun or srun
  * (NCCL, its id through a file).
  *
- * What runs is what exec_layout_runnable lets through: tp = 1; EP or PP, not both. The groups are
+ * What runs is what exec_plan_runnable lets through: tp = 1; EP or PP, not both. The groups are
  * split from the run's communicator by the plan's "ranks": an EP group is the ranks of one
  * expert-DP index (in rank order, which is each one's ep), a PP group those of one DP index (in
  * rank order: each one's stage). Every rank holds the whole model and computes its part: its
@@ -86,14 +86,7 @@ static enum moe_status ep_groups(const struct plan_file *p, int me, struct exec_
                              p->rank[me].edp, k, ep);
     for (int l = 0, i = 0; l < m->layers; l++) {
         if (!mdl_layer_is_moe(m, l)) continue;
-        const int *pl = p->placement + (size_t)l * E;
-        for (int e = 0; e < E; e++)
-            if (pl[e] < 0)
-                return moe_error_set(err, MOE_ERR_UNSUPPORTED,
-                                     "plan: layer %d, expert %d is split over replicas; the "
-                                     "executor serves each expert from one rank (plan without "
-                                     "--replicas)",
-                                     l, e);
+        const int *pl = p->placement + (size_t)l * E; /* no replicas: exec_plan_runnable */
         g[i++] = (struct exec_ep_group){ep, E, m->moe.top_k, pl, domain, p->layout.dispatcher};
     }
     return MOE_OK;
@@ -611,7 +604,7 @@ enum moe_status exec_run(const struct exec_run_cfg *c, struct exec_run_result *r
     memset(r, 0, sizeof *r);
     const struct plan_file *p = c->plan;
     char why[256];
-    if (!exec_layout_runnable(&p->layout, p->gpus, why, sizeof why))
+    if (!exec_plan_runnable(&p->model, &p->layout, p->gpus, p->placement, why, sizeof why))
         return moe_error_set(err, MOE_ERR_UNSUPPORTED,
                              "%s; `moeplan plan --runnable` plans only what this build runs", why);
     if (c->steps < 1 || c->timeout_s <= 0)

@@ -1,11 +1,73 @@
 /*
- * runnable.c: what this build's executor runs, in one place: `moeplan run` refuses any other
- * plan with this reason, and `moeplan plan --runnable` searches only these layouts. It grows
- * as the executor does (issue 8: expert, data and pipeline parallelism).
+ * runnable.c: what this build's executor runs, in one place: the model's features and sizes,
+ * the layout, and the plan's expert placement. `moeplan run` refuses any other plan with the
+ * reason given here, before it touches a GPU; `moeplan plan --runnable` checks the model first
+ * and searches only the layouts accepted here, so that every plan it writes is one `run` takes
+ * (test_cli checks that for a plan of every model family). It grows as the executor does.
  */
-#include "exec.h"
+#include "exec_ref.h"
 
 #include <stdio.h>
+
+/* The GPU router keeps a token's scores in registers (route.cu, gpu_kernels.h's GK_MAX_EXPERTS);
+ * the EP exchange carries at most EXEC_EP_MAX_K choices a token. */
+#define RUN_MAX_EXPERTS 512
+#define RUN_MAX_TOP_K 16
+
+bool exec_model_supported(const struct mdl_model *m, char *why, size_t cap)
+{
+    char none[1];
+    if (!why || !cap) {
+        why = none;
+        cap = sizeof none;
+    }
+    const struct mdl_attention *a = &m->attn;
+    const char *missing[4];
+    int n = 0;
+    if (a->qk_norm) missing[n++] = "QK-norm";
+    if (a->bias) missing[n++] = "attention biases";
+    if (a->sinks) missing[n++] = "attention sinks";
+    if (m->moe.expert_bias) missing[n++] = "expert biases";
+    if (n == 0) return true;
+    size_t used = (size_t)snprintf(why, cap, "%s uses", m->name);
+    for (int i = 0; i < n && used < cap; i++)
+        used += (size_t)snprintf(why + used, cap - used, "%s %s", i == 0 ? "" : i == n - 1 ? " and" : ",",
+                                 missing[i]);
+    if (used < cap) snprintf(why + used, cap - used, ": not in the executor yet");
+    return false;
+}
+
+bool exec_model_runnable(const struct mdl_model *m, char *why, size_t cap)
+{
+    if (!exec_model_supported(m, why, cap)) return false;
+    if (m->moe.experts > RUN_MAX_EXPERTS || m->moe.top_k > RUN_MAX_TOP_K) {
+        if (why && cap)
+            snprintf(why, cap,
+                     "%s: %d experts, top-%d: the GPU executor routes at most %d experts, top-%d "
+                     "(a proxy with --experts runs)",
+                     m->name, m->moe.experts, m->moe.top_k, RUN_MAX_EXPERTS, RUN_MAX_TOP_K);
+        return false;
+    }
+    return true;
+}
+
+bool exec_plan_runnable(const struct mdl_model *m, const struct cost_layout *l, int gpus,
+                        const int *placement, char *why, size_t cap)
+{
+    if (!exec_model_runnable(m, why, cap) || !exec_layout_runnable(l, gpus, why, cap))
+        return false;
+    for (int layer = 0; placement && layer < m->layers; layer++)
+        for (int e = 0; e < m->moe.experts; e++)
+            if (placement[(size_t)layer * m->moe.experts + e] == -2) {
+                if (why && cap)
+                    snprintf(why, cap,
+                             "layer %d, expert %d is split over replicas: the executor serves "
+                             "each expert from one rank (plan without --replicas)",
+                             layer, e);
+                return false;
+            }
+    return true;
+}
 
 bool exec_layout_runnable(const struct cost_layout *l, int gpus, char *why, size_t cap)
 {

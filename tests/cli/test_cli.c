@@ -297,6 +297,42 @@ static void test_not_built(void **state)
 }
 
 #ifdef MOEPLAN_HAVE_EXECUTOR
+/* Every plan `plan --runnable` writes is one `run` takes: for a proxy of every shipped model
+ * (2 blocks, 16 experts), either the planner says the model is not runnable, or `run` gets past
+ * its gate (exec_plan_runnable) and trains a step (on a GPU) or stops at "no CUDA GPU". */
+static void test_runnable_plans_run(void **state)
+{
+    (void)state;
+    static struct result r;
+    static const char *const models[] = {"dbrx", "deepseek-v2-lite", "deepseek-v3",
+                                         "gpt-oss-120b", "gpt-oss-20b", "kimi-k2",
+                                         "llama4-maverick", "llama4-scout", "mixtral-8x22b",
+                                         "mixtral-8x7b", "qwen3-235b-a22b", "qwen3-30b-a3b",
+                                         "tiny-moe-gqa", "tiny-moe-mla"};
+    int ran = 0, refused = 0;
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
+        const char *experts = strncmp(models[i], "tiny", 4) ? "16" : "8";
+        RUN(&r, "plan", "--model", models[i], "--cluster", "h200-vm", "--layers", "2",
+            "--experts", experts, "--seq-len", "256", "--gbs", "2", "--runnable", "-o",
+            cli_tmp("runnable.json"));
+        if (r.code == 4) {
+            expect_in(r.err, "no layout this build runs: ");
+            expect_in(r.err, "not in the executor yet");
+            refused++;
+            continue;
+        }
+        if (r.code != 0) fail_msg("plan --runnable %s: exit %d\n%s", models[i], r.code, r.err);
+        RUN(&r, "run", cli_tmp("runnable.json"), "--steps", "1", "--out",
+            cli_tmp("runnable-measured.json"));
+        if (r.code != 0 && !strstr(r.err, "no CUDA GPU on this machine"))
+            fail_msg("run refused the runnable plan of %s: exit %d\n%s", models[i], r.code, r.err);
+        ran++;
+    }
+    printf("plan --runnable: %d models planned and taken by run, %d refused by name\n", ran,
+           refused);
+    assert_true(ran >= 9);
+}
+
 /* `run`: a missing plan, a plan this build does not run (refused, naming what), and a
  * one-GPU plan of the tiny model: trained where there is a GPU, a clear refusal where not. */
 static void test_run(void **state)
@@ -612,6 +648,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_version),      cmocka_unit_test(test_help),
         cmocka_unit_test(test_exit_code_table),
+#ifdef MOEPLAN_HAVE_EXECUTOR
+        cmocka_unit_test(test_runnable_plans_run),
+#endif
         cmocka_unit_test(test_usage_errors), cmocka_unit_test(test_check),
         cmocka_unit_test(test_check_bad_input), cmocka_unit_test(test_not_built),
         cmocka_unit_test(test_model_commands),  cmocka_unit_test(test_topo_commands),
