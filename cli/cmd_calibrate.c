@@ -70,8 +70,10 @@ static enum moe_status job_plan(struct cli *cli, const struct job *j, const stru
     if (st != MOE_OK) return st;
     const struct mdl_model *m = &p->model;
     struct cost_layout *l = &p->layout;
-    *l = (struct cost_layout){1, 1, 1, 1, 1, 1, 0, j->seq, j->mbs, j->mbs * j->micro, COST_BF16,
-                              j->recompute, COST_DISPATCH_ALLTOALL, false};
+    *l = (struct cost_layout){.tp = 1, .pp = 1, .vpp = 1, .ep = 1, .etp = 1, .dp = 1, .zero = 0,
+                              .seq_len = j->seq, .mbs = j->mbs, .gbs = j->mbs * j->micro,
+                              .precision = COST_BF16, .recompute = j->recompute,
+                              .dispatcher = COST_DISPATCH_ALLTOALL, .overlap = false};
     struct cost_ctx ctx;
     cost_ctx_init(&ctx, m, cl, cal, 1);
     ctx.routing = routing;

@@ -151,8 +151,11 @@ int cmd_predict(struct cli *cli, const struct cli_cmd *cmd, int argc, char **arg
         return 2;
     }
     struct moe_error err;
-    struct cost_layout l = {1, 1, 1, 1, 1, 0, 1, (int)io.seq, 1, 0, COST_BF16,
-                            COST_RECOMPUTE_NONE, COST_DISPATCH_ALLTOALL, false};
+    /* dp = 0 and gbs = 0: filled below from the GPUs unless the layout names them */
+    struct cost_layout l = {.tp = 1, .pp = 1, .vpp = 1, .ep = 1, .etp = 1, .dp = 0, .zero = 1,
+                            .seq_len = (int)io.seq, .mbs = 1, .gbs = 0, .precision = COST_BF16,
+                            .recompute = COST_RECOMPUTE_NONE,
+                            .dispatcher = COST_DISPATCH_ALLTOALL, .overlap = false};
     if (io.precision) {
         char buf[64];
         snprintf(buf, sizeof buf, "precision=%s", io.precision);

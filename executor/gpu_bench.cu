@@ -128,7 +128,11 @@ extern "C" enum moe_status exec_moe_bench(const struct exec_moe_bench_cfg *c, in
     }
     free(p), free(q);
     /* T sequences of one token: the layer sees T tokens, attention's workspace stays tiny */
-    struct exec_gpu_cfg cfg = {1, T, false, 0.0, 0, c->streams, NULL, NULL, 0.0, 0, NULL, NULL, 0, 0.0};
+    struct exec_gpu_cfg cfg; /* by name (C++17 has no designated initializers) */
+    memset(&cfg, 0, sizeof cfg);
+    cfg.seq = 1;
+    cfg.mbs = T;
+    cfg.streams = c->streams;
     struct exec_gpu *g = NULL;
     int *dchoice = NULL, dense_off[GK_MAX_EXPERTS + 1];
     enum moe_status st = exec_gpu_create(&g, &m, &cfg, err);

@@ -327,11 +327,20 @@ static enum moe_status rank_main(struct run_shared *sh, int me, struct exec_tran
         if ((st = world->ops->split(world, pr->edp, &ept, err))) goto done;
     }
     if (l->pp > 1 && (st = pipe_init(&pipe, p, me, world, err))) goto done;
-    struct exec_gpu_cfg cfg = {l->seq_len, l->mbs, l->recompute == COST_RECOMPUTE_FULL, c->aux,
-                               device, c->streams, ept.ops ? &ept : NULL, groups,
-                               p->buffer_factor, nmoe, l->zero >= 1 && dp > 1 ? world : NULL,
-                               l->pp == 1 && !c->no_grad_overlap ? world : NULL, micro,
-                               c->gpu_mem_limit};
+    struct exec_gpu_cfg cfg = {.seq = l->seq_len,
+                               .mbs = l->mbs,
+                               .recompute = l->recompute == COST_RECOMPUTE_FULL,
+                               .aux_coef = c->aux,
+                               .device = device,
+                               .streams = c->streams,
+                               .ep = ept.ops ? &ept : NULL,
+                               .ep_group = groups,
+                               .ep_buffer_factor = p->buffer_factor,
+                               .ep_groups = nmoe,
+                               .zero = l->zero >= 1 && dp > 1 ? world : NULL,
+                               .dp = l->pp == 1 && !c->no_grad_overlap ? world : NULL,
+                               .micro_batches = micro,
+                               .mem_limit = c->gpu_mem_limit};
     if ((st = exec_gpu_create(&g, m, &cfg, err))) goto done;
     if (c->mode == EXEC_RUN_VIRTUAL) sh->streams[me] = exec_gpu_stream(g);
     if ((st = exec_gpu_init(g, c->seed, err))) goto done;

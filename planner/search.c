@@ -120,9 +120,12 @@ static enum moe_status search_gpus(const struct plan_request *q, int gpus, struc
                             }
                             for (int d = 0; d < nd; d++) {
                                 enum cost_dispatcher disp = cands[d];
-                                struct cost_layout l = {tp, pp, vpp, ep, etp, dp, 1, q->seq_len,
-                                                        mbs, q->gbs, q->precision,
-                                                        COST_RECOMPUTE_NONE, disp, true};
+                                struct cost_layout l = {
+                                    .tp = tp, .pp = pp, .vpp = vpp, .ep = ep, .etp = etp,
+                                    .dp = dp, .zero = 1, .seq_len = q->seq_len, .mbs = mbs,
+                                    .gbs = q->gbs, .precision = q->precision,
+                                    .recompute = COST_RECOMPUTE_NONE, .dispatcher = disp,
+                                    .overlap = true};
                                 struct moe_error why;
                                 if (cost_layout_check(&l, m, gpus, &why) != MOE_OK) {
                                     r->invalid++;

@@ -115,10 +115,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct mdl_overrides ov = {(int)(data[4] % 8), (int)experts};
     if (mdl_model_override(&m, &ov, &err) != MOE_OK) return 0;
     int ep = 1 << (data[5] % 18), dp = 1 << (data[6] % 11), pp = 1 + data[7] % 9;
-    struct cost_layout l = {1 << (data[8] % 4), pp, 1 + data[9] % 4, ep, 1, dp, data[10] % 4,
-                            128 << (data[11] % 8), 1 << (data[12] % 4), 0, COST_BF16,
-                            (enum cost_recompute)(data[13] % 3), (enum cost_dispatcher)(data[14] % 3),
-                            (data[15] & 1) != 0};
+    struct cost_layout l = {.tp = 1 << (data[8] % 4), .pp = pp, .vpp = 1 + data[9] % 4,
+                            .ep = ep, .etp = 1, .dp = dp, .zero = data[10] % 4,
+                            .seq_len = 128 << (data[11] % 8), .mbs = 1 << (data[12] % 4),
+                            .gbs = 0, .precision = COST_BF16,
+                            .recompute = (enum cost_recompute)(data[13] % 3),
+                            .dispatcher = (enum cost_dispatcher)(data[14] % 3),
+                            .overlap = (data[15] & 1) != 0};
     l.gbs = l.dp * l.mbs * (1 + data[15] % 16);
     char lay[256];
     size_t n = size - 16 < sizeof lay - 1 ? size - 16 : sizeof lay - 1;

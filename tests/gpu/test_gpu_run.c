@@ -64,8 +64,11 @@ static void make_plan(struct plan_file *p, const struct run_case *rc)
     if (rc->layers) p->model.layers = rc->layers;
     struct cost_layout *l = &p->layout;
     int pp = rc->pp ? rc->pp : 1, vpp = rc->vpp ? rc->vpp : 1, V = pp * vpp;
-    *l = (struct cost_layout){1, pp, vpp, rc->ep, 1, rc->dp, rc->zero, SEQ, 1, GBS, COST_BF16,
-                              COST_RECOMPUTE_NONE, rc->mode, false};
+    *l = (struct cost_layout){.tp = 1, .pp = pp, .vpp = vpp, .ep = rc->ep, .etp = 1,
+                              .dp = rc->dp, .zero = rc->zero, .seq_len = SEQ, .mbs = 1,
+                              .gbs = GBS, .precision = COST_BF16,
+                              .recompute = COST_RECOMPUTE_NONE, .dispatcher = rc->mode,
+                              .overlap = false};
     p->gpus = pp * rc->dp;
     p->micro_batches = GBS / rc->dp;
     p->stage_layers = malloc(sizeof *p->stage_layers * (size_t)V);
@@ -120,28 +123,43 @@ static enum moe_status run_case(const struct run_case *rc, int steps, struct col
 #define DGPU COST_DISPATCH_DEDUP_GPU
 #define DDOM COST_DISPATCH_DEDUP_DOMAIN
 static const struct run_case cases[] = {
-    {"DP 1", 1, 1, 1, A2A, false, 0, -1, 0, 0, 0, 0, false},
-    {"DP 2", 2, 1, 2, A2A, false, 0, -1, 0, 0, 0, 0, false},
-    {"EP 4 dedup-gpu, 2 domains", 4, 4, 2, DGPU, false, 0, -1, 0, 0, 0, 0, false},
-    {"EP 2 alltoall", 2, 2, 1, A2A, false, 0, -1, 0, 0, 0, 0, false},
-    {"EP 2 dedup-gpu", 2, 2, 1, DGPU, false, 0, -1, 0, 0, 0, 0, false},
-    {"EP 2 dedup-domain, 2 domains", 2, 2, 1, DDOM, false, 0, -1, 0, 0, 0, 0, false},
-    {"EP 4 alltoall", 4, 4, 2, A2A, false, 0, -1, 0, 0, 0, 0, false},
-    {"EP 4 dedup-domain, 2 domains", 4, 4, 2, DDOM, false, 0, -1, 0, 0, 0, 0, false},
-    {"EP 8 alltoall", 8, 8, 4, A2A, false, 0, -1, 0, 0, 0, 0, false},
-    {"EP 8 dedup-gpu", 8, 8, 4, DGPU, false, 0, -1, 0, 0, 0, 0, false},
-    {"EP 8 dedup-domain, 2 domains", 8, 8, 4, DDOM, false, 0, -1, 0, 0, 0, 0, false},
-    {"EP 4 x 2 groups dedup-gpu", 8, 4, 4, DGPU, false, 0, -1, 0, 0, 0, 0, false},
-    {"DP 1 over NCCL", 1, 1, 1, A2A, true, 0, -1, 0, 0, 0, 0, false},
-    {"DP 2 ZeRO-1", 2, 1, 2, A2A, false, 1, 1, 0, 0, 0, 0, false},
-    {"EP 4 dedup-gpu ZeRO-1", 4, 4, 2, DGPU, false, 1, 2, 0, 0, 0, 0, false},
-    {"PP 2", 1, 1, 2, A2A, false, 0, -1, 2, 1, 0, 0, false},
-    {"PP 2 x DP 2, ZeRO-1", 2, 1, 4, A2A, false, 1, -1, 2, 1, 0, 0, false},
-    {"DP 1, 4 blocks", 1, 1, 1, A2A, false, 0, -1, 0, 0, 4, 17, false},
-    {"PP 2 x 2 chunks (interleaved)", 1, 1, 2, A2A, false, 0, -1, 2, 2, 4, 17, false},
-    {"PP 4, 4 blocks", 1, 1, 4, A2A, false, 0, -1, 4, 1, 4, 17, false},
-    {"DP 2, all-reduce after", 2, 1, 2, A2A, false, 0, 1, 0, 0, 0, 0, true},
-    {"EP 4 dedup-gpu, all-reduce after", 4, 4, 2, DGPU, false, 0, 2, 0, 0, 0, 0, true},
+    {.name = "DP 1", .dp = 1, .ep = 1, .domain = 1, .mode = A2A, .same_as = -1},
+    {.name = "DP 2", .dp = 2, .ep = 1, .domain = 2, .mode = A2A, .same_as = -1},
+    {.name = "EP 4 dedup-gpu, 2 domains",
+      .dp = 4, .ep = 4, .domain = 2, .mode = DGPU, .same_as = -1},
+    {.name = "EP 2 alltoall", .dp = 2, .ep = 2, .domain = 1, .mode = A2A, .same_as = -1},
+    {.name = "EP 2 dedup-gpu", .dp = 2, .ep = 2, .domain = 1, .mode = DGPU, .same_as = -1},
+    {.name = "EP 2 dedup-domain, 2 domains",
+      .dp = 2, .ep = 2, .domain = 1, .mode = DDOM, .same_as = -1},
+    {.name = "EP 4 alltoall", .dp = 4, .ep = 4, .domain = 2, .mode = A2A, .same_as = -1},
+    {.name = "EP 4 dedup-domain, 2 domains",
+      .dp = 4, .ep = 4, .domain = 2, .mode = DDOM, .same_as = -1},
+    {.name = "EP 8 alltoall", .dp = 8, .ep = 8, .domain = 4, .mode = A2A, .same_as = -1},
+    {.name = "EP 8 dedup-gpu", .dp = 8, .ep = 8, .domain = 4, .mode = DGPU, .same_as = -1},
+    {.name = "EP 8 dedup-domain, 2 domains",
+      .dp = 8, .ep = 8, .domain = 4, .mode = DDOM, .same_as = -1},
+    {.name = "EP 4 x 2 groups dedup-gpu",
+      .dp = 8, .ep = 4, .domain = 4, .mode = DGPU, .same_as = -1},
+    {.name = "DP 1 over NCCL",
+      .dp = 1, .ep = 1, .domain = 1, .mode = A2A, .nccl = true, .same_as = -1},
+    {.name = "DP 2 ZeRO-1", .dp = 2, .ep = 1, .domain = 2, .mode = A2A, .zero = 1, .same_as = 1},
+    {.name = "EP 4 dedup-gpu ZeRO-1",
+      .dp = 4, .ep = 4, .domain = 2, .mode = DGPU, .zero = 1, .same_as = 2},
+    {.name = "PP 2", .dp = 1, .ep = 1, .domain = 2, .mode = A2A, .same_as = -1, .pp = 2, .vpp = 1},
+    {.name = "PP 2 x DP 2, ZeRO-1",
+      .dp = 2, .ep = 1, .domain = 4, .mode = A2A, .zero = 1, .same_as = -1, .pp = 2, .vpp = 1},
+    {.name = "DP 1, 4 blocks",
+      .dp = 1, .ep = 1, .domain = 1, .mode = A2A, .same_as = -1, .layers = 4, .base = 17},
+    {.name = "PP 2 x 2 chunks (interleaved)",
+      .dp = 1, .ep = 1, .domain = 2, .mode = A2A,
+      .same_as = -1, .pp = 2, .vpp = 2, .layers = 4, .base = 17},
+    {.name = "PP 4, 4 blocks",
+      .dp = 1, .ep = 1, .domain = 4, .mode = A2A,
+      .same_as = -1, .pp = 4, .vpp = 1, .layers = 4, .base = 17},
+    {.name = "DP 2, all-reduce after",
+      .dp = 2, .ep = 1, .domain = 2, .mode = A2A, .same_as = 1, .no_overlap = true},
+    {.name = "EP 4 dedup-gpu, all-reduce after",
+      .dp = 4, .ep = 4, .domain = 2, .mode = DGPU, .same_as = 2, .no_overlap = true},
 };
 
 static void test_equivalence(void **state)

@@ -84,7 +84,8 @@ static enum moe_status ep_gpu_rank(struct exec_transport *t, void *arg, struct m
 {
     struct ep_gpu_run *a = arg;
     int r = t->rank, E = a->m->moe.experts;
-    struct exec_gpu_cfg cfg = {a->S, 1, false, 0.0, 0, 1, t, a->g, 0.0, 1, NULL, NULL, 0, 0.0};
+    struct exec_gpu_cfg cfg = {.seq = a->S, .mbs = 1, .streams = 1, .ep = t, .ep_group = a->g,
+                               .ep_groups = 1};
     struct exec_gpu *g;
     cudaSetDevice(0);
     enum moe_status st = exec_gpu_create(&g, a->m, &cfg, err);
@@ -259,8 +260,8 @@ static bool compare_once(const struct mdl_model *m, uint64_t seed, const struct 
         printf("  EP %d dispatch payload: %.0f B over NVLink, %.0f B scale-out (all ranks)\n", R,
                nv, so);
     } else {
-        struct exec_gpu_cfg cfg = {S, s->mbs, s->recompute, s->aux_coef, 0, s->streams, NULL,
-                                   NULL, 0.0, 0, NULL, NULL, 0, 0.0};
+        struct exec_gpu_cfg cfg = {.seq = S, .mbs = s->mbs, .recompute = s->recompute,
+                                   .aux_coef = s->aux_coef, .streams = s->streams};
         struct exec_gpu *g;
         if (exec_gpu_create(&g, m, &cfg, &err) != MOE_OK) fail_msg("%s", err.message);
         assert_int_equal(exec_gpu_set_params(g, r.params, &err), MOE_OK);
@@ -440,7 +441,7 @@ static void test_dropless(void **state)
 static void run_steps(const struct mdl_model *m, int streams, double *losses, double *params)
 {
     enum { S = 32, STEPS = 3 };
-    struct exec_gpu_cfg cfg = {S, 2, false, 0.01, 0, streams, NULL, NULL, 0.0, 0, NULL, NULL, 0, 0.0};
+    struct exec_gpu_cfg cfg = {.seq = S, .mbs = 2, .aux_coef = 0.01, .streams = streams};
     struct exec_gpu *g;
     struct moe_error err;
     if (exec_gpu_create(&g, m, &cfg, &err) != MOE_OK) fail_msg("%s", err.message);
@@ -503,7 +504,7 @@ static void test_train_on_text(void **state)
     struct moe_error err;
     assert_int_equal(exec_ref_model_create(&r, &m, 42, &err), MOE_OK);
     for (size_t i = 0; i < r.nparams; i++) r.params[i] = bf16_round(r.params[i]);
-    struct exec_gpu_cfg cfg = {SEQ - 1, 1, false, 0.0, 0, 1, NULL, NULL, 0.0, 0, NULL, NULL, 0, 0.0};
+    struct exec_gpu_cfg cfg = {.seq = SEQ - 1, .mbs = 1, .streams = 1};
     struct exec_gpu *g;
     if (exec_gpu_create(&g, &m, &cfg, &err) != MOE_OK) fail_msg("%s", err.message);
     assert_int_equal(exec_gpu_set_params(g, r.params, &err), MOE_OK);

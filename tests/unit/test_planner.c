@@ -146,8 +146,10 @@ static void setup(const char *model, const char *cluster, struct mdl_model *m,
 
 static struct cost_layout layout(const char *text, int seq)
 {
-    struct cost_layout l = {1, 1, 1, 1, 1, 1, 1, seq, 1, 8, COST_BF16, COST_RECOMPUTE_NONE,
-                            COST_DISPATCH_ALLTOALL, false};
+    struct cost_layout l = {.tp = 1, .pp = 1, .vpp = 1, .ep = 1, .etp = 1, .dp = 1, .zero = 1,
+                            .seq_len = seq, .mbs = 1, .gbs = 8, .precision = COST_BF16,
+                            .recompute = COST_RECOMPUTE_NONE,
+                            .dispatcher = COST_DISPATCH_ALLTOALL, .overlap = false};
     struct moe_error err;
     if (cost_layout_parse(&l, text, &err) != MOE_OK) fail_msg("%s", err.message);
     return l;
@@ -667,8 +669,10 @@ static void test_search_and_plan_file(void **state)
     q.headroom = 0.05;
     q.top_k = 3;
     q.mip_time_limit_s = 1.0;
-    struct cost_layout free_ = {-1, -1, -1, -1, -1, -1, -1, 4096, -1, -1, COST_BF16,
-                                (enum cost_recompute)-1, (enum cost_dispatcher)-1, true};
+    struct cost_layout free_ = {.tp = -1, .pp = -1, .vpp = -1, .ep = -1, .etp = -1, .dp = -1,
+                                .zero = -1, .seq_len = 4096, .mbs = -1, .gbs = -1,
+                                .precision = COST_BF16, .recompute = (enum cost_recompute)-1,
+                                .dispatcher = (enum cost_dispatcher)-1, .overlap = true};
     q.fix = free_;
     assert_int_equal(plan_search(&q, &r, &err), MOE_OK);
     assert_true(r.evaluated > 10);
@@ -680,8 +684,11 @@ static void test_search_and_plan_file(void **state)
     struct cost_ctx ctx;
     cost_ctx_init(&ctx, &q.model, &q.cluster, &q.cal, 8);
     for (int ep = 1; ep <= 8; ep *= 2) {
-        struct cost_layout l = {1, 1, 1, ep, 1, 8, 1, 4096, 1, 64, COST_BF16, COST_RECOMPUTE_NONE,
-                                ep > 1 ? COST_DISPATCH_DEDUP_GPU : COST_DISPATCH_ALLTOALL, true};
+        struct cost_layout l = {
+            .tp = 1, .pp = 1, .vpp = 1, .ep = ep, .etp = 1, .dp = 8, .zero = 1, .seq_len = 4096,
+            .mbs = 1, .gbs = 64, .precision = COST_BF16, .recompute = COST_RECOMPUTE_NONE,
+            .dispatcher = ep > 1 ? COST_DISPATCH_DEDUP_GPU : COST_DISPATCH_ALLTOALL,
+            .overlap = true};
         struct cost_result res;
         if (cost_evaluate(&ctx, &l, &res, &err) == MOE_OK && res.fits)
             assert_true(res.step_us >= r.best.result.step_us * (1 - 1e-9) ||
