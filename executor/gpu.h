@@ -34,12 +34,44 @@ static const char *const w_names[W_N] = {"attn_norm", "wq", "wk", "wv", "wo", "w
                                          "wqb", "wkva", "kva_norm", "wkvb", "ffn_norm", "router",
                                          "gate", "up", "down", "sgate", "sup", "sdown"};
 
-/* What one block keeps from its forward for its backward. */
+/* What one block keeps from its forward for its backward. Shapes (rows, columns): T = tokens of
+ * the micro-batch, h = hidden, H / KV = heads / kv_heads, P = routed pairs (T x top_k), Pe = the
+ * pairs a rank's experts may receive, fw = the wider of the dense and shared FFN. */
 struct act {
-    bf16 *a16, *q16, *k16, *v16, *o16, *cqn16, *ckvn16, *b16, *hm16, *xp16, *ehm16;
-    float *rstd1, *cq32, *rstdq, *ckvf32, *rstdkv, *h1, *b32, *rstd2, *g32, *u32;
-    float *logits, *weight, *eg32, *eu32, *yp32, *auxg, *lse;
-    int *choice, *pos, *row_src, *off;
+    /* attention half */
+    bf16 *a16;      /* (T, h) the normed block input */
+    float *rstd1;   /* (T) its RMSNorm's 1 / rms */
+    bf16 *q16;      /* (T, H * dqk) */
+    bf16 *k16;      /* (T, KV * dqk) */
+    bf16 *v16;      /* (T, KV * dv) */
+    bf16 *o16;      /* (T, H * dv) attention output before the projection */
+    float *lse;     /* (T, H) log-sum-exp of the scores (flash backward) */
+    float *cq32;    /* MLA (T, q_lora) compressed q */
+    float *rstdq;   /* MLA (T) */
+    bf16 *cqn16;    /* MLA (T, q_lora) normed */
+    float *ckvf32;  /* MLA (T, kv_lora + rope) compressed kv and the shared RoPE key */
+    float *rstdkv;  /* MLA (T) */
+    bf16 *ckvn16;   /* MLA (T, kv_lora) normed */
+    float *h1;      /* (T, h) the residual stream after attention */
+    /* FFN half */
+    bf16 *b16;      /* (T, h) its normed input */
+    float *rstd2;   /* (T) */
+    float *b32;     /* (T, h) the normed input in fp32 (the router's) */
+    float *g32;     /* (T, fw) dense or shared SwiGLU gate */
+    float *u32;     /* (T, fw) its up projection */
+    bf16 *hm16;     /* (T, fw) silu(gate) * up */
+    float *logits;  /* (T, experts) router logits */
+    int *choice;    /* (P) expert of each routed pair, token-major */
+    float *weight;  /* (P) its routing weight */
+    int *pos;       /* (P) the pair's row in expert order */
+    int *row_src;   /* (P) the token of each row in expert order */
+    int *off;       /* (experts + 1) rows of each expert, as offsets */
+    float *auxg;    /* (experts) the load-balance loss's gradient factor */
+    bf16 *xp16;     /* (Pe, h) the rows in expert order */
+    float *eg32;    /* (Pe, ffn) expert gate */
+    float *eu32;    /* (Pe, ffn) expert up */
+    bf16 *ehm16;    /* (Pe, ffn) silu(gate) * up */
+    float *yp32;    /* (Pe, h) expert outputs, unweighted */
 };
 
 /* An expert GEMM kind: its cuBLASLt operation and the algorithm chosen for it once. */
@@ -101,23 +133,28 @@ struct exec_gpu {
     /* expert parallelism (cfg.ep): Pe pairs and rows_cap rows a rank may hold */
     struct ep_layer *epl;     /* (nmoe) */
     int Pe, rows_cap;
-    int *ep_idx;
-    struct exec_ep_meta *ep_meta_send, *ep_meta_recv;
-    bf16 *ep_send16, *ep_recv16;
-    float *ep_send32, *ep_recv32, *ep_part, *ep_ret, *ep_dwrows, *ep_dwret, *dwp;
+    int *ep_idx;              /* (rows_cap) rows to gather */
+    struct exec_ep_meta *ep_meta_send, *ep_meta_recv; /* (rows_cap) each row's token and slots */
+    bf16 *ep_send16, *ep_recv16; /* (rows_cap, h) rows out and in, bf16 (forward) */
+    float *ep_send32, *ep_recv32; /* (rows_cap, h) the same in fp32 (backward) */
+    float *ep_part, *ep_ret;  /* (rows_cap, h) weighted partial sums, returned rows */
+    float *ep_dwrows, *ep_dwret; /* (rows_cap, top_k) routing weights' gradients, out and back */
+    float *dwp;               /* (Pe) a pair's weight gradient */
     double *ep_loads;         /* (nmoe, E): the step's loads, summed over the run's ranks */
     int *choice_host;         /* pinned (P) */
     float *weight_host;       /* pinned (P) */
     struct lt_kind lt_kinds[LT_KINDS];
     int nlt;
     const int *forced_choice; /* device (T, top_k): replaces the router's choice (benchmarks) */
-    /* parameters */
-    float *master, *grad, *m1, *m2;
+    /* parameters, flat in the reference's table order (table.nparams of them) */
+    float *master;            /* (nparams) fp32 masters (ZeRO-1: ranks x shard_n) */
+    float *grad;              /* (nparams) accumulated gradients */
+    float *m1, *m2;           /* (shard_n) AdamW moments */
     /* ZeRO-1 (cfg.zero): this rank's shard of the flat parameters, [shard_lo, shard_hi), of
      * shard_n each rank (the last one's padded); m1 and m2 hold the shard only, master all
      * ranks x shard_n (every rank's part arrives by all-gather after each update) */
     size_t shard_lo, shard_hi, shard_n;
-    bf16 *w16;
+    bf16 *w16;                /* (nparams) bf16 copies of the masters, what the GEMMs read */
     int (*wi)[W_N];           /* per layer: tensor index of each weight, -1: none */
     int embed, final_norm, head;
     bool *decay;              /* per tensor */
@@ -131,20 +168,54 @@ struct exec_gpu {
     unsigned long long *coact;/* (nmoe, E, E) device */
     int **off_host;           /* per layer (or one with recompute): E + 1 */
     /* activations */
-    float **xin;              /* per layer input of the block, and xin[L] the last output */
+    float **xin;              /* (layers + 1) x (T, h): each block's input, xin[layers] the last
+                               * block's output */
     struct act *act;          /* per layer, or all the same with recompute */
-    /* workspace */
-    int *tok, *tok_in, *tgt, *perm_cnt, *perm_base;
-    int *emb_dev;             /* distinct ids, offsets, positions of the micro-batch's inputs */
-    int *emb_host, *emb_count; /* pinned copy of emb_dev; per-vocabulary counts (host) */
+    /* workspace: shapes as struct act's; the d* buffers are gradients */
+    int *tok;                 /* (mbs, seq + 1) the micro-batch's token ids */
+    int *tok_in, *tgt;        /* (T) inputs and next-token targets */
+    int *perm_cnt, *perm_base; /* (P / GK_CHUNK + 1, experts) the permutation's counting sort */
+    int *emb_dev;             /* (3 T + 1) distinct ids, offsets, positions of the inputs */
+    int *emb_host, *emb_count; /* pinned copy of emb_dev; (vocab) counts per id (host) */
     int emb_nids;
-    float *q32, *k32, *kv32, *delta, *part, *dh, *dprev, *da32, *db32, *dq32, *dk32, *dv32;
-    float *dqf32, *dkv32, *dckvn32, *dckvf32, *dcqn32, *dcq32, *dhm32, *dw, *dehm32, *dxp32, *dz;
-    float *scores, *rstdf, *logits, *row_loss, *dfin32, *ytmp, *yscr;
+    float *q32, *k32;         /* (T, H * dqk), (T, KV * dqk) fp32 before RoPE */
+    float *kv32;              /* MLA (T, H * (nope + dv)) the decompressed keys and values */
+    float *delta;             /* (T, H) flash backward's row sums */
+    float *part;              /* (T / GK_CHUNK + 1, widest row) column-sum partials */
+    float *ytmp;              /* (widest row) */
+    float *dh, *dprev;        /* (T, h) the residual stream's gradient, in and out of a block */
+    float *yscr;              /* (T, h) recompute's scratch output */
+    float *da32, *db32;       /* (T, h) the normed inputs' gradients */
+    bf16 *dy16, *dh16;        /* (T, h) bf16 copies of gradients for the GEMMs */
+    bf16 *do16;               /* (T, H * dv) */
+    float *dq32, *dk32, *dv32; /* (T, H * dqk), (T, KV * dqk), (T, KV * dv) */
+    bf16 *dq16, *dk16, *dv16; /* the same in bf16 */
+    float *dqf32;             /* MLA (T, H * dqk) */
+    bf16 *dqf16;
+    float *dkv32;             /* MLA (T, H * (nope + dv)) */
+    bf16 *dkv16;
+    float *dckvn32;           /* MLA (T, kv_lora) */
+    float *dckvf32;           /* MLA (T, kv_lora + rope) */
+    bf16 *dckvf16;
+    float *dcqn32, *dcq32;    /* MLA (T, q_lora) */
+    bf16 *dcq16;
+    float *dhm32;             /* (T, fw) */
+    bf16 *dg16, *du16;        /* (T, fw) */
+    float *dw;                /* (P) routing weights' gradients */
+    bf16 *dyp16;              /* (Pe, h) */
+    float *dehm32;            /* (Pe, ffn) */
+    bf16 *deg16, *deu16;      /* (Pe, ffn) */
+    float *dxp32;             /* (Pe, h) */
+    float *dz;                /* (T, experts) router logits' gradient */
+    float *scores;            /* (T, experts) */
+    bf16 *fin16;              /* (T, h) the final norm's output */
+    float *rstdf;             /* (T) */
+    float *logits;            /* (T, vocab) LM head output */
+    bf16 *dlog16;             /* (T, vocab) its gradient */
+    float *row_loss;          /* (T) */
+    float *dfin32;            /* (T, h) */
     double grad_scale;        /* of the micro-batch running */
-    bf16 *dy16, *do16, *dq16, *dk16, *dv16, *dkv16, *dckvf16, *dqf16, *dcq16, *dg16,
-        *du16, *dyp16, *deg16, *deu16, *fin16, *dlog16, *dh16;
-    double *norm_part;
+    double *norm_part;        /* (GK_NORM_BLOCKS) the gradient norm's partial sums */
     float2 *rope_tab;         /* (S, rotated dims / 2): cos, sin */
     float *host_rows;         /* pinned: row losses */
     /* timing and accounting */
