@@ -116,15 +116,18 @@ int cmd_topo(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv);
 int cmd_predict(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv);
 int cmd_plan(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv);
 int cmd_report(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv);
+int cmd_calibrate(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv);
 #ifdef MOEPLAN_HAVE_EXECUTOR
 int cmd_run(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv);
 int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv);
-int cmd_calibrate(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv);
 int cmd_validate(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv);
-extern const struct cli_opt cmd_run_opts[], cmd_bench_opts[], cmd_calibrate_opts[],
-    cmd_validate_opts[];
+/* calibrate's measurements on this machine's GPU (cmd_validate.c) */
+struct plan_calib_data;
+enum moe_status cli_calibrate_measure(struct cli *cli, const struct topo_cluster *cl, bool quick,
+                                      struct plan_calib_data *d, struct moe_error *err);
+extern const struct cli_opt cmd_run_opts[], cmd_bench_opts[], cmd_validate_opts[];
 #endif
 extern const struct cli_opt cmd_check_opts[], cmd_model_opts[], cmd_topo_opts[],
-    cmd_predict_opts[], cmd_plan_opts[], cmd_report_opts[];
+    cmd_predict_opts[], cmd_plan_opts[], cmd_report_opts[], cmd_calibrate_opts[];
 
 #endif

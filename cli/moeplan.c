@@ -239,10 +239,6 @@ static int cmd_run(struct cli *cli, const struct cli_cmd *cmd, int argc, char **
 
 #ifndef MOEPLAN_HAVE_EXECUTOR
 enum { OPT_JSON = 1, OPT_O };
-static const struct cli_opt calibrate_opts[] = {
-    {"output", required_argument, OPT_O, "FILE", "write the profile here"},
-    {NULL, 0, 0, NULL, NULL},
-};
 static const struct cli_opt validate_opts[] = {
     {"output", required_argument, OPT_O, "DIR", "write the report here"},
     {NULL, 0, 0, NULL, NULL},
@@ -271,12 +267,8 @@ static const struct cli_cmd commands[] = {
 #endif
      cmd_run_opts, cmd_run},
     {"calibrate", "[options]",
-     "Microbenchmark this GPU machine; fit a profile.",
-#ifdef MOEPLAN_HAVE_EXECUTOR
-     NULL, cmd_calibrate_opts, cmd_calibrate},
-#else
-     "calibration measures a GPU: this build has no executor", calibrate_opts, cmd_not_built},
-#endif
+     "Microbenchmark this GPU machine; fit a profile (--refit: again, on any machine).", NULL,
+     cmd_calibrate_opts, cmd_calibrate},
     {"validate", "[options]",
      "Plan, run and compare a set of one-GPU jobs; write the report.",
 #ifdef MOEPLAN_HAVE_EXECUTOR

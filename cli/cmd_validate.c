@@ -1,0 +1,400 @@
+/*
+ * cmd_validate.c: the GPU side of calibration (CUDA builds): `moeplan calibrate`'s measurements
+ * (executor/calib.cu's microbenchmarks: GEMMs over a grid with the skinny expert shapes, the
+ * executor's expert block, flash attention, HBM copies, launches; then a few training steps of
+ * the calibration jobs), and `moeplan validate`: plans a set of one-GPU jobs that differ from the
+ * calibration jobs (models, sequence lengths, micro-batches, recompute, skew), runs each, and
+ * writes one Markdown report of predicted against measured step and phase times. The fits are
+ * the planner's (planner/calib_fit.c).
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "cli.h"
+#include "exec.h"
+#include "plan.h"
+#include "rpt.h"
+
+enum { OPT_QUICK = 1, OPT_CAL, OPT_CLUSTER, OPT_STEPS, OPT_REFIT, OPT_OUT = 'o' };
+
+const struct cli_opt cmd_validate_opts[] = {
+    {"output", required_argument, OPT_OUT, "DIR", "write the report here (validation)"},
+    {"calibration", required_argument, OPT_CAL, "FILE", "predict with this profile"},
+    {"cluster", required_argument, OPT_CLUSTER, "C", "the cluster this GPU belongs to (h200-vm)"},
+    {"steps", required_argument, OPT_STEPS, "N", "training steps a job (10; the first is warm-up)"},
+    {"quick", no_argument, OPT_QUICK, NULL, "fewer steps (6)"},
+    {NULL, 0, 0, NULL, NULL},
+};
+
+/* Per-phase medians of a job's steps after the first. */
+struct job_run {
+    int steps, n;
+    double (*phase)[COST_NPHASES];
+    double loss0, loss1;
+};
+
+static void job_step(void *ctx, const struct exec_run_step *s)
+{
+    struct job_run *r = ctx;
+    if (s->step == 1) r->loss0 = s->loss;
+    r->loss1 = s->loss;
+    if (s->step > 1 && r->n < r->steps)
+        memcpy(r->phase[r->n++], s->gpu.phase_ms, sizeof r->phase[0]);
+}
+
+/* Trains the job `steps` steps; med[p]: the median of each phase (ms) over steps 2..N; with
+ * routing, the MoE layers' measured routing too (cost_routing_free it). */
+static enum moe_status job_run(const struct plan_file *p, double skew, int steps, double *med,
+                               double *loss0, double *loss1, struct cost_routing *routing,
+                               struct moe_error *err)
+{
+    const struct mdl_model *m = &p->model;
+    int E = m->moe.experts;
+    struct job_run jr = {steps, 0, calloc((size_t)steps, sizeof(double[COST_NPHASES])), 0, 0};
+    double *bias = skew > 0 ? calloc((size_t)m->layers * E, sizeof *bias) : NULL;
+    if (!jr.phase || (skew > 0 && !bias)) {
+        free(jr.phase), free(bias);
+        return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    }
+    for (int b = 0; bias && b < m->layers; b++)
+        for (int e = 0; e < E; e++)
+            bias[(size_t)b * E + e] = E > 1 ? skew * (E - 1 - e) / (E - 1) / E : 0.0;
+    struct exec_run_cfg c;
+    memset(&c, 0, sizeof c);
+    c.plan = p;
+    c.mode = EXEC_RUN_THREADS;
+    c.seed = 1;
+    c.steps = steps;
+    c.warmup = 1;
+    c.streams = 1;
+    c.lr = 3e-4;
+    c.bias_rate = skew > 0 ? 0.0 : 1e-3; /* a skewed job keeps its bias */
+    c.bias0 = bias;
+    c.timeout_s = 60;
+    c.fail_rank = c.fail_step = -1;
+    c.on_step = job_step;
+    c.ctx = &jr;
+    struct exec_run_result res;
+    memset(&res, 0, sizeof res);
+    enum moe_status st = exec_run(&c, &res, err);
+    if (st == MOE_OK && routing) { /* the MoE layers' rows of (layers, experts) */
+        int64_t *moe = malloc(sizeof *moe * (size_t)m->layers * E);
+        int n = 0;
+        for (int b = 0; moe && b < m->layers; b++)
+            if (mdl_layer_is_moe(m, b))
+                memcpy(moe + (size_t)n++ * E, res.counts + (size_t)b * E, sizeof *moe * E);
+        st = moe ? cost_routing_from_counts(routing, moe, n, E, m->moe.top_k, err)
+                 : moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+        free(moe);
+    }
+    exec_run_result_free(&res);
+    free(bias);
+    if (st == MOE_OK) {
+        double col[512];
+        for (int ph = 0; ph < COST_NPHASES; ph++) {
+            int n = jr.n < 512 ? jr.n : 512;
+            for (int i = 0; i < n; i++) col[i] = jr.phase[i][ph];
+            med[ph] = moe_median(col, (size_t)n);
+        }
+        *loss0 = jr.loss0;
+        *loss1 = jr.loss1;
+    }
+    free(jr.phase);
+    return st;
+}
+
+
+/* GEMMs of the executor's shapes: the projections, the LM head, and expert GEMMs from a few rows
+ * (skinny) to many. */
+static enum moe_status measure_gemms(bool quick, struct cost_gemm_sample *s, int *n,
+                                     struct moe_error *err)
+{
+    static const int nk[][2] = {{2048, 7168}, {7168, 2048}, {4096, 14336}, {14336, 4096},
+                                {2816, 2048}, {2048, 1408},  {1536, 2048},  {2048, 768},
+                                {32000, 4096}, {6144, 4096}};
+    static const int ms[] = {32, 128, 512, 2048, 8192, 16384};
+    int nn = quick ? 5 : 10, nm = (int)(sizeof ms / sizeof ms[0]);
+    *n = 0;
+    for (int a = 0; a < nn; a++)
+        for (int b = 0; b < nm; b++) {
+            if (quick && b % 2) continue;
+            struct cost_gemm_sample *x = &s[(*n)++];
+            *x = (struct cost_gemm_sample){ms[b], nk[a][0], nk[a][1], 0};
+            enum moe_status st =
+                exec_time_gemm(ms[b], nk[a][0], nk[a][1], quick ? 5 : 15, &x->us, err);
+            if (st != MOE_OK) return st;
+        }
+    return MOE_OK;
+}
+
+/* The executor's expert block (`moeplan bench moe`'s): the expert shapes of the shipped models
+ * and their proxies, few rows an expert to many. Each row: experts, top-k, hidden, intermediate,
+ * tokens, then the forward and the backward, us. */
+static enum moe_status measure_experts(bool quick, double (*x)[PLAN_CALIB_EXPERT_COLS], int *n,
+                                       struct moe_error *err)
+{
+    static const int shape[][4] = {{8, 2, 4096, 14336}, {64, 6, 2048, 1408}, {128, 6, 2048, 1408},
+                                   {16, 8, 7168, 2048}, {32, 8, 7168, 2048}};
+    static const int tokens[] = {1024, 4096, 8192};
+    int ns = (int)(sizeof shape / sizeof shape[0]), nt = (int)(sizeof tokens / sizeof tokens[0]);
+    *n = 0;
+    for (int a = 0; a < ns; a++)
+        for (int b = 0; b < nt; b++) {
+            if (quick && b == 1) continue;
+            struct exec_moe_bench_cfg c = {shape[a][0], tokens[b], shape[a][1], shape[a][2],
+                                           shape[a][3], 0, 2, quick ? 3 : 7, 0.0, 17};
+            struct exec_moe_bench_result r;
+            int *choice = malloc(sizeof(int) * (size_t)c.tokens * c.top_k);
+            if (!choice) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+            enum moe_status st = exec_moe_bench(&c, choice, &r, err);
+            free(choice);
+            if (st != MOE_OK) return st;
+            double *v = x[(*n)++];
+            for (int k = 0; k < 4; k++) v[k] = shape[a][k];
+            v[4] = tokens[b];
+            v[5] = r.block_fwd_ms * 1e3;
+            v[6] = (r.block_ms - r.block_fwd_ms) * 1e3;
+        }
+    return MOE_OK;
+}
+
+
+/* On the GPU: the microbenchmarks and the calibration jobs. */
+enum moe_status cli_calibrate_measure(struct cli *cli, const struct topo_cluster *cl, bool quick,
+                                      struct plan_calib_data *d, struct moe_error *err)
+{
+    struct exec_device_info dev;
+    struct exec_versions v;
+    int ndev = 0;
+    enum moe_status st = exec_device_count(&ndev, err);
+    if (st != MOE_OK) return st;
+    if (ndev < 1)
+        return moe_error_set(err, MOE_ERR_RUNTIME,
+                             "no CUDA GPU on this machine: calibration measures a GPU (plan and "
+                             "predict take a profile made there; --refit fits one again here)");
+    if ((st = exec_device_query(0, &dev, err))) return st;
+    exec_versions_get(&v);
+    memset(d, 0, sizeof *d);
+    d->quick = quick;
+    time_t now = time(NULL);
+    strftime(d->date, sizeof d->date, "%Y-%m-%d", gmtime(&now));
+    snprintf(d->gpu, sizeof d->gpu, "%s", dev.name);
+    snprintf(d->driver, sizeof d->driver, "%d.%d", v.cuda_driver / 1000,
+             (v.cuda_driver % 1000) / 10);
+    snprintf(d->cuda, sizeof d->cuda, "%d.%d", v.cuda_runtime / 1000, (v.cuda_runtime % 1000) / 10);
+    snprintf(d->cublas, sizeof d->cublas, "%d.%d.%d", v.cublas_major, v.cublas_minor,
+             v.cublas_patch);
+    snprintf(d->nccl, sizeof d->nccl, "%d.%d.%d", v.nccl_runtime / 10000,
+             (v.nccl_runtime / 100) % 100, v.nccl_runtime % 100);
+    printf("moeplan calibrate: %s (%s: %.0f bf16 TFLOPS, %.2f TB/s HBM in the datasheet)\n",
+           dev.name, cl->gpu.name, cl->gpu.bf16_tflops, cl->gpu.hbm_bytes_per_s / 1e12);
+    size_t bytes = (size_t)1 << 30;
+    d->copy_bytes = (double)bytes;
+    if ((st = exec_time_launch(quick ? 5 : 20, &d->launch_us, err)) ||
+        (st = exec_time_copy(bytes, quick ? 5 : 20, &d->copy_us, err)) ||
+        (st = measure_gemms(quick, d->gemm, &d->ngemm, err)) ||
+        (st = measure_experts(quick, d->expert, &d->nexpert, err)))
+        return st;
+    static const int at[][6] = {{4, 1024, 32, 8, 128, 128}, {1, 4096, 32, 8, 128, 128},
+                                {2, 2048, 16, 16, 192, 128}, {1, 4096, 16, 16, 192, 128},
+                                {2, 2048, 32, 4, 128, 128},  {4, 1024, 16, 16, 192, 128},
+                                {8, 512, 32, 8, 128, 128},   {2, 2048, 32, 8, 128, 128}};
+    d->nattn = quick ? 3 : 8;
+    for (int i = 0; i < d->nattn; i++) {
+        for (int k = 0; k < 6; k++) d->attn[i][k] = at[i][k];
+        if ((st = exec_time_attention(at[i][0], at[i][1], at[i][2], at[i][3], at[i][4], at[i][5],
+                                      quick ? 3 : 10, &d->attn[i][6], &d->attn[i][7], err)))
+            return st;
+    }
+    struct cost_calibration base;
+    cost_calibration_defaults(&base, &cl->gpu);
+    char dir[MOE_PATH_MAX];
+    cli_data_path(cli, "model", dir, sizeof dir);
+    for (int i = 0; i < plan_calib_njobs; i++) {
+        struct plan_file p;
+        double l0, l1;
+        d->job[i] = plan_calib_jobs[i];
+        st = plan_calib_job_plan(&plan_calib_jobs[i], dir, cl, &base, NULL, &p, err);
+        if (st == MOE_OK) st = job_run(&p, 0.0, quick ? 5 : 9, d->got[i], &l0, &l1, NULL, err);
+        plan_file_free(&p);
+        if (st != MOE_OK) return st;
+        for (int ph = 0; ph < COST_NPHASES; ph++) d->got[i][ph] *= 1e3; /* us */
+        d->njobs++;
+    }
+    return MOE_OK;
+}
+
+
+/* validate ------------------------------------------------------------------------------------- */
+
+static int validate(struct cli *cli, const char *dir, const char *cal_file, const char *cluster,
+                    int steps)
+{
+    char mdir[MOE_PATH_MAX];
+    cli_data_path(cli, "model", mdir, sizeof mdir);
+    struct moe_error err;
+    struct topo_cluster cl;
+    struct cost_calibration cal;
+    if (cli_cluster_load(cli, cluster, cal_file, &cl, &cal, &err)) return cli_fail(cli, &err);
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        moe_error_set_at(&err, MOE_ERR_IO, dir, 0, 0, "cannot create the folder: %s",
+                         strerror(errno));
+        return cli_fail(cli, &err);
+    }
+    printf("moeplan validate: %d one-GPU jobs, %d steps each, predicted with %s\n", plan_valid_njobs, steps,
+           cal.source);
+    const char *h[] = {"job", "predicted", "measured", "error", "worst phase > 5% of the step"};
+    struct rpt_table *t = rpt_table_create(5, h, "lrrrl");
+    /* per-phase errors of the phases that matter (blank: under 5% of the measured step) */
+    static const int cols[] = {COST_EMBED, COST_ATTN_FWD, COST_ATTN_BWD, COST_ROUTER,
+                               COST_EXPERTS_FWD, COST_EXPERTS_BWD, COST_SHARED_EXPERT,
+                               COST_DENSE_FFN, COST_LM_HEAD, COST_LOSS, COST_OPTIMIZER};
+    enum { NCOLS = (int)(sizeof cols / sizeof cols[0]) };
+    const char *h2[NCOLS + 1] = {"job"};
+    char align[NCOLS + 2] = "l";
+    for (int c = 0; c < NCOLS; c++) h2[c + 1] = cost_phase_names[cols[c]], strcat(align, "r");
+    struct rpt_table *t2 = rpt_table_create(NCOLS + 1, h2, align);
+    double sum = 0, worst = 0;
+    int done = 0;
+    for (int i = 0; i < plan_valid_njobs && t && t2; i++) {
+        struct plan_file p;
+        char name[128];
+        double med[COST_NPHASES], l0, l1;
+        plan_calib_job_name(&plan_valid_jobs[i], name, sizeof name);
+        const struct plan_calib_job *j = &plan_valid_jobs[i];
+        struct cost_routing rt;
+        memset(&rt, 0, sizeof rt);
+        enum moe_status st = plan_calib_job_plan(j, mdir, &cl, &cal, NULL, &p, &err);
+        if (st == MOE_OK)
+            st = job_run(&p, j->skew, steps, med, &l0, &l1, j->skew > 0 ? &rt : NULL, &err);
+        if (st == MOE_OK && j->skew > 0) { /* predicted again with the routing it measured */
+            plan_file_free(&p);
+            st = plan_calib_job_plan(j, mdir, &cl, &cal, &rt, &p, &err);
+            double mx = 0;
+            for (int e = 0; e < rt.experts; e++) mx = fmax(mx, rt.pick[e] * rt.experts / rt.top_k);
+            if (st == MOE_OK)
+                printf("  %s: its routing's busiest expert has %.1f x the mean load (first MoE "
+                       "layer); predicted with that routing\n", name, mx);
+        }
+        cost_routing_free(&rt);
+        double pstep = p.step_us, pph[COST_NPHASES];
+        memcpy(pph, p.phase_us, sizeof pph);
+        plan_file_free(&p);
+        if (st == MOE_ERR_UNSUPPORTED || st == MOE_ERR_INFEASIBLE) { /* reported, not counted */
+            printf("  %d/%d %s: not run: %s\n", i + 1, plan_valid_njobs, name, err.message);
+            rpt_table_row(t, NULL);
+            rpt_table_cell(t, NULL, "%s", name);
+            rpt_table_cell(t, NULL, "-");
+            rpt_table_cell(t, NULL, "-");
+            rpt_table_cell(t, NULL, "-");
+            rpt_table_cell(t, NULL, "not run: %.120s", err.message);
+            continue;
+        }
+        if (st != MOE_OK) {
+            rpt_table_destroy(t);
+            rpt_table_destroy(t2);
+            return cli_fail(cli, &err);
+        }
+        double pred = pstep / 1e3, e = med[COST_STEP] / pred - 1.0;
+        done++;
+        sum += fabs(e);
+        if (fabs(e) > worst) worst = fabs(e);
+        char wp[96] = "-";
+        double we = 0;
+        for (int ph = 0; ph < COST_STEP; ph++) {
+            if (med[ph] < 0.05 * med[COST_STEP] || pph[ph] <= 0) continue;
+            double pe = med[ph] / (pph[ph] / 1e3) - 1.0;
+            if (fabs(pe) > fabs(we)) {
+                we = pe;
+                snprintf(wp, sizeof wp, "%s %+.0f%%", cost_phase_names[ph], 100 * pe);
+            }
+        }
+        rpt_table_row(t2, NULL);
+        rpt_table_cell(t2, NULL, "%s", name);
+        for (int c = 0; c < NCOLS; c++) {
+            int ph = cols[c];
+            if (med[ph] < 0.05 * med[COST_STEP] || pph[ph] <= 0) rpt_table_cell(t2, NULL, " ");
+            else rpt_table_cell(t2, NULL, "%+.0f%%", 100 * (med[ph] / (pph[ph] / 1e3) - 1.0));
+        }
+        rpt_table_row(t, NULL);
+        rpt_table_cell(t, NULL, "%s", name);
+        rpt_table_cell(t, NULL, "%.1f ms", pred);
+        rpt_table_cell(t, NULL, "%.1f ms", med[COST_STEP]);
+        rpt_table_cell(t, NULL, "%+.1f%%", 100 * e);
+        rpt_table_cell(t, NULL, "%s", wp);
+        printf("  %d/%d %s: measured %.1f ms, predicted %.1f ms (%+.1f%%), loss %.3f -> %.3f\n",
+               i + 1, plan_valid_njobs, name, med[COST_STEP], pred, 100 * e, l0, l1);
+        fflush(stdout);
+    }
+    if (!t || !t2 || done == 0) {
+        rpt_table_destroy(t);
+        rpt_table_destroy(t2);
+        moe_error_set(&err, t && t2 ? MOE_ERR_RUNTIME : MOE_ERR_NOMEM,
+                      t && t2 ? "no validation job ran" : "out of memory");
+        return cli_fail(cli, &err);
+    }
+    printf("\n");
+    rpt_table_print(t, stdout);
+    printf("\nerror of each phase of 5%% of the step or more:\n");
+    rpt_table_print(t2, stdout);
+    printf(
+        "\nstep error: mean |error| %.1f%%, worst %.1f%% (targets with a profile: each within 5%%, "
+        "mean under 3%%)\n",
+        100 * sum / done, 100 * worst);
+    char path[MOE_PATH_MAX], *text = NULL;
+    size_t len = 0;
+    snprintf(path, sizeof path, "%s/README.md", dir);
+    FILE *f = open_memstream(&text, &len);
+    if (!f) {
+        rpt_table_destroy(t);
+        moe_error_set(&err, MOE_ERR_NOMEM, "out of memory");
+        return cli_fail(cli, &err);
+    }
+    fprintf(f, "# Validation: predicted against measured step time\n\n");
+    fprintf(f,
+            "`moeplan validate%s%s --steps %d`: %d one-GPU jobs, each trained %d steps (medians "
+            "of steps 2-%d, CUDA events), predicted with %s.\n\n",
+            cal_file ? " --calibration " : "", cal_file ? cal_file : "", steps, plan_valid_njobs, steps,
+            steps, cal.source);
+    rpt_table_print_markdown(t, f);
+    fprintf(f, "\nMean |error| %.1f%% of the step, worst %.1f%%, over %d jobs.\n\n",
+            100 * sum / done, 100 * worst, done);
+    fprintf(
+        f,
+        "Error of each phase that takes 5%% of the step or more (measured / predicted - 1):\n\n");
+    rpt_table_print_markdown(t2, f);
+    fclose(f);
+    rpt_table_destroy(t);
+    rpt_table_destroy(t2);
+    enum moe_status st = moe_file_write_atomic(path, text, len, &err);
+    free(text);
+    if (st != MOE_OK) return cli_fail(cli, &err);
+    printf("report written to %s\n", path);
+    return 0;
+}
+
+int cmd_validate(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
+{
+    struct cli_arg args[CLI_MAX_ARGS];
+    int nargs, rc = cli_parse(cmd, argc, argv, args, &nargs);
+    if (rc >= 0) return rc;
+    const char *dir = "validation", *cal = NULL, *cluster = "h200-vm";
+    uint64_t steps = 10;
+    for (int i = 0; i < nargs; i++) {
+        switch (args[i].val) {
+        case OPT_OUT: dir = args[i].value; break;
+        case OPT_CAL: cal = args[i].value; break;
+        case OPT_CLUSTER: cluster = args[i].value; break;
+        case OPT_QUICK: steps = 6; break;
+        case OPT_STEPS:
+            if (!cli_count(cmd, "steps", args[i].value, 3, 10000, &steps)) return 2;
+            break;
+        }
+    }
+    if (optind != argc) return cli_usage(cmd, "no operands");
+    return validate(cli, dir, cal, cluster, (int)steps);
+}
