@@ -193,6 +193,13 @@ struct plan_file {
  * plan_file_free (also after a failure). */
 enum moe_status plan_load(const char *file, struct plan_file *p, struct moe_error *err);
 void plan_file_free(struct plan_file *p);
+/* The prediction of one layout as `moeplan predict --json` writes it ("moeplan.prediction"). */
+#define PLAN_PREDICTION_SCHEMA "moeplan.prediction"
+enum moe_status plan_prediction_save(const char *file, const struct mdl_model *model,
+                                     const struct topo_cluster *cluster, int gpus,
+                                     const struct cost_calibration *cal,
+                                     const struct cost_layout *l, const struct cost_result *r,
+                                     struct moe_error *err);
 /* The human summary (--explain) and the launcher flags (--emit megatron|maxtext). */
 void plan_print_summary(const struct plan_request *req, const struct plan_result *r, FILE *out);
 void plan_print_explain(const struct plan_request *req, const struct plan_result *r, FILE *out);

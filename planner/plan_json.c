@@ -551,3 +551,43 @@ void plan_file_free(struct plan_file *p)
     p->placement = NULL;
     p->stage_layers = NULL;
 }
+
+/* One layout's prediction (moeplan predict --json): "moeplan.prediction". */
+enum moe_status plan_prediction_save(const char *file, const struct mdl_model *model,
+                                     const struct topo_cluster *cluster, int gpus,
+                                     const struct cost_calibration *cal,
+                                     const struct cost_layout *l, const struct cost_result *r,
+                                     struct moe_error *err)
+{
+    json_t *root = json_object(), *phases = json_object(), *mem = json_object();
+    char lay[512];
+    cost_layout_format(l, lay, sizeof lay);
+    json_object_set_new(root, "model", json_string(model->name));
+    json_object_set_new(root, "cluster", json_string(cluster->name));
+    json_object_set_new(root, "gpus", json_integer(gpus));
+    json_object_set_new(root, "layout", json_string(lay));
+    json_object_set_new(root, "calibration", json_string(cal->source));
+    json_object_set_new(root, "calibrated", json_boolean(cal->calibrated));
+    for (int p = 0; p < COST_NPHASES; p++) {
+        json_t *ph = json_object();
+        json_object_set_new(ph, "compute_us", json_real(r->compute_us[p]));
+        json_object_set_new(ph, "comm_us", json_real(r->comm_us[p]));
+        json_object_set_new(ph, "exposed_us", json_real(r->exposed_us[p]));
+        json_object_set_new(phases, cost_phase_names[p], ph);
+    }
+    json_object_set_new(root, "phases", phases);
+    json_object_set_new(root, "step_us", json_real(r->step_us));
+    json_object_set_new(root, "tokens_per_s_per_gpu", json_real(r->tokens_per_s_per_gpu));
+    json_object_set_new(root, "model_tflops_per_gpu", json_real(r->model_tflops_per_gpu));
+    json_object_set_new(root, "mfu", json_real(r->mfu));
+    json_object_set_new(root, "bubble_fraction", json_real(r->bubble_fraction));
+    for (int k = 0; k < COST_NMEM; k++)
+        json_object_set_new(mem, cost_mem_names[k], json_real(r->memory_bytes[k]));
+    json_object_set_new(mem, "total", json_real(r->memory_total_bytes));
+    json_object_set_new(mem, "capacity", json_real(r->memory_capacity_bytes));
+    json_object_set_new(root, "memory_bytes", mem);
+    json_object_set_new(root, "fits", json_boolean(r->fits));
+    enum moe_status st = moe_json_write_atomic(file, root, PLAN_PREDICTION_SCHEMA, 1, err);
+    json_decref(root);
+    return st;
+}
