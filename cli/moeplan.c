@@ -2,7 +2,7 @@
  * moeplan.c: the command line. The subcommand table, option parsing, usage, and exit codes.
  *
  * This is the only file that prints usage or calls exit: every module below returns an
- * enum moe_status with an error report, and main() turns it into the exit code of DESIGN.md
+ * enum moe_status with an error report, and main() turns it into the exit code of common/status.c's table
  * (usage 2, invalid input 3, infeasible 4, verification 5, any other failure 1).
  *
  * Each subcommand has its own option table; `--help` prints to stdout and exits 0, a usage error

@@ -3,7 +3,7 @@
  *
  * Everything the planner knows about a model's size comes from here, so each formula is written
  * once, per block, and the whole-model numbers are sums over blocks. The conventions are the
- * usual ones (DESIGN.md): FLOPs count matrix multiplies only (2 per multiply-add), backward is
+ * usual ones (docs/DESIGN.md): FLOPs count matrix multiplies only (2 per multiply-add), backward is
  * twice forward, core attention counts the causal half; the input embedding is a lookup.
  */
 #include "mdl.h"

@@ -1,10 +1,10 @@
 /*
  * calibration.c: the efficiencies the cost model uses, from datasheet defaults or a profile.
  *
- * Every published step-time model under ~8% error calibrates its efficiencies from measurements
- * (reference/prior-art.md). The defaults here are the achieved fractions others report
- * (reference/hardware.md); `moeplan calibrate` will measure them. A prediction always says which
- * it used.
+ * Step-time models under about 8% error calibrate their efficiencies from measurements. The
+ * defaults here are the achieved fractions published measurements report (docs/DESIGN.md,
+ * "Calibration defaults"); `moeplan calibrate` measures them on a GPU. A prediction always says
+ * which it used.
  */
 #include "plan.h"
 

@@ -26,7 +26,7 @@ extern "C" {
 #endif
 
 /* ---------------------------------------------------------------------------------------------- */
-/* Phases: the names predictions and measurements share (DESIGN.md)                               */
+/* Phases: the names predictions and measurements share (docs/DESIGN.md)                          */
 /* ---------------------------------------------------------------------------------------------- */
 
 enum cost_phase {
@@ -45,7 +45,7 @@ extern const char *const cost_phase_names[COST_NPHASES];
 
 /* Every efficiency the cost model uses. Fractions are of the datasheet peak. */
 struct cost_calibration {
-    bool calibrated;            /* false: datasheet defaults (reference/hardware.md) */
+    bool calibrated;            /* false: datasheet defaults (docs/DESIGN.md) */
     char source[256];           /* "datasheet defaults" or the profile's GPU, driver and date */
     double gemm_eff;            /* large-GEMM fraction of peak (bf16) */
     double gemm_eff_fp8;        /* the same for fp8 / mxfp8 */
@@ -75,7 +75,7 @@ struct cost_calibration {
     double expert_m_half[2];    /* the expert GEMMs' own gemm_m_half (defaults: gemm_m_half) */
 };
 
-/* Datasheet defaults for a GPU (fractions others report; see reference/hardware.md). */
+/* Datasheet defaults for a GPU (fractions others report; docs/DESIGN.md). */
 void cost_calibration_defaults(struct cost_calibration *cal, const struct topo_gpu_spec *gpu);
 /* Load a profile ("moeplan.calibration"); keys it does not name keep the defaults. */
 enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *file,

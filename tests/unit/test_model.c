@@ -240,7 +240,7 @@ static void test_sliding_window_flops(void **state)
     assert_true(slide[MDL_ATTN_CORE] == 2.0 * 64 * 128 * 50);
 }
 
-/* The published figures of reference/models.md. Totals: within 1% except where the publisher
+/* The publishers' figures (model cards and papers). Totals: within 1% except where the publisher
  * counts something that is not in the config's transformer (said per row). Active: publishers
  * use two conventions (with or without the input embedding table) and round to 2-3 digits, so
  * each row names its convention and the tolerance is 2.5%. */
@@ -294,7 +294,7 @@ static void test_deepseek_v3_flops(void **state)
     load_shipped("deepseek-v3", &m);
     struct mdl_flops f;
     mdl_flops_per_token(&m, 4096, &f);
-    /* reference/models.md: about 260 GFLOP per token (fwd + bwd, MTP included there), routed
+    /* the published figure: about 260 GFLOP per token (fwd + bwd, MTP included there), routed
      * experts about 47%. Without MTP: 250 GFLOP and 49%. */
     assert_true(f.train_total > 240e9 && f.train_total < 265e9);
     double routed = f.fwd[MDL_ROUTED] / f.fwd_total;
