@@ -205,9 +205,9 @@ enum moe_status cost_layout_check(const struct cost_layout *l, const struct mdl_
  * activations to the next stage. Stage index = chunk * pp + rank (Megatron's interleaving). */
 struct cost_pipe_result {
     double makespan_us;
-    double busy_us[COST_MAX_PP];         /* per pp rank: compute time in the step */
-    int max_in_flight[COST_MAX_PP];      /* per pp rank: most micro-batch chunks held for backward */
-    double bubble_fraction;     /* of the busiest rank: 1 - busy / makespan */
+    double busy_us[COST_MAX_PP];    /* per pp rank: compute time in the step */
+    int max_in_flight[COST_MAX_PP]; /* per pp rank: most micro-batch chunks held for backward */
+    double bubble_fraction;         /* of the busiest rank: 1 - busy / makespan */
 };
 /* Event-driven 1F1B (vpp = 1) or interleaved 1F1B (vpp > 1, micro_batches % pp == 0). */
 enum moe_status cost_pipeline_simulate(int pp, int vpp, int micro_batches, const double *fwd_us,
