@@ -3,6 +3,7 @@
  */
 #include "cli_run.h"
 
+#include "cost.h"
 #include "moe_common.h"
 
 static void test_version(void **state)
@@ -403,6 +404,54 @@ static void test_run(void **state)
 }
 #endif
 
+/* The cost model's numbers do not move unless a change means them to: six layouts (every model
+ * family's attention, EP with each dispatcher, PP with VPP, recompute, fp8, a calibration profile,
+ * a skewed routing) predicted and compared with the golden numbers made before the house-keeping
+ * of issues 20 and 21, to a relative 1e-9. */
+static void test_golden_predictions(void **state)
+{
+    (void)state;
+    static struct result r;
+    struct moe_jdoc gold;
+    struct moe_error err;
+    if (moe_jdoc_load(&gold, "tests/data/golden/predictions.json", &err) != MOE_OK)
+        fail_msg("%s", err.message);
+    json_t *cases = json_object_get(gold.root, "cases");
+    size_t i;
+    json_t *c;
+    json_array_foreach(cases, i, c) {
+        const char *args[24];
+        size_t n = 0, k;
+        json_t *a;
+        json_array_foreach(json_object_get(c, "args"), k, a) args[n++] = json_string_value(a);
+        args[n++] = "--json";
+        args[n++] = cli_tmp("golden.json");
+        args[n] = NULL;
+        run(&r, args);
+        bool fits = json_is_true(json_object_get(c, "fits"));
+        assert_int_equal(r.code, fits ? 0 : 4);
+        struct moe_jdoc got;
+        if (moe_jdoc_load(&got, cli_tmp("golden.json"), &err) != MOE_OK) fail_msg("%s", err.message);
+        double want[COST_NPHASES + 2], have[COST_NPHASES + 2];
+        json_t *wp = json_object_get(c, "exposed_us"), *hp = json_object_get(got.root, "phases");
+        for (int p = 0; p < COST_NPHASES; p++) {
+            want[p] = json_number_value(json_object_get(wp, cost_phase_names[p]));
+            have[p] = json_number_value(json_object_get(json_object_get(hp, cost_phase_names[p]),
+                                                        "exposed_us"));
+        }
+        want[COST_NPHASES] = json_number_value(json_object_get(c, "step_us"));
+        have[COST_NPHASES] = json_number_value(json_object_get(got.root, "step_us"));
+        want[COST_NPHASES + 1] = json_number_value(json_object_get(c, "memory_total_bytes"));
+        have[COST_NPHASES + 1] = json_number_value(
+            json_object_get(json_object_get(got.root, "memory_bytes"), "total"));
+        char what[128];
+        snprintf(what, sizeof what, "golden prediction %zu (%s)", i + 1, args[2]);
+        moe_expect_near(what, have, want, COST_NPHASES + 2, 1e-9, 1e-9);
+        moe_jdoc_free(&got);
+    }
+    moe_jdoc_free(&gold);
+}
+
 /* `calibrate --refit` in every build (the CUDA-off one too): the committed H200 profile fitted
  * again from the measurements it keeps. */
 static void test_calibrate_refit(void **state)
@@ -655,6 +704,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_version),      cmocka_unit_test(test_help),
         cmocka_unit_test(test_exit_code_table), cmocka_unit_test(test_calibrate_refit),
+        cmocka_unit_test(test_golden_predictions),
 #ifdef MOEPLAN_HAVE_EXECUTOR
         cmocka_unit_test(test_runnable_plans_run),
 #endif
