@@ -50,7 +50,7 @@ static int calibrate(struct cli *cli, const struct cli_cmd *cmd, const char *out
     }
     if (st == MOE_OK)
         st = plan_calib_fit_save(d, &cl, mdir,
-                                 refit ? "moeplan calibrate --refit"
+                                 refit      ? "moeplan calibrate --refit"
                                  : d->quick ? "moeplan calibrate --quick"
                                             : "moeplan calibrate",
                                  out, stdout, &err);
@@ -76,4 +76,3 @@ int cmd_calibrate(struct cli *cli, const struct cli_cmd *cmd, int argc, char **a
     if (optind != argc) return cli_usage(cmd, "no operands");
     return calibrate(cli, cmd, out, quick, cluster, refit);
 }
-

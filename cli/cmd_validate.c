@@ -107,14 +107,13 @@ static enum moe_status job_run(const struct plan_file *p, double skew, int steps
     return st;
 }
 
-
 /* GEMMs of the executor's shapes: the projections, the LM head, and expert GEMMs from a few rows
  * (skinny) to many. */
 static enum moe_status measure_gemms(bool quick, struct cost_gemm_sample *s, int *n,
                                      struct moe_error *err)
 {
-    static const int nk[][2] = {{2048, 7168}, {7168, 2048}, {4096, 14336}, {14336, 4096},
-                                {2816, 2048}, {2048, 1408},  {1536, 2048},  {2048, 768},
+    static const int nk[][2] = {{2048, 7168},  {7168, 2048}, {4096, 14336}, {14336, 4096},
+                                {2816, 2048},  {2048, 1408}, {1536, 2048},  {2048, 768},
                                 {32000, 4096}, {6144, 4096}};
     static const int ms[] = {32, 128, 512, 2048, 8192, 16384};
     int nn = quick ? 5 : 10, nm = (int)(sizeof ms / sizeof ms[0]);
@@ -137,8 +136,11 @@ static enum moe_status measure_gemms(bool quick, struct cost_gemm_sample *s, int
 static enum moe_status measure_experts(bool quick, double (*x)[PLAN_CALIB_EXPERT_COLS], int *n,
                                        struct moe_error *err)
 {
-    static const int shape[][4] = {{8, 2, 4096, 14336}, {64, 6, 2048, 1408}, {128, 6, 2048, 1408},
-                                   {16, 8, 7168, 2048}, {32, 8, 7168, 2048}};
+    static const int shape[][4] = {{8, 2, 4096, 14336},
+                                   {64, 6, 2048, 1408},
+                                   {128, 6, 2048, 1408},
+                                   {16, 8, 7168, 2048},
+                                   {32, 8, 7168, 2048}};
     static const int tokens[] = {1024, 4096, 8192};
     int ns = (int)(sizeof shape / sizeof shape[0]), nt = (int)(sizeof tokens / sizeof tokens[0]);
     *n = 0;
@@ -146,7 +148,8 @@ static enum moe_status measure_experts(bool quick, double (*x)[PLAN_CALIB_EXPERT
         for (int b = 0; b < nt; b++) {
             if (quick && b == 1) continue;
             struct exec_moe_bench_cfg c = {shape[a][0], tokens[b], shape[a][1], shape[a][2],
-                                           shape[a][3], 0, 2, quick ? 3 : 7, 0.0, 17};
+                                           shape[a][3], 0,         2,           quick ? 3 : 7,
+                                           0.0,         17};
             struct exec_moe_bench_result r;
             int *choice = malloc(sizeof(int) * (size_t)c.tokens * c.top_k);
             if (!choice) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
@@ -161,7 +164,6 @@ static enum moe_status measure_experts(bool quick, double (*x)[PLAN_CALIB_EXPERT
         }
     return MOE_OK;
 }
-
 
 /* On the GPU: the microbenchmarks and the calibration jobs. */
 enum moe_status cli_calibrate_measure(struct cli *cli, const struct topo_cluster *cl, bool quick,
@@ -199,7 +201,7 @@ enum moe_status cli_calibrate_measure(struct cli *cli, const struct topo_cluster
         (st = measure_gemms(quick, d->gemm, &d->ngemm, err)) ||
         (st = measure_experts(quick, d->expert, &d->nexpert, err)))
         return st;
-    static const int at[][6] = {{4, 1024, 32, 8, 128, 128}, {1, 4096, 32, 8, 128, 128},
+    static const int at[][6] = {{4, 1024, 32, 8, 128, 128},  {1, 4096, 32, 8, 128, 128},
                                 {2, 2048, 16, 16, 192, 128}, {1, 4096, 16, 16, 192, 128},
                                 {2, 2048, 32, 4, 128, 128},  {4, 1024, 16, 16, 192, 128},
                                 {8, 512, 32, 8, 128, 128},   {2, 2048, 32, 8, 128, 128}};
@@ -228,7 +230,6 @@ enum moe_status cli_calibrate_measure(struct cli *cli, const struct topo_cluster
     return MOE_OK;
 }
 
-
 /* validate ------------------------------------------------------------------------------------- */
 
 static int validate(struct cli *cli, const char *dir, const char *cal_file, const char *cluster,
@@ -245,14 +246,15 @@ static int validate(struct cli *cli, const char *dir, const char *cal_file, cons
                          strerror(errno));
         return cli_fail(cli, &err);
     }
-    printf("moeplan validate: %d one-GPU jobs, %d steps each, predicted with %s\n", plan_valid_njobs, steps,
-           cal.source);
+    printf("moeplan validate: %d one-GPU jobs, %d steps each, predicted with %s\n",
+           plan_valid_njobs, steps, cal.source);
     const char *h[] = {"job", "predicted", "measured", "error", "worst phase > 5% of the step"};
     struct rpt_table *t = rpt_table_create(5, h, "lrrrl");
     /* per-phase errors of the phases that matter (blank: under 5% of the measured step) */
-    static const int cols[] = {COST_EMBED, COST_ATTN_FWD, COST_ATTN_BWD, COST_ROUTER,
-                               COST_EXPERTS_FWD, COST_EXPERTS_BWD, COST_SHARED_EXPERT,
-                               COST_DENSE_FFN, COST_LM_HEAD, COST_LOSS, COST_OPTIMIZER};
+    static const int cols[] = {COST_EMBED,         COST_ATTN_FWD,    COST_ATTN_BWD,
+                               COST_ROUTER,        COST_EXPERTS_FWD, COST_EXPERTS_BWD,
+                               COST_SHARED_EXPERT, COST_DENSE_FFN,   COST_LM_HEAD,
+                               COST_LOSS,          COST_OPTIMIZER};
     enum { NCOLS = (int)(sizeof cols / sizeof cols[0]) };
     const char *h2[NCOLS + 1] = {"job"};
     char align[NCOLS + 2] = "l";
@@ -278,7 +280,8 @@ static int validate(struct cli *cli, const char *dir, const char *cal_file, cons
             for (int e = 0; e < rt.experts; e++) mx = fmax(mx, rt.pick[e] * rt.experts / rt.top_k);
             if (st == MOE_OK)
                 printf("  %s: its routing's busiest expert has %.1f x the mean load (first MoE "
-                       "layer); predicted with that routing\n", name, mx);
+                       "layer); predicted with that routing\n",
+                       name, mx);
         }
         cost_routing_free(&rt);
         double pstep = p.step_us, pph[COST_NPHASES];
@@ -317,8 +320,10 @@ static int validate(struct cli *cli, const char *dir, const char *cal_file, cons
         rpt_table_cell(t2, NULL, "%s", name);
         for (int c = 0; c < NCOLS; c++) {
             int ph = cols[c];
-            if (med[ph] < 0.05 * med[COST_STEP] || pph[ph] <= 0) rpt_table_cell(t2, NULL, " ");
-            else rpt_table_cell(t2, NULL, "%+.0f%%", 100 * (med[ph] / (pph[ph] / 1e3) - 1.0));
+            if (med[ph] < 0.05 * med[COST_STEP] || pph[ph] <= 0)
+                rpt_table_cell(t2, NULL, " ");
+            else
+                rpt_table_cell(t2, NULL, "%+.0f%%", 100 * (med[ph] / (pph[ph] / 1e3) - 1.0));
         }
         rpt_table_row(t, NULL);
         rpt_table_cell(t, NULL, "%s", name);
@@ -358,8 +363,8 @@ static int validate(struct cli *cli, const char *dir, const char *cal_file, cons
     fprintf(f,
             "`moeplan validate%s%s --steps %d`: %d one-GPU jobs, each trained %d steps (medians "
             "of steps 2-%d, CUDA events), predicted with %s.\n\n",
-            cal_file ? " --calibration " : "", cal_file ? cal_file : "", steps, plan_valid_njobs, steps,
-            steps, cal.source);
+            cal_file ? " --calibration " : "", cal_file ? cal_file : "", steps, plan_valid_njobs,
+            steps, steps, cal.source);
     rpt_table_print_markdown(t, f);
     fprintf(f, "\nMean |error| %.1f%% of the step, worst %.1f%%, over %d jobs.\n\n",
             100 * sum / done, 100 * worst, done);

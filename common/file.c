@@ -131,16 +131,14 @@ enum moe_status moe_file_open_input(const char *path, FILE **out, struct moe_err
                              MOE_PATH_MAX - 1);
     struct stat sb;
     if (stat(path, &sb) != 0)
-        return moe_error_set_at(err, MOE_ERR_INPUT, path, 0, 0, "cannot open: %s",
-                                strerror(errno));
+        return moe_error_set_at(err, MOE_ERR_INPUT, path, 0, 0, "cannot open: %s", strerror(errno));
     if (!S_ISREG(sb.st_mode))
         return moe_error_set_at(err, MOE_ERR_INPUT, path, 0, 0, "not a regular file (%s)",
                                 file_kind(sb.st_mode));
     /* Non-blocking: the path may have become a FIFO since the stat. */
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
     if (fd < 0)
-        return moe_error_set_at(err, MOE_ERR_INPUT, path, 0, 0, "cannot open: %s",
-                                strerror(errno));
+        return moe_error_set_at(err, MOE_ERR_INPUT, path, 0, 0, "cannot open: %s", strerror(errno));
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
         close(fd);
         return moe_error_set_at(err, MOE_ERR_INPUT, path, 0, 0, "not a regular file");
@@ -174,11 +172,12 @@ bool moe_file_is_regular(const char *path)
 static enum moe_status output_target(const char *file, char *target, size_t cap, struct stat *sb,
                                      bool *exists, struct moe_error *err)
 {
-    if (!file || !file[0])
-        return moe_error_set(err, MOE_ERR_USAGE, "an empty output file name");
+    if (!file || !file[0]) return moe_error_set(err, MOE_ERR_USAGE, "an empty output file name");
     if (strlen(file) >= MOE_PATH_MAX - 16)
-        return moe_error_set(err, MOE_ERR_USAGE, "the output path has %zu characters, more than "
-                             "the %d allowed", strlen(file), MOE_PATH_MAX - 17);
+        return moe_error_set(err, MOE_ERR_USAGE,
+                             "the output path has %zu characters, more than "
+                             "the %d allowed",
+                             strlen(file), MOE_PATH_MAX - 17);
     snprintf(target, cap, "%s", file);
     struct stat lsb;
     *exists = lstat(file, &lsb) == 0;
@@ -198,8 +197,10 @@ static enum moe_status output_target(const char *file, char *target, size_t cap,
                 char dir[MOE_PATH_MAX];
                 snprintf(dir, sizeof dir, "%s", file);
                 if ((size_t)snprintf(target, cap, "%s/%s", dirname(dir), link) >= cap)
-                    return moe_error_set(err, MOE_ERR_USAGE, "%s: the link's target path is too "
-                                         "long", file);
+                    return moe_error_set(err, MOE_ERR_USAGE,
+                                         "%s: the link's target path is too "
+                                         "long",
+                                         file);
             }
             *exists = false;
             return MOE_OK;
@@ -225,10 +226,12 @@ enum moe_status moe_output_check(const char *file, struct moe_error *err)
         if (!strcmp(input, file))
             return moe_error_set(err, MOE_ERR_USAGE,
                                  "the output %s is an input of this command: moeplan never "
-                                 "overwrites its inputs; write the output elsewhere", file);
+                                 "overwrites its inputs; write the output elsewhere",
+                                 file);
         return moe_error_set(err, MOE_ERR_USAGE,
                              "the output %s is %s, an input of this command: moeplan never "
-                             "overwrites its inputs; write the output elsewhere", file, input);
+                             "overwrites its inputs; write the output elsewhere",
+                             file, input);
     }
     if (S_ISREG(sb.st_mode) || S_ISCHR(sb.st_mode) || S_ISFIFO(sb.st_mode)) return MOE_OK;
     return moe_error_set(err, MOE_ERR_USAGE, "the output %s is %s, not a file", file,
@@ -259,7 +262,8 @@ static enum moe_status write_stream(const char *file, const char *target, const 
         fd = open(target, O_WRONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
         if (fd < 0)
             return moe_error_set_at(err, MOE_ERR_IO, file, 0, 0, "cannot write: %s%s",
-                                    strerror(errno), errno == ENXIO ? " (a FIFO with no reader)" : "");
+                                    strerror(errno),
+                                    errno == ENXIO ? " (a FIFO with no reader)" : "");
         int fl = fcntl(fd, F_GETFL);
         if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
     }

@@ -33,9 +33,9 @@ static enum moe_status bench_time(struct exec_gpu *g, int what, int *dense_off, 
             if (st == MOE_OK) {
                 gk_to_bf16(g->dh, g->dy16, (size_t)g->tokens * g->hidden, g->s);
                 e = cudaGetLastError();
-                st = e == cudaSuccess ? gpu_moe_backward(g, 0, A, err)
-                                      : moe_error_set(err, MOE_ERR_CUDA, "benchmark: %s",
-                                                      cudaGetErrorString(e));
+                st = e == cudaSuccess
+                         ? gpu_moe_backward(g, 0, A, err)
+                         : moe_error_set(err, MOE_ERR_CUDA, "benchmark: %s", cudaGetErrorString(e));
             }
         } else {
             st = gpu_experts_forward(g, 0, A, dense_off, err);
@@ -62,8 +62,8 @@ static enum moe_status bench_inputs(struct exec_gpu *g, int *dchoice, const int 
                                     size_t pairs, size_t th, uint64_t seed, struct moe_error *err)
 {
     struct act *A = &g->act[0];
-    MOE_CUDA_CHECK(cudaMemcpyAsync(dchoice, choice, sizeof(int) * pairs, cudaMemcpyHostToDevice,
-                                   g->s));
+    MOE_CUDA_CHECK(
+        cudaMemcpyAsync(dchoice, choice, sizeof(int) * pairs, cudaMemcpyHostToDevice, g->s));
     g->forced_choice = dchoice;
     g->record_stats = true;
     g->grad_scale = 1.0;
@@ -110,7 +110,8 @@ extern "C" enum moe_status exec_moe_bench(const struct exec_moe_bench_cfg *c, in
     }
     struct moe_rng rng;
     moe_rng_seed(&rng, c->seed);
-    if (c->skew > 0) moe_rng_dirichlet(&rng, c->skew, p, (size_t)E);
+    if (c->skew > 0)
+        moe_rng_dirichlet(&rng, c->skew, p, (size_t)E);
     else
         for (int e = 0; e < E; e++) p[e] = 1.0 / E;
     for (int t = 0; t < T; t++) {
@@ -151,7 +152,8 @@ extern "C" enum moe_status exec_moe_bench(const struct exec_moe_bench_cfg *c, in
             st = bench_time(g, 1, dense_off, 1, &ms, &syncs, err);
         if (st == MOE_OK) st = bench_time(g, 0, dense_off, c->iters, &r->block_ms, &syncs, err);
         if (st == MOE_OK) st = bench_time(g, 3, dense_off, c->iters, &r->block_fwd_ms, &syncs, err);
-        if (st == MOE_OK) st = bench_time(g, 1, dense_off, c->iters, &r->layer_ms, &r->host_syncs, err);
+        if (st == MOE_OK)
+            st = bench_time(g, 1, dense_off, c->iters, &r->layer_ms, &r->host_syncs, err);
         for (int i = 0; i < c->warmup && st == MOE_OK; i++)
             st = bench_time(g, 2, dense_off, 1, &ms, &syncs, err);
         if (st == MOE_OK) st = bench_time(g, 2, dense_off, c->iters, &r->dense_ms, &syncs, err);
@@ -164,8 +166,8 @@ extern "C" enum moe_status exec_moe_bench(const struct exec_moe_bench_cfg *c, in
         r->layer_flops = r->block_flops + 6.0 * T * h * E;
         /* what one MoE layer keeps for its backward: router input and logits, routing, permuted
          * rows, gate/up outputs, SwiGLU output, expert outputs */
-        r->layer_bytes = th * (4.0 + 2.0) + (double)T * E * 4 + R * 4 * 4 + R * h * 2 + R * f * 4 * 2 +
-                         R * f * 2 + R * h * 4;
+        r->layer_bytes = th * (4.0 + 2.0) + (double)T * E * 4 + R * 4 * 4 + R * h * 2 +
+                         R * f * 4 * 2 + R * f * 2 + R * h * 4;
     }
     cudaFree(dchoice);
     exec_gpu_destroy(g);

@@ -6,18 +6,19 @@
  */
 #include "gpu.h"
 
-const char *const exec_mem_names[EXEC_MEM_N] = {"weights", "master_weights", "grads",
-                                                 "optimizer", "activations", "workspace"};
+const char *const exec_mem_names[EXEC_MEM_N] = {"weights",   "master_weights", "grads",
+                                                "optimizer", "activations",    "workspace"};
 
 /* `what` names the buffer in a failure (the code's name for it, "g->" left off). */
 enum moe_status gpu_dalloc(struct exec_gpu *g, void **p, size_t bytes, enum exec_mem cat,
-                              const char *what, struct moe_error *err)
+                           const char *what, struct moe_error *err)
 {
     *p = NULL;
     if (bytes == 0) bytes = 16;
     if (strncmp(what, "g->", 3) == 0) what += 3;
     if (g->nallocs == MAX_ALLOCS)
-        return moe_error_set(err, MOE_ERR_RUNTIME, "executor: more than %d allocations", MAX_ALLOCS);
+        return moe_error_set(err, MOE_ERR_RUNTIME, "executor: more than %d allocations",
+                             MAX_ALLOCS);
     double lim = g->cfg.mem_limit, have = allocated(g);
     if (lim > 0 && have + (double)bytes > lim)
         return moe_error_set(err, MOE_ERR_GPU_NOMEM,
@@ -141,7 +142,8 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
                                  cfg->ep_groups, nmoe);
         for (int i = 0; i < (cfg->ep_groups > 1 ? cfg->ep_groups : 1); i++) {
             const struct exec_ep_group *eg = cfg->ep_group ? cfg->ep_group + i : NULL;
-            if (!eg || eg->ranks != cfg->ep->ranks || eg->experts != g->experts || eg->top_k != g->top_k)
+            if (!eg || eg->ranks != cfg->ep->ranks || eg->experts != g->experts ||
+                eg->top_k != g->top_k)
                 return moe_error_set(err, MOE_ERR_INPUT,
                                      "executor: expert parallelism needs a group of the "
                                      "transport's %d ranks for %d experts, top_k %d",
@@ -160,12 +162,14 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
     if (!gk_flash_supported(g->dqk, g->dv))
         return moe_error_set(err, MOE_ERR_UNSUPPORTED,
                              "executor: attention head dims %d (q, k) and %d (v); this build "
-                             "supports at most %d", g->dqk, g->dv, GK_FLASH_MAX_DIM);
+                             "supports at most %d",
+                             g->dqk, g->dv, GK_FLASH_MAX_DIM);
     if (g->experts > GK_MAX_EXPERTS)
         return moe_error_set(err, MOE_ERR_UNSUPPORTED,
-                             "executor: %d experts; this build routes at most %d per layer", g->experts,
-                             GK_MAX_EXPERTS);
-    if ((double)g->pairs * (g->hidden > g->ffn ? g->hidden : g->ffn) > 2e9 || (double)g->tokens * g->vocab > 2e9)
+                             "executor: %d experts; this build routes at most %d per layer",
+                             g->experts, GK_MAX_EXPERTS);
+    if ((double)g->pairs * (g->hidden > g->ffn ? g->hidden : g->ffn) > 2e9 ||
+        (double)g->tokens * g->vocab > 2e9)
         return moe_error_set(err, MOE_ERR_UNSUPPORTED,
                              "executor: a micro-batch of %d tokens is too large for 32-bit GEMM "
                              "offsets; lower mbs or seq_len",
@@ -183,7 +187,8 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
     g->ws_bytes = ws;
     g->cur = g->blas;
     g->cur_side = -1;
-    g->nside = cfg->streams > 1 ? (cfg->streams < EXEC_MAX_STREAMS ? cfg->streams : EXEC_MAX_STREAMS) : 0;
+    g->nside =
+        cfg->streams > 1 ? (cfg->streams < EXEC_MAX_STREAMS ? cfg->streams : EXEC_MAX_STREAMS) : 0;
     if (g->nside) MOE_CUDA_CHECK(cudaEventCreateWithFlags(&g->fork_ev, cudaEventDisableTiming));
     for (int i = 0; i < g->nside; i++) {
         void *sws;
@@ -191,7 +196,8 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
         MOE_CUDA_CHECK(cudaEventCreateWithFlags(&g->join_ev[i], cudaEventDisableTiming));
         MOE_CUBLAS_CHECK(cublasCreate(&g->side_blas[i]));
         MOE_CUBLAS_CHECK(cublasSetStream(g->side_blas[i], g->side[i]));
-        MOE_CHECK(gpu_dalloc(g, &sws, ws, EXEC_MEM_WORKSPACE, "a side stream's cuBLAS workspace", err));
+        MOE_CHECK(
+            gpu_dalloc(g, &sws, ws, EXEC_MEM_WORKSPACE, "a side stream's cuBLAS workspace", err));
         MOE_CUBLAS_CHECK(cublasSetWorkspace(g->side_blas[i], sws, ws));
         g->side_ws[i] = sws;
     }
@@ -219,7 +225,8 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
     }
     g->embed = (int)(exec_ref_tensor(&g->table, "embed") - g->table.tensor);
     g->final_norm = (int)(exec_ref_tensor(&g->table, "final_norm") - g->table.tensor);
-    const struct exec_tensor *head = exec_ref_tensor(&g->table, m->tied_embeddings ? "embed" : "lm_head");
+    const struct exec_tensor *head =
+        exec_ref_tensor(&g->table, m->tied_embeddings ? "embed" : "lm_head");
     g->head = (int)(head - g->table.tensor);
     /* gradient buckets: each block's tensors one contiguous range, blocks in order */
     g->buckets_ok = true;
@@ -276,7 +283,8 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
     }
     /* workspace */
     enum exec_mem c = EXEC_MEM_WORKSPACE;
-    int dqk = g->dqk, dv = g->dv, S = g->seq, fw = g->dense_ffn > g->shared_ffn ? g->dense_ffn : g->shared_ffn;
+    int dqk = g->dqk, dv = g->dv, S = g->seq,
+        fw = g->dense_ffn > g->shared_ffn ? g->dense_ffn : g->shared_ffn;
     ALLOC(g->tok, (size_t)g->mbs * (S + 1), c);
     ALLOC(g->tok_in, T, c);
     ALLOC(g->emb_dev, (size_t)3 * T + 1, c);
@@ -410,7 +418,10 @@ extern "C" void exec_gpu_destroy(struct exec_gpu *g)
     free(g);
 }
 
-extern "C" const struct exec_ref_model *exec_gpu_table(const struct exec_gpu *g) { return &g->table; }
+extern "C" const struct exec_ref_model *exec_gpu_table(const struct exec_gpu *g)
+{
+    return &g->table;
+}
 
 /* ---- parameters ---------------------------------------------------------------------------- */
 
@@ -426,7 +437,7 @@ extern "C" enum moe_status exec_gpu_init(struct exec_gpu *g, uint64_t seed, stru
     for (int i = 0; i < g->table.ntensors; i++) {
         const struct exec_tensor *t = &g->table.tensor[i];
         MOE_LAUNCH_CHECK(gk_init(g->master + t->offset, t->size, t->offset, seed, 0.02f,
-                         strstr(t->name, "norm") != NULL, g->s));
+                                 strstr(t->name, "norm") != NULL, g->s));
     }
     MOE_CUDA_CHECK(cudaMemsetAsync(g->m1, 0, sizeof(float) * g->shard_n, g->s));
     MOE_CUDA_CHECK(cudaMemsetAsync(g->m2, 0, sizeof(float) * g->shard_n, g->s));
@@ -493,9 +504,15 @@ extern "C" enum moe_status exec_gpu_reduce_grads(struct exec_gpu *g, struct exec
     return t->ops->allreduce_sum_f32(t, g->grad, n, err);
 }
 
-extern "C" void *exec_gpu_stream(const struct exec_gpu *g) { return g->s; }
+extern "C" void *exec_gpu_stream(const struct exec_gpu *g)
+{
+    return g->s;
+}
 
-extern "C" size_t exec_gpu_state_floats(const struct exec_gpu *g) { return g->shard_n; }
+extern "C" size_t exec_gpu_state_floats(const struct exec_gpu *g)
+{
+    return g->shard_n;
+}
 
 extern "C" enum moe_status exec_gpu_get_state(struct exec_gpu *g, float *m1, float *m2,
                                               double *bias, struct moe_error *err)
@@ -508,9 +525,8 @@ extern "C" enum moe_status exec_gpu_get_state(struct exec_gpu *g, float *m1, flo
     return MOE_OK;
 }
 
-extern "C" enum moe_status exec_gpu_set_state(struct exec_gpu *g, const float *m1,
-                                              const float *m2, const double *bias,
-                                              struct moe_error *err)
+extern "C" enum moe_status exec_gpu_set_state(struct exec_gpu *g, const float *m1, const float *m2,
+                                              const double *bias, struct moe_error *err)
 {
     size_t n = sizeof(float) * g->shard_n;
     MOE_CUDA_CHECK(cudaMemcpyAsync(g->m1, m1, n, cudaMemcpyHostToDevice, g->s));
@@ -519,7 +535,8 @@ extern "C" enum moe_status exec_gpu_set_state(struct exec_gpu *g, const float *m
     return exec_gpu_set_bias(g, bias, err);
 }
 
-extern "C" enum moe_status exec_gpu_get_grads(struct exec_gpu *g, double *grad, struct moe_error *err)
+extern "C" enum moe_status exec_gpu_get_grads(struct exec_gpu *g, double *grad,
+                                              struct moe_error *err)
 {
     MOE_CUDA_CHECK(cudaStreamSynchronize(g->s));
     return copy_params(g, g->grad, grad, false, err);

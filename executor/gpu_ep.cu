@@ -33,33 +33,34 @@ static enum moe_status ep_meta_out(struct exec_gpu *g, const struct exec_ep_rows
     MOE_CHECK(ep_check_rows(g, n, "received rows", err));
     if (r->n)
         MOE_CUDA_CHECK(cudaMemcpyAsync(g->ep_meta_send, r->meta, sizeof *r->meta * (size_t)r->n,
-                               cudaMemcpyHostToDevice, g->s));
+                                       cudaMemcpyHostToDevice, g->s));
     MOE_CHECK(gpu_sync_host(g, err));
-    MOE_CHECK(t->ops->alltoallv(t, g->ep_meta_send, r->count, g->ep_meta_recv, in, sizeof *r->meta,
-                            err));
+    MOE_CHECK(
+        t->ops->alltoallv(t, g->ep_meta_send, r->count, g->ep_meta_recv, in, sizeof *r->meta, err));
     *meta = (struct exec_ep_meta *)malloc(sizeof **meta * (size_t)(n ? n : 1));
     if (!*meta) return moe_error_set(err, MOE_ERR_NOMEM, "expert parallelism: out of memory");
     if (n)
-        MOE_CUDA_CHECK(cudaMemcpy(*meta, g->ep_meta_recv, sizeof **meta * (size_t)n,
-                          cudaMemcpyDeviceToHost));
+        MOE_CUDA_CHECK(
+            cudaMemcpy(*meta, g->ep_meta_recv, sizeof **meta * (size_t)n, cudaMemcpyDeviceToHost));
     *n_in = n;
     return MOE_OK;
 }
 
 /* Rows of src (bf16 or fp32, width h) picked by r->src_row go out; they arrive in recv. */
-static enum moe_status ep_rows_out(struct exec_gpu *g, const struct exec_ep_rows *r,
-                                   const int *in, const void *src, bool f32, void *recv,
-                                   struct moe_error *err)
+static enum moe_status ep_rows_out(struct exec_gpu *g, const struct exec_ep_rows *r, const int *in,
+                                   const void *src, bool f32, void *recv, struct moe_error *err)
 {
     struct exec_transport *t = g->cfg.ep;
     int h = g->hidden;
     if (r->n) {
         MOE_CUDA_CHECK(cudaMemcpyAsync(g->ep_idx, r->src_row, sizeof(int) * (size_t)r->n,
-                               cudaMemcpyHostToDevice, g->s));
+                                       cudaMemcpyHostToDevice, g->s));
         if (f32)
-            MOE_LAUNCH_CHECK(gk_rows_gather32((const float *)src, g->ep_idx, r->n, h, g->ep_send32, g->s));
+            MOE_LAUNCH_CHECK(
+                gk_rows_gather32((const float *)src, g->ep_idx, r->n, h, g->ep_send32, g->s));
         else
-            MOE_LAUNCH_CHECK(gk_gather((const bf16 *)src, g->ep_idx, 1, r->n, h, g->ep_send16, g->s));
+            MOE_LAUNCH_CHECK(
+                gk_gather((const bf16 *)src, g->ep_idx, 1, r->n, h, g->ep_send16, g->s));
     }
     MOE_CHECK(gpu_sync_host(g, err));
     return t->ops->alltoallv(t, f32 ? (const void *)g->ep_send32 : (const void *)g->ep_send16,
@@ -69,9 +70,8 @@ static enum moe_status ep_rows_out(struct exec_gpu *g, const struct exec_ep_rows
 
 /* The way back: rows of back (width floats), in the order received, return to their senders and
  * arrive in got in the order sent. */
-static enum moe_status ep_rows_back(struct exec_gpu *g, const struct exec_ep_rows *r,
-                                    const int *in, const float *back, int width, float *got,
-                                    struct moe_error *err)
+static enum moe_status ep_rows_back(struct exec_gpu *g, const struct exec_ep_rows *r, const int *in,
+                                    const float *back, int width, float *got, struct moe_error *err)
 {
     struct exec_transport *t = g->cfg.ep;
     MOE_CHECK(gpu_sync_host(g, err));
@@ -180,7 +180,7 @@ done:
 /* The EP forward of MoE layer l from this rank's routing (choice_host, weight_host): dispatch,
  * the local experts, the weighted sums per row, the way back; y += the routed experts' output. */
 enum moe_status gpu_ep_forward(struct exec_gpu *g, int l, struct act *A, float *y,
-                                  struct moe_error *err)
+                               struct moe_error *err)
 {
     const struct exec_ep_group *eg = ep_group_of(g, g->moe_index[l]);
     struct ep_layer *L = &g->epl[g->moe_index[l]];
@@ -200,8 +200,8 @@ enum moe_status gpu_ep_forward(struct exec_gpu *g, int l, struct act *A, float *
     if ((st = exec_ep_second_hop(eg, me, m1, L->n1, &L->h2, err))) goto done;
     if ((st = ep_meta_out(g, &L->h2, L->in2, &L->n2, &m2, err))) goto done;
     if ((st = ep_check_rows(g, L->n1 + L->n2, "received rows", err))) goto done;
-    if ((st = ep_rows_out(g, &L->h2, L->in2, g->ep_recv16, false,
-                          g->ep_recv16 + (size_t)L->n1 * h, err)))
+    if ((st = ep_rows_out(g, &L->h2, L->in2, g->ep_recv16, false, g->ep_recv16 + (size_t)L->n1 * h,
+                          err)))
         goto done;
     if ((st = ep_index(g, L, m1, m2, err))) goto done;
     if (g->record_stats) { /* not the recompute forward's */
@@ -214,12 +214,12 @@ enum moe_status gpu_ep_forward(struct exec_gpu *g, int l, struct act *A, float *
         if ((st = gpu_experts_forward(g, l, A, L->off, err))) goto done;
     }
     PH(COST_COMBINE);
-    MOE_LAUNCH_CHECK(gk_rows_csr(g->ep_part, A->yp32, L->row_pairs, L->row_w, L->row_off, L->n1 + L->n2,
-                         h, false, g->s));
+    MOE_LAUNCH_CHECK(gk_rows_csr(g->ep_part, A->yp32, L->row_pairs, L->row_w, L->row_off,
+                                 L->n1 + L->n2, h, false, g->s));
     if ((st = ep_rows_back(g, &L->h2, L->in2, g->ep_part + (size_t)L->n1 * h, h, g->ep_ret, err)))
         goto done;
-    MOE_LAUNCH_CHECK(gk_rows_csr(g->ep_part, g->ep_ret, L->fwd_rows, NULL, L->fwd_off, L->n1, h, true,
-                         g->s));
+    MOE_LAUNCH_CHECK(
+        gk_rows_csr(g->ep_part, g->ep_ret, L->fwd_rows, NULL, L->fwd_off, L->n1, h, true, g->s));
     if ((st = ep_rows_back(g, &L->h1, L->in1, g->ep_part, h, g->ep_ret, err))) goto done;
     MOE_LAUNCH_CHECK(gk_rows_csr(y, g->ep_ret, L->tok_rows, NULL, L->tok_off, T, h, true, g->s));
 done:
@@ -232,36 +232,39 @@ done:
  * the experts d expert_out and dw per pair, the experts' backward, [dx, dw] back per row; db32
  * (+)= dx, and g->dw (T, top_k) for the router. */
 enum moe_status gpu_ep_backward(struct exec_gpu *g, int l, const struct act *A,
-                                   struct moe_error *err)
+                                struct moe_error *err)
 {
     struct ep_layer *L = &g->epl[g->moe_index[l]];
     int T = g->tokens, h = g->hidden, k = g->top_k, rows = L->n1 + L->n2;
     PH(COST_COMBINE);
     MOE_CHECK(ep_rows_out(g, &L->h1, L->in1, g->dh, true, g->ep_recv32, err));
-    MOE_CHECK(ep_rows_out(g, &L->h2, L->in2, g->ep_recv32, true, g->ep_recv32 + (size_t)L->n1 * h,
-                      err));
+    MOE_CHECK(
+        ep_rows_out(g, &L->h2, L->in2, g->ep_recv32, true, g->ep_recv32 + (size_t)L->n1 * h, err));
     PH(COST_EXPERTS_BWD);
     if (L->npairs) {
-        MOE_LAUNCH_CHECK(gk_pairs_backward(g->ep_recv32, L->pair_row, L->pair_w, A->yp32, L->npairs, h,
-                                   g->dyp16, g->dwp, g->s));
+        MOE_LAUNCH_CHECK(gk_pairs_backward(g->ep_recv32, L->pair_row, L->pair_w, A->yp32, L->npairs,
+                                           h, g->dyp16, g->dwp, g->s));
         MOE_CHECK(gpu_experts_backward(g, l, A, L->off, err));
     }
     PH(COST_DISPATCH);
-    MOE_LAUNCH_CHECK(gk_rows_csr(g->ep_part, g->dxp32, L->row_pairs, NULL, L->row_off, rows, h, false,
-                         g->s));
-    if (rows) MOE_CUDA_CHECK(cudaMemsetAsync(g->ep_dwrows, 0, sizeof(float) * (size_t)rows * k, g->s));
+    MOE_LAUNCH_CHECK(
+        gk_rows_csr(g->ep_part, g->dxp32, L->row_pairs, NULL, L->row_off, rows, h, false, g->s));
+    if (rows)
+        MOE_CUDA_CHECK(cudaMemsetAsync(g->ep_dwrows, 0, sizeof(float) * (size_t)rows * k, g->s));
     MOE_LAUNCH_CHECK(gk_scatter(g->dwp, L->pair_dst, L->npairs, g->ep_dwrows, g->s));
     MOE_CHECK(ep_rows_back(g, &L->h2, L->in2, g->ep_part + (size_t)L->n1 * h, h, g->ep_ret, err));
-    MOE_LAUNCH_CHECK(gk_rows_csr(g->ep_part, g->ep_ret, L->fwd_rows, NULL, L->fwd_off, L->n1, h, true,
-                         g->s));
-    MOE_CHECK(ep_rows_back(g, &L->h2, L->in2, g->ep_dwrows + (size_t)L->n1 * k, k, g->ep_dwret, err));
-    MOE_LAUNCH_CHECK(gk_rows_csr(g->ep_dwrows, g->ep_dwret, L->fwd_rows, NULL, L->fwd_off, L->n1, k, true,
-                         g->s));
+    MOE_LAUNCH_CHECK(
+        gk_rows_csr(g->ep_part, g->ep_ret, L->fwd_rows, NULL, L->fwd_off, L->n1, h, true, g->s));
+    MOE_CHECK(
+        ep_rows_back(g, &L->h2, L->in2, g->ep_dwrows + (size_t)L->n1 * k, k, g->ep_dwret, err));
+    MOE_LAUNCH_CHECK(gk_rows_csr(g->ep_dwrows, g->ep_dwret, L->fwd_rows, NULL, L->fwd_off, L->n1, k,
+                                 true, g->s));
     MOE_CHECK(ep_rows_back(g, &L->h1, L->in1, g->ep_part, h, g->ep_ret, err));
-    MOE_LAUNCH_CHECK(gk_rows_csr(g->db32, g->ep_ret, L->tok_rows, NULL, L->tok_off, T, h, g->shared_ffn > 0,
-                         g->s));
+    MOE_LAUNCH_CHECK(gk_rows_csr(g->db32, g->ep_ret, L->tok_rows, NULL, L->tok_off, T, h,
+                                 g->shared_ffn > 0, g->s));
     MOE_CHECK(ep_rows_back(g, &L->h1, L->in1, g->ep_dwrows, k, g->ep_dwret, err));
-    MOE_LAUNCH_CHECK(gk_rows_csr(g->dw, g->ep_dwret, L->tok_rows, NULL, L->tok_off, T, k, false, g->s));
+    MOE_LAUNCH_CHECK(
+        gk_rows_csr(g->dw, g->ep_dwret, L->tok_rows, NULL, L->tok_off, T, k, false, g->s));
     return MOE_OK;
 }
 
@@ -270,7 +273,8 @@ enum moe_status gpu_ep_backward(struct exec_gpu *g, int l, const struct act *A,
 enum moe_status gpu_ep_alloc(struct exec_gpu *g, struct moe_error *err)
 {
     enum exec_mem c = EXEC_MEM_WORKSPACE;
-    int R = g->cfg.ep->ranks, h = g->hidden, k = g->top_k, cap = g->rows_cap, E = g->experts, T = g->tokens;
+    int R = g->cfg.ep->ranks, h = g->hidden, k = g->top_k, cap = g->rows_cap, E = g->experts,
+        T = g->tokens;
     size_t Pe = (size_t)g->Pe;
     ALLOC(g->ep_idx, cap, c);
     ALLOC(g->ep_meta_send, cap, c);

@@ -10,15 +10,15 @@
 /* Row-major C (M x N) = alpha op(A) op(B) + beta C, batched with strides; op(A) is M x K. cuBLAS
  * is column-major, so it computes C^T = op(B)^T op(A)^T with the operands swapped. */
 enum moe_status gpu_mm(struct exec_gpu *g, bool ta, bool tb, int M_, int N, int K, float alpha,
-                          const void *A, int lda, long long sA, const void *B, int ldb,
-                          long long sB, float beta, void *C, int ldc, long long sC, int batch,
-                          cudaDataType ab, cudaDataType ct, struct moe_error *err)
+                       const void *A, int lda, long long sA, const void *B, int ldb, long long sB,
+                       float beta, void *C, int ldc, long long sC, int batch, cudaDataType ab,
+                       cudaDataType ct, struct moe_error *err)
 {
     if (M_ == 0 || N == 0 || batch == 0) return MOE_OK;
     MOE_CUBLAS_CHECK(cublasGemmStridedBatchedEx(g->cur, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                      ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M_, K, &alpha, B, ab, ldb,
-                                      sB, A, ab, lda, sA, &beta, C, ct, ldc, sC, batch,
-                                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                                                ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M_, K, &alpha, B,
+                                                ab, ldb, sB, A, ab, lda, sA, &beta, C, ct, ldc, sC,
+                                                batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return MOE_OK;
 }
 
@@ -65,16 +65,18 @@ static enum moe_status lt_kind_find(struct exec_gpu *g, bool ta, bool tb, bool v
     *q = lt_kind{ta, tb, vary_k, fixed, N, lda, ldb, ldc, ab, ct, NULL, {}, false};
     cublasOperation_t oa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, ob = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
     MOE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&q->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    MOE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(q->op, CUBLASLT_MATMUL_DESC_TRANSA, &oa, sizeof oa));
-    MOE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(q->op, CUBLASLT_MATMUL_DESC_TRANSB, &ob, sizeof ob));
+    MOE_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(q->op, CUBLASLT_MATMUL_DESC_TRANSA, &oa, sizeof oa));
+    MOE_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(q->op, CUBLASLT_MATMUL_DESC_TRANSB, &ob, sizeof ob));
     int mean = (g->pairs / (g->experts > 0 ? g->experts : 1) + 63) / 64 * 64;
     if (mean < 64) mean = 64;
     cublasLtMatrixLayout_t l[3];
     cublasLtMatmulPreference_t pref = NULL;
     cublasLtMatmulHeuristicResult_t r;
     int nr = 0;
-    cublasStatus_t st = lt_layouts(l, ta, tb, vary_k ? M_ : mean, N, vary_k ? mean : K, lda, ldb,
-                                   ldc, ab, ct);
+    cublasStatus_t st =
+        lt_layouts(l, ta, tb, vary_k ? M_ : mean, N, vary_k ? mean : K, lda, ldb, ldc, ab, ct);
     if (!st) st = cublasLtMatmulPreferenceCreate(&pref);
     if (!st)
         st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -119,38 +121,38 @@ static enum moe_status mm_expert(struct exec_gpu *g, bool ta, bool tb, bool vary
 }
 
 /* Y (T x out) = X (T x in) W^T, W (out x in), bf16 inputs; Y fp32 or bf16. */
-enum moe_status gpu_lin(struct exec_gpu *g, const bf16 *X, int ldx, const bf16 *Wt, int T,
-                           int in, int out, void *Y, int ldy, cudaDataType yt, float beta,
-                           struct moe_error *err)
+enum moe_status gpu_lin(struct exec_gpu *g, const bf16 *X, int ldx, const bf16 *Wt, int T, int in,
+                        int out, void *Y, int ldy, cudaDataType yt, float beta,
+                        struct moe_error *err)
 {
     if (g->in_experts)
         return mm_expert(g, false, true, false, T, out, in, X, ldx, Wt, in, beta, Y, ldy,
                          CUDA_R_16BF, yt, err);
     return gpu_mm(g, false, true, T, out, in, 1.0f, X, ldx, 0, Wt, in, 0, beta, Y, ldy, 0, 1,
-              CUDA_R_16BF, yt, err);
+                  CUDA_R_16BF, yt, err);
 }
 
 /* dX (T x in, fp32) (+)= dY (T x out) W. */
 enum moe_status gpu_lin_dx(struct exec_gpu *g, const bf16 *dY, int lddy, const bf16 *Wt, int T,
-                              int in, int out, float *dX, int lddx, float beta, struct moe_error *err)
+                           int in, int out, float *dX, int lddx, float beta, struct moe_error *err)
 {
     if (g->in_experts)
         return mm_expert(g, false, false, false, T, in, out, dY, lddy, Wt, in, beta, dX, lddx,
                          CUDA_R_16BF, CUDA_R_32F, err);
     return gpu_mm(g, false, false, T, in, out, 1.0f, dY, lddy, 0, Wt, in, 0, beta, dX, lddx, 0, 1,
-              CUDA_R_16BF, CUDA_R_32F, err);
+                  CUDA_R_16BF, CUDA_R_32F, err);
 }
 
 /* dW (out x in, fp32) += dY^T X. */
 enum moe_status gpu_lin_dw(struct exec_gpu *g, const bf16 *dY, int lddy, const bf16 *X, int ldx,
-                              int T, int in, int out, float *dW, struct moe_error *err)
+                           int T, int in, int out, float *dW, struct moe_error *err)
 {
     if (T == 0) return MOE_OK;
     if (g->in_experts)
         return mm_expert(g, true, false, true, out, in, T, dY, lddy, X, ldx, 1.0f, dW, in,
                          CUDA_R_16BF, CUDA_R_32F, err);
     return gpu_mm(g, true, false, out, in, T, 1.0f, dY, lddy, 0, X, ldx, 0, 1.0f, dW, in, 0, 1,
-              CUDA_R_16BF, CUDA_R_32F, err);
+                  CUDA_R_16BF, CUDA_R_32F, err);
 }
 
 enum moe_status gpu_sync_host(struct exec_gpu *g, struct moe_error *err)
@@ -166,7 +168,8 @@ enum moe_status gpu_fork_experts(struct exec_gpu *g, struct moe_error *err)
     g->in_experts = true;
     if (g->nside < 2) return MOE_OK;
     MOE_CUDA_CHECK(cudaEventRecord(g->fork_ev, g->s));
-    for (int i = 0; i < g->nside; i++) MOE_CUDA_CHECK(cudaStreamWaitEvent(g->side[i], g->fork_ev, 0));
+    for (int i = 0; i < g->nside; i++)
+        MOE_CUDA_CHECK(cudaStreamWaitEvent(g->side[i], g->fork_ev, 0));
     return MOE_OK;
 }
 

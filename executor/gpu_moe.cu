@@ -8,9 +8,9 @@
 #include "gpu.h"
 
 /* y += down(silu(gate x) * up x) for T rows of width F (saving g32, u32, hm16). */
-enum moe_status gpu_swiglu_forward(struct exec_gpu *g, const bf16 *x, int T, int F,
-                                      const bf16 *Wg, const bf16 *Wu, const bf16 *Wd, float *g32,
-                                      float *u32, bf16 *hm16, float *y, struct moe_error *err)
+enum moe_status gpu_swiglu_forward(struct exec_gpu *g, const bf16 *x, int T, int F, const bf16 *Wg,
+                                   const bf16 *Wu, const bf16 *Wd, float *g32, float *u32,
+                                   bf16 *hm16, float *y, struct moe_error *err)
 {
     int h = g->hidden;
     MOE_CHECK(gpu_lin(g, x, h, Wg, T, h, F, g32, F, CUDA_R_32F, 0, err));
@@ -21,10 +21,10 @@ enum moe_status gpu_swiglu_forward(struct exec_gpu *g, const bf16 *x, int T, int
 
 /* Backward of swiglu_forward for dy16: dx (+)= (beta), weight gradients +=. */
 enum moe_status gpu_swiglu_backward(struct exec_gpu *g, const bf16 *x, const bf16 *dy16, int T,
-                                       int F, const bf16 *Wg, const bf16 *Wu, const bf16 *Wd,
-                                       const float *g32, const float *u32, const bf16 *hm16,
-                                       float *dWg, float *dWu, float *dWd, float *dx, float beta,
-                                       struct moe_error *err)
+                                    int F, const bf16 *Wg, const bf16 *Wu, const bf16 *Wd,
+                                    const float *g32, const float *u32, const bf16 *hm16,
+                                    float *dWg, float *dWu, float *dWd, float *dx, float beta,
+                                    struct moe_error *err)
 {
     int h = g->hidden;
     if (T == 0) return MOE_OK;
@@ -40,7 +40,7 @@ enum moe_status gpu_swiglu_backward(struct exec_gpu *g, const bf16 *x, const bf1
 /* The expert block on the permuted rows xp16 (expert e: rows off[e] .. off[e+1]): gate and up
  * GEMMs, SwiGLU, down GEMM into yp32; an expert with no rows launches nothing. */
 enum moe_status gpu_experts_forward(struct exec_gpu *g, int l, struct act *A, const int *off,
-                                       struct moe_error *err)
+                                    struct moe_error *err)
 {
     const int *w = g->wi[l];
     int h = g->hidden, E = g->experts, f = g->ffn;
@@ -49,10 +49,10 @@ enum moe_status gpu_experts_forward(struct exec_gpu *g, int l, struct act *A, co
         int n = off[e + 1] - off[e];
         if (!n) continue;
         gpu_use_expert_stream(g, e);
-        MOE_CHECK(gpu_lin(g, A->xp16 + (size_t)off[e] * h, h, W16(g, w[W_GATE]) + (size_t)e * f * h, n, h,
-                  f, A->eg32 + (size_t)off[e] * f, f, CUDA_R_32F, 0, err));
-        MOE_CHECK(gpu_lin(g, A->xp16 + (size_t)off[e] * h, h, W16(g, w[W_UP]) + (size_t)e * f * h, n, h, f,
-                  A->eu32 + (size_t)off[e] * f, f, CUDA_R_32F, 0, err));
+        MOE_CHECK(gpu_lin(g, A->xp16 + (size_t)off[e] * h, h, W16(g, w[W_GATE]) + (size_t)e * f * h,
+                          n, h, f, A->eg32 + (size_t)off[e] * f, f, CUDA_R_32F, 0, err));
+        MOE_CHECK(gpu_lin(g, A->xp16 + (size_t)off[e] * h, h, W16(g, w[W_UP]) + (size_t)e * f * h,
+                          n, h, f, A->eu32 + (size_t)off[e] * f, f, CUDA_R_32F, 0, err));
     }
     MOE_CHECK(gpu_join_experts(g, err));
     MOE_LAUNCH_CHECK(gk_swiglu(A->eg32, A->eu32, A->ehm16, (size_t)off[E] * f, g->s));
@@ -61,15 +61,16 @@ enum moe_status gpu_experts_forward(struct exec_gpu *g, int l, struct act *A, co
         int n = off[e + 1] - off[e];
         if (!n) continue;
         gpu_use_expert_stream(g, e);
-        MOE_CHECK(gpu_lin(g, A->ehm16 + (size_t)off[e] * f, f, W16(g, w[W_DOWN]) + (size_t)e * h * f, n, f,
-                  h, A->yp32 + (size_t)off[e] * h, h, CUDA_R_32F, 0, err));
+        MOE_CHECK(gpu_lin(g, A->ehm16 + (size_t)off[e] * f, f,
+                          W16(g, w[W_DOWN]) + (size_t)e * h * f, n, f, h,
+                          A->yp32 + (size_t)off[e] * h, h, CUDA_R_32F, 0, err));
     }
     return gpu_join_experts(g, err);
 }
 
 /* Its backward from dyp16: dxp32 and the expert weight gradients. */
-enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act *A,
-                                        const int *off, struct moe_error *err)
+enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act *A, const int *off,
+                                     struct moe_error *err)
 {
     const int *w = g->wi[l];
     int h = g->hidden, E = g->experts, f = g->ffn;
@@ -80,13 +81,13 @@ enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act
         size_t o = off[e];
         gpu_use_expert_stream(g, e);
         MOE_CHECK(gpu_lin_dx(g, g->dyp16 + o * h, h, W16(g, w[W_DOWN]) + (size_t)e * h * f, n, f, h,
-                     g->dehm32 + o * f, f, 0, err));
+                             g->dehm32 + o * f, f, 0, err));
         MOE_CHECK(gpu_lin_dw(g, g->dyp16 + o * h, h, A->ehm16 + o * f, f, n, f, h,
-                     GR(g, w[W_DOWN]) + (size_t)e * h * f, err));
+                             GR(g, w[W_DOWN]) + (size_t)e * h * f, err));
     }
     MOE_CHECK(gpu_join_experts(g, err));
-    MOE_LAUNCH_CHECK(gk_swiglu_backward(A->eg32, A->eu32, g->dehm32, g->deg16, g->deu16, (size_t)off[E] * f,
-                                g->s));
+    MOE_LAUNCH_CHECK(gk_swiglu_backward(A->eg32, A->eu32, g->dehm32, g->deg16, g->deu16,
+                                        (size_t)off[E] * f, g->s));
     MOE_CHECK(gpu_fork_experts(g, err));
     for (int e = 0; e < E; e++) {
         int n = off[e + 1] - off[e];
@@ -94,13 +95,13 @@ enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act
         size_t o = off[e];
         gpu_use_expert_stream(g, e);
         MOE_CHECK(gpu_lin_dx(g, g->deg16 + o * f, f, W16(g, w[W_GATE]) + (size_t)e * f * h, n, h, f,
-                     g->dxp32 + o * h, h, 0, err));
+                             g->dxp32 + o * h, h, 0, err));
         MOE_CHECK(gpu_lin_dx(g, g->deu16 + o * f, f, W16(g, w[W_UP]) + (size_t)e * f * h, n, h, f,
-                     g->dxp32 + o * h, h, 1, err));
+                             g->dxp32 + o * h, h, 1, err));
         MOE_CHECK(gpu_lin_dw(g, g->deg16 + o * f, f, A->xp16 + o * h, h, n, h, f,
-                     GR(g, w[W_GATE]) + (size_t)e * f * h, err));
+                             GR(g, w[W_GATE]) + (size_t)e * f * h, err));
         MOE_CHECK(gpu_lin_dw(g, g->deu16 + o * f, f, A->xp16 + o * h, h, n, h, f,
-                     GR(g, w[W_UP]) + (size_t)e * f * h, err));
+                             GR(g, w[W_UP]) + (size_t)e * f * h, err));
     }
     return gpu_join_experts(g, err);
 }
@@ -109,31 +110,35 @@ enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act
 
 /* The dropless MoE layer on b16 / b32 (T rows), adding into y. */
 enum moe_status gpu_moe_forward(struct exec_gpu *g, int l, struct act *A, float *y,
-                                   struct moe_error *err)
+                                struct moe_error *err)
 {
     const int *w = g->wi[l];
-    int T = g->tokens, h = g->hidden, E = g->experts, k = g->top_k, P = g->pairs, mi = g->moe_index[l];
+    int T = g->tokens, h = g->hidden, E = g->experts, k = g->top_k, P = g->pairs,
+        mi = g->moe_index[l];
     int *off = g->off_host[l];
     PH(COST_ROUTER);
-    MOE_CHECK(gpu_mm(g, false, true, T, E, h, 1.0f, A->b32, h, 0, M(g, w[W_ROUTER]), h, 0, 0.0f, A->logits,
-             E, 0, 1, CUDA_R_32F, CUDA_R_32F, err));
-    MOE_CHECK(exec_route(&g->rc, A->logits, g->bias + (size_t)l * E, T, A->choice, A->weight, g->s, err));
+    MOE_CHECK(gpu_mm(g, false, true, T, E, h, 1.0f, A->b32, h, 0, M(g, w[W_ROUTER]), h, 0, 0.0f,
+                     A->logits, E, 0, 1, CUDA_R_32F, CUDA_R_32F, err));
+    MOE_CHECK(
+        exec_route(&g->rc, A->logits, g->bias + (size_t)l * E, T, A->choice, A->weight, g->s, err));
     if (g->forced_choice)
         MOE_CUDA_CHECK(cudaMemcpyAsync(A->choice, g->forced_choice, sizeof(int) * (size_t)P,
-                               cudaMemcpyDeviceToDevice, g->s));
+                                       cudaMemcpyDeviceToDevice, g->s));
     if (g->record_stats)
         MOE_LAUNCH_CHECK(gk_coactivation(A->choice, T, k, E, g->coact + (size_t)mi * E * E, g->s));
     PH(COST_PERMUTE);
     MOE_LAUNCH_CHECK(gk_permute_count(A->choice, P, E, g->perm_cnt, g->perm_base, A->off, g->s));
-    MOE_CUDA_CHECK(cudaMemcpyAsync(off, A->off, sizeof(int) * (E + 1), cudaMemcpyDeviceToHost, g->s));
+    MOE_CUDA_CHECK(
+        cudaMemcpyAsync(off, A->off, sizeof(int) * (E + 1), cudaMemcpyDeviceToHost, g->s));
     if (!g->cfg.ep) { /* with EP the exchange places the rows (ep_forward) */
-        MOE_LAUNCH_CHECK(gk_permute_place(A->choice, P, E, g->perm_base, A->off, A->row_src, A->pos, g->s));
+        MOE_LAUNCH_CHECK(
+            gk_permute_place(A->choice, P, E, g->perm_base, A->off, A->row_src, A->pos, g->s));
         MOE_LAUNCH_CHECK(gk_gather(A->b16, A->row_src, k, P, h, A->xp16, g->s));
     } else { /* the counts stay: the load statistics and the load-balance loss read them */
         MOE_CUDA_CHECK(cudaMemcpyAsync(g->choice_host, A->choice, sizeof(int) * (size_t)P,
-                               cudaMemcpyDeviceToHost, g->s));
+                                       cudaMemcpyDeviceToHost, g->s));
         MOE_CUDA_CHECK(cudaMemcpyAsync(g->weight_host, A->weight, sizeof(float) * (size_t)P,
-                               cudaMemcpyDeviceToHost, g->s));
+                                       cudaMemcpyDeviceToHost, g->s));
     }
     MOE_CHECK(gpu_sync_host(g, err)); /* the per-expert row counts decide the GEMM shapes */
     if (off[E] != P)
@@ -149,8 +154,10 @@ enum moe_status gpu_moe_forward(struct exec_gpu *g, int l, struct act *A, float 
          * the mean scores, summed on the GPU in a fixed order */
         float auxg[GK_MAX_EXPERTS];
         for (int e = 0; e < E; e++)
-            auxg[e] = (float)(g->grad_scale * g->rc.aux_coef * E * ((double)(off[e + 1] - off[e]) / P) / T);
-        MOE_CUDA_CHECK(cudaMemcpyAsync(A->auxg, auxg, sizeof(float) * E, cudaMemcpyHostToDevice, g->s));
+            auxg[e] = (float)(g->grad_scale * g->rc.aux_coef * E *
+                              ((double)(off[e + 1] - off[e]) / P) / T);
+        MOE_CUDA_CHECK(
+            cudaMemcpyAsync(A->auxg, auxg, sizeof(float) * E, cudaMemcpyHostToDevice, g->s));
         MOE_CUDA_CHECK(cudaStreamSynchronize(g->s));
     }
     if (g->cfg.ep) {
@@ -163,15 +170,16 @@ enum moe_status gpu_moe_forward(struct exec_gpu *g, int l, struct act *A, float 
     }
     if (g->shared_ffn) {
         PH(COST_SHARED_EXPERT);
-        MOE_CHECK(gpu_swiglu_forward(g, A->b16, T, g->shared_ffn, W16(g, w[W_SGATE]), W16(g, w[W_SUP]),
-                             W16(g, w[W_SDOWN]), A->g32, A->u32, A->hm16, y, err));
+        MOE_CHECK(gpu_swiglu_forward(g, A->b16, T, g->shared_ffn, W16(g, w[W_SGATE]),
+                                     W16(g, w[W_SUP]), W16(g, w[W_SDOWN]), A->g32, A->u32, A->hm16,
+                                     y, err));
     }
     return MOE_OK;
 }
 
 /* The load-balance loss of MoE layer l from its saved routing (one host sync). */
 enum moe_status gpu_moe_aux_loss(struct exec_gpu *g, int l, const struct act *A, double *aux,
-                                    struct moe_error *err)
+                                 struct moe_error *err)
 {
     int T = g->tokens, E = g->experts, P = g->pairs;
     const int *off = g->off_host[l];
@@ -188,35 +196,37 @@ enum moe_status gpu_moe_aux_loss(struct exec_gpu *g, int l, const struct act *A,
 
 /* Backward of the MoE layer for dy16 / dy (fp32): db32 = d input, weight gradients +=. */
 enum moe_status gpu_moe_backward(struct exec_gpu *g, int l, const struct act *A,
-                                    struct moe_error *err)
+                                 struct moe_error *err)
 {
     const int *w = g->wi[l];
     int T = g->tokens, h = g->hidden, E = g->experts, k = g->top_k;
     const int *off = g->off_host[l];
     if (g->shared_ffn) {
         PH(COST_SHARED_EXPERT);
-        MOE_CHECK(gpu_swiglu_backward(g, A->b16, g->dy16, T, g->shared_ffn, W16(g, w[W_SGATE]), W16(g, w[W_SUP]),
-                              W16(g, w[W_SDOWN]), A->g32, A->u32, A->hm16, GR(g, w[W_SGATE]),
-                              GR(g, w[W_SUP]), GR(g, w[W_SDOWN]), g->db32, 0.0f, err));
+        MOE_CHECK(gpu_swiglu_backward(g, A->b16, g->dy16, T, g->shared_ffn, W16(g, w[W_SGATE]),
+                                      W16(g, w[W_SUP]), W16(g, w[W_SDOWN]), A->g32, A->u32, A->hm16,
+                                      GR(g, w[W_SGATE]), GR(g, w[W_SUP]), GR(g, w[W_SDOWN]),
+                                      g->db32, 0.0f, err));
     }
     if (g->cfg.ep) {
         MOE_CHECK(gpu_ep_backward(g, l, A, err));
     } else {
         PH(COST_UNPERMUTE);
-        MOE_LAUNCH_CHECK(gk_combine_backward(g->dh, A->yp32, A->weight, A->pos, T, k, h, g->dyp16, g->dw,
-                                     g->s));
+        MOE_LAUNCH_CHECK(
+            gk_combine_backward(g->dh, A->yp32, A->weight, A->pos, T, k, h, g->dyp16, g->dw, g->s));
         PH(COST_EXPERTS_BWD);
         MOE_CHECK(gpu_experts_backward(g, l, A, off, err));
         PH(COST_PERMUTE);
-        MOE_LAUNCH_CHECK(gk_gather_sum(g->dxp32, A->pos, T, k, h, g->db32, g->shared_ffn > 0, g->s));
+        MOE_LAUNCH_CHECK(
+            gk_gather_sum(g->dxp32, A->pos, T, k, h, g->db32, g->shared_ffn > 0, g->s));
     }
     PH(COST_ROUTER);
     MOE_LAUNCH_CHECK(gk_router_backward(&g->rc, A->logits, A->choice, A->weight, g->dw,
-                                g->rc.aux_coef != 0.0 ? A->auxg : NULL, T, g->dz, g->s));
-    MOE_CHECK(gpu_mm(g, true, false, E, h, T, 1.0f, g->dz, E, 0, A->b32, h, 0, 1.0f, GR(g, w[W_ROUTER]), h,
-             0, 1, CUDA_R_32F, CUDA_R_32F, err));
-    return gpu_mm(g, false, false, T, h, E, 1.0f, g->dz, E, 0, M(g, w[W_ROUTER]), h, 0, 1.0f, g->db32,
-              h, 0, 1, CUDA_R_32F, CUDA_R_32F, err);
+                                        g->rc.aux_coef != 0.0 ? A->auxg : NULL, T, g->dz, g->s));
+    MOE_CHECK(gpu_mm(g, true, false, E, h, T, 1.0f, g->dz, E, 0, A->b32, h, 0, 1.0f,
+                     GR(g, w[W_ROUTER]), h, 0, 1, CUDA_R_32F, CUDA_R_32F, err));
+    return gpu_mm(g, false, false, T, h, E, 1.0f, g->dz, E, 0, M(g, w[W_ROUTER]), h, 0, 1.0f,
+                  g->db32, h, 0, 1, CUDA_R_32F, CUDA_R_32F, err);
 }
 
 /* ---- blocks ------------------------------------------------------------------------------- */

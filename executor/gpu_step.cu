@@ -37,14 +37,15 @@ static enum moe_status block_forward(struct exec_gpu *g, int l, const float *x, 
     float eps = (float)g->m.norm_eps;
     bool moe = g->moe_index[l] >= 0;
     PH(COST_ATTN_FWD);
-    MOE_LAUNCH_CHECK(gk_rmsnorm(x, h, M(g, w[W_ATTN_NORM]), T, h, eps, A->a16, h, NULL, 0, A->rstd1, g->s));
+    MOE_LAUNCH_CHECK(
+        gk_rmsnorm(x, h, M(g, w[W_ATTN_NORM]), T, h, eps, A->a16, h, NULL, 0, A->rstd1, g->s));
     MOE_CHECK(gpu_attn_forward(g, l, A, err));
     MOE_CUDA_CHECK(cudaMemcpyAsync(A->h1, x, th * sizeof(float), cudaMemcpyDeviceToDevice, g->s));
-    MOE_CHECK(gpu_lin(g, A->o16, g->heads * g->dv, W16(g, w[W_WO]), T, g->heads * g->dv, h, A->h1, h, CUDA_R_32F,
-              1.0f, err));
+    MOE_CHECK(gpu_lin(g, A->o16, g->heads * g->dv, W16(g, w[W_WO]), T, g->heads * g->dv, h, A->h1,
+                      h, CUDA_R_32F, 1.0f, err));
     PH(moe ? COST_ROUTER : COST_DENSE_FFN);
-    MOE_LAUNCH_CHECK(gk_rmsnorm(A->h1, h, M(g, w[W_FFN_NORM]), T, h, eps, A->b16, h, moe ? A->b32 : NULL, h,
-                        A->rstd2, g->s));
+    MOE_LAUNCH_CHECK(gk_rmsnorm(A->h1, h, M(g, w[W_FFN_NORM]), T, h, eps, A->b16, h,
+                                moe ? A->b32 : NULL, h, A->rstd2, g->s));
     MOE_CUDA_CHECK(cudaMemcpyAsync(y, A->h1, th * sizeof(float), cudaMemcpyDeviceToDevice, g->s));
     if (moe) {
         MOE_CHECK(gpu_moe_forward(g, l, A, y, err));
@@ -52,7 +53,7 @@ static enum moe_status block_forward(struct exec_gpu *g, int l, const float *x, 
         return MOE_OK;
     }
     return gpu_swiglu_forward(g, A->b16, T, g->dense_ffn, W16(g, w[W_GATE]), W16(g, w[W_UP]),
-                          W16(g, w[W_DOWN]), A->g32, A->u32, A->hm16, y, err);
+                              W16(g, w[W_DOWN]), A->g32, A->u32, A->hm16, y, err);
 }
 
 /* dh (fp32, the gradient of the block output) -> dprev (the block input's). */
@@ -67,24 +68,26 @@ static enum moe_status block_backward(struct exec_gpu *g, int l, const float *x,
         MOE_CHECK(gpu_moe_backward(g, l, A, err));
     } else {
         PH(COST_DENSE_FFN);
-        MOE_CHECK(gpu_swiglu_backward(g, A->b16, g->dy16, T, g->dense_ffn, W16(g, w[W_GATE]), W16(g, w[W_UP]),
-                              W16(g, w[W_DOWN]), A->g32, A->u32, A->hm16, GR(g, w[W_GATE]),
-                              GR(g, w[W_UP]), GR(g, w[W_DOWN]), g->db32, 0.0f, err));
+        MOE_CHECK(gpu_swiglu_backward(g, A->b16, g->dy16, T, g->dense_ffn, W16(g, w[W_GATE]),
+                                      W16(g, w[W_UP]), W16(g, w[W_DOWN]), A->g32, A->u32, A->hm16,
+                                      GR(g, w[W_GATE]), GR(g, w[W_UP]), GR(g, w[W_DOWN]), g->db32,
+                                      0.0f, err));
     }
     /* h1 = x + attn: dh1 = dy + norm backward of the FFN input (in place in dh) */
-    MOE_LAUNCH_CHECK(gk_rmsnorm_backward(A->h1, h, M(g, w[W_FFN_NORM]), A->rstd2, g->db32, h, g->dh, h,
-                                 g->dh, h, T, h, g->s));
-    MOE_LAUNCH_CHECK(gk_colsum(g->db32, h, A->h1, h, A->rstd2, T, h, g->part, GR(g, w[W_FFN_NORM]), true,
-                       g->s));
+    MOE_LAUNCH_CHECK(gk_rmsnorm_backward(A->h1, h, M(g, w[W_FFN_NORM]), A->rstd2, g->db32, h, g->dh,
+                                         h, g->dh, h, T, h, g->s));
+    MOE_LAUNCH_CHECK(
+        gk_colsum(g->db32, h, A->h1, h, A->rstd2, T, h, g->part, GR(g, w[W_FFN_NORM]), true, g->s));
     PH(COST_ATTN_BWD);
     MOE_LAUNCH_CHECK(gk_to_bf16(g->dh, g->dh16, (size_t)T * h, g->s));
-    MOE_CHECK(gpu_mm(g, false, false, T, Hd, h, 1.0f, g->dh16, h, 0, W16(g, w[W_WO]), Hd, 0, 0.0f, g->do16,
-             Hd, 0, 1, CUDA_R_16BF, CUDA_R_16BF, err));
+    MOE_CHECK(gpu_mm(g, false, false, T, Hd, h, 1.0f, g->dh16, h, 0, W16(g, w[W_WO]), Hd, 0, 0.0f,
+                     g->do16, Hd, 0, 1, CUDA_R_16BF, CUDA_R_16BF, err));
     MOE_CHECK(gpu_lin_dw(g, g->dh16, h, A->o16, Hd, T, Hd, h, GR(g, w[W_WO]), err));
     MOE_CHECK(gpu_attn_backward(g, l, A, err));
     MOE_LAUNCH_CHECK(gk_rmsnorm_backward(x, h, M(g, w[W_ATTN_NORM]), A->rstd1, g->da32, h, g->dh, h,
-                                 g->dprev, h, T, h, g->s));
-    MOE_LAUNCH_CHECK(gk_colsum(g->da32, h, x, h, A->rstd1, T, h, g->part, GR(g, w[W_ATTN_NORM]), true, g->s));
+                                         g->dprev, h, T, h, g->s));
+    MOE_LAUNCH_CHECK(
+        gk_colsum(g->da32, h, x, h, A->rstd1, T, h, g->part, GR(g, w[W_ATTN_NORM]), true, g->s));
     return MOE_OK;
 }
 
@@ -136,7 +139,7 @@ static enum moe_status embed_plan(struct exec_gpu *g, const int *tokens, struct 
     for (int u = 0; u < n; u++) g->emb_count[ids[u]] = 0;
     g->emb_nids = n;
     MOE_CUDA_CHECK(cudaMemcpyAsync(g->emb_dev, g->emb_host, sizeof(int) * ((size_t)3 * T + 1),
-                           cudaMemcpyHostToDevice, g->s));
+                                   cudaMemcpyHostToDevice, g->s));
     return MOE_OK;
 }
 
@@ -151,7 +154,7 @@ static enum moe_status load_tokens(struct exec_gpu *g, const int *tokens, struct
     MOE_CHECK(embed_plan(g, tokens, err));
     PH(COST_EMBED);
     MOE_CUDA_CHECK(cudaMemcpyAsync(g->tok, tokens, sizeof(int) * (size_t)g->mbs * (g->seq + 1),
-                           cudaMemcpyHostToDevice, g->s));
+                                   cudaMemcpyHostToDevice, g->s));
     MOE_LAUNCH_CHECK(gk_split(g->tok, g->mbs, g->seq, g->tok_in, g->tgt, g->s));
     return MOE_OK;
 }
@@ -167,13 +170,14 @@ static enum moe_status forward_part(struct exec_gpu *g, int lo, int hi, double *
         MOE_CHECK(block_forward(g, l, g->xin[l], g->xin[l + 1], &g->act[l], aux_sum, err));
     if (hi < L) return MOE_OK;
     PH(COST_LM_HEAD);
-    MOE_LAUNCH_CHECK(gk_rmsnorm(g->xin[L], h, M(g, g->final_norm), T, h, (float)g->m.norm_eps, g->fin16,
-                        h, NULL, 0, g->rstdf, g->s));
+    MOE_LAUNCH_CHECK(gk_rmsnorm(g->xin[L], h, M(g, g->final_norm), T, h, (float)g->m.norm_eps,
+                                g->fin16, h, NULL, 0, g->rstdf, g->s));
     MOE_CHECK(gpu_lin(g, g->fin16, h, W16(g, g->head), T, h, V, g->logits, V, CUDA_R_32F, 0, err));
     PH(COST_LOSS);
-    MOE_LAUNCH_CHECK(gk_cross_entropy(g->logits, g->tgt, T, V, (float)(g->grad_scale / T), g->row_loss,
-                              g->dlog16, g->s));
-    MOE_CUDA_CHECK(cudaMemcpyAsync(g->host_rows, g->row_loss, sizeof(float) * T, cudaMemcpyDeviceToHost, g->s));
+    MOE_LAUNCH_CHECK(gk_cross_entropy(g->logits, g->tgt, T, V, (float)(g->grad_scale / T),
+                                      g->row_loss, g->dlog16, g->s));
+    MOE_CUDA_CHECK(cudaMemcpyAsync(g->host_rows, g->row_loss, sizeof(float) * T,
+                                   cudaMemcpyDeviceToHost, g->s));
     return MOE_OK;
 }
 
@@ -186,10 +190,10 @@ static enum moe_status backward_part(struct exec_gpu *g, int lo, int hi, struct 
         PH(COST_LM_HEAD);
         MOE_CHECK(gpu_lin_dx(g, g->dlog16, V, W16(g, g->head), T, h, V, g->dfin32, h, 0, err));
         MOE_CHECK(gpu_lin_dw(g, g->dlog16, V, g->fin16, h, T, h, V, GR(g, g->head), err));
-        MOE_LAUNCH_CHECK(gk_rmsnorm_backward(g->xin[L], h, M(g, g->final_norm), g->rstdf, g->dfin32, h,
-                                     NULL, 0, g->dh, h, T, h, g->s));
+        MOE_LAUNCH_CHECK(gk_rmsnorm_backward(g->xin[L], h, M(g, g->final_norm), g->rstdf, g->dfin32,
+                                             h, NULL, 0, g->dh, h, T, h, g->s));
         MOE_LAUNCH_CHECK(gk_colsum(g->dfin32, h, g->xin[L], h, g->rstdf, T, h, g->part,
-                           GR(g, g->final_norm), true, g->s));
+                                   GR(g, g->final_norm), true, g->s));
     }
     for (int l = hi - 1; l >= lo; l--) {
         if (g->cfg.recompute) {
@@ -209,8 +213,8 @@ static enum moe_status backward_part(struct exec_gpu *g, int lo, int hi, struct 
     }
     if (lo > 0) return MOE_OK;
     PH(COST_EMBED);
-    MOE_LAUNCH_CHECK(gk_embed_backward(g->dh, g->emb_dev, g->emb_dev + 2 * T, g->emb_dev + T, g->emb_nids, h,
-                               GR(g, g->embed), g->s));
+    MOE_LAUNCH_CHECK(gk_embed_backward(g->dh, g->emb_dev, g->emb_dev + 2 * T, g->emb_dev + T,
+                                       g->emb_nids, h, GR(g, g->embed), g->s));
     return MOE_OK;
 }
 
@@ -260,10 +264,12 @@ extern "C" enum moe_status exec_gpu_slice(struct exec_gpu *g, const int *tokens,
     g->record_stats = !backward; /* the backward's forward is a recomputation */
     g->grad_scale = grad_scale;
     MOE_CHECK(load_tokens(g, tokens, err));
-    if (lo > 0) MOE_CUDA_CHECK(cudaMemcpyAsync(g->xin[lo], h_in, th, cudaMemcpyDeviceToDevice, g->s));
+    if (lo > 0)
+        MOE_CUDA_CHECK(cudaMemcpyAsync(g->xin[lo], h_in, th, cudaMemcpyDeviceToDevice, g->s));
     MOE_CHECK(forward_part(g, lo, hi, &aux_sum, err));
     if (!backward) {
-        if (hi < L) MOE_CUDA_CHECK(cudaMemcpyAsync(h_out, g->xin[hi], th, cudaMemcpyDeviceToDevice, g->s));
+        if (hi < L)
+            MOE_CUDA_CHECK(cudaMemcpyAsync(h_out, g->xin[hi], th, cudaMemcpyDeviceToDevice, g->s));
         return finish_loss(g, hi == L, aux_sum, loss, aux, err);
     }
     if (hi < L) MOE_CUDA_CHECK(cudaMemcpyAsync(g->dh, dh_out, th, cudaMemcpyDeviceToDevice, g->s));
@@ -286,8 +292,8 @@ extern "C" enum moe_status exec_gpu_optimizer(struct exec_gpu *g, const struct e
     if (!isfinite(norm)) {
         char where[384];
         MOE_CHECK(exec_gpu_nonfinite(g, where, sizeof where, err));
-        return moe_error_set(err, MOE_ERR_NUMERICS, "step %d: the gradient norm is %g: %s", step + 1,
-                             norm, where[0] ? where : "no tensor holds it now");
+        return moe_error_set(err, MOE_ERR_NUMERICS, "step %d: the gradient norm is %g: %s",
+                             step + 1, norm, where[0] ? where : "no tensor holds it now");
     }
     struct gk_adamw a;
     a.lr = (float)exec_lr_at(o, step);
@@ -304,8 +310,8 @@ extern "C" enum moe_status exec_gpu_optimizer(struct exec_gpu *g, const struct e
         size_t b0 = t->offset + t->size < hi ? t->offset + t->size : hi;
         if (a0 >= b0) continue;
         a.wd = g->decay[i] ? (float)o->weight_decay : 0.0f;
-        MOE_LAUNCH_CHECK(gk_adamw(g->master + a0, g->grad + a0, g->m1 + (a0 - lo), g->m2 + (a0 - lo),
-                          g->w16 + a0, b0 - a0, &a, g->s));
+        MOE_LAUNCH_CHECK(gk_adamw(g->master + a0, g->grad + a0, g->m1 + (a0 - lo),
+                                  g->m2 + (a0 - lo), g->w16 + a0, b0 - a0, &a, g->s));
     }
     if (g->cfg.zero) { /* every rank's updated shard to every rank, then their bf16 copies */
         MOE_CHECK(gpu_sync_host(g, err));
@@ -337,17 +343,21 @@ extern "C" enum moe_status exec_gpu_nonfinite(struct exec_gpu *g, char *where, s
     for (int l = 0; l <= g->layers; l++) { /* xin[0]: the embedding; xin[l + 1]: block l's output */
         MOE_CHECK(nonfinite(g, g->xin[l], th, &bad, err));
         if (!bad) continue;
-        if (l == 0) snprintf(where, cap, "the embedding's output holds NaN or Inf");
+        if (l == 0)
+            snprintf(where, cap, "the embedding's output holds NaN or Inf");
         else
-            snprintf(where, cap, "block %d's forward output holds NaN or Inf (its input is "
-                     "finite); the loss and every gradient after it follow", l - 1);
+            snprintf(where, cap,
+                     "block %d's forward output holds NaN or Inf (its input is "
+                     "finite); the loss and every gradient after it follow",
+                     l - 1);
         return MOE_OK;
     }
     for (int i = g->table.ntensors - 1; i >= 0; i--) { /* from the head back, as the backward */
         const struct exec_tensor *t = &g->table.tensor[i];
         MOE_CHECK(nonfinite(g, g->grad + t->offset, t->size, &bad, err));
         if (!bad) continue;
-        snprintf(where, cap, "the gradient of %s (%d x %d) holds NaN or Inf, the tensors after "
+        snprintf(where, cap,
+                 "the gradient of %s (%d x %d) holds NaN or Inf, the tensors after "
                  "it in the backward none (every block's forward output is finite)",
                  t->name, t->rows, t->cols);
         return MOE_OK;
@@ -366,10 +376,13 @@ extern "C" enum moe_status exec_gpu_poison(struct exec_gpu *g, const char *tenso
     float nan = NAN;
     bf16 nan16 = __float2bfloat16(nan);
     if (weight) {
-        MOE_CUDA_CHECK(cudaMemcpyAsync(g->master + at, &nan, sizeof nan, cudaMemcpyHostToDevice, g->s));
-        MOE_CUDA_CHECK(cudaMemcpyAsync(g->w16 + at, &nan16, sizeof nan16, cudaMemcpyHostToDevice, g->s));
+        MOE_CUDA_CHECK(
+            cudaMemcpyAsync(g->master + at, &nan, sizeof nan, cudaMemcpyHostToDevice, g->s));
+        MOE_CUDA_CHECK(
+            cudaMemcpyAsync(g->w16 + at, &nan16, sizeof nan16, cudaMemcpyHostToDevice, g->s));
     } else {
-        MOE_CUDA_CHECK(cudaMemcpyAsync(g->grad + at, &nan, sizeof nan, cudaMemcpyHostToDevice, g->s));
+        MOE_CUDA_CHECK(
+            cudaMemcpyAsync(g->grad + at, &nan, sizeof nan, cudaMemcpyHostToDevice, g->s));
     }
     return gpu_sync_host(g, err);
 }
@@ -385,8 +398,8 @@ extern "C" enum moe_status exec_gpu_update_bias(struct exec_gpu *g, double rate,
     for (size_t i = 0; i < n; i++) load_all[i] = (double)g->step_load[i];
     if (t) { /* every rank's loads: the biases stay the same on every rank */
         enum moe_status st = MOE_OK;
-        cudaError_t e = cudaMemcpy(g->ep_loads, load_all, sizeof(double) * n,
-                                   cudaMemcpyHostToDevice);
+        cudaError_t e =
+            cudaMemcpy(g->ep_loads, load_all, sizeof(double) * n, cudaMemcpyHostToDevice);
         if (e == cudaSuccess) st = t->ops->allreduce_sum(t, g->ep_loads, n, err);
         if (e == cudaSuccess && st == MOE_OK)
             e = cudaMemcpy(load_all, g->ep_loads, sizeof(double) * n, cudaMemcpyDeviceToHost);

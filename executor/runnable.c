@@ -31,7 +31,10 @@ bool exec_model_supported(const struct mdl_model *m, char *why, size_t cap)
     if (n == 0) return true;
     size_t used = (size_t)snprintf(why, cap, "%s uses", m->name);
     for (int i = 0; i < n && used < cap; i++)
-        used += (size_t)snprintf(why + used, cap - used, "%s %s", i == 0 ? "" : i == n - 1 ? " and" : ",",
+        used += (size_t)snprintf(why + used, cap - used, "%s %s",
+                                 i == 0       ? ""
+                                 : i == n - 1 ? " and"
+                                              : ",",
                                  missing[i]);
     if (used < cap) snprintf(why + used, cap - used, ": not in the executor yet");
     return false;
@@ -54,8 +57,7 @@ bool exec_model_runnable(const struct mdl_model *m, char *why, size_t cap)
 bool exec_plan_runnable(const struct mdl_model *m, const struct cost_layout *l, int gpus,
                         const int *placement, char *why, size_t cap)
 {
-    if (!exec_model_runnable(m, why, cap) || !exec_layout_runnable(l, gpus, why, cap))
-        return false;
+    if (!exec_model_runnable(m, why, cap) || !exec_layout_runnable(l, gpus, why, cap)) return false;
     for (int layer = 0; placement && layer < m->layers; layer++)
         for (int e = 0; e < m->moe.experts; e++)
             if (placement[(size_t)layer * m->moe.experts + e] == -2) {

@@ -34,9 +34,8 @@ static enum moe_status nccl_fail(struct exec_nccl *c, const char *op, const char
 {
     if (c->comm) ncclCommAbort(c->comm);
     c->comm = NULL;
-    return moe_error_set(err, MOE_ERR_NCCL,
-                         "rank %d of %d, %s: %s; the communicator was aborted", c->rank, c->ranks,
-                         op, what);
+    return moe_error_set(err, MOE_ERR_NCCL, "rank %d of %d, %s: %s; the communicator was aborted",
+                         c->rank, c->ranks, op, what);
 }
 
 /* Until the stream has finished the operation, NCCL reports an error, or the deadline passes. */
@@ -88,13 +87,17 @@ static enum moe_status nccl_alltoallv(struct exec_transport *t, const void *send
     MOE_CHECK(nccl_result(c, op, ncclGroupStart(), err));
     for (int p = 0; p < c->ranks; p++) {
         if (send_count[p])
-            MOE_CHECK(nccl_result(c, op, ncclSend((const char *)send + so * item_bytes,
-                                  (size_t)send_count[p] * item_bytes, ncclUint8, p, c->comm,
-                                  c->stream), err));
+            MOE_CHECK(nccl_result(c, op,
+                                  ncclSend((const char *)send + so * item_bytes,
+                                           (size_t)send_count[p] * item_bytes, ncclUint8, p,
+                                           c->comm, c->stream),
+                                  err));
         if (recv_count[p])
-            MOE_CHECK(nccl_result(c, op, ncclRecv((char *)recv + ro * item_bytes,
-                                  (size_t)recv_count[p] * item_bytes, ncclUint8, p, c->comm,
-                                  c->stream), err));
+            MOE_CHECK(nccl_result(c, op,
+                                  ncclRecv((char *)recv + ro * item_bytes,
+                                           (size_t)recv_count[p] * item_bytes, ncclUint8, p,
+                                           c->comm, c->stream),
+                                  err));
         so += (size_t)send_count[p];
         ro += (size_t)recv_count[p];
     }
@@ -115,8 +118,10 @@ static enum moe_status nccl_counts(struct exec_transport *t, const int *send, in
         return nccl_fail(c, op, "cudaMemcpyAsync", err);
     MOE_CHECK(nccl_result(c, op, ncclGroupStart(), err));
     for (int p = 0; p < R; p++) {
-        MOE_CHECK(nccl_result(c, op, ncclSend(c->dcounts + p, 1, ncclInt32, p, c->comm, c->stream), err));
-        MOE_CHECK(nccl_result(c, op, ncclRecv(c->dcounts + R + p, 1, ncclInt32, p, c->comm, c->stream), err));
+        MOE_CHECK(
+            nccl_result(c, op, ncclSend(c->dcounts + p, 1, ncclInt32, p, c->comm, c->stream), err));
+        MOE_CHECK(nccl_result(
+            c, op, ncclRecv(c->dcounts + R + p, 1, ncclInt32, p, c->comm, c->stream), err));
     }
     MOE_CHECK(nccl_result(c, op, ncclGroupEnd(), err));
     if (cudaMemcpyAsync(recv, c->dcounts + R, sizeof(int) * (size_t)R, cudaMemcpyDeviceToHost,
@@ -131,7 +136,9 @@ static enum moe_status nccl_allreduce(struct exec_transport *t, void *x, size_t 
     struct exec_nccl *c = t->impl;
     const char *op = "all-reduce";
     if (!c->comm) return aborted(c, op, err);
-    if (n) MOE_CHECK(nccl_result(c, op, ncclAllReduce(x, x, n, type, ncclSum, c->comm, c->stream), err));
+    if (n)
+        MOE_CHECK(
+            nccl_result(c, op, ncclAllReduce(x, x, n, type, ncclSum, c->comm, c->stream), err));
     return nccl_wait(c, op, err);
 }
 
@@ -154,7 +161,9 @@ static enum moe_status nccl_allgather_f32(struct exec_transport *t, float *x, si
     const char *op = "all-gather";
     if (!c->comm) return aborted(c, op, err);
     if (n)
-        MOE_CHECK(nccl_result(c, op, ncclAllGather(x + (size_t)c->rank * n, x, n, ncclFloat32, c->comm, c->stream), err));
+        MOE_CHECK(nccl_result(
+            c, op, ncclAllGather(x + (size_t)c->rank * n, x, n, ncclFloat32, c->comm, c->stream),
+            err));
     return nccl_wait(c, op, err);
 }
 
@@ -168,7 +177,9 @@ static enum moe_status nccl_allreduce_f32_start(struct exec_transport *t, float 
     cudaError_t e = cudaEventRecord(c->after, (cudaStream_t)stream);
     if (e == cudaSuccess) e = cudaStreamWaitEvent(c->stream, c->after, 0);
     if (e != cudaSuccess) return nccl_fail(c, op, cudaGetErrorString(e), err);
-    if (n) MOE_CHECK(nccl_result(c, op, ncclAllReduce(x, x, n, ncclFloat32, ncclSum, c->comm, c->stream), err));
+    if (n)
+        MOE_CHECK(nccl_result(
+            c, op, ncclAllReduce(x, x, n, ncclFloat32, ncclSum, c->comm, c->stream), err));
     return MOE_OK;
 }
 
@@ -179,8 +190,8 @@ static enum moe_status nccl_wait_all(struct exec_transport *t, struct moe_error 
     return nccl_wait(c, "all-reduce (buckets)", err);
 }
 
-static enum moe_status nccl_split(struct exec_transport *t, int color,
-                                  struct exec_transport *out, struct moe_error *err);
+static enum moe_status nccl_split(struct exec_transport *t, int color, struct exec_transport *out,
+                                  struct moe_error *err);
 
 static void nccl_release(struct exec_transport *t)
 {
@@ -189,9 +200,9 @@ static void nccl_release(struct exec_transport *t)
 }
 
 static const struct exec_transport_ops nccl_ops = {
-    nccl_counts,        nccl_alltoallv,           nccl_allreduce_sum,
-    nccl_allreduce_sum_f32, nccl_allgather_f32, nccl_allreduce_f32_start,
-    nccl_wait_all,      nccl_split,               nccl_release};
+    nccl_counts,        nccl_alltoallv,           nccl_allreduce_sum, nccl_allreduce_sum_f32,
+    nccl_allgather_f32, nccl_allreduce_f32_start, nccl_wait_all,      nccl_split,
+    nccl_release};
 
 /* A communicator, its stream and count buffer on the parent's GPU; comm set by the caller. */
 static enum moe_status nccl_alloc(struct exec_nccl **out, int rank, int ranks, int device,
@@ -210,16 +221,16 @@ static enum moe_status nccl_alloc(struct exec_nccl **out, int rank, int ranks, i
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->after, cudaEventDisableTiming);
     if (e != cudaSuccess) {
         exec_nccl_destroy(c);
-        return moe_error_set(err, MOE_ERR_CUDA, "NCCL transport, rank %d, GPU %d: %s", rank,
-                             device, cudaGetErrorString(e));
+        return moe_error_set(err, MOE_ERR_CUDA, "NCCL transport, rank %d, GPU %d: %s", rank, device,
+                             cudaGetErrorString(e));
     }
     *out = c;
     return MOE_OK;
 }
 
 /* ncclCommSplit, keyed by the parent's rank (the group keeps the parent's order). */
-static enum moe_status nccl_split(struct exec_transport *t, int color,
-                                  struct exec_transport *out, struct moe_error *err)
+static enum moe_status nccl_split(struct exec_transport *t, int color, struct exec_transport *out,
+                                  struct moe_error *err)
 {
     struct exec_nccl *c = t->impl, *n = NULL;
     const char *op = "split";
@@ -252,9 +263,9 @@ enum moe_status exec_nccl_unique_id(unsigned char id[EXEC_NCCL_ID_BYTES], struct
     return MOE_OK;
 }
 
-enum moe_status exec_nccl_create(struct exec_nccl **out,
-                                 const unsigned char id[EXEC_NCCL_ID_BYTES], int rank, int ranks,
-                                 int device, double timeout_s, struct moe_error *err)
+enum moe_status exec_nccl_create(struct exec_nccl **out, const unsigned char id[EXEC_NCCL_ID_BYTES],
+                                 int rank, int ranks, int device, double timeout_s,
+                                 struct moe_error *err)
 {
     *out = NULL;
     if (ranks < 1 || rank < 0 || rank >= ranks || timeout_s <= 0)
@@ -294,4 +305,3 @@ void exec_nccl_transport(struct exec_nccl *c, struct exec_transport *t)
     t->ops = &nccl_ops;
     t->impl = c;
 }
-

@@ -48,13 +48,12 @@ void plan_calib_job_name(const struct plan_calib_job *j, char *buf, size_t cap)
     if (j->skew > 0 && n > 0 && (size_t)n < cap) snprintf(buf + n, cap - n, " skew %g", j->skew);
 }
 
-
 /* The job's plan as plan_load gives it, with the cost model's prediction under cal. */
 enum moe_status plan_calib_job_plan(const struct plan_calib_job *j, const char *model_dir,
-                                   const struct topo_cluster *cl,
-                                   const struct cost_calibration *cal,
-                                   const struct cost_routing *routing, struct plan_file *p,
-                                   struct moe_error *err)
+                                    const struct topo_cluster *cl,
+                                    const struct cost_calibration *cal,
+                                    const struct cost_routing *routing, struct plan_file *p,
+                                    struct moe_error *err)
 {
     memset(p, 0, sizeof *p);
     struct mdl_overrides ov = {j->layers, j->experts};
@@ -63,10 +62,20 @@ enum moe_status plan_calib_job_plan(const struct plan_calib_job *j, const char *
     if (st != MOE_OK) return st;
     const struct mdl_model *m = &p->model;
     struct cost_layout *l = &p->layout;
-    *l = (struct cost_layout){.tp = 1, .pp = 1, .vpp = 1, .ep = 1, .etp = 1, .dp = 1, .zero = 0,
-                              .seq_len = j->seq, .mbs = j->mbs, .gbs = j->mbs * j->micro,
-                              .precision = COST_BF16, .recompute = j->recompute,
-                              .dispatcher = COST_DISPATCH_ALLTOALL, .overlap = false};
+    *l = (struct cost_layout){.tp = 1,
+                              .pp = 1,
+                              .vpp = 1,
+                              .ep = 1,
+                              .etp = 1,
+                              .dp = 1,
+                              .zero = 0,
+                              .seq_len = j->seq,
+                              .mbs = j->mbs,
+                              .gbs = j->mbs * j->micro,
+                              .precision = COST_BF16,
+                              .recompute = j->recompute,
+                              .dispatcher = COST_DISPATCH_ALLTOALL,
+                              .overlap = false};
     struct cost_ctx ctx;
     cost_ctx_init(&ctx, m, cl, cal, 1);
     ctx.routing = routing;
@@ -92,7 +101,6 @@ enum moe_status plan_calib_job_plan(const struct plan_calib_job *j, const char *
     return MOE_OK;
 }
 
-
 /* How often the cost model counts phase p in a step of job p: the blocks that have it times the
  * micro-batches (a block's forward twice with full recompute); once a micro-batch for the
  * embedding, head and loss; once for the optimizer. */
@@ -107,16 +115,19 @@ static double occurrences(const struct plan_file *p, int ph)
     case COST_ATTN_FWD: return (moe + dense) * fwd;
     case COST_ATTN_BWD: return (moe + dense) * mb;
     case COST_EXPERTS_BWD: return moe * mb;
-    case COST_ROUTER: case COST_PERMUTE: case COST_UNPERMUTE: case COST_EXPERTS_FWD:
-        return moe * fwd;
+    case COST_ROUTER:
+    case COST_PERMUTE:
+    case COST_UNPERMUTE:
+    case COST_EXPERTS_FWD: return moe * fwd;
     case COST_SHARED_EXPERT: return m->moe.shared_experts ? moe * fwd : 0.0;
     case COST_DENSE_FFN: return dense * fwd;
-    case COST_EMBED: case COST_LM_HEAD: case COST_LOSS: return mb;
+    case COST_EMBED:
+    case COST_LM_HEAD:
+    case COST_LOSS: return mb;
     case COST_OPTIMIZER: return 1.0;
     default: return 0.0;
     }
 }
-
 
 static json_t *num_array(const double *v, int n)
 {
@@ -124,7 +135,6 @@ static json_t *num_array(const double *v, int n)
     for (int i = 0; i < n; i++) json_array_append_new(a, json_real(v[i]));
     return a;
 }
-
 
 /* "mixtral-8x7b L2 E16 seq 1024 mbs 2 x 1 recompute" (job_name's form) back into a job. */
 static bool job_parse(const char *name, struct plan_calib_job *j, char *model, size_t cap)
@@ -143,7 +153,6 @@ static bool job_parse(const char *name, struct plan_calib_job *j, char *model, s
     j->model = model;
     return j->layers > 0 && j->seq > 0 && j->mbs > 0 && j->micro > 0;
 }
-
 
 /* Row i of arr: n positive finite numbers. */
 static enum moe_status number_row(const struct moe_jval *arr, size_t i, double *v, int n,
@@ -202,7 +211,8 @@ enum moe_status plan_calib_data_load(const char *file, struct plan_calib_data *d
     if ((st = moe_jval_array(&m, PLAN_CALIB_EXPERT_KEY, false, &arr, &have_ex, err))) goto done;
     for (size_t i = 0; have_ex && i < moe_jval_len(&arr) && d->nexpert < PLAN_CALIB_MAX_EXPERTS;
          i++, d->nexpert++)
-        if ((st = number_row(&arr, i, d->expert[d->nexpert], PLAN_CALIB_EXPERT_COLS, err))) goto done;
+        if ((st = number_row(&arr, i, d->expert[d->nexpert], PLAN_CALIB_EXPERT_COLS, err)))
+            goto done;
     if ((st = moe_jval_array(&m, "jobs", true, &arr, NULL, err))) goto done;
     for (size_t i = 0; i < moe_jval_len(&arr) && d->njobs < PLAN_CALIB_MAX_JOBS; i++) {
         struct moe_jval jo, ph;
@@ -238,9 +248,10 @@ static void fit_attention(const struct topo_gpu_spec *g, const struct plan_calib
         s[i] = (struct cost_attn_sample){a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]};
     }
     double e = cost_fit_attention(cal, g, s, d->nattn);
-    fprintf(log, "  %d attention shapes: attn_fwd_eff %.3f, attn_bwd_eff %.3f at long sequences, half "
-           "of it at %.0f tokens; rms error %.1f%%\n", d->nattn, cal->attn_fwd_eff,
-           cal->attn_bwd_eff, cal->attn_seq_half, 100 * e);
+    fprintf(log,
+            "  %d attention shapes: attn_fwd_eff %.3f, attn_bwd_eff %.3f at long sequences, half "
+            "of it at %.0f tokens; rms error %.1f%%\n",
+            d->nattn, cal->attn_fwd_eff, cal->attn_bwd_eff, cal->attn_seq_half, 100 * e);
 }
 
 /* The expert block's correction over the benchmark's shapes (cost_fit_experts). */
@@ -248,8 +259,9 @@ static void fit_experts(const struct topo_gpu_spec *g, const struct plan_calib_d
                         struct cost_calibration *cal, json_t *meas, FILE *log)
 {
     if (!d->nexpert) {
-        fprintf(log, "  no expert-block measurements (an older profile): the expert correction stays "
-               "1 and 1\n");
+        fprintf(log,
+                "  no expert-block measurements (an older profile): the expert correction stays "
+                "1 and 1\n");
         return;
     }
     struct cost_expert_sample s[PLAN_CALIB_MAX_EXPERTS];
@@ -262,50 +274,56 @@ static void fit_experts(const struct topo_gpu_spec *g, const struct plan_calib_d
     json_object_set_new(meas, PLAN_CALIB_EXPERT_KEY, je);
     double rms[2];
     cost_fit_experts(cal, g, s, d->nexpert, rms);
-    fprintf(log, "  %d expert blocks (the executor's, uniform routing), measured = scale x model + "
-           "fixed_share x its fixed time:\n", d->nexpert);
+    fprintf(log,
+            "  %d expert blocks (the executor's, uniform routing), measured = scale x model + "
+            "fixed_share x its fixed time:\n",
+            d->nexpert);
     for (int b = 0; b < 2; b++)
         fprintf(log, "    %-8s scale %.3f  fixed_share %.3f  m_half %.0f rows  rms %.1f%%\n",
-               b ? "backward" : "forward", cal->expert_scale[b], cal->expert_fixed_share[b],
-               cal->expert_m_half[b], 100 * rms[b]);
+                b ? "backward" : "forward", cal->expert_scale[b], cal->expert_fixed_share[b],
+                cal->expert_m_half[b], 100 * rms[b]);
     for (int i = 0; i < d->nexpert; i++) {
         const double *x = d->expert[i];
         double us[2];
         cost_expert_us(cal, g, x[4] * x[1] / x[0], x[2], x[3], false, us);
-        fprintf(log, "    E %3.0f top-%.0f h %5.0f f %5.0f, %5.0f tokens: fwd %8.1f us (fit %8.1f), "
-               "bwd %8.1f us (fit %8.1f)\n", x[0], x[1], x[2], x[3], x[4], x[5], x[0] * us[0],
-               x[6], x[0] * us[1]);
+        fprintf(log,
+                "    E %3.0f top-%.0f h %5.0f f %5.0f, %5.0f tokens: fwd %8.1f us (fit %8.1f), "
+                "bwd %8.1f us (fit %8.1f)\n",
+                x[0], x[1], x[2], x[3], x[4], x[5], x[0] * us[0], x[6], x[0] * us[1]);
     }
 }
 
 /* The fits, on any machine: the microbenchmarks into the efficiencies, then each phase's
  * correction over the jobs; meas receives the numbers the profile keeps. */
 static enum moe_status fit(const char *model_dir, const struct topo_cluster *cl,
-                           const struct plan_calib_data *d, struct cost_calibration *cal, json_t *meas,
-                           FILE *log, struct moe_error *err)
+                           const struct plan_calib_data *d, struct cost_calibration *cal,
+                           json_t *meas, FILE *log, struct moe_error *err)
 {
     const struct topo_gpu_spec *g = &cl->gpu;
     cost_calibration_defaults(cal, g);
     cal->launch_us = d->launch_us;
     cal->hbm_eff = fmin(1.0, 2.0 * d->copy_bytes / (d->copy_us * 1e-6) / g->hbm_bytes_per_s);
-    fprintf(log, 
+    fprintf(
+        log,
         "  launch %.2f us a kernel; copy of 1 GiB %.0f us: %.2f TB/s read + write, hbm_eff %.3f\n",
         d->launch_us, d->copy_us, 2.0 * d->copy_bytes / (d->copy_us * 1e-6) / 1e12, cal->hbm_eff);
     json_object_set_new(meas, "launch_us", json_real(d->launch_us));
     json_object_set_new(meas, "copy_1gib_us", json_real(d->copy_us));
     double rms = cost_fit_gemm(cal, g, d->gemm, d->ngemm);
     cal->expert_m_half[0] = cal->expert_m_half[1] = cal->gemm_m_half; /* until fit_experts */
-    fprintf(log, "  %d GEMMs: gemm_eff %.3f, m_half %.1f rows, k_half %.1f, fixed %.1f us; fit rms error "
-           "%.1f%%\n", d->ngemm, cal->gemm_eff, cal->gemm_m_half, cal->gemm_k_half,
-           cal->gemm_fixed_us, 100 * rms);
+    fprintf(
+        log,
+        "  %d GEMMs: gemm_eff %.3f, m_half %.1f rows, k_half %.1f, fixed %.1f us; fit rms error "
+        "%.1f%%\n",
+        d->ngemm, cal->gemm_eff, cal->gemm_m_half, cal->gemm_k_half, cal->gemm_fixed_us, 100 * rms);
     json_t *jg = json_array();
     for (int i = 0; i < d->ngemm; i++) {
         const struct cost_gemm_sample *x = &d->gemm[i];
         double v[4] = {x->m, x->n, x->k, x->us};
         json_array_append_new(jg, num_array(v, 4));
-        fprintf(log, "    GEMM %6.0f x %6.0f x %6.0f: %9.1f us, %6.1f TFLOPS; the fit %9.1f us\n", x->m,
-               x->n, x->k, x->us, 2e-6 * x->m * x->n * x->k / x->us,
-               cost_gemm_us(cal, g, x->m, x->n, x->k, false));
+        fprintf(log, "    GEMM %6.0f x %6.0f x %6.0f: %9.1f us, %6.1f TFLOPS; the fit %9.1f us\n",
+                x->m, x->n, x->k, x->us, 2e-6 * x->m * x->n * x->k / x->us,
+                cost_gemm_us(cal, g, x->m, x->n, x->k, false));
     }
     json_object_set_new(meas, "gemm_m_n_k_us", jg);
     json_object_set_new(meas, "gemm_fit_rms", json_real(rms));
@@ -327,8 +345,8 @@ static enum moe_status fit(const char *model_dir, const struct topo_cluster *cl,
             count[i][ph] = occurrences(&p, ph);
         }
         if (st == MOE_OK)
-            fprintf(log, "  job %d, %s: step %.1f ms, %.1f ms predicted before the phase fit\n", i + 1,
-                   name, d->got[i][COST_STEP] / 1e3, p.step_us / 1e3);
+            fprintf(log, "  job %d, %s: step %.1f ms, %.1f ms predicted before the phase fit\n",
+                    i + 1, name, d->got[i][COST_STEP] / 1e3, p.step_us / 1e3);
         plan_file_free(&p);
         if (st != MOE_OK) {
             json_decref(jj);
@@ -345,8 +363,9 @@ static enum moe_status fit(const char *model_dir, const struct topo_cluster *cl,
     for (int ph = 0; ph < COST_NPHASES; ph++)
         json_array_append_new(jp, json_string(cost_phase_names[ph]));
     json_object_set_new(meas, "phase_order", jp);
-    fprintf(log, "  per-phase fit over the %d jobs (measured = scale x model + fixed per occurrence):\n",
-           d->njobs);
+    fprintf(log,
+            "  per-phase fit over the %d jobs (measured = scale x model + fixed per occurrence):\n",
+            d->njobs);
     for (int ph = 0; ph < COST_NPHASES; ph++) {
         double m[PLAN_CALIB_MAX_JOBS], c[PLAN_CALIB_MAX_JOBS], y[PLAN_CALIB_MAX_JOBS], any = 0;
         for (int i = 0; i < d->njobs; i++) {
@@ -359,34 +378,35 @@ static enum moe_status fit(const char *model_dir, const struct topo_cluster *cl,
         double sc, fx, e = cost_fit_linear(m, c, y, d->njobs, &sc, &fx);
         cal->phase_scale[ph] = sc;
         cal->phase_fixed_us[ph] = fx;
-        fprintf(log, "    %-14s scale %6.3f  fixed %8.1f us  rms %5.1f%%\n", cost_phase_names[ph], sc, fx,
-               100 * e);
+        fprintf(log, "    %-14s scale %6.3f  fixed %8.1f us  rms %5.1f%%\n", cost_phase_names[ph],
+                sc, fx, 100 * e);
     }
     return MOE_OK;
 }
 
-
-enum moe_status plan_calib_fit_save(const struct plan_calib_data *d,
-                                    const struct topo_cluster *cl, const char *model_dir,
-                                    const char *how, const char *file, FILE *log,
-                                    struct moe_error *err)
+enum moe_status plan_calib_fit_save(const struct plan_calib_data *d, const struct topo_cluster *cl,
+                                    const char *model_dir, const char *how, const char *file,
+                                    FILE *log, struct moe_error *err)
 {
     struct cost_calibration cal;
     json_t *meas = json_object(), *meta = NULL;
     if (!meas) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
     enum moe_status st = fit(model_dir, cl, d, &cal, meas, log, err);
     if (st == MOE_OK) {
-        static const char *const defaults[] = {
-            "gemm_eff_fp8 (no fp8 GEMM in the executor)", "nvlink_eff (one GPU: no NVLink)",
-            "nvlink_allreduce_eff (one GPU)", "scale_out_eff (no network)",
-            "a2a_latency_us (one GPU)", "overlap_max (one GPU)", "gemm_tile_m, gemm_tile_n"};
+        static const char *const defaults[] = {"gemm_eff_fp8 (no fp8 GEMM in the executor)",
+                                               "nvlink_eff (one GPU: no NVLink)",
+                                               "nvlink_allreduce_eff (one GPU)",
+                                               "scale_out_eff (no network)",
+                                               "a2a_latency_us (one GPU)",
+                                               "overlap_max (one GPU)",
+                                               "gemm_tile_m, gemm_tile_n"};
         json_t *dflt = json_array();
         for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++)
             json_array_append_new(dflt, json_string(defaults[i]));
         meta = json_pack("{s:s, s:s, s:s, s:{s:s, s:s, s:s}, s:o, s:o, s:s}", "gpu", d->gpu,
-                         "driver", d->driver, "date", d->date, "libraries", "cuda_runtime",
-                         d->cuda, "cublas", d->cublas, "nccl", d->nccl, "defaults_used", dflt,
-                         "measured", meas, "fit", how);
+                         "driver", d->driver, "date", d->date, "libraries", "cuda_runtime", d->cuda,
+                         "cublas", d->cublas, "nccl", d->nccl, "defaults_used", dflt, "measured",
+                         meas, "fit", how);
         meas = NULL; /* json_pack's "o" took it, and dflt */
         st = meta ? cost_calibration_write(&cal, meta, file, err)
                   : moe_error_set(err, MOE_ERR_NOMEM, "out of memory");

@@ -47,9 +47,14 @@ static inline void run(struct result *r, const char *const *args)
     const char *argv[48];
     int n = 0;
     if (vg) {
-        const char *pre[] = {"valgrind", "--quiet", "--error-exitcode=99", "--leak-check=full",
-                             "--show-leak-kinds=definite", "--errors-for-leak-kinds=definite",
-                             vg_supp, vg_log_opt};
+        const char *pre[] = {"valgrind",
+                             "--quiet",
+                             "--error-exitcode=99",
+                             "--leak-check=full",
+                             "--show-leak-kinds=definite",
+                             "--errors-for-leak-kinds=definite",
+                             vg_supp,
+                             vg_log_opt};
         for (size_t i = 0; i < sizeof pre / sizeof pre[0]; i++) argv[n++] = pre[i];
     }
     argv[n++] = MOEPLAN_BINARY;

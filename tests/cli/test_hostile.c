@@ -26,7 +26,6 @@ static void put(const char *name, const char *text)
     fclose(f);
 }
 
-
 static char *slurp_all(const char *path, size_t *len)
 {
     FILE *f = fopen(path, "rb");
@@ -79,8 +78,8 @@ static void put_edited(const char *name, const char *from, const char *was, cons
 static void expect(const struct result *r, int code, const char *words)
 {
     if (r->code != code || (words && !strstr(r->err, words) && !strstr(r->out, words)))
-        fail_msg("exit %d (want %d), expected '%s' in:\n%s%s", r->code, code,
-                 words ? words : "", r->err, r->out);
+        fail_msg("exit %d (want %d), expected '%s' in:\n%s%s", r->code, code, words ? words : "",
+                 r->err, r->out);
 }
 
 #define TINY "--model", "tiny-moe-gqa", "--cluster", "h200-vm", "--seq-len", "128"
@@ -94,8 +93,8 @@ static void test_expert_counts(void **state)
     expect(&r, 0, "step");
     RUN(&r, "predict", TINY, "--experts", "65536", "--layout", "tp=1,ep=1");
     expect(&r, 0, "step");
-    RUN(&r, "predict", "--model", "deepseek-v3", "--cluster", "hgx-h100-x128", "--experts",
-        "16384", "--layers", "4", "--layout", "tp=1,pp=1,ep=64,dp=64", "--gpus", "64");
+    RUN(&r, "predict", "--model", "deepseek-v3", "--cluster", "hgx-h100-x128", "--experts", "16384",
+        "--layers", "4", "--layout", "tp=1,pp=1,ep=64,dp=64", "--gpus", "64");
     expect(&r, 4, "does not fit"); /* costed whole: 256 experts a GPU do not fit an H100 */
     RUN(&r, "predict", TINY, "--experts", "65537", "--layout", "tp=1");
     expect(&r, 2, "must be in [1, 65536]");
@@ -165,10 +164,11 @@ static void test_cluster_size(void **state)
 {
     (void)state;
     static struct result r;
-    const char *fmt = "{\"schema\": \"moeplan.cluster\", \"version\": 1, \"name\": \"big\", \"gpu\": "
-                      "\"H200\", \"node\": {\"name\": \"n\", \"gpus\": 8}, \"nodes\": %d, "
-                      "\"nvlink_domain\": {\"nodes\": 1}, \"scale_out\": {\"bandwidth_per_gpu\": "
-                      "\"400Gbps\"}}";
+    const char *fmt =
+        "{\"schema\": \"moeplan.cluster\", \"version\": 1, \"name\": \"big\", \"gpu\": "
+        "\"H200\", \"node\": {\"name\": \"n\", \"gpus\": 8}, \"nodes\": %d, "
+        "\"nvlink_domain\": {\"nodes\": 1}, \"scale_out\": {\"bandwidth_per_gpu\": "
+        "\"400Gbps\"}}";
     char text[512];
     snprintf(text, sizeof text, fmt, 1 << 20);
     put("huge.json", text);
@@ -177,7 +177,8 @@ static void test_cluster_size(void **state)
     snprintf(text, sizeof text, fmt, 1 << 17);
     put("big.json", text);
     double t0 = moe_time_now_s();
-    RUN(&r, "plan", "--model", "deepseek-v3", "--cluster", at("big.json"), "-o", at("big-plan.json"));
+    RUN(&r, "plan", "--model", "deepseek-v3", "--cluster", at("big.json"), "-o",
+        at("big-plan.json"));
     double took = moe_time_now_s() - t0;
     expect(&r, 0, "plan written");
     struct stat sb;
@@ -263,8 +264,8 @@ static void test_interrupted_write(void **state)
     int left = 0;
     for (int i = 0; i < 20; i++) {
         pid_t pid;
-        const char *argv[] = {MOEPLAN_BINARY, "plan", "--model", "deepseek-v3", "--cluster",
-                              "gb300-nvl72-x16", "-o", out, NULL};
+        const char *argv[] = {MOEPLAN_BINARY,    "plan", "--model", "deepseek-v3", "--cluster",
+                              "gb300-nvl72-x16", "-o",   out,       NULL};
         posix_spawn_file_actions_t fa;
         posix_spawn_file_actions_init(&fa);
         posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
@@ -389,8 +390,8 @@ static void test_inputs_unchanged(void **state)
     snprintf(xmldir, sizeof xmldir, "%s/xml", dir);
     mkdir(xmldir, 0755);
     copy("topologies/xml/h200-vm-node.xml", "xml/h200-vm-node.xml");
-    const char *inputs[] = {"in-model.json", "in-cluster.json", "in-plan.json", "README.md",
-                            "in-cal.json", "in-routing.json", "xml/h200-vm-node.xml"};
+    const char *inputs[] = {"in-model.json", "in-cluster.json", "in-plan.json",        "README.md",
+                            "in-cal.json",   "in-routing.json", "xml/h200-vm-node.xml"};
     enum { NIN = sizeof inputs / sizeof inputs[0] };
     char *before[NIN];
     size_t len[NIN];
@@ -425,8 +426,7 @@ static void test_inputs_unchanged(void **state)
     for (int i = 0; i < NIN; i++) {
         size_t n;
         char *now = slurp_all(at(inputs[i]), &n);
-        if (!now || n != len[i] || memcmp(now, before[i], n))
-            fail_msg("%s changed", inputs[i]);
+        if (!now || n != len[i] || memcmp(now, before[i], n)) fail_msg("%s changed", inputs[i]);
         free(now);
         free(before[i]);
     }
@@ -436,9 +436,9 @@ static void test_inputs_unchanged(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_expert_counts),   cmocka_unit_test(test_fifo_inputs),
-        cmocka_unit_test(test_cluster_size),    cmocka_unit_test(test_outputs),
-        cmocka_unit_test(test_interrupted_write), cmocka_unit_test(test_plan_validator),
+        cmocka_unit_test(test_expert_counts),       cmocka_unit_test(test_fifo_inputs),
+        cmocka_unit_test(test_cluster_size),        cmocka_unit_test(test_outputs),
+        cmocka_unit_test(test_interrupted_write),   cmocka_unit_test(test_plan_validator),
         cmocka_unit_test(test_values_and_messages), cmocka_unit_test(test_inputs_unchanged),
     };
     return cmocka_run_group_tests(tests, cli_scratch_setup, cli_scratch_teardown);
