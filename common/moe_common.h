@@ -100,7 +100,8 @@ const char *moe_glpk_strerror(int rc);
  *   MOE_GLPK_GOTO
  *   MOE_CHECK(expr), MOE_CUDA_CHECK(call), in a function that owns nothing to clean up: return
  *   MOE_CUBLAS_CHECK(call)                the error status instead of jumping
- *   MOE_LAUNCH_CHECK(launch)              a kernel launch, then cudaGetLastError() checked
+ * Kernel launchers return cudaError_t (cudaGetLastError() after their launches): check them
+ * with MOE_CUDA_CHECK like any CUDA call.
  */
 #define MOE_CHECK_GOTO(expr, st, label)                                                            \
     do {                                                                                           \
@@ -146,11 +147,6 @@ const char *moe_glpk_strerror(int rc);
 #define MOE_CUDA_CHECK(call) MOE_LIB_CHECK(MOE_ERR_CUDA, call, cudaSuccess, moe_cuda_strerror_)
 #define MOE_CUBLAS_CHECK(call)                                                                     \
     MOE_LIB_CHECK(MOE_ERR_CUBLAS, call, CUBLAS_STATUS_SUCCESS, moe_cublas_strerror_)
-#define MOE_LAUNCH_CHECK(launch)                                                                   \
-    do {                                                                                           \
-        launch;                                                                                    \
-        MOE_CUDA_CHECK(cudaGetLastError());                                                        \
-    } while (0)
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Logging                                                                                        */

@@ -49,9 +49,10 @@ cudaError_t fill_bf16(bf16 *y, size_t n, uint64_t seed, float *scratch, size_t c
 {
     for (size_t at = 0; at < n; at += cap) {
         size_t m = std::min(cap, n - at);
-        gk_init(scratch, m, at, seed, 0.5f, false, 0);
+        cudaError_t e = gk_init(scratch, m, at, seed, 0.5f, false, 0);
+        if (e != cudaSuccess) return e;
         k_f32_to_bf16<<<(unsigned)((m + 255) / 256), 256>>>(scratch, y + at, m);
-        cudaError_t e = cudaGetLastError(); /* each launch checked, not only the last */
+        e = cudaGetLastError(); /* each launch checked, not only the last */
         if (e != cudaSuccess) return e;
     }
     return cudaSuccess;

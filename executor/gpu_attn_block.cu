@@ -43,18 +43,18 @@ enum moe_status gpu_attn_forward(struct exec_gpu *g, int l, struct act *A, struc
                           CUDA_R_32F, 0, err));
         MOE_CHECK(gpu_lin(g, A->a16, h, W16(g, w[W_WV]), T, h, KV * dv, A->v16, KV * dv,
                           CUDA_R_16BF, 0, err));
-        MOE_LAUNCH_CHECK(gk_rope(g->q32, T, H, dqk, dqk, g->rope_tab, g->seq, false, g->s));
-        MOE_LAUNCH_CHECK(gk_rope(g->k32, T, KV, dqk, dqk, g->rope_tab, g->seq, false, g->s));
-        MOE_LAUNCH_CHECK(gk_to_bf16(g->q32, A->q16, (size_t)T * H * dqk, g->s));
-        MOE_LAUNCH_CHECK(gk_to_bf16(g->k32, A->k16, (size_t)T * KV * dqk, g->s));
+        MOE_CUDA_CHECK(gk_rope(g->q32, T, H, dqk, dqk, g->rope_tab, g->seq, false, g->s));
+        MOE_CUDA_CHECK(gk_rope(g->k32, T, KV, dqk, dqk, g->rope_tab, g->seq, false, g->s));
+        MOE_CUDA_CHECK(gk_to_bf16(g->q32, A->q16, (size_t)T * H * dqk, g->s));
+        MOE_CUDA_CHECK(gk_to_bf16(g->k32, A->k16, (size_t)T * KV * dqk, g->s));
     } else {
         int ql = g->q_lora, kvl = g->kv_lora, rope = g->rope, nope = g->nope;
         float eps = (float)g->m.norm_eps;
         if (ql) {
             MOE_CHECK(
                 gpu_lin(g, A->a16, h, W16(g, w[W_WQA]), T, h, ql, A->cq32, ql, CUDA_R_32F, 0, err));
-            MOE_LAUNCH_CHECK(gk_rmsnorm(A->cq32, ql, M(g, w[W_QA_NORM]), T, ql, eps, A->cqn16, ql,
-                                        NULL, 0, A->rstdq, g->s));
+            MOE_CUDA_CHECK(gk_rmsnorm(A->cq32, ql, M(g, w[W_QA_NORM]), T, ql, eps, A->cqn16, ql,
+                                      NULL, 0, A->rstdq, g->s));
             MOE_CHECK(gpu_lin(g, A->cqn16, ql, W16(g, w[W_WQB]), T, ql, H * dqk, g->q32, H * dqk,
                               CUDA_R_32F, 0, err));
         } else {
@@ -63,12 +63,12 @@ enum moe_status gpu_attn_forward(struct exec_gpu *g, int l, struct act *A, struc
         }
         MOE_CHECK(gpu_lin(g, A->a16, h, W16(g, w[W_WKVA]), T, h, kvl + rope, A->ckvf32, kvl + rope,
                           CUDA_R_32F, 0, err));
-        MOE_LAUNCH_CHECK(gk_rmsnorm(A->ckvf32, kvl + rope, M(g, w[W_KVA_NORM]), T, kvl, eps,
-                                    A->ckvn16, kvl, NULL, 0, A->rstdkv, g->s));
+        MOE_CUDA_CHECK(gk_rmsnorm(A->ckvf32, kvl + rope, M(g, w[W_KVA_NORM]), T, kvl, eps,
+                                  A->ckvn16, kvl, NULL, 0, A->rstdkv, g->s));
         MOE_CHECK(gpu_lin(g, A->ckvn16, kvl, W16(g, w[W_WKVB]), T, kvl, H * (nope + dv), g->kv32,
                           H * (nope + dv), CUDA_R_32F, 0, err));
-        MOE_LAUNCH_CHECK(gk_mla_assemble(g->q32, A->ckvf32, g->kv32, T, H, nope, rope, dv, kvl,
-                                         g->rope_tab, g->seq, A->q16, A->k16, A->v16, g->s));
+        MOE_CUDA_CHECK(gk_mla_assemble(g->q32, A->ckvf32, g->kv32, T, H, nope, rope, dv, kvl,
+                                       g->rope_tab, g->seq, A->q16, A->k16, A->v16, g->s));
     }
     return attn_core_forward(g, A, layer_window(g, l), err);
 }
@@ -81,11 +81,11 @@ enum moe_status gpu_attn_backward(struct exec_gpu *g, int l, const struct act *A
     int T = g->tokens, h = g->hidden, H = g->heads, KV = g->kv_heads, dqk = g->dqk, dv = g->dv;
     MOE_CHECK(attn_core_backward(g, A, layer_window(g, l), err));
     if (!g->mla) {
-        MOE_LAUNCH_CHECK(gk_rope(g->dq32, T, H, dqk, dqk, g->rope_tab, g->seq, true, g->s));
-        MOE_LAUNCH_CHECK(gk_rope(g->dk32, T, KV, dqk, dqk, g->rope_tab, g->seq, true, g->s));
-        MOE_LAUNCH_CHECK(gk_to_bf16(g->dq32, g->dq16, (size_t)T * H * dqk, g->s));
-        MOE_LAUNCH_CHECK(gk_to_bf16(g->dk32, g->dk16, (size_t)T * KV * dqk, g->s));
-        MOE_LAUNCH_CHECK(gk_to_bf16(g->dv32, g->dv16, (size_t)T * KV * dv, g->s));
+        MOE_CUDA_CHECK(gk_rope(g->dq32, T, H, dqk, dqk, g->rope_tab, g->seq, true, g->s));
+        MOE_CUDA_CHECK(gk_rope(g->dk32, T, KV, dqk, dqk, g->rope_tab, g->seq, true, g->s));
+        MOE_CUDA_CHECK(gk_to_bf16(g->dq32, g->dq16, (size_t)T * H * dqk, g->s));
+        MOE_CUDA_CHECK(gk_to_bf16(g->dk32, g->dk16, (size_t)T * KV * dqk, g->s));
+        MOE_CUDA_CHECK(gk_to_bf16(g->dv32, g->dv16, (size_t)T * KV * dv, g->s));
         MOE_CHECK(
             gpu_lin_dx(g, g->dq16, H * dqk, W16(g, w[W_WQ]), T, h, H * dqk, g->da32, h, 0, err));
         MOE_CHECK(
@@ -98,34 +98,34 @@ enum moe_status gpu_attn_backward(struct exec_gpu *g, int l, const struct act *A
         return MOE_OK;
     }
     int ql = g->q_lora, kvl = g->kv_lora, rope = g->rope, nope = g->nope;
-    MOE_LAUNCH_CHECK(gk_mla_disassemble(g->dq32, g->dk32, g->dv32, T, H, nope, rope, dv, kvl,
-                                        g->rope_tab, g->seq, g->dqf32, g->dkv32, g->dckvf32, g->s));
-    MOE_LAUNCH_CHECK(gk_to_bf16(g->dkv32, g->dkv16, (size_t)T * H * (nope + dv), g->s));
+    MOE_CUDA_CHECK(gk_mla_disassemble(g->dq32, g->dk32, g->dv32, T, H, nope, rope, dv, kvl,
+                                      g->rope_tab, g->seq, g->dqf32, g->dkv32, g->dckvf32, g->s));
+    MOE_CUDA_CHECK(gk_to_bf16(g->dkv32, g->dkv16, (size_t)T * H * (nope + dv), g->s));
     MOE_CHECK(gpu_lin_dx(g, g->dkv16, H * (nope + dv), W16(g, w[W_WKVB]), T, kvl, H * (nope + dv),
                          g->dckvn32, kvl, 0, err));
     MOE_CHECK(gpu_lin_dw(g, g->dkv16, H * (nope + dv), A->ckvn16, kvl, T, kvl, H * (nope + dv),
                          GR(g, w[W_WKVB]), err));
-    MOE_LAUNCH_CHECK(gk_rmsnorm_backward(A->ckvf32, kvl + rope, M(g, w[W_KVA_NORM]), A->rstdkv,
-                                         g->dckvn32, kvl, NULL, 0, g->dckvf32, kvl + rope, T, kvl,
-                                         g->s));
-    MOE_LAUNCH_CHECK(gk_colsum(g->dckvn32, kvl, A->ckvf32, kvl + rope, A->rstdkv, T, kvl, g->part,
-                               GR(g, w[W_KVA_NORM]), true, g->s));
-    MOE_LAUNCH_CHECK(gk_to_bf16(g->dckvf32, g->dckvf16, (size_t)T * (kvl + rope), g->s));
+    MOE_CUDA_CHECK(gk_rmsnorm_backward(A->ckvf32, kvl + rope, M(g, w[W_KVA_NORM]), A->rstdkv,
+                                       g->dckvn32, kvl, NULL, 0, g->dckvf32, kvl + rope, T, kvl,
+                                       g->s));
+    MOE_CUDA_CHECK(gk_colsum(g->dckvn32, kvl, A->ckvf32, kvl + rope, A->rstdkv, T, kvl, g->part,
+                             GR(g, w[W_KVA_NORM]), true, g->s));
+    MOE_CUDA_CHECK(gk_to_bf16(g->dckvf32, g->dckvf16, (size_t)T * (kvl + rope), g->s));
     MOE_CHECK(gpu_lin_dx(g, g->dckvf16, kvl + rope, W16(g, w[W_WKVA]), T, h, kvl + rope, g->da32, h,
                          0, err));
     MOE_CHECK(
         gpu_lin_dw(g, g->dckvf16, kvl + rope, A->a16, h, T, h, kvl + rope, GR(g, w[W_WKVA]), err));
-    MOE_LAUNCH_CHECK(gk_to_bf16(g->dqf32, g->dqf16, (size_t)T * H * dqk, g->s));
+    MOE_CUDA_CHECK(gk_to_bf16(g->dqf32, g->dqf16, (size_t)T * H * dqk, g->s));
     if (ql) {
         MOE_CHECK(gpu_lin_dx(g, g->dqf16, H * dqk, W16(g, w[W_WQB]), T, ql, H * dqk, g->dcqn32, ql,
                              0, err));
         MOE_CHECK(
             gpu_lin_dw(g, g->dqf16, H * dqk, A->cqn16, ql, T, ql, H * dqk, GR(g, w[W_WQB]), err));
-        MOE_LAUNCH_CHECK(gk_rmsnorm_backward(A->cq32, ql, M(g, w[W_QA_NORM]), A->rstdq, g->dcqn32,
-                                             ql, NULL, 0, g->dcq32, ql, T, ql, g->s));
-        MOE_LAUNCH_CHECK(gk_colsum(g->dcqn32, ql, A->cq32, ql, A->rstdq, T, ql, g->part,
-                                   GR(g, w[W_QA_NORM]), true, g->s));
-        MOE_LAUNCH_CHECK(gk_to_bf16(g->dcq32, g->dcq16, (size_t)T * ql, g->s));
+        MOE_CUDA_CHECK(gk_rmsnorm_backward(A->cq32, ql, M(g, w[W_QA_NORM]), A->rstdq, g->dcqn32, ql,
+                                           NULL, 0, g->dcq32, ql, T, ql, g->s));
+        MOE_CUDA_CHECK(gk_colsum(g->dcqn32, ql, A->cq32, ql, A->rstdq, T, ql, g->part,
+                                 GR(g, w[W_QA_NORM]), true, g->s));
+        MOE_CUDA_CHECK(gk_to_bf16(g->dcq32, g->dcq16, (size_t)T * ql, g->s));
         MOE_CHECK(gpu_lin_dx(g, g->dcq16, ql, W16(g, w[W_WQA]), T, h, ql, g->da32, h, 1, err));
         MOE_CHECK(gpu_lin_dw(g, g->dcq16, ql, A->a16, h, T, h, ql, GR(g, w[W_WQA]), err));
     } else {

@@ -31,8 +31,7 @@ static enum moe_status bench_time(struct exec_gpu *g, int what, int *dense_off, 
         } else if (what == 1) {
             st = gpu_moe_forward(g, 0, A, g->xin[1], err);
             if (st == MOE_OK) {
-                gk_to_bf16(g->dh, g->dy16, (size_t)g->tokens * g->hidden, g->s);
-                e = cudaGetLastError();
+                e = gk_to_bf16(g->dh, g->dy16, (size_t)g->tokens * g->hidden, g->s);
                 st = e == cudaSuccess
                          ? gpu_moe_backward(g, 0, A, err)
                          : moe_error_set(err, MOE_ERR_CUDA, "benchmark: %s", cudaGetErrorString(e));
@@ -67,9 +66,9 @@ static enum moe_status bench_inputs(struct exec_gpu *g, int *dchoice, const int 
     g->forced_choice = dchoice;
     g->record_stats = true;
     g->grad_scale = 1.0;
-    MOE_LAUNCH_CHECK(gk_init(A->b32, th, 0, seed + 1, 1.0f, false, g->s));
-    MOE_LAUNCH_CHECK(gk_to_bf16(A->b32, A->b16, th, g->s));
-    MOE_LAUNCH_CHECK(gk_init(g->dh, th, 0, seed + 2, 1.0f, false, g->s));
+    MOE_CUDA_CHECK(gk_init(A->b32, th, 0, seed + 1, 1.0f, false, g->s));
+    MOE_CUDA_CHECK(gk_to_bf16(A->b32, A->b16, th, g->s));
+    MOE_CUDA_CHECK(gk_init(g->dh, th, 0, seed + 2, 1.0f, false, g->s));
     return MOE_OK;
 }
 

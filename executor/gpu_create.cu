@@ -299,7 +299,7 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
     ALLOC(g->k32, (size_t)T * KV * dqk, c);
     ALLOC(g->delta, (size_t)T * H, c);
     ALLOC(g->rope_tab, (size_t)S * (g->rope / 2), c);
-    MOE_LAUNCH_CHECK(gk_rope_table(g->rope_tab, S, g->rope, (float)g->m.attn.rope_theta, g->s));
+    MOE_CUDA_CHECK(gk_rope_table(g->rope_tab, S, g->rope, (float)g->m.attn.rope_theta, g->s));
     MOE_CUDA_CHECK(gk_flash_prepare(g->dqk, g->dv));
     int widest = h > E ? h : E;
     if (g->mla) widest = widest > g->kv_lora + g->rope ? widest : g->kv_lora + g->rope;
@@ -427,7 +427,7 @@ extern "C" const struct exec_ref_model *exec_gpu_table(const struct exec_gpu *g)
 
 static enum moe_status refresh_bf16(struct exec_gpu *g, struct moe_error *err)
 {
-    MOE_LAUNCH_CHECK(gk_to_bf16(g->master, g->w16, g->table.nparams, g->s));
+    MOE_CUDA_CHECK(gk_to_bf16(g->master, g->w16, g->table.nparams, g->s));
     MOE_CUDA_CHECK(cudaStreamSynchronize(g->s));
     return MOE_OK;
 }
@@ -436,8 +436,8 @@ extern "C" enum moe_status exec_gpu_init(struct exec_gpu *g, uint64_t seed, stru
 {
     for (int i = 0; i < g->table.ntensors; i++) {
         const struct exec_tensor *t = &g->table.tensor[i];
-        MOE_LAUNCH_CHECK(gk_init(g->master + t->offset, t->size, t->offset, seed, 0.02f,
-                                 strstr(t->name, "norm") != NULL, g->s));
+        MOE_CUDA_CHECK(gk_init(g->master + t->offset, t->size, t->offset, seed, 0.02f,
+                               strstr(t->name, "norm") != NULL, g->s));
     }
     MOE_CUDA_CHECK(cudaMemsetAsync(g->m1, 0, sizeof(float) * g->shard_n, g->s));
     MOE_CUDA_CHECK(cudaMemsetAsync(g->m2, 0, sizeof(float) * g->shard_n, g->s));

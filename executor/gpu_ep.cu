@@ -56,11 +56,10 @@ static enum moe_status ep_rows_out(struct exec_gpu *g, const struct exec_ep_rows
         MOE_CUDA_CHECK(cudaMemcpyAsync(g->ep_idx, r->src_row, sizeof(int) * (size_t)r->n,
                                        cudaMemcpyHostToDevice, g->s));
         if (f32)
-            MOE_LAUNCH_CHECK(
+            MOE_CUDA_CHECK(
                 gk_rows_gather32((const float *)src, g->ep_idx, r->n, h, g->ep_send32, g->s));
         else
-            MOE_LAUNCH_CHECK(
-                gk_gather((const bf16 *)src, g->ep_idx, 1, r->n, h, g->ep_send16, g->s));
+            MOE_CUDA_CHECK(gk_gather((const bf16 *)src, g->ep_idx, 1, r->n, h, g->ep_send16, g->s));
     }
     MOE_CHECK(gpu_sync_host(g, err));
     return t->ops->alltoallv(t, f32 ? (const void *)g->ep_send32 : (const void *)g->ep_send16,
@@ -210,18 +209,18 @@ enum moe_status gpu_ep_forward(struct exec_gpu *g, int l, struct act *A, float *
     }
     PH(COST_EXPERTS_FWD);
     if (L->npairs) {
-        MOE_LAUNCH_CHECK(gk_gather(g->ep_recv16, L->pair_row, 1, L->npairs, h, A->xp16, g->s));
+        MOE_CUDA_CHECK(gk_gather(g->ep_recv16, L->pair_row, 1, L->npairs, h, A->xp16, g->s));
         if ((st = gpu_experts_forward(g, l, A, L->off, err))) goto done;
     }
     PH(COST_COMBINE);
-    MOE_LAUNCH_CHECK(gk_rows_csr(g->ep_part, A->yp32, L->row_pairs, L->row_w, L->row_off,
-                                 L->n1 + L->n2, h, false, g->s));
+    MOE_CUDA_CHECK(gk_rows_csr(g->ep_part, A->yp32, L->row_pairs, L->row_w, L->row_off,
+                               L->n1 + L->n2, h, false, g->s));
     if ((st = ep_rows_back(g, &L->h2, L->in2, g->ep_part + (size_t)L->n1 * h, h, g->ep_ret, err)))
         goto done;
-    MOE_LAUNCH_CHECK(
+    MOE_CUDA_CHECK(
         gk_rows_csr(g->ep_part, g->ep_ret, L->fwd_rows, NULL, L->fwd_off, L->n1, h, true, g->s));
     if ((st = ep_rows_back(g, &L->h1, L->in1, g->ep_part, h, g->ep_ret, err))) goto done;
-    MOE_LAUNCH_CHECK(gk_rows_csr(y, g->ep_ret, L->tok_rows, NULL, L->tok_off, T, h, true, g->s));
+    MOE_CUDA_CHECK(gk_rows_csr(y, g->ep_ret, L->tok_rows, NULL, L->tok_off, T, h, true, g->s));
 done:
     free(m1);
     free(m2);
@@ -242,28 +241,28 @@ enum moe_status gpu_ep_backward(struct exec_gpu *g, int l, const struct act *A,
         ep_rows_out(g, &L->h2, L->in2, g->ep_recv32, true, g->ep_recv32 + (size_t)L->n1 * h, err));
     PH(COST_EXPERTS_BWD);
     if (L->npairs) {
-        MOE_LAUNCH_CHECK(gk_pairs_backward(g->ep_recv32, L->pair_row, L->pair_w, A->yp32, L->npairs,
-                                           h, g->dyp16, g->dwp, g->s));
+        MOE_CUDA_CHECK(gk_pairs_backward(g->ep_recv32, L->pair_row, L->pair_w, A->yp32, L->npairs,
+                                         h, g->dyp16, g->dwp, g->s));
         MOE_CHECK(gpu_experts_backward(g, l, A, L->off, err));
     }
     PH(COST_DISPATCH);
-    MOE_LAUNCH_CHECK(
+    MOE_CUDA_CHECK(
         gk_rows_csr(g->ep_part, g->dxp32, L->row_pairs, NULL, L->row_off, rows, h, false, g->s));
     if (rows)
         MOE_CUDA_CHECK(cudaMemsetAsync(g->ep_dwrows, 0, sizeof(float) * (size_t)rows * k, g->s));
-    MOE_LAUNCH_CHECK(gk_scatter(g->dwp, L->pair_dst, L->npairs, g->ep_dwrows, g->s));
+    MOE_CUDA_CHECK(gk_scatter(g->dwp, L->pair_dst, L->npairs, g->ep_dwrows, g->s));
     MOE_CHECK(ep_rows_back(g, &L->h2, L->in2, g->ep_part + (size_t)L->n1 * h, h, g->ep_ret, err));
-    MOE_LAUNCH_CHECK(
+    MOE_CUDA_CHECK(
         gk_rows_csr(g->ep_part, g->ep_ret, L->fwd_rows, NULL, L->fwd_off, L->n1, h, true, g->s));
     MOE_CHECK(
         ep_rows_back(g, &L->h2, L->in2, g->ep_dwrows + (size_t)L->n1 * k, k, g->ep_dwret, err));
-    MOE_LAUNCH_CHECK(gk_rows_csr(g->ep_dwrows, g->ep_dwret, L->fwd_rows, NULL, L->fwd_off, L->n1, k,
-                                 true, g->s));
+    MOE_CUDA_CHECK(gk_rows_csr(g->ep_dwrows, g->ep_dwret, L->fwd_rows, NULL, L->fwd_off, L->n1, k,
+                               true, g->s));
     MOE_CHECK(ep_rows_back(g, &L->h1, L->in1, g->ep_part, h, g->ep_ret, err));
-    MOE_LAUNCH_CHECK(gk_rows_csr(g->db32, g->ep_ret, L->tok_rows, NULL, L->tok_off, T, h,
-                                 g->shared_ffn > 0, g->s));
+    MOE_CUDA_CHECK(gk_rows_csr(g->db32, g->ep_ret, L->tok_rows, NULL, L->tok_off, T, h,
+                               g->shared_ffn > 0, g->s));
     MOE_CHECK(ep_rows_back(g, &L->h1, L->in1, g->ep_dwrows, k, g->ep_dwret, err));
-    MOE_LAUNCH_CHECK(
+    MOE_CUDA_CHECK(
         gk_rows_csr(g->dw, g->ep_dwret, L->tok_rows, NULL, L->tok_off, T, k, false, g->s));
     return MOE_OK;
 }

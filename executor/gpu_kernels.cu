@@ -54,9 +54,10 @@ __global__ void k_init(float *p, size_t n, size_t base, uint64_t seed, float std
     p[i] = (float)(std * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
 }
 
-void gk_init(float *p, size_t n, size_t base, uint64_t seed, float std, bool ones, cudaStream_t s)
+cudaError_t gk_init(float *p, size_t n, size_t base, uint64_t seed, float std, bool ones, cudaStream_t s)
 {
     if (n) k_init<<<blocks_for(n, TPB), TPB, 0, s>>>(p, n, base, seed, std, ones);
+    return cudaGetLastError();
 }
 
 __global__ void k_to_bf16(const float *x, bf16 *y, size_t n)
@@ -75,13 +76,14 @@ __global__ void k_to_bf16x4(const float4 *x, __nv_bfloat162 *y, size_t n4)
     y[2 * i + 1] = __floats2bfloat162_rn(v.z, v.w);
 }
 
-void gk_to_bf16(const float *x, bf16 *y, size_t n, cudaStream_t s)
+cudaError_t gk_to_bf16(const float *x, bf16 *y, size_t n, cudaStream_t s)
 {
     size_t n4 = (uintptr_t)x % 16 == 0 && (uintptr_t)y % 8 == 0 ? n / 4 : 0;
     if (n4)
         k_to_bf16x4<<<blocks_for(n4, TPB), TPB, 0, s>>>((const float4 *)x, (__nv_bfloat162 *)y, n4);
     size_t r = n - 4 * n4;
     if (r) k_to_bf16<<<blocks_for(r, TPB), TPB, 0, s>>>(x + 4 * n4, y + 4 * n4, r);
+    return cudaGetLastError();
 }
 
 /* ---- tokens, embedding --------------------------------------------------------------------- */
@@ -96,9 +98,10 @@ __global__ void k_split(const int *tok, int B, int S, int *in, int *tgt)
     tgt[i] = tok[b * (S + 1) + t + 1];
 }
 
-void gk_split(const int *tok, int B, int S, int *in, int *tgt, cudaStream_t s)
+cudaError_t gk_split(const int *tok, int B, int S, int *in, int *tgt, cudaStream_t s)
 {
     k_split<<<blocks_for((size_t)B * S, TPB), TPB, 0, s>>>(tok, B, S, in, tgt);
+    return cudaGetLastError();
 }
 
 __global__ void k_embed(const float *emb, const int *tok, int T, int h, float *x)
@@ -109,9 +112,10 @@ __global__ void k_embed(const float *emb, const int *tok, int T, int h, float *x
     x[i] = emb[(size_t)tok[t] * h + c];
 }
 
-void gk_embed(const float *emb, const int *tok, int T, int h, float *x, cudaStream_t s)
+cudaError_t gk_embed(const float *emb, const int *tok, int T, int h, float *x, cudaStream_t s)
 {
     k_embed<<<blocks_for((size_t)T * h, TPB), TPB, 0, s>>>(emb, tok, T, h, x);
+    return cudaGetLastError();
 }
 
 /* d emb[ids[u]] += sum of dx[pos[i]] over i in off[u] .. off[u+1] (the positions of token id
@@ -128,10 +132,11 @@ __global__ void k_embed_backward(const float *dx, const int *ids, const int *off
     }
 }
 
-void gk_embed_backward(const float *dx, const int *ids, const int *off, const int *pos, int nids,
+cudaError_t gk_embed_backward(const float *dx, const int *ids, const int *off, const int *pos, int nids,
                        int h, float *demb, cudaStream_t s)
 {
     if (nids) k_embed_backward<<<nids, TPB, 0, s>>>(dx, ids, off, pos, h, demb);
+    return cudaGetLastError();
 }
 
 /* ---- RMSNorm ----------------------------------------------------------------------------- */
@@ -154,10 +159,11 @@ __global__ void k_rmsnorm(const float *x, int ldx, const float *w, int h, float 
     }
 }
 
-void gk_rmsnorm(const float *x, int ldx, const float *w, int T, int h, float eps, bf16 *y16,
+cudaError_t gk_rmsnorm(const float *x, int ldx, const float *w, int T, int h, float eps, bf16 *y16,
                 int ld16, float *y32, int ld32, float *rstd, cudaStream_t s)
 {
     if (T) k_rmsnorm<<<T, TPB, 0, s>>>(x, ldx, w, h, eps, y16, ld16, y32, ld32, rstd);
+    return cudaGetLastError();
 }
 
 /* dx = base + rstd * (w * dy) - x * rstd^3 / h * sum(w * dy * x); base may be NULL or dx. */
@@ -179,11 +185,12 @@ __global__ void k_rmsnorm_backward(const float *x, int ldx, const float *w, cons
     }
 }
 
-void gk_rmsnorm_backward(const float *x, int ldx, const float *w, const float *rstd,
+cudaError_t gk_rmsnorm_backward(const float *x, int ldx, const float *w, const float *rstd,
                          const float *dy, int lddy, const float *base, int ldb, float *dx, int lddx,
                          int T, int h, cudaStream_t s)
 {
     if (T) k_rmsnorm_backward<<<T, TPB, 0, s>>>(x, ldx, w, rstd, dy, lddy, base, ldb, dx, lddx, h);
+    return cudaGetLastError();
 }
 
 /* Column sums out[c] += sum_t a[t,c] * b[t,c] * r[t] (b, r may be NULL), in two fixed stages:
@@ -213,13 +220,14 @@ __global__ void k_colsum_final(const float *part, int chunks, int n, float *out,
     out[c] = accumulate ? out[c] + acc : acc;
 }
 
-void gk_colsum(const float *a, int lda, const float *b, int ldb, const float *r, int T, int n,
+cudaError_t gk_colsum(const float *a, int lda, const float *b, int ldb, const float *r, int T, int n,
                float *part, float *out, bool accumulate, cudaStream_t s)
 {
     int chunks = (T + GK_CHUNK - 1) / GK_CHUNK;
-    if (chunks == 0) return;
+    if (chunks == 0) return cudaGetLastError();
     k_colsum_part<<<dim3(blocks_for(n, TPB), chunks), TPB, 0, s>>>(a, lda, b, ldb, r, T, n, part);
     k_colsum_final<<<blocks_for(n, TPB), TPB, 0, s>>>(part, chunks, n, out, accumulate);
+    return cudaGetLastError();
 }
 
 /* ---- RoPE, MLA assembly --------------------------------------------------------------------- */
@@ -244,10 +252,11 @@ __global__ void k_rope_table(float2 *tab, int seq, int rot, float theta)
     tab[i] = make_float2(c, s);
 }
 
-void gk_rope_table(float2 *tab, int seq, int rot, float theta, cudaStream_t s)
+cudaError_t gk_rope_table(float2 *tab, int seq, int rot, float theta, cudaStream_t s)
 {
     size_t n = (size_t)seq * (rot / 2);
     if (n) k_rope_table<<<blocks_for(n, TPB), TPB, 0, s>>>(tab, seq, rot, theta);
+    return cudaGetLastError();
 }
 
 /* The rotation of the pair (a, b) = (x[p], x[p + half]) at table entry cs; inverse: the transpose. */
@@ -273,11 +282,12 @@ __global__ void k_rope(float *x, int T, int heads, int dim, int rot, const float
     v[p + half] = r.y;
 }
 
-void gk_rope(float *x, int T, int heads, int dim, int rot, const float2 *tab, int seq,
+cudaError_t gk_rope(float *x, int T, int heads, int dim, int rot, const float2 *tab, int seq,
              bool inverse, cudaStream_t s)
 {
     size_t n = (size_t)T * heads * (rot / 2);
     if (n) k_rope<<<blocks_for(n, TPB), TPB, 0, s>>>(x, T, heads, dim, rot, tab, seq, inverse);
+    return cudaGetLastError();
 }
 
 /* MLA: q (T, H, rope + nope) = [RoPE(qf rope part) | qf nope part] where qf holds [nope | rope]
@@ -313,12 +323,13 @@ __global__ void k_mla_assemble(const float *qf, const float *ckvf, const float *
         vd[e] = __float2bfloat16(kvt[(size_t)(e / dv) * (nope + dv) + nope + e % dv]);
 }
 
-void gk_mla_assemble(const float *qf, const float *ckvf, const float *kv, int T, int H, int nope,
+cudaError_t gk_mla_assemble(const float *qf, const float *ckvf, const float *kv, int T, int H, int nope,
                      int rope, int dv, int kvl, const float2 *tab, int seq, bf16 *q, bf16 *k,
                      bf16 *v, cudaStream_t s)
 {
     if (T && H)
         k_mla_assemble<<<T, TPB, 0, s>>>(qf, ckvf, kv, H, nope, rope, dv, kvl, tab, seq, q, k, v);
+    return cudaGetLastError();
 }
 
 /* The MLA backward of the assembly: dqf [nope | inverse RoPE of the rope part], dkv [dk nope |
@@ -365,13 +376,14 @@ __global__ void k_mla_disassemble(const float *dq, const float *dk, const float 
     }
 }
 
-void gk_mla_disassemble(const float *dq, const float *dk, const float *dv, int T, int H, int nope,
+cudaError_t gk_mla_disassemble(const float *dq, const float *dk, const float *dv, int T, int H, int nope,
                         int rope, int dvd, int kvl, const float2 *tab, int seq, float *dqf,
                         float *dkv, float *dckvf, cudaStream_t s)
 {
     if (T && H)
         k_mla_disassemble<<<T, TPB, 0, s>>>(dq, dk, dv, H, nope, rope, dvd, kvl, tab, seq, dqf, dkv,
                                             dckvf);
+    return cudaGetLastError();
 }
 
 /* ---- SwiGLU -------------------------------------------------------------------------------- */
@@ -384,9 +396,10 @@ __global__ void k_swiglu(const float *g, const float *u, bf16 *hm, size_t n)
     hm[i] = __float2bfloat16(x * sg * u[i]);
 }
 
-void gk_swiglu(const float *g, const float *u, bf16 *hm, size_t n, cudaStream_t s)
+cudaError_t gk_swiglu(const float *g, const float *u, bf16 *hm, size_t n, cudaStream_t s)
 {
     if (n) k_swiglu<<<blocks_for(n, TPB), TPB, 0, s>>>(g, u, hm, n);
+    return cudaGetLastError();
 }
 
 __global__ void k_swiglu_backward(const float *g, const float *u, const float *dhm, bf16 *dg,
@@ -399,10 +412,11 @@ __global__ void k_swiglu_backward(const float *g, const float *u, const float *d
     dg[i] = __float2bfloat16(d * u[i] * sg * (1.0f + x * (1.0f - sg)));
 }
 
-void gk_swiglu_backward(const float *g, const float *u, const float *dhm, bf16 *dg, bf16 *du,
+cudaError_t gk_swiglu_backward(const float *g, const float *u, const float *dhm, bf16 *dg, bf16 *du,
                         size_t n, cudaStream_t s)
 {
     if (n) k_swiglu_backward<<<blocks_for(n, TPB), TPB, 0, s>>>(g, u, dhm, dg, du, n);
+    return cudaGetLastError();
 }
 
 /* ---- dropless permutation ------------------------------------------------------------------- */
@@ -458,20 +472,22 @@ __global__ void k_perm_place(const int *choice, int n, int E, const int *base, c
     }
 }
 
-void gk_permute_count(const int *choice, int n, int E, int *cnt, int *base, int *off,
+cudaError_t gk_permute_count(const int *choice, int n, int E, int *cnt, int *base, int *off,
                       cudaStream_t s)
 {
     int chunks = (n + GK_CHUNK - 1) / GK_CHUNK;
     size_t sh = sizeof(int) * E;
     if (chunks) k_perm_count<<<chunks, TPB, sh, s>>>(choice, n, E, cnt);
     k_perm_scan<<<1, TPB, sh, s>>>(cnt, chunks, E, base, off);
+    return cudaGetLastError();
 }
 
-void gk_permute_place(const int *choice, int n, int E, const int *base, const int *off,
+cudaError_t gk_permute_place(const int *choice, int n, int E, const int *base, const int *off,
                       int *row_src, int *pos, cudaStream_t s)
 {
     int chunks = (n + GK_CHUNK - 1) / GK_CHUNK;
     if (chunks) k_perm_place<<<chunks, 32, sizeof(int) * E, s>>>(choice, n, E, base, off, row_src, pos);
+    return cudaGetLastError();
 }
 
 /* xp[p] = x[row_src[p] / k] */
@@ -492,15 +508,16 @@ __global__ void k_gather16(const uint4 *x, const int *row_src, int k, int P, int
     xp[i] = x[(size_t)(row_src[p] / k) * h8 + c];
 }
 
-void gk_gather(const bf16 *x, const int *row_src, int k, int P, int h, bf16 *xp, cudaStream_t s)
+cudaError_t gk_gather(const bf16 *x, const int *row_src, int k, int P, int h, bf16 *xp, cudaStream_t s)
 {
     size_t n = (size_t)P * h;
-    if (!n) return;
+    if (!n) return cudaGetLastError();
     if (h % 8 == 0)
         k_gather16<<<blocks_for(n / 8, TPB), TPB, 0, s>>>((const uint4 *)x, row_src, k, P, h / 8,
                                                            (uint4 *)xp);
     else
         k_gather<<<blocks_for(n, TPB), TPB, 0, s>>>(x, row_src, k, P, h, xp);
+    return cudaGetLastError();
 }
 
 /* y[t] += sum_j w[t,j] * yp[pos[t,j]] (the weighted unpermute), slots in order. */
@@ -531,16 +548,17 @@ __global__ void k_combine4(float4 *y, const float4 *yp, const float *w, const in
     y[i] = acc;
 }
 
-void gk_combine(float *y, const float *yp, const float *w, const int *pos, int T, int k, int h,
+cudaError_t gk_combine(float *y, const float *yp, const float *w, const int *pos, int T, int k, int h,
                 cudaStream_t s)
 {
     size_t n = (size_t)T * h;
-    if (!n) return;
+    if (!n) return cudaGetLastError();
     if (h % 4 == 0)
         k_combine4<<<blocks_for(n / 4, TPB), TPB, 0, s>>>((float4 *)y, (const float4 *)yp, w, pos,
                                                            T, k, h / 4);
     else
         k_combine<<<blocks_for(n, TPB), TPB, 0, s>>>(y, yp, w, pos, T, k, h);
+    return cudaGetLastError();
 }
 
 /* Backward of the combine: dyp[pos[t,j]] = w[t,j] * dy[t] (bf16), dw[t,j] = dy[t] . yp[pos]. */
@@ -562,10 +580,11 @@ __global__ void k_combine_backward(const float *dy, const float *yp, const float
     }
 }
 
-void gk_combine_backward(const float *dy, const float *yp, const float *w, const int *pos, int T,
+cudaError_t gk_combine_backward(const float *dy, const float *yp, const float *w, const int *pos, int T,
                          int k, int h, bf16 *dyp, float *dw, cudaStream_t s)
 {
     if (T) k_combine_backward<<<T, TPB, 0, s>>>(dy, yp, w, pos, k, h, dyp, dw);
+    return cudaGetLastError();
 }
 
 /* dx[t] (+)= sum_j dxp[pos[t,j]] */
@@ -594,16 +613,17 @@ __global__ void k_gather_sum4(const float4 *dxp, const int *pos, int T, int k, i
     dx[i] = acc;
 }
 
-void gk_gather_sum(const float *dxp, const int *pos, int T, int k, int h, float *dx,
+cudaError_t gk_gather_sum(const float *dxp, const int *pos, int T, int k, int h, float *dx,
                    bool accumulate, cudaStream_t s)
 {
     size_t n = (size_t)T * h;
-    if (!n) return;
+    if (!n) return cudaGetLastError();
     if (h % 4 == 0)
         k_gather_sum4<<<blocks_for(n / 4, TPB), TPB, 0, s>>>((const float4 *)dxp, pos, T, k, h / 4,
                                                               (float4 *)dx, accumulate);
     else
         k_gather_sum<<<blocks_for(n, TPB), TPB, 0, s>>>(dxp, pos, T, k, h, dx, accumulate);
+    return cudaGetLastError();
 }
 
 /* ---- router backward, scores, routing statistics ------------------------------------------- */
@@ -628,10 +648,11 @@ __global__ void k_scores(struct exec_router_cfg cfg, const float *logits, int T,
     scores_of(&cfg, logits + (size_t)t * cfg.experts, scores + (size_t)t * cfg.experts);
 }
 
-void gk_scores(const struct exec_router_cfg *cfg, const float *logits, int T, float *scores,
+cudaError_t gk_scores(const struct exec_router_cfg *cfg, const float *logits, int T, float *scores,
                cudaStream_t s)
 {
     if (T) k_scores<<<blocks_for(T, 128), 128, 0, s>>>(*cfg, logits, T, scores);
+    return cudaGetLastError();
 }
 
 /* d logits of one token from d weight (and the load-balance term d aux / d s = auxg), the rule
@@ -672,13 +693,14 @@ __global__ void k_router_backward(struct exec_router_cfg cfg, const float *logit
     }
 }
 
-void gk_router_backward(const struct exec_router_cfg *cfg, const float *logits, const int *choice,
+cudaError_t gk_router_backward(const struct exec_router_cfg *cfg, const float *logits, const int *choice,
                         const float *weight, const float *dw, const float *auxg, int T, float *dz,
                         cudaStream_t s)
 {
     if (T)
         k_router_backward<<<blocks_for(T, 64), 64, 0, s>>>(*cfg, logits, choice, weight, dw, auxg,
                                                            T, dz);
+    return cudaGetLastError();
 }
 
 /* co[a][b] += 1 for every pair of distinct experts one token chose (symmetric). */
@@ -694,9 +716,10 @@ __global__ void k_coactivation(const int *choice, int T, int k, int E, unsigned 
         }
 }
 
-void gk_coactivation(const int *choice, int T, int k, int E, unsigned long long *co, cudaStream_t s)
+cudaError_t gk_coactivation(const int *choice, int T, int k, int E, unsigned long long *co, cudaStream_t s)
 {
     if (T) k_coactivation<<<blocks_for(T, TPB), TPB, 0, s>>>(choice, T, k, E, co);
+    return cudaGetLastError();
 }
 
 /* ---- loss, optimizer ------------------------------------------------------------------------ */
@@ -751,10 +774,11 @@ __global__ void k_cross_entropy(const float *logits, const int *tgt, int V, floa
         dlogits[t * V + c] = __float2bfloat16((expf(z[c] - lse) - (c == y ? 1.0f : 0.0f)) * scale);
 }
 
-void gk_cross_entropy(const float *logits, const int *tgt, int T, int V, float scale,
+cudaError_t gk_cross_entropy(const float *logits, const int *tgt, int T, int V, float scale,
                       float *row_loss, bf16 *dlogits, cudaStream_t s)
 {
     if (T) k_cross_entropy<<<T, TPB, 0, s>>>(logits, tgt, V, scale, row_loss, dlogits);
+    return cudaGetLastError();
 }
 
 /* Sum of squares in GK_NORM_BLOCKS fixed partial sums (double), summed in order by the host. */
@@ -783,9 +807,10 @@ __global__ void k_sumsq(const float *g, size_t n, double *part)
     }
 }
 
-void gk_sumsq(const float *g, size_t n, double *part, cudaStream_t s)
+cudaError_t gk_sumsq(const float *g, size_t n, double *part, cudaStream_t s)
 {
     k_sumsq<<<GK_NORM_BLOCKS, TPB, 0, s>>>(g, n, part);
+    return cudaGetLastError();
 }
 
 /* AdamW (decoupled decay) on fp32 masters; writes the bf16 copy. */
@@ -827,7 +852,7 @@ __global__ void k_adamw(float *p, const float *g, float *m1, float *m2, bf16 *w1
     w16[i] = __float2bfloat16(x);
 }
 
-void gk_adamw(float *p, const float *g, float *m1, float *m2, bf16 *w16, size_t n,
+cudaError_t gk_adamw(float *p, const float *g, float *m1, float *m2, bf16 *w16, size_t n,
               const struct gk_adamw *a, cudaStream_t s)
 {
     size_t n4 = 0;
@@ -841,6 +866,7 @@ void gk_adamw(float *p, const float *g, float *m1, float *m2, bf16 *w16, size_t 
     if (r)
         k_adamw<<<blocks_for(r, TPB), TPB, 0, s>>>(p + 4 * n4, g + 4 * n4, m1 + 4 * n4, m2 + 4 * n4,
                                                    w16 + 4 * n4, r, *a);
+    return cudaGetLastError();
 }
 
 /* ---- expert parallelism: rows in flight ------------------------------------------------------ */
@@ -859,11 +885,12 @@ __global__ void k_rows_csr(float *out, const float *src, const int *idx, const f
     }
 }
 
-void gk_rows_csr(float *out, const float *src, const int *idx, const float *w, const int *row_off,
+cudaError_t gk_rows_csr(float *out, const float *src, const int *idx, const float *w, const int *row_off,
                  int nrows, int h, bool accumulate, cudaStream_t s)
 {
     if (nrows && h) k_rows_csr<<<nrows, h < TPB ? 32 * ((h + 31) / 32) : TPB, 0, s>>>(
         out, src, idx, w, row_off, h, accumulate);
+    return cudaGetLastError();
 }
 
 __global__ void k_rows_gather32(const float *src, const int *idx, int n, int h, float *dst)
@@ -873,10 +900,11 @@ __global__ void k_rows_gather32(const float *src, const int *idx, int n, int h, 
     dst[i] = src[(size_t)idx[i / h] * h + i % h];
 }
 
-void gk_rows_gather32(const float *src, const int *idx, int n, int h, float *dst, cudaStream_t s)
+cudaError_t gk_rows_gather32(const float *src, const int *idx, int n, int h, float *dst, cudaStream_t s)
 {
     size_t m = (size_t)n * h;
     if (m) k_rows_gather32<<<blocks_for(m, TPB), TPB, 0, s>>>(src, idx, n, h, dst);
+    return cudaGetLastError();
 }
 
 /* Per local pair p of a received row: d expert_out = w dy (bf16) and dw = dy . expert_out. */
@@ -895,10 +923,11 @@ __global__ void k_pairs_backward(const float *dy, const int *pair_row, const flo
     if (threadIdx.x == 0) dwp[p] = dot;
 }
 
-void gk_pairs_backward(const float *dy, const int *pair_row, const float *pair_w, const float *yp,
+cudaError_t gk_pairs_backward(const float *dy, const int *pair_row, const float *pair_w, const float *yp,
                        int npairs, int h, bf16 *dyp, float *dwp, cudaStream_t s)
 {
     if (npairs) k_pairs_backward<<<npairs, TPB, 0, s>>>(dy, pair_row, pair_w, yp, h, dyp, dwp);
+    return cudaGetLastError();
 }
 
 __global__ void k_scatter(const float *src, const int *dst_idx, int n, float *dst)
@@ -907,7 +936,8 @@ __global__ void k_scatter(const float *src, const int *dst_idx, int n, float *ds
     if (i < n) dst[dst_idx[i]] = src[i];
 }
 
-void gk_scatter(const float *src, const int *dst_idx, int n, float *dst, cudaStream_t s)
+cudaError_t gk_scatter(const float *src, const int *dst_idx, int n, float *dst, cudaStream_t s)
 {
     if (n) k_scatter<<<blocks_for((size_t)n, TPB), TPB, 0, s>>>(src, dst_idx, n, dst);
+    return cudaGetLastError();
 }

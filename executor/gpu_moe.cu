@@ -15,7 +15,7 @@ enum moe_status gpu_swiglu_forward(struct exec_gpu *g, const bf16 *x, int T, int
     int h = g->hidden;
     MOE_CHECK(gpu_lin(g, x, h, Wg, T, h, F, g32, F, CUDA_R_32F, 0, err));
     MOE_CHECK(gpu_lin(g, x, h, Wu, T, h, F, u32, F, CUDA_R_32F, 0, err));
-    MOE_LAUNCH_CHECK(gk_swiglu(g32, u32, hm16, (size_t)T * F, g->s));
+    MOE_CUDA_CHECK(gk_swiglu(g32, u32, hm16, (size_t)T * F, g->s));
     return gpu_lin(g, hm16, F, Wd, T, F, h, y, h, CUDA_R_32F, 1.0f, err);
 }
 
@@ -30,7 +30,7 @@ enum moe_status gpu_swiglu_backward(struct exec_gpu *g, const bf16 *x, const bf1
     if (T == 0) return MOE_OK;
     MOE_CHECK(gpu_lin_dx(g, dy16, h, Wd, T, F, h, g->dhm32, F, 0, err));
     MOE_CHECK(gpu_lin_dw(g, dy16, h, hm16, F, T, F, h, dWd, err));
-    MOE_LAUNCH_CHECK(gk_swiglu_backward(g32, u32, g->dhm32, g->dg16, g->du16, (size_t)T * F, g->s));
+    MOE_CUDA_CHECK(gk_swiglu_backward(g32, u32, g->dhm32, g->dg16, g->du16, (size_t)T * F, g->s));
     MOE_CHECK(gpu_lin_dx(g, g->dg16, F, Wg, T, h, F, dx, h, beta, err));
     MOE_CHECK(gpu_lin_dx(g, g->du16, F, Wu, T, h, F, dx, h, 1.0f, err));
     MOE_CHECK(gpu_lin_dw(g, g->dg16, F, x, h, T, h, F, dWg, err));
@@ -55,7 +55,7 @@ enum moe_status gpu_experts_forward(struct exec_gpu *g, int l, struct act *A, co
                           n, h, f, A->eu32 + (size_t)off[e] * f, f, CUDA_R_32F, 0, err));
     }
     MOE_CHECK(gpu_join_experts(g, err));
-    MOE_LAUNCH_CHECK(gk_swiglu(A->eg32, A->eu32, A->ehm16, (size_t)off[E] * f, g->s));
+    MOE_CUDA_CHECK(gk_swiglu(A->eg32, A->eu32, A->ehm16, (size_t)off[E] * f, g->s));
     MOE_CHECK(gpu_fork_experts(g, err));
     for (int e = 0; e < E; e++) {
         int n = off[e + 1] - off[e];
@@ -86,8 +86,8 @@ enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act
                              GR(g, w[W_DOWN]) + (size_t)e * h * f, err));
     }
     MOE_CHECK(gpu_join_experts(g, err));
-    MOE_LAUNCH_CHECK(gk_swiglu_backward(A->eg32, A->eu32, g->dehm32, g->deg16, g->deu16,
-                                        (size_t)off[E] * f, g->s));
+    MOE_CUDA_CHECK(gk_swiglu_backward(A->eg32, A->eu32, g->dehm32, g->deg16, g->deu16,
+                                      (size_t)off[E] * f, g->s));
     MOE_CHECK(gpu_fork_experts(g, err));
     for (int e = 0; e < E; e++) {
         int n = off[e + 1] - off[e];
@@ -125,15 +125,15 @@ enum moe_status gpu_moe_forward(struct exec_gpu *g, int l, struct act *A, float 
         MOE_CUDA_CHECK(cudaMemcpyAsync(A->choice, g->forced_choice, sizeof(int) * (size_t)P,
                                        cudaMemcpyDeviceToDevice, g->s));
     if (g->record_stats)
-        MOE_LAUNCH_CHECK(gk_coactivation(A->choice, T, k, E, g->coact + (size_t)mi * E * E, g->s));
+        MOE_CUDA_CHECK(gk_coactivation(A->choice, T, k, E, g->coact + (size_t)mi * E * E, g->s));
     PH(COST_PERMUTE);
-    MOE_LAUNCH_CHECK(gk_permute_count(A->choice, P, E, g->perm_cnt, g->perm_base, A->off, g->s));
+    MOE_CUDA_CHECK(gk_permute_count(A->choice, P, E, g->perm_cnt, g->perm_base, A->off, g->s));
     MOE_CUDA_CHECK(
         cudaMemcpyAsync(off, A->off, sizeof(int) * (E + 1), cudaMemcpyDeviceToHost, g->s));
     if (!g->cfg.ep) { /* with EP the exchange places the rows (ep_forward) */
-        MOE_LAUNCH_CHECK(
+        MOE_CUDA_CHECK(
             gk_permute_place(A->choice, P, E, g->perm_base, A->off, A->row_src, A->pos, g->s));
-        MOE_LAUNCH_CHECK(gk_gather(A->b16, A->row_src, k, P, h, A->xp16, g->s));
+        MOE_CUDA_CHECK(gk_gather(A->b16, A->row_src, k, P, h, A->xp16, g->s));
     } else { /* the counts stay: the load statistics and the load-balance loss read them */
         MOE_CUDA_CHECK(cudaMemcpyAsync(g->choice_host, A->choice, sizeof(int) * (size_t)P,
                                        cudaMemcpyDeviceToHost, g->s));
@@ -166,7 +166,7 @@ enum moe_status gpu_moe_forward(struct exec_gpu *g, int l, struct act *A, float 
         PH(COST_EXPERTS_FWD);
         MOE_CHECK(gpu_experts_forward(g, l, A, off, err));
         PH(COST_UNPERMUTE);
-        MOE_LAUNCH_CHECK(gk_combine(y, A->yp32, A->weight, A->pos, T, k, h, g->s));
+        MOE_CUDA_CHECK(gk_combine(y, A->yp32, A->weight, A->pos, T, k, h, g->s));
     }
     if (g->shared_ffn) {
         PH(COST_SHARED_EXPERT);
@@ -183,8 +183,8 @@ enum moe_status gpu_moe_aux_loss(struct exec_gpu *g, int l, const struct act *A,
 {
     int T = g->tokens, E = g->experts, P = g->pairs;
     const int *off = g->off_host[l];
-    MOE_LAUNCH_CHECK(gk_scores(&g->rc, A->logits, T, g->scores, g->s));
-    MOE_LAUNCH_CHECK(gk_colsum(g->scores, E, NULL, 0, NULL, T, E, g->part, g->ytmp, false, g->s));
+    MOE_CUDA_CHECK(gk_scores(&g->rc, A->logits, T, g->scores, g->s));
+    MOE_CUDA_CHECK(gk_colsum(g->scores, E, NULL, 0, NULL, T, E, g->part, g->ytmp, false, g->s));
     float sums[GK_MAX_EXPERTS];
     MOE_CUDA_CHECK(cudaMemcpyAsync(sums, g->ytmp, sizeof(float) * E, cudaMemcpyDeviceToHost, g->s));
     MOE_CHECK(gpu_sync_host(g, err));
@@ -212,17 +212,16 @@ enum moe_status gpu_moe_backward(struct exec_gpu *g, int l, const struct act *A,
         MOE_CHECK(gpu_ep_backward(g, l, A, err));
     } else {
         PH(COST_UNPERMUTE);
-        MOE_LAUNCH_CHECK(
+        MOE_CUDA_CHECK(
             gk_combine_backward(g->dh, A->yp32, A->weight, A->pos, T, k, h, g->dyp16, g->dw, g->s));
         PH(COST_EXPERTS_BWD);
         MOE_CHECK(gpu_experts_backward(g, l, A, off, err));
         PH(COST_PERMUTE);
-        MOE_LAUNCH_CHECK(
-            gk_gather_sum(g->dxp32, A->pos, T, k, h, g->db32, g->shared_ffn > 0, g->s));
+        MOE_CUDA_CHECK(gk_gather_sum(g->dxp32, A->pos, T, k, h, g->db32, g->shared_ffn > 0, g->s));
     }
     PH(COST_ROUTER);
-    MOE_LAUNCH_CHECK(gk_router_backward(&g->rc, A->logits, A->choice, A->weight, g->dw,
-                                        g->rc.aux_coef != 0.0 ? A->auxg : NULL, T, g->dz, g->s));
+    MOE_CUDA_CHECK(gk_router_backward(&g->rc, A->logits, A->choice, A->weight, g->dw,
+                                      g->rc.aux_coef != 0.0 ? A->auxg : NULL, T, g->dz, g->s));
     MOE_CHECK(gpu_mm(g, true, false, E, h, T, 1.0f, g->dz, E, 0, A->b32, h, 0, 1.0f,
                      GR(g, w[W_ROUTER]), h, 0, 1, CUDA_R_32F, CUDA_R_32F, err));
     return gpu_mm(g, false, false, T, h, E, 1.0f, g->dz, E, 0, M(g, w[W_ROUTER]), h, 0, 1.0f,

@@ -37,15 +37,15 @@ static enum moe_status block_forward(struct exec_gpu *g, int l, const float *x, 
     float eps = (float)g->m.norm_eps;
     bool moe = g->moe_index[l] >= 0;
     PH(COST_ATTN_FWD);
-    MOE_LAUNCH_CHECK(
+    MOE_CUDA_CHECK(
         gk_rmsnorm(x, h, M(g, w[W_ATTN_NORM]), T, h, eps, A->a16, h, NULL, 0, A->rstd1, g->s));
     MOE_CHECK(gpu_attn_forward(g, l, A, err));
     MOE_CUDA_CHECK(cudaMemcpyAsync(A->h1, x, th * sizeof(float), cudaMemcpyDeviceToDevice, g->s));
     MOE_CHECK(gpu_lin(g, A->o16, g->heads * g->dv, W16(g, w[W_WO]), T, g->heads * g->dv, h, A->h1,
                       h, CUDA_R_32F, 1.0f, err));
     PH(moe ? COST_ROUTER : COST_DENSE_FFN);
-    MOE_LAUNCH_CHECK(gk_rmsnorm(A->h1, h, M(g, w[W_FFN_NORM]), T, h, eps, A->b16, h,
-                                moe ? A->b32 : NULL, h, A->rstd2, g->s));
+    MOE_CUDA_CHECK(gk_rmsnorm(A->h1, h, M(g, w[W_FFN_NORM]), T, h, eps, A->b16, h,
+                              moe ? A->b32 : NULL, h, A->rstd2, g->s));
     MOE_CUDA_CHECK(cudaMemcpyAsync(y, A->h1, th * sizeof(float), cudaMemcpyDeviceToDevice, g->s));
     if (moe) {
         MOE_CHECK(gpu_moe_forward(g, l, A, y, err));
@@ -63,7 +63,7 @@ static enum moe_status block_backward(struct exec_gpu *g, int l, const float *x,
     const int *w = g->wi[l];
     int T = g->tokens, h = g->hidden, Hd = g->heads * g->dv;
     bool moe = g->moe_index[l] >= 0;
-    MOE_LAUNCH_CHECK(gk_to_bf16(g->dh, g->dy16, (size_t)T * h, g->s));
+    MOE_CUDA_CHECK(gk_to_bf16(g->dh, g->dy16, (size_t)T * h, g->s));
     if (moe) {
         MOE_CHECK(gpu_moe_backward(g, l, A, err));
     } else {
@@ -74,19 +74,19 @@ static enum moe_status block_backward(struct exec_gpu *g, int l, const float *x,
                                       0.0f, err));
     }
     /* h1 = x + attn: dh1 = dy + norm backward of the FFN input (in place in dh) */
-    MOE_LAUNCH_CHECK(gk_rmsnorm_backward(A->h1, h, M(g, w[W_FFN_NORM]), A->rstd2, g->db32, h, g->dh,
-                                         h, g->dh, h, T, h, g->s));
-    MOE_LAUNCH_CHECK(
+    MOE_CUDA_CHECK(gk_rmsnorm_backward(A->h1, h, M(g, w[W_FFN_NORM]), A->rstd2, g->db32, h, g->dh,
+                                       h, g->dh, h, T, h, g->s));
+    MOE_CUDA_CHECK(
         gk_colsum(g->db32, h, A->h1, h, A->rstd2, T, h, g->part, GR(g, w[W_FFN_NORM]), true, g->s));
     PH(COST_ATTN_BWD);
-    MOE_LAUNCH_CHECK(gk_to_bf16(g->dh, g->dh16, (size_t)T * h, g->s));
+    MOE_CUDA_CHECK(gk_to_bf16(g->dh, g->dh16, (size_t)T * h, g->s));
     MOE_CHECK(gpu_mm(g, false, false, T, Hd, h, 1.0f, g->dh16, h, 0, W16(g, w[W_WO]), Hd, 0, 0.0f,
                      g->do16, Hd, 0, 1, CUDA_R_16BF, CUDA_R_16BF, err));
     MOE_CHECK(gpu_lin_dw(g, g->dh16, h, A->o16, Hd, T, Hd, h, GR(g, w[W_WO]), err));
     MOE_CHECK(gpu_attn_backward(g, l, A, err));
-    MOE_LAUNCH_CHECK(gk_rmsnorm_backward(x, h, M(g, w[W_ATTN_NORM]), A->rstd1, g->da32, h, g->dh, h,
-                                         g->dprev, h, T, h, g->s));
-    MOE_LAUNCH_CHECK(
+    MOE_CUDA_CHECK(gk_rmsnorm_backward(x, h, M(g, w[W_ATTN_NORM]), A->rstd1, g->da32, h, g->dh, h,
+                                       g->dprev, h, T, h, g->s));
+    MOE_CUDA_CHECK(
         gk_colsum(g->da32, h, x, h, A->rstd1, T, h, g->part, GR(g, w[W_ATTN_NORM]), true, g->s));
     return MOE_OK;
 }
@@ -155,7 +155,7 @@ static enum moe_status load_tokens(struct exec_gpu *g, const int *tokens, struct
     PH(COST_EMBED);
     MOE_CUDA_CHECK(cudaMemcpyAsync(g->tok, tokens, sizeof(int) * (size_t)g->mbs * (g->seq + 1),
                                    cudaMemcpyHostToDevice, g->s));
-    MOE_LAUNCH_CHECK(gk_split(g->tok, g->mbs, g->seq, g->tok_in, g->tgt, g->s));
+    MOE_CUDA_CHECK(gk_split(g->tok, g->mbs, g->seq, g->tok_in, g->tgt, g->s));
     return MOE_OK;
 }
 
@@ -165,17 +165,17 @@ static enum moe_status forward_part(struct exec_gpu *g, int lo, int hi, double *
                                     struct moe_error *err)
 {
     int T = g->tokens, h = g->hidden, V = g->vocab, L = g->layers;
-    if (lo == 0) MOE_LAUNCH_CHECK(gk_embed(M(g, g->embed), g->tok_in, T, h, g->xin[0], g->s));
+    if (lo == 0) MOE_CUDA_CHECK(gk_embed(M(g, g->embed), g->tok_in, T, h, g->xin[0], g->s));
     for (int l = lo; l < hi; l++)
         MOE_CHECK(block_forward(g, l, g->xin[l], g->xin[l + 1], &g->act[l], aux_sum, err));
     if (hi < L) return MOE_OK;
     PH(COST_LM_HEAD);
-    MOE_LAUNCH_CHECK(gk_rmsnorm(g->xin[L], h, M(g, g->final_norm), T, h, (float)g->m.norm_eps,
-                                g->fin16, h, NULL, 0, g->rstdf, g->s));
+    MOE_CUDA_CHECK(gk_rmsnorm(g->xin[L], h, M(g, g->final_norm), T, h, (float)g->m.norm_eps,
+                              g->fin16, h, NULL, 0, g->rstdf, g->s));
     MOE_CHECK(gpu_lin(g, g->fin16, h, W16(g, g->head), T, h, V, g->logits, V, CUDA_R_32F, 0, err));
     PH(COST_LOSS);
-    MOE_LAUNCH_CHECK(gk_cross_entropy(g->logits, g->tgt, T, V, (float)(g->grad_scale / T),
-                                      g->row_loss, g->dlog16, g->s));
+    MOE_CUDA_CHECK(gk_cross_entropy(g->logits, g->tgt, T, V, (float)(g->grad_scale / T),
+                                    g->row_loss, g->dlog16, g->s));
     MOE_CUDA_CHECK(cudaMemcpyAsync(g->host_rows, g->row_loss, sizeof(float) * T,
                                    cudaMemcpyDeviceToHost, g->s));
     return MOE_OK;
@@ -190,10 +190,10 @@ static enum moe_status backward_part(struct exec_gpu *g, int lo, int hi, struct 
         PH(COST_LM_HEAD);
         MOE_CHECK(gpu_lin_dx(g, g->dlog16, V, W16(g, g->head), T, h, V, g->dfin32, h, 0, err));
         MOE_CHECK(gpu_lin_dw(g, g->dlog16, V, g->fin16, h, T, h, V, GR(g, g->head), err));
-        MOE_LAUNCH_CHECK(gk_rmsnorm_backward(g->xin[L], h, M(g, g->final_norm), g->rstdf, g->dfin32,
-                                             h, NULL, 0, g->dh, h, T, h, g->s));
-        MOE_LAUNCH_CHECK(gk_colsum(g->dfin32, h, g->xin[L], h, g->rstdf, T, h, g->part,
-                                   GR(g, g->final_norm), true, g->s));
+        MOE_CUDA_CHECK(gk_rmsnorm_backward(g->xin[L], h, M(g, g->final_norm), g->rstdf, g->dfin32,
+                                           h, NULL, 0, g->dh, h, T, h, g->s));
+        MOE_CUDA_CHECK(gk_colsum(g->dfin32, h, g->xin[L], h, g->rstdf, T, h, g->part,
+                                 GR(g, g->final_norm), true, g->s));
     }
     for (int l = hi - 1; l >= lo; l--) {
         if (g->cfg.recompute) {
@@ -213,8 +213,8 @@ static enum moe_status backward_part(struct exec_gpu *g, int lo, int hi, struct 
     }
     if (lo > 0) return MOE_OK;
     PH(COST_EMBED);
-    MOE_LAUNCH_CHECK(gk_embed_backward(g->dh, g->emb_dev, g->emb_dev + 2 * T, g->emb_dev + T,
-                                       g->emb_nids, h, GR(g, g->embed), g->s));
+    MOE_CUDA_CHECK(gk_embed_backward(g->dh, g->emb_dev, g->emb_dev + 2 * T, g->emb_dev + T,
+                                     g->emb_nids, h, GR(g, g->embed), g->s));
     return MOE_OK;
 }
 
@@ -283,7 +283,7 @@ extern "C" enum moe_status exec_gpu_optimizer(struct exec_gpu *g, const struct e
 {
     PH(COST_OPTIMIZER);
     double part[GK_NORM_BLOCKS], norm = 0.0;
-    MOE_LAUNCH_CHECK(gk_sumsq(g->grad, g->table.nparams, g->norm_part, g->s));
+    MOE_CUDA_CHECK(gk_sumsq(g->grad, g->table.nparams, g->norm_part, g->s));
     MOE_CUDA_CHECK(cudaMemcpyAsync(part, g->norm_part, sizeof part, cudaMemcpyDeviceToHost, g->s));
     MOE_CHECK(gpu_sync_host(g, err));
     for (int i = 0; i < GK_NORM_BLOCKS; i++) norm += part[i];
@@ -310,13 +310,13 @@ extern "C" enum moe_status exec_gpu_optimizer(struct exec_gpu *g, const struct e
         size_t b0 = t->offset + t->size < hi ? t->offset + t->size : hi;
         if (a0 >= b0) continue;
         a.wd = g->decay[i] ? (float)o->weight_decay : 0.0f;
-        MOE_LAUNCH_CHECK(gk_adamw(g->master + a0, g->grad + a0, g->m1 + (a0 - lo),
-                                  g->m2 + (a0 - lo), g->w16 + a0, b0 - a0, &a, g->s));
+        MOE_CUDA_CHECK(gk_adamw(g->master + a0, g->grad + a0, g->m1 + (a0 - lo), g->m2 + (a0 - lo),
+                                g->w16 + a0, b0 - a0, &a, g->s));
     }
     if (g->cfg.zero) { /* every rank's updated shard to every rank, then their bf16 copies */
         MOE_CHECK(gpu_sync_host(g, err));
         MOE_CHECK(g->cfg.zero->ops->allgather_f32(g->cfg.zero, g->master, g->shard_n, err));
-        MOE_LAUNCH_CHECK(gk_to_bf16(g->master, g->w16, g->table.nparams, g->s));
+        MOE_CUDA_CHECK(gk_to_bf16(g->master, g->w16, g->table.nparams, g->s));
     }
     return MOE_OK;
 }
@@ -326,7 +326,7 @@ static enum moe_status nonfinite(struct exec_gpu *g, const float *d, size_t n, b
                                  struct moe_error *err)
 {
     double part[GK_NORM_BLOCKS], sum = 0.0;
-    MOE_LAUNCH_CHECK(gk_sumsq(d, n, g->norm_part, g->s));
+    MOE_CUDA_CHECK(gk_sumsq(d, n, g->norm_part, g->s));
     MOE_CUDA_CHECK(cudaMemcpyAsync(part, g->norm_part, sizeof part, cudaMemcpyDeviceToHost, g->s));
     MOE_CHECK(gpu_sync_host(g, err));
     for (int i = 0; i < GK_NORM_BLOCKS; i++) sum += part[i];
