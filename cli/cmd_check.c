@@ -19,7 +19,7 @@ const struct cli_opt cmd_check_opts[] = {
 };
 
 /* Schemas moeplan writes or reads, and whether this build can validate them yet. */
-static const char *const known_schemas[] = {"moeplan.measured", "moeplan.routing", NULL};
+static const char *const known_schemas[] = {COST_MEASURED_SCHEMA, "moeplan.routing", NULL};
 
 /* A node XML: well-formed, accepted by hwloc, and what hwloc reads back from it. */
 static enum moe_status check_xml(const char *file, char *summary, size_t cap,

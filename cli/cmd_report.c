@@ -23,87 +23,6 @@ const struct cli_opt cmd_report_opts[] = {
     {NULL, 0, 0, NULL, NULL},
 };
 
-/* What the report reads of measured.json. */
-struct measured {
-    double phase_ms[COST_NPHASES];
-    double *loss;
-    int steps;
-    struct cost_routing routing; /* its "routing", as the planner reads it (cost_routing_load) */
-    bool have_routing;
-    char device[128], model[64];
-};
-
-static void measured_free(struct measured *m)
-{
-    free(m->loss);
-    if (m->have_routing) cost_routing_free(&m->routing);
-}
-
-/* The run's numbers; its routing for a model of `experts` experts, top_k (none: no MoE). */
-static enum moe_status measured_load(const char *file, int experts, int top_k,
-                                     struct measured *ms, struct moe_error *err)
-{
-    struct moe_jdoc doc;
-    struct moe_jval root, med, ph, curve, dev;
-    char schema[64];
-    int version;
-    memset(ms, 0, sizeof *ms);
-    enum moe_status st = moe_jdoc_load(&doc, file, err);
-    if (st != MOE_OK) return st;
-    if ((st = moe_jdoc_schema(&doc, schema, sizeof schema, &version, err)) ||
-        (st = moe_jdoc_root(&doc, &root, err)))
-        goto done;
-    if (strcmp(schema, "moeplan.measured") != 0) {
-        st = moe_jval_error(&root, "schema", err, "expected \"moeplan.measured\", got \"%s\"",
-                            schema);
-        goto done;
-    }
-    if ((st = moe_jval_str(&root, "model", true, NULL, ms->model, sizeof ms->model, err)) ||
-        (st = moe_jval_object(&root, "device", true, &dev, NULL, err)) ||
-        (st = moe_jval_str(&dev, "name", true, NULL, ms->device, sizeof ms->device, err)) ||
-        (st = moe_jval_object(&root, "median", true, &med, NULL, err)) ||
-        (st = moe_jval_object(&med, "phases_ms", true, &ph, NULL, err)) ||
-        (st = moe_jval_array(&root, "loss_curve", true, &curve, NULL, err)))
-        goto done;
-    for (int p = 0; p < COST_NPHASES; p++)
-        if ((st = moe_jval_num(&ph, cost_phase_names[p], true, 0, 0, 1e9, &ms->phase_ms[p], err)))
-            goto done;
-    ms->steps = (int)moe_jval_len(&curve);
-    if (ms->steps < 1) {
-        st = moe_jval_error(&root, "loss_curve", err, "no steps");
-        goto done;
-    }
-    ms->loss = malloc(sizeof *ms->loss * (size_t)ms->steps);
-    if (!ms->loss) {
-        st = moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    for (int i = 0; i < ms->steps; i++)
-        if ((st = moe_jval_at_num(&curve, (size_t)i, -1e9, 1e9, &ms->loss[i], err))) goto done;
-    /* Step times: positive and below a day (1e308 ms or -5 ms are not a run's). */
-    double step_ms;
-    if ((st = moe_jval_num(&med, "step_ms", true, 0, 1e-6, 864e5, &step_ms, err))) goto done;
-    if (!(ms->phase_ms[COST_STEP] > 0))
-        st = moe_jval_error(&ph, "step", err, "the median step must be positive");
-    struct moe_jval steps, one;
-    bool have_steps = false;
-    if (st == MOE_OK) st = moe_jval_array(&root, "steps", false, &steps, &have_steps, err);
-    for (size_t i = 0; st == MOE_OK && have_steps && i < moe_jval_len(&steps); i++) {
-        double v;
-        if ((st = moe_jval_at_object(&steps, i, &one, err)) == MOE_OK)
-            st = moe_jval_num(&one, "step_ms", true, 0, 1e-6, 864e5, &v, err);
-    }
-    if (st != MOE_OK) goto done;
-    if (experts > 0) { /* the same reader as `plan --routing measured.json` */
-        if ((st = cost_routing_load(&ms->routing, file, experts, top_k, err))) goto done;
-        ms->have_routing = true;
-    }
-done:
-    moe_jdoc_free(&doc);
-    if (st != MOE_OK) measured_free(ms);
-    return st;
-}
-
 /* A chart drawn into memory, then written whole. */
 typedef enum moe_status (*chart_fn)(FILE *f, const void *arg, struct moe_error *err);
 
@@ -124,7 +43,7 @@ static enum moe_status write_chart(const char *dir, const char *name, chart_fn f
 
 struct report {
     const struct plan_file *p;
-    const struct measured *m;
+    const struct plan_measured *m;
     int rows[COST_NPHASES], nrows;   /* the phases shown: predicted or measured, not the step */
 };
 
@@ -161,7 +80,7 @@ static enum moe_status chart_errors(FILE *f, const void *arg, struct moe_error *
 
 static enum moe_status chart_loss(FILE *f, const void *arg, struct moe_error *err)
 {
-    const struct measured *m = ((const struct report *)arg)->m;
+    const struct plan_measured *m = ((const struct report *)arg)->m;
     double *x = malloc(sizeof *x * (size_t)m->steps);
     if (!x) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
     for (int i = 0; i < m->steps; i++) x[i] = i + 1;
@@ -179,7 +98,7 @@ static const double bin_hi[NBINS] = {0.25, 0.5, 0.75, 0.9, 1.1, 1.25, 1.5, INFIN
 static const char *const bin_name[NBINS] = {"< 0.25x", "0.25-0.5x", "0.5-0.75x", "0.75-0.9x",
                                             "0.9-1.1x", "1.1-1.25x", "1.25-1.5x", ">= 1.5x"};
 
-static void load_bins(const struct measured *m, double *measured, double *balanced)
+static void load_bins(const struct plan_measured *m, double *measured, double *balanced)
 {
     const struct cost_routing *r = &m->routing;
     for (int b = 0; b < NBINS; b++) measured[b] = balanced[b] = 0;
@@ -197,7 +116,7 @@ static void load_bins(const struct measured *m, double *measured, double *balanc
 
 static enum moe_status chart_experts(FILE *f, const void *arg, struct moe_error *err)
 {
-    const struct measured *m = ((const struct report *)arg)->m;
+    const struct plan_measured *m = ((const struct report *)arg)->m;
     double meas[NBINS], bal[NBINS], v[2 * NBINS];
     load_bins(m, meas, bal);
     for (int b = 0; b < NBINS; b++) v[2 * b] = bal[b], v[2 * b + 1] = meas[b];
@@ -211,14 +130,14 @@ static int report(struct cli *cli, const char *plan_file, const char *measured_f
 {
     struct moe_error err;
     struct plan_file p;
-    struct measured m;
+    struct plan_measured m;
     enum moe_status st = plan_load(plan_file, &p, &err);
     if (st != MOE_OK) {
         plan_file_free(&p);
         return cli_fail(cli, &err);
     }
     int E = mdl_moe_layer_count(&p.model) ? p.model.moe.experts : 0;
-    if ((st = measured_load(measured_file, E, p.model.moe.top_k, &m, &err))) {
+    if ((st = plan_measured_load(measured_file, E, p.model.moe.top_k, &m, &err))) {
         plan_file_free(&p);
         return cli_fail(cli, &err);
     }
@@ -291,11 +210,11 @@ static int report(struct cli *cli, const char *plan_file, const char *measured_f
     free(text);
     if (st != MOE_OK) goto fail;
     printf("report written to %s\n", path);
-    measured_free(&m);
+    plan_measured_free(&m);
     plan_file_free(&p);
     return 0;
 fail:
-    measured_free(&m);
+    plan_measured_free(&m);
     plan_file_free(&p);
     return cli_fail(cli, &err);
 }

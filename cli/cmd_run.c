@@ -470,7 +470,7 @@ static int run(struct cli *cli, const struct run_opts *o)
     }
     json_object_set_new(jrt, "layers", jlay);
     json_object_set_new(root, "routing", jrt);
-    if ((st = moe_json_write_atomic(o->out, root, "moeplan.measured", 1, &err))) goto cleanup;
+    if ((st = moe_json_write_atomic(o->out, root, COST_MEASURED_SCHEMA, 1, &err))) goto cleanup;
     printf("measured.json written to %s\n", o->out);
     double step_err = p.step_us > 0 ? 100.0 * (mstep * 1e3 / p.step_us - 1.0) : 0.0;
     if (o->max_error > 0 && fabs(step_err) > o->max_error)

@@ -6,7 +6,7 @@
  * "Calibration defaults"); `moeplan calibrate` measures them on a GPU. A prediction always says
  * which it used.
  */
-#include "plan.h"
+#include "cost.h"
 
 #include <math.h>
 #include <string.h>

@@ -18,7 +18,7 @@
  *     makespan, the bubble and the in-flight micro-batches that set activation memory.
  * Tokens per GPU: sequence parallelism is assumed with TP (each TP rank holds seq/tp tokens).
  */
-#include "plan.h"
+#include "cost.h"
 
 #include <math.h>
 #include <stdlib.h>

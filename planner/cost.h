@@ -42,6 +42,7 @@ extern const char *const cost_phase_names[COST_NPHASES];
 /* ---------------------------------------------------------------------------------------------- */
 
 #define COST_CALIBRATION_SCHEMA "moeplan.calibration"
+#define COST_MEASURED_SCHEMA "moeplan.measured" /* what `moeplan run` writes (plan.h reads it) */
 
 /* Every efficiency the cost model uses. Fractions are of the datasheet peak. */
 struct cost_calibration {

@@ -6,7 +6,7 @@
  * tp * dp. Rank order is tp innermost, then ep, then the rest of dp, then pp, so a TP group and
  * the EP peers sit in as few NVLink domains as possible.
  */
-#include "plan.h"
+#include "cost.h"
 
 #include <stdlib.h>
 #include <string.h>

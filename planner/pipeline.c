@@ -9,7 +9,7 @@
  * (p-1)/(m+p-1) is what this yields for equal stages; the simulation also gives the in-flight
  * micro-batches each rank holds, which sets activation memory.
  */
-#include "plan.h"
+#include "cost.h"
 
 #include <stdlib.h>
 #include <string.h>

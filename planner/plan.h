@@ -193,6 +193,23 @@ struct plan_file {
  * plan_file_free (also after a failure). */
 enum moe_status plan_load(const char *file, struct plan_file *p, struct moe_error *err);
 void plan_file_free(struct plan_file *p);
+/* measured.json, what `moeplan run` writes (its keys: executor/README.md): the median phases,
+ * the loss curve, the device, and the routing as the planner reads it (cost_routing_load, the
+ * reader of `plan --routing measured.json`, for a model of `experts`, top_k; experts 0: none).
+ * Step times must be positive and under a day. Free with plan_measured_free (also after a
+ * failure). */
+struct plan_measured {
+    double phase_ms[COST_NPHASES];
+    double *loss;
+    int steps;
+    struct cost_routing routing; /* its "routing", as the planner reads it (cost_routing_load) */
+    bool have_routing;
+    char device[128], model[64];
+};
+enum moe_status plan_measured_load(const char *file, int experts, int top_k,
+                                   struct plan_measured *ms, struct moe_error *err);
+void plan_measured_free(struct plan_measured *m);
+
 /* The prediction of one layout as `moeplan predict --json` writes it ("moeplan.prediction"). */
 #define PLAN_PREDICTION_SCHEMA "moeplan.prediction"
 enum moe_status plan_prediction_save(const char *file, const struct mdl_model *model,

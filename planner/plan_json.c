@@ -591,3 +591,76 @@ enum moe_status plan_prediction_save(const char *file, const struct mdl_model *m
     json_decref(root);
     return st;
 }
+
+/* measured.json ("moeplan.measured", written by `moeplan run`): what a report reads of it. */
+
+void plan_measured_free(struct plan_measured *m)
+{
+    free(m->loss);
+    if (m->have_routing) cost_routing_free(&m->routing);
+}
+
+/* The run's numbers; its routing for a model of `experts` experts, top_k (none: no MoE). */
+enum moe_status plan_measured_load(const char *file, int experts, int top_k,
+                                   struct plan_measured *ms, struct moe_error *err)
+{
+    struct moe_jdoc doc;
+    struct moe_jval root, med, ph, curve, dev;
+    char schema[64];
+    int version;
+    memset(ms, 0, sizeof *ms);
+    enum moe_status st = moe_jdoc_load(&doc, file, err);
+    if (st != MOE_OK) return st;
+    if ((st = moe_jdoc_schema(&doc, schema, sizeof schema, &version, err)) ||
+        (st = moe_jdoc_root(&doc, &root, err)))
+        goto done;
+    if (strcmp(schema, COST_MEASURED_SCHEMA) != 0) {
+        st = moe_jval_error(&root, "schema", err, "expected \"%s\", got \"%s\"",
+                            COST_MEASURED_SCHEMA, schema);
+        goto done;
+    }
+    if ((st = moe_jval_str(&root, "model", true, NULL, ms->model, sizeof ms->model, err)) ||
+        (st = moe_jval_object(&root, "device", true, &dev, NULL, err)) ||
+        (st = moe_jval_str(&dev, "name", true, NULL, ms->device, sizeof ms->device, err)) ||
+        (st = moe_jval_object(&root, "median", true, &med, NULL, err)) ||
+        (st = moe_jval_object(&med, "phases_ms", true, &ph, NULL, err)) ||
+        (st = moe_jval_array(&root, "loss_curve", true, &curve, NULL, err)))
+        goto done;
+    for (int p = 0; p < COST_NPHASES; p++)
+        if ((st = moe_jval_num(&ph, cost_phase_names[p], true, 0, 0, 1e9, &ms->phase_ms[p], err)))
+            goto done;
+    ms->steps = (int)moe_jval_len(&curve);
+    if (ms->steps < 1) {
+        st = moe_jval_error(&root, "loss_curve", err, "no steps");
+        goto done;
+    }
+    ms->loss = malloc(sizeof *ms->loss * (size_t)ms->steps);
+    if (!ms->loss) {
+        st = moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (int i = 0; i < ms->steps; i++)
+        if ((st = moe_jval_at_num(&curve, (size_t)i, -1e9, 1e9, &ms->loss[i], err))) goto done;
+    /* Step times: positive and below a day (1e308 ms or -5 ms are not a run's). */
+    double step_ms;
+    if ((st = moe_jval_num(&med, "step_ms", true, 0, 1e-6, 864e5, &step_ms, err))) goto done;
+    if (!(ms->phase_ms[COST_STEP] > 0))
+        st = moe_jval_error(&ph, "step", err, "the median step must be positive");
+    struct moe_jval steps, one;
+    bool have_steps = false;
+    if (st == MOE_OK) st = moe_jval_array(&root, "steps", false, &steps, &have_steps, err);
+    for (size_t i = 0; st == MOE_OK && have_steps && i < moe_jval_len(&steps); i++) {
+        double v;
+        if ((st = moe_jval_at_object(&steps, i, &one, err)) == MOE_OK)
+            st = moe_jval_num(&one, "step_ms", true, 0, 1e-6, 864e5, &v, err);
+    }
+    if (st != MOE_OK) goto done;
+    if (experts > 0) { /* the same reader as `plan --routing measured.json` */
+        if ((st = cost_routing_load(&ms->routing, file, experts, top_k, err))) goto done;
+        ms->have_routing = true;
+    }
+done:
+    moe_jdoc_free(&doc);
+    if (st != MOE_OK) plan_measured_free(ms);
+    return st;
+}

@@ -11,7 +11,7 @@
  * over the scale-out fabric with per-domain dedup (then it fans out over NVLink). The exact count
  * from explicit choices is in cost_dispatch_bytes_exact; the cost model's expectation is in cost.c.
  */
-#include "plan.h"
+#include "cost.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -173,11 +173,11 @@ enum moe_status cost_routing_load(struct cost_routing *r, const char *file, int 
     if (st != MOE_OK) return st;
     if ((st = moe_jdoc_schema(&doc, schema, sizeof schema, &version, err))) goto cleanup;
     if ((st = moe_jdoc_root(&doc, &root, err))) goto cleanup;
-    if (strcmp(schema, "moeplan.routing") != 0 && strcmp(schema, "moeplan.measured") != 0) {
+    if (strcmp(schema, "moeplan.routing") != 0 && strcmp(schema, COST_MEASURED_SCHEMA) != 0) {
         st = moe_jval_error(&root, "schema", err, "expected \"moeplan.routing\"");
         goto cleanup;
     }
-    if (strcmp(schema, "moeplan.measured") == 0) {
+    if (strcmp(schema, COST_MEASURED_SCHEMA) == 0) {
         /* measured.json carries the routing under "routing". */
         if ((st = moe_jval_object(&root, "routing", true, &root, NULL, err))) goto cleanup;
     } else if ((st = moe_jval_keys(&root, keys, err))) {
