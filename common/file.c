@@ -214,15 +214,16 @@ static enum moe_status output_target(const char *file, char *target, size_t cap,
     return MOE_OK;
 }
 
-enum moe_status moe_output_check(const char *file, struct moe_error *err)
+/* The output's real target (a link's), checked: not an input of this process, not a folder or
+ * another non-file. `exists` and `sb` describe the target. */
+static enum moe_status output_resolve(const char *file, char *target, size_t cap, struct stat *sb,
+                                      bool *exists, struct moe_error *err)
 {
-    if (file && strcmp(file, "-") == 0) return MOE_OK;
-    char target[MOE_PATH_MAX], input[MOE_PATH_MAX];
-    struct stat sb;
-    bool exists;
-    enum moe_status st = output_target(file, target, sizeof target, &sb, &exists, err);
-    if (st != MOE_OK || !exists) return st;
-    if (input_find(&sb, input, sizeof input)) {
+    char input[MOE_PATH_MAX];
+    *exists = false;
+    enum moe_status st = output_target(file, target, cap, sb, exists, err);
+    if (st != MOE_OK || !*exists) return st;
+    if (input_find(sb, input, sizeof input)) {
         if (!strcmp(input, file))
             return moe_error_set(err, MOE_ERR_USAGE,
                                  "the output %s is an input of this command: moeplan never "
@@ -233,9 +234,18 @@ enum moe_status moe_output_check(const char *file, struct moe_error *err)
                              "overwrites its inputs; write the output elsewhere",
                              file, input);
     }
-    if (S_ISREG(sb.st_mode) || S_ISCHR(sb.st_mode) || S_ISFIFO(sb.st_mode)) return MOE_OK;
+    if (S_ISREG(sb->st_mode) || S_ISCHR(sb->st_mode) || S_ISFIFO(sb->st_mode)) return MOE_OK;
     return moe_error_set(err, MOE_ERR_USAGE, "the output %s is %s, not a file", file,
-                         file_kind(sb.st_mode));
+                         file_kind(sb->st_mode));
+}
+
+enum moe_status moe_output_check(const char *file, struct moe_error *err)
+{
+    if (file && strcmp(file, "-") == 0) return MOE_OK;
+    char target[MOE_PATH_MAX];
+    struct stat sb;
+    bool exists;
+    return output_resolve(file, target, sizeof target, &sb, &exists, err);
 }
 
 static enum moe_status write_all(int fd, const void *data, size_t len)
@@ -289,13 +299,12 @@ static void fsync_parent(const char *file)
 enum moe_status moe_file_write_atomic(const char *file, const void *data, size_t len,
                                       struct moe_error *err)
 {
-    enum moe_status st = moe_output_check(file, err);
-    if (st != MOE_OK) return st;
+    if (file && strcmp(file, "-") == 0) return write_stream(file, file, data, len, err);
     char target[MOE_PATH_MAX];
     struct stat sb;
     bool exists = false;
-    if (strcmp(file, "-") == 0) return write_stream(file, file, data, len, err);
-    if ((st = output_target(file, target, sizeof target, &sb, &exists, err))) return st;
+    enum moe_status st = output_resolve(file, target, sizeof target, &sb, &exists, err);
+    if (st != MOE_OK) return st;
     if (exists && (S_ISCHR(sb.st_mode) || S_ISFIFO(sb.st_mode)))
         return write_stream(file, target, data, len, err);
 
