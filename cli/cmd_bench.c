@@ -146,28 +146,20 @@ int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     free(choice);
     if (st != MOE_OK) return cli_fail(cli, &err);
     if (json) {
-        json_t *o = json_object();
-        json_object_set_new(o, "device", json_string(dev.name));
-        json_object_set_new(o, "experts", json_integer((json_int_t)E));
-        json_object_set_new(o, "tokens", json_integer((json_int_t)T));
-        json_object_set_new(o, "top_k", json_integer((json_int_t)K));
-        json_object_set_new(o, "hidden", json_integer((json_int_t)H));
-        json_object_set_new(o, "ffn", json_integer((json_int_t)F));
-        json_object_set_new(o, "skew", json_real(skew));
-        json_object_set_new(o, "seed", json_integer((json_int_t)seed));
-        json_object_set_new(o, "streams", json_integer((json_int_t)streams));
-        json_object_set_new(o, "iters", json_integer((json_int_t)iters));
-        json_object_set_new(o, "max_over_mean", json_real(r.max_over_mean));
-        json_object_set_new(o, "block_ms", json_real(r.block_ms));
-        json_object_set_new(o, "layer_ms", json_real(r.layer_ms));
-        json_object_set_new(o, "dense_ms", json_real(r.dense_ms));
-        json_object_set_new(o, "block_tflops", json_real(bt));
-        json_object_set_new(o, "layer_tflops", json_real(lt));
-        json_object_set_new(o, "dense_tflops", json_real(dt));
-        json_object_set_new(o, "block_flops", json_real(r.block_flops));
-        json_object_set_new(o, "layer_flops", json_real(r.layer_flops));
-        json_object_set_new(o, "host_syncs_per_layer", json_integer(r.host_syncs));
-        json_object_set_new(o, "layer_activation_bytes", json_real(r.layer_bytes));
+        json_t *o = json_pack(
+            "{s:s, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:f, s:f, "
+            "s:f, s:f, s:f, s:i, s:f}",
+            "device", dev.name, "experts", (json_int_t)E, "tokens", (json_int_t)T, "top_k",
+            (json_int_t)K, "hidden", (json_int_t)H, "ffn", (json_int_t)F, "skew", skew, "seed",
+            (json_int_t)seed, "streams", (json_int_t)streams, "iters", (json_int_t)iters,
+            "max_over_mean", r.max_over_mean, "block_ms", r.block_ms, "layer_ms", r.layer_ms,
+            "dense_ms", r.dense_ms, "block_tflops", bt, "layer_tflops", lt, "dense_tflops", dt,
+            "block_flops", r.block_flops, "layer_flops", r.layer_flops, "host_syncs_per_layer",
+            r.host_syncs, "layer_activation_bytes", r.layer_bytes);
+        if (!o) {
+            moe_error_set(&err, MOE_ERR_NOMEM, "%s: out of memory", json);
+            return cli_fail(cli, &err);
+        }
         st = moe_json_write_atomic(json, o, "moeplan.bench.moe", 1, &err);
         json_decref(o);
         if (st != MOE_OK) return cli_fail(cli, &err);

@@ -78,15 +78,27 @@ static enum moe_status chart_errors(FILE *f, const void *arg, struct moe_error *
     return rpt_svg_bars(f, "Error per phase", "%", labels, n, series, 1, v, err);
 }
 
+/* The loss of every step that updated (a skipped step has none). */
+static int loss_points(const struct plan_measured *m, double *x, double *y)
+{
+    int n = 0;
+    for (int i = 0; i < m->steps; i++)
+        if (isfinite(m->loss[i])) {
+            if (x) x[n] = m->first_step + i, y[n] = m->loss[i];
+            n++;
+        }
+    return n;
+}
+
 static enum moe_status chart_loss(FILE *f, const void *arg, struct moe_error *err)
 {
     const struct plan_measured *m = ((const struct report *)arg)->m;
-    double *x = malloc(sizeof *x * (size_t)m->steps);
+    double *x = malloc(sizeof *x * (size_t)m->steps * 2);
     if (!x) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < m->steps; i++) x[i] = i + 1;
+    int n = loss_points(m, x, x + m->steps);
     const char *series[1] = {"training loss"};
-    enum moe_status st = rpt_svg_lines(f, "Loss curve", "step", "loss", x, m->steps, series, 1,
-                                       m->loss, err);
+    enum moe_status st =
+        rpt_svg_lines(f, "Loss curve", "step", "loss", x, n, series, 1, x + m->steps, err);
     free(x);
     return st;
 }
@@ -175,7 +187,8 @@ static int report(struct cli *cli, const char *plan_file, const char *measured_f
     }
     if ((st = write_chart(dir, "phases.svg", chart_phases, &r, &err)) ||
         (st = write_chart(dir, "errors.svg", chart_errors, &r, &err)) ||
-        (m.steps > 1 && (st = write_chart(dir, "loss.svg", chart_loss, &r, &err))) ||
+        (loss_points(&m, NULL, NULL) > 1 &&
+         (st = write_chart(dir, "loss.svg", chart_loss, &r, &err))) ||
         (m.have_routing && (st = write_chart(dir, "experts.svg", chart_experts, &r, &err)))) {
         rpt_table_destroy(t);
         goto fail;
@@ -190,11 +203,13 @@ static int report(struct cli *cli, const char *plan_file, const char *measured_f
     }
     cost_layout_format(&p.layout, lay, sizeof lay);
     fprintf(f, "# %s on %s: predicted against measured\n\n", p.model.name, m.device);
-    fprintf(f, "Plan `%s` (%d GPU%s, %s), measured `%s` (%d steps; medians of steps 2-%d).\n\n",
-            plan_file, p.gpus, p.gpus == 1 ? "" : "s", lay, measured_file, m.steps, m.steps);
+    fprintf(f, "Plan `%s` (%d GPU%s, %s), measured `%s` (steps %d-%d; medians of %d steps "
+               "after the first).\n\n",
+            plan_file, p.gpus, p.gpus == 1 ? "" : "s", lay, measured_file, m.first_step,
+            m.first_step + m.steps - 1, m.counted);
     rpt_table_print_markdown(t, f);
     fprintf(f, "\n![time per phase](phases.svg)\n\n![error per phase](errors.svg)\n");
-    if (m.steps > 1) fprintf(f, "\n![loss curve](loss.svg)\n");
+    if (loss_points(&m, NULL, NULL) > 1) fprintf(f, "\n![loss curve](loss.svg)\n");
     if (m.have_routing) {
         double meas[NBINS], bal[NBINS];
         load_bins(&m, meas, bal);

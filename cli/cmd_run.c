@@ -86,31 +86,10 @@ static volatile sig_atomic_t stop_signal;
 
 static void on_signal(int sig) { stop_signal = sig; }
 
-static json_t *phases_json(const double *ms)
-{
-    json_t *o = json_object();
-    for (int p = 0; p < COST_NPHASES; p++)
-        json_object_set_new(o, cost_phase_names[p], json_real(ms[p]));
-    return o;
-}
-
-static json_t *bytes_json(struct cost_bytes b)
-{
-    json_t *o = json_object();
-    json_object_set_new(o, "nvlink", json_real(b.nvlink));
-    json_object_set_new(o, "scale_out", json_real(b.scale_out));
-    return o;
-}
-
-/* What rank 0 keeps of the run while it goes: the lines it prints, the steps' JSON. */
+/* What rank 0 prints while the run goes. */
 struct run_log {
     const struct run_opts *o;
     const struct plan_file *p;
-    struct exec_run_info info;
-    struct mdl_flops fl;
-    double tokens_step, peak, *loss, (*phase)[COST_NPHASES];
-    bool *skipped;
-    json_t *steps;
     struct moe_progress bar;
 };
 
@@ -119,7 +98,6 @@ static void on_start(void *ctx, const struct exec_run_info *info)
     struct run_log *lg = ctx;
     const struct mdl_model *m = &lg->p->model;
     const struct cost_layout *l = &lg->p->layout;
-    lg->info = *info;
     int micro = lg->p->micro_batches;
     printf("moeplan run: %s (%d layers, %d experts top-%d) on %s\n", m->name, m->layers,
            m->moe.experts, m->moe.top_k, info->dev.name);
@@ -149,46 +127,19 @@ static void on_start(void *ctx, const struct exec_run_info *info)
 static void on_step(void *ctx, const struct exec_run_step *s)
 {
     struct run_log *lg = ctx;
-    int i = s->step - 1;
-    double ms = s->gpu.phase_ms[COST_STEP], tps = lg->tokens_step / (ms / 1e3);
-    if (s->skipped) {
-        lg->skipped[i] = true;
-        lg->loss[i] = NAN;
-        moe_progress_clear(&lg->bar);
-        printf("step %4d/%d  skipped (no update): %s\n", s->step, (int)lg->o->steps, s->why);
-        fflush(stdout);
-        moe_progress_update(&lg->bar, (uint64_t)s->step);
-        json_t *js = json_object();
-        json_object_set_new(js, "step", json_integer(s->step));
-        json_object_set_new(js, "skipped", json_string(s->why));
-        json_array_append_new(lg->steps, js);
-        return;
-    }
-    double tflops = lg->fl.train_total * tps / 1e12 / lg->p->gpus; /* per GPU, as the plan's */
-    lg->loss[i] = s->loss;
-    memcpy(lg->phase[i], s->gpu.phase_ms, sizeof lg->phase[i]);
     moe_progress_clear(&lg->bar);
-    printf("step %4d/%d  loss %8.4f  lr %.2e  gnorm %7.3f  %9.1f ms  %9.0f tok/s  %7.1f TFLOPS"
-           "  MFU %5.1f%%\n",
-           s->step, (int)lg->o->steps, s->loss, s->lr, s->gnorm, ms, tps, tflops,
-           lg->peak > 0 ? 100.0 * tflops / lg->peak : 0.0);
+    if (s->skipped) {
+        printf("step %4d/%d  skipped (no update): %s\n", s->step, (int)lg->o->steps, s->why);
+    } else {
+        double ms = s->gpu.phase_ms[COST_STEP];
+        struct exec_run_rate r = exec_run_rate(lg->p, ms);
+        printf("step %4d/%d  loss %8.4f  lr %.2e  gnorm %7.3f  %9.1f ms  %9.0f tok/s  %7.1f "
+               "TFLOPS  MFU %5.1f%%\n",
+               s->step, (int)lg->o->steps, s->loss, s->lr, s->gnorm, ms, r.tokens_per_s,
+               r.model_tflops, 100.0 * r.mfu);
+    }
     fflush(stdout);
     moe_progress_update(&lg->bar, (uint64_t)s->step);
-    json_t *js = json_object();
-    json_object_set_new(js, "step", json_integer(s->step));
-    json_object_set_new(js, "loss", json_real(s->loss));
-    json_object_set_new(js, "aux_loss", json_real(s->aux));
-    json_object_set_new(js, "lr", json_real(s->lr));
-    json_object_set_new(js, "grad_norm", json_real(s->gnorm));
-    json_object_set_new(js, "step_ms", json_real(ms));
-    json_object_set_new(js, "wall_ms", json_real(s->wall_ms));
-    json_object_set_new(js, "tokens_per_s", json_real(tps));
-    json_object_set_new(js, "model_tflops", json_real(tflops));
-    json_object_set_new(js, "host_syncs", json_integer(s->gpu.host_syncs));
-    json_object_set_new(js, "phases_ms", phases_json(s->gpu.phase_ms));
-    if (lg->p->layout.ep > 1)
-        json_object_set_new(js, "dispatch_bytes", bytes_json(s->gpu.dispatch));
-    json_array_append_new(lg->steps, js);
 }
 
 /* A default rendezvous file unique to the job: Open MPI's (PMIx) namespace or Slurm's job and
@@ -240,7 +191,6 @@ static int run(struct cli *cli, const struct run_opts *o)
     struct plan_file p;
     struct exec_run_result res;
     memset(&res, 0, sizeof res);
-    json_t *root = NULL;
     struct run_log lg;
     memset(&lg, 0, sizeof lg);
     char idbuf[MOE_PATH_MAX];
@@ -298,22 +248,8 @@ static int run(struct cli *cli, const struct run_opts *o)
     c.on_start = on_start;
     c.on_step = on_step;
     c.ctx = &lg;
-    const struct mdl_model *m = &p.model;
-    const struct cost_layout *l = &p.layout;
-    int steps = (int)o->steps, micro = p.micro_batches;
     lg.o = o;
     lg.p = &p;
-    lg.tokens_step = (double)micro * l->mbs * l->seq_len * l->dp;
-    mdl_flops_per_token(m, l->seq_len, &lg.fl);
-    lg.peak = p.mfu > 0 ? p.model_tflops_per_gpu / p.mfu : 0.0; /* the plan GPU's bf16 peak */
-    lg.loss = calloc((size_t)steps, sizeof *lg.loss);
-    lg.phase = calloc((size_t)steps, sizeof *lg.phase);
-    lg.skipped = calloc((size_t)steps, sizeof *lg.skipped);
-    lg.steps = json_array();
-    if (!lg.loss || !lg.phase || !lg.skipped || !lg.steps) {
-        st = moe_error_set(&err, MOE_ERR_NOMEM, "out of memory");
-        goto cleanup;
-    }
     struct sigaction sa, old_int, old_term;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
@@ -329,148 +265,37 @@ static int run(struct cli *cli, const struct run_opts *o)
     if (st != MOE_OK) explain_failure(o, &p, st, &err);
     if (st != MOE_OK) goto cleanup;
     if (!res.filled) goto cleanup; /* a rank other than 0 of mpirun/srun: rank 0 reports */
-    /* medians over the steps after the first run (warm-up: cuBLAS heuristics, allocations) */
-    int s0 = lg.info.first_step, first = s0 + (steps - s0 > 1 ? 1 : 0), n = steps - first;
-    double med[COST_NPHASES], *col = malloc(sizeof *col * (size_t)(n ? n : 1));
-    if (!col) {
-        st = moe_error_set(&err, MOE_ERR_NOMEM, "out of memory");
-        goto cleanup;
-    }
-    int kept = 0; /* skipped steps ran no optimizer: not in the medians */
-    for (int ph = 0; ph < COST_NPHASES; ph++) {
-        kept = 0;
-        for (int i = 0; i < n; i++)
-            if (!lg.skipped[first + i]) col[kept++] = lg.phase[first + i][ph];
-        med[ph] = kept ? moe_median(col, (size_t)kept) : 0.0;
-    }
-    free(col);
-    double mstep = med[COST_STEP], mtps = lg.tokens_step / (mstep / 1e3);
-    double mtflops = lg.fl.train_total * mtps / 1e12 / p.gpus;
+    struct exec_run_summary sum;
+    if ((st = exec_run_summarize(&p, &res, &sum, &err))) goto cleanup;
     /* the table: measured medians against the plan's prediction */
     printf("\nper-phase time, median of steps %d-%d (CUDA events, rank 0), against the plan:\n",
-           first + 1, steps);
+           sum.first_step, (int)o->steps);
     const char *h[] = {"phase", "measured", "predicted", "error"};
     struct rpt_table *t = rpt_table_create(4, h, "lrrr");
     for (int ph = 0; t && ph < COST_NPHASES; ph++) {
-        if (med[ph] == 0.0 && p.phase_us[ph] == 0.0) continue;
+        if (sum.phase_ms[ph] == 0.0 && p.phase_us[ph] == 0.0) continue;
         rpt_table_row(t, NULL);
         rpt_table_cell(t, NULL, "%s", cost_phase_names[ph]);
-        rpt_table_cell(t, NULL, "%.2f ms", med[ph]);
+        rpt_table_cell(t, NULL, "%.2f ms", sum.phase_ms[ph]);
         rpt_table_cell(t, NULL, "%.2f ms", p.phase_us[ph] / 1e3);
         if (p.phase_us[ph] > 0)
-            rpt_table_cell(t, NULL, "%+.0f%%", 100.0 * (med[ph] * 1e3 / p.phase_us[ph] - 1.0));
+            rpt_table_cell(t, NULL, "%+.0f%%",
+                           100.0 * (sum.phase_ms[ph] * 1e3 / p.phase_us[ph] - 1.0));
         else rpt_table_cell(t, NULL, "-");
     }
     if (t) rpt_table_print(t, stdout);
     rpt_table_destroy(t);
-    int nmoe = 0;
-    for (int b = 0; b < m->layers; b++) nmoe += mdl_layer_is_moe(m, b);
-    /* the dispatch payload per GPU, MoE layer and micro-batch, as the plan predicts it */
-    double per = (double)p.gpus * nmoe * micro * steps;
-    struct cost_bytes mb = {res.dispatch.nvlink / per, res.dispatch.scale_out / per};
-    if (l->ep > 1)
+    if (p.layout.ep > 1)
         printf("\ndispatch payload per GPU, MoE layer and micro-batch: NVLink %.0f B (plan %.0f), "
                "scale-out %.0f B (plan %.0f)\n",
-               mb.nvlink, p.dispatch_bytes.nvlink, mb.scale_out, p.dispatch_bytes.scale_out);
+               sum.dispatch_per_layer.nvlink, p.dispatch_bytes.nvlink,
+               sum.dispatch_per_layer.scale_out, p.dispatch_bytes.scale_out);
+    double mstep = sum.phase_ms[COST_STEP];
     printf("\nmedian step %.1f ms: %.0f tokens/s, %.1f model TFLOPS per GPU, MFU %.1f%% (of %.0f "
            "bf16 TFLOPS); loss %.4f -> %.4f\n",
-           mstep, mtps, mtflops, lg.peak > 0 ? 100.0 * mtflops / lg.peak : 0.0, lg.peak,
-           lg.loss[s0], lg.loss[steps - 1]);
-    /* measured.json */
-    const struct exec_device_info *dev = &lg.info.dev;
-    root = json_object();
-    json_object_set_new(root, "plan", json_string(o->plan));
-    json_object_set_new(root, "model", json_string(m->name));
-    json_t *jd = json_object();
-    json_object_set_new(jd, "name", json_string(dev->name));
-    json_object_set_new(jd, "sms", json_integer(dev->sm_count));
-    json_object_set_new(jd, "memory_bytes", json_real(dev->memory_bytes));
-    json_object_set_new(jd, "peak_bf16_tflops", json_real(lg.peak));
-    json_object_set_new(root, "device", jd);
-    json_t *jr = json_object();
-    json_object_set_new(jr, "steps", json_integer(steps));
-    json_object_set_new(jr, "first_step", json_integer(s0 + 1)); /* > 1: resumed */
-    json_object_set_new(jr, "ranks", json_integer(p.gpus));
-    json_object_set_new(jr, "launch", json_string(lg.info.transport ? exec_run_mode_names[c.mode]
-                                                                    : "single"));
-    json_object_set_new(jr, "binding_rank0", json_string(lg.info.binding));
-    json_object_set_new(jr, "seq_len", json_integer(l->seq_len));
-    json_object_set_new(jr, "mbs", json_integer(l->mbs));
-    json_object_set_new(jr, "micro_batches", json_integer(micro));
-    json_object_set_new(jr, "tokens_per_step", json_real(lg.tokens_step));
-    json_object_set_new(jr, "recompute", json_string(cost_recompute_names[l->recompute]));
-    json_object_set_new(jr, "data", json_string(lg.info.data));
-    json_object_set_new(jr, "seed", json_integer((json_int_t)o->seed));
-    json_object_set_new(jr, "lr_max", json_real(lg.info.opt.lr_max));
-    json_object_set_new(jr, "warmup_steps", json_integer(lg.info.opt.warmup_steps));
-    json_object_set_new(jr, "aux_loss_coef", json_real(o->aux));
-    json_object_set_new(jr, "bias_update_rate", json_real(o->bias_rate));
-    json_object_set_new(jr, "model_flops_per_token", json_real(lg.fl.train_total));
-    json_object_set_new(root, "run", jr);
-    json_t *jm = json_object();
-    json_object_set_new(jm, "steps_counted", json_integer(n));
-    json_object_set_new(jm, "step_ms", json_real(mstep));
-    json_object_set_new(jm, "tokens_per_s", json_real(mtps));
-    json_object_set_new(jm, "model_tflops", json_real(mtflops));
-    json_object_set_new(jm, "mfu", json_real(lg.peak > 0 ? mtflops / lg.peak : 0.0));
-    json_object_set_new(jm, "phases_ms", phases_json(med));
-    json_object_set_new(root, "median", jm);
-    json_t *jp = json_object();
-    json_object_set_new(jp, "step_ms", json_real(p.step_us / 1e3));
-    double pms[COST_NPHASES];
-    for (int ph = 0; ph < COST_NPHASES; ph++) pms[ph] = p.phase_us[ph] / 1e3;
-    json_object_set_new(jp, "phases_ms", phases_json(pms));
-    json_object_set_new(root, "prediction", jp);
-    if (l->ep > 1) {
-        json_t *jx = json_object();
-        json_object_set_new(jx, "mode", json_string(cost_dispatcher_names[l->dispatcher]));
-        json_object_set_new(jx, "measured_bytes_per_gpu_per_layer", bytes_json(mb));
-        json_object_set_new(jx, "predicted_bytes_per_gpu_per_layer", bytes_json(p.dispatch_bytes));
-        json_object_set_new(jx, "measured_bytes_total", bytes_json(res.dispatch));
-        json_object_set_new(root, "dispatch", jx);
-    }
-    const struct exec_gpu_memory *mem = &res.memory;
-    json_t *jmem = json_object();
-    double alloc = 0;
-    for (int k = 0; k < EXEC_MEM_N; k++) {
-        json_object_set_new(jmem, exec_mem_names[k], json_real(mem->bytes[k]));
-        alloc += mem->bytes[k];
-    }
-    json_object_set_new(jmem, "allocated_total", json_real(alloc));
-    json_object_set_new(jmem, "device_used_peak", json_real(mem->device_used_peak));
-    json_object_set_new(jmem, "device_total", json_real(mem->device_total));
-    json_object_set_new(root, "memory_bytes", jmem);
-    json_t *jl = json_array();
-    for (int s = s0; s < steps; s++)
-        json_array_append_new(jl, lg.skipped[s] ? json_null() : json_real(lg.loss[s]));
-    json_object_set_new(root, "loss_curve", jl);
-    json_object_set_new(root, "steps", lg.steps);
-    lg.steps = NULL;
-    /* routing in the planner's routing-input form (cost_routing_load reads measured.json) */
-    int E = m->moe.experts;
-    json_t *jrt = json_object(), *jlay = json_array();
-    json_object_set_new(jrt, "experts", json_integer(E));
-    json_object_set_new(jrt, "top_k", json_integer(m->moe.top_k));
-    json_object_set_new(jrt, "tokens", json_real(lg.tokens_step * (steps - s0)));
-    for (int b = 0; b < m->layers; b++) {
-        if (!mdl_layer_is_moe(m, b)) continue;
-        json_t *jo = json_object(), *jc = json_array(), *jco = json_array();
-        const int64_t *counts = res.counts + (size_t)b * E, *coact = res.coact + (size_t)b * E * E;
-        for (int e = 0; e < E; e++) {
-            json_array_append_new(jc, json_integer(counts[e]));
-            json_t *row = json_array();
-            for (int f = 0; f < E; f++)
-                json_array_append_new(row, json_integer(coact[(size_t)e * E + f]));
-            json_array_append_new(jco, row);
-        }
-        json_object_set_new(jo, "layer", json_integer(b));
-        json_object_set_new(jo, "counts", jc);
-        json_object_set_new(jo, "coactivation", jco);
-        json_array_append_new(jlay, jo);
-    }
-    json_object_set_new(jrt, "layers", jlay);
-    json_object_set_new(root, "routing", jrt);
-    if ((st = moe_json_write_atomic(o->out, root, COST_MEASURED_SCHEMA, 1, &err))) goto cleanup;
+           mstep, sum.rate.tokens_per_s, sum.rate.model_tflops, 100.0 * sum.rate.mfu,
+           sum.rate.peak_tflops, sum.loss_first, sum.loss_last);
+    if ((st = exec_measured_save(o->out, o->plan, &c, &res, &err))) goto cleanup;
     printf("measured.json written to %s\n", o->out);
     double step_err = p.step_us > 0 ? 100.0 * (mstep * 1e3 / p.step_us - 1.0) : 0.0;
     if (o->max_error > 0 && fabs(step_err) > o->max_error)
@@ -479,9 +304,6 @@ static int run(struct cli *cli, const struct run_opts *o)
                            "than --max-error %g%%",
                            mstep, step_err, p.step_us / 1e3, o->max_error);
 cleanup:
-    json_decref(root);
-    json_decref(lg.steps);
-    free(lg.loss), free(lg.phase), free(lg.skipped);
     exec_run_result_free(&res);
     plan_file_free(&p);
     if (st == MOE_ERR_INTERRUPTED && stop_signal) {

@@ -30,22 +30,6 @@ const struct cli_opt cmd_validate_opts[] = {
     {NULL, 0, 0, NULL, NULL},
 };
 
-/* Per-phase medians of a job's steps after the first. */
-struct job_run {
-    int steps, n;
-    double (*phase)[COST_NPHASES];
-    double loss0, loss1;
-};
-
-static void job_step(void *ctx, const struct exec_run_step *s)
-{
-    struct job_run *r = ctx;
-    if (s->step == 1) r->loss0 = s->loss;
-    r->loss1 = s->loss;
-    if (s->step > 1 && r->n < r->steps)
-        memcpy(r->phase[r->n++], s->gpu.phase_ms, sizeof r->phase[0]);
-}
-
 /* Trains the job `steps` steps; med[p]: the median of each phase (ms) over steps 2..N; with
  * routing, the MoE layers' measured routing too (cost_routing_free it). */
 static enum moe_status job_run(const struct plan_file *p, double skew, int steps, double *med,
@@ -54,12 +38,8 @@ static enum moe_status job_run(const struct plan_file *p, double skew, int steps
 {
     const struct mdl_model *m = &p->model;
     int E = m->moe.experts;
-    struct job_run jr = {steps, 0, calloc((size_t)steps, sizeof(double[COST_NPHASES])), 0, 0};
     double *bias = skew > 0 ? calloc((size_t)m->layers * E, sizeof *bias) : NULL;
-    if (!jr.phase || (skew > 0 && !bias)) {
-        free(jr.phase), free(bias);
-        return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
-    }
+    if (skew > 0 && !bias) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
     for (int b = 0; bias && b < m->layers; b++)
         for (int e = 0; e < E; e++)
             bias[(size_t)b * E + e] = E > 1 ? skew * (E - 1 - e) / (E - 1) / E : 0.0;
@@ -76,8 +56,6 @@ static enum moe_status job_run(const struct plan_file *p, double skew, int steps
     c.bias0 = bias;
     c.timeout_s = 60;
     c.fail_rank = c.fail_step = -1;
-    c.on_step = job_step;
-    c.ctx = &jr;
     struct exec_run_result res;
     memset(&res, 0, sizeof res);
     enum moe_status st = exec_run(&c, &res, err);
@@ -91,19 +69,14 @@ static enum moe_status job_run(const struct plan_file *p, double skew, int steps
                  : moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
         free(moe);
     }
+    struct exec_run_summary sum;
+    if (st == MOE_OK && (st = exec_run_summarize(p, &res, &sum, err)) == MOE_OK) {
+        memcpy(med, sum.phase_ms, sizeof sum.phase_ms);
+        *loss0 = sum.loss_first;
+        *loss1 = sum.loss_last;
+    }
     exec_run_result_free(&res);
     free(bias);
-    if (st == MOE_OK) {
-        double col[512];
-        for (int ph = 0; ph < COST_NPHASES; ph++) {
-            int n = jr.n < 512 ? jr.n : 512;
-            for (int i = 0; i < n; i++) col[i] = jr.phase[i][ph];
-            med[ph] = moe_median(col, (size_t)n);
-        }
-        *loss0 = jr.loss0;
-        *loss1 = jr.loss1;
-    }
-    free(jr.phase);
     return st;
 }
 

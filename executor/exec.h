@@ -35,7 +35,7 @@ extern const char *const exec_run_mode_names[];
 struct exec_run_step {
     int step;                       /* 1-based */
     bool skipped;                   /* NaN or Inf: no update (skip_nonfinite); why: the reason */
-    char why[MOE_MSG_MAX];
+    char why[256];
     double loss, aux, lr, gnorm;    /* loss and aux: the mean over the global batch */
     double wall_ms;                 /* rank 0's host time of the step */
     struct exec_gpu_step_stats gpu; /* rank 0's phases and host syncs; dispatch: every rank's */
@@ -86,7 +86,10 @@ struct exec_run_cfg {
     void *ctx;
 };
 struct exec_run_result {           /* filled on rank 0 (the rank-0 process) */
-    bool filled;
+    bool filled;                   /* the run finished: everything below is there */
+    struct exec_run_info info;     /* what on_start was given */
+    struct exec_run_step *steps;   /* the steps run, in order: info.first_step + 1 ... */
+    int nsteps;
     int64_t *counts, *coact;       /* (layers, experts), (layers, experts, experts): every rank's */
     struct exec_gpu_memory memory; /* rank 0's */
     struct cost_bytes dispatch;    /* token payload sent in all steps, every rank */
@@ -97,6 +100,37 @@ struct exec_run_result {           /* filled on rank 0 (the rank-0 process) */
 enum moe_status exec_run(const struct exec_run_cfg *c, struct exec_run_result *r,
                          struct moe_error *err);
 void exec_run_result_free(struct exec_run_result *r);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* What a run comes to, and measured.json (measured.c, plain C)                                   */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* A step time's rates, as the plan counts them: tokens of the global batch a second, model
+ * TFLOPS per GPU (training FLOPs, recomputation not counted) and their share of the plan GPU's
+ * bf16 peak (0: the plan names none). */
+struct exec_run_rate {
+    double tokens_step, flops_per_token, peak_tflops;
+    double tokens_per_s, model_tflops, mfu;
+};
+struct exec_run_rate exec_run_rate(const struct plan_file *p, double step_ms);
+
+/* A finished run's medians over its steps after the first (cuBLAS's heuristics and the first
+ * allocations), skipped steps left out. */
+struct exec_run_summary {
+    int first_step, counted;              /* the first step in the medians (1-based); how many */
+    double phase_ms[COST_NPHASES];        /* COST_STEP: the step */
+    struct exec_run_rate rate;            /* of the median step */
+    double loss_first, loss_last;         /* the first and the last step run (NaN: skipped) */
+    struct cost_bytes dispatch_per_layer; /* sent per GPU, MoE layer and micro-batch */
+};
+enum moe_status exec_run_summarize(const struct plan_file *p, const struct exec_run_result *r,
+                                   struct exec_run_summary *s, struct moe_error *err);
+/* measured.json (COST_MEASURED_SCHEMA; read by plan_measured_load and cost_routing_load): the
+ * run's settings, device, medians against the plan's prediction, memory, every step, the loss
+ * curve and the routing. Written atomically (moe_json_write_atomic). */
+enum moe_status exec_measured_save(const char *file, const char *plan_path,
+                                   const struct exec_run_cfg *c, const struct exec_run_result *r,
+                                   struct moe_error *err);
 
 #ifdef __cplusplus
 }

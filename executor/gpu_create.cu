@@ -6,9 +6,6 @@
  */
 #include "gpu.h"
 
-const char *const exec_mem_names[EXEC_MEM_N] = {"weights",   "master_weights", "grads",
-                                                "optimizer", "activations",    "workspace"};
-
 /* `what` names the buffer in a failure (the code's name for it, "g->" left off). */
 enum moe_status gpu_dalloc(struct exec_gpu *g, void **p, size_t bytes, enum exec_mem cat,
                            const char *what, struct moe_error *err)

@@ -35,8 +35,6 @@
 #include <string.h>
 #include <unistd.h>
 
-const char *const exec_run_mode_names[] = {"threads", "virtual", "process"};
-
 #define RUN_MAX_VIRTUAL 64
 
 struct run_shared {
@@ -385,7 +383,16 @@ static enum moe_status rank_main(struct run_shared *sh, int me, struct exec_tran
         }
     }
     info.first_step = s0;
-    if (me == 0 && c->on_start) c->on_start(c->ctx, &info);
+    if (me == 0) {
+        sh->r->info = info;
+        sh->r->steps = calloc((size_t)(c->steps - s0), sizeof *sh->r->steps);
+        if (!sh->r->steps) {
+            st = moe_error_set(err, MOE_ERR_NOMEM, "run: out of memory for %d steps' records",
+                               c->steps - s0);
+            goto done;
+        }
+        if (c->on_start) c->on_start(c->ctx, &info);
+    }
     for (int s = s0; s < c->steps; s++) {
         double t0 = moe_time_now_s(), v[5] = {0, 0, 0, 0, 0}, gnorm = 0.0;
         char why[MOE_MSG_MAX] = "";
@@ -463,6 +470,7 @@ static enum moe_status rank_main(struct run_shared *sh, int me, struct exec_tran
             rs.gpu.dispatch = (struct cost_bytes){v[2], v[3]};
             sh->r->dispatch.nvlink += v[2];
             sh->r->dispatch.scale_out += v[3];
+            sh->r->steps[sh->r->nsteps++] = rs;
             if (c->on_step) c->on_step(c->ctx, &rs);
         }
         if (stop) {
@@ -635,10 +643,4 @@ enum moe_status exec_run(const struct exec_run_cfg *c, struct exec_run_result *r
     case EXEC_RUN_PROCESS: return run_process(&sh, ndev, err);
     default: return run_threads(&sh, ndev, err);
     }
-}
-
-void exec_run_result_free(struct exec_run_result *r)
-{
-    free(r->counts), free(r->coact);
-    r->counts = r->coact = NULL;
 }

@@ -200,8 +200,9 @@ void plan_file_free(struct plan_file *p);
  * failure). */
 struct plan_measured {
     double phase_ms[COST_NPHASES];
-    double *loss;
-    int steps;
+    double *loss;         /* [steps]: NaN where a step was skipped (no update) */
+    int steps, first_step; /* steps run, from first_step (1-based; > 1: a resumed run) */
+    int counted;          /* steps in the medians */
     struct cost_routing routing; /* its "routing", as the planner reads it (cost_routing_load) */
     bool have_routing;
     char device[128], model[64];

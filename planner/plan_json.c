@@ -639,11 +639,23 @@ enum moe_status plan_measured_load(const char *file, int experts, int top_k,
         st = moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
         goto done;
     }
-    for (int i = 0; i < ms->steps; i++)
+    for (int i = 0; i < ms->steps; i++) { /* null: a skipped step */
+        ms->loss[i] = NAN;
+        if (json_is_null(json_array_get(curve.json, (size_t)i))) continue;
         if ((st = moe_jval_at_num(&curve, (size_t)i, -1e9, 1e9, &ms->loss[i], err))) goto done;
+    }
     /* Step times: positive and below a day (1e308 ms or -5 ms are not a run's). */
     double step_ms;
-    if ((st = moe_jval_num(&med, "step_ms", true, 0, 1e-6, 864e5, &step_ms, err))) goto done;
+    struct moe_jval run;
+    bool have_run = false;
+    ms->first_step = 1;
+    if ((st = moe_jval_num(&med, "step_ms", true, 0, 1e-6, 864e5, &step_ms, err)) ||
+        (st = moe_jval_int32(&med, "steps_counted", false, ms->steps, 0, ms->steps, &ms->counted,
+                             err)) ||
+        (st = moe_jval_object(&root, "run", false, &run, &have_run, err)) ||
+        (have_run &&
+         (st = moe_jval_int32(&run, "first_step", false, 1, 1, INT32_MAX, &ms->first_step, err))))
+        goto done;
     if (!(ms->phase_ms[COST_STEP] > 0))
         st = moe_jval_error(&ph, "step", err, "the median step must be positive");
     struct moe_jval steps, one;
@@ -651,7 +663,8 @@ enum moe_status plan_measured_load(const char *file, int experts, int top_k,
     if (st == MOE_OK) st = moe_jval_array(&root, "steps", false, &steps, &have_steps, err);
     for (size_t i = 0; st == MOE_OK && have_steps && i < moe_jval_len(&steps); i++) {
         double v;
-        if ((st = moe_jval_at_object(&steps, i, &one, err)) == MOE_OK)
+        if ((st = moe_jval_at_object(&steps, i, &one, err)) == MOE_OK &&
+            !moe_jval_has(&one, "skipped"))
             st = moe_jval_num(&one, "step_ms", true, 0, 1e-6, 864e5, &v, err);
     }
     if (st != MOE_OK) goto done;
