@@ -28,18 +28,28 @@ static int run(const char *data, const char *model, const char *cluster, int gpu
     enum { MAXL = 20000 };
     static struct cost_layout grid[MAXL];
     int n = 0;
-    static const int tps[] = {1, 2, 4, 8}, pps[] = {1, 2, 4, 8, 16}, eps[] = {1, 8, 16, 32, 64, 128, 256};
+    static const int tps[] = {1, 2, 4, 8}, pps[] = {1, 2, 4, 8, 16},
+                     eps[] = {1, 8, 16, 32, 64, 128, 256};
     for (size_t a = 0; a < 4; a++)
         for (size_t b = 0; b < 5; b++)
             for (size_t e = 0; e < 7; e++)
                 for (int mbs = 1; mbs <= 2; mbs++)
                     for (int rc = 0; rc < 3; rc++)
                         for (int d = 0; d < 3; d++) {
-                            struct cost_layout l = {
-                                .tp = tps[a], .pp = pps[b], .vpp = 1, .ep = eps[e], .etp = 1,
-                                .dp = 0, .zero = 1, .seq_len = 4096, .mbs = mbs, .gbs = 0,
-                                .precision = COST_BF16, .recompute = (enum cost_recompute)rc,
-                                .dispatcher = (enum cost_dispatcher)d, .overlap = true};
+                            struct cost_layout l = {.tp = tps[a],
+                                                    .pp = pps[b],
+                                                    .vpp = 1,
+                                                    .ep = eps[e],
+                                                    .etp = 1,
+                                                    .dp = 0,
+                                                    .zero = 1,
+                                                    .seq_len = 4096,
+                                                    .mbs = mbs,
+                                                    .gbs = 0,
+                                                    .precision = COST_BF16,
+                                                    .recompute = (enum cost_recompute)rc,
+                                                    .dispatcher = (enum cost_dispatcher)d,
+                                                    .overlap = true};
                             l.dp = gpus / (l.tp * l.pp);
                             l.gbs = l.dp * mbs * 16;
                             if (cost_layout_check(&l, &m, gpus, NULL) != MOE_OK) continue;
@@ -71,7 +81,8 @@ fail:
 int main(int argc, char **argv)
 {
     const char *data = argc > 1 ? argv[1] : MOEPLAN_DATA_DIR;
-    printf("| model | cluster | GPUs | layouts in grid | evaluations | seconds | layouts/s | us/layout |\n");
+    printf("| model | cluster | GPUs | layouts in grid | evaluations | seconds | layouts/s | "
+           "us/layout |\n");
     printf("|---|---|---:|---:|---:|---:|---:|---:|\n");
     int rc = run(data, "deepseek-v3", "gb300-nvl72-x16", 1024);
     rc |= run(data, "mixtral-8x7b", "hgx-h100-x128", 1024);

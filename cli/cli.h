@@ -26,7 +26,7 @@ struct cli_opt {
 
 struct cli_cmd {
     const char *name;
-    const char *args;    /* "[options] FILE..." */
+    const char *args; /* "[options] FILE..." */
     const char *summary;
     const char *missing; /* non-NULL: not in this build (no CUDA); why */
     const struct cli_opt *opts;
@@ -45,7 +45,8 @@ struct cli_arg {
  * argv[optind]), else the exit code to return (0 after --help, 2 after a usage error). */
 int cli_parse(const struct cli_cmd *cmd, int argc, char **argv, struct cli_arg *out, int *nout);
 /* Print "moeplan: CMD: <message>" and the try-help line; returns exit code 2. */
-int cli_usage(const struct cli_cmd *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int cli_usage(const struct cli_cmd *cmd, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 /* Whether `path` may be written as the output of option `opt` (moe_output_check: not an input of
  * this command, not a folder; "-" is standard output); prints the usage error if not. Call it
  * after the inputs are loaded and before long work. */
@@ -57,8 +58,8 @@ int cli_fail(struct cli *cli, const struct moe_error *err);
 bool cli_count(const struct cli_cmd *cmd, const char *opt, const char *value, uint64_t min,
                uint64_t max, uint64_t *out);
 /* A real number option in [min, max]; a usage error (and false) otherwise. */
-bool cli_real(const struct cli_cmd *cmd, const char *opt, const char *value, double min,
-              double max, double *out);
+bool cli_real(const struct cli_cmd *cmd, const char *opt, const char *value, double min, double max,
+              double *out);
 /* The *.json files of a folder (less `except`), sorted by name, strdup'd into names (cap of them;
  * the caller frees each). Returns their count, or -1 with err filled. */
 int cli_list_json(const char *dir, const char *except, char **names, int cap,
@@ -83,20 +84,33 @@ struct cli_inputs {
 };
 /* The options the planner commands share: their rows for an option table, their values, and
  * the parser of one of them. */
-enum { CLI_IN_MODEL = 200, CLI_IN_CLUSTER, CLI_IN_GPUS, CLI_IN_SEQ, CLI_IN_PRECISION,
-       CLI_IN_ROUTING, CLI_IN_SEED, CLI_IN_CAL, CLI_IN_LAYERS, CLI_IN_EXPERTS };
+enum {
+    CLI_IN_MODEL = 200,
+    CLI_IN_CLUSTER,
+    CLI_IN_GPUS,
+    CLI_IN_SEQ,
+    CLI_IN_PRECISION,
+    CLI_IN_ROUTING,
+    CLI_IN_SEED,
+    CLI_IN_CAL,
+    CLI_IN_LAYERS,
+    CLI_IN_EXPERTS
+};
 #define CLI_INPUT_OPTIONS                                                                          \
-    {"model", required_argument, CLI_IN_MODEL, "M", "model name, model file or HF config.json"},  \
-    {"cluster", required_argument, CLI_IN_CLUSTER, "C", "cluster name or file"},                  \
-    {"gpus", required_argument, CLI_IN_GPUS, "N", "use the first N GPUs (default: all usable)"},   \
-    {"seq-len", required_argument, CLI_IN_SEQ, "S", "sequence length (4096)"},                    \
-    {"precision", required_argument, CLI_IN_PRECISION, "P", "bf16 (default), fp8, mxfp8"},        \
-    {"routing", required_argument, CLI_IN_ROUTING, "R",                                            \
-     "uniform (default), zipf:S, dirichlet:ALPHA, or a routing/measured JSON file"},              \
-    {"seed", required_argument, CLI_IN_SEED, "N", "seed of a synthetic routing (1)"},             \
-    {"calibration", required_argument, CLI_IN_CAL, "FILE", "calibration profile"},                \
-    {"layers", required_argument, CLI_IN_LAYERS, "N", "proxy: keep N blocks"},                    \
-    {"experts", required_argument, CLI_IN_EXPERTS, "E", "proxy: E routed experts, same shapes"}
+    {"model", required_argument, CLI_IN_MODEL, "M", "model name, model file or HF config.json"},   \
+        {"cluster", required_argument, CLI_IN_CLUSTER, "C", "cluster name or file"},               \
+        {"gpus", required_argument, CLI_IN_GPUS, "N",                                              \
+         "use the first N GPUs (default: all usable)"},                                            \
+        {"seq-len", required_argument, CLI_IN_SEQ, "S", "sequence length (4096)"},                 \
+        {"precision", required_argument, CLI_IN_PRECISION, "P", "bf16 (default), fp8, mxfp8"},     \
+        {"routing", required_argument, CLI_IN_ROUTING, "R",                                        \
+         "uniform (default), zipf:S, dirichlet:ALPHA, or a routing/measured JSON file"},           \
+        {"seed", required_argument, CLI_IN_SEED, "N", "seed of a synthetic routing (1)"},          \
+        {"calibration", required_argument, CLI_IN_CAL, "FILE", "calibration profile"},             \
+        {"layers", required_argument, CLI_IN_LAYERS, "N", "proxy: keep N blocks"},                 \
+    {                                                                                              \
+        "experts", required_argument, CLI_IN_EXPERTS, "E", "proxy: E routed experts, same shapes"  \
+    }
 
 struct cli_input_opts {
     const char *model, *cluster, *cal, *routing, *precision;
@@ -127,7 +141,7 @@ enum moe_status cli_calibrate_measure(struct cli *cli, const struct topo_cluster
                                       struct plan_calib_data *d, struct moe_error *err);
 extern const struct cli_opt cmd_run_opts[], cmd_bench_opts[], cmd_validate_opts[];
 #endif
-extern const struct cli_opt cmd_check_opts[], cmd_model_opts[], cmd_topo_opts[],
-    cmd_predict_opts[], cmd_plan_opts[], cmd_report_opts[], cmd_calibrate_opts[];
+extern const struct cli_opt cmd_check_opts[], cmd_model_opts[], cmd_topo_opts[], cmd_predict_opts[],
+    cmd_plan_opts[], cmd_report_opts[], cmd_calibrate_opts[];
 
 #endif

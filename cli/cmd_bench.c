@@ -12,8 +12,22 @@
 #include "exec.h"
 #include "rpt.h"
 
-enum { OPT_E = 1, OPT_T, OPT_K, OPT_H, OPT_F, OPT_SKEW, OPT_SEED, OPT_ITERS, OPT_WARM, OPT_STREAMS,
-       OPT_JSON, OPT_ROUT, OPT_CAL, OPT_CLUSTER };
+enum {
+    OPT_E = 1,
+    OPT_T,
+    OPT_K,
+    OPT_H,
+    OPT_F,
+    OPT_SKEW,
+    OPT_SEED,
+    OPT_ITERS,
+    OPT_WARM,
+    OPT_STREAMS,
+    OPT_JSON,
+    OPT_ROUT,
+    OPT_CAL,
+    OPT_CLUSTER
+};
 
 const struct cli_opt cmd_bench_opts[] = {
     {"experts", required_argument, OPT_E, "E", "routed experts (8)"},
@@ -21,7 +35,8 @@ const struct cli_opt cmd_bench_opts[] = {
     {"topk", required_argument, OPT_K, "K", "experts per token (8)"},
     {"hidden", required_argument, OPT_H, "H", "hidden size (7168)"},
     {"ffn", required_argument, OPT_F, "F", "expert FFN width (2048)"},
-    {"skew", required_argument, OPT_SKEW, "ALPHA", "Dirichlet alpha of the expert load (2; 0: uniform)"},
+    {"skew", required_argument, OPT_SKEW, "ALPHA",
+     "Dirichlet alpha of the expert load (2; 0: uniform)"},
     {"seed", required_argument, OPT_SEED, "N", "routing and data seed (1)"},
     {"iters", required_argument, OPT_ITERS, "N", "timed runs, the median is reported (20)"},
     {"warmup", required_argument, OPT_WARM, "N", "untimed runs first (3)"},
@@ -53,7 +68,8 @@ int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
         }
         return cli_usage(cmd, "unknown benchmark '%s' (moe)", argv[optind]);
     }
-    uint64_t E = 8, T = 8192, K = 8, H = 7168, F = 2048, seed = 1, iters = 20, warm = 3, streams = 4;
+    uint64_t E = 8, T = 8192, K = 8, H = 7168, F = 2048, seed = 1, iters = 20, warm = 3,
+             streams = 4;
     double skew = 2.0;
     const char *json = NULL, *rout = NULL, *cal_file = NULL, *cluster = "h200-vm";
     for (int i = 0; i < nargs; i++) {
@@ -77,8 +93,9 @@ int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
         }
         if (!ok) return 2;
     }
-    if (K > E) return cli_usage(cmd, "--topk %llu exceeds --experts %llu", (unsigned long long)K,
-                                (unsigned long long)E);
+    if (K > E)
+        return cli_usage(cmd, "--topk %llu exceeds --experts %llu", (unsigned long long)K,
+                         (unsigned long long)E);
     struct topo_cluster cl;
     struct cost_calibration cal;
     if (cal_file && cli_cluster_load(cli, cluster, cal_file, &cl, &cal, &err) != MOE_OK)
@@ -86,13 +103,14 @@ int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     int ndev = 0;
     if (exec_device_count(&ndev, &err) != MOE_OK) return cli_fail(cli, &err);
     if (ndev < 1) {
-        moe_error_set(&err, MOE_ERR_RUNTIME, "no CUDA GPU on this machine: the benchmark runs on a GPU");
+        moe_error_set(&err, MOE_ERR_RUNTIME,
+                      "no CUDA GPU on this machine: the benchmark runs on a GPU");
         return cli_fail(cli, &err);
     }
     struct exec_device_info dev;
     if (exec_device_query(0, &dev, &err) != MOE_OK) return cli_fail(cli, &err);
-    struct exec_moe_bench_cfg c = {(int)E, (int)T, (int)K, (int)H, (int)F, (int)streams, (int)warm,
-                                   (int)iters, skew, seed};
+    struct exec_moe_bench_cfg c = {(int)E,       (int)T,    (int)K,     (int)H, (int)F,
+                                   (int)streams, (int)warm, (int)iters, skew,   seed};
     struct exec_moe_bench_result r;
     int *choice = malloc(sizeof *choice * (size_t)T * K);
     if (!choice) {
@@ -105,12 +123,13 @@ int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     }
     double bt = r.block_flops / (r.block_ms * 1e9), lt = r.layer_flops / (r.layer_ms * 1e9),
            dt = r.block_flops / (r.dense_ms * 1e9);
-    printf("moeplan bench moe on %s: %llu experts x %llu tokens top-%llu (%llu routed rows), hidden "
-           "%llu, ffn %llu; Dirichlet %g load (busiest expert %.2fx the mean); %llu expert streams; "
-           "median of %llu\n",
-           dev.name, (unsigned long long)E, (unsigned long long)T, (unsigned long long)K,
-           (unsigned long long)(T * K), (unsigned long long)H, (unsigned long long)F, skew,
-           r.max_over_mean, (unsigned long long)streams, (unsigned long long)iters);
+    printf(
+        "moeplan bench moe on %s: %llu experts x %llu tokens top-%llu (%llu routed rows), hidden "
+        "%llu, ffn %llu; Dirichlet %g load (busiest expert %.2fx the mean); %llu expert streams; "
+        "median of %llu\n",
+        dev.name, (unsigned long long)E, (unsigned long long)T, (unsigned long long)K,
+        (unsigned long long)(T * K), (unsigned long long)H, (unsigned long long)F, skew,
+        r.max_over_mean, (unsigned long long)streams, (unsigned long long)iters);
     const char *hd[] = {"fwd + bwd", "ms", "TFLOPS", "of dense"};
     struct rpt_table *t = rpt_table_create(4, hd, "lrrr");
     const char *names[] = {"expert block", "MoE layer", "dense ceiling"};
@@ -126,7 +145,8 @@ int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     rpt_table_destroy(t);
     char b[32];
     moe_format_bytes(r.layer_bytes, b, sizeof b);
-    printf("host syncs per layer (fwd + bwd): %d; activations kept per layer: %s\n", r.host_syncs, b);
+    printf("host syncs per layer (fwd + bwd): %d; activations kept per layer: %s\n", r.host_syncs,
+           b);
     if (cal_file) { /* the cost model on this routing's rows per expert */
         double *rows = calloc(E, sizeof *rows), us[2], pred[2] = {0, 0};
         for (uint64_t i = 0; rows && i < T * K; i++) rows[choice[i]] += 1.0;

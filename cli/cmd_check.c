@@ -22,8 +22,7 @@ const struct cli_opt cmd_check_opts[] = {
 static const char *const known_schemas[] = {COST_MEASURED_SCHEMA, "moeplan.routing", NULL};
 
 /* A node XML: well-formed, accepted by hwloc, and what hwloc reads back from it. */
-static enum moe_status check_xml(const char *file, char *summary, size_t cap,
-                                 struct moe_error *err)
+static enum moe_status check_xml(const char *file, char *summary, size_t cap, struct moe_error *err)
 {
     struct topo_node n;
     enum moe_status st = topo_node_load_xml(&n, file, err);
@@ -59,8 +58,8 @@ static enum moe_status check_file(const struct cli *cli, const char *file, char 
         topo_gpus_file_for(file, dir, gpus, sizeof gpus);
         struct topo_cluster c;
         if ((st = topo_cluster_from_doc(&c, &doc, gpus, err)) != MOE_OK) goto cleanup;
-        snprintf(summary, cap, "%s v%d: %s, %d x %s usable in %d NVLink domain%s", schema,
-                 version, c.name, c.gpus_usable, c.gpu.name, c.domains, c.domains == 1 ? "" : "s");
+        snprintf(summary, cap, "%s v%d: %s, %d x %s usable in %d NVLink domain%s", schema, version,
+                 c.name, c.gpus_usable, c.gpu.name, c.domains, c.domains == 1 ? "" : "s");
         if (c.node_xml[0]) {
             struct topo_node n;
             if ((st = topo_node_load_xml(&n, c.node_xml, err)) != MOE_OK) goto cleanup;
@@ -91,9 +90,11 @@ static enum moe_status check_file(const struct cli *cli, const char *file, char 
         int fitted = 0;
         for (int p = 0; p < COST_NPHASES; p++)
             fitted += cal.phase_scale[p] != 1.0 || cal.phase_fixed_us[p] != 0.0;
-        snprintf(summary, cap, "%s v%d: %s; gemm_eff %.3f, attention %.3f / %.3f, %d phase "
-                 "corrections", schema, version, cal.source, cal.gemm_eff, cal.attn_fwd_eff,
-                 cal.attn_bwd_eff, fitted);
+        snprintf(summary, cap,
+                 "%s v%d: %s; gemm_eff %.3f, attention %.3f / %.3f, %d phase "
+                 "corrections",
+                 schema, version, cal.source, cal.gemm_eff, cal.attn_fwd_eff, cal.attn_bwd_eff,
+                 fitted);
         goto cleanup;
     }
     for (const char *const *k = known_schemas; *k; k++) {
@@ -137,4 +138,3 @@ int cmd_check(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     }
     return worst;
 }
-

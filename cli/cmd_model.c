@@ -21,11 +21,16 @@ const struct cli_opt cmd_model_opts[] = {
 /* "671.03 B", "44.04 M", "7.17 K", "512". */
 static void fmt_count(double v, char *buf, size_t cap)
 {
-    if (v >= 1e12) snprintf(buf, cap, "%.3f T", v / 1e12);
-    else if (v >= 1e9) snprintf(buf, cap, "%.2f B", v / 1e9);
-    else if (v >= 1e6) snprintf(buf, cap, "%.2f M", v / 1e6);
-    else if (v >= 1e3) snprintf(buf, cap, "%.2f K", v / 1e3);
-    else snprintf(buf, cap, "%.0f", v);
+    if (v >= 1e12)
+        snprintf(buf, cap, "%.3f T", v / 1e12);
+    else if (v >= 1e9)
+        snprintf(buf, cap, "%.2f B", v / 1e9);
+    else if (v >= 1e6)
+        snprintf(buf, cap, "%.2f M", v / 1e6);
+    else if (v >= 1e3)
+        snprintf(buf, cap, "%.2f K", v / 1e3);
+    else
+        snprintf(buf, cap, "%.0f", v);
 }
 
 static int model_list(struct cli *cli)
@@ -36,8 +41,7 @@ static int model_list(struct cli *cli)
     char *names[256];
     int n = cli_list_json(dir, NULL, names, 256, &err);
     if (n < 0) return cli_fail(cli, &err);
-    const char *headers[] = {"model", "layers", "experts", "top-k", "attention", "total",
-                             "active"};
+    const char *headers[] = {"model", "layers", "experts", "top-k", "attention", "total", "active"};
     struct rpt_table *t = rpt_table_create(7, headers, "lrrrlrr");
     int rc = 0;
     for (int i = 0; i < n; i++) {
@@ -81,15 +85,14 @@ static void print_model_header(const struct mdl_model *m)
                a->q_lora_rank, a->kv_lora_rank, a->qk_nope_head_dim, a->qk_rope_head_dim,
                a->v_head_dim);
     else
-        printf("attention: GQA, %d heads, %d kv heads, head dim %d%s%s%s\n", a->heads,
-               a->kv_heads, a->head_dim, a->qk_norm ? ", QK-norm" : "",
-               a->sinks ? ", sinks" : "", a->sliding_window ? ", sliding window" : "");
+        printf("attention: GQA, %d heads, %d kv heads, head dim %d%s%s%s\n", a->heads, a->kv_heads,
+               a->head_dim, a->qk_norm ? ", QK-norm" : "", a->sinks ? ", sinks" : "",
+               a->sliding_window ? ", sliding window" : "");
     if (a->sliding_window)
         printf("sliding window %d on %d of every %d blocks\n", a->sliding_window,
                a->sliding_every - 1 > 0 ? a->sliding_every - 1 : 1, a->sliding_every);
-    printf("MoE: %d routed experts (ffn %d) + %d shared, top-%d, %s", e->experts,
-           e->intermediate, e->shared_experts, e->top_k,
-           e->scoring == MDL_SCORE_SIGMOID ? "sigmoid" : "softmax");
+    printf("MoE: %d routed experts (ffn %d) + %d shared, top-%d, %s", e->experts, e->intermediate,
+           e->shared_experts, e->top_k, e->scoring == MDL_SCORE_SIGMOID ? "sigmoid" : "softmax");
     if (e->n_group > 1) printf(", %d groups top-%d", e->n_group, e->topk_group);
     if (e->norm_topk) printf(", normalized");
     if (e->softmax_after_topk) printf(", softmax over the top-k");
@@ -131,8 +134,10 @@ static int model_show(struct cli *cli, const char *spec, const struct mdl_overri
 
     int dense = -1, moe = -1;
     for (int l = m.layers - 1; l >= 0; l--) {
-        if (mdl_layer_is_moe(&m, l)) moe = l;
-        else dense = l;
+        if (mdl_layer_is_moe(&m, l))
+            moe = l;
+        else
+            dense = l;
     }
     const char *h1[] = {"component", "params", "share", "fwd GFLOP/token", "share of FLOPs"};
     struct rpt_table *t = rpt_table_create(5, h1, "lrrrr");

@@ -8,8 +8,20 @@
 #include "cli.h"
 #include "exec.h"
 
-enum { OPT_GBS = 1, OPT_FIX, OPT_MAX_TP, OPT_HEADROOM, OPT_OBJECTIVE, OPT_TOP, OPT_EXPLAIN,
-       OPT_EMIT, OPT_REPLICAS, OPT_TIME, OPT_RUNNABLE, OPT_OUT = 'o' };
+enum {
+    OPT_GBS = 1,
+    OPT_FIX,
+    OPT_MAX_TP,
+    OPT_HEADROOM,
+    OPT_OBJECTIVE,
+    OPT_TOP,
+    OPT_EXPLAIN,
+    OPT_EMIT,
+    OPT_REPLICAS,
+    OPT_TIME,
+    OPT_RUNNABLE,
+    OPT_OUT = 'o'
+};
 
 const struct cli_opt cmd_plan_opts[] = {
     CLI_INPUT_OPTIONS,
@@ -54,10 +66,18 @@ int cmd_plan(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
         case OPT_OBJECTIVE: objective = val; break;
         case OPT_EXPLAIN: explain = true; break;
         case OPT_RUNNABLE: runnable = true; break;
-        case OPT_GBS: if (!cli_count(cmd, "gbs", val, 1, 1u << 30, &gbs)) return 2; break;
-        case OPT_MAX_TP: if (!cli_count(cmd, "max-tp", val, 1, 1024, &max_tp)) return 2; break;
-        case OPT_TOP: if (!cli_count(cmd, "top", val, 0, PLAN_MAX_ALT - 1, &top)) return 2; break;
-        case OPT_REPLICAS: if (!cli_count(cmd, "replicas", val, 0, 64, &replicas)) return 2; break;
+        case OPT_GBS:
+            if (!cli_count(cmd, "gbs", val, 1, 1u << 30, &gbs)) return 2;
+            break;
+        case OPT_MAX_TP:
+            if (!cli_count(cmd, "max-tp", val, 1, 1024, &max_tp)) return 2;
+            break;
+        case OPT_TOP:
+            if (!cli_count(cmd, "top", val, 0, PLAN_MAX_ALT - 1, &top)) return 2;
+            break;
+        case OPT_REPLICAS:
+            if (!cli_count(cmd, "replicas", val, 0, 64, &replicas)) return 2;
+            break;
         case OPT_HEADROOM:
             if (!cli_real(cmd, "headroom", val, 0, 0.89, &headroom)) return 2;
             break;
@@ -70,7 +90,8 @@ int cmd_plan(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     if (emit && strcmp(emit, "megatron") && strcmp(emit, "maxtext"))
         return cli_usage(cmd, "--emit %s: megatron or maxtext", emit);
     enum plan_objective obj = PLAN_THROUGHPUT;
-    if (objective && !strcmp(objective, "cost")) obj = PLAN_COST;
+    if (objective && !strcmp(objective, "cost"))
+        obj = PLAN_COST;
     else if (objective && strcmp(objective, "throughput"))
         return cli_usage(cmd, "--objective %s: throughput or cost", objective);
     struct cli_inputs in;
@@ -100,10 +121,20 @@ int cmd_plan(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     q.mip_time_limit_s = time_limit;
     struct moe_error err;
     /* Unfixed fields stay -1: cost_layout_parse only writes the keys it is given. */
-    struct cost_layout f = {.tp = -1, .pp = -1, .vpp = -1, .ep = -1, .etp = -1, .dp = -1,
-                            .zero = -1, .seq_len = (int)io.seq, .mbs = -1, .gbs = -1,
-                            .precision = COST_BF16, .recompute = (enum cost_recompute)-1,
-                            .dispatcher = (enum cost_dispatcher)-1, .overlap = true};
+    struct cost_layout f = {.tp = -1,
+                            .pp = -1,
+                            .vpp = -1,
+                            .ep = -1,
+                            .etp = -1,
+                            .dp = -1,
+                            .zero = -1,
+                            .seq_len = (int)io.seq,
+                            .mbs = -1,
+                            .gbs = -1,
+                            .precision = COST_BF16,
+                            .recompute = (enum cost_recompute) - 1,
+                            .dispatcher = (enum cost_dispatcher) - 1,
+                            .overlap = true};
     if (fix && cost_layout_parse(&f, fix, &err) != MOE_OK) {
         cost_routing_free(&in.routing);
         return cli_usage(cmd, "--fix: %s", err.message);
@@ -114,7 +145,7 @@ int cmd_plan(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
         if (replicas > 0) {
             cost_routing_free(&in.routing);
             return cli_usage(cmd, "--runnable plans without --replicas: the executor serves each "
-                             "expert from one rank");
+                                  "expert from one rank");
         }
         if (!exec_model_runnable(&in.model, why, sizeof why)) {
             cost_routing_free(&in.routing);
@@ -149,10 +180,13 @@ int cmd_plan(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
         if (plan_print_emit(&q, &r, emit, txt, &err) != MOE_OK) rc = cli_fail(cli, &err);
     }
     if (out) {
-        if (plan_save(&q, &r, out, &err) != MOE_OK) rc = cli_fail(cli, &err);
-        else if (strcmp(out, "-")) fprintf(txt, "\nplan written to %s\n", out);
+        if (plan_save(&q, &r, out, &err) != MOE_OK)
+            rc = cli_fail(cli, &err);
+        else if (strcmp(out, "-"))
+            fprintf(txt, "\nplan written to %s\n", out);
     } else {
-        fprintf(txt, "\nno plan file written: add -o plan.json to keep it (moeplan run takes it)\n");
+        fprintf(txt,
+                "\nno plan file written: add -o plan.json to keep it (moeplan run takes it)\n");
     }
     plan_result_free(&r);
     cost_routing_free(&in.routing);

@@ -21,8 +21,10 @@ const struct cli_opt cmd_predict_opts[] = {
 
 static void fmt_us(double us, char *buf, size_t cap)
 {
-    if (us == 0.0) snprintf(buf, cap, "-");
-    else moe_format_time_us(us, buf, cap);
+    if (us == 0.0)
+        snprintf(buf, cap, "-");
+    else
+        moe_format_time_us(us, buf, cap);
 }
 
 static void print_prediction(const struct cli_inputs *in, const struct cost_layout *l,
@@ -31,8 +33,8 @@ static void print_prediction(const struct cli_inputs *in, const struct cost_layo
     char lay[512];
     cost_layout_format(l, lay, sizeof lay);
     fprintf(out, "%s on %d x %s of %s\nlayout: %s\nmicro-batches: %d; calibration: %s\n\n",
-           in->model.name, in->gpus, in->cluster.gpu.name, in->cluster.name, lay,
-           r->micro_batches, in->cal.source);
+            in->model.name, in->gpus, in->cluster.gpu.name, in->cluster.name, lay, r->micro_batches,
+            in->cal.source);
     const char *h[] = {"phase", "compute", "communication", "exposed", "share"};
     struct rpt_table *t = rpt_table_create(5, h, "lrrrr");
     char a[32], b[32], c[32];
@@ -58,16 +60,18 @@ static void print_prediction(const struct cli_inputs *in, const struct cost_layo
     rpt_table_cell(t, NULL, "100.0%%");
     if (t) rpt_table_print(t, out);
     rpt_table_destroy(t);
-    fprintf(out, "\nthroughput: %.0f tokens/s/GPU, %.1f model TFLOPS/GPU, MFU %.1f%% (of %.0f bf16 "
-           "TFLOPS); bubble %.1f%%\n",
-           r->tokens_per_s_per_gpu, r->model_tflops_per_gpu, 100 * r->mfu,
-           in->cluster.gpu.bf16_tflops, 100 * r->bubble_fraction);
+    fprintf(out,
+            "\nthroughput: %.0f tokens/s/GPU, %.1f model TFLOPS/GPU, MFU %.1f%% (of %.0f bf16 "
+            "TFLOPS); bubble %.1f%%\n",
+            r->tokens_per_s_per_gpu, r->model_tflops_per_gpu, 100 * r->mfu,
+            in->cluster.gpu.bf16_tflops, 100 * r->bubble_fraction);
     if (l->ep > 1) {
         moe_format_bytes(r->dispatch_bytes_per_gpu, a, sizeof a);
         moe_format_bytes(r->dispatch_bytes_nodedup, b, sizeof b);
-        fprintf(out, "experts: hottest EP rank has %.2fx the balanced load; dispatch sends %s per GPU "
-               "per MoE layer and micro-batch (%s without dedup)\n",
-               r->hottest_rank_load, a, b);
+        fprintf(out,
+                "experts: hottest EP rank has %.2fx the balanced load; dispatch sends %s per GPU "
+                "per MoE layer and micro-batch (%s without dedup)\n",
+                r->hottest_rank_load, a, b);
     }
     fprintf(out, "\nmemory per GPU (fullest pipeline rank):\n");
     const char *hm[] = {"category", "bytes"};
@@ -86,9 +90,9 @@ static void print_prediction(const struct cli_inputs *in, const struct cost_layo
     rpt_table_destroy(t);
     moe_format_bytes(r->memory_capacity_bytes, b, sizeof b);
     moe_format_bytes(fabs(r->memory_capacity_bytes - r->memory_total_bytes), c, sizeof c);
-    fprintf(out, "capacity %s after headroom; %s %s\n", b, r->fits ? "headroom left" : "short by", c);
+    fprintf(out, "capacity %s after headroom; %s %s\n", b, r->fits ? "headroom left" : "short by",
+            c);
 }
-
 
 int cmd_predict(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
 {
@@ -116,10 +120,20 @@ int cmd_predict(struct cli *cli, const struct cli_cmd *cmd, int argc, char **arg
     }
     struct moe_error err;
     /* dp = 0 and gbs = 0: filled below from the GPUs unless the layout names them */
-    struct cost_layout l = {.tp = 1, .pp = 1, .vpp = 1, .ep = 1, .etp = 1, .dp = 0, .zero = 1,
-                            .seq_len = (int)io.seq, .mbs = 1, .gbs = 0, .precision = COST_BF16,
+    struct cost_layout l = {.tp = 1,
+                            .pp = 1,
+                            .vpp = 1,
+                            .ep = 1,
+                            .etp = 1,
+                            .dp = 0,
+                            .zero = 1,
+                            .seq_len = (int)io.seq,
+                            .mbs = 1,
+                            .gbs = 0,
+                            .precision = COST_BF16,
                             .recompute = COST_RECOMPUTE_NONE,
-                            .dispatcher = COST_DISPATCH_ALLTOALL, .overlap = false};
+                            .dispatcher = COST_DISPATCH_ALLTOALL,
+                            .overlap = false};
     if (io.precision) {
         char buf[64];
         snprintf(buf, sizeof buf, "precision=%s", io.precision);
@@ -139,8 +153,8 @@ int cmd_predict(struct cli *cli, const struct cli_cmd *cmd, int argc, char **arg
     cost_routing_free(&in.routing);
     if (st != MOE_OK) return cli_fail(cli, &err);
     print_prediction(&in, &l, &r, json && !strcmp(json, "-") ? stderr : stdout);
-    if (json && plan_prediction_save(json, &in.model, &in.cluster, in.gpus, &in.cal, &l, &r, &err) !=
-                    MOE_OK)
+    if (json && plan_prediction_save(json, &in.model, &in.cluster, in.gpus, &in.cal, &l, &r,
+                                     &err) != MOE_OK)
         return cli_fail(cli, &err);
     if (!r.fits) {
         moe_error_set(&err, MOE_ERR_INFEASIBLE, "the layout does not fit: %s", r.reason);

@@ -44,7 +44,7 @@ static enum moe_status write_chart(const char *dir, const char *name, chart_fn f
 struct report {
     const struct plan_file *p;
     const struct plan_measured *m;
-    int rows[COST_NPHASES], nrows;   /* the phases shown: predicted or measured, not the step */
+    int rows[COST_NPHASES], nrows; /* the phases shown: predicted or measured, not the step */
 };
 
 static enum moe_status chart_phases(FILE *f, const void *arg, struct moe_error *err)
@@ -107,7 +107,7 @@ static enum moe_status chart_loss(FILE *f, const void *arg, struct moe_error *er
  * them at 1.0x when it was uniform. */
 #define NBINS 8
 static const double bin_hi[NBINS] = {0.25, 0.5, 0.75, 0.9, 1.1, 1.25, 1.5, INFINITY};
-static const char *const bin_name[NBINS] = {"< 0.25x", "0.25-0.5x", "0.5-0.75x", "0.75-0.9x",
+static const char *const bin_name[NBINS] = {"< 0.25x",  "0.25-0.5x", "0.5-0.75x", "0.75-0.9x",
                                             "0.9-1.1x", "1.1-1.25x", "1.25-1.5x", ">= 1.5x"};
 
 static void load_bins(const struct plan_measured *m, double *measured, double *balanced)
@@ -174,8 +174,10 @@ static int report(struct cli *cli, const char *plan_file, const char *measured_f
         rpt_table_cell(t, NULL, "%s", cost_phase_names[ph]);
         rpt_table_cell(t, NULL, "%.2f ms", pr);
         rpt_table_cell(t, NULL, "%.2f ms", m.phase_ms[ph]);
-        if (pr > 0) rpt_table_cell(t, NULL, "%+.1f%%", 100.0 * (m.phase_ms[ph] / pr - 1.0));
-        else rpt_table_cell(t, NULL, "-");
+        if (pr > 0)
+            rpt_table_cell(t, NULL, "%+.1f%%", 100.0 * (m.phase_ms[ph] / pr - 1.0));
+        else
+            rpt_table_cell(t, NULL, "-");
     }
     printf("%s on %s: predicted against measured (median step)\n", p.model.name, m.device);
     rpt_table_print(t, stdout);
@@ -203,8 +205,9 @@ static int report(struct cli *cli, const char *plan_file, const char *measured_f
     }
     cost_layout_format(&p.layout, lay, sizeof lay);
     fprintf(f, "# %s on %s: predicted against measured\n\n", p.model.name, m.device);
-    fprintf(f, "Plan `%s` (%d GPU%s, %s), measured `%s` (steps %d-%d; medians of %d steps "
-               "after the first).\n\n",
+    fprintf(f,
+            "Plan `%s` (%d GPU%s, %s), measured `%s` (steps %d-%d; medians of %d steps "
+            "after the first).\n\n",
             plan_file, p.gpus, p.gpus == 1 ? "" : "s", lay, measured_file, m.first_step,
             m.first_step + m.steps - 1, m.counted);
     rpt_table_print_markdown(t, f);
@@ -213,10 +216,10 @@ static int report(struct cli *cli, const char *plan_file, const char *measured_f
     if (m.have_routing) {
         double meas[NBINS], bal[NBINS];
         load_bins(&m, meas, bal);
-        fprintf(f, "\n![expert load](experts.svg)\n\nExpert load: %d experts in %d MoE layers; the "
-                   "plan predicted each at its balanced share (%.0f of %d in 0.9-1.1x measured).\n",
-                m.routing.experts, m.routing.layers, meas[4],
-                m.routing.experts * m.routing.layers);
+        fprintf(f,
+                "\n![expert load](experts.svg)\n\nExpert load: %d experts in %d MoE layers; the "
+                "plan predicted each at its balanced share (%.0f of %d in 0.9-1.1x measured).\n",
+                m.routing.experts, m.routing.layers, meas[4], m.routing.experts * m.routing.layers);
     }
     fclose(f);
     rpt_table_destroy(t);

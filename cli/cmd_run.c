@@ -20,10 +20,31 @@
 #include "plan.h"
 #include "rpt.h"
 
-enum { OPT_STEPS = 1, OPT_DATA, OPT_OUT, OPT_GPUS, OPT_SEED, OPT_AUX, OPT_BIAS, OPT_LR, OPT_WARMUP,
-       OPT_STREAMS, OPT_VIRTUAL, OPT_NCCL, OPT_RENDEZVOUS, OPT_TIMEOUT, OPT_FAULT, OPT_NO_OVERLAP,
-       OPT_MAX_ERROR, OPT_CKPT_DIR, OPT_CKPT_EVERY, OPT_RESUME, OPT_NONFINITE, OPT_NAN,
-       OPT_MEM_LIMIT };
+enum {
+    OPT_STEPS = 1,
+    OPT_DATA,
+    OPT_OUT,
+    OPT_GPUS,
+    OPT_SEED,
+    OPT_AUX,
+    OPT_BIAS,
+    OPT_LR,
+    OPT_WARMUP,
+    OPT_STREAMS,
+    OPT_VIRTUAL,
+    OPT_NCCL,
+    OPT_RENDEZVOUS,
+    OPT_TIMEOUT,
+    OPT_FAULT,
+    OPT_NO_OVERLAP,
+    OPT_MAX_ERROR,
+    OPT_CKPT_DIR,
+    OPT_CKPT_EVERY,
+    OPT_RESUME,
+    OPT_NONFINITE,
+    OPT_NAN,
+    OPT_MEM_LIMIT
+};
 
 const struct cli_opt cmd_run_opts[] = {
     {"steps", required_argument, OPT_STEPS, "N", "training steps (100)"},
@@ -84,7 +105,10 @@ struct run_opts {
  * ends the process at once: the handler is reset by the first). */
 static volatile sig_atomic_t stop_signal;
 
-static void on_signal(int sig) { stop_signal = sig; }
+static void on_signal(int sig)
+{
+    stop_signal = sig;
+}
 
 /* What rank 0 prints while the run goes. */
 struct run_log {
@@ -118,8 +142,8 @@ static void on_start(void *ctx, const struct exec_run_info *info)
            cost_recompute_names[l->recompute], info->data);
     printf("  AdamW lr %.2g (warm-up %d, cosine), clip %.1f; aux loss %g; bias update %g; seed "
            "%llu\n",
-           info->opt.lr_max, info->opt.warmup_steps, info->opt.clip, lg->o->aux,
-           lg->o->bias_rate, (unsigned long long)lg->o->seed);
+           info->opt.lr_max, info->opt.warmup_steps, info->opt.clip, lg->o->aux, lg->o->bias_rate,
+           (unsigned long long)lg->o->seed);
     fflush(stdout);
     moe_progress_start(&lg->bar, stderr, true, "training", lg->o->steps);
 }
@@ -148,9 +172,12 @@ static const char *default_rendezvous(char *buf, size_t cap)
 {
     const char *ns = getenv("PMIX_NAMESPACE"), *jid = getenv("OMPI_MCA_ess_base_jobid");
     const char *sj = getenv("SLURM_JOB_ID"), *ss = getenv("SLURM_STEP_ID");
-    if (ns || jid) snprintf(buf, cap, "/tmp/moeplan-nccl-id-%s", ns ? ns : jid);
-    else if (sj) snprintf(buf, cap, "/tmp/moeplan-nccl-id-%s.%s", sj, ss ? ss : "0");
-    else return NULL;
+    if (ns || jid)
+        snprintf(buf, cap, "/tmp/moeplan-nccl-id-%s", ns ? ns : jid);
+    else if (sj)
+        snprintf(buf, cap, "/tmp/moeplan-nccl-id-%s.%s", sj, ss ? ss : "0");
+    else
+        return NULL;
     for (char *c = buf + 5; *c; c++)
         if (*c == '/') *c = '_';
     return buf;
@@ -158,8 +185,8 @@ static const char *default_rendezvous(char *buf, size_t cap)
 
 /* What a failed run's message adds: the plan a build lacks; next to GPU memory running out, the
  * plan's prediction; after NaN or Inf, the checkpoint that stays. */
-static void explain_failure(const struct run_opts *o, const struct plan_file *p,
-                            enum moe_status st, struct moe_error *err)
+static void explain_failure(const struct run_opts *o, const struct plan_file *p, enum moe_status st,
+                            struct moe_error *err)
 {
     struct moe_error what = *err;
     if (st == MOE_ERR_UNSUPPORTED) moe_error_set(err, st, "%s: %s", o->plan, what.message);
@@ -177,8 +204,10 @@ static void explain_failure(const struct run_opts *o, const struct plan_file *p,
         int last = 0;
         struct moe_error ignore;
         if (o->ckpt_dir && exec_ckpt_latest(o->ckpt_dir, &last, &ignore) == MOE_OK)
-            moe_error_set(err, st, "%s\n  the last checkpoint, step %d in %s, is untouched "
-                          "(--resume continues from it)", what.message, last, o->ckpt_dir);
+            moe_error_set(err, st,
+                          "%s\n  the last checkpoint, step %d in %s, is untouched "
+                          "(--resume continues from it)",
+                          what.message, last, o->ckpt_dir);
         else
             moe_error_set(err, st, "%s\n  no checkpoint to go back to", what.message);
     }
@@ -281,7 +310,8 @@ static int run(struct cli *cli, const struct run_opts *o)
         if (p.phase_us[ph] > 0)
             rpt_table_cell(t, NULL, "%+.0f%%",
                            100.0 * (sum.phase_ms[ph] * 1e3 / p.phase_us[ph] - 1.0));
-        else rpt_table_cell(t, NULL, "-");
+        else
+            rpt_table_cell(t, NULL, "-");
     }
     if (t) rpt_table_print(t, stdout);
     rpt_table_destroy(t);
@@ -331,8 +361,7 @@ static bool take_int(const char **p, long min, long max, int *out)
 static bool parse_fault(const struct cli_cmd *cmd, const char *v, int *rank, int *step)
 {
     const char *p = v;
-    if (!take_int(&p, 0, 1 << 24, rank) || *p++ != ':' || !take_int(&p, 1, INT32_MAX, step) ||
-        *p) {
+    if (!take_int(&p, 0, 1 << 24, rank) || *p++ != ':' || !take_int(&p, 1, INT32_MAX, step) || *p) {
         cli_usage(cmd, "--inject-fault '%s': RANK:STEP (rank >= 0, step >= 1)", v);
         return false;
     }
@@ -345,8 +374,9 @@ int cmd_run(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     int nargs;
     int rc = cli_parse(cmd, argc, argv, args, &nargs);
     if (rc >= 0) return rc;
-    struct run_opts o = {NULL, NULL, "measured.json", NULL, NULL, 100, 1, 0, 10, 1, 0, 0.0, 1e-3,
-                         3e-4, 60.0, 0.0, false, false, false, false, -1, -1, false, NULL, 0, 0, false, ""};
+    struct run_opts o = {
+        NULL, NULL, "measured.json", NULL,  NULL,  100,   1,  0,  10,    1,    0, 0.0, 1e-3,  3e-4,
+        60.0, 0.0,  false,           false, false, false, -1, -1, false, NULL, 0, 0,   false, ""};
     for (int i = 0; i < nargs; i++) {
         const char *v = args[i].value;
         switch (args[i].val) {

@@ -54,10 +54,14 @@ static void print_node(const struct topo_node *n, const char *label)
         rpt_table_cell(t, NULL, "%s", g->memory_bytes > 0 ? mem : "?");
         rpt_table_cell(t, NULL, "%d", g->package);
         rpt_table_cell(t, NULL, "%d", g->numa_node);
-        if (n->ngpus == 1) rpt_table_cell(t, NULL, "-");
-        else if (hi == 0) rpt_table_cell(t, NULL, "none");
-        else if (lo == hi) rpt_table_cell(t, NULL, "%.0f GB/s to each", hi / 1e3);
-        else rpt_table_cell(t, NULL, "%.0f-%.0f GB/s", lo / 1e3, hi / 1e3);
+        if (n->ngpus == 1)
+            rpt_table_cell(t, NULL, "-");
+        else if (hi == 0)
+            rpt_table_cell(t, NULL, "none");
+        else if (lo == hi)
+            rpt_table_cell(t, NULL, "%.0f GB/s to each", hi / 1e3);
+        else
+            rpt_table_cell(t, NULL, "%.0f-%.0f GB/s", lo / 1e3, hi / 1e3);
     }
     if (t) rpt_table_print(t, stdout);
     rpt_table_destroy(t);
@@ -128,8 +132,8 @@ static int topo_list(struct cli *cli)
     char *names[128];
     int n = cli_list_json(dir, "gpus.json", names, 128, &err);
     if (n < 0) return cli_fail(cli, &err);
-    const char *h[] = {"cluster", "GPU", "usable GPUs", "domains", "GPUs per domain",
-                       "NVLink GB/s", "scale-out GB/s"};
+    const char *h[] = {"cluster",         "GPU",         "usable GPUs",   "domains",
+                       "GPUs per domain", "NVLink GB/s", "scale-out GB/s"};
     struct rpt_table *t = rpt_table_create(7, h, "llrrrrr");
     int rc = 0;
     for (int i = 0; i < n; i++) {
@@ -186,8 +190,10 @@ static int topo_discover_cmd(struct cli *cli, const char *out_dir)
     struct topo_discovery d;
     if (topo_discover(out_dir, gpus, cuda, ncuda, &d, &err) != MOE_OK) return cli_fail(cli, &err);
     printf("hwloc: %s written\n", d.xml_file);
-    if (d.nvml) printf("NVML: found, driver %s\n", d.driver);
-    else printf("NVML: not found (no libnvidia-ml.so.1)\n");
+    if (d.nvml)
+        printf("NVML: found, driver %s\n", d.driver);
+    else
+        printf("NVML: not found (no libnvidia-ml.so.1)\n");
     if (d.nvml)
         printf("NVLink: %d active links%s%s%s\n", d.nvlinks_active,
                d.fabric_cluster_uuid[0] ? "; fabric cluster " : "",

@@ -53,8 +53,7 @@ int cli_input_arg(const struct cli_cmd *cmd, const struct cli_arg *a, struct cli
 int cli_load_inputs(struct cli *cli, const struct cli_cmd *cmd, const struct cli_input_opts *o,
                     struct cli_inputs *in)
 {
-    const char *model = o->model, *cluster = o->cluster, *cal_file = o->cal,
-               *routing = o->routing;
+    const char *model = o->model, *cluster = o->cluster, *cal_file = o->cal, *routing = o->routing;
     uint64_t gpus = o->gpus, seed = o->seed;
     const struct mdl_overrides *ov = &o->ov;
     struct moe_error err;
@@ -83,8 +82,10 @@ int cli_load_inputs(struct cli *cli, const struct cli_cmd *cmd, const struct cli
         double v;
         struct moe_error perr;
         if (moe_parse_size(num, &v, &perr) != MOE_OK)
-            return cli_usage(cmd, "--routing %s: a non-negative number after ':' (zipf:1.2, "
-                             "dirichlet:0.5)", routing);
+            return cli_usage(cmd,
+                             "--routing %s: a non-negative number after ':' (zipf:1.2, "
+                             "dirichlet:0.5)",
+                             routing);
         st = cost_routing_synthetic(&in->routing, zipf ? COST_ROUTING_ZIPF : COST_ROUTING_DIRICHLET,
                                     v, seed, e->experts, e->top_k, &err);
     } else {
@@ -94,4 +95,3 @@ int cli_load_inputs(struct cli *cli, const struct cli_cmd *cmd, const struct cli
     in->have_routing = true;
     return -1;
 }
-

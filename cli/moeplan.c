@@ -62,13 +62,15 @@ int cli_usage(const struct cli_cmd *cmd, const char *fmt, ...)
     vfprintf(stderr, fmt, ap);
     va_end(ap);
     fputc('\n', stderr);
-    if (cmd) fprintf(stderr, "moeplan: try 'moeplan %s --help'\n", cmd->name);
-    else fprintf(stderr, "moeplan: try 'moeplan --help'\n");
+    if (cmd)
+        fprintf(stderr, "moeplan: try 'moeplan %s --help'\n", cmd->name);
+    else
+        fprintf(stderr, "moeplan: try 'moeplan --help'\n");
     return moe_status_exit_code(MOE_ERR_USAGE);
 }
 
-bool cli_real(const struct cli_cmd *cmd, const char *opt, const char *value, double min,
-              double max, double *out)
+bool cli_real(const struct cli_cmd *cmd, const char *opt, const char *value, double min, double max,
+              double *out)
 {
     char *end;
     double x = strtod(value, &end);
@@ -101,8 +103,7 @@ bool cli_count(const struct cli_cmd *cmd, const char *opt, const char *value, ui
     return true;
 }
 
-int cli_list_json(const char *dir, const char *except, char **names, int cap,
-                  struct moe_error *err)
+int cli_list_json(const char *dir, const char *except, char **names, int cap, struct moe_error *err)
 {
     DIR *d = opendir(dir);
     if (!d) {
@@ -135,8 +136,7 @@ void cli_data_path(const struct cli *cli, const char *rel, char *buf, size_t cap
     if (n < 0 || (size_t)n >= cap) buf[cap - 1] = '\0';
 }
 
-int cli_parse(const struct cli_cmd *cmd, int argc, char **argv, struct cli_arg *out,
-                     int *nout)
+int cli_parse(const struct cli_cmd *cmd, int argc, char **argv, struct cli_arg *out, int *nout)
 {
     struct option longopts[CLI_MAX_ARGS + 2];
     int n = 0;
@@ -251,15 +251,13 @@ static const struct cli_opt bench_opts[] = {
 
 static const struct cli_cmd commands[] = {
     {"topo", "discover|show|list|generate [options] [CLUSTER|KIND]",
-     "Discover this machine (hwloc, NVML), show or list clusters.", NULL, cmd_topo_opts,
-     cmd_topo},
+     "Discover this machine (hwloc, NVML), show or list clusters.", NULL, cmd_topo_opts, cmd_topo},
     {"plan", "--model M --cluster C [options]",
      "Choose layout and expert placement; write plan.json.", NULL, cmd_plan_opts, cmd_plan},
     {"predict", "--model M --cluster C --layout K=V,... [options]",
      "Predict step time, phases and memory of a given layout.", NULL, cmd_predict_opts,
      cmd_predict},
-    {"run", "PLAN [options]",
-     "Train a plan for real on GPUs and measure each phase.",
+    {"run", "PLAN [options]", "Train a plan for real on GPUs and measure each phase.",
 #ifdef MOEPLAN_HAVE_EXECUTOR
      NULL,
 #else
@@ -269,15 +267,14 @@ static const struct cli_cmd commands[] = {
     {"calibrate", "[options]",
      "Microbenchmark this GPU machine; fit a profile (--refit: again, on any machine).", NULL,
      cmd_calibrate_opts, cmd_calibrate},
-    {"validate", "[options]",
-     "Plan, run and compare a set of one-GPU jobs; write the report.",
+    {"validate", "[options]", "Plan, run and compare a set of one-GPU jobs; write the report.",
 #ifdef MOEPLAN_HAVE_EXECUTOR
      NULL, cmd_validate_opts, cmd_validate},
 #else
      "validation runs jobs on a GPU: this build has no executor", validate_opts, cmd_not_built},
 #endif
-    {"report", "PLAN MEASURED [options]",
-     "Predicted-vs-measured report (Markdown + SVG).", NULL, cmd_report_opts, cmd_report},
+    {"report", "PLAN MEASURED [options]", "Predicted-vs-measured report (Markdown + SVG).", NULL,
+     cmd_report_opts, cmd_report},
     {"bench", "moe [options]",
      "Benchmark the MoE layer on this GPU (bench/run-moe: next to PyTorch).",
 #ifdef MOEPLAN_HAVE_EXECUTOR
@@ -288,9 +285,8 @@ static const struct cli_cmd commands[] = {
     {"model", "list | show MODEL [options]",
      "Show a model's parameters, FLOPs per token, bytes per block and activations.", NULL,
      cmd_model_opts, cmd_model},
-    {"check", "[options] FILE...",
-     "Validate moeplan JSON files (file:line:col errors).",
-     NULL, cmd_check_opts, cmd_check},
+    {"check", "[options] FILE...", "Validate moeplan JSON files (file:line:col errors).", NULL,
+     cmd_check_opts, cmd_check},
 };
 #define NCOMMANDS ((int)(sizeof commands / sizeof commands[0]))
 
@@ -309,9 +305,10 @@ static void print_version(void)
     struct exec_versions v;
     exec_versions_get(&v);
     char driver[32];
-    if (v.cuda_driver) snprintf(driver, sizeof driver, "%d.%d", v.cuda_driver / 1000,
-                                (v.cuda_driver % 1000) / 10);
-    else snprintf(driver, sizeof driver, "none found");
+    if (v.cuda_driver)
+        snprintf(driver, sizeof driver, "%d.%d", v.cuda_driver / 1000, (v.cuda_driver % 1000) / 10);
+    else
+        snprintf(driver, sizeof driver, "none found");
     rpt_table_row(t, NULL);
     rpt_table_cell(t, NULL, "CUDA runtime");
     rpt_table_cell(t, NULL, "%d.%d (built with %d.%d; driver %s)", v.cuda_runtime / 1000,
@@ -354,11 +351,10 @@ static void print_version(void)
 
 static void print_help(FILE *out)
 {
-    fprintf(out,
-            "usage: moeplan [--quiet|--verbose] <command> [options]\n"
-            "       moeplan --version | --help\n\n"
-            "Plan and run dropless Mixture-of-Experts training on NVIDIA GPU clusters.\n\n"
-            "commands:\n");
+    fprintf(out, "usage: moeplan [--quiet|--verbose] <command> [options]\n"
+                 "       moeplan --version | --help\n\n"
+                 "Plan and run dropless Mixture-of-Experts training on NVIDIA GPU clusters.\n\n"
+                 "commands:\n");
     for (int i = 0; i < NCOMMANDS; i++)
         fprintf(out, "  %-10s %s%s\n", commands[i].name, commands[i].summary,
                 commands[i].missing ? " (needs a CUDA build)" : "");
@@ -388,7 +384,8 @@ int main(int argc, char **argv)
             cli.log.level = MOE_LOG_ERROR;
         else if (strcmp(argv[i], "--verbose") == 0 || strcmp(argv[i], "-v") == 0)
             cli.log.level = MOE_LOG_DEBUG;
-        else return cli_usage(NULL, "unknown option '%s'", argv[i]);
+        else
+            return cli_usage(NULL, "unknown option '%s'", argv[i]);
     }
     if (i >= argc) {
         print_help(stderr);

@@ -26,8 +26,8 @@
 /* Loading                                                                                        */
 /* ---------------------------------------------------------------------------------------------- */
 
-enum moe_status moe_jdoc_parse(struct moe_jdoc *doc, const char *name, const char *text,
-                               size_t len, struct moe_error *err)
+enum moe_status moe_jdoc_parse(struct moe_jdoc *doc, const char *name, const char *text, size_t len,
+                               struct moe_error *err)
 {
     if (len > MOE_JSON_MAX_BYTES)
         return moe_error_set_at(err, MOE_ERR_INPUT, name, 0, 0,
@@ -116,8 +116,8 @@ enum moe_status moe_jdoc_root(const struct moe_jdoc *doc, struct moe_jval *out,
     return MOE_OK;
 }
 
-enum moe_status moe_jdoc_schema(const struct moe_jdoc *doc, char *schema, size_t cap,
-                                int *version, struct moe_error *err)
+enum moe_status moe_jdoc_schema(const struct moe_jdoc *doc, char *schema, size_t cap, int *version,
+                                struct moe_error *err)
 {
     struct moe_jval root;
     enum moe_status st = moe_jdoc_root(doc, &root, err);
@@ -189,8 +189,10 @@ static void cur_skip_value(struct cursor *c)
                 cur_string(c, NULL, 0);
                 continue;
             }
-            if (*c->p == '{' || *c->p == '[') depth++;
-            else if (*c->p == '}' || *c->p == ']') depth--;
+            if (*c->p == '{' || *c->p == '[')
+                depth++;
+            else if (*c->p == '}' || *c->p == ']')
+                depth--;
             cur_step(c);
         } while (depth > 0 && c->p < c->end);
         return;
@@ -273,9 +275,12 @@ bool moe_json_locate(const char *text, size_t len, const char *jpath, int *line,
 static void path_join(char *out, size_t cap, const char *base, const char *key)
 {
     int n;
-    if (!key) n = snprintf(out, cap, "%s", base);
-    else if (base[0]) n = snprintf(out, cap, "%s.%s", base, key);
-    else n = snprintf(out, cap, "%s", key);
+    if (!key)
+        n = snprintf(out, cap, "%s", base);
+    else if (base[0])
+        n = snprintf(out, cap, "%s.%s", base, key);
+    else
+        n = snprintf(out, cap, "%s", key);
     if (n < 0 || (size_t)n >= cap) out[cap - 1] = '\0';
 }
 
@@ -342,7 +347,8 @@ enum moe_status moe_jval_keys(const struct moe_jval *obj, const char *const *all
 {
     const char *key;
     json_t *value;
-    json_object_foreach(obj->json, key, value) {
+    json_object_foreach(obj->json, key, value)
+    {
         bool ok = false;
         for (const char *const *a = allowed; *a; a++)
             if (strcmp(*a, key) == 0) ok = true;
@@ -379,8 +385,8 @@ enum moe_status moe_jval_int(const struct moe_jval *obj, const char *key, bool r
     return MOE_OK;
 }
 
-enum moe_status moe_jval_int32(const struct moe_jval *obj, const char *key, bool required,
-                               int def, int min, int max, int *out, struct moe_error *err)
+enum moe_status moe_jval_int32(const struct moe_jval *obj, const char *key, bool required, int def,
+                               int min, int max, int *out, struct moe_error *err)
 {
     int64_t v;
     enum moe_status st = moe_jval_int(obj, key, required, def, min, max, &v, err);
@@ -388,9 +394,8 @@ enum moe_status moe_jval_int32(const struct moe_jval *obj, const char *key, bool
     return st;
 }
 
-enum moe_status moe_jval_num(const struct moe_jval *obj, const char *key, bool required,
-                             double def, double min, double max, double *out,
-                             struct moe_error *err)
+enum moe_status moe_jval_num(const struct moe_jval *obj, const char *key, bool required, double def,
+                             double min, double max, double *out, struct moe_error *err)
 {
     json_t *j = NULL;
     enum moe_status st = member_get(obj, key, required, &j, err);
@@ -444,19 +449,18 @@ enum moe_status moe_jval_str(const struct moe_jval *obj, const char *key, bool r
     for (size_t i = 0; i < n; i++)
         /* names and paths end up on terminals: no escape sequences, tabs or line breaks */
         if (v[i] < 0x20 || v[i] == 0x7f)
-            return moe_jval_error(obj, key, err,
-                                  "string contains a control character (0x%02x at byte %zu)",
-                                  v[i], i);
+            return moe_jval_error(
+                obj, key, err, "string contains a control character (0x%02x at byte %zu)", v[i], i);
     memcpy(buf, v, n + 1);
     return MOE_OK;
 }
 
 /* A number, or a string with units parsed by `parse`. */
 static enum moe_status member_units(const struct moe_jval *obj, const char *key, bool required,
-                                   double def, double min, double max, double *out,
-                                   enum moe_status (*parse)(const char *, double *,
-                                                            struct moe_error *),
-                                   struct moe_error *err)
+                                    double def, double min, double max, double *out,
+                                    enum moe_status (*parse)(const char *, double *,
+                                                             struct moe_error *),
+                                    struct moe_error *err)
 {
     json_t *j = NULL;
     enum moe_status st = member_get(obj, key, required, &j, err);
@@ -510,8 +514,8 @@ enum moe_status moe_jval_enum(const struct moe_jval *obj, const char *key, bool 
             return MOE_OK;
         }
         if (used < sizeof list - 8)
-            used += (size_t)snprintf(list + used, sizeof list - used, "%s%s", i ? ", " : "",
-                                     names[i]);
+            used +=
+                (size_t)snprintf(list + used, sizeof list - used, "%s%s", i ? ", " : "", names[i]);
     }
     return moe_jval_error(obj, key, err, "'%s' is not one of: %s", s, list);
 }
@@ -546,7 +550,10 @@ enum moe_status moe_jval_array(const struct moe_jval *obj, const char *key, bool
     return member_container(obj, key, required, true, out, present, err);
 }
 
-size_t moe_jval_len(const struct moe_jval *arr) { return json_array_size(arr->json); }
+size_t moe_jval_len(const struct moe_jval *arr)
+{
+    return json_array_size(arr->json);
+}
 
 /* Element i as a view, for errors about it. */
 static void element_view(const struct moe_jval *arr, size_t i, struct moe_jval *out)
@@ -594,8 +601,8 @@ enum moe_status moe_jval_at_int(const struct moe_jval *arr, size_t i, int64_t mi
                               e.json ? json_type_name(e.json) : "missing");
     int64_t v = (int64_t)json_integer_value(e.json);
     if (v < min || v > max)
-        return moe_jval_error(&e, NULL, err,
-                              "must be in [%" PRId64 ", %" PRId64 "], got %" PRId64, min, max, v);
+        return moe_jval_error(&e, NULL, err, "must be in [%" PRId64 ", %" PRId64 "], got %" PRId64,
+                              min, max, v);
     *out = v;
     return MOE_OK;
 }
@@ -615,7 +622,8 @@ enum moe_status moe_json_write_atomic(const char *file, json_t *root, const char
     json_object_set_new(out, "version", json_integer(version));
     const char *key;
     json_t *value;
-    json_object_foreach(root, key, value) {
+    json_object_foreach(root, key, value)
+    {
         if (strcmp(key, "schema") != 0 && strcmp(key, "version") != 0)
             json_object_set(out, key, value);
     }
@@ -635,4 +643,7 @@ enum moe_status moe_json_write_atomic(const char *file, json_t *root, const char
     return st;
 }
 
-const char *moe_jansson_version(void) { return jansson_version_str(); }
+const char *moe_jansson_version(void)
+{
+    return jansson_version_str();
+}

@@ -38,7 +38,8 @@ void moe_log_error(const struct moe_log *log, const struct moe_error *err)
     for (const unsigned char *p = (const unsigned char *)buf; *p && o + 5 < sizeof safe; p++) {
         if ((*p < 0x20 && *p != '\n') || *p == 0x7f)
             o += (size_t)snprintf(safe + o, sizeof safe - o, "\\x%02x", *p);
-        else safe[o++] = (char)*p;
+        else
+            safe[o++] = (char)*p;
     }
     safe[o] = '\0';
     moe_log_msg(log, MOE_LOG_ERROR, "%s", safe);
@@ -69,8 +70,7 @@ void moe_progress_update(struct moe_progress *p, uint64_t done)
     for (int i = 0; i < WIDTH; i++) bar[i] = i < filled ? '#' : ' ';
     bar[WIDTH] = '\0';
     fprintf(p->out, "\r%s [%s] %3d%% %llu/%llu %.1fs", p->label, bar, percent,
-            (unsigned long long)p->done, (unsigned long long)p->total,
-            moe_time_now_s() - p->t0_s);
+            (unsigned long long)p->done, (unsigned long long)p->total, moe_time_now_s() - p->t0_s);
     fflush(p->out);
 }
 

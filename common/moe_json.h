@@ -46,15 +46,15 @@ struct moe_jval {
  * Syntax errors come back as MOE_ERR_INPUT at file:line:col. `doc` is untouched on failure. */
 enum moe_status moe_jdoc_load(struct moe_jdoc *doc, const char *file, struct moe_error *err);
 /* Parse text already in memory; `name` names it in messages. */
-enum moe_status moe_jdoc_parse(struct moe_jdoc *doc, const char *name, const char *text,
-                               size_t len, struct moe_error *err);
+enum moe_status moe_jdoc_parse(struct moe_jdoc *doc, const char *name, const char *text, size_t len,
+                               struct moe_error *err);
 void moe_jdoc_free(struct moe_jdoc *doc);
 /* The root, which must be an object. */
 enum moe_status moe_jdoc_root(const struct moe_jdoc *doc, struct moe_jval *out,
                               struct moe_error *err);
 /* "schema" (string) and "version" (integer >= 1) of the root object. */
-enum moe_status moe_jdoc_schema(const struct moe_jdoc *doc, char *schema, size_t cap,
-                                int *version, struct moe_error *err);
+enum moe_status moe_jdoc_schema(const struct moe_jdoc *doc, char *schema, size_t cap, int *version,
+                                struct moe_error *err);
 
 /* An input error (MOE_ERR_INPUT) about the value at `v` (or its member `key`, when not NULL),
  * reported at that value's line and column in the document. */
@@ -72,11 +72,10 @@ enum moe_status moe_jval_int(const struct moe_jval *obj, const char *key, bool r
                              int64_t def, int64_t min, int64_t max, int64_t *out,
                              struct moe_error *err);
 /* The same into an int (min and max within int range). */
-enum moe_status moe_jval_int32(const struct moe_jval *obj, const char *key, bool required,
-                               int def, int min, int max, int *out, struct moe_error *err);
-enum moe_status moe_jval_num(const struct moe_jval *obj, const char *key, bool required,
-                             double def, double min, double max, double *out,
-                             struct moe_error *err);
+enum moe_status moe_jval_int32(const struct moe_jval *obj, const char *key, bool required, int def,
+                               int min, int max, int *out, struct moe_error *err);
+enum moe_status moe_jval_num(const struct moe_jval *obj, const char *key, bool required, double def,
+                             double min, double max, double *out, struct moe_error *err);
 enum moe_status moe_jval_bool(const struct moe_jval *obj, const char *key, bool required, bool def,
                               bool *out, struct moe_error *err);
 enum moe_status moe_jval_str(const struct moe_jval *obj, const char *key, bool required,

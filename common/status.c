@@ -35,7 +35,8 @@ const char *moe_status_name(enum moe_status st)
  * test_cli checks that both say the same as this. */
 static const struct moe_exit_code exit_codes[] = {
     {"0", "success"},
-    {"1", "runtime failure (CUDA, cuBLAS, NCCL, GLPK, a file, memory, GPU memory; a command this build lacks)"},
+    {"1", "runtime failure (CUDA, cuBLAS, NCCL, GLPK, a file, memory, GPU memory; a command this "
+          "build lacks)"},
     {"2", "usage error (a `try 'moeplan CMD --help'` line follows)"},
     {"3", "invalid input (file:line:col where it applies)"},
     {"4", "infeasible: no layout fits, or the given one does not"},

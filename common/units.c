@@ -87,8 +87,7 @@ enum moe_status moe_parse_count(const char *text, uint64_t *out, struct moe_erro
     double v;
     enum moe_status st = moe_parse_size(text, &v, err);
     if (st != MOE_OK) return st;
-    if (v != floor(v))
-        return moe_error_set(err, MOE_ERR_INPUT, "'%s' is not a whole number", text);
+    if (v != floor(v)) return moe_error_set(err, MOE_ERR_INPUT, "'%s' is not a whole number", text);
     if (v > 9007199254740992.0)
         return moe_error_set(err, MOE_ERR_INPUT, "'%s' is too large (at most 2^53)", text);
     *out = (uint64_t)v;
@@ -104,8 +103,10 @@ enum moe_status moe_parse_bandwidth(const char *text, double *bytes_per_s, struc
     int p = prefix_power(*s);
     if (p) s++;
     double unit;
-    if (*s == 'b') unit = 0.125;
-    else if (*s == 'B') unit = 1.0;
+    if (*s == 'b')
+        unit = 0.125;
+    else if (*s == 'B')
+        unit = 1.0;
     else
         return moe_error_set(err, MOE_ERR_INPUT,
                              "'%s': a bandwidth needs a unit such as Gbps, Gb/s, GB/s", text);
@@ -128,15 +129,20 @@ void moe_format_bytes(double bytes, char *buf, size_t cap)
         v /= 1024.0;
         i++;
     }
-    if (i == 0) snprintf(buf, cap, "%.0f B", v);
-    else snprintf(buf, cap, "%.2f %s", v, unit[i]);
+    if (i == 0)
+        snprintf(buf, cap, "%.0f B", v);
+    else
+        snprintf(buf, cap, "%.2f %s", v, unit[i]);
 }
 
 void moe_format_time_us(double us, char *buf, size_t cap)
 {
-    if (fabs(us) < 1000.0) snprintf(buf, cap, "%.1f us", us);
-    else if (fabs(us) < 1e6) snprintf(buf, cap, "%.3f ms", us / 1e3);
-    else snprintf(buf, cap, "%.3f s", us / 1e6);
+    if (fabs(us) < 1000.0)
+        snprintf(buf, cap, "%.1f us", us);
+    else if (fabs(us) < 1e6)
+        snprintf(buf, cap, "%.3f ms", us / 1e3);
+    else
+        snprintf(buf, cap, "%.3f s", us / 1e6);
 }
 
 double moe_time_now_s(void)

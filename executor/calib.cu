@@ -13,7 +13,8 @@
 #include <cuda_runtime.h>
 #include <vector>
 
-namespace {
+namespace
+{
 
 enum moe_status cuda_fail(cudaError_t e, const char *what, struct moe_error *err)
 {
@@ -104,16 +105,15 @@ extern "C" enum moe_status exec_time_gemm(int m, int n, int k, int iters, double
     float one = 1.0f, zero = 0.0f;
     cublasStatus_t bs = CUBLAS_STATUS_SUCCESS;
     /* row-major C (m, n) = A (m, k) B (k, n): column-major C^T = B^T A^T, as the executor calls */
-    e = time_median(iters,
-                    [&]() {
-                        bs = cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &one, b,
-                                          CUDA_R_16BF, n, a, CUDA_R_16BF, k, &zero, c,
-                                          CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
-                                          CUBLAS_GEMM_DEFAULT);
-                        return bs == CUBLAS_STATUS_SUCCESS ? cudaGetLastError()
-                                                           : cudaErrorUnknown;
-                    },
-                    us);
+    e = time_median(
+        iters,
+        [&]() {
+            bs = cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &one, b, CUDA_R_16BF, n, a,
+                              CUDA_R_16BF, k, &zero, c, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT);
+            return bs == CUBLAS_STATUS_SUCCESS ? cudaGetLastError() : cudaErrorUnknown;
+        },
+        us);
     cublasDestroy(h);
     if (bs != CUBLAS_STATUS_SUCCESS)
         return moe_error_set(err, MOE_ERR_CUDA, "calibrate: cublasGemmEx %d x %d x %d: status %d",
@@ -121,15 +121,15 @@ extern "C" enum moe_status exec_time_gemm(int m, int n, int k, int iters, double
     return e == cudaSuccess ? MOE_OK : cuda_fail(e, "GEMM", err);
 }
 
-extern "C" enum moe_status exec_time_attention(int seqs, int seq, int heads, int kv_heads,
-                                               int dqk, int dv, int iters, double *fwd_us,
-                                               double *bwd_us, struct moe_error *err)
+extern "C" enum moe_status exec_time_attention(int seqs, int seq, int heads, int kv_heads, int dqk,
+                                               int dv, int iters, double *fwd_us, double *bwd_us,
+                                               struct moe_error *err)
 {
     if (seqs < 1 || seq < 1 || heads < 1 || kv_heads < 1 || heads % kv_heads ||
         !gk_flash_supported(dqk, dv) || iters < 1)
         return moe_error_set(err, MOE_ERR_INPUT,
-                             "calibrate: attention %d x %d tokens, %d / %d heads, dims %d / %d", seqs,
-                             seq, heads, kv_heads, dqk, dv);
+                             "calibrate: attention %d x %d tokens, %d / %d heads, dims %d / %d",
+                             seqs, seq, heads, kv_heads, dqk, dv);
     size_t T = (size_t)seqs * seq, nq = T * heads * dqk, nk = T * kv_heads * dqk;
     size_t nv = T * kv_heads * dv, no = T * heads * dv, cap = 1u << 22;
     dbufs d;
@@ -146,15 +146,18 @@ extern "C" enum moe_status exec_time_attention(int seqs, int seq, int heads, int
     if (e != cudaSuccess) return cuda_fail(e, "attention buffers", err);
     e = time_median(
         iters,
-        [&]() { return gk_flash_forward(q, k, v, seqs, seq, heads, kv_heads, dqk, dv, 0, o, lse, 0); },
+        [&]() {
+            return gk_flash_forward(q, k, v, seqs, seq, heads, kv_heads, dqk, dv, 0, o, lse, 0);
+        },
         fwd_us);
     if (e == cudaSuccess)
-        e = time_median(iters,
-                        [&]() {
-                            return gk_flash_backward(q, k, v, o, dout, lse, seqs, seq, heads,
-                                                     kv_heads, dqk, dv, 0, delta, dq, dk, dvv, 0);
-                        },
-                        bwd_us);
+        e = time_median(
+            iters,
+            [&]() {
+                return gk_flash_backward(q, k, v, o, dout, lse, seqs, seq, heads, kv_heads, dqk, dv,
+                                         0, delta, dq, dk, dvv, 0);
+            },
+            bwd_us);
     return e == cudaSuccess ? MOE_OK : cuda_fail(e, "attention", err);
 }
 
@@ -166,8 +169,8 @@ extern "C" enum moe_status exec_time_copy(size_t bytes, int iters, double *us,
     char *a = d.get<char>(bytes, &e), *b = d.get<char>(bytes, &e);
     if (e == cudaSuccess) e = cudaMemset(a, 1, bytes);
     if (e == cudaSuccess)
-        e = time_median(iters, [&]() { return cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, 0); },
-                        us);
+        e = time_median(
+            iters, [&]() { return cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, 0); }, us);
     return e == cudaSuccess ? MOE_OK : cuda_fail(e, "copy", err);
 }
 
@@ -175,12 +178,13 @@ extern "C" enum moe_status exec_time_launch(int iters, double *us, struct moe_er
 {
     /* 100 empty kernels back to back: the cost of one on the stream */
     double t = 0;
-    cudaError_t e = time_median(iters,
-                                [&]() {
-                                    for (int i = 0; i < 100; i++) k_empty<<<1, 32>>>();
-                                    return cudaGetLastError();
-                                },
-                                &t);
+    cudaError_t e = time_median(
+        iters,
+        [&]() {
+            for (int i = 0; i < 100; i++) k_empty<<<1, 32>>>();
+            return cudaGetLastError();
+        },
+        &t);
     *us = t / 100;
     return e == cudaSuccess ? MOE_OK : cuda_fail(e, "launch", err);
 }

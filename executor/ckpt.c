@@ -82,8 +82,8 @@ enum moe_status exec_ckpt_latest(const char *dir, int *step, struct moe_error *e
     snprintf(path, sizeof path, "%s/latest", dir);
     FILE *f = fopen(path, "rb");
     if (!f)
-        return moe_error_set_at(err, MOE_ERR_INPUT, path, 0, 0,
-                                "no checkpoint to resume from: %s", strerror(errno));
+        return moe_error_set_at(err, MOE_ERR_INPUT, path, 0, 0, "no checkpoint to resume from: %s",
+                                strerror(errno));
     size_t n = fread(buf, 1, sizeof buf - 1, f);
     fclose(f);
     char extra;

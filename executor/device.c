@@ -50,8 +50,10 @@ enum moe_status exec_device_query(int index, struct exec_device_info *info, stru
     struct cudaDeviceProp p;
     int clock_khz = 0, bus_bits = 0;
     MOE_CUDA_GOTO(cudaGetDeviceProperties(&p, index), st, cleanup);
-    MOE_CUDA_GOTO(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, index), st, cleanup);
-    MOE_CUDA_GOTO(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, index), st, cleanup);
+    MOE_CUDA_GOTO(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, index), st,
+                  cleanup);
+    MOE_CUDA_GOTO(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, index), st,
+                  cleanup);
     memset(info, 0, sizeof *info);
     info->index = index;
     snprintf(info->name, sizeof info->name, "%s", p.name);

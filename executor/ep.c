@@ -39,7 +39,8 @@ enum moe_status exec_ep_group_check(const struct exec_ep_group *g, struct moe_er
             if (g->domain[q] == g->domain[r])
                 return moe_error_set(err, MOE_ERR_INPUT,
                                      "expert parallelism: the ranks of NVLink domain %d are not "
-                                     "contiguous (rank %d)", g->domain[r], r);
+                                     "contiguous (rank %d)",
+                                     g->domain[r], r);
         if (starts && r > 0 && size == 0) size = r;
         if (starts && r > 0 && r % size)
             return moe_error_set(err, MOE_ERR_INPUT,
@@ -48,7 +49,8 @@ enum moe_status exec_ep_group_check(const struct exec_ep_group *g, struct moe_er
     if (size && g->ranks % size)
         return moe_error_set(err, MOE_ERR_INPUT,
                              "expert parallelism: NVLink domains of unequal size (%d ranks, %d a "
-                             "domain)", g->ranks, size);
+                             "domain)",
+                             g->ranks, size);
     return MOE_OK;
 }
 
@@ -216,7 +218,9 @@ void exec_ep_rows_bytes(const struct exec_ep_group *g, int me, const struct exec
 {
     for (int d = 0; d < r->ranks; d++) {
         if (d == me) continue;
-        if (g->domain[d] == g->domain[me]) acc->nvlink += r->count[d] * bytes_per_row;
-        else acc->scale_out += r->count[d] * bytes_per_row;
+        if (g->domain[d] == g->domain[me])
+            acc->nvlink += r->count[d] * bytes_per_row;
+        else
+            acc->scale_out += r->count[d] * bytes_per_row;
     }
 }

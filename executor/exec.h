@@ -33,62 +33,62 @@ enum exec_run_mode {
 extern const char *const exec_run_mode_names[];
 
 struct exec_run_step {
-    int step;                       /* 1-based */
-    bool skipped;                   /* NaN or Inf: no update (skip_nonfinite); why: the reason */
+    int step;     /* 1-based */
+    bool skipped; /* NaN or Inf: no update (skip_nonfinite); why: the reason */
     char why[256];
     double loss, aux, lr, gnorm;    /* loss and aux: the mean over the global batch */
     double wall_ms;                 /* rank 0's host time of the step */
     struct exec_gpu_step_stats gpu; /* rank 0's phases and host syncs; dispatch: every rank's */
 };
-struct exec_run_info {             /* what the run found before its first step (rank 0's) */
+struct exec_run_info { /* what the run found before its first step (rank 0's) */
     enum exec_run_mode mode;
-    bool transport;                /* the ranks talk (NCCL or the local transport) */
+    bool transport; /* the ranks talk (NCCL or the local transport) */
     struct exec_device_info dev;
-    int ranks, devices;            /* ranks of the run; GPUs this process uses */
-    int first_step;                /* 0, or the step a resumed run starts from */
+    int ranks, devices; /* ranks of the run; GPUs this process uses */
+    int first_step;     /* 0, or the step a resumed run starts from */
     struct exec_adamw opt;
-    char data[MOE_PATH_MAX + 64];  /* the data source */
-    char binding[320];             /* rank 0's CPU binding, or why there is none */
+    char data[MOE_PATH_MAX + 64]; /* the data source */
+    char binding[320];            /* rank 0's CPU binding, or why there is none */
 };
 struct exec_run_cfg {
     const struct plan_file *plan;
     enum exec_run_mode mode;
-    bool nccl;                     /* one GPU, THREADS: its one rank through NCCL all the same */
-    struct exec_launch launch;     /* PROCESS: who this process is (exec_launch_detect) */
-    const char *id_file;           /* PROCESS: where rank 0 leaves the NCCL id for the others */
-    const char *data;              /* training data (NULL: synthetic tokens) */
+    bool nccl;                 /* one GPU, THREADS: its one rank through NCCL all the same */
+    struct exec_launch launch; /* PROCESS: who this process is (exec_launch_detect) */
+    const char *id_file;       /* PROCESS: where rank 0 leaves the NCCL id for the others */
+    const char *data;          /* training data (NULL: synthetic tokens) */
     uint64_t seed;
     int steps, warmup, streams;
     double lr, aux, bias_rate;
-    double timeout_s;              /* a collective waited for longer fails the run (60) */
-    bool no_grad_overlap;          /* all-reduce the gradients after the backward, not in it */
-    const char *ckpt_dir;          /* checkpoints here (NULL: none) ... */
-    int ckpt_every;                /* ... every this many steps (0: none) */
-    bool resume;                   /* start from ckpt_dir's latest checkpoint */
-    int fail_rank, fail_step;      /* a test of fault handling: that rank stops in the middle of
-                                    * that step (1-based), the others must fail (-1: none) */
+    double timeout_s;         /* a collective waited for longer fails the run (60) */
+    bool no_grad_overlap;     /* all-reduce the gradients after the backward, not in it */
+    const char *ckpt_dir;     /* checkpoints here (NULL: none) ... */
+    int ckpt_every;           /* ... every this many steps (0: none) */
+    bool resume;              /* start from ckpt_dir's latest checkpoint */
+    int fail_rank, fail_step; /* a test of fault handling: that rank stops in the middle of
+                               * that step (1-based), the others must fail (-1: none) */
     /* NaN or Inf in the gradients (or the loss): stop the run with MOE_ERR_NUMERICS naming the
      * step, the block and the tensor (false), or skip the step's update (true) and stop after
      * EXEC_MAX_SKIPS skipped in a row. The last checkpoint is from before, untouched. */
     bool skip_nonfinite;
-    const char *nan_tensor;        /* testing: rank 0 poisons this gradient (or weight) ... */
-    int nan_step;                  /* ... at this step (1-based; 0: never) */
-    bool nan_weight;               /* the weight, at the step's start: the forward meets it */
+    const char *nan_tensor; /* testing: rank 0 poisons this gradient (or weight) ... */
+    int nan_step;           /* ... at this step (1-based; 0: never) */
+    bool nan_weight;        /* the weight, at the step's start: the forward meets it */
     /* set asynchronously (a signal handler: nonzero): the ranks agree to stop after the step
      * they are in, write a checkpoint when ckpt_dir is set, and return MOE_ERR_INTERRUPTED */
     const volatile sig_atomic_t *stop;
-    double gpu_mem_limit;          /* bytes a rank may allocate (0: the device's) */
-    const double *bias0;           /* (layers, experts) selection biases to start from (NULL:
-                                    * zeros; a resumed run has its checkpoint's) */
+    double gpu_mem_limit; /* bytes a rank may allocate (0: the device's) */
+    const double *bias0;  /* (layers, experts) selection biases to start from (NULL:
+                           * zeros; a resumed run has its checkpoint's) */
     /* called on rank 0 (its thread, or the rank-0 process) */
     void (*on_start)(void *ctx, const struct exec_run_info *info);
     void (*on_step)(void *ctx, const struct exec_run_step *s);
     void *ctx;
 };
-struct exec_run_result {           /* filled on rank 0 (the rank-0 process) */
-    bool filled;                   /* the run finished: everything below is there */
-    struct exec_run_info info;     /* what on_start was given */
-    struct exec_run_step *steps;   /* the steps run, in order: info.first_step + 1 ... */
+struct exec_run_result {         /* filled on rank 0 (the rank-0 process) */
+    bool filled;                 /* the run finished: everything below is there */
+    struct exec_run_info info;   /* what on_start was given */
+    struct exec_run_step *steps; /* the steps run, in order: info.first_step + 1 ... */
     int nsteps;
     int64_t *counts, *coact;       /* (layers, experts), (layers, experts, experts): every rank's */
     struct exec_gpu_memory memory; /* rank 0's */

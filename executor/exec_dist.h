@@ -78,9 +78,9 @@ struct exec_transport_ops {
                               struct moe_error *err);
     /* items of item_bytes: send holds send_count[r] items for rank r, in rank order; recv gets
      * recv_count[s] items from rank s, in rank order */
-    enum moe_status (*alltoallv)(struct exec_transport *t, const void *send,
-                                 const int *send_count, void *recv, const int *recv_count,
-                                 size_t item_bytes, struct moe_error *err);
+    enum moe_status (*alltoallv)(struct exec_transport *t, const void *send, const int *send_count,
+                                 void *recv, const int *recv_count, size_t item_bytes,
+                                 struct moe_error *err);
     /* x (n doubles) becomes the sum over the ranks, the same on every rank (a fixed order) */
     enum moe_status (*allreduce_sum)(struct exec_transport *t, double *x, size_t n,
                                      struct moe_error *err);
@@ -127,8 +127,8 @@ struct exec_local_mem {
     /* dst[i] = sum over s of src[s][i], in rank order */
     enum moe_status (*sum)(void *ctx, int rank, double *dst, const double *const *src, int ranks,
                            size_t n, struct moe_error *err);
-    enum moe_status (*sum_f32)(void *ctx, int rank, float *dst, const float *const *src,
-                               int ranks, size_t n, struct moe_error *err);
+    enum moe_status (*sum_f32)(void *ctx, int rank, float *dst, const float *const *src, int ranks,
+                               size_t n, struct moe_error *err);
     enum moe_status (*ready)(void *ctx, int rank, struct moe_error *err);
     void *ctx;
 };
@@ -145,8 +145,12 @@ enum moe_status exec_local_run(struct exec_local_hub *h,
  * LOCAL_RANK,LOCAL_SIZE}, else Slurm's SLURM_{PROCID,NTASKS,LOCALID,NTASKS_PER_NODE}, else a
  * single process (`moeplan run --gpus N` then makes its ranks threads). `get` reads a variable
  * (NULL: getenv). Inconsistent values are MOE_ERR_INPUT naming the variable. */
-enum exec_launcher { EXEC_LAUNCH_SINGLE = 0, EXEC_LAUNCH_THREADS, EXEC_LAUNCH_MPI,
-                     EXEC_LAUNCH_SLURM };
+enum exec_launcher {
+    EXEC_LAUNCH_SINGLE = 0,
+    EXEC_LAUNCH_THREADS,
+    EXEC_LAUNCH_MPI,
+    EXEC_LAUNCH_SLURM
+};
 extern const char *const exec_launcher_names[];
 struct exec_launch {
     enum exec_launcher who;
@@ -168,15 +172,14 @@ enum moe_status exec_launch_share_id(const char *path, int rank, unsigned char *
  * value: exec_ref_moe_aux_loss on this rank's x). `sent` (may be NULL) adds the dispatch payload
  * bytes (hidden doubles a row) by link tier. */
 enum moe_status exec_ref_ep_moe_forward(struct exec_transport *t, const struct exec_ep_group *g,
-                                        const struct exec_ref_moe *w, const double *x,
-                                        int tokens, double *y, struct cost_bytes *sent,
-                                        struct moe_error *err);
+                                        const struct exec_ref_moe *w, const double *x, int tokens,
+                                        double *y, struct cost_bytes *sent, struct moe_error *err);
 /* Its backward for dy: dx (tokens, hidden); gradients accumulate into gr (the router's and the
  * shared experts' of this rank's tokens, the experts' of this rank's experts). */
 enum moe_status exec_ref_ep_moe_backward(struct exec_transport *t, const struct exec_ep_group *g,
-                                         const struct exec_ref_moe *w, const double *x,
-                                         int tokens, const double *dy, double *dx,
-                                         struct exec_ref_moe_grad *gr, struct moe_error *err);
+                                         const struct exec_ref_moe *w, const double *x, int tokens,
+                                         const double *dy, double *dx, struct exec_ref_moe_grad *gr,
+                                         struct moe_error *err);
 
 /* exec_ref_model_step with the MoE layers expert-parallel over ep's transport (ep NULL: this
  * rank alone; the group serves every MoE layer): every rank of the group calls it on its own
@@ -187,10 +190,9 @@ struct exec_ref_ep {
     struct exec_transport *t;
     const struct exec_ep_group *g;
 };
-enum moe_status exec_ref_model_step_ep(const struct exec_ref_model *r,
-                                       const struct exec_ref_ep *ep, const int *tokens, int T,
-                                       double *loss, double *aux, double *grad,
-                                       struct moe_error *err);
+enum moe_status exec_ref_model_step_ep(const struct exec_ref_model *r, const struct exec_ref_ep *ep,
+                                       const int *tokens, int T, double *loss, double *aux,
+                                       double *grad, struct moe_error *err);
 
 /* A slice of that step, for pipeline stages: blocks [lo, hi) on T - 1 positions. The first
  * stage (lo 0) starts from the embedding of tokens, a later one from h_in (T - 1, hidden); the
@@ -199,9 +201,9 @@ enum moe_status exec_ref_model_step_ep(const struct exec_ref_model *r,
  * recomputed: from the loss, or from dh_out (the next stage's dh_in), into the embedding's
  * gradient or dh_in. */
 enum moe_status exec_ref_model_slice(const struct exec_ref_model *r, const struct exec_ref_ep *ep,
-                                     const int *tokens, int T, int lo, int hi,
-                                     const double *h_in, double *h_out, const double *dh_out,
-                                     double *dh_in, double *loss, double *aux, double *grad,
+                                     const int *tokens, int T, int lo, int hi, const double *h_in,
+                                     double *h_out, const double *dh_out, double *dh_in,
+                                     double *loss, double *aux, double *grad,
                                      struct moe_error *err);
 
 /* The reference's ZeRO-1 step on data-parallel rank t->rank (ref_zero.c): grad is this rank's
@@ -258,9 +260,9 @@ void exec_local_gpu_memory(struct exec_local_mem *mem, void **streams);
 #define EXEC_NCCL_ID_BYTES 128
 struct exec_nccl;
 enum moe_status exec_nccl_unique_id(unsigned char id[EXEC_NCCL_ID_BYTES], struct moe_error *err);
-enum moe_status exec_nccl_create(struct exec_nccl **out,
-                                 const unsigned char id[EXEC_NCCL_ID_BYTES], int rank, int ranks,
-                                 int device, double timeout_s, struct moe_error *err);
+enum moe_status exec_nccl_create(struct exec_nccl **out, const unsigned char id[EXEC_NCCL_ID_BYTES],
+                                 int rank, int ranks, int device, double timeout_s,
+                                 struct moe_error *err);
 void exec_nccl_destroy(struct exec_nccl *c);
 void exec_nccl_transport(struct exec_nccl *c, struct exec_transport *t);
 

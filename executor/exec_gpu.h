@@ -17,29 +17,35 @@ extern "C" {
 /* GPU kernels (CUDA builds); device pointers; `stream` is a cudaStream_t (NULL: the default)      */
 /* ---------------------------------------------------------------------------------------------- */
 
-
 /* The router's top-k of exec_ref_route, fp32: logits (T, experts), bias (experts) or NULL ->
  * choice (T, top_k), weight (T, top_k). At most 512 experts. */
 enum moe_status exec_route(const struct exec_router_cfg *cfg, const float *logits,
-                           const float *bias, int tokens, int *choice, float *weight,
-                           void *stream, struct moe_error *err);
+                           const float *bias, int tokens, int *choice, float *weight, void *stream,
+                           struct moe_error *err);
 
 /* The training step on one GPU. A rank owns a slice of the model (layers [layer_lo, layer_hi),
  * experts [expert_lo, expert_hi)); with one GPU that is all of it, which is all this build runs.
  * Weights bf16 with fp32 masters, gradients and AdamW state fp32; the residual stream fp32;
  * GEMMs through cuBLAS (bf16 in, fp32 accumulate); the router in fp32. */
-enum exec_mem { EXEC_MEM_WEIGHTS = 0, EXEC_MEM_MASTER, EXEC_MEM_GRADS, EXEC_MEM_OPTIMIZER,
-                EXEC_MEM_ACTIVATIONS, EXEC_MEM_WORKSPACE, EXEC_MEM_N };
+enum exec_mem {
+    EXEC_MEM_WEIGHTS = 0,
+    EXEC_MEM_MASTER,
+    EXEC_MEM_GRADS,
+    EXEC_MEM_OPTIMIZER,
+    EXEC_MEM_ACTIVATIONS,
+    EXEC_MEM_WORKSPACE,
+    EXEC_MEM_N
+};
 extern const char *const exec_mem_names[EXEC_MEM_N];
 
 #define EXEC_MAX_STREAMS 8
 #define EXEC_MAX_SKIPS 3 /* steps skipped for NaN or Inf in a row that stop a run */
 struct exec_gpu_cfg {
-    int seq, mbs;      /* one micro-batch: mbs sequences of seq tokens (each read as seq + 1) */
-    bool recompute;    /* recompute each block's forward in its backward (plan: recompute full) */
-    double aux_coef;   /* load-balance loss coefficient (0: none) */
+    int seq, mbs;    /* one micro-batch: mbs sequences of seq tokens (each read as seq + 1) */
+    bool recompute;  /* recompute each block's forward in its backward (plan: recompute full) */
+    double aux_coef; /* load-balance loss coefficient (0: none) */
     int device;
-    int streams;       /* expert GEMMs over this many streams (0 or 1: the main stream only) */
+    int streams; /* expert GEMMs over this many streams (0 or 1: the main stream only) */
     /* Expert parallelism (NULL: none): this rank's transport (device memory: the local GPU
      * transport or NCCL) and the group of every MoE layer. Each rank's exec_gpu holds the whole
      * model but computes only its own experts; the others' gradients stay zero, so summing the
@@ -76,7 +82,8 @@ const struct exec_ref_model *exec_gpu_table(const struct exec_gpu *g);
 enum moe_status exec_gpu_init(struct exec_gpu *g, uint64_t seed, struct moe_error *err);
 /* Parameters, gradients (after a step's micro-batches) and the selection biases in the reference
  * layout, converted from / to double; bias is (layers, experts), rows of dense layers unused. */
-enum moe_status exec_gpu_set_params(struct exec_gpu *g, const double *params, struct moe_error *err);
+enum moe_status exec_gpu_set_params(struct exec_gpu *g, const double *params,
+                                    struct moe_error *err);
 enum moe_status exec_gpu_get_params(struct exec_gpu *g, double *params, struct moe_error *err);
 enum moe_status exec_gpu_get_grads(struct exec_gpu *g, double *grad, struct moe_error *err);
 /* Data parallelism: sum the step's gradients over the transport's ranks (each rank passed its
@@ -143,8 +150,8 @@ enum moe_status exec_gpu_step_end(struct exec_gpu *g, struct exec_gpu_step_stats
                                   struct moe_error *err);
 
 struct exec_gpu_memory {
-    double bytes[EXEC_MEM_N];      /* what the executor allocated, by category */
-    double device_used_peak;       /* the device's used memory at its highest seen (all users) */
+    double bytes[EXEC_MEM_N]; /* what the executor allocated, by category */
+    double device_used_peak;  /* the device's used memory at its highest seen (all users) */
     double device_total;
 };
 void exec_gpu_memory(const struct exec_gpu *g, struct exec_gpu_memory *m);
@@ -163,10 +170,10 @@ struct exec_moe_bench_cfg {
     uint64_t seed;
 };
 struct exec_moe_bench_result {
-    double block_ms;      /* expert block: gate/up GEMMs, SwiGLU, down GEMM, fwd + bwd */
-    double block_fwd_ms;  /* its forward alone */
-    double layer_ms;      /* the whole layer: router, top-k, permutation, experts, combine */
-    double dense_ms;      /* the same GEMM chain with every row on one expert: the ceiling */
+    double block_ms;     /* expert block: gate/up GEMMs, SwiGLU, down GEMM, fwd + bwd */
+    double block_fwd_ms; /* its forward alone */
+    double layer_ms;     /* the whole layer: router, top-k, permutation, experts, combine */
+    double dense_ms;     /* the same GEMM chain with every row on one expert: the ceiling */
     double block_flops, layer_flops;
     int host_syncs;       /* device-to-host waits in one layer fwd + bwd */
     double max_over_mean; /* the busiest expert's rows over the mean */
@@ -189,12 +196,12 @@ enum moe_status exec_time_launch(int iters, double *us, struct moe_error *err);
 
 /* Versions as integers the way each library reports them (CUDA 13000 = 13.0, NCCL 22803 = 2.28.3). */
 struct exec_versions {
-    int cuda_runtime;      /* cudaRuntimeGetVersion */
-    int cuda_driver;       /* cudaDriverGetVersion; 0: no driver on this machine */
-    int cuda_compiled;     /* CUDART_VERSION of the headers */
+    int cuda_runtime;  /* cudaRuntimeGetVersion */
+    int cuda_driver;   /* cudaDriverGetVersion; 0: no driver on this machine */
+    int cuda_compiled; /* CUDART_VERSION of the headers */
     int cublas_major, cublas_minor, cublas_patch;
-    int nccl_runtime;      /* ncclGetVersion */
-    int nccl_compiled;     /* NCCL_VERSION_CODE of the headers */
+    int nccl_runtime;  /* ncclGetVersion */
+    int nccl_compiled; /* NCCL_VERSION_CODE of the headers */
 };
 
 void exec_versions_get(struct exec_versions *v);

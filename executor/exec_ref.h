@@ -59,8 +59,7 @@ void exec_ref_permute(const int *choice, int tokens, int top_k, int experts, int
 /* y (T, hidden) = shared(x) + sum_j weight_j * expert_{choice_j}(x), with choice and weight
  * returned (T, top_k) when not NULL. */
 enum moe_status exec_ref_moe_forward(const struct exec_ref_moe *w, const double *x, int tokens,
-                                     double *y, int *choice, double *weight,
-                                     struct moe_error *err);
+                                     double *y, int *choice, double *weight, struct moe_error *err);
 /* Backward: dx (T, hidden) and the weight gradients (accumulated into g) for upstream dy. The
  * routing is recomputed; the top-k choice itself is piecewise constant and passes no gradient. */
 enum moe_status exec_ref_moe_backward(const struct exec_ref_moe *w, const double *x, int tokens,
@@ -104,9 +103,8 @@ void exec_ref_rope(double *x, int tokens, int heads, int dim, int rot, double th
 /* Causal attention with GQA (heads a multiple of kv_heads) and an optional sliding window
  * (0: none): q (T, heads, dqk), k (T, kv, dqk), v (T, kv, dv) -> out (T, heads, dv), scores
  * scaled by `scale`. Backward gives dq, dk, dv (overwritten). */
-void exec_ref_attention(const double *q, const double *k, const double *v, int tokens,
-                        int heads, int kv_heads, int dqk, int dv, int window, double scale,
-                        double *out);
+void exec_ref_attention(const double *q, const double *k, const double *v, int tokens, int heads,
+                        int kv_heads, int dqk, int dv, int window, double scale, double *out);
 void exec_ref_attention_backward(const double *q, const double *k, const double *v,
                                  const double *dout, int tokens, int heads, int kv_heads, int dqk,
                                  int dv, int window, double scale, double *dq, double *dk,
@@ -130,8 +128,8 @@ struct exec_ref_model {
     size_t nparams;
     struct exec_tensor tensor[EXEC_MAX_TENSORS];
     int ntensors;
-    double *bias;    /* (layers, experts) selection bias of the MoE layers, or NULL: none */
-    double aux_coef; /* load-balance loss coefficient of every MoE layer (0: none) */
+    double *bias;          /* (layers, experts) selection bias of the MoE layers, or NULL: none */
+    double aux_coef;       /* load-balance loss coefficient of every MoE layer (0: none) */
     int64_t *route_counts; /* (layers, experts) or NULL: each step adds its (token, expert) pairs */
 };
 /* The tensor table alone (params NULL): names, shapes and offsets, which the GPU executor shares.
@@ -148,8 +146,7 @@ const struct exec_tensor *exec_ref_tensor(const struct exec_ref_model *r, const 
  * load-balance losses when aux_coef > 0 (their sum in *aux when aux is not NULL); `grad`
  * (nparams, may be NULL) receives d loss / d params (overwritten). */
 enum moe_status exec_ref_model_step(const struct exec_ref_model *r, const int *tokens, int T,
-                                    double *loss, double *aux, double *grad,
-                                    struct moe_error *err);
+                                    double *loss, double *aux, double *grad, struct moe_error *err);
 
 /* Training: warmup + cosine learning rate, and AdamW with global-norm gradient clipping (fp64
  * master weights here; the GPU keeps fp32 masters for its bf16 weights). Norm weights get no
@@ -205,9 +202,9 @@ struct exec_ckpt_id {
     int step, rank, ranks;
 };
 struct exec_ckpt_part {
-    const char *name;  /* "params", "m1", ... */
-    const void *data;  /* save: what to write */
-    void *out;         /* load: where to read it */
+    const char *name; /* "params", "m1", ... */
+    const void *data; /* save: what to write */
+    void *out;        /* load: where to read it */
     size_t bytes;
 };
 enum moe_status exec_ckpt_save(const char *dir, const struct exec_ckpt_id *id,

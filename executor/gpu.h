@@ -28,50 +28,52 @@
 #include <string.h>
 
 /* A block's weights, by their names in the parameter table. */
+/* clang-format off */
 enum { W_ATTN_NORM, W_WQ, W_WK, W_WV, W_WO, W_WQA, W_QA_NORM, W_WQB, W_WKVA, W_KVA_NORM, W_WKVB,
        W_FFN_NORM, W_ROUTER, W_GATE, W_UP, W_DOWN, W_SGATE, W_SUP, W_SDOWN, W_N };
 static const char *const w_names[W_N] = {"attn_norm", "wq", "wk", "wv", "wo", "wqa", "qa_norm",
                                          "wqb", "wkva", "kva_norm", "wkvb", "ffn_norm", "router",
                                          "gate", "up", "down", "sgate", "sup", "sdown"};
+/* clang-format on */
 
 /* What one block keeps from its forward for its backward. Shapes (rows, columns): T = tokens of
  * the micro-batch, h = hidden, H / KV = heads / kv_heads, P = routed pairs (T x top_k), Pe = the
  * pairs a rank's experts may receive, fw = the wider of the dense and shared FFN. */
 struct act {
     /* attention half */
-    bf16 *a16;      /* (T, h) the normed block input */
-    float *rstd1;   /* (T) its RMSNorm's 1 / rms */
-    bf16 *q16;      /* (T, H * dqk) */
-    bf16 *k16;      /* (T, KV * dqk) */
-    bf16 *v16;      /* (T, KV * dv) */
-    bf16 *o16;      /* (T, H * dv) attention output before the projection */
-    float *lse;     /* (T, H) log-sum-exp of the scores (flash backward) */
-    float *cq32;    /* MLA (T, q_lora) compressed q */
-    float *rstdq;   /* MLA (T) */
-    bf16 *cqn16;    /* MLA (T, q_lora) normed */
-    float *ckvf32;  /* MLA (T, kv_lora + rope) compressed kv and the shared RoPE key */
-    float *rstdkv;  /* MLA (T) */
-    bf16 *ckvn16;   /* MLA (T, kv_lora) normed */
-    float *h1;      /* (T, h) the residual stream after attention */
+    bf16 *a16;     /* (T, h) the normed block input */
+    float *rstd1;  /* (T) its RMSNorm's 1 / rms */
+    bf16 *q16;     /* (T, H * dqk) */
+    bf16 *k16;     /* (T, KV * dqk) */
+    bf16 *v16;     /* (T, KV * dv) */
+    bf16 *o16;     /* (T, H * dv) attention output before the projection */
+    float *lse;    /* (T, H) log-sum-exp of the scores (flash backward) */
+    float *cq32;   /* MLA (T, q_lora) compressed q */
+    float *rstdq;  /* MLA (T) */
+    bf16 *cqn16;   /* MLA (T, q_lora) normed */
+    float *ckvf32; /* MLA (T, kv_lora + rope) compressed kv and the shared RoPE key */
+    float *rstdkv; /* MLA (T) */
+    bf16 *ckvn16;  /* MLA (T, kv_lora) normed */
+    float *h1;     /* (T, h) the residual stream after attention */
     /* FFN half */
-    bf16 *b16;      /* (T, h) its normed input */
-    float *rstd2;   /* (T) */
-    float *b32;     /* (T, h) the normed input in fp32 (the router's) */
-    float *g32;     /* (T, fw) dense or shared SwiGLU gate */
-    float *u32;     /* (T, fw) its up projection */
-    bf16 *hm16;     /* (T, fw) silu(gate) * up */
-    float *logits;  /* (T, experts) router logits */
-    int *choice;    /* (P) expert of each routed pair, token-major */
-    float *weight;  /* (P) its routing weight */
-    int *pos;       /* (P) the pair's row in expert order */
-    int *row_src;   /* (P) the token of each row in expert order */
-    int *off;       /* (experts + 1) rows of each expert, as offsets */
-    float *auxg;    /* (experts) the load-balance loss's gradient factor */
-    bf16 *xp16;     /* (Pe, h) the rows in expert order */
-    float *eg32;    /* (Pe, ffn) expert gate */
-    float *eu32;    /* (Pe, ffn) expert up */
-    bf16 *ehm16;    /* (Pe, ffn) silu(gate) * up */
-    float *yp32;    /* (Pe, h) expert outputs, unweighted */
+    bf16 *b16;     /* (T, h) its normed input */
+    float *rstd2;  /* (T) */
+    float *b32;    /* (T, h) the normed input in fp32 (the router's) */
+    float *g32;    /* (T, fw) dense or shared SwiGLU gate */
+    float *u32;    /* (T, fw) its up projection */
+    bf16 *hm16;    /* (T, fw) silu(gate) * up */
+    float *logits; /* (T, experts) router logits */
+    int *choice;   /* (P) expert of each routed pair, token-major */
+    float *weight; /* (P) its routing weight */
+    int *pos;      /* (P) the pair's row in expert order */
+    int *row_src;  /* (P) the token of each row in expert order */
+    int *off;      /* (experts + 1) rows of each expert, as offsets */
+    float *auxg;   /* (experts) the load-balance loss's gradient factor */
+    bf16 *xp16;    /* (Pe, h) the rows in expert order */
+    float *eg32;   /* (Pe, ffn) expert gate */
+    float *eu32;   /* (Pe, ffn) expert up */
+    bf16 *ehm16;   /* (Pe, ffn) silu(gate) * up */
+    float *yp32;   /* (Pe, h) expert outputs, unweighted */
 };
 
 /* An expert GEMM kind: its cuBLASLt operation and the algorithm chosen for it once. */
@@ -92,7 +94,7 @@ struct ep_layer {
     struct exec_ep_rows h1, h2; /* host: the rows this rank sent */
     int *in1, *in2;             /* host (ranks): rows received from each rank */
     int n1, n2, npairs;
-    int *off;                   /* host (E + 1): local pairs per expert */
+    int *off; /* host (E + 1): local pairs per expert */
     /* device: per pair (expert order) its received row, weight and (row * top_k + slot); per
      * received row its pairs (CSR, slot order) and their weights; per token the hop-1 rows it
      * sent (CSR, for the returns); per hop-1 row received the hop-2 rows forwarded (CSR) */
@@ -117,115 +119,115 @@ struct exec_gpu {
     bool mla;
     int heads, kv_heads, dqk, dv, nope, rope, q_lora, kv_lora;
     cudaStream_t s;
-    cublasHandle_t blas;      /* on s */
+    cublasHandle_t blas; /* on s */
     void *blas_ws;
     /* expert GEMMs spread over side streams (cfg.streams > 1), forked from and joined to s */
     int nside;
     cudaStream_t side[EXEC_MAX_STREAMS];
     cublasHandle_t side_blas[EXEC_MAX_STREAMS];
     cudaEvent_t fork_ev, join_ev[EXEC_MAX_STREAMS];
-    cublasHandle_t cur;       /* the handle GEMMs go to now */
-    int cur_side;             /* its side stream, -1: s */
-    bool in_experts;          /* between fork_experts and join_experts: lin* go to mm_expert */
+    cublasHandle_t cur; /* the handle GEMMs go to now */
+    int cur_side;       /* its side stream, -1: s */
+    bool in_experts;    /* between fork_experts and join_experts: lin* go to mm_expert */
     void *side_ws[EXEC_MAX_STREAMS];
     size_t ws_bytes;
-    cublasLtHandle_t lt;      /* the expert GEMMs, whose sizes follow the routing */
+    cublasLtHandle_t lt; /* the expert GEMMs, whose sizes follow the routing */
     /* expert parallelism (cfg.ep): Pe pairs and rows_cap rows a rank may hold */
-    struct ep_layer *epl;     /* (nmoe) */
+    struct ep_layer *epl; /* (nmoe) */
     int Pe, rows_cap;
-    int *ep_idx;              /* (rows_cap) rows to gather */
+    int *ep_idx;                                      /* (rows_cap) rows to gather */
     struct exec_ep_meta *ep_meta_send, *ep_meta_recv; /* (rows_cap) each row's token and slots */
-    bf16 *ep_send16, *ep_recv16; /* (rows_cap, h) rows out and in, bf16 (forward) */
+    bf16 *ep_send16, *ep_recv16;  /* (rows_cap, h) rows out and in, bf16 (forward) */
     float *ep_send32, *ep_recv32; /* (rows_cap, h) the same in fp32 (backward) */
-    float *ep_part, *ep_ret;  /* (rows_cap, h) weighted partial sums, returned rows */
-    float *ep_dwrows, *ep_dwret; /* (rows_cap, top_k) routing weights' gradients, out and back */
-    float *dwp;               /* (Pe) a pair's weight gradient */
-    double *ep_loads;         /* (nmoe, E): the step's loads, summed over the run's ranks */
-    int *choice_host;         /* pinned (P) */
-    float *weight_host;       /* pinned (P) */
+    float *ep_part, *ep_ret;      /* (rows_cap, h) weighted partial sums, returned rows */
+    float *ep_dwrows, *ep_dwret;  /* (rows_cap, top_k) routing weights' gradients, out and back */
+    float *dwp;                   /* (Pe) a pair's weight gradient */
+    double *ep_loads;             /* (nmoe, E): the step's loads, summed over the run's ranks */
+    int *choice_host;             /* pinned (P) */
+    float *weight_host;           /* pinned (P) */
     struct lt_kind lt_kinds[LT_KINDS];
     int nlt;
     const int *forced_choice; /* device (T, top_k): replaces the router's choice (benchmarks) */
     /* parameters, flat in the reference's table order (table.nparams of them) */
-    float *master;            /* (nparams) fp32 masters (ZeRO-1: ranks x shard_n) */
-    float *grad;              /* (nparams) accumulated gradients */
-    float *m1, *m2;           /* (shard_n) AdamW moments */
+    float *master;  /* (nparams) fp32 masters (ZeRO-1: ranks x shard_n) */
+    float *grad;    /* (nparams) accumulated gradients */
+    float *m1, *m2; /* (shard_n) AdamW moments */
     /* ZeRO-1 (cfg.zero): this rank's shard of the flat parameters, [shard_lo, shard_hi), of
      * shard_n each rank (the last one's padded); m1 and m2 hold the shard only, master all
      * ranks x shard_n (every rank's part arrives by all-gather after each update) */
     size_t shard_lo, shard_hi, shard_n;
-    bf16 *w16;                /* (nparams) bf16 copies of the masters, what the GEMMs read */
-    int (*wi)[W_N];           /* per layer: tensor index of each weight, -1: none */
+    bf16 *w16;      /* (nparams) bf16 copies of the masters, what the GEMMs read */
+    int (*wi)[W_N]; /* per layer: tensor index of each weight, -1: none */
     int embed, final_norm, head;
-    bool *decay;              /* per tensor */
+    bool *decay; /* per tensor */
     /* MoE */
-    int *moe_index;           /* per layer: its index among MoE layers, -1 dense */
+    int *moe_index; /* per layer: its index among MoE layers, -1 dense */
     int nmoe;
-    float *bias;              /* (layers, E) device, selection bias */
+    float *bias; /* (layers, E) device, selection bias */
     double *bias_host;
-    int64_t *counts;          /* (nmoe, E) since creation */
-    int64_t *step_load;       /* (nmoe, E) this step */
-    unsigned long long *coact;/* (nmoe, E, E) device */
-    int **off_host;           /* per layer (or one with recompute): E + 1 */
+    int64_t *counts;           /* (nmoe, E) since creation */
+    int64_t *step_load;        /* (nmoe, E) this step */
+    unsigned long long *coact; /* (nmoe, E, E) device */
+    int **off_host;            /* per layer (or one with recompute): E + 1 */
     /* activations */
-    float **xin;              /* (layers + 1) x (T, h): each block's input, xin[layers] the last
-                               * block's output */
-    struct act *act;          /* per layer, or all the same with recompute */
+    float **xin;     /* (layers + 1) x (T, h): each block's input, xin[layers] the last
+                      * block's output */
+    struct act *act; /* per layer, or all the same with recompute */
     /* workspace: shapes as struct act's; the d* buffers are gradients */
-    int *tok;                 /* (mbs, seq + 1) the micro-batch's token ids */
-    int *tok_in, *tgt;        /* (T) inputs and next-token targets */
+    int *tok;                  /* (mbs, seq + 1) the micro-batch's token ids */
+    int *tok_in, *tgt;         /* (T) inputs and next-token targets */
     int *perm_cnt, *perm_base; /* (P / GK_CHUNK + 1, experts) the permutation's counting sort */
-    int *emb_dev;             /* (3 T + 1) distinct ids, offsets, positions of the inputs */
+    int *emb_dev;              /* (3 T + 1) distinct ids, offsets, positions of the inputs */
     int *emb_host, *emb_count; /* pinned copy of emb_dev; (vocab) counts per id (host) */
     int emb_nids;
-    float *q32, *k32;         /* (T, H * dqk), (T, KV * dqk) fp32 before RoPE */
-    float *kv32;              /* MLA (T, H * (nope + dv)) the decompressed keys and values */
-    float *delta;             /* (T, H) flash backward's row sums */
-    float *part;              /* (T / GK_CHUNK + 1, widest row) column-sum partials */
-    float *ytmp;              /* (widest row) */
-    float *dh, *dprev;        /* (T, h) the residual stream's gradient, in and out of a block */
-    float *yscr;              /* (T, h) recompute's scratch output */
-    float *da32, *db32;       /* (T, h) the normed inputs' gradients */
-    bf16 *dy16, *dh16;        /* (T, h) bf16 copies of gradients for the GEMMs */
-    bf16 *do16;               /* (T, H * dv) */
+    float *q32, *k32;          /* (T, H * dqk), (T, KV * dqk) fp32 before RoPE */
+    float *kv32;               /* MLA (T, H * (nope + dv)) the decompressed keys and values */
+    float *delta;              /* (T, H) flash backward's row sums */
+    float *part;               /* (T / GK_CHUNK + 1, widest row) column-sum partials */
+    float *ytmp;               /* (widest row) */
+    float *dh, *dprev;         /* (T, h) the residual stream's gradient, in and out of a block */
+    float *yscr;               /* (T, h) recompute's scratch output */
+    float *da32, *db32;        /* (T, h) the normed inputs' gradients */
+    bf16 *dy16, *dh16;         /* (T, h) bf16 copies of gradients for the GEMMs */
+    bf16 *do16;                /* (T, H * dv) */
     float *dq32, *dk32, *dv32; /* (T, H * dqk), (T, KV * dqk), (T, KV * dv) */
-    bf16 *dq16, *dk16, *dv16; /* the same in bf16 */
-    float *dqf32;             /* MLA (T, H * dqk) */
+    bf16 *dq16, *dk16, *dv16;  /* the same in bf16 */
+    float *dqf32;              /* MLA (T, H * dqk) */
     bf16 *dqf16;
-    float *dkv32;             /* MLA (T, H * (nope + dv)) */
+    float *dkv32; /* MLA (T, H * (nope + dv)) */
     bf16 *dkv16;
-    float *dckvn32;           /* MLA (T, kv_lora) */
-    float *dckvf32;           /* MLA (T, kv_lora + rope) */
+    float *dckvn32; /* MLA (T, kv_lora) */
+    float *dckvf32; /* MLA (T, kv_lora + rope) */
     bf16 *dckvf16;
-    float *dcqn32, *dcq32;    /* MLA (T, q_lora) */
+    float *dcqn32, *dcq32; /* MLA (T, q_lora) */
     bf16 *dcq16;
-    float *dhm32;             /* (T, fw) */
-    bf16 *dg16, *du16;        /* (T, fw) */
-    float *dw;                /* (P) routing weights' gradients */
-    bf16 *dyp16;              /* (Pe, h) */
-    float *dehm32;            /* (Pe, ffn) */
-    bf16 *deg16, *deu16;      /* (Pe, ffn) */
-    float *dxp32;             /* (Pe, h) */
-    float *dz;                /* (T, experts) router logits' gradient */
-    float *scores;            /* (T, experts) */
-    bf16 *fin16;              /* (T, h) the final norm's output */
-    float *rstdf;             /* (T) */
-    float *logits;            /* (T, vocab) LM head output */
-    bf16 *dlog16;             /* (T, vocab) its gradient */
-    float *row_loss;          /* (T) */
-    float *dfin32;            /* (T, h) */
-    double grad_scale;        /* of the micro-batch running */
-    double *norm_part;        /* (GK_NORM_BLOCKS) the gradient norm's partial sums */
-    float2 *rope_tab;         /* (S, rotated dims / 2): cos, sin */
-    float *host_rows;         /* pinned: row losses */
+    float *dhm32;        /* (T, fw) */
+    bf16 *dg16, *du16;   /* (T, fw) */
+    float *dw;           /* (P) routing weights' gradients */
+    bf16 *dyp16;         /* (Pe, h) */
+    float *dehm32;       /* (Pe, ffn) */
+    bf16 *deg16, *deu16; /* (Pe, ffn) */
+    float *dxp32;        /* (Pe, h) */
+    float *dz;           /* (T, experts) router logits' gradient */
+    float *scores;       /* (T, experts) */
+    bf16 *fin16;         /* (T, h) the final norm's output */
+    float *rstdf;        /* (T) */
+    float *logits;       /* (T, vocab) LM head output */
+    bf16 *dlog16;        /* (T, vocab) its gradient */
+    float *row_loss;     /* (T) */
+    float *dfin32;       /* (T, h) */
+    double grad_scale;   /* of the micro-batch running */
+    double *norm_part;   /* (GK_NORM_BLOCKS) the gradient norm's partial sums */
+    float2 *rope_tab;    /* (S, rotated dims / 2): cos, sin */
+    float *host_rows;    /* pinned: row losses */
     /* timing and accounting */
     cudaEvent_t ev[MAX_EVENTS];
     int ev_phase[MAX_EVENTS];
     int nev, ev_created;
     bool ev_overflow;
     int syncs;
-    struct cost_bytes sent;   /* expert parallelism: dispatch payload this step */
-    bool record_stats;        /* false in a recompute forward */
+    struct cost_bytes sent; /* expert parallelism: dispatch payload this step */
+    bool record_stats;      /* false in a recompute forward */
     /* gradient buckets (cfg.dp): block l's parameters are [blk_off[l], blk_off[l + 1]); the
      * last micro-batch's backward starts their all-reduce block by block */
     size_t *blk_off;
@@ -245,13 +247,22 @@ static inline double allocated(const struct exec_gpu *g)
 #define ALLOC(ptr, count, cat)                                                                     \
     MOE_CHECK(gpu_dalloc(g, (void **)&(ptr), sizeof(*(ptr)) * (size_t)(count), cat, #ptr, err))
 #define PH(p) MOE_CHECK(gpu_phase(g, (p), err))
-static inline float *M(const struct exec_gpu *g, int t) { return g->master + g->table.tensor[t].offset; }
-static inline bf16 *W16(const struct exec_gpu *g, int t) { return g->w16 + g->table.tensor[t].offset; }
-static inline float *GR(const struct exec_gpu *g, int t) { return g->grad + g->table.tensor[t].offset; }
+static inline float *M(const struct exec_gpu *g, int t)
+{
+    return g->master + g->table.tensor[t].offset;
+}
+static inline bf16 *W16(const struct exec_gpu *g, int t)
+{
+    return g->w16 + g->table.tensor[t].offset;
+}
+static inline float *GR(const struct exec_gpu *g, int t)
+{
+    return g->grad + g->table.tensor[t].offset;
+}
 
 /* gpu_create.cu: creation, buffers, parameters, optimizer state and selection biases */
 enum moe_status gpu_dalloc(struct exec_gpu *g, void **p, size_t bytes, enum exec_mem cat,
-                              const char *what, struct moe_error *err);
+                           const char *what, struct moe_error *err);
 enum moe_status gpu_upload_bias(struct exec_gpu *g, struct moe_error *err);
 
 /* gpu_step.cu: the step: phases, blocks, micro-batches, loss, optimizer, checks */
@@ -259,16 +270,16 @@ enum moe_status gpu_phase(struct exec_gpu *g, int ph, struct moe_error *err);
 
 /* gpu_gemm.cu: GEMMs (cuBLAS, cuBLASLt for the expert GEMMs) and the expert streams */
 enum moe_status gpu_mm(struct exec_gpu *g, bool ta, bool tb, int M_, int N, int K, float alpha,
-                          const void *A, int lda, long long sA, const void *B, int ldb,
-                          long long sB, float beta, void *C, int ldc, long long sC, int batch,
-                          cudaDataType ab, cudaDataType ct, struct moe_error *err);
-enum moe_status gpu_lin(struct exec_gpu *g, const bf16 *X, int ldx, const bf16 *Wt, int T,
-                           int in, int out, void *Y, int ldy, cudaDataType yt, float beta,
-                           struct moe_error *err);
+                       const void *A, int lda, long long sA, const void *B, int ldb, long long sB,
+                       float beta, void *C, int ldc, long long sC, int batch, cudaDataType ab,
+                       cudaDataType ct, struct moe_error *err);
+enum moe_status gpu_lin(struct exec_gpu *g, const bf16 *X, int ldx, const bf16 *Wt, int T, int in,
+                        int out, void *Y, int ldy, cudaDataType yt, float beta,
+                        struct moe_error *err);
 enum moe_status gpu_lin_dx(struct exec_gpu *g, const bf16 *dY, int lddy, const bf16 *Wt, int T,
-                              int in, int out, float *dX, int lddx, float beta, struct moe_error *err);
+                           int in, int out, float *dX, int lddx, float beta, struct moe_error *err);
 enum moe_status gpu_lin_dw(struct exec_gpu *g, const bf16 *dY, int lddy, const bf16 *X, int ldx,
-                              int T, int in, int out, float *dW, struct moe_error *err);
+                           int T, int in, int out, float *dW, struct moe_error *err);
 enum moe_status gpu_sync_host(struct exec_gpu *g, struct moe_error *err);
 enum moe_status gpu_fork_experts(struct exec_gpu *g, struct moe_error *err);
 void gpu_use_expert_stream(struct exec_gpu *g, int e);
@@ -277,33 +288,33 @@ enum moe_status gpu_join_experts(struct exec_gpu *g, struct moe_error *err);
 /* gpu_attn_block.cu: the attention half of a block (GQA or MLA), forward and backward */
 enum moe_status gpu_attn_forward(struct exec_gpu *g, int l, struct act *A, struct moe_error *err);
 enum moe_status gpu_attn_backward(struct exec_gpu *g, int l, const struct act *A,
-                                     struct moe_error *err);
+                                  struct moe_error *err);
 
 /* gpu_moe.cu: SwiGLU, the experts and the dropless MoE layer on one GPU */
-enum moe_status gpu_swiglu_forward(struct exec_gpu *g, const bf16 *x, int T, int F,
-                                      const bf16 *Wg, const bf16 *Wu, const bf16 *Wd, float *g32,
-                                      float *u32, bf16 *hm16, float *y, struct moe_error *err);
+enum moe_status gpu_swiglu_forward(struct exec_gpu *g, const bf16 *x, int T, int F, const bf16 *Wg,
+                                   const bf16 *Wu, const bf16 *Wd, float *g32, float *u32,
+                                   bf16 *hm16, float *y, struct moe_error *err);
 enum moe_status gpu_swiglu_backward(struct exec_gpu *g, const bf16 *x, const bf16 *dy16, int T,
-                                       int F, const bf16 *Wg, const bf16 *Wu, const bf16 *Wd,
-                                       const float *g32, const float *u32, const bf16 *hm16,
-                                       float *dWg, float *dWu, float *dWd, float *dx, float beta,
-                                       struct moe_error *err);
+                                    int F, const bf16 *Wg, const bf16 *Wu, const bf16 *Wd,
+                                    const float *g32, const float *u32, const bf16 *hm16,
+                                    float *dWg, float *dWu, float *dWd, float *dx, float beta,
+                                    struct moe_error *err);
 enum moe_status gpu_experts_forward(struct exec_gpu *g, int l, struct act *A, const int *off,
-                                       struct moe_error *err);
-enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act *A,
-                                        const int *off, struct moe_error *err);
+                                    struct moe_error *err);
+enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act *A, const int *off,
+                                     struct moe_error *err);
 enum moe_status gpu_moe_forward(struct exec_gpu *g, int l, struct act *A, float *y,
-                                   struct moe_error *err);
+                                struct moe_error *err);
 enum moe_status gpu_moe_aux_loss(struct exec_gpu *g, int l, const struct act *A, double *aux,
-                                    struct moe_error *err);
+                                 struct moe_error *err);
 enum moe_status gpu_moe_backward(struct exec_gpu *g, int l, const struct act *A,
-                                    struct moe_error *err);
+                                 struct moe_error *err);
 
 /* gpu_ep.cu: expert parallelism: the MoE layer with its tokens exchanged between ranks */
 enum moe_status gpu_ep_forward(struct exec_gpu *g, int l, struct act *A, float *y,
-                                  struct moe_error *err);
+                               struct moe_error *err);
 enum moe_status gpu_ep_backward(struct exec_gpu *g, int l, const struct act *A,
-                                   struct moe_error *err);
+                                struct moe_error *err);
 enum moe_status gpu_ep_alloc(struct exec_gpu *g, struct moe_error *err);
 
 #endif

@@ -18,12 +18,12 @@
 #include <math.h>
 #include <stdint.h>
 
-#define FA_BM 64  /* queries per block (forward, dQ) */
-#define FA_BN 64  /* keys per block (dK dV) */
+#define FA_BM 64     /* queries per block (forward, dQ) */
+#define FA_BN 64     /* keys per block (dK dV) */
 #define FA_BN_FWD 64 /* keys per tile (forward; 32 measured the same) */
 #define FA_BN_DQ 32  /* keys per tile (dQ: two blocks an SM with the 192/128 width) */
-#define FA_BQ 32  /* queries per tile in the dK dV kernel */
-#define FA_PAD 8  /* bf16 of padding per shared row: conflict-free ldmatrix */
+#define FA_BQ 32     /* queries per tile in the dK dV kernel */
+#define FA_PAD 8     /* bf16 of padding per shared row: conflict-free ldmatrix */
 #define FA_THREADS 128
 
 /* ---- tensor-core fragments ------------------------------------------------------------------ */
@@ -153,7 +153,10 @@ __device__ __forceinline__ void load_tile(bf16 *dst, const bf16 *src, size_t ld,
     }
 }
 
-__device__ __forceinline__ void async_commit() { asm volatile("cp.async.commit_group;"); }
+__device__ __forceinline__ void async_commit()
+{
+    asm volatile("cp.async.commit_group;");
+}
 /* Wait until at most n of this thread's committed groups are pending, then for the block. */
 template <int N> __device__ __forceinline__ void async_wait()
 {
@@ -290,8 +293,10 @@ __global__ void __launch_bounds__(FA_THREADS) k_flash_forward(fa_args a)
                 int i = e < 2 ? w.r0 : w.r1, j = k0 + n * 8 + w.cq + (e & 1);
                 float x = visible(i, j, S, a.window) ? s[n][e] * a.scale_log2 : -INFINITY;
                 s[n][e] = x;
-                if (e < 2) t0max = fmaxf(t0max, x);
-                else t1max = fmaxf(t1max, x);
+                if (e < 2)
+                    t0max = fmaxf(t0max, x);
+                else
+                    t1max = fmaxf(t1max, x);
             }
         for (int off = 1; off < 4; off <<= 1) {
             t0max = fmaxf(t0max, __shfl_xor_sync(0xffffffffu, t0max, off));
@@ -362,8 +367,7 @@ __global__ void k_flash_delta(fa_args a, int rows)
 }
 
 /* dK and dV of 64 keys of KV head blockIdx.y, over the query heads of its group. */
-template <int DQ, int DV>
-__global__ void __launch_bounds__(FA_THREADS) k_flash_dkdv(fa_args a)
+template <int DQ, int DV> __global__ void __launch_bounds__(FA_THREADS) k_flash_dkdv(fa_args a)
 {
     constexpr int LQ = DQ + FA_PAD, LV = DV + FA_PAD, NS = FA_BQ / 8;
     constexpr int TILE = FA_BQ * (LQ + LV) + 4 * FA_BQ; /* Q, dO, then lse and delta (floats) */
@@ -405,8 +409,8 @@ __global__ void __launch_bounds__(FA_THREADS) k_flash_dkdv(fa_args a)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int c = n * 8 + w.cq + (e & 1), i = i0 + c, j = e < 2 ? w.r0 : w.r1;
-                float pv = visible(i, j, S, a.window) ? exp2f(p[n][e] * a.scale_log2 - Ls[c])
-                                                      : 0.0f;
+                float pv =
+                    visible(i, j, S, a.window) ? exp2f(p[n][e] * a.scale_log2 - Ls[c]) : 0.0f;
                 p[n][e] = pv;
                 dp[n][e] = pv * (dp[n][e] - Dl[c]);
             }
@@ -453,7 +457,8 @@ __global__ void __launch_bounds__(FA_THREADS) k_flash_dq(fa_args a)
             for (int e = 0; e < 4; e++) {
                 int i = e < 2 ? w.r0 : w.r1, j = k0 + n * 8 + w.cq + (e & 1);
                 float pv = visible(i, j, S, a.window)
-                               ? exp2f(p[n][e] * a.scale_log2 - (e < 2 ? L0 : L1)) : 0.0f;
+                               ? exp2f(p[n][e] * a.scale_log2 - (e < 2 ? L0 : L1))
+                               : 0.0f;
                 p[n][e] = pv * (dp[n][e] - (e < 2 ? D0 : D1));
             }
         gemm_pk<DQ / 8, BN / 16>(dq, p, Ks, LQ, w.lane);

@@ -1,6 +1,8 @@
 /*
- * gpu_kernels.cu: the CUDA kernels of the training step, one launcher each (declared in
- * gpu_kernels.h, internal to executor/).
+ * gpu_kernels.cu: the CUDA kernels of the training step's dense parts, one launcher each
+ * (declared in gpu_kernels.h, internal to executor/): initialisation and conversions, tokens and
+ * the embedding, RMSNorm, RoPE and MLA's head assembly, SwiGLU, the loss and the optimizer. The
+ * MoE path's kernels are in gpu_kernels_moe.cu, attention's in gpu_attention.cu.
  *
  * Every kernel is deterministic: reductions run in a fixed order inside one block, or in fixed
  * chunks summed in chunk order; no floating-point atomics are used anywhere, so a seed gives the
@@ -12,23 +14,6 @@
 #include "gpu_kernels.h"
 
 #include <math.h>
-
-#define TPB 256
-
-static unsigned blocks_for(size_t n, int per) { return (unsigned)((n + per - 1) / per); }
-
-/* The sum over the block of one value per thread, in a fixed order; all threads get it. */
-__device__ float block_sum(float v, float *red)
-{
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    int w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) red[w] = v;
-    __syncthreads();
-    float s = 0.0f;
-    for (int i = 0; i < nw; i++) s += red[i];
-    return s;
-}
 
 /* ---- initialization and conversions ------------------------------------------------------- */
 
@@ -54,7 +39,8 @@ __global__ void k_init(float *p, size_t n, size_t base, uint64_t seed, float std
     p[i] = (float)(std * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
 }
 
-cudaError_t gk_init(float *p, size_t n, size_t base, uint64_t seed, float std, bool ones, cudaStream_t s)
+cudaError_t gk_init(float *p, size_t n, size_t base, uint64_t seed, float std, bool ones,
+                    cudaStream_t s)
 {
     if (n) k_init<<<blocks_for(n, TPB), TPB, 0, s>>>(p, n, base, seed, std, ones);
     return cudaGetLastError();
@@ -132,8 +118,8 @@ __global__ void k_embed_backward(const float *dx, const int *ids, const int *off
     }
 }
 
-cudaError_t gk_embed_backward(const float *dx, const int *ids, const int *off, const int *pos, int nids,
-                       int h, float *demb, cudaStream_t s)
+cudaError_t gk_embed_backward(const float *dx, const int *ids, const int *off, const int *pos,
+                              int nids, int h, float *demb, cudaStream_t s)
 {
     if (nids) k_embed_backward<<<nids, TPB, 0, s>>>(dx, ids, off, pos, h, demb);
     return cudaGetLastError();
@@ -160,7 +146,7 @@ __global__ void k_rmsnorm(const float *x, int ldx, const float *w, int h, float 
 }
 
 cudaError_t gk_rmsnorm(const float *x, int ldx, const float *w, int T, int h, float eps, bf16 *y16,
-                int ld16, float *y32, int ld32, float *rstd, cudaStream_t s)
+                       int ld16, float *y32, int ld32, float *rstd, cudaStream_t s)
 {
     if (T) k_rmsnorm<<<T, TPB, 0, s>>>(x, ldx, w, h, eps, y16, ld16, y32, ld32, rstd);
     return cudaGetLastError();
@@ -186,8 +172,8 @@ __global__ void k_rmsnorm_backward(const float *x, int ldx, const float *w, cons
 }
 
 cudaError_t gk_rmsnorm_backward(const float *x, int ldx, const float *w, const float *rstd,
-                         const float *dy, int lddy, const float *base, int ldb, float *dx, int lddx,
-                         int T, int h, cudaStream_t s)
+                                const float *dy, int lddy, const float *base, int ldb, float *dx,
+                                int lddx, int T, int h, cudaStream_t s)
 {
     if (T) k_rmsnorm_backward<<<T, TPB, 0, s>>>(x, ldx, w, rstd, dy, lddy, base, ldb, dx, lddx, h);
     return cudaGetLastError();
@@ -220,8 +206,8 @@ __global__ void k_colsum_final(const float *part, int chunks, int n, float *out,
     out[c] = accumulate ? out[c] + acc : acc;
 }
 
-cudaError_t gk_colsum(const float *a, int lda, const float *b, int ldb, const float *r, int T, int n,
-               float *part, float *out, bool accumulate, cudaStream_t s)
+cudaError_t gk_colsum(const float *a, int lda, const float *b, int ldb, const float *r, int T,
+                      int n, float *part, float *out, bool accumulate, cudaStream_t s)
 {
     int chunks = (T + GK_CHUNK - 1) / GK_CHUNK;
     if (chunks == 0) return cudaGetLastError();
@@ -283,7 +269,7 @@ __global__ void k_rope(float *x, int T, int heads, int dim, int rot, const float
 }
 
 cudaError_t gk_rope(float *x, int T, int heads, int dim, int rot, const float2 *tab, int seq,
-             bool inverse, cudaStream_t s)
+                    bool inverse, cudaStream_t s)
 {
     size_t n = (size_t)T * heads * (rot / 2);
     if (n) k_rope<<<blocks_for(n, TPB), TPB, 0, s>>>(x, T, heads, dim, rot, tab, seq, inverse);
@@ -293,9 +279,9 @@ cudaError_t gk_rope(float *x, int T, int heads, int dim, int rot, const float2 *
 /* MLA: q (T, H, rope + nope) = [RoPE(qf rope part) | qf nope part] where qf holds [nope | rope]
  * per head; k = [RoPE(shared key from ckvf[kvl..]) | kv nope part]; v = kv v part. One block per
  * token, consecutive threads on consecutive elements. */
-__global__ void k_mla_assemble(const float *qf, const float *ckvf, const float *kv, int H,
-                               int nope, int rope, int dv, int kvl, const float2 *tab, int seq,
-                               bf16 *q, bf16 *k, bf16 *v)
+__global__ void k_mla_assemble(const float *qf, const float *ckvf, const float *kv, int H, int nope,
+                               int rope, int dv, int kvl, const float2 *tab, int seq, bf16 *q,
+                               bf16 *k, bf16 *v)
 {
     int dqk = nope + rope, half = rope / 2, t = blockIdx.x;
     const float2 *cs = tab + (size_t)(t % seq) * half;
@@ -323,9 +309,9 @@ __global__ void k_mla_assemble(const float *qf, const float *ckvf, const float *
         vd[e] = __float2bfloat16(kvt[(size_t)(e / dv) * (nope + dv) + nope + e % dv]);
 }
 
-cudaError_t gk_mla_assemble(const float *qf, const float *ckvf, const float *kv, int T, int H, int nope,
-                     int rope, int dv, int kvl, const float2 *tab, int seq, bf16 *q, bf16 *k,
-                     bf16 *v, cudaStream_t s)
+cudaError_t gk_mla_assemble(const float *qf, const float *ckvf, const float *kv, int T, int H,
+                            int nope, int rope, int dv, int kvl, const float2 *tab, int seq,
+                            bf16 *q, bf16 *k, bf16 *v, cudaStream_t s)
 {
     if (T && H)
         k_mla_assemble<<<T, TPB, 0, s>>>(qf, ckvf, kv, H, nope, rope, dv, kvl, tab, seq, q, k, v);
@@ -376,9 +362,9 @@ __global__ void k_mla_disassemble(const float *dq, const float *dk, const float 
     }
 }
 
-cudaError_t gk_mla_disassemble(const float *dq, const float *dk, const float *dv, int T, int H, int nope,
-                        int rope, int dvd, int kvl, const float2 *tab, int seq, float *dqf,
-                        float *dkv, float *dckvf, cudaStream_t s)
+cudaError_t gk_mla_disassemble(const float *dq, const float *dk, const float *dv, int T, int H,
+                               int nope, int rope, int dvd, int kvl, const float2 *tab, int seq,
+                               float *dqf, float *dkv, float *dckvf, cudaStream_t s)
 {
     if (T && H)
         k_mla_disassemble<<<T, TPB, 0, s>>>(dq, dk, dv, H, nope, rope, dvd, kvl, tab, seq, dqf, dkv,
@@ -413,312 +399,9 @@ __global__ void k_swiglu_backward(const float *g, const float *u, const float *d
 }
 
 cudaError_t gk_swiglu_backward(const float *g, const float *u, const float *dhm, bf16 *dg, bf16 *du,
-                        size_t n, cudaStream_t s)
+                               size_t n, cudaStream_t s)
 {
     if (n) k_swiglu_backward<<<blocks_for(n, TPB), TPB, 0, s>>>(g, u, dhm, dg, du, n);
-    return cudaGetLastError();
-}
-
-/* ---- dropless permutation ------------------------------------------------------------------- */
-
-/* A stable counting sort of the n = T * top_k (token, slot) pairs by expert, in chunks of
- * GK_CHUNK pairs: counts per chunk, a scan over chunks per expert and over experts, then each
- * chunk places its pairs in order. row_src[p] = pair index of permuted row p; pos[i] = its row. */
-__global__ void k_perm_count(const int *choice, int n, int E, int *cnt)
-{
-    extern __shared__ int hist[];
-    for (int e = threadIdx.x; e < E; e += blockDim.x) hist[e] = 0;
-    __syncthreads();
-    int i0 = blockIdx.x * GK_CHUNK, i1 = min(n, i0 + GK_CHUNK);
-    for (int i = i0 + threadIdx.x; i < i1; i += blockDim.x) atomicAdd(&hist[choice[i]], 1);
-    __syncthreads();
-    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[(size_t)blockIdx.x * E + e] = hist[e];
-}
-
-__global__ void k_perm_scan(const int *cnt, int chunks, int E, int *base, int *off)
-{
-    extern __shared__ int tot[];
-    for (int e = threadIdx.x; e < E; e += blockDim.x) {
-        int run = 0;
-        for (int c = 0; c < chunks; c++) {
-            base[(size_t)c * E + e] = run;
-            run += cnt[(size_t)c * E + e];
-        }
-        tot[e] = run;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int run = 0;
-        for (int e = 0; e < E; e++) {
-            off[e] = run;
-            run += tot[e];
-        }
-        off[E] = run;
-    }
-}
-
-__global__ void k_perm_place(const int *choice, int n, int E, const int *base, const int *off,
-                             int *row_src, int *pos)
-{
-    extern __shared__ int fill[];
-    for (int e = threadIdx.x; e < E; e += blockDim.x) fill[e] = off[e] + base[(size_t)blockIdx.x * E + e];
-    __syncthreads();
-    if (threadIdx.x != 0) return;
-    int i0 = blockIdx.x * GK_CHUNK, i1 = min(n, i0 + GK_CHUNK);
-    for (int i = i0; i < i1; i++) {
-        int p = fill[choice[i]]++;
-        row_src[p] = i;
-        pos[i] = p;
-    }
-}
-
-cudaError_t gk_permute_count(const int *choice, int n, int E, int *cnt, int *base, int *off,
-                      cudaStream_t s)
-{
-    int chunks = (n + GK_CHUNK - 1) / GK_CHUNK;
-    size_t sh = sizeof(int) * E;
-    if (chunks) k_perm_count<<<chunks, TPB, sh, s>>>(choice, n, E, cnt);
-    k_perm_scan<<<1, TPB, sh, s>>>(cnt, chunks, E, base, off);
-    return cudaGetLastError();
-}
-
-cudaError_t gk_permute_place(const int *choice, int n, int E, const int *base, const int *off,
-                      int *row_src, int *pos, cudaStream_t s)
-{
-    int chunks = (n + GK_CHUNK - 1) / GK_CHUNK;
-    if (chunks) k_perm_place<<<chunks, 32, sizeof(int) * E, s>>>(choice, n, E, base, off, row_src, pos);
-    return cudaGetLastError();
-}
-
-/* xp[p] = x[row_src[p] / k] */
-__global__ void k_gather(const bf16 *x, const int *row_src, int k, int P, int h, bf16 *xp)
-{
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i >= (size_t)P * h) return;
-    size_t p = i / h, c = i % h;
-    xp[i] = x[(size_t)(row_src[p] / k) * h + c];
-}
-
-/* The same, 16 bytes (8 bf16) per thread, for h % 8 == 0. */
-__global__ void k_gather16(const uint4 *x, const int *row_src, int k, int P, int h8, uint4 *xp)
-{
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i >= (size_t)P * h8) return;
-    size_t p = i / h8, c = i % h8;
-    xp[i] = x[(size_t)(row_src[p] / k) * h8 + c];
-}
-
-cudaError_t gk_gather(const bf16 *x, const int *row_src, int k, int P, int h, bf16 *xp, cudaStream_t s)
-{
-    size_t n = (size_t)P * h;
-    if (!n) return cudaGetLastError();
-    if (h % 8 == 0)
-        k_gather16<<<blocks_for(n / 8, TPB), TPB, 0, s>>>((const uint4 *)x, row_src, k, P, h / 8,
-                                                           (uint4 *)xp);
-    else
-        k_gather<<<blocks_for(n, TPB), TPB, 0, s>>>(x, row_src, k, P, h, xp);
-    return cudaGetLastError();
-}
-
-/* y[t] += sum_j w[t,j] * yp[pos[t,j]] (the weighted unpermute), slots in order. */
-__global__ void k_combine(float *y, const float *yp, const float *w, const int *pos, int T, int k,
-                          int h)
-{
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i >= (size_t)T * h) return;
-    size_t t = i / h, c = i % h;
-    float acc = y[i];
-    for (int j = 0; j < k; j++) acc += w[t * k + j] * yp[(size_t)pos[t * k + j] * h + c];
-    y[i] = acc;
-}
-
-/* The same, 4 columns per thread, for h % 4 == 0 (the same additions in the same order). */
-__global__ void k_combine4(float4 *y, const float4 *yp, const float *w, const int *pos, int T,
-                           int k, int h4)
-{
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i >= (size_t)T * h4) return;
-    size_t t = i / h4, c = i % h4;
-    float4 acc = y[i];
-    for (int j = 0; j < k; j++) {
-        float wt = w[t * k + j];
-        float4 v = yp[(size_t)pos[t * k + j] * h4 + c];
-        acc.x += wt * v.x, acc.y += wt * v.y, acc.z += wt * v.z, acc.w += wt * v.w;
-    }
-    y[i] = acc;
-}
-
-cudaError_t gk_combine(float *y, const float *yp, const float *w, const int *pos, int T, int k, int h,
-                cudaStream_t s)
-{
-    size_t n = (size_t)T * h;
-    if (!n) return cudaGetLastError();
-    if (h % 4 == 0)
-        k_combine4<<<blocks_for(n / 4, TPB), TPB, 0, s>>>((float4 *)y, (const float4 *)yp, w, pos,
-                                                           T, k, h / 4);
-    else
-        k_combine<<<blocks_for(n, TPB), TPB, 0, s>>>(y, yp, w, pos, T, k, h);
-    return cudaGetLastError();
-}
-
-/* Backward of the combine: dyp[pos[t,j]] = w[t,j] * dy[t] (bf16), dw[t,j] = dy[t] . yp[pos]. */
-__global__ void k_combine_backward(const float *dy, const float *yp, const float *w, const int *pos,
-                                   int k, int h, bf16 *dyp, float *dw)
-{
-    __shared__ float red[TPB / 32];
-    size_t t = blockIdx.x;
-    const float *g = dy + t * h;
-    for (int j = 0; j < k; j++) {
-        size_t p = pos[t * k + j];
-        float wt = w[t * k + j], dot = 0.0f;
-        for (int c = threadIdx.x; c < h; c += blockDim.x) {
-            dot += g[c] * yp[p * h + c];
-            dyp[p * h + c] = __float2bfloat16(wt * g[c]);
-        }
-        dot = block_sum(dot, red);
-        if (threadIdx.x == 0) dw[t * k + j] = dot;
-    }
-}
-
-cudaError_t gk_combine_backward(const float *dy, const float *yp, const float *w, const int *pos, int T,
-                         int k, int h, bf16 *dyp, float *dw, cudaStream_t s)
-{
-    if (T) k_combine_backward<<<T, TPB, 0, s>>>(dy, yp, w, pos, k, h, dyp, dw);
-    return cudaGetLastError();
-}
-
-/* dx[t] (+)= sum_j dxp[pos[t,j]] */
-__global__ void k_gather_sum(const float *dxp, const int *pos, int T, int k, int h, float *dx,
-                             int accumulate)
-{
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i >= (size_t)T * h) return;
-    size_t t = i / h, c = i % h;
-    float acc = accumulate ? dx[i] : 0.0f;
-    for (int j = 0; j < k; j++) acc += dxp[(size_t)pos[t * k + j] * h + c];
-    dx[i] = acc;
-}
-
-__global__ void k_gather_sum4(const float4 *dxp, const int *pos, int T, int k, int h4, float4 *dx,
-                              int accumulate)
-{
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i >= (size_t)T * h4) return;
-    size_t t = i / h4, c = i % h4;
-    float4 acc = accumulate ? dx[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int j = 0; j < k; j++) {
-        float4 v = dxp[(size_t)pos[t * k + j] * h4 + c];
-        acc.x += v.x, acc.y += v.y, acc.z += v.z, acc.w += v.w;
-    }
-    dx[i] = acc;
-}
-
-cudaError_t gk_gather_sum(const float *dxp, const int *pos, int T, int k, int h, float *dx,
-                   bool accumulate, cudaStream_t s)
-{
-    size_t n = (size_t)T * h;
-    if (!n) return cudaGetLastError();
-    if (h % 4 == 0)
-        k_gather_sum4<<<blocks_for(n / 4, TPB), TPB, 0, s>>>((const float4 *)dxp, pos, T, k, h / 4,
-                                                              (float4 *)dx, accumulate);
-    else
-        k_gather_sum<<<blocks_for(n, TPB), TPB, 0, s>>>(dxp, pos, T, k, h, dx, accumulate);
-    return cudaGetLastError();
-}
-
-/* ---- router backward, scores, routing statistics ------------------------------------------- */
-
-__device__ void scores_of(const struct exec_router_cfg *cfg, const float *z, float *s)
-{
-    int E = cfg->experts;
-    if (cfg->scoring == MDL_SCORE_SIGMOID) {
-        for (int e = 0; e < E; e++) s[e] = 1.0f / (1.0f + expf(-z[e]));
-        return;
-    }
-    float mx = z[0], sum = 0.0f;
-    for (int e = 1; e < E; e++) mx = fmaxf(mx, z[e]);
-    for (int e = 0; e < E; e++) sum += (s[e] = expf(z[e] - mx));
-    for (int e = 0; e < E; e++) s[e] /= sum;
-}
-
-__global__ void k_scores(struct exec_router_cfg cfg, const float *logits, int T, float *scores)
-{
-    int t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= T) return;
-    scores_of(&cfg, logits + (size_t)t * cfg.experts, scores + (size_t)t * cfg.experts);
-}
-
-cudaError_t gk_scores(const struct exec_router_cfg *cfg, const float *logits, int T, float *scores,
-               cudaStream_t s)
-{
-    if (T) k_scores<<<blocks_for(T, 128), 128, 0, s>>>(*cfg, logits, T, scores);
-    return cudaGetLastError();
-}
-
-/* d logits of one token from d weight (and the load-balance term d aux / d s = auxg), the rule
- * of exec_ref_moe_backward. */
-__global__ void k_router_backward(struct exec_router_cfg cfg, const float *logits, const int *choice,
-                                  const float *weight, const float *dw, const float *auxg, int T,
-                                  float *dz)
-{
-    int t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= T) return;
-    const int E = cfg.experts, k = cfg.top_k;
-    float s[GK_MAX_EXPERTS], ds[GK_MAX_EXPERTS];
-    const float *z = logits + (size_t)t * E;
-    const int *ch = choice + (size_t)t * k;
-    const float *wt = weight + (size_t)t * k, *g = dw + (size_t)t * k;
-    float *o = dz + (size_t)t * E;
-    scores_of(&cfg, z, s);
-    for (int e = 0; e < E; e++) ds[e] = auxg ? auxg[e] : 0.0f, o[e] = 0.0f;
-    float sc = (float)cfg.scaling;
-    if (cfg.softmax_after_topk) {
-        float dot = 0.0f;
-        for (int j = 0; j < k; j++) dot += wt[j] / sc * g[j] * sc;
-        for (int j = 0; j < k; j++) o[ch[j]] = wt[j] / sc * (g[j] * sc - dot);
-    } else if (cfg.norm_topk) {
-        float sum = 0.0f, dot = 0.0f;
-        for (int j = 0; j < k; j++) sum += s[ch[j]];
-        for (int j = 0; j < k; j++) dot += g[j] * sc * s[ch[j]] / sum;
-        for (int j = 0; j < k; j++) ds[ch[j]] += (g[j] * sc - dot) / sum;
-    } else {
-        for (int j = 0; j < k; j++) ds[ch[j]] += g[j] * sc;
-    }
-    if (cfg.scoring == MDL_SCORE_SIGMOID) {
-        for (int e = 0; e < E; e++) o[e] += ds[e] * s[e] * (1.0f - s[e]);
-    } else {
-        float dot = 0.0f;
-        for (int e = 0; e < E; e++) dot += s[e] * ds[e];
-        for (int e = 0; e < E; e++) o[e] += s[e] * (ds[e] - dot);
-    }
-}
-
-cudaError_t gk_router_backward(const struct exec_router_cfg *cfg, const float *logits, const int *choice,
-                        const float *weight, const float *dw, const float *auxg, int T, float *dz,
-                        cudaStream_t s)
-{
-    if (T)
-        k_router_backward<<<blocks_for(T, 64), 64, 0, s>>>(*cfg, logits, choice, weight, dw, auxg,
-                                                           T, dz);
-    return cudaGetLastError();
-}
-
-/* co[a][b] += 1 for every pair of distinct experts one token chose (symmetric). */
-__global__ void k_coactivation(const int *choice, int T, int k, int E, unsigned long long *co)
-{
-    int t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= T) return;
-    const int *c = choice + (size_t)t * k;
-    for (int a = 0; a < k; a++)
-        for (int b = a + 1; b < k; b++) {
-            atomicAdd(&co[(size_t)c[a] * E + c[b]], 1ull);
-            atomicAdd(&co[(size_t)c[b] * E + c[a]], 1ull);
-        }
-}
-
-cudaError_t gk_coactivation(const int *choice, int T, int k, int E, unsigned long long *co, cudaStream_t s)
-{
-    if (T) k_coactivation<<<blocks_for(T, TPB), TPB, 0, s>>>(choice, T, k, E, co);
     return cudaGetLastError();
 }
 
@@ -775,7 +458,7 @@ __global__ void k_cross_entropy(const float *logits, const int *tgt, int V, floa
 }
 
 cudaError_t gk_cross_entropy(const float *logits, const int *tgt, int T, int V, float scale,
-                      float *row_loss, bf16 *dlogits, cudaStream_t s)
+                             float *row_loss, bf16 *dlogits, cudaStream_t s)
 {
     if (T) k_cross_entropy<<<T, TPB, 0, s>>>(logits, tgt, V, scale, row_loss, dlogits);
     return cudaGetLastError();
@@ -853,7 +536,7 @@ __global__ void k_adamw(float *p, const float *g, float *m1, float *m2, bf16 *w1
 }
 
 cudaError_t gk_adamw(float *p, const float *g, float *m1, float *m2, bf16 *w16, size_t n,
-              const struct gk_adamw *a, cudaStream_t s)
+                     const struct gk_adamw *a, cudaStream_t s)
 {
     size_t n4 = 0;
     if ((uintptr_t)p % 16 == 0 && (uintptr_t)g % 16 == 0 && (uintptr_t)m1 % 16 == 0 &&
@@ -866,78 +549,5 @@ cudaError_t gk_adamw(float *p, const float *g, float *m1, float *m2, bf16 *w16, 
     if (r)
         k_adamw<<<blocks_for(r, TPB), TPB, 0, s>>>(p + 4 * n4, g + 4 * n4, m1 + 4 * n4, m2 + 4 * n4,
                                                    w16 + 4 * n4, r, *a);
-    return cudaGetLastError();
-}
-
-/* ---- expert parallelism: rows in flight ------------------------------------------------------ */
-
-/* out[r] (+)= sum over e in [row_off[r], row_off[r + 1]) of (w ? w[e] : 1) src[idx[e]], rows of
- * h floats, in e order: a fixed order, so every run sums the same way. */
-__global__ void k_rows_csr(float *out, const float *src, const int *idx, const float *w,
-                           const int *row_off, int h, int accumulate)
-{
-    int r = blockIdx.x;
-    int lo = row_off[r], hi = row_off[r + 1];
-    for (int c = threadIdx.x; c < h; c += blockDim.x) {
-        float acc = accumulate ? out[(size_t)r * h + c] : 0.0f;
-        for (int e = lo; e < hi; e++) acc += (w ? w[e] : 1.0f) * src[(size_t)idx[e] * h + c];
-        out[(size_t)r * h + c] = acc;
-    }
-}
-
-cudaError_t gk_rows_csr(float *out, const float *src, const int *idx, const float *w, const int *row_off,
-                 int nrows, int h, bool accumulate, cudaStream_t s)
-{
-    if (nrows && h) k_rows_csr<<<nrows, h < TPB ? 32 * ((h + 31) / 32) : TPB, 0, s>>>(
-        out, src, idx, w, row_off, h, accumulate);
-    return cudaGetLastError();
-}
-
-__global__ void k_rows_gather32(const float *src, const int *idx, int n, int h, float *dst)
-{
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i >= (size_t)n * h) return;
-    dst[i] = src[(size_t)idx[i / h] * h + i % h];
-}
-
-cudaError_t gk_rows_gather32(const float *src, const int *idx, int n, int h, float *dst, cudaStream_t s)
-{
-    size_t m = (size_t)n * h;
-    if (m) k_rows_gather32<<<blocks_for(m, TPB), TPB, 0, s>>>(src, idx, n, h, dst);
-    return cudaGetLastError();
-}
-
-/* Per local pair p of a received row: d expert_out = w dy (bf16) and dw = dy . expert_out. */
-__global__ void k_pairs_backward(const float *dy, const int *pair_row, const float *pair_w,
-                                 const float *yp, int h, bf16 *dyp, float *dwp)
-{
-    __shared__ float red[TPB / 32];
-    size_t p = blockIdx.x;
-    const float *d = dy + (size_t)pair_row[p] * h, *y = yp + p * h;
-    float w = pair_w[p], dot = 0.0f;
-    for (int c = threadIdx.x; c < h; c += blockDim.x) {
-        dot += d[c] * y[c];
-        dyp[p * h + c] = __float2bfloat16(w * d[c]);
-    }
-    dot = block_sum(dot, red);
-    if (threadIdx.x == 0) dwp[p] = dot;
-}
-
-cudaError_t gk_pairs_backward(const float *dy, const int *pair_row, const float *pair_w, const float *yp,
-                       int npairs, int h, bf16 *dyp, float *dwp, cudaStream_t s)
-{
-    if (npairs) k_pairs_backward<<<npairs, TPB, 0, s>>>(dy, pair_row, pair_w, yp, h, dyp, dwp);
-    return cudaGetLastError();
-}
-
-__global__ void k_scatter(const float *src, const int *dst_idx, int n, float *dst)
-{
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) dst[dst_idx[i]] = src[i];
-}
-
-cudaError_t gk_scatter(const float *src, const int *dst_idx, int n, float *dst, cudaStream_t s)
-{
-    if (n) k_scatter<<<blocks_for((size_t)n, TPB), TPB, 0, s>>>(src, dst_idx, n, dst);
     return cudaGetLastError();
 }

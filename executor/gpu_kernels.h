@@ -1,7 +1,7 @@
 /*
- * gpu_kernels.h: the launchers of the CUDA kernels (gpu_kernels.cu, gpu_attention.cu), for the
- * GPU executor's files (internal to executor/; the module's public header is exec.h). Every
- * launcher returns cudaGetLastError() after its launches: a launch that was not accepted is
+ * gpu_kernels.h: the launchers of the CUDA kernels (gpu_kernels.cu, gpu_kernels_moe.cu,
+ * gpu_attention.cu), for the GPU executor's files (internal to executor/; the module's public
+ * header is exec.h). Every launcher returns cudaGetLastError() after its launches: a launch that was not accepted is
  * reported where it happened.
  */
 #ifndef GPU_KERNELS_H
@@ -15,41 +15,64 @@
 
 typedef __nv_bfloat16 bf16;
 
-#define GK_CHUNK 1024        /* rows per partial sum, pairs per permutation chunk */
-#define GK_NORM_BLOCKS 1024  /* partial sums of the gradient norm */
-#define GK_MAX_EXPERTS 512   /* the router kernels keep a token's scores in registers */
+#define GK_CHUNK 1024       /* rows per partial sum, pairs per permutation chunk */
+#define GK_NORM_BLOCKS 1024 /* partial sums of the gradient norm */
+#define GK_MAX_EXPERTS 512  /* the router kernels keep a token's scores in registers */
+
+#ifdef __CUDACC__
+/* What the kernels' files share: threads per block, blocks for n items, a block's sum. */
+#define TPB 256
+static inline unsigned blocks_for(size_t n, int per)
+{
+    return (unsigned)((n + per - 1) / per);
+}
+/* The sum over the block of one value per thread, in a fixed order; all threads get it. `red`:
+ * shared memory for a float per warp. */
+static __device__ __forceinline__ float block_sum(float v, float *red)
+{
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    int w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) red[w] = v;
+    __syncthreads();
+    float s = 0.0f;
+    for (int i = 0; i < nw; i++) s += red[i];
+    return s;
+}
+#endif
 
 struct gk_adamw {
     float lr, beta1, beta2, eps, wd, c1, c2, scale;
 };
 
-cudaError_t gk_init(float *p, size_t n, size_t base, uint64_t seed, float std, bool ones, cudaStream_t s);
+cudaError_t gk_init(float *p, size_t n, size_t base, uint64_t seed, float std, bool ones,
+                    cudaStream_t s);
 cudaError_t gk_to_bf16(const float *x, bf16 *y, size_t n, cudaStream_t s);
 cudaError_t gk_split(const int *tok, int B, int S, int *in, int *tgt, cudaStream_t s);
 cudaError_t gk_embed(const float *emb, const int *tok, int T, int h, float *x, cudaStream_t s);
 /* ids: the nids distinct token ids of the micro-batch; off (nids + 1), pos (T): their positions. */
-cudaError_t gk_embed_backward(const float *dx, const int *ids, const int *off, const int *pos, int nids,
-                       int h, float *demb, cudaStream_t s);
+cudaError_t gk_embed_backward(const float *dx, const int *ids, const int *off, const int *pos,
+                              int nids, int h, float *demb, cudaStream_t s);
 cudaError_t gk_rmsnorm(const float *x, int ldx, const float *w, int T, int h, float eps, bf16 *y16,
-                int ld16, float *y32, int ld32, float *rstd, cudaStream_t s);
+                       int ld16, float *y32, int ld32, float *rstd, cudaStream_t s);
 cudaError_t gk_rmsnorm_backward(const float *x, int ldx, const float *w, const float *rstd,
-                         const float *dy, int lddy, const float *base, int ldb, float *dx, int lddx,
-                         int T, int h, cudaStream_t s);
+                                const float *dy, int lddy, const float *base, int ldb, float *dx,
+                                int lddx, int T, int h, cudaStream_t s);
 /* out[c] (+)= sum_t a[t,c] * b[t,c] * r[t]; part holds ceil(T / GK_CHUNK) x n floats. */
-cudaError_t gk_colsum(const float *a, int lda, const float *b, int ldb, const float *r, int T, int n,
-               float *part, float *out, bool accumulate, cudaStream_t s);
+cudaError_t gk_colsum(const float *a, int lda, const float *b, int ldb, const float *r, int T,
+                      int n, float *part, float *out, bool accumulate, cudaStream_t s);
 /* RoPE's (cos, sin) for positions 0 .. seq-1 and pairs 0 .. rot/2-1, (seq, rot/2), computed
  * once: the rope kernels read it. */
 cudaError_t gk_rope_table(float2 *tab, int seq, int rot, float theta, cudaStream_t s);
 cudaError_t gk_rope(float *x, int T, int heads, int dim, int rot, const float2 *tab, int seq,
-             bool inverse, cudaStream_t s);
-cudaError_t gk_mla_assemble(const float *qf, const float *ckvf, const float *kv, int T, int H, int nope,
-                     int rope, int dv, int kvl, const float2 *tab, int seq, bf16 *q, bf16 *k,
-                     bf16 *v, cudaStream_t s);
+                    bool inverse, cudaStream_t s);
+cudaError_t gk_mla_assemble(const float *qf, const float *ckvf, const float *kv, int T, int H,
+                            int nope, int rope, int dv, int kvl, const float2 *tab, int seq,
+                            bf16 *q, bf16 *k, bf16 *v, cudaStream_t s);
 #define GK_MAX_ROPE 512 /* MLA's decoupled RoPE dims, at most */
-cudaError_t gk_mla_disassemble(const float *dq, const float *dk, const float *dv, int T, int H, int nope,
-                        int rope, int dvd, int kvl, const float2 *tab, int seq, float *dqf,
-                        float *dkv, float *dckvf, cudaStream_t s);
+cudaError_t gk_mla_disassemble(const float *dq, const float *dk, const float *dv, int T, int H,
+                               int nope, int rope, int dvd, int kvl, const float2 *tab, int seq,
+                               float *dqf, float *dkv, float *dckvf, cudaStream_t s);
 /* Causal attention (sliding window when window > 0) over B sequences of S tokens, tensor cores,
  * no seq x seq matrix: q (B*S, H, dqk), k (B*S, KV, dqk), v (B*S, KV, dv) bf16, query head hh
  * reads KV head hh / (H / KV), scale 1/sqrt(dqk). Forward writes o (B*S, H, dv) and lse (B, H, S,
@@ -68,42 +91,45 @@ cudaError_t gk_flash_backward(const bf16 *q, const bf16 *k, const bf16 *v, const
                               float *dvo, cudaStream_t s);
 cudaError_t gk_swiglu(const float *g, const float *u, bf16 *hm, size_t n, cudaStream_t s);
 cudaError_t gk_swiglu_backward(const float *g, const float *u, const float *dhm, bf16 *dg, bf16 *du,
-                        size_t n, cudaStream_t s);
+                               size_t n, cudaStream_t s);
 /* cnt, base: ceil(n / GK_CHUNK) x E ints; off: E + 1 ints. */
 cudaError_t gk_permute_count(const int *choice, int n, int E, int *cnt, int *base, int *off,
-                      cudaStream_t s);
+                             cudaStream_t s);
 cudaError_t gk_permute_place(const int *choice, int n, int E, const int *base, const int *off,
-                      int *row_src, int *pos, cudaStream_t s);
-cudaError_t gk_gather(const bf16 *x, const int *row_src, int k, int P, int h, bf16 *xp, cudaStream_t s);
-cudaError_t gk_combine(float *y, const float *yp, const float *w, const int *pos, int T, int k, int h,
-                cudaStream_t s);
-cudaError_t gk_combine_backward(const float *dy, const float *yp, const float *w, const int *pos, int T,
-                         int k, int h, bf16 *dyp, float *dw, cudaStream_t s);
+                             int *row_src, int *pos, cudaStream_t s);
+cudaError_t gk_gather(const bf16 *x, const int *row_src, int k, int P, int h, bf16 *xp,
+                      cudaStream_t s);
+cudaError_t gk_combine(float *y, const float *yp, const float *w, const int *pos, int T, int k,
+                       int h, cudaStream_t s);
+cudaError_t gk_combine_backward(const float *dy, const float *yp, const float *w, const int *pos,
+                                int T, int k, int h, bf16 *dyp, float *dw, cudaStream_t s);
 cudaError_t gk_gather_sum(const float *dxp, const int *pos, int T, int k, int h, float *dx,
-                   bool accumulate, cudaStream_t s);
+                          bool accumulate, cudaStream_t s);
 cudaError_t gk_scores(const struct exec_router_cfg *cfg, const float *logits, int T, float *scores,
-               cudaStream_t s);
-cudaError_t gk_router_backward(const struct exec_router_cfg *cfg, const float *logits, const int *choice,
-                        const float *weight, const float *dw, const float *auxg, int T, float *dz,
-                        cudaStream_t s);
+                      cudaStream_t s);
+cudaError_t gk_router_backward(const struct exec_router_cfg *cfg, const float *logits,
+                               const int *choice, const float *weight, const float *dw,
+                               const float *auxg, int T, float *dz, cudaStream_t s);
 cudaError_t gk_coactivation(const int *choice, int T, int k, int E, unsigned long long *co,
-                     cudaStream_t s);
+                            cudaStream_t s);
 cudaError_t gk_cross_entropy(const float *logits, const int *tgt, int T, int V, float scale,
-                      float *row_loss, bf16 *dlogits, cudaStream_t s);
+                             float *row_loss, bf16 *dlogits, cudaStream_t s);
 cudaError_t gk_sumsq(const float *g, size_t n, double *part, cudaStream_t s);
 cudaError_t gk_adamw(float *p, const float *g, float *m1, float *m2, bf16 *w16, size_t n,
-              const struct gk_adamw *a, cudaStream_t s);
+                     const struct gk_adamw *a, cudaStream_t s);
 
 /* Expert parallelism's rows in flight (gpu_ep.cu):
  * out[r] (+)= sum over e in [row_off[r], row_off[r+1]) of (w ? w[e] : 1) src[idx[e]] (rows of h);
  * dst[i] = src[idx[i]] (fp32 rows of h);
  * per local pair p: dyp[p] = w[p] dy[pair_row[p]] (bf16), dwp[p] = dy[pair_row[p]] . yp[p];
  * dst[dst_idx[i]] = src[i]. */
-cudaError_t gk_rows_csr(float *out, const float *src, const int *idx, const float *w, const int *row_off,
-                 int nrows, int h, bool accumulate, cudaStream_t s);
-cudaError_t gk_rows_gather32(const float *src, const int *idx, int n, int h, float *dst, cudaStream_t s);
-cudaError_t gk_pairs_backward(const float *dy, const int *pair_row, const float *pair_w, const float *yp,
-                       int npairs, int h, bf16 *dyp, float *dwp, cudaStream_t s);
+cudaError_t gk_rows_csr(float *out, const float *src, const int *idx, const float *w,
+                        const int *row_off, int nrows, int h, bool accumulate, cudaStream_t s);
+cudaError_t gk_rows_gather32(const float *src, const int *idx, int n, int h, float *dst,
+                             cudaStream_t s);
+cudaError_t gk_pairs_backward(const float *dy, const int *pair_row, const float *pair_w,
+                              const float *yp, int npairs, int h, bf16 *dyp, float *dwp,
+                              cudaStream_t s);
 cudaError_t gk_scatter(const float *src, const int *dst_idx, int n, float *dst, cudaStream_t s);
 
 #endif

@@ -25,7 +25,10 @@ template <typename T> __global__ void k_sum_ranks(T *dst, gl_srcs_t<T> src, int 
     dst[i] = a;
 }
 
-static cudaStream_t gl_stream(void *ctx, int rank) { return ((cudaStream_t *)ctx)[rank]; }
+static cudaStream_t gl_stream(void *ctx, int rank)
+{
+    return ((cudaStream_t *)ctx)[rank];
+}
 
 static enum moe_status gl_check(cudaError_t e, int rank, const char *what, struct moe_error *err)
 {
@@ -61,8 +64,8 @@ static enum moe_status gl_sum_t(void *ctx, int rank, T *dst, const T *const *src
                                 size_t n, struct moe_error *err)
 {
     if (ranks > GL_MAX_RANKS)
-        return moe_error_set(err, MOE_ERR_UNSUPPORTED,
-                             "local GPU transport: %d ranks (at most %d)", ranks, GL_MAX_RANKS);
+        return moe_error_set(err, MOE_ERR_UNSUPPORTED, "local GPU transport: %d ranks (at most %d)",
+                             ranks, GL_MAX_RANKS);
     gl_srcs_t<T> p;
     for (int s = 0; s < ranks; s++) p.p[s] = src[s];
     cudaStream_t s = gl_stream(ctx, rank);
@@ -72,8 +75,8 @@ static enum moe_status gl_sum_t(void *ctx, int rank, T *dst, const T *const *src
     return gl_check(e, rank, "sum", err);
 }
 
-static enum moe_status gl_sum(void *ctx, int rank, double *dst, const double *const *src,
-                              int ranks, size_t n, struct moe_error *err)
+static enum moe_status gl_sum(void *ctx, int rank, double *dst, const double *const *src, int ranks,
+                              size_t n, struct moe_error *err)
 {
     return gl_sum_t(ctx, rank, dst, src, ranks, n, err);
 }

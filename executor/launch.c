@@ -31,7 +31,10 @@ static int env_int(const char *(*get)(const char *), const char *name, int *out)
     return 1;
 }
 
-static const char *real_getenv(const char *name) { return getenv(name); }
+static const char *real_getenv(const char *name)
+{
+    return getenv(name);
+}
 
 enum moe_status exec_launch_detect(struct exec_launch *l, const char *(*get)(const char *),
                                    struct moe_error *err)
@@ -55,8 +58,11 @@ enum moe_status exec_launch_detect(struct exec_launch *l, const char *(*get)(con
         if (a == 0 && b == 0) continue;
         int c = env_int(get, kinds[k].local_rank, &lrank);
         int d = env_int(get, kinds[k].local_size, &lsize);
-        const char *bad = a < 0 ? kinds[k].rank : b < 0 ? kinds[k].size : c < 0 ? kinds[k].local_rank
-                        : d < 0 ? kinds[k].local_size : NULL;
+        const char *bad = a < 0   ? kinds[k].rank
+                          : b < 0 ? kinds[k].size
+                          : c < 0 ? kinds[k].local_rank
+                          : d < 0 ? kinds[k].local_size
+                                  : NULL;
         if (bad)
             return moe_error_set(err, MOE_ERR_INPUT, "launch: %s='%s' is not a rank count", bad,
                                  get(bad));
@@ -97,7 +103,8 @@ enum moe_status exec_launch_share_id(const char *path, int rank, unsigned char *
             if (got == n && extra == EOF) return MOE_OK;
             return moe_error_set(err, MOE_ERR_INPUT,
                                  "launch: %s holds %zu bytes, not a %zu-byte NCCL id (a stale file "
-                                 "of another run? remove it)", path, got + (extra != EOF), n);
+                                 "of another run? remove it)",
+                                 path, got + (extra != EOF), n);
         }
         if (errno != ENOENT)
             return moe_error_set(err, MOE_ERR_IO, "launch: rank %d cannot read %s: %s", rank, path,

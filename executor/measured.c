@@ -64,8 +64,8 @@ enum moe_status exec_run_summarize(const struct plan_file *p, const struct exec_
     for (int b = 0; b < p->model.layers; b++) nmoe += mdl_layer_is_moe(&p->model, b);
     double per = (double)p->gpus * nmoe * p->micro_batches * n;
     if (per > 0)
-        s->dispatch_per_layer = (struct cost_bytes){r->dispatch.nvlink / per,
-                                                    r->dispatch.scale_out / per};
+        s->dispatch_per_layer =
+            (struct cost_bytes){r->dispatch.nvlink / per, r->dispatch.scale_out / per};
     return MOE_OK;
 }
 
@@ -91,11 +91,10 @@ static json_t *step_json(const struct plan_file *p, const struct exec_run_step *
     double ms = s->gpu.phase_ms[COST_STEP];
     struct exec_run_rate r = exec_run_rate(p, ms);
     json_t *js = json_pack("{s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:i, s:o}", "step",
-                           s->step, "loss", s->loss, "aux_loss", s->aux, "lr", s->lr,
-                           "grad_norm", s->gnorm, "step_ms", ms, "wall_ms", s->wall_ms,
-                           "tokens_per_s", r.tokens_per_s, "model_tflops", r.model_tflops,
-                           "host_syncs", s->gpu.host_syncs, "phases_ms",
-                           phases_json(s->gpu.phase_ms, 1.0));
+                           s->step, "loss", s->loss, "aux_loss", s->aux, "lr", s->lr, "grad_norm",
+                           s->gnorm, "step_ms", ms, "wall_ms", s->wall_ms, "tokens_per_s",
+                           r.tokens_per_s, "model_tflops", r.model_tflops, "host_syncs",
+                           s->gpu.host_syncs, "phases_ms", phases_json(s->gpu.phase_ms, 1.0));
     if (js && p->layout.ep > 1 &&
         json_object_set_new(js, "dispatch_bytes", bytes_json(s->gpu.dispatch))) {
         json_decref(js);
@@ -128,8 +127,8 @@ static json_t *routing_json(const struct plan_file *p, const struct exec_run_res
                                                     "coactivation", jco)))
             json_decref(layers), layers = NULL;
     }
-    return json_pack("{s:i, s:i, s:f, s:o}", "experts", E, "top_k", m->moe.top_k, "tokens",
-                     tokens, "layers", layers);
+    return json_pack("{s:i, s:i, s:f, s:o}", "experts", E, "top_k", m->moe.top_k, "tokens", tokens,
+                     "layers", layers);
 }
 
 enum moe_status exec_measured_save(const char *file, const char *plan_path,
@@ -154,9 +153,9 @@ enum moe_status exec_measured_save(const char *file, const char *plan_path,
     const char *const more[] = {"allocated_total", "device_used_peak", "device_total"};
     const double more_v[] = {alloc, r->memory.device_used_peak, r->memory.device_total};
     for (int k = 0; mem && k < EXEC_MEM_N + 3; k++)
-        if (json_object_set_new(mem, k < EXEC_MEM_N ? exec_mem_names[k] : more[k - EXEC_MEM_N],
-                                json_real(k < EXEC_MEM_N ? r->memory.bytes[k]
-                                                         : more_v[k - EXEC_MEM_N])))
+        if (json_object_set_new(
+                mem, k < EXEC_MEM_N ? exec_mem_names[k] : more[k - EXEC_MEM_N],
+                json_real(k < EXEC_MEM_N ? r->memory.bytes[k] : more_v[k - EXEC_MEM_N])))
             json_decref(mem), mem = NULL;
     json_t *root = json_pack(
         "{s:s, s:s,"
@@ -165,31 +164,27 @@ enum moe_status exec_measured_save(const char *file, const char *plan_path,
         " s:{s:i, s:f, s:f, s:f, s:f, s:o},"
         " s:{s:f, s:o},"
         " s:o, s:o, s:o, s:o}",
-        "plan", plan_path, "model", p->model.name,
-        "device", "name", in->dev.name, "sms", in->dev.sm_count, "memory_bytes",
-        in->dev.memory_bytes, "peak_bf16_tflops", s.rate.peak_tflops,
-        "run", "steps", c->steps, "first_step", in->first_step + 1, "ranks", p->gpus, "launch",
-        in->transport ? exec_run_mode_names[in->mode] : "single", "binding_rank0", in->binding,
-        "seq_len", l->seq_len, "mbs", l->mbs, "micro_batches", p->micro_batches,
-        "tokens_per_step", s.rate.tokens_step, "recompute", cost_recompute_names[l->recompute],
-        "data", in->data, "seed", (json_int_t)c->seed, "lr_max", in->opt.lr_max, "warmup_steps",
-        in->opt.warmup_steps, "aux_loss_coef", c->aux, "bias_update_rate", c->bias_rate,
-        "model_flops_per_token", s.rate.flops_per_token,
-        "median", "steps_counted", s.counted, "step_ms", s.phase_ms[COST_STEP], "tokens_per_s",
+        "plan", plan_path, "model", p->model.name, "device", "name", in->dev.name, "sms",
+        in->dev.sm_count, "memory_bytes", in->dev.memory_bytes, "peak_bf16_tflops",
+        s.rate.peak_tflops, "run", "steps", c->steps, "first_step", in->first_step + 1, "ranks",
+        p->gpus, "launch", in->transport ? exec_run_mode_names[in->mode] : "single",
+        "binding_rank0", in->binding, "seq_len", l->seq_len, "mbs", l->mbs, "micro_batches",
+        p->micro_batches, "tokens_per_step", s.rate.tokens_step, "recompute",
+        cost_recompute_names[l->recompute], "data", in->data, "seed", (json_int_t)c->seed, "lr_max",
+        in->opt.lr_max, "warmup_steps", in->opt.warmup_steps, "aux_loss_coef", c->aux,
+        "bias_update_rate", c->bias_rate, "model_flops_per_token", s.rate.flops_per_token, "median",
+        "steps_counted", s.counted, "step_ms", s.phase_ms[COST_STEP], "tokens_per_s",
         s.rate.tokens_per_s, "model_tflops", s.rate.model_tflops, "mfu", s.rate.mfu, "phases_ms",
-        phases_json(s.phase_ms, 1.0),
-        "prediction", "step_ms", p->step_us / 1e3, "phases_ms", phases_json(p->phase_us, 1e-3),
-        "memory_bytes", mem, "loss_curve", loss, "steps", steps, "routing",
-        routing_json(p, r, s.rate.tokens_step * r->nsteps));
+        phases_json(s.phase_ms, 1.0), "prediction", "step_ms", p->step_us / 1e3, "phases_ms",
+        phases_json(p->phase_us, 1e-3), "memory_bytes", mem, "loss_curve", loss, "steps", steps,
+        "routing", routing_json(p, r, s.rate.tokens_step * r->nsteps));
     if (root && l->ep > 1 &&
-        json_object_set_new(root, "dispatch",
-                            json_pack("{s:s, s:o, s:o, s:o}", "mode",
-                                      cost_dispatcher_names[l->dispatcher],
-                                      "measured_bytes_per_gpu_per_layer",
-                                      bytes_json(s.dispatch_per_layer),
-                                      "predicted_bytes_per_gpu_per_layer",
-                                      bytes_json(p->dispatch_bytes), "measured_bytes_total",
-                                      bytes_json(r->dispatch))))
+        json_object_set_new(
+            root, "dispatch",
+            json_pack("{s:s, s:o, s:o, s:o}", "mode", cost_dispatcher_names[l->dispatcher],
+                      "measured_bytes_per_gpu_per_layer", bytes_json(s.dispatch_per_layer),
+                      "predicted_bytes_per_gpu_per_layer", bytes_json(p->dispatch_bytes),
+                      "measured_bytes_total", bytes_json(r->dispatch))))
         json_decref(root), root = NULL;
     if (!root) return moe_error_set(err, MOE_ERR_NOMEM, "%s: out of memory", file);
     st = moe_json_write_atomic(file, root, COST_MEASURED_SCHEMA, 1, err);

@@ -19,11 +19,11 @@
 
 /* The rows of one exchange: metadata and payload (width doubles a row) out and in. */
 struct hop {
-    struct exec_ep_rows out;    /* what this rank sends */
-    int *in_count;              /* (ranks) what it receives from each */
+    struct exec_ep_rows out; /* what this rank sends */
+    int *in_count;           /* (ranks) what it receives from each */
     int n_in;
-    struct exec_ep_meta *meta;  /* (n_in) received */
-    double *payload;            /* (n_in, width) received */
+    struct exec_ep_meta *meta; /* (n_in) received */
+    double *payload;           /* (n_in, width) received */
 };
 
 static void hop_free(struct hop *h)
@@ -34,7 +34,10 @@ static void hop_free(struct hop *h)
     free(h->payload);
 }
 
-static void *alloc0(size_t n, size_t size) { return calloc(n ? n : 1, size); }
+static void *alloc0(size_t n, size_t size)
+{
+    return calloc(n ? n : 1, size);
+}
 
 /* Send h->out with its payload (rows of `from`, width doubles, picked by out.src_row). */
 static enum moe_status hop_send(struct exec_transport *t, struct hop *h, const double *from,
@@ -60,8 +63,8 @@ static enum moe_status hop_send(struct exec_transport *t, struct hop *h, const d
     for (int i = 0; i < n; i++)
         memcpy(buf + (size_t)i * width, from + (size_t)h->out.src_row[i] * width,
                sizeof(double) * (size_t)width);
-    if ((st = t->ops->alltoallv(t, h->out.meta, h->out.count, h->meta, h->in_count,
-                                sizeof *h->meta, err)) != MOE_OK)
+    if ((st = t->ops->alltoallv(t, h->out.meta, h->out.count, h->meta, h->in_count, sizeof *h->meta,
+                                err)) != MOE_OK)
         goto done;
     st = t->ops->alltoallv(t, buf, h->out.count, h->payload, h->in_count,
                            sizeof(double) * (size_t)width, err);
@@ -72,9 +75,8 @@ done:
 
 /* The way back: each received row's result (back, n_in x width) returns to its sender, and
  * arrives in the order of h->out; it is added into into[out.src_row[i]] (width doubles). */
-static enum moe_status hop_return(struct exec_transport *t, const struct hop *h,
-                                  const double *back, int width, double *into,
-                                  struct moe_error *err)
+static enum moe_status hop_return(struct exec_transport *t, const struct hop *h, const double *back,
+                                  int width, double *into, struct moe_error *err)
 {
     double *got = alloc0((size_t)h->out.n * width, sizeof(double));
     if (!got) return moe_error_set(err, MOE_ERR_NOMEM, "expert parallelism: out of memory");
@@ -136,9 +138,8 @@ static void slots_forward(const struct exec_ep_group *g, int me, const struct ex
 }
 
 enum moe_status exec_ref_ep_moe_forward(struct exec_transport *t, const struct exec_ep_group *g,
-                                        const struct exec_ref_moe *w, const double *x,
-                                        int tokens, double *y, struct cost_bytes *sent,
-                                        struct moe_error *err)
+                                        const struct exec_ref_moe *w, const double *x, int tokens,
+                                        double *y, struct cost_bytes *sent, struct moe_error *err)
 {
     enum moe_status st = check(t, g, w, err);
     if (st != MOE_OK) return st;
@@ -198,9 +199,9 @@ static void slots_backward(const struct exec_ep_group *g, int me, const struct e
 }
 
 enum moe_status exec_ref_ep_moe_backward(struct exec_transport *t, const struct exec_ep_group *g,
-                                         const struct exec_ref_moe *w, const double *x,
-                                         int tokens, const double *dy, double *dx,
-                                         struct exec_ref_moe_grad *gr, struct moe_error *err)
+                                         const struct exec_ref_moe *w, const double *x, int tokens,
+                                         const double *dy, double *dx, struct exec_ref_moe_grad *gr,
+                                         struct moe_error *err)
 {
     enum moe_status st = check(t, g, w, err);
     if (st != MOE_OK) return st;

@@ -155,17 +155,19 @@ static void linear_backward(const double *x, const double *W, const double *dy, 
 struct ctx {
     const struct exec_ref_model *r;
     const struct exec_ref_ep *ep; /* NULL: the MoE layers on this rank alone */
-    double *grad; /* NULL: forward only */
+    double *grad;                 /* NULL: forward only */
     int T;
     int *pos;
-    double aux;   /* the load-balance losses of the forward */
+    double aux; /* the load-balance losses of the forward */
 };
 
 static const double *P(const struct ctx *c, const char *name, int l)
 {
     char n[64];
-    if (l >= 0) snprintf(n, sizeof n, "blk%d.%s", l, name);
-    else snprintf(n, sizeof n, "%s", name);
+    if (l >= 0)
+        snprintf(n, sizeof n, "blk%d.%s", l, name);
+    else
+        snprintf(n, sizeof n, "%s", name);
     const struct exec_tensor *t = exec_ref_tensor(c->r, n);
     return t ? c->r->params + t->offset : NULL;
 }
@@ -177,7 +179,8 @@ static double *G(const struct ctx *c, const char *name, int l)
 }
 
 /* The MoE layer of block l as the MoE reference sees it. */
-static void moe_view(const struct ctx *c, int l, struct exec_ref_moe *w, struct exec_ref_moe_grad *g)
+static void moe_view(const struct ctx *c, int l, struct exec_ref_moe *w,
+                     struct exec_ref_moe_grad *g)
 {
     const struct mdl_model *m = &c->r->model;
     exec_router_cfg_from_model(&w->cfg, m);
@@ -220,8 +223,7 @@ static enum moe_status blk_alloc(struct blk *s, const struct mdl_model *m, int T
     s->u = calloc((size_t)T * fd, sizeof(double));
     s->hm = calloc((size_t)T * fd, sizeof(double));
     s->f = calloc((size_t)T * h, sizeof(double));
-    if (!s->a || !s->h1 || !s->b || !s->g || !s->u || !s->hm || !s->f)
-        return MOE_ERR_NOMEM;
+    if (!s->a || !s->h1 || !s->b || !s->g || !s->u || !s->hm || !s->f) return MOE_ERR_NOMEM;
     return MOE_OK;
 }
 
@@ -231,7 +233,10 @@ static void blk_free(struct blk *s)
     free(s->g), free(s->u), free(s->hm), free(s->f);
 }
 
-static double silu(double x) { return x / (1.0 + exp(-x)); }
+static double silu(double x)
+{
+    return x / (1.0 + exp(-x));
+}
 
 /* The attention sub-block of block l on its normed input a (T, h). Forward (out != NULL): out =
  * the output projection (T, h). Backward (dout != NULL): recomputes the forward, then adds the
@@ -244,7 +249,8 @@ static enum moe_status attn(const struct ctx *c, int l, const double *a, double 
 {
     const struct mdl_model *m = &c->r->model;
     const struct mdl_attention *at = &m->attn;
-    int T = c->T, h = m->hidden, H = at->heads, window = mdl_layer_is_sliding(m, l) ? at->sliding_window : 0;
+    int T = c->T, h = m->hidden, H = at->heads,
+        window = mdl_layer_is_sliding(m, l) ? at->sliding_window : 0;
     bool mla = at->type == MDL_ATTN_MLA;
     int KV = mla ? H : at->kv_heads;
     int nope = mla ? at->qk_nope_head_dim : 0, rope = mla ? at->qk_rope_head_dim : at->head_dim;
@@ -255,8 +261,9 @@ static enum moe_status attn(const struct ctx *c, int l, const double *a, double 
     size_t no = (size_t)T * H * dv;
     /* buffers: q k v o and their gradients; MLA: cq, cqn, qfull, ckvfull, ckv, ckvn, kv, kr */
     size_t nqf = (size_t)T * H * dqk, nkv = (size_t)T * H * (nope + dv);
-    size_t total = 2 * (nq + nk + nv + no) + 2 * ((size_t)T * ql * 2 + nqf + (size_t)T * (kvl + rope) +
-                   (size_t)T * kvl * 2 + nkv + (size_t)T * rope);
+    size_t total =
+        2 * (nq + nk + nv + no) + 2 * ((size_t)T * ql * 2 + nqf + (size_t)T * (kvl + rope) +
+                                       (size_t)T * kvl * 2 + nkv + (size_t)T * rope);
     double *buf = calloc(total + 1, sizeof *buf);
     if (!buf) return moe_error_set(err, MOE_ERR_NOMEM, "reference: out of memory");
     double *p = buf;
@@ -287,7 +294,8 @@ static enum moe_status attn(const struct ctx *c, int l, const double *a, double 
         linear(a, P(c, "wkva", l), T, h, kvl + rope, ckvf);
         for (int t = 0; t < T; t++) {
             memcpy(ckv + (size_t)t * kvl, ckvf + (size_t)t * (kvl + rope), sizeof(double) * kvl);
-            memcpy(kr + (size_t)t * rope, ckvf + (size_t)t * (kvl + rope) + kvl, sizeof(double) * rope);
+            memcpy(kr + (size_t)t * rope, ckvf + (size_t)t * (kvl + rope) + kvl,
+                   sizeof(double) * rope);
         }
         exec_ref_rmsnorm(ckv, P(c, "kva_norm", l), T, kvl, m->norm_eps, ckvn);
         linear(ckvn, P(c, "wkvb", l), T, kvl, H * (nope + dv), kv);
@@ -325,7 +333,8 @@ static enum moe_status attn(const struct ctx *c, int l, const double *a, double 
     }
     for (int t = 0; t < T; t++)
         for (int hh = 0; hh < H; hh++) {
-            const double *gq = dq + ((size_t)t * H + hh) * dqk, *gk = dk + ((size_t)t * H + hh) * dqk;
+            const double *gq = dq + ((size_t)t * H + hh) * dqk,
+                         *gk = dk + ((size_t)t * H + hh) * dqk;
             double *gqf = dqf + ((size_t)t * H + hh) * dqk;
             double *gkv = dkv + ((size_t)t * H + hh) * (nope + dv);
             memcpy(gqf + nope, gq, sizeof(double) * rope);
@@ -340,7 +349,8 @@ static enum moe_status attn(const struct ctx *c, int l, const double *a, double 
                               G(c, "kva_norm", l));
     for (int t = 0; t < T; t++) {
         memcpy(dckvf + (size_t)t * (kvl + rope), dckv + (size_t)t * kvl, sizeof(double) * kvl);
-        memcpy(dckvf + (size_t)t * (kvl + rope) + kvl, dkr + (size_t)t * rope, sizeof(double) * rope);
+        memcpy(dckvf + (size_t)t * (kvl + rope) + kvl, dkr + (size_t)t * rope,
+               sizeof(double) * rope);
     }
     linear_backward(a, P(c, "wkva", l), dckvf, T, h, kvl + rope, da, G(c, "wkva", l));
     if (ql) {
@@ -391,15 +401,15 @@ static enum moe_status block_forward(const struct ctx *c, int l, const double *x
 }
 
 /* Backward of block l: dy (T, h) -> dx (T, h), accumulating parameter gradients. */
-static enum moe_status block_backward(const struct ctx *c, int l, const double *x,
-                                      const double *dy, double *dx, struct blk *s,
-                                      struct moe_error *err)
+static enum moe_status block_backward(const struct ctx *c, int l, const double *x, const double *dy,
+                                      double *dx, struct blk *s, struct moe_error *err)
 {
     const struct mdl_model *m = &c->r->model;
     int T = c->T, h = m->hidden;
     enum moe_status st = MOE_OK;
     size_t th = (size_t)T * h;
-    double *y = malloc(sizeof *y * th), *dh1 = calloc(th, sizeof *dh1), *db = calloc(th, sizeof *db);
+    double *y = malloc(sizeof *y * th), *dh1 = calloc(th, sizeof *dh1),
+           *db = calloc(th, sizeof *db);
     double *tmp = calloc(th, sizeof *tmp), *da = calloc(th, sizeof *da);
     int fd = m->dense_intermediate > 0 ? m->dense_intermediate : 1;
     double *dhm = calloc((size_t)T * fd, sizeof *dhm), *dg = calloc((size_t)T * fd, sizeof *dg),
@@ -444,26 +454,23 @@ cleanup:
 }
 
 enum moe_status exec_ref_model_step(const struct exec_ref_model *r, const int *tokens, int T,
-                                    double *loss, double *aux, double *grad,
-                                    struct moe_error *err)
+                                    double *loss, double *aux, double *grad, struct moe_error *err)
 {
     return exec_ref_model_step_ep(r, NULL, tokens, T, loss, aux, grad, err);
 }
 
-enum moe_status exec_ref_model_step_ep(const struct exec_ref_model *r,
-                                       const struct exec_ref_ep *ep, const int *tokens, int T,
-                                       double *loss, double *aux, double *grad,
-                                       struct moe_error *err)
+enum moe_status exec_ref_model_step_ep(const struct exec_ref_model *r, const struct exec_ref_ep *ep,
+                                       const int *tokens, int T, double *loss, double *aux,
+                                       double *grad, struct moe_error *err)
 {
-    return exec_ref_model_slice(r, ep, tokens, T, 0, r->model.layers, NULL, NULL, NULL, NULL,
-                                loss, aux, grad, err);
+    return exec_ref_model_slice(r, ep, tokens, T, 0, r->model.layers, NULL, NULL, NULL, NULL, loss,
+                                aux, grad, err);
 }
 
 enum moe_status exec_ref_model_slice(const struct exec_ref_model *r, const struct exec_ref_ep *ep,
-                                     const int *tokens, int T, int lo, int hi,
-                                     const double *h_in, double *h_out, const double *dh_out,
-                                     double *dh_in, double *loss, double *aux, double *grad,
-                                     struct moe_error *err)
+                                     const int *tokens, int T, int lo, int hi, const double *h_in,
+                                     double *h_out, const double *dh_out, double *dh_in,
+                                     double *loss, double *aux, double *grad, struct moe_error *err)
 {
     const struct mdl_model *m = &r->model;
     int h = m->hidden, V = m->vocab, L = m->layers, n = T - 1;
@@ -475,7 +482,8 @@ enum moe_status exec_ref_model_slice(const struct exec_ref_model *r, const struc
         (!last && grad && !dh_out) || (!first && grad && !dh_in))
         return moe_error_set(err, MOE_ERR_INPUT,
                              "reference step: blocks [%d, %d) of %d, or a slice's input or output "
-                             "missing", lo, hi, L);
+                             "missing",
+                             lo, hi, L);
     for (int t = 0; t < T; t++)
         if (tokens[t] < 0 || tokens[t] >= V)
             return moe_error_set(err, MOE_ERR_INPUT, "reference step: token %d is %d, vocab %d", t,
@@ -485,7 +493,8 @@ enum moe_status exec_ref_model_slice(const struct exec_ref_model *r, const struc
     size_t th = (size_t)n * h;
     int nb = hi - lo;
     double *hs = calloc((size_t)(nb + 1) * th, sizeof *hs); /* block inputs, and the last output */
-    double *fin = calloc(th, sizeof *fin), *logits = calloc(last ? (size_t)n * V : 1, sizeof *logits);
+    double *fin = calloc(th, sizeof *fin),
+           *logits = calloc(last ? (size_t)n * V : 1, sizeof *logits);
     double *dlog = calloc(last ? (size_t)n * V : 1, sizeof *dlog), *dfin = calloc(th, sizeof *dfin);
     double *dh = calloc(th, sizeof *dh), *dprev = calloc(th, sizeof *dprev);
     c.pos = malloc(sizeof *c.pos * (size_t)n);

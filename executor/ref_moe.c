@@ -36,7 +36,10 @@ void exec_router_cfg_from_model(struct exec_router_cfg *cfg, const struct mdl_mo
     cfg->aux_coef = 0.0;
 }
 
-static double sigmoid(double z) { return 1.0 / (1.0 + exp(-z)); }
+static double sigmoid(double z)
+{
+    return 1.0 / (1.0 + exp(-z));
+}
 
 /* Scores of one token: softmax over all experts, or sigmoid per expert. */
 static void scores_of(const struct exec_router_cfg *cfg, const double *z, double *s)
@@ -68,8 +71,10 @@ static void choose(const struct exec_router_cfg *cfg, const double *s, const dou
         for (int g = 0; g < G; g++) {
             double a = -HUGE_VAL, b = -HUGE_VAL; /* best two */
             for (int e = g * per; e < (g + 1) * per; e++) {
-                if (key[e] > a) b = a, a = key[e];
-                else if (key[e] > b) b = key[e];
+                if (key[e] > a)
+                    b = a, a = key[e];
+                else if (key[e] > b)
+                    b = key[e];
             }
             gkey[g] = per >= 2 ? a + b : a;
         }
@@ -159,10 +164,9 @@ static void swiglu(const double *gate, const double *up, const double *down, int
 }
 
 /* Backward of one SwiGLU row for d_out; accumulates weight gradients and dx. */
-static void swiglu_backward(const double *gate, const double *up, const double *down, int h,
-                            int f, const double *x, const double *d_out, double *dgate,
-                            double *dup, double *ddown, double *dx, double *g, double *u,
-                            double *hm, double *dh)
+static void swiglu_backward(const double *gate, const double *up, const double *down, int h, int f,
+                            const double *x, const double *d_out, double *dgate, double *dup,
+                            double *ddown, double *dx, double *g, double *u, double *hm, double *dh)
 {
     matvec(gate, x, f, h, g);
     matvec(up, x, f, h, u);
@@ -267,8 +271,8 @@ static void aux_scores_backward(const struct exec_router_cfg *cfg, const double 
 }
 
 /* Router gradient and dx of one token from dz (experts). */
-static void router_logits_backward(const struct exec_ref_moe *w, const double *xt,
-                                   const double *dz, double *dxt, double *grad_router)
+static void router_logits_backward(const struct exec_ref_moe *w, const double *xt, const double *dz,
+                                   double *dxt, double *grad_router)
 {
     int h = w->hidden;
     for (int e = 0; e < w->cfg.experts; e++)
@@ -351,16 +355,15 @@ static enum moe_status check_layer(const struct exec_ref_moe *w, int tokens, str
 {
     const struct exec_router_cfg *c = &w->cfg;
     if (tokens < 0 || w->hidden < 1 || w->ffn < 1 || c->experts < 1 || c->experts > 4096 ||
-        c->top_k < 1 || c->top_k > 64 || c->top_k > c->experts || c->n_group < 1 || c->experts % c->n_group ||
-        c->topk_group < 1 || c->topk_group > c->n_group ||
+        c->top_k < 1 || c->top_k > 64 || c->top_k > c->experts || c->n_group < 1 ||
+        c->experts % c->n_group || c->topk_group < 1 || c->topk_group > c->n_group ||
         c->top_k > c->topk_group * (c->experts / c->n_group))
         return moe_error_set(err, MOE_ERR_INPUT, "reference MoE: inconsistent shapes or routing");
     return MOE_OK;
 }
 
 enum moe_status exec_ref_moe_forward(const struct exec_ref_moe *w, const double *x, int tokens,
-                                     double *y, int *choice, double *weight,
-                                     struct moe_error *err)
+                                     double *y, int *choice, double *weight, struct moe_error *err)
 {
     enum moe_status st = check_layer(w, tokens, err);
     if (st != MOE_OK) return st;

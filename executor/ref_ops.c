@@ -55,7 +55,10 @@ void exec_ref_rope(double *x, int tokens, int heads, int dim, int rot, double th
         }
 }
 
-static bool attends(int i, int j, int window) { return j <= i && (window <= 0 || i - j < window); }
+static bool attends(int i, int j, int window)
+{
+    return j <= i && (window <= 0 || i - j < window);
+}
 
 /* Softmax probabilities of query i, head hd, over keys 0..i (row p of length T). */
 static void attention_probs(const double *q, const double *k, int T, int H, int KV, int dqk,
@@ -80,9 +83,8 @@ static void attention_probs(const double *q, const double *k, int T, int H, int 
     for (int j = 0; j < T; j++) p[j] /= sum;
 }
 
-void exec_ref_attention(const double *q, const double *k, const double *v, int tokens,
-                        int heads, int kv_heads, int dqk, int dv, int window, double scale,
-                        double *out)
+void exec_ref_attention(const double *q, const double *k, const double *v, int tokens, int heads,
+                        int kv_heads, int dqk, int dv, int window, double scale, double *out)
 {
     int T = tokens, H = heads, KV = kv_heads;
     double *p = malloc(sizeof *p * (size_t)T);

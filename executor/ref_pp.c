@@ -66,7 +66,8 @@ int exec_pp_rounds(int S, int vpp, int M, struct exec_pp_op **table)
             if (next[s] == per) continue;
             struct exec_pp_op op = list[(size_t)s * per + next[s]];
             size_t at = (size_t)op.v * M + op.mb;
-            bool ready = op.kind == 'F' ? op.v == 0 || act[at] : (op.v == V - 1 ? fwd[at] : grd[at]);
+            bool ready =
+                op.kind == 'F' ? op.v == 0 || act[at] : (op.v == V - 1 ? fwd[at] : grd[at]);
             if (ready) row[s] = op;
         }
         for (int s = 0; s < S; s++) {
@@ -117,11 +118,12 @@ enum moe_status exec_ref_pipeline_step(struct exec_transport *t, const struct ex
     int S = t->ranks, me = t->rank, h = r->model.hidden, n = T - 1, V = S * vpp;
     if (M < 1 || vpp < 1 || S > PP_MAX_STAGES || first[0] != 0 || first[V] != r->model.layers ||
         (vpp > 1 && M % S))
-        return moe_error_set(err, MOE_ERR_INPUT,
-                             "pipeline: %d micro-batches (a multiple of the %d ranks when "
-                             "interleaved), %d x %d virtual stages (at most %d ranks) from block %d "
-                             "to %d of %d",
-                             M, S, S, vpp, PP_MAX_STAGES, first[0], first[V], r->model.layers);
+        return moe_error_set(
+            err, MOE_ERR_INPUT,
+            "pipeline: %d micro-batches (a multiple of the %d ranks when "
+            "interleaved), %d x %d virtual stages (at most %d ranks) from block %d "
+            "to %d of %d",
+            M, S, S, vpp, PP_MAX_STAGES, first[0], first[V], r->model.layers);
     for (int v = 0; v < V; v++)
         if (first[v + 1] <= first[v])
             return moe_error_set(err, MOE_ERR_INPUT, "pipeline: virtual stage %d has no blocks", v);

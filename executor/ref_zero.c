@@ -12,12 +12,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-static size_t shard_lo(size_t n, int r, int R) { return n * (size_t)r / (size_t)R; }
+static size_t shard_lo(size_t n, int r, int R)
+{
+    return n * (size_t)r / (size_t)R;
+}
 
 enum moe_status exec_ref_zero1_step(struct exec_transport *t, struct exec_ref_model *r,
                                     const double *grad, double *m1, double *m2, int step,
-                                    const struct exec_adamw *o, double *norm,
-                                    struct moe_error *err)
+                                    const struct exec_adamw *o, double *norm, struct moe_error *err)
 {
     int R = t->ranks, me = t->rank;
     size_t n = r->nparams, lo = shard_lo(n, me, R), hi = shard_lo(n, me + 1, R), len = hi - lo;
@@ -26,8 +28,10 @@ enum moe_status exec_ref_zero1_step(struct exec_transport *t, struct exec_ref_mo
     double *full = calloc(n, sizeof(double)), *copies = calloc(len * (size_t)R + 1, sizeof(double));
     enum moe_status st = MOE_OK;
     if (n / (size_t)R + 1 > 0x7fffffff) {
-        st = moe_error_set(err, MOE_ERR_UNSUPPORTED, "ZeRO-1: shards of %zu parameters exceed a "
-                           "count's range", n / (size_t)R + 1);
+        st = moe_error_set(err, MOE_ERR_UNSUPPORTED,
+                           "ZeRO-1: shards of %zu parameters exceed a "
+                           "count's range",
+                           n / (size_t)R + 1);
         goto done;
     }
     if (!sc || !rc || !parts || !full || !copies) {

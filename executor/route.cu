@@ -38,8 +38,10 @@ __global__ void exec_route_kernel(struct exec_router_cfg cfg, const float *logit
         for (int g = 0; g < G; g++) {
             float a = -INFINITY, b = -INFINITY;
             for (int e = g * per; e < (g + 1) * per; e++) {
-                if (key[e] > a) b = a, a = key[e];
-                else if (key[e] > b) b = key[e];
+                if (key[e] > a)
+                    b = a, a = key[e];
+                else if (key[e] > b)
+                    b = key[e];
             }
             gkey[g] = per >= 2 ? a + b : a;
             keep[g] = 0;
@@ -82,8 +84,9 @@ extern "C" enum moe_status exec_route(const struct exec_router_cfg *cfg, const f
     enum moe_status st = MOE_OK;
     if (cfg->experts < 1 || cfg->experts > ROUTE_MAX_EXPERTS || cfg->top_k < 1 ||
         cfg->top_k > cfg->experts || cfg->n_group < 1 || cfg->experts % cfg->n_group)
-        return moe_error_set(err, MOE_ERR_INPUT, "exec_route: %d experts top-%d (at most %d experts)",
-                             cfg->experts, cfg->top_k, ROUTE_MAX_EXPERTS);
+        return moe_error_set(err, MOE_ERR_INPUT,
+                             "exec_route: %d experts top-%d (at most %d experts)", cfg->experts,
+                             cfg->top_k, ROUTE_MAX_EXPERTS);
     if (tokens == 0) return MOE_OK;
     int threads = 128, blocks = (tokens + threads - 1) / threads;
     exec_route_kernel<<<blocks, threads, 0, (cudaStream_t)stream>>>(*cfg, logits, bias, tokens,

@@ -80,8 +80,8 @@ static enum moe_status ep_groups(const struct plan_file *p, int me, struct exec_
     }
     if (k != ep)
         return moe_error_set(err, MOE_ERR_INPUT,
-                             "plan: the EP group of edp %d has %d ranks, ep = %d",
-                             p->rank[me].edp, k, ep);
+                             "plan: the EP group of edp %d has %d ranks, ep = %d", p->rank[me].edp,
+                             k, ep);
     for (int l = 0, i = 0; l < m->layers; l++) {
         if (!mdl_layer_is_moe(m, l)) continue;
         const int *pl = p->placement + (size_t)l * E; /* no replicas: exec_plan_runnable */
@@ -107,8 +107,8 @@ static void bind_rank(const struct exec_device_info *dev, char *out, size_t cap)
 
 /* The routing since the start, every rank's summed, into r (rank 0). */
 static enum moe_status routing(struct exec_gpu *g, const struct mdl_model *m,
-                               struct exec_transport *world, bool first,
-                               struct exec_run_result *r, struct moe_error *err)
+                               struct exec_transport *world, bool first, struct exec_run_result *r,
+                               struct moe_error *err)
 {
     int E = m->moe.experts, L = m->layers;
     size_t nc = (size_t)L * E, n = nc + nc * E;
@@ -463,9 +463,11 @@ static enum moe_status rank_main(struct run_shared *sh, int me, struct exec_tran
                 goto done;
         }
         if (me == 0) {
-            struct exec_run_step rs = {s + 1, skipped, "", v[0] / dp, v[1] / dp,
-                                       exec_lr_at(&info.opt, s), gnorm,
-                                       1e3 * (moe_time_now_s() - t0), ss};
+            struct exec_run_step rs = {s + 1,     skipped,
+                                       "",        v[0] / dp,
+                                       v[1] / dp, exec_lr_at(&info.opt, s),
+                                       gnorm,     1e3 * (moe_time_now_s() - t0),
+                                       ss};
             snprintf(rs.why, sizeof rs.why, "%s", why);
             rs.gpu.dispatch = (struct cost_bytes){v[2], v[3]};
             sh->r->dispatch.nvlink += v[2];
@@ -597,12 +599,11 @@ static enum moe_status run_process(struct run_shared *sh, int ndev, struct moe_e
     int R = c->plan->gpus;
     if (la->ranks != R)
         return moe_error_set(err, MOE_ERR_INPUT,
-                             "the plan has %d ranks; %s started %d (mpirun -np %d / srun -n %d)",
-                             R, exec_launcher_names[la->who], la->ranks, R, R);
+                             "the plan has %d ranks; %s started %d (mpirun -np %d / srun -n %d)", R,
+                             exec_launcher_names[la->who], la->ranks, R, R);
     if (la->local_rank >= ndev)
-        return moe_error_set(err, MOE_ERR_INPUT,
-                             "rank %d is local rank %d on a node with %d GPU%s", la->rank,
-                             la->local_rank, ndev, ndev == 1 ? "" : "s");
+        return moe_error_set(err, MOE_ERR_INPUT, "rank %d is local rank %d on a node with %d GPU%s",
+                             la->rank, la->local_rank, ndev, ndev == 1 ? "" : "s");
     if (!c->id_file)
         return moe_error_set(err, MOE_ERR_INPUT, "run: no file to pass the NCCL id through");
     unsigned char id[EXEC_NCCL_ID_BYTES];

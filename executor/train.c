@@ -125,7 +125,8 @@ enum moe_status exec_data_open(struct exec_data *d, const char *file, int vocab,
         }
         for (uint64_t i = 0; i < count; i++) {
             const unsigned char *p = buf + 20 + 4 * i;
-            uint32_t t = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+            uint32_t t =
+                (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
             if (t >= fv) {
                 free(d->tokens);
                 d->tokens = NULL;
@@ -142,7 +143,8 @@ enum moe_status exec_data_open(struct exec_data *d, const char *file, int vocab,
         if (vocab < 256) {
             st = moe_error_set_at(err, MOE_ERR_INPUT, file, 0, 0,
                                   "byte-level training needs a vocabulary of at least 256, the "
-                                  "model has %d", vocab);
+                                  "model has %d",
+                                  vocab);
             goto cleanup;
         }
         d->tokens = malloc(sizeof *d->tokens * len);

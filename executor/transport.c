@@ -36,12 +36,12 @@ struct exec_local_hub {
     int *world;                    /* a split's hub: the root's rank of each of its ranks */
     int refs;                      /* a split's hub: its ranks that have not released it */
     struct exec_local_hub **child; /* (ranks) a split's new hub, at its lowest rank */
-    bool *here;               /* (ranks) arrived at the current meeting */
-    const void **send;        /* (ranks) posted buffers */
-    const int **send_count;   /* (ranks) posted counts */
-    size_t *item_bytes;       /* (ranks) */
-    struct exec_transport *t; /* (ranks) */
-    struct exec_local_mem mem;  /* where the buffers live: host memory unless set */
+    bool *here;                    /* (ranks) arrived at the current meeting */
+    const void **send;             /* (ranks) posted buffers */
+    const int **send_count;        /* (ranks) posted counts */
+    size_t *item_bytes;            /* (ranks) */
+    struct exec_transport *t;      /* (ranks) */
+    struct exec_local_mem mem;     /* where the buffers live: host memory unless set */
 };
 
 /* Host memory: the default. */
@@ -95,7 +95,7 @@ static enum moe_status host_ready(void *ctx, int rank, struct moe_error *err)
     return MOE_OK;
 }
 
-static const struct exec_local_mem host_mem = {host_alloc, host_free, host_copy, host_sum,
+static const struct exec_local_mem host_mem = {host_alloc,   host_free,  host_copy, host_sum,
                                                host_sum_f32, host_ready, NULL};
 
 void exec_local_hub_set_memory(struct exec_local_hub *h, const struct exec_local_mem *mem)
@@ -225,12 +225,11 @@ static enum moe_status hub_meet(struct exec_local_hub *h, int rank, const char *
                 (until.tv_sec == deadline.tv_sec && until.tv_nsec > deadline.tv_nsec))
                 until = deadline;
         }
-        if (pthread_cond_timedwait(&h->cv, &h->mu, &until) == ETIMEDOUT &&
-            gen == h->generation && until.tv_sec == deadline.tv_sec &&
-            until.tv_nsec == deadline.tv_nsec) {
+        if (pthread_cond_timedwait(&h->cv, &h->mu, &until) == ETIMEDOUT && gen == h->generation &&
+            until.tv_sec == deadline.tv_sec && until.tv_nsec == deadline.tv_nsec) {
             char why[MOE_MSG_MAX];
-            int n = snprintf(why, sizeof why, "timed out after %g s waiting for rank",
-                             h->timeout_s);
+            int n =
+                snprintf(why, sizeof why, "timed out after %g s waiting for rank", h->timeout_s);
             for (int r = 0, first = 1; r < h->ranks && n < (int)sizeof why; r++)
                 if (!h->here[r]) {
                     n += snprintf(why + n, sizeof why - (size_t)n, "%s %d", first ? "" : ",",
@@ -279,7 +278,8 @@ static enum moe_status local_alltoallv(struct exec_transport *t, const void *sen
     if (!match)
         return moe_error_set(err, MOE_ERR_RUNTIME,
                              "rank %d, alltoallv: receive counts or item sizes disagree with the "
-                             "senders'", world_rank(h, me));
+                             "senders'",
+                             world_rank(h, me));
     return MOE_OK;
 }
 
@@ -317,10 +317,9 @@ static enum moe_status local_allreduce(struct exec_transport *t, void *x, size_t
     }
     enum moe_status sst = MOE_OK;
     if (match)
-        sst = f32 ? h->mem.sum_f32(h->mem.ctx, wr, sum, (const float *const *)srcs, h->ranks, n,
-                                   err)
-                  : h->mem.sum(h->mem.ctx, wr, sum, (const double *const *)srcs, h->ranks, n,
-                               err);
+        sst =
+            f32 ? h->mem.sum_f32(h->mem.ctx, wr, sum, (const float *const *)srcs, h->ranks, n, err)
+                : h->mem.sum(h->mem.ctx, wr, sum, (const double *const *)srcs, h->ranks, n, err);
     if ((st = hub_meet(h, me, "all-reduce (sum)", err)) != MOE_OK) goto done;
     if ((st = sst) != MOE_OK) goto done;
     if (!match) {
@@ -369,8 +368,10 @@ static enum moe_status local_allgather_f32(struct exec_transport *t, float *x, s
     if ((st = hub_meet(h, me, "all-gather (copy)", err)) != MOE_OK) return st;
     if (cst != MOE_OK) return cst;
     if (!match)
-        return moe_error_set(err, MOE_ERR_RUNTIME, "rank %d, all-gather: the ranks' lengths "
-                                                   "disagree", wr);
+        return moe_error_set(err, MOE_ERR_RUNTIME,
+                             "rank %d, all-gather: the ranks' lengths "
+                             "disagree",
+                             wr);
     return MOE_OK;
 }
 
@@ -389,19 +390,19 @@ static enum moe_status local_wait(struct exec_transport *t, struct moe_error *er
     return MOE_OK;
 }
 
-static enum moe_status local_split(struct exec_transport *t, int color,
-                                   struct exec_transport *out, struct moe_error *err);
+static enum moe_status local_split(struct exec_transport *t, int color, struct exec_transport *out,
+                                   struct moe_error *err);
 static void local_release(struct exec_transport *t);
 
 static const struct exec_transport_ops local_ops = {
-    local_counts,        local_alltoallv,           local_allreduce_sum,
-    local_allreduce_sum_f32, local_allgather_f32, local_allreduce_f32_start,
-    local_wait,          local_split,               local_release};
+    local_counts,        local_alltoallv,           local_allreduce_sum, local_allreduce_sum_f32,
+    local_allgather_f32, local_allreduce_f32_start, local_wait,          local_split,
+    local_release};
 
 /* Two meetings: every rank posts its color; the lowest rank of each color makes the group's hub
  * (a failure there fails the second meeting for all); then each takes its group's hub. */
-static enum moe_status local_split(struct exec_transport *t, int color,
-                                   struct exec_transport *out, struct moe_error *err)
+static enum moe_status local_split(struct exec_transport *t, int color, struct exec_transport *out,
+                                   struct moe_error *err)
 {
     struct exec_local_hub *h = t->impl;
     int me = t->rank;
@@ -490,8 +491,7 @@ enum moe_status exec_local_run(struct exec_local_hub *h,
     h->failed = false;
     h->arrived = 0;
     memset(h->here, 0, sizeof *h->here * (size_t)R);
-    for (int r = 0; r < R; r++)
-        h->t[r] = (struct exec_transport){r, R, &local_ops, h};
+    for (int r = 0; r < R; r++) h->t[r] = (struct exec_transport){r, R, &local_ops, h};
     enum moe_status st = MOE_OK;
     for (int r = 0; r < R; r++) {
         a[r] = (struct run_arg){h, r, fn, arg, MOE_OK, {0}};

@@ -11,7 +11,7 @@
 #include <string.h>
 
 const char *const mdl_component_names[MDL_NCOMPONENTS] = {
-    "embedding", "attn_proj", "attn_core", "norms", "router",
+    "embedding",      "attn_proj",      "attn_core", "norms",  "router",
     "routed_experts", "shared_experts", "dense_ffn", "lm_head"};
 
 /* Weights that take part in matrix multiplies of the attention projections. */
@@ -25,11 +25,13 @@ static double attn_proj_matmul_params(const struct mdl_model *m)
     }
     double qk = a->qk_nope_head_dim + a->qk_rope_head_dim;
     double p = 0.0;
-    if (a->q_lora_rank) p += h * a->q_lora_rank + (double)a->q_lora_rank * H * qk;
-    else p += h * H * qk;
-    p += h * (a->kv_lora_rank + a->qk_rope_head_dim);                    /* kv_a (with rope key) */
+    if (a->q_lora_rank)
+        p += h * a->q_lora_rank + (double)a->q_lora_rank * H * qk;
+    else
+        p += h * H * qk;
+    p += h * (a->kv_lora_rank + a->qk_rope_head_dim); /* kv_a (with rope key) */
     p += (double)a->kv_lora_rank * H * (a->qk_nope_head_dim + a->v_head_dim); /* kv_b */
-    p += H * a->v_head_dim * h;                                          /* o */
+    p += H * a->v_head_dim * h;                                               /* o */
     return p;
 }
 
@@ -165,7 +167,7 @@ void mdl_block_activations(const struct mdl_model *m, int layer, struct mdl_acti
     if (a->type == MDL_ATTN_GQA) {
         double q = H * a->head_dim, kv = (double)a->kv_heads * a->head_dim;
         proj += bf16 * (q + 2.0 * kv) + bf16 * q; /* q, k, v after RoPE; attention output */
-        if (a->qk_norm) proj += bf16 * (q + kv); /* q and k before their norm */
+        if (a->qk_norm) proj += bf16 * (q + kv);  /* q and k before their norm */
     } else {
         double qk = a->qk_nope_head_dim + a->qk_rope_head_dim;
         if (a->q_lora_rank) proj += 2.0 * bf16 * a->q_lora_rank; /* q_a out, normed */

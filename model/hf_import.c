@@ -11,9 +11,9 @@
 
 #include <string.h>
 
-const char *const mdl_hf_model_types[] = {"deepseek_v3", "deepseek_v2", "kimi_k2", "qwen3_moe",
-                                          "mixtral",     "dbrx",        "gpt_oss", "llama4",
-                                          NULL};
+const char *const mdl_hf_model_types[] = {"deepseek_v3", "deepseek_v2", "kimi_k2",
+                                          "qwen3_moe",   "mixtral",     "dbrx",
+                                          "gpt_oss",     "llama4",      NULL};
 
 #define MAX_DIM (1 << 24)
 
@@ -115,11 +115,13 @@ static enum moe_status hf_deepseek(const struct moe_jval *o, struct mdl_model *m
     if ((st = hf_int(o, "num_nextn_predict_layers", false, 0, &m->mtp_layers, err))) return st;
     if ((st = moe_jval_str(o, "scoring_func", false, "softmax", scoring, sizeof scoring, err)))
         return st;
-    if (strcmp(scoring, "sigmoid") == 0) e->scoring = MDL_SCORE_SIGMOID;
-    else if (strcmp(scoring, "softmax") == 0) e->scoring = MDL_SCORE_SOFTMAX;
+    if (strcmp(scoring, "sigmoid") == 0)
+        e->scoring = MDL_SCORE_SIGMOID;
+    else if (strcmp(scoring, "softmax") == 0)
+        e->scoring = MDL_SCORE_SOFTMAX;
     else
-        return moe_jval_error(o, "scoring_func", err,
-                              "'%s' is not supported (softmax, sigmoid)", scoring);
+        return moe_jval_error(o, "scoring_func", err, "'%s' is not supported (softmax, sigmoid)",
+                              scoring);
     return MOE_OK;
 }
 
@@ -170,8 +172,7 @@ static enum moe_status hf_mixtral(const struct moe_jval *o, struct mdl_model *m,
     return MOE_OK;
 }
 
-static enum moe_status hf_dbrx(const struct moe_jval *o, struct mdl_model *m,
-                               struct moe_error *err)
+static enum moe_status hf_dbrx(const struct moe_jval *o, struct mdl_model *m, struct moe_error *err)
 {
     enum moe_status st;
     struct moe_jval attn, ffn;
@@ -183,15 +184,13 @@ static enum moe_status hf_dbrx(const struct moe_jval *o, struct mdl_model *m,
     if ((st = hf_int(o, "max_seq_len", false, 4096, &m->max_seq_len, err))) return st;
     if ((st = hf_bool(o, "tie_word_embeddings", false, &m->tied_embeddings, err))) return st;
     if ((st = moe_jval_object(o, "attn_config", true, &attn, NULL, err))) return st;
-    if ((st = hf_int(&attn, "kv_n_heads", false, m->attn.heads, &m->attn.kv_heads, err)))
-        return st;
+    if ((st = hf_int(&attn, "kv_n_heads", false, m->attn.heads, &m->attn.kv_heads, err))) return st;
     if ((st = hf_num(&attn, "rope_theta", 10000.0, &m->attn.rope_theta, err))) return st;
     if ((st = moe_jval_object(o, "ffn_config", true, &ffn, NULL, err))) return st;
     if ((st = hf_int(&ffn, "moe_num_experts", true, 0, &e->experts, err))) return st;
     if ((st = hf_int(&ffn, "moe_top_k", true, 0, &e->top_k, err))) return st;
     if ((st = hf_int(&ffn, "ffn_hidden_size", true, 0, &e->intermediate, err))) return st;
-    if ((st = hf_bool(&ffn, "moe_normalize_expert_weights", false, &e->norm_topk, err)))
-        return st;
+    if ((st = hf_bool(&ffn, "moe_normalize_expert_weights", false, &e->norm_topk, err))) return st;
     e->shared_intermediate = e->intermediate;
     m->attn.head_dim = m->attn.heads ? m->hidden / m->attn.heads : 0;
     m->norm_eps = 1e-5;
@@ -207,8 +206,8 @@ static enum moe_status hf_gpt_oss(const struct moe_jval *o, struct mdl_model *m,
     if ((st = hf_common(o, m, err))) return st;
     if ((st = hf_head_dim(o, m, err))) return st;
     if ((st = hf_int(o, "num_local_experts", true, 0, &e->experts, err))) return st;
-    const char *k = moe_jval_has(o, "num_experts_per_tok") ? "num_experts_per_tok"
-                                                            : "experts_per_token";
+    const char *k =
+        moe_jval_has(o, "num_experts_per_tok") ? "num_experts_per_tok" : "experts_per_token";
     if ((st = hf_int(o, k, true, 0, &e->top_k, err))) return st;
     if ((st = hf_int(o, "intermediate_size", true, 0, &e->intermediate, err))) return st;
     e->shared_intermediate = e->intermediate;
@@ -249,8 +248,7 @@ static enum moe_status hf_llama4(const struct moe_jval *o, struct mdl_model *m,
     if ((st = hf_int(t, "num_local_experts", true, 0, &e->experts, err))) return st;
     if ((st = hf_int(t, "num_experts_per_tok", true, 0, &e->top_k, err))) return st;
     if ((st = hf_int(t, "intermediate_size", true, 0, &e->intermediate, err))) return st;
-    if ((st = hf_int(t, "intermediate_size_mlp", false, 0, &m->dense_intermediate, err)))
-        return st;
+    if ((st = hf_int(t, "intermediate_size_mlp", false, 0, &m->dense_intermediate, err))) return st;
     if ((st = hf_int(t, "interleave_moe_layer_step", false, 1, &m->moe_every, err))) return st;
     e->shared_experts = 1; /* every Llama 4 MoE block has one shared expert */
     e->shared_intermediate = e->intermediate;
@@ -262,32 +260,75 @@ static enum moe_status hf_llama4(const struct moe_jval *o, struct mdl_model *m,
  * user wrote it (pairs, NULL-terminated; what a family does not list keeps our name). */
 #define HF_COMMON_NAMES                                                                            \
     "layers", "num_hidden_layers", "hidden", "hidden_size", "vocab", "vocab_size", "heads",        \
-        "num_attention_heads", "kv_heads", "num_key_value_heads", "head_dim", "head_dim (or "      \
-        "hidden_size / num_attention_heads)", "dense_intermediate", "intermediate_size"
-static const char *const hf_names_deepseek[] = {
-    HF_COMMON_NAMES, "first_dense", "first_k_dense_replace", "moe_every", "moe_layer_freq",
-    "experts", "n_routed_experts", "shared_experts", "n_shared_experts", "top_k",
-    "num_experts_per_tok", "intermediate", "moe_intermediate_size", "shared_intermediate",
-    "moe_intermediate_size", "n_group", "n_group", "topk_group", "topk_group", "scaling",
-    "routed_scaling_factor", NULL};
+        "num_attention_heads", "kv_heads", "num_key_value_heads", "head_dim",                      \
+        "head_dim (or "                                                                            \
+        "hidden_size / num_attention_heads)",                                                      \
+        "dense_intermediate", "intermediate_size"
+static const char *const hf_names_deepseek[] = {HF_COMMON_NAMES,
+                                                "first_dense",
+                                                "first_k_dense_replace",
+                                                "moe_every",
+                                                "moe_layer_freq",
+                                                "experts",
+                                                "n_routed_experts",
+                                                "shared_experts",
+                                                "n_shared_experts",
+                                                "top_k",
+                                                "num_experts_per_tok",
+                                                "intermediate",
+                                                "moe_intermediate_size",
+                                                "shared_intermediate",
+                                                "moe_intermediate_size",
+                                                "n_group",
+                                                "n_group",
+                                                "topk_group",
+                                                "topk_group",
+                                                "scaling",
+                                                "routed_scaling_factor",
+                                                NULL};
 static const char *const hf_names_qwen3[] = {
-    HF_COMMON_NAMES, "moe_every", "decoder_sparse_step", "experts", "num_experts", "top_k",
-    "num_experts_per_tok", "intermediate", "moe_intermediate_size", NULL};
-static const char *const hf_names_mixtral[] = {
-    HF_COMMON_NAMES, "experts", "num_local_experts", "top_k", "num_experts_per_tok",
-    "intermediate", "intermediate_size", "sliding_window", "sliding_window", NULL};
-static const char *const hf_names_dbrx[] = {
-    "layers", "n_layers", "hidden", "d_model", "vocab", "vocab_size", "heads", "n_heads",
-    "kv_heads", "attn_config.kv_n_heads", "head_dim", "d_model / n_heads", "experts",
-    "ffn_config.moe_num_experts", "top_k", "ffn_config.moe_top_k", "intermediate",
-    "ffn_config.ffn_hidden_size", NULL};
+    HF_COMMON_NAMES,         "moe_every", "decoder_sparse_step", "experts",
+    "num_experts",           "top_k",     "num_experts_per_tok", "intermediate",
+    "moe_intermediate_size", NULL};
+static const char *const hf_names_mixtral[] = {HF_COMMON_NAMES,       "experts",
+                                               "num_local_experts",   "top_k",
+                                               "num_experts_per_tok", "intermediate",
+                                               "intermediate_size",   "sliding_window",
+                                               "sliding_window",      NULL};
+static const char *const hf_names_dbrx[] = {"layers",
+                                            "n_layers",
+                                            "hidden",
+                                            "d_model",
+                                            "vocab",
+                                            "vocab_size",
+                                            "heads",
+                                            "n_heads",
+                                            "kv_heads",
+                                            "attn_config.kv_n_heads",
+                                            "head_dim",
+                                            "d_model / n_heads",
+                                            "experts",
+                                            "ffn_config.moe_num_experts",
+                                            "top_k",
+                                            "ffn_config.moe_top_k",
+                                            "intermediate",
+                                            "ffn_config.ffn_hidden_size",
+                                            NULL};
 static const char *const hf_names_gpt_oss[] = {
-    HF_COMMON_NAMES, "experts", "num_local_experts", "top_k", "num_experts_per_tok",
-    "intermediate", "intermediate_size", NULL};
-static const char *const hf_names_llama4[] = {
-    HF_COMMON_NAMES, "moe_every", "interleave_moe_layer_step", "experts", "num_local_experts",
-    "top_k", "num_experts_per_tok", "intermediate", "intermediate_size", "dense_intermediate",
-    "intermediate_size_mlp", NULL};
+    HF_COMMON_NAMES,       "experts",      "num_local_experts", "top_k",
+    "num_experts_per_tok", "intermediate", "intermediate_size", NULL};
+static const char *const hf_names_llama4[] = {HF_COMMON_NAMES,
+                                              "moe_every",
+                                              "interleave_moe_layer_step",
+                                              "experts",
+                                              "num_local_experts",
+                                              "top_k",
+                                              "num_experts_per_tok",
+                                              "intermediate",
+                                              "intermediate_size",
+                                              "dense_intermediate",
+                                              "intermediate_size_mlp",
+                                              NULL};
 
 enum moe_status mdl_model_from_hf(struct mdl_model *m, const struct moe_jdoc *doc,
                                   struct moe_error *err)

@@ -37,33 +37,33 @@ struct mdl_attention {
     /* MLA (DeepSeek): low-rank q (0: no q compression) and kv projections, decoupled RoPE key. */
     int q_lora_rank, kv_lora_rank;
     int qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
-    bool qk_norm;           /* RMSNorm on q and k per head (Qwen3) */
-    bool bias;              /* biases on the q/k/v/o projections (gpt-oss) */
-    bool sinks;             /* a learned sink logit per head (gpt-oss) */
-    int sliding_window;     /* 0: all layers full attention */
-    int sliding_every;      /* with a window: layer i slides when i % sliding_every != sliding_every - 1 */
+    bool qk_norm;       /* RMSNorm on q and k per head (Qwen3) */
+    bool bias;          /* biases on the q/k/v/o projections (gpt-oss) */
+    bool sinks;         /* a learned sink logit per head (gpt-oss) */
+    int sliding_window; /* 0: all layers full attention */
+    int sliding_every; /* with a window: layer i slides when i % sliding_every != sliding_every - 1 */
     double rope_theta;
 };
 
 struct mdl_moe {
-    int experts;            /* routed experts */
-    int shared_experts;     /* always-on experts, each of width shared_intermediate */
+    int experts;        /* routed experts */
+    int shared_experts; /* always-on experts, each of width shared_intermediate */
     int top_k;
-    int intermediate;       /* per routed expert (moe_intermediate_size) */
+    int intermediate; /* per routed expert (moe_intermediate_size) */
     int shared_intermediate;
     enum mdl_scoring scoring;
-    int n_group, topk_group;/* group-limited routing; 1 and 1: no limit */
-    bool norm_topk;         /* renormalize the top-k weights to sum to 1 */
-    double scaling;         /* routed_scaling_factor */
-    bool expert_bias;       /* biases in the expert projections (gpt-oss) */
-    bool softmax_after_topk;/* scores = softmax over the chosen k only (gpt-oss, Mixtral style) */
+    int n_group, topk_group; /* group-limited routing; 1 and 1: no limit */
+    bool norm_topk;          /* renormalize the top-k weights to sum to 1 */
+    double scaling;          /* routed_scaling_factor */
+    bool expert_bias;        /* biases in the expert projections (gpt-oss) */
+    bool softmax_after_topk; /* scores = softmax over the chosen k only (gpt-oss, Mixtral style) */
 };
 
 struct mdl_model {
     char name[MDL_NAME_MAX];
-    int layers;             /* transformer blocks, MTP excluded */
-    int first_dense;        /* the first k blocks have a dense FFN */
-    int moe_every;          /* after those, block i is MoE when (i - first_dense) % moe_every == moe_every - 1; 1: all */
+    int layers;      /* transformer blocks, MTP excluded */
+    int first_dense; /* the first k blocks have a dense FFN */
+    int moe_every; /* after those, block i is MoE when (i - first_dense) % moe_every == moe_every - 1; 1: all */
     int hidden;
     int vocab;
     bool tied_embeddings;
@@ -124,15 +124,15 @@ bool mdl_layer_is_sliding(const struct mdl_model *m, int layer);
 
 /* The parts of a model that numbers are broken down by. */
 enum mdl_component {
-    MDL_EMBED = 0,   /* input embedding table (a lookup: no FLOPs) */
-    MDL_ATTN_PROJ,   /* q, k, v, o projections (MLA: the low-rank ones), their biases */
-    MDL_ATTN_CORE,   /* QK^T and AV: FLOPs only */
-    MDL_NORMS,       /* RMSNorm weights (block norms, q/kv-lora norms, QK-norm, final norm) */
-    MDL_ROUTER,      /* router GEMM (and its bias) */
-    MDL_ROUTED,      /* routed experts */
-    MDL_SHARED,      /* shared experts */
-    MDL_DENSE_FFN,   /* dense SwiGLU FFN blocks */
-    MDL_LM_HEAD,     /* output projection (shares the embedding table when tied) */
+    MDL_EMBED = 0, /* input embedding table (a lookup: no FLOPs) */
+    MDL_ATTN_PROJ, /* q, k, v, o projections (MLA: the low-rank ones), their biases */
+    MDL_ATTN_CORE, /* QK^T and AV: FLOPs only */
+    MDL_NORMS,     /* RMSNorm weights (block norms, q/kv-lora norms, QK-norm, final norm) */
+    MDL_ROUTER,    /* router GEMM (and its bias) */
+    MDL_ROUTED,    /* routed experts */
+    MDL_SHARED,    /* shared experts */
+    MDL_DENSE_FFN, /* dense SwiGLU FFN blocks */
+    MDL_LM_HEAD,   /* output projection (shares the embedding table when tied) */
     MDL_NCOMPONENTS
 };
 extern const char *const mdl_component_names[MDL_NCOMPONENTS];
@@ -149,10 +149,10 @@ void mdl_block_params(const struct mdl_model *m, int layer, struct mdl_block_par
 /* Whole-model parameter counts (MTP layers are counted apart, as publishers do). */
 struct mdl_params {
     double by_component[MDL_NCOMPONENTS];
-    double total;               /* every parameter of the main model */
-    double active;              /* what one token touches, both embedding tables included */
-    double active_no_embed;     /* the same without the input embedding table */
-    double mtp;                 /* the MTP modules, not in total */
+    double total;           /* every parameter of the main model */
+    double active;          /* what one token touches, both embedding tables included */
+    double active_no_embed; /* the same without the input embedding table */
+    double mtp;             /* the MTP modules, not in total */
 };
 void mdl_params_count(const struct mdl_model *m, struct mdl_params *out);
 

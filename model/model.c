@@ -17,10 +17,22 @@ static const char *const scoring_names[] = {"softmax", "sigmoid", NULL};
 static enum moe_status load_attention(const struct moe_jval *o, struct mdl_attention *a,
                                       struct moe_error *err)
 {
-    static const char *const keys[] = {
-        "type", "heads", "kv_heads", "head_dim", "q_lora_rank", "kv_lora_rank",
-        "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "qk_norm", "bias", "sinks",
-        "sliding_window", "sliding_every", "rope_theta", NULL};
+    static const char *const keys[] = {"type",
+                                       "heads",
+                                       "kv_heads",
+                                       "head_dim",
+                                       "q_lora_rank",
+                                       "kv_lora_rank",
+                                       "qk_nope_head_dim",
+                                       "qk_rope_head_dim",
+                                       "v_head_dim",
+                                       "qk_norm",
+                                       "bias",
+                                       "sinks",
+                                       "sliding_window",
+                                       "sliding_every",
+                                       "rope_theta",
+                                       NULL};
     enum moe_status st;
     int type;
     if ((st = moe_jval_keys(o, keys, err)) != MOE_OK) return st;
@@ -28,10 +40,13 @@ static enum moe_status load_attention(const struct moe_jval *o, struct mdl_atten
     a->type = (enum mdl_attn_type)type;
     bool mla = a->type == MDL_ATTN_MLA;
     if ((st = moe_jval_int32(o, "heads", true, 0, 1, 65536, &a->heads, err))) return st;
-    if ((st = moe_jval_int32(o, "kv_heads", !mla, a->heads, 1, 65536, &a->kv_heads, err))) return st;
+    if ((st = moe_jval_int32(o, "kv_heads", !mla, a->heads, 1, 65536, &a->kv_heads, err)))
+        return st;
     if ((st = moe_jval_int32(o, "head_dim", !mla, 0, 0, 65536, &a->head_dim, err))) return st;
-    if ((st = moe_jval_int32(o, "q_lora_rank", false, 0, 0, MAX_DIM, &a->q_lora_rank, err))) return st;
-    if ((st = moe_jval_int32(o, "kv_lora_rank", mla, 0, 0, MAX_DIM, &a->kv_lora_rank, err))) return st;
+    if ((st = moe_jval_int32(o, "q_lora_rank", false, 0, 0, MAX_DIM, &a->q_lora_rank, err)))
+        return st;
+    if ((st = moe_jval_int32(o, "kv_lora_rank", mla, 0, 0, MAX_DIM, &a->kv_lora_rank, err)))
+        return st;
     if ((st = moe_jval_int32(o, "qk_nope_head_dim", mla, 0, 0, 65536, &a->qk_nope_head_dim, err)))
         return st;
     if ((st = moe_jval_int32(o, "qk_rope_head_dim", mla, 0, 0, 65536, &a->qk_rope_head_dim, err)))
@@ -43,7 +58,7 @@ static enum moe_status load_attention(const struct moe_jval *o, struct mdl_atten
     if ((st = moe_jval_int32(o, "sliding_window", false, 0, 0, MAX_DIM, &a->sliding_window, err)))
         return st;
     if ((st = moe_jval_int32(o, "sliding_every", false, a->sliding_window ? 2 : 0, 0, 1024,
-                       &a->sliding_every, err)))
+                             &a->sliding_every, err)))
         return st;
     if ((st = moe_jval_num(o, "rope_theta", false, 10000.0, 1.0, 1e12, &a->rope_theta, err)))
         return st;
@@ -67,8 +82,9 @@ static enum moe_status load_attention(const struct moe_jval *o, struct mdl_atten
                                   a->kv_heads);
         if (a->head_dim % 2 != 0)
             return moe_jval_error(o, "head_dim", err, "must be even (RoPE rotates pairs)");
-        static const char *const mla_only[] = {"q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
-                                               "qk_rope_head_dim", "v_head_dim", NULL};
+        static const char *const mla_only[] = {"q_lora_rank",      "kv_lora_rank",
+                                               "qk_nope_head_dim", "qk_rope_head_dim",
+                                               "v_head_dim",       NULL};
         for (const char *const *k = mla_only; *k; k++)
             if (moe_jval_has(o, *k))
                 return moe_jval_error(o, *k, err, "only MLA attention has this key");
@@ -80,20 +96,31 @@ static enum moe_status load_attention(const struct moe_jval *o, struct mdl_atten
 
 static enum moe_status load_moe(const struct moe_jval *o, struct mdl_moe *e, struct moe_error *err)
 {
-    static const char *const keys[] = {
-        "experts", "shared_experts", "top_k", "intermediate", "shared_intermediate", "scoring",
-        "n_group", "topk_group", "norm_topk", "scaling", "expert_bias", "softmax_after_topk",
-        NULL};
+    static const char *const keys[] = {"experts",
+                                       "shared_experts",
+                                       "top_k",
+                                       "intermediate",
+                                       "shared_intermediate",
+                                       "scoring",
+                                       "n_group",
+                                       "topk_group",
+                                       "norm_topk",
+                                       "scaling",
+                                       "expert_bias",
+                                       "softmax_after_topk",
+                                       NULL};
     enum moe_status st;
     int scoring;
     if ((st = moe_jval_keys(o, keys, err)) != MOE_OK) return st;
-    if ((st = moe_jval_int32(o, "experts", true, 0, 1, MDL_MAX_EXPERTS, &e->experts, err))) return st;
+    if ((st = moe_jval_int32(o, "experts", true, 0, 1, MDL_MAX_EXPERTS, &e->experts, err)))
+        return st;
     if ((st = moe_jval_int32(o, "shared_experts", false, 0, 0, 1024, &e->shared_experts, err)))
         return st;
     if ((st = moe_jval_int32(o, "top_k", true, 0, 1, MDL_MAX_TOP_K, &e->top_k, err))) return st;
-    if ((st = moe_jval_int32(o, "intermediate", true, 0, 1, MAX_DIM, &e->intermediate, err))) return st;
+    if ((st = moe_jval_int32(o, "intermediate", true, 0, 1, MAX_DIM, &e->intermediate, err)))
+        return st;
     if ((st = moe_jval_int32(o, "shared_intermediate", false, e->intermediate, 1, MAX_DIM,
-                       &e->shared_intermediate, err)))
+                             &e->shared_intermediate, err)))
         return st;
     if ((st = moe_jval_enum(o, "scoring", false, MDL_SCORE_SOFTMAX, scoring_names, &scoring, err)))
         return st;
@@ -143,10 +170,15 @@ enum moe_status mdl_model_from_doc(struct mdl_model *m, const struct moe_jdoc *d
 enum moe_status mdl_model_from_jval(struct mdl_model *m, const struct moe_jval *rootp,
                                     struct moe_error *err)
 {
-    static const char *const keys[] = {
-        "schema", "version", "name", "source", "layers", "first_dense", "moe_every", "hidden",
-        "vocab", "tied_embeddings", "norm_eps", "max_seq_len", "attention", "dense_intermediate",
-        "moe", "mtp_layers", NULL};
+    static const char *const keys[] = {"schema",    "version",
+                                       "name",      "source",
+                                       "layers",    "first_dense",
+                                       "moe_every", "hidden",
+                                       "vocab",     "tied_embeddings",
+                                       "norm_eps",  "max_seq_len",
+                                       "attention", "dense_intermediate",
+                                       "moe",       "mtp_layers",
+                                       NULL};
     struct mdl_model t;
     memset(&t, 0, sizeof t);
     struct moe_jval root = *rootp, o;
@@ -154,7 +186,8 @@ enum moe_status mdl_model_from_jval(struct mdl_model *m, const struct moe_jval *
     if ((st = moe_jval_keys(&root, keys, err))) return st;
     if ((st = moe_jval_str(&root, "name", true, NULL, t.name, sizeof t.name, err))) return st;
     if (!t.name[0]) return moe_jval_error(&root, "name", err, "must not be empty");
-    if ((st = moe_jval_int32(&root, "layers", true, 0, 1, MDL_MAX_LAYERS, &t.layers, err))) return st;
+    if ((st = moe_jval_int32(&root, "layers", true, 0, 1, MDL_MAX_LAYERS, &t.layers, err)))
+        return st;
     if ((st = moe_jval_int32(&root, "first_dense", false, 0, 0, t.layers, &t.first_dense, err)))
         return st;
     if ((st = moe_jval_int32(&root, "moe_every", false, 1, 1, 1000, &t.moe_every, err))) return st;
@@ -168,8 +201,8 @@ enum moe_status mdl_model_from_jval(struct mdl_model *m, const struct moe_jval *
         return st;
     if ((st = moe_jval_object(&root, "attention", true, &o, NULL, err))) return st;
     if ((st = load_attention(&o, &t.attn, err))) return st;
-    if ((st = moe_jval_int32(&root, "dense_intermediate", false, 0, 0, MAX_DIM, &t.dense_intermediate,
-                       err)))
+    if ((st = moe_jval_int32(&root, "dense_intermediate", false, 0, 0, MAX_DIM,
+                             &t.dense_intermediate, err)))
         return st;
     if ((st = moe_jval_object(&root, "moe", true, &o, NULL, err))) return st;
     if ((st = load_moe(&o, &t.moe, err))) return st;
@@ -261,8 +294,7 @@ enum moe_status mdl_model_validate_as(const struct mdl_model *m, const char *whe
     if (a->sliding_window < 0 || (a->sliding_window > 0 && a->sliding_every < 1))
         INVALID("a sliding window (%s) needs %s >= 1", K("sliding_window"), K("sliding_every"));
     if (e->experts < 1 || e->top_k < 1 || e->top_k > e->experts)
-        INVALID("%s must be in [1, %s]: %d and %d", K("top_k"), K("experts"), e->top_k,
-                e->experts);
+        INVALID("%s must be in [1, %s]: %d and %d", K("top_k"), K("experts"), e->top_k, e->experts);
     if (e->experts > MDL_MAX_EXPERTS)
         INVALID("%s = %d: moeplan takes at most %d routed experts", K("experts"), e->experts,
                 MDL_MAX_EXPERTS);
@@ -284,7 +316,8 @@ enum moe_status mdl_model_validate_as(const struct mdl_model *m, const char *whe
         INVALID("%s (%d) exceeds the experts reachable in %s groups (%d)", K("top_k"), e->top_k,
                 K("topk_group"), e->topk_group * (e->experts / e->n_group));
     if (!(e->scaling > 0.0)) INVALID("%s must be positive", K("scaling"));
-    if (mdl_moe_layer_count(m) == 0) INVALID("the model has no MoE layer: moeplan plans MoE models");
+    if (mdl_moe_layer_count(m) == 0)
+        INVALID("the model has no MoE layer: moeplan plans MoE models");
     if (mdl_moe_layer_count(m) < m->layers && m->dense_intermediate < 1)
         INVALID("the model has dense layers: %s must be positive", K("dense_intermediate"));
 #undef K
@@ -305,8 +338,10 @@ enum moe_status mdl_model_resolve(struct mdl_model *m, const char *spec, const c
     bool is_path = strchr(spec, '/') || strstr(spec, ".json");
     if (is_path) {
         if ((size_t)snprintf(path, sizeof path, "%s", spec) >= sizeof path)
-            return moe_error_set(err, MOE_ERR_INPUT, "the model path has %zu characters, more "
-                                 "than the %zu allowed", strlen(spec), sizeof path - 1);
+            return moe_error_set(err, MOE_ERR_INPUT,
+                                 "the model path has %zu characters, more "
+                                 "than the %zu allowed",
+                                 strlen(spec), sizeof path - 1);
     } else {
         for (const char *c = spec; *c; c++)
             if (!((*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9') || *c == '-' || *c == '.' ||
@@ -326,8 +361,10 @@ enum moe_status mdl_model_resolve(struct mdl_model *m, const char *spec, const c
     if (st != MOE_OK) return st;
     struct moe_jval root;
     if ((st = moe_jdoc_root(&doc, &root, err)) == MOE_OK) {
-        if (moe_jval_has(&root, "schema")) st = mdl_model_from_doc(m, &doc, err);
-        else if (moe_jval_has(&root, "model_type")) st = mdl_model_from_hf(m, &doc, err);
+        if (moe_jval_has(&root, "schema"))
+            st = mdl_model_from_doc(m, &doc, err);
+        else if (moe_jval_has(&root, "model_type"))
+            st = mdl_model_from_hf(m, &doc, err);
         else
             st = moe_jval_error(&root, NULL, err,
                                 "neither a moeplan model (no \"schema\") nor a Hugging Face "
@@ -356,13 +393,12 @@ enum moe_status mdl_model_override(struct mdl_model *m, const struct mdl_overrid
             return moe_error_set(err, MOE_ERR_INPUT, "--experts %d: at most %d", o->experts,
                                  MDL_MAX_EXPERTS);
         if (o->experts < t.moe.top_k)
-            return moe_error_set(err, MOE_ERR_INPUT,
-                                 "--experts %d is fewer than top_k (%d) of %s", o->experts,
-                                 t.moe.top_k, t.name);
+            return moe_error_set(err, MOE_ERR_INPUT, "--experts %d is fewer than top_k (%d) of %s",
+                                 o->experts, t.moe.top_k, t.name);
         if (o->experts % t.moe.n_group != 0)
             return moe_error_set(err, MOE_ERR_INPUT,
-                                 "--experts %d is not divisible by n_group (%d) of %s",
-                                 o->experts, t.moe.n_group, t.name);
+                                 "--experts %d is not divisible by n_group (%d) of %s", o->experts,
+                                 t.moe.n_group, t.name);
         t.moe.experts = o->experts;
     }
     if (o->layers || o->experts) {

@@ -17,17 +17,17 @@ void cost_calibration_defaults(struct cost_calibration *cal, const struct topo_g
     cal->calibrated = false;
     snprintf(cal->source, sizeof cal->source, "datasheet defaults (uncalibrated)");
     bool hopper = gpu && strcmp(gpu->arch, "hopper") == 0;
-    cal->gemm_eff = 0.80;      /* large bf16 GEMM: ~780-800 of 989 on Hopper */
-    cal->gemm_eff_fp8 = 0.78;  /* ~1550 of 1979 */
+    cal->gemm_eff = 0.80;     /* large bf16 GEMM: ~780-800 of 989 on Hopper */
+    cal->gemm_eff_fp8 = 0.78; /* ~1550 of 1979 */
     cal->gemm_m_half = 48.0;
     cal->gemm_k_half = 96.0;
     cal->gemm_tile_m = 128;
     cal->gemm_tile_n = hopper ? 256 : 256;
     cal->attn_fwd_eff = 0.55;
     cal->attn_bwd_eff = 0.45;
-    cal->hbm_eff = 0.88;       /* ~4.3 of 4.8 TB/s device-to-device on H200 */
+    cal->hbm_eff = 0.88; /* ~4.3 of 4.8 TB/s device-to-device on H200 */
     cal->launch_us = 4.0;
-    cal->nvlink_eff = 0.82;    /* ~370 of 450 GB/s all-to-all inside an HGX node */
+    cal->nvlink_eff = 0.82; /* ~370 of 450 GB/s all-to-all inside an HGX node */
     cal->nvlink_allreduce_eff = 0.82;
     cal->scale_out_eff = 0.86; /* ~43 of 50 GB/s across nodes */
     cal->a2a_latency_us = 15.0;
@@ -45,13 +45,35 @@ void cost_calibration_defaults(struct cost_calibration *cal, const struct topo_g
 enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *file,
                                       struct moe_error *err)
 {
-    static const char *const keys[] = {
-        "schema", "version", "gpu", "driver", "date", "libraries", "measured", "defaults_used",
-        "gemm_eff", "gemm_eff_fp8", "gemm_m_half", "gemm_k_half", "gemm_fixed_us", "gemm_tile_m",
-        "gemm_tile_n",
-        "attn_fwd_eff", "attn_bwd_eff", "attn_seq_half", "hbm_eff", "launch_us", "nvlink_eff",
-        "nvlink_allreduce_eff", "scale_out_eff", "a2a_latency_us", "overlap_max", "phases",
-        "experts", "fit", NULL};
+    static const char *const keys[] = {"schema",
+                                       "version",
+                                       "gpu",
+                                       "driver",
+                                       "date",
+                                       "libraries",
+                                       "measured",
+                                       "defaults_used",
+                                       "gemm_eff",
+                                       "gemm_eff_fp8",
+                                       "gemm_m_half",
+                                       "gemm_k_half",
+                                       "gemm_fixed_us",
+                                       "gemm_tile_m",
+                                       "gemm_tile_n",
+                                       "attn_fwd_eff",
+                                       "attn_bwd_eff",
+                                       "attn_seq_half",
+                                       "hbm_eff",
+                                       "launch_us",
+                                       "nvlink_eff",
+                                       "nvlink_allreduce_eff",
+                                       "scale_out_eff",
+                                       "a2a_latency_us",
+                                       "overlap_max",
+                                       "phases",
+                                       "experts",
+                                       "fit",
+                                       NULL};
     struct moe_jdoc doc;
     struct moe_jval root;
     char schema[64], gpu[64], date[64];
@@ -70,7 +92,7 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
     if ((st = moe_jval_keys(&root, keys, err))) goto cleanup;
     if ((st = moe_jval_str(&root, "gpu", true, NULL, gpu, sizeof gpu, err))) goto cleanup;
     if ((st = moe_jval_str(&root, "date", false, "", date, sizeof date, err))) goto cleanup;
-#define FRACTION(key) \
+#define FRACTION(key)                                                                              \
     if ((st = moe_jval_num(&root, #key, false, t.key, 1e-3, 1.0, &t.key, err))) goto cleanup
     FRACTION(gemm_eff);
     FRACTION(gemm_eff_fp8);
@@ -89,12 +111,12 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
     if ((st =
              moe_jval_num(&root, "gemm_k_half", false, t.gemm_k_half, 0, 1e6, &t.gemm_k_half, err)))
         goto cleanup;
-    if ((st = moe_jval_num(&root, "attn_seq_half", false, t.attn_seq_half, 0, 1e6,
-                           &t.attn_seq_half, err)))
+    if ((st = moe_jval_num(&root, "attn_seq_half", false, t.attn_seq_half, 0, 1e6, &t.attn_seq_half,
+                           err)))
         goto cleanup;
     if ((st = moe_jval_num(&root, "launch_us", false, t.launch_us, 0, 1e4, &t.launch_us, err)) ||
-        (st = moe_jval_num(&root, "gemm_fixed_us", false, t.gemm_fixed_us, 0, 1e4,
-                           &t.gemm_fixed_us, err)))
+        (st = moe_jval_num(&root, "gemm_fixed_us", false, t.gemm_fixed_us, 0, 1e4, &t.gemm_fixed_us,
+                           err)))
         goto cleanup;
     if ((st = moe_jval_num(&root, "a2a_latency_us", false, t.a2a_latency_us, 0, 1e5,
                            &t.a2a_latency_us, err)))
@@ -126,8 +148,8 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
              (st = moe_jval_num(&dir, "scale", true, 1.0, 0.01, 100.0, &t.expert_scale[i], err)) ||
              (st = moe_jval_num(&dir, "fixed_share", true, 1.0, 0.0, 100.0,
                                 &t.expert_fixed_share[i], err)) ||
-             (st = moe_jval_num(&dir, "m_half", false, t.gemm_m_half, 0.0, 1e6,
-                                &t.expert_m_half[i], err))))
+             (st = moe_jval_num(&dir, "m_half", false, t.gemm_m_half, 0.0, 1e6, &t.expert_m_half[i],
+                                err))))
             goto cleanup;
     }
     t.calibrated = true;
@@ -226,8 +248,10 @@ double cost_fit_gemm(struct cost_calibration *cal, const struct topo_gpu_spec *g
             for (int which = 0; which < 4; which++)
                 for (int dir = -1; dir <= 1; dir += 2) {
                     t = best;
-                    double *x = which == 0 ? &t.gemm_eff : which == 1 ? &t.gemm_m_half
-                              : which == 2 ? &t.gemm_k_half : &t.gemm_fixed_us;
+                    double *x = which == 0   ? &t.gemm_eff
+                                : which == 1 ? &t.gemm_m_half
+                                : which == 2 ? &t.gemm_k_half
+                                             : &t.gemm_fixed_us;
                     *x = which > 0 && *x < 1.0 && dir > 0 ? 1.0 : *x * (1.0 + dir * step);
                     if (t.gemm_eff > 1.0 || t.gemm_eff < 0.01) continue;
                     double e = gemm_misfit(&t, gpu, s, n);
@@ -264,8 +288,10 @@ double cost_fit_linear(const double *model, const double *count, const double *m
     double det = smm * scc - smc * smc, s = smm > 0 ? smy / smm : 1.0, f = 0.0;
     if (smm > 0 && scc > 0 && det > 1e-9 * smm * scc) { /* else the scale alone */
         double s2 = (smy * scc - scy * smc) / det, f2 = (scy * smm - smy * smc) / det;
-        if (f2 >= 0 && s2 >= 1e-3) s = s2, f = f2;
-        else if (f2 >= 0) s = 1e-3, f = (scy - s * smc) / scc; /* the fixed time dominates */
+        if (f2 >= 0 && s2 >= 1e-3)
+            s = s2, f = f2;
+        else if (f2 >= 0)
+            s = 1e-3, f = (scy - s * smc) / scc; /* the fixed time dominates */
     }
     *scale = s > 1e-3 ? s : 1e-3;
     *fixed = f > 0 ? f : 0.0;
@@ -345,7 +371,7 @@ double cost_fit_attention(struct cost_calibration *cal, const struct topo_gpu_sp
     struct attn_fit f = {&t, gpu, s, n};
     double half = 0.0;
     search_half(attn_misfit, &f, 16.0, 40, &half); /* 16 to 16384 tokens */
-    double e = attn_misfit(half, &f); /* t's efficiencies at the chosen point */
+    double e = attn_misfit(half, &f);              /* t's efficiencies at the chosen point */
     cal->attn_fwd_eff = t.attn_fwd_eff;
     cal->attn_bwd_eff = t.attn_bwd_eff;
     cal->attn_seq_half = half;

@@ -25,11 +25,12 @@
 #include <string.h>
 
 const char *const cost_phase_names[COST_NPHASES] = {
-    "embed", "attn_fwd", "attn_bwd", "router", "permute", "dispatch", "experts_fwd", "experts_bwd",
-    "combine", "unpermute", "shared_expert", "dense_ffn", "lm_head", "loss", "tp_comm",
-    "dp_grad_sync", "pp_p2p", "optimizer", "bubble", "step"};
-const char *const cost_mem_names[COST_NMEM] = {"weights",     "grads",           "optimizer",
-                                               "activations", "dispatch_buffers", "reserved"};
+    "embed",         "attn_fwd",    "attn_bwd",    "router",  "permute",
+    "dispatch",      "experts_fwd", "experts_bwd", "combine", "unpermute",
+    "shared_expert", "dense_ffn",   "lm_head",     "loss",    "tp_comm",
+    "dp_grad_sync",  "pp_p2p",      "optimizer",   "bubble",  "step"};
+const char *const cost_mem_names[COST_NMEM] = {
+    "weights", "grads", "optimizer", "activations", "dispatch_buffers", "reserved"};
 
 #define BF16 2.0
 #define RESERVED_BYTES (2.5 * 1073741824.0) /* CUDA context, NCCL, cuBLAS workspace */
@@ -105,11 +106,11 @@ static double hit_prob(const struct cost_ctx *c, const double *pick, const doubl
 }
 
 struct moe_traffic {
-    double hot_ratio;        /* hottest rank's rows / balanced rows */
-    double hot_rows_frac;    /* hottest rank's share of all routed rows (x tokens x k) */
+    double hot_ratio;                   /* hottest rank's rows / balanced rows */
+    double hot_rows_frac;               /* hottest rank's share of all routed rows (x tokens x k) */
     double nvlink_copies, scale_copies; /* per source token, expected */
-    double nodedup_copies;   /* all-to-all copies per source token (any tier) */
-    double recv_ratio;       /* most loaded receiver / average */
+    double nodedup_copies;              /* all-to-all copies per source token (any tier) */
+    double recv_ratio;                  /* most loaded receiver / average */
     int hot_rank;
 };
 
@@ -121,8 +122,8 @@ static enum moe_status moe_traffic(const struct cost_ctx *c, const struct cost_l
     int rl = 0;
     if (c->routing && c->routing->layers > 1) rl = layer_idx % c->routing->layers;
     const double *pick = c->routing ? c->routing->pick + (size_t)rl * E : NULL;
-    const double *pair = c->routing && c->routing->pair
-                             ? c->routing->pair + (size_t)rl * E * E : NULL;
+    const double *pair =
+        c->routing && c->routing->pair ? c->routing->pair + (size_t)rl * E * E : NULL;
     double uniform = (double)k / E;
     /* Sized by the model and the layout (up to MDL_MAX_EXPERTS experts and EP ranks): the heap,
      * not fixed arrays. */
@@ -175,7 +176,7 @@ static enum moe_status moe_traffic(const struct cost_ctx *c, const struct cost_l
             H += hit[r];
         }
         if (l->dispatcher == COST_DISPATCH_ALLTOALL) {
-            nv += (size - 1) * L;            /* sum over s in d of (L_d - load_s) */
+            nv += (size - 1) * L; /* sum over s in d of (L_d - load_s) */
             so += size * (sum_load - L);
         } else {
             nv += (size - 1) * H;
@@ -312,15 +313,14 @@ static enum moe_status moe_cost(const struct cost_ctx *c, const struct cost_layo
     /* Experts on the hottest rank: its local experts' rows. */
     int ep = l->ep, local = 0;
     double *rows = malloc(sizeof *rows * (size_t)e->experts); /* (local experts of the hot rank) */
-    if (!rows) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory costing %d experts",
-                                    e->experts);
+    if (!rows)
+        return moe_error_set(err, MOE_ERR_NOMEM, "out of memory costing %d experts", e->experts);
     double pool = T * ep * l->etp; /* tokens whose choices reach one expert group */
     int rl = c->routing && c->routing->layers > 1 ? moe_index % c->routing->layers : 0;
     const double *pick = c->routing ? c->routing->pick + (size_t)rl * e->experts : NULL;
     int hot = tr.hot_rank;
     for (int x = 0; x < e->experts; x++)
-        if (expert_rank(c, x, ep) == hot)
-            rows[local++] = (pick ? pick[x] : k / e->experts) * pool;
+        if (expert_rank(c, x, ep) == hot) rows[local++] = (pick ? pick[x] : k / e->experts) * pool;
     double ebwd;
     b->fwd[COST_EXPERTS_FWD] = experts_on_hot_rank_us(c, l, rows, local, fp8, &ebwd);
     b->bwd[COST_EXPERTS_BWD] = ebwd;
@@ -370,8 +370,8 @@ static void dense_ffn_cost(const struct cost_ctx *c, const struct cost_layout *l
     bool fp8 = l->precision != COST_BF16;
     double M = (double)l->mbs * l->seq_len, h = c->model.hidden;
     double f = (double)c->model.dense_intermediate / l->tp;
-    double ffn = cost_gemm_us(&c->cal, g, M, 2 * f, h, fp8) + cost_gemm_us(&c->cal, g, M, h, f, fp8) +
-                 membound_us(c, M * 3 * f * BF16, 1);
+    double ffn = cost_gemm_us(&c->cal, g, M, 2 * f, h, fp8) +
+                 cost_gemm_us(&c->cal, g, M, h, f, fp8) + membound_us(c, M * 3 * f * BF16, 1);
     b->fwd[COST_DENSE_FFN] = ffn;
     b->bwd[COST_DENSE_FFN] = 2.0 * ffn;
     if (l->recompute == COST_RECOMPUTE_SELECTIVE)
@@ -419,9 +419,8 @@ static void phase_correct(const struct cost_calibration *cal, int p, double *fwd
     *bwd *= cal->phase_scale[p];
 }
 
-static enum moe_status block_cost(const struct cost_ctx *c, const struct cost_layout *l,
-                                  int layer, int moe_index, struct block_cost *b,
-                                  struct moe_error *err)
+static enum moe_status block_cost(const struct cost_ctx *c, const struct cost_layout *l, int layer,
+                                  int moe_index, struct block_cost *b, struct moe_error *err)
 {
     memset(b, 0, sizeof *b);
     b->hot_ratio = 1.0;
@@ -458,8 +457,10 @@ void cost_ctx_init(struct cost_ctx *ctx, const struct mdl_model *m, const struct
     memset(ctx, 0, sizeof *ctx);
     ctx->model = *m;
     ctx->cluster = *c;
-    if (cal) ctx->cal = *cal;
-    else cost_calibration_defaults(&ctx->cal, &c->gpu);
+    if (cal)
+        ctx->cal = *cal;
+    else
+        cost_calibration_defaults(&ctx->cal, &c->gpu);
     ctx->gpus = gpus;
     ctx->memory_headroom = 0.05;
     ctx->dispatch_buffer_factor = 2.0;
@@ -494,7 +495,7 @@ void cost_even_split(int layers, int stages, int *counts)
 }
 
 struct stage_cost {
-    double fwd_us, bwd_us;   /* per micro-batch: compute + exposed comm */
+    double fwd_us, bwd_us;       /* per micro-batch: compute + exposed comm */
     double phases[COST_NPHASES]; /* per micro-batch exposed time by phase (fwd + bwd) */
     double comm[COST_NPHASES];   /* per micro-batch communication by phase */
     double dispatch_bytes, nodedup_bytes, scale_bytes, hot_ratio;
@@ -609,7 +610,7 @@ static void stage_memory(const struct cost_ctx *c, const struct cost_layout *l, 
     if (v == 0) s->dense_params += (double)m->vocab * h;
     if (v == stages - 1) {
         if (!m->tied_embeddings || stages > 1) s->dense_params += (double)m->vocab * h;
-        s->dense_params += h;        /* final norm */
+        s->dense_params += h;         /* final norm */
         s->act_bytes += M * V * BF16; /* logits kept for the loss backward */
     }
 }
@@ -712,8 +713,10 @@ static enum moe_status evaluate(const struct cost_ctx *c, const struct cost_layo
     const struct block_cost *cached[2] = {NULL, NULL};
     int first_dense = -1, first_moe = -1;
     for (int i = m->layers - 1; i >= 0; i--) {
-        if (mdl_layer_is_moe(m, i)) first_moe = i;
-        else first_dense = i;
+        if (mdl_layer_is_moe(m, i))
+            first_moe = i;
+        else
+            first_dense = i;
     }
     if (first_dense >= 0) {
         if ((st = block_cost(c, l, first_dense, 0, &dense_b, err))) return st;
@@ -770,7 +773,8 @@ static enum moe_status evaluate(const struct cost_ctx *c, const struct cost_layo
     /* The reduce-scatter hides behind the last micro-batch's backward of this rank. */
     double last_bwd = 0;
     for (int v = busiest; v < stages; v += pp) last_bwd += bwd[v];
-    double dp_exposed = dp_comm - fmin(c->cal.overlap_max * (l->zero == 0 ? 2.0 * rs : rs), last_bwd);
+    double dp_exposed =
+        dp_comm - fmin(c->cal.overlap_max * (l->zero == 0 ? 2.0 * rs : rs), last_bwd);
     double owned = dense / (l->zero >= 1 ? l->dp : 1) + expert / (l->zero >= 1 ? edp : 1);
     double optim = membound_us(c, owned * 30.0, 4), optim_b = 0.0;
     phase_correct(&c->cal, COST_OPTIMIZER, &optim, &optim_b);

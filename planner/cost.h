@@ -29,12 +29,15 @@ extern "C" {
 /* Phases: the names predictions and measurements share (docs/DESIGN.md)                          */
 /* ---------------------------------------------------------------------------------------------- */
 
+/* the phases in rows, as cost_phase_names lists them */
+/* clang-format off */
 enum cost_phase {
     COST_EMBED = 0, COST_ATTN_FWD, COST_ATTN_BWD, COST_ROUTER, COST_PERMUTE, COST_DISPATCH,
     COST_EXPERTS_FWD, COST_EXPERTS_BWD, COST_COMBINE, COST_UNPERMUTE, COST_SHARED_EXPERT,
     COST_DENSE_FFN, COST_LM_HEAD, COST_LOSS, COST_TP_COMM, COST_DP_GRAD_SYNC, COST_PP_P2P,
     COST_OPTIMIZER, COST_BUBBLE, COST_STEP, COST_NPHASES
 };
+/* clang-format on */
 extern const char *const cost_phase_names[COST_NPHASES];
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -46,23 +49,23 @@ extern const char *const cost_phase_names[COST_NPHASES];
 
 /* Every efficiency the cost model uses. Fractions are of the datasheet peak. */
 struct cost_calibration {
-    bool calibrated;            /* false: datasheet defaults (docs/DESIGN.md) */
-    char source[256];           /* "datasheet defaults" or the profile's GPU, driver and date */
-    double gemm_eff;            /* large-GEMM fraction of peak (bf16) */
-    double gemm_eff_fp8;        /* the same for fp8 / mxfp8 */
-    double gemm_m_half;         /* rows at which a GEMM runs at half its large-M efficiency */
-    double gemm_k_half;         /* the same for the reduction dimension */
-    double gemm_fixed_us;       /* a GEMM's time beyond its launch at any size (setup, tail) */
+    bool calibrated;              /* false: datasheet defaults (docs/DESIGN.md) */
+    char source[256];             /* "datasheet defaults" or the profile's GPU, driver and date */
+    double gemm_eff;              /* large-GEMM fraction of peak (bf16) */
+    double gemm_eff_fp8;          /* the same for fp8 / mxfp8 */
+    double gemm_m_half;           /* rows at which a GEMM runs at half its large-M efficiency */
+    double gemm_k_half;           /* the same for the reduction dimension */
+    double gemm_fixed_us;         /* a GEMM's time beyond its launch at any size (setup, tail) */
     int gemm_tile_m, gemm_tile_n; /* output tile for wave quantization */
     double attn_fwd_eff, attn_bwd_eff; /* flash attention, fraction of bf16 peak */
-    double attn_seq_half;       /* sequence at which attention runs at half that (0: none) */
-    double hbm_eff;             /* memory-bound kernels, fraction of HBM bandwidth */
-    double launch_us;           /* per kernel launch */
-    double nvlink_eff;          /* achieved fraction of NVLink bandwidth (all-to-all, p2p) */
-    double nvlink_allreduce_eff;/* ring all-reduce bus bandwidth fraction over NVLink */
-    double scale_out_eff;       /* achieved fraction of the NIC bandwidth */
-    double a2a_latency_us;      /* fixed cost of one dispatch or combine */
-    double overlap_max;         /* most of an overlappable communication that hides (0..1) */
+    double attn_seq_half;              /* sequence at which attention runs at half that (0: none) */
+    double hbm_eff;                    /* memory-bound kernels, fraction of HBM bandwidth */
+    double launch_us;                  /* per kernel launch */
+    double nvlink_eff;                 /* achieved fraction of NVLink bandwidth (all-to-all, p2p) */
+    double nvlink_allreduce_eff;       /* ring all-reduce bus bandwidth fraction over NVLink */
+    double scale_out_eff;              /* achieved fraction of the NIC bandwidth */
+    double a2a_latency_us;             /* fixed cost of one dispatch or combine */
+    double overlap_max;                /* most of an overlappable communication that hides (0..1) */
     /* What the executor's own kernels add to the analytic time of each compute phase, fitted
      * from calibration steps (`moeplan calibrate`): time = scale x model + fixed_us for every
      * occurrence (a block's phase per micro-batch; embed, lm_head, loss per micro-batch; the
@@ -73,7 +76,7 @@ struct cost_calibration {
      * size-dependent time + fixed_share x their fixed (launch and setup) time; the streams hide
      * part of the fixed time. Defaults 1 and 1. */
     double expert_scale[2], expert_fixed_share[2];
-    double expert_m_half[2];    /* the expert GEMMs' own gemm_m_half (defaults: gemm_m_half) */
+    double expert_m_half[2]; /* the expert GEMMs' own gemm_m_half (defaults: gemm_m_half) */
 };
 
 /* Datasheet defaults for a GPU (fractions others report; docs/DESIGN.md). */
@@ -123,18 +126,22 @@ void cost_fit_experts(struct cost_calibration *cal, const struct topo_gpu_spec *
 /* Routing                                                                                        */
 /* ---------------------------------------------------------------------------------------------- */
 
-enum cost_routing_kind { COST_ROUTING_UNIFORM = 0, COST_ROUTING_ZIPF, COST_ROUTING_DIRICHLET,
-                         COST_ROUTING_MEASURED };
+enum cost_routing_kind {
+    COST_ROUTING_UNIFORM = 0,
+    COST_ROUTING_ZIPF,
+    COST_ROUTING_DIRICHLET,
+    COST_ROUTING_MEASURED
+};
 
 /* Which experts tokens choose: the probability that a token picks expert e (sums to top_k), per
  * MoE layer, and optionally how often pairs are picked together. */
 struct cost_routing {
     enum cost_routing_kind kind;
-    double param;            /* Zipf exponent or Dirichlet alpha */
+    double param; /* Zipf exponent or Dirichlet alpha */
     uint64_t seed;
     int experts, top_k, layers; /* layers: MoE layers described (1: one for all) */
-    double *pick;            /* layers x experts: P(a token picks e), sum_e = top_k */
-    double *pair;            /* layers x experts x experts: P(picks both e and f), or NULL */
+    double *pick;               /* layers x experts: P(a token picks e), sum_e = top_k */
+    double *pair;               /* layers x experts x experts: P(picks both e and f), or NULL */
 };
 
 /* A synthetic routing: uniform, Zipf(s) over experts, or Dirichlet(alpha), seeded. */
@@ -142,8 +149,8 @@ enum moe_status cost_routing_synthetic(struct cost_routing *r, enum cost_routing
                                        double param, uint64_t seed, int experts, int top_k,
                                        struct moe_error *err);
 /* A measured routing ("moeplan.routing": per-layer expert counts, optional co-activation). */
-enum moe_status cost_routing_load(struct cost_routing *r, const char *file, int experts,
-                                  int top_k, struct moe_error *err);
+enum moe_status cost_routing_load(struct cost_routing *r, const char *file, int experts, int top_k,
+                                  struct moe_error *err);
 /* From explicit token choices: `choice` is tokens x top_k expert ids (exact counts). */
 enum moe_status cost_routing_from_choices(struct cost_routing *r, const int *choice, int tokens,
                                           int experts, int top_k, struct moe_error *err);
@@ -158,8 +165,11 @@ void cost_routing_free(struct cost_routing *r);
 /* Dispatch bytes of one token-exchange, counted exactly from explicit choices: tokens on rank
  * src_rank[t] with choice[t*k..] go to the ranks holding those experts. `gpu_domain[r]` names the
  * NVLink domain of EP rank r. Totals over all ranks, for what crosses NVLink and scale-out. */
-enum cost_dispatcher { COST_DISPATCH_ALLTOALL = 0, COST_DISPATCH_DEDUP_GPU,
-                       COST_DISPATCH_DEDUP_DOMAIN };
+enum cost_dispatcher {
+    COST_DISPATCH_ALLTOALL = 0,
+    COST_DISPATCH_DEDUP_GPU,
+    COST_DISPATCH_DEDUP_DOMAIN
+};
 extern const char *const cost_dispatcher_names[];
 struct cost_bytes {
     double nvlink, scale_out; /* bytes (token payload only) */
@@ -184,7 +194,7 @@ struct cost_layout {
     enum cost_precision precision;
     enum cost_recompute recompute;
     enum cost_dispatcher dispatcher;
-    bool overlap;             /* EP all-to-all overlapped with compute */
+    bool overlap; /* EP all-to-all overlapped with compute */
 };
 
 /* "tp=1,pp=8,vpp=4,ep=64,dp=128,zero=1,mbs=1,gbs=8192,recompute=selective,dispatcher=dedup-gpu".
@@ -195,8 +205,8 @@ void cost_layout_format(const struct cost_layout *l, char *buf, size_t cap);
 int cost_layout_micro_batches(const struct cost_layout *l);
 /* Structural validity for this model and GPU count (divisibility, degrees multiply to gpus). A
  * failure is MOE_ERR_INFEASIBLE with the reason. */
-enum moe_status cost_layout_check(const struct cost_layout *l, const struct mdl_model *m,
-                                  int gpus, struct moe_error *err);
+enum moe_status cost_layout_check(const struct cost_layout *l, const struct mdl_model *m, int gpus,
+                                  struct moe_error *err);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Pipeline simulation                                                                            */
@@ -219,8 +229,15 @@ enum moe_status cost_pipeline_simulate(int pp, int vpp, int micro_batches, const
 /* Evaluation                                                                                     */
 /* ---------------------------------------------------------------------------------------------- */
 
-enum cost_mem { COST_MEM_WEIGHTS = 0, COST_MEM_GRADS, COST_MEM_OPTIMIZER, COST_MEM_ACTIVATIONS,
-                COST_MEM_DISPATCH, COST_MEM_RESERVED, COST_NMEM };
+enum cost_mem {
+    COST_MEM_WEIGHTS = 0,
+    COST_MEM_GRADS,
+    COST_MEM_OPTIMIZER,
+    COST_MEM_ACTIVATIONS,
+    COST_MEM_DISPATCH,
+    COST_MEM_RESERVED,
+    COST_NMEM
+};
 extern const char *const cost_mem_names[COST_NMEM];
 
 /* Everything the evaluation needs that does not depend on the layout. */
@@ -246,7 +263,7 @@ struct cost_result {
     double tokens_per_s_per_gpu;
     double model_tflops_per_gpu;
     double mfu;
-    double memory_bytes[COST_NMEM];  /* the fullest GPU */
+    double memory_bytes[COST_NMEM]; /* the fullest GPU */
     double memory_total_bytes, memory_capacity_bytes;
     double bubble_fraction;
     double hottest_rank_load;        /* expert rows on the hottest EP rank / balanced rows */
@@ -254,7 +271,7 @@ struct cost_result {
     double dispatch_bytes_nodedup;   /* the same with no dedup, for comparison */
     double dispatch_scale_out_bytes; /* the part of dispatch_bytes_per_gpu over scale-out */
     int micro_batches;
-    char reason[256];                /* why it does not fit, when !fits */
+    char reason[256]; /* why it does not fit, when !fits */
 };
 
 /* Prepare a context: copies the model and cluster; routing and placement are borrowed. */
@@ -277,8 +294,8 @@ enum moe_status cost_memory(const struct cost_ctx *ctx, const struct cost_layout
 
 /* Time of one GEMM (M x K) @ (K x N) at `tflops` peak under the calibration: roofline with tile
  * and wave quantization and small-M / small-K penalties. */
-double cost_gemm_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
-                    double m, double n, double k, bool fp8);
+double cost_gemm_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu, double m,
+                    double n, double k, bool fp8);
 /* One SwiGLU expert on `rows` rows (hidden h, intermediate f), before the expert correction:
  * the size-dependent time var[0] and the fixed time fixed[0] of its forward (up and down GEMMs,
  * SwiGLU), var[1] and fixed[1] of its backward (dgrad and wgrad of both, the wgrad added into

@@ -5,4 +5,7 @@
 
 #include <glpk.h>
 
-const char *plan_glpk_version(void) { return glp_version(); }
+const char *plan_glpk_version(void)
+{
+    return glp_version();
+}

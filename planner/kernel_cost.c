@@ -20,7 +20,8 @@ static double gemm_split(const struct cost_calibration *cal, const struct topo_g
     if (m <= 0 || n <= 0 || k <= 0) return 0.0;
     *fixed = cal->launch_us + cal->gemm_fixed_us;
     double peak = (fp8 && gpu->fp8_tflops > 0 ? gpu->fp8_tflops * cal->gemm_eff_fp8
-                                              : gpu->bf16_tflops * cal->gemm_eff) * 1e12;
+                                              : gpu->bf16_tflops * cal->gemm_eff) *
+                  1e12;
     /* wave quantization of the output tiles; fewer tiles than SMs are split along k (cuBLAS's
      * split-K) to fill the machine, their cost left to the small-M term */
     double tiles = ceil(m / cal->gemm_tile_m) * ceil(n / cal->gemm_tile_n);
@@ -33,8 +34,8 @@ static double gemm_split(const struct cost_calibration *cal, const struct topo_g
     return (t_flops > t_mem ? t_flops : t_mem) * 1e6;
 }
 
-double cost_gemm_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
-                    double m, double n, double k, bool fp8)
+double cost_gemm_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu, double m,
+                    double n, double k, bool fp8)
 {
     double fixed, var = gemm_split(cal, gpu, m, n, k, fp8, cal->gemm_m_half, &fixed);
     return var + fixed;
@@ -48,7 +49,7 @@ void cost_expert_parts(const struct cost_calibration *cal, const struct topo_gpu
     double hbm = gpu->hbm_bytes_per_s * cal->hbm_eff, fx[6];
     double act = rows * 3 * f * BF16 / hbm * 1e6;
     double mh = cal->expert_m_half[0];
-    var[0] = gemm_split(cal, gpu, rows, 2 * f, h, fp8, mh, &fx[0]) + /* gate and up */
+    var[0] = gemm_split(cal, gpu, rows, 2 * f, h, fp8, mh, &fx[0]) +  /* gate and up */
              gemm_split(cal, gpu, rows, h, f, fp8, mh, &fx[1]) + act; /* down */
     fixed[0] = fx[0] + fx[1] + cal->launch_us;
     /* dgrad (rows x input), wgrad (weights over the rows, the reduction) of both, added into
@@ -86,4 +87,3 @@ double cost_allgather_us(double bytes, int n, double bytes_per_s, double latency
     if (n <= 1 || bytes <= 0) return 0.0;
     return (double)(n - 1) / n * bytes / bytes_per_s * 1e6 + (n - 1) * latency_us;
 }
-

@@ -73,16 +73,26 @@ enum moe_status cost_layout_parse(struct cost_layout *l, const char *text, struc
         int n = (int)v;
         if (!strcmp(key, "zero") && n > 3)
             return moe_error_set(err, MOE_ERR_USAGE, "layout: zero=%s (0, 1, 2 or 3)", val);
-        if (!strcmp(key, "tp")) t.tp = n;
-        else if (!strcmp(key, "pp")) t.pp = n;
-        else if (!strcmp(key, "vpp")) t.vpp = n;
-        else if (!strcmp(key, "ep")) t.ep = n;
-        else if (!strcmp(key, "etp")) t.etp = n;
-        else if (!strcmp(key, "dp")) t.dp = n;
-        else if (!strcmp(key, "zero")) t.zero = n;
-        else if (!strcmp(key, "mbs")) t.mbs = n;
-        else if (!strcmp(key, "gbs")) t.gbs = n;
-        else if (!strcmp(key, "seq") || !strcmp(key, "seq_len")) t.seq_len = n;
+        if (!strcmp(key, "tp"))
+            t.tp = n;
+        else if (!strcmp(key, "pp"))
+            t.pp = n;
+        else if (!strcmp(key, "vpp"))
+            t.vpp = n;
+        else if (!strcmp(key, "ep"))
+            t.ep = n;
+        else if (!strcmp(key, "etp"))
+            t.etp = n;
+        else if (!strcmp(key, "dp"))
+            t.dp = n;
+        else if (!strcmp(key, "zero"))
+            t.zero = n;
+        else if (!strcmp(key, "mbs"))
+            t.mbs = n;
+        else if (!strcmp(key, "gbs"))
+            t.gbs = n;
+        else if (!strcmp(key, "seq") || !strcmp(key, "seq_len"))
+            t.seq_len = n;
         else
             return moe_error_set(err, MOE_ERR_USAGE,
                                  "layout: unknown key '%s' (tp, pp, vpp, ep, etp, dp, zero, mbs, "
@@ -109,8 +119,8 @@ int cost_layout_micro_batches(const struct cost_layout *l)
     return denom > 0 ? (int)(l->gbs / denom) : 0;
 }
 
-enum moe_status cost_layout_check(const struct cost_layout *l, const struct mdl_model *m,
-                                  int gpus, struct moe_error *err)
+enum moe_status cost_layout_check(const struct cost_layout *l, const struct mdl_model *m, int gpus,
+                                  struct moe_error *err)
 {
 #define NO(...) return moe_error_set(err, MOE_ERR_INFEASIBLE, __VA_ARGS__)
     if (l->tp < 1 || l->pp < 1 || l->vpp < 1 || l->ep < 1 || l->etp < 1 || l->dp < 1 ||
@@ -128,8 +138,10 @@ enum moe_status cost_layout_check(const struct cost_layout *l, const struct mdl_
            (long)l->tp * l->dp);
     if (m->moe.experts % l->ep != 0)
         NO("ep = %d does not divide the %d experts", l->ep, m->moe.experts);
-    if (m->attn.heads % l->tp != 0) NO("tp = %d does not divide the %d heads", l->tp, m->attn.heads);
-    if (m->attn.type == MDL_ATTN_GQA && m->attn.kv_heads % l->tp != 0 && l->tp % m->attn.kv_heads != 0)
+    if (m->attn.heads % l->tp != 0)
+        NO("tp = %d does not divide the %d heads", l->tp, m->attn.heads);
+    if (m->attn.type == MDL_ATTN_GQA && m->attn.kv_heads % l->tp != 0 &&
+        l->tp % m->attn.kv_heads != 0)
         NO("tp = %d and the %d kv heads do not divide one another", l->tp, m->attn.kv_heads);
     if (m->moe.intermediate % l->etp != 0)
         NO("etp = %d does not divide the expert width %d", l->etp, m->moe.intermediate);
@@ -144,8 +156,7 @@ enum moe_status cost_layout_check(const struct cost_layout *l, const struct mdl_
     if (l->seq_len % l->tp != 0) NO("seq = %d is not a multiple of tp = %d", l->seq_len, l->tp);
     if (l->seq_len > m->max_seq_len)
         NO("seq = %d exceeds the model's %d", l->seq_len, m->max_seq_len);
-    if (l->dispatcher != COST_DISPATCH_ALLTOALL && l->ep == 1)
-        NO("dedup dispatch needs ep > 1");
+    if (l->dispatcher != COST_DISPATCH_ALLTOALL && l->ep == 1) NO("dedup dispatch needs ep > 1");
 #undef NO
     return MOE_OK;
 }

@@ -114,21 +114,23 @@ static void callback(glp_tree *tree, void *info)
         if (p->warm && glp_ios_curr_node(tree) == 1) glp_ios_heur_sol(tree, p->warm);
         break;
     case GLP_IBINGO:
-    case GLP_ISELECT:
-        p->best_gap = glp_ios_mip_gap(tree);
-        break;
-    default:
-        break;
+    case GLP_ISELECT: p->best_gap = glp_ios_mip_gap(tree); break;
+    default: break;
     }
 }
 
 static void set_bounds_col(glp_prob *lp, int j, double lo, double hi)
 {
-    if (isinf(lo) && isinf(hi)) glp_set_col_bnds(lp, j, GLP_FR, 0, 0);
-    else if (isinf(hi)) glp_set_col_bnds(lp, j, GLP_LO, lo, 0);
-    else if (isinf(lo)) glp_set_col_bnds(lp, j, GLP_UP, 0, hi);
-    else if (lo == hi) glp_set_col_bnds(lp, j, GLP_FX, lo, hi);
-    else glp_set_col_bnds(lp, j, GLP_DB, lo, hi);
+    if (isinf(lo) && isinf(hi))
+        glp_set_col_bnds(lp, j, GLP_FR, 0, 0);
+    else if (isinf(hi))
+        glp_set_col_bnds(lp, j, GLP_LO, lo, 0);
+    else if (isinf(lo))
+        glp_set_col_bnds(lp, j, GLP_UP, 0, hi);
+    else if (lo == hi)
+        glp_set_col_bnds(lp, j, GLP_FX, lo, hi);
+    else
+        glp_set_col_bnds(lp, j, GLP_DB, lo, hi);
 }
 
 enum moe_status mip_solve(struct mip *p, double time_limit_s, struct plan_mip_report *rep,
@@ -149,11 +151,16 @@ enum moe_status mip_solve(struct mip *p, double time_limit_s, struct plan_mip_re
     }
     for (int i = 0; i < p->rows; i++) {
         double lo = p->rlo[i], hi = p->rhi[i];
-        if (isinf(lo) && isinf(hi)) glp_set_row_bnds(lp, i + 1, GLP_FR, 0, 0);
-        else if (isinf(hi)) glp_set_row_bnds(lp, i + 1, GLP_LO, lo, 0);
-        else if (isinf(lo)) glp_set_row_bnds(lp, i + 1, GLP_UP, 0, hi);
-        else if (lo == hi) glp_set_row_bnds(lp, i + 1, GLP_FX, lo, hi);
-        else glp_set_row_bnds(lp, i + 1, GLP_DB, lo, hi);
+        if (isinf(lo) && isinf(hi))
+            glp_set_row_bnds(lp, i + 1, GLP_FR, 0, 0);
+        else if (isinf(hi))
+            glp_set_row_bnds(lp, i + 1, GLP_LO, lo, 0);
+        else if (isinf(lo))
+            glp_set_row_bnds(lp, i + 1, GLP_UP, 0, hi);
+        else if (lo == hi)
+            glp_set_row_bnds(lp, i + 1, GLP_FX, lo, hi);
+        else
+            glp_set_row_bnds(lp, i + 1, GLP_DB, lo, hi);
     }
     if (p->nz) glp_load_matrix(lp, p->nz, p->ia, p->ja, p->ar);
     rep->rows = p->rows;
@@ -203,15 +210,16 @@ enum moe_status mip_solve(struct mip *p, double time_limit_s, struct plan_mip_re
     }
     if (status != GLP_OPT && status != GLP_FEAS) {
         snprintf(rep->status, sizeof rep->status, "no solution");
-        st = moe_error_set(err, MOE_ERR_GLPK, "GLPK found no solution within %.1f s",
-                           time_limit_s);
+        st = moe_error_set(err, MOE_ERR_GLPK, "GLPK found no solution within %.1f s", time_limit_s);
         goto cleanup;
     }
     rep->optimal = status == GLP_OPT && rc == 0;
     rep->objective = glp_mip_obj_val(lp);
     rep->gap = rep->optimal ? 0.0 : (isfinite(p->best_gap) ? p->best_gap : HUGE_VAL);
     snprintf(rep->status, sizeof rep->status, "%s",
-             rep->optimal ? "optimal" : rc == GLP_ETMLIM ? "feasible (time limit)" : "feasible");
+             rep->optimal       ? "optimal"
+             : rc == GLP_ETMLIM ? "feasible (time limit)"
+                                : "feasible");
     for (int j = 0; j < p->cols; j++) x[j] = glp_mip_col_val(lp, j + 1);
 cleanup:
     glp_delete_prob(lp);

@@ -10,7 +10,8 @@
 
 static void fmt_layout(const struct cost_layout *l, char *buf, size_t cap)
 {
-    snprintf(buf, cap, "tp=%d pp=%d vpp=%d ep=%d etp=%d dp=%d zero=%d mbs=%d recompute=%s dispatcher=%s",
+    snprintf(buf, cap,
+             "tp=%d pp=%d vpp=%d ep=%d etp=%d dp=%d zero=%d mbs=%d recompute=%s dispatcher=%s",
              l->tp, l->pp, l->vpp, l->ep, l->etp, l->dp, l->zero, l->mbs,
              cost_recompute_names[l->recompute], cost_dispatcher_names[l->dispatcher]);
 }
@@ -37,26 +38,32 @@ void plan_print_summary(const struct plan_request *q, const struct plan_result *
     fprintf(out, "layout: %s, overlap on\n", lay);
     moe_format_bytes(res->memory_total_bytes, a, sizeof a);
     moe_format_bytes(res->memory_capacity_bytes, b, sizeof b);
-    fprintf(out, "predicted: step %.3f s, %.0f tokens/s/GPU, %.0f model TFLOPS/GPU, MFU %.1f%%, "
-                 "bubble %.1f%%; memory %s of %s per GPU\n",
+    fprintf(out,
+            "predicted: step %.3f s, %.0f tokens/s/GPU, %.0f model TFLOPS/GPU, MFU %.1f%%, "
+            "bubble %.1f%%; memory %s of %s per GPU\n",
             res->step_us / 1e6, res->tokens_per_s_per_gpu, res->model_tflops_per_gpu,
             100 * res->mfu, 100 * res->bubble_fraction, a, b);
     fprintf(out, "stages: layers per virtual stage %s (%s)\n", split, r->split.mip.status);
     if (r->groups)
-        fprintf(out, "experts: %d placement group%s on %d EP ranks, hottest rank %.2fx balanced (%s)\n",
+        fprintf(out,
+                "experts: %d placement group%s on %d EP ranks, hottest rank %.2fx balanced (%s)\n",
                 r->groups, r->groups == 1 ? "" : "s", r->best.layout.ep,
-                r->placement[0].balanced_load > 0 ? r->placement[0].max_load / r->placement[0].balanced_load : 1,
+                r->placement[0].balanced_load > 0
+                    ? r->placement[0].max_load / r->placement[0].balanced_load
+                    : 1,
                 r->placement[0].mip.status);
-    fprintf(out, "search: %ld layouts tried in %.2f s (%.2f s with placement and split): %ld fit and "
-                 "were costed, %ld did not fit in memory, %ld are not valid for this model and "
-                 "cluster; calibration: %s\n",
+    fprintf(out,
+            "search: %ld layouts tried in %.2f s (%.2f s with placement and split): %ld fit and "
+            "were costed, %ld did not fit in memory, %ld are not valid for this model and "
+            "cluster; calibration: %s\n",
             r->evaluated + r->memory_rejected + r->invalid, r->search_s, r->total_s, r->evaluated,
             r->memory_rejected, r->invalid, q->cal.source);
     if (r->nalt) {
         fprintf(out, "\n%-4s %-88s %10s %8s\n", "#", "alternative", "step", "vs plan");
         for (int i = 0; i < r->nalt; i++) {
             fmt_layout(&r->alt[i].layout, lay, sizeof lay);
-            fprintf(out, "%-4d %-88s %8.3f s %+7.1f%%\n", i + 2, lay, r->alt[i].result.step_us / 1e6,
+            fprintf(out, "%-4d %-88s %8.3f s %+7.1f%%\n", i + 2, lay,
+                    r->alt[i].result.step_us / 1e6,
                     100.0 * (r->alt[i].score / r->best.score - 1.0));
         }
     }
@@ -87,11 +94,15 @@ void plan_print_explain(const struct plan_request *q, const struct plan_result *
     int top = 0;
     for (int p = 0; p < COST_STEP; p++)
         if (res->exposed_us[p] > res->exposed_us[top]) top = p;
-    fprintf(out, "  the step's largest part is %s (%.1f%%); exposed communication %.1f%%, bubble %.1f%%\n",
-            cost_phase_names[top], 100 * res->exposed_us[top] / res->step_us,
-            100 * (res->exposed_us[COST_DISPATCH] + res->exposed_us[COST_COMBINE] +
-                   res->exposed_us[COST_TP_COMM] + res->exposed_us[COST_DP_GRAD_SYNC]) / res->step_us,
-            100 * res->bubble_fraction);
+    fprintf(
+        out,
+        "  the step's largest part is %s (%.1f%%); exposed communication %.1f%%, bubble %.1f%%\n",
+        cost_phase_names[top], 100 * res->exposed_us[top] / res->step_us,
+        100 *
+            (res->exposed_us[COST_DISPATCH] + res->exposed_us[COST_COMBINE] +
+             res->exposed_us[COST_TP_COMM] + res->exposed_us[COST_DP_GRAD_SYNC]) /
+            res->step_us,
+        100 * res->bubble_fraction);
     if (r->nalt) {
         const struct plan_candidate *c = &r->alt[0];
         int worst = 0;
@@ -105,8 +116,9 @@ void plan_print_explain(const struct plan_request *q, const struct plan_result *
                 lay, 100.0 * (c->score / r->best.score - 1.0), cost_phase_names[worst], grow / 1e3);
     }
     if (l->ep > 1 && l->dispatcher == COST_DISPATCH_ALLTOALL) {
-        fprintf(out, "  dedup: none chosen: per-GPU dedup would send the same bytes here (each "
-                     "token's experts sit on distinct GPUs), so the plan keeps the plain all-to-all\n");
+        fprintf(out,
+                "  dedup: none chosen: per-GPU dedup would send the same bytes here (each "
+                "token's experts sit on distinct GPUs), so the plan keeps the plain all-to-all\n");
     }
     if (l->ep > 1 && l->dispatcher != COST_DISPATCH_ALLTOALL) {
         char c[32], d[32];
@@ -115,23 +127,27 @@ void plan_print_explain(const struct plan_request *q, const struct plan_result *
         moe_format_bytes(res->dispatch_scale_out_bytes, c, sizeof c);
         moe_format_bytes(r->no_dedup.dispatch_scale_out_bytes, d, sizeof d);
         double total = res->dispatch_bytes_per_gpu, plain = r->no_dedup.dispatch_bytes_per_gpu;
-        fprintf(out, "  what dedup bought (%s): per GPU, MoE layer and micro-batch the dispatch "
-                     "sends %s (%s of it over scale-out); the plain all-to-all sends %s (%s over "
-                     "scale-out)%s; %s\n",
+        fprintf(out,
+                "  what dedup bought (%s): per GPU, MoE layer and micro-batch the dispatch "
+                "sends %s (%s of it over scale-out); the plain all-to-all sends %s (%s over "
+                "scale-out)%s; %s\n",
                 cost_dispatcher_names[l->dispatcher], a, c, b, d,
-                total > plain ? ": more bytes in all, fewer of them over the slower scale-out"
-                              : "",
+                total > plain ? ": more bytes in all, fewer of them over the slower scale-out" : "",
                 compare_steps(res->step_us, r->no_dedup.step_us, "the plain all-to-all", gap_buf,
                               sizeof gap_buf));
     }
     if (l->ep > 1) {
         const struct plan_placement *pl = &r->placement[0];
         char gap[32];
-        if (pl->mip.optimal) snprintf(gap, sizeof gap, "0");
-        else if (isfinite(pl->mip.gap)) snprintf(gap, sizeof gap, "%.2f%%", 100 * pl->mip.gap);
-        else snprintf(gap, sizeof gap, "not known");
-        fprintf(out, "  what placement bought: hottest EP rank %.3fx balanced (greedy %.3fx; MILP "
-                     "%s, gap %s%s); %s\n",
+        if (pl->mip.optimal)
+            snprintf(gap, sizeof gap, "0");
+        else if (isfinite(pl->mip.gap))
+            snprintf(gap, sizeof gap, "%.2f%%", 100 * pl->mip.gap);
+        else
+            snprintf(gap, sizeof gap, "not known");
+        fprintf(out,
+                "  what placement bought: hottest EP rank %.3fx balanced (greedy %.3fx; MILP "
+                "%s, gap %s%s); %s\n",
                 pl->max_load / pl->balanced_load, pl->greedy_max_load / pl->balanced_load,
                 pl->mip.status, gap, pl->used_mip ? ", its answer used" : ", greedy kept",
                 compare_steps(res->step_us, r->contiguous.step_us, "contiguous experts", gap_buf,
@@ -141,12 +157,14 @@ void plan_print_explain(const struct plan_request *q, const struct plan_result *
     }
     if (l->pp * l->vpp > 1 &&
         fabs(r->split.busiest_us - r->split.even_busiest_us) < 5e-4 * r->split.even_busiest_us)
-        fprintf(out, "  what the stage split bought: nothing; the even split is as good (busiest "
-                     "pipeline rank %.1f ms per micro-batch)\n",
+        fprintf(out,
+                "  what the stage split bought: nothing; the even split is as good (busiest "
+                "pipeline rank %.1f ms per micro-batch)\n",
                 r->split.busiest_us / 1e3);
     else if (l->pp * l->vpp > 1)
-        fprintf(out, "  what the stage split bought: busiest pipeline rank %.1f ms per micro-batch, "
-                     "%.1f ms with an even split; %s\n",
+        fprintf(out,
+                "  what the stage split bought: busiest pipeline rank %.1f ms per micro-batch, "
+                "%.1f ms with an even split; %s\n",
                 r->split.busiest_us / 1e3, r->split.even_busiest_us / 1e3,
                 compare_steps(res->step_us, r->even_split.step_us, "the even split", gap_buf,
                               sizeof gap_buf));
@@ -161,8 +179,10 @@ static void megatron_layout(const struct plan_result *r, char *buf, size_t cap)
     for (int s = 0; s < S && n + 24 < cap; s++) {
         n += (size_t)snprintf(buf + n, cap - n, "%s%s", s ? "|" : "", s == 0 ? "E" : "");
         int k = r->split.stage_layers[s];
-        if (k == 1) n += (size_t)snprintf(buf + n, cap - n, "t");
-        else if (k > 1) n += (size_t)snprintf(buf + n, cap - n, "t*%d", k);
+        if (k == 1)
+            n += (size_t)snprintf(buf + n, cap - n, "t");
+        else if (k > 1)
+            n += (size_t)snprintf(buf + n, cap - n, "t*%d", k);
         if (s == S - 1) n += (size_t)snprintf(buf + n, cap - n, ",L");
     }
 }
@@ -176,11 +196,14 @@ enum moe_status plan_print_emit(const struct plan_request *q, const struct plan_
     if (strcmp(target, "megatron") == 0) {
         char layout[4096];
         megatron_layout(r, layout, sizeof layout);
-        fprintf(out, "# Megatron-LM flags for the plan (moeplan %s on %d GPUs)\n", m->name, r->best.gpus);
-        fprintf(out, "--tensor-model-parallel-size %d \\\n--pipeline-model-parallel-size %d \\\n", l->tp, l->pp);
+        fprintf(out, "# Megatron-LM flags for the plan (moeplan %s on %d GPUs)\n", m->name,
+                r->best.gpus);
+        fprintf(out, "--tensor-model-parallel-size %d \\\n--pipeline-model-parallel-size %d \\\n",
+                l->tp, l->pp);
         if (l->vpp > 1) fprintf(out, "--virtual-pipeline-model-parallel-size %d \\\n", l->vpp);
         fprintf(out, "--pipeline-model-parallel-layout \"%s\" \\\n", layout);
-        fprintf(out, "--expert-model-parallel-size %d \\\n--expert-tensor-parallel-size %d \\\n", l->ep, l->etp);
+        fprintf(out, "--expert-model-parallel-size %d \\\n--expert-tensor-parallel-size %d \\\n",
+                l->ep, l->etp);
         if (l->tp > 1) fprintf(out, "--sequence-parallel \\\n");
         fprintf(out, "--micro-batch-size %d \\\n--global-batch-size %d \\\n--seq-length %d \\\n",
                 l->mbs, l->gbs, l->seq_len);
@@ -192,19 +215,23 @@ enum moe_status plan_print_emit(const struct plan_request *q, const struct plan_
             fprintf(out, "--moe-token-dispatcher-type flex \\\n--moe-enable-deepep \\\n");
         if (l->overlap && l->ep > 1) fprintf(out, "--overlap-moe-expert-parallel-comm \\\n");
         if (l->recompute == COST_RECOMPUTE_SELECTIVE)
-            fprintf(out, "--recompute-granularity selective \\\n--recompute-modules core_attn moe_act layernorm \\\n");
+            fprintf(out, "--recompute-granularity selective \\\n--recompute-modules core_attn "
+                         "moe_act layernorm \\\n");
         if (l->recompute == COST_RECOMPUTE_FULL)
-            fprintf(out, "--recompute-granularity full \\\n--recompute-method uniform \\\n--recompute-num-layers 1 \\\n");
+            fprintf(out, "--recompute-granularity full \\\n--recompute-method uniform "
+                         "\\\n--recompute-num-layers 1 \\\n");
         if (l->zero == 1) fprintf(out, "--use-distributed-optimizer \\\n");
         if (l->zero >= 2)
             fprintf(out, "--use-megatron-fsdp \\\n--data-parallel-sharding-strategy %s \\\n",
                     l->zero == 2 ? "optim_grads" : "optim_grads_params");
         fprintf(out, "--overlap-grad-reduce \\\n--overlap-param-gather \\\n");
-        if (l->precision == COST_BF16) fprintf(out, "--bf16\n");
-        else fprintf(out, "--bf16 \\\n--fp8-format e4m3 \\\n--fp8-recipe %s\n",
-                     l->precision == COST_MXFP8 ? "mxfp8" : "blockwise");
-        fprintf(out, "# %d micro-batches per step; data parallel %d (expert data parallel %d)\n", mb,
-                l->dp, l->tp * l->dp / (l->ep * l->etp));
+        if (l->precision == COST_BF16)
+            fprintf(out, "--bf16\n");
+        else
+            fprintf(out, "--bf16 \\\n--fp8-format e4m3 \\\n--fp8-recipe %s\n",
+                    l->precision == COST_MXFP8 ? "mxfp8" : "blockwise");
+        fprintf(out, "# %d micro-batches per step; data parallel %d (expert data parallel %d)\n",
+                mb, l->dp, l->tp * l->dp / (l->ep * l->etp));
         return MOE_OK;
     }
     if (strcmp(target, "maxtext") == 0) {
@@ -224,24 +251,29 @@ enum moe_status plan_print_emit(const struct plan_request *q, const struct plan_
             dcn[i] = axes[i] / in;
             room /= in;
         }
-        fprintf(out, "# MaxText config for the plan (moeplan %s on %d GPUs)\n", m->name, r->best.gpus);
-        fprintf(out, "ici_tensor_parallelism: %d\nici_expert_parallelism: %d\nici_fsdp_parallelism: %d\n"
-                     "ici_data_parallelism: %d\nici_pipeline_parallelism: %d\n",
+        fprintf(out, "# MaxText config for the plan (moeplan %s on %d GPUs)\n", m->name,
+                r->best.gpus);
+        fprintf(out,
+                "ici_tensor_parallelism: %d\nici_expert_parallelism: %d\nici_fsdp_parallelism: %d\n"
+                "ici_data_parallelism: %d\nici_pipeline_parallelism: %d\n",
                 ici[0], ici[1], ici[2], ici[3], ici[4]);
-        fprintf(out, "dcn_tensor_parallelism: %d\ndcn_expert_parallelism: %d\ndcn_fsdp_parallelism: %d\n"
-                     "dcn_data_parallelism: %d\ndcn_pipeline_parallelism: %d\n",
+        fprintf(out,
+                "dcn_tensor_parallelism: %d\ndcn_expert_parallelism: %d\ndcn_fsdp_parallelism: %d\n"
+                "dcn_data_parallelism: %d\ndcn_pipeline_parallelism: %d\n",
                 dcn[0], dcn[1], dcn[2], dcn[3], dcn[4]);
         if (l->pp > 1)
             fprintf(out, "num_layers_per_pipeline_stage: %d\nnum_pipeline_microbatches: %d\n",
                     m->layers / (l->pp * l->vpp), mb);
         fprintf(out, "per_device_batch_size: %g\nmax_target_length: %d\n",
                 (double)l->gbs / r->best.gpus, l->seq_len);
-        fprintf(out, "num_experts: %d\nnum_experts_per_tok: %d\nsparse_matmul: True\nmegablox: True\n"
-                     "capacity_factor: -1.0\n",
+        fprintf(out,
+                "num_experts: %d\nnum_experts_per_tok: %d\nsparse_matmul: True\nmegablox: True\n"
+                "capacity_factor: -1.0\n",
                 m->moe.experts, m->moe.top_k);
         fprintf(out, "remat_policy: %s\ndtype: bfloat16\n",
-                l->recompute == COST_RECOMPUTE_NONE ? "minimal"
-                : l->recompute == COST_RECOMPUTE_SELECTIVE ? "save_qkv_proj" : "full");
+                l->recompute == COST_RECOMPUTE_NONE        ? "minimal"
+                : l->recompute == COST_RECOMPUTE_SELECTIVE ? "save_qkv_proj"
+                                                           : "full");
         if (l->precision != COST_BF16) fprintf(out, "quantization: fp8\n");
         return MOE_OK;
     }

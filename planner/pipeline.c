@@ -36,8 +36,9 @@ enum moe_status cost_pipeline_simulate(int pp, int vpp, int micro_batches, const
                                        struct cost_pipe_result *out, struct moe_error *err)
 {
     if (pp < 1 || pp > COST_MAX_PP || vpp < 1 || micro_batches < 1)
-        return moe_error_set(err, MOE_ERR_INFEASIBLE, "pipeline: pp %d (1..64), vpp %d, %d micro-batches",
-                             pp, vpp, micro_batches);
+        return moe_error_set(err, MOE_ERR_INFEASIBLE,
+                             "pipeline: pp %d (1..64), vpp %d, %d micro-batches", pp, vpp,
+                             micro_batches);
     if (vpp > 1 && micro_batches % pp != 0)
         return moe_error_set(err, MOE_ERR_INFEASIBLE,
                              "interleaved pipeline: %d micro-batches are not a multiple of pp %d",
@@ -67,9 +68,12 @@ enum moe_status cost_pipeline_simulate(int pp, int vpp, int micro_batches, const
                 /* The position in the list decides forward or backward. */
                 int i = next[s];
                 bool backward;
-                if (i < warm) backward = false;
-                else if (i >= warm + 2 * (per_rank - warm)) backward = true;
-                else backward = ((i - warm) % 2) == 1;
+                if (i < warm)
+                    backward = false;
+                else if (i >= warm + 2 * (per_rank - warm))
+                    backward = true;
+                else
+                    backward = ((i - warm) % 2) == 1;
                 struct op o = op_of(backward ? nb[s] : nf[s], backward, pp, vpp);
                 int vs = o.chunk * pp + s;
                 double ready = 0.0;
@@ -107,8 +111,8 @@ enum moe_status cost_pipeline_simulate(int pp, int vpp, int micro_batches, const
         if (!progress) {
             free(fin_f);
             free(fin_b);
-            return moe_error_set(err, MOE_ERR_RUNTIME, "pipeline schedule deadlocked (pp %d, vpp %d, m %d)",
-                                 pp, vpp, m);
+            return moe_error_set(err, MOE_ERR_RUNTIME,
+                                 "pipeline schedule deadlocked (pp %d, vpp %d, m %d)", pp, vpp, m);
         }
     }
     double busiest = 0.0;

@@ -28,7 +28,8 @@ int plan_placement_rank(const struct plan_placement *pl, int e)
 {
     int best = 0;
     for (int g = 1; g < pl->ranks; g++)
-        if (pl->share[(size_t)e * pl->ranks + g] > pl->share[(size_t)e * pl->ranks + best]) best = g;
+        if (pl->share[(size_t)e * pl->ranks + g] > pl->share[(size_t)e * pl->ranks + best])
+            best = g;
     return best;
 }
 
@@ -53,7 +54,8 @@ static double traffic_of(const struct plan_placement_problem *pr, const double *
             double together = 0.0;
             for (int d = 0; d < D; d++) {
                 bool pe = false, pf = false;
-                for (int g = d * pr->ranks_per_domain; g < (d + 1) * pr->ranks_per_domain && g < G; g++) {
+                for (int g = d * pr->ranks_per_domain; g < (d + 1) * pr->ranks_per_domain && g < G;
+                     g++) {
                     pe |= share[(size_t)e * G + g] > 0;
                     pf |= share[(size_t)f * G + g] > 0;
                 }
@@ -102,7 +104,8 @@ enum moe_status plan_place_greedy(const struct plan_placement_problem *pr,
     for (int k = 0; k < spare; k++) {
         int best = -1;
         for (int e = 0; e < E; e++)
-            if (copies[e] < G && (best < 0 || pr->pick[e] / copies[e] > pr->pick[best] / copies[best]))
+            if (copies[e] < G &&
+                (best < 0 || pr->pick[e] / copies[e] > pr->pick[best] / copies[best]))
                 best = e;
         /* a replica only helps an expert heavier per copy than a balanced rank */
         if (best < 0 || pr->pick[best] / copies[best] <= 1e-12) break;
@@ -111,7 +114,8 @@ enum moe_status plan_place_greedy(const struct plan_placement_problem *pr,
     for (int e = 0; e < E; e++) order[e] = e;
     for (int i = 1; i < E; i++) /* heaviest per copy first (insertion sort: stable) */
         for (int j = i; j > 0 && pr->pick[order[j]] / copies[order[j]] >
-                                     pr->pick[order[j - 1]] / copies[order[j - 1]]; j--) {
+                                     pr->pick[order[j - 1]] / copies[order[j - 1]];
+             j--) {
             int t = order[j];
             order[j] = order[j - 1];
             order[j - 1] = t;
@@ -272,7 +276,8 @@ enum moe_status plan_place_experts(const struct plan_placement_problem *pr,
         for (int q = 0; q < npairs; q++)
             for (int d = 0; d < D; d++) {
                 bool a = false, b = false;
-                for (int g = d * pr->ranks_per_domain; g < (d + 1) * pr->ranks_per_domain && g < G; g++) {
+                for (int g = d * pr->ranks_per_domain; g < (d + 1) * pr->ranks_per_domain && g < G;
+                     g++) {
                     a |= greedy.share[(size_t)pe[q] * G + g] > 0;
                     b |= greedy.share[(size_t)pf[q] * G + g] > 0;
                 }
@@ -291,7 +296,8 @@ enum moe_status plan_place_experts(const struct plan_placement_problem *pr,
             st = moe_error_set(err, MOE_ERR_NOMEM, "placement: out of memory");
             goto cleanup;
         }
-        for (int j = 0; j < E * G; j++) share[j] = replicas ? (x[j] > 0.5 ? x[nx + j] : 0.0) : (x[j] > 0.5);
+        for (int j = 0; j < E * G; j++)
+            share[j] = replicas ? (x[j] > 0.5 ? x[nx + j] : 0.0) : (x[j] > 0.5);
         double max_load = 0.0;
         for (int g = 0; g < G; g++) max_load = fmax(max_load, load_of(pr, share, g));
         double traffic = traffic_of(pr, share);

@@ -20,10 +20,10 @@ const char *plan_glpk_version(void);
 
 /* What a GLPK solve of the planner reports: never "optimal" unless GLPK proved it. */
 struct plan_mip_report {
-    char status[64];     /* "optimal", "feasible (time limit)", "infeasible", "no solution" */
+    char status[64]; /* "optimal", "feasible (time limit)", "infeasible", "no solution" */
     bool optimal;
     double objective;
-    double gap;          /* relative optimality gap; 0 when optimal */
+    double gap; /* relative optimality gap; 0 when optimal */
     double seconds;
     int rows, cols, binaries;
 };
@@ -35,23 +35,23 @@ struct plan_mip_report {
 /* Place experts (and replicas of hot ones) onto EP ranks for one layer group. */
 struct plan_placement_problem {
     int experts, ranks;
-    int slots_per_rank;          /* experts a rank can hold (memory); > experts / ranks allows
-                                  * replicas of hot experts */
-    const double *pick;          /* experts: P(token picks e) or any load per expert */
-    const double *pair;          /* experts x experts co-activation, or NULL */
-    int ranks_per_domain;        /* NVLink domains of consecutive ranks (the traffic term) */
-    double traffic_weight;       /* objective weight of cross-domain co-activation traffic */
+    int slots_per_rank;    /* experts a rank can hold (memory); > experts / ranks allows
+                            * replicas of hot experts */
+    const double *pick;    /* experts: P(token picks e) or any load per expert */
+    const double *pair;    /* experts x experts co-activation, or NULL */
+    int ranks_per_domain;  /* NVLink domains of consecutive ranks (the traffic term) */
+    double traffic_weight; /* objective weight of cross-domain co-activation traffic */
     double time_limit_s;
 };
 
 struct plan_placement {
     int experts, ranks;
-    double *share;               /* experts x ranks: fraction of e's tokens served by rank g */
-    double max_load;             /* hottest rank's load (sum of pick x share) */
-    double balanced_load;        /* sum of picks / ranks */
-    double traffic;              /* cross-domain co-activation of the placement */
+    double *share;        /* experts x ranks: fraction of e's tokens served by rank g */
+    double max_load;      /* hottest rank's load (sum of pick x share) */
+    double balanced_load; /* sum of picks / ranks */
+    double traffic;       /* cross-domain co-activation of the placement */
     double greedy_max_load, greedy_traffic; /* the greedy answer it started from */
-    bool used_mip;               /* false: the greedy answer stands (uniform, or MIP no better) */
+    bool used_mip; /* false: the greedy answer stands (uniform, or MIP no better) */
     struct plan_mip_report mip;
 };
 
@@ -71,7 +71,7 @@ int plan_placement_rank(const struct plan_placement *pl, int e);
 struct plan_split {
     int stage_layers[COST_MAX_STAGES];
     double busiest_us;
-    double even_busiest_us;      /* the even split, for comparison */
+    double even_busiest_us; /* the even split, for comparison */
     struct plan_mip_report mip;
 };
 enum moe_status plan_split_stages(const double *layer_us, int layers, int stages, int pp,
@@ -83,9 +83,9 @@ enum moe_status plan_split_stages(const double *layer_us, int layers, int stages
 /* ---------------------------------------------------------------------------------------------- */
 
 #define PLAN_SCHEMA "moeplan.plan"
-#define PLAN_SCHEMA_VERSION 2 /* 2: "ranks" is a rule, not a list of every GPU */
+#define PLAN_SCHEMA_VERSION 2        /* 2: "ranks" is a rule, not a list of every GPU */
 #define PLAN_MAX_GPUS TOPO_MAX_GPUS  /* the largest cluster or plan moeplan takes */
-#define PLAN_MAX_PLACEMENT (1 << 26)  /* layers x experts of a plan (the executor's table) */
+#define PLAN_MAX_PLACEMENT (1 << 26) /* layers x experts of a plan (the executor's table) */
 #define PLAN_MAX_ALT 16
 #define PLAN_MAX_GROUPS 8
 
@@ -99,13 +99,13 @@ struct plan_request {
     char model_spec[MOE_PATH_MAX], cluster_spec[MOE_PATH_MAX], routing_spec[MOE_PATH_MAX];
     int gpus, gbs, seq_len;
     enum cost_precision precision;
-    struct cost_layout fix;      /* -1 in a field: free; else that degree is fixed */
+    struct cost_layout fix; /* -1 in a field: free; else that degree is fixed */
     int max_tp;
-    double headroom;             /* fraction of HBM kept free */
+    double headroom; /* fraction of HBM kept free */
     enum plan_objective objective;
-    int top_k;                   /* alternatives kept */
-    int replica_slots;           /* extra expert slots per EP rank for replicas of hot experts */
-    double mip_time_limit_s;     /* per integer program */
+    int top_k;               /* alternatives kept */
+    int replica_slots;       /* extra expert slots per EP rank for replicas of hot experts */
+    double mip_time_limit_s; /* per integer program */
     /* NULL: every layout; else only those it accepts (moeplan plan --runnable: what this
      * build's executor runs), `why` filled once for the refusal message */
     bool (*accept)(const struct cost_layout *l, int gpus, char *why, size_t cap);
@@ -115,7 +115,7 @@ struct plan_candidate {
     struct cost_layout layout;
     struct cost_result result;
     int gpus;
-    double score;                /* lower is better: step time, or GPU-hours per 1e12 tokens */
+    double score; /* lower is better: step time, or GPU-hours per 1e12 tokens */
 };
 
 struct plan_result {
@@ -123,26 +123,26 @@ struct plan_result {
     struct plan_candidate alt[PLAN_MAX_ALT];
     int nalt;
     long evaluated, memory_rejected, invalid, not_accepted;
-    char not_accepted_why[256];  /* the accept filter's reason, for the first one it refused */
+    char not_accepted_why[256]; /* the accept filter's reason, for the first one it refused */
     /* Why layouts were refused, for a message when none fits: the commonest reason (by its
      * words, numbers aside) with one example, and one out-of-memory example. */
     struct plan_refusal {
-        char key[96];            /* the reason without its digits */
-        char example[256];       /* one whole reason */
-        char layout[160];        /* the layout it was given for */
+        char key[96];      /* the reason without its digits */
+        char example[256]; /* one whole reason */
+        char layout[160];  /* the layout it was given for */
         long count;
     } refusal[8];
     int nrefusal;
     char oom_example[256], oom_layout[160];
     double search_s, total_s;
-    struct plan_split split;     /* of the best layout */
+    struct plan_split split;       /* of the best layout */
     struct cost_result even_split; /* the best layout before the split */
-    int groups;                  /* expert placement groups (0: ep = 1) */
+    int groups;                    /* expert placement groups (0: ep = 1) */
     struct plan_placement placement[PLAN_MAX_GROUPS];
     struct cost_result contiguous; /* the best layout with contiguous placement */
     struct cost_result no_dedup;   /* the best layout with the plain all-to-all */
-    int *primary;                /* expert -> EP rank of group 0, the cost model's placement */
-    char binding[256];           /* why this layout: the constraint that decided */
+    int *primary;                  /* expert -> EP rank of group 0, the cost model's placement */
+    char binding[256];             /* why this layout: the constraint that decided */
 };
 
 /* Search every valid layout for the request; place experts and split stages for the best. */
@@ -178,14 +178,14 @@ struct plan_file {
     int gpus, micro_batches;
     char gpu[64];
     double step_us, model_tflops_per_gpu, mfu;
-    double phase_us[COST_NPHASES]; /* predicted exposed time per phase */
+    double phase_us[COST_NPHASES];                      /* predicted exposed time per phase */
     double memory_bytes[COST_NMEM], memory_total_bytes; /* predicted, the fullest GPU */
-    struct plan_rank *rank;        /* (gpus) */
+    struct plan_rank *rank;                             /* (gpus) */
     /* (layers x experts): the EP rank that serves expert e of MoE layer l; -1 for dense layers;
      * -2 where the plan splits an expert's tokens over replicas */
     int *placement;
-    int *stage_layers;             /* (pp x vpp) blocks of each virtual stage, in stage order */
-    double buffer_factor;          /* dispatch receive buffers x the balanced load */
+    int *stage_layers;    /* (pp x vpp) blocks of each virtual stage, in stage order */
+    double buffer_factor; /* dispatch receive buffers x the balanced load */
     /* predicted token payload one GPU sends per MoE layer and micro-batch (dispatch), by tier */
     struct cost_bytes dispatch_bytes;
 };
@@ -200,9 +200,9 @@ void plan_file_free(struct plan_file *p);
  * failure). */
 struct plan_measured {
     double phase_ms[COST_NPHASES];
-    double *loss;         /* [steps]: NaN where a step was skipped (no update) */
-    int steps, first_step; /* steps run, from first_step (1-based; > 1: a resumed run) */
-    int counted;          /* steps in the medians */
+    double *loss;                /* [steps]: NaN where a step was skipped (no update) */
+    int steps, first_step;       /* steps run, from first_step (1-based; > 1: a resumed run) */
+    int counted;                 /* steps in the medians */
     struct cost_routing routing; /* its "routing", as the planner reads it (cost_routing_load) */
     bool have_routing;
     char device[128], model[64];
@@ -224,7 +224,6 @@ void plan_print_explain(const struct plan_request *req, const struct plan_result
 enum moe_status plan_print_emit(const struct plan_request *req, const struct plan_result *r,
                                 const char *target, FILE *out, struct moe_error *err);
 
-
 /* ---------------------------------------------------------------------------------------------- */
 /* Calibration: the jobs, the measurements, the fits (calib_fit.c)                                */
 /* ---------------------------------------------------------------------------------------------- */
@@ -245,10 +244,10 @@ void plan_calib_job_name(const struct plan_calib_job *j, char *buf, size_t cap);
 /* The job's one-GPU plan as plan_load gives it, with the cost model's prediction under cal
  * (routing: NULL for uniform). Free with plan_file_free, also after a failure. */
 enum moe_status plan_calib_job_plan(const struct plan_calib_job *j, const char *model_dir,
-                                   const struct topo_cluster *cl,
-                                   const struct cost_calibration *cal,
-                                   const struct cost_routing *routing, struct plan_file *p,
-                                   struct moe_error *err);
+                                    const struct topo_cluster *cl,
+                                    const struct cost_calibration *cal,
+                                    const struct cost_routing *routing, struct plan_file *p,
+                                    struct moe_error *err);
 /* Everything calibrate measures: what the fit reads, what the profile keeps ("measured"), and
  * what --refit reads back from a profile to fit again without a GPU. */
 #define PLAN_CALIB_MAX_GEMMS 128
@@ -262,7 +261,8 @@ struct plan_calib_data {
     double launch_us, copy_us, copy_bytes;
     struct cost_gemm_sample gemm[PLAN_CALIB_MAX_GEMMS];
     int ngemm;
-    double attn[PLAN_CALIB_MAX_ATTN][8]; /* seqs, seq, heads, kv heads, dqk, dv, forward us, backward us */
+    double attn[PLAN_CALIB_MAX_ATTN]
+               [8]; /* seqs, seq, heads, kv heads, dqk, dv, forward us, backward us */
     int nattn;
     double expert[PLAN_CALIB_MAX_EXPERTS][PLAN_CALIB_EXPERT_COLS]; /* measure_experts' rows */
     int nexpert;
@@ -278,10 +278,9 @@ enum moe_status plan_calib_data_load(const char *file, struct plan_calib_data *d
                                      struct moe_error *err);
 /* Fit the data into a profile and write it to `file` ("moeplan.calibration", the measurements
  * kept); `how` names the command in it; the fits' numbers are printed to `log`. */
-enum moe_status plan_calib_fit_save(const struct plan_calib_data *d,
-                                    const struct topo_cluster *cl, const char *model_dir,
-                                    const char *how, const char *file, FILE *log,
-                                    struct moe_error *err);
+enum moe_status plan_calib_fit_save(const struct plan_calib_data *d, const struct topo_cluster *cl,
+                                    const char *model_dir, const char *how, const char *file,
+                                    FILE *log, struct moe_error *err);
 
 #ifdef __cplusplus
 }

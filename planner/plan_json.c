@@ -85,7 +85,8 @@ enum moe_status plan_save(const struct plan_request *q, const struct plan_result
     json_object_set_new(in, "routing", json_string(q->routing_spec));
     json_object_set_new(in, "calibration", json_string(q->cal.source));
     json_object_set_new(in, "calibrated", json_boolean(q->cal.calibrated));
-    json_object_set_new(in, "objective", json_string(q->objective == PLAN_COST ? "cost" : "throughput"));
+    json_object_set_new(in, "objective",
+                        json_string(q->objective == PLAN_COST ? "cost" : "throughput"));
     json_object_set_new(root, "inputs", in);
     json_object_set_new(root, "model", model);
 
@@ -154,10 +155,12 @@ enum moe_status plan_save(const struct plan_request *q, const struct plan_result
             json_array_append_new(rk, list);
         }
         json_object_set_new(o, "ranks", rk);
-        json_object_set_new(o, "hottest_over_balanced",
-                            json_real(pl->balanced_load > 0 ? pl->max_load / pl->balanced_load : 1));
-        json_object_set_new(o, "greedy_hottest_over_balanced",
-                            json_real(pl->balanced_load > 0 ? pl->greedy_max_load / pl->balanced_load : 1));
+        json_object_set_new(
+            o, "hottest_over_balanced",
+            json_real(pl->balanced_load > 0 ? pl->max_load / pl->balanced_load : 1));
+        json_object_set_new(
+            o, "greedy_hottest_over_balanced",
+            json_real(pl->balanced_load > 0 ? pl->greedy_max_load / pl->balanced_load : 1));
         json_object_set_new(o, "cross_domain_coactivation", json_real(pl->traffic));
         json_object_set_new(o, "milp_used", json_boolean(pl->used_mip));
         json_object_set_new(o, "mip", mip_json(&pl->mip));
@@ -166,10 +169,10 @@ enum moe_status plan_save(const struct plan_request *q, const struct plan_result
     /* Consecutive MoE layers share a group: MoE layer i of n is in group i x groups / n. */
     int mi = 0, moe_layers = mdl_moe_layer_count(m);
     for (int i = 0; i < m->layers; i++)
-        json_array_append_new(layer_group, mdl_layer_is_moe(m, i) && r->groups
-                                               ? json_integer((json_int_t)mi++ * r->groups /
-                                                              moe_layers)
-                                               : json_integer(-1));
+        json_array_append_new(layer_group,
+                              mdl_layer_is_moe(m, i) && r->groups
+                                  ? json_integer((json_int_t)mi++ * r->groups / moe_layers)
+                                  : json_integer(-1));
     json_object_set_new(experts, "groups", groups);
     json_object_set_new(experts, "group_of_layer", layer_group);
     json_object_set_new(root, "experts", experts);
@@ -184,9 +187,12 @@ enum moe_status plan_save(const struct plan_request *q, const struct plan_result
                         json_real(r->best.result.dispatch_bytes_per_gpu));
     json_object_set_new(disp, "predicted_scale_out_bytes_per_gpu_per_layer",
                         json_real(r->best.result.dispatch_scale_out_bytes));
-    json_object_set_new(disp, "recv_capacity_rows_per_rank", json_integer((json_int_t)ceil(2.0 * balanced_rows)));
+    json_object_set_new(disp, "recv_capacity_rows_per_rank",
+                        json_integer((json_int_t)ceil(2.0 * balanced_rows)));
     json_object_set_new(disp, "balanced_rows_per_rank", json_real(balanced_rows));
-    json_object_set_new(disp, "on_overflow", json_string("stop: the step is not applied and the run exits naming the layer"));
+    json_object_set_new(
+        disp, "on_overflow",
+        json_string("stop: the step is not applied and the run exits naming the layer"));
     json_object_set_new(root, "dispatch", disp);
 
     const struct cost_result *res = &r->best.result;
@@ -338,7 +344,8 @@ static enum moe_status check_groups(const struct moe_jval *groups, int E, int ep
                 if (e < 0 || e >= E || !(share > 0 && share <= 1)) {
                     st = moe_jval_error(&rk, NULL, err,
                                         "rank %zu: entry %zu is not an expert in [0, %d) with a "
-                                        "share in (0, 1]", k, i, E);
+                                        "share in (0, 1]",
+                                        k, i, E);
                     break;
                 }
                 served[e] += share;
@@ -347,8 +354,7 @@ static enum moe_status check_groups(const struct moe_jval *groups, int E, int ep
         for (int e = 0; e < E && st == MOE_OK; e++)
             if (fabs(served[e] - 1.0) > 1e-6)
                 st = moe_jval_error(&grp, "ranks", err,
-                                    "expert %d is placed with total share %g, not 1", e,
-                                    served[e]);
+                                    "expert %d is placed with total share %g, not 1", e, served[e]);
         free(served);
         if (st != MOE_OK) return st;
     }
@@ -377,7 +383,8 @@ static enum moe_status load_placement(const struct moe_jval *root, struct plan_f
     if ((int64_t)L * E > PLAN_MAX_PLACEMENT)
         return moe_jval_error(root, "model", err,
                               "%d layers x %d experts: more placements (one per layer and expert) "
-                              "than the %d a plan may hold", L, E, PLAN_MAX_PLACEMENT);
+                              "than the %d a plan may hold",
+                              L, E, PLAN_MAX_PLACEMENT);
     p->placement = malloc(sizeof *p->placement * (size_t)L * (size_t)(E > 0 ? E : 1));
     if (!p->placement) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
     int ng = (int)moe_jval_len(&groups);
@@ -418,8 +425,8 @@ static enum moe_status load_placement(const struct moe_jval *root, struct plan_f
             for (size_t i = 0; i < json_array_size(list); i++) {
                 json_t *it = json_array_get(list, i);
                 json_t *ej = json_is_object(it) ? json_object_get(it, "expert") : it;
-                double share = json_is_object(it) ? json_number_value(json_object_get(it, "share"))
-                                                  : 1.0;
+                double share =
+                    json_is_object(it) ? json_number_value(json_object_get(it, "share")) : 1.0;
                 int e = (int)json_integer_value(ej);
                 p->placement[l * E + e] = share >= 1.0 - 1e-9 ? (int)k : -2;
             }
@@ -506,11 +513,10 @@ static enum moe_status plan_from_doc(const struct moe_jdoc *doc, struct plan_fil
         return moe_jval_error(&mem, "total", err, "memory %.3g bytes exceeds the capacity %.3g",
                               p->memory_total_bytes, capacity);
     for (int k = 0; k < COST_NMEM; k++)
-        if ((st = moe_jval_num(&mem, cost_mem_names[k], true, 0, 0, 1e18, &p->memory_bytes[k],
-                               err)))
+        if ((st =
+                 moe_jval_num(&mem, cost_mem_names[k], true, 0, 0, 1e18, &p->memory_bytes[k], err)))
             return st;
-    if ((st = load_ranks(&root, p, err)) || (st = load_stages(&root, p, err)))
-        return st;
+    if ((st = load_ranks(&root, p, err)) || (st = load_stages(&root, p, err))) return st;
     return load_placement(&root, p, err);
 }
 

@@ -157,11 +157,11 @@ enum moe_status cost_routing_from_counts(struct cost_routing *r, const int64_t *
     return MOE_OK;
 }
 
-enum moe_status cost_routing_load(struct cost_routing *r, const char *file, int experts,
-                                  int top_k, struct moe_error *err)
+enum moe_status cost_routing_load(struct cost_routing *r, const char *file, int experts, int top_k,
+                                  struct moe_error *err)
 {
-    static const char *const keys[] = {"schema", "version", "model", "experts", "top_k", "tokens",
-                                       "layers", NULL};
+    static const char *const keys[] = {"schema", "version", "model",  "experts",
+                                       "top_k",  "tokens",  "layers", NULL};
     static const char *const layer_keys[] = {"layer", "counts", "coactivation", NULL};
     struct moe_jdoc doc;
     struct moe_jval root, layers, lay, counts, co, row;
@@ -255,8 +255,7 @@ enum moe_status cost_routing_load(struct cost_routing *r, const char *file, int 
             }
         }
     }
-    routing_fill(r, COST_ROUTING_MEASURED, experts, top_k, (int)nl, pick,
-                 have_pairs ? pair : NULL);
+    routing_fill(r, COST_ROUTING_MEASURED, experts, top_k, (int)nl, pick, have_pairs ? pair : NULL);
     if (!have_pairs) free(pair);
     pick = pair = NULL;
 cleanup:
@@ -279,8 +278,10 @@ void cost_dispatch_bytes_exact(const int *choice, const int *src_rank, int token
         if (mode == COST_DISPATCH_ALLTOALL) {
             for (int i = 0; i < n; i++) {
                 if (dst[i] == src) continue;
-                if (gpu_domain[dst[i]] == gpu_domain[src]) out->nvlink += bytes_per_token;
-                else out->scale_out += bytes_per_token;
+                if (gpu_domain[dst[i]] == gpu_domain[src])
+                    out->nvlink += bytes_per_token;
+                else
+                    out->scale_out += bytes_per_token;
             }
             continue;
         }
@@ -295,8 +296,10 @@ void cost_dispatch_bytes_exact(const int *choice, const int *src_rank, int token
             if (gpus[i] == src) continue;
             int d = gpu_domain[gpus[i]];
             if (mode == COST_DISPATCH_DEDUP_GPU || d == gpu_domain[src]) {
-                if (d == gpu_domain[src]) out->nvlink += bytes_per_token;
-                else out->scale_out += bytes_per_token;
+                if (d == gpu_domain[src])
+                    out->nvlink += bytes_per_token;
+                else
+                    out->scale_out += bytes_per_token;
                 continue;
             }
             bool seen = false;
@@ -318,7 +321,8 @@ void cost_dispatch_bytes_exact(const int *choice, const int *src_rank, int token
             while (base > 0 && gpu_domain[base - 1] == doms[j]) base--;
             int landing = base + (src - first_src);
             for (int i = 0; i < ng; i++)
-                if (gpu_domain[gpus[i]] == doms[j] && gpus[i] != landing) out->nvlink += bytes_per_token;
+                if (gpu_domain[gpus[i]] == doms[j] && gpus[i] != landing)
+                    out->nvlink += bytes_per_token;
         }
     }
 }

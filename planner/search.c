@@ -24,7 +24,10 @@ void plan_result_free(struct plan_result *r)
     r->primary = NULL;
 }
 
-static bool fixed_ok(int fix, int v) { return fix < 0 || fix == v; }
+static bool fixed_ok(int fix, int v)
+{
+    return fix < 0 || fix == v;
+}
 
 /* Count a refused layout under its reason's words (digits left out, so "tp = 2 does not divide
  * the 8 heads" and "tp = 4 ..." are one reason). */
@@ -83,15 +86,23 @@ static enum moe_status search_gpus(const struct plan_request *q, int gpus, struc
     static const struct {
         enum cost_recompute rc;
         int zero;
-    } rungs[] = {{COST_RECOMPUTE_NONE, 1}, {COST_RECOMPUTE_NONE, 2}, {COST_RECOMPUTE_SELECTIVE, 1},
-                 {COST_RECOMPUTE_SELECTIVE, 2}, {COST_RECOMPUTE_NONE, 3},
-                 {COST_RECOMPUTE_SELECTIVE, 3}, {COST_RECOMPUTE_FULL, 1}, {COST_RECOMPUTE_FULL, 2},
+    } rungs[] = {{COST_RECOMPUTE_NONE, 1},
+                 {COST_RECOMPUTE_NONE, 2},
+                 {COST_RECOMPUTE_SELECTIVE, 1},
+                 {COST_RECOMPUTE_SELECTIVE, 2},
+                 {COST_RECOMPUTE_NONE, 3},
+                 {COST_RECOMPUTE_SELECTIVE, 3},
+                 {COST_RECOMPUTE_FULL, 1},
+                 {COST_RECOMPUTE_FULL, 2},
                  {COST_RECOMPUTE_FULL, 3},
                  /* no sharding costs memory and saves no time: only when zero=0 is fixed, or the
                   * sharded rungs were not accepted (--runnable) */
-                 {COST_RECOMPUTE_NONE, 0}, {COST_RECOMPUTE_SELECTIVE, 0}, {COST_RECOMPUTE_FULL, 0}};
+                 {COST_RECOMPUTE_NONE, 0},
+                 {COST_RECOMPUTE_SELECTIVE, 0},
+                 {COST_RECOMPUTE_FULL, 0}};
     for (int tp = 1; tp <= gpus && tp <= q->max_tp; tp *= 2) {
-        if (gpus % tp || tp > domain || m->attn.heads % tp || q->seq_len % tp || !fixed_ok(fx->tp, tp))
+        if (gpus % tp || tp > domain || m->attn.heads % tp || q->seq_len % tp ||
+            !fixed_ok(fx->tp, tp))
             continue;
         for (int pp = 1; pp <= gpus / tp && pp <= m->layers; pp++) {
             if ((gpus / tp) % pp || !fixed_ok(fx->pp, pp)) continue;
@@ -112,20 +123,30 @@ static enum moe_status search_gpus(const struct plan_request *q, int gpus, struc
                             bool spans = (long)ep * etp > domain;
                             enum cost_dispatcher cands[3];
                             int nd = 0;
-                            if ((int)fx->dispatcher >= 0) cands[nd++] = fx->dispatcher;
-                            else if (ep == 1) cands[nd++] = COST_DISPATCH_ALLTOALL;
+                            if ((int)fx->dispatcher >= 0)
+                                cands[nd++] = fx->dispatcher;
+                            else if (ep == 1)
+                                cands[nd++] = COST_DISPATCH_ALLTOALL;
                             else {
                                 cands[nd++] = COST_DISPATCH_DEDUP_GPU;
                                 if (spans) cands[nd++] = COST_DISPATCH_DEDUP_DOMAIN;
                             }
                             for (int d = 0; d < nd; d++) {
                                 enum cost_dispatcher disp = cands[d];
-                                struct cost_layout l = {
-                                    .tp = tp, .pp = pp, .vpp = vpp, .ep = ep, .etp = etp,
-                                    .dp = dp, .zero = 1, .seq_len = q->seq_len, .mbs = mbs,
-                                    .gbs = q->gbs, .precision = q->precision,
-                                    .recompute = COST_RECOMPUTE_NONE, .dispatcher = disp,
-                                    .overlap = true};
+                                struct cost_layout l = {.tp = tp,
+                                                        .pp = pp,
+                                                        .vpp = vpp,
+                                                        .ep = ep,
+                                                        .etp = etp,
+                                                        .dp = dp,
+                                                        .zero = 1,
+                                                        .seq_len = q->seq_len,
+                                                        .mbs = mbs,
+                                                        .gbs = q->gbs,
+                                                        .precision = q->precision,
+                                                        .recompute = COST_RECOMPUTE_NONE,
+                                                        .dispatcher = disp,
+                                                        .overlap = true};
                                 struct moe_error why;
                                 if (cost_layout_check(&l, m, gpus, &why) != MOE_OK) {
                                     r->invalid++;
@@ -136,11 +157,13 @@ static enum moe_status search_gpus(const struct plan_request *q, int gpus, struc
                                     l.recompute = rungs[k].rc;
                                     l.zero = rungs[k].zero;
                                     if (!fixed_ok(fx->zero, l.zero) ||
-                                        ((int)fx->recompute >= 0 && (int)l.recompute != (int)fx->recompute))
+                                        ((int)fx->recompute >= 0 &&
+                                         (int)l.recompute != (int)fx->recompute))
                                         continue;
                                     if (q->accept &&
                                         !q->accept(&l, gpus, r->not_accepted_why,
-                                                   r->not_accepted ? 0 : sizeof r->not_accepted_why)) {
+                                                   r->not_accepted ? 0
+                                                                   : sizeof r->not_accepted_why)) {
                                         r->not_accepted++;
                                         continue;
                                     }
@@ -206,15 +229,21 @@ static enum moe_status refine(const struct plan_request *q, struct cost_ctx *ctx
             for (int i = 0; i < rl; i++) {
                 if (i * r->groups / rl != g) continue;
                 for (int e = 0; e < E; e++)
-                    pick[e] += q->routing ? q->routing->pick[(size_t)i * E + e] : (double)m->moe.top_k / E;
+                    pick[e] +=
+                        q->routing ? q->routing->pick[(size_t)i * E + e] : (double)m->moe.top_k / E;
                 n++;
             }
             for (int e = 0; e < E; e++) pick[e] /= n ? n : 1;
             int rpd = q->cluster.gpus_used_per_domain / l.etp;
             struct plan_placement_problem pr = {
-                E, l.ep, E / l.ep + q->replica_slots, pick,
+                E,
+                l.ep,
+                E / l.ep + q->replica_slots,
+                pick,
                 q->routing && q->routing->pair && rl == 1 ? q->routing->pair : NULL,
-                rpd < 1 ? 1 : rpd, 0.1, q->mip_time_limit_s};
+                rpd < 1 ? 1 : rpd,
+                0.1,
+                q->mip_time_limit_s};
             if ((st = plan_place_experts(&pr, &r->placement[g], err))) {
                 free(pick);
                 return st;
@@ -275,8 +304,9 @@ static void binding_constraint(const struct plan_request *q, struct plan_result 
         snprintf(r->binding, sizeof r->binding,
                  "memory: no layout fits without %s%s%s (%.0f%% of HBM used)",
                  l->recompute != COST_RECOMPUTE_NONE ? cost_recompute_names[l->recompute] : "",
-                 l->recompute != COST_RECOMPUTE_NONE && l->zero > 1 ? " recompute and " :
-                 l->recompute != COST_RECOMPUTE_NONE ? " recompute" : "",
+                 l->recompute != COST_RECOMPUTE_NONE && l->zero > 1 ? " recompute and "
+                 : l->recompute != COST_RECOMPUTE_NONE              ? " recompute"
+                                                                    : "",
                  l->zero > 1 ? (l->zero == 2 ? "ZeRO-2" : "ZeRO-3") : "",
                  100 * res->memory_total_bytes / q->cluster.gpu.hbm_bytes);
         return;
@@ -314,8 +344,8 @@ enum moe_status plan_search(const struct plan_request *q, struct plan_result *ou
     ctx.memory_headroom = q->headroom;
     enum moe_status st = search_gpus(q, q->gpus, &ctx, &r, err);
     if (q->objective == PLAN_COST)
-        for (int n = q->gpus / 2; st == MOE_OK && n >= 1 &&
-                                  n >= q->cluster.gpus_used_per_domain / 8; n /= 2)
+        for (int n = q->gpus / 2;
+             st == MOE_OK && n >= 1 && n >= q->cluster.gpus_used_per_domain / 8; n /= 2)
             st = search_gpus(q, n, &ctx, &r, err);
     if (st != MOE_OK) return st;
     r.search_s = moe_time_now_s() - t0;

@@ -30,12 +30,16 @@ static void put_text(FILE *f, const char *s)
 static void header(FILE *f, double w, double h, const char *title)
 {
     fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
-    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
-               "viewBox=\"0 0 %.0f %.0f\" font-family=\"Helvetica, Arial, sans-serif\" "
-               "font-size=\"12\">\n", w, h, w, h);
+    fprintf(f,
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+            "viewBox=\"0 0 %.0f %.0f\" font-family=\"Helvetica, Arial, sans-serif\" "
+            "font-size=\"12\">\n",
+            w, h, w, h);
     fprintf(f, "<rect x=\"0\" y=\"0\" width=\"%.0f\" height=\"%.0f\" fill=\"#ffffff\"/>\n", w, h);
-    fprintf(f, "<text x=\"%.1f\" y=\"20\" text-anchor=\"middle\" font-size=\"14\" "
-               "font-weight=\"bold\">", w / 2);
+    fprintf(f,
+            "<text x=\"%.1f\" y=\"20\" text-anchor=\"middle\" font-size=\"14\" "
+            "font-weight=\"bold\">",
+            w / 2);
     put_text(f, title);
     fprintf(f, "</text>\n");
 }
@@ -55,8 +59,8 @@ static double nice_ceil(double x)
 static void legend(FILE *f, const char *const *series, int ns, double x, double y)
 {
     for (int s = 0; s < ns; s++) {
-        fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"12\" height=\"12\" fill=\"%s\"/>\n",
-                x, y - 10, palette[s]);
+        fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"12\" height=\"12\" fill=\"%s\"/>\n", x,
+                y - 10, palette[s]);
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">", x + 16, y);
         put_text(f, series[s]);
         fprintf(f, "</text>\n");
@@ -110,8 +114,9 @@ enum moe_status rpt_svg_bars(FILE *f, const char *title, const char *unit,
         for (int s = 0; s < ns; s++) {
             double v = values[i * ns + s], x = left + plot_w * (v - lo) / (hi - lo);
             double a = v < 0 ? x : x0, b = v < 0 ? x0 : x;
-            fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"11\" fill=\"%s\">"
-                       "<title>%.4g %s</title></rect>\n",
+            fprintf(f,
+                    "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"11\" fill=\"%s\">"
+                    "<title>%.4g %s</title></rect>\n",
                     a, y + 12.0 * s, b - a, palette[s], v, unit);
         }
     }
@@ -126,8 +131,8 @@ enum moe_status rpt_svg_lines(FILE *f, const char *title, const char *xlabel, co
                               const double *y, struct moe_error *err)
 {
     if (n < 2 || ns < 1 || ns > RPT_SVG_MAX_SERIES)
-        return moe_error_set(err, MOE_ERR_INPUT, "chart: %d points, %d series (2+, 1 .. %d)", n,
-                             ns, RPT_SVG_MAX_SERIES);
+        return moe_error_set(err, MOE_ERR_INPUT, "chart: %d points, %d series (2+, 1 .. %d)", n, ns,
+                             RPT_SVG_MAX_SERIES);
     double xl = x[0], xh = x[0], yl = INFINITY, yh = -INFINITY;
     for (int i = 0; i < n; i++) {
         if (!isfinite(x[i]))
@@ -165,8 +170,10 @@ enum moe_status rpt_svg_lines(FILE *f, const char *title, const char *xlabel, co
     fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"#555555\">",
             left + pw / 2, top + ph + 36);
     put_text(f, xlabel);
-    fprintf(f, "</text>\n<text x=\"14\" y=\"%.1f\" text-anchor=\"middle\" fill=\"#555555\" "
-               "transform=\"rotate(-90 14 %.1f)\">", top + ph / 2, top + ph / 2);
+    fprintf(f,
+            "</text>\n<text x=\"14\" y=\"%.1f\" text-anchor=\"middle\" fill=\"#555555\" "
+            "transform=\"rotate(-90 14 %.1f)\">",
+            top + ph / 2, top + ph / 2);
     put_text(f, ylabel);
     fprintf(f, "</text>\n");
     for (int s = 0; s < ns; s++) {
@@ -177,7 +184,9 @@ enum moe_status rpt_svg_lines(FILE *f, const char *title, const char *xlabel, co
                     top + ph - ph * (y[s * n + i] - yl) / (yh - yl));
         fprintf(f, "\"/>\n");
     }
-    fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" "
-               "stroke=\"#000000\"/>\n</svg>\n", left, top, pw, ph);
+    fprintf(f,
+            "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" "
+            "stroke=\"#000000\"/>\n</svg>\n",
+            left, top, pw, ph);
     return ferror(f) ? moe_error_set(err, MOE_ERR_IO, "chart \"%s\": write failed", title) : MOE_OK;
 }

@@ -99,8 +99,10 @@ static const char *cell_at(const struct rpt_table *t, size_t row, int col)
 static void print_padded(FILE *out, const char *s, size_t width, char align)
 {
     size_t pad = width - text_width(s);
-    if (align == 'r') fprintf(out, "%*s%s", (int)pad, "", s);
-    else fprintf(out, "%s%*s", s, (int)pad, "");
+    if (align == 'r')
+        fprintf(out, "%*s%s", (int)pad, "", s);
+    else
+        fprintf(out, "%s%*s", s, (int)pad, "");
 }
 
 static void column_widths(const struct rpt_table *t, size_t *w)
@@ -122,8 +124,10 @@ void rpt_table_print(const struct rpt_table *t, FILE *out)
     for (int c = 0; c < t->ncols; c++) {
         if (c) fputs("  ", out);
         /* The last left-aligned column is not padded: no trailing blanks. */
-        if (c == t->ncols - 1 && t->align[c] != 'r') fputs(t->header[c], out);
-        else print_padded(out, t->header[c], w[c], t->align[c]);
+        if (c == t->ncols - 1 && t->align[c] != 'r')
+            fputs(t->header[c], out);
+        else
+            print_padded(out, t->header[c], w[c], t->align[c]);
         total += w[c] + (c ? 2 : 0);
     }
     fputc('\n', out);
@@ -132,8 +136,10 @@ void rpt_table_print(const struct rpt_table *t, FILE *out)
     for (size_t r = 0; r < t->nrows; r++) {
         for (int c = 0; c < t->ncols; c++) {
             if (c) fputs("  ", out);
-            if (c == t->ncols - 1 && t->align[c] != 'r') fputs(cell_at(t, r, c), out);
-            else print_padded(out, cell_at(t, r, c), w[c], t->align[c]);
+            if (c == t->ncols - 1 && t->align[c] != 'r')
+                fputs(cell_at(t, r, c), out);
+            else
+                print_padded(out, cell_at(t, r, c), w[c], t->align[c]);
         }
         fputc('\n', out);
     }

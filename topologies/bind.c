@@ -37,8 +37,7 @@ static enum moe_status loaded(hwloc_topology_t *t, struct moe_error *err)
     return MOE_OK;
 }
 
-enum moe_status topo_bind_near_pci(const char *busid, struct topo_binding *b,
-                                   struct moe_error *err)
+enum moe_status topo_bind_near_pci(const char *busid, struct topo_binding *b, struct moe_error *err)
 {
     hwloc_topology_t t;
     enum moe_status st = loaded(&t, err);

@@ -34,11 +34,11 @@ void topo_cluster_derive(struct topo_cluster *c)
 enum moe_status topo_cluster_from_doc(struct topo_cluster *c, const struct moe_jdoc *doc,
                                       const char *gpus_file, struct moe_error *err)
 {
-    static const char *const keys[] = {"schema", "version", "name", "description", "gpu",
-                                       "node", "nodes", "nvlink_domain", "scale_out", NULL};
-    static const char *const node_keys[] = {"name", "gpus", "cpu_sockets", "cores_per_socket",
-                                            "cpu_memory", "nics", "nic_bandwidth", "rails",
-                                            "hwloc_xml", NULL};
+    static const char *const keys[] = {"schema", "version", "name",          "description", "gpu",
+                                       "node",   "nodes",   "nvlink_domain", "scale_out",   NULL};
+    static const char *const node_keys[] = {
+        "name", "gpus",          "cpu_sockets", "cores_per_socket", "cpu_memory",
+        "nics", "nic_bandwidth", "rails",       "hwloc_xml",        NULL};
     static const char *const dom_keys[] = {"nodes", "gpus_used", "bandwidth", "latency_us", NULL};
     static const char *const so_keys[] = {"bandwidth_per_gpu", "oversubscription", "latency_us",
                                           NULL};
@@ -59,14 +59,16 @@ enum moe_status topo_cluster_from_doc(struct topo_cluster *c, const struct moe_j
     if ((st = moe_jval_keys(&root, keys, err))) return st;
     if ((st = moe_jval_str(&root, "name", true, NULL, t.name, sizeof t.name, err))) return st;
     if (!t.name[0]) return moe_jval_error(&root, "name", err, "must not be empty");
-    if ((st = moe_jval_str(&root, "description", false, "", t.description,
-                           sizeof t.description, err)))
+    if ((st = moe_jval_str(&root, "description", false, "", t.description, sizeof t.description,
+                           err)))
         return st;
 
     /* The GPU model, from the spec file. */
     if ((st = moe_jval_str(&root, "gpu", true, NULL, gpu, sizeof gpu, err))) return st;
-    if (gpus_file) snprintf(gfile, sizeof gfile, "%s", gpus_file);
-    else default_gpus_file(doc->file, gfile, sizeof gfile);
+    if (gpus_file)
+        snprintf(gfile, sizeof gfile, "%s", gpus_file);
+    else
+        default_gpus_file(doc->file, gfile, sizeof gfile);
     struct topo_gpu_spec specs[MAX_SPECS];
     int nspecs = 0;
     if ((st = topo_gpus_load(gfile, specs, MAX_SPECS, &nspecs, err))) return st;
@@ -87,10 +89,13 @@ enum moe_status topo_cluster_from_doc(struct topo_cluster *c, const struct moe_j
     if ((st = moe_jval_keys(&node, node_keys, err))) return st;
     if ((st = moe_jval_str(&node, "name", true, NULL, t.node_name, sizeof t.node_name, err)))
         return st;
-    if ((st = moe_jval_int32(&node, "gpus", true, 0, 1, TOPO_MAX_GPUS_PER_NODE, &t.gpus_per_node, err)))
+    if ((st = moe_jval_int32(&node, "gpus", true, 0, 1, TOPO_MAX_GPUS_PER_NODE, &t.gpus_per_node,
+                             err)))
         return st;
-    if ((st = moe_jval_int32(&node, "cpu_sockets", false, 2, 1, 64, &t.cpu_sockets, err))) return st;
-    if ((st = moe_jval_int32(&node, "cores_per_socket", false, 0, 0, 4096, &t.cores_per_socket, err)))
+    if ((st = moe_jval_int32(&node, "cpu_sockets", false, 2, 1, 64, &t.cpu_sockets, err)))
+        return st;
+    if ((st = moe_jval_int32(&node, "cores_per_socket", false, 0, 0, 4096, &t.cores_per_socket,
+                             err)))
         return st;
     if ((st = moe_jval_size(&node, "cpu_memory", false, 0, 0, 1e15, &t.cpu_memory_bytes, err)))
         return st;
@@ -99,7 +104,8 @@ enum moe_status topo_cluster_from_doc(struct topo_cluster *c, const struct moe_j
     if ((st = moe_jval_bandwidth(&node, "nic_bandwidth", false, t.gpu.nic_bytes_per_s, 1e6, 1e15,
                                  &t.nic_bytes_per_s, err)))
         return st;
-    if ((st = moe_jval_int32(&node, "rails", false, t.nics_per_node, 0, 64, &t.rails, err))) return st;
+    if ((st = moe_jval_int32(&node, "rails", false, t.nics_per_node, 0, 64, &t.rails, err)))
+        return st;
     if (t.rails > t.nics_per_node)
         return moe_jval_error(&node, "rails", err, "more rails (%d) than NICs (%d)", t.rails,
                               t.nics_per_node);
@@ -125,10 +131,11 @@ enum moe_status topo_cluster_from_doc(struct topo_cluster *c, const struct moe_j
     /* NVLink domains. */
     if ((st = moe_jval_object(&root, "nvlink_domain", true, &dom, NULL, err))) return st;
     if ((st = moe_jval_keys(&dom, dom_keys, err))) return st;
-    if ((st = moe_jval_int32(&dom, "nodes", true, 0, 1, 1 << 20, &t.nodes_per_domain, err))) return st;
+    if ((st = moe_jval_int32(&dom, "nodes", true, 0, 1, 1 << 20, &t.nodes_per_domain, err)))
+        return st;
     int in_domain = t.nodes_per_domain * t.gpus_per_node;
-    if ((st = moe_jval_int32(&dom, "gpus_used", false, in_domain, 1, 1 << 24, &t.gpus_used_per_domain,
-                       err)))
+    if ((st = moe_jval_int32(&dom, "gpus_used", false, in_domain, 1, 1 << 24,
+                             &t.gpus_used_per_domain, err)))
         return st;
     if ((st = moe_jval_bandwidth(&dom, "bandwidth", false, t.gpu.nvlink_bytes_per_s, 0, 1e15,
                                  &t.nvlink_bytes_per_s, err)))
@@ -138,8 +145,9 @@ enum moe_status topo_cluster_from_doc(struct topo_cluster *c, const struct moe_j
     if ((int64_t)t.nodes * t.gpus_per_node > TOPO_MAX_GPUS)
         return moe_jval_error(&root, "nodes", err,
                               "%d nodes x %d GPUs = %lld GPUs: moeplan takes clusters of at most "
-                              "%d GPUs", t.nodes, t.gpus_per_node,
-                              (long long)t.nodes * t.gpus_per_node, TOPO_MAX_GPUS);
+                              "%d GPUs",
+                              t.nodes, t.gpus_per_node, (long long)t.nodes * t.gpus_per_node,
+                              TOPO_MAX_GPUS);
     if (t.nodes % t.nodes_per_domain != 0)
         return moe_jval_error(&dom, "nodes", err,
                               "the cluster's %d nodes do not split into domains of %d", t.nodes,
@@ -149,9 +157,8 @@ enum moe_status topo_cluster_from_doc(struct topo_cluster *c, const struct moe_j
                               "a domain of %d nodes x %d GPUs has only %d GPUs", t.nodes_per_domain,
                               t.gpus_per_node, in_domain);
     if (in_domain > t.gpu.nvlink_domain_gpus)
-        return moe_jval_error(&dom, "nodes", err,
-                              "%s NVLink domains hold at most %d GPUs, not %d", t.gpu.name,
-                              t.gpu.nvlink_domain_gpus, in_domain);
+        return moe_jval_error(&dom, "nodes", err, "%s NVLink domains hold at most %d GPUs, not %d",
+                              t.gpu.name, t.gpu.nvlink_domain_gpus, in_domain);
 
     /* Scale-out fabric. */
     bool has_so = false;
@@ -167,8 +174,8 @@ enum moe_status topo_cluster_from_doc(struct topo_cluster *c, const struct moe_j
         if ((st = moe_jval_num(&so, "oversubscription", false, 1.0, 1.0, 1000.0,
                                &t.oversubscription, err)))
             return st;
-        if ((st = moe_jval_num(&so, "latency_us", false, 5.0, 0, 1e6, &t.scale_out_latency_us,
-                               err)))
+        if ((st =
+                 moe_jval_num(&so, "latency_us", false, 5.0, 0, 1e6, &t.scale_out_latency_us, err)))
             return st;
     }
     topo_cluster_derive(&t);
@@ -192,8 +199,7 @@ enum moe_status topo_cluster_validate(const struct topo_cluster *c, const char *
                                 "gpus_used (%d) must be in [1, GPUs per domain]",
                                 c->gpus_used_per_domain);
     if (!(c->nvlink_bytes_per_s >= 0) || !(c->scale_out_bytes_per_s > 0))
-        return moe_error_set_at(err, MOE_ERR_INPUT, w, 0, 0,
-                                "link bandwidths must be positive");
+        return moe_error_set_at(err, MOE_ERR_INPUT, w, 0, 0, "link bandwidths must be positive");
     if (c->domains != c->nodes / c->nodes_per_domain ||
         c->gpus_usable != c->domains * c->gpus_used_per_domain)
         return moe_error_set_at(err, MOE_ERR_INPUT, w, 0, 0,
@@ -222,14 +228,16 @@ void topo_gpus_file_for(const char *cluster_file, const char *topo_dir, char *bu
     if (n < 0 || (size_t)n >= cap) buf[cap - 1] = '\0';
 }
 
-enum moe_status topo_cluster_resolve(struct topo_cluster *c, const char *spec,
-                                     const char *topo_dir, struct moe_error *err)
+enum moe_status topo_cluster_resolve(struct topo_cluster *c, const char *spec, const char *topo_dir,
+                                     struct moe_error *err)
 {
     char path[MOE_PATH_MAX], gpus[MOE_PATH_MAX];
     if (strchr(spec, '/') || strstr(spec, ".json")) {
         if ((size_t)snprintf(path, sizeof path, "%s", spec) >= sizeof path)
-            return moe_error_set(err, MOE_ERR_INPUT, "the cluster path has %zu characters, more "
-                                 "than the %zu allowed", strlen(spec), sizeof path - 1);
+            return moe_error_set(err, MOE_ERR_INPUT,
+                                 "the cluster path has %zu characters, more "
+                                 "than the %zu allowed",
+                                 strlen(spec), sizeof path - 1);
     } else {
         for (const char *p = spec; *p; p++)
             if (!((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '-' || *p == '_'))
@@ -251,8 +259,7 @@ enum moe_status topo_cluster_resolve(struct topo_cluster *c, const char *spec,
 enum moe_status topo_cluster_save(const struct topo_cluster *c, const char *file,
                                   struct moe_error *err)
 {
-    json_t *root = json_object(), *node = json_object(), *dom = json_object(),
-           *so = json_object();
+    json_t *root = json_object(), *node = json_object(), *dom = json_object(), *so = json_object();
     if (!root || !node || !dom || !so) {
         json_decref(root);
         json_decref(node);
@@ -279,8 +286,7 @@ enum moe_status topo_cluster_save(const struct topo_cluster *c, const char *file
         const char *xml_dir = dirname(b);
         bool same = strcmp(dirname(a), xml_dir) == 0;
         const char *base = strrchr(c->node_xml, '/');
-        json_object_set_new(node, "hwloc_xml",
-                            json_string(same && base ? base + 1 : c->node_xml));
+        json_object_set_new(node, "hwloc_xml", json_string(same && base ? base + 1 : c->node_xml));
     }
     json_object_set_new(root, "node", node);
     json_object_set_new(root, "nodes", json_integer(c->nodes));

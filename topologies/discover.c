@@ -73,8 +73,8 @@ static bool nvml_open(struct nvml *n)
     SYM(link_remote_pci, "nvmlDeviceGetNvLinkRemotePciInfo_v2");
     SYM(fabric, "nvmlDeviceGetGpuFabricInfo");
 #undef SYM
-    if (!n->init || !n->shutdown || !n->count || !n->handle || !n->name || !n->memory ||
-        !n->pci || n->init() != 0) {
+    if (!n->init || !n->shutdown || !n->count || !n->handle || !n->name || !n->memory || !n->pci ||
+        n->init() != 0) {
         dlclose(n->lib);
         n->lib = NULL;
         return false;
@@ -136,11 +136,13 @@ static void nvml_probe(struct nvml *n, struct found_gpu *g, int *ng, struct topo
             struct nvml_pci rp;
             if (n->link_remote_pci && n->link_remote_pci(dev, l, &rp) == 0)
                 snprintf(remote[*ng][l], sizeof remote[*ng][l], "%s", rp.bus_id);
-            else snprintf(remote[*ng][l], sizeof remote[*ng][l], "?");
+            else
+                snprintf(remote[*ng][l], sizeof remote[*ng][l], "?");
         }
         struct nvml_fabric fab;
         memset(&fab, 0, sizeof fab);
-        if (n->fabric && n->fabric(dev, &fab) == 0 && fab.status == 0 && !out->fabric_cluster_uuid[0]) {
+        if (n->fabric && n->fabric(dev, &fab) == 0 && fab.status == 0 &&
+            !out->fabric_cluster_uuid[0]) {
             bool any = false;
             for (int k = 0; k < 16; k++) any |= fab.cluster_uuid[k] != 0;
             if (any) {
@@ -158,8 +160,10 @@ static void nvml_probe(struct nvml *n, struct found_gpu *g, int *ng, struct topo
             int peer = -1;
             for (int j = 0; j < *ng; j++)
                 if (j != i && busid_equal(remote[i][l], g[j].busid)) peer = j;
-            if (peer >= 0) g[i].links_to_gpu[peer]++;
-            else g[i].links_to_switch++;
+            if (peer >= 0)
+                g[i].links_to_gpu[peer]++;
+            else
+                g[i].links_to_switch++;
         }
 }
 

@@ -15,10 +15,23 @@
 static enum moe_status load_spec(const struct moe_jval *o, struct topo_gpu_spec *g,
                                  struct moe_error *err)
 {
-    static const char *const keys[] = {
-        "name", "arch", "bf16_tflops", "fp8_tflops", "fp4_tflops", "hbm", "hbm_bandwidth", "sms",
-        "nvlink_version", "nvlink_links", "nvlink_bandwidth", "nvlink_domain_gpus",
-        "nic_bandwidth", "power_w", "host_link", "pci_device_id", NULL};
+    static const char *const keys[] = {"name",
+                                       "arch",
+                                       "bf16_tflops",
+                                       "fp8_tflops",
+                                       "fp4_tflops",
+                                       "hbm",
+                                       "hbm_bandwidth",
+                                       "sms",
+                                       "nvlink_version",
+                                       "nvlink_links",
+                                       "nvlink_bandwidth",
+                                       "nvlink_domain_gpus",
+                                       "nic_bandwidth",
+                                       "power_w",
+                                       "host_link",
+                                       "pci_device_id",
+                                       NULL};
     enum moe_status st;
     int64_t v;
     memset(g, 0, sizeof *g);
@@ -30,8 +43,7 @@ static enum moe_status load_spec(const struct moe_jval *o, struct topo_gpu_spec 
     if ((st = moe_jval_num(o, "fp8_tflops", false, 0, 0, 1e6, &g->fp8_tflops, err))) return st;
     if ((st = moe_jval_num(o, "fp4_tflops", false, 0, 0, 1e6, &g->fp4_tflops, err))) return st;
     if ((st = moe_jval_size(o, "hbm", true, 0, 1e9, 1e15, &g->hbm_bytes, err))) return st;
-    if ((st = moe_jval_bandwidth(o, "hbm_bandwidth", true, 0, 1e9, 1e15, &g->hbm_bytes_per_s,
-                                 err)))
+    if ((st = moe_jval_bandwidth(o, "hbm_bandwidth", true, 0, 1e9, 1e15, &g->hbm_bytes_per_s, err)))
         return st;
     if ((st = moe_jval_int(o, "sms", true, 0, 1, 100000, &v, err))) return st;
     g->sms = (int)v;
@@ -44,8 +56,7 @@ static enum moe_status load_spec(const struct moe_jval *o, struct topo_gpu_spec 
         return st;
     if ((st = moe_jval_int(o, "nvlink_domain_gpus", true, 0, 1, 1 << 20, &v, err))) return st;
     g->nvlink_domain_gpus = (int)v;
-    if ((st = moe_jval_bandwidth(o, "nic_bandwidth", true, 0, 1e6, 1e15, &g->nic_bytes_per_s,
-                                 err)))
+    if ((st = moe_jval_bandwidth(o, "nic_bandwidth", true, 0, 1e6, 1e15, &g->nic_bytes_per_s, err)))
         return st;
     if ((st = moe_jval_num(o, "power_w", false, 0, 0, 1e6, &g->power_w, err))) return st;
     if ((st = moe_jval_str(o, "host_link", false, "", g->host_link, sizeof g->host_link, err)))
@@ -88,8 +99,7 @@ enum moe_status topo_gpus_load(const char *file, struct topo_gpu_spec *specs, in
         if ((st = load_spec(&o, &specs[count], err))) goto cleanup;
         for (int j = 0; j < count; j++)
             if (strcasecmp(specs[j].name, specs[count].name) == 0) {
-                st = moe_jval_error(&o, "name", err, "GPU '%s' is listed twice",
-                                    specs[count].name);
+                st = moe_jval_error(&o, "name", err, "GPU '%s' is listed twice", specs[count].name);
                 goto cleanup;
             }
         count++;

@@ -14,4 +14,7 @@ void topo_hwloc_version(char *buf, size_t cap)
     snprintf(buf, cap, "%s (API 0x%x)", HWLOC_VERSION, api);
 }
 
-bool topo_hwloc_abi_ok(void) { return (hwloc_get_api_version() >> 16) == (HWLOC_API_VERSION >> 16); }
+bool topo_hwloc_abi_ok(void)
+{
+    return (hwloc_get_api_version() >> 16) == (HWLOC_API_VERSION >> 16);
+}

@@ -139,17 +139,20 @@ static bool xml_well_formed(const char *text, size_t len, int *line, int *col, c
             static const char *const set_names[4] = {"cpuset", "complete_cpuset", "nodeset",
                                                      "complete_nodeset"};
             for (int k = 0; object && k < 4; k++)
-                if (alen == strlen(set_names[k]) && !memcmp(a0, set_names[k], alen)) sets |= 1u << k;
+                if (alen == strlen(set_names[k]) && !memcmp(a0, set_names[k], alen))
+                    sets |= 1u << k;
             bool is_type = object && alen == 4 && !memcmp(a0, "type", 4);
             if (c.p >= c.end || *c.p != '=') FAULT("'=' expected after attribute name");
             xc_step(&c);
-            if (c.p >= c.end || (*c.p != '"' && *c.p != '\'')) FAULT("attribute value needs quotes");
+            if (c.p >= c.end || (*c.p != '"' && *c.p != '\''))
+                FAULT("attribute value needs quotes");
             char q = *c.p;
             int ql = c.line, qc = c.col;
             xc_step(&c);
             if (is_type) type = c.p;
             while (c.p < c.end && *c.p != q) {
-                if (*c.p == '<') FAULT("'<' inside an attribute value (quote opened at %d:%d)", ql, qc);
+                if (*c.p == '<')
+                    FAULT("'<' inside an attribute value (quote opened at %d:%d)", ql, qc);
                 xc_step(&c);
             }
             if (c.p >= c.end) {
@@ -170,13 +173,16 @@ static bool xml_well_formed(const char *text, size_t len, int *line, int *col, c
                         (type_len == 7 && !memcmp(type, "Machine", 7));
             unsigned need = cpu_side ? (numa ? 15u : 3u) : 0u;
             if (cpu_side && (sets & 12u)) need |= 12u; /* a nodeset comes with its complete one */
-            if ((sets & need) != need && !set_line) { /* told once the syntax is good */
+            if ((sets & need) != need && !set_line) {  /* told once the syntax is good */
                 set_line = tl;
                 set_col = tc;
-                snprintf(set_msg, sizeof set_msg, "<object type=\"%.*s\"> lacks %s (hwloc needs %s)",
+                snprintf(set_msg, sizeof set_msg,
+                         "<object type=\"%.*s\"> lacks %s (hwloc needs %s)",
                          (int)(type_len < 32 ? type_len : 32), type,
-                         !(sets & 1u) ? "cpuset" : !(sets & 2u) ? "complete_cpuset"
-                         : !(sets & 4u) ? "nodeset" : "complete_nodeset",
+                         !(sets & 1u)   ? "cpuset"
+                         : !(sets & 2u) ? "complete_cpuset"
+                         : !(sets & 4u) ? "nodeset"
+                                        : "complete_nodeset",
                          numa ? "the four cpusets and nodesets" : "cpuset and complete_cpuset");
             }
         }
@@ -245,8 +251,8 @@ enum moe_status topo_hwloc_read_node(hwloc_topology_t topo, struct topo_node *ou
     n.cores = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_CORE);
     n.pus = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_PU);
     for (int i = 0; i < n.numa_nodes; i++)
-        n.memory_bytes += (double)hwloc_get_obj_by_type(topo, HWLOC_OBJ_NUMANODE, i)
-                              ->attr->numanode.local_memory;
+        n.memory_bytes +=
+            (double)hwloc_get_obj_by_type(topo, HWLOC_OBJ_NUMANODE, i)->attr->numanode.local_memory;
     hwloc_obj_t gpu_obj[TOPO_MAX_GPUS_PER_NODE];
     for (hwloc_obj_t o = NULL; (o = hwloc_get_next_pcidev(topo, o));) {
         if (is_nic(o)) n.nics++;
@@ -275,11 +281,14 @@ enum moe_status topo_hwloc_read_node(hwloc_topology_t topo, struct topo_node *ou
     if (hwloc_distances_get_by_name(topo, "NVLinkBandwidth", &nr, &d, 0) == 0 && nr == 1) {
         n.has_nvlink_matrix = true;
         /* With switches, GPU pairs connect through them: take hwloc's closure. */
-        if (n.nvswitches) hwloc_distances_transform(topo, d, HWLOC_DISTANCES_TRANSFORM_TRANSITIVE_CLOSURE, NULL, 0);
+        if (n.nvswitches)
+            hwloc_distances_transform(topo, d, HWLOC_DISTANCES_TRANSFORM_TRANSITIVE_CLOSURE, NULL,
+                                      0);
         for (int i = 0; i < n.ngpus; i++)
             for (int j = 0; j < n.ngpus; j++) {
                 hwloc_uint64_t v = 0, back = 0; /* the inline helper writes both */
-                if (i != j && hwloc_distances_obj_pair_values(d, gpu_obj[i], gpu_obj[j], &v, &back) == 0)
+                if (i != j &&
+                    hwloc_distances_obj_pair_values(d, gpu_obj[i], gpu_obj[j], &v, &back) == 0)
                     n.nvlink_mbps[i][j] = (double)v;
             }
         hwloc_distances_release(topo, d);
@@ -323,12 +332,12 @@ static enum moe_status hwloc_trial(const char *text, size_t len, const char *fil
     if (WIFSIGNALED(status))
         return moe_error_set_at(err, MOE_ERR_INPUT, file, 0, 0,
                                 "hwloc crashed reading this topology XML (signal %d): a malformed "
-                                "or incomplete object", WTERMSIG(status));
+                                "or incomplete object",
+                                WTERMSIG(status));
     return MOE_OK; /* a rejection is reported by the import itself */
 }
 
-enum moe_status topo_node_load_xml(struct topo_node *node, const char *file,
-                                   struct moe_error *err)
+enum moe_status topo_node_load_xml(struct topo_node *node, const char *file, struct moe_error *err)
 {
     enum moe_status st = MOE_OK;
     char *text = NULL;
@@ -429,8 +438,8 @@ enum moe_status topo_hwloc_add_nvlink(hwloc_topology_t topo, hwloc_obj_t *gpus, 
         }
     }
     hwloc_distances_add_handle_t h = hwloc_distances_add_create(
-        topo, "NVLinkBandwidth", HWLOC_DISTANCES_KIND_FROM_OS | HWLOC_DISTANCES_KIND_MEANS_BANDWIDTH,
-        0);
+        topo, "NVLinkBandwidth",
+        HWLOC_DISTANCES_KIND_FROM_OS | HWLOC_DISTANCES_KIND_MEANS_BANDWIDTH, 0);
     if (!h || hwloc_distances_add_values(topo, h, (unsigned)n, objs, values, 0) != 0 ||
         hwloc_distances_add_commit(topo, h, 0) != 0)
         return moe_error_set(err, MOE_ERR_RUNTIME, "hwloc refused the NVLinkBandwidth matrix");
@@ -453,8 +462,8 @@ enum moe_status topo_hwloc_export(hwloc_topology_t topo, const char *file, struc
 /* The shipped node types                                                                         */
 /* ---------------------------------------------------------------------------------------------- */
 
-const char *const topo_node_kinds[] = {"gb200-tray", "gb300-tray", "hgx-h100", "hgx-h200",
-                                       "dgx-b200", NULL};
+const char *const topo_node_kinds[] = {"gb200-tray", "gb300-tray", "hgx-h100",
+                                       "hgx-h200",   "dgx-b200",   NULL};
 
 enum moe_status topo_node_desc_get(struct topo_node_desc *desc, const char *kind,
                                    const struct topo_gpu_spec *specs, int nspecs,
@@ -480,10 +489,9 @@ enum moe_status topo_node_desc_get(struct topo_node_desc *desc, const char *kind
         if (strcmp(kinds[i].name, kind) != 0) continue;
         const struct topo_gpu_spec *g = topo_gpu_find(specs, nspecs, kinds[i].gpu);
         if (!g) return moe_error_set(err, MOE_ERR_INPUT, "no GPU spec '%s'", kinds[i].gpu);
-        *desc = (struct topo_node_desc){kinds[i].name, kinds[i].sockets, kinds[i].cores,
-                                        kinds[i].mem,  kinds[i].cpu,     g,
-                                        kinds[i].gpus, kinds[i].nics,    kinds[i].nic_id,
-                                        kinds[i].gbps};
+        *desc = (struct topo_node_desc){
+            kinds[i].name, kinds[i].sockets, kinds[i].cores,  kinds[i].mem, kinds[i].cpu, g,
+            kinds[i].gpus, kinds[i].nics,    kinds[i].nic_id, kinds[i].gbps};
         return MOE_OK;
     }
     return moe_error_set(err, MOE_ERR_USAGE, "unknown node kind '%s'", kind);
@@ -529,8 +537,9 @@ static bool sb_sets(struct sbuf *b, int first_pu, int npus, int numa_first, int 
         ok = hwloc_bitmap_asprintf(&cs, cpus) >= 0 && hwloc_bitmap_asprintf(&ns, nodes) >= 0;
     }
     if (ok)
-        ok = sb_printf(b, "cpuset=\"%s\" complete_cpuset=\"%s\" nodeset=\"%s\" complete_nodeset=\"%s\"",
-                       cs, cs, ns, ns);
+        ok = sb_printf(
+            b, "cpuset=\"%s\" complete_cpuset=\"%s\" nodeset=\"%s\" complete_nodeset=\"%s\"", cs,
+            cs, ns, ns);
     free(cs);
     free(ns);
     hwloc_bitmap_free(cpus);
@@ -576,18 +585,20 @@ static bool base_xml(const struct topo_node_desc *d, struct sbuf *b)
         int slots = gpus_per_socket > nics_per_socket ? gpus_per_socket : nics_per_socket;
         for (int k = 0; ok && k < slots; k++) {
             if (k < gpus_per_socket)
-                ok = sb_printf(b,
-                               "<object type=\"PCIDev\" gp_index=\"%d\" pci_busid=\"0000:%02x:00.0\" "
-                               "pci_type=\"0302 [10de:%04x] [10de:0000] a1\" "
-                               "pci_link_speed=\"%.6f\"/>\n",
-                               gp++, bus0 + 0x10 + 2 * k, d->gpu->pci_device_id, 63.015);
+                ok = sb_printf(
+                    b,
+                    "<object type=\"PCIDev\" gp_index=\"%d\" pci_busid=\"0000:%02x:00.0\" "
+                    "pci_type=\"0302 [10de:%04x] [10de:0000] a1\" "
+                    "pci_link_speed=\"%.6f\"/>\n",
+                    gp++, bus0 + 0x10 + 2 * k, d->gpu->pci_device_id, 63.015);
             if (ok && k < nics_per_socket)
-                ok = sb_printf(b,
-                               "<object type=\"PCIDev\" gp_index=\"%d\" pci_busid=\"0000:%02x:00.0\" "
-                               "pci_type=\"0207 [15b3:%04x] [15b3:0000] 00\" "
-                               "pci_link_speed=\"%.6f\">\n<info name=\"NICBandwidthGbps\" "
-                               "value=\"%.0f\"/>\n</object>\n",
-                               gp++, bus0 + 0x11 + 2 * k, d->nic_pci_device_id, 63.015, d->nic_gbps);
+                ok = sb_printf(
+                    b,
+                    "<object type=\"PCIDev\" gp_index=\"%d\" pci_busid=\"0000:%02x:00.0\" "
+                    "pci_type=\"0207 [15b3:%04x] [15b3:0000] 00\" "
+                    "pci_link_speed=\"%.6f\">\n<info name=\"NICBandwidthGbps\" "
+                    "value=\"%.0f\"/>\n</object>\n",
+                    gp++, bus0 + 0x11 + 2 * k, d->nic_pci_device_id, 63.015, d->nic_gbps);
         }
         ok = ok && sb_printf(b, "</object>\n</object>\n");
     }

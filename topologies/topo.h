@@ -39,18 +39,18 @@ bool topo_hwloc_abi_ok(void);
 
 /* Datasheet numbers of one GPU model, dense (no 2:4 sparsity), per GPU. */
 struct topo_gpu_spec {
-    char name[TOPO_NAME_MAX];   /* "H200" */
-    char arch[16];              /* "hopper", "blackwell" */
+    char name[TOPO_NAME_MAX];                   /* "H200" */
+    char arch[16];                              /* "hopper", "blackwell" */
     double bf16_tflops, fp8_tflops, fp4_tflops; /* 0: not supported */
     double hbm_bytes, hbm_bytes_per_s;
     int sms;
     int nvlink_version, nvlink_links;
-    double nvlink_bytes_per_s;  /* per GPU per direction, all links */
-    int nvlink_domain_gpus;     /* the largest NVLink domain the product builds (8 or 72) */
-    double nic_bytes_per_s;     /* scale-out NIC per GPU */
+    double nvlink_bytes_per_s; /* per GPU per direction, all links */
+    int nvlink_domain_gpus;    /* the largest NVLink domain the product builds (8 or 72) */
+    double nic_bytes_per_s;    /* scale-out NIC per GPU */
     double power_w;
     char host_link[64];
-    unsigned pci_device_id;     /* 0: unknown */
+    unsigned pci_device_id; /* 0: unknown */
 };
 
 /* Load every spec of a gpus.json. `specs` has room for `cap`. */
@@ -74,13 +74,13 @@ struct topo_cluster {
     int cpu_sockets, cores_per_socket;
     double cpu_memory_bytes;
     int nics_per_node, rails;
-    double nic_bytes_per_s;     /* per NIC */
+    double nic_bytes_per_s;      /* per NIC */
     char node_xml[MOE_PATH_MAX]; /* resolved path, "" when the cluster names none */
     int nodes;
     /* NVLink domains: consecutive groups of nodes_per_domain nodes; jobs use gpus_used of each. */
     int nodes_per_domain;
     int gpus_used_per_domain;
-    double nvlink_bytes_per_s;  /* per GPU per direction */
+    double nvlink_bytes_per_s; /* per GPU per direction */
     double nvlink_latency_us;
     /* The scale-out fabric between domains. */
     double scale_out_bytes_per_s; /* per GPU per direction */
@@ -99,8 +99,8 @@ enum moe_status topo_cluster_load(struct topo_cluster *c, const char *file, cons
 enum moe_status topo_cluster_from_doc(struct topo_cluster *c, const struct moe_jdoc *doc,
                                       const char *gpus_file, struct moe_error *err);
 /* A shipped name ("gb200-nvl72-x16", looked up as topo_dir/NAME.json) or a path. */
-enum moe_status topo_cluster_resolve(struct topo_cluster *c, const char *spec,
-                                     const char *topo_dir, struct moe_error *err);
+enum moe_status topo_cluster_resolve(struct topo_cluster *c, const char *spec, const char *topo_dir,
+                                     struct moe_error *err);
 /* The gpus.json for a cluster file: the one beside it, else topo_dir/gpus.json. */
 void topo_gpus_file_for(const char *cluster_file, const char *topo_dir, char *buf, size_t cap);
 /* Fill the derived counts (domains, gpus_total, gpus_usable) from the others. */
@@ -119,8 +119,8 @@ struct topo_node_gpu {
     char pci_busid[32];
     char model[TOPO_NAME_MAX];
     double memory_bytes;
-    int package;         /* the CPU package (socket) it hangs under, -1: unknown */
-    int numa_node;       /* os index of the nearest NUMA node, -1: unknown */
+    int package;   /* the CPU package (socket) it hangs under, -1: unknown */
+    int numa_node; /* os index of the nearest NUMA node, -1: unknown */
 };
 
 /* What a node XML (or the local machine) holds, as read back through hwloc. */
@@ -139,8 +139,7 @@ struct topo_node {
 
 /* Load a node XML with hwloc. A file that is not well-formed XML is an input error at its line
  * and column; one hwloc refuses is an input error naming the file. */
-enum moe_status topo_node_load_xml(struct topo_node *node, const char *file,
-                                   struct moe_error *err);
+enum moe_status topo_node_load_xml(struct topo_node *node, const char *file, struct moe_error *err);
 
 /* What the generator builds: one node of a product, with its NVLink fabric. */
 struct topo_node_desc {
@@ -180,9 +179,9 @@ struct topo_cuda_gpu {
 
 struct topo_discovery {
     struct topo_node node;
-    bool nvml;                  /* libnvidia-ml was found and answered */
-    char driver[32];            /* NVML's driver version */
-    int nvlinks_active;         /* active NVLink links over all GPUs */
+    bool nvml;                    /* libnvidia-ml was found and answered */
+    char driver[32];              /* NVML's driver version */
+    int nvlinks_active;           /* active NVLink links over all GPUs */
     char fabric_cluster_uuid[40]; /* "" when the GPUs report no fabric (not an NVL72 tray) */
     int fabric_clique_id;
     bool wrote_cluster;
@@ -201,9 +200,9 @@ enum moe_status topo_discover(const char *out_dir, const char *gpus_file,
  * device ("0000:18:00.0"), or of NUMA node `node`. memory_bound: whether the memory binding held
  * too (best effort: containers often forbid it). */
 struct topo_binding {
-    int numa_node;      /* -1: hwloc names none */
+    int numa_node; /* -1: hwloc names none */
     bool memory_bound;
-    char cpus[256];     /* the CPU list bound to, "0-15" */
+    char cpus[256]; /* the CPU list bound to, "0-15" */
 };
 enum moe_status topo_bind_near_pci(const char *busid, struct topo_binding *b,
                                    struct moe_error *err);

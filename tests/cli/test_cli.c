@@ -30,8 +30,8 @@ static void test_help(void **state)
     static struct result r;
     RUN(&r, "--help");
     assert_int_equal(r.code, 0);
-    const char *cmds[] = {"topo", "plan", "predict", "run", "calibrate", "report", "bench",
-                          "check"};
+    const char *cmds[] = {"topo",      "plan",   "predict", "run",
+                          "calibrate", "report", "bench",   "check"};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) expect_in(r.out, cmds[i]);
     RUN(&r, "check", "--help");
     assert_int_equal(r.code, 0);
@@ -304,16 +304,16 @@ static void test_runnable_plans_run(void **state)
 {
     (void)state;
     static struct result r;
-    static const char *const models[] = {"dbrx", "deepseek-v2-lite", "deepseek-v3",
-                                         "gpt-oss-120b", "gpt-oss-20b", "kimi-k2",
-                                         "llama4-maverick", "llama4-scout", "mixtral-8x22b",
-                                         "mixtral-8x7b", "qwen3-235b-a22b", "qwen3-30b-a3b",
-                                         "tiny-moe-gqa", "tiny-moe-mla"};
+    static const char *const models[] = {
+        "dbrx",          "deepseek-v2-lite", "deepseek-v3",     "gpt-oss-120b",
+        "gpt-oss-20b",   "kimi-k2",          "llama4-maverick", "llama4-scout",
+        "mixtral-8x22b", "mixtral-8x7b",     "qwen3-235b-a22b", "qwen3-30b-a3b",
+        "tiny-moe-gqa",  "tiny-moe-mla"};
     int ran = 0, refused = 0;
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
         const char *experts = strncmp(models[i], "tiny", 4) ? "16" : "8";
-        RUN(&r, "plan", "--model", models[i], "--cluster", "h200-vm", "--layers", "2",
-            "--experts", experts, "--seq-len", "256", "--gbs", "2", "--runnable", "-o",
+        RUN(&r, "plan", "--model", models[i], "--cluster", "h200-vm", "--layers", "2", "--experts",
+            experts, "--seq-len", "256", "--gbs", "2", "--runnable", "-o",
             cli_tmp("runnable.json"));
         if (r.code == 4) {
             expect_in(r.err, "no layout this build runs: ");
@@ -350,11 +350,12 @@ static void test_run(void **state)
     expect_in(r.err, "plan_pp2.json: pp=2 with ep=4: expert parallelism inside pipeline "
                      "stages is not in the GPU executor yet");
     unlink(cli_tmp("plan_pp2.json"));
-    RUN(&r, "plan", "--model", "tiny-moe-gqa", "--cluster", "hgx-h200-x8", "--seq-len", "64",
-        "-o", cli_tmp("plan8.json"));
+    RUN(&r, "plan", "--model", "tiny-moe-gqa", "--cluster", "hgx-h200-x8", "--seq-len", "64", "-o",
+        cli_tmp("plan8.json"));
     assert_int_equal(r.code, 0);
     RUN(&r, "run", cli_tmp("plan8.json")); /* 8 ranks: a GPU each, or virtual ranks */
-    if (r.code == 1) expect_in(r.err, "no CUDA GPU");
+    if (r.code == 1)
+        expect_in(r.err, "no CUDA GPU");
     else {
         assert_int_equal(r.code, 3);
         expect_in(r.err, "the plan has 8 ranks and this machine");
@@ -385,8 +386,7 @@ static void test_run(void **state)
     RUN(&r, "plan", "--model", "tiny-moe-gqa", "--cluster", "hgx-h200-x8", "--gpus", "1",
         "--seq-len", "64", "-o", cli_tmp("plan1.json"));
     assert_int_equal(r.code, 0);
-    RUN(&r, "run", cli_tmp("plan1.json"), "--steps", "3", "--out",
-        cli_tmp("measured.json"));
+    RUN(&r, "run", cli_tmp("plan1.json"), "--steps", "3", "--out", cli_tmp("measured.json"));
     if (r.code == 0) {
         expect_in(r.out, "step    3/3");
         expect_in(r.out, "measured.json written");
@@ -419,7 +419,8 @@ static void test_golden_predictions(void **state)
     json_t *cases = json_object_get(gold.root, "cases");
     size_t i;
     json_t *c;
-    json_array_foreach(cases, i, c) {
+    json_array_foreach(cases, i, c)
+    {
         const char *args[24];
         size_t n = 0, k;
         json_t *a;
@@ -431,19 +432,20 @@ static void test_golden_predictions(void **state)
         bool fits = json_is_true(json_object_get(c, "fits"));
         assert_int_equal(r.code, fits ? 0 : 4);
         struct moe_jdoc got;
-        if (moe_jdoc_load(&got, cli_tmp("golden.json"), &err) != MOE_OK) fail_msg("%s", err.message);
+        if (moe_jdoc_load(&got, cli_tmp("golden.json"), &err) != MOE_OK)
+            fail_msg("%s", err.message);
         double want[COST_NPHASES + 2], have[COST_NPHASES + 2];
         json_t *wp = json_object_get(c, "exposed_us"), *hp = json_object_get(got.root, "phases");
         for (int p = 0; p < COST_NPHASES; p++) {
             want[p] = json_number_value(json_object_get(wp, cost_phase_names[p]));
-            have[p] = json_number_value(json_object_get(json_object_get(hp, cost_phase_names[p]),
-                                                        "exposed_us"));
+            have[p] = json_number_value(
+                json_object_get(json_object_get(hp, cost_phase_names[p]), "exposed_us"));
         }
         want[COST_NPHASES] = json_number_value(json_object_get(c, "step_us"));
         have[COST_NPHASES] = json_number_value(json_object_get(got.root, "step_us"));
         want[COST_NPHASES + 1] = json_number_value(json_object_get(c, "memory_total_bytes"));
-        have[COST_NPHASES + 1] = json_number_value(
-            json_object_get(json_object_get(got.root, "memory_bytes"), "total"));
+        have[COST_NPHASES + 1] =
+            json_number_value(json_object_get(json_object_get(got.root, "memory_bytes"), "total"));
         char what[128];
         snprintf(what, sizeof what, "golden prediction %zu (%s)", i + 1, args[2]);
         moe_expect_near(what, have, want, COST_NPHASES + 2, 1e-9, 1e-9);
@@ -562,7 +564,7 @@ static void test_topo_commands(void **state)
     expect_in(r.out, "GPUs: 1024 usable of 1152 (288 nodes x 4 GB300); 16 NVLink domains");
     expect_in(r.out, "NVLink     64 GPUs per domain");
     expect_in(r.out, "900 GB/s to each");
-    static const char *const shipped[] = {"gb200-nvl72", "gb300-nvl72", "gb200-nvl72-x16",
+    static const char *const shipped[] = {"gb200-nvl72",     "gb300-nvl72",   "gb200-nvl72-x16",
                                           "gb300-nvl72-x16", "hgx-h100-x128", "hgx-h200-x8",
                                           "dgx-b200-x32"};
     for (size_t i = 0; i < sizeof shipped / sizeof shipped[0]; i++) {
@@ -602,8 +604,8 @@ static void test_predict(void **state)
     (void)state;
     static struct result r;
     RUN(&r, "predict", "--model", "mixtral-8x7b", "--cluster", "hgx-h100-x128", "--layout",
-        "tp=2,pp=4,ep=8,dp=128,zero=1,mbs=1,gbs=1024,dispatcher=dedup-gpu,overlap=on",
-        "--json", cli_tmp("pred.json"));
+        "tp=2,pp=4,ep=8,dp=128,zero=1,mbs=1,gbs=1024,dispatcher=dedup-gpu,overlap=on", "--json",
+        cli_tmp("pred.json"));
     assert_int_equal(r.code, 0);
     expect_in(r.out, "mixtral-8x7b on 1024 x H100 of hgx-h100-x128");
     expect_in(r.out, "calibration: datasheet defaults (uncalibrated)");
@@ -628,8 +630,8 @@ static void test_predict(void **state)
     RUN(&r, "predict", "--model", "deepseek-v3", "--cluster", "gb200-nvl72-x16", "--layout",
         "tp=1,foo=2");
     assert_int_equal(r.code, 2);
-    RUN(&r, "predict", "--model", "deepseek-v3", "--cluster", "gb200-nvl72-x16", "--gpus",
-        "2048", "--layout", "tp=1");
+    RUN(&r, "predict", "--model", "deepseek-v3", "--cluster", "gb200-nvl72-x16", "--gpus", "2048",
+        "--layout", "tp=1");
     assert_int_equal(r.code, 2);
     expect_in(r.err, "has 1024 usable GPUs");
     RUN(&r, "predict", "--cluster", "gb200-nvl72-x16", "--layout", "tp=1");
@@ -702,16 +704,22 @@ static void test_plan(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_version),      cmocka_unit_test(test_help),
-        cmocka_unit_test(test_exit_code_table), cmocka_unit_test(test_calibrate_refit),
+        cmocka_unit_test(test_version),
+        cmocka_unit_test(test_help),
+        cmocka_unit_test(test_exit_code_table),
+        cmocka_unit_test(test_calibrate_refit),
         cmocka_unit_test(test_golden_predictions),
 #ifdef MOEPLAN_HAVE_EXECUTOR
         cmocka_unit_test(test_runnable_plans_run),
 #endif
-        cmocka_unit_test(test_usage_errors), cmocka_unit_test(test_check),
-        cmocka_unit_test(test_check_bad_input), cmocka_unit_test(test_not_built),
-        cmocka_unit_test(test_model_commands),  cmocka_unit_test(test_topo_commands),
-        cmocka_unit_test(test_predict),         cmocka_unit_test(test_plan),
+        cmocka_unit_test(test_usage_errors),
+        cmocka_unit_test(test_check),
+        cmocka_unit_test(test_check_bad_input),
+        cmocka_unit_test(test_not_built),
+        cmocka_unit_test(test_model_commands),
+        cmocka_unit_test(test_topo_commands),
+        cmocka_unit_test(test_predict),
+        cmocka_unit_test(test_plan),
 #ifdef MOEPLAN_HAVE_EXECUTOR
         cmocka_unit_test(test_run),
 #endif

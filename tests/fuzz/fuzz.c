@@ -96,7 +96,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
      * routing), the rest a --layout text; the model is a shipped one picked by a byte. The
      * values reach past every documented limit, so a buffer sized by a guess (the 4,096-expert
      * array this harness was written for) overflows here. */
-    static const char *const models[] = {"tiny-moe-gqa", "tiny-moe-mla", "deepseek-v3",
+    static const char *const models[] = {"tiny-moe-gqa", "tiny-moe-mla",  "deepseek-v3",
                                          "mixtral-8x7b", "qwen3-30b-a3b", "gpt-oss-20b"};
     static struct topo_cluster cl;
     static bool have_cluster;
@@ -115,10 +115,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct mdl_overrides ov = {(int)(data[4] % 8), (int)experts};
     if (mdl_model_override(&m, &ov, &err) != MOE_OK) return 0;
     int ep = 1 << (data[5] % 18), dp = 1 << (data[6] % 11), pp = 1 + data[7] % 9;
-    struct cost_layout l = {.tp = 1 << (data[8] % 4), .pp = pp, .vpp = 1 + data[9] % 4,
-                            .ep = ep, .etp = 1, .dp = dp, .zero = data[10] % 4,
-                            .seq_len = 128 << (data[11] % 8), .mbs = 1 << (data[12] % 4),
-                            .gbs = 0, .precision = COST_BF16,
+    struct cost_layout l = {.tp = 1 << (data[8] % 4),
+                            .pp = pp,
+                            .vpp = 1 + data[9] % 4,
+                            .ep = ep,
+                            .etp = 1,
+                            .dp = dp,
+                            .zero = data[10] % 4,
+                            .seq_len = 128 << (data[11] % 8),
+                            .mbs = 1 << (data[12] % 4),
+                            .gbs = 0,
+                            .precision = COST_BF16,
                             .recompute = (enum cost_recompute)(data[13] % 3),
                             .dispatcher = (enum cost_dispatcher)(data[14] % 3),
                             .overlap = (data[15] & 1) != 0};
@@ -132,7 +139,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (gpus < 1 || gpus > cl.gpus_usable) return 0;
     struct cost_routing r;
     if (cost_routing_synthetic(&r, data[15] & 2 ? COST_ROUTING_ZIPF : COST_ROUTING_UNIFORM,
-                               (data[15] >> 2) / 8.0, 1, m.moe.experts, m.moe.top_k, &err) != MOE_OK)
+                               (data[15] >> 2) / 8.0, 1, m.moe.experts, m.moe.top_k,
+                               &err) != MOE_OK)
         return 0;
     struct cost_ctx ctx;
     cost_ctx_init(&ctx, &m, &cl, NULL, gpus);

@@ -22,8 +22,8 @@ static void test_devices(void **state)
         assert_true(d.memory_bandwidth_bytes_per_s > 1e11);
         assert_true(strlen(d.name) > 0);
         printf("GPU %d: %s, cc %d.%d, %d SMs, %.1f GB, %.0f GB/s, %s\n", i, d.name, d.cc_major,
-               d.cc_minor, d.sm_count, d.memory_bytes / 1e9,
-               d.memory_bandwidth_bytes_per_s / 1e9, d.pci_bus_id);
+               d.cc_minor, d.sm_count, d.memory_bytes / 1e9, d.memory_bandwidth_bytes_per_s / 1e9,
+               d.pci_bus_id);
     }
     assert_int_equal(exec_device_query(n, &(struct exec_device_info){0}, &err), MOE_ERR_CUDA);
     assert_non_null(strstr(err.message, "cudaGetDeviceProperties"));

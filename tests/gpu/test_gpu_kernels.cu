@@ -46,7 +46,10 @@ template <typename T> static std::vector<T> host(const T *d, size_t n)
     return h;
 }
 
-static std::vector<double> to_d(const std::vector<float> &v) { return std::vector<double>(v.begin(), v.end()); }
+static std::vector<double> to_d(const std::vector<float> &v)
+{
+    return std::vector<double>(v.begin(), v.end());
+}
 static std::vector<double> to_d(const std::vector<bf16> &v)
 {
     std::vector<double> o(v.size());
@@ -79,9 +82,11 @@ static void test_rmsnorm(void **state)
     for (auto &v : w) v = 1.0f + 0.1f * v;
     std::vector<double> yr((size_t)T * h), dxr((size_t)T * h), dwr(h, 0.0);
     exec_ref_rmsnorm(to_d(x).data(), to_d(w).data(), T, h, 1e-6, yr.data());
-    exec_ref_rmsnorm_backward(to_d(x).data(), to_d(w).data(), to_d(dy).data(), T, h, 1e-6, dxr.data(), dwr.data());
-    float *dx_ = dev(x), *dw_ = dev(w), *ddy = dev(dy), *y32 = dev(std::vector<float>((size_t)T * h)),
-          *rstd = dev(std::vector<float>(T)), *gx = dev(std::vector<float>((size_t)T * h)),
+    exec_ref_rmsnorm_backward(to_d(x).data(), to_d(w).data(), to_d(dy).data(), T, h, 1e-6,
+                              dxr.data(), dwr.data());
+    float *dx_ = dev(x), *dw_ = dev(w), *ddy = dev(dy),
+          *y32 = dev(std::vector<float>((size_t)T * h)), *rstd = dev(std::vector<float>(T)),
+          *gx = dev(std::vector<float>((size_t)T * h)),
           *part = dev(std::vector<float>((size_t)h * 4)), *gw = dev(std::vector<float>(h));
     bf16 *y16;
     cudaMalloc((void **)&y16, sizeof(bf16) * T * h);
@@ -165,7 +170,8 @@ static void test_permute_combine(void **state)
             int e;
             bool dup;
             do {
-                e = moe_rng_below(&rng, 4) ? 0 + (int)moe_rng_below(&rng, 3) : 6 + (int)moe_rng_below(&rng, 10);
+                e = moe_rng_below(&rng, 4) ? 0 + (int)moe_rng_below(&rng, 3)
+                                           : 6 + (int)moe_rng_below(&rng, 10);
                 dup = false;
                 for (int q = 0; q < j; q++) dup |= choice[t * k + q] == e;
             } while (dup);
@@ -183,10 +189,13 @@ static void test_permute_combine(void **state)
     assert_true(host(dsrc, P) == src);
     std::vector<int> pos = host(dpos, P);
     for (int p = 0; p < P; p++) assert_int_equal(pos[src[p]], p);
-    printf("permutation: %d pairs in %d chunks, offsets and rows equal to the reference (experts 3-5 empty)\n", P, chunks);
+    printf("permutation: %d pairs in %d chunks, offsets and rows equal to the reference (experts "
+           "3-5 empty)\n",
+           P, chunks);
     /* gather, combine, combine backward */
-    std::vector<float> xf = randn((size_t)T * h, 9), yp = randn((size_t)P * h, 10), w = randn(P, 11),
-                       dy = randn((size_t)T * h, 12), y0 = randn((size_t)T * h, 13);
+    std::vector<float> xf = randn((size_t)T * h, 9), yp = randn((size_t)P * h, 10),
+                       w = randn(P, 11), dy = randn((size_t)T * h, 12),
+                       y0 = randn((size_t)T * h, 13);
     std::vector<bf16> x16(xf.size());
     for (size_t i = 0; i < xf.size(); i++) x16[i] = __float2bfloat16(xf[i]);
     bf16 *dx16 = dev(x16), *xp, *dyp;
@@ -196,7 +205,8 @@ static void test_permute_combine(void **state)
     std::vector<bf16> xph = host(xp, (size_t)P * h);
     for (int p = 0; p < P; p++)
         assert_memory_equal(&xph[(size_t)p * h], &x16[(size_t)(src[p] / k) * h], sizeof(bf16) * h);
-    float *dyp32 = dev(yp), *dw = dev(w), *ddy = dev(dy), *y = dev(y0), *dwo = dev(std::vector<float>(P));
+    float *dyp32 = dev(yp), *dw = dev(w), *ddy = dev(dy), *y = dev(y0),
+          *dwo = dev(std::vector<float>(P));
     gk_combine(y, dyp32, dw, dpos, T, k, h, 0);
     gk_combine_backward(ddy, dyp32, dw, dpos, T, k, h, dyp, dwo, 0);
     std::vector<double> yr((size_t)T * h), dypr((size_t)P * h), dwr(P);
@@ -236,7 +246,8 @@ static std::vector<bf16> to_bf16(const std::vector<float> &v)
 static void flash_case(int B, int S, int H, int KV, int dqk, int dv, int window, uint64_t seed)
 {
     printf("attention B %d S %d heads %d/%d dims %d/%d window %d\n", B, S, H, KV, dqk, dv, window);
-    size_t T = (size_t)B * S, nq = T * H * dqk, nk = T * KV * dqk, nv = T * KV * dv, no = T * H * dv;
+    size_t T = (size_t)B * S, nq = T * H * dqk, nk = T * KV * dqk, nv = T * KV * dv,
+           no = T * H * dv;
     std::vector<bf16> q = to_bf16(randn(nq, seed)), k = to_bf16(randn(nk, seed + 1)),
                       v = to_bf16(randn(nv, seed + 2)), dout = to_bf16(randn(no, seed + 3));
     std::vector<double> qd = to_d(q), kd = to_d(k), vd = to_d(v), dod = to_d(dout);
@@ -257,7 +268,8 @@ static void flash_case(int B, int S, int H, int KV, int dqk, int dv, int window,
                     if (window > 0 && j <= i - window) continue;
                     double d = 0;
                     for (int c = 0; c < dqk; c++)
-                        d += qd[((t0 + i) * H + hh) * dqk + c] * kd[((t0 + j) * KV + hh / (H / KV)) * dqk + c];
+                        d += qd[((t0 + i) * H + hh) * dqk + c] *
+                             kd[((t0 + j) * KV + hh / (H / KV)) * dqk + c];
                     z[j] = d * scale;
                     mx = fmax(mx, z[j]);
                 }
@@ -268,12 +280,15 @@ static void flash_case(int B, int S, int H, int KV, int dqk, int dv, int window,
     bf16 *dq16 = dev(q), *dk16 = dev(k), *dv16 = dev(v), *ddo = dev(dout);
     bf16 *o = dev(std::vector<bf16>(no));
     float *lse = dev(std::vector<float>(T * H)), *delta = dev(std::vector<float>(T * H));
-    float *gq = dev(std::vector<float>(nq)), *gk = dev(std::vector<float>(nk)), *gv = dev(std::vector<float>(nv));
+    float *gq = dev(std::vector<float>(nq)), *gk = dev(std::vector<float>(nk)),
+          *gv = dev(std::vector<float>(nv));
     assert_true(gk_flash_supported(dqk, dv));
     assert_int_equal(gk_flash_prepare(dqk, dv), cudaSuccess);
-    assert_int_equal(gk_flash_forward(dq16, dk16, dv16, B, S, H, KV, dqk, dv, window, o, lse, 0), cudaSuccess);
+    assert_int_equal(gk_flash_forward(dq16, dk16, dv16, B, S, H, KV, dqk, dv, window, o, lse, 0),
+                     cudaSuccess);
     assert_int_equal(gk_flash_backward(dq16, dk16, dv16, o, ddo, lse, B, S, H, KV, dqk, dv, window,
-                                       delta, gq, gk, gv, 0), cudaSuccess);
+                                       delta, gq, gk, gv, 0),
+                     cudaSuccess);
     close("attention out", to_d(host(o, no)), or_, 8e-3);
     close("attention log-sum-exp", to_d(host(lse, T * H)), lr_, 1e-5);
     std::vector<float> q1 = host(gq, nq), k1 = host(gk, nk), v1 = host(gv, nv);
@@ -281,7 +296,8 @@ static void flash_case(int B, int S, int H, int KV, int dqk, int dv, int window,
     close("attention dk", to_d(k1), dkr, 1e-2);
     close("attention dv", to_d(v1), dvr, 1e-2);
     assert_int_equal(gk_flash_backward(dq16, dk16, dv16, o, ddo, lse, B, S, H, KV, dqk, dv, window,
-                                       delta, gq, gk, gv, 0), cudaSuccess);
+                                       delta, gq, gk, gv, 0),
+                     cudaSuccess);
     assert_true(host(gq, nq) == q1 && host(gk, nk) == k1 && host(gv, nv) == v1);
     cudaFree(dq16), cudaFree(dk16), cudaFree(dv16), cudaFree(ddo), cudaFree(o), cudaFree(lse);
     cudaFree(delta), cudaFree(gq), cudaFree(gk), cudaFree(gv);
@@ -331,8 +347,8 @@ int main(void)
         return 77;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_rmsnorm),           cmocka_unit_test(test_rope),
-        cmocka_unit_test(test_swiglu),            cmocka_unit_test(test_permute_combine),
+        cmocka_unit_test(test_rmsnorm),         cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_swiglu),          cmocka_unit_test(test_permute_combine),
         cmocka_unit_test(test_flash_attention), cmocka_unit_test(test_cross_entropy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

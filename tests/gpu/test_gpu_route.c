@@ -32,7 +32,8 @@ static void check(struct exec_router_cfg cfg, int tokens, uint64_t seed, bool wi
     cudaMemcpy(dz, z, nz * sizeof *z, cudaMemcpyHostToDevice);
     cudaMemcpy(db, bias, (size_t)E * sizeof *bias, cudaMemcpyHostToDevice);
     struct moe_error err;
-    assert_int_equal(exec_route(&cfg, dz, with_bias ? db : NULL, tokens, dc, dw, NULL, &err), MOE_OK);
+    assert_int_equal(exec_route(&cfg, dz, with_bias ? db : NULL, tokens, dc, dw, NULL, &err),
+                     MOE_OK);
     assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
     cudaMemcpy(cgpu, dc, nk * sizeof *cgpu, cudaMemcpyDeviceToHost);
     cudaMemcpy(wgpu, dw, nk * sizeof *wgpu, cudaMemcpyDeviceToHost);
@@ -48,12 +49,13 @@ static void check(struct exec_router_cfg cfg, int tokens, uint64_t seed, bool wi
             for (int e = 0; e < E; e++) sum += exp(zt[e] - mx);
             for (int e = 0; e < E; e++)
                 key[e] = (cfg.scoring == MDL_SCORE_SIGMOID ? 1.0 / (1.0 + exp(-zt[e]))
-                                                             : exp(zt[e] - mx) / sum) +
+                                                           : exp(zt[e] - mx) / sum) +
                          (with_bias ? bd[e] : 0.0);
             double kth = key[cref[(size_t)t * k + k - 1]];
             for (int j = 0; j < k; j++)
                 if (key[cgpu[(size_t)t * k + j]] < kth - 1e-5)
-                    fail_msg("token %d: GPU chose expert %d, not a near-tie", t, cgpu[(size_t)t * k + j]);
+                    fail_msg("token %d: GPU chose expert %d, not a near-tie", t,
+                             cgpu[(size_t)t * k + j]);
             near_ties++;
             continue;
         }
@@ -64,7 +66,8 @@ static void check(struct exec_router_cfg cfg, int tokens, uint64_t seed, bool wi
         }
     }
     printf("route E=%d k=%d groups=%d/%d tokens=%d: choices equal but %d near-tie tokens, worst "
-           "weight error %.2e\n", E, k, cfg.topk_group, cfg.n_group, tokens, near_ties, worst);
+           "weight error %.2e\n",
+           E, k, cfg.topk_group, cfg.n_group, tokens, near_ties, worst);
     assert_true(near_ties <= tokens / 1000);
     assert_true(worst < 1e-5);
     cudaFree(dz);
@@ -77,11 +80,16 @@ static void check(struct exec_router_cfg cfg, int tokens, uint64_t seed, bool wi
 static void test_route(void **state)
 {
     (void)state;
-    check((struct exec_router_cfg){256, 8, MDL_SCORE_SIGMOID, 8, 4, true, false, 2.5, 0.0}, 4096, 1, true);
-    check((struct exec_router_cfg){128, 8, MDL_SCORE_SOFTMAX, 1, 1, true, false, 1.0, 0.0}, 4096, 2, false);
-    check((struct exec_router_cfg){8, 2, MDL_SCORE_SOFTMAX, 1, 1, false, true, 1.0, 0.0}, 4096, 3, false);
-    check((struct exec_router_cfg){64, 6, MDL_SCORE_SOFTMAX, 1, 1, false, false, 1.0, 0.0}, 4096, 4, false);
-    check((struct exec_router_cfg){16, 16, MDL_SCORE_SOFTMAX, 1, 1, true, false, 1.0, 0.0}, 1024, 5, false);
+    check((struct exec_router_cfg){256, 8, MDL_SCORE_SIGMOID, 8, 4, true, false, 2.5, 0.0}, 4096, 1,
+          true);
+    check((struct exec_router_cfg){128, 8, MDL_SCORE_SOFTMAX, 1, 1, true, false, 1.0, 0.0}, 4096, 2,
+          false);
+    check((struct exec_router_cfg){8, 2, MDL_SCORE_SOFTMAX, 1, 1, false, true, 1.0, 0.0}, 4096, 3,
+          false);
+    check((struct exec_router_cfg){64, 6, MDL_SCORE_SOFTMAX, 1, 1, false, false, 1.0, 0.0}, 4096, 4,
+          false);
+    check((struct exec_router_cfg){16, 16, MDL_SCORE_SOFTMAX, 1, 1, true, false, 1.0, 0.0}, 1024, 5,
+          false);
     struct exec_router_cfg bad = {1024, 8, MDL_SCORE_SOFTMAX, 1, 1, true, false, 1.0, 0.0};
     struct moe_error err;
     assert_int_equal(exec_route(&bad, NULL, NULL, 1, NULL, NULL, NULL, &err), MOE_ERR_INPUT);

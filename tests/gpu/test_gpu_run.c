@@ -35,10 +35,10 @@ struct run_case {
     enum cost_dispatcher mode;
     bool nccl;
     int zero;
-    int same_as;        /* >= 0: the case whose loss curve this one repeats bit for bit */
+    int same_as;         /* >= 0: the case whose loss curve this one repeats bit for bit */
     int pp, vpp, layers; /* pipeline stages, chunks a rank; blocks of the model (0: its 2) */
-    int base;           /* the case it is compared with: its model's one-GPU run */
-    bool no_overlap;    /* the gradients' all-reduce after the backward, not block by block */
+    int base;            /* the case it is compared with: its model's one-GPU run */
+    bool no_overlap;     /* the gradients' all-reduce after the backward, not block by block */
 };
 
 struct collected {
@@ -64,10 +64,19 @@ static void make_plan(struct plan_file *p, const struct run_case *rc)
     if (rc->layers) p->model.layers = rc->layers;
     struct cost_layout *l = &p->layout;
     int pp = rc->pp ? rc->pp : 1, vpp = rc->vpp ? rc->vpp : 1, V = pp * vpp;
-    *l = (struct cost_layout){.tp = 1, .pp = pp, .vpp = vpp, .ep = rc->ep, .etp = 1,
-                              .dp = rc->dp, .zero = rc->zero, .seq_len = SEQ, .mbs = 1,
-                              .gbs = GBS, .precision = COST_BF16,
-                              .recompute = COST_RECOMPUTE_NONE, .dispatcher = rc->mode,
+    *l = (struct cost_layout){.tp = 1,
+                              .pp = pp,
+                              .vpp = vpp,
+                              .ep = rc->ep,
+                              .etp = 1,
+                              .dp = rc->dp,
+                              .zero = rc->zero,
+                              .seq_len = SEQ,
+                              .mbs = 1,
+                              .gbs = GBS,
+                              .precision = COST_BF16,
+                              .recompute = COST_RECOMPUTE_NONE,
+                              .dispatcher = rc->mode,
                               .overlap = false};
     p->gpus = pp * rc->dp;
     p->micro_batches = GBS / rc->dp;
@@ -82,9 +91,9 @@ static void make_plan(struct plan_file *p, const struct run_case *rc)
     assert_non_null(p->rank);
     assert_non_null(p->placement);
     for (int q = 0; q < p->gpus; q++) /* stage-major, as the planner numbers them */
-        p->rank[q] = (struct plan_rank){q / rc->domain, q / rc->domain, q % rc->domain, 0,
-                                        q % rc->dp, q / rc->dp, q % rc->dp % rc->ep,
-                                        q % rc->dp / rc->ep};
+        p->rank[q] = (struct plan_rank){
+            q / rc->domain, q / rc->domain, q % rc->domain,      0,
+            q % rc->dp,     q / rc->dp,     q % rc->dp % rc->ep, q % rc->dp / rc->ep};
     for (int b = 0; b < L; b++) /* a placement that is not contiguous */
         for (int e = 0; e < E; e++)
             p->placement[b * E + e] =
@@ -126,40 +135,107 @@ static const struct run_case cases[] = {
     {.name = "DP 1", .dp = 1, .ep = 1, .domain = 1, .mode = A2A, .same_as = -1},
     {.name = "DP 2", .dp = 2, .ep = 1, .domain = 2, .mode = A2A, .same_as = -1},
     {.name = "EP 4 dedup-gpu, 2 domains",
-      .dp = 4, .ep = 4, .domain = 2, .mode = DGPU, .same_as = -1},
+     .dp = 4,
+     .ep = 4,
+     .domain = 2,
+     .mode = DGPU,
+     .same_as = -1},
     {.name = "EP 2 alltoall", .dp = 2, .ep = 2, .domain = 1, .mode = A2A, .same_as = -1},
     {.name = "EP 2 dedup-gpu", .dp = 2, .ep = 2, .domain = 1, .mode = DGPU, .same_as = -1},
     {.name = "EP 2 dedup-domain, 2 domains",
-      .dp = 2, .ep = 2, .domain = 1, .mode = DDOM, .same_as = -1},
+     .dp = 2,
+     .ep = 2,
+     .domain = 1,
+     .mode = DDOM,
+     .same_as = -1},
     {.name = "EP 4 alltoall", .dp = 4, .ep = 4, .domain = 2, .mode = A2A, .same_as = -1},
     {.name = "EP 4 dedup-domain, 2 domains",
-      .dp = 4, .ep = 4, .domain = 2, .mode = DDOM, .same_as = -1},
+     .dp = 4,
+     .ep = 4,
+     .domain = 2,
+     .mode = DDOM,
+     .same_as = -1},
     {.name = "EP 8 alltoall", .dp = 8, .ep = 8, .domain = 4, .mode = A2A, .same_as = -1},
     {.name = "EP 8 dedup-gpu", .dp = 8, .ep = 8, .domain = 4, .mode = DGPU, .same_as = -1},
     {.name = "EP 8 dedup-domain, 2 domains",
-      .dp = 8, .ep = 8, .domain = 4, .mode = DDOM, .same_as = -1},
+     .dp = 8,
+     .ep = 8,
+     .domain = 4,
+     .mode = DDOM,
+     .same_as = -1},
     {.name = "EP 4 x 2 groups dedup-gpu",
-      .dp = 8, .ep = 4, .domain = 4, .mode = DGPU, .same_as = -1},
+     .dp = 8,
+     .ep = 4,
+     .domain = 4,
+     .mode = DGPU,
+     .same_as = -1},
     {.name = "DP 1 over NCCL",
-      .dp = 1, .ep = 1, .domain = 1, .mode = A2A, .nccl = true, .same_as = -1},
+     .dp = 1,
+     .ep = 1,
+     .domain = 1,
+     .mode = A2A,
+     .nccl = true,
+     .same_as = -1},
     {.name = "DP 2 ZeRO-1", .dp = 2, .ep = 1, .domain = 2, .mode = A2A, .zero = 1, .same_as = 1},
     {.name = "EP 4 dedup-gpu ZeRO-1",
-      .dp = 4, .ep = 4, .domain = 2, .mode = DGPU, .zero = 1, .same_as = 2},
+     .dp = 4,
+     .ep = 4,
+     .domain = 2,
+     .mode = DGPU,
+     .zero = 1,
+     .same_as = 2},
     {.name = "PP 2", .dp = 1, .ep = 1, .domain = 2, .mode = A2A, .same_as = -1, .pp = 2, .vpp = 1},
     {.name = "PP 2 x DP 2, ZeRO-1",
-      .dp = 2, .ep = 1, .domain = 4, .mode = A2A, .zero = 1, .same_as = -1, .pp = 2, .vpp = 1},
+     .dp = 2,
+     .ep = 1,
+     .domain = 4,
+     .mode = A2A,
+     .zero = 1,
+     .same_as = -1,
+     .pp = 2,
+     .vpp = 1},
     {.name = "DP 1, 4 blocks",
-      .dp = 1, .ep = 1, .domain = 1, .mode = A2A, .same_as = -1, .layers = 4, .base = 17},
+     .dp = 1,
+     .ep = 1,
+     .domain = 1,
+     .mode = A2A,
+     .same_as = -1,
+     .layers = 4,
+     .base = 17},
     {.name = "PP 2 x 2 chunks (interleaved)",
-      .dp = 1, .ep = 1, .domain = 2, .mode = A2A,
-      .same_as = -1, .pp = 2, .vpp = 2, .layers = 4, .base = 17},
+     .dp = 1,
+     .ep = 1,
+     .domain = 2,
+     .mode = A2A,
+     .same_as = -1,
+     .pp = 2,
+     .vpp = 2,
+     .layers = 4,
+     .base = 17},
     {.name = "PP 4, 4 blocks",
-      .dp = 1, .ep = 1, .domain = 4, .mode = A2A,
-      .same_as = -1, .pp = 4, .vpp = 1, .layers = 4, .base = 17},
+     .dp = 1,
+     .ep = 1,
+     .domain = 4,
+     .mode = A2A,
+     .same_as = -1,
+     .pp = 4,
+     .vpp = 1,
+     .layers = 4,
+     .base = 17},
     {.name = "DP 2, all-reduce after",
-      .dp = 2, .ep = 1, .domain = 2, .mode = A2A, .same_as = 1, .no_overlap = true},
+     .dp = 2,
+     .ep = 1,
+     .domain = 2,
+     .mode = A2A,
+     .same_as = 1,
+     .no_overlap = true},
     {.name = "EP 4 dedup-gpu, all-reduce after",
-      .dp = 4, .ep = 4, .domain = 2, .mode = DGPU, .same_as = 2, .no_overlap = true},
+     .dp = 4,
+     .ep = 4,
+     .domain = 2,
+     .mode = DGPU,
+     .same_as = 2,
+     .no_overlap = true},
 };
 
 static void test_equivalence(void **state)
@@ -195,8 +271,8 @@ static void test_equivalence(void **state)
                 fail_msg("%s: the loss curve differs from %s's", cases[i].name, cases[same].name);
             double f = optimizer_bytes[i] / optimizer_bytes[same];
             printf("%s: loss curve bit-identical to %s's; optimizer state %.0f of %.0f bytes "
-                   "(%.3f)\n", cases[i].name, cases[same].name, optimizer_bytes[i],
-                   optimizer_bytes[same], f);
+                   "(%.3f)\n",
+                   cases[i].name, cases[same].name, optimizer_bytes[i], optimizer_bytes[same], f);
             if (cases[i].zero) assert_true(f < 1.0 / cases[i].dp + 0.01);
         }
         assert_int_equal(curve.steps, STEPS);

@@ -50,14 +50,14 @@ static double bf16_round(double x)
 
 struct setup {
     double aux_coef;
-    bool with_bias;     /* a random selection bias; or force[] below */
-    int force_expert;   /* >= 0: a bias that sends every token to this expert first */
-    int starve;         /* experts 0 .. starve-1 get a large negative bias: no tokens */
-    int mbs, micro;     /* sequences per micro-batch, micro-batches per step */
+    bool with_bias;   /* a random selection bias; or force[] below */
+    int force_expert; /* >= 0: a bias that sends every token to this expert first */
+    int starve;       /* experts 0 .. starve-1 get a large negative bias: no tokens */
+    int mbs, micro;   /* sequences per micro-batch, micro-batches per step */
     bool recompute;
-    int streams;        /* expert GEMMs over this many streams */
-    int ep;             /* > 1: that many virtual EP ranks on the GPU, one sequence each; or 1
-                         * with ep_nccl: the EP path over NCCL with one rank (to itself) */
+    int streams; /* expert GEMMs over this many streams */
+    int ep;      /* > 1: that many virtual EP ranks on the GPU, one sequence each; or 1
+                  * with ep_nccl: the EP path over NCCL with one rank (to itself) */
     enum cost_dispatcher ep_mode;
     bool ep_nccl;
 };
@@ -74,7 +74,7 @@ struct ep_gpu_run {
     int S;
     void *streams[8];
     double loss[8], aux[8], *grad;
-    int64_t *counts;       /* (ranks, layers, experts) */
+    int64_t *counts; /* (ranks, layers, experts) */
     double step_ms;
     int syncs;
     struct cost_bytes sent[8];
@@ -84,16 +84,16 @@ static enum moe_status ep_gpu_rank(struct exec_transport *t, void *arg, struct m
 {
     struct ep_gpu_run *a = arg;
     int r = t->rank, E = a->m->moe.experts;
-    struct exec_gpu_cfg cfg = {.seq = a->S, .mbs = 1, .streams = 1, .ep = t, .ep_group = a->g,
-                               .ep_groups = 1};
+    struct exec_gpu_cfg cfg = {
+        .seq = a->S, .mbs = 1, .streams = 1, .ep = t, .ep_group = a->g, .ep_groups = 1};
     struct exec_gpu *g;
     cudaSetDevice(0);
     enum moe_status st = exec_gpu_create(&g, a->m, &cfg, err);
     if (st != MOE_OK) return st;
     a->streams[r] = exec_gpu_stream(g);
     struct exec_gpu_step_stats ss;
-    if ((st = exec_gpu_set_params(g, a->params, err)) || (st = exec_gpu_set_bias(g, a->bias, err)) ||
-        (st = exec_gpu_step_begin(g, err)) ||
+    if ((st = exec_gpu_set_params(g, a->params, err)) ||
+        (st = exec_gpu_set_bias(g, a->bias, err)) || (st = exec_gpu_step_begin(g, err)) ||
         (st = exec_gpu_micro_batch(g, a->tok + (size_t)r * (a->S + 1), 1.0 / t->ranks, &a->loss[r],
                                    &a->aux[r], err)) ||
         (st = exec_gpu_step_end(g, &ss, err)) || (st = exec_gpu_reduce_grads(g, t, err)))
@@ -125,10 +125,13 @@ static void ref_setup(struct exec_ref_model *r, const struct mdl_model *m, uint6
         const struct exec_tensor *t = &r->tensor[i];
         /* a large embedding keeps the residual stream dominated by exact fp32 values, so that
          * bf16 rounding inside the blocks rarely moves a router logit across a top-k boundary */
-        double amp = !strcmp(t->name, "embed") ? 0.5 : strstr(t->name, "router") ? 0.3
-                   : strstr(t->name, "norm") ? 0.1 : 0.03;
+        double amp = !strcmp(t->name, "embed")   ? 0.5
+                     : strstr(t->name, "router") ? 0.3
+                     : strstr(t->name, "norm")   ? 0.1
+                                                 : 0.03;
         for (size_t j = 0; j < t->size; j++)
-            r->params[t->offset + j] = bf16_round(r->params[t->offset + j] + amp * moe_rng_normal(&rng));
+            r->params[t->offset + j] =
+                bf16_round(r->params[t->offset + j] + amp * moe_rng_normal(&rng));
     }
     int LE = m->layers * m->moe.experts;
     *bias = calloc((size_t)LE, sizeof **bias);
@@ -201,7 +204,8 @@ static bool compare_once(const struct mdl_model *m, uint64_t seed, const struct 
     for (int i = 0; i < nseq * per; i++) tok[i] = (int)moe_rng_below(&rng, (uint64_t)m->vocab);
     /* reference: the mean over sequences of loss and gradient */
     size_t n = r.nparams;
-    double *gref = calloc(n, sizeof *gref), *g1 = malloc(sizeof *g1 * n), *ggpu = malloc(sizeof *ggpu * n);
+    double *gref = calloc(n, sizeof *gref), *g1 = malloc(sizeof *g1 * n),
+           *ggpu = malloc(sizeof *ggpu * n);
     double lref = 0, aref = 0;
     for (int q = 0; q < nseq; q++) {
         double l, a;
@@ -224,8 +228,8 @@ static bool compare_once(const struct mdl_model *m, uint64_t seed, const struct 
             exec_nccl_create(&nc, id, 0, 1, 0, 60.0, &err) != MOE_OK)
             fail_msg("%s", err.message);
         exec_nccl_transport(nc, &t);
-        struct ep_gpu_run a = {m, &eg, r.params, bias, tok, S, {0}, {0}, {0},
-                               ggpu, cgpu, 0, 0, {{0, 0}}};
+        struct ep_gpu_run a = {m,   &eg, r.params, bias, tok, S, {0},
+                               {0}, {0}, ggpu,     cgpu, 0,   0, {{0, 0}}};
         if (ep_gpu_rank(&t, &a, &err) != MOE_OK) fail_msg("%s", err.message);
         exec_nccl_destroy(nc);
         lgpu = a.loss[0];
@@ -238,8 +242,8 @@ static bool compare_once(const struct mdl_model *m, uint64_t seed, const struct 
         for (int q = 0; q < R; q++) domain[q] = q / (R / 2);
         struct exec_ep_group eg = {R, E, m->moe.top_k, placement, domain, s->ep_mode};
         int64_t *per_rank = calloc((size_t)R * LE, sizeof *per_rank);
-        struct ep_gpu_run a = {m, &eg, r.params, bias, tok, S, {0}, {0}, {0},
-                               ggpu, per_rank, 0, 0, {{0, 0}}};
+        struct ep_gpu_run a = {m,   &eg, r.params, bias,     tok, S, {0},
+                               {0}, {0}, ggpu,     per_rank, 0,   0, {{0, 0}}};
         struct exec_local_hub *hub;
         struct exec_local_mem mem;
         assert_int_equal(exec_local_hub_create(&hub, R, 60.0, &err), MOE_OK);
@@ -260,8 +264,11 @@ static bool compare_once(const struct mdl_model *m, uint64_t seed, const struct 
         printf("  EP %d dispatch payload: %.0f B over NVLink, %.0f B scale-out (all ranks)\n", R,
                nv, so);
     } else {
-        struct exec_gpu_cfg cfg = {.seq = S, .mbs = s->mbs, .recompute = s->recompute,
-                                   .aux_coef = s->aux_coef, .streams = s->streams};
+        struct exec_gpu_cfg cfg = {.seq = S,
+                                   .mbs = s->mbs,
+                                   .recompute = s->recompute,
+                                   .aux_coef = s->aux_coef,
+                                   .streams = s->streams};
         struct exec_gpu *g;
         if (exec_gpu_create(&g, m, &cfg, &err) != MOE_OK) fail_msg("%s", err.message);
         assert_int_equal(exec_gpu_set_params(g, r.params, &err), MOE_OK);
@@ -330,7 +337,7 @@ static void compare(const struct mdl_model *m, uint64_t seed, const struct setup
     fail_msg("%s: the routing differed from the reference in three seeds", m->name);
 }
 
-static const struct setup plain = {0.0, false, -1, 0, 1, 1, false, 1, 0, COST_DISPATCH_ALLTOALL,
+static const struct setup plain = {0.0,  false, -1, 0, 1, 1, false, 1, 0, COST_DISPATCH_ALLTOALL,
                                    false};
 
 /* Expert parallelism on virtual ranks of the one GPU: EP 2, 4 and 8 in every dedup mode, one
@@ -456,7 +463,8 @@ static void run_steps(const struct mdl_model *m, int streams, double *losses, do
         assert_int_equal(exec_gpu_step_begin(g, &err), MOE_OK);
         for (int mb = 0; mb < 2; mb++) {
             exec_data_next(&d, tok, 2 * (S + 1));
-            assert_int_equal(exec_gpu_micro_batch(g, tok, 0.5, &losses[step * 2 + mb], &a, &err), MOE_OK);
+            assert_int_equal(exec_gpu_micro_batch(g, tok, 0.5, &losses[step * 2 + mb], &a, &err),
+                             MOE_OK);
         }
         assert_int_equal(exec_gpu_optimizer(g, &o, step, &gn, &err), MOE_OK);
         assert_int_equal(exec_gpu_update_bias(g, 1e-3, NULL, &err), MOE_OK);
@@ -486,7 +494,8 @@ static void test_deterministic(void **state)
     assert_memory_equal(la, lb, sizeof la);
     assert_memory_equal(pa, pb, sizeof *pa * t.nparams);
     printf("tiny-moe-mla: 3 steps twice and once on 4 expert streams, losses and %zu parameters "
-           "bit-identical (last loss %.9f)\n", t.nparams, la[5]);
+           "bit-identical (last loss %.9f)\n",
+           t.nparams, la[5]);
     free(pa), free(pb);
 }
 
@@ -510,7 +519,8 @@ static void test_train_on_text(void **state)
     assert_int_equal(exec_gpu_set_params(g, r.params, &err), MOE_OK);
     char text[1024];
     struct exec_data d;
-    assert_int_equal(exec_data_open(&d, moe_test_src(text, sizeof text, "README.md"), m.vocab, 1, &err), MOE_OK);
+    assert_int_equal(
+        exec_data_open(&d, moe_test_src(text, sizeof text, "README.md"), m.vocab, 1, &err), MOE_OK);
     double *gr = calloc(r.nparams, sizeof *gr), *m1 = calloc(r.nparams, sizeof *m1),
            *m2 = calloc(r.nparams, sizeof *m2);
     struct exec_adamw o;
@@ -537,7 +547,8 @@ static void test_train_on_text(void **state)
                 const struct exec_tensor *t = &r.tensor[i];
                 double dd = 0, nn = 0;
                 for (size_t j = t->offset; j < t->offset + t->size; j++)
-                    dd += (pg[j] - r.params[j]) * (pg[j] - r.params[j]), nn += r.params[j] * r.params[j];
+                    dd += (pg[j] - r.params[j]) * (pg[j] - r.params[j]),
+                        nn += r.params[j] * r.params[j];
                 if (sqrt(dd / nn) > wd) wd = sqrt(dd / nn), wn = t->name;
             }
             printf("step %d: loss gpu %.5f ref %.5f gnorm %.4f / %.4f; params worst %.3g (%s)\n",
@@ -546,12 +557,14 @@ static void test_train_on_text(void **state)
         }
         /* bf16 rounding differences grow through Adam's normalized updates (and a loss spike
          * amplifies them): the curves are compared step by step over the first ten steps */
-        if (step < 10 && !(rel <= 2e-3)) fail_msg("step %d: loss gpu %.5f, ref %.5f", step, lg, lr_);
+        if (step < 10 && !(rel <= 2e-3))
+            fail_msg("step %d: loss gpu %.5f, ref %.5f", step, lg, lr_);
         if (step < 5) first += lg / 5;
         if (step >= STEPS - 5) last += lg / 5;
     }
     printf("tiny-moe-gqa on README.md bytes, GPU: loss %.3f -> %.3f; worst difference from the "
-           "reference %.2g relative (first 10 steps)\n", first, last, worst);
+           "reference %.2g relative (first 10 steps)\n",
+           first, last, worst);
     assert_true(last < first - 1.0);
     free(gr), free(m1), free(m2);
     exec_data_close(&d);
@@ -562,9 +575,12 @@ static void test_train_on_text(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gqa),          cmocka_unit_test(test_variants),
-        cmocka_unit_test(test_mla),          cmocka_unit_test(test_dropless),
-        cmocka_unit_test(test_deterministic), cmocka_unit_test(test_train_on_text),
+        cmocka_unit_test(test_gqa),
+        cmocka_unit_test(test_variants),
+        cmocka_unit_test(test_mla),
+        cmocka_unit_test(test_dropless),
+        cmocka_unit_test(test_deterministic),
+        cmocka_unit_test(test_train_on_text),
         cmocka_unit_test(test_expert_parallel),
     };
     if (!gpus()) {

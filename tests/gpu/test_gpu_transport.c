@@ -49,7 +49,10 @@ struct vr_run {
     double sums[VR][5];
 };
 
-static int vr_count(int from, int to) { return (from + to) % 3 + 1; }
+static int vr_count(int from, int to)
+{
+    return (from + to) % 3 + 1;
+}
 
 static enum moe_status vr_rank(struct exec_transport *t, void *arg, struct moe_error *err)
 {
@@ -86,8 +89,9 @@ static void test_virtual_ranks(void **state)
     struct vr_run a;
     memset(&a, 0, sizeof a);
     for (int r = 0; r < VR; r++)
-        assert_int_equal(cudaStreamCreateWithFlags((cudaStream_t *)&a.streams[r],
-                                                   cudaStreamNonBlocking), cudaSuccess);
+        assert_int_equal(
+            cudaStreamCreateWithFlags((cudaStream_t *)&a.streams[r], cudaStreamNonBlocking),
+            cudaSuccess);
     struct exec_local_hub *hub;
     struct moe_error err;
     struct exec_local_mem mem;

@@ -45,8 +45,8 @@ static inline size_t moe_count_wrong(const char *what, const double *got, const 
     return wrong;
 }
 
-static inline void moe_expect_near(const char *what, const double *got, const double *ref,
-                                   size_t n, double rtol, double atol)
+static inline void moe_expect_near(const char *what, const double *got, const double *ref, size_t n,
+                                   double rtol, double atol)
 {
     size_t wrong = moe_count_wrong(what, got, ref, n, rtol, atol);
     if (wrong) fail_msg("%s: %zu of %zu elements wrong", what, wrong, n);
@@ -135,8 +135,8 @@ struct moe_test_layer {
     size_t sizes[7];
 };
 
-static inline void moe_test_layer_init(struct moe_test_layer *L, struct exec_router_cfg cfg,
-                                       int h, int f, int fs, uint64_t seed)
+static inline void moe_test_layer_init(struct moe_test_layer *L, struct exec_router_cfg cfg, int h,
+                                       int f, int fs, uint64_t seed)
 {
     struct moe_rng rng;
     moe_rng_seed(&rng, seed);
@@ -146,10 +146,10 @@ static inline void moe_test_layer_init(struct moe_test_layer *L, struct exec_rou
     L->w.ffn = f;
     L->w.shared_ffn = fs;
     int E = cfg.experts;
-    size_t sizes[7] = {(size_t)E * h, (size_t)E * f * h, (size_t)E * f * h, (size_t)E * h * f,
-                       (size_t)fs * h, (size_t)fs * h, (size_t)h * fs};
-    double **slot[7] = {&L->w.router, &L->w.gate, &L->w.up, &L->w.down, &L->w.sgate, &L->w.sup,
-                        &L->w.sdown};
+    size_t sizes[7] = {(size_t)E * h,  (size_t)E * f * h, (size_t)E * f * h, (size_t)E * h * f,
+                       (size_t)fs * h, (size_t)fs * h,    (size_t)h * fs};
+    double **slot[7] = {&L->w.router, &L->w.gate, &L->w.up,   &L->w.down,
+                        &L->w.sgate,  &L->w.sup,  &L->w.sdown};
     for (int i = 0; i < 7; i++) {
         L->sizes[i] = sizes[i];
         L->params[i] = calloc(sizes[i] ? sizes[i] : 1, sizeof(double));

@@ -73,7 +73,7 @@ static void train(struct trainer *t, const char *dir, double *loss)
 {
     int tok[SEQ + 1];
     struct moe_error err;
-    for (; t->step < STEPS; ) {
+    for (; t->step < STEPS;) {
         exec_data_next(&t->d, tok, SEQ + 1);
         double l;
         assert_int_equal(exec_ref_model_step(&t->r, tok, SEQ + 1, &l, NULL, t->grad, &err), MOE_OK);

@@ -170,14 +170,13 @@ static void test_rng(void **state)
     assert_true(fabs(ps - 1.0) < 1e-12);
 }
 
-static const char doc_text[] =
-    "{\n"
-    "  \"schema\": \"moeplan.test\",\n"
-    "  \"version\": 1,\n"
-    "  \"moe\": {\"experts\": 0, \"name\": \"x\",\n"
-    "          \"list\": [1, {\"a\": true}, 2.5]},\n"
-    "  \"s\": \"caf\xc3\xa9\", \"k\": 3\n"
-    "}\n";
+static const char doc_text[] = "{\n"
+                               "  \"schema\": \"moeplan.test\",\n"
+                               "  \"version\": 1,\n"
+                               "  \"moe\": {\"experts\": 0, \"name\": \"x\",\n"
+                               "          \"list\": [1, {\"a\": true}, 2.5]},\n"
+                               "  \"s\": \"caf\xc3\xa9\", \"k\": 3\n"
+                               "}\n";
 
 static void test_json_locate(void **state)
 {
@@ -438,7 +437,8 @@ static void test_atomic_write_killed(void **state)
         if (d) closedir(d);
     }
     printf("60 kills: %d before the first write, %d a whole file (old or new), %d killed mid-write "
-           "(their temp files removed)\n", absent, old_or_new, leftovers);
+           "(their temp files removed)\n",
+           absent, old_or_new, leftovers);
     assert_true(old_or_new > 0 && leftovers > 0); /* the kills did land inside writes */
     unlink(path);
     rmdir(dir);
@@ -448,12 +448,18 @@ static void test_atomic_write_killed(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_exit_codes),      cmocka_unit_test(test_error_format),
-        cmocka_unit_test(test_try_macros),      cmocka_unit_test(test_units),
-        cmocka_unit_test(test_rng),             cmocka_unit_test(test_json_locate),
-        cmocka_unit_test(test_json_unpack),     cmocka_unit_test(test_json_syntax_errors),
-        cmocka_unit_test(test_json_write_atomic), cmocka_unit_test(test_progress_not_a_terminal),
-        cmocka_unit_test(test_log_levels), cmocka_unit_test(test_atomic_write_killed),
+        cmocka_unit_test(test_exit_codes),
+        cmocka_unit_test(test_error_format),
+        cmocka_unit_test(test_try_macros),
+        cmocka_unit_test(test_units),
+        cmocka_unit_test(test_rng),
+        cmocka_unit_test(test_json_locate),
+        cmocka_unit_test(test_json_unpack),
+        cmocka_unit_test(test_json_syntax_errors),
+        cmocka_unit_test(test_json_write_atomic),
+        cmocka_unit_test(test_progress_not_a_terminal),
+        cmocka_unit_test(test_log_levels),
+        cmocka_unit_test(test_atomic_write_killed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

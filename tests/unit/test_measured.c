@@ -27,8 +27,15 @@ static void make(struct fixture *f)
     const struct mdl_model *m = &f->p.model;
     f->p.gpus = 2;
     f->p.micro_batches = 2;
-    f->p.layout = (struct cost_layout){.tp = 1, .pp = 1, .vpp = 1, .ep = 2, .etp = 1, .dp = 2,
-                                       .seq_len = 64, .mbs = 1, .gbs = 4,
+    f->p.layout = (struct cost_layout){.tp = 1,
+                                       .pp = 1,
+                                       .vpp = 1,
+                                       .ep = 2,
+                                       .etp = 1,
+                                       .dp = 2,
+                                       .seq_len = 64,
+                                       .mbs = 1,
+                                       .gbs = 4,
                                        .precision = COST_BF16};
     f->p.step_us = 12e3;
     f->p.mfu = 0.25;

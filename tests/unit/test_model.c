@@ -11,9 +11,9 @@ static void test_load_shipped(void **state)
     char path[1024];
     struct mdl_model m;
     struct moe_error err;
-    assert_int_equal(mdl_model_load(&m, moe_test_src(path, sizeof path, "model/deepseek-v3.json"),
-                                    &err),
-                     MOE_OK);
+    assert_int_equal(
+        mdl_model_load(&m, moe_test_src(path, sizeof path, "model/deepseek-v3.json"), &err),
+        MOE_OK);
     assert_string_equal(m.name, "deepseek-v3");
     assert_int_equal(m.layers, 61);
     assert_int_equal(m.first_dense, 3);
@@ -27,22 +27,22 @@ static void test_load_shipped(void **state)
     assert_int_equal(m.moe.scoring, MDL_SCORE_SIGMOID);
     assert_true(m.moe.scaling == 2.5);
     assert_int_equal(m.moe.shared_intermediate, 2048);
-    assert_int_equal(mdl_model_load(&m, moe_test_src(path, sizeof path, "model/tiny-moe-gqa.json"),
-                                    &err),
-                     MOE_OK);
+    assert_int_equal(
+        mdl_model_load(&m, moe_test_src(path, sizeof path, "model/tiny-moe-gqa.json"), &err),
+        MOE_OK);
     assert_int_equal(m.attn.type, MDL_ATTN_GQA);
     assert_int_equal(m.attn.kv_heads, 2);
     assert_int_equal(m.moe.n_group, 1);
     assert_int_equal(m.moe.topk_group, 1);
     assert_int_equal(mdl_moe_layer_count(&m), 2);
-    assert_int_equal(mdl_model_load(&m, moe_test_src(path, sizeof path, "model/tiny-moe-mla.json"),
-                                    &err),
-                     MOE_OK);
+    assert_int_equal(
+        mdl_model_load(&m, moe_test_src(path, sizeof path, "model/tiny-moe-mla.json"), &err),
+        MOE_OK);
     assert_int_equal(m.moe.shared_experts, 1);
     assert_int_equal(mdl_moe_layer_count(&m), 2);
-    assert_int_equal(mdl_model_load(&m, moe_test_src(path, sizeof path, "model/mixtral-8x7b.json"),
-                                    &err),
-                     MOE_OK);
+    assert_int_equal(
+        mdl_model_load(&m, moe_test_src(path, sizeof path, "model/mixtral-8x7b.json"), &err),
+        MOE_OK);
     assert_true(m.moe.softmax_after_topk);
 }
 
@@ -123,7 +123,6 @@ static void test_bad_models(void **state)
     expect_bad("{\"schema\": \"moeplan.model\", \"version\": 2}", "reads version 1, not 2", 1);
     expect_bad("{\"schema\": \"moeplan.model\"}", "version: required key is missing", 1);
 }
-
 
 /* ------------------------------------------------------------------------------------------ */
 /* Derived numbers                                                                            */
@@ -275,15 +274,15 @@ static void test_published_totals(void **state)
         load_shipped(pub[i].name, &m);
         mdl_params_count(&m, &p);
         double total = p.total / 1e9;
-        double active = (pub[i].active_without_input_embedding ? p.active_no_embed : p.active) / 1e9;
+        double active =
+            (pub[i].active_without_input_embedding ? p.active_no_embed : p.active) / 1e9;
         double et = total / pub[i].total_b - 1.0, ea = active / pub[i].active_b - 1.0;
         printf("%-18s total %8.2f B (%+.2f%%)  active %6.2f B (%+.2f%%)\n", pub[i].name, total,
                100 * et, active, 100 * ea);
         if (et < -pub[i].total_tol || et > pub[i].total_tol)
             fail_msg("%s total %.2f B vs published %.1f B", pub[i].name, total, pub[i].total_b);
         if (ea < -0.025 || ea > 0.025)
-            fail_msg("%s active %.2f B vs published %.1f B", pub[i].name, active,
-                     pub[i].active_b);
+            fail_msg("%s active %.2f B vs published %.1f B", pub[i].name, active, pub[i].active_b);
     }
 }
 
@@ -311,9 +310,8 @@ static void test_hf_import(void **state)
 {
     (void)state;
     static const char *const pairs[][2] = {
-        {"deepseek_v3", "deepseek-v3"}, {"deepseek_v2", "deepseek-v2-lite"},
-        {"kimi_k2", "kimi-k2"},         {"qwen3_moe", "qwen3-30b-a3b"},
-        {"mixtral", "mixtral-8x7b"},    {"dbrx", "dbrx"},
+        {"deepseek_v3", "deepseek-v3"}, {"deepseek_v2", "deepseek-v2-lite"}, {"kimi_k2", "kimi-k2"},
+        {"qwen3_moe", "qwen3-30b-a3b"}, {"mixtral", "mixtral-8x7b"},         {"dbrx", "dbrx"},
         {"gpt_oss", "gpt-oss-20b"},     {"llama4", "llama4-scout"},
     };
     for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
@@ -419,7 +417,8 @@ static void test_model_json_roundtrip(void **state)
         assert_non_null(text);
         struct moe_jdoc doc;
         assert_int_equal(moe_jdoc_parse(&doc, "embedded", text, strlen(text), &err), MOE_OK);
-        if (mdl_model_from_doc(&back, &doc, &err) != MOE_OK) fail_msg("%s: %s", names[i], err.message);
+        if (mdl_model_from_doc(&back, &doc, &err) != MOE_OK)
+            fail_msg("%s: %s", names[i], err.message);
         moe_jdoc_free(&doc);
         free(text);
         assert_memory_equal(&back.attn, &m.attn, sizeof m.attn);
@@ -435,18 +434,12 @@ static void test_model_json_roundtrip(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_load_shipped),
-        cmocka_unit_test(test_moe_every),
-        cmocka_unit_test(test_bad_models),
-        cmocka_unit_test(test_counts_by_hand_gqa),
-        cmocka_unit_test(test_counts_by_hand_mla),
-        cmocka_unit_test(test_sliding_window_flops),
-        cmocka_unit_test(test_published_totals),
-        cmocka_unit_test(test_deepseek_v3_flops),
-        cmocka_unit_test(test_hf_import),
-        cmocka_unit_test(test_hf_errors),
-        cmocka_unit_test(test_overrides),
-        cmocka_unit_test(test_model_json_roundtrip),
+        cmocka_unit_test(test_load_shipped),       cmocka_unit_test(test_moe_every),
+        cmocka_unit_test(test_bad_models),         cmocka_unit_test(test_counts_by_hand_gqa),
+        cmocka_unit_test(test_counts_by_hand_mla), cmocka_unit_test(test_sliding_window_flops),
+        cmocka_unit_test(test_published_totals),   cmocka_unit_test(test_deepseek_v3_flops),
+        cmocka_unit_test(test_hf_import),          cmocka_unit_test(test_hf_errors),
+        cmocka_unit_test(test_overrides),          cmocka_unit_test(test_model_json_roundtrip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -79,9 +79,11 @@ static void test_dispatch_bytes_by_hand(void **state)
     const int placement[] = {0, 0, 1, 1, 2, 2, 3, 3};
     const int domain[] = {0, 0, 1, 1};
     struct cost_bytes b;
-    cost_dispatch_bytes_exact(choice, src, 4, 2, placement, domain, COST_DISPATCH_ALLTOALL, 100, &b);
+    cost_dispatch_bytes_exact(choice, src, 4, 2, placement, domain, COST_DISPATCH_ALLTOALL, 100,
+                              &b);
     assert_true(b.nvlink == 300 && b.scale_out == 300);
-    cost_dispatch_bytes_exact(choice, src, 4, 2, placement, domain, COST_DISPATCH_DEDUP_GPU, 100, &b);
+    cost_dispatch_bytes_exact(choice, src, 4, 2, placement, domain, COST_DISPATCH_DEDUP_GPU, 100,
+                              &b);
     assert_true(b.nvlink == 200 && b.scale_out == 300);
     cost_dispatch_bytes_exact(choice, src, 4, 2, placement, domain, COST_DISPATCH_DEDUP_DOMAIN, 100,
                               &b);
@@ -146,10 +148,20 @@ static void setup(const char *model, const char *cluster, struct mdl_model *m,
 
 static struct cost_layout layout(const char *text, int seq)
 {
-    struct cost_layout l = {.tp = 1, .pp = 1, .vpp = 1, .ep = 1, .etp = 1, .dp = 1, .zero = 1,
-                            .seq_len = seq, .mbs = 1, .gbs = 8, .precision = COST_BF16,
+    struct cost_layout l = {.tp = 1,
+                            .pp = 1,
+                            .vpp = 1,
+                            .ep = 1,
+                            .etp = 1,
+                            .dp = 1,
+                            .zero = 1,
+                            .seq_len = seq,
+                            .mbs = 1,
+                            .gbs = 8,
+                            .precision = COST_BF16,
                             .recompute = COST_RECOMPUTE_NONE,
-                            .dispatcher = COST_DISPATCH_ALLTOALL, .overlap = false};
+                            .dispatcher = COST_DISPATCH_ALLTOALL,
+                            .overlap = false};
     struct moe_error err;
     if (cost_layout_parse(&l, text, &err) != MOE_OK) fail_msg("%s", err.message);
     return l;
@@ -347,9 +359,10 @@ static void test_loaders(void **state)
     char path[1024];
     struct cost_routing r;
     struct moe_error err;
-    assert_int_equal(cost_routing_load(&r, moe_test_src(path, sizeof path, "tests/data/routing-small.json"),
-                                       8, 2, &err),
-                     MOE_OK);
+    assert_int_equal(
+        cost_routing_load(&r, moe_test_src(path, sizeof path, "tests/data/routing-small.json"), 8,
+                          2, &err),
+        MOE_OK);
     assert_int_equal(r.layers, 2);
     /* 100 choices = 50 tokens: expert 0 in 40 of them, experts 0 and 1 together in 20 */
     assert_true(fabs(r.pick[0] - 0.8) < 1e-12 && fabs(r.pick[8 + 0] - 0.26) < 1e-12);
@@ -361,10 +374,12 @@ static void test_loaders(void **state)
     struct topo_gpu_spec g = h200();
     cost_calibration_defaults(&cal, &g);
     assert_false(cal.calibrated);
-    assert_int_equal(cost_calibration_load(&cal, moe_test_src(path, sizeof path, "tests/data/calibration-test.json"),
-                                           &err),
-                     MOE_OK);
-    assert_true(cal.calibrated && cal.gemm_eff == 0.5 && cal.nvlink_eff == 0.7 && cal.launch_us == 6);
+    assert_int_equal(
+        cost_calibration_load(
+            &cal, moe_test_src(path, sizeof path, "tests/data/calibration-test.json"), &err),
+        MOE_OK);
+    assert_true(cal.calibrated && cal.gemm_eff == 0.5 && cal.nvlink_eff == 0.7 &&
+                cal.launch_us == 6);
     assert_true(cal.hbm_eff == 0.88); /* keys it does not name keep the defaults */
     assert_non_null(strstr(cal.source, "H200"));
     /* a calibrated GEMM efficiency changes the GEMM time by the same factor */
@@ -401,7 +416,8 @@ static void test_calibration_fit(void **state)
     cost_calibration_defaults(&fit, &g);
     double rms = cost_fit_gemm(&fit, &g, s, n);
     printf("GEMM fit: eff %.4f (0.71), m_half %.2f (40), k_half %.2f (150), fixed %.2f us (9), "
-           "rms %.2e\n", fit.gemm_eff, fit.gemm_m_half, fit.gemm_k_half, fit.gemm_fixed_us, rms);
+           "rms %.2e\n",
+           fit.gemm_eff, fit.gemm_m_half, fit.gemm_k_half, fit.gemm_fixed_us, rms);
     assert_true(fabs(fit.gemm_eff - 0.71) < 0.01 * 0.71);
     assert_true(fabs(fit.gemm_m_half - 40.0) < 0.05 * 40.0);
     assert_true(fabs(fit.gemm_k_half - 150.0) < 0.05 * 150.0);
@@ -447,24 +463,24 @@ static void test_calibration_fit(void **state)
     truth.expert_fixed_share[0] = 0.6, truth.expert_fixed_share[1] = 0.45;
     truth.expert_m_half[0] = 90.0, truth.expert_m_half[1] = 30.0;
     struct cost_expert_sample es[12];
-    static const double shape[][4] = {{8, 2, 4096, 14336}, {64, 6, 2048, 1408},
-                                      {16, 8, 7168, 2048}, {128, 8, 2048, 768}};
+    static const double shape[][4] = {
+        {8, 2, 4096, 14336}, {64, 6, 2048, 1408}, {16, 8, 7168, 2048}, {128, 8, 2048, 768}};
     int ne = 0;
     for (int a = 0; a < 4; a++)
         for (double t = 1024; t <= 16384; t *= 4) {
             double us[2], rows = t * shape[a][1] / shape[a][0];
             cost_expert_us(&truth, &g, rows, shape[a][2], shape[a][3], false, us);
-            es[ne++] = (struct cost_expert_sample){shape[a][0], shape[a][1], shape[a][2],
-                                                   shape[a][3], t, shape[a][0] * us[0],
-                                                   shape[a][0] * us[1]};
+            es[ne++] = (struct cost_expert_sample){
+                shape[a][0], shape[a][1],         shape[a][2],        shape[a][3],
+                t,           shape[a][0] * us[0], shape[a][0] * us[1]};
         }
     double erms[2];
     cost_fit_experts(&fit, &g, es, ne, erms);
     for (int d = 0; d < 2; d++) {
         printf("expert fit %d: scale %.4f (%.2f), share %.4f (%.2f), m_half %.2f (%.0f), "
-               "rms %.1e\n", d, fit.expert_scale[d], truth.expert_scale[d], fit.expert_fixed_share[d],
-               truth.expert_fixed_share[d], fit.expert_m_half[d], truth.expert_m_half[d],
-               erms[d]);
+               "rms %.1e\n",
+               d, fit.expert_scale[d], truth.expert_scale[d], fit.expert_fixed_share[d],
+               truth.expert_fixed_share[d], fit.expert_m_half[d], truth.expert_m_half[d], erms[d]);
         assert_true(fabs(fit.expert_scale[d] / truth.expert_scale[d] - 1) < 0.01);
         assert_true(fabs(fit.expert_fixed_share[d] / truth.expert_fixed_share[d] - 1) < 0.02);
         assert_true(fabs(fit.expert_m_half[d] / truth.expert_m_half[d] - 1) < 0.02);
@@ -636,7 +652,8 @@ static void test_stage_split(void **state)
         struct plan_split sp;
         assert_int_equal(plan_split_stages(w, L, S, pp, a, b, 10.0, &sp, &err), MOE_OK);
         double want = brute_split(w, L, S, pp, a, b);
-        if (fabs(sp.busiest_us - want) > 1e-9) fail_msg("case %zu: %g vs brute %g", c, sp.busiest_us, want);
+        if (fabs(sp.busiest_us - want) > 1e-9)
+            fail_msg("case %zu: %g vs brute %g", c, sp.busiest_us, want);
         assert_true(sp.busiest_us <= sp.even_busiest_us + 1e-12);
         int sum = 0;
         for (int s = 0; s < S; s++) {
@@ -669,10 +686,20 @@ static void test_search_and_plan_file(void **state)
     q.headroom = 0.05;
     q.top_k = 3;
     q.mip_time_limit_s = 1.0;
-    struct cost_layout free_ = {.tp = -1, .pp = -1, .vpp = -1, .ep = -1, .etp = -1, .dp = -1,
-                                .zero = -1, .seq_len = 4096, .mbs = -1, .gbs = -1,
-                                .precision = COST_BF16, .recompute = (enum cost_recompute)-1,
-                                .dispatcher = (enum cost_dispatcher)-1, .overlap = true};
+    struct cost_layout free_ = {.tp = -1,
+                                .pp = -1,
+                                .vpp = -1,
+                                .ep = -1,
+                                .etp = -1,
+                                .dp = -1,
+                                .zero = -1,
+                                .seq_len = 4096,
+                                .mbs = -1,
+                                .gbs = -1,
+                                .precision = COST_BF16,
+                                .recompute = (enum cost_recompute) - 1,
+                                .dispatcher = (enum cost_dispatcher) - 1,
+                                .overlap = true};
     q.fix = free_;
     assert_int_equal(plan_search(&q, &r, &err), MOE_OK);
     assert_true(r.evaluated > 10);
@@ -684,11 +711,21 @@ static void test_search_and_plan_file(void **state)
     struct cost_ctx ctx;
     cost_ctx_init(&ctx, &q.model, &q.cluster, &q.cal, 8);
     for (int ep = 1; ep <= 8; ep *= 2) {
-        struct cost_layout l = {
-            .tp = 1, .pp = 1, .vpp = 1, .ep = ep, .etp = 1, .dp = 8, .zero = 1, .seq_len = 4096,
-            .mbs = 1, .gbs = 64, .precision = COST_BF16, .recompute = COST_RECOMPUTE_NONE,
-            .dispatcher = ep > 1 ? COST_DISPATCH_DEDUP_GPU : COST_DISPATCH_ALLTOALL,
-            .overlap = true};
+        struct cost_layout l = {.tp = 1,
+                                .pp = 1,
+                                .vpp = 1,
+                                .ep = ep,
+                                .etp = 1,
+                                .dp = 8,
+                                .zero = 1,
+                                .seq_len = 4096,
+                                .mbs = 1,
+                                .gbs = 64,
+                                .precision = COST_BF16,
+                                .recompute = COST_RECOMPUTE_NONE,
+                                .dispatcher =
+                                    ep > 1 ? COST_DISPATCH_DEDUP_GPU : COST_DISPATCH_ALLTOALL,
+                                .overlap = true};
         struct cost_result res;
         if (cost_evaluate(&ctx, &l, &res, &err) == MOE_OK && res.fits)
             assert_true(res.step_us >= r.best.result.step_us * (1 - 1e-9) ||
@@ -739,13 +776,20 @@ static void test_search_and_plan_file(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_glpk_version),  cmocka_unit_test(test_gemm),
-        cmocka_unit_test(test_collectives),   cmocka_unit_test(test_dispatch_bytes_by_hand),
-        cmocka_unit_test(test_pipeline_bubble), cmocka_unit_test(test_zero_memory),
-        cmocka_unit_test(test_properties),    cmocka_unit_test(test_layouts),
-        cmocka_unit_test(test_routing),       cmocka_unit_test(test_loaders),
-        cmocka_unit_test(test_placement_milp), cmocka_unit_test(test_stage_split),
-        cmocka_unit_test(test_search_and_plan_file), cmocka_unit_test(test_calibration_fit),
+        cmocka_unit_test(test_glpk_version),
+        cmocka_unit_test(test_gemm),
+        cmocka_unit_test(test_collectives),
+        cmocka_unit_test(test_dispatch_bytes_by_hand),
+        cmocka_unit_test(test_pipeline_bubble),
+        cmocka_unit_test(test_zero_memory),
+        cmocka_unit_test(test_properties),
+        cmocka_unit_test(test_layouts),
+        cmocka_unit_test(test_routing),
+        cmocka_unit_test(test_loaders),
+        cmocka_unit_test(test_placement_milp),
+        cmocka_unit_test(test_stage_split),
+        cmocka_unit_test(test_search_and_plan_file),
+        cmocka_unit_test(test_calibration_fit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -60,7 +60,10 @@ static void check_model_aux(const struct mdl_model *m, uint64_t seed, double aux
     exec_ref_model_destroy(&r);
 }
 
-static void check_model(const struct mdl_model *m, uint64_t seed) { check_model_aux(m, seed, 0.0); }
+static void check_model(const struct mdl_model *m, uint64_t seed)
+{
+    check_model_aux(m, seed, 0.0);
+}
 
 static void test_tiny_gqa(void **state)
 {
@@ -124,10 +127,8 @@ static void test_refusals(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_tiny_gqa),
-        cmocka_unit_test(test_variants),
-        cmocka_unit_test(test_aux_loss),
-        cmocka_unit_test(test_tiny_mla),
+        cmocka_unit_test(test_tiny_gqa), cmocka_unit_test(test_variants),
+        cmocka_unit_test(test_aux_loss), cmocka_unit_test(test_tiny_mla),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -8,7 +8,8 @@
 
 #include <math.h>
 
-static double loss(const struct moe_test_layer *L, const double *x, int T, const double *dy, int *choice)
+static double loss(const struct moe_test_layer *L, const double *x, int T, const double *dy,
+                   int *choice)
 {
     double *y = calloc((size_t)T * L->w.hidden, sizeof *y);
     struct moe_error err;
@@ -33,8 +34,8 @@ static void check_gradients(struct exec_router_cfg cfg, int fs, uint64_t seed)
     struct exec_ref_moe_grad g;
     double *gp[7];
     for (int i = 0; i < 7; i++) gp[i] = calloc(L.sizes[i] ? L.sizes[i] : 1, sizeof(double));
-    g.router = gp[0], g.gate = gp[1], g.up = gp[2], g.down = gp[3], g.sgate = gp[4],
-    g.sup = gp[5], g.sdown = gp[6];
+    g.router = gp[0], g.gate = gp[1], g.up = gp[2], g.down = gp[3], g.sgate = gp[4], g.sup = gp[5],
+    g.sdown = gp[6];
     struct moe_error err;
     assert_int_equal(exec_ref_moe_backward(&L.w, x, T, dy, dx, &g, &err), MOE_OK);
     int base_choice[64], c1[64], c2[64];
@@ -59,11 +60,13 @@ static void check_gradients(struct exec_router_cfg cfg, int fs, uint64_t seed)
             }
             double num = (lp - lm) / (2 * eps);
             if (!(fabs(num - an[j]) <= 1e-6 * fabs(num) + 1e-8))
-                fail_msg("param block %d entry %zu: analytic %.10g, numeric %.10g", p, j, an[j], num);
+                fail_msg("param block %d entry %zu: analytic %.10g, numeric %.10g", p, j, an[j],
+                         num);
             checked++;
         }
     }
-    printf("routing k=%d of %d: %d gradient entries checked, %d skipped at a top-k kink\n", cfg.top_k, cfg.experts, checked, skipped);
+    printf("routing k=%d of %d: %d gradient entries checked, %d skipped at a top-k kink\n",
+           cfg.top_k, cfg.experts, checked, skipped);
     assert_true(checked > 300);
     assert_true(skipped < checked / 50);
     for (int i = 0; i < 7; i++) free(gp[i]);
@@ -74,21 +77,29 @@ static void test_gradients(void **state)
 {
     (void)state;
     /* Qwen3-like: softmax, normalized top-2 of 8 */
-    check_gradients((struct exec_router_cfg){8, 2, MDL_SCORE_SOFTMAX, 1, 1, true, false, 1.0, 0.0}, 0, 1);
+    check_gradients((struct exec_router_cfg){8, 2, MDL_SCORE_SOFTMAX, 1, 1, true, false, 1.0, 0.0},
+                    0, 1);
     /* DeepSeek-V3-like: sigmoid, 4 groups of 2, top-2 groups, normalized top-3, scale 2.5,
      * selection bias, a shared expert */
-    check_gradients((struct exec_router_cfg){8, 3, MDL_SCORE_SIGMOID, 4, 2, true, false, 2.5, 0.0}, 5, 2);
+    check_gradients((struct exec_router_cfg){8, 3, MDL_SCORE_SIGMOID, 4, 2, true, false, 2.5, 0.0},
+                    5, 2);
     /* Mixtral / gpt-oss: softmax over the chosen two logits */
-    check_gradients((struct exec_router_cfg){8, 2, MDL_SCORE_SOFTMAX, 1, 1, false, true, 1.0, 0.0}, 0, 3);
+    check_gradients((struct exec_router_cfg){8, 2, MDL_SCORE_SOFTMAX, 1, 1, false, true, 1.0, 0.0},
+                    0, 3);
     /* DeepSeek-V2-Lite: softmax, not normalized, shared experts */
-    check_gradients((struct exec_router_cfg){8, 3, MDL_SCORE_SOFTMAX, 1, 1, false, false, 1.0, 0.0}, 7, 4);
+    check_gradients((struct exec_router_cfg){8, 3, MDL_SCORE_SOFTMAX, 1, 1, false, false, 1.0, 0.0},
+                    7, 4);
     /* Llama 4: sigmoid top-1 and a shared expert */
-    check_gradients((struct exec_router_cfg){8, 1, MDL_SCORE_SIGMOID, 1, 1, false, false, 1.0, 0.0}, 4, 5);
+    check_gradients((struct exec_router_cfg){8, 1, MDL_SCORE_SIGMOID, 1, 1, false, false, 1.0, 0.0},
+                    4, 5);
     /* top_k equal to the number of experts */
-    check_gradients((struct exec_router_cfg){4, 4, MDL_SCORE_SOFTMAX, 1, 1, true, false, 1.0, 0.0}, 0, 6);
+    check_gradients((struct exec_router_cfg){4, 4, MDL_SCORE_SOFTMAX, 1, 1, true, false, 1.0, 0.0},
+                    0, 6);
     /* the load-balance loss, softmax after top-k (Mixtral) and sigmoid groups (DeepSeek-V3) */
-    check_gradients((struct exec_router_cfg){8, 2, MDL_SCORE_SOFTMAX, 1, 1, false, true, 1.0, 0.05}, 0, 7);
-    check_gradients((struct exec_router_cfg){8, 3, MDL_SCORE_SIGMOID, 4, 2, true, false, 2.5, 0.05}, 5, 8);
+    check_gradients((struct exec_router_cfg){8, 2, MDL_SCORE_SOFTMAX, 1, 1, false, true, 1.0, 0.05},
+                    0, 7);
+    check_gradients((struct exec_router_cfg){8, 3, MDL_SCORE_SIGMOID, 4, 2, true, false, 2.5, 0.05},
+                    5, 8);
 }
 
 static void test_routing_by_hand(void **state)

@@ -17,7 +17,6 @@ static void fill(double *v, int n, uint64_t seed)
     for (int i = 0; i < n; i++) v[i] = moe_rng_normal(&rng);
 }
 
-
 /* --- RMSNorm --- */
 static double rms_loss(const double *x, const double *w, const double *dy)
 {
@@ -207,9 +206,11 @@ static void test_check_catches_nan(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_check_catches_nan), cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_check_catches_nan),
+        cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_rope),
-        cmocka_unit_test(test_attention), cmocka_unit_test(test_cross_entropy),
+        cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_cross_entropy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -83,7 +83,8 @@ static void test_exchange_random(void **state)
     struct moe_error err;
     for (int c = 0; c < 300; c++) {
         int R = 1 + (int)moe_rng_below(&rng, 8), dsz;
-        do dsz = 1 + (int)moe_rng_below(&rng, (uint64_t)R); while (R % dsz);
+        do dsz = 1 + (int)moe_rng_below(&rng, (uint64_t)R);
+        while (R % dsz);
         int E = R + (int)moe_rng_below(&rng, (uint64_t)(17 - R));
         int k = 1 + (int)moe_rng_below(&rng, 4);
         if (k > E) k = E;
@@ -144,8 +145,9 @@ static void test_exchange_random(void **state)
             }
         }
         for (int i = 0; i < N * k; i++)
-            if (seen[i] != 1) fail_msg("case %d (%d ranks, %s): pair %d computed %d times", c, R,
-                                       cost_dispatcher_names[mode], i, seen[i]);
+            if (seen[i] != 1)
+                fail_msg("case %d (%d ranks, %s): pair %d computed %d times", c, R,
+                         cost_dispatcher_names[mode], i, seen[i]);
         cost_dispatch_bytes_exact(choice, src, N, k, placement, domain, mode, 1.0, &planner);
         assert_true(ours.nvlink == planner.nvlink && ours.scale_out == planner.scale_out);
         for (int r = 0; r < R; r++) exec_ep_rows_free(&h1[r]), exec_ep_rows_free(&h2[r]);
@@ -160,7 +162,7 @@ struct ep_run {
     const struct exec_ep_group *g;
     const struct exec_ref_moe *w;
     const double *x, *dy;
-    const int *first;        /* (ranks + 1) token offsets */
+    const int *first; /* (ranks + 1) token offsets */
     double *y, *dx;
     struct exec_ref_moe_grad *grad; /* per rank */
     struct cost_bytes *sent;        /* per rank */
@@ -171,14 +173,17 @@ static enum moe_status ep_rank(struct exec_transport *t, void *arg, struct moe_e
     struct ep_run *a = arg;
     int r = t->rank, h = a->w->hidden, T = a->first[r + 1] - a->first[r];
     size_t o = (size_t)a->first[r] * h;
-    enum moe_status st = exec_ref_ep_moe_forward(t, a->g, a->w, a->x + o, T, a->y + o, &a->sent[r],
-                                                 err);
+    enum moe_status st =
+        exec_ref_ep_moe_forward(t, a->g, a->w, a->x + o, T, a->y + o, &a->sent[r], err);
     if (st != MOE_OK) return st;
-    return exec_ref_ep_moe_backward(t, a->g, a->w, a->x + o, T, a->dy + o, a->dx + o,
-                                    &a->grad[r], err);
+    return exec_ref_ep_moe_backward(t, a->g, a->w, a->x + o, T, a->dy + o, a->dx + o, &a->grad[r],
+                                    err);
 }
 
-static double *zeros(size_t n) { return calloc(n ? n : 1, sizeof(double)); }
+static double *zeros(size_t n)
+{
+    return calloc(n ? n : 1, sizeof(double));
+}
 
 static void grad_alloc(struct exec_ref_moe_grad *g, const struct moe_test_layer *L)
 {
@@ -191,7 +196,6 @@ static void grad_free(struct exec_ref_moe_grad *g)
     double *p[7] = {g->router, g->gate, g->up, g->down, g->sgate, g->sup, g->sdown};
     for (int i = 0; i < 7; i++) free(p[i]);
 }
-
 
 /* Tolerance: 1e-12 of the largest value (double precision; only the order of sums differs). */
 static void ep_case(int R, int per_domain, enum cost_dispatcher mode)
@@ -240,8 +244,8 @@ static void ep_case(int R, int per_domain, enum cost_dispatcher mode)
     for (int i = 0; i < 7; i++) {
         double *sum = zeros(L.sizes[i]);
         for (int r = 0; r < R; r++) {
-            const double *p[7] = {grads[r].router, grads[r].gate, grads[r].up, grads[r].down,
-                                  grads[r].sgate, grads[r].sup, grads[r].sdown};
+            const double *p[7] = {grads[r].router, grads[r].gate, grads[r].up,   grads[r].down,
+                                  grads[r].sgate,  grads[r].sup,  grads[r].sdown};
             for (size_t j = 0; j < L.sizes[i]; j++) sum[j] += p[i][j];
         }
         moe_expect_close(names[i], sum, want[i], L.sizes[i], 1e-12);
@@ -257,8 +261,8 @@ static void ep_case(int R, int per_domain, enum cost_dispatcher mode)
     cost_dispatch_bytes_exact(choice, src, T, k, placement, domain, mode, h * sizeof(double),
                               &planner);
     printf("EP %d (%d a domain) %-9s: %d tokens, dispatch %6.0f B NVLink %6.0f B scale-out, as "
-           "the planner counts\n", R, per_domain, cost_dispatcher_names[mode], T, total.nvlink,
-           total.scale_out);
+           "the planner counts\n",
+           R, per_domain, cost_dispatcher_names[mode], T, total.nvlink, total.scale_out);
     assert_true(total.nvlink == planner.nvlink && total.scale_out == planner.scale_out);
     for (int r = 0; r < R; r++) grad_free(&grads[r]);
     grad_free(&gr);
@@ -352,9 +356,10 @@ static void check_twin(const char *label, struct trainer *tr, int R)
         want[s] = 0;
         for (int q = 0; q < tr->per_step; q++) {
             double l;
-            assert_int_equal(exec_ref_model_step(&r, tr->tokens + ((size_t)s * tr->per_step + q) *
-                                                                      TW_T,
-                                                 TW_T, &l, NULL, g, &err), MOE_OK);
+            assert_int_equal(exec_ref_model_step(&r,
+                                                 tr->tokens + ((size_t)s * tr->per_step + q) * TW_T,
+                                                 TW_T, &l, NULL, g, &err),
+                             MOE_OK);
             want[s] += l / tr->per_step;
             for (size_t i = 0; i < r.nparams; i++) sum[i] += g[i] / tr->per_step;
         }
@@ -402,20 +407,21 @@ static void test_model_twin(void **state)
     moe_test_model("tiny-moe-gqa", &m);
     int tokens[TW_STEPS * 8 * TW_T];
     twin_tokens(&m, tokens, sizeof tokens / sizeof *tokens, 11);
-    int cases[][2] = {{2, -1}, {2, 0}, {2, 1}, {2, 2}, {4, 0}, {4, 1}, {4, 2},
-                      {8, 0}, {8, 1}, {8, 2}};
+    int cases[][2] = {{2, -1}, {2, 0}, {2, 1}, {2, 2}, {4, 0},
+                      {4, 1},  {4, 2}, {8, 0}, {8, 1}, {8, 2}};
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         int R = cases[c][0], mode = cases[c][1], placement[8], domain[8];
         for (int e = 0; e < m.moe.experts; e++) placement[e] = e / (m.moe.experts / R);
         for (int q = 0; q < R; q++) domain[q] = q / (R / 2);
-        struct exec_ep_group g = {R, m.moe.experts, m.moe.top_k, placement, domain,
-                                  (enum cost_dispatcher)(mode < 0 ? 0 : mode)};
+        struct exec_ep_group g = {R,           m.moe.experts,
+                                  m.moe.top_k, placement,
+                                  domain,      (enum cost_dispatcher)(mode < 0 ? 0 : mode)};
         for (int aux = 0; aux < (R == 4 && mode == 1 ? 2 : 1); aux++) {
-            struct trainer tr = {&m, tokens, R, ep_grad_step, mode < 0 ? NULL : &g, false,
-                                 aux ? 0.01 : 0.0, {0}, NULL};
+            struct trainer tr = {&m,    tokens,           R,   ep_grad_step, mode < 0 ? NULL : &g,
+                                 false, aux ? 0.01 : 0.0, {0}, NULL};
             char label[128];
-            snprintf(label, sizeof label, "%s %d ranks (%d a domain) %s%s",
-                     mode < 0 ? "DP" : "EP", R, R / 2, mode < 0 ? "" : cost_dispatcher_names[mode],
+            snprintf(label, sizeof label, "%s %d ranks (%d a domain) %s%s", mode < 0 ? "DP" : "EP",
+                     R, R / 2, mode < 0 ? "" : cost_dispatcher_names[mode],
                      aux ? ", load-balance loss 0.01 (each rank's own tokens)" : "");
             check_twin(label, &tr, R);
         }
@@ -465,9 +471,9 @@ static void test_pipeline_twin(void **state)
         {"tiny-moe-mla", 0, 2, 1, {0, 2, 3}},
         {"tiny-moe-mla", 0, 3, 1, {0, 1, 2, 3}},
         {"tiny-moe-gqa", 0, 2, 1, {0, 1, 2}},
-        {"tiny-moe-gqa", 4, 2, 2, {0, 1, 2, 3, 4}},          /* interleaved: 2 ranks x 2 chunks */
+        {"tiny-moe-gqa", 4, 2, 2, {0, 1, 2, 3, 4}}, /* interleaved: 2 ranks x 2 chunks */
         {"tiny-moe-gqa", 9, 2, 4, {0, 1, 2, 3, 4, 5, 6, 7, 9}}, /* 2 x 4, uneven chunks */
-        {"tiny-moe-gqa", 6, 3, 2, {0, 1, 2, 3, 4, 5, 6}}};   /* 3 x 2 (PP_M not a multiple) */
+        {"tiny-moe-gqa", 6, 3, 2, {0, 1, 2, 3, 4, 5, 6}}};      /* 3 x 2 (PP_M not a multiple) */
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         struct mdl_model m;
         moe_test_model(cases[c].model, &m);
@@ -484,7 +490,8 @@ static void test_pipeline_twin(void **state)
             double *g = calloc(r.nparams, sizeof *g), l;
             struct exec_transport t1 = {0, cases[c].ranks, NULL, NULL};
             assert_int_equal(exec_ref_pipeline_step(&t1, &r, cases[c].first, cases[c].vpp, tokens,
-                                                    PP_M, TW_T, &l, g, &err), MOE_ERR_INPUT);
+                                                    PP_M, TW_T, &l, g, &err),
+                             MOE_ERR_INPUT);
             printf("%s: %s\n", label, err.message);
             free(g);
             exec_ref_model_destroy(&r);
@@ -624,9 +631,19 @@ static void test_launch_detect(void **state)
     fake_env = none;
     assert_int_equal(exec_launch_detect(&l, fake_get, &err), MOE_OK);
     assert_true(l.who == EXEC_LAUNCH_SINGLE && l.rank == 0 && l.ranks == 1);
-    const char *mpi[] = {"OMPI_COMM_WORLD_RANK", "5", "OMPI_COMM_WORLD_SIZE", "16",
-                         "OMPI_COMM_WORLD_LOCAL_RANK", "5", "OMPI_COMM_WORLD_LOCAL_SIZE", "8",
-                         "SLURM_PROCID", "0", "SLURM_NTASKS", "1", NULL};
+    const char *mpi[] = {"OMPI_COMM_WORLD_RANK",
+                         "5",
+                         "OMPI_COMM_WORLD_SIZE",
+                         "16",
+                         "OMPI_COMM_WORLD_LOCAL_RANK",
+                         "5",
+                         "OMPI_COMM_WORLD_LOCAL_SIZE",
+                         "8",
+                         "SLURM_PROCID",
+                         "0",
+                         "SLURM_NTASKS",
+                         "1",
+                         NULL};
     fake_env = mpi;
     assert_int_equal(exec_launch_detect(&l, fake_get, &err), MOE_OK);
     assert_true(l.who == EXEC_LAUNCH_MPI && l.rank == 5 && l.ranks == 16 && l.local_rank == 5 &&
@@ -701,16 +718,11 @@ static void test_launch_share_id(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_rows_by_hand),
-        cmocka_unit_test(test_exchange_random),
-        cmocka_unit_test(test_ep_equals_one_rank),
-        cmocka_unit_test(test_model_twin),
-        cmocka_unit_test(test_pipeline_twin),
-        cmocka_unit_test(test_zero1_twin),
-        cmocka_unit_test(test_transport_faults),
-        cmocka_unit_test(test_transport_split),
-        cmocka_unit_test(test_launch_detect),
-        cmocka_unit_test(test_launch_share_id),
+        cmocka_unit_test(test_rows_by_hand),       cmocka_unit_test(test_exchange_random),
+        cmocka_unit_test(test_ep_equals_one_rank), cmocka_unit_test(test_model_twin),
+        cmocka_unit_test(test_pipeline_twin),      cmocka_unit_test(test_zero1_twin),
+        cmocka_unit_test(test_transport_faults),   cmocka_unit_test(test_transport_split),
+        cmocka_unit_test(test_launch_detect),      cmocka_unit_test(test_launch_share_id),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -50,7 +50,8 @@ static void test_adamw(void **state)
     /* The first bias-corrected step moves each weight by lr x sign(g) (|g| >> eps). */
     double lr = exec_lr_at(&o, 0);
     for (size_t i = 0; i < r.nparams; i += 97)
-        assert_true(fabs(before[i] - r.params[i] - lr * (g[i] > 0 ? 1 : -1)) < 1e-6 * lr); /* eps over |g| */
+        assert_true(fabs(before[i] - r.params[i] - lr * (g[i] > 0 ? 1 : -1)) <
+                    1e-6 * lr); /* eps over |g| */
     /* Clipping: a gradient of norm N > clip is scaled to clip before the moments. */
     memset(m1, 0, sizeof *m1 * r.nparams);
     memset(m2, 0, sizeof *m2 * r.nparams);
@@ -126,8 +127,8 @@ static void test_loss_falls_on_text(void **state)
     moe_test_src(dir, sizeof dir, "model");
     assert_int_equal(mdl_model_resolve(&m, "tiny-moe-gqa", dir, &err), MOE_OK);
     assert_int_equal(exec_ref_model_create(&r, &m, 42, &err), MOE_OK);
-    assert_int_equal(exec_data_open(&d, moe_test_src(text, sizeof text, "README.md"), m.vocab, 1, &err),
-                     MOE_OK);
+    assert_int_equal(
+        exec_data_open(&d, moe_test_src(text, sizeof text, "README.md"), m.vocab, 1, &err), MOE_OK);
     double *g = calloc(r.nparams, sizeof *g), *m1 = calloc(r.nparams, sizeof *m1),
            *m2 = calloc(r.nparams, sizeof *m2);
     struct exec_adamw o;
@@ -143,9 +144,10 @@ static void test_loss_falls_on_text(void **state)
         if (step < 5) first += loss / 5;
         if (step >= 55) last += loss / 5;
     }
-    printf("tiny-moe-gqa on README.md bytes: loss %.3f (first 5 steps) -> %.3f (last 5)\n", first, last);
-    assert_true(first > 5.0);           /* ~ln(256) at the start */
-    assert_true(last < first - 1.0);    /* it learns the byte statistics of English text */
+    printf("tiny-moe-gqa on README.md bytes: loss %.3f (first 5 steps) -> %.3f (last 5)\n", first,
+           last);
+    assert_true(first > 5.0);        /* ~ln(256) at the start */
+    assert_true(last < first - 1.0); /* it learns the byte statistics of English text */
     free(g), free(m1), free(m2);
     exec_data_close(&d);
     exec_ref_model_destroy(&r);

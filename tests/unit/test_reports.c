@@ -14,8 +14,10 @@ static char *print_to_string(const struct rpt_table *t, bool markdown)
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
-    if (markdown) rpt_table_print_markdown(t, f);
-    else rpt_table_print(t, f);
+    if (markdown)
+        rpt_table_print_markdown(t, f);
+    else
+        rpt_table_print(t, f);
     fclose(f);
     return buf;
 }

@@ -180,11 +180,15 @@ static void expect_bad_cluster(const char *rel, const char *needle, int line)
 static void test_bad_clusters(void **state)
 {
     (void)state;
-    expect_bad_cluster("tests/data/topo/bad-domain.json", "H100 NVLink domains hold at most 8 GPUs, not 16", 8);
+    expect_bad_cluster("tests/data/topo/bad-domain.json",
+                       "H100 NVLink domains hold at most 8 GPUs, not 16", 8);
     expect_bad_cluster("tests/data/topo/bad-gpu.json", "unknown GPU model 'A100'", 5);
-    expect_bad_cluster("tests/data/topo/bad-negative.json", "nodes: must be in [1, 1048576], got -4", 7);
-    expect_bad_cluster("tests/data/topo/bad-split.json", "20 nodes do not split into domains of 18", 8);
-    expect_bad_cluster("tests/data/topo/bad-bandwidth.json", "node.nic_bandwidth: '400 furlongs'", 6);
+    expect_bad_cluster("tests/data/topo/bad-negative.json",
+                       "nodes: must be in [1, 1048576], got -4", 7);
+    expect_bad_cluster("tests/data/topo/bad-split.json", "20 nodes do not split into domains of 18",
+                       8);
+    expect_bad_cluster("tests/data/topo/bad-bandwidth.json", "node.nic_bandwidth: '400 furlongs'",
+                       6);
 }
 
 static void test_bad_xml(void **state)
@@ -193,22 +197,30 @@ static void test_bad_xml(void **state)
     char path[1024];
     struct topo_node n;
     struct moe_error err;
-    assert_int_equal(topo_node_load_xml(&n, moe_test_src(path, sizeof path, "tests/data/topo/bad-quote.xml"), &err),
-                     MOE_ERR_INPUT);
+    assert_int_equal(
+        topo_node_load_xml(&n, moe_test_src(path, sizeof path, "tests/data/topo/bad-quote.xml"),
+                           &err),
+        MOE_ERR_INPUT);
     assert_int_equal(err.line, 5); /* where the stray < stands */
     assert_non_null(strstr(err.message, "'<' inside an attribute value (quote opened at 4:37)"));
-    assert_int_equal(topo_node_load_xml(&n, moe_test_src(path, sizeof path, "tests/data/topo/bad-nesting.xml"), &err),
-                     MOE_ERR_INPUT);
+    assert_int_equal(
+        topo_node_load_xml(&n, moe_test_src(path, sizeof path, "tests/data/topo/bad-nesting.xml"),
+                           &err),
+        MOE_ERR_INPUT);
     assert_int_equal(err.line, 4);
     assert_int_equal(err.col, 3);
     assert_non_null(strstr(err.message, "</objekt> does not close <object> opened at 3:3"));
     /* hwloc 2.9 crashes on an object without its cpusets (found by fuzz_xml): refused first */
-    assert_int_equal(topo_node_load_xml(&n, moe_test_src(path, sizeof path, "tests/data/topo/missing-cpuset.xml"), &err),
-                     MOE_ERR_INPUT);
+    assert_int_equal(
+        topo_node_load_xml(
+            &n, moe_test_src(path, sizeof path, "tests/data/topo/missing-cpuset.xml"), &err),
+        MOE_ERR_INPUT);
     assert_int_equal(err.line, 5);
     assert_non_null(strstr(err.message, "<object type=\"Core\"> lacks complete_cpuset"));
-    assert_int_equal(topo_node_load_xml(&n, moe_test_src(path, sizeof path, "tests/data/topo/not-hwloc.xml"), &err),
-                     MOE_ERR_INPUT);
+    assert_int_equal(
+        topo_node_load_xml(&n, moe_test_src(path, sizeof path, "tests/data/topo/not-hwloc.xml"),
+                           &err),
+        MOE_ERR_INPUT);
     assert_non_null(strstr(err.message, "hwloc rejects this topology XML"));
     assert_int_equal(topo_node_load_xml(&n, "/nonexistent.xml", &err), MOE_ERR_INPUT);
 }
@@ -298,7 +310,8 @@ static void test_bind(void **state)
     printf("%s\n", err.message);
     DIR *d = opendir("/sys/bus/pci/devices");
     struct dirent *e = NULL;
-    while (d && (e = readdir(d)) && e->d_name[0] == '.') {}
+    while (d && (e = readdir(d)) && e->d_name[0] == '.') {
+    }
     const char *comp = getenv("HWLOC_COMPONENTS");
     if (e && !(comp && strstr(comp, "-pci"))) { /* the sanitizer run discovers without PCI */
         assert_int_equal(topo_bind_near_pci(e->d_name, &b, &err), MOE_OK);
@@ -310,11 +323,16 @@ static void test_bind(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_hwloc_version),      cmocka_unit_test(test_gpu_specs),
-        cmocka_unit_test(test_shipped_clusters),   cmocka_unit_test(test_node_xml_nvlink),
-        cmocka_unit_test(test_generator_reproduces_shipped), cmocka_unit_test(test_bad_clusters),
-        cmocka_unit_test(test_bad_xml),            cmocka_unit_test(test_cluster_save_roundtrip),
-        cmocka_unit_test(test_discover_here),     cmocka_unit_test(test_bind),
+        cmocka_unit_test(test_hwloc_version),
+        cmocka_unit_test(test_gpu_specs),
+        cmocka_unit_test(test_shipped_clusters),
+        cmocka_unit_test(test_node_xml_nvlink),
+        cmocka_unit_test(test_generator_reproduces_shipped),
+        cmocka_unit_test(test_bad_clusters),
+        cmocka_unit_test(test_bad_xml),
+        cmocka_unit_test(test_cluster_save_roundtrip),
+        cmocka_unit_test(test_discover_here),
+        cmocka_unit_test(test_bind),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
