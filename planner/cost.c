@@ -70,7 +70,7 @@ static int expert_rank(const struct cost_ctx *c, int e, int ep)
     return e / (c->model.moe.experts / ep);
 }
 
-/* P(a token picks at least one expert of the set `in_set`). */
+/* P(a token picks at least one expert of the set `members` (n of them)). */
 static double hit_prob(const struct cost_ctx *c, const double *pick, const double *pair,
                        const int *members, int n)
 {

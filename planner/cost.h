@@ -292,7 +292,7 @@ enum moe_status cost_block_times(const struct cost_ctx *ctx, const struct cost_l
 enum moe_status cost_memory(const struct cost_ctx *ctx, const struct cost_layout *l,
                             struct cost_result *out, struct moe_error *err);
 
-/* Time of one GEMM (M x K) @ (K x N) at `tflops` peak under the calibration: roofline with tile
+/* Time of one GEMM (M x K) @ (K x N) at the GPU's peak under the calibration: roofline with tile
  * and wave quantization and small-M / small-K penalties. */
 double cost_gemm_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu, double m,
                     double n, double k, bool fp8);
