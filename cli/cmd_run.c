@@ -87,17 +87,13 @@ const struct cli_opt cmd_run_opts[] = {
     {NULL, 0, 0, NULL, NULL},
 };
 
+/* What the command line gives: the run's settings as the executor takes them, and the CLI's own. */
 struct run_opts {
-    const char *plan, *data, *out, *rendezvous, *ckpt_dir;
-    uint64_t steps, seed, gpus, warmup, streams, ckpt_every;
-    double aux, bias_rate, lr, timeout, max_error;
-    bool virtual_ranks, nccl, no_overlap, resume;
-    int fail_rank, fail_step;
-    bool skip_nonfinite;
-    const char *nan_tensor;
-    int nan_step;
-    uint64_t mem_limit;
-    bool nan_weight;
+    struct exec_run_cfg c; /* all but the plan, the launch and the callbacks */
+    const char *plan, *out, *rendezvous;
+    uint64_t gpus;
+    bool virtual_ranks;
+    double max_error;
     char nan_buf[72];
 };
 
@@ -138,14 +134,14 @@ static void on_start(void *ctx, const struct exec_run_info *info)
     printf("  rank 0 %s\n", info->binding);
     printf("  %d steps x %d micro-batch%s x %d sequences of %d tokens x dp %d; recompute %s; "
            "data: %s\n",
-           (int)lg->o->steps, micro, micro == 1 ? "" : "es", l->mbs, l->seq_len, l->dp,
+           lg->o->c.steps, micro, micro == 1 ? "" : "es", l->mbs, l->seq_len, l->dp,
            cost_recompute_names[l->recompute], info->data);
     printf("  AdamW lr %.2g (warm-up %d, cosine), clip %.1f; aux loss %g; bias update %g; seed "
            "%llu\n",
-           info->opt.lr_max, info->opt.warmup_steps, info->opt.clip, lg->o->aux, lg->o->bias_rate,
-           (unsigned long long)lg->o->seed);
+           info->opt.lr_max, info->opt.warmup_steps, info->opt.clip, lg->o->c.aux,
+           lg->o->c.bias_rate, (unsigned long long)lg->o->c.seed);
     fflush(stdout);
-    moe_progress_start(&lg->bar, stderr, true, "training", lg->o->steps);
+    moe_progress_start(&lg->bar, stderr, true, "training", (uint64_t)lg->o->c.steps);
 }
 
 static void on_step(void *ctx, const struct exec_run_step *s)
@@ -153,13 +149,13 @@ static void on_step(void *ctx, const struct exec_run_step *s)
     struct run_log *lg = ctx;
     moe_progress_clear(&lg->bar);
     if (s->skipped) {
-        printf("step %4d/%d  skipped (no update): %s\n", s->step, (int)lg->o->steps, s->why);
+        printf("step %4d/%d  skipped (no update): %s\n", s->step, lg->o->c.steps, s->why);
     } else {
         double ms = s->gpu.phase_ms[COST_STEP];
         struct exec_run_rate r = exec_run_rate(lg->p, ms);
         printf("step %4d/%d  loss %8.4f  lr %.2e  gnorm %7.3f  %9.1f ms  %9.0f tok/s  %7.1f "
                "TFLOPS  MFU %5.1f%%\n",
-               s->step, (int)lg->o->steps, s->loss, s->lr, s->gnorm, ms, r.tokens_per_s,
+               s->step, lg->o->c.steps, s->loss, s->lr, s->gnorm, ms, r.tokens_per_s,
                r.model_tflops, 100.0 * r.mfu);
     }
     fflush(stdout);
@@ -203,11 +199,11 @@ static void explain_failure(const struct run_opts *o, const struct plan_file *p,
     if (st == MOE_ERR_NUMERICS) {
         int last = 0;
         struct moe_error ignore;
-        if (o->ckpt_dir && exec_ckpt_latest(o->ckpt_dir, &last, &ignore) == MOE_OK)
+        if (o->c.ckpt_dir && exec_ckpt_latest(o->c.ckpt_dir, &last, &ignore) == MOE_OK)
             moe_error_set(err, st,
                           "%s\n  the last checkpoint, step %d in %s, is untouched "
                           "(--resume continues from it)",
-                          what.message, last, o->ckpt_dir);
+                          what.message, last, o->c.ckpt_dir);
         else
             moe_error_set(err, st, "%s\n  no checkpoint to go back to", what.message);
     }
@@ -224,11 +220,9 @@ static int run(struct cli *cli, const struct run_opts *o)
     memset(&lg, 0, sizeof lg);
     char idbuf[MOE_PATH_MAX];
     if ((st = plan_load(o->plan, &p, &err))) goto cleanup;
-    struct exec_run_cfg c;
-    memset(&c, 0, sizeof c);
+    struct exec_run_cfg c = o->c;
     c.plan = &p;
     c.mode = o->virtual_ranks ? EXEC_RUN_VIRTUAL : EXEC_RUN_THREADS;
-    c.nccl = o->nccl;
     if ((st = exec_launch_detect(&c.launch, NULL, &err))) goto cleanup;
     if (c.launch.who != EXEC_LAUNCH_SINGLE && !o->virtual_ranks) {
         c.mode = EXEC_RUN_PROCESS;
@@ -253,26 +247,6 @@ static int run(struct cli *cli, const struct run_opts *o)
                            (unsigned long long)o->gpus);
         goto cleanup;
     }
-    c.data = o->data;
-    c.seed = o->seed;
-    c.steps = (int)o->steps;
-    c.warmup = (int)o->warmup;
-    c.streams = (int)o->streams;
-    c.lr = o->lr;
-    c.aux = o->aux;
-    c.bias_rate = o->bias_rate;
-    c.timeout_s = o->timeout;
-    c.no_grad_overlap = o->no_overlap;
-    c.ckpt_dir = o->ckpt_dir;
-    c.ckpt_every = (int)o->ckpt_every;
-    c.resume = o->resume;
-    c.fail_rank = o->fail_rank;
-    c.fail_step = o->fail_step;
-    c.skip_nonfinite = o->skip_nonfinite;
-    c.nan_tensor = o->nan_tensor;
-    c.nan_step = o->nan_step;
-    c.nan_weight = o->nan_weight;
-    c.gpu_mem_limit = (double)o->mem_limit;
     c.stop = &stop_signal;
     c.on_start = on_start;
     c.on_step = on_step;
@@ -298,7 +272,7 @@ static int run(struct cli *cli, const struct run_opts *o)
     if ((st = exec_run_summarize(&p, &res, &sum, &err))) goto cleanup;
     /* the table: measured medians against the plan's prediction */
     printf("\nper-phase time, median of steps %d-%d (CUDA events, rank 0), against the plan:\n",
-           sum.first_step, (int)o->steps);
+           sum.first_step, c.steps);
     const char *h[] = {"phase", "measured", "predicted", "error"};
     struct rpt_table *t = rpt_table_create(4, h, "lrrr");
     for (int ph = 0; t && ph < COST_NPHASES; ph++) {
@@ -357,6 +331,16 @@ static bool take_int(const char **p, long min, long max, int *out)
     return true;
 }
 
+/* A count option into an int field of the run's settings. */
+static bool count_int(const struct cli_cmd *cmd, const char *opt, const char *v, int min, int max,
+                      int *out)
+{
+    uint64_t x;
+    if (!cli_count(cmd, opt, v, (uint64_t)min, (uint64_t)max, &x)) return false;
+    *out = (int)x;
+    return true;
+}
+
 /* RANK:STEP of --inject-fault. */
 static bool parse_fault(const struct cli_cmd *cmd, const char *v, int *rank, int *step)
 {
@@ -374,81 +358,91 @@ int cmd_run(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     int nargs;
     int rc = cli_parse(cmd, argc, argv, args, &nargs);
     if (rc >= 0) return rc;
-    struct run_opts o = {
-        NULL, NULL, "measured.json", NULL,  NULL,  100,   1,  0,  10,    1,    0, 0.0, 1e-3,  3e-4,
-        60.0, 0.0,  false,           false, false, false, -1, -1, false, NULL, 0, 0,   false, ""};
+    struct run_opts o = {.c = {.seed = 1,
+                               .steps = 100,
+                               .warmup = 10,
+                               .streams = 1,
+                               .lr = 3e-4,
+                               .bias_rate = 1e-3,
+                               .timeout_s = 60.0,
+                               .fail_rank = -1,
+                               .fail_step = -1},
+                         .out = "measured.json"};
     for (int i = 0; i < nargs; i++) {
         const char *v = args[i].value;
         switch (args[i].val) {
         case OPT_STEPS:
-            if (!cli_count(cmd, "steps", v, 1, 10000000, &o.steps)) return 2;
+            if (!count_int(cmd, "steps", v, 1, 10000000, &o.c.steps)) return 2;
             break;
-        case OPT_DATA: o.data = v; break;
+        case OPT_DATA: o.c.data = v; break;
         case OPT_OUT: o.out = v; break;
         case OPT_GPUS:
             if (!cli_count(cmd, "gpus", v, 1, 1 << 20, &o.gpus)) return 2;
             break;
         case OPT_SEED:
-            if (!cli_count(cmd, "seed", v, 0, UINT32_MAX, &o.seed)) return 2;
+            if (!cli_count(cmd, "seed", v, 0, UINT32_MAX, &o.c.seed)) return 2;
             break;
         case OPT_WARMUP:
-            if (!cli_count(cmd, "warmup", v, 0, 10000000, &o.warmup)) return 2;
+            if (!count_int(cmd, "warmup", v, 0, 10000000, &o.c.warmup)) return 2;
             break;
         case OPT_STREAMS:
-            if (!cli_count(cmd, "expert-streams", v, 1, EXEC_MAX_STREAMS, &o.streams)) return 2;
+            if (!count_int(cmd, "expert-streams", v, 1, EXEC_MAX_STREAMS, &o.c.streams)) return 2;
             break;
         case OPT_AUX:
-            if (!cli_real(cmd, "aux-loss-coef", v, 0, 10, &o.aux)) return 2;
+            if (!cli_real(cmd, "aux-loss-coef", v, 0, 10, &o.c.aux)) return 2;
             break;
         case OPT_BIAS:
-            if (!cli_real(cmd, "bias-update-rate", v, 0, 1, &o.bias_rate)) return 2;
+            if (!cli_real(cmd, "bias-update-rate", v, 0, 1, &o.c.bias_rate)) return 2;
             break;
         case OPT_LR:
-            if (!cli_real(cmd, "lr", v, 1e-9, 1, &o.lr)) return 2;
+            if (!cli_real(cmd, "lr", v, 1e-9, 1, &o.c.lr)) return 2;
             break;
         case OPT_VIRTUAL: o.virtual_ranks = true; break;
-        case OPT_NCCL: o.nccl = true; break;
-        case OPT_NO_OVERLAP: o.no_overlap = true; break;
-        case OPT_CKPT_DIR: o.ckpt_dir = v; break;
-        case OPT_RESUME: o.resume = true; break;
+        case OPT_NCCL: o.c.nccl = true; break;
+        case OPT_NO_OVERLAP: o.c.no_grad_overlap = true; break;
+        case OPT_CKPT_DIR: o.c.ckpt_dir = v; break;
+        case OPT_RESUME: o.c.resume = true; break;
         case OPT_CKPT_EVERY:
-            if (!cli_count(cmd, "checkpoint-every", v, 1, 10000000, &o.ckpt_every)) return 2;
+            if (!count_int(cmd, "checkpoint-every", v, 1, 10000000, &o.c.ckpt_every)) return 2;
             break;
         case OPT_MAX_ERROR:
             if (!cli_real(cmd, "max-error", v, 0.01, 1e6, &o.max_error)) return 2;
             break;
         case OPT_RENDEZVOUS: o.rendezvous = v; break;
         case OPT_TIMEOUT:
-            if (!cli_real(cmd, "timeout", v, 0.01, 86400, &o.timeout)) return 2;
+            if (!cli_real(cmd, "timeout", v, 0.01, 86400, &o.c.timeout_s)) return 2;
             break;
         case OPT_FAULT:
-            if (!parse_fault(cmd, v, &o.fail_rank, &o.fail_step)) return 2;
+            if (!parse_fault(cmd, v, &o.c.fail_rank, &o.c.fail_step)) return 2;
             break;
         case OPT_NONFINITE:
             if (strcmp(v, "stop") && strcmp(v, "skip"))
                 return cli_usage(cmd, "--on-nonfinite %s: stop or skip", v);
-            o.skip_nonfinite = strcmp(v, "skip") == 0;
+            o.c.skip_nonfinite = strcmp(v, "skip") == 0;
             break;
         case OPT_NAN: {
             const char *p = v;
-            bool ok = take_int(&p, 1, INT32_MAX, &o.nan_step) && *p++ == ':' && *p;
+            bool ok = take_int(&p, 1, INT32_MAX, &o.c.nan_step) && *p++ == ':' && *p;
             size_t n = (size_t)(p - v), len = strlen(v);
             if (!ok || n + 64 <= len)
                 return cli_usage(cmd, "--inject-nan '%s': STEP:TENSOR[:weight] (step >= 1)", v);
             snprintf(o.nan_buf, sizeof o.nan_buf, "%s", p);
             char *w = strstr(o.nan_buf, ":weight");
-            if (w && !w[7]) *w = '\0', o.nan_weight = true;
-            o.nan_tensor = o.nan_buf;
+            if (w && !w[7]) *w = '\0', o.c.nan_weight = true;
+            o.c.nan_tensor = o.nan_buf;
             break;
         }
-        case OPT_MEM_LIMIT:
-            if (!cli_count(cmd, "gpu-memory-limit", v, 1 << 20, (uint64_t)1 << 50, &o.mem_limit))
+        case OPT_MEM_LIMIT: {
+            uint64_t bytes;
+            if (!cli_count(cmd, "gpu-memory-limit", v, 1 << 20, (uint64_t)1 << 50, &bytes))
                 return 2;
+            o.c.gpu_mem_limit = (double)bytes;
             break;
+        }
         }
     }
     if (optind != argc - 1) return cli_usage(cmd, "give one plan file");
-    if ((o.resume || o.ckpt_every) && !o.ckpt_dir)
+    if ((o.c.resume || o.c.ckpt_every) && !o.c.ckpt_dir)
         return cli_usage(cmd, "--resume and --checkpoint-every need --checkpoint-dir");
     o.plan = argv[optind];
     return run(cli, &o);
