@@ -51,7 +51,8 @@ __global__ void k_perm_place(const int *choice, int n, int E, const int *base, c
                              int *row_src, int *pos)
 {
     extern __shared__ int fill[];
-    for (int e = threadIdx.x; e < E; e += blockDim.x) fill[e] = off[e] + base[(size_t)blockIdx.x * E + e];
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+        fill[e] = off[e] + base[(size_t)blockIdx.x * E + e];
     __syncthreads();
     if (threadIdx.x != 0) return;
     int i0 = blockIdx.x * GK_CHUNK, i1 = min(n, i0 + GK_CHUNK);
@@ -63,7 +64,7 @@ __global__ void k_perm_place(const int *choice, int n, int E, const int *base, c
 }
 
 cudaError_t gk_permute_count(const int *choice, int n, int E, int *cnt, int *base, int *off,
-                      cudaStream_t s)
+                             cudaStream_t s)
 {
     int chunks = (n + GK_CHUNK - 1) / GK_CHUNK;
     size_t sh = sizeof(int) * E;
@@ -73,10 +74,11 @@ cudaError_t gk_permute_count(const int *choice, int n, int E, int *cnt, int *bas
 }
 
 cudaError_t gk_permute_place(const int *choice, int n, int E, const int *base, const int *off,
-                      int *row_src, int *pos, cudaStream_t s)
+                             int *row_src, int *pos, cudaStream_t s)
 {
     int chunks = (n + GK_CHUNK - 1) / GK_CHUNK;
-    if (chunks) k_perm_place<<<chunks, 32, sizeof(int) * E, s>>>(choice, n, E, base, off, row_src, pos);
+    if (chunks)
+        k_perm_place<<<chunks, 32, sizeof(int) * E, s>>>(choice, n, E, base, off, row_src, pos);
     return cudaGetLastError();
 }
 
@@ -98,13 +100,14 @@ __global__ void k_gather16(const uint4 *x, const int *row_src, int k, int P, int
     xp[i] = x[(size_t)(row_src[p] / k) * h8 + c];
 }
 
-cudaError_t gk_gather(const bf16 *x, const int *row_src, int k, int P, int h, bf16 *xp, cudaStream_t s)
+cudaError_t gk_gather(const bf16 *x, const int *row_src, int k, int P, int h, bf16 *xp,
+                      cudaStream_t s)
 {
     size_t n = (size_t)P * h;
     if (!n) return cudaGetLastError();
     if (h % 8 == 0)
         k_gather16<<<blocks_for(n / 8, TPB), TPB, 0, s>>>((const uint4 *)x, row_src, k, P, h / 8,
-                                                           (uint4 *)xp);
+                                                          (uint4 *)xp);
     else
         k_gather<<<blocks_for(n, TPB), TPB, 0, s>>>(x, row_src, k, P, h, xp);
     return cudaGetLastError();
@@ -138,14 +141,14 @@ __global__ void k_combine4(float4 *y, const float4 *yp, const float *w, const in
     y[i] = acc;
 }
 
-cudaError_t gk_combine(float *y, const float *yp, const float *w, const int *pos, int T, int k, int h,
-                cudaStream_t s)
+cudaError_t gk_combine(float *y, const float *yp, const float *w, const int *pos, int T, int k,
+                       int h, cudaStream_t s)
 {
     size_t n = (size_t)T * h;
     if (!n) return cudaGetLastError();
     if (h % 4 == 0)
         k_combine4<<<blocks_for(n / 4, TPB), TPB, 0, s>>>((float4 *)y, (const float4 *)yp, w, pos,
-                                                           T, k, h / 4);
+                                                          T, k, h / 4);
     else
         k_combine<<<blocks_for(n, TPB), TPB, 0, s>>>(y, yp, w, pos, T, k, h);
     return cudaGetLastError();
@@ -170,8 +173,8 @@ __global__ void k_combine_backward(const float *dy, const float *yp, const float
     }
 }
 
-cudaError_t gk_combine_backward(const float *dy, const float *yp, const float *w, const int *pos, int T,
-                         int k, int h, bf16 *dyp, float *dw, cudaStream_t s)
+cudaError_t gk_combine_backward(const float *dy, const float *yp, const float *w, const int *pos,
+                                int T, int k, int h, bf16 *dyp, float *dw, cudaStream_t s)
 {
     if (T) k_combine_backward<<<T, TPB, 0, s>>>(dy, yp, w, pos, k, h, dyp, dw);
     return cudaGetLastError();
@@ -204,13 +207,13 @@ __global__ void k_gather_sum4(const float4 *dxp, const int *pos, int T, int k, i
 }
 
 cudaError_t gk_gather_sum(const float *dxp, const int *pos, int T, int k, int h, float *dx,
-                   bool accumulate, cudaStream_t s)
+                          bool accumulate, cudaStream_t s)
 {
     size_t n = (size_t)T * h;
     if (!n) return cudaGetLastError();
     if (h % 4 == 0)
         k_gather_sum4<<<blocks_for(n / 4, TPB), TPB, 0, s>>>((const float4 *)dxp, pos, T, k, h / 4,
-                                                              (float4 *)dx, accumulate);
+                                                             (float4 *)dx, accumulate);
     else
         k_gather_sum<<<blocks_for(n, TPB), TPB, 0, s>>>(dxp, pos, T, k, h, dx, accumulate);
     return cudaGetLastError();
@@ -239,7 +242,7 @@ __global__ void k_scores(struct exec_router_cfg cfg, const float *logits, int T,
 }
 
 cudaError_t gk_scores(const struct exec_router_cfg *cfg, const float *logits, int T, float *scores,
-               cudaStream_t s)
+                      cudaStream_t s)
 {
     if (T) k_scores<<<blocks_for(T, 128), 128, 0, s>>>(*cfg, logits, T, scores);
     return cudaGetLastError();
@@ -247,9 +250,9 @@ cudaError_t gk_scores(const struct exec_router_cfg *cfg, const float *logits, in
 
 /* d logits of one token from d weight (and the load-balance term d aux / d s = auxg), the rule
  * of exec_ref_moe_backward. */
-__global__ void k_router_backward(struct exec_router_cfg cfg, const float *logits, const int *choice,
-                                  const float *weight, const float *dw, const float *auxg, int T,
-                                  float *dz)
+__global__ void k_router_backward(struct exec_router_cfg cfg, const float *logits,
+                                  const int *choice, const float *weight, const float *dw,
+                                  const float *auxg, int T, float *dz)
 {
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= T) return;
@@ -283,9 +286,9 @@ __global__ void k_router_backward(struct exec_router_cfg cfg, const float *logit
     }
 }
 
-cudaError_t gk_router_backward(const struct exec_router_cfg *cfg, const float *logits, const int *choice,
-                        const float *weight, const float *dw, const float *auxg, int T, float *dz,
-                        cudaStream_t s)
+cudaError_t gk_router_backward(const struct exec_router_cfg *cfg, const float *logits,
+                               const int *choice, const float *weight, const float *dw,
+                               const float *auxg, int T, float *dz, cudaStream_t s)
 {
     if (T)
         k_router_backward<<<blocks_for(T, 64), 64, 0, s>>>(*cfg, logits, choice, weight, dw, auxg,
@@ -306,7 +309,8 @@ __global__ void k_coactivation(const int *choice, int T, int k, int E, unsigned 
         }
 }
 
-cudaError_t gk_coactivation(const int *choice, int T, int k, int E, unsigned long long *co, cudaStream_t s)
+cudaError_t gk_coactivation(const int *choice, int T, int k, int E, unsigned long long *co,
+                            cudaStream_t s)
 {
     if (T) k_coactivation<<<blocks_for(T, TPB), TPB, 0, s>>>(choice, T, k, E, co);
     return cudaGetLastError();
@@ -328,11 +332,12 @@ __global__ void k_rows_csr(float *out, const float *src, const int *idx, const f
     }
 }
 
-cudaError_t gk_rows_csr(float *out, const float *src, const int *idx, const float *w, const int *row_off,
-                 int nrows, int h, bool accumulate, cudaStream_t s)
+cudaError_t gk_rows_csr(float *out, const float *src, const int *idx, const float *w,
+                        const int *row_off, int nrows, int h, bool accumulate, cudaStream_t s)
 {
-    if (nrows && h) k_rows_csr<<<nrows, h < TPB ? 32 * ((h + 31) / 32) : TPB, 0, s>>>(
-        out, src, idx, w, row_off, h, accumulate);
+    if (nrows && h)
+        k_rows_csr < <<nrows, h<TPB ? 32 * ((h + 31) / 32) : TPB, 0, s>>>(out, src, idx, w, row_off,
+                                                                          h, accumulate);
     return cudaGetLastError();
 }
 
@@ -343,7 +348,8 @@ __global__ void k_rows_gather32(const float *src, const int *idx, int n, int h, 
     dst[i] = src[(size_t)idx[i / h] * h + i % h];
 }
 
-cudaError_t gk_rows_gather32(const float *src, const int *idx, int n, int h, float *dst, cudaStream_t s)
+cudaError_t gk_rows_gather32(const float *src, const int *idx, int n, int h, float *dst,
+                             cudaStream_t s)
 {
     size_t m = (size_t)n * h;
     if (m) k_rows_gather32<<<blocks_for(m, TPB), TPB, 0, s>>>(src, idx, n, h, dst);
@@ -366,8 +372,9 @@ __global__ void k_pairs_backward(const float *dy, const int *pair_row, const flo
     if (threadIdx.x == 0) dwp[p] = dot;
 }
 
-cudaError_t gk_pairs_backward(const float *dy, const int *pair_row, const float *pair_w, const float *yp,
-                       int npairs, int h, bf16 *dyp, float *dwp, cudaStream_t s)
+cudaError_t gk_pairs_backward(const float *dy, const int *pair_row, const float *pair_w,
+                              const float *yp, int npairs, int h, bf16 *dyp, float *dwp,
+                              cudaStream_t s)
 {
     if (npairs) k_pairs_backward<<<npairs, TPB, 0, s>>>(dy, pair_row, pair_w, yp, h, dyp, dwp);
     return cudaGetLastError();
@@ -384,4 +391,3 @@ cudaError_t gk_scatter(const float *src, const int *dst_idx, int n, float *dst, 
     if (n) k_scatter<<<blocks_for((size_t)n, TPB), TPB, 0, s>>>(src, dst_idx, n, dst);
     return cudaGetLastError();
 }
-
