@@ -335,9 +335,10 @@ __global__ void k_rows_csr(float *out, const float *src, const int *idx, const f
 cudaError_t gk_rows_csr(float *out, const float *src, const int *idx, const float *w,
                         const int *row_off, int nrows, int h, bool accumulate, cudaStream_t s)
 {
-    if (nrows && h)
-        k_rows_csr < <<nrows, h<TPB ? 32 * ((h + 31) / 32) : TPB, 0, s>>>(out, src, idx, w, row_off,
-                                                                          h, accumulate);
+    if (nrows && h) {
+        unsigned threads = h < TPB ? 32 * ((h + 31) / 32) : TPB;
+        k_rows_csr<<<nrows, threads, 0, s>>>(out, src, idx, w, row_off, h, accumulate);
+    }
     return cudaGetLastError();
 }
 
