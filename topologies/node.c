@@ -462,8 +462,8 @@ enum moe_status topo_hwloc_export(hwloc_topology_t topo, const char *file, struc
 /* The shipped node types                                                                         */
 /* ---------------------------------------------------------------------------------------------- */
 
-const char *const topo_node_kinds[] = {"gb200-tray", "gb300-tray", "hgx-h100",
-                                       "hgx-h200",   "dgx-b200",   NULL};
+const char *const topo_node_kinds[] = {"gb200-tray", "gb300-tray", "hgx-h100", "hgx-h200",
+                                       "dgx-b200",   "dgx-b300",   NULL};
 
 enum moe_status topo_node_desc_get(struct topo_node_desc *desc, const char *kind,
                                    const struct topo_gpu_spec *specs, int nspecs,
@@ -484,6 +484,7 @@ enum moe_status topo_node_desc_get(struct topo_node_desc *desc, const char *kind
         {"hgx-h100", "H100", 2, 56, 1024e9, "Intel Xeon Platinum 8480+", 8, 8, 0x1021, 400},
         {"hgx-h200", "H200", 2, 56, 1024e9, "Intel Xeon Platinum 8480+", 8, 8, 0x1021, 400},
         {"dgx-b200", "B200", 2, 56, 2048e9, "Intel Xeon Platinum 8570", 8, 8, 0x1021, 400},
+        {"dgx-b300", "B300", 2, 64, 1024e9, "Intel Xeon 6776P", 8, 8, 0x1023, 800},
     };
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
         if (strcmp(kinds[i].name, kind) != 0) continue;

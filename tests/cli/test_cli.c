@@ -566,7 +566,7 @@ static void test_topo_commands(void **state)
     expect_in(r.out, "900 GB/s to each");
     static const char *const shipped[] = {"gb200-nvl72",     "gb300-nvl72",   "gb200-nvl72-x16",
                                           "gb300-nvl72-x16", "hgx-h100-x128", "hgx-h200-x8",
-                                          "dgx-b200-x32"};
+                                          "dgx-b200-x32",    "dgx-b300-x32"};
     for (size_t i = 0; i < sizeof shipped / sizeof shipped[0]; i++) {
         RUN(&r, "topo", "show", shipped[i]);
         assert_int_equal(r.code, 0);

@@ -72,6 +72,7 @@ static void test_shipped_clusters(void **state)
         {"hgx-h100-x128", "H100", 1024, 1024, 128, 8, 450e9, 50e9},
         {"hgx-h200-x8", "H200", 8, 8, 1, 8, 450e9, 50e9},
         {"dgx-b200-x32", "B200", 256, 256, 32, 8, 900e9, 50e9},
+        {"dgx-b300-x32", "B300", 256, 256, 32, 8, 900e9, 100e9},
     };
     char dir[1024];
     moe_test_src(dir, sizeof dir, "topologies");
@@ -112,6 +113,7 @@ static void test_node_xml_nvlink(void **state)
         {"topologies/xml/hgx-h100.xml", 8, 112, 8, 450000},
         {"topologies/xml/hgx-h200.xml", 8, 112, 8, 450000},
         {"topologies/xml/dgx-b200.xml", 8, 112, 8, 900000},
+        {"topologies/xml/dgx-b300.xml", 8, 128, 8, 900000},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         char path[1024];
