@@ -134,7 +134,8 @@ int cmd_plan(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
                             .precision = COST_BF16,
                             .recompute = (enum cost_recompute) - 1,
                             .dispatcher = (enum cost_dispatcher) - 1,
-                            .overlap = true};
+                            .overlap = true,
+                            .mtp = -1};
     if (fix && cost_layout_parse(&f, fix, &err) != MOE_OK) {
         cost_routing_free(&in.routing);
         return cli_usage(cmd, "--fix: %s", err.message);

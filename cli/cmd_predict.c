@@ -30,7 +30,7 @@ static void fmt_us(double us, char *buf, size_t cap)
 static void print_prediction(const struct cli_inputs *in, const struct cost_layout *l,
                              const struct cost_result *r, FILE *out)
 {
-    char lay[512];
+    char lay[COST_LAYOUT_TEXT_MAX];
     cost_layout_format(l, lay, sizeof lay);
     fprintf(out, "%s on %d x %s of %s\nlayout: %s\nmicro-batches: %d; calibration: %s\n\n",
             in->model.name, in->gpus, in->cluster.gpu.name, in->cluster.name, lay, r->micro_batches,
@@ -133,7 +133,8 @@ int cmd_predict(struct cli *cli, const struct cli_cmd *cmd, int argc, char **arg
                             .precision = COST_BF16,
                             .recompute = COST_RECOMPUTE_NONE,
                             .dispatcher = COST_DISPATCH_ALLTOALL,
-                            .overlap = false};
+                            .overlap = false,
+                            .mtp = in.model.mtp_layers};
     if (io.precision) {
         char buf[64];
         snprintf(buf, sizeof buf, "precision=%s", io.precision);

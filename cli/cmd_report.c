@@ -195,7 +195,7 @@ static int report(struct cli *cli, const char *plan_file, const char *measured_f
         rpt_table_destroy(t);
         goto fail;
     }
-    char *text = NULL, path[MOE_PATH_MAX], lay[256];
+    char *text = NULL, path[MOE_PATH_MAX], lay[COST_LAYOUT_TEXT_MAX];
     size_t len = 0;
     FILE *f = open_memstream(&text, &len);
     if (!f) {

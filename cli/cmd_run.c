@@ -125,7 +125,7 @@ static void on_start(void *ctx, const struct exec_run_info *info)
         static const char *const how[] = {"threads of this process, NCCL",
                                           "virtual ranks on one GPU, in-process transport",
                                           "a process each, NCCL"};
-        char lay[256];
+        char lay[COST_LAYOUT_TEXT_MAX];
         cost_layout_format(l, lay, sizeof lay);
         printf("  %d rank%s (%s; %d GPU%s in this process): %s\n", info->ranks,
                info->ranks == 1 ? "" : "s", how[info->mode], info->devices,

@@ -23,6 +23,7 @@ extern "C" {
 #define MDL_MAX_LAYERS 100000
 #define MDL_MAX_EXPERTS 65536
 #define MDL_MAX_TOP_K 64
+#define MDL_MAX_MTP 64 /* multi-token prediction layers */
 #define MDL_SCHEMA "moeplan.model"
 #define MDL_SCHEMA_VERSION 1
 

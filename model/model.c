@@ -206,7 +206,8 @@ enum moe_status mdl_model_from_jval(struct mdl_model *m, const struct moe_jval *
         return st;
     if ((st = moe_jval_object(&root, "moe", true, &o, NULL, err))) return st;
     if ((st = load_moe(&o, &t.moe, err))) return st;
-    if ((st = moe_jval_int32(&root, "mtp_layers", false, 0, 0, 64, &t.mtp_layers, err))) return st;
+    if ((st = moe_jval_int32(&root, "mtp_layers", false, 0, 0, MDL_MAX_MTP, &t.mtp_layers, err)))
+        return st;
     bool has_dense = false;
     for (int i = 0; i < t.layers; i++) has_dense |= !mdl_layer_is_moe(&t, i);
     if (has_dense && t.dense_intermediate < 1)

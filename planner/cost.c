@@ -385,29 +385,78 @@ static void dense_ffn_cost(const struct cost_ctx *c, const struct cost_layout *l
     }
 }
 
-/* Activation bytes one GPU keeps for one micro-batch of this block. */
+/* Bytes a GEMM's input costs to keep for its weight gradient: bf16, or the fp8 copy (with its
+ * scales) that fp8 recipes keep instead. */
+static double act_elem_bytes(const struct cost_layout *l)
+{
+    switch (l->precision) {
+    case COST_FP8: return 1.0;
+    case COST_FP8_BLOCK: return 1.0 + 4.0 / 128.0;
+    case COST_MXFP8: return 1.0 + 1.0 / 32.0;
+    default: return BF16;
+    }
+}
+
+/* Activation bytes one GPU keeps for one micro-batch of this block, module by module as
+ * Megatron-Core keeps them (TE layers, flash attention, sequence parallelism with TP: every
+ * tensor split over tp), less what the layout recomputes. Per token:
+ *   norms: each block norm's input (bf16) and 1/rms; its output, the next GEMM's input, unless
+ *     `layernorm` is recomputed;
+ *   attention: the projections' inputs; flash attention's q, k, v, output and log-sum-exp; MLA
+ *     also its compressed q and kv and their norms (`mla_up_proj` drops q, k, v: recomputed from
+ *     the compressed ones; `core_attn` drops the output);
+ *   MoE: the router's logits and scores, and per routed copy the first GEMM's input, its output
+ *     (the activation's input) and the activation's output (`moe_act` drops the last; `moe` keeps
+ *     only the layer's input); shared experts and dense FFNs alike (`shared_experts`, `mlp`).
+ * Full recompute keeps only the block's input. */
 static double block_activation_bytes(const struct cost_ctx *c, const struct cost_layout *l,
                                      int layer, double hot_ratio)
 {
     const struct mdl_model *m = &c->model;
-    struct mdl_activations a;
-    mdl_block_activations(m, layer, &a);
-    double T = (double)l->mbs * l->seq_len / l->tp;
-    if (l->recompute == COST_RECOMPUTE_FULL) return T * m->hidden * BF16; /* the block input */
-    double per_token = a.total - a.bytes[MDL_ROUTED];
-    double routed = a.bytes[MDL_ROUTED] * hot_ratio * (l->etp > 1 ? 1.0 : 1.0);
-    if (l->recompute == COST_RECOMPUTE_SELECTIVE) {
-        /* Norm inputs and activation-function outputs are recomputed, not kept. */
-        per_token -= a.bytes[MDL_NORMS];
-        double f = m->moe.intermediate;
-        if (mdl_layer_is_moe(m, layer)) {
-            routed -= m->moe.top_k * BF16 * f * hot_ratio;
-            per_token -= m->moe.shared_experts * BF16 * m->moe.shared_intermediate;
-        } else {
-            per_token -= BF16 * m->dense_intermediate;
-        }
+    const struct mdl_attention *a = &m->attn;
+    double T = (double)l->mbs * l->seq_len / l->tp, h = m->hidden, H = a->heads,
+           lin = act_elem_bytes(l);
+    unsigned rc = cost_layout_rc(l);
+    bool rc_norm = rc & COST_RC_BIT(COST_RC_LAYERNORM);
+    if (l->recompute == COST_RECOMPUTE_FULL) return T * h * BF16;
+    /* the two norms: input and 1/rms kept; output kept as a GEMM input unless recomputed */
+    double norms = 2.0 * (BF16 * h + 4.0) + (rc_norm ? 0.0 : 2.0 * lin * h);
+    double attn = 0.0;
+    if (a->type == MDL_ATTN_GQA) {
+        double q = H * a->head_dim, kv = (double)a->kv_heads * a->head_dim;
+        attn += BF16 * (q + 2.0 * kv);              /* q, k, v after RoPE (flash) */
+        if (a->qk_norm) attn += BF16 * (q + kv);    /* q and k before their norms */
+        if (!(rc & COST_RC_BIT(COST_RC_CORE_ATTN))) /* the output, and the projection's input */
+            attn += BF16 * q + (lin < BF16 ? lin * q : 0.0);
+    } else {
+        double qk = a->qk_nope_head_dim + a->qk_rope_head_dim, dv = a->v_head_dim;
+        if (a->q_lora_rank) attn += a->q_lora_rank * (BF16 + 4.0 / a->q_lora_rank + lin);
+        attn += a->kv_lora_rank * (BF16 + lin) + BF16 * a->qk_rope_head_dim;
+        if (!(rc & COST_RC_BIT(COST_RC_MLA_UP_PROJ))) attn += BF16 * H * (2.0 * qk + dv);
+        if (!(rc & COST_RC_BIT(COST_RC_CORE_ATTN)))
+            attn += BF16 * H * dv + (lin < BF16 ? lin * H * dv : 0.0);
     }
-    return T * (per_token + routed);
+    attn += 4.0 * H; /* log-sum-exp per head */
+    double ffn = 0.0;
+    if (mdl_layer_is_moe(m, layer)) {
+        const struct mdl_moe *e = &m->moe;
+        double f = (double)e->intermediate / l->etp, k = e->top_k * hot_ratio * l->etp;
+        if (rc & COST_RC_BIT(COST_RC_MOE)) {
+            ffn = 0.0; /* the layer's input is the norm's output, counted above */
+        } else {
+            ffn += 8.0 * e->experts + 8.0 * e->top_k; /* logits, scores, choices */
+            ffn += k * (lin * h + BF16 * 2.0 * f);    /* GEMM 1 input and output */
+            if (!(rc & COST_RC_BIT(COST_RC_MOE_ACT))) ffn += k * lin * f; /* activation output */
+        }
+        if (e->shared_experts && !(rc & COST_RC_BIT(COST_RC_SHARED_EXPERTS))) {
+            double fs = (double)e->shared_experts * e->shared_intermediate;
+            ffn += BF16 * 2.0 * fs + lin * fs;
+        }
+    } else if (!(rc & COST_RC_BIT(COST_RC_MLP))) {
+        double f = m->dense_intermediate;
+        ffn += BF16 * 2.0 * f + lin * f;
+    }
+    return T * (norms + attn + ffn);
 }
 
 /* The calibration's per-phase correction of the compute of one occurrence (fwd and bwd parts):
@@ -466,21 +515,33 @@ void cost_ctx_init(struct cost_ctx *ctx, const struct mdl_model *m, const struct
     ctx->dispatch_buffer_factor = 2.0;
 }
 
-/* Layers of virtual stage v (contiguous blocks; the remainder goes to the middle stages, away
- * from the first and last, which carry the embedding and the LM head). */
-static void stage_range(const struct cost_ctx *c, int stages, int v, int *first, int *count)
+/* What each virtual stage holds: the plan's pp_layout when it gives one; else the split in
+ * ctx->stage_layers; else an even split. An even split that does not come out whole counts the
+ * embedding and the loss as a layer each where that makes it whole (Megatron's
+ * account-for-embedding/loss-in-pipeline-split), else gives the remainder to the middle stages.
+ * The embedding is on the first stage, the MTP layers and the loss on the last. */
+static enum moe_status stage_map(const struct cost_ctx *c, const struct cost_layout *l,
+                                 struct cost_stage *map, struct moe_error *err)
 {
-    int L = c->model.layers;
-    *first = *count = 0;
-    if (c->stage_layers) {
-        for (int s = 0; s < v; s++) *first += c->stage_layers[s];
-        *count = c->stage_layers[v];
-        return;
+    int L = c->model.layers, stages = l->pp * l->vpp;
+    if (l->pp_layout[0]) return cost_pp_layout_parse(l->pp_layout, stages, L, l->mtp, map, err);
+    int counts[COST_MAX_STAGES + 2];
+    bool units = !c->stage_layers && (L % stages != 0 || L < stages) && (L + 2) % stages == 0;
+    if (c->stage_layers)
+        memcpy(counts, c->stage_layers, sizeof *counts * (size_t)stages);
+    else
+        cost_even_split(units ? L + 2 : L, stages, counts);
+    if (units) counts[0]--, counts[stages - 1]--; /* the embedding's and the loss's shares */
+    int first = 0;
+    for (int v = 0; v < stages; v++) {
+        map[v] = (struct cost_stage){.first = first,
+                                     .count = counts[v],
+                                     .embed = v == 0,
+                                     .mtp = v == stages - 1 && l->mtp > 0,
+                                     .loss = v == stages - 1};
+        first += counts[v];
     }
-    int counts[COST_MAX_STAGES];
-    cost_even_split(L, stages, counts);
-    for (int s = 0; s < v; s++) *first += counts[s];
-    *count = counts[v];
+    return MOE_OK;
 }
 
 void cost_even_split(int layers, int stages, int *counts)
@@ -504,17 +565,19 @@ struct stage_cost {
 
 /* `cached`: the dense [0] and MoE [1] block costs, computed once per layout (NULL entries when
  * the routing differs per layer and each block is costed on its own). */
-static enum moe_status stage_cost(const struct cost_ctx *c, const struct cost_layout *l, int v,
-                                  int stages, const struct block_cost *cached[2],
+static enum moe_status stage_cost(const struct cost_ctx *c, const struct cost_layout *l,
+                                  const struct cost_stage *sg, const struct block_cost *cached[2],
                                   struct stage_cost *s, struct moe_error *err)
 {
     memset(s, 0, sizeof *s);
     const struct mdl_model *m = &c->model;
-    int first, count;
-    stage_range(c, stages, v, &first, &count);
+    int first = sg->first, count = sg->count;
     int moe_before = 0;
     for (int i = 0; i < first; i++) moe_before += mdl_layer_is_moe(m, i);
-    for (int i = first; i < first + count; i++) {
+    /* the stage's decoder layers, then its MTP layers (each a block like the last layer) */
+    int mtp = sg->mtp ? l->mtp : 0;
+    for (int j = first; j < first + count + mtp; j++) {
+        int i = j < first + count ? j : m->layers - 1;
         bool moe = mdl_layer_is_moe(m, i);
         struct block_cost bl;
         const struct block_cost *b = cached[moe ? 1 : 0];
@@ -523,7 +586,7 @@ static enum moe_status stage_cost(const struct cost_ctx *c, const struct cost_la
             if (st != MOE_OK) return st;
             b = &bl;
         }
-        if (moe) moe_before++;
+        if (moe && j < first + count) moe_before++;
         /* Overlap: EP all-to-all hides behind the attention and shared expert of another
          * micro-batch, up to overlap_max of it. */
         double a2a_f = b->comm_fwd[COST_DISPATCH] + b->comm_fwd[COST_COMBINE];
@@ -561,16 +624,23 @@ static enum moe_status stage_cost(const struct cost_ctx *c, const struct cost_la
     const struct topo_gpu_spec *g = &c->cluster.gpu;
     double T = (double)l->mbs * l->seq_len / l->tp, M = (double)l->mbs * l->seq_len;
     double h = m->hidden, V = (double)m->vocab / l->tp;
-    if (v == 0) { /* embedding */
+    if (sg->embed) { /* embedding */
         double emb = membound_us(c, T * h * BF16 * 2.0, 1), ef = emb, eb = 2.0 * emb;
         phase_correct(&c->cal, COST_EMBED, &ef, &eb);
         s->fwd_us += ef;
         s->bwd_us += eb;
         s->phases[COST_EMBED] += ef + eb;
     }
-    if (v == stages - 1) { /* LM head and loss, vocab-parallel */
-        double head = cost_gemm_us(&c->cal, g, M, V, h, false);
-        double loss = membound_us(c, M * V * 4.0 * 3.0, 3);
+    if (sg->loss) { /* LM head and loss, vocab-parallel; once more for each MTP layer */
+        double heads = 1.0 + mtp;
+        double head = heads * cost_gemm_us(&c->cal, g, M, V, h, false);
+        double loss = heads * membound_us(c, M * V * 4.0 * 3.0, 3);
+        if (mtp) { /* each MTP layer's projection of [embedding, hidden] back to hidden */
+            double eh = mtp * cost_gemm_us(&c->cal, g, T, h, 2.0 * h, false);
+            s->fwd_us += eh;
+            s->bwd_us += 2.0 * eh;
+            s->phases[COST_LM_HEAD] += 3.0 * eh;
+        }
         double hf = head, hb = 2.0 * head, lf = loss, lb = loss;
         phase_correct(&c->cal, COST_LM_HEAD, &hf, &hb);
         phase_correct(&c->cal, COST_LOSS, &lf, &lb);
@@ -586,17 +656,18 @@ static enum moe_status stage_cost(const struct cost_ctx *c, const struct cost_la
  * bytes of one micro-batch. Cheap: no timing. */
 struct stage_memory {
     double dense_params, expert_params, act_bytes;
+    double embed_params; /* of dense_params: the embedding and the head */
     int moe_layers;
 };
 
-static void stage_memory(const struct cost_ctx *c, const struct cost_layout *l, int v, int stages,
-                         double hot_ratio, struct stage_memory *s)
+static void stage_memory(const struct cost_ctx *c, const struct cost_layout *l,
+                         const struct cost_stage *sg, double hot_ratio, struct stage_memory *s)
 {
     const struct mdl_model *m = &c->model;
-    int first, count;
+    int first = sg->first, count = sg->count, mtp = sg->mtp ? l->mtp : 0;
     memset(s, 0, sizeof *s);
-    stage_range(c, stages, v, &first, &count);
-    for (int i = first; i < first + count; i++) {
+    for (int j = first; j < first + count + mtp; j++) {
+        int i = j < first + count ? j : m->layers - 1; /* an MTP layer: a block like the last */
         bool moe = mdl_layer_is_moe(m, i);
         struct mdl_block_params bp;
         mdl_block_params(m, i, &bp);
@@ -607,12 +678,19 @@ static void stage_memory(const struct cost_ctx *c, const struct cost_layout *l, 
         s->moe_layers += moe;
     }
     double h = m->hidden, M = (double)l->mbs * l->seq_len, V = (double)m->vocab / l->tp;
-    if (v == 0) s->dense_params += (double)m->vocab * h;
-    if (v == stages - 1) {
-        if (!m->tied_embeddings || stages > 1) s->dense_params += (double)m->vocab * h;
-        s->dense_params += h;         /* final norm */
-        s->act_bytes += M * V * BF16; /* logits kept for the loss backward */
+    double T = M / l->tp;
+    if (sg->embed) s->embed_params += (double)m->vocab * h;
+    if (sg->loss && (!m->tied_embeddings || !sg->embed)) s->embed_params += (double)m->vocab * h;
+    s->dense_params += s->embed_params;
+    if (sg->loss) {
+        s->dense_params += h;                       /* final norm */
+        s->act_bytes += (1.0 + mtp) * M * V * BF16; /* logits kept for the loss backward */
+        s->act_bytes += T * h * act_elem_bytes(l);  /* the final norm's output, the head's input */
     }
+    /* each MTP layer: its projection of [embedding, hidden] (2h -> h) and two norms, and that
+     * projection's input */
+    s->dense_params += mtp * (2.0 * h * h + 2.0 * h);
+    s->act_bytes += mtp * T * 2.0 * h * (BF16 + act_elem_bytes(l));
 }
 
 /* Micro-batch chunks a pipeline rank holds for backward at most: its warm-up forwards plus the
@@ -633,10 +711,11 @@ static void memory_of(const struct cost_ctx *c, const struct cost_layout *l,
     int edp = l->tp * l->dp / (l->ep * l->etp);
     double T = (double)l->mbs * l->seq_len / l->tp, h = m->hidden, worst = -1.0;
     for (int s = 0; s < pp; s++) {
-        double dense = 0, expert = 0, act = 0, disp = 0;
+        double dense = 0, expert = 0, act = 0, disp = 0, embed = 0;
         int held = in_flight(pp, vpp, mb, s);
         for (int v = s; v < stages; v += pp) {
             dense += sm[v].dense_params;
+            embed += sm[v].embed_params / l->tp;
             expert += sm[v].expert_params / (l->ep * l->etp);
             /* the chunks in flight, spread over this rank's chunks */
             act += sm[v].act_bytes * (double)held / vpp;
@@ -650,9 +729,15 @@ static void memory_of(const struct cost_ctx *c, const struct cost_layout *l,
         double w_d = l->zero >= 3 ? l->dp : 1, w_e = l->zero >= 3 ? edp : 1;
         double g_d = l->zero >= 2 ? l->dp : 1, g_e = l->zero >= 2 ? edp : 1;
         double o_d = l->zero >= 1 ? l->dp : 1, o_e = l->zero >= 1 ? edp : 1;
-        mem[COST_MEM_WEIGHTS] = BF16 * (dense_gpu / w_d + expert / w_e);
-        mem[COST_MEM_GRADS] = 4.0 * (dense_gpu / g_d + expert / g_e);
-        mem[COST_MEM_OPTIMIZER] = 12.0 * (dense_gpu / o_d + expert / o_e);
+        /* bf16 weights, and with fp8 recipes the fp8 copy of each GEMM weight (the embedding
+         * and the head stay bf16) that the GEMMs read; gradients in fp32 or bf16; the
+         * optimizer's fp32 master weights and two moments (fp32, or bf16 with moments=bf16) */
+        double fp8_copy = l->precision == COST_BF16 ? 0.0 : act_elem_bytes(l);
+        double grad_b = l->grad_reduce_bf16 ? BF16 : 4.0, opt_b = l->moments_bf16 ? 8.0 : 12.0;
+        mem[COST_MEM_WEIGHTS] =
+            (BF16 + fp8_copy) * (dense_gpu / w_d + expert / w_e) - fp8_copy * embed / w_d;
+        mem[COST_MEM_GRADS] = grad_b * (dense_gpu / g_d + expert / g_e);
+        mem[COST_MEM_OPTIMIZER] = opt_b * (dense_gpu / o_d + expert / o_e);
         mem[COST_MEM_ACTIVATIONS] = act;
         mem[COST_MEM_DISPATCH] = disp;
         mem[COST_MEM_RESERVED] = RESERVED_BYTES;
@@ -700,8 +785,10 @@ static enum moe_status evaluate(const struct cost_ctx *c, const struct cost_layo
         if ((st = moe_traffic(c, l, 0, &tr, err))) return st;
         hot = tr.hot_ratio;
     }
+    struct cost_stage map[COST_MAX_STAGES];
+    if ((st = stage_map(c, l, map, err))) return st;
     struct stage_memory sm[COST_MAX_STAGES];
-    for (int v = 0; v < stages; v++) stage_memory(c, l, v, stages, hot, &sm[v]);
+    for (int v = 0; v < stages; v++) stage_memory(c, l, &map[v], hot, &sm[v]);
     memory_of(c, l, sm, &r);
     if (memory_only) {
         *out = r;
@@ -728,7 +815,7 @@ static enum moe_status evaluate(const struct cost_ctx *c, const struct cost_layo
     }
     struct stage_cost sc[COST_MAX_STAGES];
     for (int v = 0; v < stages; v++)
-        if ((st = stage_cost(c, l, v, stages, cached, &sc[v], err))) return st;
+        if ((st = stage_cost(c, l, &map[v], cached, &sc[v], err))) return st;
 
     /* Pipeline: simulate (capped micro-batches, then the steady state adds the bottleneck). */
     double fwd[COST_MAX_STAGES], bwd[COST_MAX_STAGES];
@@ -826,28 +913,22 @@ enum moe_status cost_block_times(const struct cost_ctx *c, const struct cost_lay
     enum moe_status st = cost_layout_check(l, &c->model, c->gpus, err);
     if (st != MOE_OK) return st;
     const struct mdl_model *m = &c->model;
-    int *split = calloc((size_t)m->layers + 2, sizeof *split);
-    if (!split) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
-    struct cost_ctx one = *c;
-    one.stage_layers = split;
     const struct block_cost *cached[2] = {NULL, NULL};
-    /* The ends alone: an empty first stage (embedding) and an empty last stage (head, loss). */
+    /* The ends alone: an empty first stage (embedding) and an empty last stage (head, loss and
+     * the MTP layers). */
     struct stage_cost sc;
-    if ((st = stage_cost(&one, l, 0, 2, cached, &sc, err))) goto done;
+    struct cost_stage first = {.embed = true}, last = {.mtp = l->mtp > 0, .loss = true};
+    if ((st = stage_cost(c, l, &first, cached, &sc, err))) return st;
     *first_extra_us = sc.fwd_us + sc.bwd_us;
-    if ((st = stage_cost(&one, l, 1, 2, cached, &sc, err))) goto done;
+    if ((st = stage_cost(c, l, &last, cached, &sc, err))) return st;
     *last_extra_us = sc.fwd_us + sc.bwd_us;
-    /* Each block as the middle stage of three: [0 layers][layer i][rest]. */
+    /* Each block alone. */
     for (int i = 0; i < m->layers; i++) {
-        split[0] = i;
-        split[1] = 1;
-        split[2] = m->layers - i - 1;
-        if ((st = stage_cost(&one, l, 1, 3, cached, &sc, err))) goto done;
+        struct cost_stage one = {.first = i, .count = 1};
+        if ((st = stage_cost(c, l, &one, cached, &sc, err))) return st;
         layer_us[i] = sc.fwd_us + sc.bwd_us;
     }
-done:
-    free(split);
-    return st;
+    return MOE_OK;
 }
 
 enum moe_status cost_evaluate(const struct cost_ctx *ctx, const struct cost_layout *l,

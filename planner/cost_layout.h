@@ -53,19 +53,57 @@ struct cost_bytes {
 /* Layouts                                                                                        */
 /* ---------------------------------------------------------------------------------------------- */
 
-enum cost_precision { COST_BF16 = 0, COST_FP8, COST_MXFP8 };
+/* Precision recipes: bf16; fp8 with per-tensor current scaling (Hopper and Blackwell); fp8
+ * blockwise (1x128 activations, 128x128 weights); mxfp8 (1x32 blocks, Blackwell only). */
+enum cost_precision { COST_BF16 = 0, COST_FP8, COST_MXFP8, COST_FP8_BLOCK };
+/* Recompute: none; selective (the modules in recompute_modules); full (whole blocks: the first
+ * recompute_layers of each stage, 0: all of them, keep only their input). */
 enum cost_recompute { COST_RECOMPUTE_NONE = 0, COST_RECOMPUTE_SELECTIVE, COST_RECOMPUTE_FULL };
 extern const char *const cost_precision_names[];
 extern const char *const cost_recompute_names[];
+/* Selective recompute by module, as Megatron names them (--recompute-modules). */
+enum cost_rc_module {
+    COST_RC_CORE_ATTN = 0, /* the attention kernel: its output is not kept */
+    COST_RC_MLA_UP_PROJ,   /* MLA's q and kv up-projections and RoPE: q, k, v not kept */
+    COST_RC_LAYERNORM,     /* the two block norms: their outputs not kept */
+    COST_RC_MOE_ACT,       /* the routed experts' activation function: its output not kept */
+    COST_RC_MLP,           /* a dense block's whole FFN */
+    COST_RC_MOE,           /* the whole MoE layer: only its input kept */
+    COST_RC_SHARED_EXPERTS,
+    COST_RC_NMODULES
+};
+extern const char *const cost_rc_module_names[COST_RC_NMODULES];
+#define COST_RC_BIT(m) (1u << (m))
+/* What `recompute=selective` means when no modules are named: the norms and the activation
+ * functions (the cheapest to redo). */
+#define COST_RC_DEFAULT (COST_RC_BIT(COST_RC_LAYERNORM) | COST_RC_BIT(COST_RC_MOE_ACT))
+
+#define COST_PP_LAYOUT_MAX 160
+/* Room for cost_layout_format's text. */
+#define COST_LAYOUT_TEXT_MAX 512
 
 struct cost_layout {
     int tp, pp, vpp, ep, etp, dp, zero;
     int seq_len, mbs, gbs;
     enum cost_precision precision;
     enum cost_recompute recompute;
+    unsigned recompute_modules; /* selective: COST_RC_BIT of each module (cost_layout_rc) */
+    int recompute_layers;       /* full: blocks of each stage recomputed (0: all) */
     enum cost_dispatcher dispatcher;
     bool overlap; /* EP all-to-all overlapped with compute */
+    int mtp;      /* multi-token prediction layers trained (the CLI's default: the model's) */
+    bool grad_reduce_bf16; /* gradients kept and reduced in bf16, not fp32 */
+    bool moments_bf16;     /* Adam's moments in bf16 (precision-aware optimizer), not fp32 */
+    /* Megatron's --pipeline-model-parallel-layout ("Et*4|(t*4|)*14tmL"); "": moeplan splits */
+    char pp_layout[COST_PP_LAYOUT_MAX];
 };
+
+/* The modules a layout recomputes (selective with none named: COST_RC_DEFAULT). */
+static inline unsigned cost_layout_rc(const struct cost_layout *l)
+{
+    if (l->recompute != COST_RECOMPUTE_SELECTIVE) return 0;
+    return l->recompute_modules ? l->recompute_modules : COST_RC_DEFAULT;
+}
 
 /* "tp=1,pp=8,vpp=4,ep=64,dp=128,zero=1,mbs=1,gbs=8192,recompute=selective,dispatcher=dedup-gpu".
  * Keys left out keep the values already in `l`. */
@@ -73,6 +111,17 @@ enum moe_status cost_layout_parse(struct cost_layout *l, const char *text, struc
 void cost_layout_format(const struct cost_layout *l, char *buf, size_t cap);
 /* Micro-batches per step: gbs / (dp * mbs). */
 int cost_layout_micro_batches(const struct cost_layout *l);
+/* What a virtual stage holds: decoder layers first .. first + count - 1, and whether the
+ * embedding, the MTP layers or the loss (LM head) are on it. */
+struct cost_stage {
+    int first, count;
+    bool embed, mtp, loss;
+};
+/* Megatron's pipeline layout string into stages[pp x vpp]: E (embedding), t (a decoder layer),
+ * m (an MTP layer), L (the loss), | (next stage), X*N (N times), (...) a group. Every stage
+ * listed, the decoder layers in order, E first, the MTP layers and L on the last stage. */
+enum moe_status cost_pp_layout_parse(const char *text, int stages, int layers, int mtp,
+                                     struct cost_stage *out, struct moe_error *err);
 /* Structural validity for this model and GPU count (divisibility, degrees multiply to gpus). A
  * failure is MOE_ERR_INFEASIBLE with the reason. */
 enum moe_status cost_layout_check(const struct cost_layout *l, const struct mdl_model *m, int gpus,

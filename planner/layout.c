@@ -8,18 +8,44 @@
  */
 #include "cost.h"
 
+#include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
 
-const char *const cost_precision_names[] = {"bf16", "fp8", "mxfp8", NULL};
+const char *const cost_precision_names[] = {"bf16", "fp8", "mxfp8", "fp8block", NULL};
 const char *const cost_recompute_names[] = {"none", "selective", "full", NULL};
 const char *const cost_dispatcher_names[] = {"alltoall", "dedup-gpu", "dedup-domain", NULL};
+const char *const cost_rc_module_names[COST_RC_NMODULES] = {
+    "core_attn", "mla_up_proj", "layernorm", "moe_act", "mlp", "moe", "shared_experts"};
 
 static int name_index(const char *const *names, const char *s)
 {
     for (int i = 0; names[i]; i++)
         if (strcmp(names[i], s) == 0) return i;
     return -1;
+}
+
+/* "mla_up_proj+layernorm": Megatron's module names joined by '+'. */
+static enum moe_status parse_modules(const char *val, unsigned *out, struct moe_error *err)
+{
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", val);
+    unsigned bits = 0;
+    char *save = NULL;
+    for (char *m = strtok_r(buf, "+", &save); m; m = strtok_r(NULL, "+", &save)) {
+        int i = 0;
+        while (i < COST_RC_NMODULES && strcmp(cost_rc_module_names[i], m)) i++;
+        if (i == COST_RC_NMODULES)
+            return moe_error_set(err, MOE_ERR_USAGE,
+                                 "layout: recompute=%s: '%s' is not none, selective, full or a "
+                                 "module (core_attn, mla_up_proj, layernorm, moe_act, mlp, moe, "
+                                 "shared_experts, joined by '+')",
+                                 val, m);
+        bits |= COST_RC_BIT(i);
+    }
+    if (!bits) return moe_error_set(err, MOE_ERR_USAGE, "layout: recompute=%s names nothing", val);
+    *out = bits;
+    return MOE_OK;
 }
 
 enum moe_status cost_layout_parse(struct cost_layout *l, const char *text, struct moe_error *err)
@@ -41,10 +67,13 @@ enum moe_status cost_layout_parse(struct cost_layout *l, const char *text, struc
             continue;
         }
         if (!strcmp(key, "recompute")) {
-            if ((idx = name_index(cost_recompute_names, val)) < 0)
-                return moe_error_set(err, MOE_ERR_USAGE,
-                                     "layout: recompute=%s (none, selective, full)", val);
-            t.recompute = (enum cost_recompute)idx;
+            if ((idx = name_index(cost_recompute_names, val)) >= 0) {
+                t.recompute = (enum cost_recompute)idx;
+                t.recompute_modules = idx == COST_RECOMPUTE_SELECTIVE ? COST_RC_DEFAULT : 0;
+                continue;
+            }
+            if (parse_modules(val, &t.recompute_modules, err) != MOE_OK) return err->status;
+            t.recompute = COST_RECOMPUTE_SELECTIVE;
             continue;
         }
         if (!strcmp(key, "dispatcher")) {
@@ -61,16 +90,36 @@ enum moe_status cost_layout_parse(struct cost_layout *l, const char *text, struc
             t.overlap = !strcmp(val, "on");
             continue;
         }
+        if (!strcmp(key, "precision") && !strcmp(val, "fp8cs")) { /* Megatron's "tensorwise" */
+            t.precision = COST_FP8;
+            continue;
+        }
         if (!strcmp(key, "precision"))
-            return moe_error_set(err, MOE_ERR_USAGE, "layout: precision=%s (bf16, fp8, mxfp8)",
-                                 val);
+            return moe_error_set(err, MOE_ERR_USAGE,
+                                 "layout: precision=%s (bf16, fp8 or fp8cs, fp8block, mxfp8)", val);
+        if (!strcmp(key, "grad_reduce") || !strcmp(key, "moments")) {
+            if (strcmp(val, "fp32") && strcmp(val, "bf16"))
+                return moe_error_set(err, MOE_ERR_USAGE, "layout: %s=%s (fp32, bf16)", key, val);
+            *(key[0] == 'g' ? &t.grad_reduce_bf16 : &t.moments_bf16) = !strcmp(val, "bf16");
+            continue;
+        }
+        if (!strcmp(key, "pp_layout")) {
+            if (strlen(val) >= sizeof t.pp_layout)
+                return moe_error_set(err, MOE_ERR_USAGE, "layout: pp_layout is over %d characters",
+                                     COST_PP_LAYOUT_MAX - 1);
+            snprintf(t.pp_layout, sizeof t.pp_layout, "%s", val);
+            continue;
+        }
         uint64_t v;
         struct moe_error perr;
-        if (moe_parse_count(val, &v, &perr) != MOE_OK || v < (strcmp(key, "zero") ? 1u : 0u) ||
-            v > (1u << 30))
+        bool zero_ok =
+            !strcmp(key, "zero") || !strcmp(key, "mtp") || !strcmp(key, "recompute_layers");
+        if (moe_parse_count(val, &v, &perr) != MOE_OK || v < (zero_ok ? 0u : 1u) || v > (1u << 30))
             return moe_error_set(err, MOE_ERR_USAGE, "layout: %s=%s is not a valid count", key,
                                  val);
         int n = (int)v;
+        if (!strcmp(key, "mtp") && n > MDL_MAX_MTP)
+            return moe_error_set(err, MOE_ERR_USAGE, "layout: mtp=%s (0 .. %d)", val, MDL_MAX_MTP);
         if (!strcmp(key, "zero") && n > 3)
             return moe_error_set(err, MOE_ERR_USAGE, "layout: zero=%s (0, 1, 2 or 3)", val);
         if (!strcmp(key, "tp"))
@@ -93,10 +142,15 @@ enum moe_status cost_layout_parse(struct cost_layout *l, const char *text, struc
             t.gbs = n;
         else if (!strcmp(key, "seq") || !strcmp(key, "seq_len"))
             t.seq_len = n;
+        else if (!strcmp(key, "mtp"))
+            t.mtp = n;
+        else if (!strcmp(key, "recompute_layers"))
+            t.recompute_layers = n;
         else
             return moe_error_set(err, MOE_ERR_USAGE,
                                  "layout: unknown key '%s' (tp, pp, vpp, ep, etp, dp, zero, mbs, "
-                                 "gbs, recompute, dispatcher, precision, overlap)",
+                                 "gbs, seq, precision, recompute, recompute_layers, dispatcher, "
+                                 "overlap, mtp, grad_reduce, moments, pp_layout)",
                                  key);
     }
     *l = t;
@@ -105,12 +159,156 @@ enum moe_status cost_layout_parse(struct cost_layout *l, const char *text, struc
 
 void cost_layout_format(const struct cost_layout *l, char *buf, size_t cap)
 {
-    snprintf(buf, cap,
-             "tp=%d,pp=%d,vpp=%d,ep=%d,etp=%d,dp=%d,zero=%d,mbs=%d,gbs=%d,seq=%d,precision=%s,"
-             "recompute=%s,dispatcher=%s,overlap=%s",
-             l->tp, l->pp, l->vpp, l->ep, l->etp, l->dp, l->zero, l->mbs, l->gbs, l->seq_len,
-             cost_precision_names[l->precision], cost_recompute_names[l->recompute],
-             cost_dispatcher_names[l->dispatcher], l->overlap ? "on" : "off");
+    char rc[160] = "";
+    size_t n = 0;
+    unsigned mods = cost_layout_rc(l);
+    if (mods && mods != COST_RC_DEFAULT)
+        for (int i = 0; i < COST_RC_NMODULES; i++)
+            if (mods & COST_RC_BIT(i))
+                n += (size_t)snprintf(rc + n, sizeof rc - n, "%s%s", n ? "+" : "",
+                                      cost_rc_module_names[i]);
+    int k = snprintf(buf, cap,
+                     "tp=%d,pp=%d,vpp=%d,ep=%d,etp=%d,dp=%d,zero=%d,mbs=%d,gbs=%d,seq=%d,"
+                     "precision=%s,recompute=%s,dispatcher=%s,overlap=%s",
+                     l->tp, l->pp, l->vpp, l->ep, l->etp, l->dp, l->zero, l->mbs, l->gbs,
+                     l->seq_len, cost_precision_names[l->precision],
+                     rc[0] ? rc : cost_recompute_names[l->recompute],
+                     cost_dispatcher_names[l->dispatcher], l->overlap ? "on" : "off");
+    /* the keys a plain Megatron run leaves at their defaults, only when set */
+    if (k >= 0 && (size_t)k < cap && l->recompute == COST_RECOMPUTE_FULL && l->recompute_layers)
+        k += snprintf(buf + k, cap - (size_t)k, ",recompute_layers=%d", l->recompute_layers);
+    if (k >= 0 && (size_t)k < cap && l->mtp)
+        k += snprintf(buf + k, cap - (size_t)k, ",mtp=%d", l->mtp);
+    if (k >= 0 && (size_t)k < cap && l->grad_reduce_bf16)
+        k += snprintf(buf + k, cap - (size_t)k, ",grad_reduce=bf16");
+    if (k >= 0 && (size_t)k < cap && l->moments_bf16)
+        k += snprintf(buf + k, cap - (size_t)k, ",moments=bf16");
+    if (k >= 0 && (size_t)k < cap && l->pp_layout[0])
+        snprintf(buf + k, cap - (size_t)k, ",pp_layout=%s", l->pp_layout);
+}
+
+/* The layout grammar expanded into E, t, m, L and '|', at out[*n]; false on a syntax error (what
+ * and where in *why). */
+struct pp_expand {
+    const char *text, *p;
+    char *out;
+    size_t n, cap;
+    char why[160];
+};
+
+static bool pp_seq(struct pp_expand *x, int depth);
+
+static bool pp_item(struct pp_expand *x, int depth)
+{
+    size_t start = x->n;
+    char c = *x->p;
+    if (c == '(') {
+        x->p++;
+        if (!pp_seq(x, depth + 1)) return false;
+        if (*x->p != ')') {
+            snprintf(x->why, sizeof x->why, "a '(' at %d is not closed", (int)(x->p - x->text) + 1);
+            return false;
+        }
+        x->p++;
+    } else if (c == 'E' || c == 't' || c == 'm' || c == 'L' || c == '|') {
+        if (x->n + 1 >= x->cap) goto too_long;
+        x->out[x->n++] = c;
+        x->p++;
+    } else {
+        snprintf(x->why, sizeof x->why, "'%c' at %d is not E, t, m, L, |, *N or a group", c,
+                 (int)(x->p - x->text) + 1);
+        return false;
+    }
+    if (*x->p == '*') {
+        x->p++;
+        char *end;
+        long times = strtol(x->p, &end, 10);
+        if (end == x->p || times < 1 || times > MDL_MAX_LAYERS) {
+            snprintf(x->why, sizeof x->why, "'*' at %d needs a count (1 .. %d)",
+                     (int)(x->p - x->text), MDL_MAX_LAYERS);
+            return false;
+        }
+        x->p = end;
+        size_t len = x->n - start;
+        for (long i = 1; i < times; i++) {
+            if (x->n + len >= x->cap) goto too_long;
+            memcpy(x->out + x->n, x->out + start, len);
+            x->n += len;
+        }
+    }
+    return true;
+too_long:
+    snprintf(x->why, sizeof x->why, "it expands to more items than the model has");
+    return false;
+}
+
+static bool pp_seq(struct pp_expand *x, int depth)
+{
+    if (depth > 16) {
+        snprintf(x->why, sizeof x->why, "groups nested deeper than 16");
+        return false;
+    }
+    while (*x->p && *x->p != ')')
+        if (isspace((unsigned char)*x->p))
+            x->p++;
+        else if (!pp_item(x, depth))
+            return false;
+    return true;
+}
+
+enum moe_status cost_pp_layout_parse(const char *text, int stages, int layers, int mtp,
+                                     struct cost_stage *out, struct moe_error *err)
+{
+#define BAD(...) return moe_error_set(err, MOE_ERR_INFEASIBLE, "pp_layout '%s': " __VA_ARGS__)
+    struct pp_expand x = {
+        text, text, NULL, 0, (size_t)layers + (size_t)mtp + 4 * (size_t)stages + 8, ""};
+    x.out = malloc(x.cap);
+    if (!x.out) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    bool ok = pp_seq(&x, 0);
+    if (ok && *x.p == ')') {
+        snprintf(x.why, sizeof x.why, "a ')' at %d opens no group", (int)(x.p - text) + 1);
+        ok = false;
+    }
+    if (!ok) {
+        free(x.out);
+        BAD("%s", text, x.why);
+    }
+    int s = 0, t = 0, m = 0, e = 0, loss = 0;
+    memset(out, 0, sizeof *out * (size_t)stages);
+    const char *bad = NULL;
+    for (size_t i = 0; i < x.n && !bad; i++) {
+        char c = x.out[i];
+        if (c == '|') {
+            if (++s >= stages)
+                bad = "more stages than pp x vpp";
+            else
+                out[s].first = t;
+            continue;
+        }
+        if (c == 't') {
+            if (out[s].mtp || out[s].loss) bad = "a decoder layer after m or L";
+            out[s].count++, t++;
+        } else if (c == 'E') {
+            if (s != 0 || out[s].count || e++) bad = "E must come first, once";
+            out[s].embed = true;
+        } else if (c == 'm') {
+            if (out[s].loss) bad = "m after L";
+            out[s].mtp = true, m++;
+        } else if (c == 'L') {
+            if (loss++) bad = "L twice";
+            out[s].loss = true;
+        }
+    }
+    free(x.out);
+    if (bad) BAD("%s", text, bad);
+    if (s + 1 != stages) BAD("%d stages, the layout has pp x vpp = %d", text, s + 1, stages);
+    if (t != layers) BAD("%d decoder layers (t), the model has %d", text, t, layers);
+    if (m != mtp) BAD("%d MTP layers (m), the layout trains %d", text, m, mtp);
+    if (!e || !loss) BAD("it needs E and L", text);
+    if (!out[stages - 1].loss || (mtp && !out[stages - 1].mtp))
+        BAD("the MTP layers and L belong on the last stage", text);
+#undef BAD
+    return MOE_OK;
 }
 
 int cost_layout_micro_batches(const struct cost_layout *l)
@@ -145,8 +343,22 @@ enum moe_status cost_layout_check(const struct cost_layout *l, const struct mdl_
         NO("tp = %d and the %d kv heads do not divide one another", l->tp, m->attn.kv_heads);
     if (m->moe.intermediate % l->etp != 0)
         NO("etp = %d does not divide the expert width %d", l->etp, m->moe.intermediate);
-    if (m->layers < l->pp * l->vpp)
-        NO("%d layers cannot fill pp x vpp = %d stages", m->layers, l->pp * l->vpp);
+    int stages = l->pp * l->vpp;
+    if (l->pp_layout[0]) {
+        struct cost_stage *st = malloc(sizeof *st * (size_t)stages);
+        if (!st) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+        enum moe_status r = cost_pp_layout_parse(l->pp_layout, stages, m->layers, l->mtp, st, err);
+        free(st);
+        if (r != MOE_OK) return r;
+    } else if (m->layers + 2 < stages) {
+        NO("%d layers cannot fill pp x vpp = %d stages (the embedding and the loss may take one "
+           "each)",
+           m->layers, stages);
+    }
+    if (l->mtp < 0 || l->mtp > MDL_MAX_MTP) NO("mtp = %d (0 .. %d)", l->mtp, MDL_MAX_MTP);
+    if (l->recompute_layers < 0) NO("recompute_layers = %d", l->recompute_layers);
+    if ((cost_layout_rc(l) & COST_RC_BIT(COST_RC_MLA_UP_PROJ)) && m->attn.type != MDL_ATTN_MLA)
+        NO("recompute mla_up_proj: %s has no MLA", m->name);
     if (l->gbs % ((long)l->dp * l->mbs) != 0)
         NO("gbs = %d is not a multiple of dp x mbs = %ld", l->gbs, (long)l->dp * l->mbs);
     int mb = cost_layout_micro_batches(l);

@@ -29,7 +29,7 @@ static void fmt_split(const struct plan_result *r, char *buf, size_t cap)
 void plan_print_summary(const struct plan_request *q, const struct plan_result *r, FILE *out)
 {
     const struct cost_result *res = &r->best.result;
-    char lay[512], split[1024], a[32], b[32];
+    char lay[COST_LAYOUT_TEXT_MAX], split[1024], a[32], b[32];
     fmt_layout(&r->best.layout, lay, sizeof lay);
     fmt_split(r, split, sizeof split);
     fprintf(out, "plan: %s on %d x %s (%s), gbs %d x seq %d, %s\n", q->model.name, r->best.gpus,
@@ -88,7 +88,7 @@ void plan_print_explain(const struct plan_request *q, const struct plan_result *
     char gap_buf[256];
     const struct cost_result *res = &r->best.result;
     const struct cost_layout *l = &r->best.layout;
-    char lay[512], a[32], b[32];
+    char lay[COST_LAYOUT_TEXT_MAX], a[32], b[32];
     fprintf(out, "\nwhy this layout:\n");
     fprintf(out, "  binding constraint: %s\n", r->binding);
     int top = 0;
@@ -155,8 +155,10 @@ void plan_print_explain(const struct plan_request *q, const struct plan_result *
     } else {
         fprintf(out, "  no expert parallelism: every GPU holds every expert (ep = 1)\n");
     }
-    if (l->pp * l->vpp > 1 &&
-        fabs(r->split.busiest_us - r->split.even_busiest_us) < 5e-4 * r->split.even_busiest_us)
+    if (l->pp_layout[0])
+        fprintf(out, "  stage split: the pipeline layout given, %s\n", l->pp_layout);
+    else if (l->pp * l->vpp > 1 &&
+             fabs(r->split.busiest_us - r->split.even_busiest_us) < 5e-4 * r->split.even_busiest_us)
         fprintf(out,
                 "  what the stage split bought: nothing; the even split is as good (busiest "
                 "pipeline rank %.1f ms per micro-batch)\n",

@@ -127,13 +127,13 @@ struct plan_result {
     /* Why layouts were refused, for a message when none fits: the commonest reason (by its
      * words, numbers aside) with one example, and one out-of-memory example. */
     struct plan_refusal {
-        char key[96];      /* the reason without its digits */
-        char example[256]; /* one whole reason */
-        char layout[160];  /* the layout it was given for */
+        char key[96];                      /* the reason without its digits */
+        char example[256];                 /* one whole reason */
+        char layout[COST_LAYOUT_TEXT_MAX]; /* the layout it was given for */
         long count;
     } refusal[8];
     int nrefusal;
-    char oom_example[256], oom_layout[160];
+    char oom_example[256], oom_layout[COST_LAYOUT_TEXT_MAX];
     double search_s, total_s;
     struct plan_split split;       /* of the best layout */
     struct cost_result even_split; /* the best layout before the split */

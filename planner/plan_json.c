@@ -107,6 +107,19 @@ enum moe_status plan_save(const struct plan_request *q, const struct plan_result
     json_object_set_new(lay, "recompute", json_string(cost_recompute_names[l->recompute]));
     json_object_set_new(lay, "dispatcher", json_string(cost_dispatcher_names[l->dispatcher]));
     json_object_set_new(lay, "overlap", json_boolean(l->overlap));
+    char mods[160] = "";
+    size_t n = 0;
+    for (int i = 0; i < COST_RC_NMODULES; i++)
+        if (cost_layout_rc(l) & COST_RC_BIT(i))
+            n += (size_t)snprintf(mods + n, sizeof mods - n, "%s%s", n ? "+" : "",
+                                  cost_rc_module_names[i]);
+    if (mods[0]) json_object_set_new(lay, "recompute_modules", json_string(mods));
+    if (l->recompute == COST_RECOMPUTE_FULL)
+        json_object_set_new(lay, "recompute_layers", json_integer(l->recompute_layers));
+    json_object_set_new(lay, "mtp", json_integer(l->mtp));
+    json_object_set_new(lay, "grad_reduce", json_string(l->grad_reduce_bf16 ? "bf16" : "fp32"));
+    json_object_set_new(lay, "moments", json_string(l->moments_bf16 ? "bf16" : "fp32"));
+    if (l->pp_layout[0]) json_object_set_new(lay, "pp_layout", json_string(l->pp_layout));
     json_object_set_new(root, "layout", lay);
 
     /* Ranks, as a rule rather than a list (a plan's size must not grow with the GPUs): see
@@ -217,7 +230,7 @@ enum moe_status plan_save(const struct plan_request *q, const struct plan_result
 
     json_t *alts = json_array();
     for (int i = 0; i < r->nalt; i++) {
-        char lay_s[512], why[256];
+        char lay_s[COST_LAYOUT_TEXT_MAX], why[256];
         cost_layout_format(&r->alt[i].layout, lay_s, sizeof lay_s);
         why_lost(r, &r->alt[i], why, sizeof why);
         json_t *o = json_object();
@@ -484,6 +497,32 @@ static enum moe_status plan_from_doc(const struct moe_jdoc *doc, struct plan_fil
         return st;
     l->dispatcher = (enum cost_dispatcher)v;
     if ((st = moe_jval_bool(&lay, "overlap", false, true, &l->overlap, err))) return st;
+    /* the recipe keys (optional: a plan without them keeps the defaults) */
+    static const char *const fp_names[] = {"fp32", "bf16", NULL};
+    char text[COST_PP_LAYOUT_MAX];
+    int g = 0, mo = 0;
+    if ((st = moe_jval_str(&lay, "recompute_modules", false, "", text, sizeof text, err)) ||
+        (st = moe_jval_int32(&lay, "recompute_layers", false, 0, 0, MDL_MAX_LAYERS,
+                             &l->recompute_layers, err)) ||
+        (st = moe_jval_int32(&lay, "mtp", false, 0, 0, MDL_MAX_MTP, &l->mtp, err)) ||
+        (st = moe_jval_enum(&lay, "grad_reduce", false, 0, fp_names, &g, err)) ||
+        (st = moe_jval_enum(&lay, "moments", false, 0, fp_names, &mo, err)) ||
+        (st = moe_jval_str(&lay, "pp_layout", false, "", l->pp_layout, sizeof l->pp_layout, err)))
+        return st;
+    l->grad_reduce_bf16 = g == 1;
+    l->moments_bf16 = mo == 1;
+    if (text[0]) {
+        struct cost_layout t = *l;
+        char kv[COST_PP_LAYOUT_MAX + 16];
+        snprintf(kv, sizeof kv, "recompute=%s", text);
+        struct moe_error why;
+        if (l->recompute != COST_RECOMPUTE_SELECTIVE || cost_layout_parse(&t, kv, &why) != MOE_OK)
+            return moe_jval_error(&lay, "recompute_modules", err, "'%s': %s", text,
+                                  l->recompute != COST_RECOMPUTE_SELECTIVE
+                                      ? "only with recompute \"selective\""
+                                      : why.message);
+        l->recompute_modules = t.recompute_modules;
+    }
     if ((st = moe_jval_object(&root, "model", true, &model, NULL, err)) ||
         (st = moe_jval_object(&root, "prediction", true, &pred, NULL, err)) ||
         (st = mdl_model_from_jval(&p->model, &model, err)))
@@ -566,7 +605,7 @@ enum moe_status plan_prediction_save(const char *file, const struct mdl_model *m
                                      struct moe_error *err)
 {
     json_t *root = json_object(), *phases = json_object(), *mem = json_object();
-    char lay[512];
+    char lay[COST_LAYOUT_TEXT_MAX];
     cost_layout_format(l, lay, sizeof lay);
     json_object_set_new(root, "model", json_string(model->name));
     json_object_set_new(root, "cluster", json_string(cluster->name));

@@ -146,7 +146,12 @@ static enum moe_status search_gpus(const struct plan_request *q, int gpus, struc
                                                         .precision = q->precision,
                                                         .recompute = COST_RECOMPUTE_NONE,
                                                         .dispatcher = disp,
-                                                        .overlap = true};
+                                                        .overlap = true,
+                                                        .mtp =
+                                                            fx->mtp >= 0 ? fx->mtp : m->mtp_layers,
+                                                        .grad_reduce_bf16 = fx->grad_reduce_bf16,
+                                                        .moments_bf16 = fx->moments_bf16};
+                                memcpy(l.pp_layout, fx->pp_layout, sizeof l.pp_layout);
                                 struct moe_error why;
                                 if (cost_layout_check(&l, m, gpus, &why) != MOE_OK) {
                                     r->invalid++;
@@ -155,6 +160,7 @@ static enum moe_status search_gpus(const struct plan_request *q, int gpus, struc
                                 }
                                 for (size_t k = 0; k < sizeof rungs / sizeof rungs[0]; k++) {
                                     l.recompute = rungs[k].rc;
+                                    l.recompute_modules = fx->recompute_modules;
                                     l.zero = rungs[k].zero;
                                     if (!fixed_ok(fx->zero, l.zero) ||
                                         ((int)fx->recompute >= 0 &&
@@ -265,14 +271,26 @@ static enum moe_status refine(const struct plan_request *q, struct cost_ctx *ctx
         free(w);
         return st;
     }
-    st = plan_split_stages(w, m->layers, stages, l.pp, a, b, q->mip_time_limit_s, &r->split, err);
+    if (l.pp_layout[0]) { /* the layout given is the split */
+        struct cost_stage map[COST_MAX_STAGES];
+        st = cost_pp_layout_parse(l.pp_layout, stages, m->layers, l.mtp, map, err);
+        for (int v = 0; st == MOE_OK && v < stages; v++) r->split.stage_layers[v] = map[v].count;
+        double even = 0.0;
+        for (int i = 0; i < m->layers; i++) even += w[i];
+        r->split.busiest_us = r->split.even_busiest_us = even; /* no comparison made */
+        snprintf(r->split.mip.status, sizeof r->split.mip.status,
+                 "the pipeline layout given (pp_layout)");
+    } else {
+        st = plan_split_stages(w, m->layers, stages, l.pp, a, b, q->mip_time_limit_s, &r->split,
+                               err);
+    }
     free(w);
     if (st != MOE_OK) return st;
     ctx->stage_layers = r->split.stage_layers;
     struct cost_result res;
     if ((st = cost_evaluate(ctx, &l, &res, err))) return st;
     /* A split that moves activations onto the first stage may not fit: keep the even one. */
-    if (!res.fits) {
+    if (!res.fits && !l.pp_layout[0]) {
         ctx->stage_layers = NULL;
         cost_even_split(m->layers, stages, r->split.stage_layers);
         if ((st = cost_evaluate(ctx, &l, &res, err))) return st;

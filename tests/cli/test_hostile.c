@@ -339,6 +339,8 @@ static void test_values_and_messages(void **state)
     expect(&r, 0, "the same step time as contiguous experts");
     RUN(&r, "plan", "--model", "deepseek-v3", "--cluster", "gb300-nvl72-x16", "--explain");
     expect(&r, 0, "more bytes in all, fewer of them over the slower scale-out");
+    RUN(&r, "plan", "--model", "kimi-k2", "--cluster", "gb300-nvl72-x16", "--fix", "pp=4",
+        "--explain");
     expect(&r, 0, "what the stage split bought: nothing; the even split is as good");
     /* measured step times that no run has */
     const char *keys[] = {"\"step_ms\": 8.97116805892", "\"step_ms\": 196.000893457"};

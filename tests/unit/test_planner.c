@@ -1,9 +1,10 @@
 /*
  * test_planner.c: the cost model's formulas against hand-computed cases, and its properties.
  */
-#include "moe_test.h"
 
-#include "plan.h"
+#include "plan.h" /* before moe_test.h: its model helper needs mdl.h */
+
+#include "moe_test.h"
 
 #include <math.h>
 #include <unistd.h>
@@ -291,6 +292,90 @@ static void test_properties(void **state)
     for (int p = 0; p < COST_STEP; p++) sum += ov.exposed_us[p];
     assert_true(fabs(sum - ov.step_us) < 1e-6 * ov.step_us);
     cost_routing_free(&skew);
+}
+
+/* Megatron's pipeline layout strings: DeepSeek-V3's 16 stages (E and 4 layers, 14 x 4, then
+ * a layer, the MTP layer and the loss); the H100 recipe's 32; and what is refused, named. */
+static void test_pp_layout(void **state)
+{
+    (void)state;
+    struct cost_stage st[32];
+    struct moe_error err;
+    assert_int_equal(cost_pp_layout_parse("Et*4|(t*4|)*14tmL", 16, 61, 1, st, &err), MOE_OK);
+    assert_true(st[0].embed && st[0].first == 0 && st[0].count == 4 && !st[0].loss);
+    for (int s = 1; s < 15; s++) assert_true(st[s].first == 4 * s && st[s].count == 4);
+    assert_true(st[15].first == 60 && st[15].count == 1 && st[15].mtp && st[15].loss);
+    assert_int_equal(cost_pp_layout_parse("Et|(tt|)*30mL", 32, 61, 1, st, &err), MOE_OK);
+    assert_true(st[31].count == 0 && st[31].mtp && st[31].loss && st[30].count == 2);
+    assert_int_equal(cost_pp_layout_parse(" E t*2 | t L ", 2, 3, 0, st, &err), MOE_OK);
+    static const struct {
+        const char *text;
+        int stages, layers, mtp;
+        const char *words;
+    } bad[] = {
+        {"Et*4|(t*4|)*14tmL", 8, 61, 1, "more stages than pp x vpp"},
+        {"Et*4|(t*4|)*14tmL", 16, 60, 1, "61 decoder layers (t), the model has 60"},
+        {"Et*4|(t*4|)*14tmL", 16, 61, 0, "1 MTP layers (m), the layout trains 0"},
+        {"Et*4|(t*4|*14tmL", 16, 61, 1, "is not closed"},
+        {"Et*4|t*4)|tL", 3, 9, 0, "opens no group"},
+        {"Ex|tL", 2, 2, 0, "'x' at 2 is not E, t, m, L"},
+        {"Et*|tL", 2, 2, 0, "needs a count"},
+        {"tE|tL", 2, 2, 0, "E must come first"},
+        {"Et|Lt", 2, 2, 0, "a decoder layer after m or L"},
+        {"Et|t", 2, 2, 0, "it needs E and L"},
+        {"EtL|t", 2, 2, 0, "belong on the last stage"},
+        {"Et*99999|tL", 2, 2, 0, "more items than the model has"},
+        {"((((((((((((((((((t))))))))))))))))))", 1, 1, 0, "nested deeper than 16"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err.message[0] = '\0';
+        enum moe_status r =
+            cost_pp_layout_parse(bad[i].text, bad[i].stages, bad[i].layers, bad[i].mtp, st, &err);
+        if (r != MOE_ERR_INFEASIBLE || !strstr(err.message, bad[i].words))
+            fail_msg("'%s': %d '%s' (want '%s')", bad[i].text, r, err.message, bad[i].words);
+    }
+}
+
+/* The recipe keys of a layout: parsed, printed, and parsed back to the same layout. */
+static void test_layout_recipe_keys(void **state)
+{
+    (void)state;
+    struct cost_layout l = {
+        .tp = 1, .pp = 1, .vpp = 1, .ep = 1, .etp = 1, .dp = 1, .seq_len = 4096};
+    struct moe_error err;
+    const char *text = "tp=1,pp=4,vpp=4,ep=64,dp=64,mbs=1,gbs=4096,precision=mxfp8,"
+                       "recompute=mla_up_proj+moe_act,mtp=1,grad_reduce=bf16,moments=bf16,"
+                       "pp_layout=Et*4|(t*4|)*14tmL";
+    assert_int_equal(cost_layout_parse(&l, text, &err), MOE_OK);
+    assert_int_equal(l.recompute, COST_RECOMPUTE_SELECTIVE);
+    assert_int_equal(cost_layout_rc(&l),
+                     COST_RC_BIT(COST_RC_MLA_UP_PROJ) | COST_RC_BIT(COST_RC_MOE_ACT));
+    assert_true(l.mtp == 1 && l.grad_reduce_bf16 && l.moments_bf16 && l.precision == COST_MXFP8);
+    char buf[COST_LAYOUT_TEXT_MAX];
+    cost_layout_format(&l, buf, sizeof buf);
+    struct cost_layout back = {0};
+    assert_int_equal(cost_layout_parse(&back, buf, &err), MOE_OK);
+    assert_memory_equal(&back, &l, sizeof l);
+    assert_int_equal(cost_layout_parse(&l, "precision=fp8cs,recompute=selective", &err), MOE_OK);
+    assert_true(l.precision == COST_FP8 && cost_layout_rc(&l) == COST_RC_DEFAULT);
+    assert_int_equal(cost_layout_parse(&l, "recompute=mla_up_proj+attn", &err), MOE_ERR_USAGE);
+    assert_non_null(strstr(err.message, "'attn' is not none, selective, full or a module"));
+    assert_int_equal(cost_layout_parse(&l, "grad_reduce=fp16", &err), MOE_ERR_USAGE);
+    struct mdl_model m;
+    moe_test_model("qwen3-30b-a3b", &m);
+    struct cost_layout q = {.tp = 1,
+                            .pp = 1,
+                            .vpp = 1,
+                            .ep = 8,
+                            .etp = 1,
+                            .dp = 8,
+                            .mbs = 1,
+                            .gbs = 8,
+                            .seq_len = 4096,
+                            .recompute = COST_RECOMPUTE_SELECTIVE,
+                            .recompute_modules = COST_RC_BIT(COST_RC_MLA_UP_PROJ)};
+    assert_int_equal(cost_layout_check(&q, &m, 8, &err), MOE_ERR_INFEASIBLE);
+    assert_non_null(strstr(err.message, "has no MLA"));
 }
 
 static void test_layouts(void **state)
@@ -778,6 +863,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_glpk_version),
         cmocka_unit_test(test_gemm),
+        cmocka_unit_test(test_pp_layout),
+        cmocka_unit_test(test_layout_recipe_keys),
         cmocka_unit_test(test_collectives),
         cmocka_unit_test(test_dispatch_bytes_by_hand),
         cmocka_unit_test(test_pipeline_bubble),
