@@ -35,7 +35,7 @@ const struct cli_opt cmd_plan_opts[] = {
     {"replicas", required_argument, OPT_REPLICAS, "N", "extra expert slots per EP rank (0)"},
     {"time-limit", required_argument, OPT_TIME, "S", "seconds per integer program (0.5)"},
     {"runnable", no_argument, OPT_RUNNABLE, NULL,
-     "only layouts this build's executor runs (moeplan run)"},
+     "only layouts this build's executor runs (moeplan run; no MTP layers)"},
     {"explain", no_argument, OPT_EXPLAIN, NULL, "say why this layout"},
     {"emit", required_argument, OPT_EMIT, "T", "print launch flags: megatron or maxtext"},
     {"output", required_argument, OPT_OUT, "FILE", "write plan.json here"},
@@ -140,6 +140,7 @@ int cmd_plan(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
         cost_routing_free(&in.routing);
         return cli_usage(cmd, "--fix: %s", err.message);
     }
+    if (runnable && f.mtp < 0) f.mtp = 0; /* the executor does not train MTP layers yet */
     q.fix = f;
     if (runnable) {
         char why[256];

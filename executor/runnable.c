@@ -115,5 +115,31 @@ bool exec_layout_runnable(const struct cost_layout *l, int gpus, char *why, size
         snprintf(why, cap, "selective recompute: not in the executor yet (none or full are)");
         return false;
     }
+    if (l->recompute == COST_RECOMPUTE_FULL && l->recompute_layers) {
+        snprintf(why, cap, "full recompute of %d layers a stage: the executor recomputes all",
+                 l->recompute_layers);
+        return false;
+    }
+    if (l->dispatcher > COST_DISPATCH_DEDUP_DOMAIN) {
+        snprintf(why, cap,
+                 "dispatcher %s: not in the executor (its own are alltoall, dedup-gpu, "
+                 "dedup-domain)",
+                 cost_dispatcher_names[l->dispatcher]);
+        return false;
+    }
+    if (l->mtp) {
+        snprintf(why, cap, "mtp=%d: multi-token prediction is not in the executor yet (mtp=0)",
+                 l->mtp);
+        return false;
+    }
+    if (l->grad_reduce_bf16 || l->moments_bf16) {
+        snprintf(why, cap, "bf16 %s: the executor keeps them in fp32",
+                 l->grad_reduce_bf16 ? "gradients" : "Adam moments");
+        return false;
+    }
+    if (l->pp_layout[0]) {
+        snprintf(why, cap, "pp_layout: the executor takes a plan's split in layer counts only");
+        return false;
+    }
     return true;
 }

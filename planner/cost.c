@@ -175,12 +175,12 @@ static enum moe_status moe_traffic(const struct cost_ctx *c, const struct cost_l
             L += load[r];
             H += hit[r];
         }
-        if (l->dispatcher == COST_DISPATCH_ALLTOALL) {
+        if (cost_dispatch_copies(l->dispatcher) == COST_DISPATCH_ALLTOALL) {
             nv += (size - 1) * L; /* sum over s in d of (L_d - load_s) */
             so += size * (sum_load - L);
         } else {
             nv += (size - 1) * H;
-            if (l->dispatcher == COST_DISPATCH_DEDUP_GPU) {
+            if (cost_dispatch_copies(l->dispatcher) == COST_DISPATCH_DEDUP_GPU) {
                 so += size * (sum_hit - H);
             } else {
                 /* Once per remote domain, then fan-out inside it. */
@@ -200,7 +200,7 @@ static enum moe_status moe_traffic(const struct cost_ctx *c, const struct cost_l
     out->nvlink_copies = nv / ep;
     out->scale_copies = so / ep;
     out->nodedup_copies = (k * ep - sum_load) / ep; /* k copies less those staying home */
-    out->recv_ratio = l->dispatcher == COST_DISPATCH_ALLTOALL
+    out->recv_ratio = cost_dispatch_copies(l->dispatcher) == COST_DISPATCH_ALLTOALL
                           ? out->hot_ratio
                           : (sum_hit > 0 ? max_hit / (sum_hit / ep) : 1.0);
     free(load);

@@ -39,13 +39,22 @@ extern const char *const cost_phase_names[COST_NPHASES];
 
 /* How EP sends tokens to their experts: one copy per (token, expert) pair (all-to-all), one per
  * destination GPU (dedup-gpu), or one per destination NVLink domain, fanned out inside it
- * (dedup-domain). cost_bytes: the token payload, by the link tier it crosses. */
+ * (dedup-domain). DeepEP and HybridEP (Megatron's flex dispatcher) send as dedup-domain does,
+ * with kernels of their own. cost_bytes: the token payload, by the link tier it crosses. */
 enum cost_dispatcher {
     COST_DISPATCH_ALLTOALL = 0,
     COST_DISPATCH_DEDUP_GPU,
-    COST_DISPATCH_DEDUP_DOMAIN
+    COST_DISPATCH_DEDUP_DOMAIN,
+    COST_DISPATCH_DEEPEP,
+    COST_DISPATCH_HYBRIDEP
 };
 extern const char *const cost_dispatcher_names[];
+/* The copies a dispatcher sends: alltoall, dedup-gpu or dedup-domain. */
+static inline enum cost_dispatcher cost_dispatch_copies(enum cost_dispatcher d)
+{
+    return d == COST_DISPATCH_DEEPEP || d == COST_DISPATCH_HYBRIDEP ? COST_DISPATCH_DEDUP_DOMAIN
+                                                                    : d;
+}
 struct cost_bytes {
     double nvlink, scale_out; /* bytes (token payload only) */
 };

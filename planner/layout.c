@@ -14,7 +14,8 @@
 
 const char *const cost_precision_names[] = {"bf16", "fp8", "mxfp8", "fp8block", NULL};
 const char *const cost_recompute_names[] = {"none", "selective", "full", NULL};
-const char *const cost_dispatcher_names[] = {"alltoall", "dedup-gpu", "dedup-domain", NULL};
+const char *const cost_dispatcher_names[] = {"alltoall", "dedup-gpu", "dedup-domain",
+                                             "deepep",   "hybridep",  NULL};
 const char *const cost_rc_module_names[COST_RC_NMODULES] = {
     "core_attn", "mla_up_proj", "layernorm", "moe_act", "mlp", "moe", "shared_experts"};
 
@@ -79,7 +80,8 @@ enum moe_status cost_layout_parse(struct cost_layout *l, const char *text, struc
         if (!strcmp(key, "dispatcher")) {
             if ((idx = name_index(cost_dispatcher_names, val)) < 0)
                 return moe_error_set(err, MOE_ERR_USAGE,
-                                     "layout: dispatcher=%s (alltoall, dedup-gpu, dedup-domain)",
+                                     "layout: dispatcher=%s (alltoall, dedup-gpu, dedup-domain, "
+                                     "deepep, hybridep)",
                                      val);
             t.dispatcher = (enum cost_dispatcher)idx;
             continue;
