@@ -102,9 +102,11 @@ enum {
         {"gpus", required_argument, CLI_IN_GPUS, "N",                                              \
          "use the first N GPUs (default: all usable)"},                                            \
         {"seq-len", required_argument, CLI_IN_SEQ, "S", "sequence length (4096)"},                 \
-        {"precision", required_argument, CLI_IN_PRECISION, "P", "bf16 (default), fp8, mxfp8"},     \
+        {"precision", required_argument, CLI_IN_PRECISION, "P",                                    \
+         "bf16 (default), fp8 (fp8cs), fp8block, mxfp8"},                                          \
         {"routing", required_argument, CLI_IN_ROUTING, "R",                                        \
-         "uniform (default), zipf:S, dirichlet:ALPHA, or a routing/measured JSON file"},           \
+         "uniform (default), balanced, zipf:S, dirichlet:ALPHA, or a routing/measured JSON "       \
+         "file"},                                                                                  \
         {"seed", required_argument, CLI_IN_SEED, "N", "seed of a synthetic routing (1)"},          \
         {"calibration", required_argument, CLI_IN_CAL, "FILE", "calibration profile"},             \
         {"layers", required_argument, CLI_IN_LAYERS, "N", "proxy: keep N blocks"},                 \

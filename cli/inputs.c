@@ -73,7 +73,9 @@ int cli_load_inputs(struct cli *cli, const struct cli_cmd *cmd, const struct cli
                          in->cluster.gpus_usable, in->cluster.gpus_usable == 1 ? "" : "s");
     const struct mdl_moe *e = &in->model.moe;
     enum moe_status st = MOE_OK;
-    if (!routing || !strcmp(routing, "uniform")) {
+    /* balanced: Megatron's forced load balancing, every expert exactly top_k / experts of the
+     * tokens; the cost model's uniform routing is that exact expectation already */
+    if (!routing || !strcmp(routing, "uniform") || !strcmp(routing, "balanced")) {
         st = cost_routing_synthetic(&in->routing, COST_ROUTING_UNIFORM, 0, seed, e->experts,
                                     e->top_k, &err);
     } else if (!strncmp(routing, "zipf:", 5) || !strncmp(routing, "dirichlet:", 10)) {

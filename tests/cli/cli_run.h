@@ -31,6 +31,24 @@ static inline void slurp(const char *path, char *buf, size_t cap)
     if (f) fclose(f);
 }
 
+/* A whole file, NUL-terminated, in memory (free it); NULL when it cannot be read. */
+static inline char *slurp_all(const char *path, size_t *len)
+{
+    *len = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    assert_non_null(b);
+    assert_int_equal(fread(b, 1, (size_t)n, f), (size_t)n);
+    b[n] = '\0';
+    fclose(f);
+    *len = (size_t)n;
+    return b;
+}
+
 /* Run moeplan with the given arguments (NULL-terminated) from the source folder. */
 static inline void run(struct result *r, const char *const *args)
 {
