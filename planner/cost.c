@@ -232,7 +232,8 @@ static void attention_cost(const struct cost_ctx *c, const struct cost_layout *l
     bool fp8 = l->precision != COST_BF16;
     double M = (double)l->mbs * l->seq_len; /* full sequence after the TP all-gather */
     double h = m->hidden, H = (double)a->heads / l->tp, tp = l->tp;
-    double proj = 0.0;
+    double proj = 0.0, up = 0.0; /* up: MLA's up-projections, what mla_up_proj redoes */
+    unsigned rc = cost_layout_rc(l);
     if (a->type == MDL_ATTN_GQA) {
         double kv = a->kv_heads >= l->tp ? (double)a->kv_heads / l->tp : 1.0;
         proj += cost_gemm_us(cal, g, M, (H + 2 * kv) * a->head_dim, h, fp8);
@@ -241,14 +242,14 @@ static void attention_cost(const struct cost_ctx *c, const struct cost_layout *l
         double qk = a->qk_nope_head_dim + a->qk_rope_head_dim;
         if (a->q_lora_rank) {
             proj += cost_gemm_us(cal, g, M / tp, a->q_lora_rank, h, fp8); /* on local tokens */
-            proj += cost_gemm_us(cal, g, M, H * qk, a->q_lora_rank, fp8);
+            up += cost_gemm_us(cal, g, M, H * qk, a->q_lora_rank, fp8);
         } else {
             proj += cost_gemm_us(cal, g, M, H * qk, h, fp8);
         }
         proj += cost_gemm_us(cal, g, M / tp, a->kv_lora_rank + a->qk_rope_head_dim, h, fp8);
-        proj += cost_gemm_us(cal, g, M, H * (a->qk_nope_head_dim + a->v_head_dim), a->kv_lora_rank,
-                             fp8);
-        proj += cost_gemm_us(cal, g, M, h, H * a->v_head_dim, fp8);
+        up += cost_gemm_us(cal, g, M, H * (a->qk_nope_head_dim + a->v_head_dim), a->kv_lora_rank,
+                           fp8);
+        proj += up + cost_gemm_us(cal, g, M, h, H * a->v_head_dim, fp8);
     }
     double flops[MDL_NCOMPONENTS];
     mdl_block_flops_fwd(m, layer, l->seq_len, flops);
@@ -261,7 +262,12 @@ static void attention_cost(const struct cost_ctx *c, const struct cost_layout *l
     double elt = membound_us(c, 8.0 * T * h * BF16, 6);
     b->fwd[COST_ATTN_FWD] = proj + core_fwd + elt;
     b->bwd[COST_ATTN_BWD] = 2.0 * proj + core_bwd + 2.0 * elt;
-    if (l->recompute == COST_RECOMPUTE_SELECTIVE) b->recompute[COST_ATTN_FWD] += core_fwd + elt;
+    /* selective recompute, module by module: what each redoes in the backward */
+    if (rc & COST_RC_BIT(COST_RC_CORE_ATTN)) b->recompute[COST_ATTN_FWD] += core_fwd;
+    if (rc & COST_RC_BIT(COST_RC_LAYERNORM)) /* both block norms */
+        b->recompute[COST_ATTN_FWD] += membound_us(c, 2.0 * 2.0 * T * h * BF16, 2);
+    if (rc & COST_RC_BIT(COST_RC_MLA_UP_PROJ)) /* the up-projections and RoPE */
+        b->recompute[COST_ATTN_FWD] += up + membound_us(c, 2.0 * T * H * tp * 64 * BF16, 1);
     /* Sequence-parallel TP: all-gather in, reduce-scatter out, and the same in backward. */
     if (l->tp > 1) {
         double bw, lat;
@@ -324,7 +330,8 @@ static enum moe_status moe_cost(const struct cost_ctx *c, const struct cost_layo
     double ebwd;
     b->fwd[COST_EXPERTS_FWD] = experts_on_hot_rank_us(c, l, rows, local, fp8, &ebwd);
     b->bwd[COST_EXPERTS_BWD] = ebwd;
-    if (l->recompute == COST_RECOMPUTE_SELECTIVE) {
+    unsigned rc = cost_layout_rc(l);
+    if (rc & (COST_RC_BIT(COST_RC_MOE_ACT) | COST_RC_BIT(COST_RC_MOE))) {
         double sw = 0.0;
         for (int i = 0; i < local; i++)
             sw += membound_us(c, rows[i] * 3.0 * e->intermediate / l->etp * BF16, 1);
@@ -338,6 +345,7 @@ static enum moe_status moe_cost(const struct cost_ctx *c, const struct cost_layo
                     cost_gemm_us(&c->cal, g, T, h, fs, fp8) + membound_us(c, T * 3 * fs * BF16, 1);
         b->fwd[COST_SHARED_EXPERT] = sh;
         b->bwd[COST_SHARED_EXPERT] = 2.0 * sh;
+        if (rc & COST_RC_BIT(COST_RC_SHARED_EXPERTS)) b->recompute[COST_SHARED_EXPERT] += sh;
     }
     /* Dispatch and combine. fp8 training dispatches fp8 tokens with per-128 scales; the combine
      * stays bf16. */
@@ -360,6 +368,15 @@ static enum moe_status moe_cost(const struct cost_ctx *c, const struct cost_layo
     /* Backward: the combine's gradient travels like a dispatch, the dispatch's like a combine. */
     b->comm_bwd[COST_COMBINE] = a2a[0];
     b->comm_bwd[COST_DISPATCH] = a2a[1];
+    /* recompute of the whole MoE layer: its forward again (the activation counted above),
+     * dispatch and combine included */
+    if (rc & COST_RC_BIT(COST_RC_MOE)) {
+        static const int again[] = {COST_ROUTER, COST_PERMUTE, COST_EXPERTS_FWD, COST_UNPERMUTE};
+        for (size_t i = 0; i < sizeof again / sizeof again[0]; i++)
+            b->recompute[again[i]] += b->fwd[again[i]];
+        b->comm_bwd[COST_DISPATCH] += a2a[0];
+        b->comm_bwd[COST_COMBINE] += a2a[1];
+    }
     return MOE_OK;
 }
 
@@ -374,8 +391,7 @@ static void dense_ffn_cost(const struct cost_ctx *c, const struct cost_layout *l
                  cost_gemm_us(&c->cal, g, M, h, f, fp8) + membound_us(c, M * 3 * f * BF16, 1);
     b->fwd[COST_DENSE_FFN] = ffn;
     b->bwd[COST_DENSE_FFN] = 2.0 * ffn;
-    if (l->recompute == COST_RECOMPUTE_SELECTIVE)
-        b->recompute[COST_DENSE_FFN] += membound_us(c, M * 3 * f * BF16, 1);
+    if (cost_layout_rc(l) & COST_RC_BIT(COST_RC_MLP)) b->recompute[COST_DENSE_FFN] += ffn;
     if (l->tp > 1) {
         double bw, lat;
         group_link(c, l->tp, 1, &bw, &lat);

@@ -83,9 +83,10 @@ enum cost_rc_module {
 };
 extern const char *const cost_rc_module_names[COST_RC_NMODULES];
 #define COST_RC_BIT(m) (1u << (m))
-/* What `recompute=selective` means when no modules are named: the norms and the activation
- * functions (the cheapest to redo). */
-#define COST_RC_DEFAULT (COST_RC_BIT(COST_RC_LAYERNORM) | COST_RC_BIT(COST_RC_MOE_ACT))
+/* What `recompute=selective` means when no modules are named: the attention kernel (Megatron's
+ * default), the norms and the experts' activation function: the cheapest to redo. */
+#define COST_RC_DEFAULT                                                                            \
+    (COST_RC_BIT(COST_RC_CORE_ATTN) | COST_RC_BIT(COST_RC_LAYERNORM) | COST_RC_BIT(COST_RC_MOE_ACT))
 
 #define COST_PP_LAYOUT_MAX 160
 /* Room for cost_layout_format's text. */
