@@ -65,6 +65,10 @@ static void print_prediction(const struct cli_inputs *in, const struct cost_layo
             "TFLOPS); bubble %.1f%%\n",
             r->tokens_per_s_per_gpu, r->model_tflops_per_gpu, 100 * r->mfu,
             in->cluster.gpu.bf16_tflops, 100 * r->bubble_fraction);
+    fprintf(out,
+            "  counted as Megatron-Bridge's tables count (no router; MTP layers and the padded "
+            "vocabulary in): %.1f TFLOPS/GPU\n",
+            r->megatron_tflops_per_gpu);
     if (l->ep > 1) {
         moe_format_bytes(r->dispatch_bytes_per_gpu, a, sizeof a);
         moe_format_bytes(r->dispatch_bytes_nodedup, b, sizeof b);

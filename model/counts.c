@@ -8,6 +8,7 @@
  */
 #include "mdl.h"
 
+#include <math.h>
 #include <string.h>
 
 const char *const mdl_component_names[MDL_NCOMPONENTS] = {
@@ -153,6 +154,20 @@ void mdl_flops_per_token(const struct mdl_model *m, int seq_len, struct mdl_flop
     for (int c = 0; c < MDL_NCOMPONENTS; c++) out->fwd_total += out->fwd[c];
     out->bwd_total = 2.0 * out->fwd_total;
     out->train_total = out->fwd_total + out->bwd_total;
+}
+
+double mdl_flops_megatron(const struct mdl_model *m, int seq_len, int mtp)
+{
+    double h = m->hidden, fwd = 0.0, b[MDL_NCOMPONENTS];
+    for (int l = 0; l < m->layers + mtp; l++) {
+        mdl_block_flops_fwd(m, l < m->layers ? l : m->layers - 1, seq_len, b);
+        for (int c = 0; c < MDL_NCOMPONENTS; c++)
+            if (c != MDL_ROUTER) fwd += b[c];
+    }
+    double vocab = ceil(m->vocab / 128.0) * 128.0;
+    fwd += (1.0 + mtp) * 2.0 * h * vocab; /* the LM head, once more for each MTP layer */
+    fwd += mtp * 2.0 * (2.0 * h) * h;     /* each MTP layer's projection */
+    return 3.0 * fwd;
 }
 
 void mdl_block_activations(const struct mdl_model *m, int layer, struct mdl_activations *out)

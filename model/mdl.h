@@ -167,6 +167,12 @@ struct mdl_flops {
     double train_total; /* fwd + bwd */
 };
 void mdl_flops_per_token(const struct mdl_model *m, int seq_len, struct mdl_flops *out);
+/* Model FLOPs per token as Megatron-Bridge's tables count them (flop_utils'
+ * num_floating_point_operations): every GEMM but the router's, 3 x the forward, causal attention
+ * halved (a sliding window counting its keys), `mtp` MTP layers each costed as the last layer
+ * plus its [embedding, hidden] projection and its own LM head, the vocabulary padded to a multiple
+ * of 128. Returns FLOPs per token of a training step. */
+double mdl_flops_megatron(const struct mdl_model *m, int seq_len, int mtp);
 /* The same for one block (layer), forward only, by component. */
 void mdl_block_flops_fwd(const struct mdl_model *m, int layer, int seq_len,
                          double out[MDL_NCOMPONENTS]);

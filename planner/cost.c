@@ -910,6 +910,8 @@ static enum moe_status evaluate(const struct cost_ctx *c, const struct cost_layo
     double step_s = r.step_us / 1e6;
     r.tokens_per_s_per_gpu = tokens / step_s / c->gpus;
     r.model_tflops_per_gpu = f.train_total * tokens / step_s / c->gpus / 1e12;
+    r.megatron_tflops_per_gpu =
+        mdl_flops_megatron(m, l->seq_len, l->mtp) * tokens / step_s / c->gpus / 1e12;
     r.mfu = r.model_tflops_per_gpu / t->gpu.bf16_tflops;
     for (int v = 0; v < stages; v++) {
         if (!sc[v].moe_layers) continue;

@@ -204,6 +204,7 @@ struct cost_result {
     double step_us;
     double tokens_per_s_per_gpu;
     double model_tflops_per_gpu;
+    double megatron_tflops_per_gpu; /* the same with Megatron-Bridge's count (mdl_flops_megatron) */
     double mfu;
     double memory_bytes[COST_NMEM]; /* the fullest GPU */
     double memory_total_bytes, memory_capacity_bytes;

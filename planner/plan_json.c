@@ -624,6 +624,7 @@ enum moe_status plan_prediction_save(const char *file, const struct mdl_model *m
     json_object_set_new(root, "step_us", json_real(r->step_us));
     json_object_set_new(root, "tokens_per_s_per_gpu", json_real(r->tokens_per_s_per_gpu));
     json_object_set_new(root, "model_tflops_per_gpu", json_real(r->model_tflops_per_gpu));
+    json_object_set_new(root, "megatron_tflops_per_gpu", json_real(r->megatron_tflops_per_gpu));
     json_object_set_new(root, "mfu", json_real(r->mfu));
     json_object_set_new(root, "bubble_fraction", json_real(r->bubble_fraction));
     for (int k = 0; k < COST_NMEM; k++)

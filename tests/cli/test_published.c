@@ -111,7 +111,7 @@ static void predict(const struct row *r, struct outcome *o)
     if (!j) return;
     o->fits = json_is_true(json_object_get(j, "fits"));
     o->tokens = json_number_value(json_object_get(j, "tokens_per_s_per_gpu"));
-    o->tflops = json_number_value(json_object_get(j, "model_tflops_per_gpu"));
+    o->tflops = json_number_value(json_object_get(j, "megatron_tflops_per_gpu"));
     static const char *const mem[] = {"weights",          "grads",    "optimizer", "activations",
                                       "dispatch_buffers", "reserved", "total"};
     json_t *m = json_object_get(j, "memory_bytes");
@@ -157,9 +157,9 @@ static int write_table(const char *file)
     FILE *f = fopen(file, "w");
     if (!f) return 1;
     fprintf(f, "| run | container | model | cluster | GPUs | precision | tp/pp/vpp/ep | mbs/gbs | "
-               "recompute | published tok/s/GPU | predicted | predicted / published | memory "
-               "GiB (W/G/O/A) | of GiB |\n");
-    fprintf(f, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+               "recompute | published tok/s/GPU | predicted | predicted / published | published "
+               "TFLOPS/GPU | predicted (Megatron's count) | memory GiB (W/G/O/A) | of GiB |\n");
+    fprintf(f, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int i = 0; i < n; i++) {
         char **c = rows[i].col;
         struct outcome o;
@@ -170,12 +170,13 @@ static int write_table(const char *file)
                 c[C_GPUS], c[C_PRECISION], c[C_TP], c[C_PP], c[C_VPP], c[C_EP], c[C_MBS], c[C_GBS],
                 c[C_RECOMPUTE], pub);
         if (o.code != 0 && o.code != 4) {
-            fprintf(f, "refused (exit %d) | | | |\n", o.code);
+            fprintf(f, "refused (exit %d) | | %s | | | |\n", o.code, c[C_TFLOPS]);
             continue;
         }
-        fprintf(f, "%.0f | %.2f | %.1f%s (%.1f/%.1f/%.1f/%.1f) | %.1f |\n", o.tokens,
-                pub > 0 ? o.tokens / pub : 0.0, o.mem[6] / G, o.fits ? "" : " **over**",
-                o.mem[0] / G, o.mem[1] / G, o.mem[2] / G, o.mem[3] / G, o.capacity / G);
+        fprintf(f, "%.0f | %.2f | %s | %.0f | %.1f%s (%.1f/%.1f/%.1f/%.1f) | %.1f |\n", o.tokens,
+                pub > 0 ? o.tokens / pub : 0.0, c[C_TFLOPS], o.tflops, o.mem[6] / G,
+                o.fits ? "" : " **over**", o.mem[0] / G, o.mem[1] / G, o.mem[2] / G, o.mem[3] / G,
+                o.capacity / G);
     }
     free(text);
     return fclose(f) == 0 ? 0 : 1;

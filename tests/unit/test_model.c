@@ -1,9 +1,10 @@
 /*
  * test_model.c: loading and validating model files, shipped and broken.
  */
-#include "moe_test.h"
 
-#include "mdl.h"
+#include "mdl.h" /* before moe_test.h: its model helper needs it */
+
+#include "moe_test.h"
 
 static void test_load_shipped(void **state)
 {
@@ -431,15 +432,53 @@ static void test_model_json_roundtrip(void **state)
     }
 }
 
+/* Megatron-Bridge's FLOP count against what its tables imply: TFLOPS / tokens/s per GPU is the
+ * FLOPs per token the table counted (rows of tests/data/published/mb-runs.tsv, sequence 4096).
+ * Each model family within 1%. */
+static void test_megatron_flops(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *model, *row;
+        int mtp;
+        double tflops, tokens;
+    } rows[] = {
+        {"deepseek-v3", "MB-2 (with MTP)", 1, 1276, 4912},
+        {"deepseek-v3", "MB-110 (w/o MTP)", 0, 961, 3848},
+        {"qwen3-235b-a22b", "MB-10", 0, 1077, 7280},
+        {"qwen3-30b-a3b", "MB-8", 0, 923, 39936},
+        {"gpt-oss-120b", "MB-6", 0, 934, 28672},
+        {"kimi-k2", "MB-32", 0, 1099, 5372},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        struct mdl_model m;
+        moe_test_model(rows[i].model, &m);
+        double ours = mdl_flops_megatron(&m, 4096, rows[i].mtp);
+        double theirs = rows[i].tflops * 1e12 / rows[i].tokens;
+        printf("%-16s %-17s %.2f GFLOP/token, the table's %.2f (%+.2f%%)\n", rows[i].model,
+               rows[i].row, ours / 1e9, theirs / 1e9, 100.0 * (ours / theirs - 1.0));
+        if (!(fabs(ours / theirs - 1.0) <= 0.01))
+            fail_msg("%s %s: %.4g FLOPs per token, the table implies %.4g", rows[i].model,
+                     rows[i].row, ours, theirs);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_load_shipped),       cmocka_unit_test(test_moe_every),
-        cmocka_unit_test(test_bad_models),         cmocka_unit_test(test_counts_by_hand_gqa),
-        cmocka_unit_test(test_counts_by_hand_mla), cmocka_unit_test(test_sliding_window_flops),
-        cmocka_unit_test(test_published_totals),   cmocka_unit_test(test_deepseek_v3_flops),
-        cmocka_unit_test(test_hf_import),          cmocka_unit_test(test_hf_errors),
-        cmocka_unit_test(test_overrides),          cmocka_unit_test(test_model_json_roundtrip),
+        cmocka_unit_test(test_load_shipped),
+        cmocka_unit_test(test_moe_every),
+        cmocka_unit_test(test_bad_models),
+        cmocka_unit_test(test_counts_by_hand_gqa),
+        cmocka_unit_test(test_counts_by_hand_mla),
+        cmocka_unit_test(test_sliding_window_flops),
+        cmocka_unit_test(test_published_totals),
+        cmocka_unit_test(test_deepseek_v3_flops),
+        cmocka_unit_test(test_megatron_flops),
+        cmocka_unit_test(test_hf_import),
+        cmocka_unit_test(test_hf_errors),
+        cmocka_unit_test(test_overrides),
+        cmocka_unit_test(test_model_json_roundtrip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
