@@ -251,7 +251,7 @@ static bool pp_seq(struct pp_expand *x, int depth)
         return false;
     }
     while (*x->p && *x->p != ')')
-        if (isspace((unsigned char)*x->p))
+        if (isspace((unsigned char)*x->p) || *x->p == ',') /* Megatron: commas are cosmetic */
             x->p++;
         else if (!pp_item(x, depth))
             return false;

@@ -173,19 +173,29 @@ void plan_print_explain(const struct plan_request *q, const struct plan_result *
     fprintf(out, "  predictions use %s\n", q->cal.source);
 }
 
-/* Megatron's --pipeline-model-parallel-layout: E embedding, t a block, L loss, | between stages. */
+/* Megatron's --pipeline-model-parallel-layout: the plan's own string, or its split written as
+ * one: E embedding, t a block, m an MTP layer, L loss, | between stages (stage s on pp rank
+ * s % pp, as ours). The number of stages sets the virtual pipeline degree, so no VPP flag. */
 static void megatron_layout(const struct plan_result *r, char *buf, size_t cap)
 {
-    int S = r->best.layout.pp * r->best.layout.vpp;
+    const struct cost_layout *l = &r->best.layout;
+    if (l->pp_layout[0]) {
+        snprintf(buf, cap, "%s", l->pp_layout);
+        return;
+    }
+    int S = l->pp * l->vpp;
     size_t n = 0;
-    for (int s = 0; s < S && n + 24 < cap; s++) {
+    for (int s = 0; s < S && n + 40 < cap; s++) {
         n += (size_t)snprintf(buf + n, cap - n, "%s%s", s ? "|" : "", s == 0 ? "E" : "");
         int k = r->split.stage_layers[s];
         if (k == 1)
             n += (size_t)snprintf(buf + n, cap - n, "t");
         else if (k > 1)
             n += (size_t)snprintf(buf + n, cap - n, "t*%d", k);
-        if (s == S - 1) n += (size_t)snprintf(buf + n, cap - n, ",L");
+        if (s == S - 1) {
+            for (int i = 0; i < l->mtp; i++) n += (size_t)snprintf(buf + n, cap - n, "m");
+            n += (size_t)snprintf(buf + n, cap - n, "L");
+        }
     }
 }
 
@@ -202,8 +212,8 @@ enum moe_status plan_print_emit(const struct plan_request *q, const struct plan_
                 r->best.gpus);
         fprintf(out, "--tensor-model-parallel-size %d \\\n--pipeline-model-parallel-size %d \\\n",
                 l->tp, l->pp);
-        if (l->vpp > 1) fprintf(out, "--virtual-pipeline-model-parallel-size %d \\\n", l->vpp);
-        fprintf(out, "--pipeline-model-parallel-layout \"%s\" \\\n", layout);
+        if (l->pp > 1) fprintf(out, "--pipeline-model-parallel-layout \"%s\" \\\n", layout);
+        if (l->mtp) fprintf(out, "--mtp-num-layers %d \\\n", l->mtp);
         fprintf(out, "--expert-model-parallel-size %d \\\n--expert-tensor-parallel-size %d \\\n",
                 l->ep, l->etp);
         if (l->tp > 1) fprintf(out, "--sequence-parallel \\\n");
@@ -211,27 +221,49 @@ enum moe_status plan_print_emit(const struct plan_request *q, const struct plan_
                 l->mbs, l->gbs, l->seq_len);
         fprintf(out, "--num-experts %d \\\n--moe-router-topk %d \\\n--moe-grouped-gemm \\\n",
                 m->moe.experts, m->moe.top_k);
+        /* Megatron has no per-GPU or per-domain dedup of its own: its flex dispatcher (DeepEP,
+         * HybridEP) sends each token once per node or domain */
         if (l->dispatcher == COST_DISPATCH_ALLTOALL)
             fprintf(out, "--moe-token-dispatcher-type alltoall \\\n");
         else
-            fprintf(out, "--moe-token-dispatcher-type flex \\\n--moe-enable-deepep \\\n");
+            fprintf(out,
+                    "--moe-token-dispatcher-type flex \\\n--moe-flex-dispatcher-backend %s \\\n",
+                    l->dispatcher == COST_DISPATCH_HYBRIDEP ? "hybridep" : "deepep");
         if (l->overlap && l->ep > 1) fprintf(out, "--overlap-moe-expert-parallel-comm \\\n");
-        if (l->recompute == COST_RECOMPUTE_SELECTIVE)
-            fprintf(out, "--recompute-granularity selective \\\n--recompute-modules core_attn "
-                         "moe_act layernorm \\\n");
-        if (l->recompute == COST_RECOMPUTE_FULL)
+        if (!strcmp(q->routing_spec, "balanced"))
+            fprintf(out, "--moe-router-force-load-balancing \\\n");
+        unsigned rc = cost_layout_rc(l);
+        if (rc) {
+            fprintf(out, "--recompute-granularity selective \\\n--recompute-modules");
+            for (int i = 0; i < COST_RC_NMODULES; i++)
+                if (rc & COST_RC_BIT(i)) fprintf(out, " %s", cost_rc_module_names[i]);
+            fprintf(out, " \\\n");
+        }
+        if (l->recompute == COST_RECOMPUTE_FULL && !l->recompute_layers)
             fprintf(out, "--recompute-granularity full \\\n--recompute-method uniform "
                          "\\\n--recompute-num-layers 1 \\\n");
+        if (l->recompute == COST_RECOMPUTE_FULL && l->recompute_layers)
+            fprintf(out,
+                    "--recompute-granularity full \\\n--recompute-method block "
+                    "\\\n--recompute-num-layers %d \\\n",
+                    l->recompute_layers);
         if (l->zero == 1) fprintf(out, "--use-distributed-optimizer \\\n");
         if (l->zero >= 2)
-            fprintf(out, "--use-megatron-fsdp \\\n--data-parallel-sharding-strategy %s \\\n",
+            fprintf(out,
+                    "--use-megatron-fsdp \\\n--ckpt-format fsdp_dtensor \\\n"
+                    "--data-parallel-sharding-strategy %s \\\n",
                     l->zero == 2 ? "optim_grads" : "optim_grads_params");
         fprintf(out, "--overlap-grad-reduce \\\n--overlap-param-gather \\\n");
+        if (l->grad_reduce_bf16) fprintf(out, "--grad-reduce-in-bf16 \\\n");
+        if (l->moments_bf16)
+            fprintf(out, "--use-precision-aware-optimizer \\\n--exp-avg-dtype bf16 \\\n"
+                         "--exp-avg-sq-dtype bf16 \\\n");
+        static const char *const recipe[] = {"", "tensorwise", "mxfp8", "blockwise"};
         if (l->precision == COST_BF16)
             fprintf(out, "--bf16\n");
         else
             fprintf(out, "--bf16 \\\n--fp8-format e4m3 \\\n--fp8-recipe %s\n",
-                    l->precision == COST_MXFP8 ? "mxfp8" : "blockwise");
+                    recipe[l->precision]);
         fprintf(out, "# %d micro-batches per step; data parallel %d (expert data parallel %d)\n",
                 mb, l->dp, l->tp * l->dp / (l->ep * l->etp));
         return MOE_OK;

@@ -657,6 +657,23 @@ static void test_plan(void **state)
     assert_int_equal(r.code, 0);
     expect_in(r.out, "ok (moeplan.plan: mixtral-8x7b on 64 GPUs");
     unlink(cli_tmp("plan.json"));
+    /* a published recipe's layout, as Megatron's flags: the layout string sets the virtual
+     * stages (no VPP flag beside it), the MTP layer, the recompute modules, HybridEP */
+    RUN(&r, "plan", "--model", "deepseek-v3", "--cluster", "gb200-nvl72-x16", "--gpus", "256",
+        "--gbs", "4096", "--precision", "mxfp8", "--routing", "balanced", "--fix",
+        "tp=1,pp=4,vpp=4,ep=64,mbs=1,recompute=mla_up_proj,grad_reduce=bf16,dispatcher=hybridep,"
+        "pp_layout=Et*4|(t*4|)*14tmL",
+        "--emit", "megatron");
+    assert_int_equal(r.code, 0);
+    expect_in(r.out, "--pipeline-model-parallel-layout \"Et*4|(t*4|)*14tmL\"");
+    expect_in(r.out, "--mtp-num-layers 1");
+    expect_in(r.out, "--recompute-modules mla_up_proj \\");
+    expect_in(r.out, "--moe-flex-dispatcher-backend hybridep");
+    expect_in(r.out, "--moe-router-force-load-balancing");
+    expect_in(r.out, "--grad-reduce-in-bf16");
+    expect_in(r.out, "--fp8-recipe mxfp8");
+    assert_null(strstr(r.out, "--virtual-pipeline"));
+    assert_null(strstr(r.out, "--num-virtual-stages"));
     RUN(&r, "plan", "--model", "mixtral-8x7b", "--cluster", "hgx-h100-x128", "--gpus", "64",
         "--gbs", "256", "--emit", "maxtext", "--fix", "ep=8,tp=1");
     assert_int_equal(r.code, 0);
