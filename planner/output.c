@@ -199,6 +199,64 @@ static void megatron_layout(const struct plan_result *r, char *buf, size_t cap)
     }
 }
 
+/* The model's architecture as Megatron-LM's flags (pretrain_gpt.py, Megatron-Core models): what
+ * `--emit megatron` needs besides the layout for a complete command line. */
+static void megatron_model_flags(const struct mdl_model *m, FILE *out)
+{
+    const struct mdl_attention *a = &m->attn;
+    const struct mdl_moe *e = &m->moe;
+    fprintf(out, "--num-layers %d \\\n--hidden-size %d \\\n--num-attention-heads %d \\\n",
+            m->layers, m->hidden, a->heads);
+    fprintf(out, "--ffn-hidden-size %d \\\n",
+            m->dense_intermediate ? m->dense_intermediate : e->intermediate);
+    fprintf(out,
+            "--max-position-embeddings %d \\\n--position-embedding-type rope \\\n"
+            "--rotary-base %.0f \\\n",
+            m->max_seq_len, a->rope_theta);
+    fprintf(out, "--normalization RMSNorm \\\n--norm-epsilon %g \\\n--swiglu \\\n", m->norm_eps);
+    if (!m->tied_embeddings) fprintf(out, "--untie-embeddings-and-output-weights \\\n");
+    fprintf(out, "--tokenizer-type NullTokenizer \\\n--vocab-size %d \\\n", m->vocab);
+    fprintf(out, "--disable-bias-linear \\\n");
+    if (a->bias) fprintf(out, "--add-qkv-bias \\\n");
+    if (a->type == MDL_ATTN_GQA) {
+        if (a->kv_heads != a->heads)
+            fprintf(out, "--group-query-attention \\\n--num-query-groups %d \\\n", a->kv_heads);
+        fprintf(out, "--kv-channels %d \\\n", a->head_dim);
+    } else {
+        fprintf(out, "--multi-latent-attention \\\n");
+        if (a->q_lora_rank) fprintf(out, "--q-lora-rank %d \\\n", a->q_lora_rank);
+        fprintf(out,
+                "--kv-lora-rank %d \\\n--qk-head-dim %d \\\n--qk-pos-emb-head-dim %d \\\n"
+                "--v-head-dim %d \\\n",
+                a->kv_lora_rank, a->qk_nope_head_dim, a->qk_rope_head_dim, a->v_head_dim);
+    }
+    if (a->qk_norm) fprintf(out, "--qk-layernorm \\\n");
+    if (a->sinks) fprintf(out, "--softmax-type learnable \\\n");
+    if (a->sliding_window) /* sliding on every layer but each sliding_every-th */
+        fprintf(out, "--window-size \"(%d,0)\" \\\n--window-attn-skip-freq %d \\\n",
+                a->sliding_window, a->sliding_every);
+    fprintf(out, "--moe-ffn-hidden-size %d \\\n", e->intermediate);
+    if (e->shared_experts)
+        fprintf(out, "--moe-shared-expert-intermediate-size %d \\\n",
+                e->shared_experts * e->shared_intermediate);
+    if (m->first_dense || m->moe_every > 1) { /* 0: dense block, 1: MoE block */
+        fprintf(out, "--moe-layer-freq \"[");
+        for (int i = 0; i < m->layers; i++)
+            fprintf(out, "%s%d", i ? "," : "", mdl_layer_is_moe(m, i) ? 1 : 0);
+        fprintf(out, "]\" \\\n");
+    }
+    fprintf(out, "--moe-router-score-function %s \\\n",
+            e->scoring == MDL_SCORE_SIGMOID ? "sigmoid" : "softmax");
+    if (e->scoring == MDL_SCORE_SIGMOID) fprintf(out, "--moe-router-enable-expert-bias \\\n");
+    if (e->n_group > 1)
+        fprintf(out, "--moe-router-num-groups %d \\\n--moe-router-group-topk %d \\\n", e->n_group,
+                e->topk_group);
+    if (e->scaling != 1.0 && e->scaling > 0)
+        fprintf(out, "--moe-router-topk-scaling-factor %g \\\n", e->scaling);
+    if (e->scoring != MDL_SCORE_SIGMOID && !e->softmax_after_topk && !e->norm_topk)
+        fprintf(out, "--moe-router-pre-softmax \\\n");
+}
+
 enum moe_status plan_print_emit(const struct plan_request *q, const struct plan_result *r,
                                 const char *target, FILE *out, struct moe_error *err)
 {
@@ -210,6 +268,7 @@ enum moe_status plan_print_emit(const struct plan_request *q, const struct plan_
         megatron_layout(r, layout, sizeof layout);
         fprintf(out, "# Megatron-LM flags for the plan (moeplan %s on %d GPUs)\n", m->name,
                 r->best.gpus);
+        megatron_model_flags(m, out);
         fprintf(out, "--tensor-model-parallel-size %d \\\n--pipeline-model-parallel-size %d \\\n",
                 l->tp, l->pp);
         if (l->pp > 1) fprintf(out, "--pipeline-model-parallel-layout \"%s\" \\\n", layout);
