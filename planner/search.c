@@ -108,9 +108,12 @@ static enum moe_status search_gpus(const struct plan_request *q, int gpus, struc
             if ((gpus / tp) % pp || !fixed_ok(fx->pp, pp)) continue;
             int dp = gpus / (tp * pp);
             if (!fixed_ok(fx->dp, dp)) continue;
-            for (int vpp = 1; vpp <= 8 && pp * vpp <= m->layers; vpp *= 2) {
+            /* VPP and the micro-batch size in powers of two to 8, or the one --fix names */
+            int vpp0 = fx->vpp > 0 ? fx->vpp : 1, vpp1 = fx->vpp > 0 ? fx->vpp : 8;
+            int mbs0 = fx->mbs > 0 ? fx->mbs : 1, mbs1 = fx->mbs > 0 ? fx->mbs : 8;
+            for (int vpp = vpp0; vpp <= vpp1 && pp * vpp <= m->layers + 2; vpp *= 2) {
                 if ((vpp > 1 && pp == 1) || !fixed_ok(fx->vpp, vpp)) continue;
-                for (int mbs = 1; mbs <= 8; mbs *= 2) {
+                for (int mbs = mbs0; mbs <= mbs1; mbs *= 2) {
                     if (q->gbs % (dp * mbs) || !fixed_ok(fx->mbs, mbs)) continue;
                     int mb = q->gbs / (dp * mbs);
                     if (vpp > 1 && mb % pp) continue;
