@@ -111,7 +111,10 @@ static enum moe_status search_gpus(const struct plan_request *q, int gpus, struc
             /* VPP and the micro-batch size in powers of two to 8, or the one --fix names */
             int vpp0 = fx->vpp > 0 ? fx->vpp : 1, vpp1 = fx->vpp > 0 ? fx->vpp : 8;
             int mbs0 = fx->mbs > 0 ? fx->mbs : 1, mbs1 = fx->mbs > 0 ? fx->mbs : 8;
-            for (int vpp = vpp0; vpp <= vpp1 && pp * vpp <= m->layers + 2; vpp *= 2) {
+            /* a stage per layer at most (a pipeline layout string may give the embedding and
+             * the loss stages of their own) */
+            int most = m->layers + (fx->pp_layout[0] ? 2 : 0);
+            for (int vpp = vpp0; vpp <= vpp1 && pp * vpp <= most; vpp *= 2) {
                 if ((vpp > 1 && pp == 1) || !fixed_ok(fx->vpp, vpp)) continue;
                 for (int mbs = mbs0; mbs <= mbs1; mbs *= 2) {
                     if (q->gbs % (dp * mbs) || !fixed_ok(fx->mbs, mbs)) continue;

@@ -106,7 +106,7 @@ static void predict(const struct row *r, struct outcome *o)
     run(&res, args);
     memset(o, 0, sizeof *o);
     o->code = res.code;
-    snprintf(o->err, sizeof o->err, "%s", res.err);
+    snprintf(o->err, sizeof o->err, "%.255s", res.err);
     json_t *j = res.code == 0 || res.code == 4 ? json_load_file(json_path, 0, NULL) : NULL;
     if (!j) return;
     o->fits = json_is_true(json_object_get(j, "fits"));
