@@ -120,22 +120,8 @@ int cmd_plan(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     q.replica_slots = (int)replicas;
     q.mip_time_limit_s = time_limit;
     struct moe_error err;
-    /* Unfixed fields stay -1: cost_layout_parse only writes the keys it is given. */
-    struct cost_layout f = {.tp = -1,
-                            .pp = -1,
-                            .vpp = -1,
-                            .ep = -1,
-                            .etp = -1,
-                            .dp = -1,
-                            .zero = -1,
-                            .seq_len = (int)io.seq,
-                            .mbs = -1,
-                            .gbs = -1,
-                            .precision = COST_BF16,
-                            .recompute = (enum cost_recompute) - 1,
-                            .dispatcher = (enum cost_dispatcher) - 1,
-                            .overlap = true,
-                            .mtp = -1};
+    struct cost_layout f;
+    plan_fix_none(&f, (int)io.seq);
     if (fix && cost_layout_parse(&f, fix, &err) != MOE_OK) {
         cost_routing_free(&in.routing);
         return cli_usage(cmd, "--fix: %s", err.message);

@@ -9,6 +9,7 @@
 #include "cost.h"
 
 #include <ctype.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -124,30 +125,26 @@ enum moe_status cost_layout_parse(struct cost_layout *l, const char *text, struc
             return moe_error_set(err, MOE_ERR_USAGE, "layout: mtp=%s (0 .. %d)", val, MDL_MAX_MTP);
         if (!strcmp(key, "zero") && n > 3)
             return moe_error_set(err, MOE_ERR_USAGE, "layout: zero=%s (0, 1, 2 or 3)", val);
-        if (!strcmp(key, "tp"))
-            t.tp = n;
-        else if (!strcmp(key, "pp"))
-            t.pp = n;
-        else if (!strcmp(key, "vpp"))
-            t.vpp = n;
-        else if (!strcmp(key, "ep"))
-            t.ep = n;
-        else if (!strcmp(key, "etp"))
-            t.etp = n;
-        else if (!strcmp(key, "dp"))
-            t.dp = n;
-        else if (!strcmp(key, "zero"))
-            t.zero = n;
-        else if (!strcmp(key, "mbs"))
-            t.mbs = n;
-        else if (!strcmp(key, "gbs"))
-            t.gbs = n;
-        else if (!strcmp(key, "seq") || !strcmp(key, "seq_len"))
-            t.seq_len = n;
-        else if (!strcmp(key, "mtp"))
-            t.mtp = n;
-        else if (!strcmp(key, "recompute_layers"))
-            t.recompute_layers = n;
+        static const struct {
+            const char *key;
+            size_t at;
+        } ints[] = {{"tp", offsetof(struct cost_layout, tp)},
+                    {"pp", offsetof(struct cost_layout, pp)},
+                    {"vpp", offsetof(struct cost_layout, vpp)},
+                    {"ep", offsetof(struct cost_layout, ep)},
+                    {"etp", offsetof(struct cost_layout, etp)},
+                    {"dp", offsetof(struct cost_layout, dp)},
+                    {"zero", offsetof(struct cost_layout, zero)},
+                    {"mbs", offsetof(struct cost_layout, mbs)},
+                    {"gbs", offsetof(struct cost_layout, gbs)},
+                    {"seq", offsetof(struct cost_layout, seq_len)},
+                    {"seq_len", offsetof(struct cost_layout, seq_len)},
+                    {"mtp", offsetof(struct cost_layout, mtp)},
+                    {"recompute_layers", offsetof(struct cost_layout, recompute_layers)}};
+        size_t k = 0;
+        while (k < sizeof ints / sizeof ints[0] && strcmp(ints[k].key, key)) k++;
+        if (k < sizeof ints / sizeof ints[0])
+            *(int *)((char *)&t + ints[k].at) = n;
         else
             return moe_error_set(err, MOE_ERR_USAGE,
                                  "layout: unknown key '%s' (tp, pp, vpp, ep, etp, dp, zero, mbs, "

@@ -99,7 +99,7 @@ struct plan_request {
     char model_spec[MOE_PATH_MAX], cluster_spec[MOE_PATH_MAX], routing_spec[MOE_PATH_MAX];
     int gpus, gbs, seq_len;
     enum cost_precision precision;
-    struct cost_layout fix; /* -1 in a field: free; else that degree is fixed */
+    struct cost_layout fix; /* -1 in a field: free; else that degree is fixed (plan_fix_none) */
     int max_tp;
     double headroom; /* fraction of HBM kept free */
     enum plan_objective objective;
@@ -145,6 +145,9 @@ struct plan_result {
     char binding[256];             /* why this layout: the constraint that decided */
 };
 
+/* A `fix` that fixes nothing (every degree, mbs, gbs, recompute, dispatcher and mtp -1; the
+ * sequence as given); cost_layout_parse then fixes the keys it is given. */
+void plan_fix_none(struct cost_layout *fix, int seq_len);
 /* Search every valid layout for the request; place experts and split stages for the best. */
 enum moe_status plan_search(const struct plan_request *req, struct plan_result *out,
                             struct moe_error *err);

@@ -351,6 +351,25 @@ static void binding_constraint(const struct plan_request *q, struct plan_result 
                  "compute: exposed communication and bubble are under 10%% of the step");
 }
 
+void plan_fix_none(struct cost_layout *fix, int seq_len)
+{
+    *fix = (struct cost_layout){.tp = -1,
+                                .pp = -1,
+                                .vpp = -1,
+                                .ep = -1,
+                                .etp = -1,
+                                .dp = -1,
+                                .zero = -1,
+                                .seq_len = seq_len,
+                                .mbs = -1,
+                                .gbs = -1,
+                                .precision = COST_BF16,
+                                .recompute = (enum cost_recompute) - 1,
+                                .dispatcher = (enum cost_dispatcher) - 1,
+                                .overlap = true,
+                                .mtp = -1};
+}
+
 enum moe_status plan_search(const struct plan_request *q, struct plan_result *out,
                             struct moe_error *err)
 {

@@ -771,20 +771,8 @@ static void test_search_and_plan_file(void **state)
     q.headroom = 0.05;
     q.top_k = 3;
     q.mip_time_limit_s = 1.0;
-    struct cost_layout free_ = {.tp = -1,
-                                .pp = -1,
-                                .vpp = -1,
-                                .ep = -1,
-                                .etp = -1,
-                                .dp = -1,
-                                .zero = -1,
-                                .seq_len = 4096,
-                                .mbs = -1,
-                                .gbs = -1,
-                                .precision = COST_BF16,
-                                .recompute = (enum cost_recompute) - 1,
-                                .dispatcher = (enum cost_dispatcher) - 1,
-                                .overlap = true};
+    struct cost_layout free_;
+    plan_fix_none(&free_, 4096);
     q.fix = free_;
     assert_int_equal(plan_search(&q, &r, &err), MOE_OK);
     assert_true(r.evaluated > 10);
