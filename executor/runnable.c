@@ -137,6 +137,11 @@ bool exec_layout_runnable(const struct cost_layout *l, int gpus, char *why, size
                  l->grad_reduce_bf16 ? "gradients" : "Adam moments");
         return false;
     }
+    if (l->graphs != COST_GRAPHS_NONE || l->delay_wgrad) {
+        snprintf(why, cap, "%s: not in the executor yet",
+                 l->delay_wgrad ? "delayed weight gradients" : "CUDA graphs");
+        return false;
+    }
     if (l->pp_layout[0]) {
         snprintf(why, cap, "pp_layout: the executor takes a plan's split in layer counts only");
         return false;

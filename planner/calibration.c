@@ -27,7 +27,8 @@ void cost_calibration_defaults(struct cost_calibration *cal, const struct topo_g
     cal->attn_bwd_eff = 0.45;
     cal->hbm_eff = 0.88; /* ~4.3 of 4.8 TB/s device-to-device on H200 */
     cal->launch_us = 4.0;
-    cal->nvlink_eff = 0.82; /* ~370 of 450 GB/s all-to-all inside an HGX node */
+    cal->graph_launch_us = 1.0; /* a graph replays its kernels back to back: no host launch */
+    cal->nvlink_eff = 0.82;     /* ~370 of 450 GB/s all-to-all inside an HGX node */
     cal->nvlink_allreduce_eff = 0.82;
     cal->scale_out_eff = 0.86; /* ~43 of 50 GB/s across nodes */
     cal->a2a_latency_us = 15.0;
@@ -65,6 +66,7 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
                                        "attn_seq_half",
                                        "hbm_eff",
                                        "launch_us",
+                                       "graph_launch_us",
                                        "nvlink_eff",
                                        "nvlink_allreduce_eff",
                                        "scale_out_eff",
@@ -115,6 +117,8 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
                            err)))
         goto cleanup;
     if ((st = moe_jval_num(&root, "launch_us", false, t.launch_us, 0, 1e4, &t.launch_us, err)) ||
+        (st = moe_jval_num(&root, "graph_launch_us", false, t.graph_launch_us, 0, 1e4,
+                           &t.graph_launch_us, err)) ||
         (st = moe_jval_num(&root, "gemm_fixed_us", false, t.gemm_fixed_us, 0, 1e4, &t.gemm_fixed_us,
                            err)))
         goto cleanup;
@@ -179,6 +183,7 @@ enum moe_status cost_calibration_write(const struct cost_calibration *cal, json_
     PUT(attn_seq_half);
     PUT(hbm_eff);
     PUT(launch_us);
+    PUT(graph_launch_us);
     PUT(nvlink_eff);
     PUT(nvlink_allreduce_eff);
     PUT(scale_out_eff);

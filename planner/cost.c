@@ -489,11 +489,32 @@ static enum moe_status block_cost(const struct cost_ctx *c, const struct cost_la
 {
     memset(b, 0, sizeof *b);
     b->hot_ratio = 1.0;
-    attention_cost(c, l, layer, b);
+    /* partial CUDA graphs: attention, the router and the permutation replay from a graph (a
+     * full graph is the whole context's: evaluate) */
+    struct cost_ctx *g = NULL;
+    if (l->graphs == COST_GRAPHS_PARTIAL) {
+        g = malloc(sizeof *g);
+        if (!g) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+        *g = *c;
+        g->cal.launch_us = c->cal.graph_launch_us;
+    }
+    attention_cost(g ? g : c, l, layer, b);
     if (mdl_layer_is_moe(&c->model, layer)) {
         enum moe_status st = moe_cost(c, l, moe_index, b, err);
+        struct block_cost gb;
+        if (st == MOE_OK && g) {
+            memset(&gb, 0, sizeof gb);
+            st = moe_cost(g, l, moe_index, &gb, err);
+            static const int graphed[] = {COST_ROUTER, COST_PERMUTE, COST_UNPERMUTE};
+            for (size_t i = 0; i < sizeof graphed / sizeof graphed[0]; i++) {
+                int p = graphed[i];
+                b->fwd[p] = gb.fwd[p], b->bwd[p] = gb.bwd[p], b->recompute[p] = gb.recompute[p];
+            }
+        }
+        free(g);
         if (st != MOE_OK) return st;
     } else {
+        free(g);
         dense_ffn_cost(c, l, b);
     }
     /* attention's forward and backward are two phases: each gets its own correction */
@@ -611,6 +632,7 @@ static enum moe_status stage_cost(const struct cost_ctx *c, const struct cost_la
         if (l->overlap && a2a_f > 0) {
             double win_f = b->fwd[COST_ATTN_FWD] + b->fwd[COST_SHARED_EXPERT];
             double win_b = b->bwd[COST_ATTN_BWD] + b->bwd[COST_SHARED_EXPERT];
+            if (l->delay_wgrad) win_b += 0.5 * b->bwd[COST_EXPERTS_BWD]; /* the wgrad half */
             hide_f = fmin(c->cal.overlap_max * a2a_f, win_f) / a2a_f;
             hide_b = fmin(c->cal.overlap_max * a2a_b, win_b) / a2a_b;
         }
@@ -952,7 +974,15 @@ enum moe_status cost_block_times(const struct cost_ctx *c, const struct cost_lay
 enum moe_status cost_evaluate(const struct cost_ctx *ctx, const struct cost_layout *l,
                               struct cost_result *out, struct moe_error *err)
 {
-    return evaluate(ctx, l, false, out, err);
+    if (l->graphs != COST_GRAPHS_FULL) return evaluate(ctx, l, false, out, err);
+    /* the whole iteration in one CUDA graph: every kernel launched from it */
+    struct cost_ctx *g = malloc(sizeof *g);
+    if (!g) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    *g = *ctx;
+    g->cal.launch_us = ctx->cal.graph_launch_us;
+    enum moe_status st = evaluate(g, l, false, out, err);
+    free(g);
+    return st;
 }
 
 enum moe_status cost_memory(const struct cost_ctx *ctx, const struct cost_layout *l,

@@ -41,6 +41,7 @@ struct cost_calibration {
     double attn_seq_half;              /* sequence at which attention runs at half that (0: none) */
     double hbm_eff;                    /* memory-bound kernels, fraction of HBM bandwidth */
     double launch_us;                  /* per kernel launch */
+    double graph_launch_us;            /* the same inside a CUDA graph (cuda_graphs=) */
     double nvlink_eff;                 /* achieved fraction of NVLink bandwidth (all-to-all, p2p) */
     double nvlink_allreduce_eff;       /* ring all-reduce bus bandwidth fraction over NVLink */
     double scale_out_eff;              /* achieved fraction of the NIC bandwidth */

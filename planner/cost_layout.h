@@ -70,6 +70,11 @@ enum cost_precision { COST_BF16 = 0, COST_FP8, COST_MXFP8, COST_FP8_BLOCK };
 enum cost_recompute { COST_RECOMPUTE_NONE = 0, COST_RECOMPUTE_SELECTIVE, COST_RECOMPUTE_FULL };
 extern const char *const cost_precision_names[];
 extern const char *const cost_recompute_names[];
+/* CUDA graphs: none; partial (Megatron's TE scopes attn, moe_router, moe_preprocess: attention,
+ * the router and the permutation); full (the whole iteration). A graphed kernel costs
+ * graph_launch_us instead of launch_us. */
+enum cost_graphs { COST_GRAPHS_NONE = 0, COST_GRAPHS_PARTIAL, COST_GRAPHS_FULL };
+extern const char *const cost_graphs_names[];
 /* Selective recompute by module, as Megatron names them (--recompute-modules). */
 enum cost_rc_module {
     COST_RC_CORE_ATTN = 0, /* the attention kernel: its output is not kept */
@@ -100,8 +105,11 @@ struct cost_layout {
     unsigned recompute_modules; /* selective: COST_RC_BIT of each module (cost_layout_rc) */
     int recompute_layers;       /* full: blocks of each stage recomputed (0: all) */
     enum cost_dispatcher dispatcher;
-    bool overlap; /* EP all-to-all overlapped with compute */
-    int mtp;      /* multi-token prediction layers trained (the CLI's default: the model's) */
+    bool overlap;     /* EP all-to-all overlapped with compute */
+    bool delay_wgrad; /* the experts' weight gradients wait: the backward all-to-all hides behind
+                       * them too (with overlap) */
+    enum cost_graphs graphs;
+    int mtp; /* multi-token prediction layers trained (the CLI's default: the model's) */
     bool grad_reduce_bf16; /* gradients kept and reduced in bf16, not fp32 */
     bool moments_bf16;     /* Adam's moments in bf16 (precision-aware optimizer), not fp32 */
     /* Megatron's --pipeline-model-parallel-layout ("Et*4|(t*4|)*14tmL"); "": moeplan splits */

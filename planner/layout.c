@@ -17,6 +17,7 @@ const char *const cost_precision_names[] = {"bf16", "fp8", "mxfp8", "fp8block", 
 const char *const cost_recompute_names[] = {"none", "selective", "full", NULL};
 const char *const cost_dispatcher_names[] = {"alltoall", "dedup-gpu", "dedup-domain",
                                              "deepep",   "hybridep",  NULL};
+const char *const cost_graphs_names[] = {"none", "partial", "full", NULL};
 const char *const cost_rc_module_names[COST_RC_NMODULES] = {
     "core_attn", "mla_up_proj", "layernorm", "moe_act", "mlp", "moe", "shared_experts"};
 
@@ -87,10 +88,17 @@ enum moe_status cost_layout_parse(struct cost_layout *l, const char *text, struc
             t.dispatcher = (enum cost_dispatcher)idx;
             continue;
         }
-        if (!strcmp(key, "overlap")) {
+        if (!strcmp(key, "overlap") || !strcmp(key, "delay_wgrad")) {
             if (strcmp(val, "on") && strcmp(val, "off"))
-                return moe_error_set(err, MOE_ERR_USAGE, "layout: overlap=%s (on, off)", val);
-            t.overlap = !strcmp(val, "on");
+                return moe_error_set(err, MOE_ERR_USAGE, "layout: %s=%s (on, off)", key, val);
+            *(key[0] == 'o' ? &t.overlap : &t.delay_wgrad) = !strcmp(val, "on");
+            continue;
+        }
+        if (!strcmp(key, "cuda_graphs")) {
+            if ((idx = name_index(cost_graphs_names, val)) < 0)
+                return moe_error_set(err, MOE_ERR_USAGE,
+                                     "layout: cuda_graphs=%s (none, partial, full)", val);
+            t.graphs = (enum cost_graphs)idx;
             continue;
         }
         if (!strcmp(key, "precision") && !strcmp(val, "fp8cs")) { /* Megatron's "tensorwise" */
@@ -149,7 +157,8 @@ enum moe_status cost_layout_parse(struct cost_layout *l, const char *text, struc
             return moe_error_set(err, MOE_ERR_USAGE,
                                  "layout: unknown key '%s' (tp, pp, vpp, ep, etp, dp, zero, mbs, "
                                  "gbs, seq, precision, recompute, recompute_layers, dispatcher, "
-                                 "overlap, mtp, grad_reduce, moments, pp_layout)",
+                                 "overlap, delay_wgrad, cuda_graphs, mtp, grad_reduce, moments, "
+                                 "pp_layout)",
                                  key);
     }
     *l = t;
@@ -180,6 +189,10 @@ void cost_layout_format(const struct cost_layout *l, char *buf, size_t cap)
         k += snprintf(buf + k, cap - (size_t)k, ",mtp=%d", l->mtp);
     if (k >= 0 && (size_t)k < cap && l->grad_reduce_bf16)
         k += snprintf(buf + k, cap - (size_t)k, ",grad_reduce=bf16");
+    if (k >= 0 && (size_t)k < cap && l->delay_wgrad)
+        k += snprintf(buf + k, cap - (size_t)k, ",delay_wgrad=on");
+    if (k >= 0 && (size_t)k < cap && l->graphs)
+        k += snprintf(buf + k, cap - (size_t)k, ",cuda_graphs=%s", cost_graphs_names[l->graphs]);
     if (k >= 0 && (size_t)k < cap && l->moments_bf16)
         k += snprintf(buf + k, cap - (size_t)k, ",moments=bf16");
     if (k >= 0 && (size_t)k < cap && l->pp_layout[0])

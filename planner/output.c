@@ -289,6 +289,11 @@ enum moe_status plan_print_emit(const struct plan_request *q, const struct plan_
                     "--moe-token-dispatcher-type flex \\\n--moe-flex-dispatcher-backend %s \\\n",
                     l->dispatcher == COST_DISPATCH_HYBRIDEP ? "hybridep" : "deepep");
         if (l->overlap && l->ep > 1) fprintf(out, "--overlap-moe-expert-parallel-comm \\\n");
+        if (l->overlap && l->ep > 1 && l->delay_wgrad) fprintf(out, "--delay-wgrad-compute \\\n");
+        if (l->graphs == COST_GRAPHS_PARTIAL)
+            fprintf(out, "--cuda-graph-impl transformer_engine \\\n--cuda-graph-modules attn "
+                         "moe_router moe_preprocess \\\n");
+        if (l->graphs == COST_GRAPHS_FULL) fprintf(out, "--cuda-graph-impl full_iteration \\\n");
         if (!strcmp(q->routing_spec, "balanced"))
             fprintf(out, "--moe-router-force-load-balancing \\\n");
         unsigned rc = cost_layout_rc(l);

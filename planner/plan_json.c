@@ -119,6 +119,8 @@ enum moe_status plan_save(const struct plan_request *q, const struct plan_result
     json_object_set_new(lay, "mtp", json_integer(l->mtp));
     json_object_set_new(lay, "grad_reduce", json_string(l->grad_reduce_bf16 ? "bf16" : "fp32"));
     json_object_set_new(lay, "moments", json_string(l->moments_bf16 ? "bf16" : "fp32"));
+    json_object_set_new(lay, "delay_wgrad", json_boolean(l->delay_wgrad));
+    json_object_set_new(lay, "cuda_graphs", json_string(cost_graphs_names[l->graphs]));
     if (l->pp_layout[0]) json_object_set_new(lay, "pp_layout", json_string(l->pp_layout));
     json_object_set_new(root, "layout", lay);
 
@@ -500,17 +502,20 @@ static enum moe_status plan_from_doc(const struct moe_jdoc *doc, struct plan_fil
     /* the recipe keys (optional: a plan without them keeps the defaults) */
     static const char *const fp_names[] = {"fp32", "bf16", NULL};
     char text[COST_PP_LAYOUT_MAX];
-    int g = 0, mo = 0;
+    int g = 0, mo = 0, gr = 0;
     if ((st = moe_jval_str(&lay, "recompute_modules", false, "", text, sizeof text, err)) ||
         (st = moe_jval_int32(&lay, "recompute_layers", false, 0, 0, MDL_MAX_LAYERS,
                              &l->recompute_layers, err)) ||
         (st = moe_jval_int32(&lay, "mtp", false, 0, 0, MDL_MAX_MTP, &l->mtp, err)) ||
         (st = moe_jval_enum(&lay, "grad_reduce", false, 0, fp_names, &g, err)) ||
         (st = moe_jval_enum(&lay, "moments", false, 0, fp_names, &mo, err)) ||
+        (st = moe_jval_bool(&lay, "delay_wgrad", false, false, &l->delay_wgrad, err)) ||
+        (st = moe_jval_enum(&lay, "cuda_graphs", false, 0, cost_graphs_names, &gr, err)) ||
         (st = moe_jval_str(&lay, "pp_layout", false, "", l->pp_layout, sizeof l->pp_layout, err)))
         return st;
     l->grad_reduce_bf16 = g == 1;
     l->moments_bf16 = mo == 1;
+    l->graphs = (enum cost_graphs)gr;
     if (text[0]) {
         struct cost_layout t = *l;
         char kv[COST_PP_LAYOUT_MAX + 16];

@@ -156,7 +156,9 @@ static enum moe_status search_gpus(const struct plan_request *q, int gpus, struc
                                                         .mtp =
                                                             fx->mtp >= 0 ? fx->mtp : m->mtp_layers,
                                                         .grad_reduce_bf16 = fx->grad_reduce_bf16,
-                                                        .moments_bf16 = fx->moments_bf16};
+                                                        .moments_bf16 = fx->moments_bf16,
+                                                        .delay_wgrad = fx->delay_wgrad,
+                                                        .graphs = fx->graphs};
                                 memcpy(l.pp_layout, fx->pp_layout, sizeof l.pp_layout);
                                 struct moe_error why;
                                 if (cost_layout_check(&l, m, gpus, &why) != MOE_OK) {

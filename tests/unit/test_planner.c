@@ -168,6 +168,41 @@ static struct cost_layout layout(const char *text, int seq)
     return l;
 }
 
+/* The overhead keys: CUDA graphs take launches off the step (full <= partial <= none; full by
+ * (launch_us - graph_launch_us) a kernel at least somewhere), delayed weight gradients never
+ * cost time, and bf16 gradients and moments cost 2 and 4 bytes a parameter less. */
+static void test_overhead_keys(void **state)
+{
+    (void)state;
+    struct mdl_model m;
+    struct topo_cluster c;
+    setup("qwen3-30b-a3b", "gb200-nvl72-x16", &m, &c);
+    struct cost_ctx ctx;
+    cost_ctx_init(&ctx, &m, &c, NULL, 8);
+    struct moe_error err;
+    static const char *const texts[] = {
+        "ep=8,dp=8,mbs=4,gbs=512,precision=mxfp8,overlap=on",
+        "ep=8,dp=8,mbs=4,gbs=512,precision=mxfp8,overlap=on,cuda_graphs=partial",
+        "ep=8,dp=8,mbs=4,gbs=512,precision=mxfp8,overlap=on,cuda_graphs=full",
+        "ep=8,dp=8,mbs=4,gbs=512,precision=mxfp8,overlap=on,delay_wgrad=on",
+        "ep=8,dp=8,mbs=4,gbs=512,precision=mxfp8,overlap=on,grad_reduce=bf16,moments=bf16"};
+    struct cost_result r[5];
+    for (int i = 0; i < 5; i++) {
+        struct cost_layout l = layout(texts[i], 4096);
+        if (cost_evaluate(&ctx, &l, &r[i], &err) != MOE_OK) fail_msg("%s", err.message);
+    }
+    assert_true(r[1].step_us < r[0].step_us && r[2].step_us < r[1].step_us);
+    assert_true(r[3].step_us <= r[0].step_us);
+    assert_true(r[4].step_us == r[0].step_us);
+    struct mdl_params p;
+    mdl_params_count(&m, &p);
+    double saved = r[0].memory_total_bytes - r[4].memory_total_bytes;
+    assert_true(saved > 0 &&
+                r[4].memory_bytes[COST_MEM_GRADS] == 0.5 * r[0].memory_bytes[COST_MEM_GRADS]);
+    assert_true(fabs(r[4].memory_bytes[COST_MEM_OPTIMIZER] / r[0].memory_bytes[COST_MEM_OPTIMIZER] -
+                     8.0 / 12.0) < 1e-12);
+}
+
 /* ZeRO: weights 2 B, fp32 grads 4 B, Adam state 12 B per parameter; stage 1 shards the optimizer
  * over dp, stage 2 the gradients too, stage 3 the weights too. */
 static void test_zero_memory(void **state)
@@ -345,7 +380,7 @@ static void test_layout_recipe_keys(void **state)
     struct moe_error err;
     const char *text = "tp=1,pp=4,vpp=4,ep=64,dp=64,mbs=1,gbs=4096,precision=mxfp8,"
                        "recompute=mla_up_proj+moe_act,mtp=1,grad_reduce=bf16,moments=bf16,"
-                       "pp_layout=Et*4|(t*4|)*14tmL";
+                       "delay_wgrad=on,cuda_graphs=partial,pp_layout=Et*4|(t*4|)*14tmL";
     assert_int_equal(cost_layout_parse(&l, text, &err), MOE_OK);
     assert_int_equal(l.recompute, COST_RECOMPUTE_SELECTIVE);
     assert_int_equal(cost_layout_rc(&l),
@@ -853,6 +888,7 @@ int main(void)
         cmocka_unit_test(test_gemm),
         cmocka_unit_test(test_pp_layout),
         cmocka_unit_test(test_layout_recipe_keys),
+        cmocka_unit_test(test_overhead_keys),
         cmocka_unit_test(test_collectives),
         cmocka_unit_test(test_dispatch_bytes_by_hand),
         cmocka_unit_test(test_pipeline_bubble),
