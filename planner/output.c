@@ -293,7 +293,9 @@ enum moe_status plan_print_emit(const struct plan_request *q, const struct plan_
         if (l->graphs == COST_GRAPHS_PARTIAL)
             fprintf(out, "--cuda-graph-impl transformer_engine \\\n--cuda-graph-modules attn "
                          "moe_router moe_preprocess \\\n");
-        if (l->graphs == COST_GRAPHS_FULL) fprintf(out, "--cuda-graph-impl full_iteration \\\n");
+        if (l->graphs == COST_GRAPHS_FULL) /* a graphed iteration cannot stop to look for NaN */
+            fprintf(out, "--cuda-graph-impl full_iteration \\\n"
+                         "--no-check-for-nan-in-loss-and-grad \\\n");
         if (!strcmp(q->routing_spec, "balanced"))
             fprintf(out, "--moe-router-force-load-balancing \\\n");
         unsigned rc = cost_layout_rc(l);
