@@ -374,7 +374,12 @@ enum moe_status plan_print_emit(const struct plan_request *q, const struct plan_
                 l->recompute == COST_RECOMPUTE_NONE        ? "minimal"
                 : l->recompute == COST_RECOMPUTE_SELECTIVE ? "save_qkv_proj"
                                                            : "full");
-        if (l->precision != COST_BF16) fprintf(out, "quantization: fp8\n");
+        /* Transformer Engine's recipes in MaxText's QuantizationType; it has no blockwise one */
+        if (l->precision == COST_MXFP8) fprintf(out, "quantization: te_mxfp8\n");
+        if (l->precision == COST_FP8) fprintf(out, "quantization: te_fp8_currentscaling\n");
+        if (l->precision == COST_FP8_BLOCK)
+            fprintf(out, "# fp8block: MaxText has no blockwise recipe; current scaling is the "
+                         "nearest\nquantization: te_fp8_currentscaling\n");
         return MOE_OK;
     }
     return moe_error_set(err, MOE_ERR_USAGE, "--emit %s: megatron or maxtext", target);
