@@ -635,6 +635,18 @@ static enum moe_status stage_cost(const struct cost_ctx *c, const struct cost_la
             if (l->delay_wgrad) win_b += 0.5 * b->bwd[COST_EXPERTS_BWD]; /* the wgrad half */
             hide_f = fmin(c->cal.overlap_max * a2a_f, win_f) / a2a_f;
             hide_b = fmin(c->cal.overlap_max * a2a_b, win_b) / a2a_b;
+            /* DeepEP and HybridEP kernels hold SMs while the compute they hide behind runs:
+             * that compute runs on the rest, as long as the hidden communication lasts */
+            int k = l->ep_sms, sms = c->cluster.gpu.sms;
+            if (!k && l->dispatcher == COST_DISPATCH_DEEPEP) k = COST_DEEPEP_SMS;
+            if (!k && l->dispatcher == COST_DISPATCH_HYBRIDEP) k = COST_HYBRIDEP_SMS;
+            if (l->dispatcher < COST_DISPATCH_DEEPEP) k = 0;
+            if (k > 0 && k < sms) {
+                double slow = (double)k / (sms - k);
+                s->fwd_us += hide_f * a2a_f * slow;
+                s->bwd_us += hide_b * a2a_b * slow;
+                s->phases[COST_DISPATCH] += (hide_f * a2a_f + hide_b * a2a_b) * slow;
+            }
         }
         for (int p = 0; p < COST_NPHASES; p++) {
             double comm_f = b->comm_fwd[p], comm_b = b->comm_bwd[p];

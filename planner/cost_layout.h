@@ -49,6 +49,10 @@ enum cost_dispatcher {
     COST_DISPATCH_HYBRIDEP
 };
 extern const char *const cost_dispatcher_names[];
+/* The SMs the DeepEP and HybridEP kernels take when `ep_sms` is not given: DeepEP's own default
+ * (its Buffer's num_sms) and what Megatron-Bridge's HybridEP recipes set. */
+#define COST_DEEPEP_SMS 20
+#define COST_HYBRIDEP_SMS 32
 /* The copies a dispatcher sends: alltoall, dedup-gpu or dedup-domain. */
 static inline enum cost_dispatcher cost_dispatch_copies(enum cost_dispatcher d)
 {
@@ -109,7 +113,9 @@ struct cost_layout {
     bool delay_wgrad; /* the experts' weight gradients wait: the backward all-to-all hides behind
                        * them too (with overlap) */
     enum cost_graphs graphs;
-    int mtp; /* multi-token prediction layers trained (the CLI's default: the model's) */
+    int ep_sms; /* deepep, hybridep: SMs their kernels take while compute overlaps them (0: the
+                 * dispatcher's default, COST_DEEPEP_SMS / COST_HYBRIDEP_SMS) */
+    int mtp;    /* multi-token prediction layers trained (the CLI's default: the model's) */
     bool grad_reduce_bf16; /* gradients kept and reduced in bf16, not fp32 */
     bool moments_bf16;     /* Adam's moments in bf16 (precision-aware optimizer), not fp32 */
     /* Megatron's --pipeline-model-parallel-layout ("Et*4|(t*4|)*14tmL"); "": moeplan splits */

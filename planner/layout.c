@@ -148,7 +148,8 @@ enum moe_status cost_layout_parse(struct cost_layout *l, const char *text, struc
                     {"seq", offsetof(struct cost_layout, seq_len)},
                     {"seq_len", offsetof(struct cost_layout, seq_len)},
                     {"mtp", offsetof(struct cost_layout, mtp)},
-                    {"recompute_layers", offsetof(struct cost_layout, recompute_layers)}};
+                    {"recompute_layers", offsetof(struct cost_layout, recompute_layers)},
+                    {"ep_sms", offsetof(struct cost_layout, ep_sms)}};
         size_t k = 0;
         while (k < sizeof ints / sizeof ints[0] && strcmp(ints[k].key, key)) k++;
         if (k < sizeof ints / sizeof ints[0])
@@ -157,8 +158,8 @@ enum moe_status cost_layout_parse(struct cost_layout *l, const char *text, struc
             return moe_error_set(err, MOE_ERR_USAGE,
                                  "layout: unknown key '%s' (tp, pp, vpp, ep, etp, dp, zero, mbs, "
                                  "gbs, seq, precision, recompute, recompute_layers, dispatcher, "
-                                 "overlap, delay_wgrad, cuda_graphs, mtp, grad_reduce, moments, "
-                                 "pp_layout)",
+                                 "overlap, delay_wgrad, cuda_graphs, ep_sms, mtp, grad_reduce, "
+                                 "moments, pp_layout)",
                                  key);
     }
     *l = t;
@@ -193,6 +194,8 @@ void cost_layout_format(const struct cost_layout *l, char *buf, size_t cap)
         k += snprintf(buf + k, cap - (size_t)k, ",delay_wgrad=on");
     if (k >= 0 && (size_t)k < cap && l->graphs)
         k += snprintf(buf + k, cap - (size_t)k, ",cuda_graphs=%s", cost_graphs_names[l->graphs]);
+    if (k >= 0 && (size_t)k < cap && l->ep_sms)
+        k += snprintf(buf + k, cap - (size_t)k, ",ep_sms=%d", l->ep_sms);
     if (k >= 0 && (size_t)k < cap && l->moments_bf16)
         k += snprintf(buf + k, cap - (size_t)k, ",moments=bf16");
     if (k >= 0 && (size_t)k < cap && l->pp_layout[0])

@@ -288,6 +288,8 @@ enum moe_status plan_print_emit(const struct plan_request *q, const struct plan_
             fprintf(out,
                     "--moe-token-dispatcher-type flex \\\n--moe-flex-dispatcher-backend %s \\\n",
                     l->dispatcher == COST_DISPATCH_HYBRIDEP ? "hybridep" : "deepep");
+        if (l->dispatcher >= COST_DISPATCH_DEEPEP && l->ep_sms)
+            fprintf(out, "--moe-flex-dispatcher-num-sms %d \\\n", l->ep_sms);
         if (l->overlap && l->ep > 1) fprintf(out, "--overlap-moe-expert-parallel-comm \\\n");
         if (l->overlap && l->ep > 1 && l->delay_wgrad) fprintf(out, "--delay-wgrad-compute \\\n");
         if (l->graphs == COST_GRAPHS_PARTIAL)

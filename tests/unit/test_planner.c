@@ -192,6 +192,21 @@ static void test_overhead_keys(void **state)
         if (cost_evaluate(&ctx, &l, &r[i], &err) != MOE_OK) fail_msg("%s", err.message);
     }
     assert_true(r[1].step_us < r[0].step_us && r[2].step_us < r[1].step_us);
+    /* DeepEP / HybridEP kernels hold SMs while overlapped compute runs: their default counts,
+     * then fewer; none without overlap */
+    static const char *const ep_texts[] = {
+        "ep=8,dp=8,mbs=4,gbs=512,overlap=on,dispatcher=dedup-domain",
+        "ep=8,dp=8,mbs=4,gbs=512,overlap=on,dispatcher=hybridep",
+        "ep=8,dp=8,mbs=4,gbs=512,overlap=on,dispatcher=hybridep,ep_sms=8",
+        "ep=8,dp=8,mbs=4,gbs=512,overlap=off,dispatcher=hybridep",
+        "ep=8,dp=8,mbs=4,gbs=512,overlap=off,dispatcher=dedup-domain"};
+    struct cost_result e[5];
+    for (int i = 0; i < 5; i++) {
+        struct cost_layout l = layout(ep_texts[i], 4096);
+        if (cost_evaluate(&ctx, &l, &e[i], &err) != MOE_OK) fail_msg("%s", err.message);
+    }
+    assert_true(e[1].step_us > e[2].step_us && e[2].step_us > e[0].step_us);
+    assert_true(e[3].step_us == e[4].step_us);
     assert_true(r[3].step_us <= r[0].step_us);
     assert_true(r[4].step_us == r[0].step_us);
     struct mdl_params p;
@@ -380,7 +395,7 @@ static void test_layout_recipe_keys(void **state)
     struct moe_error err;
     const char *text = "tp=1,pp=4,vpp=4,ep=64,dp=64,mbs=1,gbs=4096,precision=mxfp8,"
                        "recompute=mla_up_proj+moe_act,mtp=1,grad_reduce=bf16,moments=bf16,"
-                       "delay_wgrad=on,cuda_graphs=partial,pp_layout=Et*4|(t*4|)*14tmL";
+                       "delay_wgrad=on,cuda_graphs=partial,ep_sms=24,pp_layout=Et*4|(t*4|)*14tmL";
     assert_int_equal(cost_layout_parse(&l, text, &err), MOE_OK);
     assert_int_equal(l.recompute, COST_RECOMPUTE_SELECTIVE);
     assert_int_equal(cost_layout_rc(&l),
