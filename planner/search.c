@@ -314,7 +314,7 @@ static enum moe_status refine(const struct plan_request *q, struct cost_ctx *ctx
     /* Where dedup saves nothing (each token's experts on distinct GPUs), the plain all-to-all is
      * the simpler plan. */
     if (l.dispatcher != COST_DISPATCH_ALLTOALL && r->no_dedup.step_us <= res.step_us &&
-        r->no_dedup.fits) {
+        r->no_dedup.fits && (int)q->fix.dispatcher < 0) { /* unless --fix names the dispatcher */
         r->best.layout = plain;
         r->best.result = r->no_dedup;
         r->best.score = score_of(q, &plain, &r->no_dedup, r->best.gpus);
