@@ -824,6 +824,10 @@ static enum moe_status evaluate(const struct cost_ctx *c, const struct cost_layo
                              t->gpu.name, t->gpu.arch);
     if (l->precision != COST_BF16 && t->gpu.fp8_tflops <= 0)
         return moe_error_set(err, MOE_ERR_INFEASIBLE, "%s has no fp8", t->gpu.name);
+    if (l->ep_sms >= t->gpu.sms)
+        return moe_error_set(err, MOE_ERR_INFEASIBLE,
+                             "ep_sms = %d: the %s has %d SMs, the dispatch must leave compute some",
+                             l->ep_sms, t->gpu.name, t->gpu.sms);
     int pp = l->pp, vpp = l->vpp, stages = pp * vpp, mb = cost_layout_micro_batches(l);
     if (pp > COST_MAX_PP || stages > COST_MAX_STAGES)
         return moe_error_set(err, MOE_ERR_INFEASIBLE, "more than %d pipeline ranks or %d stages",

@@ -166,16 +166,20 @@ enum moe_status cost_layout_parse(struct cost_layout *l, const char *text, struc
     return MOE_OK;
 }
 
+void cost_rc_modules_format(unsigned mods, const char *sep, char *buf, size_t cap)
+{
+    size_t n = 0;
+    if (cap) buf[0] = '\0';
+    for (int i = 0; i < COST_RC_NMODULES && n < cap; i++)
+        if (mods & COST_RC_BIT(i))
+            n += (size_t)snprintf(buf + n, cap - n, "%s%s", n ? sep : "", cost_rc_module_names[i]);
+}
+
 void cost_layout_format(const struct cost_layout *l, char *buf, size_t cap)
 {
     char rc[160] = "";
-    size_t n = 0;
     unsigned mods = cost_layout_rc(l);
-    if (mods && mods != COST_RC_DEFAULT)
-        for (int i = 0; i < COST_RC_NMODULES; i++)
-            if (mods & COST_RC_BIT(i))
-                n += (size_t)snprintf(rc + n, sizeof rc - n, "%s%s", n ? "+" : "",
-                                      cost_rc_module_names[i]);
+    if (mods != COST_RC_DEFAULT) cost_rc_modules_format(mods, "+", rc, sizeof rc);
     int k = snprintf(buf, cap,
                      "tp=%d,pp=%d,vpp=%d,ep=%d,etp=%d,dp=%d,zero=%d,mbs=%d,gbs=%d,seq=%d,"
                      "precision=%s,recompute=%s,dispatcher=%s,overlap=%s",

@@ -302,10 +302,9 @@ enum moe_status plan_print_emit(const struct plan_request *q, const struct plan_
             fprintf(out, "--moe-router-force-load-balancing \\\n");
         unsigned rc = cost_layout_rc(l);
         if (rc) {
-            fprintf(out, "--recompute-granularity selective \\\n--recompute-modules");
-            for (int i = 0; i < COST_RC_NMODULES; i++)
-                if (rc & COST_RC_BIT(i)) fprintf(out, " %s", cost_rc_module_names[i]);
-            fprintf(out, " \\\n");
+            char mods[160];
+            cost_rc_modules_format(rc, " ", mods, sizeof mods);
+            fprintf(out, "--recompute-granularity selective \\\n--recompute-modules %s \\\n", mods);
         }
         if (l->recompute == COST_RECOMPUTE_FULL && !l->recompute_layers)
             fprintf(out, "--recompute-granularity full \\\n--recompute-method uniform "

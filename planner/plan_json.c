@@ -107,12 +107,8 @@ enum moe_status plan_save(const struct plan_request *q, const struct plan_result
     json_object_set_new(lay, "recompute", json_string(cost_recompute_names[l->recompute]));
     json_object_set_new(lay, "dispatcher", json_string(cost_dispatcher_names[l->dispatcher]));
     json_object_set_new(lay, "overlap", json_boolean(l->overlap));
-    char mods[160] = "";
-    size_t n = 0;
-    for (int i = 0; i < COST_RC_NMODULES; i++)
-        if (cost_layout_rc(l) & COST_RC_BIT(i))
-            n += (size_t)snprintf(mods + n, sizeof mods - n, "%s%s", n ? "+" : "",
-                                  cost_rc_module_names[i]);
+    char mods[160];
+    cost_rc_modules_format(cost_layout_rc(l), "+", mods, sizeof mods);
     if (mods[0]) json_object_set_new(lay, "recompute_modules", json_string(mods));
     if (l->recompute == COST_RECOMPUTE_FULL)
         json_object_set_new(lay, "recompute_layers", json_integer(l->recompute_layers));

@@ -207,6 +207,10 @@ static void test_overhead_keys(void **state)
     }
     assert_true(e[1].step_us > e[2].step_us && e[2].step_us > e[0].step_us);
     assert_true(e[3].step_us == e[4].step_us);
+    struct cost_layout greedy =
+        layout("ep=8,dp=8,mbs=4,gbs=512,dispatcher=hybridep,ep_sms=148", 4096);
+    assert_int_equal(cost_evaluate(&ctx, &greedy, &e[0], &err), MOE_ERR_INFEASIBLE);
+    assert_non_null(strstr(err.message, "ep_sms = 148: the GB200 has 148 SMs"));
     assert_true(r[3].step_us <= r[0].step_us);
     assert_true(r[4].step_us == r[0].step_us);
     struct mdl_params p;
