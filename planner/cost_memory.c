@@ -1,0 +1,184 @@
+/*
+ * cost_memory.c: what one GPU holds for a layout: weights, gradients and optimizer state as the
+ * parallel degrees and the ZeRO stage shard them, the activations of the micro-batches a pipeline
+ * rank holds for its backward (module by module, less what the layout recomputes), the dispatch
+ * buffers, and what CUDA, NCCL and cuBLAS reserve.
+ */
+#include "cost_internal.h"
+
+#include <string.h>
+
+#define RESERVED_BYTES (2.5 * 1073741824.0) /* CUDA context, NCCL, cuBLAS workspace */
+
+double cost_act_elem_bytes(const struct cost_layout *l)
+{
+    switch (l->precision) {
+    case COST_FP8: return 1.0;
+    case COST_FP8_BLOCK: return 1.0 + 4.0 / 128.0;
+    case COST_MXFP8: return 1.0 + 1.0 / 32.0;
+    default: return BF16;
+    }
+}
+
+/* Activation bytes one GPU keeps for one micro-batch of this block, module by module as
+ * Megatron-Core keeps them (TE layers, flash attention, sequence parallelism with TP: every
+ * tensor split over tp), less what the layout recomputes. Per token:
+ *   norms: each block norm's input (bf16) and 1/rms; its output, the next GEMM's input, unless
+ *     `layernorm` is recomputed;
+ *   attention: the projections' inputs; flash attention's q, k, v, output and log-sum-exp; MLA
+ *     also its compressed q and kv and their norms (`mla_up_proj` drops q, k, v: recomputed from
+ *     the compressed ones; `core_attn` drops the output);
+ *   MoE: the router's logits and scores, and per routed copy the first GEMM's input, its output
+ *     (the activation's input) and the activation's output (`moe_act` drops the last; `moe` keeps
+ *     only the layer's input); shared experts and dense FFNs alike (`shared_experts`, `mlp`).
+ * Full recompute keeps only the block's input. */
+static double block_activation_bytes(const struct cost_ctx *c, const struct cost_layout *l,
+                                     int layer, double hot_ratio)
+{
+    const struct mdl_model *m = &c->model;
+    const struct mdl_attention *a = &m->attn;
+    double T = (double)l->mbs * l->seq_len / l->tp, h = m->hidden, H = a->heads,
+           lin = cost_act_elem_bytes(l);
+    unsigned rc = cost_layout_rc(l);
+    bool rc_norm = rc & COST_RC_BIT(COST_RC_LAYERNORM);
+    if (l->recompute == COST_RECOMPUTE_FULL) return T * h * BF16;
+    /* the two norms: input and 1/rms kept; output kept as a GEMM input unless recomputed */
+    double norms = 2.0 * (BF16 * h + 4.0) + (rc_norm ? 0.0 : 2.0 * lin * h);
+    double attn = 0.0;
+    if (a->type == MDL_ATTN_GQA) {
+        double q = H * a->head_dim, kv = (double)a->kv_heads * a->head_dim;
+        attn += BF16 * (q + 2.0 * kv);              /* q, k, v after RoPE (flash) */
+        if (a->qk_norm) attn += BF16 * (q + kv);    /* q and k before their norms */
+        if (!(rc & COST_RC_BIT(COST_RC_CORE_ATTN))) /* the output, and the projection's input */
+            attn += BF16 * q + (lin < BF16 ? lin * q : 0.0);
+    } else {
+        double qk = a->qk_nope_head_dim + a->qk_rope_head_dim, dv = a->v_head_dim;
+        if (a->q_lora_rank) attn += a->q_lora_rank * (BF16 + 4.0 / a->q_lora_rank + lin);
+        attn += a->kv_lora_rank * (BF16 + lin) + BF16 * a->qk_rope_head_dim;
+        if (!(rc & COST_RC_BIT(COST_RC_MLA_UP_PROJ))) attn += BF16 * H * (2.0 * qk + dv);
+        if (!(rc & COST_RC_BIT(COST_RC_CORE_ATTN)))
+            attn += BF16 * H * dv + (lin < BF16 ? lin * H * dv : 0.0);
+    }
+    attn += 4.0 * H; /* log-sum-exp per head */
+    double ffn = 0.0;
+    if (mdl_layer_is_moe(m, layer)) {
+        const struct mdl_moe *e = &m->moe;
+        double f = (double)e->intermediate / l->etp, k = e->top_k * hot_ratio * l->etp;
+        if (rc & COST_RC_BIT(COST_RC_MOE)) {
+            ffn = 0.0; /* the layer's input is the norm's output, counted above */
+        } else {
+            ffn += 8.0 * e->experts + 8.0 * e->top_k; /* logits, scores, choices */
+            ffn += k * (lin * h + BF16 * 2.0 * f);    /* GEMM 1 input and output */
+            if (!(rc & COST_RC_BIT(COST_RC_MOE_ACT))) ffn += k * lin * f; /* activation output */
+        }
+        if (e->shared_experts && !(rc & COST_RC_BIT(COST_RC_SHARED_EXPERTS))) {
+            double fs = (double)e->shared_experts * e->shared_intermediate;
+            ffn += BF16 * 2.0 * fs + lin * fs;
+        }
+    } else if (!(rc & COST_RC_BIT(COST_RC_MLP))) {
+        double f = m->dense_intermediate;
+        ffn += BF16 * 2.0 * f + lin * f;
+    }
+    return T * (norms + attn + ffn);
+}
+
+void cost_stage_memory(const struct cost_ctx *c, const struct cost_layout *l,
+                       const struct cost_stage *sg, double hot_ratio, struct cost_stage_memory *s)
+{
+    const struct mdl_model *m = &c->model;
+    int first = sg->first, count = sg->count, mtp = sg->mtp ? l->mtp : 0;
+    memset(s, 0, sizeof *s);
+    for (int j = first; j < first + count + mtp; j++) {
+        int i = j < first + count ? j : m->layers - 1; /* an MTP layer: a block like the last */
+        bool moe = mdl_layer_is_moe(m, i);
+        struct mdl_block_params bp;
+        mdl_block_params(m, i, &bp);
+        s->expert_params += bp.params[MDL_ROUTED];
+        for (int k = 0; k < MDL_NCOMPONENTS; k++)
+            if (k != MDL_ROUTED) s->dense_params += bp.params[k];
+        s->act_bytes += block_activation_bytes(c, l, i, moe ? hot_ratio : 1.0);
+        s->moe_layers += moe;
+    }
+    double h = m->hidden, M = (double)l->mbs * l->seq_len, V = (double)m->vocab / l->tp;
+    double T = M / l->tp;
+    if (sg->embed) s->embed_params += (double)m->vocab * h;
+    if (sg->loss && (!m->tied_embeddings || !sg->embed)) s->embed_params += (double)m->vocab * h;
+    s->dense_params += s->embed_params;
+    if (sg->loss) {
+        s->dense_params += h;                       /* final norm */
+        s->act_bytes += (1.0 + mtp) * M * V * BF16; /* logits kept for the loss backward */
+        s->act_bytes +=
+            T * h * cost_act_elem_bytes(l); /* the final norm's output, the head's input */
+    }
+    /* each MTP layer: its projection of [embedding, hidden] (2h -> h) and two norms, and that
+     * projection's input */
+    s->dense_params += mtp * (2.0 * h * h + 2.0 * h);
+    s->act_bytes += mtp * T * 2.0 * h * (BF16 + cost_act_elem_bytes(l));
+}
+
+/* Micro-batch chunks a pipeline rank holds for backward at most: its warm-up forwards plus the
+ * one in flight (what the simulation counts; tests check the two agree). */
+static int in_flight(int pp, int vpp, int mb, int rank)
+{
+    int warm = vpp == 1 ? pp - rank - 1 : (pp - rank - 1) * 2 + (vpp - 1) * pp;
+    int n = warm + 1, total = mb * vpp;
+    return n < total ? n : total;
+}
+
+/* Memory of each pp rank; the fullest sets the answer. */
+void cost_memory_of(const struct cost_ctx *c, const struct cost_layout *l,
+                    const struct cost_stage_memory *sm, struct cost_result *r)
+{
+    const struct mdl_model *m = &c->model;
+    int pp = l->pp, vpp = l->vpp, stages = pp * vpp, mb = cost_layout_micro_batches(l);
+    int edp = l->tp * l->dp / (l->ep * l->etp);
+    double T = (double)l->mbs * l->seq_len / l->tp, h = m->hidden, worst = -1.0;
+    for (int s = 0; s < pp; s++) {
+        double dense = 0, expert = 0, act = 0, disp = 0, embed = 0;
+        int held = in_flight(pp, vpp, mb, s);
+        for (int v = s; v < stages; v += pp) {
+            dense += sm[v].dense_params;
+            embed += sm[v].embed_params / l->tp;
+            expert += sm[v].expert_params / (l->ep * l->etp);
+            /* the chunks in flight, spread over this rank's chunks */
+            act += sm[v].act_bytes * (double)held / vpp;
+            if (sm[v].moe_layers) {
+                double rows = T * m->moe.top_k * l->etp;
+                disp = (c->dispatch_buffer_factor + 1.0) * rows * h * BF16 * 2.0;
+            }
+        }
+        double mem[COST_NMEM] = {0};
+        double dense_gpu = dense / l->tp; /* TP splits the dense parameters */
+        double w_d = l->zero >= 3 ? l->dp : 1, w_e = l->zero >= 3 ? edp : 1;
+        double g_d = l->zero >= 2 ? l->dp : 1, g_e = l->zero >= 2 ? edp : 1;
+        double o_d = l->zero >= 1 ? l->dp : 1, o_e = l->zero >= 1 ? edp : 1;
+        /* bf16 weights, and with fp8 recipes the fp8 copy of each GEMM weight (the embedding
+         * and the head stay bf16) that the GEMMs read; gradients in fp32 or bf16; the
+         * optimizer's fp32 master weights and two moments (fp32, or bf16 with moments=bf16) */
+        double fp8_copy = l->precision == COST_BF16 ? 0.0 : cost_act_elem_bytes(l);
+        double grad_b = l->grad_reduce_bf16 ? BF16 : 4.0, opt_b = l->moments_bf16 ? 8.0 : 12.0;
+        mem[COST_MEM_WEIGHTS] =
+            (BF16 + fp8_copy) * (dense_gpu / w_d + expert / w_e) - fp8_copy * embed / w_d;
+        mem[COST_MEM_GRADS] = grad_b * (dense_gpu / g_d + expert / g_e);
+        mem[COST_MEM_OPTIMIZER] = opt_b * (dense_gpu / o_d + expert / o_e);
+        mem[COST_MEM_ACTIVATIONS] = act;
+        mem[COST_MEM_DISPATCH] = disp;
+        mem[COST_MEM_RESERVED] = RESERVED_BYTES;
+        double total = 0;
+        for (int k = 0; k < COST_NMEM; k++) total += mem[k];
+        if (total > worst) {
+            worst = total;
+            memcpy(r->memory_bytes, mem, sizeof mem);
+        }
+    }
+    r->memory_total_bytes = worst;
+    r->memory_capacity_bytes = c->cluster.gpu.hbm_bytes * (1.0 - c->memory_headroom);
+    r->fits = r->memory_total_bytes <= r->memory_capacity_bytes;
+    if (!r->fits) {
+        char need[32], have[32];
+        moe_format_bytes(r->memory_total_bytes, need, sizeof need);
+        moe_format_bytes(r->memory_capacity_bytes, have, sizeof have);
+        snprintf(r->reason, sizeof r->reason, "needs %s per GPU, %s available (%.0f%% headroom)",
+                 need, have, 100 * c->memory_headroom);
+    }
+}
