@@ -36,20 +36,12 @@ static int run(const char *data, const char *model, const char *cluster, int gpu
                 for (int mbs = 1; mbs <= 2; mbs++)
                     for (int rc = 0; rc < 3; rc++)
                         for (int d = 0; d < 3; d++) {
-                            struct cost_layout l = {.tp = tps[a],
-                                                    .pp = pps[b],
-                                                    .vpp = 1,
-                                                    .ep = eps[e],
-                                                    .etp = 1,
-                                                    .dp = 0,
-                                                    .zero = 1,
-                                                    .seq_len = 4096,
-                                                    .mbs = mbs,
-                                                    .gbs = 0,
-                                                    .precision = COST_BF16,
-                                                    .recompute = (enum cost_recompute)rc,
-                                                    .dispatcher = (enum cost_dispatcher)d,
-                                                    .overlap = true};
+                            struct cost_layout l;
+                            cost_layout_defaults(&l, 4096);
+                            l.tp = tps[a], l.pp = pps[b], l.ep = eps[e], l.mbs = mbs;
+                            l.recompute = (enum cost_recompute)rc;
+                            l.dispatcher = (enum cost_dispatcher)d;
+                            l.overlap = true;
                             l.dp = gpus / (l.tp * l.pp);
                             l.gbs = l.dp * mbs * 16;
                             if (cost_layout_check(&l, &m, gpus, NULL) != MOE_OK) continue;

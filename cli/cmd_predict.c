@@ -14,7 +14,7 @@ enum { OPT_LAYOUT = 1, OPT_JSON };
 const struct cli_opt cmd_predict_opts[] = {
     CLI_INPUT_OPTIONS,
     {"layout", required_argument, OPT_LAYOUT, "K=V,...",
-     "tp, pp, vpp, ep, etp, dp, zero, mbs, gbs, recompute, dispatcher, overlap"},
+     "tp, cp, pp, vpp, ep, etp, dp, zero, mbs, gbs, recompute, dispatcher, overlap"},
     {"json", required_argument, OPT_JSON, "FILE", "also write the prediction as JSON"},
     {NULL, 0, 0, NULL, NULL},
 };
@@ -124,21 +124,10 @@ int cmd_predict(struct cli *cli, const struct cli_cmd *cmd, int argc, char **arg
     }
     struct moe_error err;
     /* dp = 0 and gbs = 0: filled below from the GPUs unless the layout names them */
-    struct cost_layout l = {.tp = 1,
-                            .pp = 1,
-                            .vpp = 1,
-                            .ep = 1,
-                            .etp = 1,
-                            .dp = 0,
-                            .zero = 1,
-                            .seq_len = (int)io.seq,
-                            .mbs = 1,
-                            .gbs = 0,
-                            .precision = COST_BF16,
-                            .recompute = COST_RECOMPUTE_NONE,
-                            .dispatcher = COST_DISPATCH_ALLTOALL,
-                            .overlap = false,
-                            .mtp = in.model.mtp_layers};
+    struct cost_layout l;
+    cost_layout_defaults(&l, (int)io.seq);
+    l.dp = l.gbs = 0;
+    l.mtp = in.model.mtp_layers;
     if (io.precision) {
         char buf[64];
         snprintf(buf, sizeof buf, "precision=%s", io.precision);
@@ -148,7 +137,8 @@ int cmd_predict(struct cli *cli, const struct cli_cmd *cmd, int argc, char **arg
         cost_routing_free(&in.routing);
         return cli_usage(cmd, "%s", err.message);
     }
-    if (l.dp == 0) l.dp = in.gpus / (l.tp * l.pp) > 0 ? in.gpus / (l.tp * l.pp) : 1;
+    int rest = in.gpus / (l.tp * l.cp * l.pp);
+    if (l.dp == 0) l.dp = rest > 0 ? rest : 1;
     if (l.gbs == 0) l.gbs = l.dp * l.mbs * 8;
     struct cost_ctx ctx;
     cost_ctx_init(&ctx, &in.model, &in.cluster, &in.cal, in.gpus);

@@ -83,6 +83,10 @@ bool exec_layout_runnable(const struct cost_layout *l, int gpus, char *why, size
                  l->tp, l->etp);
         return false;
     }
+    if (l->cp > 1) {
+        snprintf(why, cap, "cp=%d: context parallelism is not in the executor yet (cp=1)", l->cp);
+        return false;
+    }
     if (l->pp > 1 && l->ep > 1) {
         snprintf(why, cap,
                  "pp=%d with ep=%d: expert parallelism inside pipeline stages is not in the GPU "

@@ -62,20 +62,11 @@ enum moe_status plan_calib_job_plan(const struct plan_calib_job *j, const char *
     if (st != MOE_OK) return st;
     const struct mdl_model *m = &p->model;
     struct cost_layout *l = &p->layout;
-    *l = (struct cost_layout){.tp = 1,
-                              .pp = 1,
-                              .vpp = 1,
-                              .ep = 1,
-                              .etp = 1,
-                              .dp = 1,
-                              .zero = 0,
-                              .seq_len = j->seq,
-                              .mbs = j->mbs,
-                              .gbs = j->mbs * j->micro,
-                              .precision = COST_BF16,
-                              .recompute = j->recompute,
-                              .dispatcher = COST_DISPATCH_ALLTOALL,
-                              .overlap = false};
+    cost_layout_defaults(l, j->seq);
+    l->zero = 0;
+    l->mbs = j->mbs;
+    l->gbs = j->mbs * j->micro;
+    l->recompute = j->recompute;
     struct cost_ctx ctx;
     cost_ctx_init(&ctx, m, cl, cal, 1);
     ctx.routing = routing;

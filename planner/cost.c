@@ -16,7 +16,8 @@
  *     hides behind the last backward.
  *   - Stage times go to the event-driven pipeline simulator (1F1B or interleaved), which gives the
  *     makespan, the bubble and the in-flight micro-batches that set activation memory.
- * Tokens per GPU: sequence parallelism is assumed with TP (each TP rank holds seq/tp tokens).
+ * Tokens per GPU: each CP rank holds seq/cp of a sequence, and sequence parallelism comes with TP
+ * (each TP rank holds 1/tp of those between its GEMMs): cost_layout_tokens.
  */
 #include "cost_internal.h"
 
@@ -219,6 +220,30 @@ struct block_cost {
     double hot_ratio;
 };
 
+/* fp8 recipes quantize every GEMM input in the forward and every output gradient in the
+ * backward: the bf16 tensor read (twice with per-tensor current scaling: its amax first), its fp8
+ * copy and, for the weight gradient, a transposed or columnwise one written with their scales.
+ * Transformer Engine fuses it into the norm, the activation or the permutation before, so it costs
+ * bytes but no launch. A GEMM's time through gemm_q counts the elements it quantizes. */
+struct quant {
+    double in, out; /* elements of the GEMMs' inputs and of their outputs' gradients */
+};
+
+static double gemm_q(const struct cost_ctx *c, const struct cost_layout *l, struct quant *q,
+                     double m, double n, double k)
+{
+    q->in += m * k;
+    q->out += m * n;
+    return cost_gemm_us(&c->cal, &c->cluster.gpu, m, n, k, l->precision != COST_BF16);
+}
+
+static double quantize_us(const struct cost_ctx *c, const struct cost_layout *l, double elems)
+{
+    if (l->precision == COST_BF16) return 0.0;
+    double read = l->precision == COST_FP8 ? 2.0 * BF16 : BF16;
+    return membound_us(c, elems * (read + 2.0 * cost_act_elem_bytes(l)), 0);
+}
+
 static void attention_cost(const struct cost_ctx *c, const struct cost_layout *l, int layer,
                            struct block_cost *b)
 {
@@ -226,39 +251,55 @@ static void attention_cost(const struct cost_ctx *c, const struct cost_layout *l
     const struct mdl_attention *a = &m->attn;
     const struct topo_gpu_spec *g = &c->cluster.gpu;
     const struct cost_calibration *cal = &c->cal;
-    bool fp8 = l->precision != COST_BF16;
-    double M = (double)l->mbs * l->seq_len; /* full sequence after the TP all-gather */
+    struct quant q = {0, 0};
+    /* the CP rank's part of the sequence, whole after the TP all-gather */
+    double M = (double)l->mbs * l->seq_len / l->cp;
     double h = m->hidden, H = (double)a->heads / l->tp, tp = l->tp;
+    double kv_width; /* keys and values one GPU holds per token (what context parallelism sends) */
     double proj = 0.0, up = 0.0; /* up: MLA's up-projections, what mla_up_proj redoes */
     unsigned rc = cost_layout_rc(l);
     if (a->type == MDL_ATTN_GQA) {
         double kv = a->kv_heads >= l->tp ? (double)a->kv_heads / l->tp : 1.0;
-        proj += cost_gemm_us(cal, g, M, (H + 2 * kv) * a->head_dim, h, fp8);
-        proj += cost_gemm_us(cal, g, M, h, H * a->head_dim, fp8);
+        kv_width = 2.0 * kv * a->head_dim;
+        proj += gemm_q(c, l, &q, M, (H + 2 * kv) * a->head_dim, h);
+        proj += gemm_q(c, l, &q, M, h, H * a->head_dim);
     } else {
         double qk = a->qk_nope_head_dim + a->qk_rope_head_dim;
+        kv_width = H * (qk + a->v_head_dim);
         if (a->q_lora_rank) {
-            proj += cost_gemm_us(cal, g, M / tp, a->q_lora_rank, h, fp8); /* on local tokens */
-            up += cost_gemm_us(cal, g, M, H * qk, a->q_lora_rank, fp8);
+            proj += gemm_q(c, l, &q, M / tp, a->q_lora_rank, h); /* on local tokens */
+            up += gemm_q(c, l, &q, M, H * qk, a->q_lora_rank);
         } else {
-            proj += cost_gemm_us(cal, g, M, H * qk, h, fp8);
+            proj += gemm_q(c, l, &q, M, H * qk, h);
         }
-        proj += cost_gemm_us(cal, g, M / tp, a->kv_lora_rank + a->qk_rope_head_dim, h, fp8);
-        up += cost_gemm_us(cal, g, M, H * (a->qk_nope_head_dim + a->v_head_dim), a->kv_lora_rank,
-                           fp8);
-        proj += up + cost_gemm_us(cal, g, M, h, H * a->v_head_dim, fp8);
+        proj += gemm_q(c, l, &q, M / tp, a->kv_lora_rank + a->qk_rope_head_dim, h);
+        up += gemm_q(c, l, &q, M, H * (a->qk_nope_head_dim + a->v_head_dim), a->kv_lora_rank);
+        proj += up + gemm_q(c, l, &q, M, h, H * a->v_head_dim);
     }
     double flops[MDL_NCOMPONENTS];
     mdl_block_flops_fwd(m, layer, l->seq_len, flops);
     double core_flops = flops[MDL_ATTN_CORE] * M / tp;
     double core[2];
-    cost_attention_core_us(cal, g, core_flops, l->seq_len, core);
+    cost_attention_core_us(cal, g, core_flops, (double)l->seq_len / l->cp, core);
     double core_fwd = core[0], core_bwd = core[1];
+    /* Context parallelism (Megatron's p2p ring): cp - 1 steps, each passing the keys and values
+     * of one chunk to the next CP rank while the attention of the chunk in hand runs; the
+     * backward passes them again with their gradients. What the attention does not hide is
+     * charged to the attention phases (the exchange runs inside TE's attention call). */
+    if (l->cp > 1) {
+        double bw, lat;
+        group_link(c, l->cp, l->tp, &bw, &lat);
+        double ring = (l->cp - 1) * (lat + M * kv_width * BF16 / bw * 1e6);
+        double hide_f = fmin(cal->overlap_max * ring, core_fwd);
+        double hide_b = fmin(cal->overlap_max * 2.0 * ring, core_bwd);
+        b->comm_fwd[COST_ATTN_FWD] += ring - hide_f;
+        b->comm_bwd[COST_ATTN_BWD] += 2.0 * ring - hide_b;
+    }
     /* Norms, RoPE, residual adds: a few passes over the local tokens. */
     double T = M / tp;
     double elt = membound_us(c, 8.0 * T * h * BF16, 6);
-    b->fwd[COST_ATTN_FWD] = proj + core_fwd + elt;
-    b->bwd[COST_ATTN_BWD] = 2.0 * proj + core_bwd + 2.0 * elt;
+    b->fwd[COST_ATTN_FWD] = proj + core_fwd + elt + quantize_us(c, l, q.in);
+    b->bwd[COST_ATTN_BWD] = 2.0 * proj + core_bwd + 2.0 * elt + quantize_us(c, l, q.out);
     /* selective recompute, module by module: what each redoes in the backward */
     if (rc & COST_RC_BIT(COST_RC_CORE_ATTN)) b->recompute[COST_ATTN_FWD] += core_fwd;
     if (rc & COST_RC_BIT(COST_RC_LAYERNORM)) /* both block norms */
@@ -299,7 +340,7 @@ static enum moe_status moe_cost(const struct cost_ctx *c, const struct cost_layo
     const struct topo_gpu_spec *g = &c->cluster.gpu;
     const struct topo_cluster *t = &c->cluster;
     bool fp8 = l->precision != COST_BF16;
-    double T = (double)l->mbs * l->seq_len / l->tp, h = m->hidden, k = e->top_k;
+    double T = cost_layout_tokens(l), h = m->hidden, k = e->top_k;
     struct moe_traffic tr;
     enum moe_status st = moe_traffic(c, l, moe_index, &tr, err);
     if (st != MOE_OK) return st;
@@ -324,9 +365,12 @@ static enum moe_status moe_cost(const struct cost_ctx *c, const struct cost_layo
     int hot = tr.hot_rank;
     for (int x = 0; x < e->experts; x++)
         if (expert_rank(c, x, ep) == hot) rows[local++] = (pick ? pick[x] : k / e->experts) * pool;
-    double ebwd;
-    b->fwd[COST_EXPERTS_FWD] = experts_on_hot_rank_us(c, l, rows, local, fp8, &ebwd);
-    b->bwd[COST_EXPERTS_BWD] = ebwd;
+    double ebwd, hot_rows = 0.0, fe = (double)e->intermediate / l->etp;
+    for (int i = 0; i < local; i++) hot_rows += rows[i];
+    /* fp8: each expert's two GEMM inputs quantized, and the gradients of its two outputs */
+    b->fwd[COST_EXPERTS_FWD] = experts_on_hot_rank_us(c, l, rows, local, fp8, &ebwd) +
+                               quantize_us(c, l, hot_rows * (h + fe));
+    b->bwd[COST_EXPERTS_BWD] = ebwd + quantize_us(c, l, hot_rows * (2.0 * fe + h));
     unsigned rc = cost_layout_rc(l);
     if (rc & (COST_RC_BIT(COST_RC_MOE_ACT) | COST_RC_BIT(COST_RC_MOE))) {
         double sw = 0.0;
@@ -338,10 +382,11 @@ static enum moe_status moe_cost(const struct cost_ctx *c, const struct cost_layo
     /* Shared experts on the local tokens. */
     if (e->shared_experts) {
         double fs = (double)e->shared_experts * e->shared_intermediate;
-        double sh = cost_gemm_us(&c->cal, g, T, 2 * fs, h, fp8) +
-                    cost_gemm_us(&c->cal, g, T, h, fs, fp8) + membound_us(c, T * 3 * fs * BF16, 1);
-        b->fwd[COST_SHARED_EXPERT] = sh;
-        b->bwd[COST_SHARED_EXPERT] = 2.0 * sh;
+        struct quant q = {0, 0};
+        double sh = gemm_q(c, l, &q, T, 2 * fs, h) + gemm_q(c, l, &q, T, h, fs) +
+                    membound_us(c, T * 3 * fs * BF16, 1);
+        b->fwd[COST_SHARED_EXPERT] = sh + quantize_us(c, l, q.in);
+        b->bwd[COST_SHARED_EXPERT] = 2.0 * sh + quantize_us(c, l, q.out);
         if (rc & COST_RC_BIT(COST_RC_SHARED_EXPERTS)) b->recompute[COST_SHARED_EXPERT] += sh;
     }
     /* Dispatch and combine. fp8 training dispatches fp8 tokens with per-128 scales; the combine
@@ -380,14 +425,13 @@ static enum moe_status moe_cost(const struct cost_ctx *c, const struct cost_layo
 static void dense_ffn_cost(const struct cost_ctx *c, const struct cost_layout *l,
                            struct block_cost *b)
 {
-    const struct topo_gpu_spec *g = &c->cluster.gpu;
-    bool fp8 = l->precision != COST_BF16;
-    double M = (double)l->mbs * l->seq_len, h = c->model.hidden;
+    double M = (double)l->mbs * l->seq_len / l->cp, h = c->model.hidden;
     double f = (double)c->model.dense_intermediate / l->tp;
-    double ffn = cost_gemm_us(&c->cal, g, M, 2 * f, h, fp8) +
-                 cost_gemm_us(&c->cal, g, M, h, f, fp8) + membound_us(c, M * 3 * f * BF16, 1);
-    b->fwd[COST_DENSE_FFN] = ffn;
-    b->bwd[COST_DENSE_FFN] = 2.0 * ffn;
+    struct quant q = {0, 0};
+    double ffn = gemm_q(c, l, &q, M, 2 * f, h) + gemm_q(c, l, &q, M, h, f) +
+                 membound_us(c, M * 3 * f * BF16, 1);
+    b->fwd[COST_DENSE_FFN] = ffn + quantize_us(c, l, q.in);
+    b->bwd[COST_DENSE_FFN] = 2.0 * ffn + quantize_us(c, l, q.out);
     if (cost_layout_rc(l) & COST_RC_BIT(COST_RC_MLP)) b->recompute[COST_DENSE_FFN] += ffn;
     if (l->tp > 1) {
         double bw, lat;
@@ -595,7 +639,7 @@ static enum moe_status stage_cost(const struct cost_ctx *c, const struct cost_la
         }
     }
     const struct topo_gpu_spec *g = &c->cluster.gpu;
-    double T = (double)l->mbs * l->seq_len / l->tp, M = (double)l->mbs * l->seq_len;
+    double T = cost_layout_tokens(l), M = T * l->tp;
     double h = m->hidden, V = (double)m->vocab / l->tp;
     if (sg->embed) { /* embedding */
         double emb = membound_us(c, T * h * BF16 * 2.0, 1), ef = emb, eb = 2.0 * emb;
@@ -639,6 +683,12 @@ static enum moe_status evaluate(const struct cost_ctx *c, const struct cost_layo
                              t->gpu.name, t->gpu.arch);
     if (l->precision != COST_BF16 && t->gpu.fp8_tflops <= 0)
         return moe_error_set(err, MOE_ERR_INFEASIBLE, "%s has no fp8", t->gpu.name);
+    if (l->offload > 0 &&
+        (t->gpu.host_link_bytes_per_s <= 0 || t->gpu.host_memory_bytes_per_s <= 0))
+        return moe_error_set(err, MOE_ERR_INFEASIBLE,
+                             "offload: the %s's host link and host memory bandwidth are not "
+                             "known (gpus.json: host_link_bandwidth, host_memory_bandwidth)",
+                             t->gpu.name);
     if (l->ep_sms >= t->gpu.sms)
         return moe_error_set(err, MOE_ERR_INFEASIBLE,
                              "ep_sms = %d: the %s has %d SMs, the dispatch must leave compute some",
@@ -688,11 +738,11 @@ static enum moe_status evaluate(const struct cost_ctx *c, const struct cost_layo
 
     /* Pipeline: simulate (capped micro-batches, then the steady state adds the bottleneck). */
     double fwd[COST_MAX_STAGES], bwd[COST_MAX_STAGES];
-    double h = m->hidden, T = (double)l->mbs * l->seq_len / l->tp;
+    double h = m->hidden, T = cost_layout_tokens(l);
     double p2p = 0.0;
     if (pp > 1) {
         double bw, lat;
-        group_link(c, 2, l->tp * l->dp, &bw, &lat);
+        group_link(c, 2, l->tp * l->cp * l->dp, &bw, &lat);
         p2p = lat + T * h * BF16 / bw * 1e6;
     }
     for (int v = 0; v < stages; v++) {
@@ -711,28 +761,60 @@ static enum moe_status evaluate(const struct cost_ctx *c, const struct cost_layo
         if (per_rank[s] > per_rank[busiest]) busiest = s;
     double makespan = pr.makespan_us + (mb - sim_mb) * per_rank[busiest];
 
-    /* Data-parallel gradient sync and the optimizer, once per step, on the busiest rank. */
-    int edp = l->tp * l->dp / (l->ep * l->etp);
-    double dense = 0, expert = 0;
+    /* Data parallelism, on the busiest rank. Gradients are reduce-scattered (ZeRO >= 1) or
+     * all-reduced (ZeRO-0) in their reduce precision, the dense ones over dp x cp (every CP rank
+     * saw part of each sequence), the experts' over edp; parameters are all-gathered in bf16, the
+     * GEMM weights in fp8 with fp8_params.
+     *   ZeRO-0 and 1 (the distributed optimizer): once per step; the reduce-scatter hides behind
+     *     the last micro-batch's backward, the all-gather behind the next step's first forward
+     *     (Megatron's --overlap-grad-reduce --overlap-param-gather).
+     *   ZeRO-2 and 3 (Megatron FSDP, optim_grads and optim_grads_params): each micro-batch's
+     *     gradients reduce-scattered as its backward runs and, under ZeRO-3, the parameters
+     *     gathered before each forward and backward, prefetched a layer ahead: each hides behind
+     *     the micro-batch's own compute up to overlap_max. ZeRO-2 gathers once after the step. */
+    int edp = cost_layout_edp(l), ddp = l->dp * l->cp;
+    double dense = 0, expert = 0, embed = 0;
     for (int v = busiest; v < stages; v += pp) {
         dense += sm[v].dense_params / l->tp;
+        embed += sm[v].embed_params / l->tp;
         expert += sm[v].expert_params / (l->ep * l->etp);
     }
     double bw, lat, ebw, elat;
-    group_link(c, l->dp, l->tp, &bw, &lat);
+    group_link(c, ddp, l->tp, &bw, &lat);
     group_link(c, edp, l->ep * l->etp, &ebw, &elat);
-    double rs = cost_allgather_us(dense * BF16, l->dp, bw, lat) +
-                cost_allgather_us(expert * BF16, edp, ebw, elat);
-    double ag = rs; /* the parameter all-gather moves the same bytes */
-    double dp_comm = l->zero == 0 ? 2.0 * rs : rs + ag;
-    if (l->zero >= 3) dp_comm += 2.0 * mb * ag; /* parameters gathered per micro-batch */
-    /* The reduce-scatter hides behind the last micro-batch's backward of this rank. */
-    double last_bwd = 0;
-    for (int v = busiest; v < stages; v += pp) last_bwd += bwd[v];
-    double dp_exposed =
-        dp_comm - fmin(c->cal.overlap_max * (l->zero == 0 ? 2.0 * rs : rs), last_bwd);
-    double owned = dense / (l->zero >= 1 ? l->dp : 1) + expert / (l->zero >= 1 ? edp : 1);
-    double optim = membound_us(c, owned * 30.0, 4), optim_b = 0.0;
+    double gb = l->grad_reduce_bf16 ? BF16 : 4.0,
+           pb = l->fp8_params ? cost_act_elem_bytes(l) : BF16;
+    double rs = cost_allgather_us(dense * gb, ddp, bw, lat) +
+                cost_allgather_us(expert * gb, edp, ebw, elat);
+    double ag = cost_allgather_us((dense - embed) * pb + embed * BF16, ddp, bw, lat) +
+                cost_allgather_us(expert * pb, edp, ebw, elat);
+    double first_fwd = 0, last_bwd = 0;
+    for (int v = busiest; v < stages; v += pp) first_fwd += fwd[v], last_bwd += bwd[v];
+    double om = c->cal.overlap_max, dp_comm, dp_exposed, per_mb = 0.0;
+    if (l->zero <= 1) {
+        double reduce = l->zero == 0 ? 2.0 * rs : rs, gather = l->zero == 0 ? 0.0 : ag;
+        dp_comm = reduce + gather;
+        dp_exposed = reduce - fmin(om * reduce, last_bwd) + gather - fmin(om * gather, first_fwd);
+    } else {
+        per_mb = rs + (l->zero >= 3 ? 2.0 * ag : 0.0);
+        double once = l->zero == 2 ? ag : 0.0;
+        dp_comm = once + mb * per_mb;
+        dp_exposed = once - fmin(om * once, first_fwd) +
+                     mb * (per_mb - fmin(om * per_mb, per_rank[busiest]));
+    }
+    /* The optimizer: fp32 master weights, gradients and moments read and written (30 bytes a
+     * parameter); the share `offload` runs on the CPU at the host's memory bandwidth, its
+     * gradients going down and its updated weights coming back over the host link, the three
+     * pipelined (Megatron's --overlap-cpu-optimizer-d2h-h2d): the slowest sets its time. */
+    double owned = dense / (l->zero >= 1 ? ddp : 1) + expert / (l->zero >= 1 ? edp : 1);
+    double optim = membound_us(c, owned * (1.0 - l->offload) * 30.0, 4), optim_b = 0.0;
+    if (l->offload > 0) {
+        const struct topo_gpu_spec *g = &t->gpu;
+        double n = owned * l->offload;
+        double cpu = n * 30.0 / g->host_memory_bytes_per_s * 1e6;
+        double link = n * (gb + BF16) / g->host_link_bytes_per_s * 1e6;
+        optim += fmax(cpu, link);
+    }
     phase_correct(&c->cal, COST_OPTIMIZER, &optim, &optim_b);
 
     r.step_us = makespan + dp_exposed + optim;

@@ -101,8 +101,13 @@ extern const char *const cost_rc_module_names[COST_RC_NMODULES];
 /* Room for cost_layout_format's text. */
 #define COST_LAYOUT_TEXT_MAX 512
 
+/* Degrees (Megatron's): the GPUs of a job are tp x cp x pp x dp; the expert layers regroup the
+ * tp x cp x dp GPUs of a stage as etp x ep x edp. cp splits each sequence over cp GPUs (context
+ * parallelism: attention exchanges keys and values around a ring); sequence parallelism always
+ * comes with tp > 1 (each TP rank keeps 1/tp of the tokens between its GEMMs, as Megatron
+ * requires for MoE with TP). */
 struct cost_layout {
-    int tp, pp, vpp, ep, etp, dp, zero;
+    int tp, cp, pp, vpp, ep, etp, dp, zero;
     int seq_len, mbs, gbs;
     enum cost_precision precision;
     enum cost_recompute recompute;
@@ -118,9 +123,27 @@ struct cost_layout {
     int mtp;    /* multi-token prediction layers trained (the CLI's default: the model's) */
     bool grad_reduce_bf16; /* gradients kept and reduced in bf16, not fp32 */
     bool moments_bf16;     /* Adam's moments in bf16 (precision-aware optimizer), not fp32 */
+    bool fp8_params;       /* fp8 recipes: the GEMM weights kept and all-gathered in fp8 only
+                            * (Megatron's --fp8-param-gather; needs the distributed optimizer) */
+    double offload; /* share of the optimizer state (and its step) on the CPU, 0 .. 1 (Megatron's
+                     * --optimizer-cpu-offload --optimizer-offload-fraction) */
     /* Megatron's --pipeline-model-parallel-layout ("Et*4|(t*4|)*14tmL"); "": moeplan splits */
     char pp_layout[COST_PP_LAYOUT_MAX];
 };
+
+/* A plain layout: every degree 1, ZeRO-1, mbs 1, gbs 8, bf16, no recompute, the all-to-all, no
+ * overlap, the recipe keys at a plain Megatron run's defaults, sequence `seq_len`. */
+void cost_layout_defaults(struct cost_layout *l, int seq_len);
+/* Expert data parallelism: tp x cp x dp / (ep x etp). */
+static inline int cost_layout_edp(const struct cost_layout *l)
+{
+    return l->tp * l->cp * l->dp / (l->ep * l->etp);
+}
+/* Tokens of one micro-batch on one GPU between its GEMMs: mbs x seq / (tp x cp). */
+static inline double cost_layout_tokens(const struct cost_layout *l)
+{
+    return (double)l->mbs * l->seq_len / ((double)l->tp * l->cp);
+}
 
 /* The modules a layout recomputes (selective with none named: COST_RC_DEFAULT). */
 static inline unsigned cost_layout_rc(const struct cost_layout *l)

@@ -37,8 +37,7 @@ static double block_activation_bytes(const struct cost_ctx *c, const struct cost
 {
     const struct mdl_model *m = &c->model;
     const struct mdl_attention *a = &m->attn;
-    double T = (double)l->mbs * l->seq_len / l->tp, h = m->hidden, H = a->heads,
-           lin = cost_act_elem_bytes(l);
+    double T = cost_layout_tokens(l), h = m->hidden, H = a->heads, lin = cost_act_elem_bytes(l);
     unsigned rc = cost_layout_rc(l);
     bool rc_norm = rc & COST_RC_BIT(COST_RC_LAYERNORM);
     if (l->recompute == COST_RECOMPUTE_FULL) return T * h * BF16;
@@ -99,8 +98,8 @@ void cost_stage_memory(const struct cost_ctx *c, const struct cost_layout *l,
         s->act_bytes += block_activation_bytes(c, l, i, moe ? hot_ratio : 1.0);
         s->moe_layers += moe;
     }
-    double h = m->hidden, M = (double)l->mbs * l->seq_len, V = (double)m->vocab / l->tp;
-    double T = M / l->tp;
+    double T = cost_layout_tokens(l), M = T * l->tp, V = (double)m->vocab / l->tp;
+    double h = m->hidden;
     if (sg->embed) s->embed_params += (double)m->vocab * h;
     if (sg->loss && (!m->tied_embeddings || !sg->embed)) s->embed_params += (double)m->vocab * h;
     s->dense_params += s->embed_params;
@@ -131,8 +130,8 @@ void cost_memory_of(const struct cost_ctx *c, const struct cost_layout *l,
 {
     const struct mdl_model *m = &c->model;
     int pp = l->pp, vpp = l->vpp, stages = pp * vpp, mb = cost_layout_micro_batches(l);
-    int edp = l->tp * l->dp / (l->ep * l->etp);
-    double T = (double)l->mbs * l->seq_len / l->tp, h = m->hidden, worst = -1.0;
+    int edp = cost_layout_edp(l), ddp = l->dp * l->cp; /* dense state sharded over dp x cp */
+    double T = cost_layout_tokens(l), h = m->hidden, worst = -1.0;
     for (int s = 0; s < pp; s++) {
         double dense = 0, expert = 0, act = 0, disp = 0, embed = 0;
         int held = in_flight(pp, vpp, mb, s);
@@ -149,18 +148,21 @@ void cost_memory_of(const struct cost_ctx *c, const struct cost_layout *l,
         }
         double mem[COST_NMEM] = {0};
         double dense_gpu = dense / l->tp; /* TP splits the dense parameters */
-        double w_d = l->zero >= 3 ? l->dp : 1, w_e = l->zero >= 3 ? edp : 1;
-        double g_d = l->zero >= 2 ? l->dp : 1, g_e = l->zero >= 2 ? edp : 1;
-        double o_d = l->zero >= 1 ? l->dp : 1, o_e = l->zero >= 1 ? edp : 1;
+        double w_d = l->zero >= 3 ? ddp : 1, w_e = l->zero >= 3 ? edp : 1;
+        double g_d = l->zero >= 2 ? ddp : 1, g_e = l->zero >= 2 ? edp : 1;
+        double o_d = l->zero >= 1 ? ddp : 1, o_e = l->zero >= 1 ? edp : 1;
         /* bf16 weights, and with fp8 recipes the fp8 copy of each GEMM weight (the embedding
-         * and the head stay bf16) that the GEMMs read; gradients in fp32 or bf16; the
-         * optimizer's fp32 master weights and two moments (fp32, or bf16 with moments=bf16) */
+         * and the head stay bf16) that the GEMMs read, the only copy with fp8_params; gradients
+         * in fp32 or bf16; the optimizer's fp32 master weights and two moments (fp32, or bf16
+         * with moments=bf16) */
         double fp8_copy = l->precision == COST_BF16 ? 0.0 : cost_act_elem_bytes(l);
+        double gemm_b = l->fp8_params ? fp8_copy : BF16 + fp8_copy; /* a GEMM weight's bytes */
         double grad_b = l->grad_reduce_bf16 ? BF16 : 4.0, opt_b = l->moments_bf16 ? 8.0 : 12.0;
         mem[COST_MEM_WEIGHTS] =
-            (BF16 + fp8_copy) * (dense_gpu / w_d + expert / w_e) - fp8_copy * embed / w_d;
+            gemm_b * (dense_gpu / w_d + expert / w_e) + (BF16 - gemm_b) * embed / w_d;
         mem[COST_MEM_GRADS] = grad_b * (dense_gpu / g_d + expert / g_e);
-        mem[COST_MEM_OPTIMIZER] = opt_b * (dense_gpu / o_d + expert / o_e);
+        /* the share `offload` of the optimizer state lives in host memory */
+        mem[COST_MEM_OPTIMIZER] = opt_b * (dense_gpu / o_d + expert / o_e) * (1.0 - l->offload);
         mem[COST_MEM_ACTIVATIONS] = act;
         mem[COST_MEM_DISPATCH] = disp;
         mem[COST_MEM_RESERVED] = RESERVED_BYTES;

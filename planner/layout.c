@@ -1,10 +1,11 @@
 /*
  * layout.c: parallel layouts: parsing "tp=1,pp=8,...", printing, and structural checks.
  *
- * Conventions (Megatron's): the GPUs of a job are tp x pp x dp; the expert layers regroup the same
- * tp x dp GPUs of a stage as etp x ep x edp (expert data parallel), so ep * etp must divide
- * tp * dp. Rank order is tp innermost, then ep, then the rest of dp, then pp, so a TP group and
- * the EP peers sit in as few NVLink domains as possible.
+ * Conventions (Megatron's): the GPUs of a job are tp x cp x pp x dp; the expert layers regroup the
+ * same tp x cp x dp GPUs of a stage as etp x ep x edp (expert data parallel), so ep * etp must
+ * divide tp * cp * dp. Rank order is tp innermost, then cp, then dp, then pp (Megatron's
+ * tp-cp-ep-dp-pp); the expert grid counts etp innermost, then ep, over the same GPUs, so a TP
+ * group and the EP peers sit in as few NVLink domains as possible.
  */
 #include "cost.h"
 
@@ -88,10 +89,23 @@ enum moe_status cost_layout_parse(struct cost_layout *l, const char *text, struc
             t.dispatcher = (enum cost_dispatcher)idx;
             continue;
         }
-        if (!strcmp(key, "overlap") || !strcmp(key, "delay_wgrad")) {
+        if (!strcmp(key, "overlap") || !strcmp(key, "delay_wgrad") || !strcmp(key, "fp8_params")) {
             if (strcmp(val, "on") && strcmp(val, "off"))
                 return moe_error_set(err, MOE_ERR_USAGE, "layout: %s=%s (on, off)", key, val);
-            *(key[0] == 'o' ? &t.overlap : &t.delay_wgrad) = !strcmp(val, "on");
+            *(key[0] == 'o'   ? &t.overlap
+              : key[0] == 'd' ? &t.delay_wgrad
+                              : &t.fp8_params) = !strcmp(val, "on");
+            continue;
+        }
+        if (!strcmp(key, "offload")) {
+            char *end;
+            double f = strtod(val, &end);
+            if (*end || !(f >= 0.0 && f <= 1.0))
+                return moe_error_set(err, MOE_ERR_USAGE,
+                                     "layout: offload=%s is not a share of the optimizer state "
+                                     "(0 .. 1)",
+                                     val);
+            t.offload = f;
             continue;
         }
         if (!strcmp(key, "cuda_graphs")) {
@@ -137,6 +151,7 @@ enum moe_status cost_layout_parse(struct cost_layout *l, const char *text, struc
             const char *key;
             size_t at;
         } ints[] = {{"tp", offsetof(struct cost_layout, tp)},
+                    {"cp", offsetof(struct cost_layout, cp)},
                     {"pp", offsetof(struct cost_layout, pp)},
                     {"vpp", offsetof(struct cost_layout, vpp)},
                     {"ep", offsetof(struct cost_layout, ep)},
@@ -155,12 +170,13 @@ enum moe_status cost_layout_parse(struct cost_layout *l, const char *text, struc
         if (k < sizeof ints / sizeof ints[0])
             *(int *)((char *)&t + ints[k].at) = n;
         else
-            return moe_error_set(err, MOE_ERR_USAGE,
-                                 "layout: unknown key '%s' (tp, pp, vpp, ep, etp, dp, zero, mbs, "
-                                 "gbs, seq, precision, recompute, recompute_layers, dispatcher, "
-                                 "overlap, delay_wgrad, cuda_graphs, ep_sms, mtp, grad_reduce, "
-                                 "moments, pp_layout)",
-                                 key);
+            return moe_error_set(
+                err, MOE_ERR_USAGE,
+                "layout: unknown key '%s' (tp, cp, pp, vpp, ep, etp, dp, zero, mbs, "
+                "gbs, seq, precision, recompute, recompute_layers, dispatcher, "
+                "overlap, delay_wgrad, cuda_graphs, ep_sms, mtp, grad_reduce, "
+                "moments, fp8_params, offload, pp_layout)",
+                key);
     }
     *l = t;
     return MOE_OK;
@@ -180,10 +196,12 @@ void cost_layout_format(const struct cost_layout *l, char *buf, size_t cap)
     char rc[160] = "";
     unsigned mods = cost_layout_rc(l);
     if (mods != COST_RC_DEFAULT) cost_rc_modules_format(mods, "+", rc, sizeof rc);
+    char cp[16] = ""; /* after tp, where the layout uses it */
+    if (l->cp > 1) snprintf(cp, sizeof cp, ",cp=%d", l->cp);
     int k = snprintf(buf, cap,
-                     "tp=%d,pp=%d,vpp=%d,ep=%d,etp=%d,dp=%d,zero=%d,mbs=%d,gbs=%d,seq=%d,"
+                     "tp=%d%s,pp=%d,vpp=%d,ep=%d,etp=%d,dp=%d,zero=%d,mbs=%d,gbs=%d,seq=%d,"
                      "precision=%s,recompute=%s,dispatcher=%s,overlap=%s",
-                     l->tp, l->pp, l->vpp, l->ep, l->etp, l->dp, l->zero, l->mbs, l->gbs,
+                     l->tp, cp, l->pp, l->vpp, l->ep, l->etp, l->dp, l->zero, l->mbs, l->gbs,
                      l->seq_len, cost_precision_names[l->precision],
                      rc[0] ? rc : cost_recompute_names[l->recompute],
                      cost_dispatcher_names[l->dispatcher], l->overlap ? "on" : "off");
@@ -202,6 +220,10 @@ void cost_layout_format(const struct cost_layout *l, char *buf, size_t cap)
         k += snprintf(buf + k, cap - (size_t)k, ",ep_sms=%d", l->ep_sms);
     if (k >= 0 && (size_t)k < cap && l->moments_bf16)
         k += snprintf(buf + k, cap - (size_t)k, ",moments=bf16");
+    if (k >= 0 && (size_t)k < cap && l->fp8_params)
+        k += snprintf(buf + k, cap - (size_t)k, ",fp8_params=on");
+    if (k >= 0 && (size_t)k < cap && l->offload > 0)
+        k += snprintf(buf + k, cap - (size_t)k, ",offload=%.17g", l->offload);
     if (k >= 0 && (size_t)k < cap && l->pp_layout[0])
         snprintf(buf + k, cap - (size_t)k, ",pp_layout=%s", l->pp_layout);
 }
@@ -330,6 +352,25 @@ enum moe_status cost_pp_layout_parse(const char *text, int stages, int layers, i
     return MOE_OK;
 }
 
+void cost_layout_defaults(struct cost_layout *l, int seq_len)
+{
+    *l = (struct cost_layout){.tp = 1,
+                              .cp = 1,
+                              .pp = 1,
+                              .vpp = 1,
+                              .ep = 1,
+                              .etp = 1,
+                              .dp = 1,
+                              .zero = 1,
+                              .seq_len = seq_len,
+                              .mbs = 1,
+                              .gbs = 8,
+                              .precision = COST_BF16,
+                              .recompute = COST_RECOMPUTE_NONE,
+                              .dispatcher = COST_DISPATCH_ALLTOALL,
+                              .overlap = false};
+}
+
 int cost_layout_micro_batches(const struct cost_layout *l)
 {
     long denom = (long)l->dp * l->mbs;
@@ -340,19 +381,26 @@ enum moe_status cost_layout_check(const struct cost_layout *l, const struct mdl_
                                   struct moe_error *err)
 {
 #define NO(...) return moe_error_set(err, MOE_ERR_INFEASIBLE, __VA_ARGS__)
-    if (l->tp < 1 || l->pp < 1 || l->vpp < 1 || l->ep < 1 || l->etp < 1 || l->dp < 1 ||
+    if (l->tp < 1 || l->cp < 1 || l->pp < 1 || l->vpp < 1 || l->ep < 1 || l->etp < 1 || l->dp < 1 ||
         l->mbs < 1 || l->gbs < 1 || l->seq_len < 1)
         NO("every degree, mbs, gbs and the sequence length must be at least 1");
     if (l->zero < 0 || l->zero > 3) NO("zero must be 0, 1, 2 or 3, not %d", l->zero);
     if (l->pp > COST_MAX_PP || (long)l->pp * l->vpp > COST_MAX_STAGES)
         NO("pp = %d, vpp = %d: moeplan simulates at most %d pipeline ranks and %d virtual stages",
            l->pp, l->vpp, COST_MAX_PP, COST_MAX_STAGES);
-    if ((long)l->tp * l->pp * l->dp != gpus)
-        NO("tp x pp x dp = %d x %d x %d = %ld, not the %d GPUs", l->tp, l->pp, l->dp,
-           (long)l->tp * l->pp * l->dp, gpus);
-    if (((long)l->tp * l->dp) % ((long)l->ep * l->etp) != 0)
-        NO("ep x etp = %d x %d must divide tp x dp = %ld (the GPUs of a stage)", l->ep, l->etp,
-           (long)l->tp * l->dp);
+    /* cp named in the messages only where the layout uses it */
+    long stage_gpus = (long)l->tp * l->cp * l->dp;
+    char degrees[96];
+    if (l->cp > 1)
+        snprintf(degrees, sizeof degrees, "tp x cp x pp x dp = %d x %d x %d x %d", l->tp, l->cp,
+                 l->pp, l->dp);
+    else
+        snprintf(degrees, sizeof degrees, "tp x pp x dp = %d x %d x %d", l->tp, l->pp, l->dp);
+    if (stage_gpus * l->pp != gpus)
+        NO("%s = %ld, not the %d GPUs", degrees, stage_gpus * l->pp, gpus);
+    if (stage_gpus % ((long)l->ep * l->etp) != 0)
+        NO("ep x etp = %d x %d must divide %s = %ld (the GPUs of a stage)", l->ep, l->etp,
+           l->cp > 1 ? "tp x cp x dp" : "tp x dp", stage_gpus);
     if (m->moe.experts % l->ep != 0)
         NO("ep = %d does not divide the %d experts", l->ep, m->moe.experts);
     if (m->attn.heads % l->tp != 0)
@@ -385,9 +433,20 @@ enum moe_status cost_layout_check(const struct cost_layout *l, const struct mdl_
         NO("interleaving (vpp = %d) needs pp > 1 and micro-batches (%d) a multiple of pp (%d)",
            l->vpp, mb, l->pp);
     if (l->seq_len % l->tp != 0) NO("seq = %d is not a multiple of tp = %d", l->seq_len, l->tp);
+    /* context parallelism splits each sequence into 2 x cp chunks, rank i taking chunks i and
+     * 2cp-1-i (causal attention's work balanced), each split again over tp */
+    if (l->cp > 1 && l->seq_len % (2 * l->cp * l->tp) != 0)
+        NO("seq = %d is not a multiple of 2 x cp x tp = %d (context parallelism's chunks)",
+           l->seq_len, 2 * l->cp * l->tp);
     if (l->seq_len > m->max_seq_len)
         NO("seq = %d exceeds the model's %d", l->seq_len, m->max_seq_len);
     if (l->dispatcher != COST_DISPATCH_ALLTOALL && l->ep == 1) NO("dedup dispatch needs ep > 1");
+    if (l->fp8_params && (l->precision == COST_BF16 || l->zero < 1))
+        NO("fp8_params: fp8 weights need an fp8 recipe and a sharded optimizer (zero >= 1)");
+    if (!(l->offload >= 0.0 && l->offload <= 1.0)) NO("offload = %g (0 .. 1)", l->offload);
+    if (l->offload > 0 && (l->zero < 1 || l->fp8_params))
+        NO("offload: the optimizer goes to the CPU from a sharded optimizer (zero >= 1), and not "
+           "with fp8_params (Megatron allows that only with the delayed fp8 recipe)");
 #undef NO
     return MOE_OK;
 }

@@ -10,9 +10,11 @@
 
 static void fmt_layout(const struct cost_layout *l, char *buf, size_t cap)
 {
+    char cp[16] = "";
+    if (l->cp > 1) snprintf(cp, sizeof cp, " cp=%d", l->cp);
     snprintf(buf, cap,
-             "tp=%d pp=%d vpp=%d ep=%d etp=%d dp=%d zero=%d mbs=%d recompute=%s dispatcher=%s",
-             l->tp, l->pp, l->vpp, l->ep, l->etp, l->dp, l->zero, l->mbs,
+             "tp=%d%s pp=%d vpp=%d ep=%d etp=%d dp=%d zero=%d mbs=%d recompute=%s dispatcher=%s",
+             l->tp, cp, l->pp, l->vpp, l->ep, l->etp, l->dp, l->zero, l->mbs,
              cost_recompute_names[l->recompute], cost_dispatcher_names[l->dispatcher]);
 }
 
@@ -271,6 +273,8 @@ enum moe_status plan_print_emit(const struct plan_request *q, const struct plan_
         megatron_model_flags(m, out);
         fprintf(out, "--tensor-model-parallel-size %d \\\n--pipeline-model-parallel-size %d \\\n",
                 l->tp, l->pp);
+        if (l->cp > 1)
+            fprintf(out, "--context-parallel-size %d \\\n--cp-comm-type p2p \\\n", l->cp);
         if (l->pp > 1) fprintf(out, "--pipeline-model-parallel-layout \"%s\" \\\n", layout);
         if (l->mtp) fprintf(out, "--mtp-num-layers %d \\\n", l->mtp);
         fprintf(out, "--expert-model-parallel-size %d \\\n--expert-tensor-parallel-size %d \\\n",
@@ -322,9 +326,14 @@ enum moe_status plan_print_emit(const struct plan_request *q, const struct plan_
                     l->zero == 2 ? "optim_grads" : "optim_grads_params");
         fprintf(out, "--overlap-grad-reduce \\\n--overlap-param-gather \\\n");
         if (l->grad_reduce_bf16) fprintf(out, "--grad-reduce-in-bf16 \\\n");
-        if (l->moments_bf16)
-            fprintf(out, "--use-precision-aware-optimizer \\\n--exp-avg-dtype bf16 \\\n"
-                         "--exp-avg-sq-dtype bf16 \\\n");
+        if (l->moments_bf16 || l->offload > 0) fprintf(out, "--use-precision-aware-optimizer \\\n");
+        if (l->moments_bf16) fprintf(out, "--exp-avg-dtype bf16 \\\n--exp-avg-sq-dtype bf16 \\\n");
+        if (l->offload > 0)
+            fprintf(out,
+                    "--optimizer-cpu-offload \\\n--optimizer-offload-fraction %.17g \\\n"
+                    "--overlap-cpu-optimizer-d2h-h2d \\\n",
+                    l->offload);
+        if (l->fp8_params) fprintf(out, "--fp8-param-gather \\\n");
         static const char *const recipe[] = {"", "tensorwise", "mxfp8", "blockwise"};
         if (l->precision == COST_BF16)
             fprintf(out, "--bf16\n");
@@ -332,19 +341,19 @@ enum moe_status plan_print_emit(const struct plan_request *q, const struct plan_
             fprintf(out, "--bf16 \\\n--fp8-format e4m3 \\\n--fp8-recipe %s\n",
                     recipe[l->precision]);
         fprintf(out, "# %d micro-batches per step; data parallel %d (expert data parallel %d)\n",
-                mb, l->dp, l->tp * l->dp / (l->ep * l->etp));
+                mb, l->dp, cost_layout_edp(l));
         return MOE_OK;
     }
     if (strcmp(target, "maxtext") == 0) {
-        /* MaxText's mesh: pipeline x data x fsdp x expert x tensor, ICI inside an NVLink domain
-         * and DCN across, inner axes first. */
+        /* MaxText's mesh: pipeline x data x fsdp x expert x context x tensor, ICI inside an
+         * NVLink domain and DCN across, inner axes first. */
         int domain = q->cluster.gpus_used_per_domain;
         int data = l->dp / l->ep; /* the expert axis takes ep of the data-parallel ranks */
         int fsdp = l->zero >= 3 ? data : 1;
         if (fsdp > 1) data = 1;
-        int axes[5] = {l->tp, l->ep, fsdp, data, l->pp}, ici[5], dcn[5];
+        int axes[6] = {l->tp, l->cp, l->ep, fsdp, data, l->pp}, ici[6], dcn[6];
         int room = domain;
-        for (int i = 0; i < 5; i++) {
+        for (int i = 0; i < 6; i++) {
             int in = 1;
             while (in * 2 <= axes[i] && axes[i] % (in * 2) == 0 && room % (in * 2) == 0) in *= 2;
             if (axes[i] <= room && room % axes[i] == 0) in = axes[i];
@@ -354,14 +363,10 @@ enum moe_status plan_print_emit(const struct plan_request *q, const struct plan_
         }
         fprintf(out, "# MaxText config for the plan (moeplan %s on %d GPUs)\n", m->name,
                 r->best.gpus);
-        fprintf(out,
-                "ici_tensor_parallelism: %d\nici_expert_parallelism: %d\nici_fsdp_parallelism: %d\n"
-                "ici_data_parallelism: %d\nici_pipeline_parallelism: %d\n",
-                ici[0], ici[1], ici[2], ici[3], ici[4]);
-        fprintf(out,
-                "dcn_tensor_parallelism: %d\ndcn_expert_parallelism: %d\ndcn_fsdp_parallelism: %d\n"
-                "dcn_data_parallelism: %d\ndcn_pipeline_parallelism: %d\n",
-                dcn[0], dcn[1], dcn[2], dcn[3], dcn[4]);
+        static const char *const axis[6] = {"tensor", "context", "expert",
+                                            "fsdp",   "data",    "pipeline"};
+        for (int i = 0; i < 6; i++) fprintf(out, "ici_%s_parallelism: %d\n", axis[i], ici[i]);
+        for (int i = 0; i < 6; i++) fprintf(out, "dcn_%s_parallelism: %d\n", axis[i], dcn[i]);
         if (l->pp > 1)
             fprintf(out, "num_layers_per_pipeline_stage: %d\nnum_pipeline_microbatches: %d\n",
                     m->layers / (l->pp * l->vpp), mb);

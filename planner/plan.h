@@ -83,11 +83,17 @@ enum moe_status plan_split_stages(const double *layer_us, int layers, int stages
 /* ---------------------------------------------------------------------------------------------- */
 
 #define PLAN_SCHEMA "moeplan.plan"
-#define PLAN_SCHEMA_VERSION 2        /* 2: "ranks" is a rule, not a list of every GPU */
+/* 2: "ranks" is a rule, not a list of every GPU; 3: context parallelism (layout "cp", and the
+ * ranks' order counts cp) */
+#define PLAN_SCHEMA_VERSION 3
 #define PLAN_MAX_GPUS TOPO_MAX_GPUS  /* the largest cluster or plan moeplan takes */
 #define PLAN_MAX_PLACEMENT (1 << 26) /* layers x experts of a plan (the executor's table) */
 #define PLAN_MAX_ALT 16
 #define PLAN_MAX_GROUPS 8
+/* The search tries context parallelism only where each CP rank keeps at least this many tokens
+ * of a sequence (--fix cp=N overrides): below it, the ring's exchanges cost more than the
+ * activations it saves. */
+#define PLAN_CP_MIN_TOKENS 8192
 
 enum plan_objective { PLAN_THROUGHPUT = 0, PLAN_COST };
 
@@ -163,12 +169,12 @@ enum moe_status plan_check_doc(const struct moe_jdoc *doc, char *summary, size_t
 /* A plan as the executor runs it: the model, the layout and the prediction it checks against. */
 struct plan_rank {
     int domain, node, local_gpu; /* NVLink domain, node, GPU index on the node */
-    int tp, dp, pp, ep, edp;     /* coordinates: the rank's index in each group */
+    int tp, cp, dp, pp, ep, edp; /* coordinates: the rank's index in each group */
 };
 /* The rule that numbers the GPUs (plan.json "ranks"): GPU g is the g-th used GPU, domain
- * g / gpus_per_domain; tp varies fastest, then dp, then pp; inside a stage's tp x dp GPUs the
- * expert layers count etp fastest, then ep, then edp. */
-#define PLAN_RANK_ORDER "tp, dp, pp (fastest first); experts: etp, ep, edp within a stage"
+ * g / gpus_per_domain; tp varies fastest, then cp, then dp, then pp; inside a stage's
+ * tp x cp x dp GPUs the expert layers count etp fastest, then ep, then edp. */
+#define PLAN_RANK_ORDER "tp, cp, dp, pp (fastest first); experts: etp, ep, edp within a stage"
 struct plan_rank_map {
     int gpus_per_domain, nodes_per_domain, gpus_per_node;
 };

@@ -61,7 +61,7 @@ enum moe_status plan_save(const struct plan_request *q, const struct plan_result
     const struct cost_layout *l = &r->best.layout;
     const struct mdl_model *m = &q->model;
     const struct topo_cluster *c = &q->cluster;
-    int gpus = r->best.gpus, edp = l->tp * l->dp / (l->ep * l->etp);
+    int gpus = r->best.gpus, edp = cost_layout_edp(l);
     json_t *root = json_object();
     char *model_text = mdl_model_to_json_text(m);
     json_t *model = model_text ? json_loads(model_text, 0, NULL) : NULL;
@@ -92,6 +92,7 @@ enum moe_status plan_save(const struct plan_request *q, const struct plan_result
 
     json_t *lay = json_object();
     json_object_set_new(lay, "tp", json_integer(l->tp));
+    json_object_set_new(lay, "cp", json_integer(l->cp));
     json_object_set_new(lay, "pp", json_integer(l->pp));
     json_object_set_new(lay, "vpp", json_integer(l->vpp));
     json_object_set_new(lay, "ep", json_integer(l->ep));
@@ -116,6 +117,8 @@ enum moe_status plan_save(const struct plan_request *q, const struct plan_result
     json_object_set_new(lay, "grad_reduce", json_string(l->grad_reduce_bf16 ? "bf16" : "fp32"));
     json_object_set_new(lay, "moments", json_string(l->moments_bf16 ? "bf16" : "fp32"));
     json_object_set_new(lay, "delay_wgrad", json_boolean(l->delay_wgrad));
+    json_object_set_new(lay, "fp8_params", json_boolean(l->fp8_params));
+    json_object_set_new(lay, "offload", json_real(l->offload));
     json_object_set_new(lay, "cuda_graphs", json_string(cost_graphs_names[l->graphs]));
     if (l->pp_layout[0]) json_object_set_new(lay, "pp_layout", json_string(l->pp_layout));
     json_object_set_new(root, "layout", lay);
@@ -190,7 +193,7 @@ enum moe_status plan_save(const struct plan_request *q, const struct plan_result
 
     /* Dropless dispatch buffers: a factor of the balanced load, with a device overflow flag. */
     json_t *disp = json_object();
-    double T = (double)l->mbs * l->seq_len / l->tp;
+    double T = cost_layout_tokens(l);
     double balanced_rows = T * m->moe.top_k * l->etp;
     json_object_set_new(disp, "mode", json_string(cost_dispatcher_names[l->dispatcher]));
     json_object_set_new(disp, "buffer_factor", json_real(2.0));
@@ -255,14 +258,15 @@ enum moe_status plan_save(const struct plan_request *q, const struct plan_result
 void plan_rank_of(const struct cost_layout *l, const struct plan_rank_map *map, int g,
                   struct plan_rank *r)
 {
-    int in_stage = g % (l->tp * l->dp), dom = g / map->gpus_per_domain;
+    int in_stage = g % (l->tp * l->cp * l->dp), dom = g / map->gpus_per_domain;
     int in_dom = g % map->gpus_per_domain;
     r->domain = dom;
     r->node = dom * map->nodes_per_domain + in_dom / map->gpus_per_node;
     r->local_gpu = in_dom % map->gpus_per_node;
     r->tp = g % l->tp;
-    r->dp = in_stage / l->tp;
-    r->pp = g / (l->tp * l->dp);
+    r->cp = in_stage / l->tp % l->cp;
+    r->dp = in_stage / (l->tp * l->cp);
+    r->pp = g / (l->tp * l->cp * l->dp);
     r->ep = (in_stage / l->etp) % l->ep;
     r->edp = in_stage / (l->etp * l->ep);
 }
@@ -476,11 +480,13 @@ static enum moe_status plan_from_doc(const struct moe_jdoc *doc, struct plan_fil
         (st = moe_jval_int32(&lay, "vpp", true, 0, 1, COST_MAX_STAGES, &l->vpp, err)) ||
         (st = moe_jval_int32(&lay, "ep", true, 0, 1, MDL_MAX_EXPERTS, &l->ep, err)) ||
         (st = moe_jval_int32(&lay, "etp", true, 0, 1, PLAN_MAX_GPUS, &l->etp, err)) ||
+        (st = moe_jval_int32(&lay, "cp", false, 1, 1, PLAN_MAX_GPUS, &l->cp, err)) ||
         (st = moe_jval_int32(&lay, "dp", true, 0, 1, PLAN_MAX_GPUS, &l->dp, err)))
         return st;
-    if ((int64_t)l->tp * l->pp * l->dp != p->gpus)
-        return moe_jval_error(&lay, NULL, err, "tp x pp x dp = %lld, not the %d GPUs of the plan",
-                              (long long)l->tp * l->pp * l->dp, p->gpus);
+    if ((int64_t)l->tp * l->cp * l->pp * l->dp != p->gpus)
+        return moe_jval_error(&lay, NULL, err,
+                              "tp x cp x pp x dp = %lld, not the %d GPUs of the plan",
+                              (long long)l->tp * l->cp * l->pp * l->dp, p->gpus);
     if ((st = moe_jval_int32(&lay, "zero", true, 0, 0, 3, &l->zero, err)) ||
         (st = moe_jval_int32(&lay, "mbs", true, 0, 1, 1 << 20, &l->mbs, err)) ||
         (st = moe_jval_int32(&lay, "gbs", true, 0, 1, 1 << 28, &l->gbs, err)) ||
@@ -506,6 +512,8 @@ static enum moe_status plan_from_doc(const struct moe_jdoc *doc, struct plan_fil
         (st = moe_jval_enum(&lay, "grad_reduce", false, 0, fp_names, &g, err)) ||
         (st = moe_jval_enum(&lay, "moments", false, 0, fp_names, &mo, err)) ||
         (st = moe_jval_bool(&lay, "delay_wgrad", false, false, &l->delay_wgrad, err)) ||
+        (st = moe_jval_bool(&lay, "fp8_params", false, false, &l->fp8_params, err)) ||
+        (st = moe_jval_num(&lay, "offload", false, 0, 0, 1, &l->offload, err)) ||
         (st = moe_jval_enum(&lay, "cuda_graphs", false, 0, cost_graphs_names, &gr, err)) ||
         (st = moe_jval_str(&lay, "pp_layout", false, "", l->pp_layout, sizeof l->pp_layout, err)))
         return st;

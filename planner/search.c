@@ -2,13 +2,16 @@
  * search.c: `moeplan plan`: every valid layout, the best by the objective, then the integer
  * programs for it (stage split, expert placement) and the comparisons that explain it.
  *
- * The space: TP (inside one NVLink domain, dividing the heads), PP, VPP, DP = GPUs / (TP x PP),
- * EP (dividing the experts and the stage's GPUs), ETP (1 or TP), micro-batch size, and for each of
- * those the cheapest memory rung that fits: recompute none -> selective -> full crossed with
- * ZeRO 1 -> 2 -> 3, tried in the order of their expected cost, memory first (it is cheaper to
- * check). Dominated choices are not tried: the plain all-to-all never beats per-GPU dedup (fewer
- * bytes on every link), per-domain dedup is tried only where EP spans domains, and A2A overlap
- * is always on (it only hides time). The objective "cost" also tries fewer GPUs.
+ * The space: TP (inside one NVLink domain, dividing the heads), CP (where each CP rank keeps at
+ * least PLAN_CP_MIN_TOKENS of a sequence: context parallelism is for long sequences), PP, VPP,
+ * DP = GPUs / (TP x CP x PP), EP (dividing the experts and the stage's GPUs), ETP (1 or TP),
+ * micro-batch size, and for each of those the cheapest memory rung that fits: recompute none ->
+ * selective -> full crossed with ZeRO 1 -> 2 -> 3, tried in the order of their expected cost,
+ * memory first (it is cheaper to check); a rung that shards gradients (ZeRO-2, 3) competes with
+ * the next ones that fit, since its collectives in every micro-batch may cost more than
+ * recomputing. Dominated choices are not tried: the plain all-to-all never beats per-GPU dedup
+ * (fewer bytes on every link), per-domain dedup is tried only where EP spans domains, and A2A
+ * overlap is always on (it only hides time). The objective "cost" also tries fewer GPUs.
  */
 #include "plan.h"
 
@@ -104,110 +107,124 @@ static enum moe_status search_gpus(const struct plan_request *q, int gpus, struc
         if (gpus % tp || tp > domain || m->attn.heads % tp || q->seq_len % tp ||
             !fixed_ok(fx->tp, tp))
             continue;
-        for (int pp = 1; pp <= gpus / tp && pp <= m->layers; pp++) {
-            if ((gpus / tp) % pp || !fixed_ok(fx->pp, pp)) continue;
-            int dp = gpus / (tp * pp);
-            if (!fixed_ok(fx->dp, dp)) continue;
-            /* VPP and the micro-batch size in powers of two to 8, or the one --fix names */
-            int vpp0 = fx->vpp > 0 ? fx->vpp : 1, vpp1 = fx->vpp > 0 ? fx->vpp : 8;
-            int mbs0 = fx->mbs > 0 ? fx->mbs : 1, mbs1 = fx->mbs > 0 ? fx->mbs : 8;
-            /* a stage per layer at most (a pipeline layout string may give the embedding and
+        for (int cp = 1; cp <= gpus / tp; cp *= 2) {
+            if ((gpus / tp) % cp || !fixed_ok(fx->cp, cp) ||
+                (cp > 1 && (q->seq_len % (2 * cp * tp) ||
+                            (fx->cp < 0 && q->seq_len / cp < PLAN_CP_MIN_TOKENS))))
+                continue;
+            for (int pp = 1; pp <= gpus / (tp * cp) && pp <= m->layers; pp++) {
+                if ((gpus / (tp * cp)) % pp || !fixed_ok(fx->pp, pp)) continue;
+                int dp = gpus / (tp * cp * pp);
+                if (!fixed_ok(fx->dp, dp)) continue;
+                /* VPP and the micro-batch size in powers of two to 8, or the one --fix names */
+                int vpp0 = fx->vpp > 0 ? fx->vpp : 1, vpp1 = fx->vpp > 0 ? fx->vpp : 8;
+                int mbs0 = fx->mbs > 0 ? fx->mbs : 1, mbs1 = fx->mbs > 0 ? fx->mbs : 8;
+                /* a stage per layer at most (a pipeline layout string may give the embedding and
              * the loss stages of their own) */
-            int most = m->layers + (fx->pp_layout[0] ? 2 : 0);
-            for (int vpp = vpp0; vpp <= vpp1 && pp * vpp <= most; vpp *= 2) {
-                if ((vpp > 1 && pp == 1) || !fixed_ok(fx->vpp, vpp)) continue;
-                for (int mbs = mbs0; mbs <= mbs1; mbs *= 2) {
-                    if (q->gbs % (dp * mbs) || !fixed_ok(fx->mbs, mbs)) continue;
-                    int mb = q->gbs / (dp * mbs);
-                    if (vpp > 1 && mb % pp) continue;
-                    for (int ep = 1; ep <= m->moe.experts; ep++) {
-                        if (m->moe.experts % ep || !fixed_ok(fx->ep, ep)) continue;
-                        for (int etp = 1; etp <= tp; etp = etp == 1 && tp > 1 ? tp : tp + 1) {
-                            if (((long)tp * dp) % ((long)ep * etp) || !fixed_ok(fx->etp, etp) ||
-                                m->moe.intermediate % etp)
-                                continue;
-                            bool spans = (long)ep * etp > domain;
-                            enum cost_dispatcher cands[3];
-                            int nd = 0;
-                            if ((int)fx->dispatcher >= 0)
-                                cands[nd++] = fx->dispatcher;
-                            else if (ep == 1)
-                                cands[nd++] = COST_DISPATCH_ALLTOALL;
-                            else {
-                                cands[nd++] = COST_DISPATCH_DEDUP_GPU;
-                                if (spans) cands[nd++] = COST_DISPATCH_DEDUP_DOMAIN;
-                            }
-                            for (int d = 0; d < nd; d++) {
-                                enum cost_dispatcher disp = cands[d];
-                                struct cost_layout l = {.tp = tp,
-                                                        .pp = pp,
-                                                        .vpp = vpp,
-                                                        .ep = ep,
-                                                        .etp = etp,
-                                                        .dp = dp,
-                                                        .zero = 1,
-                                                        .seq_len = q->seq_len,
-                                                        .mbs = mbs,
-                                                        .gbs = q->gbs,
-                                                        .precision = q->precision,
-                                                        .recompute = COST_RECOMPUTE_NONE,
-                                                        .dispatcher = disp,
-                                                        .overlap = true,
-                                                        .mtp =
-                                                            fx->mtp >= 0 ? fx->mtp : m->mtp_layers,
-                                                        .grad_reduce_bf16 = fx->grad_reduce_bf16,
-                                                        .moments_bf16 = fx->moments_bf16,
-                                                        .delay_wgrad = fx->delay_wgrad,
-                                                        .graphs = fx->graphs};
-                                memcpy(l.pp_layout, fx->pp_layout, sizeof l.pp_layout);
-                                struct moe_error why;
-                                if (cost_layout_check(&l, m, gpus, &why) != MOE_OK) {
-                                    r->invalid++;
-                                    refused(r, &l, why.message);
+                int most = m->layers + (fx->pp_layout[0] ? 2 : 0);
+                for (int vpp = vpp0; vpp <= vpp1 && pp * vpp <= most; vpp *= 2) {
+                    if ((vpp > 1 && pp == 1) || !fixed_ok(fx->vpp, vpp)) continue;
+                    for (int mbs = mbs0; mbs <= mbs1; mbs *= 2) {
+                        if (q->gbs % (dp * mbs) || !fixed_ok(fx->mbs, mbs)) continue;
+                        int mb = q->gbs / (dp * mbs);
+                        if (vpp > 1 && mb % pp) continue;
+                        for (int ep = 1; ep <= m->moe.experts; ep++) {
+                            if (m->moe.experts % ep || !fixed_ok(fx->ep, ep)) continue;
+                            for (int etp = 1; etp <= tp; etp = etp == 1 && tp > 1 ? tp : tp + 1) {
+                                if (((long)tp * cp * dp) % ((long)ep * etp) ||
+                                    !fixed_ok(fx->etp, etp) || m->moe.intermediate % etp)
                                     continue;
+                                bool spans = (long)ep * etp > domain;
+                                enum cost_dispatcher cands[3];
+                                int nd = 0;
+                                if ((int)fx->dispatcher >= 0)
+                                    cands[nd++] = fx->dispatcher;
+                                else if (ep == 1)
+                                    cands[nd++] = COST_DISPATCH_ALLTOALL;
+                                else {
+                                    cands[nd++] = COST_DISPATCH_DEDUP_GPU;
+                                    if (spans) cands[nd++] = COST_DISPATCH_DEDUP_DOMAIN;
                                 }
-                                for (size_t k = 0; k < sizeof rungs / sizeof rungs[0]; k++) {
-                                    l.recompute = rungs[k].rc;
-                                    l.recompute_modules = fx->recompute_modules;
-                                    l.zero = rungs[k].zero;
-                                    if (!fixed_ok(fx->zero, l.zero) ||
-                                        ((int)fx->recompute >= 0 &&
-                                         (int)l.recompute != (int)fx->recompute))
-                                        continue;
-                                    if (q->accept &&
-                                        !q->accept(&l, gpus, r->not_accepted_why,
-                                                   r->not_accepted ? 0
-                                                                   : sizeof r->not_accepted_why)) {
-                                        r->not_accepted++;
-                                        continue;
-                                    }
-                                    struct cost_result res;
+                                for (int d = 0; d < nd; d++) {
+                                    enum cost_dispatcher disp = cands[d];
+                                    struct cost_layout l = {
+                                        .tp = tp,
+                                        .cp = cp,
+                                        .pp = pp,
+                                        .vpp = vpp,
+                                        .ep = ep,
+                                        .etp = etp,
+                                        .dp = dp,
+                                        .zero = 1,
+                                        .seq_len = q->seq_len,
+                                        .mbs = mbs,
+                                        .gbs = q->gbs,
+                                        .precision = q->precision,
+                                        .recompute = COST_RECOMPUTE_NONE,
+                                        .dispatcher = disp,
+                                        .overlap = true,
+                                        .mtp = fx->mtp >= 0 ? fx->mtp : m->mtp_layers,
+                                        .grad_reduce_bf16 = fx->grad_reduce_bf16,
+                                        .moments_bf16 = fx->moments_bf16,
+                                        .delay_wgrad = fx->delay_wgrad,
+                                        .fp8_params = fx->fp8_params,
+                                        .offload = fx->offload,
+                                        .graphs = fx->graphs};
+                                    memcpy(l.pp_layout, fx->pp_layout, sizeof l.pp_layout);
                                     struct moe_error why;
-                                    st = cost_memory(ctx, &l, &res, &why);
-                                    if (st == MOE_ERR_INFEASIBLE) { /* mxfp8 on Hopper, ... */
+                                    if (cost_layout_check(&l, m, gpus, &why) != MOE_OK) {
                                         r->invalid++;
                                         refused(r, &l, why.message);
-                                        break;
-                                    }
-                                    if (st != MOE_OK) {
-                                        if (err) *err = why;
-                                        return st;
-                                    }
-                                    if (!res.fits) {
-                                        if (!r->memory_rejected++) {
-                                            snprintf(r->oom_example, sizeof r->oom_example, "%s",
-                                                     res.reason);
-                                            cost_layout_format(&l, r->oom_layout,
-                                                               sizeof r->oom_layout);
-                                        }
                                         continue;
                                     }
-                                    if ((st = cost_evaluate(ctx, &l, &res, err))) return st;
-                                    r->evaluated++;
-                                    struct plan_candidate c = {l, res, gpus,
-                                                               score_of(q, &l, &res, gpus)};
-                                    keep(r, q->top_k, &c);
-                                    break; /* the first rung that fits is the cheapest */
+                                    int fitted = 0;
+                                    for (size_t k = 0; k < sizeof rungs / sizeof rungs[0]; k++) {
+                                        l.recompute = rungs[k].rc;
+                                        l.recompute_modules = fx->recompute_modules;
+                                        l.zero = rungs[k].zero;
+                                        if (!fixed_ok(fx->zero, l.zero) ||
+                                            ((int)fx->recompute >= 0 &&
+                                             (int)l.recompute != (int)fx->recompute))
+                                            continue;
+                                        if (q->accept &&
+                                            !q->accept(
+                                                &l, gpus, r->not_accepted_why,
+                                                r->not_accepted ? 0 : sizeof r->not_accepted_why)) {
+                                            r->not_accepted++;
+                                            continue;
+                                        }
+                                        struct cost_result res;
+                                        struct moe_error why;
+                                        st = cost_memory(ctx, &l, &res, &why);
+                                        if (st == MOE_ERR_INFEASIBLE) { /* mxfp8 on Hopper, ... */
+                                            r->invalid++;
+                                            refused(r, &l, why.message);
+                                            break;
+                                        }
+                                        if (st != MOE_OK) {
+                                            if (err) *err = why;
+                                            return st;
+                                        }
+                                        if (!res.fits) {
+                                            if (!r->memory_rejected++) {
+                                                snprintf(r->oom_example, sizeof r->oom_example,
+                                                         "%s", res.reason);
+                                                cost_layout_format(&l, r->oom_layout,
+                                                                   sizeof r->oom_layout);
+                                            }
+                                            continue;
+                                        }
+                                        if ((st = cost_evaluate(ctx, &l, &res, err))) return st;
+                                        r->evaluated++;
+                                        struct plan_candidate c = {l, res, gpus,
+                                                                   score_of(q, &l, &res, gpus)};
+                                        keep(r, q->top_k, &c);
+                                        /* the first rung that fits is the cheapest unless it
+                                         * shards gradients (ZeRO-2, 3: collectives in every
+                                         * micro-batch): then the next rungs up to one with
+                                         * ZeRO-1 or 0 compete with it */
+                                        if (l.zero <= 1 || ++fitted == 3) break;
+                                    }
                                 }
                             }
                         }
@@ -356,6 +373,7 @@ static void binding_constraint(const struct plan_request *q, struct plan_result 
 void plan_fix_none(struct cost_layout *fix, int seq_len)
 {
     *fix = (struct cost_layout){.tp = -1,
+                                .cp = -1,
                                 .pp = -1,
                                 .vpp = -1,
                                 .ep = -1,

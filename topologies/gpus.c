@@ -30,6 +30,8 @@ static enum moe_status load_spec(const struct moe_jval *o, struct topo_gpu_spec 
                                        "nic_bandwidth",
                                        "power_w",
                                        "host_link",
+                                       "host_link_bandwidth",
+                                       "host_memory_bandwidth",
                                        "pci_device_id",
                                        NULL};
     enum moe_status st;
@@ -59,7 +61,11 @@ static enum moe_status load_spec(const struct moe_jval *o, struct topo_gpu_spec 
     if ((st = moe_jval_bandwidth(o, "nic_bandwidth", true, 0, 1e6, 1e15, &g->nic_bytes_per_s, err)))
         return st;
     if ((st = moe_jval_num(o, "power_w", false, 0, 0, 1e6, &g->power_w, err))) return st;
-    if ((st = moe_jval_str(o, "host_link", false, "", g->host_link, sizeof g->host_link, err)))
+    if ((st = moe_jval_str(o, "host_link", false, "", g->host_link, sizeof g->host_link, err)) ||
+        (st = moe_jval_bandwidth(o, "host_link_bandwidth", false, 0, 0, 1e15,
+                                 &g->host_link_bytes_per_s, err)) ||
+        (st = moe_jval_bandwidth(o, "host_memory_bandwidth", false, 0, 0, 1e15,
+                                 &g->host_memory_bytes_per_s, err)))
         return st;
     char id[16];
     if ((st = moe_jval_str(o, "pci_device_id", false, "0", id, sizeof id, err))) return st;

@@ -50,6 +50,9 @@ struct topo_gpu_spec {
     double nic_bytes_per_s;    /* scale-out NIC per GPU */
     double power_w;
     char host_link[64];
+    /* per GPU: the host link one way, and its share of the host's memory bandwidth (what an
+     * optimizer offloaded to the CPU runs at); 0: not known */
+    double host_link_bytes_per_s, host_memory_bytes_per_s;
     unsigned pci_device_id; /* 0: unknown */
 };
 

@@ -194,7 +194,7 @@ static const struct bad_input bad_inputs[] = {
      3,
      "FILE"},
     /* plans: a layout that does not multiply to the GPUs, a truncated plan, a measured file */
-    {"{\"schema\": \"moeplan.plan\", \"version\": 2, \"inputs\": {\"gpus\": 8}, \"layout\": "
+    {"{\"schema\": \"moeplan.plan\", \"version\": 3, \"inputs\": {\"gpus\": 8}, \"layout\": "
      "{\"tp\": 2, \"pp\": 1, \"vpp\": 1, \"dp\": 2, \"ep\": 1, \"etp\": 1}, \"model\": {}}",
      {"check", "FILE"},
      3,

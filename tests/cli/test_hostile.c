@@ -280,7 +280,9 @@ static void test_plan_validator(void **state)
          "\"layers_per_virtual_stage\": [\n      7\n    ]", "layers_per_virtual_stage"},
         {"\"tp\": 1", "\"tp\": 1048576", "not the"},
         {"\"dp\": 8", "\"dp\": 1048576", "not the"},
-        {"\"version\": 2", "\"version\": 1", "plan again"},
+        {"\"tp\": 1", "\"tp\": 1, \"cp\": 2", "tp x cp x pp x dp"},
+        {"\"tp\": 1", "\"tp\": 1, \"cp\": 0", "cp"},
+        {"\"version\": 3", "\"version\": 2", "plan again"},
     };
     for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
         put_edited("bad-plan.json", "tests/data/report/plan.json", edits[i].from, edits[i].to);

@@ -91,12 +91,12 @@ static void predict(const struct row *r, struct outcome *o)
     static struct result res;
     char **c = (char **)r->col, layout[768], json_path[1100];
     int gpus = atoi(c[C_GPUS]), tp = atoi(c[C_TP]), pp = atoi(c[C_PP]), cp = atoi(c[C_CP]);
-    int n =
-        snprintf(layout, sizeof layout,
-                 "tp=%s,pp=%s,vpp=%s,ep=%s,dp=%d,zero=1,mbs=%s,gbs=%s,precision=%s,"
-                 "recompute=%s,dispatcher=%s,grad_reduce=%s,moments=%s",
-                 c[C_TP], c[C_PP], c[C_VPP], c[C_EP], gpus / (tp * pp * cp), c[C_MBS], c[C_GBS],
-                 c[C_PRECISION], c[C_RECOMPUTE], c[C_DISPATCHER], c[C_GRAD_REDUCE], c[C_MOMENTS]);
+    int n = snprintf(layout, sizeof layout,
+                     "tp=%s,cp=%s,pp=%s,vpp=%s,ep=%s,dp=%d,zero=1,mbs=%s,gbs=%s,precision=%s,"
+                     "recompute=%s,dispatcher=%s,grad_reduce=%s,moments=%s",
+                     c[C_TP], c[C_CP], c[C_PP], c[C_VPP], c[C_EP], gpus / (tp * pp * cp), c[C_MBS],
+                     c[C_GBS], c[C_PRECISION], c[C_RECOMPUTE], c[C_DISPATCHER], c[C_GRAD_REDUCE],
+                     c[C_MOMENTS]);
     if (strcmp(c[C_MTP], "-")) n += snprintf(layout + n, sizeof layout - n, ",mtp=%s", c[C_MTP]);
     if (strcmp(c[C_PP_LAYOUT], "-"))
         snprintf(layout + n, sizeof layout - n, ",pp_layout=%s", c[C_PP_LAYOUT]);

@@ -116,6 +116,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (mdl_model_override(&m, &ov, &err) != MOE_OK) return 0;
     int ep = 1 << (data[5] % 18), dp = 1 << (data[6] % 11), pp = 1 + data[7] % 9;
     struct cost_layout l = {.tp = 1 << (data[8] % 4),
+                            .cp = 1,
                             .pp = pp,
                             .vpp = 1 + data[9] % 4,
                             .ep = ep,

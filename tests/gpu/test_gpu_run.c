@@ -65,6 +65,7 @@ static void make_plan(struct plan_file *p, const struct run_case *rc)
     struct cost_layout *l = &p->layout;
     int pp = rc->pp ? rc->pp : 1, vpp = rc->vpp ? rc->vpp : 1, V = pp * vpp;
     *l = (struct cost_layout){.tp = 1,
+                              .cp = 1,
                               .pp = pp,
                               .vpp = vpp,
                               .ep = rc->ep,
@@ -91,9 +92,13 @@ static void make_plan(struct plan_file *p, const struct run_case *rc)
     assert_non_null(p->rank);
     assert_non_null(p->placement);
     for (int q = 0; q < p->gpus; q++) /* stage-major, as the planner numbers them */
-        p->rank[q] = (struct plan_rank){
-            q / rc->domain, q / rc->domain, q % rc->domain,      0,
-            q % rc->dp,     q / rc->dp,     q % rc->dp % rc->ep, q % rc->dp / rc->ep};
+        p->rank[q] = (struct plan_rank){.domain = q / rc->domain,
+                                        .node = q / rc->domain,
+                                        .local_gpu = q % rc->domain,
+                                        .dp = q % rc->dp,
+                                        .pp = q / rc->dp,
+                                        .ep = q % rc->dp % rc->ep,
+                                        .edp = q % rc->dp / rc->ep};
     for (int b = 0; b < L; b++) /* a placement that is not contiguous */
         for (int e = 0; e < E; e++)
             p->placement[b * E + e] =

@@ -28,6 +28,7 @@ static void make(struct fixture *f)
     f->p.gpus = 2;
     f->p.micro_batches = 2;
     f->p.layout = (struct cost_layout){.tp = 1,
+                                       .cp = 1,
                                        .pp = 1,
                                        .vpp = 1,
                                        .ep = 2,

@@ -147,22 +147,30 @@ static void setup(const char *model, const char *cluster, struct mdl_model *m,
     if (topo_cluster_resolve(c, cluster, dir, &err) != MOE_OK) fail_msg("%s", err.message);
 }
 
+/* A search request with the datasheet calibration, uniform routing and no --fix. */
+static void request(struct plan_request *q, const char *model, const char *cluster, int gpus,
+                    int gbs, int seq)
+{
+    memset(q, 0, sizeof *q);
+    setup(model, cluster, &q->model, &q->cluster);
+    cost_calibration_defaults(&q->cal, &q->cluster.gpu);
+    snprintf(q->model_spec, sizeof q->model_spec, "%s", model);
+    snprintf(q->cluster_spec, sizeof q->cluster_spec, "%s", cluster);
+    snprintf(q->routing_spec, sizeof q->routing_spec, "uniform");
+    q->gpus = gpus;
+    q->gbs = gbs;
+    q->seq_len = seq;
+    q->max_tp = 8;
+    q->headroom = 0.05;
+    q->top_k = 3;
+    q->mip_time_limit_s = 1.0;
+    plan_fix_none(&q->fix, seq);
+}
+
 static struct cost_layout layout(const char *text, int seq)
 {
-    struct cost_layout l = {.tp = 1,
-                            .pp = 1,
-                            .vpp = 1,
-                            .ep = 1,
-                            .etp = 1,
-                            .dp = 1,
-                            .zero = 1,
-                            .seq_len = seq,
-                            .mbs = 1,
-                            .gbs = 8,
-                            .precision = COST_BF16,
-                            .recompute = COST_RECOMPUTE_NONE,
-                            .dispatcher = COST_DISPATCH_ALLTOALL,
-                            .overlap = false};
+    struct cost_layout l;
+    cost_layout_defaults(&l, seq);
     struct moe_error err;
     if (cost_layout_parse(&l, text, &err) != MOE_OK) fail_msg("%s", err.message);
     return l;
@@ -212,7 +220,10 @@ static void test_overhead_keys(void **state)
     assert_int_equal(cost_evaluate(&ctx, &greedy, &e[0], &err), MOE_ERR_INFEASIBLE);
     assert_non_null(strstr(err.message, "ep_sms = 148: the GB200 has 148 SMs"));
     assert_true(r[3].step_us <= r[0].step_us);
-    assert_true(r[4].step_us == r[0].step_us);
+    /* bf16 gradients: the reduce-scatter moves half the bytes, nothing else changes */
+    assert_true(r[4].comm_us[COST_DP_GRAD_SYNC] < r[0].comm_us[COST_DP_GRAD_SYNC]);
+    assert_true(r[4].step_us - r[4].exposed_us[COST_DP_GRAD_SYNC] ==
+                r[0].step_us - r[0].exposed_us[COST_DP_GRAD_SYNC]);
     struct mdl_params p;
     mdl_params_count(&m, &p);
     double saved = r[0].memory_total_bytes - r[4].memory_total_bytes;
@@ -395,7 +406,7 @@ static void test_layout_recipe_keys(void **state)
 {
     (void)state;
     struct cost_layout l = {
-        .tp = 1, .pp = 1, .vpp = 1, .ep = 1, .etp = 1, .dp = 1, .seq_len = 4096};
+        .tp = 1, .cp = 1, .pp = 1, .vpp = 1, .ep = 1, .etp = 1, .dp = 1, .seq_len = 4096};
     struct moe_error err;
     const char *text = "tp=1,pp=4,vpp=4,ep=64,dp=64,mbs=1,gbs=4096,precision=mxfp8,"
                        "recompute=mla_up_proj+moe_act,mtp=1,grad_reduce=bf16,moments=bf16,"
@@ -407,7 +418,8 @@ static void test_layout_recipe_keys(void **state)
     assert_true(l.mtp == 1 && l.grad_reduce_bf16 && l.moments_bf16 && l.precision == COST_MXFP8);
     char buf[COST_LAYOUT_TEXT_MAX];
     cost_layout_format(&l, buf, sizeof buf);
-    struct cost_layout back = {0};
+    struct cost_layout back;
+    cost_layout_defaults(&back, 1);
     assert_int_equal(cost_layout_parse(&back, buf, &err), MOE_OK);
     assert_memory_equal(&back, &l, sizeof l);
     assert_int_equal(cost_layout_parse(&l, "precision=fp8cs,recompute=selective", &err), MOE_OK);
@@ -418,6 +430,7 @@ static void test_layout_recipe_keys(void **state)
     struct mdl_model m;
     moe_test_model("qwen3-30b-a3b", &m);
     struct cost_layout q = {.tp = 1,
+                            .cp = 1,
                             .pp = 1,
                             .vpp = 1,
                             .ep = 8,
@@ -430,6 +443,139 @@ static void test_layout_recipe_keys(void **state)
                             .recompute_modules = COST_RC_BIT(COST_RC_MLA_UP_PROJ)};
     assert_int_equal(cost_layout_check(&q, &m, 8, &err), MOE_ERR_INFEASIBLE);
     assert_non_null(strstr(err.message, "has no MLA"));
+}
+
+/* Context parallelism: each CP rank keeps 1/cp of a sequence (activations, dispatch bytes), the
+ * attention ring adds communication that only it pays, the dense gradients reduce over dp x cp;
+ * the check names cp where it is wrong; the search tries it for long sequences only (and there
+ * it beats the best layout without it); the plan's rank rule counts it after tp. */
+static void test_context_parallel(void **state)
+{
+    (void)state;
+    struct mdl_model m;
+    struct topo_cluster c;
+    struct moe_error err;
+    setup("mixtral-8x22b", "hgx-h100-x128", &m, &c);
+    struct cost_ctx ctx;
+    cost_ctx_init(&ctx, &m, &c, NULL, 64);
+    struct cost_layout one = layout("tp=8,pp=4,ep=8,dp=2,gbs=64,recompute=selective", 65536);
+    struct cost_layout two = layout("tp=8,cp=2,pp=4,ep=8,dp=1,gbs=64,recompute=selective", 65536);
+    struct cost_result r1, r2;
+    if (cost_evaluate(&ctx, &one, &r1, &err) || cost_evaluate(&ctx, &two, &r2, &err))
+        fail_msg("%s", err.message);
+    /* the same stage split and degrees otherwise: activations of one micro-batch halve (the
+     * in-flight count is the same: 1F1B on 4 stages), dispatch bytes halve */
+    assert_true(fabs(r2.memory_bytes[COST_MEM_ACTIVATIONS] / r1.memory_bytes[COST_MEM_ACTIVATIONS] -
+                     0.5) < 1e-9);
+    assert_true(fabs(r2.dispatch_bytes_per_gpu / r1.dispatch_bytes_per_gpu - 0.5) < 1e-9);
+    /* the ring: attention's communication, none without cp */
+    assert_true(r1.comm_us[COST_ATTN_FWD] == 0.0 && r2.comm_us[COST_ATTN_FWD] > 0.0);
+    assert_true(r2.comm_us[COST_ATTN_BWD] > r2.comm_us[COST_ATTN_FWD]);
+    /* dense optimizer state sharded over dp x cp = 2 in both */
+    assert_true(fabs(r2.memory_bytes[COST_MEM_OPTIMIZER] / r1.memory_bytes[COST_MEM_OPTIMIZER] -
+                     1.0) < 1e-9);
+    char buf[COST_LAYOUT_TEXT_MAX];
+    cost_layout_format(&two, buf, sizeof buf);
+    assert_non_null(strstr(buf, "tp=8,cp=2,pp=4"));
+    struct cost_layout back = layout(buf, 1);
+    assert_int_equal(back.cp, 2);
+    struct cost_layout bad = layout("tp=8,cp=2,pp=4,ep=8,dp=2,gbs=64", 65536);
+    assert_int_equal(cost_layout_check(&bad, &m, 64, &err), MOE_ERR_INFEASIBLE);
+    assert_non_null(strstr(err.message, "tp x cp x pp x dp = 8 x 2 x 4 x 2 = 128, not the 64"));
+    bad = layout("tp=8,cp=2,pp=4,ep=8,dp=1,gbs=64", 65536 - 8);
+    assert_int_equal(cost_layout_check(&bad, &m, 64, &err), MOE_ERR_INFEASIBLE);
+    assert_non_null(strstr(err.message, "not a multiple of 2 x cp x tp = 32"));
+    /* GPU 11 of tp 2, cp 2, dp 2, pp 2: tp 1, cp 1, dp 0 of stage 1; experts etp 1 x ep 4 */
+    struct cost_layout rl = layout("tp=2,cp=2,pp=2,dp=2,ep=4", 4096);
+    struct plan_rank_map map = {8, 1, 8};
+    struct plan_rank pr;
+    plan_rank_of(&rl, &map, 11, &pr);
+    assert_true(pr.tp == 1 && pr.cp == 1 && pr.dp == 0 && pr.pp == 1 && pr.ep == 3 && pr.edp == 0);
+    /* the search: long sequences try cp (and this one needs it to fit), short ones never */
+    static struct plan_request q;
+    static struct plan_result r;
+    request(&q, "mixtral-8x22b", "hgx-h100-x128", 128, 128, 65536);
+    q.fix.cp = 1;
+    assert_int_equal(plan_search(&q, &r, &err), MOE_OK);
+    double without = r.best.result.step_us;
+    plan_result_free(&r);
+    q.fix.cp = -1;
+    assert_int_equal(plan_search(&q, &r, &err), MOE_OK);
+    assert_true(r.best.layout.cp > 1 && r.best.result.fits && r.best.result.step_us < without);
+    plan_result_free(&r);
+    q.seq_len = q.fix.seq_len = 4096;
+    assert_int_equal(plan_search(&q, &r, &err), MOE_OK);
+    assert_int_equal(r.best.layout.cp, 1);
+    for (int i = 0; i < r.nalt; i++) assert_int_equal(r.alt[i].layout.cp, 1);
+    plan_result_free(&r);
+}
+
+/* Megatron FSDP (ZeRO-2 and 3) moves its collectives into every micro-batch, hidden behind its
+ * compute up to overlap_max; fp8_params keeps GEMM weights in fp8 only and gathers them in fp8;
+ * offload moves the optimizer state's share to the host and its step to the CPU and host link;
+ * fp8 recipes pay their quantization, per-tensor current scaling (two reads) the most. */
+static void test_sharding_and_precision_keys(void **state)
+{
+    (void)state;
+    struct mdl_model m;
+    struct topo_cluster c;
+    struct moe_error err;
+    setup("qwen3-30b-a3b", "hgx-h100-x128", &m, &c);
+    struct cost_ctx ctx;
+    cost_ctx_init(&ctx, &m, &c, NULL, 16);
+    static const char *const texts[] = {
+        "ep=8,dp=16,mbs=1,gbs=128,precision=fp8,zero=1",
+        "ep=8,dp=16,mbs=1,gbs=128,precision=fp8,zero=2",
+        "ep=8,dp=16,mbs=1,gbs=128,precision=fp8,zero=3",
+        "ep=8,dp=16,mbs=1,gbs=128,precision=fp8,zero=1,fp8_params=on",
+        "ep=8,dp=16,mbs=1,gbs=128,precision=fp8,zero=1,offload=1",
+        "ep=8,dp=16,mbs=1,gbs=128,precision=fp8,zero=1,offload=0.5",
+        "ep=8,dp=16,mbs=1,gbs=128,precision=fp8block,zero=1",
+        "ep=8,dp=16,mbs=1,gbs=128,precision=bf16,zero=1"};
+    enum { N = sizeof texts / sizeof texts[0] };
+    struct cost_result r[N];
+    for (int i = 0; i < N; i++) {
+        struct cost_layout l = layout(texts[i], 4096);
+        if (cost_evaluate(&ctx, &l, &r[i], &err) != MOE_OK) fail_msg("%s", err.message);
+    }
+    int mb = r[0].micro_batches;
+    /* ZeRO-2: a reduce-scatter per micro-batch; ZeRO-3: two gathers more per micro-batch */
+    assert_true(r[1].comm_us[COST_DP_GRAD_SYNC] > (mb - 1) * r[0].comm_us[COST_DP_GRAD_SYNC] / 2);
+    assert_true(r[2].comm_us[COST_DP_GRAD_SYNC] > 1.5 * r[1].comm_us[COST_DP_GRAD_SYNC]);
+    assert_true(r[2].exposed_us[COST_DP_GRAD_SYNC] < r[2].comm_us[COST_DP_GRAD_SYNC]);
+    assert_true(r[2].memory_bytes[COST_MEM_WEIGHTS] < r[1].memory_bytes[COST_MEM_WEIGHTS]);
+    /* fp8 weights only: 1 of the 3 bytes a GEMM weight held, the embedding and head still bf16 */
+    struct mdl_params p;
+    mdl_params_count(&m, &p);
+    double dW = r[0].memory_bytes[COST_MEM_WEIGHTS] - r[3].memory_bytes[COST_MEM_WEIGHTS];
+    double emb = (m.tied_embeddings ? 1.0 : 2.0) * m.vocab * m.hidden;
+    double routed = p.by_component[MDL_ROUTED];
+    double gemm = (p.total - routed) + routed / 8 - emb; /* EP 8 holds 1/8 of the experts */
+    assert_true(fabs(dW / (2.0 * gemm) - 1.0) < 0.01);
+    assert_true(r[3].comm_us[COST_DP_GRAD_SYNC] < r[0].comm_us[COST_DP_GRAD_SYNC]);
+    /* offload: the state's share leaves the GPU; the CPU step is slower than the GPU's */
+    assert_true(r[4].memory_bytes[COST_MEM_OPTIMIZER] == 0.0);
+    assert_true(fabs(r[5].memory_bytes[COST_MEM_OPTIMIZER] / r[0].memory_bytes[COST_MEM_OPTIMIZER] -
+                     0.5) < 1e-12);
+    assert_true(r[4].exposed_us[COST_OPTIMIZER] > r[5].exposed_us[COST_OPTIMIZER] &&
+                r[5].exposed_us[COST_OPTIMIZER] > r[0].exposed_us[COST_OPTIMIZER]);
+    /* quantization: current scaling reads each tensor twice; blockwise once (same GEMM rate) */
+    assert_true(r[0].exposed_us[COST_EXPERTS_FWD] > r[6].exposed_us[COST_EXPERTS_FWD]);
+    assert_true(r[0].exposed_us[COST_ATTN_BWD] > r[6].exposed_us[COST_ATTN_BWD]);
+    /* the keys' rules */
+    struct cost_layout bad = layout("ep=8,dp=16,gbs=128,fp8_params=on", 4096);
+    assert_int_equal(cost_layout_check(&bad, &m, 16, &err), MOE_ERR_INFEASIBLE);
+    assert_non_null(strstr(err.message, "fp8_params"));
+    bad = layout("ep=8,dp=16,gbs=128,precision=fp8,fp8_params=on,offload=1", 4096);
+    assert_int_equal(cost_layout_check(&bad, &m, 16, &err), MOE_ERR_INFEASIBLE);
+    assert_int_equal(cost_layout_parse(&bad, "offload=1.5", &err), MOE_ERR_USAGE);
+    char buf[COST_LAYOUT_TEXT_MAX];
+    struct cost_layout l = layout(texts[5], 4096);
+    cost_layout_format(&l, buf, sizeof buf);
+    assert_non_null(strstr(buf, ",offload=0.5"));
+    l = layout(texts[3], 4096);
+    cost_layout_format(&l, buf, sizeof buf);
+    assert_non_null(strstr(buf, ",fp8_params=on"));
 }
 
 static void test_layouts(void **state)
@@ -812,22 +958,7 @@ static void test_search_and_plan_file(void **state)
     static struct plan_request q;
     static struct plan_result r;
     struct moe_error err;
-    memset(&q, 0, sizeof q);
-    setup("mixtral-8x7b", "hgx-h200-x8", &q.model, &q.cluster);
-    cost_calibration_defaults(&q.cal, &q.cluster.gpu);
-    snprintf(q.model_spec, sizeof q.model_spec, "mixtral-8x7b");
-    snprintf(q.cluster_spec, sizeof q.cluster_spec, "hgx-h200-x8");
-    snprintf(q.routing_spec, sizeof q.routing_spec, "uniform");
-    q.gpus = 8;
-    q.gbs = 64;
-    q.seq_len = 4096;
-    q.max_tp = 8;
-    q.headroom = 0.05;
-    q.top_k = 3;
-    q.mip_time_limit_s = 1.0;
-    struct cost_layout free_;
-    plan_fix_none(&free_, 4096);
-    q.fix = free_;
+    request(&q, "mixtral-8x7b", "hgx-h200-x8", 8, 64, 4096);
     assert_int_equal(plan_search(&q, &r, &err), MOE_OK);
     assert_true(r.evaluated > 10);
     assert_true(r.best.result.fits);
@@ -839,6 +970,7 @@ static void test_search_and_plan_file(void **state)
     cost_ctx_init(&ctx, &q.model, &q.cluster, &q.cal, 8);
     for (int ep = 1; ep <= 8; ep *= 2) {
         struct cost_layout l = {.tp = 1,
+                                .cp = 1,
                                 .pp = 1,
                                 .vpp = 1,
                                 .ep = ep,
@@ -914,6 +1046,8 @@ int main(void)
         cmocka_unit_test(test_zero_memory),
         cmocka_unit_test(test_properties),
         cmocka_unit_test(test_layouts),
+        cmocka_unit_test(test_context_parallel),
+        cmocka_unit_test(test_sharding_and_precision_keys),
         cmocka_unit_test(test_routing),
         cmocka_unit_test(test_loaders),
         cmocka_unit_test(test_placement_milp),
