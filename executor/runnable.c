@@ -136,6 +136,11 @@ bool exec_layout_runnable(const struct cost_layout *l, int gpus, char *why, size
                  l->mtp);
         return false;
     }
+    if (l->offload > 0) {
+        snprintf(why, cap, "offload=%g: the executor keeps the optimizer on the GPU (offload=0)",
+                 l->offload);
+        return false;
+    }
     if (l->grad_reduce_bf16 || l->moments_bf16) {
         snprintf(why, cap, "bf16 %s: the executor keeps them in fp32",
                  l->grad_reduce_bf16 ? "gradients" : "Adam moments");

@@ -808,6 +808,12 @@ static enum moe_status evaluate(const struct cost_ctx *c, const struct cost_layo
      * pipelined (Megatron's --overlap-cpu-optimizer-d2h-h2d): the slowest sets its time. */
     double owned = dense / (l->zero >= 1 ? ddp : 1) + expert / (l->zero >= 1 ? edp : 1);
     double optim = membound_us(c, owned * (1.0 - l->offload) * 30.0, 4), optim_b = 0.0;
+    /* fp8 recipes cast every GEMM weight of the GPU once a step (the first micro-batch's; TE
+     * caches it for the rest): bf16 read, the fp8 copy and its transpose written. With
+     * fp8_params the optimizer writes the fp8 weights itself, in place of the bf16 ones. */
+    if (l->precision != COST_BF16 && !l->fp8_params)
+        optim +=
+            membound_us(c, (dense - embed + expert) * (BF16 + 2.0 * cost_act_elem_bytes(l)), 1);
     if (l->offload > 0) {
         const struct topo_gpu_spec *g = &t->gpu;
         double n = owned * l->offload;
