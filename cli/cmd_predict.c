@@ -137,9 +137,21 @@ int cmd_predict(struct cli *cli, const struct cli_cmd *cmd, int argc, char **arg
         cost_routing_free(&in.routing);
         return cli_usage(cmd, "%s", err.message);
     }
-    int rest = in.gpus / (l.tp * l.cp * l.pp);
-    if (l.dp == 0) l.dp = rest > 0 ? rest : 1;
-    if (l.gbs == 0) l.gbs = l.dp * l.mbs * 8;
+    if (l.dp == 0) { /* divided one degree at a time: no product of huge degrees */
+        long rest = (long)in.gpus / l.tp / l.cp / l.pp;
+        l.dp = rest > 0 ? (int)rest : 1;
+    }
+    if (l.gbs == 0) {
+        double g = (double)l.dp * l.mbs * 8;
+        if (g > (double)(1 << 30)) {
+            cost_routing_free(&in.routing);
+            return cli_usage(cmd,
+                             "--layout: dp x mbs x 8 = %.0f is too large a default global "
+                             "batch: give gbs",
+                             g);
+        }
+        l.gbs = (int)g;
+    }
     struct cost_ctx ctx;
     cost_ctx_init(&ctx, &in.model, &in.cluster, &in.cal, in.gpus);
     ctx.routing = &in.routing;

@@ -388,6 +388,9 @@ enum moe_status cost_layout_check(const struct cost_layout *l, const struct mdl_
     if (l->pp > COST_MAX_PP || (long)l->pp * l->vpp > COST_MAX_STAGES)
         NO("pp = %d, vpp = %d: moeplan simulates at most %d pipeline ranks and %d virtual stages",
            l->pp, l->vpp, COST_MAX_PP, COST_MAX_STAGES);
+    if (l->tp > gpus || l->cp > gpus || l->pp > gpus || l->dp > gpus || l->etp > gpus)
+        NO("tp = %d, cp = %d, pp = %d, dp = %d, etp = %d: none may exceed the GPU count (%d)",
+           l->tp, l->cp, l->pp, l->dp, l->etp, gpus);
     /* cp named in the messages only where the layout uses it */
     long stage_gpus = (long)l->tp * l->cp * l->dp;
     char degrees[96];
@@ -396,8 +399,8 @@ enum moe_status cost_layout_check(const struct cost_layout *l, const struct mdl_
                  l->pp, l->dp);
     else
         snprintf(degrees, sizeof degrees, "tp x pp x dp = %d x %d x %d", l->tp, l->pp, l->dp);
-    if (stage_gpus * l->pp != gpus)
-        NO("%s = %ld, not the %d GPUs", degrees, stage_gpus * l->pp, gpus);
+    if (stage_gpus > gpus || stage_gpus * l->pp != gpus) /* stage_gpus <= 2^60, pp <= 64 */
+        NO("%s = %.0f, not the %d GPUs", degrees, (double)stage_gpus * l->pp, gpus);
     if (stage_gpus % ((long)l->ep * l->etp) != 0)
         NO("ep x etp = %d x %d must divide %s = %ld (the GPUs of a stage)", l->ep, l->etp,
            l->cp > 1 ? "tp x cp x dp" : "tp x dp", stage_gpus);

@@ -483,10 +483,12 @@ static enum moe_status plan_from_doc(const struct moe_jdoc *doc, struct plan_fil
         (st = moe_jval_int32(&lay, "cp", false, 1, 1, PLAN_MAX_GPUS, &l->cp, err)) ||
         (st = moe_jval_int32(&lay, "dp", true, 0, 1, PLAN_MAX_GPUS, &l->dp, err)))
         return st;
-    if ((int64_t)l->tp * l->cp * l->pp * l->dp != p->gpus)
+    /* in double: four degrees of up to 2^20 overflow 64 bits; equal to gpus only when exact */
+    double degrees = (double)l->tp * l->cp * l->pp * l->dp;
+    if (degrees != p->gpus)
         return moe_jval_error(&lay, NULL, err,
-                              "tp x cp x pp x dp = %lld, not the %d GPUs of the plan",
-                              (long long)l->tp * l->cp * l->pp * l->dp, p->gpus);
+                              "tp x cp x pp x dp = %.0f, not the %d GPUs of the plan", degrees,
+                              p->gpus);
     if ((st = moe_jval_int32(&lay, "zero", true, 0, 0, 3, &l->zero, err)) ||
         (st = moe_jval_int32(&lay, "mbs", true, 0, 1, 1 << 20, &l->mbs, err)) ||
         (st = moe_jval_int32(&lay, "gbs", true, 0, 1, 1 << 28, &l->gbs, err)) ||

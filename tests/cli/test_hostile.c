@@ -282,6 +282,7 @@ static void test_plan_validator(void **state)
         {"\"dp\": 8", "\"dp\": 1048576", "not the"},
         {"\"tp\": 1", "\"tp\": 1, \"cp\": 2", "tp x cp x pp x dp"},
         {"\"tp\": 1", "\"tp\": 1, \"cp\": 0", "cp"},
+        {"\"tp\": 1", "\"tp\": 1048576, \"cp\": 1048576", "not the"},
         {"\"version\": 3", "\"version\": 2", "plan again"},
     };
     for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
@@ -309,6 +310,13 @@ static void test_values_and_messages(void **state)
         {{"predict", TINY, "--layout", "tp=1,zero=4"}, 2, "zero=4 (0, 1, 2 or 3)"},
         {{"plan", TINY, "--headroom", "0x0.1p0"}, 2, "a number in [0, 0.89]"},
         {{"plan", TINY, "--precision", "mxfp8"}, 4, "mxfp8 needs Blackwell"},
+        /* degrees whose products overflow 64 bits: refused by name, no arithmetic wraps */
+        {{"predict", TINY, "--layout", "tp=1073741824,cp=1073741824,dp=1073741824"}, 2, "give gbs"},
+        {{"predict", TINY, "--layout", "tp=1073741824,cp=1073741824,dp=1073741824,gbs=8"},
+         4,
+         "none may exceed the GPU count (1)"},
+        {{"predict", TINY, "--layout", "offload=2"}, 2, "not a share of the optimizer state"},
+        {{"predict", TINY, "--layout", "fp8_params=on"}, 4, "fp8_params: fp8 weights need"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         run(&r, cases[i].args);

@@ -116,7 +116,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (mdl_model_override(&m, &ov, &err) != MOE_OK) return 0;
     int ep = 1 << (data[5] % 18), dp = 1 << (data[6] % 11), pp = 1 + data[7] % 9;
     struct cost_layout l = {.tp = 1 << (data[8] % 4),
-                            .cp = 1,
+                            .cp = 1 << (data[13] / 3 % 4),
                             .pp = pp,
                             .vpp = 1 + data[9] % 4,
                             .ep = ep,
@@ -136,8 +136,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memcpy(lay, data + 16, n);
     lay[n] = '\0';
     if (n && cost_layout_parse(&l, lay, &err) != MOE_OK) return 0;
-    int gpus = l.tp * l.pp * l.dp;
-    if (gpus < 1 || gpus > cl.gpus_usable) return 0;
+    double g = (double)l.tp * l.cp * l.pp * l.dp; /* parsed degrees reach 2^30 each */
+    if (g < 1 || g > cl.gpus_usable) return 0;
+    int gpus = (int)g;
     struct cost_routing r;
     if (cost_routing_synthetic(&r, data[15] & 2 ? COST_ROUTING_ZIPF : COST_ROUTING_UNIFORM,
                                (data[15] >> 2) / 8.0, 1, m.moe.experts, m.moe.top_k,
