@@ -59,154 +59,6 @@ static void group_link(const struct cost_ctx *c, int n, int stride, double *bw, 
 }
 
 /* ---------------------------------------------------------------------------------------------- */
-/* Routing: load per EP rank and the dispatch's expected copies per token                         */
-/* ---------------------------------------------------------------------------------------------- */
-
-static int expert_rank(const struct cost_ctx *c, int e, int ep)
-{
-    if (c->placement) return c->placement[e];
-    return e / (c->model.moe.experts / ep);
-}
-
-/* P(a token picks at least one expert of the set `members` (n of them)). */
-static double hit_prob(const struct cost_ctx *c, const double *pick, const double *pair,
-                       const int *members, int n)
-{
-    const struct mdl_moe *e = &c->model.moe;
-    if (!c->routing || c->routing->kind == COST_ROUTING_UNIFORM) {
-        /* Exact for k distinct experts drawn uniformly: 1 - C(E - n, k) / C(E, k). */
-        double none = 1.0;
-        for (int i = 0; i < e->top_k; i++) none *= (double)(e->experts - n - i) / (e->experts - i);
-        return 1.0 - (none > 0 ? none : 0.0);
-    }
-    double sum = 0.0, most = 0.0, prod = 1.0;
-    for (int i = 0; i < n; i++) {
-        double p = pick[members[i]];
-        sum += p;
-        if (p > most) most = p;
-        prod *= 1.0 - (p < 1.0 ? p : 1.0);
-    }
-    double h;
-    if (pair) {
-        /* Second-order inclusion-exclusion with the measured co-activation, within its bounds. */
-        double both = 0.0;
-        for (int i = 0; i < n; i++)
-            for (int j = i + 1; j < n; j++)
-                both += pair[(size_t)members[i] * e->experts + members[j]];
-        h = sum - both;
-        double hi = sum < 1.0 ? sum : 1.0;
-        if (h < most) h = most;
-        if (h > hi) h = hi;
-    } else {
-        h = 1.0 - prod; /* independent picks */
-    }
-    return h;
-}
-
-struct moe_traffic {
-    double hot_ratio;                   /* hottest rank's rows / balanced rows */
-    double hot_rows_frac;               /* hottest rank's share of all routed rows (x tokens x k) */
-    double nvlink_copies, scale_copies; /* per source token, expected */
-    double nodedup_copies;              /* all-to-all copies per source token (any tier) */
-    double recv_ratio;                  /* most loaded receiver / average */
-    int hot_rank;
-};
-
-static enum moe_status moe_traffic(const struct cost_ctx *c, const struct cost_layout *l,
-                                   int layer_idx, struct moe_traffic *out, struct moe_error *err)
-{
-    const struct mdl_moe *me = &c->model.moe;
-    int E = me->experts, ep = l->ep, k = me->top_k;
-    int rl = 0;
-    if (c->routing && c->routing->layers > 1) rl = layer_idx % c->routing->layers;
-    const double *pick = c->routing ? c->routing->pick + (size_t)rl * E : NULL;
-    const double *pair =
-        c->routing && c->routing->pair ? c->routing->pair + (size_t)rl * E * E : NULL;
-    double uniform = (double)k / E;
-    /* Sized by the model and the layout (up to MDL_MAX_EXPERTS experts and EP ranks): the heap,
-     * not fixed arrays. */
-    double *load = malloc(sizeof *load * 2 * (size_t)ep);
-    int *members = malloc(sizeof *members * ((size_t)E + 2 * (size_t)ep + 1));
-    if (!load || !members) {
-        free(load);
-        free(members);
-        return moe_error_set(err, MOE_ERR_NOMEM, "out of memory costing %d experts on %d EP ranks",
-                             E, ep);
-    }
-    double *hit = load + ep;
-    int *start = members + E, *fill = start + ep + 1;
-    memset(out, 0, sizeof *out);
-    /* EP ranks per NVLink domain: EP peers sit etp GPUs apart. */
-    int rpd = c->cluster.gpus_used_per_domain / l->etp;
-    if (rpd < 1) rpd = 1;
-    if (rpd > ep) rpd = ep;
-    double max_load = 0.0, sum_load = 0.0, max_hit = 0.0, sum_hit = 0.0;
-    /* Experts grouped by rank in one pass (a counting sort): members[start[r] .. start[r+1]). */
-    memset(start, 0, sizeof(int) * (size_t)(ep + 1));
-    for (int e = 0; e < E; e++) start[expert_rank(c, e, ep) + 1]++;
-    for (int r = 0; r < ep; r++) start[r + 1] += start[r];
-    for (int r = 0; r < ep; r++) fill[r] = start[r];
-    for (int e = 0; e < E; e++) members[fill[expert_rank(c, e, ep)]++] = e;
-    out->hot_rank = 0;
-    for (int r = 0; r < ep; r++) {
-        int n = start[r + 1] - start[r];
-        double ld = 0.0;
-        for (int i = start[r]; i < start[r + 1]; i++) ld += pick ? pick[members[i]] : uniform;
-        load[r] = ld;
-        hit[r] = n ? hit_prob(c, pick, pair, members + start[r], n) : 0.0;
-        if (ld > max_load) {
-            max_load = ld;
-            out->hot_rank = r;
-        }
-        if (hit[r] > max_hit) max_hit = hit[r];
-        sum_load += ld;
-        sum_hit += hit[r];
-    }
-    out->hot_ratio = sum_load > 0 ? max_load / (sum_load / ep) : 1.0;
-    out->hot_rows_frac = sum_load > 0 ? max_load / sum_load : 1.0;
-    int ndom = (ep + rpd - 1) / rpd;
-    double nv = 0.0, so = 0.0;
-    for (int d = 0; d < ndom; d++) {
-        int r0 = d * rpd, r1 = r0 + rpd < ep ? r0 + rpd : ep, size = r1 - r0;
-        double L = 0.0, H = 0.0;
-        for (int r = r0; r < r1; r++) {
-            L += load[r];
-            H += hit[r];
-        }
-        if (cost_dispatch_copies(l->dispatcher) == COST_DISPATCH_ALLTOALL) {
-            nv += (size - 1) * L; /* sum over s in d of (L_d - load_s) */
-            so += size * (sum_load - L);
-        } else {
-            nv += (size - 1) * H;
-            if (cost_dispatch_copies(l->dispatcher) == COST_DISPATCH_DEDUP_GPU) {
-                so += size * (sum_hit - H);
-            } else {
-                /* Once per remote domain, then fan-out inside it. */
-                for (int d2 = 0; d2 < ndom; d2++) {
-                    if (d2 == d) continue;
-                    int q0 = d2 * rpd, q1 = q0 + rpd < ep ? q0 + rpd : ep;
-                    int qn = start[q1] - start[q0];
-                    double H2 = 0.0;
-                    for (int r = q0; r < q1; r++) H2 += hit[r];
-                    /* With contiguous ranks per domain, the domain's experts are contiguous. */
-                    so += size * hit_prob(c, pick, pair, members + start[q0], qn);
-                    nv += size * H2 * (1.0 - 1.0 / (q1 - q0));
-                }
-            }
-        }
-    }
-    out->nvlink_copies = nv / ep;
-    out->scale_copies = so / ep;
-    out->nodedup_copies = (k * ep - sum_load) / ep; /* k copies less those staying home */
-    out->recv_ratio = cost_dispatch_copies(l->dispatcher) == COST_DISPATCH_ALLTOALL
-                          ? out->hot_ratio
-                          : (sum_hit > 0 ? max_hit / (sum_hit / ep) : 1.0);
-    free(load);
-    free(members);
-    return MOE_OK;
-}
-
-/* ---------------------------------------------------------------------------------------------- */
 /* Blocks                                                                                         */
 /* ---------------------------------------------------------------------------------------------- */
 
@@ -341,8 +193,8 @@ static enum moe_status moe_cost(const struct cost_ctx *c, const struct cost_layo
     const struct topo_cluster *t = &c->cluster;
     bool fp8 = l->precision != COST_BF16;
     double T = cost_layout_tokens(l), h = m->hidden, k = e->top_k;
-    struct moe_traffic tr;
-    enum moe_status st = moe_traffic(c, l, moe_index, &tr, err);
+    struct cost_moe_traffic tr;
+    enum moe_status st = cost_moe_traffic(c, l, moe_index, &tr, err);
     if (st != MOE_OK) return st;
     b->hot_ratio = tr.hot_ratio;
     /* Router: GEMM, scores, top-k. */
@@ -364,7 +216,8 @@ static enum moe_status moe_cost(const struct cost_ctx *c, const struct cost_layo
     const double *pick = c->routing ? c->routing->pick + (size_t)rl * e->experts : NULL;
     int hot = tr.hot_rank;
     for (int x = 0; x < e->experts; x++)
-        if (expert_rank(c, x, ep) == hot) rows[local++] = (pick ? pick[x] : k / e->experts) * pool;
+        if (cost_expert_rank(c, x, ep) == hot)
+            rows[local++] = (pick ? pick[x] : k / e->experts) * pool;
     double ebwd, hot_rows = 0.0, fe = (double)e->intermediate / l->etp;
     for (int i = 0; i < local; i++) hot_rows += rows[i];
     /* fp8: each expert's two GEMM inputs quantized, and the gradients of its two outputs */
@@ -700,8 +553,8 @@ static enum moe_status evaluate(const struct cost_ctx *c, const struct cost_layo
     r.micro_batches = mb;
     double hot = 1.0;
     if (mdl_moe_layer_count(m) > 0) {
-        struct moe_traffic tr;
-        if ((st = moe_traffic(c, l, 0, &tr, err))) return st;
+        struct cost_moe_traffic tr;
+        if ((st = cost_moe_traffic(c, l, 0, &tr, err))) return st;
         hot = tr.hot_ratio;
     }
     struct cost_stage map[COST_MAX_STAGES];

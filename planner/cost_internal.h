@@ -1,6 +1,7 @@
 /*
  * cost_internal.h: what the cost model's own files share (cost.c, the step's time; cost_memory.c,
- * its memory). Not a public header: nothing outside planner/ includes it.
+ * its memory; routing.c, each EP rank's load and the dispatch's copies). Not a public header:
+ * nothing outside planner/ includes it.
  */
 #ifndef COST_INTERNAL_H
 #define COST_INTERNAL_H
@@ -26,5 +27,26 @@ void cost_stage_memory(const struct cost_ctx *c, const struct cost_layout *l,
 /* Memory of each pp rank from its stages' `sm`; the fullest sets r's memory, fits and reason. */
 void cost_memory_of(const struct cost_ctx *c, const struct cost_layout *l,
                     const struct cost_stage_memory *sm, struct cost_result *r);
+
+/* The EP rank that holds expert e (the placement's, else contiguous). */
+static inline int cost_expert_rank(const struct cost_ctx *c, int e, int ep)
+{
+    if (c->placement) return c->placement[e];
+    return e / (c->model.moe.experts / ep);
+}
+
+/* What one MoE layer's routing does to the EP ranks under a layout (routing.c): the hottest rank's
+ * load, and the dispatch's expected copies per source token by link tier. */
+struct cost_moe_traffic {
+    double hot_ratio;                   /* hottest rank's rows / balanced rows */
+    double hot_rows_frac;               /* hottest rank's share of all routed rows (x tokens x k) */
+    double nvlink_copies, scale_copies; /* per source token, expected */
+    double nodedup_copies;              /* all-to-all copies per source token (any tier) */
+    double recv_ratio;                  /* most loaded receiver / average */
+    int hot_rank;
+};
+enum moe_status cost_moe_traffic(const struct cost_ctx *c, const struct cost_layout *l,
+                                 int layer_idx, struct cost_moe_traffic *out,
+                                 struct moe_error *err);
 
 #endif /* COST_INTERNAL_H */

@@ -9,9 +9,10 @@
  * Dispatch bytes: a token crosses to a GPU once per (token, expert) with the plain all-to-all,
  * once per distinct destination GPU with per-GPU dedup, and once per distinct destination domain
  * over the scale-out fabric with per-domain dedup (then it fans out over NVLink). The exact count
- * from explicit choices is in cost_dispatch_bytes_exact; the cost model's expectation is in cost.c.
+ * from explicit choices is in cost_dispatch_bytes_exact; the cost model's expectation, with each
+ * EP rank's load, is cost_moe_traffic (at the end).
  */
-#include "cost.h"
+#include "cost_internal.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -325,4 +326,137 @@ void cost_dispatch_bytes_exact(const int *choice, const int *src_rank, int token
                     out->nvlink += bytes_per_token;
         }
     }
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Routing: load per EP rank and the dispatch's expected copies per token                         */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* P(a token picks at least one expert of the set `members` (n of them)). */
+static double hit_prob(const struct cost_ctx *c, const double *pick, const double *pair,
+                       const int *members, int n)
+{
+    const struct mdl_moe *e = &c->model.moe;
+    if (!c->routing || c->routing->kind == COST_ROUTING_UNIFORM) {
+        /* Exact for k distinct experts drawn uniformly: 1 - C(E - n, k) / C(E, k). */
+        double none = 1.0;
+        for (int i = 0; i < e->top_k; i++) none *= (double)(e->experts - n - i) / (e->experts - i);
+        return 1.0 - (none > 0 ? none : 0.0);
+    }
+    double sum = 0.0, most = 0.0, prod = 1.0;
+    for (int i = 0; i < n; i++) {
+        double p = pick[members[i]];
+        sum += p;
+        if (p > most) most = p;
+        prod *= 1.0 - (p < 1.0 ? p : 1.0);
+    }
+    double h;
+    if (pair) {
+        /* Second-order inclusion-exclusion with the measured co-activation, within its bounds. */
+        double both = 0.0;
+        for (int i = 0; i < n; i++)
+            for (int j = i + 1; j < n; j++)
+                both += pair[(size_t)members[i] * e->experts + members[j]];
+        h = sum - both;
+        double hi = sum < 1.0 ? sum : 1.0;
+        if (h < most) h = most;
+        if (h > hi) h = hi;
+    } else {
+        h = 1.0 - prod; /* independent picks */
+    }
+    return h;
+}
+
+enum moe_status cost_moe_traffic(const struct cost_ctx *c, const struct cost_layout *l,
+                                 int layer_idx, struct cost_moe_traffic *out, struct moe_error *err)
+{
+    const struct mdl_moe *me = &c->model.moe;
+    int E = me->experts, ep = l->ep, k = me->top_k;
+    int rl = 0;
+    if (c->routing && c->routing->layers > 1) rl = layer_idx % c->routing->layers;
+    const double *pick = c->routing ? c->routing->pick + (size_t)rl * E : NULL;
+    const double *pair =
+        c->routing && c->routing->pair ? c->routing->pair + (size_t)rl * E * E : NULL;
+    double uniform = (double)k / E;
+    /* Sized by the model and the layout (up to MDL_MAX_EXPERTS experts and EP ranks): the heap,
+     * not fixed arrays. */
+    double *load = malloc(sizeof *load * 2 * (size_t)ep);
+    int *members = malloc(sizeof *members * ((size_t)E + 2 * (size_t)ep + 1));
+    if (!load || !members) {
+        free(load);
+        free(members);
+        return moe_error_set(err, MOE_ERR_NOMEM, "out of memory costing %d experts on %d EP ranks",
+                             E, ep);
+    }
+    double *hit = load + ep;
+    int *start = members + E, *fill = start + ep + 1;
+    memset(out, 0, sizeof *out);
+    /* EP ranks per NVLink domain: EP peers sit etp GPUs apart. */
+    int rpd = c->cluster.gpus_used_per_domain / l->etp;
+    if (rpd < 1) rpd = 1;
+    if (rpd > ep) rpd = ep;
+    double max_load = 0.0, sum_load = 0.0, max_hit = 0.0, sum_hit = 0.0;
+    /* Experts grouped by rank in one pass (a counting sort): members[start[r] .. start[r+1]). */
+    memset(start, 0, sizeof(int) * (size_t)(ep + 1));
+    for (int e = 0; e < E; e++) start[cost_expert_rank(c, e, ep) + 1]++;
+    for (int r = 0; r < ep; r++) start[r + 1] += start[r];
+    for (int r = 0; r < ep; r++) fill[r] = start[r];
+    for (int e = 0; e < E; e++) members[fill[cost_expert_rank(c, e, ep)]++] = e;
+    out->hot_rank = 0;
+    for (int r = 0; r < ep; r++) {
+        int n = start[r + 1] - start[r];
+        double ld = 0.0;
+        for (int i = start[r]; i < start[r + 1]; i++) ld += pick ? pick[members[i]] : uniform;
+        load[r] = ld;
+        hit[r] = n ? hit_prob(c, pick, pair, members + start[r], n) : 0.0;
+        if (ld > max_load) {
+            max_load = ld;
+            out->hot_rank = r;
+        }
+        if (hit[r] > max_hit) max_hit = hit[r];
+        sum_load += ld;
+        sum_hit += hit[r];
+    }
+    out->hot_ratio = sum_load > 0 ? max_load / (sum_load / ep) : 1.0;
+    out->hot_rows_frac = sum_load > 0 ? max_load / sum_load : 1.0;
+    int ndom = (ep + rpd - 1) / rpd;
+    double nv = 0.0, so = 0.0;
+    for (int d = 0; d < ndom; d++) {
+        int r0 = d * rpd, r1 = r0 + rpd < ep ? r0 + rpd : ep, size = r1 - r0;
+        double L = 0.0, H = 0.0;
+        for (int r = r0; r < r1; r++) {
+            L += load[r];
+            H += hit[r];
+        }
+        if (cost_dispatch_copies(l->dispatcher) == COST_DISPATCH_ALLTOALL) {
+            nv += (size - 1) * L; /* sum over s in d of (L_d - load_s) */
+            so += size * (sum_load - L);
+        } else {
+            nv += (size - 1) * H;
+            if (cost_dispatch_copies(l->dispatcher) == COST_DISPATCH_DEDUP_GPU) {
+                so += size * (sum_hit - H);
+            } else {
+                /* Once per remote domain, then fan-out inside it. */
+                for (int d2 = 0; d2 < ndom; d2++) {
+                    if (d2 == d) continue;
+                    int q0 = d2 * rpd, q1 = q0 + rpd < ep ? q0 + rpd : ep;
+                    int qn = start[q1] - start[q0];
+                    double H2 = 0.0;
+                    for (int r = q0; r < q1; r++) H2 += hit[r];
+                    /* With contiguous ranks per domain, the domain's experts are contiguous. */
+                    so += size * hit_prob(c, pick, pair, members + start[q0], qn);
+                    nv += size * H2 * (1.0 - 1.0 / (q1 - q0));
+                }
+            }
+        }
+    }
+    out->nvlink_copies = nv / ep;
+    out->scale_copies = so / ep;
+    out->nodedup_copies = (k * ep - sum_load) / ep; /* k copies less those staying home */
+    out->recv_ratio = cost_dispatch_copies(l->dispatcher) == COST_DISPATCH_ALLTOALL
+                          ? out->hot_ratio
+                          : (sum_hit > 0 ? max_hit / (sum_hit / ep) : 1.0);
+    free(load);
+    free(members);
+    return MOE_OK;
 }
