@@ -75,10 +75,11 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
                                        "phases",
                                        "experts",
                                        "fit",
+                                       "stack",
                                        NULL};
     struct moe_jdoc doc;
     struct moe_jval root;
-    char schema[64], gpu[64], date[64];
+    char schema[64], gpu[64], date[64], stack[64];
     int version;
     int64_t tile;
     struct cost_calibration t = *cal;
@@ -93,7 +94,9 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
     }
     if ((st = moe_jval_keys(&root, keys, err))) goto cleanup;
     if ((st = moe_jval_str(&root, "gpu", true, NULL, gpu, sizeof gpu, err))) goto cleanup;
-    if ((st = moe_jval_str(&root, "date", false, "", date, sizeof date, err))) goto cleanup;
+    if ((st = moe_jval_str(&root, "date", false, "", date, sizeof date, err)) ||
+        (st = moe_jval_str(&root, "stack", false, "", stack, sizeof stack, err)))
+        goto cleanup;
 #define FRACTION(key)                                                                              \
     if ((st = moe_jval_num(&root, #key, false, t.key, 1e-3, 1.0, &t.key, err))) goto cleanup
     FRACTION(gemm_eff);
@@ -157,8 +160,11 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
             goto cleanup;
     }
     t.calibrated = true;
-    snprintf(t.source, sizeof t.source, "calibrated: %s (%s, %s)", file, gpu,
-             date[0] ? date : "undated");
+    if (stack[0]) /* fitted on published runs of a software stack */
+        snprintf(t.source, sizeof t.source, "stack profile %s for %s: %s", stack, gpu, file);
+    else
+        snprintf(t.source, sizeof t.source, "calibrated: %s (%s, %s)", file, gpu,
+                 date[0] ? date : "undated");
     *cal = t;
 cleanup:
     moe_jdoc_free(&doc);

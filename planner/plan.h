@@ -233,63 +233,8 @@ void plan_print_explain(const struct plan_request *req, const struct plan_result
 enum moe_status plan_print_emit(const struct plan_request *req, const struct plan_result *r,
                                 const char *target, FILE *out, struct moe_error *err);
 
-/* ---------------------------------------------------------------------------------------------- */
-/* Calibration: the jobs, the measurements, the fits (calib_fit.c)                                */
-/* ---------------------------------------------------------------------------------------------- */
-
-/* A one-GPU job of calibrate or validate: a proxy of a shipped model (layers, experts: 0 keeps
- * the model's), a sequence, a micro-batch and their count, recompute, a selection-bias skew. */
-struct plan_calib_job {
-    const char *model;
-    int layers, experts, seq, mbs, micro;
-    enum cost_recompute recompute;
-    double skew;
-};
-
-extern const struct plan_calib_job plan_calib_jobs[], plan_valid_jobs[];
-extern const int plan_calib_njobs, plan_valid_njobs;
-/* "mixtral-8x7b L2 E16 seq 1024 mbs 2 x 1 recompute": the name a profile keeps a job under. */
-void plan_calib_job_name(const struct plan_calib_job *j, char *buf, size_t cap);
-/* The job's one-GPU plan as plan_load gives it, with the cost model's prediction under cal
- * (routing: NULL for uniform). Free with plan_file_free, also after a failure. */
-enum moe_status plan_calib_job_plan(const struct plan_calib_job *j, const char *model_dir,
-                                    const struct topo_cluster *cl,
-                                    const struct cost_calibration *cal,
-                                    const struct cost_routing *routing, struct plan_file *p,
-                                    struct moe_error *err);
-/* Everything calibrate measures: what the fit reads, what the profile keeps ("measured"), and
- * what --refit reads back from a profile to fit again without a GPU. */
-#define PLAN_CALIB_MAX_GEMMS 128
-#define PLAN_CALIB_MAX_ATTN 16
-#define PLAN_CALIB_MAX_JOBS 16
-#define PLAN_CALIB_MAX_EXPERTS 32
-#define PLAN_CALIB_EXPERT_COLS 7 /* experts, top-k, hidden, intermediate, tokens, fwd us, bwd us */
-#define PLAN_CALIB_EXPERT_KEY "experts_e_k_h_f_tokens_fwd_bwd_us"
-struct plan_calib_data {
-    char gpu[256], driver[32], date[32], cuda[32], cublas[32], nccl[32];
-    double launch_us, copy_us, copy_bytes;
-    struct cost_gemm_sample gemm[PLAN_CALIB_MAX_GEMMS];
-    int ngemm;
-    double attn[PLAN_CALIB_MAX_ATTN]
-               [8]; /* seqs, seq, heads, kv heads, dqk, dv, forward us, backward us */
-    int nattn;
-    double expert[PLAN_CALIB_MAX_EXPERTS][PLAN_CALIB_EXPERT_COLS]; /* measure_experts' rows */
-    int nexpert;
-    struct plan_calib_job job[PLAN_CALIB_MAX_JOBS];
-    char model[PLAN_CALIB_MAX_JOBS][64];
-    double got[PLAN_CALIB_MAX_JOBS][COST_NPHASES]; /* each job's median phases, us */
-    int njobs;
-    bool quick;
-};
-
-/* A profile's "measured" back into the data (calibrate --refit). */
-enum moe_status plan_calib_data_load(const char *file, struct plan_calib_data *d,
-                                     struct moe_error *err);
-/* Fit the data into a profile and write it to `file` ("moeplan.calibration", the measurements
- * kept); `how` names the command in it; the fits' numbers are printed to `log`. */
-enum moe_status plan_calib_fit_save(const struct plan_calib_data *d, const struct topo_cluster *cl,
-                                    const char *model_dir, const char *how, const char *file,
-                                    FILE *log, struct moe_error *err);
+/* Calibration: the jobs, the measurements and the fits, and published runs (plan_calib.h). */
+#include "plan_calib.h"
 
 #ifdef __cplusplus
 }

@@ -336,6 +336,19 @@ static void test_values_and_messages(void **state)
     RUN(&r, "plan", "--model", "kimi-k2", "--cluster", "gb300-nvl72-x16", "--fix", "pp=4",
         "--explain");
     expect(&r, 0, "what the stage split bought: nothing; the even split is as good");
+    /* a published-runs file with a bad cell or header: file:line and the column, no profile */
+    put_edited("bad.tsv", "tests/data/published/mb-runs.tsv",
+               "MB-1\t26.08\tdeepseek-v3\tgb300-nvl72-x16\t256",
+               "MB-1\t26.08\tdeepseek-v3\tgb300-nvl72-x16\tmany");
+    RUN(&r, "calibrate", "--published", at("bad.tsv"), "--stack", "megatron-26.08", "--cluster",
+        "gb300-nvl72-x16", "-o", at("stack.json"));
+    expect(&r, 3, "column 5 (gpus): 'many'");
+    put_edited("bad.tsv", "tests/data/published/mb-runs.tsv", "\tmoments\ttokens_per_s_gpu",
+               "\tmoments\ttokens");
+    RUN(&r, "calibrate", "--published", at("bad.tsv"), "--stack", "megatron-26.08", "--cluster",
+        "gb300-nvl72-x16", "-o", at("stack.json"));
+    expect(&r, 3, "the header is not the 24 columns");
+    assert_int_equal(access(at("stack.json"), F_OK), -1);
     /* measured step times that no run has */
     const char *keys[] = {"\"step_ms\": 8.97116805892", "\"step_ms\": 196.000893457"};
     const char *vals[] = {"\"step_ms\": -5", "\"step_ms\": 1e308"};

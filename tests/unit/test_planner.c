@@ -578,6 +578,55 @@ static void test_sharding_and_precision_keys(void **state)
     assert_non_null(strstr(buf, ",fp8_params=on"));
 }
 
+/* The stack-profile fit recovers known efficiencies: the published layouts of one container
+ * generation, their "published" step times made by the cost model under a known calibration,
+ * fitted from the datasheet defaults with no prior. Every parameter the step times pin down comes
+ * back within 5% (the all-to-all latency, which barely moves them, is not judged). */
+static void test_published_fit_recovers(void **state)
+{
+    (void)state;
+    static struct plan_published runs[PLAN_PUBLISHED_MAX];
+    static struct plan_fit_row rows[PLAN_PUBLISHED_MAX];
+    static double pred[PLAN_PUBLISHED_MAX];
+    char file[1024], mdir[1024], tdir[1024];
+    struct moe_error err;
+    int n, k = 0;
+    moe_test_src(file, sizeof file, "tests/data/published/mb-runs.tsv");
+    moe_test_src(mdir, sizeof mdir, "model");
+    moe_test_src(tdir, sizeof tdir, "topologies");
+    if (plan_published_load(file, runs, PLAN_PUBLISHED_MAX, &n, &err)) fail_msg("%s", err.message);
+    for (int i = 0; i < n; i++)
+        if (!strncmp(runs[i].container, "26.04", 5) && runs[i].trusted) runs[k++] = runs[i];
+    assert_true(k >= 30);
+    if (plan_fit_rows(runs, k, mdir, tdir, rows, &err)) fail_msg("%s", err.message);
+    struct cost_calibration truth, start, fit;
+    cost_calibration_defaults(&start, &rows[0].cluster.gpu);
+    truth = start;
+    truth.gemm_eff = 0.7, truth.gemm_eff_fp8 = 0.6, truth.attn_fwd_eff = 0.5;
+    truth.attn_bwd_eff = 0.5 * start.attn_bwd_eff / start.attn_fwd_eff; /* the tied ratio */
+    truth.hbm_eff = 0.8, truth.nvlink_eff = truth.nvlink_allreduce_eff = 0.6;
+    truth.scale_out_eff = 0.7, truth.overlap_max = 0.6, truth.launch_us = 6.0;
+    truth.a2a_latency_us = 25.0;
+    for (int i = 0; i < k; i++) {
+        struct cost_ctx ctx;
+        cost_ctx_init(&ctx, &rows[i].model, &rows[i].cluster, &truth, rows[i].run->gpus);
+        struct cost_result r;
+        if (cost_evaluate(&ctx, &rows[i].layout, &r, &err)) fail_msg("%s", err.message);
+        rows[i].step_us = r.step_us;
+    }
+    double rms = plan_fit_published(rows, k, &start, (1u << plan_fit_nparams) - 1, NULL, 0.0, &fit,
+                                    pred, &err);
+    assert_true(rms >= 0 && rms < 0.002);
+    for (int p = 0; p < plan_fit_nparams; p++) {
+        if (!strcmp(plan_fit_params[p].name, "a2a_latency_us")) continue;
+        double want = *(double *)((char *)&truth + plan_fit_params[p].offset);
+        double got = *(double *)((char *)&fit + plan_fit_params[p].offset);
+        if (fabs(got / want - 1.0) > 0.05)
+            fail_msg("%s: fitted %g, made with %g", plan_fit_params[p].name, got, want);
+    }
+    for (int i = 0; i < k; i++) assert_true(fabs(pred[i] / rows[i].step_us - 1.0) < 0.01);
+}
+
 static void test_layouts(void **state)
 {
     (void)state;
@@ -1048,6 +1097,7 @@ int main(void)
         cmocka_unit_test(test_layouts),
         cmocka_unit_test(test_context_parallel),
         cmocka_unit_test(test_sharding_and_precision_keys),
+        cmocka_unit_test(test_published_fit_recovers),
         cmocka_unit_test(test_routing),
         cmocka_unit_test(test_loaders),
         cmocka_unit_test(test_placement_milp),

@@ -1,0 +1,129 @@
+/*
+ * plan_calib.h: the planner's calibration: the one-GPU jobs `moeplan calibrate` and `validate`
+ * run, what they measure and how it is fitted (calib_fit.c), and the published training runs a
+ * stack profile is fitted on (published.c). Part of plan.h, which includes it; include plan.h.
+ */
+#ifndef PLAN_CALIB_H
+#define PLAN_CALIB_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Calibration: the jobs, the measurements, the fits (calib_fit.c)                                */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* A one-GPU job of calibrate or validate: a proxy of a shipped model (layers, experts: 0 keeps
+ * the model's), a sequence, a micro-batch and their count, recompute, a selection-bias skew. */
+struct plan_calib_job {
+    const char *model;
+    int layers, experts, seq, mbs, micro;
+    enum cost_recompute recompute;
+    double skew;
+};
+
+extern const struct plan_calib_job plan_calib_jobs[], plan_valid_jobs[];
+extern const int plan_calib_njobs, plan_valid_njobs;
+/* "mixtral-8x7b L2 E16 seq 1024 mbs 2 x 1 recompute": the name a profile keeps a job under. */
+void plan_calib_job_name(const struct plan_calib_job *j, char *buf, size_t cap);
+/* The job's one-GPU plan as plan_load gives it, with the cost model's prediction under cal
+ * (routing: NULL for uniform). Free with plan_file_free, also after a failure. */
+enum moe_status plan_calib_job_plan(const struct plan_calib_job *j, const char *model_dir,
+                                    const struct topo_cluster *cl,
+                                    const struct cost_calibration *cal,
+                                    const struct cost_routing *routing, struct plan_file *p,
+                                    struct moe_error *err);
+/* Everything calibrate measures: what the fit reads, what the profile keeps ("measured"), and
+ * what --refit reads back from a profile to fit again without a GPU. */
+#define PLAN_CALIB_MAX_GEMMS 128
+#define PLAN_CALIB_MAX_ATTN 16
+#define PLAN_CALIB_MAX_JOBS 16
+#define PLAN_CALIB_MAX_EXPERTS 32
+#define PLAN_CALIB_EXPERT_COLS 7 /* experts, top-k, hidden, intermediate, tokens, fwd us, bwd us */
+#define PLAN_CALIB_EXPERT_KEY "experts_e_k_h_f_tokens_fwd_bwd_us"
+struct plan_calib_data {
+    char gpu[256], driver[32], date[32], cuda[32], cublas[32], nccl[32];
+    double launch_us, copy_us, copy_bytes;
+    struct cost_gemm_sample gemm[PLAN_CALIB_MAX_GEMMS];
+    int ngemm;
+    double attn[PLAN_CALIB_MAX_ATTN]
+               [8]; /* seqs, seq, heads, kv heads, dqk, dv, forward us, backward us */
+    int nattn;
+    double expert[PLAN_CALIB_MAX_EXPERTS][PLAN_CALIB_EXPERT_COLS]; /* measure_experts' rows */
+    int nexpert;
+    struct plan_calib_job job[PLAN_CALIB_MAX_JOBS];
+    char model[PLAN_CALIB_MAX_JOBS][64];
+    double got[PLAN_CALIB_MAX_JOBS][COST_NPHASES]; /* each job's median phases, us */
+    int njobs;
+    bool quick;
+};
+
+/* A profile's "measured" back into the data (calibrate --refit). */
+enum moe_status plan_calib_data_load(const char *file, struct plan_calib_data *d,
+                                     struct moe_error *err);
+/* Fit the data into a profile and write it to `file` ("moeplan.calibration", the measurements
+ * kept); `how` names the command in it; the fits' numbers are printed to `log`. */
+enum moe_status plan_calib_fit_save(const struct plan_calib_data *d, const struct topo_cluster *cl,
+                                    const char *model_dir, const char *how, const char *file,
+                                    FILE *log, struct moe_error *err);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Published runs (published.c)                                                                   */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* One published training run (tests/data/published/mb-runs.tsv's columns): what ran, its recipe
+ * settings, and its speed as published. */
+#define PLAN_PUBLISHED_MAX 512
+struct plan_published {
+    char id[16], container[16], model[64], cluster[64], precision[16], recompute[96];
+    char pp_layout[COST_PP_LAYOUT_MAX], dispatcher[16], grad_reduce[8], moments[8], flags[64];
+    int gpus, gbs, mbs, seq, tp, pp, cp, vpp, ep, mtp; /* mtp -1: the model's */
+    double tokens_per_s_gpu, tflops_gpu;
+    bool trusted; /* conf A */
+    int line;     /* in the file */
+};
+/* Every row of a published-runs file (tab-separated, '#' comments, a header line); a bad row is
+ * an error naming file:line and the column. */
+enum moe_status plan_published_load(const char *file, struct plan_published *rows, int cap, int *n,
+                                    struct moe_error *err);
+/* The row's layout as `--layout` text (cost_layout_parse), ZeRO-1 and dp from the GPUs. */
+void plan_published_layout(const struct plan_published *r, char *buf, size_t cap);
+/* The step time the row's tokens/s/GPU imply: gbs x seq / (tokens/s/GPU x GPUs), us. */
+double plan_published_step_us(const struct plan_published *r);
+
+/* A row ready to predict: its model, cluster and layout resolved once. */
+struct plan_fit_row {
+    const struct plan_published *run;
+    struct mdl_model model;
+    struct topo_cluster cluster;
+    struct cost_layout layout;
+    double step_us; /* published */
+};
+enum moe_status plan_fit_rows(const struct plan_published *runs, int n, const char *model_dir,
+                              const char *topo_dir, struct plan_fit_row *out,
+                              struct moe_error *err);
+/* The calibration fields a stack profile fits, with their bounds (efficiencies <= 1); the
+ * attention's backward efficiency keeps its ratio to the forward's, and NVLink's all-reduce
+ * efficiency follows its all-to-all one (step times cannot tell them apart). */
+struct plan_fit_param {
+    const char *name;
+    size_t offset; /* in struct cost_calibration */
+    double lo, hi;
+};
+extern const struct plan_fit_param plan_fit_params[];
+extern const int plan_fit_nparams;
+/* Least squares of log(predicted / published step) over the rows, from `start`, each free
+ * parameter (bit i of `free_mask` for plan_fit_params[i]) within its bounds, plus `prior` x the
+ * squared log distance of each from `center` (0: none). The fitted calibration in *out, every
+ * row's predicted step in pred_us (n), the rms of the log errors returned (< 0: an error). */
+double plan_fit_published(const struct plan_fit_row *rows, int n,
+                          const struct cost_calibration *start, unsigned free_mask,
+                          const struct cost_calibration *center, double prior,
+                          struct cost_calibration *out, double *pred_us, struct moe_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PLAN_CALIB_H */

@@ -1,0 +1,326 @@
+/*
+ * published.c: published training runs as the cost model sees them, and the fit of a stack
+ * profile to them.
+ *
+ * A row is what ran (model, cluster, GPUs, layout, recipe settings) and how fast, as published;
+ * plan_published_layout turns it into the layout `predict` takes. The fit is least squares of the
+ * log of predicted over published step time, the calibration's efficiencies moved one at a time
+ * in shrinking multiplicative steps within their bounds (physical: an efficiency is at most 1), a
+ * prior pulling each towards a centre where few rows cannot pin it down.
+ */
+#include "plan.h"
+
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NCOLS 24
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Rows                                                                                           */
+/* ---------------------------------------------------------------------------------------------- */
+
+static const char *const columns[NCOLS] = {"id",          "container", "model",
+                                           "cluster",     "gpus",      "precision",
+                                           "gbs",         "mbs",       "seq",
+                                           "tp",          "pp",        "cp",
+                                           "vpp",         "ep",        "recompute",
+                                           "pp_layout",   "mtp",       "dispatcher",
+                                           "grad_reduce", "moments",   "tokens_per_s_gpu",
+                                           "tflops_gpu",  "conf",      "flags"};
+
+static bool text_col(char *dst, size_t cap, const char *v)
+{
+    if (strlen(v) >= cap) return false;
+    snprintf(dst, cap, "%s", v);
+    return true;
+}
+
+static bool int_col(int *dst, const char *v, int lo, int hi)
+{
+    char *end;
+    long x = strtol(v, &end, 10);
+    if (end == v || *end || x < lo || x > hi) return false;
+    *dst = (int)x;
+    return true;
+}
+
+/* One data line, split in place at the tabs. */
+static enum moe_status parse_row(char *line, const char *file, int lineno, struct plan_published *r,
+                                 struct moe_error *err)
+{
+    char *col[NCOLS];
+    int n = 0;
+    for (char *p = line; n < NCOLS;) {
+        col[n++] = p;
+        char *tab = strchr(p, '\t');
+        if (!tab) break;
+        *tab = '\0';
+        p = tab + 1;
+    }
+    if (n != NCOLS || strchr(col[NCOLS - 1], '\t'))
+        return moe_error_set_at(err, MOE_ERR_INPUT, file, lineno, 0, "%d columns, not %d", n,
+                                NCOLS);
+    memset(r, 0, sizeof *r);
+    r->line = lineno;
+    bool ok = true;
+    int bad = -1;
+#define TEXT(i, field)                                                                             \
+    if (ok && !(ok = text_col(r->field, sizeof r->field, col[i]))) bad = i
+#define INT(i, field, lo, hi)                                                                      \
+    if (ok && !(ok = int_col(&r->field, col[i], lo, hi))) bad = i
+    TEXT(0, id);
+    TEXT(1, container);
+    TEXT(2, model);
+    TEXT(3, cluster);
+    INT(4, gpus, 1, PLAN_MAX_GPUS);
+    TEXT(5, precision);
+    INT(6, gbs, 1, 1 << 28);
+    INT(7, mbs, 1, 1 << 20);
+    INT(8, seq, 1, 1 << 24);
+    INT(9, tp, 1, PLAN_MAX_GPUS);
+    INT(10, pp, 1, COST_MAX_PP);
+    INT(11, cp, 1, PLAN_MAX_GPUS);
+    INT(12, vpp, 1, COST_MAX_STAGES);
+    INT(13, ep, 1, MDL_MAX_EXPERTS);
+    TEXT(14, recompute);
+    TEXT(15, pp_layout);
+    r->mtp = -1;
+    if (ok && strcmp(col[16], "-")) INT(16, mtp, 0, MDL_MAX_MTP);
+    TEXT(17, dispatcher);
+    TEXT(18, grad_reduce);
+    TEXT(19, moments);
+    if (ok && strcmp(col[22], "A") && strcmp(col[22], "B")) ok = false, bad = 22;
+    r->trusted = ok && !strcmp(col[22], "A");
+    TEXT(23, flags);
+#undef TEXT
+#undef INT
+    for (int i = 20; ok && i < 22; i++) {
+        char *end;
+        double v = strtod(col[i], &end);
+        if (end == col[i] || *end || !(v > 0 && v < 1e9)) ok = false, bad = i;
+        *(i == 20 ? &r->tokens_per_s_gpu : &r->tflops_gpu) = v;
+    }
+    if (!strcmp(r->pp_layout, "-")) r->pp_layout[0] = '\0';
+    if (!ok)
+        return moe_error_set_at(err, MOE_ERR_INPUT, file, lineno, 0, "column %d (%s): '%s'",
+                                bad + 1, columns[bad], col[bad]);
+    return MOE_OK;
+}
+
+enum moe_status plan_published_load(const char *file, struct plan_published *rows, int cap, int *n,
+                                    struct moe_error *err)
+{
+    FILE *f;
+    enum moe_status st = moe_file_open_input(file, &f, err);
+    if (st != MOE_OK) return st;
+    char line[2048];
+    int lineno = 0, count = 0;
+    bool header = false;
+    while (st == MOE_OK && fgets(line, sizeof line, f)) {
+        lineno++;
+        size_t len = strlen(line);
+        if (len && line[len - 1] == '\n')
+            line[--len] = '\0';
+        else if (!feof(f)) {
+            st = moe_error_set_at(err, MOE_ERR_INPUT, file, lineno, 0, "a line over %zu bytes",
+                                  sizeof line - 2);
+            break;
+        }
+        if (len && line[len - 1] == '\r') line[--len] = '\0';
+        if (!len || line[0] == '#') continue;
+        if (!header) { /* the column names, in this order */
+            char want[512];
+            size_t k = 0;
+            for (int i = 0; i < NCOLS; i++)
+                k += (size_t)snprintf(want + k, sizeof want - k, "%s%s", i ? "\t" : "", columns[i]);
+            if (strcmp(line, want))
+                st = moe_error_set_at(err, MOE_ERR_INPUT, file, lineno, 0,
+                                      "the header is not the %d columns id, container, model, ... "
+                                      "flags (tab-separated)",
+                                      NCOLS);
+            header = true;
+            continue;
+        }
+        if (count == cap) {
+            st = moe_error_set_at(err, MOE_ERR_INPUT, file, lineno, 0, "more than %d rows", cap);
+            break;
+        }
+        st = parse_row(line, file, lineno, &rows[count], err);
+        if (st == MOE_OK) count++;
+    }
+    if (st == MOE_OK && ferror(f)) st = moe_error_set_at(err, MOE_ERR_IO, file, 0, 0, "read error");
+    fclose(f);
+    if (st == MOE_OK && !header)
+        st = moe_error_set_at(err, MOE_ERR_INPUT, file, 0, 0, "no header line and no rows");
+    *n = st == MOE_OK ? count : 0;
+    return st;
+}
+
+void plan_published_layout(const struct plan_published *r, char *buf, size_t cap)
+{
+    int dp = r->gpus / (r->tp * r->pp * r->cp);
+    int k = snprintf(buf, cap,
+                     "tp=%d,cp=%d,pp=%d,vpp=%d,ep=%d,dp=%d,zero=1,mbs=%d,gbs=%d,precision=%s,"
+                     "recompute=%s,dispatcher=%s,grad_reduce=%s,moments=%s",
+                     r->tp, r->cp, r->pp, r->vpp, r->ep, dp > 0 ? dp : 1, r->mbs, r->gbs,
+                     r->precision, r->recompute, r->dispatcher, r->grad_reduce, r->moments);
+    if (k >= 0 && (size_t)k < cap && r->mtp >= 0)
+        k += snprintf(buf + k, cap - (size_t)k, ",mtp=%d", r->mtp);
+    if (k >= 0 && (size_t)k < cap && r->pp_layout[0])
+        snprintf(buf + k, cap - (size_t)k, ",pp_layout=%s", r->pp_layout);
+}
+
+double plan_published_step_us(const struct plan_published *r)
+{
+    return (double)r->gbs * r->seq / (r->tokens_per_s_gpu * r->gpus) * 1e6;
+}
+
+enum moe_status plan_fit_rows(const struct plan_published *runs, int n, const char *model_dir,
+                              const char *topo_dir, struct plan_fit_row *out, struct moe_error *err)
+{
+    for (int i = 0; i < n; i++) {
+        const struct plan_published *r = &runs[i];
+        struct plan_fit_row *f = &out[i];
+        memset(f, 0, sizeof *f);
+        f->run = r;
+        f->step_us = plan_published_step_us(r);
+        enum moe_status st;
+        /* a model or cluster already resolved for an earlier row is copied, not read again */
+        int j = 0;
+        while (j < i && strcmp(runs[j].model, r->model)) j++;
+        if (j < i)
+            f->model = out[j].model;
+        else if ((st = mdl_model_resolve(&f->model, r->model, model_dir, err)))
+            return st;
+        for (j = 0; j < i && strcmp(runs[j].cluster, r->cluster); j++) {
+        }
+        if (j < i)
+            f->cluster = out[j].cluster;
+        else if ((st = topo_cluster_resolve(&f->cluster, r->cluster, topo_dir, err)))
+            return st;
+        char text[COST_LAYOUT_TEXT_MAX];
+        plan_published_layout(r, text, sizeof text);
+        cost_layout_defaults(&f->layout, r->seq);
+        f->layout.mtp = f->model.mtp_layers;
+        struct moe_error why;
+        if (cost_layout_parse(&f->layout, text, &why) != MOE_OK ||
+            cost_layout_check(&f->layout, &f->model, r->gpus, &why) != MOE_OK)
+            return moe_error_set(err, MOE_ERR_INPUT, "%s (line %d): %s", r->id, r->line,
+                                 why.message);
+    }
+    return MOE_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* The fit                                                                                        */
+/* ---------------------------------------------------------------------------------------------- */
+
+#define P(field, lo, hi)                                                                           \
+    {                                                                                              \
+#field, offsetof(struct cost_calibration, field), lo, hi                                   \
+    }
+const struct plan_fit_param plan_fit_params[] = {
+    P(gemm_eff, 0.2, 1.0),     P(gemm_eff_fp8, 0.2, 1.0), P(attn_fwd_eff, 0.1, 1.0),
+    P(hbm_eff, 0.2, 1.0),      P(nvlink_eff, 0.1, 1.0),   P(scale_out_eff, 0.1, 1.0),
+    P(overlap_max, 0.05, 1.0), P(launch_us, 0.5, 100.0),  P(a2a_latency_us, 1.0, 1000.0)};
+#undef P
+const int plan_fit_nparams = (int)(sizeof plan_fit_params / sizeof plan_fit_params[0]);
+
+static double *field(struct cost_calibration *c, int i)
+{
+    return (double *)((char *)c + plan_fit_params[i].offset);
+}
+
+/* Sum of squared log errors (plus the prior); every prediction in pred. < 0: an error in err.
+ * Step times cannot tell the attention's forward from its backward (recompute mixes them) nor
+ * NVLink's all-to-all from its all-reduce: the backward keeps its ratio to the forward
+ * (`bwd_ratio`) and both NVLink efficiencies are one. */
+static double objective(const struct plan_fit_row *rows, int n, struct cost_calibration *cal,
+                        double bwd_ratio, unsigned mask, const struct cost_calibration *center,
+                        double prior, double *pred, struct moe_error *err)
+{
+    double sum = 0.0;
+    cal->nvlink_allreduce_eff = cal->nvlink_eff;
+    cal->attn_bwd_eff = fmin(cal->attn_fwd_eff * bwd_ratio, 1.0);
+    for (int i = 0; i < n; i++) {
+        struct cost_ctx ctx;
+        cost_ctx_init(&ctx, &rows[i].model, &rows[i].cluster, cal, rows[i].run->gpus);
+        struct cost_result r;
+        if (cost_evaluate(&ctx, &rows[i].layout, &r, err) != MOE_OK) return -1.0;
+        pred[i] = r.step_us;
+        double e = log(r.step_us / rows[i].step_us);
+        sum += e * e;
+    }
+    if (center && prior > 0)
+        for (int k = 0; k < plan_fit_nparams; k++)
+            if (mask & (1u << k)) {
+                double d = log(*field(cal, k) / *field((struct cost_calibration *)center, k));
+                sum += prior * d * d;
+            }
+    return sum;
+}
+
+double plan_fit_published(const struct plan_fit_row *rows, int n,
+                          const struct cost_calibration *start, unsigned free_mask,
+                          const struct cost_calibration *center, double prior,
+                          struct cost_calibration *out, double *pred_us, struct moe_error *err)
+{
+    if (n < 1) {
+        moe_error_set(err, MOE_ERR_USAGE, "no rows to fit");
+        return -1.0;
+    }
+    double *pred = malloc(sizeof *pred * (size_t)n);
+    if (!pred) {
+        moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+        return -1.0;
+    }
+    struct cost_calibration cur = *start, t;
+    for (int k = 0; k < plan_fit_nparams; k++) { /* start inside the bounds */
+        double *v = field(&cur, k);
+        *v = fmin(fmax(*v, plan_fit_params[k].lo), plan_fit_params[k].hi);
+    }
+    double ratio = start->attn_fwd_eff > 0 ? start->attn_bwd_eff / start->attn_fwd_eff : 1.0;
+    double best = objective(rows, n, &cur, ratio, free_mask, center, prior, pred, err);
+    /* coordinate steps in log space: x1.5, then smaller, until 1% moves no longer help */
+    for (double step = log(1.5); best >= 0 && step > log(1.0005); step *= 0.5) {
+        bool moved = true;
+        for (int round = 0; moved && round < 60 && best >= 0; round++) {
+            moved = false;
+            for (int k = 0; k < plan_fit_nparams && best >= 0; k++) {
+                if (!(free_mask & (1u << k))) continue;
+                for (int dir = -1; dir <= 1; dir += 2) {
+                    t = cur;
+                    double *v = field(&t, k), old = *v;
+                    *v = fmin(fmax(old * exp(dir * step), plan_fit_params[k].lo),
+                              plan_fit_params[k].hi);
+                    if (*v == old) continue;
+                    double o = objective(rows, n, &t, ratio, free_mask, center, prior, pred, err);
+                    if (o < 0) {
+                        best = -1.0;
+                        break;
+                    }
+                    if (o < best * (1.0 - 1e-9)) {
+                        best = o, cur = t, moved = true;
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    double rms = -1.0;
+    if (best >= 0 && objective(rows, n, &cur, ratio, free_mask, NULL, 0, pred, err) >= 0) {
+        double s = 0.0;
+        for (int i = 0; i < n; i++) {
+            double e = log(pred[i] / rows[i].step_us);
+            s += e * e;
+            if (pred_us) pred_us[i] = pred[i];
+        }
+        rms = sqrt(s / n);
+        *out = cur;
+        out->calibrated = true;
+    }
+    free(pred);
+    return rms;
+}
