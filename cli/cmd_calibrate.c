@@ -6,6 +6,7 @@
  * to published runs instead (planner/published.c): first every system of the stack's containers
  * together, then the cluster's own rows pulled towards that shared fit.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,6 +21,7 @@ enum {
     OPT_REFIT,
     OPT_PUBLISHED,
     OPT_STACK,
+    OPT_CV,
     OPT_OUT = 'o'
 };
 
@@ -34,6 +36,9 @@ const struct cli_opt cmd_calibrate_opts[] = {
      "tests/data/published/mb-runs.tsv)"},
     {"stack", required_argument, OPT_STACK, "NAME",
      "with --published: the software stack, e.g. megatron-26.04 (rows of containers 26.04*)"},
+    {"cross-validate", no_argument, OPT_CV, NULL,
+     "with --published and --stack: leave one model out and one system out, each row predicted "
+     "by the profile fitted without it (no profile written)"},
     {NULL, 0, 0, NULL, NULL},
 };
 
@@ -76,91 +81,177 @@ static int calibrate(struct cli *cli, const struct cli_cmd *cmd, const char *out
     return 0;
 }
 
-/* A stack profile from published runs: the trusted rows of the stack's containers, fitted over
- * every system (pulled lightly towards the datasheet), then the cluster's own rows (pulled
- * towards that shared fit, since a system has a handful of rows). */
-#define SHARED_PRIOR 0.02
-#define SYSTEM_PRIOR 0.2
+/* The profile of a stack fit, and what it says about each of the cluster's rows. */
+static enum moe_status write_stack_profile(const struct plan_fit_row *rows, int n,
+                                           const char *cluster, const char *stack, const char *file,
+                                           const struct cost_calibration *ds,
+                                           const struct cost_calibration *fitted,
+                                           const double rms[2], const char *out,
+                                           struct moe_error *err)
+{
+    json_t *meta = json_object(), *ids = json_array(), *fit = json_object();
+    const char *gpu = "";
+    int own = 0, systems = 0;
+    for (int i = 0; i < n; i++) {
+        bool first = true;
+        for (int j = 0; j < i && first; j++)
+            first = strcmp(rows[i].run->cluster, rows[j].run->cluster) != 0;
+        systems += first;
+    }
+    printf("stack %s: %d trusted rows on %d systems fitted together (rms log error %.3f), then "
+           "%s's own (rms %.3f)\n",
+           stack, n, systems, rms[0], cluster, rms[1]);
+    printf("%-16s %10s %10s\n", "parameter", "datasheet", "fitted");
+    for (int p = 0; p < plan_fit_nparams; p++)
+        printf("%-16s %10.3f %10.3f\n", plan_fit_params[p].name,
+               *(const double *)((const char *)ds + plan_fit_params[p].offset),
+               *(const double *)((const char *)fitted + plan_fit_params[p].offset));
+    printf("%-9s %-10s %-16s %10s %10s %7s\n", "run", "container", "model", "published",
+           "predicted", "error");
+    for (int i = 0; i < n; i++) {
+        if (strcmp(rows[i].run->cluster, cluster)) continue;
+        struct cost_ctx ctx;
+        cost_ctx_init(&ctx, &rows[i].model, &rows[i].cluster, fitted, rows[i].run->gpus);
+        struct cost_result r;
+        enum moe_status st = cost_evaluate(&ctx, &rows[i].layout, &r, err);
+        if (st != MOE_OK) {
+            json_decref(meta), json_decref(ids), json_decref(fit);
+            return st;
+        }
+        double pub = rows[i].run->tokens_per_s_gpu, got = r.tokens_per_s_per_gpu;
+        printf("%-9s %-10s %-16s %10.0f %10.0f %+6.1f%%\n", rows[i].run->id, rows[i].run->container,
+               rows[i].run->model, pub, got, 100 * (got / pub - 1));
+        json_array_append_new(ids, json_string(rows[i].run->id));
+        gpu = rows[i].cluster.gpu.name;
+        own++;
+    }
+    json_object_set_new(meta, "gpu", json_string(gpu));
+    json_object_set_new(meta, "stack", json_string(stack));
+    json_object_set_new(fit, "method",
+                        json_string("moeplan calibrate --published: least squares of "
+                                    "log(predicted / published step), bounded; every system's "
+                                    "rows together, then this cluster's, pulled towards that fit"));
+    json_object_set_new(fit, "published", json_string(file));
+    json_object_set_new(fit, "cluster", json_string(cluster));
+    json_object_set_new(fit, "rows", ids);
+    json_object_set_new(fit, "rms_log_error", json_real(rms[1]));
+    json_object_set_new(fit, "shared_rows", json_integer(n));
+    json_object_set_new(fit, "shared_rms_log_error", json_real(rms[0]));
+    json_object_set_new(meta, "fit", fit);
+    (void)own;
+    enum moe_status st = cost_calibration_write(fitted, meta, out, err);
+    json_decref(meta);
+    return st;
+}
+
+/* The stack's rows of a published-runs file: trusted, dropless, of containers `gen`*, resolved. */
+static enum moe_status stack_rows(struct cli *cli, const char *file, const char *gen,
+                                  struct plan_published *runs, struct plan_fit_row *rows, int *n,
+                                  struct moe_error *err)
+{
+    int all = 0, kept = 0;
+    enum moe_status st = plan_published_load(file, runs, PLAN_PUBLISHED_MAX, &all, err);
+    for (int i = 0; st == MOE_OK && i < all; i++)
+        if (!strncmp(runs[i].container, gen, strlen(gen)) && runs[i].trusted &&
+            !strstr(runs[i].flags, "tokendrop"))
+            runs[kept++] = runs[i];
+    if (st == MOE_OK && kept == 0)
+        st = moe_error_set(err, MOE_ERR_INPUT, "%s: no trusted row of containers %s*", file, gen);
+    char mdir[MOE_PATH_MAX], tdir[MOE_PATH_MAX];
+    cli_data_path(cli, "model", mdir, sizeof mdir);
+    cli_data_path(cli, "topologies", tdir, sizeof tdir);
+    if (st == MOE_OK) st = plan_fit_rows(runs, kept, mdir, tdir, rows, err);
+    *n = st == MOE_OK ? kept : 0;
+    return st;
+}
+
+static double pct(double pred, double pub)
+{
+    return 100.0 * (pub / pred - 1.0); /* tokens/s: predicted over published */
+}
+
+/* Leave one model out and leave one system out: every row predicted by the profile fitted
+ * without its fold; per row and per fold, the error of tokens/s/GPU. */
+static void cross_validate(const struct plan_fit_row *rows, int n, const double *pred[2])
+{
+    static const char *const name[2] = {"model", "system"};
+    printf("%-9s %-16s %-16s %10s %10s %7s %10s %7s\n", "run", "model", "cluster", "published",
+           "w/o model", "error", "w/o system", "error");
+    for (int i = 0; i < n; i++) {
+        double pub = rows[i].run->tokens_per_s_gpu, t0 = pub * rows[i].step_us / pred[0][i],
+               t1 = pub * rows[i].step_us / pred[1][i];
+        printf("%-9s %-16s %-16s %10.0f %10.0f %+6.1f%% %10.0f %+6.1f%%\n", rows[i].run->id,
+               rows[i].run->model, rows[i].run->cluster, pub, t0, 100 * (t0 / pub - 1), t1,
+               100 * (t1 / pub - 1));
+    }
+    for (int f = 0; f < 2; f++) {
+        printf("\nleave one %s out:\n", name[f]);
+        double all_sum = 0, all_worst = 0;
+        for (int i = 0; i < n; i++) {
+            const char *key = f == 0 ? rows[i].run->model : rows[i].run->cluster;
+            bool first = true;
+            for (int j = 0; j < i && first; j++)
+                first = strcmp(key, f == 0 ? rows[j].run->model : rows[j].run->cluster) != 0;
+            double e = fabs(pct(pred[f][i], rows[i].step_us));
+            all_sum += e;
+            if (e > all_worst) all_worst = e;
+            if (!first) continue;
+            int k = 0;
+            double sum = 0, worst = 0;
+            for (int j = i; j < n; j++) {
+                if (strcmp(key, f == 0 ? rows[j].run->model : rows[j].run->cluster)) continue;
+                double ej = fabs(pct(pred[f][j], rows[j].step_us));
+                sum += ej, k++;
+                if (ej > worst) worst = ej;
+            }
+            printf("  %-18s %2d rows: mean |error| %5.1f%%, worst %5.1f%%\n", key, k, sum / k,
+                   worst);
+        }
+        printf("  all %d rows: mean |error| %.1f%%, worst %.1f%%\n", n, all_sum / n, all_worst);
+    }
+}
+
+/* A stack profile from published runs (plan_fit_stack), or its cross-validation. */
 static int calibrate_published(struct cli *cli, const struct cli_cmd *cmd, const char *file,
-                               const char *stack, const char *cluster, const char *out)
+                               const char *stack, const char *cluster, const char *out, bool cv)
 {
     struct moe_error err;
     const char *dash = strrchr(stack, '-'), *gen = dash ? dash + 1 : stack;
     if (!gen[0])
         return cli_usage(cmd, "--stack %s: name a container generation (megatron-26.04)", stack);
-    if (!cli_output_ok(cmd, "-o", out)) return 2;
+    if (!cv && !cli_output_ok(cmd, "-o", out)) return 2;
     struct plan_published *runs = calloc(PLAN_PUBLISHED_MAX, sizeof *runs);
     struct plan_fit_row *rows = calloc(PLAN_PUBLISHED_MAX, sizeof *rows);
-    double *pred = calloc(PLAN_PUBLISHED_MAX, sizeof *pred);
-    int n = 0, kept = 0, own = 0;
-    enum moe_status st = runs && rows && pred
-                             ? plan_published_load(file, runs, PLAN_PUBLISHED_MAX, &n, &err)
-                             : moe_error_set(&err, MOE_ERR_NOMEM, "out of memory");
-    for (int i = 0; st == MOE_OK && i < n; i++) /* the stack's trusted, dropless rows */
-        if (!strncmp(runs[i].container, gen, strlen(gen)) && runs[i].trusted &&
-            !strstr(runs[i].flags, "tokendrop"))
-            runs[kept++] = runs[i];
-    char mdir[MOE_PATH_MAX], tdir[MOE_PATH_MAX];
-    cli_data_path(cli, "model", mdir, sizeof mdir);
-    cli_data_path(cli, "topologies", tdir, sizeof tdir);
-    if (st == MOE_OK && kept == 0)
-        st = moe_error_set(&err, MOE_ERR_INPUT, "%s: no trusted row of containers %s*", file, gen);
-    if (st == MOE_OK) st = plan_fit_rows(runs, kept, mdir, tdir, rows, &err);
-    /* the cluster's rows first: they are the second fit's */
-    for (int i = 0; st == MOE_OK && i < kept; i++)
-        if (!strcmp(runs[i].cluster, cluster)) {
-            struct plan_fit_row t = rows[own];
-            rows[own] = rows[i], rows[i] = t;
-            own++;
-        }
-    if (st == MOE_OK && own == 0)
-        st = moe_error_set(&err, MOE_ERR_INPUT, "%s: no trusted row of %s in containers %s*", file,
-                           cluster, gen);
-    struct cost_calibration datasheet, shared, fitted;
-    if (st == MOE_OK) cost_calibration_defaults(&datasheet, &rows[0].cluster.gpu);
-    unsigned all = (1u << plan_fit_nparams) - 1;
-    double rms_shared = st == MOE_OK ? plan_fit_published(rows, kept, &datasheet, all, &datasheet,
-                                                          SHARED_PRIOR, &shared, pred, &err)
-                                     : -1.0;
-    double rms = rms_shared >= 0 ? plan_fit_published(rows, own, &shared, all, &shared,
-                                                      SYSTEM_PRIOR, &fitted, pred, &err)
-                                 : -1.0;
-    if (st == MOE_OK && rms < 0) st = err.status;
-    if (st == MOE_OK) {
-        printf("stack %s: %d trusted rows of containers %s* (%d systems' runs), %d of them on %s\n",
-               stack, kept, gen, kept, own, cluster);
-        printf("shared fit over every system: rms log error %.3f\n", rms_shared);
-        printf("%s's fit: rms log error %.3f\n", cluster, rms);
-        printf("%-10s %-10s %-18s %12s %12s %8s\n", "run", "container", "model", "published_ms",
-               "predicted_ms", "error");
-        for (int i = 0; i < own; i++)
-            printf("%-10s %-10s %-18s %12.1f %12.1f %+7.1f%%\n", rows[i].run->id,
-                   rows[i].run->container, rows[i].run->model, rows[i].step_us / 1e3, pred[i] / 1e3,
-                   100.0 * (pred[i] / rows[i].step_us - 1.0));
-        json_t *meta = json_object(), *ids = json_array(), *fit = json_object();
-        for (int i = 0; i < own; i++) json_array_append_new(ids, json_string(rows[i].run->id));
-        json_object_set_new(meta, "gpu", json_string(rows[0].cluster.gpu.name));
-        json_object_set_new(meta, "stack", json_string(stack));
-        json_object_set_new(
-            fit, "method",
-            json_string("moeplan calibrate --published: least squares of log(predicted / published "
-                        "step), bounded; every system's rows first, then this cluster's, pulled "
-                        "towards that shared fit"));
-        json_object_set_new(fit, "published", json_string(file));
-        json_object_set_new(fit, "cluster", json_string(cluster));
-        json_object_set_new(fit, "rows", ids);
-        json_object_set_new(fit, "rms_log_error", json_real(rms));
-        json_object_set_new(fit, "shared_rows", json_integer(kept));
-        json_object_set_new(fit, "shared_rms_log_error", json_real(rms_shared));
-        json_object_set_new(meta, "fit", fit);
-        st = cost_calibration_write(&fitted, meta, out, &err);
-        json_decref(meta);
+    double *pred = calloc(2 * PLAN_PUBLISHED_MAX, sizeof *pred);
+    int n = 0, own = 0;
+    enum moe_status st = runs && rows && pred ? stack_rows(cli, file, gen, runs, rows, &n, &err)
+                                              : moe_error_set(&err, MOE_ERR_NOMEM, "out of memory");
+    if (st == MOE_OK && cv) {
+        const double *p[2] = {pred, pred + PLAN_PUBLISHED_MAX};
+        printf("stack %s: %d trusted rows of containers %s*; tokens/s/GPU predicted by the "
+               "profile fitted without the row's model, and without its system\n",
+               stack, n, gen);
+        st = plan_fit_crossval(rows, n, PLAN_FOLD_MODEL, pred, &err);
+        if (st == MOE_OK)
+            st = plan_fit_crossval(rows, n, PLAN_FOLD_SYSTEM, pred + PLAN_PUBLISHED_MAX, &err);
+        if (st == MOE_OK) cross_validate(rows, n, p);
+    } else if (st == MOE_OK) {
+        struct cost_calibration datasheet, fitted;
+        double rms[2];
+        cost_calibration_defaults(&datasheet, &rows[0].cluster.gpu);
+        st = plan_fit_stack(rows, n, cluster, &datasheet, &fitted, &own, rms, &err);
+        if (st == MOE_OK && own == 0)
+            st = moe_error_set(&err, MOE_ERR_INPUT, "%s: no trusted row of %s in containers %s*",
+                               file, cluster, gen);
+        if (st == MOE_OK)
+            st = write_stack_profile(rows, n, cluster, stack, file, &datasheet, &fitted, rms, out,
+                                     &err);
     }
     free(runs);
     free(rows);
     free(pred);
     if (st != MOE_OK) return cli_fail(cli, &err);
-    printf("profile written to %s\n", out);
+    if (!cv) printf("profile written to %s\n", out);
     return 0;
 }
 
@@ -171,7 +262,7 @@ int cmd_calibrate(struct cli *cli, const struct cli_cmd *cmd, int argc, char **a
     if (rc >= 0) return rc;
     const char *out = "calibration.json", *cluster = NULL, *refit = NULL, *published = NULL,
                *stack = NULL;
-    bool quick = false;
+    bool quick = false, cv = false;
     for (int i = 0; i < nargs; i++) {
         if (args[i].val == OPT_OUT) out = args[i].value;
         if (args[i].val == OPT_QUICK) quick = true;
@@ -179,11 +270,14 @@ int cmd_calibrate(struct cli *cli, const struct cli_cmd *cmd, int argc, char **a
         if (args[i].val == OPT_REFIT) refit = args[i].value;
         if (args[i].val == OPT_PUBLISHED) published = args[i].value;
         if (args[i].val == OPT_STACK) stack = args[i].value;
+        if (args[i].val == OPT_CV) cv = true;
     }
     if (optind != argc) return cli_usage(cmd, "no operands");
-    if (published && (!stack || !cluster || refit || quick))
-        return cli_usage(cmd, "--published needs --stack and --cluster (and no --refit, --quick)");
-    if (stack && !published) return cli_usage(cmd, "--stack goes with --published");
-    if (published) return calibrate_published(cli, cmd, published, stack, cluster, out);
+    if (published && (!stack || !(cluster || cv) || refit || quick))
+        return cli_usage(cmd, "--published needs --stack and --cluster, or --stack and "
+                              "--cross-validate (and no --refit, --quick)");
+    if ((stack || cv) && !published)
+        return cli_usage(cmd, "--stack and --cross-validate go with --published");
+    if (published) return calibrate_published(cli, cmd, published, stack, cluster, out, cv);
     return calibrate(cli, cmd, out, quick, cluster ? cluster : "h200-vm", refit);
 }

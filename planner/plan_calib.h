@@ -122,6 +122,22 @@ double plan_fit_published(const struct plan_fit_row *rows, int n,
                           const struct cost_calibration *center, double prior,
                           struct cost_calibration *out, double *pred_us, struct moe_error *err);
 
+/* A stack profile for `cluster`: every row fitted together (towards `datasheet`, lightly), then
+ * the cluster's own rows (towards that shared fit: a system has a handful of rows). Without rows
+ * of the cluster the shared fit is the profile. *own gets the cluster's row count; the rms log
+ * errors of the two fits in rms[0], rms[1] (rms[1] = rms[0] without own rows). */
+#define PLAN_FIT_SHARED_PRIOR 0.02
+#define PLAN_FIT_SYSTEM_PRIOR 0.2
+enum moe_status plan_fit_stack(const struct plan_fit_row *rows, int n, const char *cluster,
+                               const struct cost_calibration *datasheet,
+                               struct cost_calibration *out, int *own, double rms[2],
+                               struct moe_error *err);
+/* Cross-validation: each row predicted by the stack profile fitted without the rows of its fold,
+ * folds by model or by system (leave one model out, leave one system out). */
+enum plan_fold { PLAN_FOLD_MODEL = 0, PLAN_FOLD_SYSTEM };
+enum moe_status plan_fit_crossval(const struct plan_fit_row *rows, int n, enum plan_fold fold,
+                                  double *pred_us, struct moe_error *err);
+
 #ifdef __cplusplus
 }
 #endif

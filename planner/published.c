@@ -324,3 +324,81 @@ double plan_fit_published(const struct plan_fit_row *rows, int n,
     free(pred);
     return rms;
 }
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Stack profiles and their cross-validation                                                      */
+/* ---------------------------------------------------------------------------------------------- */
+
+enum moe_status plan_fit_stack(const struct plan_fit_row *rows, int n, const char *cluster,
+                               const struct cost_calibration *datasheet,
+                               struct cost_calibration *out, int *own, double rms[2],
+                               struct moe_error *err)
+{
+    unsigned all = (1u << plan_fit_nparams) - 1;
+    struct cost_calibration shared;
+    double r0 = plan_fit_published(rows, n, datasheet, all, datasheet, PLAN_FIT_SHARED_PRIOR,
+                                   &shared, NULL, err);
+    if (r0 < 0) return err ? err->status : MOE_ERR_RUNTIME;
+    struct plan_fit_row *mine = malloc(sizeof *mine * (size_t)n);
+    if (!mine) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (!strcmp(rows[i].run->cluster, cluster)) mine[k++] = rows[i];
+    double r1 = r0;
+    *out = shared;
+    if (k)
+        r1 = plan_fit_published(mine, k, &shared, all, &shared, PLAN_FIT_SYSTEM_PRIOR, out, NULL,
+                                err);
+    free(mine);
+    if (r1 < 0) return err ? err->status : MOE_ERR_RUNTIME;
+    if (own) *own = k;
+    if (rms) rms[0] = r0, rms[1] = r1;
+    return MOE_OK;
+}
+
+static const char *fold_key(const struct plan_fit_row *r, enum plan_fold fold)
+{
+    return fold == PLAN_FOLD_MODEL ? r->run->model : r->run->cluster;
+}
+
+enum moe_status plan_fit_crossval(const struct plan_fit_row *rows, int n, enum plan_fold fold,
+                                  double *pred_us, struct moe_error *err)
+{
+    struct plan_fit_row *train = malloc(sizeof *train * (size_t)n);
+    bool *done = calloc((size_t)n, sizeof *done);
+    enum moe_status st =
+        train && done ? MOE_OK : moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    for (int i = 0; st == MOE_OK && i < n; i++) {
+        if (done[i]) continue;
+        const char *key = fold_key(&rows[i], fold);
+        int k = 0;
+        for (int j = 0; j < n; j++)
+            if (strcmp(fold_key(&rows[j], fold), key)) train[k++] = rows[j];
+        if (k == 0) {
+            st = moe_error_set(err, MOE_ERR_INPUT, "every row is %s: nothing to fit without it",
+                               key);
+            break;
+        }
+        /* each held-out row under the profile of its own cluster (one fit per cluster) */
+        for (int j = i; st == MOE_OK && j < n; j++) {
+            if (done[j] || strcmp(fold_key(&rows[j], fold), key)) continue;
+            struct cost_calibration ds, cal;
+            cost_calibration_defaults(&ds, &rows[j].cluster.gpu);
+            st = plan_fit_stack(train, k, rows[j].run->cluster, &ds, &cal, NULL, NULL, err);
+            for (int q = j; st == MOE_OK && q < n; q++) {
+                if (done[q] || strcmp(fold_key(&rows[q], fold), key) ||
+                    strcmp(rows[q].run->cluster, rows[j].run->cluster))
+                    continue;
+                struct cost_ctx ctx;
+                cost_ctx_init(&ctx, &rows[q].model, &rows[q].cluster, &cal, rows[q].run->gpus);
+                struct cost_result r;
+                st = cost_evaluate(&ctx, &rows[q].layout, &r, err);
+                pred_us[q] = r.step_us;
+                done[q] = true;
+            }
+        }
+    }
+    free(train);
+    free(done);
+    return st;
+}
