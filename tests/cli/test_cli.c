@@ -478,6 +478,36 @@ static void test_calibrate_refit(void **state)
     assert_int_equal(access(cli_tmp("refit.json"), F_OK), -1);
 }
 
+/* `calibrate --published`: a stack profile fitted on published runs, written, read back by
+ * check and used by predict, which names it; its rows are the cluster's of that stack. */
+static void test_calibrate_published(void **state)
+{
+    (void)state;
+    static struct result r;
+    RUN(&r, "calibrate", "--published", "tests/data/published/mb-runs.tsv", "--stack",
+        "megatron-26.08", "--cluster", "gb300-nvl72-x16", "-o", cli_tmp("stack.json"));
+    assert_int_equal(r.code, 0);
+    expect_in(r.out, "stack megatron-26.08: 8 trusted rows on 2 systems fitted together");
+    expect_in(r.out, "MB-1 ");
+    RUN(&r, "check", cli_tmp("stack.json"));
+    assert_int_equal(r.code, 0);
+    expect_in(r.out, "stack profile megatron-26.08 for GB300");
+    RUN(&r, "predict", "--model", "qwen3-30b-a3b", "--cluster", "gb300-nvl72-x16", "--gpus", "8",
+        "--calibration", cli_tmp("stack.json"), "--layout", "ep=8,mbs=8,gbs=512,precision=mxfp8");
+    assert_int_equal(r.code, 0);
+    expect_in(r.out, "calibration: stack profile megatron-26.08 for GB300");
+    json_t *j = json_load_file(cli_tmp("stack.json"), 0, NULL);
+    assert_non_null(j);
+    json_t *rows = json_object_get(json_object_get(j, "fit"), "rows");
+    assert_int_equal(json_array_size(rows), 4); /* MB-1, 5, 7, 9: GB300's 26.08 rows */
+    json_decref(j);
+    RUN(&r, "calibrate", "--published", "tests/data/published/mb-runs.tsv", "--stack",
+        "megatron-26.08", "--cross-validate");
+    assert_int_equal(r.code, 0);
+    expect_in(r.out, "leave one model out:");
+    expect_in(r.out, "leave one system out:");
+}
+
 /* `report`: a plan and a run's measured.json into a folder of Markdown and SVG; bad input named. */
 static void test_report(void **state)
 {
@@ -726,6 +756,7 @@ int main(void)
         cmocka_unit_test(test_exit_code_table),
         cmocka_unit_test(test_calibrate_refit),
         cmocka_unit_test(test_golden_predictions),
+        cmocka_unit_test(test_calibrate_published),
 #ifdef MOEPLAN_HAVE_EXECUTOR
         cmocka_unit_test(test_runnable_plans_run),
 #endif
