@@ -12,6 +12,7 @@
 
 #include "cli.h"
 #include "plan.h"
+#include "rpt.h"
 
 enum {
     OPT_QUICK = 1,
@@ -22,6 +23,7 @@ enum {
     OPT_PUBLISHED,
     OPT_STACK,
     OPT_CV,
+    OPT_SVG,
     OPT_OUT = 'o'
 };
 
@@ -39,6 +41,8 @@ const struct cli_opt cmd_calibrate_opts[] = {
     {"cross-validate", no_argument, OPT_CV, NULL,
      "with --published and --stack: leave one model out and one system out, each row predicted "
      "by the profile fitted without it (no profile written)"},
+    {"svg", required_argument, OPT_SVG, "FILE",
+     "with --cross-validate: the chart of predicted against published tokens/s/GPU"},
     {NULL, 0, 0, NULL, NULL},
 };
 
@@ -211,15 +215,47 @@ static void cross_validate(const struct plan_fit_row *rows, int n, const double 
     }
 }
 
+/* The chart: predicted against published tokens/s/GPU, one mark per row and fold. */
+static enum moe_status cross_validate_svg(const struct plan_fit_row *rows, int n,
+                                          const double *pred[2], const char *stack,
+                                          const char *file, struct moe_error *err)
+{
+    double *x = malloc(sizeof *x * (size_t)n * 3), *y = x ? x + n : NULL;
+    if (!x) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++) {
+        x[i] = rows[i].run->tokens_per_s_gpu;
+        for (int f = 0; f < 2; f++) y[f * n + i] = x[i] * rows[i].step_us / pred[f][i];
+    }
+    char title[128];
+    snprintf(title, sizeof title, "%s: held-out predictions (%d runs; band: 10%%)", stack, n);
+    static const char *const series[] = {"without its model", "without its system"};
+    char tmp[MOE_PATH_MAX + 8];
+    snprintf(tmp, sizeof tmp, "%s.tmp", file);
+    FILE *f = fopen(tmp, "w");
+    enum moe_status st =
+        f ? rpt_svg_scatter(f, title, "published tokens/s/GPU", "predicted tokens/s/GPU", x, n,
+                            series, 2, y, 0.10, err)
+          : moe_error_set(err, MOE_ERR_IO, "%s: cannot write", file);
+    if (f && fclose(f) && st == MOE_OK)
+        st = moe_error_set(err, MOE_ERR_IO, "%s: write failed", file);
+    if (st == MOE_OK && rename(tmp, file))
+        st = moe_error_set(err, MOE_ERR_IO, "%s: cannot write", file);
+    if (st != MOE_OK) remove(tmp);
+    free(x);
+    return st;
+}
+
 /* A stack profile from published runs (plan_fit_stack), or its cross-validation. */
 static int calibrate_published(struct cli *cli, const struct cli_cmd *cmd, const char *file,
-                               const char *stack, const char *cluster, const char *out, bool cv)
+                               const char *stack, const char *cluster, const char *out, bool cv,
+                               const char *svg)
 {
     struct moe_error err;
     const char *dash = strrchr(stack, '-'), *gen = dash ? dash + 1 : stack;
     if (!gen[0])
         return cli_usage(cmd, "--stack %s: name a container generation (megatron-26.04)", stack);
     if (!cv && !cli_output_ok(cmd, "-o", out)) return 2;
+    if (svg && !cli_output_ok(cmd, "--svg", svg)) return 2;
     struct plan_published *runs = calloc(PLAN_PUBLISHED_MAX, sizeof *runs);
     struct plan_fit_row *rows = calloc(PLAN_PUBLISHED_MAX, sizeof *rows);
     double *pred = calloc(2 * PLAN_PUBLISHED_MAX, sizeof *pred);
@@ -235,6 +271,7 @@ static int calibrate_published(struct cli *cli, const struct cli_cmd *cmd, const
         if (st == MOE_OK)
             st = plan_fit_crossval(rows, n, PLAN_FOLD_SYSTEM, pred + PLAN_PUBLISHED_MAX, &err);
         if (st == MOE_OK) cross_validate(rows, n, p);
+        if (st == MOE_OK && svg) st = cross_validate_svg(rows, n, p, stack, svg, &err);
     } else if (st == MOE_OK) {
         struct cost_calibration datasheet, fitted;
         double rms[2];
@@ -261,7 +298,7 @@ int cmd_calibrate(struct cli *cli, const struct cli_cmd *cmd, int argc, char **a
     int nargs, rc = cli_parse(cmd, argc, argv, args, &nargs);
     if (rc >= 0) return rc;
     const char *out = "calibration.json", *cluster = NULL, *refit = NULL, *published = NULL,
-               *stack = NULL;
+               *stack = NULL, *svg = NULL;
     bool quick = false, cv = false;
     for (int i = 0; i < nargs; i++) {
         if (args[i].val == OPT_OUT) out = args[i].value;
@@ -271,6 +308,7 @@ int cmd_calibrate(struct cli *cli, const struct cli_cmd *cmd, int argc, char **a
         if (args[i].val == OPT_PUBLISHED) published = args[i].value;
         if (args[i].val == OPT_STACK) stack = args[i].value;
         if (args[i].val == OPT_CV) cv = true;
+        if (args[i].val == OPT_SVG) svg = args[i].value;
     }
     if (optind != argc) return cli_usage(cmd, "no operands");
     if (published && (!stack || !(cluster || cv) || refit || quick))
@@ -278,6 +316,7 @@ int cmd_calibrate(struct cli *cli, const struct cli_cmd *cmd, int argc, char **a
                               "--cross-validate (and no --refit, --quick)");
     if ((stack || cv) && !published)
         return cli_usage(cmd, "--stack and --cross-validate go with --published");
-    if (published) return calibrate_published(cli, cmd, published, stack, cluster, out, cv);
+    if (svg && !cv) return cli_usage(cmd, "--svg goes with --cross-validate");
+    if (published) return calibrate_published(cli, cmd, published, stack, cluster, out, cv, svg);
     return calibrate(cli, cmd, out, quick, cluster ? cluster : "h200-vm", refit);
 }

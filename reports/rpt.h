@@ -42,6 +42,12 @@ enum moe_status rpt_svg_lines(FILE *f, const char *title, const char *xlabel, co
                               const double *x, int n, const char *const *series, int ns,
                               const double *y, struct moe_error *err);
 
+/* Scatter on log axes: n points x, ns series y[s * n + i] (all > 0), the diagonal y = x and a
+ * band of +-band (0.1: 10%) around it. */
+enum moe_status rpt_svg_scatter(FILE *f, const char *title, const char *xlabel, const char *ylabel,
+                                const double *x, int n, const char *const *series, int ns,
+                                const double *y, double band, struct moe_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -4,7 +4,9 @@
  * give the same bytes (golden tests). Two kinds:
  *   bars:  horizontal bars, one row per label, one bar per series (predicted and measured);
  *          negative values (errors) grow left of a zero line;
- *   lines: y against x, one polyline per series (the loss curve).
+ *   lines: y against x, one polyline per series (the loss curve);
+ *   scatter: predicted against published on log axes, a mark per point and series, the diagonal
+ *            and a band of +-`band` around it.
  */
 #include "rpt.h"
 
@@ -126,6 +128,30 @@ enum moe_status rpt_svg_bars(FILE *f, const char *title, const char *unit,
     return ferror(f) ? moe_error_set(err, MOE_ERR_IO, "chart \"%s\": write failed", title) : MOE_OK;
 }
 
+/* The axis titles under and left of a plot area. */
+static void axis_titles(FILE *f, double left, double top, double pw, double ph, const char *xlabel,
+                        const char *ylabel)
+{
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"#555555\">",
+            left + pw / 2, top + ph + 36);
+    put_text(f, xlabel);
+    fprintf(f,
+            "</text>\n<text x=\"14\" y=\"%.1f\" text-anchor=\"middle\" fill=\"#555555\" "
+            "transform=\"rotate(-90 14 %.1f)\">",
+            top + ph / 2, top + ph / 2);
+    put_text(f, ylabel);
+    fprintf(f, "</text>\n");
+}
+
+/* The plot area's frame, and the end of the SVG. */
+static void frame_and_close(FILE *f, double left, double top, double pw, double ph)
+{
+    fprintf(f,
+            "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" "
+            "stroke=\"#000000\"/>\n</svg>\n",
+            left, top, pw, ph);
+}
+
 enum moe_status rpt_svg_lines(FILE *f, const char *title, const char *xlabel, const char *ylabel,
                               const double *x, int n, const char *const *series, int ns,
                               const double *y, struct moe_error *err)
@@ -167,15 +193,7 @@ enum moe_status rpt_svg_lines(FILE *f, const char *title, const char *xlabel, co
                 "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"#555555\">%.4g</text>\n",
                 px, top + ph + 16, vx);
     }
-    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"#555555\">",
-            left + pw / 2, top + ph + 36);
-    put_text(f, xlabel);
-    fprintf(f,
-            "</text>\n<text x=\"14\" y=\"%.1f\" text-anchor=\"middle\" fill=\"#555555\" "
-            "transform=\"rotate(-90 14 %.1f)\">",
-            top + ph / 2, top + ph / 2);
-    put_text(f, ylabel);
-    fprintf(f, "</text>\n");
+    axis_titles(f, left, top, pw, ph, xlabel, ylabel);
     for (int s = 0; s < ns; s++) {
         fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"",
                 palette[s]);
@@ -184,9 +202,74 @@ enum moe_status rpt_svg_lines(FILE *f, const char *title, const char *xlabel, co
                     top + ph - ph * (y[s * n + i] - yl) / (yh - yl));
         fprintf(f, "\"/>\n");
     }
+    frame_and_close(f, left, top, pw, ph);
+    return ferror(f) ? moe_error_set(err, MOE_ERR_IO, "chart \"%s\": write failed", title) : MOE_OK;
+}
+
+/* Log-axis tick values from lo to hi: 1, 2 and 5 times the powers of ten. */
+static int log_ticks(double lo, double hi, double *t, int cap)
+{
+    int n = 0;
+    for (double p = pow(10.0, floor(log10(lo))); p <= hi && n < cap; p *= 10.0)
+        for (int k = 0; k < 3 && n < cap; k++) {
+            double v = (double[]){1.0, 2.0, 5.0}[k] * p;
+            if (v >= lo * (1 - 1e-12) && v <= hi * (1 + 1e-12)) t[n++] = v;
+        }
+    return n;
+}
+
+enum moe_status rpt_svg_scatter(FILE *f, const char *title, const char *xlabel, const char *ylabel,
+                                const double *x, int n, const char *const *series, int ns,
+                                const double *y, double band, struct moe_error *err)
+{
+    if (n < 1 || ns < 1 || ns > RPT_SVG_MAX_SERIES)
+        return moe_error_set(err, MOE_ERR_INPUT, "chart: %d points, %d series (1+, 1 .. %d)", n, ns,
+                             RPT_SVG_MAX_SERIES);
+    double lo = INFINITY, hi = 0;
+    for (int i = 0; i < n; i++)
+        for (int s = -1; s < ns; s++) {
+            double v = s < 0 ? x[i] : y[s * n + i];
+            if (!isfinite(v) || v <= 0)
+                return moe_error_set(err, MOE_ERR_INPUT,
+                                     "chart \"%s\": point %d is not a positive number", title, i);
+            lo = fmin(lo, v), hi = fmax(hi, v);
+        }
+    lo = lo / (1.0 + band) / 1.1, hi = nice_ceil(hi * (1.0 + band) * 1.1);
+    double left = 70, top = 50, pw = 420, w = left + pw + 30, h = top + pw + 50;
+    double l0 = log(lo), span = log(hi) - l0;
+#define PX(v) (left + pw * (log(v) - l0) / span)
+#define PY(v) (top + pw - pw * (log(v) - l0) / span)
+    header(f, w, h, title);
+    legend(f, series, ns, left, 40);
+    double t[64];
+    int nt = log_ticks(lo, hi, t, 64);
+    for (int k = 0; k < nt; k++) {
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#dddddd\"/>\n",
+                left, PY(t[k]), left + pw, PY(t[k]));
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#dddddd\"/>\n",
+                PX(t[k]), top, PX(t[k]), top + pw);
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\" fill=\"#555555\">%.6g</text>\n",
+                left - 6, PY(t[k]) + 4, t[k]);
+        fprintf(f,
+                "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"#555555\">%.6g</text>\n",
+                PX(t[k]), top + pw + 16, t[k]);
+    }
+    /* the band: between y = x (1 - band) and y = x (1 + band), then the diagonal */
     fprintf(f,
-            "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" "
-            "stroke=\"#000000\"/>\n</svg>\n",
-            left, top, pw, ph);
+            "<polygon fill=\"#e8e8e8\" fill-opacity=\"0.7\" points=\"%.1f,%.1f %.1f,%.1f %.1f,%.1f "
+            "%.1f,%.1f\"/>\n",
+            PX(lo), PY(lo * (1 + band)), PX(hi / (1 + band)), PY(hi), PX(hi), PY(hi * (1 - band)),
+            PX(lo / (1 - band)), PY(lo));
+    fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#888888\"/>\n",
+            PX(lo), PY(lo), PX(hi), PY(hi));
+    for (int s = 0; s < ns; s++)
+        for (int i = 0; i < n; i++)
+            fprintf(
+                f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\" fill=\"%s\" fill-opacity=\"0.8\"/>\n",
+                PX(x[i]), PY(y[s * n + i]), palette[s]);
+#undef PX
+#undef PY
+    axis_titles(f, left, top, pw, pw, xlabel, ylabel);
+    frame_and_close(f, left, top, pw, pw);
     return ferror(f) ? moe_error_set(err, MOE_ERR_IO, "chart \"%s\": write failed", title) : MOE_OK;
 }

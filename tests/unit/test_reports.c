@@ -132,12 +132,25 @@ static void test_svg(void **state)
     fclose(f);
     check_golden(buf, "lines.svg");
     free(buf);
+    /* scatter on log axes with the 10% band: a point on the diagonal, one above, one below */
+    f = open_memstream(&buf, &len);
+    const double px[] = {1000, 5000, 30000}, py[] = {1000, 6500, 21000, 1100, 5000, 33000};
+    assert_int_equal(
+        rpt_svg_scatter(f, "Held out", "published", "predicted", px, 3, two, 2, py, 0.10, &err),
+        MOE_OK);
+    fclose(f);
+    check_golden(buf, "scatter.svg");
+    free(buf);
     /* bad input: a clear error, nothing assumed */
     f = open_memstream(&buf, &len);
     const double bad[] = {1.0, NAN};
     assert_int_equal(rpt_svg_bars(f, "t", "ms", labels, 2, one, 1, bad, &err), MOE_ERR_INPUT);
     assert_non_null(strstr(err.message, "not a number"));
     assert_int_equal(rpt_svg_lines(f, "t", "x", "y", x, 1, one, 1, y, &err), MOE_ERR_INPUT);
+    const double zero[] = {0.0};
+    assert_int_equal(rpt_svg_scatter(f, "t", "x", "y", px, 1, one, 1, zero, 0.1, &err),
+                     MOE_ERR_INPUT);
+    assert_non_null(strstr(err.message, "not a positive number"));
     fclose(f);
     free(buf);
 }
