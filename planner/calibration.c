@@ -46,37 +46,22 @@ void cost_calibration_defaults(struct cost_calibration *cal, const struct topo_g
 enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *file,
                                       struct moe_error *err)
 {
-    static const char *const keys[] = {"schema",
-                                       "version",
-                                       "gpu",
-                                       "driver",
-                                       "date",
-                                       "libraries",
-                                       "measured",
-                                       "defaults_used",
-                                       "gemm_eff",
-                                       "gemm_eff_fp8",
-                                       "gemm_m_half",
-                                       "gemm_k_half",
-                                       "gemm_fixed_us",
-                                       "gemm_tile_m",
-                                       "gemm_tile_n",
-                                       "attn_fwd_eff",
-                                       "attn_bwd_eff",
-                                       "attn_seq_half",
-                                       "hbm_eff",
-                                       "launch_us",
-                                       "graph_launch_us",
-                                       "nvlink_eff",
-                                       "nvlink_allreduce_eff",
-                                       "scale_out_eff",
-                                       "a2a_latency_us",
-                                       "overlap_max",
-                                       "phases",
-                                       "experts",
-                                       "fit",
-                                       "stack",
-                                       NULL};
+    static const char *const keys[] = {"schema",        "version",
+                                       "gpu",           "driver",
+                                       "date",          "libraries",
+                                       "measured",      "defaults_used",
+                                       "gemm_eff",      "gemm_eff_fp8",
+                                       "gemm_m_half",   "gemm_k_half",
+                                       "gemm_fixed_us", "gemm_tile_m",
+                                       "gemm_tile_n",   "attn_fwd_eff",
+                                       "attn_bwd_eff",  "attn_seq_half",
+                                       "attn_d_half",   "hbm_eff",
+                                       "launch_us",     "graph_launch_us",
+                                       "nvlink_eff",    "nvlink_allreduce_eff",
+                                       "scale_out_eff", "a2a_latency_us",
+                                       "overlap_max",   "phases",
+                                       "experts",       "fit",
+                                       "stack",         NULL};
     struct moe_jdoc doc;
     struct moe_jval root;
     char schema[64], gpu[64], date[64], stack[64];
@@ -117,6 +102,8 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
              moe_jval_num(&root, "gemm_k_half", false, t.gemm_k_half, 0, 1e6, &t.gemm_k_half, err)))
         goto cleanup;
     if ((st = moe_jval_num(&root, "attn_seq_half", false, t.attn_seq_half, 0, 1e6, &t.attn_seq_half,
+                           err)) ||
+        (st = moe_jval_num(&root, "attn_d_half", false, t.attn_d_half, 0, 4096, &t.attn_d_half,
                            err)))
         goto cleanup;
     if ((st = moe_jval_num(&root, "launch_us", false, t.launch_us, 0, 1e4, &t.launch_us, err)) ||
@@ -187,6 +174,7 @@ enum moe_status cost_calibration_write(const struct cost_calibration *cal, json_
     PUT(attn_fwd_eff);
     PUT(attn_bwd_eff);
     PUT(attn_seq_half);
+    PUT(attn_d_half);
     PUT(hbm_eff);
     PUT(launch_us);
     PUT(graph_launch_us);

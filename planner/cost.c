@@ -132,7 +132,10 @@ static void attention_cost(const struct cost_ctx *c, const struct cost_layout *l
     mdl_block_flops_fwd(m, layer, l->seq_len, flops);
     double core_flops = flops[MDL_ATTN_CORE] * M / tp;
     double core[2];
-    cost_attention_core_us(cal, g, core_flops, (double)l->seq_len / l->cp, core);
+    double d = a->type == MDL_ATTN_GQA
+                   ? a->head_dim
+                   : (a->qk_nope_head_dim + a->qk_rope_head_dim + a->v_head_dim) / 2.0;
+    cost_attention_core_us(cal, g, core_flops, (double)l->seq_len / l->cp, d, core);
     double core_fwd = core[0], core_bwd = core[1];
     /* Context parallelism (Megatron's p2p ring): cp - 1 steps, each passing the keys and values
      * of one chunk to the next CP rank while the attention of the chunk in hand runs; the

@@ -39,14 +39,18 @@ struct cost_calibration {
     int gemm_tile_m, gemm_tile_n; /* output tile for wave quantization */
     double attn_fwd_eff, attn_bwd_eff; /* flash attention, fraction of bf16 peak */
     double attn_seq_half;              /* sequence at which attention runs at half that (0: none) */
-    double hbm_eff;                    /* memory-bound kernels, fraction of HBM bandwidth */
-    double launch_us;                  /* per kernel launch */
-    double graph_launch_us;            /* the same inside a CUDA graph (cuda_graphs=) */
-    double nvlink_eff;                 /* achieved fraction of NVLink bandwidth (all-to-all, p2p) */
-    double nvlink_allreduce_eff;       /* ring all-reduce bus bandwidth fraction over NVLink */
-    double scale_out_eff;              /* achieved fraction of the NIC bandwidth */
-    double a2a_latency_us;             /* fixed cost of one dispatch or combine */
-    double overlap_max;                /* most of an overlappable communication that hides (0..1) */
+    double attn_d_half;     /* head size d at which attention's efficiency is half its large-d one:
+                         * the softmax's work per score is fixed, the matmuls' grows with d, so
+                         * efficiency goes as d / (d + attn_d_half), normalized at d = 128 (0:
+                         * no head-size effect) */
+    double hbm_eff;         /* memory-bound kernels, fraction of HBM bandwidth */
+    double launch_us;       /* per kernel launch */
+    double graph_launch_us; /* the same inside a CUDA graph (cuda_graphs=) */
+    double nvlink_eff;      /* achieved fraction of NVLink bandwidth (all-to-all, p2p) */
+    double nvlink_allreduce_eff; /* ring all-reduce bus bandwidth fraction over NVLink */
+    double scale_out_eff;        /* achieved fraction of the NIC bandwidth */
+    double a2a_latency_us;       /* fixed cost of one dispatch or combine */
+    double overlap_max;          /* most of an overlappable communication that hides (0..1) */
     /* What the executor's own kernels add to the analytic time of each compute phase, fitted
      * from calibration steps (`moeplan calibrate`): time = scale x model + fixed_us for every
      * occurrence (a block's phase per micro-batch; embed, lm_head, loss per micro-batch; the
@@ -249,10 +253,11 @@ void cost_expert_parts(const struct cost_calibration *cal, const struct topo_gpu
 /* The same corrected (expert_scale, expert_fixed_share): us[0] forward, us[1] backward. */
 void cost_expert_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
                     double rows, double h, double f, bool fp8, double us[2]);
-/* Core attention (the flash kernels) of `flops` (the model's count) at sequence `seq`:
- * us[0] forward, us[1] backward (2.5 x the FLOPs). */
+/* Core attention (the flash kernels) of `flops` (the model's count) at sequence `seq` and head
+ * size `d` (the mean of the query-key and value sizes): us[0] forward, us[1] backward (2.5 x the
+ * FLOPs). */
 void cost_attention_core_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
-                            double flops, double seq, double us[2]);
+                            double flops, double seq, double d, double us[2]);
 /* Ring reduce-scatter or all-gather of `bytes` over `n` ranks at `bytes_per_s` bus bandwidth,
  * `latency_us` a hop (an all-reduce is one of each). */
 double cost_allgather_us(double bytes, int n, double bytes_per_s, double latency_us);

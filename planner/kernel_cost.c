@@ -74,10 +74,12 @@ void cost_expert_us(const struct cost_calibration *cal, const struct topo_gpu_sp
 }
 
 void cost_attention_core_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
-                            double flops, double seq, double us[2])
+                            double flops, double seq, double d, double us[2])
 {
-    /* short sequences run the flash kernels below their long-sequence efficiency */
-    double peak = gpu->bf16_tflops * 1e12 * seq / (seq + cal->attn_seq_half);
+    /* short sequences run the flash kernels below their long-sequence efficiency, and small
+     * heads too (relative to 128) */
+    double dh = cal->attn_d_half, heads = d > 0 ? (d / (d + dh)) / (128.0 / (128.0 + dh)) : 1.0;
+    double peak = gpu->bf16_tflops * 1e12 * seq / (seq + cal->attn_seq_half) * heads;
     us[0] = flops / (peak * cal->attn_fwd_eff) * 1e6 + cal->launch_us;
     us[1] = 2.5 * flops / (peak * cal->attn_bwd_eff) * 1e6 + cal->launch_us;
 }

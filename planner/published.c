@@ -222,9 +222,10 @@ enum moe_status plan_fit_rows(const struct plan_published *runs, int n, const ch
 #field, offsetof(struct cost_calibration, field), lo, hi                                   \
     }
 const struct plan_fit_param plan_fit_params[] = {
-    P(gemm_eff, 0.2, 1.0),     P(gemm_eff_fp8, 0.2, 1.0), P(attn_fwd_eff, 0.1, 1.0),
-    P(hbm_eff, 0.2, 1.0),      P(nvlink_eff, 0.1, 1.0),   P(scale_out_eff, 0.1, 1.0),
-    P(overlap_max, 0.05, 1.0), P(launch_us, 0.5, 100.0),  P(a2a_latency_us, 1.0, 1000.0)};
+    P(gemm_eff, 0.2, 1.0),      P(gemm_eff_fp8, 0.2, 1.0), P(attn_fwd_eff, 0.1, 1.0),
+    P(hbm_eff, 0.2, 1.0),       P(nvlink_eff, 0.1, 1.0),   P(scale_out_eff, 0.1, 1.0),
+    P(overlap_max, 0.05, 1.0),  P(launch_us, 0.5, 100.0),  P(a2a_latency_us, 1.0, 1000.0),
+    P(attn_d_half, 4.0, 1024.0)};
 #undef P
 const int plan_fit_nparams = (int)(sizeof plan_fit_params / sizeof plan_fit_params[0]);
 
@@ -286,7 +287,7 @@ double plan_fit_published(const struct plan_fit_row *rows, int n,
     /* coordinate steps in log space: x1.5, then smaller, until 1% moves no longer help */
     for (double step = log(1.5); best >= 0 && step > log(1.0005); step *= 0.5) {
         bool moved = true;
-        for (int round = 0; moved && round < 60 && best >= 0; round++) {
+        for (int round = 0; moved && round < 200 && best >= 0; round++) {
             moved = false;
             for (int k = 0; k < plan_fit_nparams && best >= 0; k++) {
                 if (!(free_mask & (1u << k))) continue;
@@ -303,6 +304,18 @@ double plan_fit_published(const struct plan_fit_row *rows, int n,
                     }
                     if (o < best * (1.0 - 1e-9)) {
                         best = o, cur = t, moved = true;
+                        /* down a valley: keep going that way, twice as far each time */
+                        for (double g = 2.0; best >= 0; g *= 2.0) {
+                            t = cur;
+                            v = field(&t, k), old = *v;
+                            *v = fmin(fmax(old * exp(dir * step * g), plan_fit_params[k].lo),
+                                      plan_fit_params[k].hi);
+                            if (*v == old) break;
+                            o = objective(rows, n, &t, ratio, free_mask, center, prior, pred, err);
+                            if (o < 0) best = -1.0;
+                            if (o < 0 || o >= best * (1.0 - 1e-9)) break;
+                            best = o, cur = t;
+                        }
                         break;
                     }
                 }
@@ -335,9 +348,10 @@ enum moe_status plan_fit_stack(const struct plan_fit_row *rows, int n, const cha
                                struct moe_error *err)
 {
     unsigned all = (1u << plan_fit_nparams) - 1;
-    struct cost_calibration shared;
-    double r0 = plan_fit_published(rows, n, datasheet, all, datasheet, PLAN_FIT_SHARED_PRIOR,
-                                   &shared, NULL, err);
+    struct cost_calibration shared, ds = *datasheet;
+    if (ds.attn_d_half <= 0) ds.attn_d_half = PLAN_FIT_ATTN_D_HALF;
+    double r0 =
+        plan_fit_published(rows, n, &ds, all, &ds, PLAN_FIT_SHARED_PRIOR, &shared, NULL, err);
     if (r0 < 0) return err ? err->status : MOE_ERR_RUNTIME;
     struct plan_fit_row *mine = malloc(sizeof *mine * (size_t)n);
     if (!mine) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
