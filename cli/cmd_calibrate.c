@@ -276,7 +276,7 @@ static int calibrate_published(struct cli *cli, const struct cli_cmd *cmd, const
         struct cost_calibration datasheet, fitted;
         double rms[2];
         cost_calibration_defaults(&datasheet, &rows[0].cluster.gpu);
-        datasheet.attn_d_half = PLAN_FIT_ATTN_D_HALF; /* where the fit starts it */
+        plan_fit_start(&datasheet); /* what the fit starts from */
         st = plan_fit_stack(rows, n, cluster, &datasheet, &fitted, &own, rms, &err);
         if (st == MOE_OK && own == 0)
             st = moe_error_set(&err, MOE_ERR_INPUT, "%s: no trusted row of %s in containers %s*",

@@ -46,22 +46,38 @@ void cost_calibration_defaults(struct cost_calibration *cal, const struct topo_g
 enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *file,
                                       struct moe_error *err)
 {
-    static const char *const keys[] = {"schema",        "version",
-                                       "gpu",           "driver",
-                                       "date",          "libraries",
-                                       "measured",      "defaults_used",
-                                       "gemm_eff",      "gemm_eff_fp8",
-                                       "gemm_m_half",   "gemm_k_half",
-                                       "gemm_fixed_us", "gemm_tile_m",
-                                       "gemm_tile_n",   "attn_fwd_eff",
-                                       "attn_bwd_eff",  "attn_seq_half",
-                                       "attn_d_half",   "hbm_eff",
-                                       "launch_us",     "graph_launch_us",
-                                       "nvlink_eff",    "nvlink_allreduce_eff",
-                                       "scale_out_eff", "a2a_latency_us",
-                                       "overlap_max",   "phases",
-                                       "experts",       "fit",
-                                       "stack",         NULL};
+    static const char *const keys[] = {"schema",
+                                       "version",
+                                       "gpu",
+                                       "driver",
+                                       "date",
+                                       "libraries",
+                                       "measured",
+                                       "defaults_used",
+                                       "gemm_eff",
+                                       "gemm_eff_fp8",
+                                       "gemm_m_half",
+                                       "gemm_k_half",
+                                       "gemm_fixed_us",
+                                       "gemm_tile_m",
+                                       "gemm_tile_n",
+                                       "attn_fwd_eff",
+                                       "attn_bwd_eff",
+                                       "attn_seq_half",
+                                       "attn_exp_scale",
+                                       "hbm_eff",
+                                       "launch_us",
+                                       "graph_launch_us",
+                                       "nvlink_eff",
+                                       "nvlink_allreduce_eff",
+                                       "scale_out_eff",
+                                       "a2a_latency_us",
+                                       "overlap_max",
+                                       "phases",
+                                       "experts",
+                                       "fit",
+                                       "stack",
+                                       NULL};
     struct moe_jdoc doc;
     struct moe_jval root;
     char schema[64], gpu[64], date[64], stack[64];
@@ -103,8 +119,8 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
         goto cleanup;
     if ((st = moe_jval_num(&root, "attn_seq_half", false, t.attn_seq_half, 0, 1e6, &t.attn_seq_half,
                            err)) ||
-        (st = moe_jval_num(&root, "attn_d_half", false, t.attn_d_half, 0, 4096, &t.attn_d_half,
-                           err)))
+        (st = moe_jval_num(&root, "attn_exp_scale", false, t.attn_exp_scale, 0, 100,
+                           &t.attn_exp_scale, err)))
         goto cleanup;
     if ((st = moe_jval_num(&root, "launch_us", false, t.launch_us, 0, 1e4, &t.launch_us, err)) ||
         (st = moe_jval_num(&root, "graph_launch_us", false, t.graph_launch_us, 0, 1e4,
@@ -174,7 +190,7 @@ enum moe_status cost_calibration_write(const struct cost_calibration *cal, json_
     PUT(attn_fwd_eff);
     PUT(attn_bwd_eff);
     PUT(attn_seq_half);
-    PUT(attn_d_half);
+    PUT(attn_exp_scale);
     PUT(hbm_eff);
     PUT(launch_us);
     PUT(graph_launch_us);

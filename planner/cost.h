@@ -39,14 +39,14 @@ struct cost_calibration {
     int gemm_tile_m, gemm_tile_n; /* output tile for wave quantization */
     double attn_fwd_eff, attn_bwd_eff; /* flash attention, fraction of bf16 peak */
     double attn_seq_half;              /* sequence at which attention runs at half that (0: none) */
-    double attn_d_half;     /* head size d at which attention's efficiency is half its large-d one:
-                         * the softmax's work per score is fixed, the matmuls' grows with d, so
-                         * efficiency goes as d / (d + attn_d_half), normalized at d = 128 (0:
-                         * no head-size effect) */
-    double hbm_eff;         /* memory-bound kernels, fraction of HBM bandwidth */
-    double launch_us;       /* per kernel launch */
-    double graph_launch_us; /* the same inside a CUDA graph (cuda_graphs=) */
-    double nvlink_eff;      /* achieved fraction of NVLink bandwidth (all-to-all, p2p) */
+    /* the softmax in the attention: per score, 4d FLOPs on the tensor cores and attn_exp_scale
+     * exponentials on the GPU's exp units (exp_per_s): efficiency x d / (d + half), half =
+     * attn_exp_scale x bf16 peak / (4 x exp_per_s); 0: not counted */
+    double attn_exp_scale;
+    double hbm_eff;              /* memory-bound kernels, fraction of HBM bandwidth */
+    double launch_us;            /* per kernel launch */
+    double graph_launch_us;      /* the same inside a CUDA graph (cuda_graphs=) */
+    double nvlink_eff;           /* achieved fraction of NVLink bandwidth (all-to-all, p2p) */
     double nvlink_allreduce_eff; /* ring all-reduce bus bandwidth fraction over NVLink */
     double scale_out_eff;        /* achieved fraction of the NIC bandwidth */
     double a2a_latency_us;       /* fixed cost of one dispatch or combine */

@@ -76,9 +76,13 @@ void cost_expert_us(const struct cost_calibration *cal, const struct topo_gpu_sp
 void cost_attention_core_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
                             double flops, double seq, double d, double us[2])
 {
-    /* short sequences run the flash kernels below their long-sequence efficiency, and small
-     * heads too (relative to 128) */
-    double dh = cal->attn_d_half, heads = d > 0 ? (d / (d + dh)) / (128.0 / (128.0 + dh)) : 1.0;
+    /* short sequences run the flash kernels below their long-sequence efficiency; the softmax's
+     * exponentials, one per score against 4d FLOPs, hold the tensor cores back where the GPU's
+     * exp units are slow against them (small heads most) */
+    double half = cal->attn_exp_scale > 0 && gpu->exp_per_s > 0
+                      ? cal->attn_exp_scale * gpu->bf16_tflops * 1e12 / (4.0 * gpu->exp_per_s)
+                      : 0.0;
+    double heads = d > 0 ? d / (d + half) : 1.0;
     double peak = gpu->bf16_tflops * 1e12 * seq / (seq + cal->attn_seq_half) * heads;
     us[0] = flops / (peak * cal->attn_fwd_eff) * 1e6 + cal->launch_us;
     us[1] = 2.5 * flops / (peak * cal->attn_bwd_eff) * 1e6 + cal->launch_us;

@@ -127,10 +127,11 @@ double plan_fit_published(const struct plan_fit_row *rows, int n,
  * of the cluster the shared fit is the profile. *own gets the cluster's row count; the rms log
  * errors of the two fits in rms[0], rms[1] (rms[1] = rms[0] without own rows). */
 #define PLAN_FIT_SHARED_PRIOR 0.02
-/* Where the fit starts the head-size effect of attention (attn_d_half) when the datasheet has
- * none: flash attention at d = 64 runs at about 3/4 of its d = 128 rate (FlashAttention's and
- * cuDNN's published kernels). */
-#define PLAN_FIT_ATTN_D_HALF 64.0
+/* Where a stack fit starts from a datasheet calibration: the softmax's exponentials counted,
+ * one a score at each GPU's exp rate (attn_exp_scale 1, not fitted: the hardware sets it), and
+ * the attention's efficiencies raised to match (they are then of the matmuls alone: x 1.5, as
+ * FlashAttention's d = 128 kernels lose about a third to the softmax on Hopper). */
+void plan_fit_start(struct cost_calibration *cal);
 #define PLAN_FIT_SYSTEM_PRIOR 0.2
 enum moe_status plan_fit_stack(const struct plan_fit_row *rows, int n, const char *cluster,
                                const struct cost_calibration *datasheet,

@@ -222,10 +222,9 @@ enum moe_status plan_fit_rows(const struct plan_published *runs, int n, const ch
 #field, offsetof(struct cost_calibration, field), lo, hi                                   \
     }
 const struct plan_fit_param plan_fit_params[] = {
-    P(gemm_eff, 0.2, 1.0),      P(gemm_eff_fp8, 0.2, 1.0), P(attn_fwd_eff, 0.1, 1.0),
-    P(hbm_eff, 0.2, 1.0),       P(nvlink_eff, 0.1, 1.0),   P(scale_out_eff, 0.1, 1.0),
-    P(overlap_max, 0.05, 1.0),  P(launch_us, 0.5, 100.0),  P(a2a_latency_us, 1.0, 1000.0),
-    P(attn_d_half, 4.0, 1024.0)};
+    P(gemm_eff, 0.2, 1.0),     P(gemm_eff_fp8, 0.2, 1.0), P(attn_fwd_eff, 0.1, 1.0),
+    P(hbm_eff, 0.2, 1.0),      P(nvlink_eff, 0.1, 1.0),   P(scale_out_eff, 0.1, 1.0),
+    P(overlap_max, 0.05, 1.0), P(launch_us, 0.5, 100.0),  P(a2a_latency_us, 1.0, 1000.0)};
 #undef P
 const int plan_fit_nparams = (int)(sizeof plan_fit_params / sizeof plan_fit_params[0]);
 
@@ -342,6 +341,14 @@ double plan_fit_published(const struct plan_fit_row *rows, int n,
 /* Stack profiles and their cross-validation                                                      */
 /* ---------------------------------------------------------------------------------------------- */
 
+void plan_fit_start(struct cost_calibration *cal)
+{
+    if (cal->attn_exp_scale > 0) return;
+    cal->attn_exp_scale = 1.0;
+    cal->attn_fwd_eff = fmin(1.0, cal->attn_fwd_eff * 1.5);
+    cal->attn_bwd_eff = fmin(1.0, cal->attn_bwd_eff * 1.5);
+}
+
 enum moe_status plan_fit_stack(const struct plan_fit_row *rows, int n, const char *cluster,
                                const struct cost_calibration *datasheet,
                                struct cost_calibration *out, int *own, double rms[2],
@@ -349,7 +356,7 @@ enum moe_status plan_fit_stack(const struct plan_fit_row *rows, int n, const cha
 {
     unsigned all = (1u << plan_fit_nparams) - 1;
     struct cost_calibration shared, ds = *datasheet;
-    if (ds.attn_d_half <= 0) ds.attn_d_half = PLAN_FIT_ATTN_D_HALF;
+    plan_fit_start(&ds);
     double r0 =
         plan_fit_published(rows, n, &ds, all, &ds, PLAN_FIT_SHARED_PRIOR, &shared, NULL, err);
     if (r0 < 0) return err ? err->status : MOE_ERR_RUNTIME;

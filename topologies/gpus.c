@@ -23,6 +23,7 @@ static enum moe_status load_spec(const struct moe_jval *o, struct topo_gpu_spec 
                                        "hbm",
                                        "hbm_bandwidth",
                                        "sms",
+                                       "exp_tera_per_s",
                                        "nvlink_version",
                                        "nvlink_links",
                                        "nvlink_bandwidth",
@@ -49,6 +50,8 @@ static enum moe_status load_spec(const struct moe_jval *o, struct topo_gpu_spec 
         return st;
     if ((st = moe_jval_int(o, "sms", true, 0, 1, 100000, &v, err))) return st;
     g->sms = (int)v;
+    if ((st = moe_jval_num(o, "exp_tera_per_s", false, 0, 0, 1e6, &g->exp_per_s, err))) return st;
+    g->exp_per_s *= 1e12;
     if ((st = moe_jval_int(o, "nvlink_version", false, 0, 0, 100, &v, err))) return st;
     g->nvlink_version = (int)v;
     if ((st = moe_jval_int(o, "nvlink_links", false, 0, 0, 1000, &v, err))) return st;

@@ -44,6 +44,7 @@ struct topo_gpu_spec {
     double bf16_tflops, fp8_tflops, fp4_tflops; /* 0: not supported */
     double hbm_bytes, hbm_bytes_per_s;
     int sms;
+    double exp_per_s; /* exponentials a second (the softmax's MUFU.EX2); 0: not known */
     int nvlink_version, nvlink_links;
     double nvlink_bytes_per_s; /* per GPU per direction, all links */
     int nvlink_domain_gpus;    /* the largest NVLink domain the product builds (8 or 72) */
