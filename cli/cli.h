@@ -108,7 +108,9 @@ enum {
          "uniform (default), balanced, zipf:S, dirichlet:ALPHA, or a routing/measured JSON "       \
          "file"},                                                                                  \
         {"seed", required_argument, CLI_IN_SEED, "N", "seed of a synthetic routing (1)"},          \
-        {"calibration", required_argument, CLI_IN_CAL, "FILE", "calibration profile"},             \
+        {"calibration", required_argument, CLI_IN_CAL, "FILE",                                     \
+         "calibration profile; `datasheet` for none (default: the newest stack profile "           \
+         "shipped for the GPU, else the datasheet)"},                                              \
         {"layers", required_argument, CLI_IN_LAYERS, "N", "proxy: keep N blocks"},                 \
     {                                                                                              \
         "experts", required_argument, CLI_IN_EXPERTS, "E", "proxy: E routed experts, same shapes"  \

@@ -2,10 +2,39 @@
  * inputs.c: what the planner commands (predict, plan) share: model, cluster, calibration and
  * routing from their options, loaded and validated once.
  */
+#include <ctype.h>
+#include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
+
+/* The newest stack profile shipped for a GPU: topologies/calibration/stacks/STACK/GPU.json (the
+ * GPU's name in lower case), STACK the greatest name that has one; "" when none does. */
+static void stack_profile(const struct cli *cli, const char *gpu, char *out, size_t cap)
+{
+    char dir[MOE_PATH_MAX], name[64], best[256] = "";
+    size_t n = 0;
+    for (const char *p = gpu; *p && n + 1 < sizeof name; p++)
+        name[n++] = (char)tolower((unsigned char)*p);
+    name[n] = '\0';
+    out[0] = '\0';
+    cli_data_path(cli, "topologies/calibration/stacks", dir, sizeof dir);
+    DIR *d = opendir(dir);
+    if (!d) return;
+    for (struct dirent *e; (e = readdir(d));) {
+        char path[2 * MOE_PATH_MAX];
+        size_t len = strlen(e->d_name);
+        if (e->d_name[0] == '.' || len >= sizeof best) continue;
+        int k = snprintf(path, sizeof path, "%s/%s/%s.json", dir, e->d_name, name);
+        if (k < 0 || (size_t)k >= cap || (size_t)k >= sizeof path) continue;
+        if (moe_file_is_regular(path) && strcmp(e->d_name, best) > 0) {
+            memcpy(best, e->d_name, len + 1);
+            memcpy(out, path, (size_t)k + 1);
+        }
+    }
+    closedir(d);
+}
 
 enum moe_status cli_cluster_load(const struct cli *cli, const char *name, const char *cal_file,
                                  struct topo_cluster *cl, struct cost_calibration *cal,
@@ -16,7 +45,12 @@ enum moe_status cli_cluster_load(const struct cli *cli, const char *name, const 
     enum moe_status st = topo_cluster_resolve(cl, name, dir, err);
     if (st != MOE_OK || !cal) return st;
     cost_calibration_defaults(cal, &cl->gpu);
-    return cal_file ? cost_calibration_load(cal, cal_file, err) : MOE_OK;
+    if (cal_file && !strcmp(cal_file, "datasheet")) return MOE_OK;
+    if (cal_file) return cost_calibration_load(cal, cal_file, err);
+    /* no profile named: the newest stack profile fitted on published runs of this GPU */
+    char stack[MOE_PATH_MAX];
+    stack_profile(cli, cl->gpu.name, stack, sizeof stack);
+    return stack[0] ? cost_calibration_load(cal, stack, err) : MOE_OK;
 }
 
 void cli_input_opts_init(struct cli_input_opts *o)

@@ -638,7 +638,9 @@ static void test_predict(void **state)
         cli_tmp("pred.json"));
     assert_int_equal(r.code, 0);
     expect_in(r.out, "mixtral-8x7b on 1024 x H100 of hgx-h100-x128");
-    expect_in(r.out, "calibration: datasheet defaults (uncalibrated)");
+    /* no --calibration: the newest stack profile shipped for the H100 (fitted on published runs) */
+    expect_in(r.out, "calibration: stack profile megatron-");
+    expect_in(r.out, "for H100:");
     expect_in(r.out, "experts_bwd");
     expect_in(r.out, "tokens/s/GPU");
     expect_in(r.out, "headroom left");
@@ -649,6 +651,14 @@ static void test_predict(void **state)
     fclose(f);
     expect_in(head, "\"schema\": \"moeplan.prediction\"");
     unlink(cli_tmp("pred.json"));
+    RUN(&r, "predict", "--model", "mixtral-8x7b", "--cluster", "hgx-h100-x128", "--calibration",
+        "datasheet", "--layout", "tp=2,pp=4,ep=8,dp=128,gbs=1024");
+    assert_int_equal(r.code, 0);
+    expect_in(r.out, "calibration: datasheet defaults (uncalibrated)");
+    RUN(&r, "predict", "--model", "mixtral-8x7b", "--cluster", "hgx-h200-x8", "--layout",
+        "ep=8,dp=8,gbs=64,recompute=full");
+    assert_int_equal(r.code, 0); /* no stack profile for the H200: the datasheet */
+    expect_in(r.out, "calibration: datasheet defaults (uncalibrated)");
     RUN(&r, "predict", "--model", "deepseek-v3", "--cluster", "gb200-nvl72-x16", "--layout",
         "tp=1,pp=1,ep=8,dp=1024,gbs=1024");
     assert_int_equal(r.code, 4);
