@@ -174,6 +174,42 @@ static double pct(double pred, double pub)
     return 100.0 * (pub / pred - 1.0); /* tokens/s: predicted over published */
 }
 
+/* Ranking: the pairs of rows of one model, cluster and GPU count that ran different layouts or
+ * recipes, ordered by published tokens/s and by the prediction without the row's system. Kendall's
+ * tau over them; every pair more than 5% apart as published and ordered the other way, named. */
+static void rank_pairs(const struct plan_fit_row *rows, int n, const double *pred)
+{
+    int pairs = 0, concordant = 0, wide = 0, wide_right = 0;
+    printf("\nranking (predicted without the row's system): pairs of one model, cluster and GPU "
+           "count with different layouts or recipes\n");
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++) {
+            const struct plan_published *a = rows[i].run, *b = rows[j].run;
+            char la[COST_LAYOUT_TEXT_MAX], lb[COST_LAYOUT_TEXT_MAX];
+            cost_layout_format(&rows[i].layout, la, sizeof la);
+            cost_layout_format(&rows[j].layout, lb, sizeof lb);
+            if (strcmp(a->model, b->model) || strcmp(a->cluster, b->cluster) ||
+                a->gpus != b->gpus || !strcmp(la, lb))
+                continue;
+            double pa = a->tokens_per_s_gpu, pb = b->tokens_per_s_gpu;
+            double qa = pa * rows[i].step_us / pred[i], qb = pb * rows[j].step_us / pred[j];
+            bool same = (pa > pb) == (qa > qb);
+            pairs++, concordant += same;
+            if (fabs(pa / pb - 1.0) > 0.05) {
+                wide++, wide_right += same;
+                printf("  %s %s: %s %.0f vs %s %.0f published, %.0f vs %.0f predicted%s\n",
+                       a->model, a->cluster, a->id, pa, b->id, pb, qa, qb,
+                       same ? "" : "  INVERTED");
+            }
+        }
+    if (pairs)
+        printf("  %d pairs, Kendall's tau %.2f; %d of the %d more than 5%% apart ordered as "
+               "published\n",
+               pairs, (2.0 * concordant - pairs) / pairs, wide_right, wide);
+    else
+        printf("  none in this stack\n");
+}
+
 /* Leave one model out and leave one system out: every row predicted by the profile fitted
  * without its fold; per row and per fold, the error of tokens/s/GPU. */
 static void cross_validate(const struct plan_fit_row *rows, int n, const double *pred[2])
@@ -213,6 +249,7 @@ static void cross_validate(const struct plan_fit_row *rows, int n, const double 
         }
         printf("  all %d rows: mean |error| %.1f%%, worst %.1f%%\n", n, all_sum / n, all_worst);
     }
+    rank_pairs(rows, n, pred[1]);
 }
 
 /* The chart: predicted against published tokens/s/GPU, one mark per row and fold. */
