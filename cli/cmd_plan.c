@@ -20,6 +20,7 @@ enum {
     OPT_REPLICAS,
     OPT_TIME,
     OPT_RUNNABLE,
+    OPT_COMPARE,
     OPT_OUT = 'o'
 };
 
@@ -37,6 +38,9 @@ const struct cli_opt cmd_plan_opts[] = {
     {"runnable", no_argument, OPT_RUNNABLE, NULL,
      "only layouts this build's executor runs (moeplan run; no MTP layers)"},
     {"explain", no_argument, OPT_EXPLAIN, NULL, "say why this layout"},
+    {"compare", required_argument, OPT_COMPARE, "K=V,...",
+     "with --explain: a layout (a published recipe's) set beside the plan: where it ranks among "
+     "the layouts costed and why the plan beats it"},
     {"emit", required_argument, OPT_EMIT, "T", "print launch flags: megatron or maxtext"},
     {"output", required_argument, OPT_OUT, "FILE", "write plan.json here"},
     {NULL, 0, 0, NULL, NULL},
@@ -48,7 +52,7 @@ int cmd_plan(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     int nargs;
     int rc = cli_parse(cmd, argc, argv, args, &nargs);
     if (rc >= 0) return rc;
-    const char *fix = NULL, *out = NULL, *emit = NULL, *objective = NULL;
+    const char *fix = NULL, *out = NULL, *emit = NULL, *objective = NULL, *compare = NULL;
     uint64_t gbs = 0, max_tp = 8, top = 5, replicas = 0;
     double headroom = 0.05, time_limit = 0.5;
     bool explain = false, runnable = false;
@@ -61,6 +65,7 @@ int cmd_plan(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
         if (shared) continue;
         switch (args[i].val) {
         case OPT_FIX: fix = val; break;
+        case OPT_COMPARE: compare = val; break;
         case OPT_OUT: out = val; break;
         case OPT_EMIT: emit = val; break;
         case OPT_OBJECTIVE: objective = val; break;
@@ -152,6 +157,26 @@ int cmd_plan(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
             return cli_usage(cmd, "%s", err.message);
         }
         q.precision = p.precision;
+    }
+    if (compare) { /* a whole layout: what it leaves out is a plain run's, dp from the GPUs */
+        if (!explain) {
+            cost_routing_free(&in.routing);
+            return cli_usage(cmd, "--compare goes with --explain");
+        }
+        cost_layout_defaults(&q.compare, q.seq_len);
+        q.compare.dp = 0;
+        q.compare.gbs = q.gbs;
+        q.compare.precision = q.precision;
+        q.compare.mtp = in.model.mtp_layers;
+        if (cost_layout_parse(&q.compare, compare, &err) != MOE_OK) {
+            cost_routing_free(&in.routing);
+            return cli_usage(cmd, "--compare: %s", err.message);
+        }
+        if (q.compare.dp == 0) {
+            long rest = (long)q.gpus / q.compare.tp / q.compare.cp / q.compare.pp;
+            q.compare.dp = rest > 0 ? (int)rest : 1;
+        }
+        q.have_compare = true;
     }
     static struct plan_result r;
     enum moe_status st = plan_search(&q, &r, &err);

@@ -85,6 +85,18 @@ static const char *compare_steps(double us, double other_us, const char *what, c
     return buf;
 }
 
+int plan_phase_grown(const struct cost_result *a, const struct cost_result *b, double *grow_us)
+{
+    int worst = 0;
+    double grow = -HUGE_VAL;
+    for (int p = 0; p < COST_STEP; p++) {
+        double d = b->exposed_us[p] - a->exposed_us[p];
+        if (d > grow) grow = d, worst = p;
+    }
+    *grow_us = grow;
+    return worst;
+}
+
 void plan_print_explain(const struct plan_request *q, const struct plan_result *r, FILE *out)
 {
     char gap_buf[256];
@@ -107,15 +119,30 @@ void plan_print_explain(const struct plan_request *q, const struct plan_result *
         100 * res->bubble_fraction);
     if (r->nalt) {
         const struct plan_candidate *c = &r->alt[0];
-        int worst = 0;
-        double grow = -HUGE_VAL;
-        for (int p = 0; p < COST_STEP; p++) {
-            double d = c->result.exposed_us[p] - res->exposed_us[p];
-            if (d > grow) grow = d, worst = p;
-        }
+        double grow;
+        int worst = plan_phase_grown(res, &c->result, &grow);
         fmt_layout(&c->layout, lay, sizeof lay);
         fprintf(out, "  runner-up: %s\n    %+.1f%% slower: its %s takes %+.1f ms more per step\n",
                 lay, 100.0 * (c->score / r->best.score - 1.0), cost_phase_names[worst], grow / 1e3);
+    }
+    if (q->have_compare) { /* the layout given with --compare, against the plan */
+        const struct cost_result *c = &r->compare;
+        double gain = r->compare_score / r->best.score - 1.0, grow;
+        int worst = gain >= 0 ? plan_phase_grown(res, c, &grow) : plan_phase_grown(c, res, &grow);
+        fmt_layout(&q->compare, lay, sizeof lay);
+        fprintf(out,
+                "  the layout compared: %s\n    step %.3f s%s; %ld of the %ld layouts costed "
+                "score better\n",
+                lay, c->step_us / 1e6, c->fits ? "" : " (does not fit)", r->compare_beaten_by,
+                r->evaluated);
+        if (gain >= 0)
+            fprintf(out, "    %.1f%% slower than the plan: its %s takes %+.1f ms more per step\n",
+                    100.0 * gain, cost_phase_names[worst], grow / 1e3);
+        else
+            fprintf(out,
+                    "    it beats the plan by %.1f%% (its %s takes %.1f ms less): the "
+                    "search does not try what sets it apart\n",
+                    -100.0 * gain, cost_phase_names[worst], grow / 1e3);
     }
     if (l->ep > 1 && l->dispatcher == COST_DISPATCH_ALLTOALL) {
         fprintf(out,

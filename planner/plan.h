@@ -115,6 +115,10 @@ struct plan_request {
     /* NULL: every layout; else only those it accepts (moeplan plan --runnable: what this
      * build's executor runs), `why` filled once for the refusal message */
     bool (*accept)(const struct cost_layout *l, int gpus, char *why, size_t cap);
+    /* a layout to set beside the plan (moeplan plan --compare: a published recipe's): where it
+     * lands among the layouts the search costs, and why the plan beats it or not */
+    bool have_compare;
+    struct cost_layout compare;
 };
 
 struct plan_candidate {
@@ -149,7 +153,12 @@ struct plan_result {
     struct cost_result no_dedup;   /* the best layout with the plain all-to-all */
     int *primary;                  /* expert -> EP rank of group 0, the cost model's placement */
     char binding[256];             /* why this layout: the constraint that decided */
+    struct cost_result compare;    /* the request's compare layout, when it has one */
+    double compare_score;
+    long compare_beaten_by; /* layouts costed that score better than it */
 };
+/* The phase whose exposed time grew most from `a` to `b` (*grow_us: by how much). */
+int plan_phase_grown(const struct cost_result *a, const struct cost_result *b, double *grow_us);
 
 /* A `fix` that fixes nothing (every degree, mbs, gbs, recompute, dispatcher and mtp -1; the
  * sequence as given); cost_layout_parse then fixes the keys it is given. */

@@ -41,16 +41,8 @@ static json_t *mip_json(const struct plan_mip_report *m)
 static void why_lost(const struct plan_result *r, const struct plan_candidate *c, char *buf,
                      size_t cap)
 {
-    const struct cost_result *a = &r->best.result, *b = &c->result;
-    int worst = 0;
-    double grow = -HUGE_VAL;
-    for (int p = 0; p < COST_STEP; p++) {
-        double d = b->exposed_us[p] - a->exposed_us[p];
-        if (d > grow) {
-            grow = d;
-            worst = p;
-        }
-    }
+    double grow;
+    int worst = plan_phase_grown(&r->best.result, &c->result, &grow);
     snprintf(buf, cap, "%+.1f%% score; %s %+.1f ms", 100.0 * (c->score / r->best.score - 1.0),
              cost_phase_names[worst], grow / 1e3);
 }

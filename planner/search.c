@@ -219,6 +219,8 @@ static enum moe_status search_gpus(const struct plan_request *q, int gpus, struc
                                         struct plan_candidate c = {l, res, gpus,
                                                                    score_of(q, &l, &res, gpus)};
                                         keep(r, q->top_k, &c);
+                                        if (q->have_compare && c.score < r->compare_score)
+                                            r->compare_beaten_by++;
                                         /* the first rung that fits is the cheapest unless it
                                          * shards gradients (ZeRO-2, 3: collectives in every
                                          * micro-batch): then the next rungs up to one with
@@ -405,6 +407,12 @@ enum moe_status plan_search(const struct plan_request *q, struct plan_result *ou
     cost_ctx_init(&ctx, &q->model, &q->cluster, &q->cal, q->gpus);
     ctx.routing = q->routing;
     ctx.memory_headroom = q->headroom;
+    if (q->have_compare) { /* the layout to set beside the plan, costed first */
+        struct moe_error why;
+        if (cost_evaluate(&ctx, &q->compare, &r.compare, &why) != MOE_OK)
+            return moe_error_set(err, why.status, "--compare: %s", why.message);
+        r.compare_score = score_of(q, &q->compare, &r.compare, q->gpus);
+    }
     enum moe_status st = search_gpus(q, q->gpus, &ctx, &r, err);
     if (q->objective == PLAN_COST)
         for (int n = q->gpus / 2;

@@ -478,6 +478,28 @@ static void test_calibrate_refit(void **state)
     assert_int_equal(access(cli_tmp("refit.json"), F_OK), -1);
 }
 
+/* `plan --explain --compare LAYOUT`: a given layout set beside the plan, ranked among the layouts
+ * costed, with the phase that separates them; refused without --explain or when invalid. */
+static void test_plan_compare(void **state)
+{
+    (void)state;
+    static struct result r;
+    RUN(&r, "plan", "--model", "mixtral-8x7b", "--cluster", "hgx-h100-x128", "--gpus", "64",
+        "--explain", "--compare", "tp=1,pp=1,ep=8,mbs=1,recompute=full");
+    assert_int_equal(r.code, 0);
+    expect_in(r.out, "the layout compared: tp=1 pp=1 vpp=1 ep=8 etp=1 dp=64");
+    expect_in(r.out, "layouts costed score better");
+    expect_in(r.out, "slower than the plan: its");
+    RUN(&r, "plan", "--model", "mixtral-8x7b", "--cluster", "hgx-h100-x128", "--gpus", "64",
+        "--compare", "tp=1,pp=1,ep=8");
+    assert_int_equal(r.code, 2);
+    expect_in(r.err, "--compare goes with --explain");
+    RUN(&r, "plan", "--model", "mixtral-8x7b", "--cluster", "hgx-h100-x128", "--gpus", "64",
+        "--explain", "--compare", "tp=3");
+    assert_int_equal(r.code, 4);
+    expect_in(r.err, "--compare: ");
+}
+
 /* `calibrate --published`: a stack profile fitted on published runs, written, read back by
  * check and used by predict, which names it; its rows are the cluster's of that stack. */
 static void test_calibrate_published(void **state)
@@ -767,6 +789,7 @@ int main(void)
         cmocka_unit_test(test_calibrate_refit),
         cmocka_unit_test(test_golden_predictions),
         cmocka_unit_test(test_calibrate_published),
+        cmocka_unit_test(test_plan_compare),
 #ifdef MOEPLAN_HAVE_EXECUTOR
         cmocka_unit_test(test_runnable_plans_run),
 #endif
