@@ -95,7 +95,7 @@ static enum moe_status write_stack_profile(const struct plan_fit_row *rows, int 
 {
     json_t *meta = json_object(), *ids = json_array(), *fit = json_object();
     const char *gpu = "";
-    int own = 0, systems = 0;
+    int systems = 0;
     for (int i = 0; i < n; i++) {
         bool first = true;
         for (int j = 0; j < i && first; j++)
@@ -127,7 +127,6 @@ static enum moe_status write_stack_profile(const struct plan_fit_row *rows, int 
                rows[i].run->model, pub, got, 100 * (got / pub - 1));
         json_array_append_new(ids, json_string(rows[i].run->id));
         gpu = rows[i].cluster.gpu.name;
-        own++;
     }
     json_object_set_new(meta, "gpu", json_string(gpu));
     json_object_set_new(meta, "stack", json_string(stack));
@@ -142,7 +141,6 @@ static enum moe_status write_stack_profile(const struct plan_fit_row *rows, int 
     json_object_set_new(fit, "shared_rows", json_integer(n));
     json_object_set_new(fit, "shared_rms_log_error", json_real(rms[0]));
     json_object_set_new(meta, "fit", fit);
-    (void)own;
     enum moe_status st = cost_calibration_write(fitted, meta, out, err);
     json_decref(meta);
     return st;
