@@ -349,31 +349,54 @@ void plan_fit_start(struct cost_calibration *cal)
     cal->attn_bwd_eff = fmin(1.0, cal->attn_bwd_eff * 1.5);
 }
 
-enum moe_status plan_fit_stack(const struct plan_fit_row *rows, int n, const char *cluster,
-                               const struct cost_calibration *datasheet,
-                               struct cost_calibration *out, int *own, double rms[2],
-                               struct moe_error *err)
+/* The second stage: the cluster's own rows, pulled towards the shared fit (*out = shared when
+ * it has none); *own gets their count, *rms the fit's (< 0: an error in err). */
+static enum moe_status fit_system(const struct plan_fit_row *rows, int n, const char *cluster,
+                                  const struct cost_calibration *shared,
+                                  struct cost_calibration *out, int *own, double *rms,
+                                  struct moe_error *err)
 {
-    unsigned all = (1u << plan_fit_nparams) - 1;
-    struct cost_calibration shared, ds = *datasheet;
-    plan_fit_start(&ds);
-    double r0 =
-        plan_fit_published(rows, n, &ds, all, &ds, PLAN_FIT_SHARED_PRIOR, &shared, NULL, err);
-    if (r0 < 0) return err ? err->status : MOE_ERR_RUNTIME;
     struct plan_fit_row *mine = malloc(sizeof *mine * (size_t)n);
     if (!mine) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
     int k = 0;
     for (int i = 0; i < n; i++)
         if (!strcmp(rows[i].run->cluster, cluster)) mine[k++] = rows[i];
-    double r1 = r0;
-    *out = shared;
+    *out = *shared;
+    double r = 0.0;
     if (k)
-        r1 = plan_fit_published(mine, k, &shared, all, &shared, PLAN_FIT_SYSTEM_PRIOR, out, NULL,
-                                err);
+        r = plan_fit_published(mine, k, shared, (1u << plan_fit_nparams) - 1, shared,
+                               PLAN_FIT_SYSTEM_PRIOR, out, NULL, err);
     free(mine);
-    if (r1 < 0) return err ? err->status : MOE_ERR_RUNTIME;
+    if (r < 0) return err ? err->status : MOE_ERR_RUNTIME;
+    *own = k;
+    *rms = r;
+    return MOE_OK;
+}
+
+/* The first stage: every row together, lightly towards the datasheet. */
+static double fit_shared(const struct plan_fit_row *rows, int n,
+                         const struct cost_calibration *datasheet, struct cost_calibration *out,
+                         struct moe_error *err)
+{
+    struct cost_calibration ds = *datasheet;
+    plan_fit_start(&ds);
+    return plan_fit_published(rows, n, &ds, (1u << plan_fit_nparams) - 1, &ds,
+                              PLAN_FIT_SHARED_PRIOR, out, NULL, err);
+}
+
+enum moe_status plan_fit_stack(const struct plan_fit_row *rows, int n, const char *cluster,
+                               const struct cost_calibration *datasheet,
+                               struct cost_calibration *out, int *own, double rms[2],
+                               struct moe_error *err)
+{
+    struct cost_calibration shared;
+    double r0 = fit_shared(rows, n, datasheet, &shared, err), r1;
+    if (r0 < 0) return err ? err->status : MOE_ERR_RUNTIME;
+    int k;
+    enum moe_status st = fit_system(rows, n, cluster, &shared, out, &k, &r1, err);
+    if (st != MOE_OK) return st;
     if (own) *own = k;
-    if (rms) rms[0] = r0, rms[1] = r1;
+    if (rms) rms[0] = r0, rms[1] = k ? r1 : r0;
     return MOE_OK;
 }
 
@@ -400,12 +423,20 @@ enum moe_status plan_fit_crossval(const struct plan_fit_row *rows, int n, enum p
                                key);
             break;
         }
-        /* each held-out row under the profile of its own cluster (one fit per cluster) */
+        /* the fold's shared fit once; each held-out row under its own cluster's second stage
+         * (one per cluster) */
+        struct cost_calibration ds, shared;
+        cost_calibration_defaults(&ds, &rows[i].cluster.gpu);
+        if (fit_shared(train, k, &ds, &shared, err) < 0) {
+            st = err ? err->status : MOE_ERR_RUNTIME;
+            break;
+        }
         for (int j = i; st == MOE_OK && j < n; j++) {
             if (done[j] || strcmp(fold_key(&rows[j], fold), key)) continue;
-            struct cost_calibration ds, cal;
-            cost_calibration_defaults(&ds, &rows[j].cluster.gpu);
-            st = plan_fit_stack(train, k, rows[j].run->cluster, &ds, &cal, NULL, NULL, err);
+            struct cost_calibration cal;
+            int own;
+            double rms;
+            st = fit_system(train, k, rows[j].run->cluster, &shared, &cal, &own, &rms, err);
             for (int q = j; st == MOE_OK && q < n; q++) {
                 if (done[q] || strcmp(fold_key(&rows[q], fold), key) ||
                     strcmp(rows[q].run->cluster, rows[j].run->cluster))
