@@ -289,14 +289,19 @@ static int calibrate_published(struct cli *cli, const struct cli_cmd *cmd, const
     const char *dash = strrchr(stack, '-'), *gen = dash ? dash + 1 : stack;
     if (!gen[0])
         return cli_usage(cmd, "--stack %s: name a container generation (megatron-26.04)", stack);
-    if (!cv && !cli_output_ok(cmd, "-o", out)) return 2;
-    if (svg && !cli_output_ok(cmd, "--svg", svg)) return 2;
     struct plan_published *runs = calloc(PLAN_PUBLISHED_MAX, sizeof *runs);
     struct plan_fit_row *rows = calloc(PLAN_PUBLISHED_MAX, sizeof *rows);
     double *pred = calloc(2 * PLAN_PUBLISHED_MAX, sizeof *pred);
     int n = 0, own = 0;
     enum moe_status st = runs && rows && pred ? stack_rows(cli, file, gen, runs, rows, &n, &err)
                                               : moe_error_set(&err, MOE_ERR_NOMEM, "out of memory");
+    /* the outputs checked once the input is open, so one that is the input is refused before
+     * any fitting */
+    if (st == MOE_OK &&
+        ((!cv && !cli_output_ok(cmd, "-o", out)) || (svg && !cli_output_ok(cmd, "--svg", svg)))) {
+        free(runs), free(rows), free(pred);
+        return 2;
+    }
     if (st == MOE_OK && cv) {
         const double *p[2] = {pred, pred + PLAN_PUBLISHED_MAX};
         printf("stack %s: %d trusted rows of containers %s*; tokens/s/GPU predicted by the "

@@ -348,6 +348,9 @@ static void test_values_and_messages(void **state)
     RUN(&r, "calibrate", "--published", at("bad.tsv"), "--stack", "megatron-26.08", "--cluster",
         "gb300-nvl72-x16", "-o", at("stack.json"));
     expect(&r, 3, "the header is not the 24 columns");
+    RUN(&r, "calibrate", "--published", at("bad.tsv"), "--stack", "megatron-26.08", "--cluster",
+        "gb300-nvl72-x16", "-o", at("bad.tsv"));
+    expect(&r, 2, "is an input of this command");
     assert_int_equal(access(at("stack.json"), F_OK), -1);
     /* measured step times that no run has */
     const char *keys[] = {"\"step_ms\": 8.97116805892", "\"step_ms\": 196.000893457"};
