@@ -25,6 +25,7 @@ void cost_calibration_defaults(struct cost_calibration *cal, const struct topo_g
     cal->gemm_tile_n = hopper ? 256 : 256;
     cal->attn_fwd_eff = 0.55;
     cal->attn_bwd_eff = 0.45;
+    cal->attn_sink_eff = 1.0;
     cal->hbm_eff = 0.88; /* ~4.3 of 4.8 TB/s device-to-device on H200 */
     cal->launch_us = 4.0;
     cal->graph_launch_us = 1.0; /* a graph replays its kernels back to back: no host launch */
@@ -65,6 +66,7 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
                                        "attn_bwd_eff",
                                        "attn_seq_half",
                                        "attn_exp_scale",
+                                       "attn_sink_eff",
                                        "hbm_eff",
                                        "launch_us",
                                        "graph_launch_us",
@@ -104,6 +106,7 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
     FRACTION(gemm_eff_fp8);
     FRACTION(attn_fwd_eff);
     FRACTION(attn_bwd_eff);
+    FRACTION(attn_sink_eff);
     FRACTION(hbm_eff);
     FRACTION(nvlink_eff);
     FRACTION(nvlink_allreduce_eff);
@@ -191,6 +194,7 @@ enum moe_status cost_calibration_write(const struct cost_calibration *cal, json_
     PUT(attn_bwd_eff);
     PUT(attn_seq_half);
     PUT(attn_exp_scale);
+    PUT(attn_sink_eff);
     PUT(hbm_eff);
     PUT(launch_us);
     PUT(graph_launch_us);

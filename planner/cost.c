@@ -136,7 +136,8 @@ static void attention_cost(const struct cost_ctx *c, const struct cost_layout *l
                    ? a->head_dim
                    : (a->qk_nope_head_dim + a->qk_rope_head_dim + a->v_head_dim) / 2.0;
     cost_attention_core_us(cal, g, core_flops, (double)l->seq_len / l->cp, d, core);
-    double core_fwd = core[0], core_bwd = core[1];
+    double sink = a->sinks ? cal->attn_sink_eff : 1.0;
+    double core_fwd = core[0] / sink, core_bwd = core[1] / sink;
     /* Context parallelism (Megatron's p2p ring): cp - 1 steps, each passing the keys and values
      * of one chunk to the next CP rank while the attention of the chunk in hand runs; the
      * backward passes them again with their gradients. What the attention does not hide is

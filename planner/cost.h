@@ -43,6 +43,10 @@ struct cost_calibration {
      * exponentials on the GPU's exp units (exp_per_s): efficiency x d / (d + half), half =
      * attn_exp_scale x bf16 peak / (4 x exp_per_s); 0: not counted */
     double attn_exp_scale;
+    /* attention with learned sinks (gpt-oss's learnable softmax): the flash kernels' fast paths do
+     * not take it (TE runs cuDNN's generic one), its core at this fraction of the flash time's
+     * rate; 1: as fast */
+    double attn_sink_eff;
     double hbm_eff;              /* memory-bound kernels, fraction of HBM bandwidth */
     double launch_us;            /* per kernel launch */
     double graph_launch_us;      /* the same inside a CUDA graph (cuda_graphs=) */

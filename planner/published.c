@@ -224,7 +224,8 @@ enum moe_status plan_fit_rows(const struct plan_published *runs, int n, const ch
 const struct plan_fit_param plan_fit_params[] = {
     P(gemm_eff, 0.2, 1.0),     P(gemm_eff_fp8, 0.2, 1.0), P(attn_fwd_eff, 0.1, 1.0),
     P(hbm_eff, 0.2, 1.0),      P(nvlink_eff, 0.1, 1.0),   P(scale_out_eff, 0.1, 1.0),
-    P(overlap_max, 0.05, 1.0), P(launch_us, 0.5, 100.0),  P(a2a_latency_us, 1.0, 1000.0)};
+    P(overlap_max, 0.05, 1.0), P(launch_us, 0.5, 100.0),  P(a2a_latency_us, 1.0, 1000.0),
+    P(attn_sink_eff, 0.05, 1.0)};
 #undef P
 const int plan_fit_nparams = (int)(sizeof plan_fit_params / sizeof plan_fit_params[0]);
 
@@ -284,10 +285,11 @@ double plan_fit_published(const struct plan_fit_row *rows, int n,
     double ratio = start->attn_fwd_eff > 0 ? start->attn_bwd_eff / start->attn_fwd_eff : 1.0;
     double best = objective(rows, n, &cur, ratio, free_mask, center, prior, pred, err);
     /* coordinate steps in log space: x1.5, then smaller, until 1% moves no longer help */
-    for (double step = log(1.5); best >= 0 && step > log(1.0005); step *= 0.5) {
+    for (double step = log(1.5); best >= 0 && step > log(1.00005); step *= 0.5) {
         bool moved = true;
         for (int round = 0; moved && round < 200 && best >= 0; round++) {
             moved = false;
+            struct cost_calibration before = cur;
             for (int k = 0; k < plan_fit_nparams && best >= 0; k++) {
                 if (!(free_mask & (1u << k))) continue;
                 for (int dir = -1; dir <= 1; dir += 2) {
@@ -318,6 +320,25 @@ double plan_fit_published(const struct plan_fit_row *rows, int n,
                         break;
                     }
                 }
+            }
+            /* Hooke and Jeeves's pattern move: the round's whole change again, while it helps
+             * (parameters that trade against each other move together) */
+            for (int g = 0; moved && best >= 0 && g < 50; g++) {
+                t = cur;
+                bool any = false;
+                for (int k = 0; k < plan_fit_nparams; k++) {
+                    if (!(free_mask & (1u << k))) continue;
+                    double *v = field(&t, k), a = *field(&before, k);
+                    double nv = fmin(fmax(*v * (*v / a), plan_fit_params[k].lo),
+                                     plan_fit_params[k].hi);
+                    any |= nv != *v;
+                    *v = nv;
+                }
+                if (!any) break;
+                double o = objective(rows, n, &t, ratio, free_mask, center, prior, pred, err);
+                if (o < 0) best = -1.0;
+                if (o < 0 || o >= best * (1.0 - 1e-9)) break;
+                before = cur, best = o, cur = t;
             }
         }
     }

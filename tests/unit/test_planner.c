@@ -607,7 +607,7 @@ static void test_published_fit_recovers(void **state)
     truth.attn_bwd_eff = 0.5 * start.attn_bwd_eff / start.attn_fwd_eff; /* the tied ratio */
     truth.hbm_eff = 0.8, truth.nvlink_eff = truth.nvlink_allreduce_eff = 0.6;
     truth.scale_out_eff = 0.7, truth.overlap_max = 0.6, truth.launch_us = 6.0;
-    truth.a2a_latency_us = 25.0, truth.attn_exp_scale = 1.0;
+    truth.a2a_latency_us = 25.0, truth.attn_exp_scale = 1.0, truth.attn_sink_eff = 0.4;
     for (int i = 0; i < k; i++) {
         struct cost_ctx ctx;
         cost_ctx_init(&ctx, &rows[i].model, &rows[i].cluster, &truth, rows[i].run->gpus);
@@ -619,13 +619,17 @@ static void test_published_fit_recovers(void **state)
                                     pred, &err);
     printf("fit of %d rows made with known efficiencies: rms log error %.5f\n", k, rms);
     assert_true(rms >= 0 && rms < 0.002);
+    int off = 0;
     for (int p = 0; p < plan_fit_nparams; p++) {
         if (!strcmp(plan_fit_params[p].name, "a2a_latency_us")) continue;
         double want = *(double *)((char *)&truth + plan_fit_params[p].offset);
         double got = *(double *)((char *)&fit + plan_fit_params[p].offset);
-        if (fabs(got / want - 1.0) > 0.05)
-            fail_msg("%s: fitted %g, made with %g", plan_fit_params[p].name, got, want);
+        bool bad = fabs(got / want - 1.0) > 0.05;
+        printf("  %-14s fitted %8.4f, made with %8.4f%s\n", plan_fit_params[p].name, got, want,
+               bad ? "  (more than 5% off)" : "");
+        off += bad;
     }
+    assert_int_equal(off, 0);
     for (int i = 0; i < k; i++) assert_true(fabs(pred[i] / rows[i].step_us - 1.0) < 0.01);
 }
 
