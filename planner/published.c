@@ -222,9 +222,9 @@ enum moe_status plan_fit_rows(const struct plan_published *runs, int n, const ch
 #field, offsetof(struct cost_calibration, field), lo, hi                                   \
     }
 const struct plan_fit_param plan_fit_params[] = {
-    P(gemm_eff, 0.2, 1.0),     P(gemm_eff_fp8, 0.2, 1.0), P(attn_fwd_eff, 0.1, 1.0),
-    P(hbm_eff, 0.2, 1.0),      P(nvlink_eff, 0.1, 1.0),   P(scale_out_eff, 0.1, 1.0),
-    P(overlap_max, 0.05, 1.0), P(launch_us, 0.5, 100.0),  P(a2a_latency_us, 1.0, 1000.0),
+    P(gemm_eff, 0.2, 1.0),      P(gemm_eff_fp8, 0.2, 1.0), P(attn_fwd_eff, 0.1, 1.0),
+    P(hbm_eff, 0.2, 1.0),       P(nvlink_eff, 0.1, 1.0),   P(scale_out_eff, 0.1, 1.0),
+    P(overlap_max, 0.05, 1.0),  P(launch_us, 0.5, 100.0),  P(a2a_latency_us, 1.0, 1000.0),
     P(attn_sink_eff, 0.05, 1.0)};
 #undef P
 const int plan_fit_nparams = (int)(sizeof plan_fit_params / sizeof plan_fit_params[0]);
@@ -329,8 +329,8 @@ double plan_fit_published(const struct plan_fit_row *rows, int n,
                 for (int k = 0; k < plan_fit_nparams; k++) {
                     if (!(free_mask & (1u << k))) continue;
                     double *v = field(&t, k), a = *field(&before, k);
-                    double nv = fmin(fmax(*v * (*v / a), plan_fit_params[k].lo),
-                                     plan_fit_params[k].hi);
+                    double nv =
+                        fmin(fmax(*v * (*v / a), plan_fit_params[k].lo), plan_fit_params[k].hi);
                     any |= nv != *v;
                     *v = nv;
                 }
