@@ -69,11 +69,12 @@ void cli_data_path(const struct cli *cli, const char *rel, char *buf, size_t cap
 
 /* The inputs of the planner commands. */
 #include "plan.h"
-/* A cluster by name or file, and with cal (not NULL) its GPU's calibration: the datasheet
- * defaults, or the profile cal_file (not NULL). */
+/* A cluster by name or file, and with cal (not NULL) its GPU's calibration: the profile
+ * cal_file ("datasheet": the datasheet defaults), else the stack profile shipped for the GPU
+ * (`stack`'s when not NULL and shipped, else the newest). */
 enum moe_status cli_cluster_load(const struct cli *cli, const char *name, const char *cal_file,
-                                 struct topo_cluster *cl, struct cost_calibration *cal,
-                                 struct moe_error *err);
+                                 const char *stack, struct topo_cluster *cl,
+                                 struct cost_calibration *cal, struct moe_error *err);
 struct cli_inputs {
     struct mdl_model model;
     struct topo_cluster cluster;
@@ -118,6 +119,7 @@ enum {
 
 struct cli_input_opts {
     const char *model, *cluster, *cal, *routing, *precision;
+    const char *stack; /* without --calibration: this stack's profile when one is shipped */
     uint64_t gpus, seq, seed;
     struct mdl_overrides ov;
 };

@@ -98,7 +98,7 @@ int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
                          (unsigned long long)E);
     struct topo_cluster cl;
     struct cost_calibration cal;
-    if (cal_file && cli_cluster_load(cli, cluster, cal_file, &cl, &cal, &err) != MOE_OK)
+    if (cal_file && cli_cluster_load(cli, cluster, cal_file, NULL, &cl, &cal, &err) != MOE_OK)
         return cli_fail(cli, &err);
     int ndev = 0;
     if (exec_device_count(&ndev, &err) != MOE_OK) return cli_fail(cli, &err);

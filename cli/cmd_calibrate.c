@@ -54,7 +54,7 @@ static int calibrate(struct cli *cli, const struct cli_cmd *cmd, const char *out
     struct plan_calib_data *d = calloc(1, sizeof *d);
     char mdir[MOE_PATH_MAX];
     cli_data_path(cli, "model", mdir, sizeof mdir);
-    enum moe_status st = d ? cli_cluster_load(cli, cluster, NULL, &cl, NULL, &err)
+    enum moe_status st = d ? cli_cluster_load(cli, cluster, NULL, NULL, &cl, NULL, &err)
                            : moe_error_set(&err, MOE_ERR_NOMEM, "out of memory");
     if (st == MOE_OK && refit) {
         printf("moeplan calibrate --refit %s: the measurements kept there, fitted again\n", refit);

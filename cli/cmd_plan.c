@@ -21,6 +21,8 @@ enum {
     OPT_TIME,
     OPT_RUNNABLE,
     OPT_COMPARE,
+    OPT_PUBLISHED,
+    OPT_RUN,
     OPT_OUT = 'o'
 };
 
@@ -41,10 +43,55 @@ const struct cli_opt cmd_plan_opts[] = {
     {"compare", required_argument, OPT_COMPARE, "K=V,...",
      "with --explain: a layout (a published recipe's) set beside the plan: where it ranks among "
      "the layouts costed and why the plan beats it"},
+    {"published", required_argument, OPT_PUBLISHED, "FILE",
+     "published training runs (tests/data/published/mb-runs.tsv), with --run"},
+    {"run", required_argument, OPT_RUN, "ID",
+     "plan that run's model, cluster, GPUs, global batch, sequence and precision, with its "
+     "dispatcher and recipe settings fixed and its stack's profile, and --explain --compare its "
+     "layout: what the planner picks where the published run chose"},
     {"emit", required_argument, OPT_EMIT, "T", "print launch flags: megatron or maxtext"},
     {"output", required_argument, OPT_OUT, "FILE", "write plan.json here"},
     {NULL, 0, 0, NULL, NULL},
 };
+
+/* --published FILE --run ID: the row's model, cluster, GPUs, global batch, sequence and
+ * precision as the inputs (none of them given as well), its recipe settings that are not searched
+ * (dispatcher, no EP overlap, gradient-reduce and moment precision, MTP) fixed ahead of the user's --fix, its
+ * layout to compare, and its container's stack profile (megatron-YY.MM) unless --calibration
+ * names one. Returns -1 when set, else the exit code. */
+static int published_run(struct cli *cli, const struct cli_cmd *cmd, const char *file,
+                         const char *id, struct cli_input_opts *io, uint64_t *gbs,
+                         const char *user_fix, const char *user_compare, char *fix, size_t fix_cap,
+                         char compare[COST_LAYOUT_TEXT_MAX], char stack[32])
+{
+    if (io->model || io->cluster || io->gpus || io->precision || *gbs || io->seq != 4096 ||
+        user_compare)
+        return cli_usage(cmd, "--run sets the model, cluster, GPUs, precision, sequence, global "
+                              "batch and the layout compared: give none of them with it");
+    static struct plan_published rows[PLAN_PUBLISHED_MAX];
+    int n;
+    struct moe_error err;
+    if (plan_published_load(file, rows, PLAN_PUBLISHED_MAX, &n, &err) != MOE_OK)
+        return cli_fail(cli, &err);
+    const struct plan_published *r = NULL;
+    for (int i = 0; i < n && !r; i++)
+        if (!strcmp(rows[i].id, id)) r = &rows[i];
+    if (!r) return cli_usage(cmd, "--run %s: no run of that id in %s", id, file);
+    static struct plan_published row; /* outlives this call: io points into it */
+    row = *r;
+    io->model = row.model, io->cluster = row.cluster, io->precision = row.precision;
+    io->gpus = (uint64_t)row.gpus, io->seq = (uint64_t)row.seq, *gbs = (uint64_t)row.gbs;
+    snprintf(stack, 32, "megatron-%.5s", row.container);
+    io->stack = stack;
+    char mtp[16] = "";
+    if (row.mtp >= 0) snprintf(mtp, sizeof mtp, ",mtp=%d", row.mtp);
+    int k = snprintf(fix, fix_cap, "dispatcher=%s,overlap=off,grad_reduce=%s,moments=%s%s%s%s",
+                     row.dispatcher, row.grad_reduce, row.moments, mtp, user_fix ? "," : "",
+                     user_fix ? user_fix : "");
+    if (k < 0 || (size_t)k >= fix_cap) return cli_usage(cmd, "--fix: too long");
+    plan_published_layout(&row, compare, COST_LAYOUT_TEXT_MAX);
+    return -1;
+}
 
 int cmd_plan(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
 {
@@ -53,6 +100,7 @@ int cmd_plan(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     int rc = cli_parse(cmd, argc, argv, args, &nargs);
     if (rc >= 0) return rc;
     const char *fix = NULL, *out = NULL, *emit = NULL, *objective = NULL, *compare = NULL;
+    const char *published = NULL, *run = NULL;
     uint64_t gbs = 0, max_tp = 8, top = 5, replicas = 0;
     double headroom = 0.05, time_limit = 0.5;
     bool explain = false, runnable = false;
@@ -66,6 +114,8 @@ int cmd_plan(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
         switch (args[i].val) {
         case OPT_FIX: fix = val; break;
         case OPT_COMPARE: compare = val; break;
+        case OPT_PUBLISHED: published = val; break;
+        case OPT_RUN: run = val; break;
         case OPT_OUT: out = val; break;
         case OPT_EMIT: emit = val; break;
         case OPT_OBJECTIVE: objective = val; break;
@@ -94,6 +144,14 @@ int cmd_plan(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     if (optind < argc) return cli_usage(cmd, "unexpected operand '%s'", argv[optind]);
     if (emit && strcmp(emit, "megatron") && strcmp(emit, "maxtext"))
         return cli_usage(cmd, "--emit %s: megatron or maxtext", emit);
+    static char run_fix[512], run_compare[COST_LAYOUT_TEXT_MAX], run_stack[32];
+    if (!published != !run) return cli_usage(cmd, "--published and --run go together");
+    if (run) {
+        rc = published_run(cli, cmd, published, run, &io, &gbs, fix, compare, run_fix,
+                           sizeof run_fix, run_compare, run_stack);
+        if (rc >= 0) return rc;
+        fix = run_fix, compare = run_compare, explain = true;
+    }
     enum plan_objective obj = PLAN_THROUGHPUT;
     if (objective && !strcmp(objective, "cost"))
         obj = PLAN_COST;

@@ -213,7 +213,7 @@ static int validate(struct cli *cli, const char *dir, const char *cal_file, cons
     struct moe_error err;
     struct topo_cluster cl;
     struct cost_calibration cal;
-    if (cli_cluster_load(cli, cluster, cal_file, &cl, &cal, &err)) return cli_fail(cli, &err);
+    if (cli_cluster_load(cli, cluster, cal_file, NULL, &cl, &cal, &err)) return cli_fail(cli, &err);
     if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
         moe_error_set_at(&err, MOE_ERR_IO, dir, 0, 0, "cannot create the folder: %s",
                          strerror(errno));

@@ -9,9 +9,11 @@
 
 #include "cli.h"
 
-/* The newest stack profile shipped for a GPU: topologies/calibration/stacks/STACK/GPU.json (the
- * GPU's name in lower case), STACK the greatest name that has one; "" when none does. */
-static void stack_profile(const struct cli *cli, const char *gpu, char *out, size_t cap)
+/* The stack profile shipped for a GPU: topologies/calibration/stacks/STACK/GPU.json (the GPU's
+ * name in lower case), STACK `prefer` when it has one, else the greatest name that has one; ""
+ * when none does. */
+static void stack_profile(const struct cli *cli, const char *gpu, const char *prefer, char *out,
+                          size_t cap)
 {
     char dir[MOE_PATH_MAX], name[64], best[256] = "";
     size_t n = 0;
@@ -28,7 +30,12 @@ static void stack_profile(const struct cli *cli, const char *gpu, char *out, siz
         if (e->d_name[0] == '.' || len >= sizeof best) continue;
         int k = snprintf(path, sizeof path, "%s/%s/%s.json", dir, e->d_name, name);
         if (k < 0 || (size_t)k >= cap || (size_t)k >= sizeof path) continue;
-        if (moe_file_is_regular(path) && strcmp(e->d_name, best) > 0) {
+        if (!moe_file_is_regular(path)) continue;
+        if (prefer && !strcmp(e->d_name, prefer)) {
+            memcpy(out, path, (size_t)k + 1);
+            break;
+        }
+        if (strcmp(e->d_name, best) > 0) {
             memcpy(best, e->d_name, len + 1);
             memcpy(out, path, (size_t)k + 1);
         }
@@ -37,8 +44,8 @@ static void stack_profile(const struct cli *cli, const char *gpu, char *out, siz
 }
 
 enum moe_status cli_cluster_load(const struct cli *cli, const char *name, const char *cal_file,
-                                 struct topo_cluster *cl, struct cost_calibration *cal,
-                                 struct moe_error *err)
+                                 const char *stack, struct topo_cluster *cl,
+                                 struct cost_calibration *cal, struct moe_error *err)
 {
     char dir[MOE_PATH_MAX];
     cli_data_path(cli, "topologies", dir, sizeof dir);
@@ -48,9 +55,9 @@ enum moe_status cli_cluster_load(const struct cli *cli, const char *name, const 
     if (cal_file && !strcmp(cal_file, "datasheet")) return MOE_OK;
     if (cal_file) return cost_calibration_load(cal, cal_file, err);
     /* no profile named: the newest stack profile fitted on published runs of this GPU */
-    char stack[MOE_PATH_MAX];
-    stack_profile(cli, cl->gpu.name, stack, sizeof stack);
-    return stack[0] ? cost_calibration_load(cal, stack, err) : MOE_OK;
+    char path[MOE_PATH_MAX];
+    stack_profile(cli, cl->gpu.name, stack, path, sizeof path);
+    return path[0] ? cost_calibration_load(cal, path, err) : MOE_OK;
 }
 
 void cli_input_opts_init(struct cli_input_opts *o)
@@ -99,7 +106,8 @@ int cli_load_inputs(struct cli *cli, const struct cli_cmd *cmd, const struct cli
     if (mdl_model_resolve(&in->model, model, dir, &err) != MOE_OK ||
         mdl_model_override(&in->model, ov, &err) != MOE_OK)
         return cli_fail(cli, &err);
-    if (cli_cluster_load(cli, cluster, cal_file, &in->cluster, &in->cal, &err) != MOE_OK)
+    if (cli_cluster_load(cli, cluster, cal_file, o->stack, &in->cluster, &in->cal, &err) !=
+        MOE_OK)
         return cli_fail(cli, &err);
     in->gpus = gpus ? (int)gpus : in->cluster.gpus_usable;
     if (in->gpus > in->cluster.gpus_usable)

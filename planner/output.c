@@ -135,7 +135,9 @@ void plan_print_explain(const struct plan_request *q, const struct plan_result *
                 "score better\n",
                 lay, c->step_us / 1e6, c->fits ? "" : " (does not fit)", r->compare_beaten_by,
                 r->evaluated);
-        if (gain >= 0)
+        if (fabs(gain) < 1e-9)
+            fprintf(out, "    the plan's step: the planner picks this layout\n");
+        else if (gain > 0)
             fprintf(out, "    %.1f%% slower than the plan: its %s takes %+.1f ms more per step\n",
                     100.0 * gain, cost_phase_names[worst], grow / 1e3);
         else

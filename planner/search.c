@@ -162,7 +162,7 @@ static enum moe_status search_gpus(const struct plan_request *q, int gpus, struc
                                         .precision = q->precision,
                                         .recompute = COST_RECOMPUTE_NONE,
                                         .dispatcher = disp,
-                                        .overlap = true,
+                                        .overlap = fx->overlap,
                                         .mtp = fx->mtp >= 0 ? fx->mtp : m->mtp_layers,
                                         .grad_reduce_bf16 = fx->grad_reduce_bf16,
                                         .moments_bf16 = fx->moments_bf16,

@@ -500,6 +500,40 @@ static void test_plan_compare(void **state)
     expect_in(r.err, "--compare: ");
 }
 
+/* `plan --published F --run ID`: the run's inputs, its recipe settings fixed, its container's
+ * stack profile, and its layout compared; MB-8 (Qwen3-30B-A3B on 8 GB200) is the plan's own pick,
+ * MB-33 (DeepSeek-V3, 256 GB300, PP 2 x VPP 8) is not. Refused with inputs of its own or an
+ * unknown run. */
+static void test_plan_published_run(void **state)
+{
+    (void)state;
+    static struct result r;
+    const char *f = "tests/data/published/mb-runs.tsv";
+    RUN(&r, "plan", "--published", f, "--run", "MB-8");
+    assert_int_equal(r.code, 0);
+    expect_in(r.out,
+              "plan: qwen3-30b-a3b on 8 x GB200 (gb200-nvl72-x16), gbs 512 x seq 4096, mxfp8");
+    expect_in(r.out, "stack profile megatron-26.08 for GB200");
+    expect_in(r.out, "the layout compared: tp=1 pp=1 vpp=1 ep=8 etp=1 dp=8 zero=1 mbs=4");
+    expect_in(r.out, "0 of the");
+    expect_in(r.out, "the plan's step: the planner picks this layout");
+    RUN(&r, "plan", "--published", f, "--run", "MB-33");
+    assert_int_equal(r.code, 0);
+    expect_in(r.out, "stack profile megatron-26.04 for GB300");
+    expect_in(r.out, "the layout compared: tp=1 pp=2 vpp=8 ep=32");
+    expect_in(r.out, "dispatcher=hybridep");
+    expect_in(r.out, "slower than the plan: its");
+    RUN(&r, "plan", "--published", f, "--run", "MB-33", "--model", "deepseek-v3");
+    assert_int_equal(r.code, 2);
+    expect_in(r.err, "--run sets the model");
+    RUN(&r, "plan", "--published", f, "--run", "MB-9999");
+    assert_int_equal(r.code, 2);
+    expect_in(r.err, "--run MB-9999: no run of that id in");
+    RUN(&r, "plan", "--run", "MB-8", "--model", "deepseek-v3", "--cluster", "gb300-nvl72-x16");
+    assert_int_equal(r.code, 2);
+    expect_in(r.err, "--published and --run go together");
+}
+
 /* `calibrate --published`: a stack profile fitted on published runs, written, read back by
  * check and used by predict, which names it; its rows are the cluster's of that stack. */
 static void test_calibrate_published(void **state)
@@ -790,6 +824,7 @@ int main(void)
         cmocka_unit_test(test_golden_predictions),
         cmocka_unit_test(test_calibrate_published),
         cmocka_unit_test(test_plan_compare),
+        cmocka_unit_test(test_plan_published_run),
 #ifdef MOEPLAN_HAVE_EXECUTOR
         cmocka_unit_test(test_runnable_plans_run),
 #endif
