@@ -106,8 +106,7 @@ int cli_load_inputs(struct cli *cli, const struct cli_cmd *cmd, const struct cli
     if (mdl_model_resolve(&in->model, model, dir, &err) != MOE_OK ||
         mdl_model_override(&in->model, ov, &err) != MOE_OK)
         return cli_fail(cli, &err);
-    if (cli_cluster_load(cli, cluster, cal_file, o->stack, &in->cluster, &in->cal, &err) !=
-        MOE_OK)
+    if (cli_cluster_load(cli, cluster, cal_file, o->stack, &in->cluster, &in->cal, &err) != MOE_OK)
         return cli_fail(cli, &err);
     in->gpus = gpus ? (int)gpus : in->cluster.gpus_usable;
     if (in->gpus > in->cluster.gpus_usable)
