@@ -174,8 +174,10 @@ static double pct(double pred, double pub)
 
 /* Ranking: the pairs of rows of one model, cluster and GPU count that ran different layouts or
  * recipes, ordered by published tokens/s and by the prediction without the row's system. Kendall's
- * tau over them; every pair more than 5% apart as published and ordered the other way, named. */
-static void rank_pairs(const struct plan_fit_row *rows, int n, const double *pred)
+ * tau over them; every pair more than 5% apart as published, with the phase that sets the two
+ * predictions apart, and named INVERTED where the prediction orders it the other way. */
+static enum moe_status rank_pairs(const struct plan_fit_row *rows, int n, const double *pred,
+                                  struct moe_error *err)
 {
     int pairs = 0, concordant = 0, wide = 0, wide_right = 0;
     printf("\nranking (predicted without the row's system): pairs of one model, cluster and GPU "
@@ -193,12 +195,33 @@ static void rank_pairs(const struct plan_fit_row *rows, int n, const double *pre
             double qa = pa * rows[i].step_us / pred[i], qb = pb * rows[j].step_us / pred[j];
             bool same = (pa > pb) == (qa > qb);
             pairs++, concordant += same;
-            if (fabs(pa / pb - 1.0) > 0.05) {
-                wide++, wide_right += same;
-                printf("  %s %s: %s %.0f vs %s %.0f published, %.0f vs %.0f predicted%s\n",
-                       a->model, a->cluster, a->id, pa, b->id, pb, qa, qb,
-                       same ? "" : "  INVERTED");
-            }
+            if (fabs(pa / pb - 1.0) <= 0.05) continue;
+            wide++, wide_right += same;
+            printf("  %s %s: %s %.0f vs %s %.0f published, %.0f vs %.0f predicted%s\n", a->model,
+                   a->cluster, a->id, pa, b->id, pb, qa, qb, same ? "" : "  INVERTED");
+            /* what sets them apart: both costed with the profile that predicted them, fitted
+             * without their system */
+            struct plan_fit_row *train = malloc(sizeof *train * (size_t)n);
+            if (!train) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+            int k = 0;
+            for (int q = 0; q < n; q++)
+                if (strcmp(rows[q].run->cluster, a->cluster)) train[k++] = rows[q];
+            struct cost_calibration ds, cal;
+            cost_calibration_defaults(&ds, &rows[i].cluster.gpu);
+            enum moe_status st = plan_fit_stack(train, k, a->cluster, &ds, &cal, NULL, NULL, err);
+            free(train);
+            struct cost_result ra, rb;
+            struct cost_ctx ctx;
+            cost_ctx_init(&ctx, &rows[i].model, &rows[i].cluster, &cal, a->gpus);
+            if (st == MOE_OK) st = cost_evaluate(&ctx, &rows[i].layout, &ra, err);
+            if (st == MOE_OK) st = cost_evaluate(&ctx, &rows[j].layout, &rb, err);
+            if (st != MOE_OK) return st;
+            bool a_slower = ra.step_us > rb.step_us;
+            double grow;
+            int ph =
+                a_slower ? plan_phase_grown(&rb, &ra, &grow) : plan_phase_grown(&ra, &rb, &grow);
+            printf("    %s predicted slower: its %s takes %+.1f ms more per step\n",
+                   a_slower ? a->id : b->id, cost_phase_names[ph], grow / 1e3);
         }
     if (pairs)
         printf("  %d pairs, Kendall's tau %.2f; %d of the %d more than 5%% apart ordered as "
@@ -206,11 +229,13 @@ static void rank_pairs(const struct plan_fit_row *rows, int n, const double *pre
                pairs, (2.0 * concordant - pairs) / pairs, wide_right, wide);
     else
         printf("  none in this stack\n");
+    return MOE_OK;
 }
 
 /* Leave one model out and leave one system out: every row predicted by the profile fitted
  * without its fold; per row and per fold, the error of tokens/s/GPU. */
-static void cross_validate(const struct plan_fit_row *rows, int n, const double *pred[2])
+static enum moe_status cross_validate(const struct plan_fit_row *rows, int n, const double *pred[2],
+                                      struct moe_error *err)
 {
     static const char *const name[2] = {"model", "system"};
     printf("%-9s %-16s %-16s %10s %10s %7s %10s %7s\n", "run", "model", "cluster", "published",
@@ -247,7 +272,7 @@ static void cross_validate(const struct plan_fit_row *rows, int n, const double 
         }
         printf("  all %d rows: mean |error| %.1f%%, worst %.1f%%\n", n, all_sum / n, all_worst);
     }
-    rank_pairs(rows, n, pred[1]);
+    return rank_pairs(rows, n, pred[1], err);
 }
 
 /* The chart: predicted against published tokens/s/GPU, one mark per row and fold. */
@@ -310,7 +335,7 @@ static int calibrate_published(struct cli *cli, const struct cli_cmd *cmd, const
         st = plan_fit_crossval(rows, n, PLAN_FOLD_MODEL, pred, &err);
         if (st == MOE_OK)
             st = plan_fit_crossval(rows, n, PLAN_FOLD_SYSTEM, pred + PLAN_PUBLISHED_MAX, &err);
-        if (st == MOE_OK) cross_validate(rows, n, p);
+        if (st == MOE_OK) st = cross_validate(rows, n, p, &err);
         if (st == MOE_OK && svg) st = cross_validate_svg(rows, n, p, stack, svg, &err);
     } else if (st == MOE_OK) {
         struct cost_calibration datasheet, fitted;
