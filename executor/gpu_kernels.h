@@ -89,6 +89,14 @@ cudaError_t gk_flash_backward(const bf16 *q, const bf16 *k, const bf16 *v, const
                               const bf16 *dout, const float *lse, int B, int S, int H, int KV,
                               int dqk, int dv, int window, float *delta, float *dq, float *dk,
                               float *dvo, cudaStream_t s);
+/* The same forward through cuDNN's fused flash attention (gpu_cudnn.cu), with the same layouts
+ * and the same base-2 lse. false when this build has no cuDNN, or cuDNN takes no such shape or
+ * fails: why says which, and the caller keeps gk_flash_forward. */
+bool gk_cudnn_forward(const bf16 *q, const bf16 *k, const bf16 *v, int B, int S, int H, int KV,
+                      int dqk, int dv, int window, bf16 *o, float *lse, cudaStream_t s, char *why,
+                      size_t cap);
+/* cuDNN's version at run time ("9.19.0"), or that the build has none. */
+const char *gk_cudnn_version(char *buf, size_t cap);
 cudaError_t gk_swiglu(const float *g, const float *u, bf16 *hm, size_t n, cudaStream_t s);
 cudaError_t gk_swiglu_backward(const float *g, const float *u, const float *dhm, bf16 *dg, bf16 *du,
                                size_t n, cudaStream_t s);

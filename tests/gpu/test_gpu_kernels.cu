@@ -291,6 +291,24 @@ static void flash_case(int B, int S, int H, int KV, int dqk, int dv, int window,
                      cudaSuccess);
     close("attention out", to_d(host(o, no)), or_, 8e-3);
     close("attention log-sum-exp", to_d(host(lse, T * H)), lr_, 1e-5);
+    /* cuDNN's fused attention, where the build has it: the same references, the same tolerances;
+     * head dims that are multiples of 8 up to 128 (and MLA's 192/128) must be taken */
+    char why[256];
+    bf16 *o2 = dev(std::vector<bf16>(no));
+    float *lse2 = dev(std::vector<float>(T * H));
+    bool must =
+        dqk % 8 == 0 && dv % 8 == 0 && ((dqk <= 128 && dv <= 128) || (dqk == 192 && dv == 128));
+    if (gk_cudnn_forward(dq16, dk16, dv16, B, S, H, KV, dqk, dv, window, o2, lse2, 0, why,
+                         sizeof why)) {
+        close("cuDNN attention out", to_d(host(o2, no)), or_, 8e-3);
+        close("cuDNN attention log-sum-exp", to_d(host(lse2, T * H)), lr_, 1e-5);
+    } else {
+        printf("  cuDNN: %s\n", why);
+#ifdef MOEPLAN_HAVE_CUDNN
+        assert_false(must);
+#endif
+    }
+    cudaFree(o2), cudaFree(lse2);
     std::vector<float> q1 = host(gq, nq), k1 = host(gk, nk), v1 = host(gv, nv);
     close("attention dq", to_d(q1), dqr, 1e-2);
     close("attention dk", to_d(k1), dkr, 1e-2);
@@ -315,6 +333,70 @@ static void test_flash_attention(void **state)
     flash_case(1, 70, 2, 2, 128, 128, 64, 60);
     flash_case(1, 66, 1, 1, 256, 200, 0, 70);
     assert_false(gk_flash_supported(320, 128));
+}
+
+/* The proxies' attention at sequence 4096 (GQA 128, MLA 192/128, 64-wide heads with a window):
+ * cuDNN's forward against our kernel (o within 1% of its largest value, lse within 1e-4), and
+ * the time of each (printed, not judged: bench/ compares speeds). Skipped where the build has no
+ * cuDNN. */
+static void test_cudnn_attention(void **state)
+{
+    (void)state;
+#ifndef MOEPLAN_HAVE_CUDNN
+    skip();
+#else
+    char ver[64];
+    printf("cuDNN %s\n", gk_cudnn_version(ver, sizeof ver));
+    struct shape {
+        int B, S, H, KV, dqk, dv, window;
+    } shapes[] = {{2, 4096, 16, 4, 128, 128, 0},
+                  {1, 4096, 16, 16, 192, 128, 0},
+                  {2, 4096, 16, 2, 64, 64, 128}};
+    for (const struct shape &c : shapes) {
+        size_t T = (size_t)c.B * c.S, no = T * c.H * c.dv;
+        std::vector<bf16> q = to_bf16(randn(T * c.H * c.dqk, 81)),
+                          k = to_bf16(randn(T * c.KV * c.dqk, 82)),
+                          v = to_bf16(randn(T * c.KV * c.dv, 83));
+        bf16 *dq16 = dev(q), *dk16 = dev(k), *dv16 = dev(v);
+        bf16 *o1 = dev(std::vector<bf16>(no)), *o2 = dev(std::vector<bf16>(no));
+        float *l1 = dev(std::vector<float>(T * c.H)), *l2 = dev(std::vector<float>(T * c.H));
+        char why[256];
+        assert_int_equal(gk_flash_prepare(c.dqk, c.dv), cudaSuccess);
+        cudaEvent_t e0, e1, e2;
+        cudaEventCreate(&e0), cudaEventCreate(&e1), cudaEventCreate(&e2);
+        const int reps = 10;
+        bool ok = gk_cudnn_forward(dq16, dk16, dv16, c.B, c.S, c.H, c.KV, c.dqk, c.dv, c.window, o2,
+                                   l2, 0, why, sizeof why); /* builds the plan */
+        if (!ok) fail_msg("%s", why);
+        cudaEventRecord(e0);
+        for (int r = 0; r < reps; r++)
+            assert_int_equal(gk_flash_forward(dq16, dk16, dv16, c.B, c.S, c.H, c.KV, c.dqk, c.dv,
+                                              c.window, o1, l1, 0),
+                             cudaSuccess);
+        cudaEventRecord(e1);
+        for (int r = 0; r < reps && ok; r++)
+            ok = gk_cudnn_forward(dq16, dk16, dv16, c.B, c.S, c.H, c.KV, c.dqk, c.dv, c.window, o2,
+                                  l2, 0, why, sizeof why);
+        cudaEventRecord(e2);
+        cudaEventSynchronize(e2);
+        if (!ok) fail_msg("%s", why);
+        float ours, theirs;
+        cudaEventElapsedTime(&ours, e0, e1), cudaEventElapsedTime(&theirs, e1, e2);
+        double keys = c.window > 0 ? c.window : (c.S + 1) / 2.0; /* keys a query sees */
+        double flops = 2.0 * T * c.H * keys * (c.dqk + c.dv);
+        printf("attention forward B %d S %d heads %d/%d dims %d/%d window %d: ours %.3f ms (%.0f "
+               "TFLOPS), cuDNN %.3f ms (%.0f TFLOPS)\n",
+               c.B, c.S, c.H, c.KV, c.dqk, c.dv, c.window, ours / reps,
+               flops / (ours / reps * 1e-3) / 1e12, theirs / reps,
+               flops / (theirs / reps * 1e-3) / 1e12);
+        close("cuDNN against ours: out", to_d(host(o2, no)), to_d(host(o1, no)), 1e-2);
+        std::vector<double> a = to_d(host(l1, T * c.H)), b = to_d(host(l2, T * c.H));
+        moe_expect_near("cuDNN against ours: lse", b.data(), a.data(), a.size(), 0.0, 1e-4);
+        cudaEventDestroy(e0), cudaEventDestroy(e1), cudaEventDestroy(e2);
+        cudaFree(dq16), cudaFree(dk16), cudaFree(dv16), cudaFree(o1), cudaFree(o2);
+        cudaFree(l1), cudaFree(l2);
+    }
+#endif
 }
 
 static void test_cross_entropy(void **state)
@@ -349,7 +431,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rmsnorm),         cmocka_unit_test(test_rope),
         cmocka_unit_test(test_swiglu),          cmocka_unit_test(test_permute_combine),
-        cmocka_unit_test(test_flash_attention), cmocka_unit_test(test_cross_entropy),
+        cmocka_unit_test(test_flash_attention), cmocka_unit_test(test_cudnn_attention),
+        cmocka_unit_test(test_cross_entropy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
