@@ -29,17 +29,36 @@
 #define CUDNN_DESCS_MAX 160
 
 /* uids of the tensors the caller binds */
-enum { UID_Q = 1, UID_K, UID_V, UID_O, UID_STATS, UID_SCALE, UID_NEG_INF, UID_WINDOW };
-
-struct plan_key {
-    int device, B, S, H, KV, dqk, dv, window;
+enum {
+    UID_Q = 1,
+    UID_K,
+    UID_V,
+    UID_O,
+    UID_STATS,
+    UID_SCALE,
+    UID_NEG_INF,
+    UID_WINDOW,
+    UID_DO,
+    UID_DQ,
+    UID_DK,
+    UID_DV,
+    UID_ROWSUM,
+    UID_DQ_ACC,
+    UID_ONE
 };
 
+struct plan_key {
+    int backward, device, B, S, H, KV, dqk, dv, window;
+};
+
+/* A plan and what it runs with: its workspace, and for the backward the buffers the graph names
+ * (natural-log statistics, rowsum(dO x O), dQ's fp32 accumulator). */
 struct plan_entry {
     struct plan_key key;
     cudnnBackendDescriptor_t plan;
     void *workspace;
     int64_t workspace_bytes;
+    float *stats, *rowsum, *dq_acc;
 };
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -196,107 +215,84 @@ static void matmul(struct graph *g, cudnnBackendDescriptor_t a, cudnnBackendDesc
     add_op(g, op);
 }
 
-/* The forward graph of one shape, its plan finalized on the first engine config that takes it. */
-static cudnnBackendDescriptor_t build_forward(cudnnHandle_t h, const struct plan_key *k,
-                                              int64_t *workspace, char *why, size_t cap)
+static void reshape(struct graph *g, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y)
 {
-    static struct graph g; /* under the lock */
-    memset(&g, 0, sizeof g);
-    g.next_uid = 100;
-    const int64_t B = k->B, S = k->S, H = k->H, KV = k->KV, dq = k->dqk, dv = k->dv;
-    const cudnnDataType_t F = CUDNN_DATA_FLOAT, BF = CUDNN_DATA_BFLOAT16, I = CUDNN_DATA_INT32,
-                          BOOL = CUDNN_DATA_BOOLEAN;
-    int64_t qd[4] = {B, H, S, dq}, qs[4] = {S * H * dq, dq, H * dq, 1};
-    int64_t kd[4] = {B, KV, dq, S}, ks[4] = {S * KV * dq, dq, 1, KV * dq}; /* K^T */
-    int64_t vd[4] = {B, KV, S, dv}, vs[4] = {S * KV * dv, dv, KV * dv, 1};
-    int64_t od[4] = {B, H, S, dv}, os[4] = {S * H * dv, dv, H * dv, 1};
-    int64_t sd[4] = {B, H, S, S}, ss[4] = {H * S * S, S * S, S, 1};
-    int64_t rd[4] = {B, H, S, 1}, rs[4] = {H * S, S, 1, 1};
-    cudnnBackendDescriptor_t q = tensor(&g, UID_Q, BF, qd, qs, false, false);
-    cudnnBackendDescriptor_t kt = tensor(&g, UID_K, BF, kd, ks, false, false);
-    cudnnBackendDescriptor_t v = tensor(&g, UID_V, BF, vd, vs, false, false);
-    cudnnBackendDescriptor_t o = tensor(&g, UID_O, BF, od, os, false, false);
-    cudnnBackendDescriptor_t stats = tensor(&g, UID_STATS, F, rd, rs, false, false);
-    cudnnBackendDescriptor_t scale = scalar(&g, UID_SCALE, F);
-    cudnnBackendDescriptor_t neg_inf = scalar(&g, UID_NEG_INF, F);
+    cudnnBackendDescriptor_t op = make(g, CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
+    set(g, op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x,
+        "reshape x");
+    set(g, op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y,
+        "reshape y");
+    finish(g, op, "reshape op");
+    add_op(g, op);
+}
 
-    cudnnBackendDescriptor_t s0 = tensor(&g, -1, F, sd, ss, true, false);
-    matmul(&g, q, kt, s0);
-    cudnnBackendDescriptor_t s1 = tensor(&g, -1, F, sd, ss, true, false);
-    pointwise(&g, CUDNN_POINTWISE_MUL, F, -1, s0, scale, NULL, s1);
-    /* causal: keep row >= col */
-    cudnnBackendDescriptor_t row = tensor(&g, -1, I, sd, ss, true, false);
-    cudnnBackendDescriptor_t col = tensor(&g, -1, I, sd, ss, true, false);
-    pointwise(&g, CUDNN_POINTWISE_GEN_INDEX, F, 2, s1, NULL, NULL, row);
-    pointwise(&g, CUDNN_POINTWISE_GEN_INDEX, F, 3, s1, NULL, NULL, col);
-    cudnnBackendDescriptor_t keep = tensor(&g, -1, BOOL, sd, ss, true, false);
-    pointwise(&g, CUDNN_POINTWISE_CMP_GE, BOOL, -1, row, col, NULL, keep);
-    cudnnBackendDescriptor_t s2 = tensor(&g, -1, F, sd, ss, true, false);
-    pointwise(&g, CUDNN_POINTWISE_BINARY_SELECT, F, -1, s1, neg_inf, keep, s2);
-    if (k->window > 0) { /* keep col + window > row */
-        cudnnBackendDescriptor_t w = scalar(&g, UID_WINDOW, F);
-        cudnnBackendDescriptor_t row2 = tensor(&g, -1, I, sd, ss, true, false);
-        cudnnBackendDescriptor_t col2 = tensor(&g, -1, I, sd, ss, true, false);
-        pointwise(&g, CUDNN_POINTWISE_GEN_INDEX, F, 2, s2, NULL, NULL, row2);
-        pointwise(&g, CUDNN_POINTWISE_GEN_INDEX, F, 3, s2, NULL, NULL, col2);
-        cudnnBackendDescriptor_t colw = tensor(&g, -1, F, sd, ss, true, false);
-        pointwise(&g, CUDNN_POINTWISE_ADD, F, -1, col2, w, NULL, colw);
-        cudnnBackendDescriptor_t keep2 = tensor(&g, -1, BOOL, sd, ss, true, false);
-        pointwise(&g, CUDNN_POINTWISE_CMP_GT, BOOL, -1, colw, row2, NULL, keep2);
-        cudnnBackendDescriptor_t s3 = tensor(&g, -1, F, sd, ss, true, false);
-        pointwise(&g, CUDNN_POINTWISE_BINARY_SELECT, F, -1, s2, neg_inf, keep2, s3);
-        s2 = s3;
-    }
-    /* softmax, its statistics kept */
-    cudnnBackendDescriptor_t mx = tensor(&g, -1, F, rd, rs, true, false);
-    reduction(&g, CUDNN_REDUCE_TENSOR_MAX, s2, mx);
-    cudnnBackendDescriptor_t sub = tensor(&g, -1, F, sd, ss, true, false);
-    pointwise(&g, CUDNN_POINTWISE_SUB, F, -1, s2, mx, NULL, sub);
-    cudnnBackendDescriptor_t e = tensor(&g, -1, F, sd, ss, true, false);
-    pointwise(&g, CUDNN_POINTWISE_EXP, F, -1, sub, NULL, NULL, e);
-    cudnnBackendDescriptor_t sum = tensor(&g, -1, F, rd, rs, true, false);
-    reduction(&g, CUDNN_REDUCE_TENSOR_ADD, e, sum);
-    cudnnBackendDescriptor_t lg = tensor(&g, -1, F, rd, rs, true, false);
-    pointwise(&g, CUDNN_POINTWISE_LOG, F, -1, sum, NULL, NULL, lg);
-    pointwise(&g, CUDNN_POINTWISE_ADD, F, -1, mx, lg, NULL, stats);
-    cudnnBackendDescriptor_t p = tensor(&g, -1, BF, sd, ss, true, false); /* V's type */
-    pointwise(&g, CUDNN_POINTWISE_DIV, F, -1, e, sum, NULL, p);
-    matmul(&g, p, v, o);
+/* The causal mask (keep row >= col), then the sliding window's (keep col + window > row), on the
+ * scores s (dims sd, strides ss): the masked scores. */
+static cudnnBackendDescriptor_t mask(struct graph *g, cudnnBackendDescriptor_t s,
+                                     const int64_t sd[4], const int64_t ss[4], int window,
+                                     cudnnBackendDescriptor_t neg_inf)
+{
+    const cudnnDataType_t F = CUDNN_DATA_FLOAT, I = CUDNN_DATA_INT32, BOOL = CUDNN_DATA_BOOLEAN;
+    cudnnBackendDescriptor_t row = tensor(g, -1, I, sd, ss, true, false);
+    cudnnBackendDescriptor_t col = tensor(g, -1, I, sd, ss, true, false);
+    pointwise(g, CUDNN_POINTWISE_GEN_INDEX, F, 2, s, NULL, NULL, row);
+    pointwise(g, CUDNN_POINTWISE_GEN_INDEX, F, 3, s, NULL, NULL, col);
+    cudnnBackendDescriptor_t keep = tensor(g, -1, BOOL, sd, ss, true, false);
+    pointwise(g, CUDNN_POINTWISE_CMP_GE, BOOL, -1, row, col, NULL, keep);
+    cudnnBackendDescriptor_t out = tensor(g, -1, F, sd, ss, true, false);
+    pointwise(g, CUDNN_POINTWISE_BINARY_SELECT, F, -1, s, neg_inf, keep, out);
+    if (window <= 0) return out;
+    cudnnBackendDescriptor_t w = scalar(g, UID_WINDOW, F);
+    cudnnBackendDescriptor_t row2 = tensor(g, -1, I, sd, ss, true, false);
+    cudnnBackendDescriptor_t col2 = tensor(g, -1, I, sd, ss, true, false);
+    pointwise(g, CUDNN_POINTWISE_GEN_INDEX, F, 2, out, NULL, NULL, row2);
+    pointwise(g, CUDNN_POINTWISE_GEN_INDEX, F, 3, out, NULL, NULL, col2);
+    cudnnBackendDescriptor_t colw = tensor(g, -1, F, sd, ss, true, false);
+    pointwise(g, CUDNN_POINTWISE_ADD, F, -1, col2, w, NULL, colw);
+    cudnnBackendDescriptor_t keep2 = tensor(g, -1, BOOL, sd, ss, true, false);
+    pointwise(g, CUDNN_POINTWISE_CMP_GT, BOOL, -1, colw, row2, NULL, keep2);
+    cudnnBackendDescriptor_t out2 = tensor(g, -1, F, sd, ss, true, false);
+    pointwise(g, CUDNN_POINTWISE_BINARY_SELECT, F, -1, out, neg_inf, keep2, out2);
+    return out2;
+}
 
-    cudnnBackendDescriptor_t graph = make(&g, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
-    set(&g, graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, g.nops, g.ops,
+/* g's operations as a graph, and a plan from the first engine config that takes it (heuristics
+ * mode A, then the fallback list); NULL with g's reason. */
+static cudnnBackendDescriptor_t plan_of(struct graph *g, cudnnHandle_t h, int64_t *workspace)
+{
+    cudnnBackendDescriptor_t graph = make(g, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+    set(g, graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, g->nops, g->ops,
         "graph ops");
-    set(&g, graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h, "graph handle");
-    finish(&g, graph, "the operation graph");
-
+    set(g, graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h, "graph handle");
+    finish(g, graph, "the operation graph");
     cudnnBackendDescriptor_t plan = NULL;
     static const cudnnBackendHeurMode_t modes[2] = {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK};
-    for (int mi = 0; mi < 2 && !plan && g.status == CUDNN_STATUS_SUCCESS; mi++) {
-        cudnnBackendDescriptor_t heur = make(&g, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
-        set(&g, heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+    for (int mi = 0; mi < 2 && !plan && g->status == CUDNN_STATUS_SUCCESS; mi++) {
+        cudnnBackendDescriptor_t heur = make(g, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+        set(g, heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
             &graph, "heuristics graph");
-        set(&g, heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &modes[mi],
+        set(g, heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &modes[mi],
             "heuristics mode");
-        finish(&g, heur, "heuristics");
-        int64_t count = 0;
-        if (g.status != CUDNN_STATUS_SUCCESS) break;
-        if (failed(&g,
+        finish(g, heur, "heuristics");
+        int64_t count = 0, got = 0;
+        if (g->status != CUDNN_STATUS_SUCCESS ||
+            failed(g,
                    cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS,
                                             CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, NULL),
                    "heuristics results"))
             break;
         cudnnBackendDescriptor_t cfg[8];
         if (count > 8) count = 8;
-        for (int64_t i = 0; i < count; i++) cfg[i] = make(&g, CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
-        int64_t got = 0;
-        if (g.status != CUDNN_STATUS_SUCCESS ||
-            failed(&g,
+        for (int64_t i = 0; i < count; i++) cfg[i] = make(g, CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+        if (g->status != CUDNN_STATUS_SUCCESS ||
+            failed(g,
                    cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS,
                                             CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, cfg),
                    "heuristics configs"))
             break;
         for (int64_t i = 0; i < got && !plan; i++) {
             cudnnBackendDescriptor_t pl;
+            int64_t one;
             if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &pl) !=
                 CUDNN_STATUS_SUCCESS)
                 continue;
@@ -307,25 +303,169 @@ static cudnnBackendDescriptor_t build_forward(cudnnHandle_t h, const struct plan
                                          &cfg[i]) == CUDNN_STATUS_SUCCESS &&
                 cudnnBackendFinalize(pl) == CUDNN_STATUS_SUCCESS &&
                 cudnnBackendGetAttribute(pl, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                         CUDNN_TYPE_INT64, 1, &got,
+                                         CUDNN_TYPE_INT64, 1, &one,
                                          workspace) == CUDNN_STATUS_SUCCESS)
                 plan = pl;
             else
                 cudnnBackendDestroyDescriptor(pl);
         }
     }
-    if (!plan && g.status == CUDNN_STATUS_SUCCESS)
-        snprintf(g.what, sizeof g.what, "no cuDNN engine takes this attention");
-    if (!plan)
-        snprintf(why, cap, "cuDNN attention (B %lld, S %lld, H %lld/%lld, d %lld/%lld): %s",
-                 (long long)B, (long long)S, (long long)H, (long long)KV, (long long)dq,
-                 (long long)dv, g.what);
-    for (int i = 0; i < g.ndescs; i++) cudnnBackendDestroyDescriptor(g.descs[i]);
+    if (!plan && g->status == CUDNN_STATUS_SUCCESS)
+        snprintf(g->what, sizeof g->what, "no cuDNN engine takes this attention");
     return plan;
 }
 
-/* The plan of this shape on this device, built the first time. */
-static struct plan_entry *forward_plan(const struct plan_key *key, char *why, size_t cap)
+/* The layouts, (b, h, s, d) over our token-major buffers. */
+struct dims {
+    int64_t q[4], qs[4]; /* Q, dQ, and O, dO with dv (o, os) */
+    int64_t o[4], os[4];
+    int64_t kt[4], kts[4]; /* K^T: K's strides, the last two swapped */
+    int64_t k[4], ks[4];   /* K, dK */
+    int64_t vt[4], vts[4]; /* V^T */
+    int64_t v[4], vs[4];   /* V, dV */
+    int64_t s[4], ss[4];   /* scores (b, h, s_q, s_kv) */
+    int64_t r[4], rs[4];   /* one per query row */
+};
+
+static void layouts(const struct plan_key *k, struct dims *d)
+{
+    const int64_t B = k->B, S = k->S, H = k->H, KV = k->KV, dq = k->dqk, dv = k->dv;
+    const int64_t q[4] = {B, H, S, dq}, qs[4] = {S * H * dq, dq, H * dq, 1};
+    const int64_t o[4] = {B, H, S, dv}, os[4] = {S * H * dv, dv, H * dv, 1};
+    const int64_t kk[4] = {B, KV, S, dq}, ks[4] = {S * KV * dq, dq, KV * dq, 1};
+    const int64_t v[4] = {B, KV, S, dv}, vs[4] = {S * KV * dv, dv, KV * dv, 1};
+    const int64_t s[4] = {B, H, S, S}, ss[4] = {H * S * S, S * S, S, 1};
+    const int64_t r[4] = {B, H, S, 1}, rs[4] = {H * S, S, 1, 1};
+    for (int i = 0; i < 4; i++) {
+        d->q[i] = q[i], d->qs[i] = qs[i], d->o[i] = o[i], d->os[i] = os[i];
+        d->k[i] = kk[i], d->ks[i] = ks[i], d->v[i] = v[i], d->vs[i] = vs[i];
+        d->kt[i] = kk[i], d->kts[i] = ks[i], d->vt[i] = v[i], d->vts[i] = vs[i];
+        d->s[i] = s[i], d->ss[i] = ss[i], d->r[i] = r[i], d->rs[i] = rs[i];
+    }
+    int64_t t;
+    t = d->kt[2], d->kt[2] = d->kt[3], d->kt[3] = t, t = d->kts[2], d->kts[2] = d->kts[3];
+    d->kts[3] = t;
+    t = d->vt[2], d->vt[2] = d->vt[3], d->vt[3] = t, t = d->vts[2], d->vts[2] = d->vts[3];
+    d->vts[3] = t;
+}
+
+/* Forward: S = Q K^T x scale, masked; stats = max + log(sum exp); O = softmax(S) V. */
+static void graph_forward(struct graph *g, const struct plan_key *k)
+{
+    const cudnnDataType_t F = CUDNN_DATA_FLOAT, BF = CUDNN_DATA_BFLOAT16;
+    struct dims d;
+    layouts(k, &d);
+    cudnnBackendDescriptor_t q = tensor(g, UID_Q, BF, d.q, d.qs, false, false);
+    cudnnBackendDescriptor_t kt = tensor(g, UID_K, BF, d.kt, d.kts, false, false);
+    cudnnBackendDescriptor_t v = tensor(g, UID_V, BF, d.v, d.vs, false, false);
+    cudnnBackendDescriptor_t o = tensor(g, UID_O, BF, d.o, d.os, false, false);
+    cudnnBackendDescriptor_t stats = tensor(g, UID_STATS, F, d.r, d.rs, false, false);
+    cudnnBackendDescriptor_t scale = scalar(g, UID_SCALE, F);
+    cudnnBackendDescriptor_t neg_inf = scalar(g, UID_NEG_INF, F);
+    cudnnBackendDescriptor_t s0 = tensor(g, -1, F, d.s, d.ss, true, false);
+    matmul(g, q, kt, s0);
+    cudnnBackendDescriptor_t s1 = tensor(g, -1, F, d.s, d.ss, true, false);
+    pointwise(g, CUDNN_POINTWISE_MUL, F, -1, s0, scale, NULL, s1);
+    cudnnBackendDescriptor_t s2 = mask(g, s1, d.s, d.ss, k->window, neg_inf);
+    cudnnBackendDescriptor_t mx = tensor(g, -1, F, d.r, d.rs, true, false);
+    reduction(g, CUDNN_REDUCE_TENSOR_MAX, s2, mx);
+    cudnnBackendDescriptor_t sub = tensor(g, -1, F, d.s, d.ss, true, false);
+    pointwise(g, CUDNN_POINTWISE_SUB, F, -1, s2, mx, NULL, sub);
+    cudnnBackendDescriptor_t e = tensor(g, -1, F, d.s, d.ss, true, false);
+    pointwise(g, CUDNN_POINTWISE_EXP, F, -1, sub, NULL, NULL, e);
+    cudnnBackendDescriptor_t sum = tensor(g, -1, F, d.r, d.rs, true, false);
+    reduction(g, CUDNN_REDUCE_TENSOR_ADD, e, sum);
+    cudnnBackendDescriptor_t lg = tensor(g, -1, F, d.r, d.rs, true, false);
+    pointwise(g, CUDNN_POINTWISE_LOG, F, -1, sum, NULL, NULL, lg);
+    pointwise(g, CUDNN_POINTWISE_ADD, F, -1, mx, lg, NULL, stats);
+    cudnnBackendDescriptor_t p = tensor(g, -1, BF, d.s, d.ss, true, false); /* V's type */
+    pointwise(g, CUDNN_POINTWISE_DIV, F, -1, e, sum, NULL, p);
+    matmul(g, p, v, o);
+}
+
+/* dX of the heads of a KV group summed into its KV head: a matmul over the query heads into a
+ * virtual (b, H, s, d) tensor, then a sum over the group; or straight into x without GQA. */
+static void into_kv_heads(struct graph *g, const struct plan_key *k, cudnnBackendDescriptor_t a,
+                          cudnnBackendDescriptor_t b, int64_t dim, cudnnBackendDescriptor_t x)
+{
+    if (k->H == k->KV) {
+        matmul(g, a, b, x);
+        return;
+    }
+    const int64_t S = k->S, H = k->H;
+    const int64_t fd[4] = {k->B, H, S, dim}, fs[4] = {H * S * dim, S * dim, dim, 1};
+    cudnnBackendDescriptor_t full = tensor(g, -1, CUDNN_DATA_BFLOAT16, fd, fs, true, false);
+    matmul(g, a, b, full);
+    reduction(g, CUDNN_REDUCE_TENSOR_ADD, full, x);
+}
+
+/* Backward: rowsum = sum(dO x O); P = exp(S x scale - stats) masked; dV = P^T dO; dS = P x (dO
+ * V^T - rowsum) x scale; dK = dS^T Q; dQ = dS K (accumulated in fp32, then bf16). */
+static void graph_backward(struct graph *g, const struct plan_key *k)
+{
+    const cudnnDataType_t F = CUDNN_DATA_FLOAT, BF = CUDNN_DATA_BFLOAT16;
+    const int64_t B = k->B, S = k->S, H = k->H, dq = k->dqk, dv = k->dv;
+    struct dims d;
+    layouts(k, &d);
+    cudnnBackendDescriptor_t q = tensor(g, UID_Q, BF, d.q, d.qs, false, false);
+    cudnnBackendDescriptor_t kt = tensor(g, UID_K, BF, d.kt, d.kts, false, false);
+    cudnnBackendDescriptor_t vt = tensor(g, UID_V, BF, d.vt, d.vts, false, false);
+    cudnnBackendDescriptor_t o = tensor(g, UID_O, BF, d.o, d.os, false, false);
+    cudnnBackendDescriptor_t dout = tensor(g, UID_DO, BF, d.o, d.os, false, false);
+    cudnnBackendDescriptor_t stats = tensor(g, UID_STATS, F, d.r, d.rs, false, false);
+    cudnnBackendDescriptor_t dqo = tensor(g, UID_DQ, BF, d.q, d.qs, false, false);
+    cudnnBackendDescriptor_t dko = tensor(g, UID_DK, BF, d.k, d.ks, false, false);
+    cudnnBackendDescriptor_t dvo = tensor(g, UID_DV, BF, d.v, d.vs, false, false);
+    cudnnBackendDescriptor_t rowsum = tensor(g, UID_ROWSUM, F, d.r, d.rs, false, false);
+    const int64_t ad[4] = {B, H, S, dq}, as[4] = {H * S * dq, S * dq, dq, 1};
+    cudnnBackendDescriptor_t acc = tensor(g, UID_DQ_ACC, F, ad, as, false, false);
+    cudnnBackendDescriptor_t scale = scalar(g, UID_SCALE, F);
+    cudnnBackendDescriptor_t neg_inf = scalar(g, UID_NEG_INF, F);
+    cudnnBackendDescriptor_t one = scalar(g, UID_ONE, F);
+    /* rowsum(dO x O) */
+    const int64_t md[4] = {B, H, S, dv}, ms[4] = {H * S * dv, S * dv, H * dv, 1};
+    cudnnBackendDescriptor_t prod = tensor(g, -1, F, md, ms, true, false);
+    pointwise(g, CUDNN_POINTWISE_MUL, F, -1, dout, o, NULL, prod);
+    cudnnBackendDescriptor_t red = tensor(g, -1, F, d.r, d.rs, true, false);
+    reduction(g, CUDNN_REDUCE_TENSOR_ADD, prod, red);
+    pointwise(g, CUDNN_POINTWISE_MUL, F, -1, red, one, NULL, rowsum);
+    /* P again, from the statistics */
+    cudnnBackendDescriptor_t s0 = tensor(g, -1, F, d.s, d.ss, true, false);
+    matmul(g, q, kt, s0);
+    cudnnBackendDescriptor_t s1 = tensor(g, -1, F, d.s, d.ss, true, false);
+    pointwise(g, CUDNN_POINTWISE_MUL, F, -1, s0, scale, NULL, s1);
+    cudnnBackendDescriptor_t s2 = tensor(g, -1, F, d.s, d.ss, true, false);
+    pointwise(g, CUDNN_POINTWISE_SUB, F, -1, s1, stats, NULL, s2);
+    cudnnBackendDescriptor_t s3 = mask(g, s2, d.s, d.ss, k->window, neg_inf);
+    cudnnBackendDescriptor_t p = tensor(g, -1, F, d.s, d.ss, true, false);
+    pointwise(g, CUDNN_POINTWISE_EXP, F, -1, s3, NULL, NULL, p);
+    /* dV = P^T dO */
+    const int64_t td[4] = {B, H, S, S}, ts[4] = {H * S * S, S * S, 1, S};
+    cudnnBackendDescriptor_t pt = tensor(g, -1, BF, td, ts, true, false);
+    reshape(g, p, pt);
+    into_kv_heads(g, k, pt, dout, dv, dvo);
+    /* dS = P x (dO V^T - rowsum) x scale */
+    cudnnBackendDescriptor_t dp = tensor(g, -1, F, d.s, d.ss, true, false);
+    matmul(g, dout, vt, dp);
+    cudnnBackendDescriptor_t dp2 = tensor(g, -1, F, d.s, d.ss, true, false);
+    pointwise(g, CUDNN_POINTWISE_SUB, F, -1, dp, rowsum, NULL, dp2);
+    cudnnBackendDescriptor_t ds0 = tensor(g, -1, F, d.s, d.ss, true, false);
+    pointwise(g, CUDNN_POINTWISE_MUL, F, -1, dp2, p, NULL, ds0);
+    cudnnBackendDescriptor_t ds = tensor(g, -1, BF, d.s, d.ss, true, false);
+    pointwise(g, CUDNN_POINTWISE_MUL, F, -1, ds0, scale, NULL, ds);
+    /* dK = dS^T Q */
+    cudnnBackendDescriptor_t dst = tensor(g, -1, BF, td, ts, true, false);
+    reshape(g, ds, dst);
+    into_kv_heads(g, k, dst, q, dq, dko);
+    /* dQ = dS K */
+    cudnnBackendDescriptor_t kk = tensor(g, -1, BF, d.k, d.ks, true, false);
+    reshape(g, kt, kk);
+    matmul(g, ds, kk, acc);
+    pointwise(g, CUDNN_POINTWISE_IDENTITY, F, -1, acc, NULL, NULL, dqo);
+}
+
+/* The plan of this shape and direction on this device, built the first time (under the lock). */
+static struct plan_entry *plan_for(const struct plan_key *key, char *why, size_t cap)
 {
     for (int i = 0; i < nplans; i++)
         if (!memcmp(&plans[i].key, key, sizeof *key)) return &plans[i];
@@ -345,14 +485,34 @@ static struct plan_entry *forward_plan(const struct plan_key *key, char *why, si
             return NULL;
         }
     }
+    static struct graph g;
+    memset(&g, 0, sizeof g);
+    g.next_uid = 100;
+    if (key->backward)
+        graph_backward(&g, key);
+    else
+        graph_forward(&g, key);
     struct plan_entry *e = &plans[nplans];
     memset(e, 0, sizeof *e);
     e->key = *key;
-    e->plan = build_forward(handles[key->device], key, &e->workspace_bytes, why, cap);
-    if (!e->plan) return NULL;
-    if (e->workspace_bytes > 0 && cudaMalloc(&e->workspace, (size_t)e->workspace_bytes)) {
+    e->plan = plan_of(&g, handles[key->device], &e->workspace_bytes);
+    for (int i = 0; i < g.ndescs; i++) cudnnBackendDestroyDescriptor(g.descs[i]);
+    if (!e->plan) {
+        snprintf(why, cap, "cuDNN attention %s (B %d, S %d, H %d/%d, d %d/%d): %s",
+                 key->backward ? "backward" : "forward", key->B, key->S, key->H, key->KV, key->dqk,
+                 key->dv, g.what);
+        return NULL;
+    }
+    size_t rows = (size_t)key->B * key->H * key->S;
+    bool ok = e->workspace_bytes <= 0 || !cudaMalloc(&e->workspace, (size_t)e->workspace_bytes);
+    if (ok && key->backward)
+        ok = !cudaMalloc((void **)&e->stats, rows * sizeof(float)) &&
+             !cudaMalloc((void **)&e->rowsum, rows * sizeof(float)) &&
+             !cudaMalloc((void **)&e->dq_acc, rows * key->dqk * sizeof(float));
+    if (!ok) {
+        cudaFree(e->workspace), cudaFree(e->stats), cudaFree(e->rowsum), cudaFree(e->dq_acc);
         cudnnBackendDestroyDescriptor(e->plan);
-        snprintf(why, cap, "cuDNN attention: no memory for a %lld-byte workspace",
+        snprintf(why, cap, "cuDNN attention: no device memory for its workspace (%lld bytes)",
                  (long long)e->workspace_bytes);
         return NULL;
     }
@@ -360,33 +520,24 @@ static struct plan_entry *forward_plan(const struct plan_key *key, char *why, si
     return e;
 }
 
-__global__ void k_scale(float *x, size_t n, float f)
+static bool key_of(int backward, int B, int S, int H, int KV, int dqk, int dv, int window,
+                   struct plan_key *key, char *why, size_t cap)
 {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] *= f;
-}
-
-bool gk_cudnn_forward(const bf16 *q, const bf16 *k, const bf16 *v, int B, int S, int H, int KV,
-                      int dqk, int dv, int window, bf16 *o, float *lse, cudaStream_t s, char *why,
-                      size_t cap)
-{
-    struct plan_key key;
-    memset(&key, 0, sizeof key);
-    if (cudaGetDevice(&key.device)) {
+    memset(key, 0, sizeof *key);
+    if (cudaGetDevice(&key->device)) {
         snprintf(why, cap, "cuDNN attention: no current device");
         return false;
     }
-    key.B = B, key.S = S, key.H = H, key.KV = KV, key.dqk = dqk, key.dv = dv;
-    key.window = window > 0 ? window : 0;
-    pthread_mutex_lock(&lock);
-    struct plan_entry *e = forward_plan(&key, why, cap);
-    cudnnHandle_t h = handles[key.device];
-    pthread_mutex_unlock(&lock);
-    if (!e) return false;
-    float scale = 1.0f / sqrtf((float)dqk), neg_inf = -INFINITY, win = (float)key.window;
-    int64_t uids[8] = {UID_Q, UID_K, UID_V, UID_O, UID_STATS, UID_SCALE, UID_NEG_INF, UID_WINDOW};
-    void *ptrs[8] = {(void *)q, (void *)k, (void *)v, o, lse, &scale, &neg_inf, &win};
-    int64_t n = key.window > 0 ? 8 : 7;
+    key->backward = backward, key->B = B, key->S = S, key->H = H, key->KV = KV;
+    key->dqk = dqk, key->dv = dv, key->window = window > 0 ? window : 0;
+    return true;
+}
+
+/* Bind the variant pack (uids[i] -> ptrs[i]) and run the plan on stream s. */
+static bool execute(struct plan_entry *e, int n, const int64_t *uids, void **ptrs, cudaStream_t s,
+                    char *why, size_t cap)
+{
+    cudnnHandle_t h = handles[e->key.device];
     cudnnBackendDescriptor_t pack;
     cudnnStatus_t st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack);
     if (st == CUDNN_STATUS_SUCCESS) {
@@ -402,17 +553,68 @@ bool gk_cudnn_forward(const bf16 *q, const bf16 *k, const bf16 *v, int B, int S,
             st = cudnnBackendExecute(h, e->plan, pack);
         cudnnBackendDestroyDescriptor(pack);
     }
-    if (st != CUDNN_STATUS_SUCCESS) {
+    if (st != CUDNN_STATUS_SUCCESS)
         snprintf(why, cap, "cuDNN attention: execute: %s", cudnnGetErrorString(st));
+    return st == CUDNN_STATUS_SUCCESS;
+}
+
+__global__ void k_scale(const float *x, float *y, size_t n, float f)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i] * f;
+}
+
+static bool rescale(const float *x, float *y, size_t n, float f, cudaStream_t s, char *why,
+                    size_t cap)
+{
+    k_scale<<<(unsigned)((n + 255) / 256), 256, 0, s>>>(x, y, n, f);
+    if (cudaGetLastError() == cudaSuccess) return true;
+    snprintf(why, cap, "cuDNN attention: the statistics' rescale did not launch");
+    return false;
+}
+
+bool gk_cudnn_forward(const bf16 *q, const bf16 *k, const bf16 *v, int B, int S, int H, int KV,
+                      int dqk, int dv, int window, bf16 *o, float *lse, cudaStream_t s, char *why,
+                      size_t cap)
+{
+    struct plan_key key;
+    if (!key_of(0, B, S, H, KV, dqk, dv, window, &key, why, cap)) return false;
+    pthread_mutex_lock(&lock);
+    struct plan_entry *e = plan_for(&key, why, cap);
+    pthread_mutex_unlock(&lock);
+    if (!e) return false;
+    float scale = 1.0f / sqrtf((float)dqk), neg_inf = -INFINITY, win = (float)key.window;
+    int64_t uids[8] = {UID_Q, UID_K, UID_V, UID_O, UID_STATS, UID_SCALE, UID_NEG_INF, UID_WINDOW};
+    void *ptrs[8] = {(void *)q, (void *)k, (void *)v, o, lse, &scale, &neg_inf, &win};
+    if (!execute(e, key.window > 0 ? 8 : 7, uids, ptrs, s, why, cap)) return false;
+    /* natural log -> base 2, as our backward reads it */
+    return rescale(lse, lse, (size_t)B * H * S, (float)M_LOG2E, s, why, cap);
+}
+
+bool gk_cudnn_backward(const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *o, const bf16 *dout,
+                       const float *lse, int B, int S, int H, int KV, int dqk, int dv, int window,
+                       bf16 *dq, bf16 *dk, bf16 *dvo, cudaStream_t s, char *why, size_t cap)
+{
+    struct plan_key key;
+    if (!key_of(1, B, S, H, KV, dqk, dv, window, &key, why, cap)) return false;
+    pthread_mutex_lock(&lock);
+    struct plan_entry *e = plan_for(&key, why, cap);
+    pthread_mutex_unlock(&lock);
+    if (!e) return false;
+    size_t rows = (size_t)B * H * S;
+    if (!rescale(lse, e->stats, rows, (float)M_LN2, s, why, cap)) return false;
+    if (cudaMemsetAsync(e->dq_acc, 0, rows * dqk * sizeof(float), s)) {
+        snprintf(why, cap, "cuDNN attention: clearing dQ's accumulator failed");
         return false;
     }
-    size_t rows = (size_t)B * H * S; /* natural log -> base 2, as our backward reads it */
-    k_scale<<<(unsigned)((rows + 255) / 256), 256, 0, s>>>(lse, rows, (float)M_LOG2E);
-    if (cudaGetLastError()) {
-        snprintf(why, cap, "cuDNN attention: the statistics' rescale did not launch");
-        return false;
-    }
-    return true;
+    float scale = 1.0f / sqrtf((float)dqk), neg_inf = -INFINITY, one = 1.0f,
+          win = (float)key.window;
+    int64_t uids[15] = {UID_Q,      UID_K,     UID_V,       UID_O,   UID_DO,
+                        UID_STATS,  UID_DQ,    UID_DK,      UID_DV,  UID_ROWSUM,
+                        UID_DQ_ACC, UID_SCALE, UID_NEG_INF, UID_ONE, UID_WINDOW};
+    void *ptrs[15] = {(void *)q, (void *)k, (void *)v, (void *)o, (void *)dout, e->stats, dq,  dk,
+                      dvo,       e->rowsum, e->dq_acc, &scale,    &neg_inf,     &one,     &win};
+    return execute(e, key.window > 0 ? 15 : 14, uids, ptrs, s, why, cap);
 }
 
 const char *gk_cudnn_version(char *buf, size_t cap)
@@ -424,13 +626,25 @@ const char *gk_cudnn_version(char *buf, size_t cap)
 
 #else /* no cuDNN at configure time */
 
-bool gk_cudnn_forward(const bf16 *, const bf16 *, const bf16 *, int, int, int, int, int, int, int,
-                      bf16 *, float *, cudaStream_t, char *why, size_t cap)
+static bool none(char *why, size_t cap)
 {
     snprintf(why, cap,
              "this build has no cuDNN (MOEPLAN_CUDNN=OFF or none found at configure "
              "time)");
     return false;
+}
+
+bool gk_cudnn_forward(const bf16 *, const bf16 *, const bf16 *, int, int, int, int, int, int, int,
+                      bf16 *, float *, cudaStream_t, char *why, size_t cap)
+{
+    return none(why, cap);
+}
+
+bool gk_cudnn_backward(const bf16 *, const bf16 *, const bf16 *, const bf16 *, const bf16 *,
+                       const float *, int, int, int, int, int, int, int, bf16 *, bf16 *, bf16 *,
+                       cudaStream_t, char *why, size_t cap)
+{
+    return none(why, cap);
 }
 
 const char *gk_cudnn_version(char *buf, size_t cap)
