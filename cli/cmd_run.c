@@ -37,6 +37,7 @@ enum {
     OPT_TIMEOUT,
     OPT_FAULT,
     OPT_NO_OVERLAP,
+    OPT_ATTENTION,
     OPT_MAX_ERROR,
     OPT_CKPT_DIR,
     OPT_CKPT_EVERY,
@@ -72,6 +73,9 @@ const struct cli_opt cmd_run_opts[] = {
      "exit 5 when the measured step is further than PCT% from the plan's prediction"},
     {"no-grad-overlap", no_argument, OPT_NO_OVERLAP, NULL,
      "all-reduce the gradients after the backward (default: block by block inside it)"},
+    {"attention", required_argument, OPT_ATTENTION, "own|cudnn",
+     "attention by moeplan's flash kernel (own, the default) or cuDNN's fused attention where the "
+     "build has it and it takes the shape"},
     {"inject-fault", required_argument, OPT_FAULT, "RANK:STEP",
      "testing: that rank stops in the middle of that step; the others must exit with a message"},
     {"inject-nan", required_argument, OPT_NAN, "STEP:TENSOR[:weight]",
@@ -132,6 +136,7 @@ static void on_start(void *ctx, const struct exec_run_info *info)
                info->devices == 1 ? "" : "s", lay);
     }
     printf("  rank 0 %s\n", info->binding);
+    printf("  attention: %s\n", info->attention);
     printf("  %d steps x %d micro-batch%s x %d sequences of %d tokens x dp %d; recompute %s; "
            "data: %s\n",
            lg->o->c.steps, micro, micro == 1 ? "" : "es", l->mbs, l->seq_len, l->dp,
@@ -400,6 +405,11 @@ int cmd_run(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
         case OPT_VIRTUAL: o.virtual_ranks = true; break;
         case OPT_NCCL: o.c.nccl = true; break;
         case OPT_NO_OVERLAP: o.c.no_grad_overlap = true; break;
+        case OPT_ATTENTION:
+            if (strcmp(v, "own") && strcmp(v, "cudnn"))
+                return cli_usage(cmd, "--attention %s: own or cudnn", v);
+            o.c.cudnn_attention = !strcmp(v, "cudnn");
+            break;
         case OPT_CKPT_DIR: o.c.ckpt_dir = v; break;
         case OPT_RESUME: o.c.resume = true; break;
         case OPT_CKPT_EVERY:

@@ -49,6 +49,7 @@ struct exec_run_info { /* what the run found before its first step (rank 0's) */
     struct exec_adamw opt;
     char data[MOE_PATH_MAX + 64]; /* the data source */
     char binding[320];            /* rank 0's CPU binding, or why there is none */
+    char attention[320];          /* which attention rank 0 runs (exec_gpu_attention) */
 };
 struct exec_run_cfg {
     const struct plan_file *plan;
@@ -78,6 +79,7 @@ struct exec_run_cfg {
      * they are in, write a checkpoint when ckpt_dir is set, and return MOE_ERR_INTERRUPTED */
     const volatile sig_atomic_t *stop;
     double gpu_mem_limit; /* bytes a rank may allocate (0: the device's) */
+    bool cudnn_attention; /* cuDNN's fused attention where it takes the shape (exec_gpu_cfg) */
     const double *bias0;  /* (layers, experts) selection biases to start from (NULL:
                            * zeros; a resumed run has its checkpoint's) */
     /* called on rank 0 (its thread, or the rank-0 process) */

@@ -70,12 +70,19 @@ struct exec_gpu_cfg {
     /* GPU memory this exec_gpu may allocate, bytes (0: what the device has); more fails the
      * allocation as a full device would, naming it (MOE_ERR_GPU_NOMEM) */
     double mem_limit;
+    /* attention through cuDNN's fused flash attention where this build has it and it takes the
+     * shape (our own kernel otherwise, and by default: two threads driving cuDNN on one GPU do
+     * not yet give the same bits as one, which the DP and ZeRO equivalence tests require) */
+    bool cudnn_attention;
 };
 struct exec_gpu;
 
 enum moe_status exec_gpu_create(struct exec_gpu **out, const struct mdl_model *m,
                                 const struct exec_gpu_cfg *cfg, struct moe_error *err);
 void exec_gpu_destroy(struct exec_gpu *g);
+/* Which attention the steps so far ran: "cuDNN 9.14.0 fused attention", or "moeplan's flash
+ * kernel (why)". */
+const char *exec_gpu_attention(const struct exec_gpu *g, char *buf, size_t cap);
 /* The tensor table (params NULL): the reference's layout of the parameters. */
 const struct exec_ref_model *exec_gpu_table(const struct exec_gpu *g);
 /* Seeded initialization on the GPU (normal, std 0.02; norms 1), the same for a seed every run. */

@@ -180,9 +180,12 @@ struct exec_gpu {
     int *emb_dev;              /* (3 T + 1) distinct ids, offsets, positions of the inputs */
     int *emb_host, *emb_count; /* pinned copy of emb_dev; (vocab) counts per id (host) */
     int emb_nids;
-    float *q32, *k32;          /* (T, H * dqk), (T, KV * dqk) fp32 before RoPE */
-    float *kv32;               /* MLA (T, H * (nope + dv)) the decompressed keys and values */
-    float *delta;              /* (T, H) flash backward's row sums */
+    float *q32, *k32; /* (T, H * dqk), (T, KV * dqk) fp32 before RoPE */
+    float *kv32;      /* MLA (T, H * (nope + dv)) the decompressed keys and values */
+    float *delta;     /* (T, H) flash backward's row sums */
+    /* attention through cuDNN (gpu_cudnn.cu) until a shape or call fails; then ours, and why */
+    bool cudnn_attn;
+    char attn_why[256];
     float *part;               /* (T / GK_CHUNK + 1, widest row) column-sum partials */
     float *ytmp;               /* (widest row) */
     float *dh, *dprev;         /* (T, h) the residual stream's gradient, in and out of a block */

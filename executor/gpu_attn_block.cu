@@ -13,9 +13,25 @@ static int layer_window(const struct exec_gpu *g, int l)
 
 /* ---- attention ----------------------------------------------------------------------------- */
 
+/* cuDNN's fused attention while it takes the shapes (gpu_cudnn.cu); the first time it does not,
+ * ours from then on, the reason kept in attn_why. Both keep the same base-2 lse, so a forward by
+ * one and a backward by the other agree. */
+static void cudnn_off(struct exec_gpu *g, const char *why)
+{
+    g->cudnn_attn = false;
+    snprintf(g->attn_why, sizeof g->attn_why, "%s", why);
+}
+
 static enum moe_status attn_core_forward(struct exec_gpu *g, struct act *A, int window,
                                          struct moe_error *err)
 {
+    char why[256];
+    if (g->cudnn_attn) {
+        if (gk_cudnn_forward(A->q16, A->k16, A->v16, g->mbs, g->seq, g->heads, g->kv_heads, g->dqk,
+                             g->dv, window, A->o16, A->lse, g->s, why, sizeof why))
+            return MOE_OK;
+        cudnn_off(g, why);
+    }
     MOE_CUDA_CHECK(gk_flash_forward(A->q16, A->k16, A->v16, g->mbs, g->seq, g->heads, g->kv_heads,
                                     g->dqk, g->dv, window, A->o16, A->lse, g->s));
     return MOE_OK;
@@ -25,6 +41,14 @@ static enum moe_status attn_core_forward(struct exec_gpu *g, struct act *A, int 
 static enum moe_status attn_core_backward(struct exec_gpu *g, const struct act *A, int window,
                                           struct moe_error *err)
 {
+    char why[256];
+    if (g->cudnn_attn) { /* dq16, dk16, dv16: scratch until the callers fill them */
+        if (gk_cudnn_backward(A->q16, A->k16, A->v16, A->o16, g->do16, A->lse, g->mbs, g->seq,
+                              g->heads, g->kv_heads, g->dqk, g->dv, window, g->dq32, g->dk32,
+                              g->dv32, g->dq16, g->dk16, g->dv16, g->s, why, sizeof why))
+            return MOE_OK;
+        cudnn_off(g, why);
+    }
     MOE_CUDA_CHECK(gk_flash_backward(A->q16, A->k16, A->v16, A->o16, g->do16, A->lse, g->mbs,
                                      g->seq, g->heads, g->kv_heads, g->dqk, g->dv, window, g->delta,
                                      g->dq32, g->dk32, g->dv32, g->s));

@@ -298,6 +298,9 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
     ALLOC(g->rope_tab, (size_t)S * (g->rope / 2), c);
     MOE_CUDA_CHECK(gk_rope_table(g->rope_tab, S, g->rope, (float)g->m.attn.rope_theta, g->s));
     MOE_CUDA_CHECK(gk_flash_prepare(g->dqk, g->dv));
+    g->cudnn_attn = cfg->cudnn_attention;
+    if (!cfg->cudnn_attention)
+        snprintf(g->attn_why, sizeof g->attn_why, "the default; --attention cudnn for cuDNN's");
     int widest = h > E ? h : E;
     if (g->mla) widest = widest > g->kv_lora + g->rope ? widest : g->kv_lora + g->rope;
     if (g->q_lora > widest) widest = g->q_lora;
@@ -560,3 +563,13 @@ extern "C" enum moe_status exec_gpu_set_bias(struct exec_gpu *g, const double *b
 }
 
 /* ---- the step ------------------------------------------------------------------------------ */
+
+extern "C" const char *exec_gpu_attention(const struct exec_gpu *g, char *buf, size_t cap)
+{
+    char v[64];
+    if (g->cudnn_attn)
+        snprintf(buf, cap, "cuDNN %s fused attention", gk_cudnn_version(v, sizeof v));
+    else
+        snprintf(buf, cap, "moeplan's flash kernel (%s)", g->attn_why);
+    return buf;
+}

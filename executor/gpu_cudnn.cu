@@ -10,8 +10,8 @@
  * with the layouts of our own kernel (gpu_attention.cu): q (B*S, H, dqk), k (B*S, KV, dqk), v
  * (B*S, KV, dv) and o (B*S, H, dv) bf16, token-major, seen by cuDNN as (b, h, s, d) through
  * strides; K^T is K's strides swapped. cuDNN's stats are natural logs; ours (lse) are base 2, so
- * they are scaled on the way out. Execution plans are built once per shape and kept (a small
- * table per process, one cuDNN handle per device). Without cuDNN at configure time
+ * they are scaled on the way out. Execution plans are built once per shape and stream and kept
+ * (a table per process; a cuDNN handle per stream). Without cuDNN at configure time
  * (MOEPLAN_HAVE_CUDNN undefined) every entry says so and the caller keeps our kernel.
  */
 #include "gpu_kernels.h"
@@ -24,7 +24,8 @@
 #ifdef MOEPLAN_HAVE_CUDNN
 #include <cudnn.h>
 
-#define CUDNN_PLANS_MAX 32
+#define CUDNN_PLANS_MAX 256
+#define CUDNN_HANDLES_MAX 64
 #define CUDNN_OPS_MAX 48
 #define CUDNN_DESCS_MAX 160
 
@@ -47,7 +48,11 @@ enum {
     UID_ONE
 };
 
+/* Plans are kept per stream: each has its own workspace and buffers, and its handle (a plan is
+ * bound to the handle it was built with) runs only on that stream, so threads driving their own
+ * streams on one device never share either. */
 struct plan_key {
+    cudaStream_t stream;
     int backward, device, B, S, H, KV, dqk, dv, window;
 };
 
@@ -55,6 +60,7 @@ struct plan_key {
  * (natural-log statistics, rowsum(dO x O), dQ's fp32 accumulator). */
 struct plan_entry {
     struct plan_key key;
+    cudnnHandle_t handle;
     cudnnBackendDescriptor_t plan;
     void *workspace;
     int64_t workspace_bytes;
@@ -64,7 +70,33 @@ struct plan_entry {
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct plan_entry plans[CUDNN_PLANS_MAX];
 static int nplans;
-static cudnnHandle_t handles[64];
+static struct {
+    cudaStream_t stream;
+    int device;
+    cudnnHandle_t h;
+} handles[CUDNN_HANDLES_MAX];
+static int nhandles;
+
+/* The handle of a stream (created on its first use, under the lock, bound to it). */
+static cudnnHandle_t handle_of(const struct plan_key *k, char *why, size_t cap)
+{
+    for (int i = 0; i < nhandles; i++)
+        if (handles[i].stream == k->stream && handles[i].device == k->device) return handles[i].h;
+    if (nhandles == CUDNN_HANDLES_MAX) {
+        snprintf(why, cap, "cuDNN attention: more than %d streams", CUDNN_HANDLES_MAX);
+        return NULL;
+    }
+    cudnnHandle_t h;
+    cudnnStatus_t st = cudnnCreate(&h);
+    if (st == CUDNN_STATUS_SUCCESS) st = cudnnSetStream(h, k->stream);
+    if (st != CUDNN_STATUS_SUCCESS) {
+        snprintf(why, cap, "cuDNN: a handle for the stream: %s", cudnnGetErrorString(st));
+        return NULL;
+    }
+    handles[nhandles].stream = k->stream, handles[nhandles].device = k->device;
+    handles[nhandles++].h = h;
+    return h;
+}
 
 /* A graph under construction: every descriptor it made (destroyed at the end but the plan), its
  * operations in order, the next virtual uid, and the first failure. */
@@ -400,7 +432,8 @@ static void into_kv_heads(struct graph *g, const struct plan_key *k, cudnnBacken
 }
 
 /* Backward: rowsum = sum(dO x O); P = exp(S x scale - stats) masked; dV = P^T dO; dS = P x (dO
- * V^T - rowsum) x scale; dK = dS^T Q; dQ = dS K (accumulated in fp32, then bf16). */
+ * V^T - rowsum) x scale; dK = dS^T Q; dQ = dS K, accumulated in fp32 (the engine's buffer). The
+ * engines write dQ, dK and dV in bf16 (their head-group sums must be 16-bit). */
 static void graph_backward(struct graph *g, const struct plan_key *k)
 {
     const cudnnDataType_t F = CUDNN_DATA_FLOAT, BF = CUDNN_DATA_BFLOAT16;
@@ -417,6 +450,7 @@ static void graph_backward(struct graph *g, const struct plan_key *k)
     cudnnBackendDescriptor_t dko = tensor(g, UID_DK, BF, d.k, d.ks, false, false);
     cudnnBackendDescriptor_t dvo = tensor(g, UID_DV, BF, d.v, d.vs, false, false);
     cudnnBackendDescriptor_t rowsum = tensor(g, UID_ROWSUM, F, d.r, d.rs, false, false);
+    /* dQ's fp32 accumulator, (b, h, s, d) contiguous as the engines want it */
     const int64_t ad[4] = {B, H, S, dq}, as[4] = {H * S * dq, S * dq, dq, 1};
     cudnnBackendDescriptor_t acc = tensor(g, UID_DQ_ACC, F, ad, as, false, false);
     cudnnBackendDescriptor_t scale = scalar(g, UID_SCALE, F);
@@ -473,18 +507,6 @@ static struct plan_entry *plan_for(const struct plan_key *key, char *why, size_t
         snprintf(why, cap, "cuDNN attention: more than %d shapes", CUDNN_PLANS_MAX);
         return NULL;
     }
-    if (key->device < 0 || key->device >= 64) {
-        snprintf(why, cap, "cuDNN attention: device %d", key->device);
-        return NULL;
-    }
-    if (!handles[key->device]) {
-        cudnnStatus_t st = cudnnCreate(&handles[key->device]);
-        if (st != CUDNN_STATUS_SUCCESS) {
-            handles[key->device] = NULL;
-            snprintf(why, cap, "cuDNN: cudnnCreate: %s", cudnnGetErrorString(st));
-            return NULL;
-        }
-    }
     static struct graph g;
     memset(&g, 0, sizeof g);
     g.next_uid = 100;
@@ -495,7 +517,9 @@ static struct plan_entry *plan_for(const struct plan_key *key, char *why, size_t
     struct plan_entry *e = &plans[nplans];
     memset(e, 0, sizeof *e);
     e->key = *key;
-    e->plan = plan_of(&g, handles[key->device], &e->workspace_bytes);
+    e->handle = handle_of(key, why, cap);
+    if (!e->handle) return NULL;
+    e->plan = plan_of(&g, e->handle, &e->workspace_bytes);
     for (int i = 0; i < g.ndescs; i++) cudnnBackendDestroyDescriptor(g.descs[i]);
     if (!e->plan) {
         snprintf(why, cap, "cuDNN attention %s (B %d, S %d, H %d/%d, d %d/%d): %s",
@@ -521,9 +545,10 @@ static struct plan_entry *plan_for(const struct plan_key *key, char *why, size_t
 }
 
 static bool key_of(int backward, int B, int S, int H, int KV, int dqk, int dv, int window,
-                   struct plan_key *key, char *why, size_t cap)
+                   cudaStream_t s, struct plan_key *key, char *why, size_t cap)
 {
     memset(key, 0, sizeof *key);
+    key->stream = s;
     if (cudaGetDevice(&key->device)) {
         snprintf(why, cap, "cuDNN attention: no current device");
         return false;
@@ -534,10 +559,10 @@ static bool key_of(int backward, int B, int S, int H, int KV, int dqk, int dv, i
 }
 
 /* Bind the variant pack (uids[i] -> ptrs[i]) and run the plan on stream s. */
-static bool execute(struct plan_entry *e, int n, const int64_t *uids, void **ptrs, cudaStream_t s,
-                    char *why, size_t cap)
+static bool execute(struct plan_entry *e, int n, const int64_t *uids, void **ptrs, char *why,
+                    size_t cap)
 {
-    cudnnHandle_t h = handles[e->key.device];
+    cudnnHandle_t h = e->handle;
     cudnnBackendDescriptor_t pack;
     cudnnStatus_t st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack);
     if (st == CUDNN_STATUS_SUCCESS) {
@@ -548,8 +573,7 @@ static bool execute(struct plan_entry *e, int n, const int64_t *uids, void **ptr
                                            CUDNN_TYPE_VOID_PTR, n, ptrs)) == CUDNN_STATUS_SUCCESS &&
             (st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE,
                                            CUDNN_TYPE_VOID_PTR, 1, &ws)) == CUDNN_STATUS_SUCCESS &&
-            (st = cudnnBackendFinalize(pack)) == CUDNN_STATUS_SUCCESS &&
-            (st = cudnnSetStream(h, s)) == CUDNN_STATUS_SUCCESS)
+            (st = cudnnBackendFinalize(pack)) == CUDNN_STATUS_SUCCESS)
             st = cudnnBackendExecute(h, e->plan, pack);
         cudnnBackendDestroyDescriptor(pack);
     }
@@ -578,7 +602,7 @@ bool gk_cudnn_forward(const bf16 *q, const bf16 *k, const bf16 *v, int B, int S,
                       size_t cap)
 {
     struct plan_key key;
-    if (!key_of(0, B, S, H, KV, dqk, dv, window, &key, why, cap)) return false;
+    if (!key_of(0, B, S, H, KV, dqk, dv, window, s, &key, why, cap)) return false;
     pthread_mutex_lock(&lock);
     struct plan_entry *e = plan_for(&key, why, cap);
     pthread_mutex_unlock(&lock);
@@ -586,24 +610,33 @@ bool gk_cudnn_forward(const bf16 *q, const bf16 *k, const bf16 *v, int B, int S,
     float scale = 1.0f / sqrtf((float)dqk), neg_inf = -INFINITY, win = (float)key.window;
     int64_t uids[8] = {UID_Q, UID_K, UID_V, UID_O, UID_STATS, UID_SCALE, UID_NEG_INF, UID_WINDOW};
     void *ptrs[8] = {(void *)q, (void *)k, (void *)v, o, lse, &scale, &neg_inf, &win};
-    if (!execute(e, key.window > 0 ? 8 : 7, uids, ptrs, s, why, cap)) return false;
+    if (!execute(e, key.window > 0 ? 8 : 7, uids, ptrs, why, cap)) return false;
     /* natural log -> base 2, as our backward reads it */
     return rescale(lse, lse, (size_t)B * H * S, (float)M_LOG2E, s, why, cap);
 }
 
+/* bf16 -> fp32 */
+__global__ void k_widen(const bf16 *x, float *y, size_t n)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = __bfloat162float(x[i]);
+}
+
 bool gk_cudnn_backward(const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *o, const bf16 *dout,
                        const float *lse, int B, int S, int H, int KV, int dqk, int dv, int window,
-                       bf16 *dq, bf16 *dk, bf16 *dvo, cudaStream_t s, char *why, size_t cap)
+                       float *dq, float *dk, float *dvo, bf16 *scratch_q, bf16 *scratch_k,
+                       bf16 *scratch_v, cudaStream_t s, char *why, size_t cap)
 {
     struct plan_key key;
-    if (!key_of(1, B, S, H, KV, dqk, dv, window, &key, why, cap)) return false;
+    if (!key_of(1, B, S, H, KV, dqk, dv, window, s, &key, why, cap)) return false;
     pthread_mutex_lock(&lock);
     struct plan_entry *e = plan_for(&key, why, cap);
     pthread_mutex_unlock(&lock);
     if (!e) return false;
-    size_t rows = (size_t)B * H * S;
+    size_t rows = (size_t)B * H * S, nq = rows * dqk, nk = (size_t)B * S * KV * dqk,
+           nv = (size_t)B * S * KV * dv;
     if (!rescale(lse, e->stats, rows, (float)M_LN2, s, why, cap)) return false;
-    if (cudaMemsetAsync(e->dq_acc, 0, rows * dqk * sizeof(float), s)) {
+    if (cudaMemsetAsync(e->dq_acc, 0, nq * sizeof(float), s)) {
         snprintf(why, cap, "cuDNN attention: clearing dQ's accumulator failed");
         return false;
     }
@@ -612,9 +645,16 @@ bool gk_cudnn_backward(const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *
     int64_t uids[15] = {UID_Q,      UID_K,     UID_V,       UID_O,   UID_DO,
                         UID_STATS,  UID_DQ,    UID_DK,      UID_DV,  UID_ROWSUM,
                         UID_DQ_ACC, UID_SCALE, UID_NEG_INF, UID_ONE, UID_WINDOW};
-    void *ptrs[15] = {(void *)q, (void *)k, (void *)v, (void *)o, (void *)dout, e->stats, dq,  dk,
-                      dvo,       e->rowsum, e->dq_acc, &scale,    &neg_inf,     &one,     &win};
-    return execute(e, key.window > 0 ? 15 : 14, uids, ptrs, s, why, cap);
+    void *ptrs[15] = {(void *)q, (void *)k, (void *)v, (void *)o, (void *)dout,
+                      e->stats,  scratch_q, scratch_k, scratch_v, e->rowsum,
+                      e->dq_acc, &scale,    &neg_inf,  &one,      &win};
+    if (!execute(e, key.window > 0 ? 15 : 14, uids, ptrs, why, cap)) return false;
+    k_widen<<<(unsigned)((nq + 255) / 256), 256, 0, s>>>(scratch_q, dq, nq);
+    k_widen<<<(unsigned)((nk + 255) / 256), 256, 0, s>>>(scratch_k, dk, nk);
+    k_widen<<<(unsigned)((nv + 255) / 256), 256, 0, s>>>(scratch_v, dvo, nv);
+    if (cudaGetLastError() == cudaSuccess) return true;
+    snprintf(why, cap, "cuDNN attention: the gradients' copies did not launch");
+    return false;
 }
 
 const char *gk_cudnn_version(char *buf, size_t cap)
@@ -641,8 +681,8 @@ bool gk_cudnn_forward(const bf16 *, const bf16 *, const bf16 *, int, int, int, i
 }
 
 bool gk_cudnn_backward(const bf16 *, const bf16 *, const bf16 *, const bf16 *, const bf16 *,
-                       const float *, int, int, int, int, int, int, int, bf16 *, bf16 *, bf16 *,
-                       cudaStream_t, char *why, size_t cap)
+                       const float *, int, int, int, int, int, int, int, float *, float *, float *,
+                       bf16 *, bf16 *, bf16 *, cudaStream_t, char *why, size_t cap)
 {
     return none(why, cap);
 }

@@ -96,10 +96,12 @@ bool gk_cudnn_forward(const bf16 *q, const bf16 *k, const bf16 *v, int B, int S,
                       int dqk, int dv, int window, bf16 *o, float *lse, cudaStream_t s, char *why,
                       size_t cap);
 /* The backward through cuDNN, from the forward's lse (either kernel's: base 2): dq, dk, dv in
- * bf16 (the layouts of q, k, v). false as gk_cudnn_forward. */
+ * fp32 in the layouts of q, k, v (as gk_flash_backward's), widened from the bf16 cuDNN writes
+ * into scratch_q, scratch_k, scratch_v. false as gk_cudnn_forward. */
 bool gk_cudnn_backward(const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *o, const bf16 *dout,
                        const float *lse, int B, int S, int H, int KV, int dqk, int dv, int window,
-                       bf16 *dq, bf16 *dk, bf16 *dvo, cudaStream_t s, char *why, size_t cap);
+                       float *dq, float *dk, float *dvo, bf16 *scratch_q, bf16 *scratch_k,
+                       bf16 *scratch_v, cudaStream_t s, char *why, size_t cap);
 /* cuDNN's version at run time ("9.19.0"), or that the build has none. */
 const char *gk_cudnn_version(char *buf, size_t cap);
 cudaError_t gk_swiglu(const float *g, const float *u, bf16 *hm, size_t n, cudaStream_t s);

@@ -338,7 +338,8 @@ static enum moe_status rank_main(struct run_shared *sh, int me, struct exec_tran
                                .zero = l->zero >= 1 && dp > 1 ? world : NULL,
                                .dp = l->pp == 1 && !c->no_grad_overlap ? world : NULL,
                                .micro_batches = micro,
-                               .mem_limit = c->gpu_mem_limit};
+                               .mem_limit = c->gpu_mem_limit,
+                               .cudnn_attention = c->cudnn_attention};
     if ((st = exec_gpu_create(&g, m, &cfg, err))) goto done;
     if (c->mode == EXEC_RUN_VIRTUAL) sh->streams[me] = exec_gpu_stream(g);
     if ((st = exec_gpu_init(g, c->seed, err))) goto done;
@@ -363,6 +364,7 @@ static enum moe_status rank_main(struct run_shared *sh, int me, struct exec_tran
     info.ranks = p->gpus;
     info.devices = c->mode == EXEC_RUN_THREADS ? p->gpus : 1;
     snprintf(info.data, sizeof info.data, "%s", data.source);
+    exec_gpu_attention(g, info.attention, sizeof info.attention);
     bool ckpt = c->ckpt_dir != NULL;
     int skips = 0; /* steps skipped for NaN or Inf in a row */
     struct exec_ckpt_id cid = {m->name, exec_gpu_table(g)->nparams, 0, me, p->gpus};

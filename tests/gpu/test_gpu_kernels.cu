@@ -302,15 +302,24 @@ static void flash_case(int B, int S, int H, int KV, int dqk, int dv, int window,
                          sizeof why)) {
         close("cuDNN attention out", to_d(host(o2, no)), or_, 8e-3);
         close("cuDNN attention log-sum-exp", to_d(host(lse2, T * H)), lr_, 1e-5);
-        bf16 *g16q = dev(std::vector<bf16>(nq)), *g16k = dev(std::vector<bf16>(nk)),
-             *g16v = dev(std::vector<bf16>(nv));
-        if (!gk_cudnn_backward(dq16, dk16, dv16, o2, ddo, lse2, B, S, H, KV, dqk, dv, window, g16q,
-                               g16k, g16v, 0, why, sizeof why))
+        float *cq = dev(std::vector<float>(nq)), *ck = dev(std::vector<float>(nk)),
+              *cv = dev(std::vector<float>(nv));
+        bf16 *scratch = dev(std::vector<bf16>(nq)), *sk = dev(std::vector<bf16>(nk)),
+             *sv = dev(std::vector<bf16>(nv));
+        if (!gk_cudnn_backward(dq16, dk16, dv16, o2, ddo, lse2, B, S, H, KV, dqk, dv, window, cq,
+                               ck, cv, scratch, sk, sv, 0, why, sizeof why))
             fail_msg("%s", why);
-        close("cuDNN attention dq", to_d(host(g16q, nq)), dqr, 1e-2);
-        close("cuDNN attention dk", to_d(host(g16k, nk)), dkr, 1e-2);
-        close("cuDNN attention dv", to_d(host(g16v, nv)), dvr, 1e-2);
-        cudaFree(g16q), cudaFree(g16k), cudaFree(g16v);
+        close("cuDNN attention dq", to_d(host(cq, nq)), dqr, 1e-2);
+        close("cuDNN attention dk", to_d(host(ck, nk)), dkr, 1e-2);
+        close("cuDNN attention dv", to_d(host(cv, nv)), dvr, 1e-2);
+        std::vector<float> c1 = host(cq, nq), c2 = host(ck, nk), c3 = host(cv, nv);
+        if (!gk_cudnn_backward(dq16, dk16, dv16, o2, ddo, lse2, B, S, H, KV, dqk, dv, window, cq,
+                               ck, cv, scratch, sk, sv, 0, why, sizeof why))
+            fail_msg("%s", why);
+        bool same = host(cq, nq) == c1 && host(ck, nk) == c2 && host(cv, nv) == c3;
+        printf("  cuDNN backward twice: %s\n", same ? "bit-identical" : "DIFFERENT bits");
+        assert_true(same);
+        cudaFree(cq), cudaFree(ck), cudaFree(cv), cudaFree(scratch), cudaFree(sk), cudaFree(sv);
     } else {
         printf("  cuDNN: %s\n", why);
 #ifdef MOEPLAN_HAVE_CUDNN
@@ -401,15 +410,17 @@ static void test_cudnn_attention(void **state)
         close("cuDNN against ours: out", to_d(host(o2, no)), to_d(host(o1, no)), 1e-2);
         std::vector<double> a = to_d(host(l1, T * c.H)), b = to_d(host(l2, T * c.H));
         moe_expect_near("cuDNN against ours: lse", b.data(), a.data(), a.size(), 0.0, 1e-4);
-        /* the backward: ours (fp32 gradients) against cuDNN's (bf16), from our forward */
+        /* the backward: ours against cuDNN's (both fp32 gradients), from our forward */
         size_t nq = T * c.H * c.dqk, nk = T * c.KV * c.dqk, nv = T * c.KV * c.dv;
         bf16 *ddo = dev(to_bf16(randn(no, 84)));
         float *delta = dev(std::vector<float>(T * c.H)), *gq = dev(std::vector<float>(nq)),
               *gk = dev(std::vector<float>(nk)), *gv = dev(std::vector<float>(nv));
-        bf16 *hq = dev(std::vector<bf16>(nq)), *hk = dev(std::vector<bf16>(nk)),
-             *hv = dev(std::vector<bf16>(nv));
+        float *hq = dev(std::vector<float>(nq)), *hk = dev(std::vector<float>(nk)),
+              *hv = dev(std::vector<float>(nv));
+        bf16 *scratch = dev(std::vector<bf16>(nq)), *sk = dev(std::vector<bf16>(nk)),
+             *sv = dev(std::vector<bf16>(nv));
         ok = gk_cudnn_backward(dq16, dk16, dv16, o1, ddo, l1, c.B, c.S, c.H, c.KV, c.dqk, c.dv,
-                               c.window, hq, hk, hv, 0, why, sizeof why);
+                               c.window, hq, hk, hv, scratch, sk, sv, 0, why, sizeof why);
         if (!ok) fail_msg("%s", why);
         cudaEventRecord(e0);
         for (int r = 0; r < reps; r++)
@@ -419,7 +430,7 @@ static void test_cudnn_attention(void **state)
         cudaEventRecord(e1);
         for (int r = 0; r < reps && ok; r++)
             ok = gk_cudnn_backward(dq16, dk16, dv16, o1, ddo, l1, c.B, c.S, c.H, c.KV, c.dqk, c.dv,
-                                   c.window, hq, hk, hv, 0, why, sizeof why);
+                                   c.window, hq, hk, hv, scratch, sk, sv, 0, why, sizeof why);
         cudaEventRecord(e2);
         cudaEventSynchronize(e2);
         if (!ok) fail_msg("%s", why);
@@ -431,7 +442,7 @@ static void test_cudnn_attention(void **state)
         close("cuDNN against ours: dk", to_d(host(hk, nk)), to_d(host(gk, nk)), 1e-2);
         close("cuDNN against ours: dv", to_d(host(hv, nv)), to_d(host(gv, nv)), 1e-2);
         cudaFree(ddo), cudaFree(delta), cudaFree(gq), cudaFree(gk), cudaFree(gv);
-        cudaFree(hq), cudaFree(hk), cudaFree(hv);
+        cudaFree(hq), cudaFree(hk), cudaFree(hv), cudaFree(scratch), cudaFree(sk), cudaFree(sv);
         cudaEventDestroy(e0), cudaEventDestroy(e1), cudaEventDestroy(e2);
         cudaFree(dq16), cudaFree(dk16), cudaFree(dv16), cudaFree(o1), cudaFree(o2);
         cudaFree(l1), cudaFree(l2);
