@@ -322,9 +322,20 @@ static void print_version(void)
     rpt_table_cell(t, NULL, "%d.%d.%d (built with %d.%d.%d)", v.nccl_runtime / 10000,
                    (v.nccl_runtime % 10000) / 100, v.nccl_runtime % 100, v.nccl_compiled / 10000,
                    (v.nccl_compiled % 10000) / 100, v.nccl_compiled % 100);
+    rpt_table_row(t, NULL);
+    rpt_table_cell(t, NULL, "cuDNN");
+    if (v.cudnn_compiled)
+        rpt_table_cell(t, NULL, "%d.%d.%d (built with %d.%d.%d; run --attention cudnn)",
+                       v.cudnn_runtime / 10000, (v.cudnn_runtime % 10000) / 100,
+                       v.cudnn_runtime % 100, v.cudnn_compiled / 10000,
+                       (v.cudnn_compiled % 10000) / 100, v.cudnn_compiled % 100);
+    else
+        rpt_table_cell(t, NULL,
+                       "not in this build (MOEPLAN_CUDNN=OFF or none found): attention "
+                       "by moeplan's own kernel");
 #else
-    static const char *const gpu_libs[] = {"CUDA runtime", "cuBLAS", "NCCL"};
-    for (int i = 0; i < 3; i++) {
+    static const char *const gpu_libs[] = {"CUDA runtime", "cuBLAS", "NCCL", "cuDNN"};
+    for (int i = 0; i < 4; i++) {
         rpt_table_row(t, NULL);
         rpt_table_cell(t, NULL, "%s", gpu_libs[i]);
         rpt_table_cell(t, NULL, "not in this build (MOEPLAN_CUDA=OFF or no CUDA Toolkit)");

@@ -1,5 +1,6 @@
 /*
- * device.c: what the CUDA runtime, cuBLAS and NCCL of this machine are, and which GPUs it has.
+ * device.c: what the CUDA runtime, cuBLAS, NCCL and cuDNN of this machine are, and which GPUs it
+ * has.
  *
  * The GPU machine's libnccl (2.28.3) is older than our headers (2.28.9): the runtime version is
  * what counts for which NCCL calls are safe, so both are reported.
@@ -12,6 +13,9 @@
 #include <cuda_runtime.h>
 #include <library_types.h>
 #include <nccl.h>
+#ifdef MOEPLAN_HAVE_CUDNN
+#include <cudnn.h>
+#endif
 
 void exec_versions_get(struct exec_versions *v)
 {
@@ -26,6 +30,10 @@ void exec_versions_get(struct exec_versions *v)
         v->cublas_major = v->cublas_minor = v->cublas_patch = 0;
     if (ncclGetVersion(&v->nccl_runtime) != ncclSuccess) v->nccl_runtime = 0;
     v->nccl_compiled = NCCL_VERSION_CODE;
+#ifdef MOEPLAN_HAVE_CUDNN
+    v->cudnn_runtime = (int)cudnnGetVersion();
+    v->cudnn_compiled = CUDNN_VERSION;
+#endif
 }
 
 enum moe_status exec_device_count(int *count, struct moe_error *err)

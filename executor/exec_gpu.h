@@ -207,8 +207,10 @@ struct exec_versions {
     int cuda_driver;   /* cudaDriverGetVersion; 0: no driver on this machine */
     int cuda_compiled; /* CUDART_VERSION of the headers */
     int cublas_major, cublas_minor, cublas_patch;
-    int nccl_runtime;  /* ncclGetVersion */
-    int nccl_compiled; /* NCCL_VERSION_CODE of the headers */
+    int nccl_runtime;   /* ncclGetVersion */
+    int nccl_compiled;  /* NCCL_VERSION_CODE of the headers */
+    int cudnn_runtime;  /* cudnnGetVersion (91400 = 9.14.0); 0: not in this build */
+    int cudnn_compiled; /* CUDNN_VERSION of the headers; 0: built without cuDNN */
 };
 
 void exec_versions_get(struct exec_versions *v);
