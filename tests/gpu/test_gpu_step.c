@@ -511,7 +511,7 @@ static void test_deterministic(void **state)
     free(pa), free(pb);
 }
 
-/* The GPU twin of test_ref_train's run: 60 steps on README.md bytes next to the reference's
+/* The GPU twin of test_ref_train's run: 60 steps on tests/data/train-text.md next to the reference's
  * AdamW, from the same bf16-rounded weights; the losses agree within 2e-3 relative for ten
  * steps, and the GPU's loss falls by more than 1 nat. */
 static void train_on_text(bool cudnn_attention, double tol)
@@ -530,8 +530,9 @@ static void train_on_text(bool cudnn_attention, double tol)
     assert_int_equal(exec_gpu_set_params(g, r.params, &err), MOE_OK);
     char text[1024];
     struct exec_data d;
-    assert_int_equal(
-        exec_data_open(&d, moe_test_src(text, sizeof text, "README.md"), m.vocab, 1, &err), MOE_OK);
+    assert_int_equal(exec_data_open(&d, moe_test_src(text, sizeof text, "tests/data/train-text.md"),
+                                    m.vocab, 1, &err),
+                     MOE_OK);
     double *gr = calloc(r.nparams, sizeof *gr), *m1 = calloc(r.nparams, sizeof *m1),
            *m2 = calloc(r.nparams, sizeof *m2);
     struct exec_adamw o;
@@ -573,7 +574,8 @@ static void train_on_text(bool cudnn_attention, double tol)
         if (step >= STEPS - 5) last += lg / 5;
     }
     char att[320];
-    printf("tiny-moe-gqa on README.md bytes, GPU (%s): loss %.3f -> %.3f; worst difference from "
+    printf("tiny-moe-gqa on tests/data/train-text.md, GPU (%s): loss %.3f -> %.3f; worst "
+           "difference from "
            "the reference %.2g relative (first 10 steps, at most %g)\n",
            exec_gpu_attention(g, att, sizeof att), first, last, worst, tol);
     assert_true(last < first - 1.0);

@@ -1,6 +1,7 @@
 /*
  * test_ref_train.c: the learning-rate schedule, AdamW, the data reader, and the CPU reference
- * training the tiny model on real text (this repository's README): the loss must fall.
+ * training the tiny model on real text (tests/data/train-text.md, a frozen copy of an early
+ * README, so that editing the README does not move the test): the loss must fall.
  */
 #include "exec.h" /* before moe_test.h: its helpers need exec.h */
 
@@ -127,8 +128,9 @@ static void test_loss_falls_on_text(void **state)
     moe_test_src(dir, sizeof dir, "model");
     assert_int_equal(mdl_model_resolve(&m, "tiny-moe-gqa", dir, &err), MOE_OK);
     assert_int_equal(exec_ref_model_create(&r, &m, 42, &err), MOE_OK);
-    assert_int_equal(
-        exec_data_open(&d, moe_test_src(text, sizeof text, "README.md"), m.vocab, 1, &err), MOE_OK);
+    assert_int_equal(exec_data_open(&d, moe_test_src(text, sizeof text, "tests/data/train-text.md"),
+                                    m.vocab, 1, &err),
+                     MOE_OK);
     double *g = calloc(r.nparams, sizeof *g), *m1 = calloc(r.nparams, sizeof *m1),
            *m2 = calloc(r.nparams, sizeof *m2);
     struct exec_adamw o;
@@ -144,8 +146,8 @@ static void test_loss_falls_on_text(void **state)
         if (step < 5) first += loss / 5;
         if (step >= 55) last += loss / 5;
     }
-    printf("tiny-moe-gqa on README.md bytes: loss %.3f (first 5 steps) -> %.3f (last 5)\n", first,
-           last);
+    printf("tiny-moe-gqa on tests/data/train-text.md: loss %.3f (first 5 steps) -> %.3f (last 5)\n",
+           first, last);
     assert_true(first > 5.0);        /* ~ln(256) at the start */
     assert_true(last < first - 1.0); /* it learns the byte statistics of English text */
     free(g), free(m1), free(m2);
