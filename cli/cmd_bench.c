@@ -1,7 +1,9 @@
 /*
  * cmd_bench.c: `moeplan bench moe`: the executor's MoE layer on this GPU, forward + backward,
  * next to the dense GEMM chain of the same FLOPs; bench/peers/ times PyTorch on the same shapes
- * and the same routing (--routing-out), and bench/run-moe prints them side by side.
+ * and the same routing (--routing-out), and bench/run-moe prints them side by side. `moeplan
+ * bench adamw`: the optimizer's update over --params parameters against the GPU's copy
+ * bandwidth (bench/run-adamw: next to PyTorch's fused AdamW).
  * Built only with the executor.
  */
 #include <math.h>
@@ -26,7 +28,8 @@ enum {
     OPT_JSON,
     OPT_ROUT,
     OPT_CAL,
-    OPT_CLUSTER
+    OPT_CLUSTER,
+    OPT_PARAMS
 };
 
 const struct cli_opt cmd_bench_opts[] = {
@@ -42,6 +45,7 @@ const struct cli_opt cmd_bench_opts[] = {
     {"warmup", required_argument, OPT_WARM, "N", "untimed runs first (3)"},
     {"streams", required_argument, OPT_STREAMS, "N", "CUDA streams for the expert GEMMs (4)"},
     {"json", required_argument, OPT_JSON, "FILE", "also write the results as JSON"},
+    {"params", required_argument, OPT_PARAMS, "N", "adamw: parameters updated (1000000000)"},
     {"calibration", required_argument, OPT_CAL, "FILE",
      "the cost model's expert block for this routing next to the measured (a profile)"},
     {"cluster", required_argument, OPT_CLUSTER, "C",
@@ -51,6 +55,48 @@ const struct cli_opt cmd_bench_opts[] = {
     {NULL, 0, 0, NULL, NULL},
 };
 
+/* The AdamW update against the copy bandwidth: bytes moved over time, and what a device-to-device
+ * copy reaches (its read and its write) on a 4 GiB buffer. */
+static int bench_adamw(struct cli *cli, size_t n, int iters, const char *json)
+{
+    struct moe_error err;
+    int ndev = 0;
+    if (exec_device_count(&ndev, &err) != MOE_OK) return cli_fail(cli, &err);
+    if (ndev < 1) {
+        moe_error_set(&err, MOE_ERR_RUNTIME,
+                      "no CUDA GPU on this machine: the benchmark runs on a GPU");
+        return cli_fail(cli, &err);
+    }
+    struct exec_device_info dev;
+    double us, copy_us;
+    const size_t copy = (size_t)4 << 30;
+    const double bytes = 30.0 * (double)n; /* read master, gradient, moments; write them, bf16 */
+    if (exec_device_query(0, &dev, &err) != MOE_OK ||
+        exec_time_copy(copy, iters, &copy_us, &err) != MOE_OK ||
+        exec_time_adamw(n, iters, &us, &err) != MOE_OK)
+        return cli_fail(cli, &err);
+    double bw = bytes / (us * 1e3), copy_bw = 2.0 * (double)copy / (copy_us * 1e3);
+    printf("moeplan bench adamw on %s: %zu parameters (fp32 master, gradient and moments, the bf16 "
+           "copy out: 30 bytes a parameter); median of %d\n",
+           dev.name, n, iters);
+    printf("  update %.3f ms: %.2f ps a parameter, %.0f GB/s, %.1f%% of the copy bandwidth (%.0f "
+           "GB/s: cudaMemcpy device to device, 4 GiB, read + write)\n",
+           us / 1e3, us * 1e6 / (double)n, bw, 100.0 * bw / copy_bw, copy_bw);
+    if (json) {
+        json_t *o = json_pack("{s:s, s:I, s:i, s:f, s:f, s:f, s:f}", "device", dev.name, "params",
+                              (json_int_t)n, "iters", iters, "update_ms", us / 1e3, "ps_per_param",
+                              us * 1e6 / (double)n, "gb_per_s", bw, "copy_gb_per_s", copy_bw);
+        if (!o) {
+            moe_error_set(&err, MOE_ERR_NOMEM, "%s: out of memory", json);
+            return cli_fail(cli, &err);
+        }
+        enum moe_status st = moe_json_write_atomic(json, o, "moeplan.bench.adamw", 1, &err);
+        json_decref(o);
+        if (st != MOE_OK) return cli_fail(cli, &err);
+    }
+    return 0;
+}
+
 int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
 {
     struct cli_arg args[CLI_MAX_ARGS];
@@ -58,18 +104,19 @@ int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     int rc = cli_parse(cmd, argc, argv, args, &nargs);
     if (rc >= 0) return rc;
     struct moe_error err;
-    if (optind >= argc) return cli_usage(cmd, "which benchmark: moe");
-    if (strcmp(argv[optind], "moe") != 0) {
+    if (optind >= argc) return cli_usage(cmd, "which benchmark: moe or adamw");
+    bool adamw = !strcmp(argv[optind], "adamw");
+    if (strcmp(argv[optind], "moe") != 0 && !adamw) {
         if (strcmp(argv[optind], "eval") == 0) {
             moe_error_set(&err, MOE_ERR_UNSUPPORTED,
                           "the planner's evaluation rate is its own program: build/bench/eval_rate "
                           "(bench/README.md)");
             return cli_fail(cli, &err);
         }
-        return cli_usage(cmd, "unknown benchmark '%s' (moe)", argv[optind]);
+        return cli_usage(cmd, "unknown benchmark '%s' (moe or adamw)", argv[optind]);
     }
     uint64_t E = 8, T = 8192, K = 8, H = 7168, F = 2048, seed = 1, iters = 20, warm = 3,
-             streams = 4;
+             streams = 4, params = 1000000000;
     double skew = 2.0;
     const char *json = NULL, *rout = NULL, *cal_file = NULL, *cluster = "h200-vm";
     for (int i = 0; i < nargs; i++) {
@@ -90,9 +137,11 @@ int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
         case OPT_ROUT: rout = v; break;
         case OPT_CAL: cal_file = v; break;
         case OPT_CLUSTER: cluster = v; break;
+        case OPT_PARAMS: ok = cli_count(cmd, "params", v, 1, (uint64_t)1 << 36, &params); break;
         }
         if (!ok) return 2;
     }
+    if (adamw) return bench_adamw(cli, (size_t)params, (int)iters, json);
     if (K > E)
         return cli_usage(cmd, "--topk %llu exceeds --experts %llu", (unsigned long long)K,
                          (unsigned long long)E);

@@ -275,8 +275,9 @@ static const struct cli_cmd commands[] = {
 #endif
     {"report", "PLAN MEASURED [options]", "Predicted-vs-measured report (Markdown + SVG).", NULL,
      cmd_report_opts, cmd_report},
-    {"bench", "moe [options]",
-     "Benchmark the MoE layer on this GPU (bench/run-moe: next to PyTorch).",
+    {"bench", "moe|adamw [options]",
+     "Benchmark the MoE layer or the AdamW update on this GPU (bench/run-moe, bench/run-adamw: "
+     "next to PyTorch).",
 #ifdef MOEPLAN_HAVE_EXECUTOR
      NULL, cmd_bench_opts, cmd_bench},
 #else

@@ -174,6 +174,24 @@ extern "C" enum moe_status exec_time_copy(size_t bytes, int iters, double *us,
     return e == cudaSuccess ? MOE_OK : cuda_fail(e, "copy", err);
 }
 
+extern "C" enum moe_status exec_time_adamw(size_t n, int iters, double *us, struct moe_error *err)
+{
+    dbufs d;
+    cudaError_t e = cudaSuccess;
+    float *p = d.get<float>(n, &e), *g = d.get<float>(n, &e), *m1 = d.get<float>(n, &e),
+          *m2 = d.get<float>(n, &e);
+    bf16 *w = d.get<bf16>(n, &e);
+    if (e == cudaSuccess) e = gk_init(p, n, 0, 1, 0.02f, false, 0);
+    if (e == cudaSuccess) e = gk_init(g, n, 0, 2, 0.01f, false, 0);
+    if (e == cudaSuccess) e = cudaMemset(m1, 0, sizeof(float) * n);
+    if (e == cudaSuccess) e = cudaMemset(m2, 0, sizeof(float) * n);
+    struct gk_adamw a = {1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f, 0.05f, 1.0f};
+    if (e == cudaSuccess)
+        e = time_median(
+            iters, [&]() { return gk_adamw(p, g, m1, m2, w, n, &a, 0); }, us);
+    return e == cudaSuccess ? MOE_OK : cuda_fail(e, "AdamW", err);
+}
+
 extern "C" enum moe_status exec_time_launch(int iters, double *us, struct moe_error *err)
 {
     /* 100 empty kernels back to back: the cost of one on the stream */

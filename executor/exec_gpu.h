@@ -199,6 +199,9 @@ enum moe_status exec_time_attention(int seqs, int seq, int heads, int kv_heads, 
                                     int iters, double *fwd_us, double *bwd_us,
                                     struct moe_error *err);
 enum moe_status exec_time_copy(size_t bytes, int iters, double *us, struct moe_error *err);
+/* The executor's AdamW update over n parameters (fp32 master, gradient and moments, the bf16
+ * copy out: 30 bytes a parameter moved), median of iters, us. */
+enum moe_status exec_time_adamw(size_t n, int iters, double *us, struct moe_error *err);
 enum moe_status exec_time_launch(int iters, double *us, struct moe_error *err);
 
 /* Versions as integers the way each library reports them (CUDA 13000 = 13.0, NCCL 22803 = 2.28.3). */

@@ -380,6 +380,15 @@ static void test_run(void **state)
     RUN(&r, "bench", "moe", "--calibration", "/nonexistent-profile.json");
     assert_int_equal(r.code, 3); /* the profile is read before the GPU is looked for */
     expect_in(r.err, "/nonexistent-profile.json: cannot open");
+    RUN(&r, "bench", "adamw", "--params", "0");
+    assert_int_equal(r.code, 2);
+    expect_in(r.err, "--params");
+    RUN(&r, "bench", "sgd");
+    assert_int_equal(r.code, 2);
+    expect_in(r.err, "unknown benchmark 'sgd' (moe or adamw)");
+    RUN(&r, "run", cli_tmp("plan8.json"), "--attention", "flash");
+    assert_int_equal(r.code, 2);
+    expect_in(r.err, "--attention flash: own or cudnn");
     RUN(&r, "run", cli_tmp("plan8.json"), "--gpu-memory-limit", "12");
     assert_int_equal(r.code, 2);
     expect_in(r.err, "--gpu-memory-limit 12: must be in");
