@@ -20,6 +20,7 @@ extern "C" { /* cmocka's header has no C++ guards */
 #include "gpu_kernels.h"
 
 #include <math.h>
+#include <thread>
 #include <vector>
 
 static int gpus(void)
@@ -450,6 +451,72 @@ static void test_cudnn_attention(void **state)
 #endif
 }
 
+/* cuDNN's backward from two threads on their own streams at once, against its bits alone. */
+static void test_cudnn_threads(void **state)
+{
+    (void)state;
+#ifndef MOEPLAN_HAVE_CUDNN
+    skip();
+#else
+    const int B = 2, S = 1024, H = 8, KV = 2, dqk = 64, dv = 64;
+    size_t T = (size_t)B * S, nq = T * H * dqk, nk = T * KV * dqk, nv = T * KV * dv,
+           no = T * H * dv;
+    bf16 *q = dev(to_bf16(randn(nq, 91))), *k = dev(to_bf16(randn(nk, 92))),
+         *v = dev(to_bf16(randn(nv, 93))), *dout = dev(to_bf16(randn(no, 94)));
+    bf16 *o = dev(std::vector<bf16>(no));
+    float *lse = dev(std::vector<float>(T * H));
+    char why[256];
+    if (!gk_cudnn_forward(q, k, v, B, S, H, KV, dqk, dv, 0, o, lse, 0, why, sizeof why))
+        fail_msg("%s", why);
+    struct out {
+        float *dq, *dk, *dv;
+        bf16 *s1, *s2, *s3;
+        cudaStream_t st;
+        int differ;
+    } w[3];
+    for (auto &x : w) {
+        x.dq = dev(std::vector<float>(nq)), x.dk = dev(std::vector<float>(nk));
+        x.dv = dev(std::vector<float>(nv));
+        x.s1 = dev(std::vector<bf16>(nq)), x.s2 = dev(std::vector<bf16>(nk));
+        x.s3 = dev(std::vector<bf16>(nv));
+        cudaStreamCreate(&x.st);
+        x.differ = 0;
+    }
+    if (!gk_cudnn_backward(q, k, v, o, dout, lse, B, S, H, KV, dqk, dv, 0, w[0].dq, w[0].dk,
+                           w[0].dv, w[0].s1, w[0].s2, w[0].s3, w[0].st, why, sizeof why))
+        fail_msg("%s", why);
+    cudaStreamSynchronize(w[0].st);
+    std::vector<float> r1 = host(w[0].dq, nq), r2 = host(w[0].dk, nk), r3 = host(w[0].dv, nv);
+    auto work = [&](int i) {
+        cudaSetDevice(0);
+        for (int rep = 0; rep < 20; rep++) {
+            char e[256];
+            if (!gk_cudnn_backward(q, k, v, o, dout, lse, B, S, H, KV, dqk, dv, 0, w[i].dq, w[i].dk,
+                                   w[i].dv, w[i].s1, w[i].s2, w[i].s3, w[i].st, e, sizeof e))
+                w[i].differ = -1000;
+            cudaStreamSynchronize(w[i].st);
+            std::vector<float> a(nq), b(nk), c(nv);
+            cudaMemcpy(a.data(), w[i].dq, nq * 4, cudaMemcpyDeviceToHost);
+            cudaMemcpy(b.data(), w[i].dk, nk * 4, cudaMemcpyDeviceToHost);
+            cudaMemcpy(c.data(), w[i].dv, nv * 4, cudaMemcpyDeviceToHost);
+            w[i].differ += !(a == r1 && b == r2 && c == r3);
+        }
+    };
+    std::thread t1(work, 1), t2(work, 2);
+    t1.join(), t2.join();
+    printf("cuDNN backward from two threads at once, 20 runs each: %d and %d differ from the "
+           "single-thread bits\n",
+           w[1].differ, w[2].differ);
+    assert_int_equal(w[1].differ, 0);
+    assert_int_equal(w[2].differ, 0);
+    for (auto &x : w) {
+        cudaFree(x.dq), cudaFree(x.dk), cudaFree(x.dv), cudaFree(x.s1), cudaFree(x.s2);
+        cudaFree(x.s3), cudaStreamDestroy(x.st);
+    }
+    cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(dout), cudaFree(o), cudaFree(lse);
+#endif
+}
+
 static void test_cross_entropy(void **state)
 {
     (void)state;
@@ -483,7 +550,7 @@ int main(void)
         cmocka_unit_test(test_rmsnorm),         cmocka_unit_test(test_rope),
         cmocka_unit_test(test_swiglu),          cmocka_unit_test(test_permute_combine),
         cmocka_unit_test(test_flash_attention), cmocka_unit_test(test_cudnn_attention),
-        cmocka_unit_test(test_cross_entropy),
+        cmocka_unit_test(test_cudnn_threads),   cmocka_unit_test(test_cross_entropy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
