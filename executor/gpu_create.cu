@@ -411,7 +411,10 @@ extern "C" void exec_gpu_destroy(struct exec_gpu *g)
         if (g->side[i]) cudaStreamDestroy(g->side[i]);
     }
     if (g->fork_ev) cudaEventDestroy(g->fork_ev);
-    if (g->s) cudaStreamDestroy(g->s);
+    if (g->s) {
+        gk_cudnn_release(g->s); /* its plans, their buffers and its cuDNN handle */
+        cudaStreamDestroy(g->s);
+    }
     free(g->wi), free(g->moe_index), free(g->decay), free(g->off_host), free(g->xin), free(g->act);
     free(g->blk_off);
     free(g->bias_host), free(g->counts), free(g->step_load);

@@ -50,7 +50,8 @@ enum {
 
 /* Plans are kept per stream: each has its own workspace and buffers, and its handle (a plan is
  * bound to the handle it was built with) runs only on that stream, so threads driving their own
- * streams on one device never share either. */
+ * streams on one device never share either. A slot is free while its plan is NULL;
+ * gk_cudnn_release frees a stream's slots when its exec_gpu goes. */
 struct plan_key {
     cudaStream_t stream;
     int backward, device, B, S, H, KV, dqk, dv, window;
@@ -501,10 +502,13 @@ static void graph_backward(struct graph *g, const struct plan_key *k)
 /* The plan of this shape and direction on this device, built the first time (under the lock). */
 static struct plan_entry *plan_for(const struct plan_key *key, char *why, size_t cap)
 {
-    for (int i = 0; i < nplans; i++)
-        if (!memcmp(&plans[i].key, key, sizeof *key)) return &plans[i];
-    if (nplans == CUDNN_PLANS_MAX) {
-        snprintf(why, cap, "cuDNN attention: more than %d shapes", CUDNN_PLANS_MAX);
+    int slot = nplans;
+    for (int i = 0; i < nplans; i++) {
+        if (plans[i].plan && !memcmp(&plans[i].key, key, sizeof *key)) return &plans[i];
+        if (!plans[i].plan && slot == nplans) slot = i;
+    }
+    if (slot == CUDNN_PLANS_MAX) {
+        snprintf(why, cap, "cuDNN attention: more than %d shapes and streams", CUDNN_PLANS_MAX);
         return NULL;
     }
     static struct graph g;
@@ -514,7 +518,7 @@ static struct plan_entry *plan_for(const struct plan_key *key, char *why, size_t
         graph_backward(&g, key);
     else
         graph_forward(&g, key);
-    struct plan_entry *e = &plans[nplans];
+    struct plan_entry *e = &plans[slot];
     memset(e, 0, sizeof *e);
     e->key = *key;
     e->handle = handle_of(key, why, cap);
@@ -538,9 +542,10 @@ static struct plan_entry *plan_for(const struct plan_key *key, char *why, size_t
         cudnnBackendDestroyDescriptor(e->plan);
         snprintf(why, cap, "cuDNN attention: no device memory for its workspace (%lld bytes)",
                  (long long)e->workspace_bytes);
+        memset(e, 0, sizeof *e); /* the slot stays free */
         return NULL;
     }
-    nplans++;
+    if (slot == nplans) nplans++;
     return e;
 }
 
@@ -657,6 +662,30 @@ bool gk_cudnn_backward(const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *
     return false;
 }
 
+void gk_cudnn_release(cudaStream_t s)
+{
+    pthread_mutex_lock(&lock);
+    /* the slots are emptied in place, not compacted: other threads hold pointers to their own */
+    for (int i = 0; i < nplans; i++) {
+        struct plan_entry *e = &plans[i];
+        if (!e->plan || e->key.stream != s) continue;
+        cudnnBackendDestroyDescriptor(e->plan);
+        cudaFree(e->workspace), cudaFree(e->stats), cudaFree(e->rowsum), cudaFree(e->dq_acc);
+        memset(e, 0, sizeof *e);
+    }
+    int k = 0;
+    k = 0;
+    for (int i = 0; i < nhandles; i++) {
+        if (handles[i].stream != s) {
+            handles[k++] = handles[i];
+            continue;
+        }
+        cudnnDestroy(handles[i].h);
+    }
+    nhandles = k;
+    pthread_mutex_unlock(&lock);
+}
+
 const char *gk_cudnn_version(char *buf, size_t cap)
 {
     size_t v = cudnnGetVersion();
@@ -686,6 +715,8 @@ bool gk_cudnn_backward(const bf16 *, const bf16 *, const bf16 *, const bf16 *, c
 {
     return none(why, cap);
 }
+
+void gk_cudnn_release(cudaStream_t) {}
 
 const char *gk_cudnn_version(char *buf, size_t cap)
 {

@@ -102,6 +102,9 @@ bool gk_cudnn_backward(const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *
                        const float *lse, int B, int S, int H, int KV, int dqk, int dv, int window,
                        float *dq, float *dk, float *dvo, bf16 *scratch_q, bf16 *scratch_k,
                        bf16 *scratch_v, cudaStream_t s, char *why, size_t cap);
+/* Free what gk_cudnn_forward / backward keep for stream s (its plans, their workspaces and its
+ * handle), before the stream is destroyed. */
+void gk_cudnn_release(cudaStream_t s);
 /* cuDNN's version at run time ("9.19.0"), or that the build has none. */
 const char *gk_cudnn_version(char *buf, size_t cap);
 cudaError_t gk_swiglu(const float *g, const float *u, bf16 *hm, size_t n, cudaStream_t s);
