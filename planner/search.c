@@ -323,6 +323,23 @@ static enum moe_status refine(const struct plan_request *q, struct cost_ctx *ctx
         if ((st = cost_evaluate(ctx, &l, &res, err))) return st;
         snprintf(r->split.mip.status, sizeof r->split.mip.status,
                  "split did not fit in memory: even split kept");
+    } else if (!l.pp_layout[0] && stages > 1) {
+        /* The integer program balances the busiest rank's work; the schedule can still run the
+         * even split faster (a lighter stage idles where the 1F1B order makes it wait): the step
+         * through the schedule decides. */
+        const int *split = ctx->stage_layers;
+        struct cost_result even;
+        ctx->stage_layers = NULL;
+        if ((st = cost_evaluate(ctx, &l, &even, err))) return st;
+        if (even.fits && even.step_us < res.step_us) {
+            cost_even_split(m->layers, stages, r->split.stage_layers);
+            r->split.busiest_us = r->split.even_busiest_us;
+            res = even;
+            snprintf(r->split.mip.status, sizeof r->split.mip.status,
+                     "the even split is faster through the schedule: kept");
+        } else {
+            ctx->stage_layers = split;
+        }
     }
     r->best.result = res;
     r->best.score = score_of(q, &l, &res, r->best.gpus);
