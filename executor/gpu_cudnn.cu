@@ -27,7 +27,7 @@
 #define CUDNN_PLANS_MAX 256
 #define CUDNN_HANDLES_MAX 64
 #define CUDNN_OPS_MAX 48
-#define CUDNN_DESCS_MAX 160
+#define CUDNN_DESCS_MAX 256
 
 /* uids of the tensors the caller binds */
 enum {
