@@ -71,9 +71,8 @@ struct exec_gpu_cfg {
      * allocation as a full device would, naming it (MOE_ERR_GPU_NOMEM) */
     double mem_limit;
     /* attention through cuDNN's fused flash attention where this build has it and it takes the
-     * shape (our own kernel otherwise, and by default: with cuDNN, DP 2 and DP 2 + ZeRO-1 on
-     * virtual ranks did not give the same loss bits, which test_gpu_run requires; not yet
-     * understood) */
+     * shape (our own kernel otherwise, and by default while the calibration profiles are
+     * fitted on ours) */
     bool cudnn_attention;
 };
 struct exec_gpu;

@@ -105,6 +105,8 @@ static void make_plan(struct plan_file *p, const struct run_case *rc)
                 mdl_layer_is_moe(&p->model, b) ? (e * 5 + 3) % E % rc->ep : -1;
 }
 
+static bool use_cudnn; /* every run's attention through cuDNN (test_equivalence_cudnn) */
+
 static enum moe_status run_case(const struct run_case *rc, int steps, struct collected *out,
                                 struct exec_run_result *res, int fail_rank, double timeout,
                                 struct moe_error *err)
@@ -125,6 +127,7 @@ static enum moe_status run_case(const struct run_case *rc, int steps, struct col
     c.timeout_s = timeout;
     c.fail_rank = fail_rank;
     c.fail_step = 2;
+    c.cudnn_attention = use_cudnn;
     c.no_grad_overlap = rc->no_overlap;
     c.on_step = collect;
     c.ctx = out;
@@ -243,9 +246,8 @@ static const struct run_case cases[] = {
      .no_overlap = true},
 };
 
-static void test_equivalence(void **state)
+static void equivalence(void)
 {
-    (void)state;
     struct moe_error err;
     int n = (int)(sizeof cases / sizeof cases[0]), E = 8;
     int64_t counts[24][32];
@@ -300,6 +302,27 @@ static void test_equivalence(void **state)
     }
 }
 
+static void test_equivalence(void **state)
+{
+    (void)state;
+    use_cudnn = false;
+    equivalence();
+}
+
+/* The same with cuDNN's fused attention (where the build has it): the same bits where the
+ * layouts must give them, the same tolerances elsewhere. */
+static void test_equivalence_cudnn(void **state)
+{
+    (void)state;
+#ifndef MOEPLAN_HAVE_CUDNN
+    skip();
+#else
+    use_cudnn = true;
+    equivalence();
+    use_cudnn = false;
+#endif
+}
+
 /* Rank 2 of EP 4 stops in the middle of step 2: the run fails, naming it, within the timeout. */
 static void test_rank_stops(void **state)
 {
@@ -331,6 +354,7 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_equivalence),
+        cmocka_unit_test(test_equivalence_cudnn),
         cmocka_unit_test(test_rank_stops),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
