@@ -55,9 +55,8 @@ const struct cli_opt cmd_bench_opts[] = {
     {NULL, 0, 0, NULL, NULL},
 };
 
-/* The AdamW update against the copy bandwidth: bytes moved over time, and what a device-to-device
- * copy reaches (its read and its write) on a 4 GiB buffer. */
-static int bench_adamw(struct cli *cli, size_t n, int iters, const char *json)
+/* The GPU a benchmark runs on (device 0): -1 when there is one, else the exit code. */
+static int bench_gpu(struct cli *cli, struct exec_device_info *dev)
 {
     struct moe_error err;
     int ndev = 0;
@@ -67,12 +66,22 @@ static int bench_adamw(struct cli *cli, size_t n, int iters, const char *json)
                       "no CUDA GPU on this machine: the benchmark runs on a GPU");
         return cli_fail(cli, &err);
     }
+    if (exec_device_query(0, dev, &err) != MOE_OK) return cli_fail(cli, &err);
+    return -1;
+}
+
+/* The AdamW update against the copy bandwidth: bytes moved over time, and what a device-to-device
+ * copy reaches (its read and its write) on a 4 GiB buffer. */
+static int bench_adamw(struct cli *cli, size_t n, int iters, const char *json)
+{
+    struct moe_error err;
     struct exec_device_info dev;
+    int rc = bench_gpu(cli, &dev);
+    if (rc >= 0) return rc;
     double us, copy_us;
     const size_t copy = (size_t)4 << 30;
     const double bytes = 30.0 * (double)n; /* read master, gradient, moments; write them, bf16 */
-    if (exec_device_query(0, &dev, &err) != MOE_OK ||
-        exec_time_copy(copy, iters, &copy_us, &err) != MOE_OK ||
+    if (exec_time_copy(copy, iters, &copy_us, &err) != MOE_OK ||
         exec_time_adamw(n, iters, &us, &err) != MOE_OK)
         return cli_fail(cli, &err);
     double bw = bytes / (us * 1e3), copy_bw = 2.0 * (double)copy / (copy_us * 1e3);
@@ -149,15 +158,9 @@ int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     struct cost_calibration cal;
     if (cal_file && cli_cluster_load(cli, cluster, cal_file, NULL, &cl, &cal, &err) != MOE_OK)
         return cli_fail(cli, &err);
-    int ndev = 0;
-    if (exec_device_count(&ndev, &err) != MOE_OK) return cli_fail(cli, &err);
-    if (ndev < 1) {
-        moe_error_set(&err, MOE_ERR_RUNTIME,
-                      "no CUDA GPU on this machine: the benchmark runs on a GPU");
-        return cli_fail(cli, &err);
-    }
     struct exec_device_info dev;
-    if (exec_device_query(0, &dev, &err) != MOE_OK) return cli_fail(cli, &err);
+    rc = bench_gpu(cli, &dev);
+    if (rc >= 0) return rc;
     struct exec_moe_bench_cfg c = {(int)E,       (int)T,    (int)K,     (int)H, (int)F,
                                    (int)streams, (int)warm, (int)iters, skew,   seed};
     struct exec_moe_bench_result r;
