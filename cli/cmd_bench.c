@@ -29,7 +29,8 @@ enum {
     OPT_ROUT,
     OPT_CAL,
     OPT_CLUSTER,
-    OPT_PARAMS
+    OPT_PARAMS,
+    OPT_MOMENTS
 };
 
 const struct cli_opt cmd_bench_opts[] = {
@@ -46,6 +47,8 @@ const struct cli_opt cmd_bench_opts[] = {
     {"streams", required_argument, OPT_STREAMS, "N", "CUDA streams for the expert GEMMs (4)"},
     {"json", required_argument, OPT_JSON, "FILE", "also write the results as JSON"},
     {"params", required_argument, OPT_PARAMS, "N", "adamw: parameters updated (1000000000)"},
+    {"moments", required_argument, OPT_MOMENTS, "fp32|bf16",
+     "adamw: the moments' precision (fp32)"},
     {"calibration", required_argument, OPT_CAL, "FILE",
      "the cost model's expert block for this routing next to the measured (a profile)"},
     {"cluster", required_argument, OPT_CLUSTER, "C",
@@ -72,7 +75,7 @@ static int bench_gpu(struct cli *cli, struct exec_device_info *dev)
 
 /* The AdamW update against the copy bandwidth: bytes moved over time, and what a device-to-device
  * copy reaches (its read and its write) on a 4 GiB buffer. */
-static int bench_adamw(struct cli *cli, size_t n, int iters, const char *json)
+static int bench_adamw(struct cli *cli, size_t n, bool m16, int iters, const char *json)
 {
     struct moe_error err;
     struct exec_device_info dev;
@@ -80,21 +83,24 @@ static int bench_adamw(struct cli *cli, size_t n, int iters, const char *json)
     if (rc >= 0) return rc;
     double us, copy_us;
     const size_t copy = (size_t)4 << 30;
-    const double bytes = 30.0 * (double)n; /* read master, gradient, moments; write them, bf16 */
+    /* read master, gradient, moments; write master, moments and the bf16 copy */
+    const double per = m16 ? 22.0 : 30.0, bytes = per * (double)n;
     if (exec_time_copy(copy, iters, &copy_us, &err) != MOE_OK ||
-        exec_time_adamw(n, iters, &us, &err) != MOE_OK)
+        exec_time_adamw(n, m16, iters, &us, &err) != MOE_OK)
         return cli_fail(cli, &err);
     double bw = bytes / (us * 1e3), copy_bw = 2.0 * (double)copy / (copy_us * 1e3);
-    printf("moeplan bench adamw on %s: %zu parameters (fp32 master, gradient and moments, the bf16 "
-           "copy out: 30 bytes a parameter); median of %d\n",
-           dev.name, n, iters);
+    printf("moeplan bench adamw on %s: %zu parameters (fp32 master and gradient, %s moments, the "
+           "bf16 copy out: %.0f bytes a parameter); median of %d\n",
+           dev.name, n, m16 ? "bf16" : "fp32", per, iters);
     printf("  update %.3f ms: %.2f ps a parameter, %.0f GB/s, %.1f%% of the copy bandwidth (%.0f "
            "GB/s: cudaMemcpy device to device, 4 GiB, read + write)\n",
            us / 1e3, us * 1e6 / (double)n, bw, 100.0 * bw / copy_bw, copy_bw);
     if (json) {
-        json_t *o = json_pack("{s:s, s:I, s:i, s:f, s:f, s:f, s:f}", "device", dev.name, "params",
-                              (json_int_t)n, "iters", iters, "update_ms", us / 1e3, "ps_per_param",
-                              us * 1e6 / (double)n, "gb_per_s", bw, "copy_gb_per_s", copy_bw);
+        json_t *o =
+            json_pack("{s:s, s:I, s:s, s:f, s:i, s:f, s:f, s:f, s:f}", "device", dev.name, "params",
+                      (json_int_t)n, "moments", m16 ? "bf16" : "fp32", "bytes_per_param", per,
+                      "iters", iters, "update_ms", us / 1e3, "ps_per_param", us * 1e6 / (double)n,
+                      "gb_per_s", bw, "copy_gb_per_s", copy_bw);
         if (!o) {
             moe_error_set(&err, MOE_ERR_NOMEM, "%s: out of memory", json);
             return cli_fail(cli, &err);
@@ -128,6 +134,7 @@ int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
              streams = 4, params = 1000000000;
     double skew = 2.0;
     const char *json = NULL, *rout = NULL, *cal_file = NULL, *cluster = "h200-vm";
+    bool m16 = false;
     for (int i = 0; i < nargs; i++) {
         const char *v = args[i].value;
         bool ok = true;
@@ -147,10 +154,15 @@ int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
         case OPT_CAL: cal_file = v; break;
         case OPT_CLUSTER: cluster = v; break;
         case OPT_PARAMS: ok = cli_count(cmd, "params", v, 1, (uint64_t)1 << 36, &params); break;
+        case OPT_MOMENTS:
+            if (strcmp(v, "fp32") && strcmp(v, "bf16"))
+                return cli_usage(cmd, "--moments %s: fp32 or bf16", v);
+            m16 = !strcmp(v, "bf16");
+            break;
         }
         if (!ok) return 2;
     }
-    if (adamw) return bench_adamw(cli, (size_t)params, (int)iters, json);
+    if (adamw) return bench_adamw(cli, (size_t)params, m16, (int)iters, json);
     if (K > E)
         return cli_usage(cmd, "--topk %llu exceeds --experts %llu", (unsigned long long)K,
                          (unsigned long long)E);

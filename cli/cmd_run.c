@@ -73,9 +73,9 @@ const struct cli_opt cmd_run_opts[] = {
      "exit 5 when the measured step is further than PCT% from the plan's prediction"},
     {"no-grad-overlap", no_argument, OPT_NO_OVERLAP, NULL,
      "all-reduce the gradients after the backward (default: block by block inside it)"},
-    {"attention", required_argument, OPT_ATTENTION, "own|cudnn",
-     "attention by moeplan's flash kernel (own, the default) or cuDNN's fused attention where the "
-     "build has it and it takes the shape"},
+    {"attention", required_argument, OPT_ATTENTION, "auto|own|cudnn",
+     "attention by cuDNN's fused attention where the build has cuDNN and it takes the shape, our "
+     "flash kernel otherwise (auto, the default), or always ours (own), or cuDNN's (cudnn)"},
     {"inject-fault", required_argument, OPT_FAULT, "RANK:STEP",
      "testing: that rank stops in the middle of that step; the others must exit with a message"},
     {"inject-nan", required_argument, OPT_NAN, "STEP:TENSOR[:weight]",
@@ -406,9 +406,14 @@ int cmd_run(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
         case OPT_NCCL: o.c.nccl = true; break;
         case OPT_NO_OVERLAP: o.c.no_grad_overlap = true; break;
         case OPT_ATTENTION:
-            if (strcmp(v, "own") && strcmp(v, "cudnn"))
-                return cli_usage(cmd, "--attention %s: own or cudnn", v);
-            o.c.cudnn_attention = !strcmp(v, "cudnn");
+            if (!strcmp(v, "auto"))
+                o.c.attention = EXEC_ATTN_AUTO;
+            else if (!strcmp(v, "own"))
+                o.c.attention = EXEC_ATTN_OWN;
+            else if (!strcmp(v, "cudnn"))
+                o.c.attention = EXEC_ATTN_CUDNN;
+            else
+                return cli_usage(cmd, "--attention %s: auto, own or cudnn", v);
             break;
         case OPT_CKPT_DIR: o.c.ckpt_dir = v; break;
         case OPT_RESUME: o.c.resume = true; break;

@@ -165,6 +165,11 @@ enum moe_status cli_calibrate_measure(struct cli *cli, const struct topo_cluster
              v.cublas_patch);
     snprintf(d->nccl, sizeof d->nccl, "%d.%d.%d", v.nccl_runtime / 10000,
              (v.nccl_runtime / 100) % 100, v.nccl_runtime % 100);
+    if (exec_attention_cudnn(EXEC_ATTN_AUTO))
+        snprintf(d->attention, sizeof d->attention, "cudnn %d.%d.%d", v.cudnn_runtime / 10000,
+                 v.cudnn_runtime / 100 % 100, v.cudnn_runtime % 100);
+    else
+        snprintf(d->attention, sizeof d->attention, "own");
     printf("moeplan calibrate: %s (%s: %.0f bf16 TFLOPS, %.2f TB/s HBM in the datasheet)\n",
            dev.name, cl->gpu.name, cl->gpu.bf16_tflops, cl->gpu.hbm_bytes_per_s / 1e12);
     size_t bytes = (size_t)1 << 30;
@@ -182,7 +187,8 @@ enum moe_status cli_calibrate_measure(struct cli *cli, const struct topo_cluster
     for (int i = 0; i < d->nattn; i++) {
         for (int k = 0; k < 6; k++) d->attn[i][k] = at[i][k];
         if ((st = exec_time_attention(at[i][0], at[i][1], at[i][2], at[i][3], at[i][4], at[i][5],
-                                      quick ? 3 : 10, &d->attn[i][6], &d->attn[i][7], err)))
+                                      exec_attention_cudnn(EXEC_ATTN_AUTO), quick ? 3 : 10,
+                                      &d->attn[i][6], &d->attn[i][7], err)))
             return st;
     }
     struct cost_calibration base;

@@ -122,8 +122,8 @@ extern "C" enum moe_status exec_time_gemm(int m, int n, int k, int iters, double
 }
 
 extern "C" enum moe_status exec_time_attention(int seqs, int seq, int heads, int kv_heads, int dqk,
-                                               int dv, int iters, double *fwd_us, double *bwd_us,
-                                               struct moe_error *err)
+                                               int dv, bool cudnn, int iters, double *fwd_us,
+                                               double *bwd_us, struct moe_error *err)
 {
     if (seqs < 1 || seq < 1 || heads < 1 || kv_heads < 1 || heads % kv_heads ||
         !gk_flash_supported(dqk, dv) || iters < 1)
@@ -139,11 +139,37 @@ extern "C" enum moe_status exec_time_attention(int seqs, int seq, int heads, int
     bf16 *o = d.get<bf16>(no, &e), *dout = d.get<bf16>(no, &e);
     float *lse = d.get<float>(T * heads, &e), *delta = d.get<float>(T * heads, &e);
     float *dq = d.get<float>(nq, &e), *dk = d.get<float>(nk, &e), *dvv = d.get<float>(nv, &e);
+    bf16 *dq16 = d.get<bf16>(nq, &e), *dk16 = d.get<bf16>(nk, &e), *dv16 = d.get<bf16>(nv, &e);
     if (e == cudaSuccess) e = fill_bf16(q, nq, 3, scratch, cap);
     if (e == cudaSuccess) e = fill_bf16(k, nk, 4, scratch, cap);
     if (e == cudaSuccess) e = fill_bf16(v, nv, 5, scratch, cap);
     if (e == cudaSuccess) e = fill_bf16(dout, no, 6, scratch, cap);
     if (e != cudaSuccess) return cuda_fail(e, "attention buffers", err);
+    if (cudnn) { /* as the executor calls it: the gradients stay bf16 (GQA's rope reads them) */
+        char why[256] = "";
+        bool ok = true;
+        e = time_median(
+            iters,
+            [&]() {
+                ok = ok && gk_cudnn_forward(q, k, v, seqs, seq, heads, kv_heads, dqk, dv, 0, o, lse,
+                                            0, why, sizeof why);
+                return ok ? cudaGetLastError() : cudaErrorUnknown;
+            },
+            fwd_us);
+        if (e == cudaSuccess)
+            e = time_median(
+                iters,
+                [&]() {
+                    ok = ok && gk_cudnn_backward(q, k, v, o, dout, lse, seqs, seq, heads, kv_heads,
+                                                 dqk, dv, 0, NULL, NULL, NULL, dq16, dk16, dv16, 0,
+                                                 why, sizeof why);
+                    return ok ? cudaGetLastError() : cudaErrorUnknown;
+                },
+                bwd_us);
+        gk_cudnn_release(0);
+        if (!ok) return moe_error_set(err, MOE_ERR_RUNTIME, "calibrate: %s", why);
+        return e == cudaSuccess ? MOE_OK : cuda_fail(e, "cuDNN attention", err);
+    }
     e = time_median(
         iters,
         [&]() {
@@ -174,21 +200,23 @@ extern "C" enum moe_status exec_time_copy(size_t bytes, int iters, double *us,
     return e == cudaSuccess ? MOE_OK : cuda_fail(e, "copy", err);
 }
 
-extern "C" enum moe_status exec_time_adamw(size_t n, int iters, double *us, struct moe_error *err)
+extern "C" enum moe_status exec_time_adamw(size_t n, bool m16, int iters, double *us,
+                                           struct moe_error *err)
 {
     dbufs d;
     cudaError_t e = cudaSuccess;
-    float *p = d.get<float>(n, &e), *g = d.get<float>(n, &e), *m1 = d.get<float>(n, &e),
-          *m2 = d.get<float>(n, &e);
+    size_t mn = m16 ? (n + 1) / 2 : n; /* the moments in floats' room */
+    float *p = d.get<float>(n, &e), *g = d.get<float>(n, &e), *m1 = d.get<float>(mn, &e),
+          *m2 = d.get<float>(mn, &e);
     bf16 *w = d.get<bf16>(n, &e);
     if (e == cudaSuccess) e = gk_init(p, n, 0, 1, 0.02f, false, 0);
     if (e == cudaSuccess) e = gk_init(g, n, 0, 2, 0.01f, false, 0);
-    if (e == cudaSuccess) e = cudaMemset(m1, 0, sizeof(float) * n);
-    if (e == cudaSuccess) e = cudaMemset(m2, 0, sizeof(float) * n);
+    if (e == cudaSuccess) e = cudaMemset(m1, 0, sizeof(float) * mn);
+    if (e == cudaSuccess) e = cudaMemset(m2, 0, sizeof(float) * mn);
     struct gk_adamw a = {1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f, 0.05f, 1.0f};
     if (e == cudaSuccess)
         e = time_median(
-            iters, [&]() { return gk_adamw(p, g, m1, m2, w, n, &a, 0); }, us);
+            iters, [&]() { return gk_adamw(p, g, m1, m2, m16, w, n, &a, 0); }, us);
     return e == cudaSuccess ? MOE_OK : cuda_fail(e, "AdamW", err);
 }
 

@@ -51,6 +51,12 @@ struct exec_run_info { /* what the run found before its first step (rank 0's) */
     char binding[320];            /* rank 0's CPU binding, or why there is none */
     char attention[320];          /* which attention rank 0 runs (exec_gpu_attention) */
 };
+/* The attention core: AUTO (the default) is cuDNN's fused attention where this build has cuDNN
+ * and our flash kernel otherwise; OWN and CUDNN ask for one (cuDNN still falls back to ours, with
+ * the reason, for a shape it does not take). */
+enum exec_attention { EXEC_ATTN_AUTO = 0, EXEC_ATTN_OWN, EXEC_ATTN_CUDNN };
+bool exec_attention_cudnn(enum exec_attention a);
+
 struct exec_run_cfg {
     const struct plan_file *plan;
     enum exec_run_mode mode;
@@ -78,9 +84,9 @@ struct exec_run_cfg {
     /* set asynchronously (a signal handler: nonzero): the ranks agree to stop after the step
      * they are in, write a checkpoint when ckpt_dir is set, and return MOE_ERR_INTERRUPTED */
     const volatile sig_atomic_t *stop;
-    double gpu_mem_limit; /* bytes a rank may allocate (0: the device's) */
-    bool cudnn_attention; /* cuDNN's fused attention where it takes the shape (exec_gpu_cfg) */
-    const double *bias0;  /* (layers, experts) selection biases to start from (NULL:
+    double gpu_mem_limit;          /* bytes a rank may allocate (0: the device's) */
+    enum exec_attention attention; /* whose attention kernels (exec_attention_cudnn) */
+    const double *bias0;           /* (layers, experts) selection biases to start from (NULL:
                            * zeros; a resumed run has its checkpoint's) */
     /* called on rank 0 (its thread, or the rank-0 process) */
     void (*on_start)(void *ctx, const struct exec_run_info *info);

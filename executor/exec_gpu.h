@@ -71,9 +71,11 @@ struct exec_gpu_cfg {
      * allocation as a full device would, naming it (MOE_ERR_GPU_NOMEM) */
     double mem_limit;
     /* attention through cuDNN's fused flash attention where this build has it and it takes the
-     * shape (our own kernel otherwise, and by default while the calibration profiles are
-     * fitted on ours) */
+     * shape (our own kernel otherwise; exec_run_cfg's attention chooses for a run) */
     bool cudnn_attention;
+    /* AdamW's moments in bf16 (the plan's moments=bf16; exec_adamw's moments_bf16 must say the
+     * same): 4 bytes a parameter less */
+    bool moments_bf16;
 };
 struct exec_gpu;
 
@@ -195,13 +197,15 @@ enum moe_status exec_moe_bench(const struct exec_moe_bench_cfg *c, int *choice,
  * tokens (forward, and backward with dq, dk, dv); a device-to-device copy of `bytes`; one empty
  * kernel's launch. Microseconds. */
 enum moe_status exec_time_gemm(int m, int n, int k, int iters, double *us, struct moe_error *err);
+/* Attention by cuDNN's fused kernels (cudnn, as the executor's default runs it where the build has
+ * cuDNN: an error when cuDNN does not take the shape) or by ours. */
 enum moe_status exec_time_attention(int seqs, int seq, int heads, int kv_heads, int dqk, int dv,
-                                    int iters, double *fwd_us, double *bwd_us,
+                                    bool cudnn, int iters, double *fwd_us, double *bwd_us,
                                     struct moe_error *err);
 enum moe_status exec_time_copy(size_t bytes, int iters, double *us, struct moe_error *err);
-/* The executor's AdamW update over n parameters (fp32 master, gradient and moments, the bf16
- * copy out: 30 bytes a parameter moved), median of iters, us. */
-enum moe_status exec_time_adamw(size_t n, int iters, double *us, struct moe_error *err);
+/* The executor's AdamW update over n parameters (fp32 master and gradient, fp32 moments or bf16
+ * ones with m16, the bf16 copy out: 30 or 22 bytes a parameter moved), median of iters, us. */
+enum moe_status exec_time_adamw(size_t n, bool m16, int iters, double *us, struct moe_error *err);
 enum moe_status exec_time_launch(int iters, double *us, struct moe_error *err);
 
 /* Versions as integers the way each library reports them (CUDA 13000 = 13.0, NCCL 22803 = 2.28.3). */

@@ -154,7 +154,12 @@ enum moe_status exec_ref_model_step(const struct exec_ref_model *r, const int *t
 struct exec_adamw {
     double lr_max, lr_min, beta1, beta2, eps, weight_decay, clip;
     int warmup_steps, total_steps;
+    /* the moments kept in bf16 (a plan's moments=bf16, Megatron's precision-aware optimizer):
+     * each step's update uses them unrounded, then they are stored rounded to nearest */
+    bool moments_bf16;
 };
+/* x rounded to the nearest bf16 (through fp32, ties to even), as the GPU's __float2bfloat16. */
+double exec_ref_bf16(double x);
 void exec_adamw_defaults(struct exec_adamw *o);
 double exec_lr_at(const struct exec_adamw *o, int step);
 double exec_ref_adamw_step(struct exec_ref_model *r, const double *grad, double *m1, double *m2,

@@ -149,9 +149,10 @@ struct exec_gpu {
     int nlt;
     const int *forced_choice; /* device (T, top_k): replaces the router's choice (benchmarks) */
     /* parameters, flat in the reference's table order (table.nparams of them) */
-    float *master;  /* (nparams) fp32 masters (ZeRO-1: ranks x shard_n) */
-    float *grad;    /* (nparams) accumulated gradients */
-    float *m1, *m2; /* (shard_n) AdamW moments */
+    float *master;    /* (nparams) fp32 masters (ZeRO-1: ranks x shard_n) */
+    float *grad;      /* (nparams) accumulated gradients */
+    void *m1, *m2;    /* (shard_n) AdamW moments: fp32, or bf16 with cfg.moments_bf16 */
+    size_t mom_bytes; /* 4 or 2: an element of m1, m2 */
     /* ZeRO-1 (cfg.zero): this rank's shard of the flat parameters, [shard_lo, shard_hi), of
      * shard_n each rank (the last one's padded); m1 and m2 hold the shard only, master all
      * ranks x shard_n (every rank's part arrives by all-gather after each update) */

@@ -37,16 +37,22 @@ static enum moe_status attn_core_forward(struct exec_gpu *g, struct act *A, int 
     return MOE_OK;
 }
 
-/* From do16 (T, H, dv): dq32 (T, H, dqk), dk32 (T, KV, dqk), dv32 (T, KV, dv). */
+/* From do16 (T, H, dv): the gradients of q, k and v in the layouts of q, k, v. With in16 NULL in
+ * fp32 (dq32, dk32, dv32); otherwise *in16 says where they are: in bf16 only (dq16, dk16, dv16:
+ * cuDNN writes bf16, and a caller that rounds them to bf16 anyway skips the fp32 copies) or in
+ * fp32 (our kernel). */
 static enum moe_status attn_core_backward(struct exec_gpu *g, const struct act *A, int window,
-                                          struct moe_error *err)
+                                          bool *in16, struct moe_error *err)
 {
     char why[256];
-    if (g->cudnn_attn) { /* dq16, dk16, dv16: scratch until the callers fill them */
+    if (in16) *in16 = false;
+    if (g->cudnn_attn) {
         if (gk_cudnn_backward(A->q16, A->k16, A->v16, A->o16, g->do16, A->lse, g->mbs, g->seq,
-                              g->heads, g->kv_heads, g->dqk, g->dv, window, g->dq32, g->dk32,
-                              g->dv32, g->dq16, g->dk16, g->dv16, g->s, why, sizeof why))
+                              g->heads, g->kv_heads, g->dqk, g->dv, window, in16 ? NULL : g->dq32,
+                              g->dk32, g->dv32, g->dq16, g->dk16, g->dv16, g->s, why, sizeof why)) {
+            if (in16) *in16 = true;
             return MOE_OK;
+        }
         cudnn_off(g, why);
     }
     MOE_CUDA_CHECK(gk_flash_backward(A->q16, A->k16, A->v16, A->o16, g->do16, A->lse, g->mbs,
@@ -67,10 +73,10 @@ enum moe_status gpu_attn_forward(struct exec_gpu *g, int l, struct act *A, struc
                           CUDA_R_32F, 0, err));
         MOE_CHECK(gpu_lin(g, A->a16, h, W16(g, w[W_WV]), T, h, KV * dv, A->v16, KV * dv,
                           CUDA_R_16BF, 0, err));
-        MOE_CUDA_CHECK(gk_rope(g->q32, T, H, dqk, dqk, g->rope_tab, g->seq, false, g->s));
-        MOE_CUDA_CHECK(gk_rope(g->k32, T, KV, dqk, dqk, g->rope_tab, g->seq, false, g->s));
-        MOE_CUDA_CHECK(gk_to_bf16(g->q32, A->q16, (size_t)T * H * dqk, g->s));
-        MOE_CUDA_CHECK(gk_to_bf16(g->k32, A->k16, (size_t)T * KV * dqk, g->s));
+        MOE_CUDA_CHECK(
+            gk_rope_bf16(g->q32, NULL, A->q16, T, H, dqk, dqk, g->rope_tab, g->seq, false, g->s));
+        MOE_CUDA_CHECK(
+            gk_rope_bf16(g->k32, NULL, A->k16, T, KV, dqk, dqk, g->rope_tab, g->seq, false, g->s));
     } else {
         int ql = g->q_lora, kvl = g->kv_lora, rope = g->rope, nope = g->nope;
         float eps = (float)g->m.norm_eps;
@@ -103,13 +109,15 @@ enum moe_status gpu_attn_backward(struct exec_gpu *g, int l, const struct act *A
 {
     const int *w = g->wi[l];
     int T = g->tokens, h = g->hidden, H = g->heads, KV = g->kv_heads, dqk = g->dqk, dv = g->dv;
-    MOE_CHECK(attn_core_backward(g, A, layer_window(g, l), err));
     if (!g->mla) {
-        MOE_CUDA_CHECK(gk_rope(g->dq32, T, H, dqk, dqk, g->rope_tab, g->seq, true, g->s));
-        MOE_CUDA_CHECK(gk_rope(g->dk32, T, KV, dqk, dqk, g->rope_tab, g->seq, true, g->s));
-        MOE_CUDA_CHECK(gk_to_bf16(g->dq32, g->dq16, (size_t)T * H * dqk, g->s));
-        MOE_CUDA_CHECK(gk_to_bf16(g->dk32, g->dk16, (size_t)T * KV * dqk, g->s));
-        MOE_CUDA_CHECK(gk_to_bf16(g->dv32, g->dv16, (size_t)T * KV * dv, g->s));
+        bool in16;
+        MOE_CHECK(attn_core_backward(g, A, layer_window(g, l), &in16, err));
+        const float *dq32 = in16 ? NULL : g->dq32, *dk32 = in16 ? NULL : g->dk32;
+        MOE_CUDA_CHECK(
+            gk_rope_bf16(dq32, g->dq16, g->dq16, T, H, dqk, dqk, g->rope_tab, g->seq, true, g->s));
+        MOE_CUDA_CHECK(
+            gk_rope_bf16(dk32, g->dk16, g->dk16, T, KV, dqk, dqk, g->rope_tab, g->seq, true, g->s));
+        if (!in16) MOE_CUDA_CHECK(gk_to_bf16(g->dv32, g->dv16, (size_t)T * KV * dv, g->s));
         MOE_CHECK(
             gpu_lin_dx(g, g->dq16, H * dqk, W16(g, w[W_WQ]), T, h, H * dqk, g->da32, h, 0, err));
         MOE_CHECK(
@@ -121,6 +129,7 @@ enum moe_status gpu_attn_backward(struct exec_gpu *g, int l, const struct act *A
         MOE_CHECK(gpu_lin_dw(g, g->dv16, KV * dv, A->a16, h, T, h, KV * dv, GR(g, w[W_WV]), err));
         return MOE_OK;
     }
+    MOE_CHECK(attn_core_backward(g, A, layer_window(g, l), NULL, err));
     int ql = g->q_lora, kvl = g->kv_lora, rope = g->rope, nope = g->nope;
     MOE_CUDA_CHECK(gk_mla_disassemble(g->dq32, g->dk32, g->dv32, T, H, nope, rope, dv, kvl,
                                       g->rope_tab, g->seq, g->dqf32, g->dkv32, g->dckvf32, g->s));

@@ -6,6 +6,8 @@
  */
 #include "gpu.h"
 
+#include <vector>
+
 /* `what` names the buffer in a failure (the code's name for it, "g->" left off). */
 enum moe_status gpu_dalloc(struct exec_gpu *g, void **p, size_t bytes, enum exec_mem cat,
                            const char *what, struct moe_error *err)
@@ -256,8 +258,11 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
     ALLOC(g->master, nmaster, EXEC_MEM_MASTER);
     ALLOC(g->w16, n, EXEC_MEM_WEIGHTS);
     ALLOC(g->grad, n, EXEC_MEM_GRADS);
-    ALLOC(g->m1, g->shard_n, EXEC_MEM_OPTIMIZER);
-    ALLOC(g->m2, g->shard_n, EXEC_MEM_OPTIMIZER);
+    g->mom_bytes = cfg->moments_bf16 ? sizeof(bf16) : sizeof(float);
+    MOE_CHECK(gpu_dalloc(g, &g->m1, g->mom_bytes * g->shard_n, EXEC_MEM_OPTIMIZER,
+                         "the first AdamW moments", err));
+    MOE_CHECK(gpu_dalloc(g, &g->m2, g->mom_bytes * g->shard_n, EXEC_MEM_OPTIMIZER,
+                         "the second AdamW moments", err));
     int E = g->experts, T = g->tokens, P = g->pairs, h = g->hidden, H = g->heads, KV = g->kv_heads;
     ALLOC(g->bias, (size_t)g->layers * E, EXEC_MEM_MASTER);
     g->bias_host = (double *)calloc((size_t)g->layers * E, sizeof(double));
@@ -289,7 +294,7 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
     g->emb_count = (int *)calloc((size_t)g->vocab, sizeof(int));
     if (!g->emb_count) return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
     ALLOC(g->tgt, T, c);
-    int chunks = (P + GK_CHUNK - 1) / GK_CHUNK, rchunks = (T + GK_CHUNK - 1) / GK_CHUNK;
+    int chunks = (P + GK_CHUNK - 1) / GK_CHUNK, rchunks = (T + GK_COLSUM_ROWS - 1) / GK_COLSUM_ROWS;
     ALLOC(g->perm_cnt, (size_t)chunks * E + 1, c);
     ALLOC(g->perm_base, (size_t)chunks * E + 1, c);
     ALLOC(g->q32, (size_t)T * H * dqk, c);
@@ -300,7 +305,13 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
     MOE_CUDA_CHECK(gk_flash_prepare(g->dqk, g->dv));
     g->cudnn_attn = cfg->cudnn_attention;
     if (!cfg->cudnn_attention)
-        snprintf(g->attn_why, sizeof g->attn_why, "the default; --attention cudnn for cuDNN's");
+        snprintf(g->attn_why, sizeof g->attn_why, "%s",
+#ifdef MOEPLAN_HAVE_CUDNN
+                 "asked for"
+#else
+                 "this build has no cuDNN"
+#endif
+        );
     int widest = h > E ? h : E;
     if (g->mla) widest = widest > g->kv_lora + g->rope ? widest : g->kv_lora + g->rope;
     if (g->q_lora > widest) widest = g->q_lora;
@@ -442,8 +453,8 @@ extern "C" enum moe_status exec_gpu_init(struct exec_gpu *g, uint64_t seed, stru
         MOE_CUDA_CHECK(gk_init(g->master + t->offset, t->size, t->offset, seed, 0.02f,
                                strstr(t->name, "norm") != NULL, g->s));
     }
-    MOE_CUDA_CHECK(cudaMemsetAsync(g->m1, 0, sizeof(float) * g->shard_n, g->s));
-    MOE_CUDA_CHECK(cudaMemsetAsync(g->m2, 0, sizeof(float) * g->shard_n, g->s));
+    MOE_CUDA_CHECK(cudaMemsetAsync(g->m1, 0, g->mom_bytes * g->shard_n, g->s));
+    MOE_CUDA_CHECK(cudaMemsetAsync(g->m2, 0, g->mom_bytes * g->shard_n, g->s));
     return refresh_bf16(g, err);
 }
 
@@ -520,10 +531,20 @@ extern "C" size_t exec_gpu_state_floats(const struct exec_gpu *g)
 extern "C" enum moe_status exec_gpu_get_state(struct exec_gpu *g, float *m1, float *m2,
                                               double *bias, struct moe_error *err)
 {
-    size_t n = sizeof(float) * g->shard_n;
-    MOE_CUDA_CHECK(cudaMemcpyAsync(m1, g->m1, n, cudaMemcpyDeviceToHost, g->s));
-    MOE_CUDA_CHECK(cudaMemcpyAsync(m2, g->m2, n, cudaMemcpyDeviceToHost, g->s));
-    MOE_CUDA_CHECK(cudaStreamSynchronize(g->s));
+    if (g->mom_bytes == sizeof(float)) {
+        size_t n = sizeof(float) * g->shard_n;
+        MOE_CUDA_CHECK(cudaMemcpyAsync(m1, g->m1, n, cudaMemcpyDeviceToHost, g->s));
+        MOE_CUDA_CHECK(cudaMemcpyAsync(m2, g->m2, n, cudaMemcpyDeviceToHost, g->s));
+        MOE_CUDA_CHECK(cudaStreamSynchronize(g->s));
+    } else { /* bf16 moments, widened exactly for the checkpoint */
+        std::vector<bf16> h(g->shard_n);
+        for (int k = 0; k < 2; k++) {
+            MOE_CUDA_CHECK(cudaMemcpy(h.data(), k ? g->m2 : g->m1, sizeof(bf16) * g->shard_n,
+                                      cudaMemcpyDeviceToHost));
+            float *o = k ? m2 : m1;
+            for (size_t i = 0; i < g->shard_n; i++) o[i] = __bfloat162float(h[i]);
+        }
+    }
     memcpy(bias, g->bias_host, sizeof(double) * (size_t)g->layers * g->experts);
     return MOE_OK;
 }
@@ -531,10 +552,21 @@ extern "C" enum moe_status exec_gpu_get_state(struct exec_gpu *g, float *m1, flo
 extern "C" enum moe_status exec_gpu_set_state(struct exec_gpu *g, const float *m1, const float *m2,
                                               const double *bias, struct moe_error *err)
 {
-    size_t n = sizeof(float) * g->shard_n;
-    MOE_CUDA_CHECK(cudaMemcpyAsync(g->m1, m1, n, cudaMemcpyHostToDevice, g->s));
-    MOE_CUDA_CHECK(cudaMemcpyAsync(g->m2, m2, n, cudaMemcpyHostToDevice, g->s));
-    MOE_CUDA_CHECK(cudaStreamSynchronize(g->s));
+    if (g->mom_bytes == sizeof(float)) {
+        size_t n = sizeof(float) * g->shard_n;
+        MOE_CUDA_CHECK(cudaMemcpyAsync(g->m1, m1, n, cudaMemcpyHostToDevice, g->s));
+        MOE_CUDA_CHECK(cudaMemcpyAsync(g->m2, m2, n, cudaMemcpyHostToDevice, g->s));
+        MOE_CUDA_CHECK(cudaStreamSynchronize(g->s));
+    } else { /* a checkpoint's moments rounded to bf16 (exact for one written by bf16 moments) */
+        std::vector<bf16> h(g->shard_n);
+        MOE_CUDA_CHECK(cudaStreamSynchronize(g->s));
+        for (int k = 0; k < 2; k++) {
+            const float *in = k ? m2 : m1;
+            for (size_t i = 0; i < g->shard_n; i++) h[i] = __float2bfloat16(in[i]);
+            MOE_CUDA_CHECK(cudaMemcpy(k ? g->m2 : g->m1, h.data(), sizeof(bf16) * g->shard_n,
+                                      cudaMemcpyHostToDevice));
+        }
+    }
     return exec_gpu_set_bias(g, bias, err);
 }
 

@@ -291,6 +291,26 @@ static cudnnBackendDescriptor_t mask(struct graph *g, cudnnBackendDescriptor_t s
 
 /* g's operations as a graph, and a plan from the first engine config that takes it (heuristics
  * mode A, then the fallback list); NULL with g's reason. */
+/* False when the engine of cfg notes that it is not deterministic (or cannot be asked). */
+static bool cfg_deterministic(cudnnBackendDescriptor_t cfg)
+{
+    cudnnBackendDescriptor_t engine;
+    if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine) !=
+        CUDNN_STATUS_SUCCESS)
+        return false;
+    int64_t n = 0;
+    cudnnBackendNumericalNote_t notes[32];
+    bool ok =
+        cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+                                 &n, &engine) == CUDNN_STATUS_SUCCESS &&
+        cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
+                                 CUDNN_TYPE_NUMERICAL_NOTE, 32, &n, notes) == CUDNN_STATUS_SUCCESS;
+    for (int64_t i = 0; ok && i < n; i++)
+        if (notes[i] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC) ok = false;
+    cudnnBackendDestroyDescriptor(engine);
+    return ok;
+}
+
 static cudnnBackendDescriptor_t plan_of(struct graph *g, cudnnHandle_t h, int64_t *workspace)
 {
     cudnnBackendDescriptor_t graph = make(g, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
@@ -323,7 +343,11 @@ static cudnnBackendDescriptor_t plan_of(struct graph *g, cudnnHandle_t h, int64_
                                             CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, cfg),
                    "heuristics configs"))
             break;
-        for (int64_t i = 0; i < got && !plan; i++) {
+        /* engines that say they are deterministic first (a backward accumulating dQ with atomics
+         * differs run to run under load), then any */
+        for (int64_t k = 0; k < 2 * got && !plan; k++) {
+            int64_t i = k % got;
+            if ((k < got) != cfg_deterministic(cfg[i])) continue;
             cudnnBackendDescriptor_t pl;
             int64_t one;
             if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &pl) !=
@@ -654,9 +678,11 @@ bool gk_cudnn_backward(const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *
                       e->stats,  scratch_q, scratch_k, scratch_v, e->rowsum,
                       e->dq_acc, &scale,    &neg_inf,  &one,      &win};
     if (!execute(e, key.window > 0 ? 15 : 14, uids, ptrs, why, cap)) return false;
-    k_widen<<<(unsigned)((nq + 255) / 256), 256, 0, s>>>(scratch_q, dq, nq);
-    k_widen<<<(unsigned)((nk + 255) / 256), 256, 0, s>>>(scratch_k, dk, nk);
-    k_widen<<<(unsigned)((nv + 255) / 256), 256, 0, s>>>(scratch_v, dvo, nv);
+    if (dq) {
+        k_widen<<<(unsigned)((nq + 255) / 256), 256, 0, s>>>(scratch_q, dq, nq);
+        k_widen<<<(unsigned)((nk + 255) / 256), 256, 0, s>>>(scratch_k, dk, nk);
+        k_widen<<<(unsigned)((nv + 255) / 256), 256, 0, s>>>(scratch_v, dvo, nv);
+    }
     if (cudaGetLastError() == cudaSuccess) return true;
     snprintf(why, cap, "cuDNN attention: the gradients' copies did not launch");
     return false;

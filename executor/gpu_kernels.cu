@@ -180,13 +180,13 @@ cudaError_t gk_rmsnorm_backward(const float *x, int ldx, const float *w, const f
 }
 
 /* Column sums out[c] += sum_t a[t,c] * b[t,c] * r[t] (b, r may be NULL), in two fixed stages:
- * chunks of GK_CHUNK rows into part (chunks, n), then the chunks in order. */
+ * chunks of GK_COLSUM_ROWS rows into part (chunks, n), then the chunks in order. */
 __global__ void k_colsum_part(const float *a, int lda, const float *b, int ldb, const float *r,
                               int T, int n, float *part)
 {
     int c = blockIdx.x * blockDim.x + threadIdx.x, ch = blockIdx.y;
     if (c >= n) return;
-    int t0 = ch * GK_CHUNK, t1 = min(T, t0 + GK_CHUNK);
+    int t0 = ch * GK_COLSUM_ROWS, t1 = min(T, t0 + GK_COLSUM_ROWS);
     float acc = 0.0f;
     for (int t = t0; t < t1; t++) {
         float v = a[(size_t)t * lda + c];
@@ -209,7 +209,7 @@ __global__ void k_colsum_final(const float *part, int chunks, int n, float *out,
 cudaError_t gk_colsum(const float *a, int lda, const float *b, int ldb, const float *r, int T,
                       int n, float *part, float *out, bool accumulate, cudaStream_t s)
 {
-    int chunks = (T + GK_CHUNK - 1) / GK_CHUNK;
+    int chunks = (T + GK_COLSUM_ROWS - 1) / GK_COLSUM_ROWS;
     if (chunks == 0) return cudaGetLastError();
     k_colsum_part<<<dim3(blocks_for(n, TPB), chunks), TPB, 0, s>>>(a, lda, b, ldb, r, T, n, part);
     k_colsum_final<<<blocks_for(n, TPB), TPB, 0, s>>>(part, chunks, n, out, accumulate);
@@ -253,26 +253,42 @@ __device__ __forceinline__ float2 rotate(float a, float b, float2 cs, bool inver
 }
 
 /* In place on x (T, heads, dim), the first rot dims of each head; position t % seq. */
-__global__ void k_rope(float *x, int T, int heads, int dim, int rot, const float2 *tab, int seq,
-                       int inverse)
+/* RoPE into bf16: y (T, heads, dim) = RoPE(x) rounded once, x fp32 (x32) or bf16 (x16, which y
+ * may be: each thread reads and writes its own pair). One thread per rotated pair or copied
+ * element (dim - rot/2 a head); the values are those of gk_rope then gk_to_bf16. */
+template <typename Tin>
+__global__ void k_rope_bf16(const Tin *x, bf16 *y, int T, int heads, int dim, int rot,
+                            const float2 *tab, int seq, int inverse)
 {
-    int half = rot / 2;
+    int half = rot / 2, per = dim - half;
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i >= (size_t)T * heads * half) return;
-    int p = i % half;
-    size_t th = i / half;
+    if (i >= (size_t)T * heads * per) return;
+    int p = i % per;
+    size_t th = i / per;
     int t = (int)(th / heads);
-    float *v = x + th * dim;
-    float2 r = rotate(v[p], v[p + half], tab[(size_t)(t % seq) * half + p], inverse);
-    v[p] = r.x;
-    v[p + half] = r.y;
+    const Tin *v = x + th * dim;
+    bf16 *o = y + th * dim;
+    if (p < half) {
+        float2 r =
+            rotate((float)v[p], (float)v[p + half], tab[(size_t)(t % seq) * half + p], inverse);
+        o[p] = __float2bfloat16(r.x);
+        o[p + half] = __float2bfloat16(r.y);
+    } else {
+        o[p + half] = __float2bfloat16((float)v[p + half]);
+    }
 }
 
-cudaError_t gk_rope(float *x, int T, int heads, int dim, int rot, const float2 *tab, int seq,
-                    bool inverse, cudaStream_t s)
+cudaError_t gk_rope_bf16(const float *x32, const bf16 *x16, bf16 *y, int T, int heads, int dim,
+                         int rot, const float2 *tab, int seq, bool inverse, cudaStream_t s)
 {
-    size_t n = (size_t)T * heads * (rot / 2);
-    if (n) k_rope<<<blocks_for(n, TPB), TPB, 0, s>>>(x, T, heads, dim, rot, tab, seq, inverse);
+    size_t n = (size_t)T * heads * (dim - rot / 2);
+    if (!n) return cudaGetLastError();
+    if (x32)
+        k_rope_bf16<float>
+            <<<blocks_for(n, TPB), TPB, 0, s>>>(x32, y, T, heads, dim, rot, tab, seq, inverse);
+    else
+        k_rope_bf16<bf16>
+            <<<blocks_for(n, TPB), TPB, 0, s>>>(x16, y, T, heads, dim, rot, tab, seq, inverse);
     return cudaGetLastError();
 }
 
@@ -428,15 +444,34 @@ __device__ __forceinline__ void lse_merge(float &m, float &s, float m2, float s2
 }
 
 /* Per row: loss = logsumexp(z) - z[target]; dlogits = (softmax(z) - onehot) * scale (bf16). Two
- * passes over the row: the maximum and the sum together (online), then the gradient. */
+ * passes over the row: the maximum and the sum together (online), then the gradient. VEC elements
+ * a load (4: 16-byte loads where the rows allow; 1 otherwise); the row is read twice, the second
+ * time mostly from L2. */
+template <int VEC>
 __global__ void k_cross_entropy(const float *logits, const int *tgt, int V, float scale,
                                 float *row_loss, bf16 *dlogits)
 {
     __shared__ float rm[TPB / 32], rs[TPB / 32];
     size_t t = blockIdx.x;
     const float *z = logits + t * V;
+    int nv = V / VEC;
     float mx = -INFINITY, sum = 0.0f;
-    for (int c = threadIdx.x; c < V; c += blockDim.x) lse_add(mx, sum, z[c]);
+    for (int c = threadIdx.x; c < nv; c += blockDim.x) {
+        float x[VEC];
+        if (VEC == 4) {
+            float4 q = ((const float4 *)z)[c];
+            x[0] = q.x, x[1] = q.y, x[2] = q.z, x[3] = q.w;
+        } else {
+            x[0] = z[c];
+        }
+        float m4 = x[0];
+        for (int j = 1; j < VEC; j++) m4 = fmaxf(m4, x[j]);
+        if (m4 > mx) {
+            sum *= expf(mx - m4);
+            mx = m4;
+        }
+        for (int j = 0; j < VEC; j++) sum += expf(x[j] - mx);
+    }
     for (int o = 16; o > 0; o >>= 1) {
         float m2 = __shfl_xor_sync(0xffffffffu, mx, o), s2 = __shfl_xor_sync(0xffffffffu, sum, o);
         lse_merge(mx, sum, m2, s2);
@@ -453,14 +488,33 @@ __global__ void k_cross_entropy(const float *logits, const int *tgt, int V, floa
     float lse = mx + logf(sum);
     int y = tgt[t];
     if (threadIdx.x == 0) row_loss[t] = lse - z[y];
-    for (int c = threadIdx.x; c < V; c += blockDim.x)
-        dlogits[t * V + c] = __float2bfloat16((expf(z[c] - lse) - (c == y ? 1.0f : 0.0f)) * scale);
+    bf16 *d = dlogits + t * V;
+    for (int c = threadIdx.x; c < nv; c += blockDim.x) {
+        if (VEC == 4) {
+            float4 q = ((const float4 *)z)[c];
+            int c0 = 4 * c;
+            __nv_bfloat162 a =
+                __floats2bfloat162_rn((expf(q.x - lse) - (c0 == y ? 1.0f : 0.0f)) * scale,
+                                      (expf(q.y - lse) - (c0 + 1 == y ? 1.0f : 0.0f)) * scale);
+            __nv_bfloat162 b =
+                __floats2bfloat162_rn((expf(q.z - lse) - (c0 + 2 == y ? 1.0f : 0.0f)) * scale,
+                                      (expf(q.w - lse) - (c0 + 3 == y ? 1.0f : 0.0f)) * scale);
+            ((__nv_bfloat162 *)d)[2 * c] = a;
+            ((__nv_bfloat162 *)d)[2 * c + 1] = b;
+        } else {
+            d[c] = __float2bfloat16((expf(z[c] - lse) - (c == y ? 1.0f : 0.0f)) * scale);
+        }
+    }
 }
 
 cudaError_t gk_cross_entropy(const float *logits, const int *tgt, int T, int V, float scale,
                              float *row_loss, bf16 *dlogits, cudaStream_t s)
 {
-    if (T) k_cross_entropy<<<T, TPB, 0, s>>>(logits, tgt, V, scale, row_loss, dlogits);
+    if (!T) return cudaGetLastError();
+    if (V % 4 == 0 && (uintptr_t)logits % 16 == 0 && (uintptr_t)dlogits % 8 == 0)
+        k_cross_entropy<4><<<T, TPB, 0, s>>>(logits, tgt, V, scale, row_loss, dlogits);
+    else
+        k_cross_entropy<1><<<T, TPB, 0, s>>>(logits, tgt, V, scale, row_loss, dlogits);
     return cudaGetLastError();
 }
 
@@ -507,47 +561,94 @@ __device__ __forceinline__ float adamw_one(float p, float gr, float *m, float *v
     return p - a.lr * (upd + a.wd * p);
 }
 
-/* Four elements a thread by 16-byte loads (memory bound: 30 bytes an element); n4 = n / 4. */
-__global__ void k_adamw4(float4 *p, const float4 *g, float4 *m1, float4 *m2, __nv_bfloat162 *w16,
+/* The moments' four elements i*4 .. i*4+3, fp32 (16 bytes) or bf16 (8 bytes, M16). */
+template <bool M16> __device__ __forceinline__ float4 mom_load(const void *b, size_t i)
+{
+    if (!M16) return ((const float4 *)b)[i];
+    uint2 u = ((const uint2 *)b)[i];
+    float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u.x));
+    float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u.y));
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+
+template <bool M16> __device__ __forceinline__ void mom_store(void *b, size_t i, float4 v)
+{
+    if (!M16) {
+        ((float4 *)b)[i] = v;
+        return;
+    }
+    __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+    uint2 u;
+    u.x = *reinterpret_cast<const unsigned *>(&lo);
+    u.y = *reinterpret_cast<const unsigned *>(&hi);
+    ((uint2 *)b)[i] = u;
+}
+
+/* Four elements a thread by 16-byte loads (memory bound: 30 bytes an element with fp32 moments,
+ * 22 with bf16 ones); n4 = n / 4. The update uses the moments unrounded; bf16 ones are stored
+ * rounded to nearest. */
+template <bool M16>
+__global__ void k_adamw4(float4 *p, const float4 *g, void *m1, void *m2, __nv_bfloat162 *w16,
                          size_t n4, struct gk_adamw a)
 {
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i >= n4) return;
-    float4 x = p[i], gr = g[i], m = m1[i], v = m2[i];
+    float4 x = p[i], gr = g[i], m = mom_load<M16>(m1, i), v = mom_load<M16>(m2, i);
     x.x = adamw_one(x.x, gr.x, &m.x, &v.x, a);
     x.y = adamw_one(x.y, gr.y, &m.y, &v.y, a);
     x.z = adamw_one(x.z, gr.z, &m.z, &v.z, a);
     x.w = adamw_one(x.w, gr.w, &m.w, &v.w, a);
     p[i] = x;
-    m1[i] = m;
-    m2[i] = v;
+    mom_store<M16>(m1, i, m);
+    mom_store<M16>(m2, i, v);
     w16[2 * i] = __floats2bfloat162_rn(x.x, x.y);
     w16[2 * i + 1] = __floats2bfloat162_rn(x.z, x.w);
 }
 
-__global__ void k_adamw(float *p, const float *g, float *m1, float *m2, bf16 *w16, size_t n,
+template <bool M16>
+__global__ void k_adamw(float *p, const float *g, void *m1, void *m2, bf16 *w16, size_t n,
                         struct gk_adamw a)
 {
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float x = adamw_one(p[i], g[i], &m1[i], &m2[i], a);
+    float m = M16 ? __bfloat162float(((bf16 *)m1)[i]) : ((float *)m1)[i];
+    float v = M16 ? __bfloat162float(((bf16 *)m2)[i]) : ((float *)m2)[i];
+    float x = adamw_one(p[i], g[i], &m, &v, a);
+    if (M16) {
+        ((bf16 *)m1)[i] = __float2bfloat16(m);
+        ((bf16 *)m2)[i] = __float2bfloat16(v);
+    } else {
+        ((float *)m1)[i] = m;
+        ((float *)m2)[i] = v;
+    }
     p[i] = x;
     w16[i] = __float2bfloat16(x);
 }
 
-cudaError_t gk_adamw(float *p, const float *g, float *m1, float *m2, bf16 *w16, size_t n,
-                     const struct gk_adamw *a, cudaStream_t s)
+template <bool M16>
+static void adamw_launch(float *p, const float *g, void *m1, void *m2, bf16 *w16, size_t n,
+                         const struct gk_adamw *a, cudaStream_t s)
 {
-    size_t n4 = 0;
-    if ((uintptr_t)p % 16 == 0 && (uintptr_t)g % 16 == 0 && (uintptr_t)m1 % 16 == 0 &&
-        (uintptr_t)m2 % 16 == 0 && (uintptr_t)w16 % 8 == 0)
+    size_t n4 = 0, mb = M16 ? 2 : 4;
+    if ((uintptr_t)p % 16 == 0 && (uintptr_t)g % 16 == 0 && (uintptr_t)m1 % (4 * mb) == 0 &&
+        (uintptr_t)m2 % (4 * mb) == 0 && (uintptr_t)w16 % 8 == 0)
         n4 = n / 4;
     if (n4)
-        k_adamw4<<<blocks_for(n4, TPB), TPB, 0, s>>>((float4 *)p, (const float4 *)g, (float4 *)m1,
-                                                     (float4 *)m2, (__nv_bfloat162 *)w16, n4, *a);
+        k_adamw4<M16><<<blocks_for(n4, TPB), TPB, 0, s>>>((float4 *)p, (const float4 *)g, m1, m2,
+                                                          (__nv_bfloat162 *)w16, n4, *a);
     size_t r = n - 4 * n4;
     if (r)
-        k_adamw<<<blocks_for(r, TPB), TPB, 0, s>>>(p + 4 * n4, g + 4 * n4, m1 + 4 * n4, m2 + 4 * n4,
-                                                   w16 + 4 * n4, r, *a);
+        k_adamw<M16>
+            <<<blocks_for(r, TPB), TPB, 0, s>>>(p + 4 * n4, g + 4 * n4, (char *)m1 + 4 * n4 * mb,
+                                                (char *)m2 + 4 * n4 * mb, w16 + 4 * n4, r, *a);
+}
+
+cudaError_t gk_adamw(float *p, const float *g, void *m1, void *m2, bool m16, bf16 *w16, size_t n,
+                     const struct gk_adamw *a, cudaStream_t s)
+{
+    if (m16)
+        adamw_launch<true>(p, g, m1, m2, w16, n, a, s);
+    else
+        adamw_launch<false>(p, g, m1, m2, w16, n, a, s);
     return cudaGetLastError();
 }

@@ -15,7 +15,8 @@
 
 typedef __nv_bfloat16 bf16;
 
-#define GK_CHUNK 1024       /* rows per partial sum, pairs per permutation chunk */
+#define GK_CHUNK 1024       /* pairs per permutation chunk */
+#define GK_COLSUM_ROWS 128  /* rows per column-sum partial (many blocks: T x 2048 is 1024) */
 #define GK_NORM_BLOCKS 1024 /* partial sums of the gradient norm */
 #define GK_MAX_EXPERTS 512  /* the router kernels keep a token's scores in registers */
 
@@ -58,14 +59,16 @@ cudaError_t gk_rmsnorm(const float *x, int ldx, const float *w, int T, int h, fl
 cudaError_t gk_rmsnorm_backward(const float *x, int ldx, const float *w, const float *rstd,
                                 const float *dy, int lddy, const float *base, int ldb, float *dx,
                                 int lddx, int T, int h, cudaStream_t s);
-/* out[c] (+)= sum_t a[t,c] * b[t,c] * r[t]; part holds ceil(T / GK_CHUNK) x n floats. */
+/* out[c] (+)= sum_t a[t,c] * b[t,c] * r[t]; part holds ceil(T / GK_COLSUM_ROWS) x n floats. */
 cudaError_t gk_colsum(const float *a, int lda, const float *b, int ldb, const float *r, int T,
                       int n, float *part, float *out, bool accumulate, cudaStream_t s);
 /* RoPE's (cos, sin) for positions 0 .. seq-1 and pairs 0 .. rot/2-1, (seq, rot/2), computed
  * once: the rope kernels read it. */
 cudaError_t gk_rope_table(float2 *tab, int seq, int rot, float theta, cudaStream_t s);
-cudaError_t gk_rope(float *x, int T, int heads, int dim, int rot, const float2 *tab, int seq,
-                    bool inverse, cudaStream_t s);
+/* RoPE (HF rotate-half) on the first rot of each head's dim values, written as bf16 to y, from
+ * fp32 x32 or (x32 NULL) bf16 x16; y may be x16. inverse: the transpose (for the backward). */
+cudaError_t gk_rope_bf16(const float *x32, const bf16 *x16, bf16 *y, int T, int heads, int dim,
+                         int rot, const float2 *tab, int seq, bool inverse, cudaStream_t s);
 cudaError_t gk_mla_assemble(const float *qf, const float *ckvf, const float *kv, int T, int H,
                             int nope, int rope, int dv, int kvl, const float2 *tab, int seq,
                             bf16 *q, bf16 *k, bf16 *v, cudaStream_t s);
@@ -95,9 +98,10 @@ cudaError_t gk_flash_backward(const bf16 *q, const bf16 *k, const bf16 *v, const
 bool gk_cudnn_forward(const bf16 *q, const bf16 *k, const bf16 *v, int B, int S, int H, int KV,
                       int dqk, int dv, int window, bf16 *o, float *lse, cudaStream_t s, char *why,
                       size_t cap);
-/* The backward through cuDNN, from the forward's lse (either kernel's: base 2): dq, dk, dv in
- * fp32 in the layouts of q, k, v (as gk_flash_backward's), widened from the bf16 cuDNN writes
- * into scratch_q, scratch_k, scratch_v. false as gk_cudnn_forward. */
+/* The backward through cuDNN, from the forward's lse (either kernel's: base 2): cuDNN writes dq,
+ * dk, dv in bf16 into scratch_q, scratch_k, scratch_v (the layouts of q, k, v); with dq, dk, dvo
+ * given they are widened to fp32 there (as gk_flash_backward's), with dq NULL they stay in the
+ * scratch only. false as gk_cudnn_forward. */
 bool gk_cudnn_backward(const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *o, const bf16 *dout,
                        const float *lse, int B, int S, int H, int KV, int dqk, int dv, int window,
                        float *dq, float *dk, float *dvo, bf16 *scratch_q, bf16 *scratch_k,
@@ -133,7 +137,9 @@ cudaError_t gk_coactivation(const int *choice, int T, int k, int E, unsigned lon
 cudaError_t gk_cross_entropy(const float *logits, const int *tgt, int T, int V, float scale,
                              float *row_loss, bf16 *dlogits, cudaStream_t s);
 cudaError_t gk_sumsq(const float *g, size_t n, double *part, cudaStream_t s);
-cudaError_t gk_adamw(float *p, const float *g, float *m1, float *m2, bf16 *w16, size_t n,
+/* AdamW on n fp32 masters p from gradients g; the moments m1, m2 fp32, or bf16 when m16 (the
+ * update uses them unrounded, stores them rounded to nearest); writes the bf16 copy w16. */
+cudaError_t gk_adamw(float *p, const float *g, void *m1, void *m2, bool m16, bf16 *w16, size_t n,
                      const struct gk_adamw *a, cudaStream_t s);
 
 /* Expert parallelism's rows in flight (gpu_ep.cu):

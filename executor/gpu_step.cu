@@ -295,6 +295,10 @@ extern "C" enum moe_status exec_gpu_optimizer(struct exec_gpu *g, const struct e
         return moe_error_set(err, MOE_ERR_NUMERICS, "step %d: the gradient norm is %g: %s",
                              step + 1, norm, where[0] ? where : "no tensor holds it now");
     }
+    if (o->moments_bf16 != (g->mom_bytes == 2))
+        return moe_error_set(
+            err, MOE_ERR_INPUT, "executor: the optimizer asks for %s moments, this GPU keeps %s",
+            o->moments_bf16 ? "bf16" : "fp32", g->mom_bytes == 2 ? "bf16" : "fp32");
     struct gk_adamw a;
     a.lr = (float)exec_lr_at(o, step);
     a.beta1 = (float)o->beta1;
@@ -310,8 +314,10 @@ extern "C" enum moe_status exec_gpu_optimizer(struct exec_gpu *g, const struct e
         size_t b0 = t->offset + t->size < hi ? t->offset + t->size : hi;
         if (a0 >= b0) continue;
         a.wd = g->decay[i] ? (float)o->weight_decay : 0.0f;
-        MOE_CUDA_CHECK(gk_adamw(g->master + a0, g->grad + a0, g->m1 + (a0 - lo), g->m2 + (a0 - lo),
-                                g->w16 + a0, b0 - a0, &a, g->s));
+        size_t mo = (a0 - lo) * g->mom_bytes;
+        MOE_CUDA_CHECK(gk_adamw(g->master + a0, g->grad + a0, (char *)g->m1 + mo,
+                                (char *)g->m2 + mo, g->mom_bytes == 2, g->w16 + a0, b0 - a0, &a,
+                                g->s));
     }
     if (g->cfg.zero) { /* every rank's updated shard to every rank, then their bf16 copies */
         MOE_CHECK(gpu_sync_host(g, err));

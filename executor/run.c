@@ -45,6 +45,15 @@ struct run_shared {
 };
 
 /* x (n doubles, host) summed over t's ranks, through the device buffer d (n doubles). */
+bool exec_attention_cudnn(enum exec_attention a)
+{
+#ifdef MOEPLAN_HAVE_CUDNN
+    return a != EXEC_ATTN_OWN;
+#else
+    return a == EXEC_ATTN_CUDNN; /* asked for: the executor says why it runs ours */
+#endif
+}
+
 static enum moe_status sum_doubles(struct exec_transport *t, double *d, double *x, size_t n,
                                    struct moe_error *err)
 {
@@ -339,7 +348,8 @@ static enum moe_status rank_main(struct run_shared *sh, int me, struct exec_tran
                                .dp = l->pp == 1 && !c->no_grad_overlap ? world : NULL,
                                .micro_batches = micro,
                                .mem_limit = c->gpu_mem_limit,
-                               .cudnn_attention = c->cudnn_attention};
+                               .cudnn_attention = exec_attention_cudnn(c->attention),
+                               .moments_bf16 = l->moments_bf16};
     if ((st = exec_gpu_create(&g, m, &cfg, err))) goto done;
     if (c->mode == EXEC_RUN_VIRTUAL) sh->streams[me] = exec_gpu_stream(g);
     if ((st = exec_gpu_init(g, c->seed, err))) goto done;
@@ -350,6 +360,7 @@ static enum moe_status rank_main(struct run_shared *sh, int me, struct exec_tran
     info.opt.lr_min = c->lr / 10;
     info.opt.total_steps = c->steps;
     info.opt.warmup_steps = c->warmup < c->steps / 10 + 1 ? c->warmup : c->steps / 10 + 1;
+    info.opt.moments_bf16 = l->moments_bf16;
     tok = malloc(sizeof *tok * (size_t)seqs * per);
     if (!tok) {
         st = moe_error_set(err, MOE_ERR_NOMEM, "run: out of memory");

@@ -141,9 +141,8 @@ bool exec_layout_runnable(const struct cost_layout *l, int gpus, char *why, size
                  l->offload);
         return false;
     }
-    if (l->grad_reduce_bf16 || l->moments_bf16) {
-        snprintf(why, cap, "bf16 %s: the executor keeps them in fp32",
-                 l->grad_reduce_bf16 ? "gradients" : "Adam moments");
+    if (l->grad_reduce_bf16) {
+        snprintf(why, cap, "grad_reduce=bf16: the executor reduces the gradients in fp32");
         return false;
     }
     if (l->graphs != COST_GRAPHS_NONE || l->delay_wgrad) {

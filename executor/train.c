@@ -10,6 +10,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -25,6 +26,7 @@ void exec_adamw_defaults(struct exec_adamw *o)
     o->clip = 1.0;
     o->warmup_steps = 10;
     o->total_steps = 1000;
+    o->moments_bf16 = false;
 }
 
 double exec_lr_at(const struct exec_adamw *o, int step)
@@ -34,6 +36,17 @@ double exec_lr_at(const struct exec_adamw *o, int step)
     double f = span > 0 ? (double)(step - o->warmup_steps) / span : 1.0;
     if (f > 1.0) f = 1.0;
     return o->lr_min + 0.5 * (o->lr_max - o->lr_min) * (1.0 + cos(3.141592653589793 * f));
+}
+
+double exec_ref_bf16(double x)
+{
+    float f = (float)x;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7f800000u) != 0x7f800000u) /* Inf and NaN stay */
+        u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&f, &u, 4);
+    return f;
 }
 
 double exec_ref_adamw_step(struct exec_ref_model *r, const double *grad, double *m1, double *m2,
@@ -63,6 +76,7 @@ void exec_ref_adamw_range(struct exec_ref_model *r, const double *grad, double *
             m2[j] = o->beta2 * m2[j] + (1.0 - o->beta2) * g * g;
             double upd = (m1[j] / c1) / (sqrt(m2[j] / c2) + o->eps);
             r->params[j] -= lr * (upd + wd * r->params[j]);
+            if (o->moments_bf16) m1[j] = exec_ref_bf16(m1[j]), m2[j] = exec_ref_bf16(m2[j]);
         }
     }
 }

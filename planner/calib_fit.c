@@ -184,8 +184,11 @@ enum moe_status plan_calib_data_load(const char *file, struct plan_calib_data *d
     if (have_lib &&
         ((st = moe_jval_str(&lib, "cuda_runtime", false, "?", d->cuda, sizeof d->cuda, err)) ||
          (st = moe_jval_str(&lib, "cublas", false, "?", d->cublas, sizeof d->cublas, err)) ||
-         (st = moe_jval_str(&lib, "nccl", false, "?", d->nccl, sizeof d->nccl, err))))
+         (st = moe_jval_str(&lib, "nccl", false, "?", d->nccl, sizeof d->nccl, err)) ||
+         (st = moe_jval_str(&lib, "attention", false, "own", d->attention, sizeof d->attention,
+                            err))))
         goto done;
+    if (!have_lib) snprintf(d->attention, sizeof d->attention, "own");
     d->copy_bytes = 1073741824.0;
     if ((st = moe_jval_array(&m, "gemm_m_n_k_us", true, &arr, NULL, err))) goto done;
     for (size_t i = 0; i < moe_jval_len(&arr) && d->ngemm < PLAN_CALIB_MAX_GEMMS; i++) {
@@ -240,9 +243,11 @@ static void fit_attention(const struct topo_gpu_spec *g, const struct plan_calib
     }
     double e = cost_fit_attention(cal, g, s, d->nattn);
     fprintf(log,
-            "  %d attention shapes: attn_fwd_eff %.3f, attn_bwd_eff %.3f at long sequences, half "
+            "  %d attention shapes: attn_fwd_eff %.3f, attn_bwd_eff %.3f at long sequences, x %.3f "
+            "for heads wider than 128, half "
             "of it at %.0f tokens; rms error %.1f%%\n",
-            d->nattn, cal->attn_fwd_eff, cal->attn_bwd_eff, cal->attn_seq_half, 100 * e);
+            d->nattn, cal->attn_fwd_eff, cal->attn_bwd_eff, cal->attn_wide_eff, cal->attn_seq_half,
+            100 * e);
 }
 
 /* The expert block's correction over the benchmark's shapes (cost_fit_experts). */
@@ -394,9 +399,10 @@ enum moe_status plan_calib_fit_save(const struct plan_calib_data *d, const struc
         json_t *dflt = json_array();
         for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++)
             json_array_append_new(dflt, json_string(defaults[i]));
-        meta = json_pack("{s:s, s:s, s:s, s:{s:s, s:s, s:s}, s:o, s:o, s:s}", "gpu", d->gpu,
+        meta = json_pack("{s:s, s:s, s:s, s:{s:s, s:s, s:s, s:s}, s:o, s:o, s:s}", "gpu", d->gpu,
                          "driver", d->driver, "date", d->date, "libraries", "cuda_runtime", d->cuda,
-                         "cublas", d->cublas, "nccl", d->nccl, "defaults_used", dflt, "measured",
+                         "cublas", d->cublas, "nccl", d->nccl, "attention",
+                         d->attention[0] ? d->attention : "own", "defaults_used", dflt, "measured",
                          meas, "fit", how);
         meas = NULL; /* json_pack's "o" took it, and dflt */
         st = meta ? cost_calibration_write(&cal, meta, file, err)

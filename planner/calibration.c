@@ -26,6 +26,7 @@ void cost_calibration_defaults(struct cost_calibration *cal, const struct topo_g
     cal->attn_fwd_eff = 0.55;
     cal->attn_bwd_eff = 0.45;
     cal->attn_sink_eff = 1.0;
+    cal->attn_wide_eff = 1.0;
     cal->hbm_eff = 0.88; /* ~4.3 of 4.8 TB/s device-to-device on H200 */
     cal->launch_us = 4.0;
     cal->graph_launch_us = 1.0; /* a graph replays its kernels back to back: no host launch */
@@ -67,6 +68,7 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
                                        "attn_seq_half",
                                        "attn_exp_scale",
                                        "attn_sink_eff",
+                                       "attn_wide_eff",
                                        "hbm_eff",
                                        "launch_us",
                                        "graph_launch_us",
@@ -107,6 +109,7 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
     FRACTION(attn_fwd_eff);
     FRACTION(attn_bwd_eff);
     FRACTION(attn_sink_eff);
+    FRACTION(attn_wide_eff);
     FRACTION(hbm_eff);
     FRACTION(nvlink_eff);
     FRACTION(nvlink_allreduce_eff);
@@ -195,6 +198,7 @@ enum moe_status cost_calibration_write(const struct cost_calibration *cal, json_
     PUT(attn_seq_half);
     PUT(attn_exp_scale);
     PUT(attn_sink_eff);
+    PUT(attn_wide_eff);
     PUT(hbm_eff);
     PUT(launch_us);
     PUT(graph_launch_us);
@@ -363,22 +367,34 @@ static double attn_flops(const struct cost_attn_sample *a)
     return a->seqs * a->seq * 2.0 * a->heads * (a->dqk + a->dv) * (a->seq + 1) / 2.0;
 }
 
+/* The efficiencies are the medians over the samples with query-key heads of at most 128 (all
+ * samples when none is), attn_wide_eff the geometric mean of the wider ones' against them (at
+ * most 1). */
 static double attn_misfit(double half, void *ctx)
 {
     struct attn_fit *f = ctx;
-    double fe[64], be[64], err = 0.0;
-    int n = f->n < 64 ? f->n : 64;
+    double fe[64], be[64], nf[64], nb[64], err = 0.0, wlog = 0.0;
+    int n = f->n < 64 ? f->n : 64, nn = 0, nw = 0;
     for (int i = 0; i < n; i++) {
         const struct cost_attn_sample *a = &f->s[i];
         double peak = f->gpu->bf16_tflops * 1e12 * a->seq / (a->seq + half);
         fe[i] = attn_flops(a) / ((a->fwd_us - f->cal->launch_us) * 1e-6) / peak;
         be[i] = 2.5 * attn_flops(a) / ((a->bwd_us - f->cal->launch_us) * 1e-6) / peak;
+        if (a->dqk <= 128) nf[nn] = fe[i], nb[nn++] = be[i];
     }
-    double ef = moe_median(fe, (size_t)n), eb = moe_median(be, (size_t)n);
+    double ef = moe_median(nn ? nf : fe, (size_t)(nn ? nn : n)),
+           eb = moe_median(nn ? nb : be, (size_t)(nn ? nn : n));
     if (!(ef > 0 && ef <= 1.0 && eb > 0 && eb <= 1.0)) return INFINITY;
-    for (int i = 0; i < n; i++) err += pow(log(fe[i] / ef), 2) + pow(log(be[i] / eb), 2);
+    for (int i = 0; nn && i < n; i++)
+        if (f->s[i].dqk > 128) wlog += 0.5 * (log(fe[i] / ef) + log(be[i] / eb)), nw++;
+    double w = nw ? fmin(1.0, exp(wlog / nw)) : 1.0;
+    for (int i = 0; i < n; i++) {
+        double wi = f->s[i].dqk > 128 ? w : 1.0;
+        err += pow(log(fe[i] / (ef * wi)), 2) + pow(log(be[i] / (eb * wi)), 2);
+    }
     f->cal->attn_fwd_eff = ef;
     f->cal->attn_bwd_eff = eb;
+    f->cal->attn_wide_eff = w;
     return sqrt(err / (2 * n));
 }
 
@@ -394,6 +410,7 @@ double cost_fit_attention(struct cost_calibration *cal, const struct topo_gpu_sp
     cal->attn_fwd_eff = t.attn_fwd_eff;
     cal->attn_bwd_eff = t.attn_bwd_eff;
     cal->attn_seq_half = half;
+    cal->attn_wide_eff = t.attn_wide_eff;
     return e;
 }
 

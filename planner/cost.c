@@ -135,7 +135,8 @@ static void attention_cost(const struct cost_ctx *c, const struct cost_layout *l
     double d = a->type == MDL_ATTN_GQA
                    ? a->head_dim
                    : (a->qk_nope_head_dim + a->qk_rope_head_dim + a->v_head_dim) / 2.0;
-    cost_attention_core_us(cal, g, core_flops, (double)l->seq_len / l->cp, d, core);
+    double dqk = a->type == MDL_ATTN_GQA ? a->head_dim : a->qk_nope_head_dim + a->qk_rope_head_dim;
+    cost_attention_core_us(cal, g, core_flops, (double)l->seq_len / l->cp, d, dqk, core);
     double sink = a->sinks ? cal->attn_sink_eff : 1.0;
     double core_fwd = core[0] / sink, core_bwd = core[1] / sink;
     /* Context parallelism (Megatron's p2p ring): cp - 1 steps, each passing the keys and values
@@ -659,12 +660,14 @@ static enum moe_status evaluate(const struct cost_ctx *c, const struct cost_layo
         dp_exposed = once - fmin(om * once, first_fwd) +
                      mb * (per_mb - fmin(om * per_mb, per_rank[busiest]));
     }
-    /* The optimizer: fp32 master weights, gradients and moments read and written (30 bytes a
-     * parameter); the share `offload` runs on the CPU at the host's memory bandwidth, its
+    /* The optimizer: fp32 master weights, gradients and moments read and written, the bf16 copy
+     * written (30 bytes a parameter; 22 with bf16 moments); the share `offload` runs on the CPU
+     * at the host's memory bandwidth, its
      * gradients going down and its updated weights coming back over the host link, the three
      * pipelined (Megatron's --overlap-cpu-optimizer-d2h-h2d): the slowest sets its time. */
     double owned = dense / (l->zero >= 1 ? ddp : 1) + expert / (l->zero >= 1 ? edp : 1);
-    double optim = membound_us(c, owned * (1.0 - l->offload) * 30.0, 4), optim_b = 0.0;
+    double per_param = l->moments_bf16 ? 22.0 : 30.0;
+    double optim = membound_us(c, owned * (1.0 - l->offload) * per_param, 4), optim_b = 0.0;
     /* fp8 recipes cast every GEMM weight of the GPU once a step (the first micro-batch's; TE
      * caches it for the rest): bf16 read, the fp8 copy and its transpose written. With
      * fp8_params the optimizer writes the fp8 weights itself, in place of the bf16 ones. */
@@ -674,7 +677,7 @@ static enum moe_status evaluate(const struct cost_ctx *c, const struct cost_layo
     if (l->offload > 0) {
         const struct topo_gpu_spec *g = &t->gpu;
         double n = owned * l->offload;
-        double cpu = n * 30.0 / g->host_memory_bytes_per_s * 1e6;
+        double cpu = n * per_param / g->host_memory_bytes_per_s * 1e6;
         double link = n * (gb + BF16) / g->host_link_bytes_per_s * 1e6;
         optim += fmax(cpu, link);
     }

@@ -47,6 +47,9 @@ struct cost_calibration {
      * not take it (TE runs cuDNN's generic one), its core at this fraction of the flash time's
      * rate; 1: as fast */
     double attn_sink_eff;
+    /* attention whose query-key heads are wider than 128 (MLA's 192): the kernels' efficiency
+     * against 128-wide heads (cuDNN's 192-wide tiles on the H200: about 0.85); 1: the same */
+    double attn_wide_eff;
     double hbm_eff;              /* memory-bound kernels, fraction of HBM bandwidth */
     double launch_us;            /* per kernel launch */
     double graph_launch_us;      /* the same inside a CUDA graph (cuda_graphs=) */
@@ -97,8 +100,8 @@ double cost_fit_linear(const double *model, const double *count, const double *m
 struct cost_attn_sample {
     double seqs, seq, heads, kv_heads, dqk, dv, fwd_us, bwd_us;
 };
-/* attn_fwd_eff, attn_bwd_eff and attn_seq_half that fit the samples best (rms of the log of
- * predicted over measured, forward and backward together); returns that rms. */
+/* attn_fwd_eff, attn_bwd_eff, attn_seq_half and attn_wide_eff that fit the samples best (rms of
+ * the log of predicted over measured, forward and backward together); returns that rms. */
 double cost_fit_attention(struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
                           const struct cost_attn_sample *s, int n);
 /* The executor's expert block: `experts` SwiGLU experts, top_k, hidden, ffn, on `tokens` tokens
@@ -257,11 +260,11 @@ void cost_expert_parts(const struct cost_calibration *cal, const struct topo_gpu
 /* The same corrected (expert_scale, expert_fixed_share): us[0] forward, us[1] backward. */
 void cost_expert_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
                     double rows, double h, double f, bool fp8, double us[2]);
-/* Core attention (the flash kernels) of `flops` (the model's count) at sequence `seq` and head
- * size `d` (the mean of the query-key and value sizes): us[0] forward, us[1] backward (2.5 x the
- * FLOPs). */
+/* Core attention (the flash kernels) of `flops` (the model's count) at sequence `seq`, head size
+ * `d` (the mean of the query-key and value sizes) and query-key head size dqk (attn_wide_eff
+ * above 128): us[0] forward, us[1] backward (2.5 x the FLOPs). */
 void cost_attention_core_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
-                            double flops, double seq, double d, double us[2]);
+                            double flops, double seq, double d, double dqk, double us[2]);
 /* Ring reduce-scatter or all-gather of `bytes` over `n` ranks at `bytes_per_s` bus bandwidth,
  * `latency_us` a hop (an all-reduce is one of each). */
 double cost_allgather_us(double bytes, int n, double bytes_per_s, double latency_us);

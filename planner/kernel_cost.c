@@ -74,7 +74,7 @@ void cost_expert_us(const struct cost_calibration *cal, const struct topo_gpu_sp
 }
 
 void cost_attention_core_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
-                            double flops, double seq, double d, double us[2])
+                            double flops, double seq, double d, double dqk, double us[2])
 {
     /* short sequences run the flash kernels below their long-sequence efficiency; the softmax's
      * exponentials, one per score against 4d FLOPs, hold the tensor cores back where the GPU's
@@ -83,7 +83,8 @@ void cost_attention_core_us(const struct cost_calibration *cal, const struct top
                       ? cal->attn_exp_scale * gpu->bf16_tflops * 1e12 / (4.0 * gpu->exp_per_s)
                       : 0.0;
     double heads = d > 0 ? d / (d + half) : 1.0;
-    double peak = gpu->bf16_tflops * 1e12 * seq / (seq + cal->attn_seq_half) * heads;
+    double peak = gpu->bf16_tflops * 1e12 * seq / (seq + cal->attn_seq_half) * heads *
+                  (dqk > 128 ? cal->attn_wide_eff : 1.0);
     us[0] = flops / (peak * cal->attn_fwd_eff) * 1e6 + cal->launch_us;
     us[1] = 2.5 * flops / (peak * cal->attn_bwd_eff) * 1e6 + cal->launch_us;
 }

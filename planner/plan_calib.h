@@ -44,6 +44,7 @@ enum moe_status plan_calib_job_plan(const struct plan_calib_job *j, const char *
 #define PLAN_CALIB_EXPERT_KEY "experts_e_k_h_f_tokens_fwd_bwd_us"
 struct plan_calib_data {
     char gpu[256], driver[32], date[32], cuda[32], cublas[32], nccl[32];
+    char attention[64]; /* whose attention was measured: "cudnn 9.14.0" or "own" */
     double launch_us, copy_us, copy_bytes;
     struct cost_gemm_sample gemm[PLAN_CALIB_MAX_GEMMS];
     int ngemm;

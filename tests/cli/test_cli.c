@@ -388,7 +388,7 @@ static void test_run(void **state)
     expect_in(r.err, "unknown benchmark 'sgd' (moe or adamw)");
     RUN(&r, "run", cli_tmp("plan8.json"), "--attention", "flash");
     assert_int_equal(r.code, 2);
-    expect_in(r.err, "--attention flash: own or cudnn");
+    expect_in(r.err, "--attention flash: auto, own or cudnn");
     RUN(&r, "run", cli_tmp("plan8.json"), "--gpu-memory-limit", "12");
     assert_int_equal(r.code, 2);
     expect_in(r.err, "--gpu-memory-limit 12: must be in");

@@ -19,6 +19,7 @@ extern "C" { /* cmocka's header has no C++ guards */
 #include "exec.h"
 #include "gpu_kernels.h"
 
+#include <string.h>
 #include <math.h>
 #include <thread>
 #include <vector>
@@ -78,7 +79,7 @@ static void close(const char *what, const std::vector<double> &a, const std::vec
 static void test_rmsnorm(void **state)
 {
     (void)state;
-    const int T = 37, h = 300;
+    const int T = 300, h = 300; /* T: three column-sum partials of GK_COLSUM_ROWS, the last short */
     std::vector<float> x = randn((size_t)T * h, 1), w = randn(h, 2), dy = randn((size_t)T * h, 3);
     for (auto &v : w) v = 1.0f + 0.1f * v;
     std::vector<double> yr((size_t)T * h), dxr((size_t)T * h), dwr(h, 0.0);
@@ -112,24 +113,45 @@ static void test_rmsnorm(void **state)
     cudaFree(part), cudaFree(gw), cudaFree(y16);
 }
 
+/* RoPE into bf16 from fp32 and from bf16 (in place): against the CPU reference rounded to bf16
+ * (half an ulp of bf16 and fp32 rounding: 2^-8 of the largest value), and the two inputs the
+ * same where the fp32 input holds bf16 values. */
 static void test_rope(void **state)
 {
     (void)state;
     const int T = 50, H = 3, D = 24, seq = 20;
     std::vector<float> x = randn((size_t)T * H * D, 4);
+    for (auto &v : x) v = __bfloat162float(__float2bfloat16(v)); /* bf16 values: both inputs */
     std::vector<int> pos(T);
     for (int t = 0; t < T; t++) pos[t] = t % seq;
+    float2 *tab;
+    assert_int_equal(cudaMalloc((void **)&tab, sizeof(float2) * seq * 8), cudaSuccess);
+    assert_int_equal(gk_rope_table(tab, seq, 16, 10000.0f, 0), cudaSuccess);
     for (int inv = 0; inv < 2; inv++) {
         std::vector<double> r = to_d(x);
         exec_ref_rope(r.data(), T, H, D, 16, 10000.0, pos.data(), inv);
         float *d = dev(x);
-        float2 *tab;
-        assert_int_equal(cudaMalloc((void **)&tab, sizeof(float2) * seq * 8), cudaSuccess);
-        gk_rope_table(tab, seq, 16, 10000.0f, 0);
-        gk_rope(d, T, H, D, 16, tab, seq, inv, 0);
-        close(inv ? "rope inverse" : "rope", to_d(host(d, x.size())), r, 1e-5);
-        cudaFree(d), cudaFree(tab);
+        bf16 *y, *x16;
+        size_t n = x.size();
+        assert_int_equal(cudaMalloc((void **)&y, sizeof(bf16) * n), cudaSuccess);
+        assert_int_equal(cudaMalloc((void **)&x16, sizeof(bf16) * n), cudaSuccess);
+        assert_int_equal(gk_to_bf16(d, x16, n, 0), cudaSuccess);
+        assert_int_equal(gk_rope_bf16(d, NULL, y, T, H, D, 16, tab, seq, inv, 0), cudaSuccess);
+        assert_int_equal(gk_rope_bf16(NULL, x16, x16, T, H, D, 16, tab, seq, inv, 0), cudaSuccess);
+        std::vector<bf16> a(n), b(n);
+        assert_int_equal(cudaMemcpy(a.data(), y, sizeof(bf16) * n, cudaMemcpyDeviceToHost),
+                         cudaSuccess);
+        assert_int_equal(cudaMemcpy(b.data(), x16, sizeof(bf16) * n, cudaMemcpyDeviceToHost),
+                         cudaSuccess);
+        std::vector<double> ad(n);
+        for (size_t i = 0; i < n; i++) {
+            ad[i] = __bfloat162float(a[i]);
+            assert_true(memcmp(&a[i], &b[i], sizeof(bf16)) == 0);
+        }
+        close(inv ? "rope inverse (bf16 out)" : "rope (bf16 out)", ad, r, 1.0 / 256);
+        cudaFree(d), cudaFree(y), cudaFree(x16);
     }
+    cudaFree(tab);
 }
 
 static void test_swiglu(void **state)
@@ -517,27 +539,108 @@ static void test_cudnn_threads(void **state)
 #endif
 }
 
+/* V 1000: the 16-byte path (targets on all four lanes of a load); V 1001: element by element. */
 static void test_cross_entropy(void **state)
 {
     (void)state;
-    const int T = 33, V = 1000;
-    std::vector<float> z = randn((size_t)T * V, 16, 2.0);
-    std::vector<int> tgt(T);
-    for (int t = 0; t < T; t++) tgt[t] = (t * 37) % V;
-    std::vector<double> dr((size_t)T * V);
-    double lr_ = exec_ref_cross_entropy(to_d(z).data(), tgt.data(), T, V, dr.data());
-    float *dz = dev(z), *rows = dev(std::vector<float>(T));
-    int *dt = dev(tgt);
-    bf16 *dl;
-    cudaMalloc((void **)&dl, sizeof(bf16) * T * V);
-    gk_cross_entropy(dz, dt, T, V, 1.0f / T, rows, dl, 0);
-    std::vector<float> rh = host(rows, T);
-    double l = 0;
-    for (float v : rh) l += v / T;
-    printf("cross-entropy: loss gpu %.7f ref %.7f\n", l, lr_);
-    assert_true(fabs(l - lr_) < 1e-5 * lr_);
-    close("cross-entropy dlogits", to_d(host(dl, (size_t)T * V)), dr, 8e-3);
-    cudaFree(dz), cudaFree(rows), cudaFree(dt), cudaFree(dl);
+    const int T = 33;
+    for (int V = 1000; V <= 1001; V++) {
+        std::vector<float> z = randn((size_t)T * V, 16, 2.0);
+        std::vector<int> tgt(T);
+        for (int t = 0; t < T; t++) tgt[t] = (t * 37) % V;
+        std::vector<double> dr((size_t)T * V);
+        double lr_ = exec_ref_cross_entropy(to_d(z).data(), tgt.data(), T, V, dr.data());
+        float *dz = dev(z), *rows = dev(std::vector<float>(T));
+        int *dt = dev(tgt);
+        bf16 *dl;
+        cudaMalloc((void **)&dl, sizeof(bf16) * T * V);
+        assert_int_equal(gk_cross_entropy(dz, dt, T, V, 1.0f / T, rows, dl, 0), cudaSuccess);
+        std::vector<float> rh = host(rows, T);
+        double l = 0;
+        for (float v : rh) l += v / T;
+        printf("cross-entropy V %d: loss gpu %.7f ref %.7f\n", V, l, lr_);
+        assert_true(fabs(l - lr_) < 1e-5 * lr_);
+        close("cross-entropy dlogits", to_d(host(dl, (size_t)T * V)), dr, 8e-3);
+        cudaFree(dz), cudaFree(rows), cudaFree(dt), cudaFree(dl);
+    }
+}
+
+/* AdamW over n parameters (16-byte path and the tail), three steps from seeded moments, against
+ * exec_ref_adamw_range in double: parameters within 1e-5 of their largest (fp32 arithmetic); the
+ * moments within 1e-5 of their largest with fp32 moments, within one bf16 ulp (2^-8 of their
+ * largest) with bf16 ones, where the GPU rounds fp32 and the reference double values. */
+static void test_adamw(void **state)
+{
+    (void)state;
+    const size_t n = 4099;
+    for (int m16 = 0; m16 < 2; m16++) {
+        std::vector<float> p = randn(n, 31), m1 = randn(n, 32, 0.01), m2 = randn(n, 33, 1e-4);
+        for (auto &v : m2) v = v * v; /* second moments are not negative */
+        if (m16)
+            for (size_t i = 0; i < n; i++)
+                m1[i] = __bfloat162float(__float2bfloat16(m1[i])),
+                m2[i] = __bfloat162float(__float2bfloat16(m2[i]));
+        struct exec_ref_model r;
+        memset(&r, 0, sizeof r);
+        std::vector<double> rp = to_d(p), rm1 = to_d(m1), rm2 = to_d(m2);
+        r.params = rp.data();
+        r.nparams = n;
+        r.ntensors = 1;
+        snprintf(r.tensor[0].name, sizeof r.tensor[0].name, "w");
+        r.tensor[0].size = n;
+        struct exec_adamw o;
+        exec_adamw_defaults(&o);
+        o.lr_max = 1e-3;
+        o.moments_bf16 = m16;
+        float *dp = dev(p), *dg = dev(std::vector<float>(n));
+        void *dm1, *dm2;
+        size_t mb = m16 ? 2 : 4;
+        assert_int_equal(cudaMalloc(&dm1, mb * n), cudaSuccess);
+        assert_int_equal(cudaMalloc(&dm2, mb * n), cudaSuccess);
+        std::vector<bf16> h16(n);
+        for (int k = 0; k < 2; k++) {
+            const std::vector<float> &src = k ? m2 : m1;
+            if (m16) {
+                for (size_t i = 0; i < n; i++) h16[i] = __float2bfloat16(src[i]);
+                cudaMemcpy(k ? dm2 : dm1, h16.data(), 2 * n, cudaMemcpyHostToDevice);
+            } else {
+                cudaMemcpy(k ? dm2 : dm1, src.data(), 4 * n, cudaMemcpyHostToDevice);
+            }
+        }
+        bf16 *w16;
+        assert_int_equal(cudaMalloc((void **)&w16, sizeof(bf16) * n), cudaSuccess);
+        for (int step = 0; step < 3; step++) {
+            std::vector<float> gr = randn(n, 40 + step, 0.1);
+            cudaMemcpy(dg, gr.data(), 4 * n, cudaMemcpyHostToDevice);
+            std::vector<double> grd = to_d(gr);
+            exec_ref_adamw_range(&r, grd.data(), rm1.data(), rm2.data(), 0, n, step, &o, 0.5);
+            struct gk_adamw a = {(float)exec_lr_at(&o, step),
+                                 (float)o.beta1,
+                                 (float)o.beta2,
+                                 (float)o.eps,
+                                 (float)o.weight_decay,
+                                 (float)(1.0 - pow(o.beta1, step + 1)),
+                                 (float)(1.0 - pow(o.beta2, step + 1)),
+                                 1.0f};
+            assert_int_equal(gk_adamw(dp, dg, dm1, dm2, m16, w16, n, &a, 0), cudaSuccess);
+        }
+        close(m16 ? "adamw parameters (bf16 moments)" : "adamw parameters", to_d(host(dp, n)), rp,
+              1e-5);
+        for (int k = 0; k < 2; k++) {
+            std::vector<double> got(n);
+            if (m16) {
+                cudaMemcpy(h16.data(), k ? dm2 : dm1, 2 * n, cudaMemcpyDeviceToHost);
+                for (size_t i = 0; i < n; i++) got[i] = __bfloat162float(h16[i]);
+            } else {
+                std::vector<float> f(n);
+                cudaMemcpy(f.data(), k ? dm2 : dm1, 4 * n, cudaMemcpyDeviceToHost);
+                got = to_d(f);
+            }
+            close(k ? "adamw second moments" : "adamw first moments", got, k ? rm2 : rm1,
+                  m16 ? 1.0 / 256 : 1e-5);
+        }
+        cudaFree(dp), cudaFree(dg), cudaFree(dm1), cudaFree(dm2), cudaFree(w16);
+    }
 }
 
 int main(void)
@@ -551,6 +654,7 @@ int main(void)
         cmocka_unit_test(test_swiglu),          cmocka_unit_test(test_permute_combine),
         cmocka_unit_test(test_flash_attention), cmocka_unit_test(test_cudnn_attention),
         cmocka_unit_test(test_cudnn_threads),   cmocka_unit_test(test_cross_entropy),
+        cmocka_unit_test(test_adamw),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -127,7 +127,7 @@ static enum moe_status run_case(const struct run_case *rc, int steps, struct col
     c.timeout_s = timeout;
     c.fail_rank = fail_rank;
     c.fail_step = 2;
-    c.cudnn_attention = use_cudnn;
+    c.attention = use_cudnn ? EXEC_ATTN_CUDNN : EXEC_ATTN_OWN;
     c.no_grad_overlap = rc->no_overlap;
     c.on_step = collect;
     c.ctx = out;
