@@ -326,7 +326,7 @@ static void print_version(void)
     rpt_table_row(t, NULL);
     rpt_table_cell(t, NULL, "cuDNN");
     if (v.cudnn_compiled)
-        rpt_table_cell(t, NULL, "%d.%d.%d (built with %d.%d.%d; run --attention cudnn)",
+        rpt_table_cell(t, NULL, "%d.%d.%d (built with %d.%d.%d; run's attention by default)",
                        v.cudnn_runtime / 10000, (v.cudnn_runtime % 10000) / 100,
                        v.cudnn_runtime % 100, v.cudnn_compiled / 10000,
                        (v.cudnn_compiled % 10000) / 100, v.cudnn_compiled % 100);
