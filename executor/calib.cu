@@ -39,12 +39,6 @@ struct dbufs {
 
 __global__ void k_empty() {}
 
-__global__ void k_f32_to_bf16(const float *x, bf16 *y, size_t n)
-{
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i < n) y[i] = __float2bfloat16(x[i]);
-}
-
 /* Seeded bf16 values: fp32 normal numbers through a scratch buffer. */
 cudaError_t fill_bf16(bf16 *y, size_t n, uint64_t seed, float *scratch, size_t cap)
 {
@@ -52,8 +46,7 @@ cudaError_t fill_bf16(bf16 *y, size_t n, uint64_t seed, float *scratch, size_t c
         size_t m = std::min(cap, n - at);
         cudaError_t e = gk_init(scratch, m, at, seed, 0.5f, false, 0);
         if (e != cudaSuccess) return e;
-        k_f32_to_bf16<<<(unsigned)((m + 255) / 256), 256>>>(scratch, y + at, m);
-        e = cudaGetLastError(); /* each launch checked, not only the last */
+        e = gk_to_bf16(scratch, y + at, m, 0); /* each launch checked, not only the last */
         if (e != cudaSuccess) return e;
     }
     return cudaSuccess;

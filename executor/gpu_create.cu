@@ -538,6 +538,7 @@ extern "C" enum moe_status exec_gpu_get_state(struct exec_gpu *g, float *m1, flo
         MOE_CUDA_CHECK(cudaStreamSynchronize(g->s));
     } else { /* bf16 moments, widened exactly for the checkpoint */
         std::vector<bf16> h(g->shard_n);
+        MOE_CUDA_CHECK(cudaStreamSynchronize(g->s)); /* the optimizer's last writes */
         for (int k = 0; k < 2; k++) {
             MOE_CUDA_CHECK(cudaMemcpy(h.data(), k ? g->m2 : g->m1, sizeof(bf16) * g->shard_n,
                                       cudaMemcpyDeviceToHost));

@@ -141,6 +141,13 @@ static void set(struct graph *g, cudnnBackendDescriptor_t d, cudnnBackendAttribu
     failed(g, cudnnBackendSetAttribute(d, name, type, n, value), what);
 }
 
+/* set() of one descriptor-valued attribute, the most common kind. */
+static void set_desc(struct graph *g, cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name,
+                     cudnnBackendDescriptor_t v, const char *what)
+{
+    set(g, d, name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &v, what);
+}
+
 static void finish(struct graph *g, cudnnBackendDescriptor_t d, const char *what)
 {
     if (g->status != CUDNN_STATUS_SUCCESS || !d) return;
@@ -196,18 +203,11 @@ static void pointwise(struct graph *g, cudnnPointwiseMode_t mode, cudnnDataType_
         set(g, pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis, "pointwise axis");
     finish(g, pw, "pointwise");
     cudnnBackendDescriptor_t op = make(g, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
-    set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &pw,
-        "pointwise op");
-    set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x,
-        "pointwise x");
-    if (b)
-        set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b,
-            "pointwise b");
-    if (t)
-        set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &t,
-            "pointwise t");
-    set(g, op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y,
-        "pointwise y");
+    set_desc(g, op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw, "pointwise op");
+    set_desc(g, op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x, "pointwise x");
+    if (b) set_desc(g, op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b, "pointwise b");
+    if (t) set_desc(g, op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t, "pointwise t");
+    set_desc(g, op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y, "pointwise y");
     finish(g, op, "pointwise op");
     add_op(g, op);
 }
@@ -222,12 +222,9 @@ static void reduction(struct graph *g, cudnnReduceTensorOp_t how, cudnnBackendDe
     set(g, r, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f, "reduction type");
     finish(g, r, "reduction");
     cudnnBackendDescriptor_t op = make(g, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
-    set(g, op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &r,
-        "reduction op");
-    set(g, op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x,
-        "reduction x");
-    set(g, op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y,
-        "reduction y");
+    set_desc(g, op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, r, "reduction op");
+    set_desc(g, op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x, "reduction x");
+    set_desc(g, op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y, "reduction y");
     finish(g, op, "reduction op");
     add_op(g, op);
 }
@@ -240,10 +237,10 @@ static void matmul(struct graph *g, cudnnBackendDescriptor_t a, cudnnBackendDesc
     set(g, m, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f, "matmul type");
     finish(g, m, "matmul");
     cudnnBackendDescriptor_t op = make(g, CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
-    set(g, op, CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &m, "matmul op");
-    set(g, op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &a, "matmul a");
-    set(g, op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b, "matmul b");
-    set(g, op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c, "matmul c");
+    set_desc(g, op, CUDNN_ATTR_OPERATION_MATMUL_DESC, m, "matmul op");
+    set_desc(g, op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, a, "matmul a");
+    set_desc(g, op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, b, "matmul b");
+    set_desc(g, op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, c, "matmul c");
     finish(g, op, "matmul op");
     add_op(g, op);
 }
@@ -251,10 +248,8 @@ static void matmul(struct graph *g, cudnnBackendDescriptor_t a, cudnnBackendDesc
 static void reshape(struct graph *g, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y)
 {
     cudnnBackendDescriptor_t op = make(g, CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
-    set(g, op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x,
-        "reshape x");
-    set(g, op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y,
-        "reshape y");
+    set_desc(g, op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x, "reshape x");
+    set_desc(g, op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y, "reshape y");
     finish(g, op, "reshape op");
     add_op(g, op);
 }
@@ -291,26 +286,6 @@ static cudnnBackendDescriptor_t mask(struct graph *g, cudnnBackendDescriptor_t s
 
 /* g's operations as a graph, and a plan from the first engine config that takes it (heuristics
  * mode A, then the fallback list); NULL with g's reason. */
-/* False when the engine of cfg notes that it is not deterministic (or cannot be asked). */
-static bool cfg_deterministic(cudnnBackendDescriptor_t cfg)
-{
-    cudnnBackendDescriptor_t engine;
-    if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine) !=
-        CUDNN_STATUS_SUCCESS)
-        return false;
-    int64_t n = 0;
-    cudnnBackendNumericalNote_t notes[32];
-    bool ok =
-        cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
-                                 &n, &engine) == CUDNN_STATUS_SUCCESS &&
-        cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
-                                 CUDNN_TYPE_NUMERICAL_NOTE, 32, &n, notes) == CUDNN_STATUS_SUCCESS;
-    for (int64_t i = 0; ok && i < n; i++)
-        if (notes[i] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC) ok = false;
-    cudnnBackendDestroyDescriptor(engine);
-    return ok;
-}
-
 static cudnnBackendDescriptor_t plan_of(struct graph *g, cudnnHandle_t h, int64_t *workspace)
 {
     cudnnBackendDescriptor_t graph = make(g, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
@@ -322,8 +297,7 @@ static cudnnBackendDescriptor_t plan_of(struct graph *g, cudnnHandle_t h, int64_
     static const cudnnBackendHeurMode_t modes[2] = {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK};
     for (int mi = 0; mi < 2 && !plan && g->status == CUDNN_STATUS_SUCCESS; mi++) {
         cudnnBackendDescriptor_t heur = make(g, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
-        set(g, heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
-            &graph, "heuristics graph");
+        set_desc(g, heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph, "heuristics graph");
         set(g, heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &modes[mi],
             "heuristics mode");
         finish(g, heur, "heuristics");
@@ -343,11 +317,7 @@ static cudnnBackendDescriptor_t plan_of(struct graph *g, cudnnHandle_t h, int64_
                                             CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, cfg),
                    "heuristics configs"))
             break;
-        /* engines that say they are deterministic first (a backward accumulating dQ with atomics
-         * differs run to run under load), then any */
-        for (int64_t k = 0; k < 2 * got && !plan; k++) {
-            int64_t i = k % got;
-            if ((k < got) != cfg_deterministic(cfg[i])) continue;
+        for (int64_t i = 0; i < got && !plan; i++) {
             cudnnBackendDescriptor_t pl;
             int64_t one;
             if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &pl) !=

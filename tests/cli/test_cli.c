@@ -383,6 +383,9 @@ static void test_run(void **state)
     RUN(&r, "bench", "adamw", "--params", "0");
     assert_int_equal(r.code, 2);
     expect_in(r.err, "--params");
+    RUN(&r, "bench", "adamw", "--moments", "fp16");
+    assert_int_equal(r.code, 2);
+    expect_in(r.err, "--moments fp16: fp32 or bf16");
     RUN(&r, "bench", "sgd");
     assert_int_equal(r.code, 2);
     expect_in(r.err, "unknown benchmark 'sgd' (moe or adamw)");
