@@ -44,7 +44,6 @@ struct run_shared {
     void *streams[RUN_MAX_VIRTUAL];       /* VIRTUAL: each rank's stream, for the local memory */
 };
 
-/* x (n doubles, host) summed over t's ranks, through the device buffer d (n doubles). */
 bool exec_attention_cudnn(enum exec_attention a)
 {
 #ifdef MOEPLAN_HAVE_CUDNN
@@ -54,6 +53,7 @@ bool exec_attention_cudnn(enum exec_attention a)
 #endif
 }
 
+/* x (n doubles, host) summed over t's ranks, through the device buffer d (n doubles). */
 static enum moe_status sum_doubles(struct exec_transport *t, double *d, double *x, size_t n,
                                    struct moe_error *err)
 {
