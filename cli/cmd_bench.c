@@ -44,7 +44,8 @@ const struct cli_opt cmd_bench_opts[] = {
     {"seed", required_argument, OPT_SEED, "N", "routing and data seed (1)"},
     {"iters", required_argument, OPT_ITERS, "N", "timed runs, the median is reported (20)"},
     {"warmup", required_argument, OPT_WARM, "N", "untimed runs first (3)"},
-    {"streams", required_argument, OPT_STREAMS, "N", "CUDA streams for the expert GEMMs (4)"},
+    {"streams", required_argument, OPT_STREAMS, "N",
+     "CUDA streams for the expert GEMMs (" EXEC_STR(EXEC_DEFAULT_STREAMS) ")"},
     {"json", required_argument, OPT_JSON, "FILE", "also write the results as JSON"},
     {"params", required_argument, OPT_PARAMS, "N", "adamw: parameters updated (1000000000)"},
     {"moments", required_argument, OPT_MOMENTS, "fp32|bf16",
@@ -131,7 +132,7 @@ int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
         return cli_usage(cmd, "unknown benchmark '%s' (moe or adamw)", argv[optind]);
     }
     uint64_t E = 8, T = 8192, K = 8, H = 7168, F = 2048, seed = 1, iters = 20, warm = 3,
-             streams = 4, params = 1000000000;
+             streams = EXEC_DEFAULT_STREAMS, params = 1000000000;
     double skew = 2.0;
     const char *json = NULL, *rout = NULL, *cal_file = NULL, *cluster = "h200-vm";
     bool m16 = false;

@@ -87,7 +87,7 @@ const struct cli_opt cmd_run_opts[] = {
     {"lr", required_argument, OPT_LR, "LR", "peak learning rate (3e-4; cosine to a tenth)"},
     {"warmup", required_argument, OPT_WARMUP, "N", "warm-up steps (10, at most steps/10 + 1)"},
     {"expert-streams", required_argument, OPT_STREAMS, "N",
-     "CUDA streams for the expert GEMMs (1 .. 8; 1)"},
+     "CUDA streams for the expert GEMMs (1 .. 8; " EXEC_STR(EXEC_DEFAULT_STREAMS) ")"},
     {NULL, 0, 0, NULL, NULL},
 };
 
@@ -366,7 +366,7 @@ int cmd_run(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     struct run_opts o = {.c = {.seed = 1,
                                .steps = 100,
                                .warmup = 10,
-                               .streams = 1,
+                               .streams = EXEC_DEFAULT_STREAMS,
                                .lr = 3e-4,
                                .bias_rate = 1e-3,
                                .timeout_s = 60.0,

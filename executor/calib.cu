@@ -154,8 +154,8 @@ extern "C" enum moe_status exec_time_attention(int seqs, int seq, int heads, int
                 iters,
                 [&]() {
                     ok = ok && gk_cudnn_backward(q, k, v, o, dout, lse, seqs, seq, heads, kv_heads,
-                                                 dqk, dv, 0, NULL, NULL, NULL, dq16, dk16, dv16, 0,
-                                                 why, sizeof why);
+                                                 dqk, dv, 0, GK_CUDNN_DETERMINISTIC, NULL, NULL,
+                                                 NULL, dq16, dk16, dv16, 0, why, sizeof why);
                     return ok ? cudaGetLastError() : cudaErrorUnknown;
                 },
                 bwd_us);

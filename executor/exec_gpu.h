@@ -39,6 +39,12 @@ enum exec_mem {
 extern const char *const exec_mem_names[EXEC_MEM_N];
 
 #define EXEC_MAX_STREAMS 8
+/* run's, validate's, calibrate's and bench moe's default: small experts' GEMMs fill the GPU only
+ * side by side (the DeepSeek-V2-Lite proxy's experts 41 -> 31 ms a step on the H200); large ones
+ * lose nothing (bench/README.md) */
+#define EXEC_DEFAULT_STREAMS 4
+#define EXEC_STR_(x) #x
+#define EXEC_STR(x) EXEC_STR_(x)
 #define EXEC_MAX_SKIPS 3 /* steps skipped for NaN or Inf in a row that stop a run */
 struct exec_gpu_cfg {
     int seq, mbs;    /* one micro-batch: mbs sequences of seq tokens (each read as seq + 1) */

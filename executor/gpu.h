@@ -59,8 +59,8 @@ struct act {
     bf16 *b16;     /* (T, h) its normed input */
     float *rstd2;  /* (T) */
     float *b32;    /* (T, h) the normed input in fp32 (the router's) */
-    float *g32;    /* (T, fw) dense or shared SwiGLU gate */
-    float *u32;    /* (T, fw) its up projection */
+    bf16 *g16;     /* (T, fw) dense or shared SwiGLU gate (the GEMM's output rounded) */
+    bf16 *u16;     /* (T, fw) its up projection */
     bf16 *hm16;    /* (T, fw) silu(gate) * up */
     float *logits; /* (T, experts) router logits */
     int *choice;   /* (P) expert of each routed pair, token-major */
@@ -70,8 +70,8 @@ struct act {
     int *off;      /* (experts + 1) rows of each expert, as offsets */
     float *auxg;   /* (experts) the load-balance loss's gradient factor */
     bf16 *xp16;    /* (Pe, h) the rows in expert order */
-    float *eg32;   /* (Pe, ffn) expert gate */
-    float *eu32;   /* (Pe, ffn) expert up */
+    bf16 *eg16;    /* (Pe, ffn) expert gate */
+    bf16 *eu16;    /* (Pe, ffn) expert up */
     bf16 *ehm16;   /* (Pe, ffn) silu(gate) * up */
     float *yp32;   /* (Pe, h) expert outputs, unweighted */
 };
@@ -205,11 +205,11 @@ struct exec_gpu {
     bf16 *dckvf16;
     float *dcqn32, *dcq32; /* MLA (T, q_lora) */
     bf16 *dcq16;
-    float *dhm32;        /* (T, fw) */
+    bf16 *dhm16;         /* (T, fw) */
     bf16 *dg16, *du16;   /* (T, fw) */
     float *dw;           /* (P) routing weights' gradients */
     bf16 *dyp16;         /* (Pe, h) */
-    float *dehm32;       /* (Pe, ffn) */
+    bf16 *dehm16;        /* (Pe, ffn) */
     bf16 *deg16, *deu16; /* (Pe, ffn) */
     float *dxp32;        /* (Pe, h) */
     float *dz;           /* (T, experts) router logits' gradient */
@@ -281,7 +281,8 @@ enum moe_status gpu_lin(struct exec_gpu *g, const bf16 *X, int ldx, const bf16 *
                         int out, void *Y, int ldy, cudaDataType yt, float beta,
                         struct moe_error *err);
 enum moe_status gpu_lin_dx(struct exec_gpu *g, const bf16 *dY, int lddy, const bf16 *Wt, int T,
-                           int in, int out, float *dX, int lddx, float beta, struct moe_error *err);
+                           int in, int out, void *dX, int lddx, cudaDataType xt, float beta,
+                           struct moe_error *err);
 enum moe_status gpu_lin_dw(struct exec_gpu *g, const bf16 *dY, int lddy, const bf16 *X, int ldx,
                            int T, int in, int out, float *dW, struct moe_error *err);
 enum moe_status gpu_sync_host(struct exec_gpu *g, struct moe_error *err);
@@ -296,12 +297,12 @@ enum moe_status gpu_attn_backward(struct exec_gpu *g, int l, const struct act *A
 
 /* gpu_moe.cu: SwiGLU, the experts and the dropless MoE layer on one GPU */
 enum moe_status gpu_swiglu_forward(struct exec_gpu *g, const bf16 *x, int T, int F, const bf16 *Wg,
-                                   const bf16 *Wu, const bf16 *Wd, float *g32, float *u32,
-                                   bf16 *hm16, float *y, struct moe_error *err);
+                                   const bf16 *Wu, const bf16 *Wd, bf16 *g16, bf16 *u16, bf16 *hm16,
+                                   float *y, struct moe_error *err);
 enum moe_status gpu_swiglu_backward(struct exec_gpu *g, const bf16 *x, const bf16 *dy16, int T,
                                     int F, const bf16 *Wg, const bf16 *Wu, const bf16 *Wd,
-                                    const float *g32, const float *u32, const bf16 *hm16,
-                                    float *dWg, float *dWu, float *dWd, float *dx, float beta,
+                                    const bf16 *g16, const bf16 *u16, const bf16 *hm16, float *dWg,
+                                    float *dWu, float *dWd, float *dx, float beta,
                                     struct moe_error *err);
 enum moe_status gpu_experts_forward(struct exec_gpu *g, int l, struct act *A, const int *off,
                                     struct moe_error *err);

@@ -48,8 +48,9 @@ static enum moe_status attn_core_backward(struct exec_gpu *g, const struct act *
     if (in16) *in16 = false;
     if (g->cudnn_attn) {
         if (gk_cudnn_backward(A->q16, A->k16, A->v16, A->o16, g->do16, A->lse, g->mbs, g->seq,
-                              g->heads, g->kv_heads, g->dqk, g->dv, window, in16 ? NULL : g->dq32,
-                              g->dk32, g->dv32, g->dq16, g->dk16, g->dv16, g->s, why, sizeof why)) {
+                              g->heads, g->kv_heads, g->dqk, g->dv, window, GK_CUDNN_DETERMINISTIC,
+                              in16 ? NULL : g->dq32, g->dk32, g->dv32, g->dq16, g->dk16, g->dv16,
+                              g->s, why, sizeof why)) {
             if (in16) *in16 = true;
             return MOE_OK;
         }
@@ -118,12 +119,12 @@ enum moe_status gpu_attn_backward(struct exec_gpu *g, int l, const struct act *A
         MOE_CUDA_CHECK(
             gk_rope_bf16(dk32, g->dk16, g->dk16, T, KV, dqk, dqk, g->rope_tab, g->seq, true, g->s));
         if (!in16) MOE_CUDA_CHECK(gk_to_bf16(g->dv32, g->dv16, (size_t)T * KV * dv, g->s));
-        MOE_CHECK(
-            gpu_lin_dx(g, g->dq16, H * dqk, W16(g, w[W_WQ]), T, h, H * dqk, g->da32, h, 0, err));
-        MOE_CHECK(
-            gpu_lin_dx(g, g->dk16, KV * dqk, W16(g, w[W_WK]), T, h, KV * dqk, g->da32, h, 1, err));
-        MOE_CHECK(
-            gpu_lin_dx(g, g->dv16, KV * dv, W16(g, w[W_WV]), T, h, KV * dv, g->da32, h, 1, err));
+        MOE_CHECK(gpu_lin_dx(g, g->dq16, H * dqk, W16(g, w[W_WQ]), T, h, H * dqk, g->da32, h,
+                             CUDA_R_32F, 0, err));
+        MOE_CHECK(gpu_lin_dx(g, g->dk16, KV * dqk, W16(g, w[W_WK]), T, h, KV * dqk, g->da32, h,
+                             CUDA_R_32F, 1, err));
+        MOE_CHECK(gpu_lin_dx(g, g->dv16, KV * dv, W16(g, w[W_WV]), T, h, KV * dv, g->da32, h,
+                             CUDA_R_32F, 1, err));
         MOE_CHECK(gpu_lin_dw(g, g->dq16, H * dqk, A->a16, h, T, h, H * dqk, GR(g, w[W_WQ]), err));
         MOE_CHECK(gpu_lin_dw(g, g->dk16, KV * dqk, A->a16, h, T, h, KV * dqk, GR(g, w[W_WK]), err));
         MOE_CHECK(gpu_lin_dw(g, g->dv16, KV * dv, A->a16, h, T, h, KV * dv, GR(g, w[W_WV]), err));
@@ -135,7 +136,7 @@ enum moe_status gpu_attn_backward(struct exec_gpu *g, int l, const struct act *A
                                       g->rope_tab, g->seq, g->dqf32, g->dkv32, g->dckvf32, g->s));
     MOE_CUDA_CHECK(gk_to_bf16(g->dkv32, g->dkv16, (size_t)T * H * (nope + dv), g->s));
     MOE_CHECK(gpu_lin_dx(g, g->dkv16, H * (nope + dv), W16(g, w[W_WKVB]), T, kvl, H * (nope + dv),
-                         g->dckvn32, kvl, 0, err));
+                         g->dckvn32, kvl, CUDA_R_32F, 0, err));
     MOE_CHECK(gpu_lin_dw(g, g->dkv16, H * (nope + dv), A->ckvn16, kvl, T, kvl, H * (nope + dv),
                          GR(g, w[W_WKVB]), err));
     MOE_CUDA_CHECK(gk_rmsnorm_backward(A->ckvf32, kvl + rope, M(g, w[W_KVA_NORM]), A->rstdkv,
@@ -145,13 +146,13 @@ enum moe_status gpu_attn_backward(struct exec_gpu *g, int l, const struct act *A
                              GR(g, w[W_KVA_NORM]), true, g->s));
     MOE_CUDA_CHECK(gk_to_bf16(g->dckvf32, g->dckvf16, (size_t)T * (kvl + rope), g->s));
     MOE_CHECK(gpu_lin_dx(g, g->dckvf16, kvl + rope, W16(g, w[W_WKVA]), T, h, kvl + rope, g->da32, h,
-                         0, err));
+                         CUDA_R_32F, 0, err));
     MOE_CHECK(
         gpu_lin_dw(g, g->dckvf16, kvl + rope, A->a16, h, T, h, kvl + rope, GR(g, w[W_WKVA]), err));
     MOE_CUDA_CHECK(gk_to_bf16(g->dqf32, g->dqf16, (size_t)T * H * dqk, g->s));
     if (ql) {
         MOE_CHECK(gpu_lin_dx(g, g->dqf16, H * dqk, W16(g, w[W_WQB]), T, ql, H * dqk, g->dcqn32, ql,
-                             0, err));
+                             CUDA_R_32F, 0, err));
         MOE_CHECK(
             gpu_lin_dw(g, g->dqf16, H * dqk, A->cqn16, ql, T, ql, H * dqk, GR(g, w[W_WQB]), err));
         MOE_CUDA_CHECK(gk_rmsnorm_backward(A->cq32, ql, M(g, w[W_QA_NORM]), A->rstdq, g->dcqn32, ql,
@@ -159,11 +160,12 @@ enum moe_status gpu_attn_backward(struct exec_gpu *g, int l, const struct act *A
         MOE_CUDA_CHECK(gk_colsum(g->dcqn32, ql, A->cq32, ql, A->rstdq, T, ql, g->part,
                                  GR(g, w[W_QA_NORM]), true, g->s));
         MOE_CUDA_CHECK(gk_to_bf16(g->dcq32, g->dcq16, (size_t)T * ql, g->s));
-        MOE_CHECK(gpu_lin_dx(g, g->dcq16, ql, W16(g, w[W_WQA]), T, h, ql, g->da32, h, 1, err));
+        MOE_CHECK(gpu_lin_dx(g, g->dcq16, ql, W16(g, w[W_WQA]), T, h, ql, g->da32, h, CUDA_R_32F, 1,
+                             err));
         MOE_CHECK(gpu_lin_dw(g, g->dcq16, ql, A->a16, h, T, h, ql, GR(g, w[W_WQA]), err));
     } else {
-        MOE_CHECK(
-            gpu_lin_dx(g, g->dqf16, H * dqk, W16(g, w[W_WQ]), T, h, H * dqk, g->da32, h, 1, err));
+        MOE_CHECK(gpu_lin_dx(g, g->dqf16, H * dqk, W16(g, w[W_WQ]), T, h, H * dqk, g->da32, h,
+                             CUDA_R_32F, 1, err));
         MOE_CHECK(gpu_lin_dw(g, g->dqf16, H * dqk, A->a16, h, T, h, H * dqk, GR(g, w[W_WQ]), err));
     }
     return MOE_OK;

@@ -166,7 +166,7 @@ extern "C" enum moe_status exec_moe_bench(const struct exec_moe_bench_cfg *c, in
         /* what one MoE layer keeps for its backward: router input and logits, routing, permuted
          * rows, gate/up outputs, SwiGLU output, expert outputs */
         r->layer_bytes = th * (4.0 + 2.0) + (double)T * E * 4 + R * 4 * 4 + R * h * 2 +
-                         R * f * 4 * 2 + R * f * 2 + R * h * 4;
+                         R * f * 2 * 2 + R * f * 2 + R * h * 4;
     }
     cudaFree(dchoice);
     exec_gpu_destroy(g);

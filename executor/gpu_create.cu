@@ -67,8 +67,8 @@ static enum moe_status act_alloc(struct exec_gpu *g, struct act *A, bool moe_any
     ALLOC(A->b16, (size_t)T * h, c);
     ALLOC(A->rstd2, T, c);
     if (fw && (dense_any || g->shared_ffn)) {
-        ALLOC(A->g32, (size_t)T * fw, c);
-        ALLOC(A->u32, (size_t)T * fw, c);
+        ALLOC(A->g16, (size_t)T * fw, c);
+        ALLOC(A->u16, (size_t)T * fw, c);
         ALLOC(A->hm16, (size_t)T * fw, c);
     }
     if (moe_any) {
@@ -81,8 +81,8 @@ static enum moe_status act_alloc(struct exec_gpu *g, struct act *A, bool moe_any
         ALLOC(A->off, E + 1, c);
         ALLOC(A->auxg, E, c);
         ALLOC(A->xp16, (size_t)g->Pe * h, c);
-        ALLOC(A->eg32, (size_t)g->Pe * g->ffn, c);
-        ALLOC(A->eu32, (size_t)g->Pe * g->ffn, c);
+        ALLOC(A->eg16, (size_t)g->Pe * g->ffn, c);
+        ALLOC(A->eu16, (size_t)g->Pe * g->ffn, c);
         ALLOC(A->ehm16, (size_t)g->Pe * g->ffn, c);
         ALLOC(A->yp32, (size_t)g->Pe * h, c);
     }
@@ -345,14 +345,14 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
         ALLOC(g->dcq16, (size_t)T * g->q_lora, c);
     }
     if (fw) {
-        ALLOC(g->dhm32, (size_t)T * fw, c);
+        ALLOC(g->dhm16, (size_t)T * fw, c);
         ALLOC(g->dg16, (size_t)T * fw, c);
         ALLOC(g->du16, (size_t)T * fw, c);
     }
     if (moe_any) {
         ALLOC(g->dw, P, c);
         ALLOC(g->dyp16, (size_t)g->Pe * h, c);
-        ALLOC(g->dehm32, (size_t)g->Pe * g->ffn, c);
+        ALLOC(g->dehm16, (size_t)g->Pe * g->ffn, c);
         ALLOC(g->deg16, (size_t)g->Pe * g->ffn, c);
         ALLOC(g->deu16, (size_t)g->Pe * g->ffn, c);
         ALLOC(g->dxp32, (size_t)g->Pe * h, c);

@@ -54,7 +54,7 @@ enum {
  * gk_cudnn_release frees a stream's slots when its exec_gpu goes. */
 struct plan_key {
     cudaStream_t stream;
-    int backward, device, B, S, H, KV, dqk, dv, window;
+    int backward, device, B, S, H, KV, dqk, dv, window, deterministic;
 };
 
 /* A plan and what it runs with: its workspace, and for the backward the buffers the graph names
@@ -427,8 +427,11 @@ static void into_kv_heads(struct graph *g, const struct plan_key *k, cudnnBacken
 }
 
 /* Backward: rowsum = sum(dO x O); P = exp(S x scale - stats) masked; dV = P^T dO; dS = P x (dO
- * V^T - rowsum) x scale; dK = dS^T Q; dQ = dS K, accumulated in fp32 (the engine's buffer). The
- * engines write dQ, dK and dV in bf16 (their head-group sums must be 16-bit). */
+ * V^T - rowsum) x scale; dK = dS^T Q; dQ = dS K, accumulated in fp32 (the engine's buffer: its
+ * blocks add into it atomically, in whatever order they finish, so the bits of dQ can change from
+ * run to run), or, deterministic, written by the matmul itself (the engine then keeps dP in its
+ * workspace and sums in a fixed order). The engines write dQ, dK and dV in bf16 (their head-group
+ * sums must be 16-bit). */
 static void graph_backward(struct graph *g, const struct plan_key *k)
 {
     const cudnnDataType_t F = CUDNN_DATA_FLOAT, BF = CUDNN_DATA_BFLOAT16;
@@ -489,6 +492,10 @@ static void graph_backward(struct graph *g, const struct plan_key *k)
     /* dQ = dS K */
     cudnnBackendDescriptor_t kk = tensor(g, -1, BF, d.k, d.ks, true, false);
     reshape(g, kt, kk);
+    if (k->deterministic) {
+        matmul(g, ds, kk, dqo);
+        return;
+    }
     matmul(g, ds, kk, acc);
     pointwise(g, CUDNN_POINTWISE_IDENTITY, F, -1, acc, NULL, NULL, dqo);
 }
@@ -530,7 +537,8 @@ static struct plan_entry *plan_for(const struct plan_key *key, char *why, size_t
     if (ok && key->backward)
         ok = !cudaMalloc((void **)&e->stats, rows * sizeof(float)) &&
              !cudaMalloc((void **)&e->rowsum, rows * sizeof(float)) &&
-             !cudaMalloc((void **)&e->dq_acc, rows * key->dqk * sizeof(float));
+             (key->deterministic ||
+              !cudaMalloc((void **)&e->dq_acc, rows * key->dqk * sizeof(float)));
     if (!ok) {
         cudaFree(e->workspace), cudaFree(e->stats), cudaFree(e->rowsum), cudaFree(e->dq_acc);
         cudnnBackendDestroyDescriptor(e->plan);
@@ -544,7 +552,7 @@ static struct plan_entry *plan_for(const struct plan_key *key, char *why, size_t
 }
 
 static bool key_of(int backward, int B, int S, int H, int KV, int dqk, int dv, int window,
-                   cudaStream_t s, struct plan_key *key, char *why, size_t cap)
+                   bool deterministic, cudaStream_t s, struct plan_key *key, char *why, size_t cap)
 {
     memset(key, 0, sizeof *key);
     key->stream = s;
@@ -554,6 +562,7 @@ static bool key_of(int backward, int B, int S, int H, int KV, int dqk, int dv, i
     }
     key->backward = backward, key->B = B, key->S = S, key->H = H, key->KV = KV;
     key->dqk = dqk, key->dv = dv, key->window = window > 0 ? window : 0;
+    key->deterministic = backward && deterministic;
     return true;
 }
 
@@ -601,7 +610,7 @@ bool gk_cudnn_forward(const bf16 *q, const bf16 *k, const bf16 *v, int B, int S,
                       size_t cap)
 {
     struct plan_key key;
-    if (!key_of(0, B, S, H, KV, dqk, dv, window, s, &key, why, cap)) return false;
+    if (!key_of(0, B, S, H, KV, dqk, dv, window, false, s, &key, why, cap)) return false;
     pthread_mutex_lock(&lock);
     struct plan_entry *e = plan_for(&key, why, cap);
     pthread_mutex_unlock(&lock);
@@ -623,11 +632,11 @@ __global__ void k_widen(const bf16 *x, float *y, size_t n)
 
 bool gk_cudnn_backward(const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *o, const bf16 *dout,
                        const float *lse, int B, int S, int H, int KV, int dqk, int dv, int window,
-                       float *dq, float *dk, float *dvo, bf16 *scratch_q, bf16 *scratch_k,
-                       bf16 *scratch_v, cudaStream_t s, char *why, size_t cap)
+                       bool deterministic, float *dq, float *dk, float *dvo, bf16 *scratch_q,
+                       bf16 *scratch_k, bf16 *scratch_v, cudaStream_t s, char *why, size_t cap)
 {
     struct plan_key key;
-    if (!key_of(1, B, S, H, KV, dqk, dv, window, s, &key, why, cap)) return false;
+    if (!key_of(1, B, S, H, KV, dqk, dv, window, deterministic, s, &key, why, cap)) return false;
     pthread_mutex_lock(&lock);
     struct plan_entry *e = plan_for(&key, why, cap);
     pthread_mutex_unlock(&lock);
@@ -635,19 +644,20 @@ bool gk_cudnn_backward(const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *
     size_t rows = (size_t)B * H * S, nq = rows * dqk, nk = (size_t)B * S * KV * dqk,
            nv = (size_t)B * S * KV * dv;
     if (!rescale(lse, e->stats, rows, (float)M_LN2, s, why, cap)) return false;
-    if (cudaMemsetAsync(e->dq_acc, 0, nq * sizeof(float), s)) {
+    if (!deterministic && cudaMemsetAsync(e->dq_acc, 0, nq * sizeof(float), s)) {
         snprintf(why, cap, "cuDNN attention: clearing dQ's accumulator failed");
         return false;
     }
     float scale = 1.0f / sqrtf((float)dqk), neg_inf = -INFINITY, one = 1.0f,
           win = (float)key.window;
-    int64_t uids[15] = {UID_Q,      UID_K,     UID_V,       UID_O,   UID_DO,
-                        UID_STATS,  UID_DQ,    UID_DK,      UID_DV,  UID_ROWSUM,
-                        UID_DQ_ACC, UID_SCALE, UID_NEG_INF, UID_ONE, UID_WINDOW};
-    void *ptrs[15] = {(void *)q, (void *)k, (void *)v, (void *)o, (void *)dout,
-                      e->stats,  scratch_q, scratch_k, scratch_v, e->rowsum,
-                      e->dq_acc, &scale,    &neg_inf,  &one,      &win};
-    if (!execute(e, key.window > 0 ? 15 : 14, uids, ptrs, why, cap)) return false;
+    int64_t uids[15] = {UID_Q,  UID_K,  UID_V,      UID_O,     UID_DO,      UID_STATS, UID_DQ,
+                        UID_DK, UID_DV, UID_ROWSUM, UID_SCALE, UID_NEG_INF, UID_ONE};
+    void *ptrs[15] = {(void *)q, (void *)k, (void *)v, (void *)o, (void *)dout, e->stats, scratch_q,
+                      scratch_k, scratch_v, e->rowsum, &scale,    &neg_inf,     &one};
+    int n = 13;
+    if (!deterministic) uids[n] = UID_DQ_ACC, ptrs[n++] = e->dq_acc;
+    if (key.window > 0) uids[n] = UID_WINDOW, ptrs[n++] = &win;
+    if (!execute(e, n, uids, ptrs, why, cap)) return false;
     if (dq) {
         k_widen<<<(unsigned)((nq + 255) / 256), 256, 0, s>>>(scratch_q, dq, nq);
         k_widen<<<(unsigned)((nk + 255) / 256), 256, 0, s>>>(scratch_k, dk, nk);
@@ -670,7 +680,6 @@ void gk_cudnn_release(cudaStream_t s)
         memset(e, 0, sizeof *e);
     }
     int k = 0;
-    k = 0;
     for (int i = 0; i < nhandles; i++) {
         if (handles[i].stream != s) {
             handles[k++] = handles[i];
@@ -706,8 +715,8 @@ bool gk_cudnn_forward(const bf16 *, const bf16 *, const bf16 *, int, int, int, i
 }
 
 bool gk_cudnn_backward(const bf16 *, const bf16 *, const bf16 *, const bf16 *, const bf16 *,
-                       const float *, int, int, int, int, int, int, int, float *, float *, float *,
-                       bf16 *, bf16 *, bf16 *, cudaStream_t, char *why, size_t cap)
+                       const float *, int, int, int, int, int, int, int, bool, float *, float *,
+                       float *, bf16 *, bf16 *, bf16 *, cudaStream_t, char *why, size_t cap)
 {
     return none(why, cap);
 }

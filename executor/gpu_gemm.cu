@@ -81,6 +81,10 @@ static enum moe_status lt_kind_find(struct exec_gpu *g, bool ta, bool tb, bool v
     if (!st)
         st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                   &g->ws_bytes, sizeof g->ws_bytes);
+    uint32_t one_pass = CUBLASLT_REDUCTION_SCHEME_NONE; /* no split-K (see gpu_fork_experts) */
+    if (!st)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                                  &one_pass, sizeof one_pass);
     if (!st)
         st = cublasLtMatmulAlgoGetHeuristic(g->lt, q->op, l[0], l[1], l[2], l[2], pref, 1, &r, &nr);
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
@@ -132,15 +136,16 @@ enum moe_status gpu_lin(struct exec_gpu *g, const bf16 *X, int ldx, const bf16 *
                   CUDA_R_16BF, yt, err);
 }
 
-/* dX (T x in, fp32) (+)= dY (T x out) W. */
+/* dX (T x in, fp32 or bf16) (+)= dY (T x out) W. */
 enum moe_status gpu_lin_dx(struct exec_gpu *g, const bf16 *dY, int lddy, const bf16 *Wt, int T,
-                           int in, int out, float *dX, int lddx, float beta, struct moe_error *err)
+                           int in, int out, void *dX, int lddx, cudaDataType xt, float beta,
+                           struct moe_error *err)
 {
     if (g->in_experts)
         return mm_expert(g, false, false, false, T, in, out, dY, lddy, Wt, in, beta, dX, lddx,
-                         CUDA_R_16BF, CUDA_R_32F, err);
+                         CUDA_R_16BF, xt, err);
     return gpu_mm(g, false, false, T, in, out, 1.0f, dY, lddy, 0, Wt, in, 0, beta, dX, lddx, 0, 1,
-                  CUDA_R_16BF, CUDA_R_32F, err);
+                  CUDA_R_16BF, xt, err);
 }
 
 /* dW (out x in, fp32) += dY^T X. */

@@ -390,34 +390,92 @@ cudaError_t gk_mla_disassemble(const float *dq, const float *dk, const float *dv
 
 /* ---- SwiGLU -------------------------------------------------------------------------------- */
 
-__global__ void k_swiglu(const float *g, const float *u, bf16 *hm, size_t n)
+/* V bf16 values to fp32 and back: 16-byte loads and stores for V = 8 (the pointers aligned). */
+template <int V> __device__ inline void ld_bf16(const bf16 *p, float *f)
 {
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    float x = g[i], sg = 1.0f / (1.0f + expf(-x));
-    hm[i] = __float2bfloat16(x * sg * u[i]);
+    if constexpr (V == 8) {
+        uint4 r = *(const uint4 *)p;
+        const __nv_bfloat162 *b = (const __nv_bfloat162 *)&r;
+        for (int k = 0; k < 4; k++) {
+            float2 t = __bfloat1622float2(b[k]);
+            f[2 * k] = t.x;
+            f[2 * k + 1] = t.y;
+        }
+    } else {
+        for (int k = 0; k < V; k++) f[k] = __bfloat162float(p[k]);
+    }
 }
 
-cudaError_t gk_swiglu(const float *g, const float *u, bf16 *hm, size_t n, cudaStream_t s)
+template <int V> __device__ inline void st_bf16(bf16 *p, const float *f)
 {
-    if (n) k_swiglu<<<blocks_for(n, TPB), TPB, 0, s>>>(g, u, hm, n);
+    if constexpr (V == 8) {
+        uint4 r;
+        __nv_bfloat162 *b = (__nv_bfloat162 *)&r;
+        for (int k = 0; k < 4; k++) b[k] = __floats2bfloat162_rn(f[2 * k], f[2 * k + 1]);
+        *(uint4 *)p = r;
+    } else {
+        for (int k = 0; k < V; k++) p[k] = __float2bfloat16(f[k]);
+    }
+}
+
+/* V elements a thread, nv threads' worth; computed in fp32 from the bf16 GEMM outputs. */
+template <int V> __global__ void k_swiglu(const bf16 *g, const bf16 *u, bf16 *hm, size_t nv)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= nv) return;
+    float x[V], y[V];
+    ld_bf16<V>(g + i * V, x);
+    ld_bf16<V>(u + i * V, y);
+    for (int k = 0; k < V; k++) x[k] = x[k] * (1.0f / (1.0f + expf(-x[k]))) * y[k];
+    st_bf16<V>(hm + i * V, x);
+}
+
+template <int V>
+__global__ void k_swiglu_backward(const bf16 *g, const bf16 *u, const bf16 *dhm, bf16 *dg, bf16 *du,
+                                  size_t nv)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= nv) return;
+    float x[V], y[V], d[V];
+    ld_bf16<V>(g + i * V, x);
+    ld_bf16<V>(u + i * V, y);
+    ld_bf16<V>(dhm + i * V, d);
+    for (int k = 0; k < V; k++) {
+        float sg = 1.0f / (1.0f + expf(-x[k])), dk = d[k];
+        d[k] = dk * x[k] * sg;                               /* d up */
+        x[k] = dk * y[k] * sg * (1.0f + x[k] * (1.0f - sg)); /* d gate */
+    }
+    st_bf16<V>(du + i * V, d);
+    st_bf16<V>(dg + i * V, x);
+}
+
+/* How many of n elements go eight at a time: all but the tail when every pointer is 16-byte
+ * aligned, none otherwise. */
+static size_t by_eight(size_t n, const void *const *ptrs, int np)
+{
+    for (int i = 0; i < np; i++)
+        if ((uintptr_t)ptrs[i] % 16) return 0;
+    return n / 8;
+}
+
+cudaError_t gk_swiglu(const bf16 *g, const bf16 *u, bf16 *hm, size_t n, cudaStream_t s)
+{
+    const void *p[] = {g, u, hm};
+    size_t n8 = by_eight(n, p, 3), o = 8 * n8;
+    if (n8) k_swiglu<8><<<blocks_for(n8, TPB), TPB, 0, s>>>(g, u, hm, n8);
+    if (n > o) k_swiglu<1><<<blocks_for(n - o, TPB), TPB, 0, s>>>(g + o, u + o, hm + o, n - o);
     return cudaGetLastError();
 }
 
-__global__ void k_swiglu_backward(const float *g, const float *u, const float *dhm, bf16 *dg,
-                                  bf16 *du, size_t n)
-{
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    float x = g[i], sg = 1.0f / (1.0f + expf(-x)), d = dhm[i];
-    du[i] = __float2bfloat16(d * x * sg);
-    dg[i] = __float2bfloat16(d * u[i] * sg * (1.0f + x * (1.0f - sg)));
-}
-
-cudaError_t gk_swiglu_backward(const float *g, const float *u, const float *dhm, bf16 *dg, bf16 *du,
+cudaError_t gk_swiglu_backward(const bf16 *g, const bf16 *u, const bf16 *dhm, bf16 *dg, bf16 *du,
                                size_t n, cudaStream_t s)
 {
-    if (n) k_swiglu_backward<<<blocks_for(n, TPB), TPB, 0, s>>>(g, u, dhm, dg, du, n);
+    const void *p[] = {g, u, dhm, dg, du};
+    size_t n8 = by_eight(n, p, 5), o = 8 * n8;
+    if (n8) k_swiglu_backward<8><<<blocks_for(n8, TPB), TPB, 0, s>>>(g, u, dhm, dg, du, n8);
+    if (n > o)
+        k_swiglu_backward<1>
+            <<<blocks_for(n - o, TPB), TPB, 0, s>>>(g + o, u + o, dhm + o, dg + o, du + o, n - o);
     return cudaGetLastError();
 }
 

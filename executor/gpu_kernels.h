@@ -101,18 +101,22 @@ bool gk_cudnn_forward(const bf16 *q, const bf16 *k, const bf16 *v, int B, int S,
 /* The backward through cuDNN, from the forward's lse (either kernel's: base 2): cuDNN writes dq,
  * dk, dv in bf16 into scratch_q, scratch_k, scratch_v (the layouts of q, k, v); with dq, dk, dvo
  * given they are widened to fp32 there (as gk_flash_backward's), with dq NULL they stay in the
- * scratch only. false as gk_cudnn_forward. */
+ * scratch only. deterministic: the engine that gives the same bits every run (dQ not summed by
+ * atomics). false as gk_cudnn_forward. */
+/* What the executor (and calibrate, which times what it runs) asks of gk_cudnn_backward. */
+#define GK_CUDNN_DETERMINISTIC true
 bool gk_cudnn_backward(const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *o, const bf16 *dout,
                        const float *lse, int B, int S, int H, int KV, int dqk, int dv, int window,
-                       float *dq, float *dk, float *dvo, bf16 *scratch_q, bf16 *scratch_k,
-                       bf16 *scratch_v, cudaStream_t s, char *why, size_t cap);
+                       bool deterministic, float *dq, float *dk, float *dvo, bf16 *scratch_q,
+                       bf16 *scratch_k, bf16 *scratch_v, cudaStream_t s, char *why, size_t cap);
 /* Free what gk_cudnn_forward / backward keep for stream s (its plans, their workspaces and its
  * handle), before the stream is destroyed. */
 void gk_cudnn_release(cudaStream_t s);
 /* cuDNN's version at run time ("9.19.0"), or that the build has none. */
 const char *gk_cudnn_version(char *buf, size_t cap);
-cudaError_t gk_swiglu(const float *g, const float *u, bf16 *hm, size_t n, cudaStream_t s);
-cudaError_t gk_swiglu_backward(const float *g, const float *u, const float *dhm, bf16 *dg, bf16 *du,
+/* SwiGLU on bf16 gate / up (fp32 inside): hm = silu(g) u; its backward from dhm. */
+cudaError_t gk_swiglu(const bf16 *g, const bf16 *u, bf16 *hm, size_t n, cudaStream_t s);
+cudaError_t gk_swiglu_backward(const bf16 *g, const bf16 *u, const bf16 *dhm, bf16 *dg, bf16 *du,
                                size_t n, cudaStream_t s);
 /* cnt, base: ceil(n / GK_CHUNK) x E ints; off: E + 1 ints. */
 cudaError_t gk_permute_count(const int *choice, int n, int E, int *cnt, int *base, int *off,

@@ -7,32 +7,33 @@
  */
 #include "gpu.h"
 
-/* y += down(silu(gate x) * up x) for T rows of width F (saving g32, u32, hm16). */
+/* y += down(silu(gate x) * up x) for T rows of width F (saving g16, u16, hm16: the gate and up
+ * GEMMs accumulate in fp32 and write bf16, as Megatron's and PyTorch's do). */
 enum moe_status gpu_swiglu_forward(struct exec_gpu *g, const bf16 *x, int T, int F, const bf16 *Wg,
-                                   const bf16 *Wu, const bf16 *Wd, float *g32, float *u32,
-                                   bf16 *hm16, float *y, struct moe_error *err)
+                                   const bf16 *Wu, const bf16 *Wd, bf16 *g16, bf16 *u16, bf16 *hm16,
+                                   float *y, struct moe_error *err)
 {
     int h = g->hidden;
-    MOE_CHECK(gpu_lin(g, x, h, Wg, T, h, F, g32, F, CUDA_R_32F, 0, err));
-    MOE_CHECK(gpu_lin(g, x, h, Wu, T, h, F, u32, F, CUDA_R_32F, 0, err));
-    MOE_CUDA_CHECK(gk_swiglu(g32, u32, hm16, (size_t)T * F, g->s));
+    MOE_CHECK(gpu_lin(g, x, h, Wg, T, h, F, g16, F, CUDA_R_16BF, 0, err));
+    MOE_CHECK(gpu_lin(g, x, h, Wu, T, h, F, u16, F, CUDA_R_16BF, 0, err));
+    MOE_CUDA_CHECK(gk_swiglu(g16, u16, hm16, (size_t)T * F, g->s));
     return gpu_lin(g, hm16, F, Wd, T, F, h, y, h, CUDA_R_32F, 1.0f, err);
 }
 
 /* Backward of swiglu_forward for dy16: dx (+)= (beta), weight gradients +=. */
 enum moe_status gpu_swiglu_backward(struct exec_gpu *g, const bf16 *x, const bf16 *dy16, int T,
                                     int F, const bf16 *Wg, const bf16 *Wu, const bf16 *Wd,
-                                    const float *g32, const float *u32, const bf16 *hm16,
-                                    float *dWg, float *dWu, float *dWd, float *dx, float beta,
+                                    const bf16 *g16, const bf16 *u16, const bf16 *hm16, float *dWg,
+                                    float *dWu, float *dWd, float *dx, float beta,
                                     struct moe_error *err)
 {
     int h = g->hidden;
     if (T == 0) return MOE_OK;
-    MOE_CHECK(gpu_lin_dx(g, dy16, h, Wd, T, F, h, g->dhm32, F, 0, err));
+    MOE_CHECK(gpu_lin_dx(g, dy16, h, Wd, T, F, h, g->dhm16, F, CUDA_R_16BF, 0, err));
     MOE_CHECK(gpu_lin_dw(g, dy16, h, hm16, F, T, F, h, dWd, err));
-    MOE_CUDA_CHECK(gk_swiglu_backward(g32, u32, g->dhm32, g->dg16, g->du16, (size_t)T * F, g->s));
-    MOE_CHECK(gpu_lin_dx(g, g->dg16, F, Wg, T, h, F, dx, h, beta, err));
-    MOE_CHECK(gpu_lin_dx(g, g->du16, F, Wu, T, h, F, dx, h, 1.0f, err));
+    MOE_CUDA_CHECK(gk_swiglu_backward(g16, u16, g->dhm16, g->dg16, g->du16, (size_t)T * F, g->s));
+    MOE_CHECK(gpu_lin_dx(g, g->dg16, F, Wg, T, h, F, dx, h, CUDA_R_32F, beta, err));
+    MOE_CHECK(gpu_lin_dx(g, g->du16, F, Wu, T, h, F, dx, h, CUDA_R_32F, 1.0f, err));
     MOE_CHECK(gpu_lin_dw(g, g->dg16, F, x, h, T, h, F, dWg, err));
     return gpu_lin_dw(g, g->du16, F, x, h, T, h, F, dWu, err);
 }
@@ -50,12 +51,12 @@ enum moe_status gpu_experts_forward(struct exec_gpu *g, int l, struct act *A, co
         if (!n) continue;
         gpu_use_expert_stream(g, e);
         MOE_CHECK(gpu_lin(g, A->xp16 + (size_t)off[e] * h, h, W16(g, w[W_GATE]) + (size_t)e * f * h,
-                          n, h, f, A->eg32 + (size_t)off[e] * f, f, CUDA_R_32F, 0, err));
+                          n, h, f, A->eg16 + (size_t)off[e] * f, f, CUDA_R_16BF, 0, err));
         MOE_CHECK(gpu_lin(g, A->xp16 + (size_t)off[e] * h, h, W16(g, w[W_UP]) + (size_t)e * f * h,
-                          n, h, f, A->eu32 + (size_t)off[e] * f, f, CUDA_R_32F, 0, err));
+                          n, h, f, A->eu16 + (size_t)off[e] * f, f, CUDA_R_16BF, 0, err));
     }
     MOE_CHECK(gpu_join_experts(g, err));
-    MOE_CUDA_CHECK(gk_swiglu(A->eg32, A->eu32, A->ehm16, (size_t)off[E] * f, g->s));
+    MOE_CUDA_CHECK(gk_swiglu(A->eg16, A->eu16, A->ehm16, (size_t)off[E] * f, g->s));
     MOE_CHECK(gpu_fork_experts(g, err));
     for (int e = 0; e < E; e++) {
         int n = off[e + 1] - off[e];
@@ -81,12 +82,12 @@ enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act
         size_t o = off[e];
         gpu_use_expert_stream(g, e);
         MOE_CHECK(gpu_lin_dx(g, g->dyp16 + o * h, h, W16(g, w[W_DOWN]) + (size_t)e * h * f, n, f, h,
-                             g->dehm32 + o * f, f, 0, err));
+                             g->dehm16 + o * f, f, CUDA_R_16BF, 0, err));
         MOE_CHECK(gpu_lin_dw(g, g->dyp16 + o * h, h, A->ehm16 + o * f, f, n, f, h,
                              GR(g, w[W_DOWN]) + (size_t)e * h * f, err));
     }
     MOE_CHECK(gpu_join_experts(g, err));
-    MOE_CUDA_CHECK(gk_swiglu_backward(A->eg32, A->eu32, g->dehm32, g->deg16, g->deu16,
+    MOE_CUDA_CHECK(gk_swiglu_backward(A->eg16, A->eu16, g->dehm16, g->deg16, g->deu16,
                                       (size_t)off[E] * f, g->s));
     MOE_CHECK(gpu_fork_experts(g, err));
     for (int e = 0; e < E; e++) {
@@ -95,9 +96,9 @@ enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act
         size_t o = off[e];
         gpu_use_expert_stream(g, e);
         MOE_CHECK(gpu_lin_dx(g, g->deg16 + o * f, f, W16(g, w[W_GATE]) + (size_t)e * f * h, n, h, f,
-                             g->dxp32 + o * h, h, 0, err));
+                             g->dxp32 + o * h, h, CUDA_R_32F, 0, err));
         MOE_CHECK(gpu_lin_dx(g, g->deu16 + o * f, f, W16(g, w[W_UP]) + (size_t)e * f * h, n, h, f,
-                             g->dxp32 + o * h, h, 1, err));
+                             g->dxp32 + o * h, h, CUDA_R_32F, 1, err));
         MOE_CHECK(gpu_lin_dw(g, g->deg16 + o * f, f, A->xp16 + o * h, h, n, h, f,
                              GR(g, w[W_GATE]) + (size_t)e * f * h, err));
         MOE_CHECK(gpu_lin_dw(g, g->deu16 + o * f, f, A->xp16 + o * h, h, n, h, f,
@@ -171,7 +172,7 @@ enum moe_status gpu_moe_forward(struct exec_gpu *g, int l, struct act *A, float 
     if (g->shared_ffn) {
         PH(COST_SHARED_EXPERT);
         MOE_CHECK(gpu_swiglu_forward(g, A->b16, T, g->shared_ffn, W16(g, w[W_SGATE]),
-                                     W16(g, w[W_SUP]), W16(g, w[W_SDOWN]), A->g32, A->u32, A->hm16,
+                                     W16(g, w[W_SUP]), W16(g, w[W_SDOWN]), A->g16, A->u16, A->hm16,
                                      y, err));
     }
     return MOE_OK;
@@ -204,7 +205,7 @@ enum moe_status gpu_moe_backward(struct exec_gpu *g, int l, const struct act *A,
     if (g->shared_ffn) {
         PH(COST_SHARED_EXPERT);
         MOE_CHECK(gpu_swiglu_backward(g, A->b16, g->dy16, T, g->shared_ffn, W16(g, w[W_SGATE]),
-                                      W16(g, w[W_SUP]), W16(g, w[W_SDOWN]), A->g32, A->u32, A->hm16,
+                                      W16(g, w[W_SUP]), W16(g, w[W_SDOWN]), A->g16, A->u16, A->hm16,
                                       GR(g, w[W_SGATE]), GR(g, w[W_SUP]), GR(g, w[W_SDOWN]),
                                       g->db32, 0.0f, err));
     }

@@ -7,7 +7,8 @@
  *   embedding -> blocks [RMSNorm, attention (GQA with RoPE, or MLA), residual, RMSNorm,
  *   dense SwiGLU or the dropless MoE layer, residual] -> final RMSNorm -> LM head -> loss.
  * Precision: bf16 weights (copies of fp32 masters) and GEMM inputs, fp32 accumulation, the
- * residual stream and every activation gradient in fp32, the router entirely in fp32.
+ * residual stream and the activation gradients in fp32 (SwiGLU's gate / up outputs and the gradient
+ * of its product are bf16), the router entirely in fp32.
  */
 #include "gpu.h"
 
@@ -53,7 +54,7 @@ static enum moe_status block_forward(struct exec_gpu *g, int l, const float *x, 
         return MOE_OK;
     }
     return gpu_swiglu_forward(g, A->b16, T, g->dense_ffn, W16(g, w[W_GATE]), W16(g, w[W_UP]),
-                              W16(g, w[W_DOWN]), A->g32, A->u32, A->hm16, y, err);
+                              W16(g, w[W_DOWN]), A->g16, A->u16, A->hm16, y, err);
 }
 
 /* dh (fp32, the gradient of the block output) -> dprev (the block input's). */
@@ -69,7 +70,7 @@ static enum moe_status block_backward(struct exec_gpu *g, int l, const float *x,
     } else {
         PH(COST_DENSE_FFN);
         MOE_CHECK(gpu_swiglu_backward(g, A->b16, g->dy16, T, g->dense_ffn, W16(g, w[W_GATE]),
-                                      W16(g, w[W_UP]), W16(g, w[W_DOWN]), A->g32, A->u32, A->hm16,
+                                      W16(g, w[W_UP]), W16(g, w[W_DOWN]), A->g16, A->u16, A->hm16,
                                       GR(g, w[W_GATE]), GR(g, w[W_UP]), GR(g, w[W_DOWN]), g->db32,
                                       0.0f, err));
     }
@@ -188,7 +189,8 @@ static enum moe_status backward_part(struct exec_gpu *g, int lo, int hi, struct 
     int T = g->tokens, h = g->hidden, V = g->vocab, L = g->layers;
     if (hi == L) {
         PH(COST_LM_HEAD);
-        MOE_CHECK(gpu_lin_dx(g, g->dlog16, V, W16(g, g->head), T, h, V, g->dfin32, h, 0, err));
+        MOE_CHECK(gpu_lin_dx(g, g->dlog16, V, W16(g, g->head), T, h, V, g->dfin32, h, CUDA_R_32F, 0,
+                             err));
         MOE_CHECK(gpu_lin_dw(g, g->dlog16, V, g->fin16, h, T, h, V, GR(g, g->head), err));
         MOE_CUDA_CHECK(gk_rmsnorm_backward(g->xin[L], h, M(g, g->final_norm), g->rstdf, g->dfin32,
                                            h, NULL, 0, g->dh, h, T, h, g->s));

@@ -59,6 +59,13 @@ static std::vector<double> to_d(const std::vector<bf16> &v)
     return o;
 }
 
+static std::vector<bf16> to_bf16(const std::vector<float> &v)
+{
+    std::vector<bf16> o(v.size());
+    for (size_t i = 0; i < v.size(); i++) o[i] = __float2bfloat16(v[i]);
+    return o;
+}
+
 static std::vector<float> randn(size_t n, uint64_t seed, double scale = 1.0)
 {
     struct moe_rng rng;
@@ -154,28 +161,35 @@ static void test_rope(void **state)
     cudaFree(tab);
 }
 
+/* SwiGLU on bf16 gate / up (the GEMMs' rounded outputs) and bf16 dhm: n not a multiple of 8 (the
+ * eight-at-a-time path and its tail), then the same from pointers one element in (the one-at-a-time
+ * path). The reference computes from the same bf16 inputs in double. */
 static void test_swiglu(void **state)
 {
     (void)state;
-    const size_t n = 5000;
-    std::vector<float> g = randn(n, 5, 2.0), u = randn(n, 6), dh = randn(n, 7);
-    std::vector<double> hr(n), dgr(n), dur(n);
-    for (size_t i = 0; i < n; i++) {
-        double x = g[i], s = 1.0 / (1.0 + exp(-x));
-        hr[i] = x * s * u[i];
-        dur[i] = dh[i] * x * s;
-        dgr[i] = dh[i] * u[i] * s * (1.0 + x * (1.0 - s));
+    const size_t n = 5003;
+    std::vector<bf16> g = to_bf16(randn(n + 1, 5, 2.0)), u = to_bf16(randn(n + 1, 6)),
+                      dh = to_bf16(randn(n + 1, 7));
+    bf16 *dg = dev(g), *du = dev(u), *ddh = dev(dh), *hm, *og, *ou;
+    cudaMalloc((void **)&hm, sizeof(bf16) * (n + 1));
+    cudaMalloc((void **)&og, sizeof(bf16) * (n + 1));
+    cudaMalloc((void **)&ou, sizeof(bf16) * (n + 1));
+    for (size_t o = 0; o < 2; o++) {
+        std::vector<double> hr(n), dgr(n), dur(n);
+        for (size_t i = 0; i < n; i++) {
+            double x = __bfloat162float(g[o + i]), up = __bfloat162float(u[o + i]),
+                   d = __bfloat162float(dh[o + i]), s = 1.0 / (1.0 + exp(-x));
+            hr[i] = x * s * up;
+            dur[i] = d * x * s;
+            dgr[i] = d * up * s * (1.0 + x * (1.0 - s));
+        }
+        assert_int_equal(gk_swiglu(dg + o, du + o, hm + o, n, 0), cudaSuccess);
+        assert_int_equal(gk_swiglu_backward(dg + o, du + o, ddh + o, og + o, ou + o, n, 0),
+                         cudaSuccess);
+        close("swiglu", to_d(host(hm + o, n)), hr, 8e-3);
+        close("swiglu backward d gate", to_d(host(og + o, n)), dgr, 8e-3);
+        close("swiglu backward d up", to_d(host(ou + o, n)), dur, 8e-3);
     }
-    float *dg = dev(g), *du = dev(u), *ddh = dev(dh);
-    bf16 *hm, *og, *ou;
-    cudaMalloc((void **)&hm, sizeof(bf16) * n);
-    cudaMalloc((void **)&og, sizeof(bf16) * n);
-    cudaMalloc((void **)&ou, sizeof(bf16) * n);
-    gk_swiglu(dg, du, hm, n, 0);
-    gk_swiglu_backward(dg, du, ddh, og, ou, n, 0);
-    close("swiglu", to_d(host(hm, n)), hr, 8e-3);
-    close("swiglu backward d gate", to_d(host(og, n)), dgr, 8e-3);
-    close("swiglu backward d up", to_d(host(ou, n)), dur, 8e-3);
     cudaFree(dg), cudaFree(du), cudaFree(ddh), cudaFree(hm), cudaFree(og), cudaFree(ou);
 }
 
@@ -256,13 +270,6 @@ static void test_permute_combine(void **state)
     cudaFree(y), cudaFree(dwo);
 }
 
-static std::vector<bf16> to_bf16(const std::vector<float> &v)
-{
-    std::vector<bf16> o(v.size());
-    for (size_t i = 0; i < v.size(); i++) o[i] = __float2bfloat16(v[i]);
-    return o;
-}
-
 /* One attention shape: the tensor-core kernels (forward: o, log-sum-exp; backward: dq, dk, dv)
  * against exec_ref_attention{,_backward} per sequence, on bf16-rounded inputs; the backward run
  * twice must agree bit for bit. */
@@ -329,18 +336,25 @@ static void flash_case(int B, int S, int H, int KV, int dqk, int dv, int window,
               *cv = dev(std::vector<float>(nv));
         bf16 *scratch = dev(std::vector<bf16>(nq)), *sk = dev(std::vector<bf16>(nk)),
              *sv = dev(std::vector<bf16>(nv));
-        if (!gk_cudnn_backward(dq16, dk16, dv16, o2, ddo, lse2, B, S, H, KV, dqk, dv, window, cq,
-                               ck, cv, scratch, sk, sv, 0, why, sizeof why))
-            fail_msg("%s", why);
-        close("cuDNN attention dq", to_d(host(cq, nq)), dqr, 1e-2);
-        close("cuDNN attention dk", to_d(host(ck, nk)), dkr, 1e-2);
-        close("cuDNN attention dv", to_d(host(cv, nv)), dvr, 1e-2);
-        std::vector<float> c1 = host(cq, nq), c2 = host(ck, nk), c3 = host(cv, nv);
-        if (!gk_cudnn_backward(dq16, dk16, dv16, o2, ddo, lse2, B, S, H, KV, dqk, dv, window, cq,
-                               ck, cv, scratch, sk, sv, 0, why, sizeof why))
+        /* both engines (dQ summed atomically, and the deterministic one) against the reference;
+         * the deterministic one twice: the same bits */
+        std::vector<float> c1, c2, c3;
+        for (int det = 0; det < 2; det++) {
+            if (!gk_cudnn_backward(dq16, dk16, dv16, o2, ddo, lse2, B, S, H, KV, dqk, dv, window,
+                                   det, cq, ck, cv, scratch, sk, sv, 0, why, sizeof why))
+                fail_msg("%s", why);
+            close(det ? "cuDNN attention dq (deterministic)" : "cuDNN attention dq",
+                  to_d(host(cq, nq)), dqr, 1e-2);
+            close("cuDNN attention dk", to_d(host(ck, nk)), dkr, 1e-2);
+            close("cuDNN attention dv", to_d(host(cv, nv)), dvr, 1e-2);
+        }
+        c1 = host(cq, nq), c2 = host(ck, nk), c3 = host(cv, nv);
+        if (!gk_cudnn_backward(dq16, dk16, dv16, o2, ddo, lse2, B, S, H, KV, dqk, dv, window, true,
+                               cq, ck, cv, scratch, sk, sv, 0, why, sizeof why))
             fail_msg("%s", why);
         bool same = host(cq, nq) == c1 && host(ck, nk) == c2 && host(cv, nv) == c3;
-        printf("  cuDNN backward twice: %s\n", same ? "bit-identical" : "DIFFERENT bits");
+        printf("  cuDNN deterministic backward twice: %s\n",
+               same ? "bit-identical" : "DIFFERENT bits");
         assert_true(same);
         cudaFree(cq), cudaFree(ck), cudaFree(cv), cudaFree(scratch), cudaFree(sk), cudaFree(sv);
     } else {
@@ -442,25 +456,33 @@ static void test_cudnn_attention(void **state)
               *hv = dev(std::vector<float>(nv));
         bf16 *scratch = dev(std::vector<bf16>(nq)), *sk = dev(std::vector<bf16>(nk)),
              *sv = dev(std::vector<bf16>(nv));
-        ok = gk_cudnn_backward(dq16, dk16, dv16, o1, ddo, l1, c.B, c.S, c.H, c.KV, c.dqk, c.dv,
-                               c.window, hq, hk, hv, scratch, sk, sv, 0, why, sizeof why);
-        if (!ok) fail_msg("%s", why);
-        cudaEventRecord(e0);
-        for (int r = 0; r < reps; r++)
-            assert_int_equal(gk_flash_backward(dq16, dk16, dv16, o1, ddo, l1, c.B, c.S, c.H, c.KV,
-                                               c.dqk, c.dv, c.window, delta, gq, gk, gv, 0),
-                             cudaSuccess);
-        cudaEventRecord(e1);
-        for (int r = 0; r < reps && ok; r++)
+        float det_ms = 0;
+        for (int det = 1; det >= 0; det--) { /* the last: atomic dQ, compared below */
             ok = gk_cudnn_backward(dq16, dk16, dv16, o1, ddo, l1, c.B, c.S, c.H, c.KV, c.dqk, c.dv,
-                                   c.window, hq, hk, hv, scratch, sk, sv, 0, why, sizeof why);
-        cudaEventRecord(e2);
-        cudaEventSynchronize(e2);
-        if (!ok) fail_msg("%s", why);
-        cudaEventElapsedTime(&ours, e0, e1), cudaEventElapsedTime(&theirs, e1, e2);
-        printf("attention backward: ours %.3f ms (%.0f TFLOPS), cuDNN %.3f ms (%.0f TFLOPS)\n",
+                                   c.window, det, hq, hk, hv, scratch, sk, sv, 0, why, sizeof why);
+            if (!ok) fail_msg("%s", why);
+            cudaEventRecord(e0);
+            for (int r = 0; r < reps; r++)
+                assert_int_equal(gk_flash_backward(dq16, dk16, dv16, o1, ddo, l1, c.B, c.S, c.H,
+                                                   c.KV, c.dqk, c.dv, c.window, delta, gq, gk, gv,
+                                                   0),
+                                 cudaSuccess);
+            cudaEventRecord(e1);
+            for (int r = 0; r < reps && ok; r++)
+                ok = gk_cudnn_backward(dq16, dk16, dv16, o1, ddo, l1, c.B, c.S, c.H, c.KV, c.dqk,
+                                       c.dv, c.window, det, hq, hk, hv, scratch, sk, sv, 0, why,
+                                       sizeof why);
+            cudaEventRecord(e2);
+            cudaEventSynchronize(e2);
+            if (!ok) fail_msg("%s", why);
+            cudaEventElapsedTime(&ours, e0, e1), cudaEventElapsedTime(&theirs, e1, e2);
+            if (det) det_ms = theirs / reps;
+        }
+        printf("attention backward: ours %.3f ms (%.0f TFLOPS), cuDNN %.3f ms (%.0f TFLOPS), cuDNN "
+               "deterministic %.3f ms (%.0f TFLOPS)\n",
                ours / reps, 2.5 * flops / (ours / reps * 1e-3) / 1e12, theirs / reps,
-               2.5 * flops / (theirs / reps * 1e-3) / 1e12);
+               2.5 * flops / (theirs / reps * 1e-3) / 1e12, det_ms,
+               2.5 * flops / (det_ms * 1e-3) / 1e12);
         close("cuDNN against ours: dq", to_d(host(hq, nq)), to_d(host(gq, nq)), 1e-2);
         close("cuDNN against ours: dk", to_d(host(hk, nk)), to_d(host(gk, nk)), 1e-2);
         close("cuDNN against ours: dv", to_d(host(hv, nv)), to_d(host(gv, nv)), 1e-2);
@@ -473,7 +495,8 @@ static void test_cudnn_attention(void **state)
 #endif
 }
 
-/* cuDNN's backward from two threads on their own streams at once, against its bits alone. */
+/* cuDNN's deterministic backward from two threads on their own streams at once, against its bits
+ * alone (the other engine sums dQ atomically: its bits may change from run to run anyway). */
 static void test_cudnn_threads(void **state)
 {
     (void)state;
@@ -504,7 +527,7 @@ static void test_cudnn_threads(void **state)
         cudaStreamCreate(&x.st);
         x.differ = 0;
     }
-    if (!gk_cudnn_backward(q, k, v, o, dout, lse, B, S, H, KV, dqk, dv, 0, w[0].dq, w[0].dk,
+    if (!gk_cudnn_backward(q, k, v, o, dout, lse, B, S, H, KV, dqk, dv, 0, true, w[0].dq, w[0].dk,
                            w[0].dv, w[0].s1, w[0].s2, w[0].s3, w[0].st, why, sizeof why))
         fail_msg("%s", why);
     cudaStreamSynchronize(w[0].st);
@@ -513,8 +536,9 @@ static void test_cudnn_threads(void **state)
         cudaSetDevice(0);
         for (int rep = 0; rep < 20; rep++) {
             char e[256];
-            if (!gk_cudnn_backward(q, k, v, o, dout, lse, B, S, H, KV, dqk, dv, 0, w[i].dq, w[i].dk,
-                                   w[i].dv, w[i].s1, w[i].s2, w[i].s3, w[i].st, e, sizeof e))
+            if (!gk_cudnn_backward(q, k, v, o, dout, lse, B, S, H, KV, dqk, dv, 0, true, w[i].dq,
+                                   w[i].dk, w[i].dv, w[i].s1, w[i].s2, w[i].s3, w[i].st, e,
+                                   sizeof e))
                 w[i].differ = -1000;
             cudaStreamSynchronize(w[i].st);
             std::vector<float> a(nq), b(nk), c(nv);
