@@ -429,9 +429,9 @@ static void into_kv_heads(struct graph *g, const struct plan_key *k, cudnnBacken
 /* Backward: rowsum = sum(dO x O); P = exp(S x scale - stats) masked; dV = P^T dO; dS = P x (dO
  * V^T - rowsum) x scale; dK = dS^T Q; dQ = dS K, accumulated in fp32 (the engine's buffer: its
  * blocks add into it atomically, in whatever order they finish, so the bits of dQ can change from
- * run to run), or, deterministic, written by the matmul itself (the engine then keeps dP in its
- * workspace and sums in a fixed order). The engines write dQ, dK and dV in bf16 (their head-group
- * sums must be 16-bit). */
+ * run to run), or, deterministic, written by the matmul itself (what cuDNN's frontend builds for
+ * its deterministic backward, the dP-workspace engine: the same bits every run, checked by the
+ * tests). The engines write dQ, dK and dV in bf16 (their head-group sums must be 16-bit). */
 static void graph_backward(struct graph *g, const struct plan_key *k)
 {
     const cudnnDataType_t F = CUDNN_DATA_FLOAT, BF = CUDNN_DATA_BFLOAT16;
