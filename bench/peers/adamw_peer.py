@@ -5,11 +5,10 @@ parameter), and its tensor copy's bandwidth, on this GPU; the median of CUDA-eve
     python3 bench/peers/adamw_peer.py --params N [--iters 20] [--json FILE]
 """
 import argparse
-import json
 
 import torch
 
-from timing import median_ms
+from timing import median_ms, write_json
 
 
 def main():
@@ -39,8 +38,7 @@ def main():
           f"{r['ps_per_param']:.2f} ps a parameter, {bw:.0f} GB/s, "
           f"{100 * bw / copy_bw:.1f}% of the copy bandwidth ({copy_bw:.0f} GB/s)")
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(r, f, indent=1)
+        write_json(a.json, r)
 
 
 if __name__ == "__main__":

@@ -11,14 +11,13 @@ experts for the router. The routing is read from `moeplan bench moe --routing-ou
 topk), so both sides compute the same rows per expert.
 """
 import argparse
-import json
 import sys
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from timing import median_ms
+from timing import median_ms, write_json
 
 
 def main():
@@ -101,8 +100,7 @@ def main():
           f"MoE layer {layer_ms:.3f} ms ({res['layer_tflops']:.1f}), dense {dense_ms:.3f} ms "
           f"({res['dense_tflops']:.1f}); layer peak memory {layer_peak / 2**30:.2f} GiB")
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=1)
+        write_json(a.json, res)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from timing import median_ms
+from timing import median_ms, write_json
 
 
 def rope(x, theta):
@@ -216,7 +216,7 @@ def main():
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     if a.json:
-        json.dump(out, open(a.json, "w"), indent=1)
+        write_json(a.json, out)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,8 @@
-"""What the peer scripts share: the median of CUDA-event timings after warm-up."""
+"""What the peer scripts share: the median of CUDA-event timings after warm-up, and writing their
+results as JSON."""
+import json
+import os
+
 import torch
 
 
@@ -18,3 +22,11 @@ def median_ms(fn, warmup, iters):
         times.append(a.elapsed_time(b))
     times.sort()
     return times[len(times) // 2], out
+
+
+def write_json(path, obj):
+    """obj as JSON at path, whole or not at all (written beside it, then renamed)."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(tmp, path)
