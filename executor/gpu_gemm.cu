@@ -81,7 +81,9 @@ static enum moe_status lt_kind_find(struct exec_gpu *g, bool ta, bool tb, bool v
     if (!st)
         st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                   &g->ws_bytes, sizeof g->ws_bytes);
-    uint32_t one_pass = CUBLASLT_REDUCTION_SCHEME_NONE; /* no split-K (see gpu_fork_experts) */
+    /* no split-K: an expert's GEMM then gives the same bits whether the experts run on one stream
+     * or several (measured on the H200; results/issue24/streams/) */
+    uint32_t one_pass = CUBLASLT_REDUCTION_SCHEME_NONE;
     if (!st)
         st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
                                                   &one_pass, sizeof one_pass);

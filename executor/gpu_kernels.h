@@ -98,13 +98,13 @@ cudaError_t gk_flash_backward(const bf16 *q, const bf16 *k, const bf16 *v, const
 bool gk_cudnn_forward(const bf16 *q, const bf16 *k, const bf16 *v, int B, int S, int H, int KV,
                       int dqk, int dv, int window, bf16 *o, float *lse, cudaStream_t s, char *why,
                       size_t cap);
+/* What the executor (and calibrate, which times what it runs) asks of gk_cudnn_backward. */
+#define GK_CUDNN_DETERMINISTIC true
 /* The backward through cuDNN, from the forward's lse (either kernel's: base 2): cuDNN writes dq,
  * dk, dv in bf16 into scratch_q, scratch_k, scratch_v (the layouts of q, k, v); with dq, dk, dvo
  * given they are widened to fp32 there (as gk_flash_backward's), with dq NULL they stay in the
  * scratch only. deterministic: the engine that gives the same bits every run (dQ not summed by
  * atomics). false as gk_cudnn_forward. */
-/* What the executor (and calibrate, which times what it runs) asks of gk_cudnn_backward. */
-#define GK_CUDNN_DETERMINISTIC true
 bool gk_cudnn_backward(const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *o, const bf16 *dout,
                        const float *lse, int B, int S, int H, int KV, int dqk, int dv, int window,
                        bool deterministic, float *dq, float *dk, float *dvo, bf16 *scratch_q,
