@@ -81,8 +81,8 @@ static enum moe_status lt_kind_find(struct exec_gpu *g, bool ta, bool tb, bool v
     if (!st)
         st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                   &g->ws_bytes, sizeof g->ws_bytes);
-    /* no split-K: an expert's GEMM then gives the same bits whether the experts run on one stream
-     * or several (measured on the H200; results/issue24/streams/) */
+    /* no split-K: with it left out, the experts on one stream or four gave the same bits on the
+     * H200 (results/issue24/streams/; with it allowed, that pairing was not measured) */
     uint32_t one_pass = CUBLASLT_REDUCTION_SCHEME_NONE;
     if (!st)
         st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
