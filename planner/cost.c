@@ -662,9 +662,9 @@ static enum moe_status evaluate(const struct cost_ctx *c, const struct cost_layo
     }
     /* The optimizer: fp32 master weights, gradients and moments read and written, the bf16 copy
      * written (30 bytes a parameter; 22 with bf16 moments); the share `offload` runs on the CPU
-     * at the host's memory bandwidth, its
-     * gradients going down and its updated weights coming back over the host link, the three
-     * pipelined (Megatron's --overlap-cpu-optimizer-d2h-h2d): the slowest sets its time. */
+     * at the host's memory bandwidth, its gradients going down and its updated weights coming
+     * back over the host link, the three pipelined (Megatron's --overlap-cpu-optimizer-d2h-h2d):
+     * the slowest sets its time. */
     double owned = dense / (l->zero >= 1 ? ddp : 1) + expert / (l->zero >= 1 ? edp : 1);
     double per_param = l->moments_bf16 ? 22.0 : 30.0;
     double optim = membound_us(c, owned * (1.0 - l->offload) * per_param, 4), optim_b = 0.0;
