@@ -149,8 +149,14 @@ struct exec_gpu {
     int nlt;
     const int *forced_choice; /* device (T, top_k): replaces the router's choice (benchmarks) */
     /* parameters, flat in the reference's table order (table.nparams of them) */
-    float *master;    /* (nparams) fp32 masters (ZeRO-1: ranks x shard_n) */
-    float *grad;      /* (nparams) accumulated gradients */
+    float *master; /* (nparams) fp32 masters (ZeRO-1: ranks x shard_n) */
+    float *grad;   /* (nparams) accumulated gradients */
+    /* which gradients this step has written, per slice (one expert's part of an expert tensor,
+     * else the whole tensor): the first writer of a slice overwrites it (beta 0, no zeroing pass
+     * before the step), later ones add, and gpu_grads_settle zeroes the slices none reached
+     * before anything reads the gradients */
+    unsigned char *gfresh;
+    int *gslice;      /* (ntensors + 1): tensor t's slices are gfresh[gslice[t] .. gslice[t + 1]) */
     void *m1, *m2;    /* (shard_n) AdamW moments: fp32, or bf16 with cfg.moments_bf16 */
     size_t mom_bytes; /* 4 or 2: an element of m1, m2 */
     /* ZeRO-1 (cfg.zero): this rank's shard of the flat parameters, [shard_lo, shard_hi), of
@@ -196,12 +202,10 @@ struct exec_gpu {
     bf16 *do16;                /* (T, H * dv) */
     float *dq32, *dk32, *dv32; /* (T, H * dqk), (T, KV * dqk), (T, KV * dv) */
     bf16 *dq16, *dk16, *dv16;  /* the same in bf16 */
-    float *dqf32;              /* MLA (T, H * dqk) */
-    bf16 *dqf16;
-    float *dkv32; /* MLA (T, H * (nope + dv)) */
-    bf16 *dkv16;
-    float *dckvn32; /* MLA (T, kv_lora) */
-    float *dckvf32; /* MLA (T, kv_lora + rope) */
+    bf16 *dqf16;               /* MLA (T, H * dqk) */
+    bf16 *dkv16;               /* MLA (T, H * (nope + dv)) */
+    float *dckvn32;            /* MLA (T, kv_lora) */
+    float *dckvf32;            /* MLA (T, kv_lora + rope) */
     bf16 *dckvf16;
     float *dcqn32, *dcq32; /* MLA (T, q_lora) */
     bf16 *dcq16;
@@ -216,8 +220,8 @@ struct exec_gpu {
     float *scores;       /* (T, experts) */
     bf16 *fin16;         /* (T, h) the final norm's output */
     float *rstdf;        /* (T) */
-    float *logits;       /* (T, vocab) LM head output */
-    bf16 *dlog16;        /* (T, vocab) its gradient */
+    bf16 *logits;        /* (T, vocab) LM head output (bf16, fp32 accumulation) */
+    bf16 *dlog16;        /* (T, vocab) its gradient, written over the logits by the loss */
     float *row_loss;     /* (T) */
     float *dfin32;       /* (T, h) */
     double grad_scale;   /* of the micro-batch running */
@@ -271,6 +275,13 @@ enum moe_status gpu_upload_bias(struct exec_gpu *g, struct moe_error *err);
 
 /* gpu_step.cu: the step: phases, blocks, micro-batches, loss, optimizer, checks */
 enum moe_status gpu_phase(struct exec_gpu *g, int ph, struct moe_error *err);
+/* Every gradient slice unwritten (a new step). */
+void gpu_grads_fresh(struct exec_gpu *g);
+/* True when slice s of tensor t's gradient is unwritten this step (its writer overwrites it);
+ * it counts as written from now on. */
+bool gpu_grad_first(struct exec_gpu *g, int t, int s);
+/* Zero the unwritten slices of the tensors whose parameters start in [lo, hi). */
+enum moe_status gpu_grads_settle(struct exec_gpu *g, size_t lo, size_t hi, struct moe_error *err);
 
 /* gpu_gemm.cu: GEMMs (cuBLAS, cuBLASLt for the expert GEMMs) and the expert streams */
 enum moe_status gpu_mm(struct exec_gpu *g, bool ta, bool tb, int M_, int N, int K, float alpha,
@@ -284,7 +295,7 @@ enum moe_status gpu_lin_dx(struct exec_gpu *g, const bf16 *dY, int lddy, const b
                            int in, int out, void *dX, int lddx, cudaDataType xt, float beta,
                            struct moe_error *err);
 enum moe_status gpu_lin_dw(struct exec_gpu *g, const bf16 *dY, int lddy, const bf16 *X, int ldx,
-                           int T, int in, int out, float *dW, struct moe_error *err);
+                           int T, int in, int out, int t, int slice, struct moe_error *err);
 enum moe_status gpu_sync_host(struct exec_gpu *g, struct moe_error *err);
 enum moe_status gpu_fork_experts(struct exec_gpu *g, struct moe_error *err);
 void gpu_use_expert_stream(struct exec_gpu *g, int e);
@@ -301,9 +312,8 @@ enum moe_status gpu_swiglu_forward(struct exec_gpu *g, const bf16 *x, int T, int
                                    float *y, struct moe_error *err);
 enum moe_status gpu_swiglu_backward(struct exec_gpu *g, const bf16 *x, const bf16 *dy16, int T,
                                     int F, const bf16 *Wg, const bf16 *Wu, const bf16 *Wd,
-                                    const bf16 *g16, const bf16 *u16, const bf16 *hm16, float *dWg,
-                                    float *dWu, float *dWd, float *dx, float beta,
-                                    struct moe_error *err);
+                                    const bf16 *g16, const bf16 *u16, const bf16 *hm16, int tg,
+                                    int tu, int td, float *dx, float beta, struct moe_error *err);
 enum moe_status gpu_experts_forward(struct exec_gpu *g, int l, struct act *A, const int *off,
                                     struct moe_error *err);
 enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act *A, const int *off,

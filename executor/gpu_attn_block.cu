@@ -125,48 +125,48 @@ enum moe_status gpu_attn_backward(struct exec_gpu *g, int l, const struct act *A
                              CUDA_R_32F, 1, err));
         MOE_CHECK(gpu_lin_dx(g, g->dv16, KV * dv, W16(g, w[W_WV]), T, h, KV * dv, g->da32, h,
                              CUDA_R_32F, 1, err));
-        MOE_CHECK(gpu_lin_dw(g, g->dq16, H * dqk, A->a16, h, T, h, H * dqk, GR(g, w[W_WQ]), err));
-        MOE_CHECK(gpu_lin_dw(g, g->dk16, KV * dqk, A->a16, h, T, h, KV * dqk, GR(g, w[W_WK]), err));
-        MOE_CHECK(gpu_lin_dw(g, g->dv16, KV * dv, A->a16, h, T, h, KV * dv, GR(g, w[W_WV]), err));
+        MOE_CHECK(gpu_lin_dw(g, g->dq16, H * dqk, A->a16, h, T, h, H * dqk, w[W_WQ], 0, err));
+        MOE_CHECK(gpu_lin_dw(g, g->dk16, KV * dqk, A->a16, h, T, h, KV * dqk, w[W_WK], 0, err));
+        MOE_CHECK(gpu_lin_dw(g, g->dv16, KV * dv, A->a16, h, T, h, KV * dv, w[W_WV], 0, err));
         return MOE_OK;
     }
-    MOE_CHECK(attn_core_backward(g, A, layer_window(g, l), NULL, err));
+    bool in16;
+    MOE_CHECK(attn_core_backward(g, A, layer_window(g, l), &in16, err));
     int ql = g->q_lora, kvl = g->kv_lora, rope = g->rope, nope = g->nope;
-    MOE_CUDA_CHECK(gk_mla_disassemble(g->dq32, g->dk32, g->dv32, T, H, nope, rope, dv, kvl,
-                                      g->rope_tab, g->seq, g->dqf32, g->dkv32, g->dckvf32, g->s));
-    MOE_CUDA_CHECK(gk_to_bf16(g->dkv32, g->dkv16, (size_t)T * H * (nope + dv), g->s));
+    MOE_CUDA_CHECK(gk_mla_disassemble(in16 ? NULL : g->dq32, in16 ? NULL : g->dk32,
+                                      in16 ? NULL : g->dv32, g->dq16, g->dk16, g->dv16, T, H, nope,
+                                      rope, dv, kvl, g->rope_tab, g->seq, g->dqf16, g->dkv16,
+                                      g->dckvf32, g->s));
     MOE_CHECK(gpu_lin_dx(g, g->dkv16, H * (nope + dv), W16(g, w[W_WKVB]), T, kvl, H * (nope + dv),
                          g->dckvn32, kvl, CUDA_R_32F, 0, err));
     MOE_CHECK(gpu_lin_dw(g, g->dkv16, H * (nope + dv), A->ckvn16, kvl, T, kvl, H * (nope + dv),
-                         GR(g, w[W_WKVB]), err));
+                         w[W_WKVB], 0, err));
     MOE_CUDA_CHECK(gk_rmsnorm_backward(A->ckvf32, kvl + rope, M(g, w[W_KVA_NORM]), A->rstdkv,
                                        g->dckvn32, kvl, NULL, 0, g->dckvf32, kvl + rope, T, kvl,
                                        g->s));
     MOE_CUDA_CHECK(gk_colsum(g->dckvn32, kvl, A->ckvf32, kvl + rope, A->rstdkv, T, kvl, g->part,
-                             GR(g, w[W_KVA_NORM]), true, g->s));
+                             GR(g, w[W_KVA_NORM]), !gpu_grad_first(g, w[W_KVA_NORM], 0), g->s));
     MOE_CUDA_CHECK(gk_to_bf16(g->dckvf32, g->dckvf16, (size_t)T * (kvl + rope), g->s));
     MOE_CHECK(gpu_lin_dx(g, g->dckvf16, kvl + rope, W16(g, w[W_WKVA]), T, h, kvl + rope, g->da32, h,
                          CUDA_R_32F, 0, err));
     MOE_CHECK(
-        gpu_lin_dw(g, g->dckvf16, kvl + rope, A->a16, h, T, h, kvl + rope, GR(g, w[W_WKVA]), err));
-    MOE_CUDA_CHECK(gk_to_bf16(g->dqf32, g->dqf16, (size_t)T * H * dqk, g->s));
+        gpu_lin_dw(g, g->dckvf16, kvl + rope, A->a16, h, T, h, kvl + rope, w[W_WKVA], 0, err));
     if (ql) {
         MOE_CHECK(gpu_lin_dx(g, g->dqf16, H * dqk, W16(g, w[W_WQB]), T, ql, H * dqk, g->dcqn32, ql,
                              CUDA_R_32F, 0, err));
-        MOE_CHECK(
-            gpu_lin_dw(g, g->dqf16, H * dqk, A->cqn16, ql, T, ql, H * dqk, GR(g, w[W_WQB]), err));
+        MOE_CHECK(gpu_lin_dw(g, g->dqf16, H * dqk, A->cqn16, ql, T, ql, H * dqk, w[W_WQB], 0, err));
         MOE_CUDA_CHECK(gk_rmsnorm_backward(A->cq32, ql, M(g, w[W_QA_NORM]), A->rstdq, g->dcqn32, ql,
                                            NULL, 0, g->dcq32, ql, T, ql, g->s));
         MOE_CUDA_CHECK(gk_colsum(g->dcqn32, ql, A->cq32, ql, A->rstdq, T, ql, g->part,
-                                 GR(g, w[W_QA_NORM]), true, g->s));
+                                 GR(g, w[W_QA_NORM]), !gpu_grad_first(g, w[W_QA_NORM], 0), g->s));
         MOE_CUDA_CHECK(gk_to_bf16(g->dcq32, g->dcq16, (size_t)T * ql, g->s));
         MOE_CHECK(gpu_lin_dx(g, g->dcq16, ql, W16(g, w[W_WQA]), T, h, ql, g->da32, h, CUDA_R_32F, 1,
                              err));
-        MOE_CHECK(gpu_lin_dw(g, g->dcq16, ql, A->a16, h, T, h, ql, GR(g, w[W_WQA]), err));
+        MOE_CHECK(gpu_lin_dw(g, g->dcq16, ql, A->a16, h, T, h, ql, w[W_WQA], 0, err));
     } else {
         MOE_CHECK(gpu_lin_dx(g, g->dqf16, H * dqk, W16(g, w[W_WQ]), T, h, H * dqk, g->da32, h,
                              CUDA_R_32F, 1, err));
-        MOE_CHECK(gpu_lin_dw(g, g->dqf16, H * dqk, A->a16, h, T, h, H * dqk, GR(g, w[W_WQ]), err));
+        MOE_CHECK(gpu_lin_dw(g, g->dqf16, H * dqk, A->a16, h, T, h, H * dqk, w[W_WQ], 0, err));
     }
     return MOE_OK;
 }

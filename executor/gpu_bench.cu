@@ -20,6 +20,7 @@ static enum moe_status bench_time(struct exec_gpu *g, int what, int *dense_off, 
     for (int i = 0; i < iters && st == MOE_OK; i++) {
         int s0 = g->syncs;
         g->nev = MAX_EVENTS; /* no phase events inside the benchmark */
+        gpu_grads_fresh(g);  /* each iteration a step's first micro-batch: gradients written */
         cudaError_t e = cudaEventRecord(a, g->s);
         if (e != cudaSuccess) {
             st = moe_error_set(err, MOE_ERR_CUDA, "benchmark: %s", cudaGetErrorString(e));

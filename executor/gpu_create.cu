@@ -222,6 +222,17 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
             g->wi[l][j] = t ? (int)(t - g->table.tensor) : -1;
         }
     }
+    /* gradient slices: an expert tensor one per expert (each expert's GEMM writes its own) */
+    int nt = g->table.ntensors;
+    g->gslice = (int *)calloc((size_t)nt + 1, sizeof(int));
+    if (!g->gslice) return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
+    for (int l = 0; l < g->layers; l++)
+        for (int j = W_GATE; j <= W_DOWN && g->moe_index[l] >= 0; j++)
+            if (g->wi[l][j] >= 0) g->gslice[g->wi[l][j] + 1] = g->experts - 1;
+    for (int t = 0; t < nt; t++) g->gslice[t + 1] += g->gslice[t] + 1;
+    g->gfresh = (unsigned char *)malloc((size_t)g->gslice[nt]);
+    if (!g->gfresh) return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
+    gpu_grads_fresh(g);
     g->embed = (int)(exec_ref_tensor(&g->table, "embed") - g->table.tensor);
     g->final_norm = (int)(exec_ref_tensor(&g->table, "final_norm") - g->table.tensor);
     const struct exec_tensor *head =
@@ -333,9 +344,7 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
     ALLOC(g->dv16, (size_t)T * KV * dv, c);
     if (g->mla) {
         ALLOC(g->kv32, (size_t)T * H * (g->nope + dv), c);
-        ALLOC(g->dqf32, (size_t)T * H * dqk, c);
         ALLOC(g->dqf16, (size_t)T * H * dqk, c);
-        ALLOC(g->dkv32, (size_t)T * H * (g->nope + dv), c);
         ALLOC(g->dkv16, (size_t)T * H * (g->nope + dv), c);
         ALLOC(g->dckvn32, (size_t)T * g->kv_lora, c);
         ALLOC(g->dckvf32, (size_t)T * (g->kv_lora + g->rope), c);
@@ -364,7 +373,7 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
     ALLOC(g->fin16, (size_t)T * h, c);
     ALLOC(g->rstdf, T, c);
     ALLOC(g->logits, (size_t)T * g->vocab, c);
-    ALLOC(g->dlog16, (size_t)T * g->vocab, c);
+    g->dlog16 = g->logits;
     ALLOC(g->row_loss, T, c);
     ALLOC(g->dfin32, (size_t)T * h, c);
     ALLOC(g->norm_part, GK_NORM_BLOCKS, c);
@@ -427,7 +436,7 @@ extern "C" void exec_gpu_destroy(struct exec_gpu *g)
         cudaStreamDestroy(g->s);
     }
     free(g->wi), free(g->moe_index), free(g->decay), free(g->off_host), free(g->xin), free(g->act);
-    free(g->blk_off);
+    free(g->blk_off), free(g->gslice), free(g->gfresh);
     free(g->bias_host), free(g->counts), free(g->step_load);
     free(g);
 }
@@ -508,6 +517,7 @@ extern "C" enum moe_status exec_gpu_reduce_grads(struct exec_gpu *g, struct exec
 {
     PH(COST_DP_GRAD_SYNC);
     size_t n = g->table.nparams, lo = g->blk_off[0], hi = g->blk_off[g->layers];
+    MOE_CHECK(gpu_grads_settle(g, 0, n, err)); /* the blocks under way are settled */
     if (g->started && t == g->cfg.dp) { /* the blocks are under way: the rest, then the wait */
         MOE_CHECK(t->ops->allreduce_f32_start(t, g->grad, lo, g->s, err));
         MOE_CHECK(t->ops->allreduce_f32_start(t, g->grad + hi, n - hi, g->s, err));
@@ -574,6 +584,7 @@ extern "C" enum moe_status exec_gpu_set_state(struct exec_gpu *g, const float *m
 extern "C" enum moe_status exec_gpu_get_grads(struct exec_gpu *g, double *grad,
                                               struct moe_error *err)
 {
+    MOE_CHECK(gpu_grads_settle(g, 0, g->table.nparams, err));
     MOE_CUDA_CHECK(cudaStreamSynchronize(g->s));
     return copy_params(g, g->grad, grad, false, err);
 }

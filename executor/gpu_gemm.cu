@@ -150,15 +150,18 @@ enum moe_status gpu_lin_dx(struct exec_gpu *g, const bf16 *dY, int lddy, const b
                   CUDA_R_16BF, xt, err);
 }
 
-/* dW (out x in, fp32) += dY^T X. */
+/* dW (out x in, fp32) (+)= dY^T X: slice `slice` of tensor t's gradient (slice e: expert e of an
+ * expert tensor, dW at e x out x in), overwritten by its first writer of the step, else added. */
 enum moe_status gpu_lin_dw(struct exec_gpu *g, const bf16 *dY, int lddy, const bf16 *X, int ldx,
-                           int T, int in, int out, float *dW, struct moe_error *err)
+                           int T, int in, int out, int t, int slice, struct moe_error *err)
 {
-    if (T == 0) return MOE_OK;
+    if (T == 0) return MOE_OK; /* nothing written: the slice stays unwritten */
+    float *dW = GR(g, t) + (size_t)slice * out * in,
+          beta = gpu_grad_first(g, t, slice) ? 0.0f : 1.0f;
     if (g->in_experts)
-        return mm_expert(g, true, false, true, out, in, T, dY, lddy, X, ldx, 1.0f, dW, in,
+        return mm_expert(g, true, false, true, out, in, T, dY, lddy, X, ldx, beta, dW, in,
                          CUDA_R_16BF, CUDA_R_32F, err);
-    return gpu_mm(g, true, false, out, in, T, 1.0f, dY, lddy, 0, X, ldx, 0, 1.0f, dW, in, 0, 1,
+    return gpu_mm(g, true, false, out, in, T, 1.0f, dY, lddy, 0, X, ldx, 0, beta, dW, in, 0, 1,
                   CUDA_R_16BF, CUDA_R_32F, err);
 }
 

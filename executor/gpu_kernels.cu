@@ -252,7 +252,6 @@ __device__ __forceinline__ float2 rotate(float a, float b, float2 cs, bool inver
     return make_float2(a * cs.x - b * sn, a * sn + b * cs.x);
 }
 
-/* In place on x (T, heads, dim), the first rot dims of each head; position t % seq. */
 /* RoPE into bf16: y (T, heads, dim) = RoPE(x) rounded once, x fp32 (x32) or bf16 (x16, which y
  * may be: each thread reads and writes its own pair). One thread per rotated pair or copied
  * element (dim - rot/2 a head); the values are those of gk_rope then gk_to_bf16. */
@@ -334,39 +333,42 @@ cudaError_t gk_mla_assemble(const float *qf, const float *ckvf, const float *kv,
     return cudaGetLastError();
 }
 
-/* The MLA backward of the assembly: dqf [nope | inverse RoPE of the rope part], dkv [dk nope |
- * dv], and the shared key's gradient (summed over heads, in head order) into dckvf[kvl..]. One
- * block per token. */
-__global__ void k_mla_disassemble(const float *dq, const float *dk, const float *dv_, int H,
-                                  int nope, int rope, int dv, int kvl, const float2 *tab, int seq,
-                                  float *dqf, float *dkv, float *dckvf)
+/* The MLA backward of the assembly from the attention's gradients dq, dk, dv (fp32 or bf16, Tin):
+ * dqf [nope | inverse RoPE of the rope part] and dkv [dk nope | dv], rounded once to bf16 (what
+ * their GEMMs read), and the shared key's gradient (summed over heads in head order, fp32) into
+ * dckvf[kvl..]. One block per token. */
+template <typename Tin>
+__global__ void k_mla_disassemble(const Tin *dq, const Tin *dk, const Tin *dv_, int H, int nope,
+                                  int rope, int dv, int kvl, const float2 *tab, int seq, bf16 *dqf,
+                                  bf16 *dkv, float *dckvf)
 {
     __shared__ float sum[GK_MAX_ROPE];
     int dqk = nope + rope, half = rope / 2, t = blockIdx.x;
     const float2 *cs = tab + (size_t)(t % seq) * half;
-    const float *gq = dq + (size_t)t * H * dqk, *gk = dk + (size_t)t * H * dqk;
-    const float *gv = dv_ + (size_t)t * H * dv;
-    float *oq = dqf + (size_t)t * H * dqk, *okv = dkv + (size_t)t * H * (nope + dv);
+    const Tin *gq = dq + (size_t)t * H * dqk, *gk = dk + (size_t)t * H * dqk;
+    const Tin *gv = dv_ + (size_t)t * H * dv;
+    bf16 *oq = dqf + (size_t)t * H * dqk, *okv = dkv + (size_t)t * H * (nope + dv);
     for (int e = threadIdx.x; e < H * dqk; e += blockDim.x) {
         int hh = e / dqk, c = e % dqk;
-        const float *g = gq + (size_t)hh * dqk;
+        const Tin *g = gq + (size_t)hh * dqk;
         float x;
         if (c < nope) {
-            x = g[rope + c];
+            x = (float)g[rope + c];
         } else {
             int p = (c - nope) % half;
-            float2 r = rotate(g[p], g[p + half], cs[p], true);
+            float2 r = rotate((float)g[p], (float)g[p + half], cs[p], true);
             x = c - nope < half ? r.x : r.y;
         }
-        oq[e] = x;
+        oq[e] = __float2bfloat16(x);
     }
     for (int e = threadIdx.x; e < H * (nope + dv); e += blockDim.x) {
         int hh = e / (nope + dv), c = e % (nope + dv);
-        okv[e] = c < nope ? gk[(size_t)hh * dqk + rope + c] : gv[(size_t)hh * dv + c - nope];
+        okv[e] = __float2bfloat16(c < nope ? (float)gk[(size_t)hh * dqk + rope + c]
+                                           : (float)gv[(size_t)hh * dv + c - nope]);
     }
     for (int c = threadIdx.x; c < rope; c += blockDim.x) {
         float a = 0.0f;
-        for (int hh = 0; hh < H; hh++) a += gk[(size_t)hh * dqk + c];
+        for (int hh = 0; hh < H; hh++) a += (float)gk[(size_t)hh * dqk + c];
         sum[c] = a;
     }
     __syncthreads();
@@ -378,25 +380,39 @@ __global__ void k_mla_disassemble(const float *dq, const float *dk, const float 
     }
 }
 
-cudaError_t gk_mla_disassemble(const float *dq, const float *dk, const float *dv, int T, int H,
+cudaError_t gk_mla_disassemble(const float *dq32, const float *dk32, const float *dv32,
+                               const bf16 *dq16, const bf16 *dk16, const bf16 *dv16, int T, int H,
                                int nope, int rope, int dvd, int kvl, const float2 *tab, int seq,
-                               float *dqf, float *dkv, float *dckvf, cudaStream_t s)
+                               bf16 *dqf, bf16 *dkv, float *dckvf, cudaStream_t s)
 {
-    if (T && H)
-        k_mla_disassemble<<<T, TPB, 0, s>>>(dq, dk, dv, H, nope, rope, dvd, kvl, tab, seq, dqf, dkv,
-                                            dckvf);
+    if (!T || !H) return cudaGetLastError();
+    if (dq32)
+        k_mla_disassemble<float><<<T, TPB, 0, s>>>(dq32, dk32, dv32, H, nope, rope, dvd, kvl, tab,
+                                                   seq, dqf, dkv, dckvf);
+    else
+        k_mla_disassemble<bf16><<<T, TPB, 0, s>>>(dq16, dk16, dv16, H, nope, rope, dvd, kvl, tab,
+                                                  seq, dqf, dkv, dckvf);
     return cudaGetLastError();
 }
 
 /* ---- SwiGLU -------------------------------------------------------------------------------- */
 
-/* V bf16 values to fp32 and back: 16-byte loads and stores for V = 8 (the pointers aligned). */
+/* V bf16 values to fp32 and back: one 16-byte (V 8) or 8-byte (V 4) access, the pointer aligned
+ * to it; element by element otherwise. */
+template <int V> struct bf16_vec; /* the access type of V bf16 values */
+template <> struct bf16_vec<4> {
+    typedef uint2 type;
+};
+template <> struct bf16_vec<8> {
+    typedef uint4 type;
+};
+
 template <int V> __device__ inline void ld_bf16(const bf16 *p, float *f)
 {
-    if constexpr (V == 8) {
-        uint4 r = *(const uint4 *)p;
+    if constexpr (V == 8 || V == 4) {
+        typename bf16_vec<V>::type r = *(const typename bf16_vec<V>::type *)p;
         const __nv_bfloat162 *b = (const __nv_bfloat162 *)&r;
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < V / 2; k++) {
             float2 t = __bfloat1622float2(b[k]);
             f[2 * k] = t.x;
             f[2 * k + 1] = t.y;
@@ -408,11 +424,11 @@ template <int V> __device__ inline void ld_bf16(const bf16 *p, float *f)
 
 template <int V> __device__ inline void st_bf16(bf16 *p, const float *f)
 {
-    if constexpr (V == 8) {
-        uint4 r;
+    if constexpr (V == 8 || V == 4) {
+        typename bf16_vec<V>::type r;
         __nv_bfloat162 *b = (__nv_bfloat162 *)&r;
-        for (int k = 0; k < 4; k++) b[k] = __floats2bfloat162_rn(f[2 * k], f[2 * k + 1]);
-        *(uint4 *)p = r;
+        for (int k = 0; k < V / 2; k++) b[k] = __floats2bfloat162_rn(f[2 * k], f[2 * k + 1]);
+        *(typename bf16_vec<V>::type *)p = r;
     } else {
         for (int k = 0; k < V; k++) p[k] = __float2bfloat16(f[k]);
     }
@@ -501,27 +517,23 @@ __device__ __forceinline__ void lse_merge(float &m, float &s, float m2, float s2
     m = M;
 }
 
-/* Per row: loss = logsumexp(z) - z[target]; dlogits = (softmax(z) - onehot) * scale (bf16). Two
- * passes over the row: the maximum and the sum together (online), then the gradient. VEC elements
- * a load (4: 16-byte loads where the rows allow; 1 otherwise); the row is read twice, the second
- * time mostly from L2. */
+/* Per row: loss = logsumexp(z) - z[target]; dlogits = (softmax(z) - onehot) * scale, over the
+ * bf16 logits in place (the GEMM wrote them bf16 with fp32 accumulation, as PyTorch's autocast and
+ * Megatron's do; the arithmetic here is fp32). Two passes over the row: the maximum and the sum
+ * together (online), then the gradient. VEC elements a load (8: 16-byte loads where the rows
+ * allow; 1 otherwise); the row is read twice, the second time mostly from L2. */
 template <int VEC>
-__global__ void k_cross_entropy(const float *logits, const int *tgt, int V, float scale,
-                                float *row_loss, bf16 *dlogits)
+__global__ void k_cross_entropy(bf16 *logits, const int *tgt, int V, float scale, float *row_loss)
 {
     __shared__ float rm[TPB / 32], rs[TPB / 32];
     size_t t = blockIdx.x;
-    const float *z = logits + t * V;
-    int nv = V / VEC;
+    bf16 *z = logits + t * V;
+    int nv = V / VEC, y = tgt[t];
+    float zy = __bfloat162float(z[y]); /* read before any thread writes the row */
     float mx = -INFINITY, sum = 0.0f;
     for (int c = threadIdx.x; c < nv; c += blockDim.x) {
         float x[VEC];
-        if (VEC == 4) {
-            float4 q = ((const float4 *)z)[c];
-            x[0] = q.x, x[1] = q.y, x[2] = q.z, x[3] = q.w;
-        } else {
-            x[0] = z[c];
-        }
+        ld_bf16<VEC>(z + (size_t)c * VEC, x);
         float m4 = x[0];
         for (int j = 1; j < VEC; j++) m4 = fmaxf(m4, x[j]);
         if (m4 > mx) {
@@ -544,35 +556,24 @@ __global__ void k_cross_entropy(const float *logits, const int *tgt, int V, floa
     sum = rs[0];
     for (int i = 1; i < (int)(blockDim.x >> 5); i++) lse_merge(mx, sum, rm[i], rs[i]);
     float lse = mx + logf(sum);
-    int y = tgt[t];
-    if (threadIdx.x == 0) row_loss[t] = lse - z[y];
-    bf16 *d = dlogits + t * V;
+    if (threadIdx.x == 0) row_loss[t] = lse - zy;
     for (int c = threadIdx.x; c < nv; c += blockDim.x) {
-        if (VEC == 4) {
-            float4 q = ((const float4 *)z)[c];
-            int c0 = 4 * c;
-            __nv_bfloat162 a =
-                __floats2bfloat162_rn((expf(q.x - lse) - (c0 == y ? 1.0f : 0.0f)) * scale,
-                                      (expf(q.y - lse) - (c0 + 1 == y ? 1.0f : 0.0f)) * scale);
-            __nv_bfloat162 b =
-                __floats2bfloat162_rn((expf(q.z - lse) - (c0 + 2 == y ? 1.0f : 0.0f)) * scale,
-                                      (expf(q.w - lse) - (c0 + 3 == y ? 1.0f : 0.0f)) * scale);
-            ((__nv_bfloat162 *)d)[2 * c] = a;
-            ((__nv_bfloat162 *)d)[2 * c + 1] = b;
-        } else {
-            d[c] = __float2bfloat16((expf(z[c] - lse) - (c == y ? 1.0f : 0.0f)) * scale);
-        }
+        float x[VEC];
+        ld_bf16<VEC>(z + (size_t)c * VEC, x);
+        for (int j = 0; j < VEC; j++)
+            x[j] = (expf(x[j] - lse) - (c * VEC + j == y ? 1.0f : 0.0f)) * scale;
+        st_bf16<VEC>(z + (size_t)c * VEC, x);
     }
 }
 
-cudaError_t gk_cross_entropy(const float *logits, const int *tgt, int T, int V, float scale,
-                             float *row_loss, bf16 *dlogits, cudaStream_t s)
+cudaError_t gk_cross_entropy(bf16 *logits, const int *tgt, int T, int V, float scale,
+                             float *row_loss, cudaStream_t s)
 {
     if (!T) return cudaGetLastError();
-    if (V % 4 == 0 && (uintptr_t)logits % 16 == 0 && (uintptr_t)dlogits % 8 == 0)
-        k_cross_entropy<4><<<T, TPB, 0, s>>>(logits, tgt, V, scale, row_loss, dlogits);
+    if (V % 8 == 0 && (uintptr_t)logits % 16 == 0)
+        k_cross_entropy<8><<<T, TPB, 0, s>>>(logits, tgt, V, scale, row_loss);
     else
-        k_cross_entropy<1><<<T, TPB, 0, s>>>(logits, tgt, V, scale, row_loss, dlogits);
+        k_cross_entropy<1><<<T, TPB, 0, s>>>(logits, tgt, V, scale, row_loss);
     return cudaGetLastError();
 }
 
@@ -623,10 +624,9 @@ __device__ __forceinline__ float adamw_one(float p, float gr, float *m, float *v
 template <bool M16> __device__ __forceinline__ float4 mom_load(const void *b, size_t i)
 {
     if (!M16) return ((const float4 *)b)[i];
-    uint2 u = ((const uint2 *)b)[i];
-    float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u.x));
-    float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u.y));
-    return make_float4(lo.x, lo.y, hi.x, hi.y);
+    float f[4];
+    ld_bf16<4>((const bf16 *)b + 4 * i, f);
+    return make_float4(f[0], f[1], f[2], f[3]);
 }
 
 template <bool M16> __device__ __forceinline__ void mom_store(void *b, size_t i, float4 v)
@@ -635,11 +635,8 @@ template <bool M16> __device__ __forceinline__ void mom_store(void *b, size_t i,
         ((float4 *)b)[i] = v;
         return;
     }
-    __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
-    uint2 u;
-    u.x = *reinterpret_cast<const unsigned *>(&lo);
-    u.y = *reinterpret_cast<const unsigned *>(&hi);
-    ((uint2 *)b)[i] = u;
+    float f[4] = {v.x, v.y, v.z, v.w};
+    st_bf16<4>((bf16 *)b + 4 * i, f);
 }
 
 /* Four elements a thread by 16-byte loads (memory bound: 30 bytes an element with fp32 moments,

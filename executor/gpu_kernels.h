@@ -73,9 +73,12 @@ cudaError_t gk_mla_assemble(const float *qf, const float *ckvf, const float *kv,
                             int nope, int rope, int dv, int kvl, const float2 *tab, int seq,
                             bf16 *q, bf16 *k, bf16 *v, cudaStream_t s);
 #define GK_MAX_ROPE 512 /* MLA's decoupled RoPE dims, at most */
-cudaError_t gk_mla_disassemble(const float *dq, const float *dk, const float *dv, int T, int H,
+/* MLA's backward of the assembly, from fp32 (dq32, dk32, dv32) or bf16 (dq16, ...; the others
+ * NULL) gradients: dqf and dkv in bf16, the shared key's gradient into dckvf's last rope columns. */
+cudaError_t gk_mla_disassemble(const float *dq32, const float *dk32, const float *dv32,
+                               const bf16 *dq16, const bf16 *dk16, const bf16 *dv16, int T, int H,
                                int nope, int rope, int dvd, int kvl, const float2 *tab, int seq,
-                               float *dqf, float *dkv, float *dckvf, cudaStream_t s);
+                               bf16 *dqf, bf16 *dkv, float *dckvf, cudaStream_t s);
 /* Causal attention (sliding window when window > 0) over B sequences of S tokens, tensor cores,
  * no seq x seq matrix: q (B*S, H, dqk), k (B*S, KV, dqk), v (B*S, KV, dv) bf16, query head hh
  * reads KV head hh / (H / KV), scale 1/sqrt(dqk). Forward writes o (B*S, H, dv) and lse (B, H, S,
@@ -138,8 +141,9 @@ cudaError_t gk_router_backward(const struct exec_router_cfg *cfg, const float *l
                                const float *auxg, int T, float *dz, cudaStream_t s);
 cudaError_t gk_coactivation(const int *choice, int T, int k, int E, unsigned long long *co,
                             cudaStream_t s);
-cudaError_t gk_cross_entropy(const float *logits, const int *tgt, int T, int V, float scale,
-                             float *row_loss, bf16 *dlogits, cudaStream_t s);
+/* Per row the loss (row_loss) and, over the bf16 logits in place, their gradient times scale. */
+cudaError_t gk_cross_entropy(bf16 *logits, const int *tgt, int T, int V, float scale,
+                             float *row_loss, cudaStream_t s);
 cudaError_t gk_sumsq(const float *g, size_t n, double *part, cudaStream_t s);
 /* AdamW on n fp32 masters p from gradients g; the moments m1, m2 fp32, or bf16 when m16 (the
  * update uses them unrounded, stores them rounded to nearest); writes the bf16 copy w16. */

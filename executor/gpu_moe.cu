@@ -20,22 +20,21 @@ enum moe_status gpu_swiglu_forward(struct exec_gpu *g, const bf16 *x, int T, int
     return gpu_lin(g, hm16, F, Wd, T, F, h, y, h, CUDA_R_32F, 1.0f, err);
 }
 
-/* Backward of swiglu_forward for dy16: dx (+)= (beta), weight gradients +=. */
+/* Backward of swiglu_forward for dy16: dx (+)= (beta), the gradients of tensors tg, tu, td. */
 enum moe_status gpu_swiglu_backward(struct exec_gpu *g, const bf16 *x, const bf16 *dy16, int T,
                                     int F, const bf16 *Wg, const bf16 *Wu, const bf16 *Wd,
-                                    const bf16 *g16, const bf16 *u16, const bf16 *hm16, float *dWg,
-                                    float *dWu, float *dWd, float *dx, float beta,
-                                    struct moe_error *err)
+                                    const bf16 *g16, const bf16 *u16, const bf16 *hm16, int tg,
+                                    int tu, int td, float *dx, float beta, struct moe_error *err)
 {
     int h = g->hidden;
     if (T == 0) return MOE_OK;
     MOE_CHECK(gpu_lin_dx(g, dy16, h, Wd, T, F, h, g->dhm16, F, CUDA_R_16BF, 0, err));
-    MOE_CHECK(gpu_lin_dw(g, dy16, h, hm16, F, T, F, h, dWd, err));
+    MOE_CHECK(gpu_lin_dw(g, dy16, h, hm16, F, T, F, h, td, 0, err));
     MOE_CUDA_CHECK(gk_swiglu_backward(g16, u16, g->dhm16, g->dg16, g->du16, (size_t)T * F, g->s));
     MOE_CHECK(gpu_lin_dx(g, g->dg16, F, Wg, T, h, F, dx, h, CUDA_R_32F, beta, err));
     MOE_CHECK(gpu_lin_dx(g, g->du16, F, Wu, T, h, F, dx, h, CUDA_R_32F, 1.0f, err));
-    MOE_CHECK(gpu_lin_dw(g, g->dg16, F, x, h, T, h, F, dWg, err));
-    return gpu_lin_dw(g, g->du16, F, x, h, T, h, F, dWu, err);
+    MOE_CHECK(gpu_lin_dw(g, g->dg16, F, x, h, T, h, F, tg, 0, err));
+    return gpu_lin_dw(g, g->du16, F, x, h, T, h, F, tu, 0, err);
 }
 
 /* The expert block on the permuted rows xp16 (expert e: rows off[e] .. off[e+1]): gate and up
@@ -83,8 +82,8 @@ enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act
         gpu_use_expert_stream(g, e);
         MOE_CHECK(gpu_lin_dx(g, g->dyp16 + o * h, h, W16(g, w[W_DOWN]) + (size_t)e * h * f, n, f, h,
                              g->dehm16 + o * f, f, CUDA_R_16BF, 0, err));
-        MOE_CHECK(gpu_lin_dw(g, g->dyp16 + o * h, h, A->ehm16 + o * f, f, n, f, h,
-                             GR(g, w[W_DOWN]) + (size_t)e * h * f, err));
+        MOE_CHECK(
+            gpu_lin_dw(g, g->dyp16 + o * h, h, A->ehm16 + o * f, f, n, f, h, w[W_DOWN], e, err));
     }
     MOE_CHECK(gpu_join_experts(g, err));
     MOE_CUDA_CHECK(gk_swiglu_backward(A->eg16, A->eu16, g->dehm16, g->deg16, g->deu16,
@@ -99,10 +98,9 @@ enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act
                              g->dxp32 + o * h, h, CUDA_R_32F, 0, err));
         MOE_CHECK(gpu_lin_dx(g, g->deu16 + o * f, f, W16(g, w[W_UP]) + (size_t)e * f * h, n, h, f,
                              g->dxp32 + o * h, h, CUDA_R_32F, 1, err));
-        MOE_CHECK(gpu_lin_dw(g, g->deg16 + o * f, f, A->xp16 + o * h, h, n, h, f,
-                             GR(g, w[W_GATE]) + (size_t)e * f * h, err));
-        MOE_CHECK(gpu_lin_dw(g, g->deu16 + o * f, f, A->xp16 + o * h, h, n, h, f,
-                             GR(g, w[W_UP]) + (size_t)e * f * h, err));
+        MOE_CHECK(
+            gpu_lin_dw(g, g->deg16 + o * f, f, A->xp16 + o * h, h, n, h, f, w[W_GATE], e, err));
+        MOE_CHECK(gpu_lin_dw(g, g->deu16 + o * f, f, A->xp16 + o * h, h, n, h, f, w[W_UP], e, err));
     }
     return gpu_join_experts(g, err);
 }
@@ -206,8 +204,7 @@ enum moe_status gpu_moe_backward(struct exec_gpu *g, int l, const struct act *A,
         PH(COST_SHARED_EXPERT);
         MOE_CHECK(gpu_swiglu_backward(g, A->b16, g->dy16, T, g->shared_ffn, W16(g, w[W_SGATE]),
                                       W16(g, w[W_SUP]), W16(g, w[W_SDOWN]), A->g16, A->u16, A->hm16,
-                                      GR(g, w[W_SGATE]), GR(g, w[W_SUP]), GR(g, w[W_SDOWN]),
-                                      g->db32, 0.0f, err));
+                                      w[W_SGATE], w[W_SUP], w[W_SDOWN], g->db32, 0.0f, err));
     }
     if (g->cfg.ep) {
         MOE_CHECK(gpu_ep_backward(g, l, A, err));
@@ -223,7 +220,8 @@ enum moe_status gpu_moe_backward(struct exec_gpu *g, int l, const struct act *A,
     PH(COST_ROUTER);
     MOE_CUDA_CHECK(gk_router_backward(&g->rc, A->logits, A->choice, A->weight, g->dw,
                                       g->rc.aux_coef != 0.0 ? A->auxg : NULL, T, g->dz, g->s));
-    MOE_CHECK(gpu_mm(g, true, false, E, h, T, 1.0f, g->dz, E, 0, A->b32, h, 0, 1.0f,
+    bool first = gpu_grad_first(g, w[W_ROUTER], 0);
+    MOE_CHECK(gpu_mm(g, true, false, E, h, T, 1.0f, g->dz, E, 0, A->b32, h, 0, first ? 0.0f : 1.0f,
                      GR(g, w[W_ROUTER]), h, 0, 1, CUDA_R_32F, CUDA_R_32F, err));
     return gpu_mm(g, false, false, T, h, E, 1.0f, g->dz, E, 0, M(g, w[W_ROUTER]), h, 0, 1.0f,
                   g->db32, h, 0, 1, CUDA_R_32F, CUDA_R_32F, err);

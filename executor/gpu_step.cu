@@ -8,7 +8,7 @@
  *   dense SwiGLU or the dropless MoE layer, residual] -> final RMSNorm -> LM head -> loss.
  * Precision: bf16 weights (copies of fp32 masters) and GEMM inputs, fp32 accumulation, the
  * residual stream and the activation gradients in fp32 (SwiGLU's gate / up outputs and the gradient
- * of its product are bf16), the router entirely in fp32.
+ * of its product, the logits and theirs are bf16), the router entirely in fp32.
  */
 #include "gpu.h"
 
@@ -26,6 +26,34 @@ enum moe_status gpu_phase(struct exec_gpu *g, int ph, struct moe_error *err)
     }
     MOE_CUDA_CHECK(cudaEventRecord(g->ev[g->nev], g->s));
     g->ev_phase[g->nev++] = ph;
+    return MOE_OK;
+}
+
+void gpu_grads_fresh(struct exec_gpu *g)
+{
+    memset(g->gfresh, 1, (size_t)g->gslice[g->table.ntensors]);
+}
+
+bool gpu_grad_first(struct exec_gpu *g, int t, int s)
+{
+    unsigned char *f = &g->gfresh[g->gslice[t] + s];
+    bool first = *f;
+    *f = 0;
+    return first;
+}
+
+enum moe_status gpu_grads_settle(struct exec_gpu *g, size_t lo, size_t hi, struct moe_error *err)
+{
+    for (int t = 0; t < g->table.ntensors; t++) {
+        const struct exec_tensor *x = &g->table.tensor[t];
+        if (x->offset < lo || x->offset >= hi) continue;
+        int n = g->gslice[t + 1] - g->gslice[t];
+        size_t each = x->size / (size_t)n;
+        for (int s = 0; s < n; s++)
+            if (gpu_grad_first(g, t, s))
+                MOE_CUDA_CHECK(
+                    cudaMemsetAsync(GR(g, t) + (size_t)s * each, 0, sizeof(float) * each, g->s));
+    }
     return MOE_OK;
 }
 
@@ -71,24 +99,23 @@ static enum moe_status block_backward(struct exec_gpu *g, int l, const float *x,
         PH(COST_DENSE_FFN);
         MOE_CHECK(gpu_swiglu_backward(g, A->b16, g->dy16, T, g->dense_ffn, W16(g, w[W_GATE]),
                                       W16(g, w[W_UP]), W16(g, w[W_DOWN]), A->g16, A->u16, A->hm16,
-                                      GR(g, w[W_GATE]), GR(g, w[W_UP]), GR(g, w[W_DOWN]), g->db32,
-                                      0.0f, err));
+                                      w[W_GATE], w[W_UP], w[W_DOWN], g->db32, 0.0f, err));
     }
     /* h1 = x + attn: dh1 = dy + norm backward of the FFN input (in place in dh) */
     MOE_CUDA_CHECK(gk_rmsnorm_backward(A->h1, h, M(g, w[W_FFN_NORM]), A->rstd2, g->db32, h, g->dh,
                                        h, g->dh, h, T, h, g->s));
-    MOE_CUDA_CHECK(
-        gk_colsum(g->db32, h, A->h1, h, A->rstd2, T, h, g->part, GR(g, w[W_FFN_NORM]), true, g->s));
+    MOE_CUDA_CHECK(gk_colsum(g->db32, h, A->h1, h, A->rstd2, T, h, g->part, GR(g, w[W_FFN_NORM]),
+                             !gpu_grad_first(g, w[W_FFN_NORM], 0), g->s));
     PH(COST_ATTN_BWD);
     MOE_CUDA_CHECK(gk_to_bf16(g->dh, g->dh16, (size_t)T * h, g->s));
     MOE_CHECK(gpu_mm(g, false, false, T, Hd, h, 1.0f, g->dh16, h, 0, W16(g, w[W_WO]), Hd, 0, 0.0f,
                      g->do16, Hd, 0, 1, CUDA_R_16BF, CUDA_R_16BF, err));
-    MOE_CHECK(gpu_lin_dw(g, g->dh16, h, A->o16, Hd, T, Hd, h, GR(g, w[W_WO]), err));
+    MOE_CHECK(gpu_lin_dw(g, g->dh16, h, A->o16, Hd, T, Hd, h, w[W_WO], 0, err));
     MOE_CHECK(gpu_attn_backward(g, l, A, err));
     MOE_CUDA_CHECK(gk_rmsnorm_backward(x, h, M(g, w[W_ATTN_NORM]), A->rstd1, g->da32, h, g->dh, h,
                                        g->dprev, h, T, h, g->s));
-    MOE_CUDA_CHECK(
-        gk_colsum(g->da32, h, x, h, A->rstd1, T, h, g->part, GR(g, w[W_ATTN_NORM]), true, g->s));
+    MOE_CUDA_CHECK(gk_colsum(g->da32, h, x, h, A->rstd1, T, h, g->part, GR(g, w[W_ATTN_NORM]),
+                             !gpu_grad_first(g, w[W_ATTN_NORM], 0), g->s));
     return MOE_OK;
 }
 
@@ -103,8 +130,8 @@ extern "C" enum moe_status exec_gpu_step_begin(struct exec_gpu *g, struct moe_er
     g->mb_done = 0;
     g->started = g->bucketing = false;
     memset(g->step_load, 0, sizeof(int64_t) * (size_t)(g->nmoe ? g->nmoe : 1) * g->experts);
-    PH(COST_OPTIMIZER);
-    MOE_CUDA_CHECK(cudaMemsetAsync(g->grad, 0, sizeof(float) * g->table.nparams, g->s));
+    gpu_grads_fresh(g); /* no zeroing pass: each gradient's first writer overwrites it */
+    PH(COST_EMBED);     /* the host's share of loading the tokens counts to it */
     return MOE_OK;
 }
 
@@ -173,10 +200,10 @@ static enum moe_status forward_part(struct exec_gpu *g, int lo, int hi, double *
     PH(COST_LM_HEAD);
     MOE_CUDA_CHECK(gk_rmsnorm(g->xin[L], h, M(g, g->final_norm), T, h, (float)g->m.norm_eps,
                               g->fin16, h, NULL, 0, g->rstdf, g->s));
-    MOE_CHECK(gpu_lin(g, g->fin16, h, W16(g, g->head), T, h, V, g->logits, V, CUDA_R_32F, 0, err));
+    MOE_CHECK(gpu_lin(g, g->fin16, h, W16(g, g->head), T, h, V, g->logits, V, CUDA_R_16BF, 0, err));
     PH(COST_LOSS);
-    MOE_CUDA_CHECK(gk_cross_entropy(g->logits, g->tgt, T, V, (float)(g->grad_scale / T),
-                                    g->row_loss, g->dlog16, g->s));
+    MOE_CUDA_CHECK(
+        gk_cross_entropy(g->logits, g->tgt, T, V, (float)(g->grad_scale / T), g->row_loss, g->s));
     MOE_CUDA_CHECK(cudaMemcpyAsync(g->host_rows, g->row_loss, sizeof(float) * T,
                                    cudaMemcpyDeviceToHost, g->s));
     return MOE_OK;
@@ -191,11 +218,11 @@ static enum moe_status backward_part(struct exec_gpu *g, int lo, int hi, struct 
         PH(COST_LM_HEAD);
         MOE_CHECK(gpu_lin_dx(g, g->dlog16, V, W16(g, g->head), T, h, V, g->dfin32, h, CUDA_R_32F, 0,
                              err));
-        MOE_CHECK(gpu_lin_dw(g, g->dlog16, V, g->fin16, h, T, h, V, GR(g, g->head), err));
+        MOE_CHECK(gpu_lin_dw(g, g->dlog16, V, g->fin16, h, T, h, V, g->head, 0, err));
         MOE_CUDA_CHECK(gk_rmsnorm_backward(g->xin[L], h, M(g, g->final_norm), g->rstdf, g->dfin32,
                                            h, NULL, 0, g->dh, h, T, h, g->s));
         MOE_CUDA_CHECK(gk_colsum(g->dfin32, h, g->xin[L], h, g->rstdf, T, h, g->part,
-                                 GR(g, g->final_norm), true, g->s));
+                                 GR(g, g->final_norm), !gpu_grad_first(g, g->final_norm, 0), g->s));
     }
     for (int l = hi - 1; l >= lo; l--) {
         if (g->cfg.recompute) {
@@ -206,6 +233,7 @@ static enum moe_status backward_part(struct exec_gpu *g, int lo, int hi, struct 
         if (g->bucketing) { /* block l's gradients are complete: its all-reduce starts */
             struct exec_transport *dp = g->cfg.dp;
             size_t a = g->blk_off[l], b = g->blk_off[l + 1];
+            MOE_CHECK(gpu_grads_settle(g, a, b, err));
             MOE_CHECK(dp->ops->allreduce_f32_start(dp, g->grad + a, b - a, g->s, err));
             g->started = true;
         }
@@ -215,6 +243,9 @@ static enum moe_status backward_part(struct exec_gpu *g, int lo, int hi, struct 
     }
     if (lo > 0) return MOE_OK;
     PH(COST_EMBED);
+    if (gpu_grad_first(g, g->embed, 0)) /* it adds at the rows of the tokens seen */
+        MOE_CUDA_CHECK(cudaMemsetAsync(GR(g, g->embed), 0,
+                                       sizeof(float) * g->table.tensor[g->embed].size, g->s));
     MOE_CUDA_CHECK(gk_embed_backward(g->dh, g->emb_dev, g->emb_dev + 2 * T, g->emb_dev + T,
                                      g->emb_nids, h, GR(g, g->embed), g->s));
     return MOE_OK;
@@ -285,6 +316,7 @@ extern "C" enum moe_status exec_gpu_optimizer(struct exec_gpu *g, const struct e
 {
     PH(COST_OPTIMIZER);
     double part[GK_NORM_BLOCKS], norm = 0.0;
+    MOE_CHECK(gpu_grads_settle(g, 0, g->table.nparams, err));
     MOE_CUDA_CHECK(gk_sumsq(g->grad, g->table.nparams, g->norm_part, g->s));
     MOE_CUDA_CHECK(cudaMemcpyAsync(part, g->norm_part, sizeof part, cudaMemcpyDeviceToHost, g->s));
     MOE_CHECK(gpu_sync_host(g, err));
@@ -348,6 +380,7 @@ extern "C" enum moe_status exec_gpu_nonfinite(struct exec_gpu *g, char *where, s
     size_t th = (size_t)g->tokens * g->hidden;
     bool bad = false;
     where[0] = '\0';
+    MOE_CHECK(gpu_grads_settle(g, 0, g->table.nparams, err));
     for (int l = 0; l <= g->layers; l++) { /* xin[0]: the embedding; xin[l + 1]: block l's output */
         MOE_CHECK(nonfinite(g, g->xin[l], th, &bad, err));
         if (!bad) continue;
@@ -389,6 +422,7 @@ extern "C" enum moe_status exec_gpu_poison(struct exec_gpu *g, const char *tenso
         MOE_CUDA_CHECK(
             cudaMemcpyAsync(g->w16 + at, &nan16, sizeof nan16, cudaMemcpyHostToDevice, g->s));
     } else {
+        MOE_CHECK(gpu_grads_settle(g, 0, g->table.nparams, err)); /* not to be overwritten */
         MOE_CUDA_CHECK(
             cudaMemcpyAsync(g->grad + at, &nan, sizeof nan, cudaMemcpyHostToDevice, g->s));
     }

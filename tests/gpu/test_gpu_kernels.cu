@@ -563,29 +563,30 @@ static void test_cudnn_threads(void **state)
 #endif
 }
 
-/* V 1000: the 16-byte path (targets on all four lanes of a load); V 1001: element by element. */
+/* V 1000: the 16-byte path (targets on all eight lanes of a load); V 1001: element by element.
+ * The logits are bf16 (the reference takes the same rounded values); the loss within 1e-5
+ * relative, the gradient (bf16, written over the logits) within 8e-3 of the largest. */
 static void test_cross_entropy(void **state)
 {
     (void)state;
     const int T = 33;
     for (int V = 1000; V <= 1001; V++) {
-        std::vector<float> z = randn((size_t)T * V, 16, 2.0);
+        std::vector<bf16> z = to_bf16(randn((size_t)T * V, 16, 2.0));
         std::vector<int> tgt(T);
         for (int t = 0; t < T; t++) tgt[t] = (t * 37) % V;
         std::vector<double> dr((size_t)T * V);
         double lr_ = exec_ref_cross_entropy(to_d(z).data(), tgt.data(), T, V, dr.data());
-        float *dz = dev(z), *rows = dev(std::vector<float>(T));
+        float *rows = dev(std::vector<float>(T));
+        bf16 *dz = dev(z);
         int *dt = dev(tgt);
-        bf16 *dl;
-        cudaMalloc((void **)&dl, sizeof(bf16) * T * V);
-        assert_int_equal(gk_cross_entropy(dz, dt, T, V, 1.0f / T, rows, dl, 0), cudaSuccess);
+        assert_int_equal(gk_cross_entropy(dz, dt, T, V, 1.0f / T, rows, 0), cudaSuccess);
         std::vector<float> rh = host(rows, T);
         double l = 0;
         for (float v : rh) l += v / T;
         printf("cross-entropy V %d: loss gpu %.7f ref %.7f\n", V, l, lr_);
         assert_true(fabs(l - lr_) < 1e-5 * lr_);
-        close("cross-entropy dlogits", to_d(host(dl, (size_t)T * V)), dr, 8e-3);
-        cudaFree(dz), cudaFree(rows), cudaFree(dt), cudaFree(dl);
+        close("cross-entropy dlogits", to_d(host(dz, (size_t)T * V)), dr, 8e-3);
+        cudaFree(dz), cudaFree(rows), cudaFree(dt);
     }
 }
 
