@@ -85,7 +85,7 @@ enum moe_status gpu_attn_forward(struct exec_gpu *g, int l, struct act *A, struc
             MOE_CHECK(
                 gpu_lin(g, A->a16, h, W16(g, w[W_WQA]), T, h, ql, A->cq32, ql, CUDA_R_32F, 0, err));
             MOE_CUDA_CHECK(gk_rmsnorm(A->cq32, ql, M(g, w[W_QA_NORM]), T, ql, eps, A->cqn16, ql,
-                                      NULL, 0, A->rstdq, g->s));
+                                      NULL, 0, NULL, 0, A->rstdq, g->s));
             MOE_CHECK(gpu_lin(g, A->cqn16, ql, W16(g, w[W_WQB]), T, ql, H * dqk, g->q32, H * dqk,
                               CUDA_R_32F, 0, err));
         } else {
@@ -95,7 +95,7 @@ enum moe_status gpu_attn_forward(struct exec_gpu *g, int l, struct act *A, struc
         MOE_CHECK(gpu_lin(g, A->a16, h, W16(g, w[W_WKVA]), T, h, kvl + rope, A->ckvf32, kvl + rope,
                           CUDA_R_32F, 0, err));
         MOE_CUDA_CHECK(gk_rmsnorm(A->ckvf32, kvl + rope, M(g, w[W_KVA_NORM]), T, kvl, eps,
-                                  A->ckvn16, kvl, NULL, 0, A->rstdkv, g->s));
+                                  A->ckvn16, kvl, NULL, 0, NULL, 0, A->rstdkv, g->s));
         MOE_CHECK(gpu_lin(g, A->ckvn16, kvl, W16(g, w[W_WKVB]), T, kvl, H * (nope + dv), g->kv32,
                           H * (nope + dv), CUDA_R_32F, 0, err));
         MOE_CUDA_CHECK(gk_mla_assemble(g->q32, A->ckvf32, g->kv32, T, H, nope, rope, dv, kvl,
@@ -142,8 +142,8 @@ enum moe_status gpu_attn_backward(struct exec_gpu *g, int l, const struct act *A
     MOE_CHECK(gpu_lin_dw(g, g->dkv16, H * (nope + dv), A->ckvn16, kvl, T, kvl, H * (nope + dv),
                          w[W_WKVB], 0, err));
     MOE_CUDA_CHECK(gk_rmsnorm_backward(A->ckvf32, kvl + rope, M(g, w[W_KVA_NORM]), A->rstdkv,
-                                       g->dckvn32, kvl, NULL, 0, g->dckvf32, kvl + rope, T, kvl,
-                                       g->s));
+                                       g->dckvn32, kvl, NULL, 0, g->dckvf32, NULL, kvl + rope, T,
+                                       kvl, g->s));
     MOE_CUDA_CHECK(gk_colsum(g->dckvn32, kvl, A->ckvf32, kvl + rope, A->rstdkv, T, kvl, g->part,
                              GR(g, w[W_KVA_NORM]), !gpu_grad_first(g, w[W_KVA_NORM], 0), g->s));
     MOE_CUDA_CHECK(gk_to_bf16(g->dckvf32, g->dckvf16, (size_t)T * (kvl + rope), g->s));
@@ -156,10 +156,9 @@ enum moe_status gpu_attn_backward(struct exec_gpu *g, int l, const struct act *A
                              CUDA_R_32F, 0, err));
         MOE_CHECK(gpu_lin_dw(g, g->dqf16, H * dqk, A->cqn16, ql, T, ql, H * dqk, w[W_WQB], 0, err));
         MOE_CUDA_CHECK(gk_rmsnorm_backward(A->cq32, ql, M(g, w[W_QA_NORM]), A->rstdq, g->dcqn32, ql,
-                                           NULL, 0, g->dcq32, ql, T, ql, g->s));
+                                           NULL, 0, g->dcq32, g->dcq16, ql, T, ql, g->s));
         MOE_CUDA_CHECK(gk_colsum(g->dcqn32, ql, A->cq32, ql, A->rstdq, T, ql, g->part,
                                  GR(g, w[W_QA_NORM]), !gpu_grad_first(g, w[W_QA_NORM], 0), g->s));
-        MOE_CUDA_CHECK(gk_to_bf16(g->dcq32, g->dcq16, (size_t)T * ql, g->s));
         MOE_CHECK(gpu_lin_dx(g, g->dcq16, ql, W16(g, w[W_WQA]), T, h, ql, g->da32, h, CUDA_R_32F, 1,
                              err));
         MOE_CHECK(gpu_lin_dw(g, g->dcq16, ql, A->a16, h, T, h, ql, w[W_WQA], 0, err));

@@ -15,6 +15,70 @@
 
 #include <math.h>
 
+/* ---- vector loads and stores --------------------------------------------------------------- */
+
+/* V bf16 values to fp32 and back: one 16-byte (V 8) or 8-byte (V 4) access, the pointer aligned
+ * to it; element by element otherwise. */
+template <int V> struct bf16_vec; /* the access type of V bf16 values */
+template <> struct bf16_vec<4> {
+    typedef uint2 type;
+};
+template <> struct bf16_vec<8> {
+    typedef uint4 type;
+};
+
+template <int V> __device__ inline void ld_bf16(const bf16 *p, float *f)
+{
+    if constexpr (V == 8 || V == 4) {
+        typename bf16_vec<V>::type r = *(const typename bf16_vec<V>::type *)p;
+        const __nv_bfloat162 *b = (const __nv_bfloat162 *)&r;
+        for (int k = 0; k < V / 2; k++) {
+            float2 t = __bfloat1622float2(b[k]);
+            f[2 * k] = t.x;
+            f[2 * k + 1] = t.y;
+        }
+    } else {
+        for (int k = 0; k < V; k++) f[k] = __bfloat162float(p[k]);
+    }
+}
+
+template <int V> __device__ inline void st_bf16(bf16 *p, const float *f)
+{
+    if constexpr (V == 8 || V == 4) {
+        typename bf16_vec<V>::type r;
+        __nv_bfloat162 *b = (__nv_bfloat162 *)&r;
+        for (int k = 0; k < V / 2; k++) b[k] = __floats2bfloat162_rn(f[2 * k], f[2 * k + 1]);
+        *(typename bf16_vec<V>::type *)p = r;
+    } else {
+        for (int k = 0; k < V; k++) p[k] = __float2bfloat16(f[k]);
+    }
+}
+
+/* V fp32 values: one 16-byte access for V 4 (the pointer aligned), else element by element. */
+template <int V> __device__ inline void ld_f32(const float *p, float *f)
+{
+    if constexpr (V == 4) {
+        float4 q = *(const float4 *)p;
+        f[0] = q.x, f[1] = q.y, f[2] = q.z, f[3] = q.w;
+    } else {
+        for (int k = 0; k < V; k++) f[k] = p[k];
+    }
+}
+
+template <int V> __device__ inline void st_f32(float *p, const float *f)
+{
+    if constexpr (V == 4)
+        *(float4 *)p = make_float4(f[0], f[1], f[2], f[3]);
+    else
+        for (int k = 0; k < V; k++) p[k] = f[k];
+}
+
+/* Whether rows of width h at p with stride ld take V = 4 accesses (p NULL: no constraint). */
+static bool rows_by4(const void *p, int ld, size_t align)
+{
+    return !p || ((uintptr_t)p % align == 0 && ld % 4 == 0);
+}
+
 /* ---- initialization and conversions ------------------------------------------------------- */
 
 __device__ uint64_t mix64(uint64_t z)
@@ -127,55 +191,98 @@ cudaError_t gk_embed_backward(const float *dx, const int *ids, const int *off, c
 
 /* ---- RMSNorm ----------------------------------------------------------------------------- */
 
-/* y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps); one block per row. */
+/* y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps), in bf16 (y16) and fp32 (y32, optional);
+ * xc (optional) a copy of x. One block per row, V elements a thread at a time. */
+template <int V>
 __global__ void k_rmsnorm(const float *x, int ldx, const float *w, int h, float eps, bf16 *y16,
-                          int ld16, float *y32, int ld32, float *rstd)
+                          int ld16, float *y32, int ld32, float *xc, int ldc, float *rstd)
 {
     __shared__ float red[TPB / 32];
-    const float *xr = x + (size_t)blockIdx.x * ldx;
+    size_t t = blockIdx.x;
+    const float *xr = x + t * ldx;
+    int nv = h / V;
     float ss = 0.0f;
-    for (int c = threadIdx.x; c < h; c += blockDim.x) ss += xr[c] * xr[c];
+    for (int c = threadIdx.x; c < nv; c += blockDim.x) {
+        float a[V];
+        ld_f32<V>(xr + c * V, a);
+        for (int j = 0; j < V; j++) ss += a[j] * a[j];
+    }
     ss = block_sum(ss, red);
     float r = rsqrtf(ss / h + eps);
-    if (threadIdx.x == 0) rstd[blockIdx.x] = r;
-    for (int c = threadIdx.x; c < h; c += blockDim.x) {
-        float v = xr[c] * r * w[c];
-        y16[(size_t)blockIdx.x * ld16 + c] = __float2bfloat16(v);
-        if (y32) y32[(size_t)blockIdx.x * ld32 + c] = v;
+    if (threadIdx.x == 0) rstd[t] = r;
+    for (int c = threadIdx.x; c < nv; c += blockDim.x) {
+        float a[V], wv[V], v[V];
+        ld_f32<V>(xr + c * V, a);
+        ld_f32<V>(w + c * V, wv);
+        for (int j = 0; j < V; j++) v[j] = a[j] * r * wv[j];
+        st_bf16<V>(y16 + t * ld16 + c * V, v);
+        if (y32) st_f32<V>(y32 + t * ld32 + c * V, v);
+        if (xc) st_f32<V>(xc + t * ldc + c * V, a);
     }
 }
 
 cudaError_t gk_rmsnorm(const float *x, int ldx, const float *w, int T, int h, float eps, bf16 *y16,
-                       int ld16, float *y32, int ld32, float *rstd, cudaStream_t s)
+                       int ld16, float *y32, int ld32, float *xc, int ldc, float *rstd,
+                       cudaStream_t s)
 {
-    if (T) k_rmsnorm<<<T, TPB, 0, s>>>(x, ldx, w, h, eps, y16, ld16, y32, ld32, rstd);
+    if (!T) return cudaGetLastError();
+    if (h % 4 == 0 && rows_by4(x, ldx, 16) && rows_by4(w, 0, 16) && rows_by4(y16, ld16, 8) &&
+        rows_by4(y32, ld32, 16) && rows_by4(xc, ldc, 16))
+        k_rmsnorm<4><<<T, TPB, 0, s>>>(x, ldx, w, h, eps, y16, ld16, y32, ld32, xc, ldc, rstd);
+    else
+        k_rmsnorm<1><<<T, TPB, 0, s>>>(x, ldx, w, h, eps, y16, ld16, y32, ld32, xc, ldc, rstd);
     return cudaGetLastError();
 }
 
-/* dx = base + rstd * (w * dy) - x * rstd^3 / h * sum(w * dy * x); base may be NULL or dx. */
+/* dx = base + rstd * (w * dy) - x * rstd^3 / h * sum(w * dy * x); base may be NULL or dx; dx16
+ * (optional, stride lddx) its bf16 copy. One block per row, V elements a thread at a time. */
+template <int V>
 __global__ void k_rmsnorm_backward(const float *x, int ldx, const float *w, const float *rstd,
                                    const float *dy, int lddy, const float *base, int ldb, float *dx,
-                                   int lddx, int h)
+                                   bf16 *dx16, int lddx, int h)
 {
     __shared__ float red[TPB / 32];
     size_t t = blockIdx.x;
     const float *xr = x + t * ldx, *gr = dy + t * lddy;
+    int nv = h / V;
     float dot = 0.0f;
-    for (int c = threadIdx.x; c < h; c += blockDim.x) dot += w[c] * gr[c] * xr[c];
+    for (int c = threadIdx.x; c < nv; c += blockDim.x) {
+        float a[V], wv[V], gv[V];
+        ld_f32<V>(xr + c * V, a);
+        ld_f32<V>(w + c * V, wv);
+        ld_f32<V>(gr + c * V, gv);
+        for (int j = 0; j < V; j++) dot += wv[j] * gv[j] * a[j];
+    }
     dot = block_sum(dot, red);
     float r = rstd[t], k = dot * r * r * r / h;
-    for (int c = threadIdx.x; c < h; c += blockDim.x) {
-        float v = r * w[c] * gr[c] - xr[c] * k;
-        if (base) v += base[t * ldb + c];
-        dx[t * lddx + c] = v;
+    for (int c = threadIdx.x; c < nv; c += blockDim.x) {
+        float a[V], wv[V], gv[V], v[V];
+        ld_f32<V>(xr + c * V, a);
+        ld_f32<V>(w + c * V, wv);
+        ld_f32<V>(gr + c * V, gv);
+        for (int j = 0; j < V; j++) v[j] = r * wv[j] * gv[j] - a[j] * k;
+        if (base) {
+            float b[V];
+            ld_f32<V>(base + t * ldb + c * V, b);
+            for (int j = 0; j < V; j++) v[j] += b[j];
+        }
+        st_f32<V>(dx + t * lddx + c * V, v);
+        if (dx16) st_bf16<V>(dx16 + t * lddx + c * V, v);
     }
 }
 
 cudaError_t gk_rmsnorm_backward(const float *x, int ldx, const float *w, const float *rstd,
                                 const float *dy, int lddy, const float *base, int ldb, float *dx,
-                                int lddx, int T, int h, cudaStream_t s)
+                                bf16 *dx16, int lddx, int T, int h, cudaStream_t s)
 {
-    if (T) k_rmsnorm_backward<<<T, TPB, 0, s>>>(x, ldx, w, rstd, dy, lddy, base, ldb, dx, lddx, h);
+    if (!T) return cudaGetLastError();
+    if (h % 4 == 0 && rows_by4(x, ldx, 16) && rows_by4(w, 0, 16) && rows_by4(dy, lddy, 16) &&
+        rows_by4(base, ldb, 16) && rows_by4(dx, lddx, 16) && rows_by4(dx16, lddx, 8))
+        k_rmsnorm_backward<4>
+            <<<T, TPB, 0, s>>>(x, ldx, w, rstd, dy, lddy, base, ldb, dx, dx16, lddx, h);
+    else
+        k_rmsnorm_backward<1>
+            <<<T, TPB, 0, s>>>(x, ldx, w, rstd, dy, lddy, base, ldb, dx, dx16, lddx, h);
     return cudaGetLastError();
 }
 
@@ -396,43 +503,6 @@ cudaError_t gk_mla_disassemble(const float *dq32, const float *dk32, const float
 }
 
 /* ---- SwiGLU -------------------------------------------------------------------------------- */
-
-/* V bf16 values to fp32 and back: one 16-byte (V 8) or 8-byte (V 4) access, the pointer aligned
- * to it; element by element otherwise. */
-template <int V> struct bf16_vec; /* the access type of V bf16 values */
-template <> struct bf16_vec<4> {
-    typedef uint2 type;
-};
-template <> struct bf16_vec<8> {
-    typedef uint4 type;
-};
-
-template <int V> __device__ inline void ld_bf16(const bf16 *p, float *f)
-{
-    if constexpr (V == 8 || V == 4) {
-        typename bf16_vec<V>::type r = *(const typename bf16_vec<V>::type *)p;
-        const __nv_bfloat162 *b = (const __nv_bfloat162 *)&r;
-        for (int k = 0; k < V / 2; k++) {
-            float2 t = __bfloat1622float2(b[k]);
-            f[2 * k] = t.x;
-            f[2 * k + 1] = t.y;
-        }
-    } else {
-        for (int k = 0; k < V; k++) f[k] = __bfloat162float(p[k]);
-    }
-}
-
-template <int V> __device__ inline void st_bf16(bf16 *p, const float *f)
-{
-    if constexpr (V == 8 || V == 4) {
-        typename bf16_vec<V>::type r;
-        __nv_bfloat162 *b = (__nv_bfloat162 *)&r;
-        for (int k = 0; k < V / 2; k++) b[k] = __floats2bfloat162_rn(f[2 * k], f[2 * k + 1]);
-        *(typename bf16_vec<V>::type *)p = r;
-    } else {
-        for (int k = 0; k < V; k++) p[k] = __float2bfloat16(f[k]);
-    }
-}
 
 /* V elements a thread, nv threads' worth; computed in fp32 from the bf16 GEMM outputs. */
 template <int V> __global__ void k_swiglu(const bf16 *g, const bf16 *u, bf16 *hm, size_t nv)

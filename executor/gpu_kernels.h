@@ -54,11 +54,16 @@ cudaError_t gk_embed(const float *emb, const int *tok, int T, int h, float *x, c
 /* ids: the nids distinct token ids of the micro-batch; off (nids + 1), pos (T): their positions. */
 cudaError_t gk_embed_backward(const float *dx, const int *ids, const int *off, const int *pos,
                               int nids, int h, float *demb, cudaStream_t s);
+/* RMSNorm of T rows of width h into bf16 y16 and (optional) fp32 y32; xc (optional) gets a copy of
+ * x (the residual stream's next value starts from it), rstd the rows' 1 / rms. */
 cudaError_t gk_rmsnorm(const float *x, int ldx, const float *w, int T, int h, float eps, bf16 *y16,
-                       int ld16, float *y32, int ld32, float *rstd, cudaStream_t s);
+                       int ld16, float *y32, int ld32, float *xc, int ldc, float *rstd,
+                       cudaStream_t s);
+/* Its input gradient dx (plus base, optional; may be dx) and, when dx16 is given, its bf16 copy
+ * (stride lddx), what the next GEMMs read. */
 cudaError_t gk_rmsnorm_backward(const float *x, int ldx, const float *w, const float *rstd,
                                 const float *dy, int lddy, const float *base, int ldb, float *dx,
-                                int lddx, int T, int h, cudaStream_t s);
+                                bf16 *dx16, int lddx, int T, int h, cudaStream_t s);
 /* out[c] (+)= sum_t a[t,c] * b[t,c] * r[t]; part holds ceil(T / GK_COLSUM_ROWS) x n floats. */
 cudaError_t gk_colsum(const float *a, int lda, const float *b, int ldb, const float *r, int T,
                       int n, float *part, float *out, bool accumulate, cudaStream_t s);

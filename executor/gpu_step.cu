@@ -62,20 +62,17 @@ static enum moe_status block_forward(struct exec_gpu *g, int l, const float *x, 
 {
     const int *w = g->wi[l];
     int T = g->tokens, h = g->hidden;
-    size_t th = (size_t)T * h;
     float eps = (float)g->m.norm_eps;
     bool moe = g->moe_index[l] >= 0;
     PH(COST_ATTN_FWD);
-    MOE_CUDA_CHECK(
-        gk_rmsnorm(x, h, M(g, w[W_ATTN_NORM]), T, h, eps, A->a16, h, NULL, 0, A->rstd1, g->s));
+    MOE_CUDA_CHECK(gk_rmsnorm(x, h, M(g, w[W_ATTN_NORM]), T, h, eps, A->a16, h, NULL, 0, A->h1, h,
+                              A->rstd1, g->s)); /* h1 starts as x: the projection adds */
     MOE_CHECK(gpu_attn_forward(g, l, A, err));
-    MOE_CUDA_CHECK(cudaMemcpyAsync(A->h1, x, th * sizeof(float), cudaMemcpyDeviceToDevice, g->s));
     MOE_CHECK(gpu_lin(g, A->o16, g->heads * g->dv, W16(g, w[W_WO]), T, g->heads * g->dv, h, A->h1,
                       h, CUDA_R_32F, 1.0f, err));
     PH(moe ? COST_ROUTER : COST_DENSE_FFN);
     MOE_CUDA_CHECK(gk_rmsnorm(A->h1, h, M(g, w[W_FFN_NORM]), T, h, eps, A->b16, h,
-                              moe ? A->b32 : NULL, h, A->rstd2, g->s));
-    MOE_CUDA_CHECK(cudaMemcpyAsync(y, A->h1, th * sizeof(float), cudaMemcpyDeviceToDevice, g->s));
+                              moe ? A->b32 : NULL, h, y, h, A->rstd2, g->s)); /* y starts as h1 */
     if (moe) {
         MOE_CHECK(gpu_moe_forward(g, l, A, y, err));
         if (aux && g->rc.aux_coef != 0.0) MOE_CHECK(gpu_moe_aux_loss(g, l, A, aux, err));
@@ -85,14 +82,14 @@ static enum moe_status block_forward(struct exec_gpu *g, int l, const float *x, 
                               W16(g, w[W_DOWN]), A->g16, A->u16, A->hm16, y, err);
 }
 
-/* dh (fp32, the gradient of the block output) -> dprev (the block input's). */
+/* dh (fp32, the gradient of the block output; dy16 its bf16 copy) -> dprev (the block input's,
+ * and dy16 again its copy, for the block below). */
 static enum moe_status block_backward(struct exec_gpu *g, int l, const float *x,
                                       const struct act *A, struct moe_error *err)
 {
     const int *w = g->wi[l];
     int T = g->tokens, h = g->hidden, Hd = g->heads * g->dv;
     bool moe = g->moe_index[l] >= 0;
-    MOE_CUDA_CHECK(gk_to_bf16(g->dh, g->dy16, (size_t)T * h, g->s));
     if (moe) {
         MOE_CHECK(gpu_moe_backward(g, l, A, err));
     } else {
@@ -103,17 +100,16 @@ static enum moe_status block_backward(struct exec_gpu *g, int l, const float *x,
     }
     /* h1 = x + attn: dh1 = dy + norm backward of the FFN input (in place in dh) */
     MOE_CUDA_CHECK(gk_rmsnorm_backward(A->h1, h, M(g, w[W_FFN_NORM]), A->rstd2, g->db32, h, g->dh,
-                                       h, g->dh, h, T, h, g->s));
+                                       h, g->dh, g->dh16, h, T, h, g->s));
     MOE_CUDA_CHECK(gk_colsum(g->db32, h, A->h1, h, A->rstd2, T, h, g->part, GR(g, w[W_FFN_NORM]),
                              !gpu_grad_first(g, w[W_FFN_NORM], 0), g->s));
     PH(COST_ATTN_BWD);
-    MOE_CUDA_CHECK(gk_to_bf16(g->dh, g->dh16, (size_t)T * h, g->s));
     MOE_CHECK(gpu_mm(g, false, false, T, Hd, h, 1.0f, g->dh16, h, 0, W16(g, w[W_WO]), Hd, 0, 0.0f,
                      g->do16, Hd, 0, 1, CUDA_R_16BF, CUDA_R_16BF, err));
     MOE_CHECK(gpu_lin_dw(g, g->dh16, h, A->o16, Hd, T, Hd, h, w[W_WO], 0, err));
     MOE_CHECK(gpu_attn_backward(g, l, A, err));
     MOE_CUDA_CHECK(gk_rmsnorm_backward(x, h, M(g, w[W_ATTN_NORM]), A->rstd1, g->da32, h, g->dh, h,
-                                       g->dprev, h, T, h, g->s));
+                                       g->dprev, g->dy16, h, T, h, g->s));
     MOE_CUDA_CHECK(gk_colsum(g->da32, h, x, h, A->rstd1, T, h, g->part, GR(g, w[W_ATTN_NORM]),
                              !gpu_grad_first(g, w[W_ATTN_NORM], 0), g->s));
     return MOE_OK;
@@ -171,15 +167,15 @@ static enum moe_status embed_plan(struct exec_gpu *g, const int *tokens, struct 
     return MOE_OK;
 }
 
-/* The tokens of a micro-batch to the GPU (inputs and targets), and the embedding's backward
- * plan; MOE_ERR_INPUT for a token outside the vocabulary. */
+/* The tokens of a micro-batch to the GPU (inputs and targets); MOE_ERR_INPUT for a token outside
+ * the vocabulary. The embedding's backward plan (embed_plan) is made later, by the host while the
+ * GPU runs the forward. */
 static enum moe_status load_tokens(struct exec_gpu *g, const int *tokens, struct moe_error *err)
 {
     for (int i = 0; i < g->mbs * (g->seq + 1); i++)
         if (tokens[i] < 0 || tokens[i] >= g->vocab)
             return moe_error_set(err, MOE_ERR_INPUT, "executor: token %d is %d, vocab %d", i,
                                  tokens[i], g->vocab);
-    MOE_CHECK(embed_plan(g, tokens, err));
     PH(COST_EMBED);
     MOE_CUDA_CHECK(cudaMemcpyAsync(g->tok, tokens, sizeof(int) * (size_t)g->mbs * (g->seq + 1),
                                    cudaMemcpyHostToDevice, g->s));
@@ -199,7 +195,7 @@ static enum moe_status forward_part(struct exec_gpu *g, int lo, int hi, double *
     if (hi < L) return MOE_OK;
     PH(COST_LM_HEAD);
     MOE_CUDA_CHECK(gk_rmsnorm(g->xin[L], h, M(g, g->final_norm), T, h, (float)g->m.norm_eps,
-                              g->fin16, h, NULL, 0, g->rstdf, g->s));
+                              g->fin16, h, NULL, 0, NULL, 0, g->rstdf, g->s));
     MOE_CHECK(gpu_lin(g, g->fin16, h, W16(g, g->head), T, h, V, g->logits, V, CUDA_R_16BF, 0, err));
     PH(COST_LOSS);
     MOE_CUDA_CHECK(
@@ -220,9 +216,11 @@ static enum moe_status backward_part(struct exec_gpu *g, int lo, int hi, struct 
                              err));
         MOE_CHECK(gpu_lin_dw(g, g->dlog16, V, g->fin16, h, T, h, V, g->head, 0, err));
         MOE_CUDA_CHECK(gk_rmsnorm_backward(g->xin[L], h, M(g, g->final_norm), g->rstdf, g->dfin32,
-                                           h, NULL, 0, g->dh, h, T, h, g->s));
+                                           h, NULL, 0, g->dh, g->dy16, h, T, h, g->s));
         MOE_CUDA_CHECK(gk_colsum(g->dfin32, h, g->xin[L], h, g->rstdf, T, h, g->part,
                                  GR(g, g->final_norm), !gpu_grad_first(g, g->final_norm, 0), g->s));
+    } else { /* the gradient of xin[hi] came in dh */
+        MOE_CUDA_CHECK(gk_to_bf16(g->dh, g->dy16, (size_t)T * h, g->s));
     }
     for (int l = hi - 1; l >= lo; l--) {
         if (g->cfg.recompute) {
@@ -274,6 +272,7 @@ extern "C" enum moe_status exec_gpu_micro_batch(struct exec_gpu *g, const int *t
                    g->mb_done + 1 == g->cfg.micro_batches;
     MOE_CHECK(load_tokens(g, tokens, err));
     MOE_CHECK(forward_part(g, 0, g->layers, &aux_sum, err));
+    MOE_CHECK(embed_plan(g, tokens, err)); /* the GPU has the head and the loss to run */
     MOE_CHECK(backward_part(g, 0, g->layers, err));
     g->bucketing = false;
     g->mb_done++;
@@ -306,6 +305,7 @@ extern "C" enum moe_status exec_gpu_slice(struct exec_gpu *g, const int *tokens,
         return finish_loss(g, hi == L, aux_sum, loss, aux, err);
     }
     if (hi < L) MOE_CUDA_CHECK(cudaMemcpyAsync(g->dh, dh_out, th, cudaMemcpyDeviceToDevice, g->s));
+    if (lo == 0) MOE_CHECK(embed_plan(g, tokens, err));
     MOE_CHECK(backward_part(g, lo, hi, err));
     if (lo > 0) MOE_CUDA_CHECK(cudaMemcpyAsync(dh_in, g->dh, th, cudaMemcpyDeviceToDevice, g->s));
     return finish_loss(g, hi == L, aux_sum, loss, aux, err);

@@ -83,41 +83,53 @@ static void close(const char *what, const std::vector<double> &a, const std::vec
     moe_expect_close(what, a.data(), b.data(), b.size(), tol);
 }
 
+/* h 300: the 16-byte path; h 301: element by element. Besides the reference's outputs: x's copy
+ * (exact), the backward's bf16 copy (8e-3) and its sum with a base (1e-5). */
 static void test_rmsnorm(void **state)
 {
     (void)state;
-    const int T = 300, h = 300; /* T: three column-sum partials of GK_COLSUM_ROWS, the last short */
-    std::vector<float> x = randn((size_t)T * h, 1), w = randn(h, 2), dy = randn((size_t)T * h, 3);
-    for (auto &v : w) v = 1.0f + 0.1f * v;
-    std::vector<double> yr((size_t)T * h), dxr((size_t)T * h), dwr(h, 0.0);
-    exec_ref_rmsnorm(to_d(x).data(), to_d(w).data(), T, h, 1e-6, yr.data());
-    exec_ref_rmsnorm_backward(to_d(x).data(), to_d(w).data(), to_d(dy).data(), T, h, 1e-6,
-                              dxr.data(), dwr.data());
-    float *dx_ = dev(x), *dw_ = dev(w), *ddy = dev(dy),
-          *y32 = dev(std::vector<float>((size_t)T * h)), *rstd = dev(std::vector<float>(T)),
-          *gx = dev(std::vector<float>((size_t)T * h)),
-          *part = dev(std::vector<float>((size_t)h * 4)), *gw = dev(std::vector<float>(h));
-    bf16 *y16;
-    cudaMalloc((void **)&y16, sizeof(bf16) * T * h);
-    gk_rmsnorm(dx_, h, dw_, T, h, 1e-6f, y16, h, y32, h, rstd, 0);
-    std::vector<double> y = to_d(host(y32, (size_t)T * h));
-    close("rmsnorm (fp32 out)", y, yr, 1e-5);
-    /* The check catches a poisoned element of the kernel's output; the helper it replaced, max of
-     * fmax(worst, |a - b|) against the tolerance, did not (fmax drops the NaN). */
-    y[(size_t)T * h / 2] = NAN;
-    double worst = 0;
-    for (size_t i = 0; i < y.size(); i++) worst = fmax(worst, fabs(y[i] - yr[i]));
-    assert_false(worst > 1e-5 * moe_max_abs(yr.data(), yr.size())); /* the old check: passed */
-    assert_int_equal(moe_count_wrong("rmsnorm, one NaN", y.data(), yr.data(), y.size(), 0,
-                                     1e-5 * moe_max_abs(yr.data(), yr.size())),
-                     1);
-    close("rmsnorm (bf16 out)", to_d(host(y16, (size_t)T * h)), yr, 8e-3);
-    gk_rmsnorm_backward(dx_, h, dw_, rstd, ddy, h, NULL, 0, gx, h, T, h, 0);
-    gk_colsum(ddy, h, dx_, h, rstd, T, h, part, gw, false, 0);
-    close("rmsnorm backward dx", to_d(host(gx, (size_t)T * h)), dxr, 1e-5);
-    close("rmsnorm backward dw", to_d(host(gw, h)), dwr, 1e-5);
-    cudaFree(dx_), cudaFree(dw_), cudaFree(ddy), cudaFree(y32), cudaFree(rstd), cudaFree(gx);
-    cudaFree(part), cudaFree(gw), cudaFree(y16);
+    const int T = 300; /* three column-sum partials of GK_COLSUM_ROWS, the last short */
+    for (int h = 300; h <= 301; h++) {
+        std::vector<float> x = randn((size_t)T * h, 1), w = randn(h, 2),
+                           dy = randn((size_t)T * h, 3), base = randn((size_t)T * h, 4);
+        for (auto &v : w) v = 1.0f + 0.1f * v;
+        std::vector<double> yr((size_t)T * h), dxr((size_t)T * h), dwr(h, 0.0);
+        exec_ref_rmsnorm(to_d(x).data(), to_d(w).data(), T, h, 1e-6, yr.data());
+        exec_ref_rmsnorm_backward(to_d(x).data(), to_d(w).data(), to_d(dy).data(), T, h, 1e-6,
+                                  dxr.data(), dwr.data());
+        float *dx_ = dev(x), *dw_ = dev(w), *ddy = dev(dy), *dbase = dev(base),
+              *y32 = dev(std::vector<float>((size_t)T * h)), *rstd = dev(std::vector<float>(T)),
+              *xc = dev(std::vector<float>((size_t)T * h)),
+              *gx = dev(std::vector<float>((size_t)T * h)),
+              *part = dev(std::vector<float>((size_t)h * 4)), *gw = dev(std::vector<float>(h));
+        bf16 *y16, *gx16;
+        cudaMalloc((void **)&y16, sizeof(bf16) * T * h);
+        cudaMalloc((void **)&gx16, sizeof(bf16) * T * h);
+        gk_rmsnorm(dx_, h, dw_, T, h, 1e-6f, y16, h, y32, h, xc, h, rstd, 0);
+        std::vector<double> y = to_d(host(y32, (size_t)T * h));
+        close("rmsnorm (fp32 out)", y, yr, 1e-5);
+        assert_true(host(xc, (size_t)T * h) == x);
+        /* The check catches a poisoned element of the kernel's output; the helper it replaced,
+         * max of fmax(worst, |a - b|) against the tolerance, did not (fmax drops the NaN). */
+        y[(size_t)T * h / 2] = NAN;
+        double worst = 0;
+        for (size_t i = 0; i < y.size(); i++) worst = fmax(worst, fabs(y[i] - yr[i]));
+        assert_false(worst > 1e-5 * moe_max_abs(yr.data(), yr.size())); /* the old check: passed */
+        assert_int_equal(moe_count_wrong("rmsnorm, one NaN", y.data(), yr.data(), y.size(), 0,
+                                         1e-5 * moe_max_abs(yr.data(), yr.size())),
+                         1);
+        close("rmsnorm (bf16 out)", to_d(host(y16, (size_t)T * h)), yr, 8e-3);
+        gk_rmsnorm_backward(dx_, h, dw_, rstd, ddy, h, NULL, 0, gx, gx16, h, T, h, 0);
+        gk_colsum(ddy, h, dx_, h, rstd, T, h, part, gw, false, 0);
+        close("rmsnorm backward dx", to_d(host(gx, (size_t)T * h)), dxr, 1e-5);
+        close("rmsnorm backward dx (bf16 copy)", to_d(host(gx16, (size_t)T * h)), dxr, 8e-3);
+        close("rmsnorm backward dw", to_d(host(gw, h)), dwr, 1e-5);
+        gk_rmsnorm_backward(dx_, h, dw_, rstd, ddy, h, dbase, h, gx, NULL, h, T, h, 0);
+        for (size_t i = 0; i < dxr.size(); i++) dxr[i] += base[i];
+        close("rmsnorm backward dx + base", to_d(host(gx, (size_t)T * h)), dxr, 1e-5);
+        cudaFree(dx_), cudaFree(dw_), cudaFree(ddy), cudaFree(dbase), cudaFree(y32), cudaFree(rstd);
+        cudaFree(xc), cudaFree(gx), cudaFree(part), cudaFree(gw), cudaFree(y16), cudaFree(gx16);
+    }
 }
 
 /* RoPE into bf16 from fp32 and from bf16 (in place): against the CPU reference rounded to bf16
