@@ -509,7 +509,8 @@ static enum moe_status stage_cost(const struct cost_ctx *c, const struct cost_la
     if (sg->loss) { /* LM head and loss, vocab-parallel; once more for each MTP layer */
         double heads = 1.0 + mtp;
         double head = heads * cost_gemm_us(&c->cal, g, M, V, h, false);
-        double loss = heads * membound_us(c, M * V * 4.0 * 3.0, 3);
+        /* the bf16 logits read twice (maximum and sum, then the gradient), the gradient written */
+        double loss = heads * membound_us(c, M * V * BF16 * 3.0, 1);
         if (mtp) { /* each MTP layer's projection of [embedding, hidden] back to hidden */
             double eh = mtp * cost_gemm_us(&c->cal, g, T, h, 2.0 * h, false);
             s->fwd_us += eh;
@@ -660,14 +661,16 @@ static enum moe_status evaluate(const struct cost_ctx *c, const struct cost_layo
         dp_exposed = once - fmin(om * once, first_fwd) +
                      mb * (per_mb - fmin(om * per_mb, per_rank[busiest]));
     }
-    /* The optimizer: fp32 master weights, gradients and moments read and written, the bf16 copy
-     * written (30 bytes a parameter; 22 with bf16 moments); the share `offload` runs on the CPU
-     * at the host's memory bandwidth, its gradients going down and its updated weights coming
-     * back over the host link, the three pipelined (Megatron's --overlap-cpu-optimizer-d2h-h2d):
-     * the slowest sets its time. */
+    /* The optimizer: the gradients read on the GPU for their norm (clipping), then fp32 master
+     * weights, gradients and moments read and written and the bf16 copy written (30 bytes a
+     * parameter, 22 with bf16 moments; no pass zeroes the gradients, their first writer
+     * overwrites them); the share `offload` of the update runs on the CPU at the host's memory
+     * bandwidth, its gradients going down and its updated weights coming back over the host
+     * link, the three pipelined (Megatron's --overlap-cpu-optimizer-d2h-h2d): the slowest sets
+     * its time. */
     double owned = dense / (l->zero >= 1 ? ddp : 1) + expert / (l->zero >= 1 ? edp : 1);
     double per_param = l->moments_bf16 ? 22.0 : 30.0;
-    double optim = membound_us(c, owned * (1.0 - l->offload) * per_param, 4), optim_b = 0.0;
+    double optim = membound_us(c, owned * (4.0 + (1.0 - l->offload) * per_param), 4), optim_b = 0.0;
     /* fp8 recipes cast every GEMM weight of the GPU once a step (the first micro-batch's; TE
      * caches it for the rest): bf16 read, the fp8 copy and its transpose written. With
      * fp8_params the optimizer writes the fp8 weights itself, in place of the bf16 ones. */
