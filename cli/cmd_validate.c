@@ -139,6 +139,27 @@ static enum moe_status measure_experts(bool quick, double (*x)[PLAN_CALIB_EXPERT
 }
 
 /* On the GPU: the microbenchmarks and the calibration jobs. */
+/* A training run holds the GPU at its power limit, warm, and its clocks settle below the boost
+ * clock (the H200 machine: 1980 MHz idle and cold, 1365-1605 MHz a few seconds into a run at 700
+ * W); measured cold, every compute-bound phase would be predicted 5-10% fast. So the measurements
+ * start after `seconds` of back-to-back large GEMMs. */
+static enum moe_status warm_up(double seconds, struct moe_error *err)
+{
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    printf(
+        "warming the GPU up for %.0f s (large GEMMs back to back: the clocks of a training run)\n",
+        seconds);
+    fflush(stdout);
+    do {
+        double us;
+        enum moe_status st = exec_time_gemm(8192, 8192, 8192, 20, &us, err);
+        if (st != MOE_OK) return st;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+    } while ((double)(t.tv_sec - t0.tv_sec) + 1e-9 * (double)(t.tv_nsec - t0.tv_nsec) < seconds);
+    return MOE_OK;
+}
+
 enum moe_status cli_calibrate_measure(struct cli *cli, const struct topo_cluster *cl, bool quick,
                                       struct plan_calib_data *d, struct moe_error *err)
 {
@@ -174,7 +195,8 @@ enum moe_status cli_calibrate_measure(struct cli *cli, const struct topo_cluster
            dev.name, cl->gpu.name, cl->gpu.bf16_tflops, cl->gpu.hbm_bytes_per_s / 1e12);
     size_t bytes = (size_t)1 << 30;
     d->copy_bytes = (double)bytes;
-    if ((st = exec_time_launch(quick ? 5 : 20, &d->launch_us, err)) ||
+    if ((st = warm_up(quick ? 5.0 : 20.0, err)) ||
+        (st = exec_time_launch(quick ? 5 : 20, &d->launch_us, err)) ||
         (st = exec_time_copy(bytes, quick ? 5 : 20, &d->copy_us, err)) ||
         (st = measure_gemms(quick, d->gemm, &d->ngemm, err)) ||
         (st = measure_experts(quick, d->expert, &d->nexpert, err)))
