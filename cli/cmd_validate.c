@@ -30,6 +30,30 @@ const struct cli_opt cmd_validate_opts[] = {
     {NULL, 0, 0, NULL, NULL},
 };
 
+/* A training run holds the GPU at its power limit and its clocks fall as it warms (the H200
+ * machine: 1980 MHz idle and cold; 1605 MHz two seconds into a run at 700 W, 1365-1440 MHz a few
+ * seconds later, at 60 C). A short job started cold runs its GEMMs 10-15% faster than the same
+ * job a minute into training. So calibrate starts after `seconds` of back-to-back large GEMMs,
+ * and every job of calibrate and validate after a few more (the GPU cools in the gaps). */
+static enum moe_status warm_up(double seconds, bool say, struct moe_error *err)
+{
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    if (say) {
+        printf(
+            "warming the GPU up for %.0f s (large GEMMs back to back: a training run's clocks)\n",
+            seconds);
+        fflush(stdout);
+    }
+    do {
+        double us;
+        enum moe_status st = exec_time_gemm(8192, 8192, 8192, 20, &us, err);
+        if (st != MOE_OK) return st;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+    } while ((double)(t.tv_sec - t0.tv_sec) + 1e-9 * (double)(t.tv_nsec - t0.tv_nsec) < seconds);
+    return MOE_OK;
+}
+
 /* Trains the job `steps` steps; med[p]: the median of each phase (ms) over steps 2..N; with
  * routing, the MoE layers' measured routing too (cost_routing_free it). */
 static enum moe_status job_run(const struct plan_file *p, double skew, int steps, double *med,
@@ -38,6 +62,8 @@ static enum moe_status job_run(const struct plan_file *p, double skew, int steps
 {
     const struct mdl_model *m = &p->model;
     int E = m->moe.experts;
+    enum moe_status st = warm_up(3.0, false, err);
+    if (st != MOE_OK) return st;
     double *bias = skew > 0 ? calloc((size_t)m->layers * E, sizeof *bias) : NULL;
     if (skew > 0 && !bias) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
     for (int b = 0; bias && b < m->layers; b++)
@@ -58,7 +84,7 @@ static enum moe_status job_run(const struct plan_file *p, double skew, int steps
     c.fail_rank = c.fail_step = -1;
     struct exec_run_result res;
     memset(&res, 0, sizeof res);
-    enum moe_status st = exec_run(&c, &res, err);
+    st = exec_run(&c, &res, err);
     if (st == MOE_OK && routing) { /* the MoE layers' rows of (layers, experts) */
         int64_t *moe = malloc(sizeof *moe * (size_t)m->layers * E);
         int n = 0;
@@ -139,27 +165,6 @@ static enum moe_status measure_experts(bool quick, double (*x)[PLAN_CALIB_EXPERT
 }
 
 /* On the GPU: the microbenchmarks and the calibration jobs. */
-/* A training run holds the GPU at its power limit, warm, and its clocks settle below the boost
- * clock (the H200 machine: 1980 MHz idle and cold, 1365-1605 MHz a few seconds into a run at 700
- * W); measured cold, every compute-bound phase would be predicted 5-10% fast. So the measurements
- * start after `seconds` of back-to-back large GEMMs. */
-static enum moe_status warm_up(double seconds, struct moe_error *err)
-{
-    struct timespec t0, t;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    printf(
-        "warming the GPU up for %.0f s (large GEMMs back to back: the clocks of a training run)\n",
-        seconds);
-    fflush(stdout);
-    do {
-        double us;
-        enum moe_status st = exec_time_gemm(8192, 8192, 8192, 20, &us, err);
-        if (st != MOE_OK) return st;
-        clock_gettime(CLOCK_MONOTONIC, &t);
-    } while ((double)(t.tv_sec - t0.tv_sec) + 1e-9 * (double)(t.tv_nsec - t0.tv_nsec) < seconds);
-    return MOE_OK;
-}
-
 enum moe_status cli_calibrate_measure(struct cli *cli, const struct topo_cluster *cl, bool quick,
                                       struct plan_calib_data *d, struct moe_error *err)
 {
@@ -195,7 +200,7 @@ enum moe_status cli_calibrate_measure(struct cli *cli, const struct topo_cluster
            dev.name, cl->gpu.name, cl->gpu.bf16_tflops, cl->gpu.hbm_bytes_per_s / 1e12);
     size_t bytes = (size_t)1 << 30;
     d->copy_bytes = (double)bytes;
-    if ((st = warm_up(quick ? 5.0 : 20.0, err)) ||
+    if ((st = warm_up(quick ? 5.0 : 20.0, true, err)) ||
         (st = exec_time_launch(quick ? 5 : 20, &d->launch_us, err)) ||
         (st = exec_time_copy(bytes, quick ? 5 : 20, &d->copy_us, err)) ||
         (st = measure_gemms(quick, d->gemm, &d->ngemm, err)) ||
