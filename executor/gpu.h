@@ -215,7 +215,7 @@ struct exec_gpu {
     bf16 *dyp16;         /* (Pe, h) */
     bf16 *dehm16;        /* (Pe, ffn) */
     bf16 *deg16, *deu16; /* (Pe, ffn) */
-    float *dxp32;        /* (Pe, h) */
+    bf16 *dxg16, *dxu16; /* (Pe, h) the rows' gradient through the gate and the up GEMM */
     float *dz;           /* (T, experts) router logits' gradient */
     float *scores;       /* (T, experts) */
     bf16 *fin16;         /* (T, h) the final norm's output */

@@ -364,7 +364,8 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
         ALLOC(g->dehm16, (size_t)g->Pe * g->ffn, c);
         ALLOC(g->deg16, (size_t)g->Pe * g->ffn, c);
         ALLOC(g->deu16, (size_t)g->Pe * g->ffn, c);
-        ALLOC(g->dxp32, (size_t)g->Pe * h, c);
+        ALLOC(g->dxg16, (size_t)g->Pe * h, c);
+        ALLOC(g->dxu16, (size_t)g->Pe * h, c);
         ALLOC(g->dz, (size_t)T * E, c);
         ALLOC(g->ep_loads, (size_t)g->nmoe * E, c);
         if (cfg->ep) MOE_CHECK(gpu_ep_alloc(g, err));

@@ -246,8 +246,8 @@ enum moe_status gpu_ep_backward(struct exec_gpu *g, int l, const struct act *A,
         MOE_CHECK(gpu_experts_backward(g, l, A, L->off, err));
     }
     PH(COST_DISPATCH);
-    MOE_CUDA_CHECK(
-        gk_rows_csr(g->ep_part, g->dxp32, L->row_pairs, NULL, L->row_off, rows, h, false, g->s));
+    MOE_CUDA_CHECK(gk_rows_csr_bf16x2(g->ep_part, g->dxg16, g->dxu16, L->row_pairs, NULL,
+                                      L->row_off, rows, h, false, g->s));
     if (rows)
         MOE_CUDA_CHECK(cudaMemsetAsync(g->ep_dwrows, 0, sizeof(float) * (size_t)rows * k, g->s));
     MOE_CUDA_CHECK(gk_scatter(g->dwp, L->pair_dst, L->npairs, g->ep_dwrows, g->s));

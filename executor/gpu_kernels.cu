@@ -15,64 +15,6 @@
 
 #include <math.h>
 
-/* ---- vector loads and stores --------------------------------------------------------------- */
-
-/* V bf16 values to fp32 and back: one 16-byte (V 8) or 8-byte (V 4) access, the pointer aligned
- * to it; element by element otherwise. */
-template <int V> struct bf16_vec; /* the access type of V bf16 values */
-template <> struct bf16_vec<4> {
-    typedef uint2 type;
-};
-template <> struct bf16_vec<8> {
-    typedef uint4 type;
-};
-
-template <int V> __device__ inline void ld_bf16(const bf16 *p, float *f)
-{
-    if constexpr (V == 8 || V == 4) {
-        typename bf16_vec<V>::type r = *(const typename bf16_vec<V>::type *)p;
-        const __nv_bfloat162 *b = (const __nv_bfloat162 *)&r;
-        for (int k = 0; k < V / 2; k++) {
-            float2 t = __bfloat1622float2(b[k]);
-            f[2 * k] = t.x;
-            f[2 * k + 1] = t.y;
-        }
-    } else {
-        for (int k = 0; k < V; k++) f[k] = __bfloat162float(p[k]);
-    }
-}
-
-template <int V> __device__ inline void st_bf16(bf16 *p, const float *f)
-{
-    if constexpr (V == 8 || V == 4) {
-        typename bf16_vec<V>::type r;
-        __nv_bfloat162 *b = (__nv_bfloat162 *)&r;
-        for (int k = 0; k < V / 2; k++) b[k] = __floats2bfloat162_rn(f[2 * k], f[2 * k + 1]);
-        *(typename bf16_vec<V>::type *)p = r;
-    } else {
-        for (int k = 0; k < V; k++) p[k] = __float2bfloat16(f[k]);
-    }
-}
-
-/* V fp32 values: one 16-byte access for V 4 (the pointer aligned), else element by element. */
-template <int V> __device__ inline void ld_f32(const float *p, float *f)
-{
-    if constexpr (V == 4) {
-        float4 q = *(const float4 *)p;
-        f[0] = q.x, f[1] = q.y, f[2] = q.z, f[3] = q.w;
-    } else {
-        for (int k = 0; k < V; k++) f[k] = p[k];
-    }
-}
-
-template <int V> __device__ inline void st_f32(float *p, const float *f)
-{
-    if constexpr (V == 4)
-        *(float4 *)p = make_float4(f[0], f[1], f[2], f[3]);
-    else
-        for (int k = 0; k < V; k++) p[k] = f[k];
-}
-
 /* Whether rows of width h at p with stride ld take V = 4 accesses (p NULL: no constraint). */
 static bool rows_by4(const void *p, int ld, size_t align)
 {

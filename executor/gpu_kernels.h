@@ -40,6 +40,66 @@ static __device__ __forceinline__ float block_sum(float v, float *red)
     for (int i = 0; i < nw; i++) s += red[i];
     return s;
 }
+/* V bf16 values to fp32 and back: one 16-byte (V 8) or 8-byte (V 4) access, the pointer aligned
+ * to it; element by element otherwise. */
+template <int V> struct bf16_vec; /* the access type of V bf16 values */
+template <> struct bf16_vec<4> {
+    typedef uint2 type;
+};
+template <> struct bf16_vec<8> {
+    typedef uint4 type;
+};
+
+template <int V> __device__ inline void ld_bf16(const bf16 *p, float *f)
+{
+    if constexpr (V == 8 || V == 4) {
+        typename bf16_vec<V>::type r = *(const typename bf16_vec<V>::type *)p;
+        const __nv_bfloat162 *b = (const __nv_bfloat162 *)&r;
+        for (int k = 0; k < V / 2; k++) {
+            float2 t = __bfloat1622float2(b[k]);
+            f[2 * k] = t.x;
+            f[2 * k + 1] = t.y;
+        }
+    } else {
+        for (int k = 0; k < V; k++) f[k] = __bfloat162float(p[k]);
+    }
+}
+
+template <int V> __device__ inline void st_bf16(bf16 *p, const float *f)
+{
+    if constexpr (V == 8 || V == 4) {
+        typename bf16_vec<V>::type r;
+        __nv_bfloat162 *b = (__nv_bfloat162 *)&r;
+        for (int k = 0; k < V / 2; k++) b[k] = __floats2bfloat162_rn(f[2 * k], f[2 * k + 1]);
+        *(typename bf16_vec<V>::type *)p = r;
+    } else {
+        for (int k = 0; k < V; k++) p[k] = __float2bfloat16(f[k]);
+    }
+}
+
+/* V fp32 values: 16-byte accesses for V a multiple of 4 (the pointer aligned), else element by
+ * element. */
+template <int V> __device__ inline void ld_f32(const float *p, float *f)
+{
+    if constexpr (V % 4 == 0) {
+        for (int k = 0; k < V; k += 4) {
+            float4 q = *(const float4 *)(p + k);
+            f[k] = q.x, f[k + 1] = q.y, f[k + 2] = q.z, f[k + 3] = q.w;
+        }
+    } else {
+        for (int k = 0; k < V; k++) f[k] = p[k];
+    }
+}
+
+template <int V> __device__ inline void st_f32(float *p, const float *f)
+{
+    if constexpr (V % 4 == 0)
+        for (int k = 0; k < V; k += 4)
+            *(float4 *)(p + k) = make_float4(f[k], f[k + 1], f[k + 2], f[k + 3]);
+    else
+        for (int k = 0; k < V; k++) p[k] = f[k];
+}
+
 #endif
 
 struct gk_adamw {
@@ -137,8 +197,10 @@ cudaError_t gk_combine(float *y, const float *yp, const float *w, const int *pos
                        int h, cudaStream_t s);
 cudaError_t gk_combine_backward(const float *dy, const float *yp, const float *w, const int *pos,
                                 int T, int k, int h, bf16 *dyp, float *dw, cudaStream_t s);
-cudaError_t gk_gather_sum(const float *dxp, const int *pos, int T, int k, int h, float *dx,
-                          bool accumulate, cudaStream_t s);
+/* dx[t] (+)= sum over the token's k rows r = pos[t, j] of dg[r] + du[r] (the expert block's input
+ * gradient as its gate and up GEMMs wrote it, bf16 each), summed in fp32 in j order. */
+cudaError_t gk_gather_sum(const bf16 *dg, const bf16 *du, const int *pos, int T, int k, int h,
+                          float *dx, bool accumulate, cudaStream_t s);
 cudaError_t gk_scores(const struct exec_router_cfg *cfg, const float *logits, int T, float *scores,
                       cudaStream_t s);
 cudaError_t gk_router_backward(const struct exec_router_cfg *cfg, const float *logits,
@@ -162,6 +224,10 @@ cudaError_t gk_adamw(float *p, const float *g, void *m1, void *m2, bool m16, bf1
  * dst[dst_idx[i]] = src[i]. */
 cudaError_t gk_rows_csr(float *out, const float *src, const int *idx, const float *w,
                         const int *row_off, int nrows, int h, bool accumulate, cudaStream_t s);
+/* The same with src[i] = a[i] + b[i], two bf16 rows (the expert block's input gradient). */
+cudaError_t gk_rows_csr_bf16x2(float *out, const bf16 *a, const bf16 *b, const int *idx,
+                               const float *w, const int *row_off, int nrows, int h,
+                               bool accumulate, cudaStream_t s);
 cudaError_t gk_rows_gather32(const float *src, const int *idx, int n, int h, float *dst,
                              cudaStream_t s);
 cudaError_t gk_pairs_backward(const float *dy, const int *pair_row, const float *pair_w,

@@ -180,42 +180,38 @@ cudaError_t gk_combine_backward(const float *dy, const float *yp, const float *w
     return cudaGetLastError();
 }
 
-/* dx[t] (+)= sum_j dxp[pos[t,j]] */
-__global__ void k_gather_sum(const float *dxp, const int *pos, int T, int k, int h, float *dx,
-                             int accumulate)
+/* dx[t] (+)= sum_j dg[pos[t,j]] + du[pos[t,j]], V columns a thread (8: 16-byte loads). */
+template <int V>
+__global__ void k_gather_sum(const bf16 *dg, const bf16 *du, const int *pos, int T, int k, int hv,
+                             float *dx, int accumulate)
 {
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i >= (size_t)T * h) return;
-    size_t t = i / h, c = i % h;
-    float acc = accumulate ? dx[i] : 0.0f;
-    for (int j = 0; j < k; j++) acc += dxp[(size_t)pos[t * k + j] * h + c];
-    dx[i] = acc;
-}
-
-__global__ void k_gather_sum4(const float4 *dxp, const int *pos, int T, int k, int h4, float4 *dx,
-                              int accumulate)
-{
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i >= (size_t)T * h4) return;
-    size_t t = i / h4, c = i % h4;
-    float4 acc = accumulate ? dx[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (i >= (size_t)T * hv) return;
+    size_t t = i / hv, c = i % hv, h = (size_t)hv * V;
+    float acc[V], a[V], b[V], *o = dx + t * h + c * V;
+    if (accumulate)
+        ld_f32<V>(o, acc);
+    else
+        for (int q = 0; q < V; q++) acc[q] = 0.0f;
     for (int j = 0; j < k; j++) {
-        float4 v = dxp[(size_t)pos[t * k + j] * h4 + c];
-        acc.x += v.x, acc.y += v.y, acc.z += v.z, acc.w += v.w;
+        size_t r = (size_t)pos[t * k + j] * h + c * V;
+        ld_bf16<V>(dg + r, a);
+        ld_bf16<V>(du + r, b);
+        for (int q = 0; q < V; q++) acc[q] += a[q] + b[q];
     }
-    dx[i] = acc;
+    st_f32<V>(o, acc);
 }
 
-cudaError_t gk_gather_sum(const float *dxp, const int *pos, int T, int k, int h, float *dx,
-                          bool accumulate, cudaStream_t s)
+cudaError_t gk_gather_sum(const bf16 *dg, const bf16 *du, const int *pos, int T, int k, int h,
+                          float *dx, bool accumulate, cudaStream_t s)
 {
     size_t n = (size_t)T * h;
     if (!n) return cudaGetLastError();
-    if (h % 4 == 0)
-        k_gather_sum4<<<blocks_for(n / 4, TPB), TPB, 0, s>>>((const float4 *)dxp, pos, T, k, h / 4,
-                                                             (float4 *)dx, accumulate);
+    if (h % 8 == 0 && (uintptr_t)dg % 16 == 0 && (uintptr_t)du % 16 == 0 && (uintptr_t)dx % 16 == 0)
+        k_gather_sum<8>
+            <<<blocks_for(n / 8, TPB), TPB, 0, s>>>(dg, du, pos, T, k, h / 8, dx, accumulate);
     else
-        k_gather_sum<<<blocks_for(n, TPB), TPB, 0, s>>>(dxp, pos, T, k, h, dx, accumulate);
+        k_gather_sum<1><<<blocks_for(n, TPB), TPB, 0, s>>>(dg, du, pos, T, k, h, dx, accumulate);
     return cudaGetLastError();
 }
 
@@ -319,27 +315,52 @@ cudaError_t gk_coactivation(const int *choice, int T, int k, int E, unsigned lon
 /* ---- expert parallelism: rows in flight ------------------------------------------------------ */
 
 /* out[r] (+)= sum over e in [row_off[r], row_off[r + 1]) of (w ? w[e] : 1) src[idx[e]], rows of
- * h floats, in e order: a fixed order, so every run sums the same way. */
-__global__ void k_rows_csr(float *out, const float *src, const int *idx, const float *w,
-                           const int *row_off, int h, int accumulate)
+ * h values, in e order: a fixed order, so every run sums the same way. The source: fp32 rows, or
+ * the sum of two bf16 rows. */
+struct rows_f32 {
+    const float *p;
+    __device__ float at(size_t i) const { return p[i]; }
+};
+struct rows_bf16x2 {
+    const bf16 *a, *b;
+    __device__ float at(size_t i) const { return __bfloat162float(a[i]) + __bfloat162float(b[i]); }
+};
+
+template <typename Src>
+__global__ void k_rows_csr(float *out, Src src, const int *idx, const float *w, const int *row_off,
+                           int h, int accumulate)
 {
     int r = blockIdx.x;
     int lo = row_off[r], hi = row_off[r + 1];
     for (int c = threadIdx.x; c < h; c += blockDim.x) {
         float acc = accumulate ? out[(size_t)r * h + c] : 0.0f;
-        for (int e = lo; e < hi; e++) acc += (w ? w[e] : 1.0f) * src[(size_t)idx[e] * h + c];
+        for (int e = lo; e < hi; e++) acc += (w ? w[e] : 1.0f) * src.at((size_t)idx[e] * h + c);
         out[(size_t)r * h + c] = acc;
     }
+}
+
+template <typename Src>
+static cudaError_t rows_csr(float *out, Src src, const int *idx, const float *w, const int *row_off,
+                            int nrows, int h, bool accumulate, cudaStream_t s)
+{
+    if (nrows && h) {
+        unsigned threads = h < TPB ? 32 * ((h + 31) / 32) : TPB;
+        k_rows_csr<Src><<<nrows, threads, 0, s>>>(out, src, idx, w, row_off, h, accumulate);
+    }
+    return cudaGetLastError();
 }
 
 cudaError_t gk_rows_csr(float *out, const float *src, const int *idx, const float *w,
                         const int *row_off, int nrows, int h, bool accumulate, cudaStream_t s)
 {
-    if (nrows && h) {
-        unsigned threads = h < TPB ? 32 * ((h + 31) / 32) : TPB;
-        k_rows_csr<<<nrows, threads, 0, s>>>(out, src, idx, w, row_off, h, accumulate);
-    }
-    return cudaGetLastError();
+    return rows_csr(out, rows_f32{src}, idx, w, row_off, nrows, h, accumulate, s);
+}
+
+cudaError_t gk_rows_csr_bf16x2(float *out, const bf16 *a, const bf16 *b, const int *idx,
+                               const float *w, const int *row_off, int nrows, int h,
+                               bool accumulate, cudaStream_t s)
+{
+    return rows_csr(out, rows_bf16x2{a, b}, idx, w, row_off, nrows, h, accumulate, s);
 }
 
 __global__ void k_rows_gather32(const float *src, const int *idx, int n, int h, float *dst)

@@ -68,7 +68,8 @@ enum moe_status gpu_experts_forward(struct exec_gpu *g, int l, struct act *A, co
     return gpu_join_experts(g, err);
 }
 
-/* Its backward from dyp16: dxp32 and the expert weight gradients. */
+/* Its backward from dyp16: the rows' gradient (dxg16 + dxu16, each GEMM's own bf16 output, summed
+ * in fp32 by their consumer) and the expert weight gradients. */
 enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act *A, const int *off,
                                      struct moe_error *err)
 {
@@ -95,9 +96,9 @@ enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act
         size_t o = off[e];
         gpu_use_expert_stream(g, e);
         MOE_CHECK(gpu_lin_dx(g, g->deg16 + o * f, f, W16(g, w[W_GATE]) + (size_t)e * f * h, n, h, f,
-                             g->dxp32 + o * h, h, CUDA_R_32F, 0, err));
+                             g->dxg16 + o * h, h, CUDA_R_16BF, 0, err));
         MOE_CHECK(gpu_lin_dx(g, g->deu16 + o * f, f, W16(g, w[W_UP]) + (size_t)e * f * h, n, h, f,
-                             g->dxp32 + o * h, h, CUDA_R_32F, 1, err));
+                             g->dxu16 + o * h, h, CUDA_R_16BF, 0, err));
         MOE_CHECK(
             gpu_lin_dw(g, g->deg16 + o * f, f, A->xp16 + o * h, h, n, h, f, w[W_GATE], e, err));
         MOE_CHECK(gpu_lin_dw(g, g->deu16 + o * f, f, A->xp16 + o * h, h, n, h, f, w[W_UP], e, err));
@@ -215,7 +216,8 @@ enum moe_status gpu_moe_backward(struct exec_gpu *g, int l, const struct act *A,
         PH(COST_EXPERTS_BWD);
         MOE_CHECK(gpu_experts_backward(g, l, A, off, err));
         PH(COST_PERMUTE);
-        MOE_CUDA_CHECK(gk_gather_sum(g->dxp32, A->pos, T, k, h, g->db32, g->shared_ffn > 0, g->s));
+        MOE_CUDA_CHECK(
+            gk_gather_sum(g->dxg16, g->dxu16, A->pos, T, k, h, g->db32, g->shared_ffn > 0, g->s));
     }
     PH(COST_ROUTER);
     MOE_CUDA_CHECK(gk_router_backward(&g->rc, A->logits, A->choice, A->weight, g->dw,

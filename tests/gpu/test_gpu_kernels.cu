@@ -206,7 +206,8 @@ static void test_swiglu(void **state)
 }
 
 /* The permutation (exact, against exec_ref_permute), with one expert taking most pairs and some
- * none, over several chunks; then the gather, the weighted combine and its backward. */
+ * none, over several chunks; then the gather, the weighted combine and its backward, and the
+ * rows' gradient summed back to the tokens (gather-sum). */
 static void test_permute_combine(void **state)
 {
     (void)state;
@@ -277,6 +278,29 @@ static void test_permute_combine(void **state)
     close("combine", to_d(host(y, (size_t)T * h)), yr, 1e-5);
     close("combine backward d rows", to_d(host(dyp, (size_t)P * h)), dypr, 8e-3);
     close("combine backward d weight", to_d(host(dwo, P)), dwr, 1e-5);
+    /* the rows' gradient back to the tokens: two bf16 rows a pair (gate, up), added to dx; width
+     * 40: 16-byte loads, 41: element by element */
+    for (int hh = 40; hh <= 41; hh++) {
+        std::vector<bf16> g16 = to_bf16(randn((size_t)P * hh, 14)),
+                          u16 = to_bf16(randn((size_t)P * hh, 15));
+        std::vector<float> dx0 = randn((size_t)T * hh, 16);
+        std::vector<double> dxr((size_t)T * hh), gd = to_d(g16), ud = to_d(u16);
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < hh; c++) {
+                double a = dx0[(size_t)t * hh + c];
+                for (int j = 0; j < k; j++) {
+                    size_t r = (size_t)pos[t * k + j] * hh + c;
+                    a += gd[r] + ud[r];
+                }
+                dxr[(size_t)t * hh + c] = a;
+            }
+        bf16 *dg = dev(g16), *du = dev(u16);
+        float *ddx = dev(dx0);
+        assert_int_equal(gk_gather_sum(dg, du, dpos, T, k, hh, ddx, true, 0), cudaSuccess);
+        close(hh == 40 ? "gather-sum (16-byte loads)" : "gather-sum",
+              to_d(host(ddx, (size_t)T * hh)), dxr, 1e-5);
+        cudaFree(dg), cudaFree(du), cudaFree(ddx);
+    }
     cudaFree(dc), cudaFree(cnt), cudaFree(base), cudaFree(doff), cudaFree(dsrc), cudaFree(dpos);
     cudaFree(dx16), cudaFree(xp), cudaFree(dyp), cudaFree(dyp32), cudaFree(dw), cudaFree(ddy);
     cudaFree(y), cudaFree(dwo);
