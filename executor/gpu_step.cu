@@ -8,7 +8,8 @@
  *   dense SwiGLU or the dropless MoE layer, residual] -> final RMSNorm -> LM head -> loss.
  * Precision: bf16 weights (copies of fp32 masters) and GEMM inputs, fp32 accumulation, the
  * residual stream and the activation gradients in fp32 (SwiGLU's gate / up outputs and the gradient
- * of its product, the logits and theirs are bf16), the router entirely in fp32.
+ * of its product, the logits and theirs, the expert block's input gradient from each of its two
+ * GEMMs are bf16), the router entirely in fp32.
  */
 #include "gpu.h"
 

@@ -6,8 +6,9 @@
  * accumulation over micro-batches and full recompute.
  *
  * Both sides start from the same weights, rounded to bf16 so that the GPU's bf16 copies equal
- * the reference's doubles; what differs is the GPU's bf16 activations at GEMM inputs and SwiGLU's
- * bf16 gate / up outputs and product gradient (fp32 accumulation, fp32 residual and the other
+ * the reference's doubles; what differs is the GPU's bf16 activations at GEMM inputs, SwiGLU's
+ * bf16 gate / up outputs and product gradient, the bf16 logits and their gradient, the expert
+ * block's input gradient in bf16 from each GEMM (fp32 accumulation, fp32 residual and the other
  * gradients). Tolerances (bf16 has an 8-bit significand, 2^-9
  * relative rounding):
  *   loss                        within 2e-3 relative
