@@ -54,6 +54,16 @@ static enum moe_status warm_up(double seconds, bool say, struct moe_error *err)
     return MOE_OK;
 }
 
+/* MOE_OK when this machine has a CUDA GPU; else an error that ends with `why`. */
+static enum moe_status gpu_present(const char *why, struct moe_error *err)
+{
+    int ndev = 0;
+    enum moe_status st = exec_device_count(&ndev, err);
+    if (st == MOE_OK && ndev < 1)
+        st = moe_error_set(err, MOE_ERR_RUNTIME, "no CUDA GPU on this machine: %s", why);
+    return st;
+}
+
 /* Trains the job `steps` steps; med[p]: the median of each phase (ms) over steps 2..N; with
  * routing, the MoE layers' measured routing too (cost_routing_free it). */
 static enum moe_status job_run(const struct plan_file *p, double skew, int steps, double *med,
@@ -170,14 +180,10 @@ enum moe_status cli_calibrate_measure(struct cli *cli, const struct topo_cluster
 {
     struct exec_device_info dev;
     struct exec_versions v;
-    int ndev = 0;
-    enum moe_status st = exec_device_count(&ndev, err);
-    if (st != MOE_OK) return st;
-    if (ndev < 1)
-        return moe_error_set(err, MOE_ERR_RUNTIME,
-                             "no CUDA GPU on this machine: calibration measures a GPU (plan and "
-                             "predict take a profile made there; --refit fits one again here)");
-    if ((st = exec_device_query(0, &dev, err))) return st;
+    enum moe_status st = gpu_present("calibration measures a GPU (plan and predict take a profile "
+                                     "made there; --refit fits one again here)",
+                                     err);
+    if (st != MOE_OK || (st = exec_device_query(0, &dev, err))) return st;
     exec_versions_get(&v);
     memset(d, 0, sizeof *d);
     d->quick = quick;
@@ -246,7 +252,9 @@ static int validate(struct cli *cli, const char *dir, const char *cal_file, cons
     struct moe_error err;
     struct topo_cluster cl;
     struct cost_calibration cal;
-    if (cli_cluster_load(cli, cluster, cal_file, NULL, &cl, &cal, &err)) return cli_fail(cli, &err);
+    if (cli_cluster_load(cli, cluster, cal_file, NULL, &cl, &cal, &err) ||
+        gpu_present("validate trains its jobs on one", &err))
+        return cli_fail(cli, &err);
     if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
         moe_error_set_at(&err, MOE_ERR_IO, dir, 0, 0, "cannot create the folder: %s",
                          strerror(errno));

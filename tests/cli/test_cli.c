@@ -410,6 +410,11 @@ static void test_run(void **state)
     } else {
         assert_int_equal(r.code, 1);
         expect_in(r.err, "no CUDA GPU");
+        /* validate says so before it writes anything (its report folder not made) */
+        RUN(&r, "validate", "-o", cli_tmp("validation"));
+        assert_int_equal(r.code, 1);
+        expect_in(r.err, "no CUDA GPU on this machine: validate trains its jobs on one");
+        assert_int_equal(access(cli_tmp("validation"), F_OK), -1);
     }
     unlink(cli_tmp("plan8.json"));
     unlink(cli_tmp("plan1.json"));
