@@ -37,35 +37,46 @@ enum moe_status gpu_swiglu_backward(struct exec_gpu *g, const bf16 *x, const bf1
     return gpu_lin_dw(g, g->du16, F, x, h, T, h, F, tu, 0, err);
 }
 
+/* body(e, o, n) for every expert e with rows (n of them, from row o), on its side stream between
+ * gpu_fork_experts and gpu_join_experts; an expert with no rows launches nothing. */
+template <typename Body>
+static enum moe_status each_expert(struct exec_gpu *g, const int *off, Body body,
+                                   struct moe_error *err)
+{
+    MOE_CHECK(gpu_fork_experts(g, err));
+    for (int e = 0; e < g->experts; e++) {
+        int n = off[e + 1] - off[e];
+        if (!n) continue;
+        gpu_use_expert_stream(g, e);
+        MOE_CHECK(body(e, (size_t)off[e], n));
+    }
+    return gpu_join_experts(g, err);
+}
+
 /* The expert block on the permuted rows xp16 (expert e: rows off[e] .. off[e+1]): gate and up
- * GEMMs, SwiGLU, down GEMM into yp32; an expert with no rows launches nothing. */
+ * GEMMs, SwiGLU, down GEMM into yp32. */
 enum moe_status gpu_experts_forward(struct exec_gpu *g, int l, struct act *A, const int *off,
                                     struct moe_error *err)
 {
     const int *w = g->wi[l];
     int h = g->hidden, E = g->experts, f = g->ffn;
-    MOE_CHECK(gpu_fork_experts(g, err));
-    for (int e = 0; e < E; e++) {
-        int n = off[e + 1] - off[e];
-        if (!n) continue;
-        gpu_use_expert_stream(g, e);
-        MOE_CHECK(gpu_lin(g, A->xp16 + (size_t)off[e] * h, h, W16(g, w[W_GATE]) + (size_t)e * f * h,
-                          n, h, f, A->eg16 + (size_t)off[e] * f, f, CUDA_R_16BF, 0, err));
-        MOE_CHECK(gpu_lin(g, A->xp16 + (size_t)off[e] * h, h, W16(g, w[W_UP]) + (size_t)e * f * h,
-                          n, h, f, A->eu16 + (size_t)off[e] * f, f, CUDA_R_16BF, 0, err));
-    }
-    MOE_CHECK(gpu_join_experts(g, err));
+    MOE_CHECK(each_expert(
+        g, off,
+        [&](int e, size_t o, int n) {
+            MOE_CHECK(gpu_lin(g, A->xp16 + o * h, h, W16(g, w[W_GATE]) + (size_t)e * f * h, n, h, f,
+                              A->eg16 + o * f, f, CUDA_R_16BF, 0, err));
+            return gpu_lin(g, A->xp16 + o * h, h, W16(g, w[W_UP]) + (size_t)e * f * h, n, h, f,
+                           A->eu16 + o * f, f, CUDA_R_16BF, 0, err);
+        },
+        err));
     MOE_CUDA_CHECK(gk_swiglu(A->eg16, A->eu16, A->ehm16, (size_t)off[E] * f, g->s));
-    MOE_CHECK(gpu_fork_experts(g, err));
-    for (int e = 0; e < E; e++) {
-        int n = off[e + 1] - off[e];
-        if (!n) continue;
-        gpu_use_expert_stream(g, e);
-        MOE_CHECK(gpu_lin(g, A->ehm16 + (size_t)off[e] * f, f,
-                          W16(g, w[W_DOWN]) + (size_t)e * h * f, n, f, h,
-                          A->yp32 + (size_t)off[e] * h, h, CUDA_R_32F, 0, err));
-    }
-    return gpu_join_experts(g, err);
+    return each_expert(
+        g, off,
+        [&](int e, size_t o, int n) {
+            return gpu_lin(g, A->ehm16 + o * f, f, W16(g, w[W_DOWN]) + (size_t)e * h * f, n, f, h,
+                           A->yp32 + o * h, h, CUDA_R_32F, 0, err);
+        },
+        err);
 }
 
 /* Its backward from dyp16: the rows' gradient (dxg16 + dxu16, each GEMM's own bf16 output, summed
@@ -75,35 +86,29 @@ enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act
 {
     const int *w = g->wi[l];
     int h = g->hidden, E = g->experts, f = g->ffn;
-    MOE_CHECK(gpu_fork_experts(g, err));
-    for (int e = 0; e < E; e++) {
-        int n = off[e + 1] - off[e];
-        if (!n) continue;
-        size_t o = off[e];
-        gpu_use_expert_stream(g, e);
-        MOE_CHECK(gpu_lin_dx(g, g->dyp16 + o * h, h, W16(g, w[W_DOWN]) + (size_t)e * h * f, n, f, h,
-                             g->dehm16 + o * f, f, CUDA_R_16BF, 0, err));
-        MOE_CHECK(
-            gpu_lin_dw(g, g->dyp16 + o * h, h, A->ehm16 + o * f, f, n, f, h, w[W_DOWN], e, err));
-    }
-    MOE_CHECK(gpu_join_experts(g, err));
+    MOE_CHECK(each_expert(
+        g, off,
+        [&](int e, size_t o, int n) {
+            MOE_CHECK(gpu_lin_dx(g, g->dyp16 + o * h, h, W16(g, w[W_DOWN]) + (size_t)e * h * f, n,
+                                 f, h, g->dehm16 + o * f, f, CUDA_R_16BF, 0, err));
+            return gpu_lin_dw(g, g->dyp16 + o * h, h, A->ehm16 + o * f, f, n, f, h, w[W_DOWN], e,
+                              err);
+        },
+        err));
     MOE_CUDA_CHECK(gk_swiglu_backward(A->eg16, A->eu16, g->dehm16, g->deg16, g->deu16,
                                       (size_t)off[E] * f, g->s));
-    MOE_CHECK(gpu_fork_experts(g, err));
-    for (int e = 0; e < E; e++) {
-        int n = off[e + 1] - off[e];
-        if (!n) continue;
-        size_t o = off[e];
-        gpu_use_expert_stream(g, e);
-        MOE_CHECK(gpu_lin_dx(g, g->deg16 + o * f, f, W16(g, w[W_GATE]) + (size_t)e * f * h, n, h, f,
-                             g->dxg16 + o * h, h, CUDA_R_16BF, 0, err));
-        MOE_CHECK(gpu_lin_dx(g, g->deu16 + o * f, f, W16(g, w[W_UP]) + (size_t)e * f * h, n, h, f,
-                             g->dxu16 + o * h, h, CUDA_R_16BF, 0, err));
-        MOE_CHECK(
-            gpu_lin_dw(g, g->deg16 + o * f, f, A->xp16 + o * h, h, n, h, f, w[W_GATE], e, err));
-        MOE_CHECK(gpu_lin_dw(g, g->deu16 + o * f, f, A->xp16 + o * h, h, n, h, f, w[W_UP], e, err));
-    }
-    return gpu_join_experts(g, err);
+    return each_expert(
+        g, off,
+        [&](int e, size_t o, int n) {
+            MOE_CHECK(gpu_lin_dx(g, g->deg16 + o * f, f, W16(g, w[W_GATE]) + (size_t)e * f * h, n,
+                                 h, f, g->dxg16 + o * h, h, CUDA_R_16BF, 0, err));
+            MOE_CHECK(gpu_lin_dx(g, g->deu16 + o * f, f, W16(g, w[W_UP]) + (size_t)e * f * h, n, h,
+                                 f, g->dxu16 + o * h, h, CUDA_R_16BF, 0, err));
+            MOE_CHECK(
+                gpu_lin_dw(g, g->deg16 + o * f, f, A->xp16 + o * h, h, n, h, f, w[W_GATE], e, err));
+            return gpu_lin_dw(g, g->deu16 + o * f, f, A->xp16 + o * h, h, n, h, f, w[W_UP], e, err);
+        },
+        err);
 }
 
 /* ---- expert parallelism ------------------------------------------------------------------- */
