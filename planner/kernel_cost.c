@@ -52,14 +52,15 @@ void cost_expert_parts(const struct cost_calibration *cal, const struct topo_gpu
     var[0] = gemm_split(cal, gpu, rows, 2 * f, h, fp8, mh, &fx[0]) +  /* gate and up */
              gemm_split(cal, gpu, rows, h, f, fp8, mh, &fx[1]) + act; /* down */
     fixed[0] = fx[0] + fx[1] + cal->launch_us;
-    /* dgrad (rows x input), wgrad (weights over the rows, the reduction) of both, added into
-     * fp32 weight gradients: a read and a write of them whatever the rows; SwiGLU's backward
-     * moves twice its forward's bytes */
+    /* dgrad (rows x input), wgrad (weights over the rows, the reduction) of both into fp32
+     * weight gradients, written whatever the rows (a step's first micro-batch overwrites them;
+     * the later ones also read them, not counted); SwiGLU's backward moves twice its forward's
+     * bytes */
     mh = cal->expert_m_half[1];
     var[1] = gemm_split(cal, gpu, rows, f, h, fp8, mh, &fx[2]) +
              gemm_split(cal, gpu, rows, h, 2 * f, fp8, mh, &fx[3]) +
              gemm_split(cal, gpu, h, f, rows, fp8, mh, &fx[4]) +
-             gemm_split(cal, gpu, 2 * f, h, rows, fp8, mh, &fx[5]) + 3 * h * f * 8.0 / hbm * 1e6 +
+             gemm_split(cal, gpu, 2 * f, h, rows, fp8, mh, &fx[5]) + 3 * h * f * 4.0 / hbm * 1e6 +
              2.0 * act;
     fixed[1] = fx[2] + fx[3] + fx[4] + fx[5] + cal->launch_us;
 }
