@@ -21,7 +21,8 @@ typedef __nv_bfloat16 bf16;
 #define GK_MAX_EXPERTS 512  /* the router kernels keep a token's scores in registers */
 
 #ifdef __CUDACC__
-/* What the kernels' files share: threads per block, blocks for n items, a block's sum. */
+/* What the kernels' files share: threads per block, blocks for n items, a block's sum, vector
+ * loads and stores of bf16 and fp32. */
 #define TPB 256
 static inline unsigned blocks_for(size_t n, int per)
 {
