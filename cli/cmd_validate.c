@@ -37,21 +37,13 @@ const struct cli_opt cmd_validate_opts[] = {
  * and every job of calibrate and validate after a few more (the GPU cools in the gaps). */
 static enum moe_status warm_up(double seconds, bool say, struct moe_error *err)
 {
-    struct timespec t0, t;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
     if (say) {
         printf(
             "warming the GPU up for %.0f s (large GEMMs back to back: a training run's clocks)\n",
             seconds);
         fflush(stdout);
     }
-    do {
-        double us;
-        enum moe_status st = exec_time_gemm(8192, 8192, 8192, 20, &us, err);
-        if (st != MOE_OK) return st;
-        clock_gettime(CLOCK_MONOTONIC, &t);
-    } while ((double)(t.tv_sec - t0.tv_sec) + 1e-9 * (double)(t.tv_nsec - t0.tv_nsec) < seconds);
-    return MOE_OK;
+    return exec_warm_up(seconds, err);
 }
 
 /* MOE_OK when this machine has a CUDA GPU; else an error that ends with `why`. */

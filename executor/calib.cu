@@ -9,6 +9,7 @@
 #include "gpu_kernels.h"
 
 #include <algorithm>
+#include <time.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <vector>
@@ -52,6 +53,13 @@ cudaError_t fill_bf16(bf16 *y, size_t n, uint64_t seed, float *scratch, size_t c
     return cudaSuccess;
 }
 
+double since(const struct timespec *t0)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)(t.tv_sec - t0->tv_sec) + 1e-9 * (double)(t.tv_nsec - t0->tv_nsec);
+}
+
 /* The median of iters timings of fn(), after two warm-up calls. */
 template <typename F> cudaError_t time_median(int iters, F fn, double *us)
 {
@@ -76,6 +84,53 @@ template <typename F> cudaError_t time_median(int iters, F fn, double *us)
     return cudaSuccess;
 }
 
+/* A row-major bf16 GEMM C (m, n) = A (m, k) B (k, n) on seeded operands, through cuBLAS as the
+ * executor calls it (column-major C^T = B^T A^T, fp32 accumulation). */
+struct gemm_bench {
+    dbufs d;
+    cublasHandle_t h = nullptr;
+    int m, n, k;
+    bf16 *a = nullptr, *b = nullptr, *c = nullptr;
+    cublasStatus_t bs = CUBLAS_STATUS_SUCCESS;
+    gemm_bench(int m_, int n_, int k_) : m(m_), n(n_), k(k_) {}
+    ~gemm_bench()
+    {
+        if (h) cublasDestroy(h);
+    }
+    enum moe_status init(struct moe_error *err)
+    {
+        cudaError_t e = cudaSuccess;
+        size_t cap = 1u << 22;
+        float *scratch = d.get<float>(cap, &e);
+        a = d.get<bf16>((size_t)m * k, &e), b = d.get<bf16>((size_t)k * n, &e);
+        c = d.get<bf16>((size_t)m * n, &e);
+        if (e == cudaSuccess) e = fill_bf16(a, (size_t)m * k, 1, scratch, cap);
+        if (e == cudaSuccess) e = fill_bf16(b, (size_t)k * n, 2, scratch, cap);
+        if (e != cudaSuccess) return cuda_fail(e, "GEMM buffers", err);
+        if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
+            h = nullptr;
+            return moe_error_set(err, MOE_ERR_CUDA, "calibrate: cublasCreate failed");
+        }
+        return MOE_OK;
+    }
+    cudaError_t run()
+    {
+        float one = 1.0f, zero = 0.0f;
+        bs = cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &one, b, CUDA_R_16BF, n, a,
+                          CUDA_R_16BF, k, &zero, c, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                          CUBLAS_GEMM_DEFAULT);
+        return bs == CUBLAS_STATUS_SUCCESS ? cudaGetLastError() : cudaErrorUnknown;
+    }
+    enum moe_status fail(cudaError_t e, struct moe_error *err)
+    {
+        if (bs != CUBLAS_STATUS_SUCCESS)
+            return moe_error_set(err, MOE_ERR_CUDA,
+                                 "calibrate: cublasGemmEx %d x %d x %d: status %d", m, n, k,
+                                 (int)bs);
+        return e == cudaSuccess ? MOE_OK : cuda_fail(e, "GEMM", err);
+    }
+};
+
 } // namespace
 
 extern "C" enum moe_status exec_time_gemm(int m, int n, int k, int iters, double *us,
@@ -83,35 +138,24 @@ extern "C" enum moe_status exec_time_gemm(int m, int n, int k, int iters, double
 {
     if (m < 1 || n < 1 || k < 1 || iters < 1)
         return moe_error_set(err, MOE_ERR_INPUT, "calibrate: GEMM %d x %d x %d", m, n, k);
-    dbufs d;
+    gemm_bench g(m, n, k);
+    MOE_CHECK(g.init(err));
+    auto run = [&]() { return g.run(); };
+    return g.fail(time_median(iters, run, us), err);
+}
+
+extern "C" enum moe_status exec_warm_up(double seconds, struct moe_error *err)
+{
+    gemm_bench g(8192, 8192, 8192);
+    MOE_CHECK(g.init(err));
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     cudaError_t e = cudaSuccess;
-    size_t cap = 1u << 22;
-    float *scratch = d.get<float>(cap, &e);
-    bf16 *a = d.get<bf16>((size_t)m * k, &e), *b = d.get<bf16>((size_t)k * n, &e);
-    bf16 *c = d.get<bf16>((size_t)m * n, &e);
-    if (e == cudaSuccess) e = fill_bf16(a, (size_t)m * k, 1, scratch, cap);
-    if (e == cudaSuccess) e = fill_bf16(b, (size_t)k * n, 2, scratch, cap);
-    if (e != cudaSuccess) return cuda_fail(e, "GEMM buffers", err);
-    cublasHandle_t h;
-    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS)
-        return moe_error_set(err, MOE_ERR_CUDA, "calibrate: cublasCreate failed");
-    float one = 1.0f, zero = 0.0f;
-    cublasStatus_t bs = CUBLAS_STATUS_SUCCESS;
-    /* row-major C (m, n) = A (m, k) B (k, n): column-major C^T = B^T A^T, as the executor calls */
-    e = time_median(
-        iters,
-        [&]() {
-            bs = cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &one, b, CUDA_R_16BF, n, a,
-                              CUDA_R_16BF, k, &zero, c, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
-                              CUBLAS_GEMM_DEFAULT);
-            return bs == CUBLAS_STATUS_SUCCESS ? cudaGetLastError() : cudaErrorUnknown;
-        },
-        us);
-    cublasDestroy(h);
-    if (bs != CUBLAS_STATUS_SUCCESS)
-        return moe_error_set(err, MOE_ERR_CUDA, "calibrate: cublasGemmEx %d x %d x %d: status %d",
-                             m, n, k, (int)bs);
-    return e == cudaSuccess ? MOE_OK : cuda_fail(e, "GEMM", err);
+    do /* 16 GEMMs (about 25 ms on an H200) queued between looks at the clock */
+        for (int i = 0; i < 16 && e == cudaSuccess; i++) e = g.run();
+    while (e == cudaSuccess && (e = cudaDeviceSynchronize()) == cudaSuccess &&
+           since(&t0) < seconds);
+    return g.fail(e, err);
 }
 
 extern "C" enum moe_status exec_time_attention(int seqs, int seq, int heads, int kv_heads, int dqk,

@@ -203,6 +203,9 @@ enum moe_status exec_moe_bench(const struct exec_moe_bench_cfg *c, int *choice,
  * tokens (forward, and backward with dq, dk, dv); a device-to-device copy of `bytes`; one empty
  * kernel's launch. Microseconds. */
 enum moe_status exec_time_gemm(int m, int n, int k, int iters, double *us, struct moe_error *err);
+/* Large GEMMs back to back for `seconds` (one allocation, one cuBLAS handle): the GPU's clocks
+ * and temperature as a training run holds them, before a measurement. */
+enum moe_status exec_warm_up(double seconds, struct moe_error *err);
 /* Attention by cuDNN's fused kernels (cudnn, as the executor's default runs it where the build has
  * cuDNN: an error when cuDNN does not take the shape) or by ours. */
 enum moe_status exec_time_attention(int seqs, int seq, int heads, int kv_heads, int dqk, int dv,

@@ -135,7 +135,7 @@ __device__ __forceinline__ void load_tile(bf16 *dst, const bf16 *src, size_t ld,
                                           int nrows, int d)
 {
     constexpr int LD = DP + FA_PAD, CH = DP / 8;
-    bool vec = (d % 8 == 0) && (ld % 8 == 0) && ((uintptr_t)src % 16 == 0);
+    bool vec = (d % 8 == 0) && (ld % 8 == 0) && aligned(src, 16);
     for (int i = threadIdx.x; i < rows * CH; i += blockDim.x) {
         int r = i / CH, c = (i % CH) * 8;
         bool in = r < nrows && c < d;

@@ -18,7 +18,7 @@
 /* Whether rows of width h at p with stride ld take V = 4 accesses (p NULL: no constraint). */
 static bool rows_by4(const void *p, int ld, size_t align)
 {
-    return !p || ((uintptr_t)p % align == 0 && ld % 4 == 0);
+    return !p || (aligned(p, align) && ld % 4 == 0);
 }
 
 /* ---- initialization and conversions ------------------------------------------------------- */
@@ -70,7 +70,7 @@ __global__ void k_to_bf16x4(const float4 *x, __nv_bfloat162 *y, size_t n4)
 
 cudaError_t gk_to_bf16(const float *x, bf16 *y, size_t n, cudaStream_t s)
 {
-    size_t n4 = (uintptr_t)x % 16 == 0 && (uintptr_t)y % 8 == 0 ? n / 4 : 0;
+    size_t n4 = aligned(x, 16) && aligned(y, 8) ? n / 4 : 0;
     if (n4)
         k_to_bf16x4<<<blocks_for(n4, TPB), TPB, 0, s>>>((const float4 *)x, (__nv_bfloat162 *)y, n4);
     size_t r = n - 4 * n4;
@@ -482,7 +482,7 @@ __global__ void k_swiglu_backward(const bf16 *g, const bf16 *u, const bf16 *dhm,
 static size_t by_eight(size_t n, const void *const *ptrs, int np)
 {
     for (int i = 0; i < np; i++)
-        if ((uintptr_t)ptrs[i] % 16) return 0;
+        if (!aligned(ptrs[i], 16)) return 0;
     return n / 8;
 }
 
@@ -582,7 +582,7 @@ cudaError_t gk_cross_entropy(bf16 *logits, const int *tgt, int T, int V, float s
                              float *row_loss, cudaStream_t s)
 {
     if (!T) return cudaGetLastError();
-    if (V % 8 == 0 && (uintptr_t)logits % 16 == 0)
+    if (V % 8 == 0 && aligned(logits, 16))
         k_cross_entropy<8><<<T, TPB, 0, s>>>(logits, tgt, V, scale, row_loss);
     else
         k_cross_entropy<1><<<T, TPB, 0, s>>>(logits, tgt, V, scale, row_loss);
@@ -596,7 +596,7 @@ __global__ void k_sumsq(const float *g, size_t n, double *part)
     double acc = 0.0;
     size_t stride = (size_t)gridDim.x * blockDim.x;
     size_t i0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if ((uintptr_t)g % 16 == 0) { /* by 16-byte loads, then the tail */
+    if (aligned(g, 16)) { /* by 16-byte loads, then the tail */
         const float4 *g4 = (const float4 *)g;
         for (size_t i = i0; i < n / 4; i += stride) {
             float4 v = g4[i];
@@ -697,8 +697,8 @@ static void adamw_launch(float *p, const float *g, void *m1, void *m2, bf16 *w16
                          const struct gk_adamw *a, cudaStream_t s)
 {
     size_t n4 = 0, mb = M16 ? 2 : 4;
-    if ((uintptr_t)p % 16 == 0 && (uintptr_t)g % 16 == 0 && (uintptr_t)m1 % (4 * mb) == 0 &&
-        (uintptr_t)m2 % (4 * mb) == 0 && (uintptr_t)w16 % 8 == 0)
+    if (aligned(p, 16) && aligned(g, 16) && aligned(m1, 4 * mb) && aligned(m2, 4 * mb) &&
+        aligned(w16, 8))
         n4 = n / 4;
     if (n4)
         k_adamw4<M16><<<blocks_for(n4, TPB), TPB, 0, s>>>((float4 *)p, (const float4 *)g, m1, m2,

@@ -21,12 +21,17 @@ typedef __nv_bfloat16 bf16;
 #define GK_MAX_EXPERTS 512  /* the router kernels keep a token's scores in registers */
 
 #ifdef __CUDACC__
-/* What the kernels' files share: threads per block, blocks for n items, a block's sum, vector
- * loads and stores of bf16 and fp32. */
+/* What the kernels' files share: threads per block, blocks for n items, the alignment test, a
+ * block's sum, vector loads and stores of bf16 and fp32. */
 #define TPB 256
 static inline unsigned blocks_for(size_t n, int per)
 {
     return (unsigned)((n + per - 1) / per);
+}
+/* Whether p sits on an `align`-byte boundary: the launchers' test for their vector paths. */
+static __host__ __device__ inline bool aligned(const void *p, size_t align)
+{
+    return (uintptr_t)p % align == 0;
 }
 /* The sum over the block of one value per thread, in a fixed order; all threads get it. `red`:
  * shared memory for a float per warp. */

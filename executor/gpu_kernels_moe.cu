@@ -207,7 +207,7 @@ cudaError_t gk_gather_sum(const bf16 *dg, const bf16 *du, const int *pos, int T,
 {
     size_t n = (size_t)T * h;
     if (!n) return cudaGetLastError();
-    if (h % 8 == 0 && (uintptr_t)dg % 16 == 0 && (uintptr_t)du % 16 == 0 && (uintptr_t)dx % 16 == 0)
+    if (h % 8 == 0 && aligned(dg, 16) && aligned(du, 16) && aligned(dx, 16))
         k_gather_sum<8>
             <<<blocks_for(n / 8, TPB), TPB, 0, s>>>(dg, du, pos, T, k, h / 8, dx, accumulate);
     else

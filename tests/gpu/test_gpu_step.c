@@ -52,6 +52,8 @@ struct setup {
     enum cost_dispatcher ep_mode;
     bool ep_nccl;
     bool cudnn_attention; /* cuDNN's fused attention where it takes the shape */
+    bool primed; /* one step first with no bias (every expert gets rows), so that the starved
+                  * experts' gradient slices hold its values when the compared step begins */
 };
 
 /* The GPU side of an EP case: R virtual ranks on one GPU (the local transport, device memory),
@@ -176,6 +178,63 @@ static double norm2(const double *a, size_t n)
     return sqrt(s);
 }
 
+/* One step of the setup's micro-batches on g with the selection bias `bias`: the mean loss and
+ * aux loss into *loss / *aux, the gradients into grad, the routing counts so far into counts
+ * (layers x experts; they add up from step to step), the step's stats into st. */
+static void gpu_step(struct exec_gpu *g, const struct mdl_model *m, const struct setup *s,
+                     const double *bias, const int *tok, int per, double *loss, double *aux,
+                     double *grad, int64_t *counts, struct exec_gpu_step_stats *st)
+{
+    struct moe_error err;
+    *loss = *aux = 0;
+    assert_int_equal(exec_gpu_set_bias(g, bias, &err), MOE_OK);
+    assert_int_equal(exec_gpu_step_begin(g, &err), MOE_OK);
+    for (int mb = 0; mb < s->micro; mb++) {
+        double l, a;
+        if (exec_gpu_micro_batch(g, tok + mb * s->mbs * per, 1.0 / s->micro, &l, &a, &err) !=
+            MOE_OK)
+            fail_msg("%s", err.message);
+        *loss += l / s->micro;
+        *aux += a / s->micro;
+    }
+    assert_int_equal(exec_gpu_step_end(g, st, &err), MOE_OK);
+    assert_int_equal(exec_gpu_get_grads(g, grad, &err), MOE_OK);
+    for (int l = 0; l < m->layers; l++)
+        if (mdl_layer_is_moe(m, l))
+            assert_int_equal(
+                exec_gpu_routing(g, l, counts + (size_t)l * m->moe.experts, NULL, &err), MOE_OK);
+}
+
+/* setup.primed: a step on the same tokens with no bias, then a check that it wrote the gradient
+ * slices of the experts the compared step starves (its gate tensors' rows of experts 0 ..
+ * starve-1 are not all zero): the compared step must then zero them itself. c0: its counts. */
+static void prime(struct exec_gpu *g, const struct mdl_model *m, const struct setup *s,
+                  const int *tok, int per, double *grad, int64_t *c0)
+{
+    struct moe_error err;
+    int E = m->moe.experts;
+    double *flat = calloc((size_t)m->layers * E, sizeof *flat), loss, aux;
+    struct exec_gpu_step_stats st;
+    gpu_step(g, m, s, flat, tok, per, &loss, &aux, grad, c0, &st);
+    struct exec_ref_model r;
+    assert_int_equal(exec_ref_model_create(&r, m, 1, &err), MOE_OK);
+    int checked = 0;
+    for (int i = 0; i < r.ntensors; i++) {
+        const struct exec_tensor *t = &r.tensor[i];
+        int l;
+        char rest[16];
+        if (sscanf(t->name, "blk%d.%15s", &l, rest) != 2 || strcmp(rest, "gate") ||
+            !mdl_layer_is_moe(m, l))
+            continue;
+        size_t each = t->size / (size_t)E;
+        assert_true(norm2(grad + t->offset, each * (size_t)s->starve) > 0);
+        checked++;
+    }
+    assert_true(checked > 0);
+    exec_ref_model_destroy(&r);
+    free(flat);
+}
+
 /* One step on both sides: S tokens per sequence, the setup's micro-batching. Returns false when
  * the GPU's routing differs from the reference's (a near-tie decided the other way by bf16
  * rounding upstream: the per-expert counts differ), where gradients cannot be compared. */
@@ -187,7 +246,8 @@ static bool compare_once(const struct mdl_model *m, uint64_t seed, const struct 
     double *bias;
     ref_setup(&r, m, seed, s, &bias);
     int LE = m->layers * m->moe.experts, E = m->moe.experts;
-    int64_t *cref = calloc((size_t)LE, sizeof *cref), *cgpu = calloc((size_t)LE, sizeof *cgpu);
+    int64_t *cref = calloc((size_t)LE, sizeof *cref), *cgpu = calloc((size_t)LE, sizeof *cgpu),
+            *c0 = calloc((size_t)LE, sizeof *c0);
     r.route_counts = cref;
     int nseq = s->ep >= 1 ? s->ep : s->mbs * s->micro, per = S + 1;
     int *tok = malloc(sizeof *tok * (size_t)nseq * per);
@@ -265,22 +325,10 @@ static bool compare_once(const struct mdl_model *m, uint64_t seed, const struct 
         struct exec_gpu *g;
         if (exec_gpu_create(&g, m, &cfg, &err) != MOE_OK) fail_msg("%s", err.message);
         assert_int_equal(exec_gpu_set_params(g, r.params, &err), MOE_OK);
-        assert_int_equal(exec_gpu_set_bias(g, bias, &err), MOE_OK);
-        assert_int_equal(exec_gpu_step_begin(g, &err), MOE_OK);
-        for (int mb = 0; mb < s->micro; mb++) {
-            double l, a;
-            if (exec_gpu_micro_batch(g, tok + mb * s->mbs * per, 1.0 / s->micro, &l, &a, &err) !=
-                MOE_OK)
-                fail_msg("%s", err.message);
-            lgpu += l / s->micro;
-            agpu += a / s->micro;
-        }
+        if (s->primed) prime(g, m, s, tok, per, ggpu, c0);
         struct exec_gpu_step_stats st;
-        assert_int_equal(exec_gpu_step_end(g, &st, &err), MOE_OK);
-        assert_int_equal(exec_gpu_get_grads(g, ggpu, &err), MOE_OK);
-        for (int l = 0; l < m->layers; l++)
-            if (mdl_layer_is_moe(m, l))
-                assert_int_equal(exec_gpu_routing(g, l, cgpu + (size_t)l * E, NULL, &err), MOE_OK);
+        gpu_step(g, m, s, bias, tok, per, &lgpu, &agpu, ggpu, cgpu, &st);
+        for (int i = 0; i < LE; i++) cgpu[i] -= c0[i]; /* the counts add up from step to step */
         step_ms = st.phase_ms[COST_STEP];
         syncs = st.host_syncs;
         char att[320];
@@ -305,7 +353,7 @@ static bool compare_once(const struct mdl_model *m, uint64_t seed, const struct 
     }
     if (!(fabs(lgpu - lref) <= 2e-3 * fabs(lref))) fail_msg("loss: gpu %.8f, ref %.8f", lgpu, lref);
     if (!same) {
-        free(tok), free(gref), free(g1), free(ggpu), free(bias), free(cref), free(cgpu);
+        free(tok), free(gref), free(g1), free(ggpu), free(bias), free(cref), free(cgpu), free(c0);
         exec_ref_model_destroy(&r);
         return false;
     }
@@ -319,7 +367,7 @@ static bool compare_once(const struct mdl_model *m, uint64_t seed, const struct 
     ggpu[at] = NAN;
     assert_int_equal(gradient_mismatches(&r, ggpu, gref, false), 1);
     ggpu[at] = keep;
-    free(tok), free(gref), free(g1), free(ggpu), free(bias), free(cref), free(cgpu);
+    free(tok), free(gref), free(g1), free(ggpu), free(bias), free(cref), free(cgpu), free(c0);
     exec_ref_model_destroy(&r);
     return true;
 }
@@ -332,8 +380,8 @@ static void compare(const struct mdl_model *m, uint64_t seed, const struct setup
     fail_msg("%s: the routing differed from the reference in three seeds", m->name);
 }
 
-static const struct setup plain = {0.0,   false, -1, 0, 1, 1, false, 1, 0, COST_DISPATCH_ALLTOALL,
-                                   false, false};
+static const struct setup plain = {
+    .force_expert = -1, .mbs = 1, .micro = 1, .streams = 1, .ep_mode = COST_DISPATCH_ALLTOALL};
 
 /* Expert parallelism on virtual ranks of the one GPU: EP 2, 4 and 8 in every dedup mode, one
  * sequence a rank, against the reference on the same sequences; and EP 1 over NCCL. */
@@ -441,6 +489,8 @@ static void test_dropless(void **state)
     s = plain;
     s.starve = 5; /* top-2 of the last three experts only: five have no rows */
     s.mbs = 2;
+    compare(&m, 11, &s);
+    s.primed = true; /* ... after a step in which they had rows */
     compare(&m, 11, &s);
     moe_test_model("tiny-moe-gqa", &m);
     m.moe.top_k = 8; /* every expert for every token */
