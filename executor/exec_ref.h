@@ -133,8 +133,8 @@ struct exec_ref_model {
     int64_t *route_counts; /* (layers, experts) or NULL: each step adds its (token, expert) pairs */
 };
 /* The tensor table alone (params NULL): names, shapes and offsets, which the GPU executor shares.
- * A few per-model features (QK-norm, attention biases, sinks, expert biases) are not in the
- * executor yet: those models are refused with MOE_ERR_UNSUPPORTED naming the feature. */
+ * A few per-model features (attention biases, sinks, expert biases; QK-norm with MLA) are not in
+ * the executor yet: those models are refused with MOE_ERR_UNSUPPORTED naming the feature. */
 enum moe_status exec_model_table(struct exec_ref_model *r, const struct mdl_model *m,
                                  struct moe_error *err);
 /* The table and a seeded initialization (normal, std 0.02; norms at 1). */
@@ -187,12 +187,16 @@ void exec_data_close(struct exec_data *d);
 
 /* What this build's executor runs (runnable.c); when not, why (may be NULL) says what it lacks.
  * exec_model_supported: the model's features (the CPU reference's too); exec_model_runnable:
- * and its sizes on the GPU; exec_layout_runnable: a layout on `gpus` GPUs (the filter of
- * `plan --runnable`'s search); exec_plan_runnable: all of them and the plan's placement
- * (`placement`: layers x experts as plan_file holds it, or NULL) -- the one gate of `run`. */
+ * and its sizes on the GPU; exec_batch_runnable: a micro-batch of mbs x seq tokens of the model
+ * (the GPU's GEMMs index with 32-bit offsets); exec_layout_runnable: a layout of the model on
+ * `gpus` GPUs, its micro-batch included (the filter of `plan --runnable`'s search);
+ * exec_plan_runnable: all of them and the plan's placement (`placement`: layers x experts as
+ * plan_file holds it, or NULL) -- the one gate of `run`. */
 bool exec_model_supported(const struct mdl_model *m, char *why, size_t cap);
 bool exec_model_runnable(const struct mdl_model *m, char *why, size_t cap);
-bool exec_layout_runnable(const struct cost_layout *l, int gpus, char *why, size_t cap);
+bool exec_batch_runnable(const struct mdl_model *m, int mbs, int seq, char *why, size_t cap);
+bool exec_layout_runnable(const struct mdl_model *m, const struct cost_layout *l, int gpus,
+                          char *why, size_t cap);
 bool exec_plan_runnable(const struct mdl_model *m, const struct cost_layout *l, int gpus,
                         const int *placement, char *why, size_t cap);
 

@@ -29,11 +29,12 @@
 
 /* A block's weights, by their names in the parameter table. */
 /* clang-format off */
-enum { W_ATTN_NORM, W_WQ, W_WK, W_WV, W_WO, W_WQA, W_QA_NORM, W_WQB, W_WKVA, W_KVA_NORM, W_WKVB,
-       W_FFN_NORM, W_ROUTER, W_GATE, W_UP, W_DOWN, W_SGATE, W_SUP, W_SDOWN, W_N };
-static const char *const w_names[W_N] = {"attn_norm", "wq", "wk", "wv", "wo", "wqa", "qa_norm",
-                                         "wqb", "wkva", "kva_norm", "wkvb", "ffn_norm", "router",
-                                         "gate", "up", "down", "sgate", "sup", "sdown"};
+enum { W_ATTN_NORM, W_WQ, W_WK, W_WV, W_WO, W_Q_NORM, W_K_NORM, W_WQA, W_QA_NORM, W_WQB, W_WKVA,
+       W_KVA_NORM, W_WKVB, W_FFN_NORM, W_ROUTER, W_GATE, W_UP, W_DOWN, W_SGATE, W_SUP, W_SDOWN, W_N };
+static const char *const w_names[W_N] = {"attn_norm", "wq", "wk", "wv", "wo", "q_norm", "k_norm",
+                                         "wqa", "qa_norm", "wqb", "wkva", "kva_norm", "wkvb",
+                                         "ffn_norm", "router", "gate", "up", "down", "sgate", "sup",
+                                         "sdown"};
 /* clang-format on */
 
 /* What one block keeps from its forward for its backward. Shapes (rows, columns): T = tokens of
@@ -45,6 +46,10 @@ struct act {
     float *rstd1;  /* (T) its RMSNorm's 1 / rms */
     bf16 *q16;     /* (T, H * dqk) */
     bf16 *k16;     /* (T, KV * dqk) */
+    bf16 *qpre16;  /* QK-norm (T, H * dqk): q before its norm, rounded to bf16 */
+    bf16 *kpre16;  /* QK-norm (T, KV * dqk) */
+    float *rstdqh; /* QK-norm (T * H): each head's 1 / rms */
+    float *rstdkh; /* QK-norm (T * KV) */
     bf16 *v16;     /* (T, KV * dv) */
     bf16 *o16;     /* (T, H * dv) attention output before the projection */
     float *lse;    /* (T, H) log-sum-exp of the scores (flash backward) */
@@ -116,7 +121,7 @@ struct exec_gpu {
     int experts, top_k, ffn, shared_ffn, dense_ffn; /* ffn: an expert's width */
     /* attention shapes: heads, kv_heads; per head dqk (q and k) and dv wide; MLA splits dqk into
      * nope + rope and compresses q and kv to q_lora and kv_lora */
-    bool mla;
+    bool mla, qk_norm; /* qk_norm: RMSNorm over each head's q and k (GQA) */
     int heads, kv_heads, dqk, dv, nope, rope, q_lora, kv_lora;
     cudaStream_t s;
     cublasHandle_t blas; /* on s */

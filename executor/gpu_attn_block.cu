@@ -62,6 +62,37 @@ static enum moe_status attn_core_backward(struct exec_gpu *g, const struct act *
     return MOE_OK;
 }
 
+/* QK-norm's forward on rows of dqk (each head of each token; x32 the projection's fp32 output):
+ * pre16 keeps x rounded to bf16 for the backward, y16 the normed rows, rstd their 1 / rms. */
+static enum moe_status qk_norm_forward(struct exec_gpu *g, const float *x32, int wn, const int *w,
+                                       int rows, bf16 *pre16, bf16 *y16, float *rstd,
+                                       struct moe_error *err)
+{
+    int d = g->dqk;
+    MOE_CUDA_CHECK(gk_to_bf16(x32, pre16, (size_t)rows * d, g->s));
+    MOE_CUDA_CHECK(gk_rmsnorm(x32, d, M(g, w[wn]), rows, d, (float)g->m.norm_eps, y16, d, NULL, 0,
+                              NULL, 0, rstd, g->s));
+    return MOE_OK;
+}
+
+/* Its backward: dy16 (the normed rows' gradient, after RoPE's backward) becomes the gradient of
+ * the projection's output, in place; the norm's weight gradient from the same rows. x32 and dy32
+ * are fp32 scratch of rows x dqk. */
+static enum moe_status qk_norm_backward(struct exec_gpu *g, const bf16 *pre16, const float *rstd,
+                                        int wn, const int *w, int rows, bf16 *dy16, float *x32,
+                                        float *dy32, struct moe_error *err)
+{
+    int d = g->dqk;
+    size_t n = (size_t)rows * d;
+    MOE_CUDA_CHECK(gk_to_f32(pre16, x32, n, g->s));
+    MOE_CUDA_CHECK(gk_to_f32(dy16, dy32, n, g->s));
+    MOE_CUDA_CHECK(gk_colsum(dy32, d, x32, d, rstd, rows, d, g->part, GR(g, w[wn]),
+                             !gpu_grad_first(g, w[wn], 0), g->s));
+    MOE_CUDA_CHECK(gk_rmsnorm_backward(x32, d, M(g, w[wn]), rstd, dy32, d, NULL, 0, dy32, dy16, d,
+                                       rows, d, g->s));
+    return MOE_OK;
+}
+
 /* Projections into q16, k16, v16 from the normed input a16, then the core. */
 enum moe_status gpu_attn_forward(struct exec_gpu *g, int l, struct act *A, struct moe_error *err)
 {
@@ -74,10 +105,17 @@ enum moe_status gpu_attn_forward(struct exec_gpu *g, int l, struct act *A, struc
                           CUDA_R_32F, 0, err));
         MOE_CHECK(gpu_lin(g, A->a16, h, W16(g, w[W_WV]), T, h, KV * dv, A->v16, KV * dv,
                           CUDA_R_16BF, 0, err));
+        if (g->qk_norm) { /* each head's row normed into bf16, RoPE on that in place */
+            MOE_CHECK(
+                qk_norm_forward(g, g->q32, W_Q_NORM, w, T * H, A->qpre16, A->q16, A->rstdqh, err));
+            MOE_CHECK(
+                qk_norm_forward(g, g->k32, W_K_NORM, w, T * KV, A->kpre16, A->k16, A->rstdkh, err));
+        }
+        const float *q32 = g->qk_norm ? NULL : g->q32, *k32 = g->qk_norm ? NULL : g->k32;
         MOE_CUDA_CHECK(
-            gk_rope_bf16(g->q32, NULL, A->q16, T, H, dqk, dqk, g->rope_tab, g->seq, false, g->s));
+            gk_rope_bf16(q32, A->q16, A->q16, T, H, dqk, dqk, g->rope_tab, g->seq, false, g->s));
         MOE_CUDA_CHECK(
-            gk_rope_bf16(g->k32, NULL, A->k16, T, KV, dqk, dqk, g->rope_tab, g->seq, false, g->s));
+            gk_rope_bf16(k32, A->k16, A->k16, T, KV, dqk, dqk, g->rope_tab, g->seq, false, g->s));
     } else {
         int ql = g->q_lora, kvl = g->kv_lora, rope = g->rope, nope = g->nope;
         float eps = (float)g->m.norm_eps;
@@ -119,6 +157,12 @@ enum moe_status gpu_attn_backward(struct exec_gpu *g, int l, const struct act *A
         MOE_CUDA_CHECK(
             gk_rope_bf16(dk32, g->dk16, g->dk16, T, KV, dqk, dqk, g->rope_tab, g->seq, true, g->s));
         if (!in16) MOE_CUDA_CHECK(gk_to_bf16(g->dv32, g->dv16, (size_t)T * KV * dv, g->s));
+        if (g->qk_norm) { /* the fp32 scratch of the forward's projections serves as x */
+            MOE_CHECK(qk_norm_backward(g, A->qpre16, A->rstdqh, W_Q_NORM, w, T * H, g->dq16, g->q32,
+                                       g->dq32, err));
+            MOE_CHECK(qk_norm_backward(g, A->kpre16, A->rstdkh, W_K_NORM, w, T * KV, g->dk16,
+                                       g->k32, g->dk32, err));
+        }
         MOE_CHECK(gpu_lin_dx(g, g->dq16, H * dqk, W16(g, w[W_WQ]), T, h, H * dqk, g->da32, h,
                              CUDA_R_32F, 0, err));
         MOE_CHECK(gpu_lin_dx(g, g->dk16, KV * dqk, W16(g, w[W_WK]), T, h, KV * dqk, g->da32, h,

@@ -52,6 +52,12 @@ static enum moe_status act_alloc(struct exec_gpu *g, struct act *A, bool moe_any
     ALLOC(A->rstd1, T, c);
     ALLOC(A->q16, (size_t)T * H * g->dqk, c);
     ALLOC(A->k16, (size_t)T * KV * g->dqk, c);
+    if (g->qk_norm) {
+        ALLOC(A->qpre16, (size_t)T * H * g->dqk, c);
+        ALLOC(A->kpre16, (size_t)T * KV * g->dqk, c);
+        ALLOC(A->rstdqh, (size_t)T * H, c);
+        ALLOC(A->rstdkh, (size_t)T * KV, c);
+    }
     ALLOC(A->v16, (size_t)T * KV * g->dv, c);
     ALLOC(A->o16, (size_t)T * H * g->dv, c);
     ALLOC(A->lse, (size_t)T * H, c);
@@ -119,6 +125,7 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
         g->Pe = g->rows_cap = g->pairs;
     }
     g->mla = at->type == MDL_ATTN_MLA;
+    g->qk_norm = at->qk_norm;
     g->heads = at->heads;
     g->kv_heads = g->mla ? at->heads : at->kv_heads;
     g->nope = g->mla ? at->qk_nope_head_dim : 0;
@@ -167,12 +174,9 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
         return moe_error_set(err, MOE_ERR_UNSUPPORTED,
                              "executor: %d experts; this build routes at most %d per layer",
                              g->experts, GK_MAX_EXPERTS);
-    if ((double)g->pairs * (g->hidden > g->ffn ? g->hidden : g->ffn) > 2e9 ||
-        (double)g->tokens * g->vocab > 2e9)
-        return moe_error_set(err, MOE_ERR_UNSUPPORTED,
-                             "executor: a micro-batch of %d tokens is too large for 32-bit GEMM "
-                             "offsets; lower mbs or seq_len",
-                             g->tokens);
+    char why[256];
+    if (!exec_batch_runnable(&g->m, g->mbs, g->seq, why, sizeof why))
+        return moe_error_set(err, MOE_ERR_UNSUPPORTED, "executor: %s", why);
     MOE_CUDA_CHECK(cudaSetDevice(cfg->device));
     MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&g->s, cudaStreamNonBlocking));
     MOE_CUBLAS_CHECK(cublasCreate(&g->blas));
@@ -326,6 +330,7 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
     int widest = h > E ? h : E;
     if (g->mla) widest = widest > g->kv_lora + g->rope ? widest : g->kv_lora + g->rope;
     if (g->q_lora > widest) widest = g->q_lora;
+    if (g->qk_norm && H * dqk > widest) widest = H * dqk; /* its column sums over T * H rows */
     ALLOC(g->part, (size_t)rchunks * widest, c);
     ALLOC(g->ytmp, widest, c);
     ALLOC(g->dh, (size_t)T * h, c);

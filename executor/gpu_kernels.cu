@@ -78,6 +78,18 @@ cudaError_t gk_to_bf16(const float *x, bf16 *y, size_t n, cudaStream_t s)
     return cudaGetLastError();
 }
 
+__global__ void k_to_f32(const bf16 *x, float *y, size_t n)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i < n) y[i] = __bfloat162float(x[i]);
+}
+
+cudaError_t gk_to_f32(const bf16 *x, float *y, size_t n, cudaStream_t s)
+{
+    if (n) k_to_f32<<<blocks_for(n, TPB), TPB, 0, s>>>(x, y, n);
+    return cudaGetLastError();
+}
+
 /* ---- tokens, embedding --------------------------------------------------------------------- */
 
 /* tokens (B, S + 1) -> inputs (B * S) and targets (B * S). */

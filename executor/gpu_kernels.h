@@ -115,6 +115,7 @@ struct gk_adamw {
 cudaError_t gk_init(float *p, size_t n, size_t base, uint64_t seed, float std, bool ones,
                     cudaStream_t s);
 cudaError_t gk_to_bf16(const float *x, bf16 *y, size_t n, cudaStream_t s);
+cudaError_t gk_to_f32(const bf16 *x, float *y, size_t n, cudaStream_t s);
 cudaError_t gk_split(const int *tok, int B, int S, int *in, int *tgt, cudaStream_t s);
 cudaError_t gk_embed(const float *emb, const int *tok, int T, int h, float *x, cudaStream_t s);
 /* ids: the nids distinct token ids of the micro-batch; off (nids + 1), pos (T): their positions. */

@@ -70,6 +70,10 @@ enum moe_status exec_model_table(struct exec_ref_model *r, const struct mdl_mode
             ADD(KV * hd, h, "blk%d.wk", l);
             ADD(KV * hd, h, "blk%d.wv", l);
             ADD(h, H * hd, "blk%d.wo", l);
+            if (a->qk_norm) {
+                ADD(1, hd, "blk%d.q_norm", l);
+                ADD(1, hd, "blk%d.k_norm", l);
+            }
         } else {
             if (a->q_lora_rank) {
                 ADD(a->q_lora_rank, h, "blk%d.wqa", l);
@@ -241,7 +245,8 @@ static double silu(double x)
 /* The attention sub-block of block l on its normed input a (T, h). Forward (out != NULL): out =
  * the output projection (T, h). Backward (dout != NULL): recomputes the forward, then adds the
  * input gradient to da and the parameter gradients to the gradient buffer.
- * GQA: q, k, v projections, RoPE on all of q and k. MLA (DeepSeek): q through the optional low
+ * GQA: q, k, v projections, with QK-norm an RMSNorm over each head's q and k (weights q_norm,
+ * k_norm of head_dim, as Qwen3), RoPE on all of q and k. MLA (DeepSeek): q through the optional low
  * rank (wqa, its norm, wqb), the compressed kv (wkva -> c_kv and the shared RoPE key, the norm,
  * wkvb -> k_nope and v); heads attend over [rope | nope] dims (the order is free: q and k agree). */
 static enum moe_status attn(const struct ctx *c, int l, const double *a, double *out,
@@ -259,17 +264,19 @@ static enum moe_status attn(const struct ctx *c, int l, const double *a, double 
     double scale = 1.0 / sqrt(dqk);
     size_t nq = (size_t)T * H * dqk, nk = (size_t)T * KV * dqk, nv = (size_t)T * KV * dv;
     size_t no = (size_t)T * H * dv;
-    /* buffers: q k v o and their gradients; MLA: cq, cqn, qfull, ckvfull, ckv, ckvn, kv, kr */
+    /* buffers: q k v o and their gradients, q and k before QK-norm; MLA: cq, cqn, qfull, ckvfull,
+     * ckv, ckvn, kv, kr */
     size_t nqf = (size_t)T * H * dqk, nkv = (size_t)T * H * (nope + dv);
-    size_t total =
-        2 * (nq + nk + nv + no) + 2 * ((size_t)T * ql * 2 + nqf + (size_t)T * (kvl + rope) +
-                                       (size_t)T * kvl * 2 + nkv + (size_t)T * rope);
+    size_t total = 3 * (nq + nk) + 2 * (nv + no) +
+                   2 * ((size_t)T * ql * 2 + nqf + (size_t)T * (kvl + rope) + (size_t)T * kvl * 2 +
+                        nkv + (size_t)T * rope);
     double *buf = calloc(total + 1, sizeof *buf);
     if (!buf) return moe_error_set(err, MOE_ERR_NOMEM, "reference: out of memory");
     double *p = buf;
 #define TAKE(n) (p += (n), p - (n))
     double *q = TAKE(nq), *k = TAKE(nk), *v = TAKE(nv), *o = TAKE(no);
     double *dq = TAKE(nq), *dk = TAKE(nk), *dvv = TAKE(nv), *doo = TAKE(no);
+    double *qpre = TAKE(nq), *kpre = TAKE(nk); /* QK-norm: q and k before their norms */
     double *cq = TAKE((size_t)T * ql), *cqn = TAKE((size_t)T * ql), *qf = TAKE(nqf);
     double *ckvf = TAKE((size_t)T * (kvl + rope)), *ckv = TAKE((size_t)T * kvl);
     double *ckvn = TAKE((size_t)T * kvl), *kv = TAKE(nkv), *kr = TAKE((size_t)T * rope);
@@ -281,6 +288,12 @@ static enum moe_status attn(const struct ctx *c, int l, const double *a, double 
         linear(a, P(c, "wq", l), T, h, H * dqk, q);
         linear(a, P(c, "wk", l), T, h, KV * dqk, k);
         linear(a, P(c, "wv", l), T, h, KV * dv, v);
+        if (at->qk_norm) { /* each head's row of dqk is one RMSNorm row */
+            memcpy(qpre, q, sizeof(double) * nq);
+            memcpy(kpre, k, sizeof(double) * nk);
+            exec_ref_rmsnorm(qpre, P(c, "q_norm", l), T * H, dqk, m->norm_eps, q);
+            exec_ref_rmsnorm(kpre, P(c, "k_norm", l), T * KV, dqk, m->norm_eps, k);
+        }
         exec_ref_rope(q, T, H, dqk, rope, at->rope_theta, c->pos, false);
         exec_ref_rope(k, T, KV, dqk, rope, at->rope_theta, c->pos, false);
     } else {
@@ -325,6 +338,14 @@ static enum moe_status attn(const struct ctx *c, int l, const double *a, double 
     exec_ref_rope(dq, T, H, dqk, rope, at->rope_theta, c->pos, true);
     if (!mla) {
         exec_ref_rope(dk, T, KV, dqk, rope, at->rope_theta, c->pos, true);
+        if (at->qk_norm) { /* through the norms, in place (q, k hold the normed values) */
+            memcpy(q, dq, sizeof(double) * nq);
+            memcpy(k, dk, sizeof(double) * nk);
+            exec_ref_rmsnorm_backward(qpre, P(c, "q_norm", l), q, T * H, dqk, m->norm_eps, dq,
+                                      G(c, "q_norm", l));
+            exec_ref_rmsnorm_backward(kpre, P(c, "k_norm", l), k, T * KV, dqk, m->norm_eps, dk,
+                                      G(c, "k_norm", l));
+        }
         linear_backward(a, P(c, "wq", l), dq, T, h, H * dqk, da, G(c, "wq", l));
         linear_backward(a, P(c, "wk", l), dk, T, h, KV * dqk, da, G(c, "wk", l));
         linear_backward(a, P(c, "wv", l), dvv, T, h, KV * dv, da, G(c, "wv", l));

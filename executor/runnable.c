@@ -24,7 +24,7 @@ bool exec_model_supported(const struct mdl_model *m, char *why, size_t cap)
     const struct mdl_attention *a = &m->attn;
     const char *missing[4];
     int n = 0;
-    if (a->qk_norm) missing[n++] = "QK-norm";
+    if (a->qk_norm && a->type != MDL_ATTN_GQA) missing[n++] = "QK-norm with MLA";
     if (a->bias) missing[n++] = "attention biases";
     if (a->sinks) missing[n++] = "attention sinks";
     if (m->moe.expert_bias) missing[n++] = "expert biases";
@@ -57,7 +57,8 @@ bool exec_model_runnable(const struct mdl_model *m, char *why, size_t cap)
 bool exec_plan_runnable(const struct mdl_model *m, const struct cost_layout *l, int gpus,
                         const int *placement, char *why, size_t cap)
 {
-    if (!exec_model_runnable(m, why, cap) || !exec_layout_runnable(l, gpus, why, cap)) return false;
+    if (!exec_model_runnable(m, why, cap) || !exec_layout_runnable(m, l, gpus, why, cap))
+        return false;
     for (int layer = 0; placement && layer < m->layers; layer++)
         for (int e = 0; e < m->moe.experts; e++)
             if (placement[(size_t)layer * m->moe.experts + e] == -2) {
@@ -71,13 +72,29 @@ bool exec_plan_runnable(const struct mdl_model *m, const struct cost_layout *l, 
     return true;
 }
 
-bool exec_layout_runnable(const struct cost_layout *l, int gpus, char *why, size_t cap)
+bool exec_batch_runnable(const struct mdl_model *m, int mbs, int seq, char *why, size_t cap)
+{
+    double tokens = (double)mbs * seq, wide = m->hidden;
+    if (m->moe.intermediate > wide) wide = m->moe.intermediate;
+    if (tokens * m->moe.top_k * wide <= 2e9 && tokens * m->vocab <= 2e9) return true;
+    if (why && cap)
+        snprintf(why, cap,
+                 "a micro-batch of %.0f tokens (mbs=%d x seq %d) is too large for the executor's "
+                 "32-bit GEMM offsets (the logits: %.3g elements, at most 2e9); lower mbs or "
+                 "seq_len",
+                 tokens, mbs, seq, tokens * m->vocab);
+    return false;
+}
+
+bool exec_layout_runnable(const struct mdl_model *m, const struct cost_layout *l, int gpus,
+                          char *why, size_t cap)
 {
     char none[1];
     if (!why || !cap) {
         why = none;
         cap = sizeof none;
     }
+    if (!exec_batch_runnable(m, l->mbs, l->seq_len, why, cap)) return false;
     if (l->tp > 1 || l->etp > 1) {
         snprintf(why, cap, "tp=%d etp=%d: tensor parallelism is not in the executor yet (tp=1)",
                  l->tp, l->etp);

@@ -26,7 +26,8 @@ const struct plan_calib_job plan_calib_jobs[] = {
 };
 const int plan_calib_njobs = (int)(sizeof plan_calib_jobs / sizeof plan_calib_jobs[0]);
 
-/* The validation jobs: other models, depths, sequences, micro-batching, recompute and skew. */
+/* The validation jobs: other models (Qwen3's QK-norm and 128-wide head dim over hidden 2048
+ * among them), depths, sequences, micro-batching, recompute and skew. */
 const struct plan_calib_job plan_valid_jobs[] = {
     {"deepseek-v2-lite", 4, 0, 2048, 4, 1, COST_RECOMPUTE_NONE, 0},
     {"mixtral-8x7b", 4, 0, 4096, 1, 1, COST_RECOMPUTE_NONE, 0},
@@ -37,6 +38,7 @@ const struct plan_calib_job plan_valid_jobs[] = {
     {"mixtral-8x7b", 2, 16, 4096, 1, 2, COST_RECOMPUTE_NONE, 0},
     {"kimi-k2", 2, 16, 1024, 4, 1, COST_RECOMPUTE_FULL, 0},
     {"deepseek-v2-lite", 3, 0, 2048, 2, 1, COST_RECOMPUTE_NONE, 1.0},
+    {"qwen3-30b-a3b", 2, 32, 2048, 2, 1, COST_RECOMPUTE_NONE, 0},
 };
 const int plan_valid_njobs = (int)(sizeof plan_valid_jobs / sizeof plan_valid_jobs[0]);
 

@@ -834,6 +834,22 @@ static void test_plan(void **state)
         "--runnable", "--seq-len", "64");
     assert_int_equal(r.code, 0);
     expect_in(r.out, "tp=1 pp=1 vpp=1 ep=1 etp=1 dp=1");
+    /* the micro-batch too: 4 x 4096 tokens of Qwen3's 151936-token vocabulary is 2.5e9 logits,
+     * past the executor's 32-bit GEMM offsets; --runnable picks a smaller mbs that run takes */
+    RUN(&r, "plan", "--model", "qwen3-30b-a3b", "--layers", "2", "--experts", "16", "--cluster",
+        "h200-vm", "--gpus", "1", "--runnable", "--seq-len", "4096", "--gbs", "4", "--fix",
+        "mbs=4");
+    assert_int_equal(r.code, 4);
+    expect_in(r.err, "too large for the executor's 32-bit GEMM offsets");
+    RUN(&r, "plan", "--model", "qwen3-30b-a3b", "--layers", "2", "--experts", "16", "--cluster",
+        "h200-vm", "--gpus", "1", "--runnable", "--seq-len", "4096", "--gbs", "4", "-o",
+        cli_tmp("runnable.json"));
+    assert_int_equal(r.code, 0);
+    assert_null(strstr(r.out, "mbs=4 "));
+    RUN(&r, "run", cli_tmp("runnable.json"), "--steps", "1", "--out",
+        cli_tmp("runnable-measured.json"));
+    if (r.code != 0 && !strstr(r.err, "no CUDA GPU on this machine"))
+        fail_msg("run refused the runnable Qwen3 plan: exit %d\n%s", r.code, r.err);
 }
 
 int main(void)

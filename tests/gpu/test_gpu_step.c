@@ -1,7 +1,7 @@
 /*
  * test_gpu_step.c: the GPU training step against the CPU reference (ref_model.c), on the tiny
- * models and variants that reach every code path: GQA and MLA (with and without q compression),
- * dense and MoE blocks, shared experts, tied embeddings, a sliding window, sigmoid group-limited
+ * models and variants that reach every code path: GQA (with and without QK-norm) and MLA (with
+ * and without q compression), dense and MoE blocks, shared experts, tied embeddings, a sliding window, sigmoid group-limited
  * routing, the load-balance loss, selection biases, several sequences per micro-batch, gradient
  * accumulation over micro-batches and full recompute.
  *
@@ -9,8 +9,8 @@
  * the reference's doubles; what differs is the GPU's bf16 activations at GEMM inputs, SwiGLU's
  * bf16 gate / up outputs and product gradient, the bf16 logits and their gradient, the expert
  * block's input gradient in bf16 from each GEMM (fp32 accumulation, fp32 residual and the other
- * gradients). Tolerances (bf16 has an 8-bit significand, 2^-9
- * relative rounding):
+ * gradients; QK-norm's saved input and its gradient in bf16). Tolerances (bf16 has an 8-bit
+ * significand, 2^-9 relative rounding):
  *   loss                        within 2e-3 relative
  *   every parameter's gradient  ||g_gpu - g_ref|| <= 3e-2 ||g_ref|| + 1e-7 per tensor (a
  *                               tensor the routing leaves without gradient is 0 on both sides,
@@ -442,6 +442,15 @@ static void test_variants(void **state)
     s = plain;
     s.aux_coef = 0.01;
     compare(&m, 6, &s);
+    moe_test_model("tiny-moe-gqa", &m); /* Qwen3's QK-norm, with our attention and cuDNN's, */
+    m.attn.qk_norm = true;              /* two sequences, and recomputed in the backward */
+    s = plain;
+    s.mbs = 2;
+    compare(&m, 7, &s);
+    s.cudnn_attention = true;
+    compare(&m, 7, &s);
+    s.recompute = true;
+    compare(&m, 8, &s);
 }
 
 static void test_mla(void **state)

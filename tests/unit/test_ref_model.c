@@ -1,7 +1,7 @@
 /*
  * test_ref_model.c: a whole training step of the reference (loss and every parameter's
  * gradient) against finite differences, on the tiny GQA model and variants of it (a dense first
- * block, tied embeddings, a sliding window, shared experts).
+ * block, tied embeddings, a sliding window, QK-norm, shared experts).
  */
 #include "exec.h" /* before moe_test.h: its model helper needs mdl.h */
 
@@ -81,6 +81,9 @@ static void test_variants(void **state)
     check_model(&m, 2);
     moe_test_variant(&m, MOE_TEST_SLIDING_SIGMOID, 3); /* block 0 slides, block 1 is full */
     check_model(&m, 3);
+    moe_test_model("tiny-moe-gqa", &m); /* Qwen3's QK-norm: q_norm, k_norm per head */
+    m.attn.qk_norm = true;
+    check_model(&m, 8);
 }
 
 /* MLA with q compression, a dense first block and a shared expert (tiny-moe-mla), and MLA
@@ -112,9 +115,13 @@ static void test_refusals(void **state)
     struct mdl_model m;
     struct exec_ref_model r;
     struct moe_error err;
-    moe_test_model("qwen3-30b-a3b", &m);
+    moe_test_model("gpt-oss-20b", &m);
     assert_int_equal(exec_ref_model_create(&r, &m, 1, &err), MOE_ERR_UNSUPPORTED);
-    assert_non_null(strstr(err.message, "QK-norm"));
+    assert_non_null(strstr(err.message, "attention sinks"));
+    moe_test_model("tiny-moe-mla", &m);
+    m.attn.qk_norm = true;
+    assert_int_equal(exec_ref_model_create(&r, &m, 1, &err), MOE_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.message, "QK-norm with MLA"));
     moe_test_model("tiny-moe-gqa", &m);
     assert_int_equal(exec_ref_model_create(&r, &m, 1, &err), MOE_OK);
     int bad[3] = {1, 999, 2};
