@@ -102,13 +102,16 @@ void exec_ref_rope(double *x, int tokens, int heads, int dim, int rot, double th
                    const int *position, bool inverse);
 /* Causal attention with GQA (heads a multiple of kv_heads) and an optional sliding window
  * (0: none): q (T, heads, dqk), k (T, kv, dqk), v (T, kv, dv) -> out (T, heads, dv), scores
- * scaled by `scale`. Backward gives dq, dk, dv (overwritten). */
+ * scaled by `scale`; sink (heads, or NULL): gpt-oss's learned sink logit per head, one more term
+ * of each softmax's sum with no value. Backward gives dq, dk, dv (overwritten) and adds the
+ * sinks' gradient to dsink (heads; NULL without sinks). */
 void exec_ref_attention(const double *q, const double *k, const double *v, int tokens, int heads,
-                        int kv_heads, int dqk, int dv, int window, double scale, double *out);
+                        int kv_heads, int dqk, int dv, int window, double scale, const double *sink,
+                        double *out);
 void exec_ref_attention_backward(const double *q, const double *k, const double *v,
                                  const double *dout, int tokens, int heads, int kv_heads, int dqk,
-                                 int dv, int window, double scale, double *dq, double *dk,
-                                 double *dv_out);
+                                 int dv, int window, double scale, const double *sink, double *dq,
+                                 double *dk, double *dv_out, double *dsink);
 /* Mean cross-entropy of logits (tokens, vocab) against targets; dlogits (may be NULL) is the
  * gradient of that mean. */
 double exec_ref_cross_entropy(const double *logits, const int *targets, int tokens, int vocab,
@@ -137,7 +140,12 @@ struct exec_ref_model {
  * the executor yet: those models are refused with MOE_ERR_UNSUPPORTED naming the feature. */
 enum moe_status exec_model_table(struct exec_ref_model *r, const struct mdl_model *m,
                                  struct moe_error *err);
-/* The table and a seeded initialization (normal, std 0.02; norms at 1). */
+/* How a tensor starts, by its name: norms at 1 (*ones), biases at 0 (std 0), the rest normal
+ * with the std returned (0.02); and whether AdamW's weight decay applies (not to norms and
+ * biases, as Megatron's defaults). */
+double exec_tensor_init_std(const char *name, bool *ones);
+bool exec_tensor_decays(const char *name);
+/* The table and a seeded initialization (exec_tensor_init_std). */
 enum moe_status exec_ref_model_create(struct exec_ref_model *r, const struct mdl_model *m,
                                       uint64_t seed, struct moe_error *err);
 void exec_ref_model_destroy(struct exec_ref_model *r);

@@ -29,12 +29,14 @@
 
 /* A block's weights, by their names in the parameter table. */
 /* clang-format off */
-enum { W_ATTN_NORM, W_WQ, W_WK, W_WV, W_WO, W_Q_NORM, W_K_NORM, W_WQA, W_QA_NORM, W_WQB, W_WKVA,
-       W_KVA_NORM, W_WKVB, W_FFN_NORM, W_ROUTER, W_GATE, W_UP, W_DOWN, W_SGATE, W_SUP, W_SDOWN, W_N };
-static const char *const w_names[W_N] = {"attn_norm", "wq", "wk", "wv", "wo", "q_norm", "k_norm",
-                                         "wqa", "qa_norm", "wqb", "wkva", "kva_norm", "wkvb",
-                                         "ffn_norm", "router", "gate", "up", "down", "sgate", "sup",
-                                         "sdown"};
+enum { W_ATTN_NORM, W_WQ, W_WK, W_WV, W_WO, W_Q_NORM, W_K_NORM, W_Q_BIAS, W_K_BIAS, W_V_BIAS,
+       W_O_BIAS, W_SINKS, W_WQA, W_QA_NORM, W_WQB, W_WKVA, W_KVA_NORM, W_WKVB, W_FFN_NORM, W_ROUTER, W_GATE,
+       W_UP, W_DOWN, W_SGATE, W_SUP, W_SDOWN, W_N };
+static const char *const w_names[W_N] = {
+    "attn_norm", "wq",       "wk",     "wv",       "wo",   "q_norm",   "k_norm",
+    "q_bias",    "k_bias",   "v_bias", "o_bias",   "sinks", "wqa",  "qa_norm",  "wqb",
+    "wkva",      "kva_norm", "wkvb",   "ffn_norm", "router", "gate",   "up",
+    "down",      "sgate",    "sup",    "sdown"};
 /* clang-format on */
 
 /* What one block keeps from its forward for its backward. Shapes (rows, columns): T = tokens of
@@ -122,6 +124,8 @@ struct exec_gpu {
     /* attention shapes: heads, kv_heads; per head dqk (q and k) and dv wide; MLA splits dqk into
      * nope + rope and compresses q and kv to q_lora and kv_lora */
     bool mla, qk_norm; /* qk_norm: RMSNorm over each head's q and k (GQA) */
+    bool attn_bias;    /* biases on the q, k, v and output projections (GQA) */
+    bool sinks;        /* a learned sink logit per head in every softmax (GQA) */
     int heads, kv_heads, dqk, dv, nope, rope, q_lora, kv_lora;
     cudaStream_t s;
     cublasHandle_t blas; /* on s */
@@ -306,7 +310,10 @@ enum moe_status gpu_fork_experts(struct exec_gpu *g, struct moe_error *err);
 void gpu_use_expert_stream(struct exec_gpu *g, int e);
 enum moe_status gpu_join_experts(struct exec_gpu *g, struct moe_error *err);
 
-/* gpu_attn_block.cu: the attention half of a block (GQA or MLA), forward and backward */
+/* gpu_attn_block.cu: the attention half of a block (GQA or MLA), forward and backward; a bias's
+ * gradient from a bf16 output gradient */
+enum moe_status gpu_bias_grad(struct exec_gpu *g, const bf16 *dy16, float *scratch, int T, int n,
+                              int t, struct moe_error *err);
 enum moe_status gpu_attn_forward(struct exec_gpu *g, int l, struct act *A, struct moe_error *err);
 enum moe_status gpu_attn_backward(struct exec_gpu *g, int l, const struct act *A,
                                   struct moe_error *err);

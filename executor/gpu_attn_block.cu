@@ -62,6 +62,16 @@ static enum moe_status attn_core_backward(struct exec_gpu *g, const struct act *
     return MOE_OK;
 }
 
+/* The gradient of bias tensor t: the column sums of dy16 (T rows of n), through fp32 scratch. */
+enum moe_status gpu_bias_grad(struct exec_gpu *g, const bf16 *dy16, float *scratch, int T, int n,
+                              int t, struct moe_error *err)
+{
+    MOE_CUDA_CHECK(gk_to_f32(dy16, scratch, (size_t)T * n, g->s));
+    MOE_CUDA_CHECK(gk_colsum(scratch, n, NULL, 0, NULL, T, n, g->part, GR(g, t),
+                             !gpu_grad_first(g, t, 0), g->s));
+    return MOE_OK;
+}
+
 /* QK-norm's forward on rows of dqk (each head of each token; x32 the projection's fp32 output):
  * pre16 keeps x rounded to bf16 for the backward, y16 the normed rows, rstd their 1 / rms. */
 static enum moe_status qk_norm_forward(struct exec_gpu *g, const float *x32, int wn, const int *w,
@@ -99,12 +109,22 @@ enum moe_status gpu_attn_forward(struct exec_gpu *g, int l, struct act *A, struc
     const int *w = g->wi[l];
     int T = g->tokens, h = g->hidden, H = g->heads, KV = g->kv_heads, dqk = g->dqk, dv = g->dv;
     if (!g->mla) {
+        float beta = 0.0f;
+        if (g->attn_bias) { /* the outputs start as the biases; the GEMMs add (one rounding) */
+            MOE_CUDA_CHECK(
+                gk_bias_rows(g->q32, NULL, H * dqk, M(g, w[W_Q_BIAS]), T, H * dqk, false, g->s));
+            MOE_CUDA_CHECK(
+                gk_bias_rows(g->k32, NULL, KV * dqk, M(g, w[W_K_BIAS]), T, KV * dqk, false, g->s));
+            MOE_CUDA_CHECK(
+                gk_bias_rows(NULL, A->v16, KV * dv, M(g, w[W_V_BIAS]), T, KV * dv, false, g->s));
+            beta = 1.0f;
+        }
         MOE_CHECK(gpu_lin(g, A->a16, h, W16(g, w[W_WQ]), T, h, H * dqk, g->q32, H * dqk, CUDA_R_32F,
-                          0, err));
+                          beta, err));
         MOE_CHECK(gpu_lin(g, A->a16, h, W16(g, w[W_WK]), T, h, KV * dqk, g->k32, KV * dqk,
-                          CUDA_R_32F, 0, err));
+                          CUDA_R_32F, beta, err));
         MOE_CHECK(gpu_lin(g, A->a16, h, W16(g, w[W_WV]), T, h, KV * dv, A->v16, KV * dv,
-                          CUDA_R_16BF, 0, err));
+                          CUDA_R_16BF, beta, err));
         if (g->qk_norm) { /* each head's row normed into bf16, RoPE on that in place */
             MOE_CHECK(
                 qk_norm_forward(g, g->q32, W_Q_NORM, w, T * H, A->qpre16, A->q16, A->rstdqh, err));
@@ -139,7 +159,11 @@ enum moe_status gpu_attn_forward(struct exec_gpu *g, int l, struct act *A, struc
         MOE_CUDA_CHECK(gk_mla_assemble(g->q32, A->ckvf32, g->kv32, T, H, nope, rope, dv, kvl,
                                        g->rope_tab, g->seq, A->q16, A->k16, A->v16, g->s));
     }
-    return attn_core_forward(g, A, layer_window(g, l), err);
+    MOE_CHECK(attn_core_forward(g, A, layer_window(g, l), err));
+    if (g->sinks)
+        MOE_CUDA_CHECK(
+            gk_attn_sinks(A->o16, A->lse, M(g, w[W_SINKS]), g->mbs, g->seq, H, dv, g->s));
+    return MOE_OK;
 }
 
 /* From do16: adds the input gradient to da32 (overwritten first) and the weight gradients. */
@@ -151,6 +175,12 @@ enum moe_status gpu_attn_backward(struct exec_gpu *g, int l, const struct act *A
     if (!g->mla) {
         bool in16;
         MOE_CHECK(attn_core_backward(g, A, layer_window(g, l), &in16, err));
+        if (g->sinks) { /* the sinks' gradient: column sums of per-row terms (delta as scratch) */
+            MOE_CUDA_CHECK(gk_attn_sink_rows(A->o16, g->do16, A->lse, M(g, w[W_SINKS]), g->mbs,
+                                             g->seq, H, dv, g->delta, g->s));
+            MOE_CUDA_CHECK(gk_colsum(g->delta, H, NULL, 0, NULL, T, H, g->part, GR(g, w[W_SINKS]),
+                                     !gpu_grad_first(g, w[W_SINKS], 0), g->s));
+        }
         const float *dq32 = in16 ? NULL : g->dq32, *dk32 = in16 ? NULL : g->dk32;
         MOE_CUDA_CHECK(
             gk_rope_bf16(dq32, g->dq16, g->dq16, T, H, dqk, dqk, g->rope_tab, g->seq, true, g->s));
@@ -162,6 +192,11 @@ enum moe_status gpu_attn_backward(struct exec_gpu *g, int l, const struct act *A
                                        g->dq32, err));
             MOE_CHECK(qk_norm_backward(g, A->kpre16, A->rstdkh, W_K_NORM, w, T * KV, g->dk16,
                                        g->k32, g->dk32, err));
+        }
+        if (g->attn_bias) {
+            MOE_CHECK(gpu_bias_grad(g, g->dq16, g->dq32, T, H * dqk, w[W_Q_BIAS], err));
+            MOE_CHECK(gpu_bias_grad(g, g->dk16, g->dk32, T, KV * dqk, w[W_K_BIAS], err));
+            MOE_CHECK(gpu_bias_grad(g, g->dv16, g->dv32, T, KV * dv, w[W_V_BIAS], err));
         }
         MOE_CHECK(gpu_lin_dx(g, g->dq16, H * dqk, W16(g, w[W_WQ]), T, h, H * dqk, g->da32, h,
                              CUDA_R_32F, 0, err));

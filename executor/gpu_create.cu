@@ -126,6 +126,8 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
     }
     g->mla = at->type == MDL_ATTN_MLA;
     g->qk_norm = at->qk_norm;
+    g->attn_bias = at->bias;
+    g->sinks = at->sinks;
     g->heads = at->heads;
     g->kv_heads = g->mla ? at->heads : at->kv_heads;
     g->nope = g->mla ? at->qk_nope_head_dim : 0;
@@ -216,7 +218,7 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
     if (!g->wi || !g->moe_index || !g->decay || !g->off_host || !g->xin || !g->act || !g->blk_off)
         return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
     for (int i = 0; i < g->table.ntensors; i++)
-        g->decay[i] = strstr(g->table.tensor[i].name, "norm") == NULL;
+        g->decay[i] = exec_tensor_decays(g->table.tensor[i].name);
     for (int l = 0; l < g->layers; l++) {
         g->moe_index[l] = mdl_layer_is_moe(m, l) ? g->nmoe++ : -1;
         for (int j = 0; j < W_N; j++) {
@@ -330,7 +332,8 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
     int widest = h > E ? h : E;
     if (g->mla) widest = widest > g->kv_lora + g->rope ? widest : g->kv_lora + g->rope;
     if (g->q_lora > widest) widest = g->q_lora;
-    if (g->qk_norm && H * dqk > widest) widest = H * dqk; /* its column sums over T * H rows */
+    /* QK-norm's column sums over T * H rows of dqk, the q bias's over T rows of H * dqk */
+    if ((g->qk_norm || g->attn_bias) && H * dqk > widest) widest = H * dqk;
     ALLOC(g->part, (size_t)rchunks * widest, c);
     ALLOC(g->ytmp, widest, c);
     ALLOC(g->dh, (size_t)T * h, c);
@@ -465,8 +468,9 @@ extern "C" enum moe_status exec_gpu_init(struct exec_gpu *g, uint64_t seed, stru
 {
     for (int i = 0; i < g->table.ntensors; i++) {
         const struct exec_tensor *t = &g->table.tensor[i];
-        MOE_CUDA_CHECK(gk_init(g->master + t->offset, t->size, t->offset, seed, 0.02f,
-                               strstr(t->name, "norm") != NULL, g->s));
+        bool ones;
+        float std = (float)exec_tensor_init_std(t->name, &ones);
+        MOE_CUDA_CHECK(gk_init(g->master + t->offset, t->size, t->offset, seed, std, ones, g->s));
     }
     MOE_CUDA_CHECK(cudaMemsetAsync(g->m1, 0, g->mom_bytes * g->shard_n, g->s));
     MOE_CUDA_CHECK(cudaMemsetAsync(g->m2, 0, g->mom_bytes * g->shard_n, g->s));

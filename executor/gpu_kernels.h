@@ -116,6 +116,9 @@ cudaError_t gk_init(float *p, size_t n, size_t base, uint64_t seed, float std, b
                     cudaStream_t s);
 cudaError_t gk_to_bf16(const float *x, bf16 *y, size_t n, cudaStream_t s);
 cudaError_t gk_to_f32(const bf16 *x, float *y, size_t n, cudaStream_t s);
+/* y (T rows of n, stride ld; fp32 y32 or bf16 y16) = b on every row, or y += b (add). */
+cudaError_t gk_bias_rows(float *y32, bf16 *y16, int ld, const float *b, int T, int n, bool add,
+                         cudaStream_t s);
 cudaError_t gk_split(const int *tok, int B, int S, int *in, int *tgt, cudaStream_t s);
 cudaError_t gk_embed(const float *emb, const int *tok, int T, int h, float *x, cudaStream_t s);
 /* ids: the nids distinct token ids of the micro-batch; off (nids + 1), pos (T): their positions. */
@@ -167,6 +170,14 @@ cudaError_t gk_flash_backward(const bf16 *q, const bf16 *k, const bf16 *v, const
                               const bf16 *dout, const float *lse, int B, int S, int H, int KV,
                               int dqk, int dv, int window, float *delta, float *dq, float *dk,
                               float *dvo, cudaStream_t s);
+/* Attention sinks (gpt-oss; sink (H) the per-head logits, natural units of the scaled scores):
+ * after either forward, gk_attn_sinks folds them into lse and o (the backward then runs on that
+ * lse and o unchanged); after either backward, gk_attn_sink_rows writes r (B*S, H), whose column
+ * sums are the sinks' gradient. */
+cudaError_t gk_attn_sinks(bf16 *o, float *lse, const float *sink, int B, int S, int H, int dv,
+                          cudaStream_t s);
+cudaError_t gk_attn_sink_rows(const bf16 *o, const bf16 *dout, const float *lse, const float *sink,
+                              int B, int S, int H, int dv, float *r, cudaStream_t s);
 /* The same forward through cuDNN's fused flash attention (gpu_cudnn.cu), with the same layouts
  * and the same base-2 lse. false when this build has no cuDNN, or cuDNN takes no such shape or
  * fails: why says which, and the caller keeps gk_flash_forward. */

@@ -69,6 +69,8 @@ static enum moe_status block_forward(struct exec_gpu *g, int l, const float *x, 
     MOE_CUDA_CHECK(gk_rmsnorm(x, h, M(g, w[W_ATTN_NORM]), T, h, eps, A->a16, h, NULL, 0, A->h1, h,
                               A->rstd1, g->s)); /* h1 starts as x: the projection adds */
     MOE_CHECK(gpu_attn_forward(g, l, A, err));
+    if (g->attn_bias)
+        MOE_CUDA_CHECK(gk_bias_rows(A->h1, NULL, h, M(g, w[W_O_BIAS]), T, h, true, g->s));
     MOE_CHECK(gpu_lin(g, A->o16, g->heads * g->dv, W16(g, w[W_WO]), T, g->heads * g->dv, h, A->h1,
                       h, CUDA_R_32F, 1.0f, err));
     PH(moe ? COST_ROUTER : COST_DENSE_FFN);
@@ -108,6 +110,9 @@ static enum moe_status block_backward(struct exec_gpu *g, int l, const float *x,
     MOE_CHECK(gpu_mm(g, false, false, T, Hd, h, 1.0f, g->dh16, h, 0, W16(g, w[W_WO]), Hd, 0, 0.0f,
                      g->do16, Hd, 0, 1, CUDA_R_16BF, CUDA_R_16BF, err));
     MOE_CHECK(gpu_lin_dw(g, g->dh16, h, A->o16, Hd, T, Hd, h, w[W_WO], 0, err));
+    if (g->attn_bias)
+        MOE_CUDA_CHECK(gk_colsum(g->dh, h, NULL, 0, NULL, T, h, g->part, GR(g, w[W_O_BIAS]),
+                                 !gpu_grad_first(g, w[W_O_BIAS], 0), g->s));
     MOE_CHECK(gpu_attn_backward(g, l, A, err));
     MOE_CUDA_CHECK(gk_rmsnorm_backward(x, h, M(g, w[W_ATTN_NORM]), A->rstd1, g->da32, h, g->dh, h,
                                        g->dprev, g->dy16, h, T, h, g->s));

@@ -74,6 +74,13 @@ enum moe_status exec_model_table(struct exec_ref_model *r, const struct mdl_mode
                 ADD(1, hd, "blk%d.q_norm", l);
                 ADD(1, hd, "blk%d.k_norm", l);
             }
+            if (a->sinks) ADD(1, H, "blk%d.sinks", l);
+            if (a->bias) {
+                ADD(1, H * hd, "blk%d.q_bias", l);
+                ADD(1, KV * hd, "blk%d.k_bias", l);
+                ADD(1, KV * hd, "blk%d.v_bias", l);
+                ADD(1, h, "blk%d.o_bias", l);
+            }
         } else {
             if (a->q_lora_rank) {
                 ADD(a->q_lora_rank, h, "blk%d.wqa", l);
@@ -112,6 +119,17 @@ enum moe_status exec_model_table(struct exec_ref_model *r, const struct mdl_mode
     return MOE_OK;
 }
 
+double exec_tensor_init_std(const char *name, bool *ones)
+{
+    *ones = strstr(name, "norm") != NULL;
+    return strstr(name, "_bias") ? 0.0 : 0.02;
+}
+
+bool exec_tensor_decays(const char *name)
+{
+    return !strstr(name, "norm") && !strstr(name, "_bias");
+}
+
 enum moe_status exec_ref_model_create(struct exec_ref_model *r, const struct mdl_model *m,
                                       uint64_t seed, struct moe_error *err)
 {
@@ -123,9 +141,10 @@ enum moe_status exec_ref_model_create(struct exec_ref_model *r, const struct mdl
     moe_rng_seed(&rng, seed);
     for (int i = 0; i < r->ntensors; i++) {
         const struct exec_tensor *t = &r->tensor[i];
-        bool norm = strstr(t->name, "norm") != NULL;
+        bool ones;
+        double std = exec_tensor_init_std(t->name, &ones);
         for (size_t j = 0; j < t->size; j++)
-            r->params[t->offset + j] = norm ? 1.0 : 0.02 * moe_rng_normal(&rng);
+            r->params[t->offset + j] = ones ? 1.0 : std * moe_rng_normal(&rng);
     }
     return MOE_OK;
 }
@@ -154,6 +173,19 @@ static void linear_backward(const double *x, const double *W, const double *dy, 
                 dW[(size_t)o * in + i] += g * x[(size_t)t * in + i];
             }
         }
+}
+
+/* y (T, n) += b on every row; db += the column sums of dy (T, n). */
+static void add_bias(double *y, const double *b, int T, int n)
+{
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < n; i++) y[(size_t)t * n + i] += b[i];
+}
+
+static void bias_backward(const double *dy, int T, int n, double *db)
+{
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < n; i++) db[i] += dy[(size_t)t * n + i];
 }
 
 struct ctx {
@@ -245,8 +277,9 @@ static double silu(double x)
 /* The attention sub-block of block l on its normed input a (T, h). Forward (out != NULL): out =
  * the output projection (T, h). Backward (dout != NULL): recomputes the forward, then adds the
  * input gradient to da and the parameter gradients to the gradient buffer.
- * GQA: q, k, v projections, with QK-norm an RMSNorm over each head's q and k (weights q_norm,
- * k_norm of head_dim, as Qwen3), RoPE on all of q and k. MLA (DeepSeek): q through the optional low
+ * GQA: q, k, v projections (with biases q_bias, k_bias, v_bias and o_bias on the output, as
+ * gpt-oss), with QK-norm an RMSNorm over each head's q and k (weights q_norm, k_norm of head_dim,
+ * as Qwen3), RoPE on all of q and k. MLA (DeepSeek): q through the optional low
  * rank (wqa, its norm, wqb), the compressed kv (wkva -> c_kv and the shared RoPE key, the norm,
  * wkvb -> k_nope and v); heads attend over [rope | nope] dims (the order is free: q and k agree). */
 static enum moe_status attn(const struct ctx *c, int l, const double *a, double *out,
@@ -288,6 +321,11 @@ static enum moe_status attn(const struct ctx *c, int l, const double *a, double 
         linear(a, P(c, "wq", l), T, h, H * dqk, q);
         linear(a, P(c, "wk", l), T, h, KV * dqk, k);
         linear(a, P(c, "wv", l), T, h, KV * dv, v);
+        if (at->bias) { /* gpt-oss: biases on the projections, before QK-norm and RoPE */
+            add_bias(q, P(c, "q_bias", l), T, H * dqk);
+            add_bias(k, P(c, "k_bias", l), T, KV * dqk);
+            add_bias(v, P(c, "v_bias", l), T, KV * dv);
+        }
         if (at->qk_norm) { /* each head's row of dqk is one RMSNorm row */
             memcpy(qpre, q, sizeof(double) * nq);
             memcpy(kpre, k, sizeof(double) * nk);
@@ -327,14 +365,18 @@ static enum moe_status attn(const struct ctx *c, int l, const double *a, double 
             }
         exec_ref_rope(q, T, H, dqk, rope, at->rope_theta, c->pos, false);
     }
-    exec_ref_attention(q, k, v, T, H, KV, dqk, dv, window, scale, o);
+    const double *sink = at->sinks ? P(c, "sinks", l) : NULL;
+    exec_ref_attention(q, k, v, T, H, KV, dqk, dv, window, scale, sink, o);
     if (out) {
         linear(o, P(c, "wo", l), T, H * dv, h, out);
+        if (at->bias) add_bias(out, P(c, "o_bias", l), T, h);
         free(buf);
         return MOE_OK;
     }
     linear_backward(o, P(c, "wo", l), dout, T, H * dv, h, doo, G(c, "wo", l));
-    exec_ref_attention_backward(q, k, v, doo, T, H, KV, dqk, dv, window, scale, dq, dk, dvv);
+    if (at->bias) bias_backward(dout, T, h, G(c, "o_bias", l));
+    exec_ref_attention_backward(q, k, v, doo, T, H, KV, dqk, dv, window, scale, sink, dq, dk, dvv,
+                                sink ? G(c, "sinks", l) : NULL);
     exec_ref_rope(dq, T, H, dqk, rope, at->rope_theta, c->pos, true);
     if (!mla) {
         exec_ref_rope(dk, T, KV, dqk, rope, at->rope_theta, c->pos, true);
@@ -345,6 +387,11 @@ static enum moe_status attn(const struct ctx *c, int l, const double *a, double 
                                       G(c, "q_norm", l));
             exec_ref_rmsnorm_backward(kpre, P(c, "k_norm", l), k, T * KV, dqk, m->norm_eps, dk,
                                       G(c, "k_norm", l));
+        }
+        if (at->bias) {
+            bias_backward(dq, T, H * dqk, G(c, "q_bias", l));
+            bias_backward(dk, T, KV * dqk, G(c, "k_bias", l));
+            bias_backward(dvv, T, KV * dv, G(c, "v_bias", l));
         }
         linear_backward(a, P(c, "wq", l), dq, T, h, H * dqk, da, G(c, "wq", l));
         linear_backward(a, P(c, "wk", l), dk, T, h, KV * dqk, da, G(c, "wk", l));

@@ -62,11 +62,12 @@ static bool attends(int i, int j, int window)
 
 /* Softmax probabilities of query i, head hd, over keys 0..i (row p of length T). */
 static void attention_probs(const double *q, const double *k, int T, int H, int KV, int dqk,
-                            int window, double scale, int i, int hd, double *p)
+                            int window, double scale, const double *sink, int i, int hd, double *p,
+                            double *psink)
 {
     int kvh = hd / (H / KV);
     const double *qi = q + ((size_t)i * H + hd) * dqk;
-    double mx = -HUGE_VAL, sum = 0.0;
+    double mx = sink ? sink[hd] : -HUGE_VAL, sum = 0.0;
     for (int j = 0; j < T; j++) {
         if (!attends(i, j, window)) {
             p[j] = 0.0;
@@ -80,18 +81,23 @@ static void attention_probs(const double *q, const double *k, int T, int H, int 
     }
     for (int j = 0; j < T; j++)
         if (attends(i, j, window)) sum += (p[j] = exp(p[j] - mx));
+    double es = sink ? exp(sink[hd] - mx) : 0.0; /* the sink: a logit with no value */
+    sum += es;
     for (int j = 0; j < T; j++) p[j] /= sum;
+    *psink = es / sum;
 }
 
 void exec_ref_attention(const double *q, const double *k, const double *v, int tokens, int heads,
-                        int kv_heads, int dqk, int dv, int window, double scale, double *out)
+                        int kv_heads, int dqk, int dv, int window, double scale, const double *sink,
+                        double *out)
 {
     int T = tokens, H = heads, KV = kv_heads;
     double *p = malloc(sizeof *p * (size_t)T);
     if (!p) return;
     for (int i = 0; i < T; i++)
         for (int hd = 0; hd < H; hd++) {
-            attention_probs(q, k, T, H, KV, dqk, window, scale, i, hd, p);
+            double ps;
+            attention_probs(q, k, T, H, KV, dqk, window, scale, sink, i, hd, p, &ps);
             double *o = out + ((size_t)i * H + hd) * dv;
             for (int d = 0; d < dv; d++) o[d] = 0.0;
             for (int j = 0; j < T; j++) {
@@ -105,8 +111,8 @@ void exec_ref_attention(const double *q, const double *k, const double *v, int t
 
 void exec_ref_attention_backward(const double *q, const double *k, const double *v,
                                  const double *dout, int tokens, int heads, int kv_heads, int dqk,
-                                 int dv, int window, double scale, double *dq, double *dk,
-                                 double *dv_out)
+                                 int dv, int window, double scale, const double *sink, double *dq,
+                                 double *dk, double *dv_out, double *dsink)
 {
     int T = tokens, H = heads, KV = kv_heads;
     memset(dq, 0, sizeof *dq * (size_t)T * H * dqk);
@@ -121,7 +127,8 @@ void exec_ref_attention_backward(const double *q, const double *k, const double 
     for (int i = 0; i < T; i++)
         for (int hd = 0; hd < H; hd++) {
             int kvh = hd / (H / KV);
-            attention_probs(q, k, T, H, KV, dqk, window, scale, i, hd, p);
+            double ps;
+            attention_probs(q, k, T, H, KV, dqk, window, scale, sink, i, hd, p, &ps);
             const double *doi = dout + ((size_t)i * H + hd) * dv;
             double dot = 0.0;
             for (int j = 0; j < T; j++) {
@@ -135,6 +142,7 @@ void exec_ref_attention_backward(const double *q, const double *k, const double 
                 }
                 dot += p[j] * dp[j];
             }
+            if (dsink) dsink[hd] -= ps * dot; /* its value is 0: d/dsink = ps (0 - dot) */
             const double *qi = q + ((size_t)i * H + hd) * dqk;
             double *dqi = dq + ((size_t)i * H + hd) * dqk;
             for (int j = 0; j < T; j++) {

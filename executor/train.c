@@ -67,7 +67,7 @@ void exec_ref_adamw_range(struct exec_ref_model *r, const double *grad, double *
     double c1 = 1.0 - pow(o->beta1, step + 1), c2 = 1.0 - pow(o->beta2, step + 1);
     for (int t = 0; t < r->ntensors; t++) {
         const struct exec_tensor *tn = &r->tensor[t];
-        double wd = strstr(tn->name, "norm") ? 0.0 : o->weight_decay;
+        double wd = exec_tensor_decays(tn->name) ? o->weight_decay : 0.0;
         size_t a = tn->offset > lo ? tn->offset : lo, b = tn->offset + tn->size;
         if (b > hi) b = hi;
         for (size_t j = a; j < b; j++) {

@@ -322,10 +322,11 @@ static void flash_case(int B, int S, int H, int KV, int dqk, int dv, int window,
     for (int b = 0; b < B; b++) {
         size_t t0 = (size_t)b * S;
         exec_ref_attention(&qd[t0 * H * dqk], &kd[t0 * KV * dqk], &vd[t0 * KV * dv], S, H, KV, dqk,
-                           dv, window, scale, &or_[t0 * H * dv]);
+                           dv, window, scale, NULL, &or_[t0 * H * dv]);
         exec_ref_attention_backward(&qd[t0 * H * dqk], &kd[t0 * KV * dqk], &vd[t0 * KV * dv],
-                                    &dod[t0 * H * dv], S, H, KV, dqk, dv, window, scale,
-                                    &dqr[t0 * H * dqk], &dkr[t0 * KV * dqk], &dvr[t0 * KV * dv]);
+                                    &dod[t0 * H * dv], S, H, KV, dqk, dv, window, scale, NULL,
+                                    &dqr[t0 * H * dqk], &dkr[t0 * KV * dqk], &dvr[t0 * KV * dv],
+                                    NULL);
         for (int hh = 0; hh < H; hh++)
             for (int i = 0; i < S; i++) { /* base-2 log-sum-exp of the scaled scores */
                 double mx = -HUGE_VAL, sum = 0;

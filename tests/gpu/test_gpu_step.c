@@ -1,7 +1,7 @@
 /*
  * test_gpu_step.c: the GPU training step against the CPU reference (ref_model.c), on the tiny
- * models and variants that reach every code path: GQA (with and without QK-norm) and MLA (with
- * and without q compression), dense and MoE blocks, shared experts, tied embeddings, a sliding window, sigmoid group-limited
+ * models and variants that reach every code path: GQA (with and without QK-norm, projection
+ * biases, attention sinks) and MLA (with and without q compression), dense and MoE blocks, shared experts, tied embeddings, a sliding window, sigmoid group-limited
  * routing, the load-balance loss, selection biases, several sequences per micro-batch, gradient
  * accumulation over micro-batches and full recompute.
  *
@@ -451,6 +451,23 @@ static void test_variants(void **state)
     compare(&m, 7, &s);
     s.recompute = true;
     compare(&m, 8, &s);
+    m.attn.qk_norm = false; /* gpt-oss's projection biases, with our attention and cuDNN's */
+    m.attn.bias = true;
+    s = plain;
+    s.mbs = 2;
+    compare(&m, 9, &s);
+    s.cudnn_attention = true;
+    compare(&m, 9, &s);
+    m.attn.sinks = true; /* and its attention sinks */
+    compare(&m, 10, &s);
+    s.cudnn_attention = false;
+    compare(&m, 10, &s);
+    moe_test_variant(&m, MOE_TEST_SLIDING_SIGMOID, 5); /* sinks with a sliding window */
+    m.attn.sinks = true;
+    compare(&m, 11, &s);
+    s.cudnn_attention = true;
+    s.recompute = true;
+    compare(&m, 11, &s);
 }
 
 static void test_mla(void **state)

@@ -1,7 +1,7 @@
 /*
  * test_ref_model.c: a whole training step of the reference (loss and every parameter's
  * gradient) against finite differences, on the tiny GQA model and variants of it (a dense first
- * block, tied embeddings, a sliding window, QK-norm, shared experts).
+ * block, tied embeddings, a sliding window, QK-norm, attention biases and sinks, shared experts).
  */
 #include "exec.h" /* before moe_test.h: its model helper needs mdl.h */
 
@@ -84,6 +84,15 @@ static void test_variants(void **state)
     moe_test_model("tiny-moe-gqa", &m); /* Qwen3's QK-norm: q_norm, k_norm per head */
     m.attn.qk_norm = true;
     check_model(&m, 8);
+    m.attn.bias = true; /* gpt-oss's projection biases (with QK-norm: the bias comes first) */
+    check_model(&m, 9);
+    m.attn.qk_norm = false;
+    check_model(&m, 10);
+    m.attn.sinks = true; /* and gpt-oss's attention sinks, with a sliding window in block 0 */
+    check_model(&m, 11);
+    moe_test_variant(&m, MOE_TEST_SLIDING_SIGMOID, 3);
+    m.attn.sinks = true;
+    check_model(&m, 12);
 }
 
 /* MLA with q compression, a dense first block and a shared expert (tiny-moe-mla), and MLA

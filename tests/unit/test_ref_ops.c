@@ -96,24 +96,24 @@ static void test_rope(void **state)
 
 /* --- attention --- */
 static double attn_loss(const double *q, const double *k, const double *v, const double *dout,
-                        int window)
+                        int window, const double *sink)
 {
     double out[T * H * DV], l = 0;
-    exec_ref_attention(q, k, v, T, H, KV, DQK, DV, window, 0.4, out);
+    exec_ref_attention(q, k, v, T, H, KV, DQK, DV, window, 0.4, sink, out);
     for (int i = 0; i < T * H * DV; i++) l += dout[i] * out[i];
     return l;
 }
 
 static void numeric(double *p, int n, double *grad, const double *q, const double *k,
-                    const double *v, const double *dout, int window)
+                    const double *v, const double *dout, int window, const double *sink)
 {
     const double e = 1e-6;
     for (int i = 0; i < n; i++) {
         double keep = p[i];
         p[i] = keep + e;
-        double a = attn_loss(q, k, v, dout, window);
+        double a = attn_loss(q, k, v, dout, window, sink);
         p[i] = keep - e;
-        double b = attn_loss(q, k, v, dout, window);
+        double b = attn_loss(q, k, v, dout, window, sink);
         p[i] = keep;
         grad[i] = (a - b) / (2 * e);
     }
@@ -122,33 +122,41 @@ static void numeric(double *p, int n, double *grad, const double *q, const doubl
 static void test_attention(void **state)
 {
     (void)state;
-    for (int window = 0; window <= 2; window += 2) {
-        double q[T * H * DQK], k[T * KV * DQK], v[T * KV * DV], dout[T * H * DV];
-        double dq[T * H * DQK], dk[T * KV * DQK], dv[T * KV * DV];
-        double nq[T * H * DQK], nk[T * KV * DQK], nv[T * KV * DV];
+    for (int c = 0; c < 4; c++) { /* no window / a window of 2, without and with sinks */
+        int window = c % 2 ? 2 : 0;
+        double q[T * H * DQK], k[T * KV * DQK], v[T * KV * DV], dout[T * H * DV], sk[H];
+        double dq[T * H * DQK], dk[T * KV * DQK], dv[T * KV * DV], ds[H] = {0};
+        double nq[T * H * DQK], nk[T * KV * DQK], nv[T * KV * DV], ns[H];
         fill(q, T * H * DQK, 5);
         fill(k, T * KV * DQK, 6);
         fill(v, T * KV * DV, 7);
         fill(dout, T * H * DV, 8);
-        exec_ref_attention_backward(q, k, v, dout, T, H, KV, DQK, DV, window, 0.4, dq, dk, dv);
-        numeric(q, T * H * DQK, nq, q, k, v, dout, window);
-        numeric(k, T * KV * DQK, nk, q, k, v, dout, window);
-        numeric(v, T * KV * DV, nv, q, k, v, dout, window);
+        fill(sk, H, 9);
+        const double *sink = c >= 2 ? sk : NULL;
+        exec_ref_attention_backward(q, k, v, dout, T, H, KV, DQK, DV, window, 0.4, sink, dq, dk, dv,
+                                    c >= 2 ? ds : NULL);
+        numeric(q, T * H * DQK, nq, q, k, v, dout, window, sink);
+        numeric(k, T * KV * DQK, nk, q, k, v, dout, window, sink);
+        numeric(v, T * KV * DV, nv, q, k, v, dout, window, sink);
         moe_expect_near("attention dq", dq, nq, (size_t)(T * H * DQK), 1e-6, 1e-9);
         moe_expect_near("attention dk", dk, nk, (size_t)(T * KV * DQK), 1e-6, 1e-9);
         moe_expect_near("attention dv", dv, nv, (size_t)(T * KV * DV), 1e-6, 1e-9);
+        if (sink) {
+            numeric(sk, H, ns, q, k, v, dout, window, sink);
+            moe_expect_near("attention dsink", ds, ns, (size_t)H, 1e-6, 1e-9);
+        }
     }
     /* Causality by hand: token 0 sees only itself, so its output is v[0] of its kv head. */
     double q[T * H * DQK], k[T * KV * DQK], v[T * KV * DV], out[T * H * DV];
     fill(q, T * H * DQK, 9);
     fill(k, T * KV * DQK, 10);
     fill(v, T * KV * DV, 11);
-    exec_ref_attention(q, k, v, T, H, KV, DQK, DV, 0, 0.4, out);
+    exec_ref_attention(q, k, v, T, H, KV, DQK, DV, 0, 0.4, NULL, out);
     for (int h = 0; h < H; h++)
         for (int d = 0; d < DV; d++)
             assert_true(fabs(out[h * DV + d] - v[(h / (H / KV)) * DV + d]) < 1e-15);
     /* A window of 1: every token sees only itself. */
-    exec_ref_attention(q, k, v, T, H, KV, DQK, DV, 1, 0.4, out);
+    exec_ref_attention(q, k, v, T, H, KV, DQK, DV, 1, 0.4, NULL, out);
     for (int t = 0; t < T; t++)
         for (int h = 0; h < H; h++)
             for (int d = 0; d < DV; d++)
