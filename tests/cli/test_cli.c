@@ -846,10 +846,12 @@ static void test_plan(void **state)
         cli_tmp("runnable.json"));
     assert_int_equal(r.code, 0);
     assert_null(strstr(r.out, "mbs=4 "));
+#ifdef MOEPLAN_HAVE_EXECUTOR /* and run takes it (a build without one refuses every plan) */
     RUN(&r, "run", cli_tmp("runnable.json"), "--steps", "1", "--out",
         cli_tmp("runnable-measured.json"));
     if (r.code != 0 && !strstr(r.err, "no CUDA GPU on this machine"))
         fail_msg("run refused the runnable Qwen3 plan: exit %d\n%s", r.code, r.err);
+#endif
 }
 
 int main(void)
