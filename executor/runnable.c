@@ -80,9 +80,8 @@ bool exec_batch_runnable(const struct mdl_model *m, int mbs, int seq, char *why,
     if (why && cap)
         snprintf(why, cap,
                  "a micro-batch of %.0f tokens (mbs=%d x seq %d) is too large for the executor's "
-                 "32-bit GEMM offsets (the logits: %.3g elements, at most 2e9); lower mbs or "
-                 "seq_len",
-                 tokens, mbs, seq, tokens * m->vocab);
+                 "32-bit GEMM offsets (the logits: %.3g elements, at most 2e9); lower %s",
+                 tokens, mbs, seq, tokens * m->vocab, mbs > 1 ? "mbs or seq_len" : "seq_len");
     return false;
 }
 
