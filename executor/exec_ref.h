@@ -96,10 +96,11 @@ void exec_ref_rmsnorm(const double *x, const double *w, int tokens, int h, doubl
 void exec_ref_rmsnorm_backward(const double *x, const double *w, const double *dy, int tokens,
                                int h, double eps, double *dx, double *dw);
 /* RoPE in place on (tokens, heads, dim), rotating the first `rot` dims as pairs (i, i + rot/2)
- * by position x theta^(-2i/rot) (the Hugging Face rotate-half convention); `inverse` rotates
- * back, which is also the backward. */
-void exec_ref_rope(double *x, int tokens, int heads, int dim, int rot, double theta,
-                   const int *position, bool inverse);
+ * by position x inv_freq[i] (the Hugging Face rotate-half convention; mdl_rope_freqs gives the
+ * frequencies) and scaling by `scale` (YaRN's attention factor, else 1); `inverse` applies the
+ * transpose, which is the backward. */
+void exec_ref_rope(double *x, int tokens, int heads, int dim, int rot, const double *inv_freq,
+                   double scale, const int *position, bool inverse);
 /* Causal attention with GQA (heads a multiple of kv_heads) and an optional sliding window
  * (0: none): q (T, heads, dqk), k (T, kv, dqk), v (T, kv, dv) -> out (T, heads, dv), scores
  * scaled by `scale`; sink (heads, or NULL): gpt-oss's learned sink logit per head, one more term

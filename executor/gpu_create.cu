@@ -318,7 +318,14 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
     ALLOC(g->k32, (size_t)T * KV * dqk, c);
     ALLOC(g->delta, (size_t)T * H, c);
     ALLOC(g->rope_tab, (size_t)S * (g->rope / 2), c);
-    MOE_CUDA_CHECK(gk_rope_table(g->rope_tab, S, g->rope, (float)g->m.attn.rope_theta, g->s));
+    {
+        double *fr = (double *)malloc(sizeof(double) * (size_t)(g->rope / 2 + 1)), scale;
+        if (!fr) return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
+        mdl_rope_freqs(&g->m.attn, g->rope, fr, &scale);
+        cudaError_t e = gk_rope_table(g->rope_tab, S, g->rope, fr, scale);
+        free(fr);
+        MOE_CUDA_CHECK(e);
+    }
     MOE_CUDA_CHECK(gk_flash_prepare(g->dqk, g->dv));
     g->cudnn_attn = cfg->cudnn_attention;
     if (!cfg->cudnn_attention)

@@ -349,31 +349,22 @@ cudaError_t gk_colsum(const float *a, int lda, const float *b, int ldb, const fl
 
 /* ---- RoPE, MLA assembly --------------------------------------------------------------------- */
 
-/* The rotation of pair i of a rot-wide RoPE at position pos (HF rotate-half convention). */
-__device__ void rope_cs(int pos, int i, int rot, float theta, bool inverse, float *c, float *s)
-{
-    double angle = pos * pow((double)theta, -2.0 * i / rot);
-    double sn, cs;
-    sincos(angle, &sn, &cs);
-    *c = (float)cs;
-    *s = inverse ? (float)-sn : (float)sn;
-}
-
-__global__ void k_rope_table(float2 *tab, int seq, int rot, float theta)
+/* The table is computed on the host in double precision (cos and sin of position x inv_freq,
+ * times scale) and copied once: the executor builds it when it starts. */
+cudaError_t gk_rope_table(float2 *tab, int seq, int rot, const double *inv_freq, double scale)
 {
     int half = rot / 2;
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i >= (size_t)seq * half) return;
-    float c, s;
-    rope_cs((int)(i / half), (int)(i % half), rot, theta, false, &c, &s);
-    tab[i] = make_float2(c, s);
-}
-
-cudaError_t gk_rope_table(float2 *tab, int seq, int rot, float theta, cudaStream_t s)
-{
-    size_t n = (size_t)seq * (rot / 2);
-    if (n) k_rope_table<<<blocks_for(n, TPB), TPB, 0, s>>>(tab, seq, rot, theta);
-    return cudaGetLastError();
+    size_t n = (size_t)seq * half;
+    if (!n) return cudaSuccess;
+    float2 *h = (float2 *)malloc(sizeof(float2) * n);
+    if (!h) return cudaErrorMemoryAllocation;
+    for (size_t i = 0; i < n; i++) {
+        double angle = (double)(i / half) * inv_freq[i % half];
+        h[i] = make_float2((float)(scale * cos(angle)), (float)(scale * sin(angle)));
+    }
+    cudaError_t e = cudaMemcpy(tab, h, sizeof(float2) * n, cudaMemcpyHostToDevice);
+    free(h);
+    return e;
 }
 
 /* The rotation of the pair (a, b) = (x[p], x[p + half]) at table entry cs; inverse: the transpose. */

@@ -302,7 +302,8 @@ static enum moe_status attn(const struct ctx *c, int l, const double *a, double 
     size_t nqf = (size_t)T * H * dqk, nkv = (size_t)T * H * (nope + dv);
     size_t total = 3 * (nq + nk) + 2 * (nv + no) +
                    2 * ((size_t)T * ql * 2 + nqf + (size_t)T * (kvl + rope) + (size_t)T * kvl * 2 +
-                        nkv + (size_t)T * rope);
+                        nkv + (size_t)T * rope) +
+                   (size_t)rope / 2;
     double *buf = calloc(total + 1, sizeof *buf);
     if (!buf) return moe_error_set(err, MOE_ERR_NOMEM, "reference: out of memory");
     double *p = buf;
@@ -316,7 +317,9 @@ static enum moe_status attn(const struct ctx *c, int l, const double *a, double 
     double *dcq = TAKE((size_t)T * ql), *dcqn = TAKE((size_t)T * ql), *dqf = TAKE(nqf);
     double *dckvf = TAKE((size_t)T * (kvl + rope)), *dckv = TAKE((size_t)T * kvl);
     double *dckvn = TAKE((size_t)T * kvl), *dkv = TAKE(nkv), *dkr = TAKE((size_t)T * rope);
+    double *fr = TAKE((size_t)rope / 2), fscale; /* RoPE's frequencies (plain or YaRN) */
 #undef TAKE
+    mdl_rope_freqs(at, rope, fr, &fscale);
     if (!mla) {
         linear(a, P(c, "wq", l), T, h, H * dqk, q);
         linear(a, P(c, "wk", l), T, h, KV * dqk, k);
@@ -332,8 +335,8 @@ static enum moe_status attn(const struct ctx *c, int l, const double *a, double 
             exec_ref_rmsnorm(qpre, P(c, "q_norm", l), T * H, dqk, m->norm_eps, q);
             exec_ref_rmsnorm(kpre, P(c, "k_norm", l), T * KV, dqk, m->norm_eps, k);
         }
-        exec_ref_rope(q, T, H, dqk, rope, at->rope_theta, c->pos, false);
-        exec_ref_rope(k, T, KV, dqk, rope, at->rope_theta, c->pos, false);
+        exec_ref_rope(q, T, H, dqk, rope, fr, fscale, c->pos, false);
+        exec_ref_rope(k, T, KV, dqk, rope, fr, fscale, c->pos, false);
     } else {
         if (ql) {
             linear(a, P(c, "wqa", l), T, h, ql, cq);
@@ -350,7 +353,7 @@ static enum moe_status attn(const struct ctx *c, int l, const double *a, double 
         }
         exec_ref_rmsnorm(ckv, P(c, "kva_norm", l), T, kvl, m->norm_eps, ckvn);
         linear(ckvn, P(c, "wkvb", l), T, kvl, H * (nope + dv), kv);
-        exec_ref_rope(kr, T, 1, rope, rope, at->rope_theta, c->pos, false);
+        exec_ref_rope(kr, T, 1, rope, rope, fr, fscale, c->pos, false);
         /* q, k as [rope | nope]; qf holds [nope | rope] per head as DeepSeek lays it out */
         for (int t = 0; t < T; t++)
             for (int hh = 0; hh < H; hh++) {
@@ -363,7 +366,7 @@ static enum moe_status attn(const struct ctx *c, int l, const double *a, double 
                 memcpy(kd + rope, kvs, sizeof(double) * nope);
                 memcpy(v + ((size_t)t * H + hh) * dv, kvs + nope, sizeof(double) * dv);
             }
-        exec_ref_rope(q, T, H, dqk, rope, at->rope_theta, c->pos, false);
+        exec_ref_rope(q, T, H, dqk, rope, fr, fscale, c->pos, false);
     }
     const double *sink = at->sinks ? P(c, "sinks", l) : NULL;
     exec_ref_attention(q, k, v, T, H, KV, dqk, dv, window, scale, sink, o);
@@ -377,9 +380,9 @@ static enum moe_status attn(const struct ctx *c, int l, const double *a, double 
     if (at->bias) bias_backward(dout, T, h, G(c, "o_bias", l));
     exec_ref_attention_backward(q, k, v, doo, T, H, KV, dqk, dv, window, scale, sink, dq, dk, dvv,
                                 sink ? G(c, "sinks", l) : NULL);
-    exec_ref_rope(dq, T, H, dqk, rope, at->rope_theta, c->pos, true);
+    exec_ref_rope(dq, T, H, dqk, rope, fr, fscale, c->pos, true);
     if (!mla) {
-        exec_ref_rope(dk, T, KV, dqk, rope, at->rope_theta, c->pos, true);
+        exec_ref_rope(dk, T, KV, dqk, rope, fr, fscale, c->pos, true);
         if (at->qk_norm) { /* through the norms, in place (q, k hold the normed values) */
             memcpy(q, dq, sizeof(double) * nq);
             memcpy(k, dk, sizeof(double) * nk);
@@ -411,7 +414,7 @@ static enum moe_status attn(const struct ctx *c, int l, const double *a, double 
             memcpy(gkv, gk + rope, sizeof(double) * nope);
             memcpy(gkv + nope, dvv + ((size_t)t * H + hh) * dv, sizeof(double) * dv);
         }
-    exec_ref_rope(dkr, T, 1, rope, rope, at->rope_theta, c->pos, true);
+    exec_ref_rope(dkr, T, 1, rope, rope, fr, fscale, c->pos, true);
     linear_backward(ckvn, P(c, "wkvb", l), dkv, T, kvl, H * (nope + dv), dckvn, G(c, "wkvb", l));
     exec_ref_rmsnorm_backward(ckv, P(c, "kva_norm", l), dckvn, T, kvl, m->norm_eps, dckv,
                               G(c, "kva_norm", l));

@@ -38,16 +38,16 @@ void exec_ref_rmsnorm_backward(const double *x, const double *w, const double *d
     }
 }
 
-void exec_ref_rope(double *x, int tokens, int heads, int dim, int rot, double theta,
-                   const int *position, bool inverse)
+void exec_ref_rope(double *x, int tokens, int heads, int dim, int rot, const double *inv_freq,
+                   double scale, const int *position, bool inverse)
 {
     int half = rot / 2;
     for (int t = 0; t < tokens; t++)
         for (int hd = 0; hd < heads; hd++) {
             double *v = x + ((size_t)t * heads + hd) * dim;
             for (int i = 0; i < half; i++) {
-                double angle = position[t] * pow(theta, -2.0 * i / rot);
-                double c = cos(angle), s = inverse ? -sin(angle) : sin(angle);
+                double angle = position[t] * inv_freq[i];
+                double c = scale * cos(angle), s = scale * (inverse ? -sin(angle) : sin(angle));
                 double a = v[i], b = v[i + half];
                 v[i] = a * c - b * s;
                 v[i + half] = a * s + b * c;

@@ -9,6 +9,7 @@
  */
 #include "mdl.h"
 
+#include <math.h>
 #include <string.h>
 
 const char *const mdl_hf_model_types[] = {"deepseek_v3", "deepseek_v2", "kimi_k2",
@@ -198,6 +199,32 @@ static enum moe_status hf_dbrx(const struct moe_jval *o, struct mdl_model *m, st
     return MOE_OK;
 }
 
+/* rope_scaling {"rope_type": "yarn", ...} as gpt-oss writes it; other types are refused. */
+static enum moe_status hf_yarn(const struct moe_jval *o, struct mdl_attention *a,
+                               struct moe_error *err)
+{
+    struct moe_jval rs;
+    bool present = false;
+    enum moe_status st;
+    if (moe_jval_is_null(o, "rope_scaling")) return MOE_OK;
+    if ((st = moe_jval_object(o, "rope_scaling", false, &rs, &present, err)) || !present) return st;
+    char type[32] = "";
+    const char *tk = moe_jval_has(&rs, "rope_type") ? "rope_type" : "type";
+    if ((st = moe_jval_str(&rs, tk, true, NULL, type, sizeof type, err))) return st;
+    if (strcmp(type, "yarn") != 0)
+        return moe_jval_error(&rs, tk, err, "only \"yarn\" RoPE scaling is supported, not \"%s\"",
+                              type);
+    struct mdl_yarn *y = &a->yarn;
+    a->rope_scaling = MDL_ROPE_YARN;
+    if ((st = hf_num(&rs, "factor", 1.0, &y->factor, err)) ||
+        (st = hf_int(&rs, "original_max_position_embeddings", true, 0, &y->original_max, err)) ||
+        (st = hf_num(&rs, "beta_fast", 32.0, &y->beta_fast, err)) ||
+        (st = hf_num(&rs, "beta_slow", 1.0, &y->beta_slow, err)) ||
+        (st = hf_bool(&rs, "truncate", true, &y->truncate, err)))
+        return st;
+    return hf_num(&rs, "attention_factor", 0.1 * log(y->factor) + 1.0, &y->attention_factor, err);
+}
+
 static enum moe_status hf_gpt_oss(const struct moe_jval *o, struct mdl_model *m,
                                   struct moe_error *err)
 {
@@ -226,9 +253,13 @@ static enum moe_status hf_gpt_oss(const struct moe_jval *o, struct mdl_model *m,
                                       "only alternating sliding/full attention is supported");
         }
     }
+    if ((st = hf_yarn(o, &m->attn, err))) return st;
     m->attn.bias = true;
     m->attn.sinks = true;
     e->expert_bias = true;
+    e->activation = MDL_ACT_CLAMPED_SWIGLU;
+    e->swiglu_alpha = 1.702; /* fixed in the reference implementation, not in config.json */
+    if ((st = hf_num(o, "swiglu_limit", 7.0, &e->swiglu_limit, err))) return st;
     e->softmax_after_topk = true;
     e->scoring = MDL_SCORE_SOFTMAX;
     return MOE_OK;

@@ -29,6 +29,17 @@ extern "C" {
 
 enum mdl_attn_type { MDL_ATTN_GQA = 0, MDL_ATTN_MLA };
 enum mdl_scoring { MDL_SCORE_SOFTMAX = 0, MDL_SCORE_SIGMOID };
+enum mdl_rope_scaling { MDL_ROPE_PLAIN = 0, MDL_ROPE_YARN };
+enum mdl_activation { MDL_ACT_SWIGLU = 0, MDL_ACT_CLAMPED_SWIGLU };
+
+/* YaRN (gpt-oss): each RoPE frequency blends its interpolated (/ factor) and original value by
+ * where its wavelength falls between beta_fast and beta_slow rotations over original_max
+ * positions; cos and sin are multiplied by attention_factor (default 0.1 ln(factor) + 1). */
+struct mdl_yarn {
+    double factor, beta_fast, beta_slow, attention_factor;
+    int original_max;
+    bool truncate; /* round the blend's band to whole dimensions */
+};
 
 struct mdl_attention {
     enum mdl_attn_type type;
@@ -44,6 +55,8 @@ struct mdl_attention {
     int sliding_window; /* 0: all layers full attention */
     int sliding_every; /* with a window: layer i slides when i % sliding_every != sliding_every - 1 */
     double rope_theta;
+    enum mdl_rope_scaling rope_scaling;
+    struct mdl_yarn yarn; /* with MDL_ROPE_YARN */
 };
 
 struct mdl_moe {
@@ -58,6 +71,10 @@ struct mdl_moe {
     double scaling;          /* routed_scaling_factor */
     bool expert_bias;        /* biases in the expert projections (gpt-oss) */
     bool softmax_after_topk; /* scores = softmax over the chosen k only (gpt-oss, Mixtral style) */
+    /* The routed experts' activation: SwiGLU silu(g) u, or gpt-oss's clamped form
+     * (u' + 1) g' sigmoid(alpha g'), g' = min(g, limit), u' = clamp(u, -limit, limit). */
+    enum mdl_activation activation;
+    double swiglu_alpha, swiglu_limit;
 };
 
 struct mdl_model {
@@ -118,6 +135,9 @@ bool mdl_layer_is_moe(const struct mdl_model *m, int layer);
 int mdl_moe_layer_count(const struct mdl_model *m);
 /* Is block `layer` a sliding-window attention block? */
 bool mdl_layer_is_sliding(const struct mdl_model *m, int layer);
+/* RoPE over `rot` dims: the rot / 2 inverse frequencies (pair i turns by position x inv_freq[i])
+ * and the factor on cos and sin (1 without scaling), for plain and YaRN RoPE alike. */
+void mdl_rope_freqs(const struct mdl_attention *a, int rot, double *inv_freq, double *scale);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Derived numbers                                                                                */

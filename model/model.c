@@ -7,12 +7,49 @@
  */
 #include "mdl.h"
 
+#include <math.h>
 #include <string.h>
 
 #define MAX_DIM (1 << 24)
 
 static const char *const attn_names[] = {"gqa", "mla", NULL};
 static const char *const scoring_names[] = {"softmax", "sigmoid", NULL};
+static const char *const rope_names[] = {"plain", "yarn", NULL};
+static const char *const act_names[] = {"swiglu", "clamped_swiglu", NULL};
+
+/* attention.rope_scaling: {"type": "yarn", "factor", "original_max_position", "beta_fast",
+ * "beta_slow", "truncate", "attention_factor"} (the Hugging Face rope_scaling's fields). */
+static enum moe_status load_rope_scaling(const struct moe_jval *o, struct mdl_attention *a,
+                                         struct moe_error *err)
+{
+    static const char *const keys[] = {"type",      "factor",   "original_max_position",
+                                       "beta_fast", "beta_slow", "truncate",
+                                       "attention_factor", NULL};
+    struct mdl_yarn *y = &a->yarn;
+    enum moe_status st;
+    int type;
+    if ((st = moe_jval_keys(o, keys, err))) return st;
+    if ((st = moe_jval_enum(o, "type", true, 0, rope_names, &type, err))) return st;
+    a->rope_scaling = (enum mdl_rope_scaling)type;
+    if (a->rope_scaling == MDL_ROPE_PLAIN) {
+        if (moe_jval_has(o, "factor"))
+            return moe_jval_error(o, "factor", err, "plain RoPE takes no scaling parameters");
+        return MOE_OK;
+    }
+    if ((st = moe_jval_num(o, "factor", true, 0.0, 1.0, 1e6, &y->factor, err))) return st;
+    if ((st = moe_jval_int32(o, "original_max_position", true, 0, 1, 1 << 30, &y->original_max,
+                             err)))
+        return st;
+    if ((st = moe_jval_num(o, "beta_fast", false, 32.0, 1e-6, 1e6, &y->beta_fast, err))) return st;
+    if ((st = moe_jval_num(o, "beta_slow", false, 1.0, 1e-6, 1e6, &y->beta_slow, err))) return st;
+    if ((st = moe_jval_bool(o, "truncate", false, true, &y->truncate, err))) return st;
+    if ((st = moe_jval_num(o, "attention_factor", false, 0.1 * log(y->factor) + 1.0, 1e-6, 1e6,
+                           &y->attention_factor, err)))
+        return st;
+    if (!(y->beta_fast > y->beta_slow))
+        return moe_jval_error(o, "beta_fast", err, "must exceed beta_slow (%g)", y->beta_slow);
+    return MOE_OK;
+}
 
 static enum moe_status load_attention(const struct moe_jval *o, struct mdl_attention *a,
                                       struct moe_error *err)
@@ -32,6 +69,7 @@ static enum moe_status load_attention(const struct moe_jval *o, struct mdl_atten
                                        "sliding_window",
                                        "sliding_every",
                                        "rope_theta",
+                                       "rope_scaling",
                                        NULL};
     enum moe_status st;
     int type;
@@ -62,6 +100,10 @@ static enum moe_status load_attention(const struct moe_jval *o, struct mdl_atten
         return st;
     if ((st = moe_jval_num(o, "rope_theta", false, 10000.0, 1.0, 1e12, &a->rope_theta, err)))
         return st;
+    struct moe_jval rs;
+    bool scaled = false;
+    if ((st = moe_jval_object(o, "rope_scaling", false, &rs, &scaled, err))) return st;
+    if (scaled && (st = load_rope_scaling(&rs, a, err))) return st;
     if (mla) {
         if (moe_jval_has(o, "head_dim"))
             return moe_jval_error(o, "head_dim", err,
@@ -108,6 +150,9 @@ static enum moe_status load_moe(const struct moe_jval *o, struct mdl_moe *e, str
                                        "scaling",
                                        "expert_bias",
                                        "softmax_after_topk",
+                                       "activation",
+                                       "swiglu_alpha",
+                                       "swiglu_limit",
                                        NULL};
     enum moe_status st;
     int scoring;
@@ -133,6 +178,22 @@ static enum moe_status load_moe(const struct moe_jval *o, struct mdl_moe *e, str
     if ((st = moe_jval_bool(o, "expert_bias", false, false, &e->expert_bias, err))) return st;
     if ((st = moe_jval_bool(o, "softmax_after_topk", false, false, &e->softmax_after_topk, err)))
         return st;
+    int act;
+    if ((st = moe_jval_enum(o, "activation", false, MDL_ACT_SWIGLU, act_names, &act, err)))
+        return st;
+    e->activation = (enum mdl_activation)act;
+    if (e->activation == MDL_ACT_CLAMPED_SWIGLU) { /* gpt-oss's values by default */
+        if ((st = moe_jval_num(o, "swiglu_alpha", false, 1.702, 1e-6, 1e6, &e->swiglu_alpha, err)))
+            return st;
+        if ((st = moe_jval_num(o, "swiglu_limit", false, 7.0, 1e-6, 1e6, &e->swiglu_limit, err)))
+            return st;
+    } else {
+        for (const char *const *k = (const char *const[]){"swiglu_alpha", "swiglu_limit", NULL};
+             *k; k++)
+            if (moe_jval_has(o, *k))
+                return moe_jval_error(o, *k, err,
+                                      "only the \"clamped_swiglu\" activation takes this key");
+    }
     if (e->top_k > e->experts)
         return moe_jval_error(o, "top_k", err, "top_k (%d) exceeds the number of experts (%d)",
                               e->top_k, e->experts);
@@ -250,6 +311,33 @@ bool mdl_layer_is_sliding(const struct mdl_model *m, int layer)
     return m->attn.sliding_window > 0 && every > 0 && layer % every != every - 1;
 }
 
+/* YaRN's dimension at which a frequency turns `turns` times over the original context. */
+static double yarn_dim(double turns, int rot, double theta, int original_max)
+{
+    return rot * log(original_max / (turns * 6.283185307179586)) / (2.0 * log(theta));
+}
+
+void mdl_rope_freqs(const struct mdl_attention *a, int rot, double *inv_freq, double *scale)
+{
+    int half = rot / 2;
+    *scale = 1.0;
+    for (int i = 0; i < half; i++) inv_freq[i] = pow(a->rope_theta, -2.0 * i / rot);
+    if (a->rope_scaling != MDL_ROPE_YARN) return;
+    const struct mdl_yarn *y = &a->yarn;
+    double lo = yarn_dim(y->beta_fast, rot, a->rope_theta, y->original_max);
+    double hi = yarn_dim(y->beta_slow, rot, a->rope_theta, y->original_max);
+    if (y->truncate) lo = floor(lo), hi = ceil(hi);
+    lo = fmax(lo, 0.0);
+    hi = fmin(hi, rot - 1.0);
+    if (hi == lo) hi += 0.001;
+    for (int i = 0; i < half; i++) {
+        /* ramp 0 below lo (keep the original frequency), 1 above hi (interpolate fully) */
+        double ramp = fmin(fmax((i - lo) / (hi - lo), 0.0), 1.0);
+        inv_freq[i] = inv_freq[i] / y->factor * ramp + inv_freq[i] * (1.0 - ramp);
+    }
+    *scale = y->attention_factor;
+}
+
 /* The user's name of one of our keys: `names` holds pairs {ours, theirs, ..., NULL} (a Hugging
  * Face config calls moe_every decoder_sparse_step); a key it does not list keeps our name. */
 static const char *key_name(const char *const *names, const char *ours)
@@ -317,6 +405,16 @@ enum moe_status mdl_model_validate_as(const struct mdl_model *m, const char *whe
         INVALID("%s (%d) exceeds the experts reachable in %s groups (%d)", K("top_k"), e->top_k,
                 K("topk_group"), e->topk_group * (e->experts / e->n_group));
     if (!(e->scaling > 0.0)) INVALID("%s must be positive", K("scaling"));
+    if (e->activation == MDL_ACT_CLAMPED_SWIGLU && !(e->swiglu_alpha > 0.0 && e->swiglu_limit > 0.0))
+        INVALID("the clamped SwiGLU needs positive %s and %s", K("swiglu_alpha"),
+                K("swiglu_limit"));
+    if (a->rope_scaling == MDL_ROPE_YARN &&
+        !(a->yarn.factor >= 1.0 && a->yarn.original_max >= 1 &&
+          a->yarn.beta_fast > a->yarn.beta_slow && a->yarn.beta_slow > 0.0 &&
+          a->yarn.attention_factor > 0.0))
+        INVALID("YaRN RoPE (%s) needs factor >= 1, original_max_position >= 1, beta_fast > "
+                "beta_slow > 0 and a positive attention_factor",
+                K("rope_scaling"));
     if (mdl_moe_layer_count(m) == 0)
         INVALID("the model has no MoE layer: moeplan plans MoE models");
     if (mdl_moe_layer_count(m) < m->layers && m->dense_intermediate < 1)
@@ -453,6 +551,19 @@ char *mdl_model_to_json_text(const struct mdl_model *m)
     json_object_set_new(at, "sliding_window", json_integer(a->sliding_window));
     json_object_set_new(at, "sliding_every", json_integer(a->sliding_every));
     json_object_set_new(at, "rope_theta", json_real(a->rope_theta));
+    if (a->rope_scaling == MDL_ROPE_YARN) {
+        const struct mdl_yarn *y = &a->yarn;
+        json_t *rs = json_object();
+        json_object_set_new(rs, "type", json_string(rope_names[a->rope_scaling]));
+        json_object_set_new(rs, "factor", json_real(y->factor));
+        json_object_set_new(rs, "original_max_position", json_integer(y->original_max));
+        json_object_set_new(rs, "beta_fast", json_real(y->beta_fast));
+        json_object_set_new(rs, "beta_slow", json_real(y->beta_slow));
+        json_object_set_new(rs, "truncate", json_boolean(y->truncate));
+        if (y->attention_factor != 0.1 * log(y->factor) + 1.0) /* the default stays exact */
+            json_object_set_new(rs, "attention_factor", json_real(y->attention_factor));
+        json_object_set_new(at, "rope_scaling", rs);
+    }
     json_object_set_new(root, "attention", at);
     json_object_set_new(root, "dense_intermediate", json_integer(m->dense_intermediate));
     json_object_set_new(mo, "experts", json_integer(e->experts));
@@ -467,6 +578,11 @@ char *mdl_model_to_json_text(const struct mdl_model *m)
     json_object_set_new(mo, "scaling", json_real(e->scaling));
     json_object_set_new(mo, "expert_bias", json_boolean(e->expert_bias));
     json_object_set_new(mo, "softmax_after_topk", json_boolean(e->softmax_after_topk));
+    if (e->activation == MDL_ACT_CLAMPED_SWIGLU) {
+        json_object_set_new(mo, "activation", json_string(act_names[e->activation]));
+        json_object_set_new(mo, "swiglu_alpha", json_real(e->swiglu_alpha));
+        json_object_set_new(mo, "swiglu_limit", json_real(e->swiglu_limit));
+    }
     json_object_set_new(root, "moe", mo);
     json_object_set_new(root, "mtp_layers", json_integer(m->mtp_layers));
     char *text = json_dumps(root, JSON_INDENT(2) | JSON_REAL_PRECISION(12));

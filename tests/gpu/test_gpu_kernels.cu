@@ -145,30 +145,41 @@ static void test_rope(void **state)
     for (int t = 0; t < T; t++) pos[t] = t % seq;
     float2 *tab;
     assert_int_equal(cudaMalloc((void **)&tab, sizeof(float2) * seq * 8), cudaSuccess);
-    assert_int_equal(gk_rope_table(tab, seq, 16, 10000.0f, 0), cudaSuccess);
-    for (int inv = 0; inv < 2; inv++) {
-        std::vector<double> r = to_d(x);
-        exec_ref_rope(r.data(), T, H, D, 16, 10000.0, pos.data(), inv);
-        float *d = dev(x);
-        bf16 *y, *x16;
-        size_t n = x.size();
-        assert_int_equal(cudaMalloc((void **)&y, sizeof(bf16) * n), cudaSuccess);
-        assert_int_equal(cudaMalloc((void **)&x16, sizeof(bf16) * n), cudaSuccess);
-        assert_int_equal(gk_to_bf16(d, x16, n, 0), cudaSuccess);
-        assert_int_equal(gk_rope_bf16(d, NULL, y, T, H, D, 16, tab, seq, inv, 0), cudaSuccess);
-        assert_int_equal(gk_rope_bf16(NULL, x16, x16, T, H, D, 16, tab, seq, inv, 0), cudaSuccess);
-        std::vector<bf16> a(n), b(n);
-        assert_int_equal(cudaMemcpy(a.data(), y, sizeof(bf16) * n, cudaMemcpyDeviceToHost),
-                         cudaSuccess);
-        assert_int_equal(cudaMemcpy(b.data(), x16, sizeof(bf16) * n, cudaMemcpyDeviceToHost),
-                         cudaSuccess);
-        std::vector<double> ad(n);
-        for (size_t i = 0; i < n; i++) {
-            ad[i] = __bfloat162float(a[i]);
-            assert_true(memcmp(&a[i], &b[i], sizeof(bf16)) == 0);
+    /* plain RoPE, then YaRN (its frequencies and a scale of 1.35 on cos and sin) */
+    struct mdl_attention at = {};
+    at.rope_theta = 10000.0;
+    at.yarn = {8.0, 32.0, 1.0, 0.1 * log(8.0) + 1.0, 16, false};
+    for (int yarn = 0; yarn < 2; yarn++) {
+        at.rope_scaling = yarn ? MDL_ROPE_YARN : MDL_ROPE_PLAIN;
+        double fr[8], scale;
+        mdl_rope_freqs(&at, 16, fr, &scale);
+        assert_int_equal(gk_rope_table(tab, seq, 16, fr, scale), cudaSuccess);
+        for (int inv = 0; inv < 2; inv++) {
+            std::vector<double> r = to_d(x);
+            exec_ref_rope(r.data(), T, H, D, 16, fr, scale, pos.data(), inv);
+            float *d = dev(x);
+            bf16 *y, *x16;
+            size_t n = x.size();
+            assert_int_equal(cudaMalloc((void **)&y, sizeof(bf16) * n), cudaSuccess);
+            assert_int_equal(cudaMalloc((void **)&x16, sizeof(bf16) * n), cudaSuccess);
+            assert_int_equal(gk_to_bf16(d, x16, n, 0), cudaSuccess);
+            assert_int_equal(gk_rope_bf16(d, NULL, y, T, H, D, 16, tab, seq, inv, 0), cudaSuccess);
+            assert_int_equal(gk_rope_bf16(NULL, x16, x16, T, H, D, 16, tab, seq, inv, 0), cudaSuccess);
+            std::vector<bf16> a(n), b(n);
+            assert_int_equal(cudaMemcpy(a.data(), y, sizeof(bf16) * n, cudaMemcpyDeviceToHost),
+                             cudaSuccess);
+            assert_int_equal(cudaMemcpy(b.data(), x16, sizeof(bf16) * n, cudaMemcpyDeviceToHost),
+                             cudaSuccess);
+            std::vector<double> ad(n);
+            for (size_t i = 0; i < n; i++) {
+                ad[i] = __bfloat162float(a[i]);
+                assert_true(memcmp(&a[i], &b[i], sizeof(bf16)) == 0);
+            }
+            close(inv ? (yarn ? "yarn inverse (bf16 out)" : "rope inverse (bf16 out)")
+                      : (yarn ? "yarn (bf16 out)" : "rope (bf16 out)"),
+                  ad, r, 1.0 / 256);
+            cudaFree(d), cudaFree(y), cudaFree(x16);
         }
-        close(inv ? "rope inverse (bf16 out)" : "rope (bf16 out)", ad, r, 1.0 / 256);
-        cudaFree(d), cudaFree(y), cudaFree(x16);
     }
     cudaFree(tab);
 }

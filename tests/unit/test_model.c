@@ -82,6 +82,25 @@ static void test_bad_models(void **state)
     expect_bad(HEAD "\"layers\": 2, \"hidden\": 64, \"vocab\": 256,\n" GQA
                     "\"moe\": {\"experts\": 0, \"top_k\": 2, \"intermediate\": 32}}",
                "moe.experts: must be in [1, 65536], got 0", 4);
+    expect_bad(HEAD "\"layers\": 2, \"hidden\": 64, \"vocab\": 256,\n" GQA
+                    "\"moe\": {\"experts\": 8, \"top_k\": 2, \"intermediate\": 32,\n"
+                    "\"swiglu_limit\": 7}}",
+               "moe.swiglu_limit: only the \"clamped_swiglu\" activation takes this key", 5);
+    expect_bad(HEAD "\"layers\": 2, \"hidden\": 64, \"vocab\": 256,\n" GQA
+                    "\"moe\": {\"experts\": 8, \"top_k\": 2, \"intermediate\": 32,\n"
+                    "\"activation\": \"geglu\"}}",
+               "moe.activation", 5);
+    expect_bad(HEAD "\"layers\": 2, \"hidden\": 64, \"vocab\": 256,\n"
+                    "\"attention\": {\"type\": \"gqa\", \"heads\": 4, \"kv_heads\": 4, \"head_dim\": 16,\n"
+                    "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4}},\n"
+                    "\"moe\": {\"experts\": 8, \"top_k\": 2, \"intermediate\": 32}}",
+               "original_max_position: required key is missing", 4);
+    expect_bad(HEAD "\"layers\": 2, \"hidden\": 64, \"vocab\": 256,\n"
+                    "\"attention\": {\"type\": \"gqa\", \"heads\": 4, \"kv_heads\": 4, \"head_dim\": 16,\n"
+                    "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4, "
+                    "\"original_max_position\": 64, \"beta_fast\": 1, \"beta_slow\": 2}},\n"
+                    "\"moe\": {\"experts\": 8, \"top_k\": 2, \"intermediate\": 32}}",
+               "beta_fast: must exceed beta_slow (2)", 4);
     expect_bad(HEAD "\"layers\": -2, \"hidden\": 64, \"vocab\": 256,\n" GQA
                     "\"moe\": {\"experts\": 8, \"top_k\": 2, \"intermediate\": 32}}",
                "layers: must be in [1, 100000], got -2", 2);
@@ -220,6 +239,29 @@ static void test_counts_by_hand_mla(void **state)
     mdl_block_activations(&m, 0, &a);
     assert_true(a.bytes[MDL_DENSE_FFN] == 128 + 3 * 2 * 128);
     assert_true(a.bytes[MDL_ROUTED] == 0);
+}
+
+/* YaRN's frequencies for gpt-oss (64 dims, theta 150000, factor 32 over 4096 positions, beta 32
+ * and 1, no truncation) against Hugging Face's _compute_yarn_parameters transcribed in Python
+ * (the values below, printed by that transcription): the band is dims 8.09 .. 17.40. */
+static void test_yarn_freqs(void **state)
+{
+    (void)state;
+    struct mdl_model m;
+    load_shipped("gpt-oss-20b", &m);
+    double fr[32], scale;
+    mdl_rope_freqs(&m.attn, 64, fr, &scale);
+    const int at[] = {0, 5, 8, 12, 20, 31};
+    const double want[] = {1.0, 0.15532298948448497, 0.050813274815461475, 0.006794959489732219,
+                           1.818833668168956e-05, 3.0235114281192144e-07};
+    for (int i = 0; i < 6; i++)
+        if (fabs(fr[at[i]] - want[i]) > 1e-12 * want[i])
+            fail_msg("inv_freq[%d] = %.17g, want %.17g", at[i], fr[at[i]], want[i]);
+    assert_true(fabs(scale - 1.3465735902799727) < 1e-15);
+    /* plain RoPE: theta^(-2i/rot), scale 1 */
+    m.attn.rope_scaling = MDL_ROPE_PLAIN;
+    mdl_rope_freqs(&m.attn, 64, fr, &scale);
+    assert_true(scale == 1.0 && fr[0] == 1.0 && fabs(fr[12] - pow(150000.0, -24.0 / 64)) < 1e-18);
 }
 
 static void test_sliding_window_flops(void **state)
@@ -476,6 +518,7 @@ int main(void)
         cmocka_unit_test(test_deepseek_v3_flops),
         cmocka_unit_test(test_megatron_flops),
         cmocka_unit_test(test_hf_import),
+        cmocka_unit_test(test_yarn_freqs),
         cmocka_unit_test(test_hf_errors),
         cmocka_unit_test(test_overrides),
         cmocka_unit_test(test_model_json_roundtrip),

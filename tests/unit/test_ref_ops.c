@@ -68,7 +68,8 @@ static void test_rope(void **state)
     int pos[T] = {0, 1, 2, 7, 100};
     fill(x, T * H * DQK, 4);
     memcpy(back, x, sizeof x);
-    exec_ref_rope(back, T, H, DQK, 4, 10000.0, pos, false);
+    double fr[2] = {1.0, 0.01}; /* theta 10000 over 4 dims */
+    exec_ref_rope(back, T, H, DQK, 4, fr, 1.0, pos, false);
     /* position 0 is the identity; the last two dims (not rotated) are untouched */
     for (int i = 0; i < H * DQK; i++) assert_true(back[i] == x[i]);
     for (int t = 0; t < T; t++)
@@ -85,13 +86,19 @@ static void test_rope(void **state)
             }
             assert_true(fabs(a - b) < 1e-12);
         }
-    exec_ref_rope(back, T, H, DQK, 4, 10000.0, pos, true);
+    exec_ref_rope(back, T, H, DQK, 4, fr, 1.0, pos, true);
     for (int i = 0; i < T * H * DQK; i++) assert_true(fabs(back[i] - x[i]) < 1e-12);
     /* by hand: one pair, position 1, theta irrelevant for i = 0: rotate (1, 0) by 1 radian */
     double v[2] = {1, 0};
     int p1 = 1;
-    exec_ref_rope(v, 1, 1, 2, 2, 10000.0, &p1, false);
+    exec_ref_rope(v, 1, 1, 2, 2, fr, 1.0, &p1, false);
     assert_true(fabs(v[0] - cos(1.0)) < 1e-15 && fabs(v[1] - sin(1.0)) < 1e-15);
+    /* a scale multiplies; the transpose then gives scale^2 x the identity */
+    double w[2] = {1, 0};
+    exec_ref_rope(w, 1, 1, 2, 2, fr, 1.5, &p1, false);
+    assert_true(fabs(w[0] - 1.5 * cos(1.0)) < 1e-15 && fabs(w[1] - 1.5 * sin(1.0)) < 1e-15);
+    exec_ref_rope(w, 1, 1, 2, 2, fr, 1.5, &p1, true);
+    assert_true(fabs(w[0] - 2.25) < 1e-14 && fabs(w[1]) < 1e-14);
 }
 
 /* --- attention --- */
