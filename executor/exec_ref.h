@@ -34,16 +34,23 @@ void exec_router_cfg_from_model(struct exec_router_cfg *cfg, const struct mdl_mo
  *   (aux-loss-free balancing), never to the weights;
  *   gate, up (experts, ffn, hidden); down (experts, hidden, ffn);
  *   shared experts fused into one SwiGLU of width shared_ffn (0: none):
- *   sgate, sup (shared_ffn, hidden); sdown (hidden, shared_ffn). */
+ *   sgate, sup (shared_ffn, hidden); sdown (hidden, shared_ffn);
+ *   gpt-oss's learned biases (all NULL: none): router_b (experts) on the logits, gate_b, up_b
+ *   (experts, ffn) and down_b (experts, hidden) on the routed experts' projections;
+ *   the routed experts' activation act (with alpha and limit for the clamped form; see mdl.h). */
 struct exec_ref_moe {
     struct exec_router_cfg cfg;
     int hidden, ffn, shared_ffn;
     double *router, *bias, *gate, *up, *down, *sgate, *sup, *sdown;
+    double *router_b, *gate_b, *up_b, *down_b;
+    enum mdl_activation act;
+    double alpha, limit;
 };
 
 /* Gradients of the same shapes (bias has none). */
 struct exec_ref_moe_grad {
     double *router, *gate, *up, *down, *sgate, *sup, *sdown;
+    double *router_b, *gate_b, *up_b, *down_b;
 };
 
 /* Routing of T tokens: choice (T, top_k) expert ids in order of selection, weight (T, top_k). */

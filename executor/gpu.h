@@ -30,13 +30,13 @@
 /* A block's weights, by their names in the parameter table. */
 /* clang-format off */
 enum { W_ATTN_NORM, W_WQ, W_WK, W_WV, W_WO, W_Q_NORM, W_K_NORM, W_Q_BIAS, W_K_BIAS, W_V_BIAS,
-       W_O_BIAS, W_SINKS, W_WQA, W_QA_NORM, W_WQB, W_WKVA, W_KVA_NORM, W_WKVB, W_FFN_NORM, W_ROUTER, W_GATE,
-       W_UP, W_DOWN, W_SGATE, W_SUP, W_SDOWN, W_N };
+       W_O_BIAS, W_SINKS, W_WQA, W_QA_NORM, W_WQB, W_WKVA, W_KVA_NORM, W_WKVB, W_FFN_NORM, W_ROUTER,
+       W_ROUTER_B, W_GATE, W_UP, W_DOWN, W_GATE_B, W_UP_B, W_DOWN_B, W_SGATE, W_SUP, W_SDOWN, W_N };
 static const char *const w_names[W_N] = {
     "attn_norm", "wq",       "wk",     "wv",       "wo",   "q_norm",   "k_norm",
     "q_bias",    "k_bias",   "v_bias", "o_bias",   "sinks", "wqa",  "qa_norm",  "wqb",
-    "wkva",      "kva_norm", "wkvb",   "ffn_norm", "router", "gate",   "up",
-    "down",      "sgate",    "sup",    "sdown"};
+    "wkva",      "kva_norm", "wkvb",   "ffn_norm", "router", "router_bias", "gate",   "up",
+    "down",      "gate_bias", "up_bias", "down_bias", "sgate",    "sup",    "sdown"};
 /* clang-format on */
 
 /* What one block keeps from its forward for its backward. Shapes (rows, columns): T = tokens of
@@ -126,6 +126,11 @@ struct exec_gpu {
     bool mla, qk_norm; /* qk_norm: RMSNorm over each head's q and k (GQA) */
     bool attn_bias;    /* biases on the q, k, v and output projections (GQA) */
     bool sinks;        /* a learned sink logit per head in every softmax (GQA) */
+    /* gpt-oss's MoE: biases on the router and the routed experts' projections, with ones16 (Pe
+     * ones) for their gradients as GEMMs; the routed experts' activation (act_limit 0: SwiGLU) */
+    bool expert_bias;
+    bf16 *ones16;
+    float act_alpha, act_limit;
     int heads, kv_heads, dqk, dv, nope, rope, q_lora, kv_lora;
     cudaStream_t s;
     cublasHandle_t blas; /* on s */

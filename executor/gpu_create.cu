@@ -127,6 +127,11 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
     g->mla = at->type == MDL_ATTN_MLA;
     g->qk_norm = at->qk_norm;
     g->attn_bias = at->bias;
+    g->expert_bias = m->moe.expert_bias;
+    if (m->moe.activation == MDL_ACT_CLAMPED_SWIGLU) {
+        g->act_alpha = (float)m->moe.swiglu_alpha;
+        g->act_limit = (float)m->moe.swiglu_limit;
+    }
     g->sinks = at->sinks;
     g->heads = at->heads;
     g->kv_heads = g->mla ? at->heads : at->kv_heads;
@@ -233,7 +238,7 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
     g->gslice = (int *)calloc((size_t)nt + 1, sizeof(int));
     if (!g->gslice) return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
     for (int l = 0; l < g->layers; l++)
-        for (int j = W_GATE; j <= W_DOWN && g->moe_index[l] >= 0; j++)
+        for (int j = W_GATE; j <= W_DOWN_B && g->moe_index[l] >= 0; j++)
             if (g->wi[l][j] >= 0) g->gslice[g->wi[l][j] + 1] = g->experts - 1;
     for (int t = 0; t < nt; t++) g->gslice[t + 1] += g->gslice[t] + 1;
     g->gfresh = (unsigned char *)malloc((size_t)g->gslice[nt]);
@@ -385,6 +390,16 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
         ALLOC(g->ep_loads, (size_t)g->nmoe * E, c);
         if (cfg->ep) MOE_CHECK(gpu_ep_alloc(g, err));
         ALLOC(g->scores, (size_t)T * E, c);
+        if (g->expert_bias) {
+            ALLOC(g->ones16, g->Pe, c);
+            bf16 *one = (bf16 *)malloc(sizeof(bf16) * (size_t)g->Pe);
+            if (!one) return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
+            for (int i = 0; i < g->Pe; i++) one[i] = __float2bfloat16(1.0f);
+            cudaError_t e =
+                cudaMemcpy(g->ones16, one, sizeof(bf16) * (size_t)g->Pe, cudaMemcpyHostToDevice);
+            free(one);
+            MOE_CUDA_CHECK(e);
+        }
     }
     ALLOC(g->fin16, (size_t)T * h, c);
     ALLOC(g->rstdf, T, c);

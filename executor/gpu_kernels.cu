@@ -519,21 +519,48 @@ cudaError_t gk_mla_disassemble(const float *dq32, const float *dk32, const float
 
 /* ---- SwiGLU -------------------------------------------------------------------------------- */
 
+/* The activation of (g, u) and, with d, its derivatives times dh: silu(g) u (limit 0), or
+ * gpt-oss's clamped form (u' + 1) g' sigmoid(alpha g'), g' = min(g, limit),
+ * u' = clamp(u, -limit, limit), the clamps passing no gradient outside their range. */
+__device__ __forceinline__ float act_fwd(float g, float u, float alpha, float limit)
+{
+    if (limit <= 0.0f) return g * (1.0f / (1.0f + expf(-g))) * u;
+    float gc = fminf(g, limit), uc = fminf(fmaxf(u, -limit), limit);
+    return (uc + 1.0f) * gc * (1.0f / (1.0f + expf(-alpha * gc)));
+}
+
+__device__ __forceinline__ void act_bwd(float g, float u, float dh, float alpha, float limit,
+                                        float *dg, float *du)
+{
+    if (limit <= 0.0f) {
+        float sg = 1.0f / (1.0f + expf(-g));
+        *du = dh * g * sg;
+        *dg = dh * u * sg * (1.0f + g * (1.0f - sg));
+        return;
+    }
+    float gc = fminf(g, limit), uc = fminf(fmaxf(u, -limit), limit);
+    float sg = 1.0f / (1.0f + expf(-alpha * gc));
+    *du = u >= -limit && u <= limit ? dh * gc * sg : 0.0f;
+    *dg = g <= limit ? dh * (uc + 1.0f) * sg * (1.0f + alpha * gc * (1.0f - sg)) : 0.0f;
+}
+
 /* V elements a thread, nv threads' worth; computed in fp32 from the bf16 GEMM outputs. */
-template <int V> __global__ void k_swiglu(const bf16 *g, const bf16 *u, bf16 *hm, size_t nv)
+template <int V>
+__global__ void k_swiglu(const bf16 *g, const bf16 *u, bf16 *hm, size_t nv, float alpha,
+                         float limit)
 {
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i >= nv) return;
     float x[V], y[V];
     ld_bf16<V>(g + i * V, x);
     ld_bf16<V>(u + i * V, y);
-    for (int k = 0; k < V; k++) x[k] = x[k] * (1.0f / (1.0f + expf(-x[k]))) * y[k];
+    for (int k = 0; k < V; k++) x[k] = act_fwd(x[k], y[k], alpha, limit);
     st_bf16<V>(hm + i * V, x);
 }
 
 template <int V>
 __global__ void k_swiglu_backward(const bf16 *g, const bf16 *u, const bf16 *dhm, bf16 *dg, bf16 *du,
-                                  size_t nv)
+                                  size_t nv, float alpha, float limit)
 {
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i >= nv) return;
@@ -541,11 +568,7 @@ __global__ void k_swiglu_backward(const bf16 *g, const bf16 *u, const bf16 *dhm,
     ld_bf16<V>(g + i * V, x);
     ld_bf16<V>(u + i * V, y);
     ld_bf16<V>(dhm + i * V, d);
-    for (int k = 0; k < V; k++) {
-        float sg = 1.0f / (1.0f + expf(-x[k])), dk = d[k];
-        d[k] = dk * x[k] * sg;                               /* d up */
-        x[k] = dk * y[k] * sg * (1.0f + x[k] * (1.0f - sg)); /* d gate */
-    }
+    for (int k = 0; k < V; k++) act_bwd(x[k], y[k], d[k], alpha, limit, &x[k], &d[k]);
     st_bf16<V>(du + i * V, d);
     st_bf16<V>(dg + i * V, x);
 }
@@ -559,24 +582,29 @@ static size_t by_eight(size_t n, const void *const *ptrs, int np)
     return n / 8;
 }
 
-cudaError_t gk_swiglu(const bf16 *g, const bf16 *u, bf16 *hm, size_t n, cudaStream_t s)
+cudaError_t gk_swiglu(const bf16 *g, const bf16 *u, bf16 *hm, size_t n, float alpha, float limit,
+                      cudaStream_t s)
 {
     const void *p[] = {g, u, hm};
     size_t n8 = by_eight(n, p, 3), o = 8 * n8;
-    if (n8) k_swiglu<8><<<blocks_for(n8, TPB), TPB, 0, s>>>(g, u, hm, n8);
-    if (n > o) k_swiglu<1><<<blocks_for(n - o, TPB), TPB, 0, s>>>(g + o, u + o, hm + o, n - o);
+    if (n8) k_swiglu<8><<<blocks_for(n8, TPB), TPB, 0, s>>>(g, u, hm, n8, alpha, limit);
+    if (n > o)
+        k_swiglu<1>
+            <<<blocks_for(n - o, TPB), TPB, 0, s>>>(g + o, u + o, hm + o, n - o, alpha, limit);
     return cudaGetLastError();
 }
 
 cudaError_t gk_swiglu_backward(const bf16 *g, const bf16 *u, const bf16 *dhm, bf16 *dg, bf16 *du,
-                               size_t n, cudaStream_t s)
+                               size_t n, float alpha, float limit, cudaStream_t s)
 {
     const void *p[] = {g, u, dhm, dg, du};
     size_t n8 = by_eight(n, p, 5), o = 8 * n8;
-    if (n8) k_swiglu_backward<8><<<blocks_for(n8, TPB), TPB, 0, s>>>(g, u, dhm, dg, du, n8);
+    if (n8)
+        k_swiglu_backward<8>
+            <<<blocks_for(n8, TPB), TPB, 0, s>>>(g, u, dhm, dg, du, n8, alpha, limit);
     if (n > o)
-        k_swiglu_backward<1>
-            <<<blocks_for(n - o, TPB), TPB, 0, s>>>(g + o, u + o, dhm + o, dg + o, du + o, n - o);
+        k_swiglu_backward<1><<<blocks_for(n - o, TPB), TPB, 0, s>>>(g + o, u + o, dhm + o, dg + o,
+                                                                    du + o, n - o, alpha, limit);
     return cudaGetLastError();
 }
 

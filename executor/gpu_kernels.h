@@ -201,10 +201,12 @@ bool gk_cudnn_backward(const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *
 void gk_cudnn_release(cudaStream_t s);
 /* cuDNN's version at run time ("9.19.0"), or that the build has none. */
 const char *gk_cudnn_version(char *buf, size_t cap);
-/* SwiGLU on bf16 gate / up (fp32 inside): hm = silu(g) u; its backward from dhm. */
-cudaError_t gk_swiglu(const bf16 *g, const bf16 *u, bf16 *hm, size_t n, cudaStream_t s);
+/* SwiGLU on bf16 gate / up (fp32 inside): hm = silu(g) u (limit 0), or gpt-oss's clamped form
+ * with alpha and limit (mdl.h); its backward from dhm. */
+cudaError_t gk_swiglu(const bf16 *g, const bf16 *u, bf16 *hm, size_t n, float alpha, float limit,
+                      cudaStream_t s);
 cudaError_t gk_swiglu_backward(const bf16 *g, const bf16 *u, const bf16 *dhm, bf16 *dg, bf16 *du,
-                               size_t n, cudaStream_t s);
+                               size_t n, float alpha, float limit, cudaStream_t s);
 /* cnt, base: ceil(n / GK_CHUNK) x E ints; off: E + 1 ints. */
 cudaError_t gk_permute_count(const int *choice, int n, int E, int *cnt, int *base, int *off,
                              cudaStream_t s);

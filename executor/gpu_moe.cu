@@ -16,7 +16,7 @@ enum moe_status gpu_swiglu_forward(struct exec_gpu *g, const bf16 *x, int T, int
     int h = g->hidden;
     MOE_CHECK(gpu_lin(g, x, h, Wg, T, h, F, g16, F, CUDA_R_16BF, 0, err));
     MOE_CHECK(gpu_lin(g, x, h, Wu, T, h, F, u16, F, CUDA_R_16BF, 0, err));
-    MOE_CUDA_CHECK(gk_swiglu(g16, u16, hm16, (size_t)T * F, g->s));
+    MOE_CUDA_CHECK(gk_swiglu(g16, u16, hm16, (size_t)T * F, 1.0f, 0.0f, g->s));
     return gpu_lin(g, hm16, F, Wd, T, F, h, y, h, CUDA_R_32F, 1.0f, err);
 }
 
@@ -30,7 +30,8 @@ enum moe_status gpu_swiglu_backward(struct exec_gpu *g, const bf16 *x, const bf1
     if (T == 0) return MOE_OK;
     MOE_CHECK(gpu_lin_dx(g, dy16, h, Wd, T, F, h, g->dhm16, F, CUDA_R_16BF, 0, err));
     MOE_CHECK(gpu_lin_dw(g, dy16, h, hm16, F, T, F, h, td, 0, err));
-    MOE_CUDA_CHECK(gk_swiglu_backward(g16, u16, g->dhm16, g->dg16, g->du16, (size_t)T * F, g->s));
+    MOE_CUDA_CHECK(
+        gk_swiglu_backward(g16, u16, g->dhm16, g->dg16, g->du16, (size_t)T * F, 1.0f, 0.0f, g->s));
     MOE_CHECK(gpu_lin_dx(g, g->dg16, F, Wg, T, h, F, dx, h, CUDA_R_32F, beta, err));
     MOE_CHECK(gpu_lin_dx(g, g->du16, F, Wu, T, h, F, dx, h, CUDA_R_32F, 1.0f, err));
     MOE_CHECK(gpu_lin_dw(g, g->dg16, F, x, h, T, h, F, tg, 0, err));
@@ -53,8 +54,20 @@ static enum moe_status each_expert(struct exec_gpu *g, const int *off, Body body
     return gpu_join_experts(g, err);
 }
 
+/* With gpt-oss's biases, expert e's n output rows (width n_cols, from row o of y) start as row
+ * e of bias tensor t and its GEMM adds (beta 1); without them the GEMM writes (beta 0). */
+static float expert_bias_rows(struct exec_gpu *g, int t, int e, size_t o, int n, int cols,
+                              float *y32, bf16 *y16, cudaError_t *ce)
+{
+    if (!g->expert_bias) return 0.0f;
+    const float *b = M(g, t) + (size_t)e * cols;
+    *ce = gk_bias_rows(y32 ? y32 + o * cols : NULL, y16 ? y16 + o * cols : NULL, cols, b, n, cols,
+                       false, g->cur_side < 0 ? g->s : g->side[g->cur_side]);
+    return 1.0f;
+}
+
 /* The expert block on the permuted rows xp16 (expert e: rows off[e] .. off[e+1]): gate and up
- * GEMMs, SwiGLU, down GEMM into yp32. */
+ * GEMMs (with their biases), the activation, down GEMM (with its bias) into yp32. */
 enum moe_status gpu_experts_forward(struct exec_gpu *g, int l, struct act *A, const int *off,
                                     struct moe_error *err)
 {
@@ -63,24 +76,33 @@ enum moe_status gpu_experts_forward(struct exec_gpu *g, int l, struct act *A, co
     MOE_CHECK(each_expert(
         g, off,
         [&](int e, size_t o, int n) {
+            cudaError_t ce = cudaSuccess;
+            float bg = expert_bias_rows(g, w[W_GATE_B], e, o, n, f, NULL, A->eg16, &ce);
+            float bu = expert_bias_rows(g, w[W_UP_B], e, o, n, f, NULL, A->eu16, &ce);
+            MOE_CUDA_CHECK(ce);
             MOE_CHECK(gpu_lin(g, A->xp16 + o * h, h, W16(g, w[W_GATE]) + (size_t)e * f * h, n, h, f,
-                              A->eg16 + o * f, f, CUDA_R_16BF, 0, err));
+                              A->eg16 + o * f, f, CUDA_R_16BF, bg, err));
             return gpu_lin(g, A->xp16 + o * h, h, W16(g, w[W_UP]) + (size_t)e * f * h, n, h, f,
-                           A->eu16 + o * f, f, CUDA_R_16BF, 0, err);
+                           A->eu16 + o * f, f, CUDA_R_16BF, bu, err);
         },
         err));
-    MOE_CUDA_CHECK(gk_swiglu(A->eg16, A->eu16, A->ehm16, (size_t)off[E] * f, g->s));
+    MOE_CUDA_CHECK(gk_swiglu(A->eg16, A->eu16, A->ehm16, (size_t)off[E] * f, g->act_alpha,
+                             g->act_limit, g->s));
     return each_expert(
         g, off,
         [&](int e, size_t o, int n) {
+            cudaError_t ce = cudaSuccess;
+            float bd = expert_bias_rows(g, w[W_DOWN_B], e, o, n, h, A->yp32, NULL, &ce);
+            MOE_CUDA_CHECK(ce);
             return gpu_lin(g, A->ehm16 + o * f, f, W16(g, w[W_DOWN]) + (size_t)e * h * f, n, f, h,
-                           A->yp32 + o * h, h, CUDA_R_32F, 0, err);
+                           A->yp32 + o * h, h, CUDA_R_32F, bd, err);
         },
         err);
 }
 
 /* Its backward from dyp16: the rows' gradient (dxg16 + dxu16, each GEMM's own bf16 output, summed
- * in fp32 by their consumer) and the expert weight gradients. */
+ * in fp32 by their consumer) and the expert weight gradients; a bias's gradient is its rows'
+ * column sums, a GEMM with the ones vector. */
 enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act *A, const int *off,
                                      struct moe_error *err)
 {
@@ -91,12 +113,15 @@ enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act
         [&](int e, size_t o, int n) {
             MOE_CHECK(gpu_lin_dx(g, g->dyp16 + o * h, h, W16(g, w[W_DOWN]) + (size_t)e * h * f, n,
                                  f, h, g->dehm16 + o * f, f, CUDA_R_16BF, 0, err));
+            if (g->expert_bias)
+                MOE_CHECK(
+                    gpu_lin_dw(g, g->dyp16 + o * h, h, g->ones16, 1, n, 1, h, w[W_DOWN_B], e, err));
             return gpu_lin_dw(g, g->dyp16 + o * h, h, A->ehm16 + o * f, f, n, f, h, w[W_DOWN], e,
                               err);
         },
         err));
     MOE_CUDA_CHECK(gk_swiglu_backward(A->eg16, A->eu16, g->dehm16, g->deg16, g->deu16,
-                                      (size_t)off[E] * f, g->s));
+                                      (size_t)off[E] * f, g->act_alpha, g->act_limit, g->s));
     return each_expert(
         g, off,
         [&](int e, size_t o, int n) {
@@ -106,6 +131,12 @@ enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act
                                  f, g->dxu16 + o * h, h, CUDA_R_16BF, 0, err));
             MOE_CHECK(
                 gpu_lin_dw(g, g->deg16 + o * f, f, A->xp16 + o * h, h, n, h, f, w[W_GATE], e, err));
+            if (g->expert_bias) {
+                MOE_CHECK(
+                    gpu_lin_dw(g, g->deg16 + o * f, f, g->ones16, 1, n, 1, f, w[W_GATE_B], e, err));
+                MOE_CHECK(
+                    gpu_lin_dw(g, g->deu16 + o * f, f, g->ones16, 1, n, 1, f, w[W_UP_B], e, err));
+            }
             return gpu_lin_dw(g, g->deu16 + o * f, f, A->xp16 + o * h, h, n, h, f, w[W_UP], e, err);
         },
         err);
@@ -122,8 +153,11 @@ enum moe_status gpu_moe_forward(struct exec_gpu *g, int l, struct act *A, float 
         mi = g->moe_index[l];
     int *off = g->off_host[l];
     PH(COST_ROUTER);
-    MOE_CHECK(gpu_mm(g, false, true, T, E, h, 1.0f, A->b32, h, 0, M(g, w[W_ROUTER]), h, 0, 0.0f,
-                     A->logits, E, 0, 1, CUDA_R_32F, CUDA_R_32F, err));
+    if (g->expert_bias) /* gpt-oss: the logits start as the router's bias */
+        MOE_CUDA_CHECK(gk_bias_rows(A->logits, NULL, E, M(g, w[W_ROUTER_B]), T, E, false, g->s));
+    MOE_CHECK(gpu_mm(g, false, true, T, E, h, 1.0f, A->b32, h, 0, M(g, w[W_ROUTER]), h, 0,
+                     g->expert_bias ? 1.0f : 0.0f, A->logits, E, 0, 1, CUDA_R_32F, CUDA_R_32F,
+                     err));
     MOE_CHECK(
         exec_route(&g->rc, A->logits, g->bias + (size_t)l * E, T, A->choice, A->weight, g->s, err));
     if (g->forced_choice)
@@ -227,6 +261,9 @@ enum moe_status gpu_moe_backward(struct exec_gpu *g, int l, const struct act *A,
     PH(COST_ROUTER);
     MOE_CUDA_CHECK(gk_router_backward(&g->rc, A->logits, A->choice, A->weight, g->dw,
                                       g->rc.aux_coef != 0.0 ? A->auxg : NULL, T, g->dz, g->s));
+    if (g->expert_bias)
+        MOE_CUDA_CHECK(gk_colsum(g->dz, E, NULL, 0, NULL, T, E, g->part, GR(g, w[W_ROUTER_B]),
+                                 !gpu_grad_first(g, w[W_ROUTER_B], 0), g->s));
     bool first = gpu_grad_first(g, w[W_ROUTER], 0);
     MOE_CHECK(gpu_mm(g, true, false, E, h, T, 1.0f, g->dz, E, 0, A->b32, h, 0, first ? 0.0f : 1.0f,
                      GR(g, w[W_ROUTER]), h, 0, 1, CUDA_R_32F, CUDA_R_32F, err));

@@ -102,6 +102,12 @@ enum moe_status exec_model_table(struct exec_ref_model *r, const struct mdl_mode
             ADD(e->experts * e->intermediate, h, "blk%d.gate", l);
             ADD(e->experts * e->intermediate, h, "blk%d.up", l);
             ADD(e->experts * h, e->intermediate, "blk%d.down", l);
+            if (e->expert_bias) { /* gpt-oss */
+                ADD(1, e->experts, "blk%d.router_bias", l);
+                ADD(e->experts, e->intermediate, "blk%d.gate_bias", l);
+                ADD(e->experts, e->intermediate, "blk%d.up_bias", l);
+                ADD(e->experts, h, "blk%d.down_bias", l);
+            }
             if (fs) {
                 ADD(fs, h, "blk%d.sgate", l);
                 ADD(fs, h, "blk%d.sup", l);
@@ -232,6 +238,13 @@ static void moe_view(const struct ctx *c, int l, struct exec_ref_moe *w,
     w->sgate = (double *)P(c, "sgate", l);
     w->sup = (double *)P(c, "sup", l);
     w->sdown = (double *)P(c, "sdown", l);
+    w->router_b = (double *)P(c, "router_bias", l);
+    w->gate_b = (double *)P(c, "gate_bias", l);
+    w->up_b = (double *)P(c, "up_bias", l);
+    w->down_b = (double *)P(c, "down_bias", l);
+    w->act = m->moe.activation;
+    w->alpha = m->moe.swiglu_alpha;
+    w->limit = m->moe.swiglu_limit;
     if (g) {
         g->router = G(c, "router", l);
         g->gate = G(c, "gate", l);
@@ -240,6 +253,10 @@ static void moe_view(const struct ctx *c, int l, struct exec_ref_moe *w,
         g->sgate = G(c, "sgate", l);
         g->sup = G(c, "sup", l);
         g->sdown = G(c, "sdown", l);
+        g->router_b = G(c, "router_bias", l);
+        g->gate_b = G(c, "gate_bias", l);
+        g->up_b = G(c, "up_bias", l);
+        g->down_b = G(c, "down_bias", l);
     }
 }
 

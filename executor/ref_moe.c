@@ -12,7 +12,9 @@
  *   the topk_group best groups stay eligible; then the top_k keys (ties: lower expert id)
  *   weight = softmax over the chosen logits (softmax_after_topk), else s of the chosen;
  *   normalized to sum 1 (norm_topk); times scaling
- * Expert e (SwiGLU): out = down_e (silu(gate_e x) * up_e x).
+ * Expert e (SwiGLU): out = down_e (silu(gate_e x) * up_e x); gpt-oss adds biases to the logits and
+ * to each projection and clamps its activation: out = down_e act(gate_e x + gb_e, up_e x + ub_e)
+ * + db_e, act as in mdl.h.
  * Optional load-balance loss (Switch Transformer form), aux_coef a:
  *   aux = a * E * sum_e f_e * P_e,  f_e = (pairs routed to e) / (T * top_k),  P_e = mean_t s_te
  * f_e is piecewise constant, so d aux / d s_te = a * E * f_e / T, through the scores.
@@ -153,39 +155,112 @@ static void matvec(const double *A, const double *x, int rows, int cols, double 
     }
 }
 
-/* SwiGLU of one row; keeps g, u for the backward when asked. */
-static void swiglu(const double *gate, const double *up, const double *down, int h, int f,
-                   const double *x, double *out, double *g, double *u, double *hm)
+/* The router's logits of one row: router x (+ router_b). */
+static void router_logits(const struct exec_ref_moe *w, const double *x, double *z)
 {
-    matvec(gate, x, f, h, g);
-    matvec(up, x, f, h, u);
-    for (int i = 0; i < f; i++) hm[i] = g[i] * sigmoid(g[i]) * u[i];
-    matvec(down, hm, h, f, out);
+    matvec(w->router, x, w->cfg.experts, w->hidden, z);
+    if (w->router_b)
+        for (int e = 0; e < w->cfg.experts; e++) z[e] += w->router_b[e];
 }
 
-/* Backward of one SwiGLU row for d_out; accumulates weight gradients and dx. */
-static void swiglu_backward(const double *gate, const double *up, const double *down, int h, int f,
-                            const double *x, const double *d_out, double *dgate, double *dup,
-                            double *ddown, double *dx, double *g, double *u, double *hm, double *dh)
+/* One SwiGLU FFN: expert e's (e = -1: the shared experts, which have no biases and the plain
+ * activation), its weights, biases (NULL: none), width and activation. */
+struct ffn {
+    const double *gate, *up, *down, *gb, *ub, *db;
+    int f;
+    bool clamped;
+    double alpha, limit;
+};
+
+static struct ffn ffn_of(const struct exec_ref_moe *w, int e)
 {
-    matvec(gate, x, f, h, g);
-    matvec(up, x, f, h, u);
-    for (int i = 0; i < f; i++) hm[i] = g[i] * sigmoid(g[i]) * u[i];
+    size_t fh = (size_t)w->ffn * w->hidden;
+    if (e < 0)
+        return (struct ffn){w->sgate, w->sup,        w->sdown, NULL, NULL,
+                            NULL,     w->shared_ffn, false,    1.0,  0.0};
+    return (struct ffn){w->gate + e * fh,
+                        w->up + e * fh,
+                        w->down + e * fh,
+                        w->gate_b ? w->gate_b + (size_t)e * w->ffn : NULL,
+                        w->up_b ? w->up_b + (size_t)e * w->ffn : NULL,
+                        w->down_b ? w->down_b + (size_t)e * w->hidden : NULL,
+                        w->ffn,
+                        w->act == MDL_ACT_CLAMPED_SWIGLU,
+                        w->alpha,
+                        w->limit};
+}
+
+/* The activation of gate g and up u, and its derivatives in g and u (when dg is not NULL):
+ * silu(g) u, or the clamped form (u' + 1) g' sigmoid(alpha g'), g' = min(g, limit),
+ * u' = clamp(u, -limit, limit), whose clamps pass no gradient outside their range (as
+ * torch.clamp: the bounds themselves pass it). */
+static double act(const struct ffn *F, double g, double u, double *dg, double *du)
+{
+    if (!F->clamped) {
+        double sg = sigmoid(g);
+        if (dg) *dg = u * sg * (1.0 + g * (1.0 - sg)), *du = g * sg;
+        return g * sg * u;
+    }
+    double gc = fmin(g, F->limit), uc = fmin(fmax(u, -F->limit), F->limit);
+    double sg = sigmoid(F->alpha * gc), glu = gc * sg;
+    if (dg) {
+        *dg = g <= F->limit ? (uc + 1.0) * sg * (1.0 + F->alpha * gc * (1.0 - sg)) : 0.0;
+        *du = u >= -F->limit && u <= F->limit ? glu : 0.0;
+    }
+    return (uc + 1.0) * glu;
+}
+
+/* The FFN's hidden row of x: g, u (with their biases) and hm = act(g, u). */
+static void ffn_hidden(const struct ffn *F, int h, const double *x, double *g, double *u,
+                       double *hm)
+{
+    matvec(F->gate, x, F->f, h, g);
+    matvec(F->up, x, F->f, h, u);
+    for (int i = 0; i < F->f; i++) {
+        if (F->gb) g[i] += F->gb[i], u[i] += F->ub[i];
+        hm[i] = act(F, g[i], u[i], NULL, NULL);
+    }
+}
+
+/* The FFN on one row x: g, u, hm kept for the caller, out = down hm (+ db). */
+static void ffn_forward(const struct ffn *F, int h, const double *x, double *out, double *g,
+                        double *u, double *hm)
+{
+    ffn_hidden(F, h, x, g, u, hm);
+    matvec(F->down, hm, h, F->f, out);
+    if (F->db)
+        for (int r = 0; r < h; r++) out[r] += F->db[r];
+}
+
+/* Backward of one row for d_out: accumulates the gradients of expert e (g's slices) and dx. */
+static void ffn_backward(const struct ffn *F, const struct exec_ref_moe *w, int e, int h,
+                         const double *x, const double *d_out, struct exec_ref_moe_grad *gr,
+                         double *dx, double *g, double *u, double *hm, double *dh)
+{
+    int f = F->f;
+    size_t fh = (size_t)f * h;
+    double *dgate = e < 0 ? gr->sgate : gr->gate + e * fh;
+    double *dup = e < 0 ? gr->sup : gr->up + e * fh;
+    double *ddown = e < 0 ? gr->sdown : gr->down + e * fh;
+    ffn_hidden(F, h, x, g, u, hm);
     for (int r = 0; r < h; r++)
         for (int c = 0; c < f; c++) ddown[(size_t)r * f + c] += d_out[r] * hm[c];
+    if (F->db)
+        for (int r = 0; r < h; r++) gr->down_b[(size_t)e * w->hidden + r] += d_out[r];
     for (int c = 0; c < f; c++) {
         double acc = 0.0;
-        for (int r = 0; r < h; r++) acc += down[(size_t)r * f + c] * d_out[r];
+        for (int r = 0; r < h; r++) acc += F->down[(size_t)r * f + c] * d_out[r];
         dh[c] = acc;
     }
     for (int i = 0; i < f; i++) {
-        double sg = sigmoid(g[i]), a = g[i] * sg;
-        double du = dh[i] * a;
-        double dg = dh[i] * u[i] * sg * (1.0 + g[i] * (1.0 - sg));
+        double ag, au;
+        act(F, g[i], u[i], &ag, &au);
+        double dg = dh[i] * ag, du = dh[i] * au;
+        if (F->gb) gr->gate_b[(size_t)e * w->ffn + i] += dg, gr->up_b[(size_t)e * w->ffn + i] += du;
         for (int c = 0; c < h; c++) {
             dgate[(size_t)i * h + c] += dg * x[c];
             dup[(size_t)i * h + c] += du * x[c];
-            dx[c] += gate[(size_t)i * h + c] * dg + up[(size_t)i * h + c] * du;
+            dx[c] += F->gate[(size_t)i * h + c] * dg + F->up[(size_t)i * h + c] * du;
         }
     }
 }
@@ -199,7 +274,7 @@ void exec_ref_moe_route_fractions(const struct exec_ref_moe *w, const double *x,
     double z[4096], s[4096];
     for (int e = 0; e < E; e++) f[e] = 0.0;
     for (int t = 0; t < tokens; t++) {
-        matvec(w->router, x + (size_t)t * w->hidden, E, w->hidden, z);
+        router_logits(w, x + (size_t)t * w->hidden, z);
         scores_of(cfg, z, s);
         choose(cfg, s, w->bias, ch);
         for (int j = 0; j < k; j++) f[ch[j]] += 1.0 / ((double)tokens * k);
@@ -214,7 +289,7 @@ double exec_ref_moe_aux_loss(const struct exec_ref_moe *w, const double *x, int 
     double f[4096], z[4096], s[4096], sum = 0.0;
     exec_ref_moe_route_fractions(w, x, tokens, f);
     for (int t = 0; t < tokens; t++) {
-        matvec(w->router, x + (size_t)t * w->hidden, E, w->hidden, z);
+        router_logits(w, x + (size_t)t * w->hidden, z);
         scores_of(cfg, z, s);
         for (int e = 0; e < E; e++) sum += f[e] * s[e];
     }
@@ -272,9 +347,12 @@ static void aux_scores_backward(const struct exec_router_cfg *cfg, const double 
 
 /* Router gradient and dx of one token from dz (experts). */
 static void router_logits_backward(const struct exec_ref_moe *w, const double *xt, const double *dz,
-                                   double *dxt, double *grad_router)
+                                   double *dxt, struct exec_ref_moe_grad *g)
 {
+    double *grad_router = g->router;
     int h = w->hidden;
+    for (int e = 0; e < w->cfg.experts; e++)
+        if (w->router_b) g->router_b[e] += dz[e];
     for (int e = 0; e < w->cfg.experts; e++)
         for (int c = 0; c < h; c++) {
             grad_router[(size_t)e * h + c] += dz[e] * xt[c];
@@ -282,41 +360,23 @@ static void router_logits_backward(const struct exec_ref_moe *w, const double *x
         }
 }
 
-static void expert_weights(const struct exec_ref_moe *w, int e, const double **gate,
-                           const double **up, const double **down, int *f)
-{
-    size_t fh = (size_t)w->ffn * w->hidden;
-    *f = e < 0 ? w->shared_ffn : w->ffn;
-    *gate = e < 0 ? w->sgate : w->gate + (size_t)e * fh;
-    *up = e < 0 ? w->sup : w->up + (size_t)e * fh;
-    *down = e < 0 ? w->sdown : w->down + (size_t)e * fh;
-}
-
 void exec_ref_expert_forward(const struct exec_ref_moe *w, int e, const double *x, double *out)
 {
-    const double *gate, *up, *down;
-    int f;
-    expert_weights(w, e, &gate, &up, &down, &f);
-    double *tmp = malloc(sizeof *tmp * (size_t)(3 * f));
+    struct ffn F = ffn_of(w, e);
+    double *tmp = malloc(sizeof *tmp * (size_t)(3 * F.f));
     if (!tmp) return;
-    swiglu(gate, up, down, w->hidden, f, x, out, tmp, tmp + f, tmp + 2 * f);
+    ffn_forward(&F, w->hidden, x, out, tmp, tmp + F.f, tmp + 2 * F.f);
     free(tmp);
 }
 
 void exec_ref_expert_backward(const struct exec_ref_moe *w, int e, const double *x,
                               const double *d_out, struct exec_ref_moe_grad *g, double *dx)
 {
-    const double *gate, *up, *down;
-    int f;
-    expert_weights(w, e, &gate, &up, &down, &f);
-    size_t fh = (size_t)w->ffn * w->hidden;
-    double *dgate = e < 0 ? g->sgate : g->gate + (size_t)e * fh;
-    double *dup = e < 0 ? g->sup : g->up + (size_t)e * fh;
-    double *ddown = e < 0 ? g->sdown : g->down + (size_t)e * fh;
-    double *tmp = malloc(sizeof *tmp * (size_t)(4 * f));
+    struct ffn F = ffn_of(w, e);
+    double *tmp = malloc(sizeof *tmp * (size_t)(4 * F.f));
     if (!tmp) return;
-    swiglu_backward(gate, up, down, w->hidden, f, x, d_out, dgate, dup, ddown, dx, tmp, tmp + f,
-                    tmp + 2 * f, tmp + 3 * f);
+    ffn_backward(&F, w, e, w->hidden, x, d_out, g, dx, tmp, tmp + F.f, tmp + 2 * F.f,
+                 tmp + 3 * F.f);
     free(tmp);
 }
 
@@ -327,7 +387,7 @@ void exec_ref_moe_route(const struct exec_ref_moe *w, const double *x, int token
     double z[4096] = {0};
     if (E < 1 || E > 4096) return;
     for (int t = 0; t < tokens; t++) {
-        matvec(w->router, x + (size_t)t * w->hidden, E, w->hidden, z);
+        router_logits(w, x + (size_t)t * w->hidden, z);
         exec_ref_route(&w->cfg, z, w->bias, 1, choice + (size_t)t * k, weight + (size_t)t * k);
     }
 }
@@ -341,14 +401,14 @@ void exec_ref_router_backward(const struct exec_ref_moe *w, const double *x, con
     double z[4096] = {0}, s[4096], ds[4096], dz[4096], wt[64], d[64];
     int ch[64];
     if (E < 1 || E > 4096 || k > 64) return;
-    matvec(w->router, x, E, w->hidden, z);
+    router_logits(w, x, z);
     scores_of(cfg, z, s);
     choose(cfg, s, w->bias, ch);
     weights_of(cfg, z, s, ch, wt);
     for (int j = 0; j < k; j++) d[j] = dw[j];
     router_scores_backward(cfg, s, ch, wt, d, dz, ds);
     if (frac && cfg->aux_coef != 0.0) aux_scores_backward(cfg, s, frac, tokens, dz);
-    router_logits_backward(w, x, dz, dx, g->router);
+    router_logits_backward(w, x, dz, dx, g);
 }
 
 static enum moe_status check_layer(const struct exec_ref_moe *w, int tokens, struct moe_error *err)
@@ -380,17 +440,18 @@ enum moe_status exec_ref_moe_forward(const struct exec_ref_moe *w, const double 
     for (int t = 0; t < tokens; t++) {
         const double *xt = x + (size_t)t * h;
         double *yt = y + (size_t)t * h;
-        matvec(w->router, xt, E, h, z);
+        router_logits(w, xt, z);
         exec_ref_route(&w->cfg, z, w->bias, 1, ch, wt);
         for (int c = 0; c < h; c++) yt[c] = 0.0;
         for (int j = 0; j < k; j++) {
             int e = ch[j];
-            swiglu(w->gate + (size_t)e * f * h, w->up + (size_t)e * f * h,
-                   w->down + (size_t)e * h * f, h, f, xt, out, g, u, hm);
+            struct ffn F = ffn_of(w, e);
+            ffn_forward(&F, h, xt, out, g, u, hm);
             for (int c = 0; c < h; c++) yt[c] += wt[j] * out[c];
         }
         if (w->shared_ffn) {
-            swiglu(w->sgate, w->sup, w->sdown, h, w->shared_ffn, xt, out, g, u, hm);
+            struct ffn F = ffn_of(w, -1);
+            ffn_forward(&F, h, xt, out, g, u, hm);
             for (int c = 0; c < h; c++) yt[c] += out[c];
         }
         if (choice) memcpy(choice + (size_t)t * k, ch, sizeof *ch * (size_t)k);
@@ -430,30 +491,28 @@ enum moe_status exec_ref_moe_backward(const struct exec_ref_moe *w, const double
         const double *xt = x + (size_t)t * h, *dyt = dy + (size_t)t * h;
         double *dxt = dx + (size_t)t * h;
         for (int c = 0; c < h; c++) dxt[c] = 0.0;
-        matvec(w->router, xt, E, h, z);
+        router_logits(w, xt, z);
         scores_of(cfg, z, s);
         choose(cfg, s, w->bias, ch);
         weights_of(cfg, z, s, ch, wt);
         /* Experts: d_out = weight x dy; the weight's gradient is dy . out. */
         for (int j = 0; j < k; j++) {
             int e = ch[j];
-            swiglu(w->gate + (size_t)e * f * h, w->up + (size_t)e * f * h,
-                   w->down + (size_t)e * h * f, h, f, xt, out, g, u, hm);
+            struct ffn F = ffn_of(w, e);
+            ffn_forward(&F, h, xt, out, g, u, hm);
             double acc = 0.0;
             for (int c = 0; c < h; c++) acc += dyt[c] * out[c];
             dw[j] = acc;
             for (int c = 0; c < h; c++) dout[c] = wt[j] * dyt[c];
-            swiglu_backward(w->gate + (size_t)e * f * h, w->up + (size_t)e * f * h,
-                            w->down + (size_t)e * h * f, h, f, xt, dout,
-                            gr->gate + (size_t)e * f * h, gr->up + (size_t)e * f * h,
-                            gr->down + (size_t)e * h * f, dxt, g, u, hm, dh);
+            ffn_backward(&F, w, e, h, xt, dout, gr, dxt, g, u, hm, dh);
         }
-        if (w->shared_ffn)
-            swiglu_backward(w->sgate, w->sup, w->sdown, h, w->shared_ffn, xt, dyt, gr->sgate,
-                            gr->sup, gr->sdown, dxt, g, u, hm, dh);
+        if (w->shared_ffn) {
+            struct ffn F = ffn_of(w, -1);
+            ffn_backward(&F, w, -1, h, xt, dyt, gr, dxt, g, u, hm, dh);
+        }
         router_scores_backward(cfg, s, ch, wt, dw, dz, ds);
         if (cfg->aux_coef != 0.0) aux_scores_backward(cfg, s, frac, tokens, dz);
-        router_logits_backward(w, xt, dz, dxt, gr->router);
+        router_logits_backward(w, xt, dz, dxt, gr);
     }
 cleanup:
     free(z);

@@ -22,12 +22,11 @@ bool exec_model_supported(const struct mdl_model *m, char *why, size_t cap)
         cap = sizeof none;
     }
     const struct mdl_attention *a = &m->attn;
-    const char *missing[4];
+    const char *missing[3];
     int n = 0;
     if (a->qk_norm && a->type != MDL_ATTN_GQA) missing[n++] = "QK-norm with MLA";
     if (a->bias && a->type != MDL_ATTN_GQA) missing[n++] = "attention biases with MLA";
     if (a->sinks && a->type != MDL_ATTN_GQA) missing[n++] = "attention sinks with MLA";
-    if (m->moe.expert_bias) missing[n++] = "expert biases";
     if (n == 0) return true;
     size_t used = (size_t)snprintf(why, cap, "%s uses", m->name);
     for (int i = 0; i < n && used < cap; i++)

@@ -22,9 +22,9 @@ static const char *const act_names[] = {"swiglu", "clamped_swiglu", NULL};
 static enum moe_status load_rope_scaling(const struct moe_jval *o, struct mdl_attention *a,
                                          struct moe_error *err)
 {
-    static const char *const keys[] = {"type",      "factor",   "original_max_position",
-                                       "beta_fast", "beta_slow", "truncate",
-                                       "attention_factor", NULL};
+    static const char *const keys[] = {
+        "type",      "factor",   "original_max_position", "beta_fast",
+        "beta_slow", "truncate", "attention_factor",      NULL};
     struct mdl_yarn *y = &a->yarn;
     enum moe_status st;
     int type;
@@ -188,8 +188,8 @@ static enum moe_status load_moe(const struct moe_jval *o, struct mdl_moe *e, str
         if ((st = moe_jval_num(o, "swiglu_limit", false, 7.0, 1e-6, 1e6, &e->swiglu_limit, err)))
             return st;
     } else {
-        for (const char *const *k = (const char *const[]){"swiglu_alpha", "swiglu_limit", NULL};
-             *k; k++)
+        for (const char *const *k = (const char *const[]){"swiglu_alpha", "swiglu_limit", NULL}; *k;
+             k++)
             if (moe_jval_has(o, *k))
                 return moe_jval_error(o, *k, err,
                                       "only the \"clamped_swiglu\" activation takes this key");
@@ -405,7 +405,8 @@ enum moe_status mdl_model_validate_as(const struct mdl_model *m, const char *whe
         INVALID("%s (%d) exceeds the experts reachable in %s groups (%d)", K("top_k"), e->top_k,
                 K("topk_group"), e->topk_group * (e->experts / e->n_group));
     if (!(e->scaling > 0.0)) INVALID("%s must be positive", K("scaling"));
-    if (e->activation == MDL_ACT_CLAMPED_SWIGLU && !(e->swiglu_alpha > 0.0 && e->swiglu_limit > 0.0))
+    if (e->activation == MDL_ACT_CLAMPED_SWIGLU &&
+        !(e->swiglu_alpha > 0.0 && e->swiglu_limit > 0.0))
         INVALID("the clamped SwiGLU needs positive %s and %s", K("swiglu_alpha"),
                 K("swiglu_limit"));
     if (a->rope_scaling == MDL_ROPE_YARN &&

@@ -330,7 +330,8 @@ static void test_runnable_plans_run(void **state)
     }
     printf("plan --runnable: %d models planned and taken by run, %d refused by name\n", ran,
            refused);
-    assert_true(ran >= 9);
+    assert_true(ran >=
+                13); /* all but Mixtral-8x22B (no one-GPU layout without selective recompute) */
 }
 
 /* `run`: a missing plan, a plan this build does not run (refused, naming what), and a

@@ -164,7 +164,8 @@ static void test_rope(void **state)
             assert_int_equal(cudaMalloc((void **)&x16, sizeof(bf16) * n), cudaSuccess);
             assert_int_equal(gk_to_bf16(d, x16, n, 0), cudaSuccess);
             assert_int_equal(gk_rope_bf16(d, NULL, y, T, H, D, 16, tab, seq, inv, 0), cudaSuccess);
-            assert_int_equal(gk_rope_bf16(NULL, x16, x16, T, H, D, 16, tab, seq, inv, 0), cudaSuccess);
+            assert_int_equal(gk_rope_bf16(NULL, x16, x16, T, H, D, 16, tab, seq, inv, 0),
+                             cudaSuccess);
             std::vector<bf16> a(n), b(n);
             assert_int_equal(cudaMemcpy(a.data(), y, sizeof(bf16) * n, cudaMemcpyDeviceToHost),
                              cudaSuccess);
@@ -186,7 +187,9 @@ static void test_rope(void **state)
 
 /* SwiGLU on bf16 gate / up (the GEMMs' rounded outputs) and bf16 dhm: n not a multiple of 8 (the
  * eight-at-a-time path and its tail), then the same from pointers one element in (the one-at-a-time
- * path). The reference computes from the same bf16 inputs in double. */
+ * path); plain, then gpt-oss's clamped form with alpha 1.702 and a limit of 1.5 (gate of std 2
+ * and up of std 1 cross it on both sides). The reference computes from the same bf16 inputs in
+ * double. */
 static void test_swiglu(void **state)
 {
     (void)state;
@@ -197,22 +200,37 @@ static void test_swiglu(void **state)
     cudaMalloc((void **)&hm, sizeof(bf16) * (n + 1));
     cudaMalloc((void **)&og, sizeof(bf16) * (n + 1));
     cudaMalloc((void **)&ou, sizeof(bf16) * (n + 1));
-    for (size_t o = 0; o < 2; o++) {
-        std::vector<double> hr(n), dgr(n), dur(n);
-        for (size_t i = 0; i < n; i++) {
-            double x = __bfloat162float(g[o + i]), up = __bfloat162float(u[o + i]),
-                   d = __bfloat162float(dh[o + i]), s = 1.0 / (1.0 + exp(-x));
-            hr[i] = x * s * up;
-            dur[i] = d * x * s;
-            dgr[i] = d * up * s * (1.0 + x * (1.0 - s));
+    for (int clamped = 0; clamped < 2; clamped++)
+        for (size_t o = 0; o < 2; o++) {
+            const double a = clamped ? 1.702 : 1.0, lim = clamped ? 1.5 : 0.0;
+            std::vector<double> hr(n), dgr(n), dur(n);
+            for (size_t i = 0; i < n; i++) {
+                double x = __bfloat162float(g[o + i]), up = __bfloat162float(u[o + i]),
+                       d = __bfloat162float(dh[o + i]);
+                if (!clamped) {
+                    double s = 1.0 / (1.0 + exp(-x));
+                    hr[i] = x * s * up;
+                    dur[i] = d * x * s;
+                    dgr[i] = d * up * s * (1.0 + x * (1.0 - s));
+                    continue;
+                }
+                double xc = x < lim ? x : lim, uc = up < -lim ? -lim : up > lim ? lim : up;
+                double s = 1.0 / (1.0 + exp(-a * xc));
+                hr[i] = (uc + 1.0) * xc * s;
+                dur[i] = up >= -lim && up <= lim ? d * xc * s : 0.0;
+                dgr[i] = x <= lim ? d * (uc + 1.0) * s * (1.0 + a * xc * (1.0 - s)) : 0.0;
+            }
+            assert_int_equal(gk_swiglu(dg + o, du + o, hm + o, n, (float)a, (float)lim, 0),
+                             cudaSuccess);
+            assert_int_equal(gk_swiglu_backward(dg + o, du + o, ddh + o, og + o, ou + o, n,
+                                                (float)a, (float)lim, 0),
+                             cudaSuccess);
+            close(clamped ? "clamped swiglu" : "swiglu", to_d(host(hm + o, n)), hr, 8e-3);
+            close(clamped ? "clamped swiglu d gate" : "swiglu backward d gate",
+                  to_d(host(og + o, n)), dgr, 8e-3);
+            close(clamped ? "clamped swiglu d up" : "swiglu backward d up", to_d(host(ou + o, n)),
+                  dur, 8e-3);
         }
-        assert_int_equal(gk_swiglu(dg + o, du + o, hm + o, n, 0), cudaSuccess);
-        assert_int_equal(gk_swiglu_backward(dg + o, du + o, ddh + o, og + o, ou + o, n, 0),
-                         cudaSuccess);
-        close("swiglu", to_d(host(hm + o, n)), hr, 8e-3);
-        close("swiglu backward d gate", to_d(host(og + o, n)), dgr, 8e-3);
-        close("swiglu backward d up", to_d(host(ou + o, n)), dur, 8e-3);
-    }
     cudaFree(dg), cudaFree(du), cudaFree(ddh), cudaFree(hm), cudaFree(og), cudaFree(ou);
 }
 

@@ -468,6 +468,27 @@ static void test_variants(void **state)
     s.cudnn_attention = true;
     s.recompute = true;
     compare(&m, 11, &s);
+    /* gpt-oss's whole block (sliding window every other block, sinks, projection biases, YaRN,
+     * router and expert biases, the clamped SwiGLU at a limit the test model reaches): two
+     * sequences; cuDNN's attention with the experts over four streams and gradient accumulation;
+     * starved experts after a primed step (their bias slices keep the first step's values); two
+     * virtual EP ranks */
+    moe_test_variant(&m, MOE_TEST_GPT_OSS, 5);
+    s = plain;
+    s.mbs = 2;
+    compare(&m, 12, &s);
+    s.cudnn_attention = true;
+    s.streams = 4;
+    s.micro = 2;
+    compare(&m, 13, &s);
+    s = plain;
+    s.starve = 5;
+    s.mbs = 2;
+    s.primed = true;
+    compare(&m, 14, &s);
+    s = plain;
+    s.ep = 2;
+    compare(&m, 15, &s);
 }
 
 static void test_mla(void **state)

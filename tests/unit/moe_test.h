@@ -91,8 +91,12 @@ static inline void moe_test_model(const char *name, struct mdl_model *m)
 /* tiny-moe-gqa changed to reach the model's other code paths (the reference's and the GPU step's
  * tests share them): MOE_TEST_DENSE_TIED a dense SwiGLU block first and tied embeddings;
  * MOE_TEST_SLIDING_SIGMOID a sliding window of `window` on every other block, a shared expert,
- * sigmoid group-limited routing with scaling; MOE_TEST_MIXTRAL softmax after the top-k. */
-enum { MOE_TEST_DENSE_TIED, MOE_TEST_SLIDING_SIGMOID, MOE_TEST_MIXTRAL };
+ * sigmoid group-limited routing with scaling; MOE_TEST_MIXTRAL softmax after the top-k;
+ * MOE_TEST_GPT_OSS gpt-oss's blocks: sliding window of `window` on every other block, attention
+ * sinks and biases, YaRN RoPE (factor 4 over 4 positions, so that the short test sequences reach
+ * its blend), expert and router biases, the clamped SwiGLU with a limit of 0.3 (which the test
+ * models' small activations reach; gpt-oss's is 7), softmax after the top-k. */
+enum { MOE_TEST_DENSE_TIED, MOE_TEST_SLIDING_SIGMOID, MOE_TEST_MIXTRAL, MOE_TEST_GPT_OSS };
 static inline void moe_test_variant(struct mdl_model *m, int which, int window)
 {
     moe_test_model("tiny-moe-gqa", m);
@@ -109,7 +113,20 @@ static inline void moe_test_variant(struct mdl_model *m, int which, int window)
         m->moe.n_group = 4;
         m->moe.topk_group = 2;
         m->moe.scaling = 2.5;
+    } else if (which == MOE_TEST_MIXTRAL) {
+        m->moe.softmax_after_topk = true;
+        m->moe.norm_topk = false;
     } else {
+        m->attn.sliding_window = window;
+        m->attn.sliding_every = 2;
+        m->attn.sinks = true;
+        m->attn.bias = true;
+        m->attn.rope_scaling = MDL_ROPE_YARN;
+        m->attn.yarn = (struct mdl_yarn){4.0, 32.0, 1.0, 0.1 * log(4.0) + 1.0, 4, false};
+        m->moe.expert_bias = true;
+        m->moe.activation = MDL_ACT_CLAMPED_SWIGLU;
+        m->moe.swiglu_alpha = 1.702;
+        m->moe.swiglu_limit = 0.3;
         m->moe.softmax_after_topk = true;
         m->moe.norm_topk = false;
     }
@@ -128,11 +145,15 @@ static inline void moe_test_adamw(struct exec_adamw *o, int steps)
     o->total_steps = steps;
 }
 
-/* A reference MoE layer with seeded weights (normal, std 0.5) and selection biases (std 0.05). */
+/* A reference MoE layer with seeded weights (normal, std 0.5) and selection biases (std 0.05);
+ * with moe_test_layer_gpt_oss, gpt-oss's router and expert biases (std 0.5) and its clamped
+ * SwiGLU (limit `limit`). params: router, gate, up, down, sgate, sup, sdown, router_b, gate_b,
+ * up_b, down_b (sizes 0 where absent). */
+#define MOE_TEST_LAYER_PARAMS 11
 struct moe_test_layer {
     struct exec_ref_moe w;
-    double *params[7];
-    size_t sizes[7];
+    double *params[MOE_TEST_LAYER_PARAMS];
+    size_t sizes[MOE_TEST_LAYER_PARAMS];
 };
 
 static inline void moe_test_layer_init(struct moe_test_layer *L, struct exec_router_cfg cfg, int h,
@@ -158,11 +179,31 @@ static inline void moe_test_layer_init(struct moe_test_layer *L, struct exec_rou
     }
     L->w.bias = calloc((size_t)E, sizeof(double));
     for (int e = 0; e < E; e++) L->w.bias[e] = 0.05 * moe_rng_normal(&rng);
+    for (int i = 7; i < MOE_TEST_LAYER_PARAMS; i++) L->params[i] = calloc(1, sizeof(double));
+}
+
+static inline void moe_test_layer_gpt_oss(struct moe_test_layer *L, double limit, uint64_t seed)
+{
+    struct moe_rng rng;
+    moe_rng_seed(&rng, seed);
+    int E = L->w.cfg.experts, h = L->w.hidden, f = L->w.ffn;
+    size_t sizes[4] = {(size_t)E, (size_t)E * f, (size_t)E * f, (size_t)E * h};
+    double **slot[4] = {&L->w.router_b, &L->w.gate_b, &L->w.up_b, &L->w.down_b};
+    for (int i = 0; i < 4; i++) {
+        free(L->params[7 + i]);
+        L->sizes[7 + i] = sizes[i];
+        L->params[7 + i] = calloc(sizes[i], sizeof(double));
+        for (size_t j = 0; j < sizes[i]; j++) L->params[7 + i][j] = 0.5 * moe_rng_normal(&rng);
+        *slot[i] = L->params[7 + i];
+    }
+    L->w.act = MDL_ACT_CLAMPED_SWIGLU;
+    L->w.alpha = 1.702;
+    L->w.limit = limit;
 }
 
 static inline void moe_test_layer_free(struct moe_test_layer *L)
 {
-    for (int i = 0; i < 7; i++) free(L->params[i]);
+    for (int i = 0; i < MOE_TEST_LAYER_PARAMS; i++) free(L->params[i]);
     free(L->w.bias);
 }
 #endif

@@ -90,17 +90,19 @@ static void test_bad_models(void **state)
                     "\"moe\": {\"experts\": 8, \"top_k\": 2, \"intermediate\": 32,\n"
                     "\"activation\": \"geglu\"}}",
                "moe.activation", 5);
-    expect_bad(HEAD "\"layers\": 2, \"hidden\": 64, \"vocab\": 256,\n"
-                    "\"attention\": {\"type\": \"gqa\", \"heads\": 4, \"kv_heads\": 4, \"head_dim\": 16,\n"
-                    "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4}},\n"
-                    "\"moe\": {\"experts\": 8, \"top_k\": 2, \"intermediate\": 32}}",
-               "original_max_position: required key is missing", 4);
-    expect_bad(HEAD "\"layers\": 2, \"hidden\": 64, \"vocab\": 256,\n"
-                    "\"attention\": {\"type\": \"gqa\", \"heads\": 4, \"kv_heads\": 4, \"head_dim\": 16,\n"
-                    "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4, "
-                    "\"original_max_position\": 64, \"beta_fast\": 1, \"beta_slow\": 2}},\n"
-                    "\"moe\": {\"experts\": 8, \"top_k\": 2, \"intermediate\": 32}}",
-               "beta_fast: must exceed beta_slow (2)", 4);
+    expect_bad(
+        HEAD "\"layers\": 2, \"hidden\": 64, \"vocab\": 256,\n"
+             "\"attention\": {\"type\": \"gqa\", \"heads\": 4, \"kv_heads\": 4, \"head_dim\": 16,\n"
+             "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4}},\n"
+             "\"moe\": {\"experts\": 8, \"top_k\": 2, \"intermediate\": 32}}",
+        "original_max_position: required key is missing", 4);
+    expect_bad(
+        HEAD "\"layers\": 2, \"hidden\": 64, \"vocab\": 256,\n"
+             "\"attention\": {\"type\": \"gqa\", \"heads\": 4, \"kv_heads\": 4, \"head_dim\": 16,\n"
+             "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4, "
+             "\"original_max_position\": 64, \"beta_fast\": 1, \"beta_slow\": 2}},\n"
+             "\"moe\": {\"experts\": 8, \"top_k\": 2, \"intermediate\": 32}}",
+        "beta_fast: must exceed beta_slow (2)", 4);
     expect_bad(HEAD "\"layers\": -2, \"hidden\": 64, \"vocab\": 256,\n" GQA
                     "\"moe\": {\"experts\": 8, \"top_k\": 2, \"intermediate\": 32}}",
                "layers: must be in [1, 100000], got -2", 2);
@@ -252,8 +254,12 @@ static void test_yarn_freqs(void **state)
     double fr[32], scale;
     mdl_rope_freqs(&m.attn, 64, fr, &scale);
     const int at[] = {0, 5, 8, 12, 20, 31};
-    const double want[] = {1.0, 0.15532298948448497, 0.050813274815461475, 0.006794959489732219,
-                           1.818833668168956e-05, 3.0235114281192144e-07};
+    const double want[] = {1.0,
+                           0.15532298948448497,
+                           0.050813274815461475,
+                           0.006794959489732219,
+                           1.818833668168956e-05,
+                           3.0235114281192144e-07};
     for (int i = 0; i < 6; i++)
         if (fabs(fr[at[i]] - want[i]) > 1e-12 * want[i])
             fail_msg("inv_freq[%d] = %.17g, want %.17g", at[i], fr[at[i]], want[i]);
@@ -508,20 +514,13 @@ static void test_megatron_flops(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_load_shipped),
-        cmocka_unit_test(test_moe_every),
-        cmocka_unit_test(test_bad_models),
-        cmocka_unit_test(test_counts_by_hand_gqa),
-        cmocka_unit_test(test_counts_by_hand_mla),
-        cmocka_unit_test(test_sliding_window_flops),
-        cmocka_unit_test(test_published_totals),
-        cmocka_unit_test(test_deepseek_v3_flops),
-        cmocka_unit_test(test_megatron_flops),
-        cmocka_unit_test(test_hf_import),
-        cmocka_unit_test(test_yarn_freqs),
-        cmocka_unit_test(test_hf_errors),
-        cmocka_unit_test(test_overrides),
-        cmocka_unit_test(test_model_json_roundtrip),
+        cmocka_unit_test(test_load_shipped),       cmocka_unit_test(test_moe_every),
+        cmocka_unit_test(test_bad_models),         cmocka_unit_test(test_counts_by_hand_gqa),
+        cmocka_unit_test(test_counts_by_hand_mla), cmocka_unit_test(test_sliding_window_flops),
+        cmocka_unit_test(test_published_totals),   cmocka_unit_test(test_deepseek_v3_flops),
+        cmocka_unit_test(test_megatron_flops),     cmocka_unit_test(test_hf_import),
+        cmocka_unit_test(test_yarn_freqs),         cmocka_unit_test(test_hf_errors),
+        cmocka_unit_test(test_overrides),          cmocka_unit_test(test_model_json_roundtrip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -22,30 +22,49 @@ static double loss(const struct moe_test_layer *L, const double *x, int T, const
 
 /* Central differences for every parameter and input element; entries whose perturbation flips
  * the top-k choice (a kink) are skipped and counted. Tolerance: 1e-6 relative + 1e-8 absolute. */
-static void check_gradients(struct exec_router_cfg cfg, int fs, uint64_t seed)
+static void check_gradients_as(struct exec_router_cfg cfg, int fs, uint64_t seed, double limit)
 {
     int h = 6, f = 4, T = 5;
+    enum { NP = MOE_TEST_LAYER_PARAMS };
     struct moe_test_layer L;
     moe_test_layer_init(&L, cfg, h, f, fs, seed);
+    if (limit > 0) moe_test_layer_gpt_oss(&L, limit, seed + 50);
     struct moe_rng rng;
     moe_rng_seed(&rng, seed + 100);
     double x[30], dy[30], dx[30];
     for (int i = 0; i < T * h; i++) x[i] = moe_rng_normal(&rng), dy[i] = moe_rng_normal(&rng);
     struct exec_ref_moe_grad g;
-    double *gp[7];
-    for (int i = 0; i < 7; i++) gp[i] = calloc(L.sizes[i] ? L.sizes[i] : 1, sizeof(double));
+    double *gp[NP];
+    for (int i = 0; i < NP; i++) gp[i] = calloc(L.sizes[i] ? L.sizes[i] : 1, sizeof(double));
     g.router = gp[0], g.gate = gp[1], g.up = gp[2], g.down = gp[3], g.sgate = gp[4], g.sup = gp[5],
-    g.sdown = gp[6];
+    g.sdown = gp[6], g.router_b = gp[7], g.gate_b = gp[8], g.up_b = gp[9], g.down_b = gp[10];
     struct moe_error err;
     assert_int_equal(exec_ref_moe_backward(&L.w, x, T, dy, dx, &g, &err), MOE_OK);
+    if (limit > 0) { /* both sides of both clamps are reached */
+        int over_g = 0, over_u = 0, n = 0;
+        for (int t = 0; t < T; t++)
+            for (int e = 0; e < cfg.experts; e++)
+                for (int i = 0; i < f; i++, n++) {
+                    double gv = L.w.gate_b[e * f + i], uv = L.w.up_b[e * f + i];
+                    for (int c = 0; c < h; c++) {
+                        gv += L.w.gate[((size_t)e * f + i) * h + c] * x[t * h + c];
+                        uv += L.w.up[((size_t)e * f + i) * h + c] * x[t * h + c];
+                    }
+                    over_g += gv > limit;
+                    over_u += fabs(uv) > limit;
+                }
+        printf("clamped: gate %d, up %d of %d\n", over_g, over_u, n);
+        assert_true(over_g > n / 10 && over_g < n - n / 10 && over_u > n / 10 &&
+                    over_u < n - n / 10);
+    }
     int base_choice[64], c1[64], c2[64];
     loss(&L, x, T, dy, base_choice);
     const double eps = 1e-6;
     int checked = 0, skipped = 0;
-    for (int p = 0; p <= 7; p++) {
-        double *v = p < 7 ? L.params[p] : x;
-        size_t n = p < 7 ? L.sizes[p] : (size_t)T * h;
-        const double *an = p < 7 ? gp[p] : dx;
+    for (int p = 0; p <= NP; p++) {
+        double *v = p < NP ? L.params[p] : x;
+        size_t n = p < NP ? L.sizes[p] : (size_t)T * h;
+        const double *an = p < NP ? gp[p] : dx;
         for (size_t j = 0; j < n; j++) {
             double keep = v[j];
             v[j] = keep + eps;
@@ -65,12 +84,28 @@ static void check_gradients(struct exec_router_cfg cfg, int fs, uint64_t seed)
             checked++;
         }
     }
-    printf("routing k=%d of %d: %d gradient entries checked, %d skipped at a top-k kink\n",
-           cfg.top_k, cfg.experts, checked, skipped);
+    printf("routing k=%d of %d%s: %d gradient entries checked, %d skipped at a top-k kink\n",
+           cfg.top_k, cfg.experts, limit > 0 ? " (gpt-oss biases, clamped SwiGLU)" : "", checked,
+           skipped);
     assert_true(checked > 300);
     assert_true(skipped < checked / 50);
-    for (int i = 0; i < 7; i++) free(gp[i]);
+    for (int i = 0; i < NP; i++) free(gp[i]);
     moe_test_layer_free(&L);
+}
+
+static void check_gradients(struct exec_router_cfg cfg, int fs, uint64_t seed)
+{
+    check_gradients_as(cfg, fs, seed, 0.0);
+}
+
+/* gpt-oss's layer: router and expert biases, the clamped SwiGLU with a limit of 0.8 (the layer's
+ * gate and up values, of std about 1.3, fall on both sides of it: counted in check_gradients_as),
+ * softmax after the top-2 of 8. */
+static void test_gpt_oss_layer(void **state)
+{
+    (void)state;
+    struct exec_router_cfg cfg = {8, 2, MDL_SCORE_SOFTMAX, 1, 1, false, true, 1.0, 0.0};
+    check_gradients_as(cfg, 0, 11, 0.8);
 }
 
 static void test_gradients(void **state)
@@ -168,6 +203,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gradients),
+        cmocka_unit_test(test_gpt_oss_layer),
         cmocka_unit_test(test_routing_by_hand),
         cmocka_unit_test(test_dropless),
     };
