@@ -26,8 +26,9 @@ const struct plan_calib_job plan_calib_jobs[] = {
 };
 const int plan_calib_njobs = (int)(sizeof plan_calib_jobs / sizeof plan_calib_jobs[0]);
 
-/* The validation jobs: other models (Qwen3's QK-norm and 128-wide head dim over hidden 2048
- * among them), depths, sequences, micro-batching, recompute and skew. */
+/* The validation jobs: other models (Qwen3's QK-norm and 128-wide head dim over hidden 2048;
+ * gpt-oss's sliding window, sinks, biases and 64-wide heads among them), depths, sequences,
+ * micro-batching, recompute and skew. */
 const struct plan_calib_job plan_valid_jobs[] = {
     {"deepseek-v2-lite", 4, 0, 2048, 4, 1, COST_RECOMPUTE_NONE, 0},
     {"mixtral-8x7b", 4, 0, 4096, 1, 1, COST_RECOMPUTE_NONE, 0},
@@ -39,6 +40,7 @@ const struct plan_calib_job plan_valid_jobs[] = {
     {"kimi-k2", 2, 16, 1024, 4, 1, COST_RECOMPUTE_FULL, 0},
     {"deepseek-v2-lite", 3, 0, 2048, 2, 1, COST_RECOMPUTE_NONE, 1.0},
     {"qwen3-30b-a3b", 2, 32, 2048, 2, 1, COST_RECOMPUTE_NONE, 0},
+    {"gpt-oss-20b", 2, 0, 2048, 2, 1, COST_RECOMPUTE_NONE, 0},
 };
 const int plan_valid_njobs = (int)(sizeof plan_valid_jobs / sizeof plan_valid_jobs[0]);
 
