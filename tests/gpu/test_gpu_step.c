@@ -469,7 +469,7 @@ static void test_variants(void **state)
     s.recompute = true;
     compare(&m, 11, &s);
     /* gpt-oss's whole block (sliding window every other block, sinks, projection biases, YaRN,
-     * router and expert biases, the clamped SwiGLU at a limit the test model reaches): two
+     * router and expert biases, the clamped SwiGLU with its alpha and the +1 on up): two
      * sequences; cuDNN's attention with the experts over four streams and gradient accumulation;
      * starved experts after a primed step (their bias slices keep the first step's values); two
      * virtual EP ranks */

@@ -94,8 +94,11 @@ static inline void moe_test_model(const char *name, struct mdl_model *m)
  * sigmoid group-limited routing with scaling; MOE_TEST_MIXTRAL softmax after the top-k;
  * MOE_TEST_GPT_OSS gpt-oss's blocks: sliding window of `window` on every other block, attention
  * sinks and biases, YaRN RoPE (factor 4 over 4 positions, so that the short test sequences reach
- * its blend), expert and router biases, the clamped SwiGLU with a limit of 0.3 (which the test
- * models' small activations reach; gpt-oss's is 7), softmax after the top-k. */
+ * its blend), expert and router biases, the clamped SwiGLU at gpt-oss's alpha and limit (7, which
+ * the test models' small activations do not reach: the clamps' cut is checked where both sides
+ * round alike, in test_ref_moe's finite differences and test_gpu_kernels' clamped SwiGLU; in a
+ * whole step, bf16 against double moves values near the limit across it), softmax after the
+ * top-k. */
 enum { MOE_TEST_DENSE_TIED, MOE_TEST_SLIDING_SIGMOID, MOE_TEST_MIXTRAL, MOE_TEST_GPT_OSS };
 static inline void moe_test_variant(struct mdl_model *m, int which, int window)
 {
@@ -126,7 +129,7 @@ static inline void moe_test_variant(struct mdl_model *m, int which, int window)
         m->moe.expert_bias = true;
         m->moe.activation = MDL_ACT_CLAMPED_SWIGLU;
         m->moe.swiglu_alpha = 1.702;
-        m->moe.swiglu_limit = 0.3;
+        m->moe.swiglu_limit = 7.0;
         m->moe.softmax_after_topk = true;
         m->moe.norm_topk = false;
     }
