@@ -94,21 +94,22 @@ cudaError_t gk_to_f32(const bf16 *x, float *y, size_t n, cudaStream_t s)
 template <typename Ty>
 __global__ void k_bias_rows(Ty *y, int ld, const float *b, int T, int n, int add)
 {
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i >= (size_t)T * n) return;
-    int c = (int)(i % n);
-    Ty *p = y + (i / n) * ld + c;
+    int c = blockIdx.x * blockDim.x + threadIdx.x; /* a column a thread, rows strided by y */
+    if (c >= n) return;
     float v = b[c];
-    if (add) v += (float)*p;
-    *p = (Ty)v;
+    for (int t = blockIdx.y; t < T; t += gridDim.y) {
+        Ty *p = y + (size_t)t * ld + c;
+        *p = (Ty)(add ? v + (float)*p : v);
+    }
 }
 
 cudaError_t gk_bias_rows(float *y32, bf16 *y16, int ld, const float *b, int T, int n, bool add,
                          cudaStream_t s)
 {
-    size_t m = (size_t)T * n;
-    if (m && y32) k_bias_rows<float><<<blocks_for(m, TPB), TPB, 0, s>>>(y32, ld, b, T, n, add);
-    if (m && y16) k_bias_rows<bf16><<<blocks_for(m, TPB), TPB, 0, s>>>(y16, ld, b, T, n, add);
+    if (!T || !n) return cudaGetLastError();
+    dim3 grid((unsigned)blocks_for((size_t)n, TPB), (unsigned)(T < 2048 ? T : 2048));
+    if (y32) k_bias_rows<float><<<grid, TPB, 0, s>>>(y32, ld, b, T, n, add);
+    if (y16) k_bias_rows<bf16><<<grid, TPB, 0, s>>>(y16, ld, b, T, n, add);
     return cudaGetLastError();
 }
 
@@ -117,45 +118,54 @@ cudaError_t gk_bias_rows(float *y32, bf16 *y16, int ld, const float *b, int T, i
  * (B*S, H, dv) shrinks by 2^(lse - lse'). One thread per row. */
 __global__ void k_attn_sinks(bf16 *o, float *lse, const float *sink, int B, int S, int H, int dv)
 {
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; /* (b, h, s) as lse */
-    if (i >= (size_t)B * H * S) return;
-    int s = (int)(i % S), h = (int)(i / S % H), b = (int)(i / ((size_t)S * H));
-    float l = lse[i], k = sink[h] * 1.4426950408889634f, m = fmaxf(l, k);
+    /* a warp a row of o, (b * S + s, h); its lse at (b, h, s) */
+    size_t i = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32;
+    int lane = threadIdx.x % 32;
+    if (i >= (size_t)B * S * H) return;
+    int h = (int)(i % H);
+    size_t t = i / H;
+    size_t li = ((t / S) * H + h) * S + t % S;
+    float l = lse[li], k = sink[h] * 1.4426950408889634f, m = fmaxf(l, k);
     float ln = m + log2f(exp2f(l - m) + exp2f(k - m)), f = exp2f(l - ln);
-    bf16 *row = o + (((size_t)b * S + s) * H + h) * dv;
-    for (int d = 0; d < dv; d++) row[d] = __float2bfloat16(__bfloat162float(row[d]) * f);
-    lse[i] = ln;
+    bf16 *row = o + i * dv;
+    for (int d = lane; d < dv; d += 32) row[d] = __float2bfloat16(__bfloat162float(row[d]) * f);
+    __syncwarp();
+    if (lane == 0) lse[li] = ln;
 }
 
 cudaError_t gk_attn_sinks(bf16 *o, float *lse, const float *sink, int B, int S, int H, int dv,
                           cudaStream_t s)
 {
-    size_t n = (size_t)B * H * S;
+    size_t n = (size_t)B * H * S * 32;
     if (n) k_attn_sinks<<<blocks_for(n, TPB), TPB, 0, s>>>(o, lse, sink, B, S, H, dv);
     return cudaGetLastError();
 }
 
 /* The sinks' gradient, row by row: r (B*S, H) = -p_sink * sum_d do * o, p_sink = 2^(sink log2 e
- * - lse) the sink's probability (the column sums of r over the rows are d loss / d sink). */
+ * - lse) the sink's probability (the column sums of r over the rows are d loss / d sink). A warp
+ * a row; the lanes' partial sums are added in a fixed order. */
 __global__ void k_attn_sink_rows(const bf16 *o, const bf16 *dout, const float *lse,
                                  const float *sink, int B, int S, int H, int dv, float *r)
 {
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; /* (b * S + s, h) as r */
+    size_t i = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32; /* (b * S + s, h) as r */
+    int lane = threadIdx.x % 32;
     if (i >= (size_t)B * S * H) return;
     int h = (int)(i % H);
     size_t t = i / H;
-    int b = (int)(t / S), s = (int)(t % S);
     const bf16 *orow = o + i * dv, *drow = dout + i * dv;
     float dot = 0.0f;
-    for (int d = 0; d < dv; d++) dot += __bfloat162float(orow[d]) * __bfloat162float(drow[d]);
-    float p = exp2f(sink[h] * 1.4426950408889634f - lse[((size_t)b * H + h) * S + s]);
+    for (int d = lane; d < dv; d += 32)
+        dot += __bfloat162float(orow[d]) * __bfloat162float(drow[d]);
+    for (int w = 16; w > 0; w /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, w);
+    if (lane) return;
+    float p = exp2f(sink[h] * 1.4426950408889634f - lse[((t / S) * H + h) * S + t % S]);
     r[i] = -p * dot;
 }
 
 cudaError_t gk_attn_sink_rows(const bf16 *o, const bf16 *dout, const float *lse, const float *sink,
                               int B, int S, int H, int dv, float *r, cudaStream_t s)
 {
-    size_t n = (size_t)B * S * H;
+    size_t n = (size_t)B * S * H * 32;
     if (n) k_attn_sink_rows<<<blocks_for(n, TPB), TPB, 0, s>>>(o, dout, lse, sink, B, S, H, dv, r);
     return cudaGetLastError();
 }

@@ -155,8 +155,28 @@ static void attention_cost(const struct cost_ctx *c, const struct cost_layout *l
     /* Norms, RoPE, residual adds: a few passes over the local tokens. */
     double T = M / tp;
     double elt = membound_us(c, 8.0 * T * h * BF16, 6);
-    b->fwd[COST_ATTN_FWD] = proj + core_fwd + elt + quantize_us(c, l, q.in);
-    b->bwd[COST_ATTN_BWD] = 2.0 * proj + core_bwd + 2.0 * elt + quantize_us(c, l, q.out);
+    double elt_f = 0.0, elt_b = 0.0; /* the passes of QK-norm, biases and sinks (GQA) */
+    if (a->type == MDL_ATTN_GQA) {
+        double kvh = a->kv_heads >= l->tp ? (double)a->kv_heads / l->tp : 1.0;
+        double qw = H * a->head_dim, kw = kvh * a->head_dim;
+        if (a->qk_norm) { /* q and k normed in bf16; back: the norm's backward and its
+                           * weight's column sums (a bf16 implementation's passes: our executor
+                           * makes more, which validate's Qwen3 job shows) */
+            elt_f += membound_us(c, 4.0 * T * (qw + kw), 2);
+            elt_b += membound_us(c, 10.0 * T * (qw + kw), 4);
+        }
+        if (a->bias) { /* q, k (fp32) and v start as their biases and the GEMMs read them back;
+                        * o's bias on the residual; back: each bias's column sums */
+            elt_f += membound_us(c, T * (8.0 * (qw + kw) + 4.0 * kw + 8.0 * h), 4);
+            elt_b += membound_us(c, T * (10.0 * (qw + 2.0 * kw) + 4.0 * h), 8);
+        }
+        if (a->sinks) { /* the outputs rescaled; back: each row's dot of o and its gradient */
+            elt_f += membound_us(c, 4.0 * T * qw, 1);
+            elt_b += membound_us(c, 4.0 * T * qw, 2);
+        }
+    }
+    b->fwd[COST_ATTN_FWD] = proj + core_fwd + elt + elt_f + quantize_us(c, l, q.in);
+    b->bwd[COST_ATTN_BWD] = 2.0 * proj + core_bwd + 2.0 * elt + elt_b + quantize_us(c, l, q.out);
     /* selective recompute, module by module: what each redoes in the backward */
     if (rc & COST_RC_BIT(COST_RC_CORE_ATTN)) b->recompute[COST_ATTN_FWD] += core_fwd;
     if (rc & COST_RC_BIT(COST_RC_LAYERNORM)) /* both block norms */
@@ -229,6 +249,12 @@ static enum moe_status moe_cost(const struct cost_ctx *c, const struct cost_layo
     b->fwd[COST_EXPERTS_FWD] = experts_on_hot_rank_us(c, l, rows, local, fp8, &ebwd) +
                                quantize_us(c, l, hot_rows * (h + fe));
     b->bwd[COST_EXPERTS_BWD] = ebwd + quantize_us(c, l, hot_rows * (2.0 * fe + h));
+    if (e->expert_bias) { /* gpt-oss: each expert's outputs start as its biases (bf16 gate and up,
+                           * fp32 down) and its GEMMs read them back; back: each bias's column
+                           * sums, a pass over the outputs' gradients */
+        b->fwd[COST_EXPERTS_FWD] += membound_us(c, hot_rows * (8.0 * fe + 8.0 * h), 3 * local);
+        b->bwd[COST_EXPERTS_BWD] += membound_us(c, hot_rows * (4.0 * fe + 2.0 * h), 3 * local);
+    }
     unsigned rc = cost_layout_rc(l);
     if (rc & (COST_RC_BIT(COST_RC_MOE_ACT) | COST_RC_BIT(COST_RC_MOE))) {
         double sw = 0.0;
