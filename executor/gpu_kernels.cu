@@ -360,8 +360,11 @@ cudaError_t gk_colsum(const float *a, int lda, const float *b, int ldb, const fl
 /* ---- RoPE, MLA assembly --------------------------------------------------------------------- */
 
 /* The table is computed on the host in double precision (cos and sin of position x inv_freq,
- * times scale) and copied once: the executor builds it when it starts. */
-cudaError_t gk_rope_table(float2 *tab, int seq, int rot, const double *inv_freq, double scale)
+ * times scale) and copied once, in stream s (the stream that reads it: a plain cudaMemcpy from
+ * pageable memory may return before its copy lands, and a non-blocking stream does not wait for
+ * it), then s is synchronized: the executor builds it when it starts. */
+cudaError_t gk_rope_table(float2 *tab, int seq, int rot, const double *inv_freq, double scale,
+                          cudaStream_t s)
 {
     int half = rot / 2;
     size_t n = (size_t)seq * half;
@@ -372,7 +375,8 @@ cudaError_t gk_rope_table(float2 *tab, int seq, int rot, const double *inv_freq,
         double angle = (double)(i / half) * inv_freq[i % half];
         h[i] = make_float2((float)(scale * cos(angle)), (float)(scale * sin(angle)));
     }
-    cudaError_t e = cudaMemcpy(tab, h, sizeof(float2) * n, cudaMemcpyHostToDevice);
+    cudaError_t e = cudaMemcpyAsync(tab, h, sizeof(float2) * n, cudaMemcpyHostToDevice, s);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(s);
     free(h);
     return e;
 }

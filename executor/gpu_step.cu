@@ -446,8 +446,10 @@ extern "C" enum moe_status exec_gpu_update_bias(struct exec_gpu *g, double rate,
     for (size_t i = 0; i < n; i++) load_all[i] = (double)g->step_load[i];
     if (t) { /* every rank's loads: the biases stay the same on every rank */
         enum moe_status st = MOE_OK;
+        /* the collective runs in the transport's stream: the copy must have landed */
         cudaError_t e =
             cudaMemcpy(g->ep_loads, load_all, sizeof(double) * n, cudaMemcpyHostToDevice);
+        if (e == cudaSuccess) e = cudaDeviceSynchronize();
         if (e == cudaSuccess) st = t->ops->allreduce_sum(t, g->ep_loads, n, err);
         if (e == cudaSuccess && st == MOE_OK)
             e = cudaMemcpy(load_all, g->ep_loads, sizeof(double) * n, cudaMemcpyDeviceToHost);

@@ -57,7 +57,9 @@ bool exec_attention_cudnn(enum exec_attention a)
 static enum moe_status sum_doubles(struct exec_transport *t, double *d, double *x, size_t n,
                                    struct moe_error *err)
 {
-    if (cudaMemcpy(d, x, sizeof *x * n, cudaMemcpyHostToDevice) != cudaSuccess)
+    /* a pageable copy may return before it lands; the collective's stream would not wait */
+    if (cudaMemcpy(d, x, sizeof *x * n, cudaMemcpyHostToDevice) != cudaSuccess ||
+        cudaDeviceSynchronize() != cudaSuccess)
         return moe_error_set(err, MOE_ERR_CUDA, "run: rank %d: copy to the GPU", t->rank);
     enum moe_status st = t->ops->allreduce_sum(t, d, n, err);
     if (st != MOE_OK) return st;

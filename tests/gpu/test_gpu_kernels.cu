@@ -153,7 +153,7 @@ static void test_rope(void **state)
         at.rope_scaling = yarn ? MDL_ROPE_YARN : MDL_ROPE_PLAIN;
         double fr[8], scale;
         mdl_rope_freqs(&at, 16, fr, &scale);
-        assert_int_equal(gk_rope_table(tab, seq, 16, fr, scale), cudaSuccess);
+        assert_int_equal(gk_rope_table(tab, seq, 16, fr, scale, 0), cudaSuccess);
         for (int inv = 0; inv < 2; inv++) {
             std::vector<double> r = to_d(x);
             exec_ref_rope(r.data(), T, H, D, 16, fr, scale, pos.data(), inv);
