@@ -47,8 +47,11 @@ extern const char *const exec_mem_names[EXEC_MEM_N];
 #define EXEC_STR(x) EXEC_STR_(x)
 #define EXEC_MAX_SKIPS 3 /* steps skipped for NaN or Inf in a row that stop a run */
 struct exec_gpu_cfg {
-    int seq, mbs;    /* one micro-batch: mbs sequences of seq tokens (each read as seq + 1) */
-    bool recompute;  /* recompute each block's forward in its backward (plan: recompute full) */
+    int seq, mbs;   /* one micro-batch: mbs sequences of seq tokens (each read as seq + 1) */
+    bool recompute; /* recompute each block's forward in its backward (plan: recompute full) */
+    /* Selective recompute (plan: recompute selective): COST_RC_BIT of each module whose tensors
+     * one buffer holds for every block and the backward redoes (EXEC_RC_MODULES of them) */
+    unsigned recompute_modules;
     double aux_coef; /* load-balance loss coefficient (0: none) */
     int device;
     int streams; /* expert GEMMs over this many streams (0 or 1: the main stream only) */

@@ -191,9 +191,10 @@ struct exec_gpu {
     unsigned long long *coact; /* (nmoe, E, E) device */
     int **off_host;            /* per layer (or one with recompute): E + 1 */
     /* activations */
-    float **xin;     /* (layers + 1) x (T, h): each block's input, xin[layers] the last
+    float **xin;       /* (layers + 1) x (T, h): each block's input, xin[layers] the last
                       * block's output */
-    struct act *act; /* per layer, or all the same with recompute */
+    struct act *act;   /* per layer, or all the same with recompute */
+    struct act act_rc; /* selective recompute: the modules' tensors, one set for every block */
     /* workspace: shapes as struct act's; the d* buffers are gradients */
     int *tok;                  /* (mbs, seq + 1) the micro-batch's token ids */
     int *tok_in, *tgt;         /* (T) inputs and next-token targets */
@@ -320,10 +321,15 @@ enum moe_status gpu_join_experts(struct exec_gpu *g, struct moe_error *err);
 enum moe_status gpu_bias_grad(struct exec_gpu *g, const bf16 *dy16, float *scratch, int T, int n,
                               int t, struct moe_error *err);
 enum moe_status gpu_attn_forward(struct exec_gpu *g, int l, struct act *A, struct moe_error *err);
+enum moe_status gpu_attn_core(struct exec_gpu *g, int l, const struct act *A,
+                              struct moe_error *err);
 enum moe_status gpu_attn_backward(struct exec_gpu *g, int l, const struct act *A,
                                   struct moe_error *err);
 
 /* gpu_moe.cu: SwiGLU, the experts and the dropless MoE layer on one GPU */
+enum moe_status gpu_swiglu_hidden(struct exec_gpu *g, const bf16 *x, int T, int F, const bf16 *Wg,
+                                  const bf16 *Wu, bf16 *g16, bf16 *u16, bf16 *hm16,
+                                  struct moe_error *err);
 enum moe_status gpu_swiglu_forward(struct exec_gpu *g, const bf16 *x, int T, int F, const bf16 *Wg,
                                    const bf16 *Wu, const bf16 *Wd, bf16 *g16, bf16 *u16, bf16 *hm16,
                                    float *y, struct moe_error *err);

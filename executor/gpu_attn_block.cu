@@ -22,7 +22,7 @@ static void cudnn_off(struct exec_gpu *g, const char *why)
     snprintf(g->attn_why, sizeof g->attn_why, "%s", why);
 }
 
-static enum moe_status attn_core_forward(struct exec_gpu *g, struct act *A, int window,
+static enum moe_status attn_core_forward(struct exec_gpu *g, const struct act *A, int window,
                                          struct moe_error *err)
 {
     char why[256];
@@ -103,6 +103,18 @@ static enum moe_status qk_norm_backward(struct exec_gpu *g, const bf16 *pre16, c
     return MOE_OK;
 }
 
+/* The attention core from q16, k16, v16 into o16 and lse, the sinks folded in: in the forward,
+ * and again in the backward under selective recompute of core_attn (the same kernel: the same
+ * values). */
+enum moe_status gpu_attn_core(struct exec_gpu *g, int l, const struct act *A, struct moe_error *err)
+{
+    MOE_CHECK(attn_core_forward(g, A, layer_window(g, l), err));
+    if (g->sinks)
+        MOE_CUDA_CHECK(gk_attn_sinks(A->o16, A->lse, M(g, g->wi[l][W_SINKS]), g->mbs, g->seq,
+                                     g->heads, g->dv, g->s));
+    return MOE_OK;
+}
+
 /* Projections into q16, k16, v16 from the normed input a16, then the core. */
 enum moe_status gpu_attn_forward(struct exec_gpu *g, int l, struct act *A, struct moe_error *err)
 {
@@ -159,11 +171,7 @@ enum moe_status gpu_attn_forward(struct exec_gpu *g, int l, struct act *A, struc
         MOE_CUDA_CHECK(gk_mla_assemble(g->q32, A->ckvf32, g->kv32, T, H, nope, rope, dv, kvl,
                                        g->rope_tab, g->seq, A->q16, A->k16, A->v16, g->s));
     }
-    MOE_CHECK(attn_core_forward(g, A, layer_window(g, l), err));
-    if (g->sinks)
-        MOE_CUDA_CHECK(
-            gk_attn_sinks(A->o16, A->lse, M(g, w[W_SINKS]), g->mbs, g->seq, H, dv, g->s));
-    return MOE_OK;
+    return gpu_attn_core(g, l, A, err);
 }
 
 /* From do16: adds the input gradient to da32 (overwritten first) and the weight gradients. */

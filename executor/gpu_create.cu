@@ -42,13 +42,31 @@ enum moe_status gpu_dalloc(struct exec_gpu *g, void **p, size_t bytes, enum exec
     return MOE_OK;
 }
 
-static enum moe_status act_alloc(struct exec_gpu *g, struct act *A, bool moe_any, bool dense_any,
-                                 struct moe_error *err)
+/* Block l's activations. A module that selective recompute redoes keeps its tensors in one set
+ * for every block (g->act_rc, allocated the first time a block asks): the backward redoes them
+ * for the block in hand. */
+static enum moe_status act_alloc(struct exec_gpu *g, struct act *A, int l, bool moe_any,
+                                 bool dense_any, struct moe_error *err)
 {
     int T = g->tokens, h = g->hidden, P = g->pairs, E = g->experts, H = g->heads, KV = g->kv_heads;
     enum exec_mem c = EXEC_MEM_ACTIVATIONS;
     int fw = g->dense_ffn > g->shared_ffn ? g->dense_ffn : g->shared_ffn;
-    ALLOC(A->a16, (size_t)T * h, c);
+    unsigned rc = g->cfg.recompute_modules;
+    struct act *R = &g->act_rc;
+    bool rc_norm = rc & COST_RC_BIT(COST_RC_LAYERNORM),
+         rc_core = rc & COST_RC_BIT(COST_RC_CORE_ATTN);
+    bool rc_act = rc & COST_RC_BIT(COST_RC_MOE_ACT);
+    bool rc_ffn = rc & COST_RC_BIT(g->moe_index[l] >= 0 ? COST_RC_SHARED_EXPERTS : COST_RC_MLP);
+#define OWN_OR_RC(field, count, redone)                                                            \
+    do {                                                                                           \
+        if (redone) {                                                                              \
+            if (!R->field) ALLOC(R->field, count, c);                                              \
+            A->field = R->field;                                                                   \
+        } else {                                                                                   \
+            ALLOC(A->field, count, c);                                                             \
+        }                                                                                          \
+    } while (0)
+    OWN_OR_RC(a16, (size_t)T * h, rc_norm);
     ALLOC(A->rstd1, T, c);
     ALLOC(A->q16, (size_t)T * H * g->dqk, c);
     ALLOC(A->k16, (size_t)T * KV * g->dqk, c);
@@ -59,8 +77,8 @@ static enum moe_status act_alloc(struct exec_gpu *g, struct act *A, bool moe_any
         ALLOC(A->rstdkh, (size_t)T * KV, c);
     }
     ALLOC(A->v16, (size_t)T * KV * g->dv, c);
-    ALLOC(A->o16, (size_t)T * H * g->dv, c);
-    ALLOC(A->lse, (size_t)T * H, c);
+    OWN_OR_RC(o16, (size_t)T * H * g->dv, rc_core);
+    OWN_OR_RC(lse, (size_t)T * H, rc_core);
     if (g->mla) {
         ALLOC(A->cq32, (size_t)T * g->q_lora, c);
         ALLOC(A->rstdq, T, c);
@@ -70,15 +88,15 @@ static enum moe_status act_alloc(struct exec_gpu *g, struct act *A, bool moe_any
         ALLOC(A->ckvn16, (size_t)T * g->kv_lora, c);
     }
     ALLOC(A->h1, (size_t)T * h, c);
-    ALLOC(A->b16, (size_t)T * h, c);
+    OWN_OR_RC(b16, (size_t)T * h, rc_norm);
     ALLOC(A->rstd2, T, c);
     if (fw && (dense_any || g->shared_ffn)) {
-        ALLOC(A->g16, (size_t)T * fw, c);
-        ALLOC(A->u16, (size_t)T * fw, c);
-        ALLOC(A->hm16, (size_t)T * fw, c);
+        OWN_OR_RC(g16, (size_t)T * fw, rc_ffn);
+        OWN_OR_RC(u16, (size_t)T * fw, rc_ffn);
+        OWN_OR_RC(hm16, (size_t)T * fw, rc_ffn);
     }
     if (moe_any) {
-        ALLOC(A->b32, (size_t)T * h, c);
+        OWN_OR_RC(b32, (size_t)T * h, rc_norm);
         ALLOC(A->logits, (size_t)T * E, c);
         ALLOC(A->choice, (size_t)P, c);
         ALLOC(A->weight, (size_t)P, c);
@@ -89,9 +107,10 @@ static enum moe_status act_alloc(struct exec_gpu *g, struct act *A, bool moe_any
         ALLOC(A->xp16, (size_t)g->Pe * h, c);
         ALLOC(A->eg16, (size_t)g->Pe * g->ffn, c);
         ALLOC(A->eu16, (size_t)g->Pe * g->ffn, c);
-        ALLOC(A->ehm16, (size_t)g->Pe * g->ffn, c);
+        OWN_OR_RC(ehm16, (size_t)g->Pe * g->ffn, rc_act);
         ALLOC(A->yp32, (size_t)g->Pe * h, c);
     }
+#undef OWN_OR_RC
     return MOE_OK;
 }
 
@@ -168,6 +187,16 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
                                  "executor: expert parallelism with full recompute is not in the "
                                  "executor yet");
     }
+    if (cfg->recompute_modules & ~(unsigned)EXEC_RC_MODULES) {
+        char mods[128];
+        cost_rc_modules_format(cfg->recompute_modules & ~(unsigned)EXEC_RC_MODULES, ", ", mods,
+                               sizeof mods);
+        return moe_error_set(err, MOE_ERR_UNSUPPORTED,
+                             "executor: selective recompute of %s is not in the executor yet",
+                             mods);
+    }
+    if (cfg->recompute && cfg->recompute_modules)
+        return moe_error_set(err, MOE_ERR_INPUT, "executor: full and selective recompute at once");
     if (g->mla && g->rope > GK_MAX_ROPE)
         return moe_error_set(err, MOE_ERR_UNSUPPORTED,
                              "executor: %d RoPE dims in MLA; this build supports at most %d",
@@ -298,7 +327,7 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
     for (int l = 0; l <= g->layers; l++) ALLOC(g->xin[l], (size_t)T * h, EXEC_MEM_ACTIVATIONS);
     int nact = cfg->recompute ? 1 : g->layers;
     for (int l = 0; l < nact; l++) {
-        MOE_CHECK(act_alloc(g, &g->act[l], moe_any, dense_any, err));
+        MOE_CHECK(act_alloc(g, &g->act[l], l, moe_any, dense_any, err));
         MOE_CUDA_CHECK(cudaMallocHost((void **)&g->off_host[l], sizeof(int) * (E + 1)));
     }
     for (int l = nact; l < g->layers; l++) {

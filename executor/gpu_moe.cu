@@ -7,16 +7,26 @@
  */
 #include "gpu.h"
 
-/* y += down(silu(gate x) * up x) for T rows of width F (saving g16, u16, hm16: the gate and up
- * GEMMs accumulate in fp32 and write bf16, as Megatron's and PyTorch's do). */
-enum moe_status gpu_swiglu_forward(struct exec_gpu *g, const bf16 *x, int T, int F, const bf16 *Wg,
-                                   const bf16 *Wu, const bf16 *Wd, bf16 *g16, bf16 *u16, bf16 *hm16,
-                                   float *y, struct moe_error *err)
+/* The hidden rows of a SwiGLU: g16, u16 (the gate and up GEMMs accumulate in fp32 and write bf16,
+ * as Megatron's and PyTorch's do) and hm16 = silu(g) u; what selective recompute redoes. */
+enum moe_status gpu_swiglu_hidden(struct exec_gpu *g, const bf16 *x, int T, int F, const bf16 *Wg,
+                                  const bf16 *Wu, bf16 *g16, bf16 *u16, bf16 *hm16,
+                                  struct moe_error *err)
 {
     int h = g->hidden;
     MOE_CHECK(gpu_lin(g, x, h, Wg, T, h, F, g16, F, CUDA_R_16BF, 0, err));
     MOE_CHECK(gpu_lin(g, x, h, Wu, T, h, F, u16, F, CUDA_R_16BF, 0, err));
     MOE_CUDA_CHECK(gk_swiglu(g16, u16, hm16, (size_t)T * F, 1.0f, 0.0f, g->s));
+    return MOE_OK;
+}
+
+/* y += down(silu(gate x) * up x) for T rows of width F (saving g16, u16, hm16). */
+enum moe_status gpu_swiglu_forward(struct exec_gpu *g, const bf16 *x, int T, int F, const bf16 *Wg,
+                                   const bf16 *Wu, const bf16 *Wd, bf16 *g16, bf16 *u16, bf16 *hm16,
+                                   float *y, struct moe_error *err)
+{
+    int h = g->hidden;
+    MOE_CHECK(gpu_swiglu_hidden(g, x, T, F, Wg, Wu, g16, u16, hm16, err));
     return gpu_lin(g, hm16, F, Wd, T, F, h, y, h, CUDA_R_32F, 1.0f, err);
 }
 
@@ -108,6 +118,9 @@ enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act
 {
     const int *w = g->wi[l];
     int h = g->hidden, E = g->experts, f = g->ffn;
+    if (g->cfg.recompute_modules & COST_RC_BIT(COST_RC_MOE_ACT)) /* the activation, redone */
+        MOE_CUDA_CHECK(gk_swiglu(A->eg16, A->eu16, A->ehm16, (size_t)off[E] * f, g->act_alpha,
+                                 g->act_limit, g->s));
     MOE_CHECK(each_expert(
         g, off,
         [&](int e, size_t o, int n) {
@@ -242,6 +255,9 @@ enum moe_status gpu_moe_backward(struct exec_gpu *g, int l, const struct act *A,
     const int *off = g->off_host[l];
     if (g->shared_ffn) {
         PH(COST_SHARED_EXPERT);
+        if (g->cfg.recompute_modules & COST_RC_BIT(COST_RC_SHARED_EXPERTS))
+            MOE_CHECK(gpu_swiglu_hidden(g, A->b16, T, g->shared_ffn, W16(g, w[W_SGATE]),
+                                        W16(g, w[W_SUP]), A->g16, A->u16, A->hm16, err));
         MOE_CHECK(gpu_swiglu_backward(g, A->b16, g->dy16, T, g->shared_ffn, W16(g, w[W_SGATE]),
                                       W16(g, w[W_SUP]), W16(g, w[W_SDOWN]), A->g16, A->u16, A->hm16,
                                       w[W_SGATE], w[W_SUP], w[W_SDOWN], g->db32, 0.0f, err));

@@ -92,11 +92,19 @@ static enum moe_status block_backward(struct exec_gpu *g, int l, const float *x,
 {
     const int *w = g->wi[l];
     int T = g->tokens, h = g->hidden, Hd = g->heads * g->dv;
+    float eps = (float)g->m.norm_eps;
     bool moe = g->moe_index[l] >= 0;
+    unsigned rc = g->cfg.recompute_modules;
+    if (rc & COST_RC_BIT(COST_RC_LAYERNORM)) /* selective recompute: the FFN norm's outputs */
+        MOE_CUDA_CHECK(gk_rmsnorm(A->h1, h, M(g, w[W_FFN_NORM]), T, h, eps, A->b16, h,
+                                  moe ? A->b32 : NULL, h, NULL, 0, A->rstd2, g->s));
     if (moe) {
         MOE_CHECK(gpu_moe_backward(g, l, A, err));
     } else {
         PH(COST_DENSE_FFN);
+        if (rc & COST_RC_BIT(COST_RC_MLP))
+            MOE_CHECK(gpu_swiglu_hidden(g, A->b16, T, g->dense_ffn, W16(g, w[W_GATE]),
+                                        W16(g, w[W_UP]), A->g16, A->u16, A->hm16, err));
         MOE_CHECK(gpu_swiglu_backward(g, A->b16, g->dy16, T, g->dense_ffn, W16(g, w[W_GATE]),
                                       W16(g, w[W_UP]), W16(g, w[W_DOWN]), A->g16, A->u16, A->hm16,
                                       w[W_GATE], w[W_UP], w[W_DOWN], g->db32, 0.0f, err));
@@ -107,6 +115,11 @@ static enum moe_status block_backward(struct exec_gpu *g, int l, const float *x,
     MOE_CUDA_CHECK(gk_colsum(g->db32, h, A->h1, h, A->rstd2, T, h, g->part, GR(g, w[W_FFN_NORM]),
                              !gpu_grad_first(g, w[W_FFN_NORM], 0), g->s));
     PH(COST_ATTN_BWD);
+    if (rc & COST_RC_BIT(COST_RC_CORE_ATTN)) /* the attention's output and lse */
+        MOE_CHECK(gpu_attn_core(g, l, A, err));
+    if (rc & COST_RC_BIT(COST_RC_LAYERNORM)) /* the attention norm's output */
+        MOE_CUDA_CHECK(gk_rmsnorm(x, h, M(g, w[W_ATTN_NORM]), T, h, eps, A->a16, h, NULL, 0, NULL,
+                                  0, A->rstd1, g->s));
     MOE_CHECK(gpu_mm(g, false, false, T, Hd, h, 1.0f, g->dh16, h, 0, W16(g, w[W_WO]), Hd, 0, 0.0f,
                      g->do16, Hd, 0, 1, CUDA_R_16BF, CUDA_R_16BF, err));
     MOE_CHECK(gpu_lin_dw(g, g->dh16, h, A->o16, Hd, T, Hd, h, w[W_WO], 0, err));

@@ -339,6 +339,7 @@ static enum moe_status rank_main(struct run_shared *sh, int me, struct exec_tran
     struct exec_gpu_cfg cfg = {.seq = l->seq_len,
                                .mbs = l->mbs,
                                .recompute = l->recompute == COST_RECOMPUTE_FULL,
+                               .recompute_modules = cost_layout_rc(l),
                                .aux_coef = c->aux,
                                .device = device,
                                .streams = c->streams,

@@ -131,8 +131,22 @@ bool exec_layout_runnable(const struct mdl_model *m, const struct cost_layout *l
         return false;
     }
     if (l->recompute == COST_RECOMPUTE_SELECTIVE) {
-        snprintf(why, cap, "selective recompute: not in the executor yet (none or full are)");
-        return false;
+        unsigned missing = cost_layout_rc(l) & ~(unsigned)EXEC_RC_MODULES;
+        if (missing) {
+            char mods[128], have[128];
+            cost_rc_modules_format(missing, ", ", mods, sizeof mods);
+            cost_rc_modules_format(EXEC_RC_MODULES, ", ", have, sizeof have);
+            snprintf(why, cap, "selective recompute of %s: not in the executor yet (%s are)", mods,
+                     have);
+            return false;
+        }
+        if (l->pp > 1) {
+            snprintf(why, cap,
+                     "selective recompute with pp=%d: not in the executor yet (its stages "
+                     "recompute whole blocks)",
+                     l->pp);
+            return false;
+        }
     }
     if (l->recompute == COST_RECOMPUTE_FULL && l->recompute_layers) {
         snprintf(why, cap, "full recompute of %d layers a stage: the executor recomputes all",

@@ -46,6 +46,7 @@ struct setup {
     int starve;       /* experts 0 .. starve-1 get a large negative bias: no tokens */
     int mbs, micro;   /* sequences per micro-batch, micro-batches per step */
     bool recompute;
+    unsigned rc; /* selective recompute: COST_RC_BIT of each module */
     int streams; /* expert GEMMs over this many streams */
     int ep;      /* > 1: that many virtual EP ranks on the GPU, one sequence each; or 1
                   * with ep_nccl: the EP path over NCCL with one rank (to itself) */
@@ -72,14 +73,20 @@ struct ep_gpu_run {
     double step_ms;
     int syncs;
     struct cost_bytes sent[8];
+    unsigned rc; /* selective recompute modules */
 };
 
 static enum moe_status ep_gpu_rank(struct exec_transport *t, void *arg, struct moe_error *err)
 {
     struct ep_gpu_run *a = arg;
     int r = t->rank, E = a->m->moe.experts;
-    struct exec_gpu_cfg cfg = {
-        .seq = a->S, .mbs = 1, .streams = 1, .ep = t, .ep_group = a->g, .ep_groups = 1};
+    struct exec_gpu_cfg cfg = {.seq = a->S,
+                               .mbs = 1,
+                               .streams = 1,
+                               .ep = t,
+                               .ep_group = a->g,
+                               .ep_groups = 1,
+                               .recompute_modules = a->rc};
     struct exec_gpu *g;
     cudaSetDevice(0);
     enum moe_status st = exec_gpu_create(&g, a->m, &cfg, err);
@@ -280,8 +287,8 @@ static bool compare_once(const struct mdl_model *m, uint64_t seed, const struct 
             exec_nccl_create(&nc, id, 0, 1, 0, 60.0, &err) != MOE_OK)
             fail_msg("%s", err.message);
         exec_nccl_transport(nc, &t);
-        struct ep_gpu_run a = {m,   &eg, r.params, bias, tok, S, {0},
-                               {0}, {0}, ggpu,     cgpu, 0,   0, {{0, 0}}};
+        struct ep_gpu_run a = {m,   &eg,  r.params, bias, tok, S,        {0},  {0},
+                               {0}, ggpu, cgpu,     0,    0,   {{0, 0}}, s->rc};
         if (ep_gpu_rank(&t, &a, &err) != MOE_OK) fail_msg("%s", err.message);
         exec_nccl_destroy(nc);
         lgpu = a.loss[0];
@@ -294,8 +301,8 @@ static bool compare_once(const struct mdl_model *m, uint64_t seed, const struct 
         for (int q = 0; q < R; q++) domain[q] = q / (R / 2);
         struct exec_ep_group eg = {R, E, m->moe.top_k, placement, domain, s->ep_mode};
         int64_t *per_rank = calloc((size_t)R * LE, sizeof *per_rank);
-        struct ep_gpu_run a = {m,   &eg, r.params, bias,     tok, S, {0},
-                               {0}, {0}, ggpu,     per_rank, 0,   0, {{0, 0}}};
+        struct ep_gpu_run a = {m,   &eg,  r.params, bias, tok, S,        {0},  {0},
+                               {0}, ggpu, per_rank, 0,    0,   {{0, 0}}, s->rc};
         struct exec_local_hub *hub;
         struct exec_local_mem mem;
         assert_int_equal(exec_local_hub_create(&hub, R, 60.0, &err), MOE_OK);
@@ -319,6 +326,7 @@ static bool compare_once(const struct mdl_model *m, uint64_t seed, const struct 
         struct exec_gpu_cfg cfg = {.seq = S,
                                    .mbs = s->mbs,
                                    .recompute = s->recompute,
+                                   .recompute_modules = s->rc,
                                    .aux_coef = s->aux_coef,
                                    .streams = s->streams,
                                    .cudnn_attention = s->cudnn_attention};
@@ -339,9 +347,14 @@ static bool compare_once(const struct mdl_model *m, uint64_t seed, const struct 
     if (s->ep >= 1)
         snprintf(ep, sizeof ep, ", EP %d %s%s", s->ep, cost_dispatcher_names[s->ep_mode],
                  s->ep_nccl ? " over NCCL" : "");
-    printf("%s (mbs %d x %d, aux %g%s%s): loss gpu %.6f ref %.6f (aux %.6f / %.6f); step %.2f ms, "
-           "%d host syncs\n",
-           m->name, s->mbs, s->micro, s->aux_coef, s->recompute ? ", recompute" : "", ep, lgpu,
+    char rcm[160] = "";
+    if (s->rc) {
+        strcpy(rcm, ", recompute ");
+        cost_rc_modules_format(s->rc, "+", rcm + strlen(rcm), sizeof rcm - strlen(rcm));
+    }
+    printf("%s (mbs %d x %d, aux %g%s%s%s): loss gpu %.6f ref %.6f (aux %.6f / %.6f); step %.2f "
+           "ms, %d host syncs\n",
+           m->name, s->mbs, s->micro, s->aux_coef, s->recompute ? ", recompute" : "", rcm, ep, lgpu,
            lref, agpu, aref, step_ms, syncs);
     bool same = true;
     for (int l = 0; l < m->layers; l++) {
@@ -522,6 +535,64 @@ static void test_mla(void **state)
 }
 
 /* Dropless, directly: every token to one expert (top-1), experts with no token, top_k = E. */
+/* Selective recompute by module (every module the executor redoes): one set of each module's
+ * tensors for every block, redone in the backward; the gradients match the reference as without
+ * it, on a dense block (mlp), shared experts with a window and two micro-batches, gpt-oss's block
+ * (sinks and expert biases) with cuDNN's attention and four expert streams, MLA, and two virtual
+ * EP ranks. Then the activation memory: smaller by exactly the copies the blocks after the first
+ * no longer keep. */
+static void test_selective_recompute(void **state)
+{
+    (void)state;
+    if (!gpus()) skip();
+    struct mdl_model m;
+    struct setup s = plain;
+    s.rc = EXEC_RC_MODULES;
+    moe_test_variant(&m, MOE_TEST_DENSE_TIED, 0);
+    compare(&m, 40, &s);
+    moe_test_variant(&m, MOE_TEST_SLIDING_SIGMOID, 5);
+    s.mbs = 2;
+    s.micro = 2;
+    compare(&m, 41, &s);
+    moe_test_variant(&m, MOE_TEST_GPT_OSS, 5);
+    s = plain;
+    s.rc = EXEC_RC_MODULES;
+    s.mbs = 2;
+    s.cudnn_attention = true;
+    s.streams = 4;
+    compare(&m, 42, &s);
+    moe_test_model("tiny-moe-mla", &m);
+    s = plain;
+    s.rc = EXEC_RC_MODULES;
+    compare(&m, 43, &s);
+    moe_test_model("tiny-moe-gqa", &m);
+    s = plain;
+    s.rc = COST_RC_BIT(COST_RC_CORE_ATTN) | COST_RC_BIT(COST_RC_MOE_ACT);
+    s.ep = 2;
+    compare(&m, 44, &s);
+    /* memory: tiny-moe-gqa (every block MoE, no shared experts), 2 x 32 tokens */
+    struct moe_error err;
+    double act[2];
+    for (int i = 0; i < 2; i++) {
+        struct exec_gpu_cfg cfg = {
+            .seq = 32, .mbs = 2, .streams = 1, .recompute_modules = i ? EXEC_RC_MODULES : 0};
+        struct exec_gpu *g;
+        if (exec_gpu_create(&g, &m, &cfg, &err) != MOE_OK) fail_msg("%s", err.message);
+        struct exec_gpu_memory mem;
+        exec_gpu_memory(g, &mem);
+        act[i] = mem.bytes[EXEC_MEM_ACTIVATIONS];
+        exec_gpu_destroy(g);
+    }
+    double T = 64, h = m.hidden, H = m.attn.heads, dv = m.attn.head_dim;
+    double pairs = T * m.moe.top_k, f = m.moe.intermediate;
+    double per_block = T * h * (2 + 2 + 4) /* a16, b16, b32 */ + T * H * (2 * dv + 4) /* o, lse */ +
+                       pairs * f * 2 /* the experts' activation */;
+    printf("activations: %.0f B kept, %.0f B with every module recomputed (%d blocks: %.0f B a "
+           "block saved)\n",
+           act[0], act[1], m.layers, per_block);
+    assert_true(act[0] - act[1] == (m.layers - 1) * per_block);
+}
+
 static void test_dropless(void **state)
 {
     (void)state;
@@ -692,13 +763,10 @@ static void test_train_on_text(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gqa),
-        cmocka_unit_test(test_variants),
-        cmocka_unit_test(test_mla),
-        cmocka_unit_test(test_dropless),
-        cmocka_unit_test(test_deterministic),
-        cmocka_unit_test(test_train_on_text),
-        cmocka_unit_test(test_expert_parallel),
+        cmocka_unit_test(test_gqa),           cmocka_unit_test(test_variants),
+        cmocka_unit_test(test_mla),           cmocka_unit_test(test_selective_recompute),
+        cmocka_unit_test(test_dropless),      cmocka_unit_test(test_deterministic),
+        cmocka_unit_test(test_train_on_text), cmocka_unit_test(test_expert_parallel),
     };
     if (!gpus()) {
         printf("no GPU: skipped\n");
