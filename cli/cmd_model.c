@@ -85,9 +85,13 @@ static void print_model_header(const struct mdl_model *m)
                a->q_lora_rank, a->kv_lora_rank, a->qk_nope_head_dim, a->qk_rope_head_dim,
                a->v_head_dim);
     else
-        printf("attention: GQA, %d heads, %d kv heads, head dim %d%s%s%s\n", a->heads, a->kv_heads,
-               a->head_dim, a->qk_norm ? ", QK-norm" : "", a->sinks ? ", sinks" : "",
-               a->sliding_window ? ", sliding window" : "");
+        printf("attention: GQA, %d heads, %d kv heads, head dim %d%s%s%s%s\n", a->heads,
+               a->kv_heads, a->head_dim, a->qk_norm ? ", QK-norm" : "", a->bias ? ", biases" : "",
+               a->sinks ? ", sinks" : "", a->sliding_window ? ", sliding window" : "");
+    if (a->rope_scaling == MDL_ROPE_YARN)
+        printf("RoPE: theta %g, YaRN x%g over %d positions (beta %g..%g, attention factor %.4g)\n",
+               a->rope_theta, a->yarn.factor, a->yarn.original_max, a->yarn.beta_slow,
+               a->yarn.beta_fast, a->yarn.attention_factor);
     if (a->sliding_window)
         printf("sliding window %d on %d of every %d blocks\n", a->sliding_window,
                a->sliding_every - 1 > 0 ? a->sliding_every - 1 : 1, a->sliding_every);
@@ -97,6 +101,9 @@ static void print_model_header(const struct mdl_model *m)
     if (e->norm_topk) printf(", normalized");
     if (e->softmax_after_topk) printf(", softmax over the top-k");
     if (e->scaling != 1.0) printf(", scale %g", e->scaling);
+    if (e->expert_bias) printf(", router and expert biases");
+    if (e->activation == MDL_ACT_CLAMPED_SWIGLU)
+        printf(", clamped SwiGLU (alpha %g, limit %g)", e->swiglu_alpha, e->swiglu_limit);
     printf("\n");
 }
 

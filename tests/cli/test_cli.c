@@ -643,6 +643,11 @@ static void test_model_commands(void **state)
     expect_in(r.out, "parameters: 671.03 B total, 37.55 B active per token");
     expect_in(r.out, "250.45 GFLOP forward + backward");
     expect_in(r.out, "routed_experts");
+    RUN(&r, "model", "show", "tests/data/hf/gpt_oss.json"); /* gpt-oss's RoPE and experts */
+    assert_int_equal(r.code, 0);
+    expect_in(r.out, "RoPE: theta 150000, YaRN x32 over 4096 positions (beta 1..32, attention "
+                     "factor 1.347)");
+    expect_in(r.out, "router and expert biases, clamped SwiGLU (alpha 1.702, limit 7)");
     RUN(&r, "model", "show", "tests/data/hf/mixtral.json");
     assert_int_equal(r.code, 0);
     expect_in(r.out, "46.70 B total");
