@@ -64,15 +64,17 @@ static enum moe_status each_expert(struct exec_gpu *g, const int *off, Body body
     return gpu_join_experts(g, err);
 }
 
-/* With gpt-oss's biases, expert e's n output rows (width n_cols, from row o of y) start as row
- * e of bias tensor t and its GEMM adds (beta 1); without them the GEMM writes (beta 0). */
+/* With gpt-oss's biases, expert e's n output rows (cols wide, from row o of y) start as row e
+ * of bias tensor t and its GEMM adds: returns the GEMM's beta, 1; without them 0 (the GEMM
+ * writes). The first launch error stays in *ce. */
 static float expert_bias_rows(struct exec_gpu *g, int t, int e, size_t o, int n, int cols,
                               float *y32, bf16 *y16, cudaError_t *ce)
 {
     if (!g->expert_bias) return 0.0f;
     const float *b = M(g, t) + (size_t)e * cols;
-    *ce = gk_bias_rows(y32 ? y32 + o * cols : NULL, y16 ? y16 + o * cols : NULL, cols, b, n, cols,
-                       false, g->cur_side < 0 ? g->s : g->side[g->cur_side]);
+    cudaError_t r = gk_bias_rows(y32 ? y32 + o * cols : NULL, y16 ? y16 + o * cols : NULL, cols, b,
+                                 n, cols, false, g->cur_side < 0 ? g->s : g->side[g->cur_side]);
+    if (*ce == cudaSuccess) *ce = r;
     return 1.0f;
 }
 
@@ -118,9 +120,12 @@ enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act
 {
     const int *w = g->wi[l];
     int h = g->hidden, E = g->experts, f = g->ffn;
-    if (g->cfg.recompute_modules & COST_RC_BIT(COST_RC_MOE_ACT)) /* the activation, redone */
+    if (g->cfg.recompute_modules & COST_RC_BIT(COST_RC_MOE_ACT)) { /* the activation, redone */
+        PH(COST_EXPERTS_FWD);
         MOE_CUDA_CHECK(gk_swiglu(A->eg16, A->eu16, A->ehm16, (size_t)off[E] * f, g->act_alpha,
                                  g->act_limit, g->s));
+        PH(COST_EXPERTS_BWD);
+    }
     MOE_CHECK(each_expert(
         g, off,
         [&](int e, size_t o, int n) {

@@ -95,9 +95,14 @@ static enum moe_status block_backward(struct exec_gpu *g, int l, const float *x,
     float eps = (float)g->m.norm_eps;
     bool moe = g->moe_index[l] >= 0;
     unsigned rc = g->cfg.recompute_modules;
-    if (rc & COST_RC_BIT(COST_RC_LAYERNORM)) /* selective recompute: the FFN norm's outputs */
+    /* Selective recompute is timed as the forward phase it repeats, as the planner counts it:
+     * the norms and the attention core in attn_fwd, the experts' activation in experts_fwd, a
+     * dense FFN and the shared experts in their own phases. */
+    if (rc & COST_RC_BIT(COST_RC_LAYERNORM)) { /* the FFN norm's outputs */
+        PH(COST_ATTN_FWD);
         MOE_CUDA_CHECK(gk_rmsnorm(A->h1, h, M(g, w[W_FFN_NORM]), T, h, eps, A->b16, h,
                                   moe ? A->b32 : NULL, h, NULL, 0, A->rstd2, g->s));
+    }
     if (moe) {
         MOE_CHECK(gpu_moe_backward(g, l, A, err));
     } else {
@@ -114,12 +119,13 @@ static enum moe_status block_backward(struct exec_gpu *g, int l, const float *x,
                                        h, g->dh, g->dh16, h, T, h, g->s));
     MOE_CUDA_CHECK(gk_colsum(g->db32, h, A->h1, h, A->rstd2, T, h, g->part, GR(g, w[W_FFN_NORM]),
                              !gpu_grad_first(g, w[W_FFN_NORM], 0), g->s));
-    PH(COST_ATTN_BWD);
+    if (rc & (COST_RC_BIT(COST_RC_CORE_ATTN) | COST_RC_BIT(COST_RC_LAYERNORM))) PH(COST_ATTN_FWD);
     if (rc & COST_RC_BIT(COST_RC_CORE_ATTN)) /* the attention's output and lse */
         MOE_CHECK(gpu_attn_core(g, l, A, err));
     if (rc & COST_RC_BIT(COST_RC_LAYERNORM)) /* the attention norm's output */
         MOE_CUDA_CHECK(gk_rmsnorm(x, h, M(g, w[W_ATTN_NORM]), T, h, eps, A->a16, h, NULL, 0, NULL,
                                   0, A->rstd1, g->s));
+    PH(COST_ATTN_BWD);
     MOE_CHECK(gpu_mm(g, false, false, T, Hd, h, 1.0f, g->dh16, h, 0, W16(g, w[W_WO]), Hd, 0, 0.0f,
                      g->do16, Hd, 0, 1, CUDA_R_16BF, CUDA_R_16BF, err));
     MOE_CHECK(gpu_lin_dw(g, g->dh16, h, A->o16, Hd, T, Hd, h, w[W_WO], 0, err));
