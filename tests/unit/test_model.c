@@ -420,6 +420,17 @@ static void test_hf_errors(void **state)
     assert_int_equal(mdl_model_from_hf(&m, &doc, &err), MOE_ERR_INPUT);
     assert_non_null(strstr(err.message, "num_local_experts: required key is missing"));
     moe_jdoc_free(&doc);
+    const char *linear = "{\"model_type\": \"gpt_oss\", \"hidden_size\": 64, "
+                         "\"num_hidden_layers\": 2, \"vocab_size\": 10, "
+                         "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
+                         "\"head_dim\": 16, \"num_local_experts\": 4, "
+                         "\"num_experts_per_tok\": 2, \"intermediate_size\": 8,\n"
+                         "\"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 2}}";
+    assert_int_equal(moe_jdoc_parse(&doc, "c.json", linear, strlen(linear), &err), MOE_OK);
+    assert_int_equal(mdl_model_from_hf(&m, &doc, &err), MOE_ERR_INPUT);
+    assert_non_null(strstr(err.message, "only \"yarn\" RoPE scaling is supported, not \"linear\""));
+    assert_int_equal(err.line, 2);
+    moe_jdoc_free(&doc);
     assert_int_equal(mdl_model_resolve(&m, "no-such-model", dir, &err), MOE_ERR_INPUT);
     assert_non_null(strstr(err.message, "no model named 'no-such-model'"));
     assert_int_equal(mdl_model_resolve(&m, "../etc", dir, &err), MOE_ERR_INPUT);
