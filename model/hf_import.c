@@ -9,7 +9,6 @@
  */
 #include "mdl.h"
 
-#include <math.h>
 #include <string.h>
 
 const char *const mdl_hf_model_types[] = {"deepseek_v3", "deepseek_v2", "kimi_k2",
@@ -222,7 +221,8 @@ static enum moe_status hf_yarn(const struct moe_jval *o, struct mdl_attention *a
         (st = hf_num(&rs, "beta_slow", 1.0, &y->beta_slow, err)) ||
         (st = hf_bool(&rs, "truncate", true, &y->truncate, err)))
         return st;
-    return hf_num(&rs, "attention_factor", 0.1 * log(y->factor) + 1.0, &y->attention_factor, err);
+    return hf_num(&rs, "attention_factor", mdl_yarn_attention_factor(y->factor),
+                  &y->attention_factor, err);
 }
 
 static enum moe_status hf_gpt_oss(const struct moe_jval *o, struct mdl_model *m,

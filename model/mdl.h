@@ -138,6 +138,8 @@ bool mdl_layer_is_sliding(const struct mdl_model *m, int layer);
 /* RoPE over `rot` dims: the rot / 2 inverse frequencies (pair i turns by position x inv_freq[i])
  * and the factor on cos and sin (1 without scaling), for plain and YaRN RoPE alike. */
 void mdl_rope_freqs(const struct mdl_attention *a, int rot, double *inv_freq, double *scale);
+/* YaRN's default attention factor for a scaling factor: 0.1 ln(factor) + 1 (Hugging Face's). */
+double mdl_yarn_attention_factor(double factor);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Derived numbers                                                                                */

@@ -43,8 +43,8 @@ static enum moe_status load_rope_scaling(const struct moe_jval *o, struct mdl_at
     if ((st = moe_jval_num(o, "beta_fast", false, 32.0, 1e-6, 1e6, &y->beta_fast, err))) return st;
     if ((st = moe_jval_num(o, "beta_slow", false, 1.0, 1e-6, 1e6, &y->beta_slow, err))) return st;
     if ((st = moe_jval_bool(o, "truncate", false, true, &y->truncate, err))) return st;
-    if ((st = moe_jval_num(o, "attention_factor", false, 0.1 * log(y->factor) + 1.0, 1e-6, 1e6,
-                           &y->attention_factor, err)))
+    if ((st = moe_jval_num(o, "attention_factor", false, mdl_yarn_attention_factor(y->factor), 1e-6,
+                           1e6, &y->attention_factor, err)))
         return st;
     if (!(y->beta_fast > y->beta_slow))
         return moe_jval_error(o, "beta_fast", err, "must exceed beta_slow (%g)", y->beta_slow);
@@ -311,6 +311,11 @@ bool mdl_layer_is_sliding(const struct mdl_model *m, int layer)
     return m->attn.sliding_window > 0 && every > 0 && layer % every != every - 1;
 }
 
+double mdl_yarn_attention_factor(double factor)
+{
+    return 0.1 * log(factor) + 1.0;
+}
+
 /* YaRN's dimension at which a frequency turns `turns` times over the original context. */
 static double yarn_dim(double turns, int rot, double theta, int original_max)
 {
@@ -561,7 +566,8 @@ char *mdl_model_to_json_text(const struct mdl_model *m)
         json_object_set_new(rs, "beta_fast", json_real(y->beta_fast));
         json_object_set_new(rs, "beta_slow", json_real(y->beta_slow));
         json_object_set_new(rs, "truncate", json_boolean(y->truncate));
-        if (y->attention_factor != 0.1 * log(y->factor) + 1.0) /* the default stays exact */
+        if (y->attention_factor !=
+            mdl_yarn_attention_factor(y->factor)) /* the default stays exact */
             json_object_set_new(rs, "attention_factor", json_real(y->attention_factor));
         json_object_set_new(at, "rope_scaling", rs);
     }

@@ -148,7 +148,7 @@ static void test_rope(void **state)
     /* plain RoPE, then YaRN (its frequencies and a scale of 1.35 on cos and sin) */
     struct mdl_attention at = {};
     at.rope_theta = 10000.0;
-    at.yarn = {8.0, 32.0, 1.0, 0.1 * log(8.0) + 1.0, 16, false};
+    at.yarn = {8.0, 32.0, 1.0, mdl_yarn_attention_factor(8.0), 16, false};
     for (int yarn = 0; yarn < 2; yarn++) {
         at.rope_scaling = yarn ? MDL_ROPE_YARN : MDL_ROPE_PLAIN;
         double fr[8], scale;

@@ -125,7 +125,7 @@ static inline void moe_test_variant(struct mdl_model *m, int which, int window)
         m->attn.sinks = true;
         m->attn.bias = true;
         m->attn.rope_scaling = MDL_ROPE_YARN;
-        m->attn.yarn = (struct mdl_yarn){4.0, 32.0, 1.0, 0.1 * log(4.0) + 1.0, 4, false};
+        m->attn.yarn = (struct mdl_yarn){4.0, 32.0, 1.0, mdl_yarn_attention_factor(4.0), 4, false};
         m->moe.expert_bias = true;
         m->moe.activation = MDL_ACT_CLAMPED_SWIGLU;
         m->moe.swiglu_alpha = 1.702;
