@@ -312,6 +312,11 @@ enum moe_status gpu_lin_dx(struct exec_gpu *g, const bf16 *dY, int lddy, const b
 enum moe_status gpu_lin_dw(struct exec_gpu *g, const bf16 *dY, int lddy, const bf16 *X, int ldx,
                            int T, int in, int out, int t, int slice, struct moe_error *err);
 enum moe_status gpu_sync_host(struct exec_gpu *g, struct moe_error *err);
+/* Host to device in s, the stream that reads it (s is non-blocking: it does not wait for a plain
+ * cudaMemcpy, which may return before a pageable copy lands). A pageable source is staged before
+ * the call returns: the caller may free or refill it at once. */
+enum moe_status gpu_upload(struct exec_gpu *g, void *dst, const void *src, size_t bytes,
+                           struct moe_error *err);
 enum moe_status gpu_fork_experts(struct exec_gpu *g, struct moe_error *err);
 void gpu_use_expert_stream(struct exec_gpu *g, int e);
 enum moe_status gpu_join_experts(struct exec_gpu *g, struct moe_error *err);

@@ -424,13 +424,9 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
             bf16 *one = (bf16 *)malloc(sizeof(bf16) * (size_t)g->Pe);
             if (!one) return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
             for (int i = 0; i < g->Pe; i++) one[i] = __float2bfloat16(1.0f);
-            /* in g->s, which reads it (a non-blocking stream: it would not wait for a plain
-             * cudaMemcpy, which may return before a pageable copy lands) */
-            cudaError_t e = cudaMemcpyAsync(g->ones16, one, sizeof(bf16) * (size_t)g->Pe,
-                                            cudaMemcpyHostToDevice, g->s);
-            if (e == cudaSuccess) e = cudaStreamSynchronize(g->s);
+            enum moe_status st = gpu_upload(g, g->ones16, one, sizeof(bf16) * (size_t)g->Pe, err);
             free(one);
-            MOE_CUDA_CHECK(e);
+            if (st != MOE_OK) return st;
         }
     }
     ALLOC(g->fin16, (size_t)T * h, c);
@@ -638,9 +634,7 @@ extern "C" enum moe_status exec_gpu_set_state(struct exec_gpu *g, const float *m
         for (int k = 0; k < 2; k++) {
             const float *in = k ? m2 : m1;
             for (size_t i = 0; i < g->shard_n; i++) h[i] = __float2bfloat16(in[i]);
-            MOE_CUDA_CHECK(cudaMemcpyAsync(k ? g->m2 : g->m1, h.data(), sizeof(bf16) * g->shard_n,
-                                           cudaMemcpyHostToDevice, g->s));
-            MOE_CUDA_CHECK(cudaStreamSynchronize(g->s)); /* h is refilled next */
+            MOE_CHECK(gpu_upload(g, k ? g->m2 : g->m1, h.data(), sizeof(bf16) * g->shard_n, err));
         }
     }
     return exec_gpu_set_bias(g, bias, err);

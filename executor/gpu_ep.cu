@@ -77,13 +77,6 @@ static enum moe_status ep_rows_back(struct exec_gpu *g, const struct exec_ep_row
     return t->ops->alltoallv(t, back, in, got, r->count, sizeof(float) * (size_t)width, err);
 }
 
-static enum moe_status ep_upload(struct exec_gpu *g, void *dst, const void *src, size_t bytes,
-                                 struct moe_error *err)
-{
-    if (bytes) MOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g->s));
-    return MOE_OK;
-}
-
 /* The EP group of MoE layer mi (the mi-th MoE layer). */
 static const struct exec_ep_group *ep_group_of(const struct exec_gpu *g, int mi)
 {
@@ -158,16 +151,16 @@ static enum moe_status ep_index(struct exec_gpu *g, struct ep_layer *L,
     memcpy(nf, fwd_off, sizeof(int) * ((size_t)L->n1 + 1));
     for (int i = 0; i < L->h2.n; i++) fwd_rows[nf[L->h2.src_row[i]]++] = i;
     L->npairs = np;
-    if ((st = ep_upload(g, L->pair_row, pair_row, sizeof(int) * (size_t)np, err)) ||
-        (st = ep_upload(g, L->pair_dst, pair_dst, sizeof(int) * (size_t)np, err)) ||
-        (st = ep_upload(g, L->pair_w, pair_w, sizeof(float) * (size_t)np, err)) ||
-        (st = ep_upload(g, L->row_pairs, row_pairs, sizeof(int) * (size_t)np, err)) ||
-        (st = ep_upload(g, L->row_w, row_w, sizeof(float) * (size_t)np, err)) ||
-        (st = ep_upload(g, L->row_off, row_off, sizeof(int) * ((size_t)rows + 1), err)) ||
-        (st = ep_upload(g, L->tok_off, tok_off, sizeof(int) * ((size_t)T + 1), err)) ||
-        (st = ep_upload(g, L->tok_rows, tok_rows, sizeof(int) * (size_t)L->h1.n, err)) ||
-        (st = ep_upload(g, L->fwd_off, fwd_off, sizeof(int) * ((size_t)L->n1 + 1), err)) ||
-        (st = ep_upload(g, L->fwd_rows, fwd_rows, sizeof(int) * (size_t)L->h2.n, err)))
+    if ((st = gpu_upload(g, L->pair_row, pair_row, sizeof(int) * (size_t)np, err)) ||
+        (st = gpu_upload(g, L->pair_dst, pair_dst, sizeof(int) * (size_t)np, err)) ||
+        (st = gpu_upload(g, L->pair_w, pair_w, sizeof(float) * (size_t)np, err)) ||
+        (st = gpu_upload(g, L->row_pairs, row_pairs, sizeof(int) * (size_t)np, err)) ||
+        (st = gpu_upload(g, L->row_w, row_w, sizeof(float) * (size_t)np, err)) ||
+        (st = gpu_upload(g, L->row_off, row_off, sizeof(int) * ((size_t)rows + 1), err)) ||
+        (st = gpu_upload(g, L->tok_off, tok_off, sizeof(int) * ((size_t)T + 1), err)) ||
+        (st = gpu_upload(g, L->tok_rows, tok_rows, sizeof(int) * (size_t)L->h1.n, err)) ||
+        (st = gpu_upload(g, L->fwd_off, fwd_off, sizeof(int) * ((size_t)L->n1 + 1), err)) ||
+        (st = gpu_upload(g, L->fwd_rows, fwd_rows, sizeof(int) * (size_t)L->h2.n, err)))
         goto done;
     st = gpu_sync_host(g, err); /* the host arrays are freed next */
 done:

@@ -165,6 +165,13 @@ enum moe_status gpu_lin_dw(struct exec_gpu *g, const bf16 *dY, int lddy, const b
                   CUDA_R_16BF, CUDA_R_32F, err);
 }
 
+enum moe_status gpu_upload(struct exec_gpu *g, void *dst, const void *src, size_t bytes,
+                           struct moe_error *err)
+{
+    if (bytes) MOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g->s));
+    return MOE_OK;
+}
+
 enum moe_status gpu_sync_host(struct exec_gpu *g, struct moe_error *err)
 {
     MOE_CUDA_CHECK(cudaStreamSynchronize(g->s));

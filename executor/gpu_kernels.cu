@@ -360,9 +360,10 @@ cudaError_t gk_colsum(const float *a, int lda, const float *b, int ldb, const fl
 /* ---- RoPE, MLA assembly --------------------------------------------------------------------- */
 
 /* The table is computed on the host in double precision (cos and sin of position x inv_freq,
- * times scale) and copied once, in stream s (the stream that reads it: a plain cudaMemcpy from
+ * times scale) and copied once, in stream s, the stream that reads it (a plain cudaMemcpy from
  * pageable memory may return before its copy lands, and a non-blocking stream does not wait for
- * it), then s is synchronized: the executor builds it when it starts. */
+ * it; the pageable source is staged before the call returns, so it is freed at once): the
+ * executor builds it when it starts. */
 cudaError_t gk_rope_table(float2 *tab, int seq, int rot, const double *inv_freq, double scale,
                           cudaStream_t s)
 {
@@ -376,7 +377,6 @@ cudaError_t gk_rope_table(float2 *tab, int seq, int rot, const double *inv_freq,
         h[i] = make_float2((float)(scale * cos(angle)), (float)(scale * sin(angle)));
     }
     cudaError_t e = cudaMemcpyAsync(tab, h, sizeof(float2) * n, cudaMemcpyHostToDevice, s);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(s);
     free(h);
     return e;
 }

@@ -138,8 +138,8 @@ cudaError_t gk_rmsnorm_backward(const float *x, int ldx, const float *w, const f
 cudaError_t gk_colsum(const float *a, int lda, const float *b, int ldb, const float *r, int T,
                       int n, float *part, float *out, bool accumulate, cudaStream_t s);
 /* RoPE's (cos, sin) x scale for positions 0 .. seq-1 and pairs 0 .. rot/2-1, (seq, rot/2), from
- * the host's inv_freq (rot/2; mdl_rope_freqs): computed once on the host, copied in stream s,
- * which it synchronizes; the rope kernels read it. */
+ * the host's inv_freq (rot/2; mdl_rope_freqs): computed once on the host, copied in stream s;
+ * the rope kernels read it. */
 cudaError_t gk_rope_table(float2 *tab, int seq, int rot, const double *inv_freq, double scale,
                           cudaStream_t s);
 /* RoPE (HF rotate-half) on the first rot of each head's dim values, written as bf16 to y, from
