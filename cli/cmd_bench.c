@@ -3,7 +3,9 @@
  * next to the dense GEMM chain of the same FLOPs; bench/peers/ times PyTorch on the same shapes
  * and the same routing (--routing-out), and bench/run-moe prints them side by side. `moeplan
  * bench adamw`: the optimizer's update over --params parameters against the GPU's copy
- * bandwidth (bench/run-adamw: next to PyTorch's fused AdamW).
+ * bandwidth (bench/run-adamw: next to PyTorch's fused AdamW). `moeplan bench attention`: the
+ * attention core (causal, optionally a sliding window) by our kernels and by cuDNN's, forward and
+ * backward, as the executor and `calibrate` call them.
  * Built only with the executor.
  */
 #include <math.h>
@@ -30,7 +32,13 @@ enum {
     OPT_CAL,
     OPT_CLUSTER,
     OPT_PARAMS,
-    OPT_MOMENTS
+    OPT_MOMENTS,
+    OPT_SEQS,
+    OPT_SEQ,
+    OPT_HEADS,
+    OPT_KV,
+    OPT_HD,
+    OPT_WINDOW
 };
 
 const struct cli_opt cmd_bench_opts[] = {
@@ -56,6 +64,12 @@ const struct cli_opt cmd_bench_opts[] = {
      "with --calibration: the GPU's cluster (h200-vm)"},
     {"routing-out", required_argument, OPT_ROUT, "FILE",
      "write the routing used (tokens x topk int32 expert ids) for the peers"},
+    {"seqs", required_argument, OPT_SEQS, "N", "attention: sequences (2)"},
+    {"seq", required_argument, OPT_SEQ, "S", "attention: tokens a sequence (4096)"},
+    {"heads", required_argument, OPT_HEADS, "H", "attention: query heads (64)"},
+    {"kv-heads", required_argument, OPT_KV, "KV", "attention: key/value heads (8)"},
+    {"head-dim", required_argument, OPT_HD, "D", "attention: head dim (128)"},
+    {"window", required_argument, OPT_WINDOW, "W", "attention: sliding window (0: none)"},
     {NULL, 0, 0, NULL, NULL},
 };
 
@@ -113,6 +127,50 @@ static int bench_adamw(struct cli *cli, size_t n, bool m16, int iters, const cha
     return 0;
 }
 
+/* The attention core by each backend this build has: forward and backward time and the TFLOPS of
+ * the products the mask keeps (a window's band, or the causal half). */
+static int bench_attention(struct cli *cli, int seqs, int seq, int heads, int kv, int d, int window,
+                           int iters)
+{
+    struct moe_error err;
+    struct exec_device_info dev;
+    int rc = bench_gpu(cli, &dev);
+    if (rc >= 0) return rc;
+    double pairs = 0.0; /* (query, key) pairs the mask keeps, a sequence */
+    for (int i = 0; i < seq; i++) pairs += window > 0 && window < i + 1 ? window : i + 1;
+    double flops = 4.0 * d * heads * pairs * seqs;
+    printf("moeplan bench attention on %s: %d x %d tokens, %d / %d heads, head dim %d, %s; median "
+           "of %d\n",
+           dev.name, seqs, seq, heads, kv, d, window > 0 ? "sliding window" : "causal", iters);
+    if (window > 0) printf("  window %d keys\n", window);
+    const char *hd[] = {"backend", "forward", "TFLOPS", "backward", "TFLOPS"};
+    struct rpt_table *t = rpt_table_create(5, hd, "lrrrr");
+    for (int b = 0; b < 2 && t; b++) {
+        bool cudnn = b == 1;
+        if (cudnn && !exec_attention_cudnn(EXEC_ATTN_AUTO)) continue;
+        double f, bw;
+        if (exec_time_attention(seqs, seq, heads, kv, d, d, window,
+                                cudnn ? EXEC_ATTN_CUDNN : EXEC_ATTN_OWN, iters, &f, &bw,
+                                &err) != MOE_OK) {
+            rpt_table_destroy(t);
+            return cli_fail(cli, &err);
+        }
+        rpt_table_row(t, NULL);
+        rpt_table_cell(t, NULL, "%s", cudnn ? "cuDNN" : "ours");
+        rpt_table_cell(t, NULL, "%.3f ms", f / 1e3);
+        rpt_table_cell(t, NULL, "%.0f", flops / (f * 1e6));
+        rpt_table_cell(t, NULL, "%.3f ms", bw / 1e3);
+        rpt_table_cell(t, NULL, "%.0f", 2.5 * flops / (bw * 1e6));
+    }
+    if (!t) {
+        moe_error_set(&err, MOE_ERR_NOMEM, "out of memory");
+        return cli_fail(cli, &err);
+    }
+    rpt_table_print(t, stdout);
+    rpt_table_destroy(t);
+    return 0;
+}
+
 int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
 {
     struct cli_arg args[CLI_MAX_ARGS];
@@ -120,19 +178,20 @@ int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     int rc = cli_parse(cmd, argc, argv, args, &nargs);
     if (rc >= 0) return rc;
     struct moe_error err;
-    if (optind >= argc) return cli_usage(cmd, "which benchmark: moe or adamw");
-    bool adamw = !strcmp(argv[optind], "adamw");
-    if (strcmp(argv[optind], "moe") != 0 && !adamw) {
+    if (optind >= argc) return cli_usage(cmd, "which benchmark: moe, adamw or attention");
+    bool adamw = !strcmp(argv[optind], "adamw"), attn = !strcmp(argv[optind], "attention");
+    if (strcmp(argv[optind], "moe") != 0 && !adamw && !attn) {
         if (strcmp(argv[optind], "eval") == 0) {
             moe_error_set(&err, MOE_ERR_UNSUPPORTED,
                           "the planner's evaluation rate is its own program: build/bench/eval_rate "
                           "(bench/README.md)");
             return cli_fail(cli, &err);
         }
-        return cli_usage(cmd, "unknown benchmark '%s' (moe or adamw)", argv[optind]);
+        return cli_usage(cmd, "unknown benchmark '%s' (moe, adamw or attention)", argv[optind]);
     }
     uint64_t E = 8, T = 8192, K = 8, H = 7168, F = 2048, seed = 1, iters = 20, warm = 3,
-             streams = EXEC_DEFAULT_STREAMS, params = 1000000000;
+             streams = EXEC_DEFAULT_STREAMS, params = 1000000000, seqs = 2, seq = 4096, heads = 64,
+             kv = 8, hdim = 128, window = 0;
     double skew = 2.0;
     const char *json = NULL, *rout = NULL, *cal_file = NULL, *cluster = "h200-vm";
     bool m16 = false;
@@ -155,6 +214,12 @@ int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
         case OPT_CAL: cal_file = v; break;
         case OPT_CLUSTER: cluster = v; break;
         case OPT_PARAMS: ok = cli_count(cmd, "params", v, 1, (uint64_t)1 << 36, &params); break;
+        case OPT_SEQS: ok = cli_count(cmd, "seqs", v, 1, 4096, &seqs); break;
+        case OPT_SEQ: ok = cli_count(cmd, "seq", v, 1, 1u << 20, &seq); break;
+        case OPT_HEADS: ok = cli_count(cmd, "heads", v, 1, 1024, &heads); break;
+        case OPT_KV: ok = cli_count(cmd, "kv-heads", v, 1, 1024, &kv); break;
+        case OPT_HD: ok = cli_count(cmd, "head-dim", v, 1, 1024, &hdim); break;
+        case OPT_WINDOW: ok = cli_count(cmd, "window", v, 0, 1u << 20, &window); break;
         case OPT_MOMENTS:
             if (strcmp(v, "fp32") && strcmp(v, "bf16"))
                 return cli_usage(cmd, "--moments %s: fp32 or bf16", v);
@@ -164,6 +229,15 @@ int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
         if (!ok) return 2;
     }
     if (adamw) return bench_adamw(cli, (size_t)params, m16, (int)iters, json);
+    if (attn) {
+        if (heads % kv)
+            return cli_usage(cmd, "--heads %llu is not a multiple of --kv-heads %llu",
+                             (unsigned long long)heads, (unsigned long long)kv);
+        if (seqs * seq > (1u << 24))
+            return cli_usage(cmd, "--seqs x --seq: at most %u tokens", 1u << 24);
+        return bench_attention(cli, (int)seqs, (int)seq, (int)heads, (int)kv, (int)hdim,
+                               (int)window, (int)iters);
+    }
     if (K > E)
         return cli_usage(cmd, "--topk %llu exceeds --experts %llu", (unsigned long long)K,
                          (unsigned long long)E);

@@ -204,16 +204,20 @@ enum moe_status cli_calibrate_measure(struct cli *cli, const struct topo_cluster
         (st = measure_gemms(quick, d->gemm, &d->ngemm, err)) ||
         (st = measure_experts(quick, d->expert, &d->nexpert, err)))
         return st;
-    static const int at[][6] = {{4, 1024, 32, 8, 128, 128},  {1, 4096, 32, 8, 128, 128},
-                                {2, 2048, 16, 16, 192, 128}, {1, 4096, 16, 16, 192, 128},
-                                {2, 2048, 32, 4, 128, 128},  {4, 1024, 16, 16, 192, 128},
-                                {8, 512, 32, 8, 128, 128},   {2, 2048, 32, 8, 128, 128}};
-    d->nattn = quick ? 3 : 8;
+    /* seqs, seq, heads, kv heads, dqk, dv, window: GQA 128, MLA 192 / 128, gpt-oss's 64-wide
+     * heads causal and with its window of 128 */
+    static const int at[][7] = {{4, 1024, 32, 8, 128, 128, 0},  {1, 4096, 32, 8, 128, 128, 0},
+                                {2, 2048, 16, 16, 192, 128, 0}, {1, 4096, 16, 16, 192, 128, 0},
+                                {2, 2048, 32, 4, 128, 128, 0},  {4, 1024, 16, 16, 192, 128, 0},
+                                {8, 512, 32, 8, 128, 128, 0},   {2, 2048, 32, 8, 128, 128, 0},
+                                {2, 4096, 64, 8, 64, 64, 0},    {4, 2048, 64, 8, 64, 64, 0},
+                                {2, 4096, 64, 8, 64, 64, 128},  {4, 2048, 64, 8, 64, 64, 128}};
+    d->nattn = quick ? 3 : (int)(sizeof at / sizeof at[0]);
     for (int i = 0; i < d->nattn; i++) {
-        for (int k = 0; k < 6; k++) d->attn[i][k] = at[i][k];
+        for (int k = 0; k < 7; k++) d->attn[i][k] = at[i][k];
         if ((st = exec_time_attention(at[i][0], at[i][1], at[i][2], at[i][3], at[i][4], at[i][5],
-                                      exec_attention_cudnn(EXEC_ATTN_AUTO), quick ? 3 : 10,
-                                      &d->attn[i][6], &d->attn[i][7], err)))
+                                      at[i][6], EXEC_ATTN_AUTO, quick ? 3 : 10, &d->attn[i][7],
+                                      &d->attn[i][8], err)))
             return st;
     }
     struct cost_calibration base;

@@ -275,7 +275,7 @@ static const struct cli_cmd commands[] = {
 #endif
     {"report", "PLAN MEASURED [options]", "Predicted-vs-measured report (Markdown + SVG).", NULL,
      cmd_report_opts, cmd_report},
-    {"bench", "moe|adamw [options]",
+    {"bench", "moe|adamw|attention [options]",
      "Benchmark the MoE layer or the AdamW update on this GPU (bench/run-moe, bench/run-adamw: "
      "next to PyTorch).",
 #ifdef MOEPLAN_HAVE_EXECUTOR

@@ -159,14 +159,21 @@ extern "C" enum moe_status exec_warm_up(double seconds, struct moe_error *err)
 }
 
 extern "C" enum moe_status exec_time_attention(int seqs, int seq, int heads, int kv_heads, int dqk,
-                                               int dv, bool cudnn, int iters, double *fwd_us,
-                                               double *bwd_us, struct moe_error *err)
+                                               int dv, int window, enum exec_attention backend,
+                                               int iters, double *fwd_us, double *bwd_us,
+                                               struct moe_error *err)
 {
     if (seqs < 1 || seq < 1 || heads < 1 || kv_heads < 1 || heads % kv_heads ||
-        !gk_flash_supported(dqk, dv) || iters < 1)
+        !gk_flash_supported(dqk, dv) || iters < 1 || window < 0)
         return moe_error_set(err, MOE_ERR_INPUT,
-                             "calibrate: attention %d x %d tokens, %d / %d heads, dims %d / %d",
-                             seqs, seq, heads, kv_heads, dqk, dv);
+                             "calibrate: attention %d x %d tokens, %d / %d heads, dims %d / %d, "
+                             "window %d",
+                             seqs, seq, heads, kv_heads, dqk, dv, window);
+    /* as the executor runs it (AUTO): cuDNN's where the build has it, but our backward for a
+     * narrow window */
+    bool cudnn = backend == EXEC_ATTN_CUDNN ||
+                 (backend == EXEC_ATTN_AUTO && exec_attention_cudnn(EXEC_ATTN_AUTO));
+    bool bwd_cudnn = cudnn && !(backend == EXEC_ATTN_AUTO && gk_window_backward_ours(seq, window));
     size_t T = (size_t)seqs * seq, nq = T * heads * dqk, nk = T * kv_heads * dqk;
     size_t nv = T * kv_heads * dv, no = T * heads * dv, cap = 1u << 22;
     dbufs d;
@@ -182,45 +189,35 @@ extern "C" enum moe_status exec_time_attention(int seqs, int seq, int heads, int
     if (e == cudaSuccess) e = fill_bf16(v, nv, 5, scratch, cap);
     if (e == cudaSuccess) e = fill_bf16(dout, no, 6, scratch, cap);
     if (e != cudaSuccess) return cuda_fail(e, "attention buffers", err);
-    if (cudnn) { /* as the executor calls it: the gradients stay bf16 (GQA's rope reads them) */
-        char why[256] = "";
-        bool ok = true;
-        e = time_median(
-            iters,
-            [&]() {
-                ok = ok && gk_cudnn_forward(q, k, v, seqs, seq, heads, kv_heads, dqk, dv, 0, o, lse,
-                                            0, why, sizeof why);
-                return ok ? cudaGetLastError() : cudaErrorUnknown;
-            },
-            fwd_us);
-        if (e == cudaSuccess)
-            e = time_median(
-                iters,
-                [&]() {
-                    ok = ok && gk_cudnn_backward(q, k, v, o, dout, lse, seqs, seq, heads, kv_heads,
-                                                 dqk, dv, 0, GK_CUDNN_DETERMINISTIC, NULL, NULL,
-                                                 NULL, dq16, dk16, dv16, 0, why, sizeof why);
-                    return ok ? cudaGetLastError() : cudaErrorUnknown;
-                },
-                bwd_us);
-        gk_cudnn_release(0);
-        if (!ok) return moe_error_set(err, MOE_ERR_RUNTIME, "calibrate: %s", why);
-        return e == cudaSuccess ? MOE_OK : cuda_fail(e, "cuDNN attention", err);
-    }
+    char why[256] = "";
+    bool ok = true;
     e = time_median(
         iters,
         [&]() {
-            return gk_flash_forward(q, k, v, seqs, seq, heads, kv_heads, dqk, dv, 0, o, lse, 0);
+            if (!cudnn)
+                return gk_flash_forward(q, k, v, seqs, seq, heads, kv_heads, dqk, dv, window, o,
+                                        lse, 0);
+            ok = ok && gk_cudnn_forward(q, k, v, seqs, seq, heads, kv_heads, dqk, dv, window, o,
+                                        lse, 0, why, sizeof why);
+            return ok ? cudaGetLastError() : cudaErrorUnknown;
         },
         fwd_us);
     if (e == cudaSuccess)
         e = time_median(
             iters,
             [&]() {
-                return gk_flash_backward(q, k, v, o, dout, lse, seqs, seq, heads, kv_heads, dqk, dv,
-                                         0, delta, dq, dk, dvv, 0);
+                if (!bwd_cudnn) /* the gradients in fp32 (ours) */
+                    return gk_flash_backward(q, k, v, o, dout, lse, seqs, seq, heads, kv_heads, dqk,
+                                             dv, window, delta, dq, dk, dvv, 0);
+                /* as the executor calls it: the gradients stay bf16 (GQA's rope reads them) */
+                ok = ok && gk_cudnn_backward(q, k, v, o, dout, lse, seqs, seq, heads, kv_heads, dqk,
+                                             dv, window, GK_CUDNN_DETERMINISTIC, NULL, NULL, NULL,
+                                             dq16, dk16, dv16, 0, why, sizeof why);
+                return ok ? cudaGetLastError() : cudaErrorUnknown;
             },
             bwd_us);
+    if (cudnn) gk_cudnn_release(0);
+    if (!ok) return moe_error_set(err, MOE_ERR_RUNTIME, "calibrate: %s", why);
     return e == cudaSuccess ? MOE_OK : cuda_fail(e, "attention", err);
 }
 

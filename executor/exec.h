@@ -54,8 +54,6 @@ struct exec_run_info { /* what the run found before its first step (rank 0's) */
 /* The attention core: AUTO (the default) is cuDNN's fused attention where this build has cuDNN
  * and our flash kernel otherwise; OWN and CUDNN ask for one (cuDNN still falls back to ours, with
  * the reason, for a shape it does not take). */
-enum exec_attention { EXEC_ATTN_AUTO = 0, EXEC_ATTN_OWN, EXEC_ATTN_CUDNN };
-bool exec_attention_cudnn(enum exec_attention a);
 
 struct exec_run_cfg {
     const struct plan_file *plan;

@@ -209,11 +209,17 @@ enum moe_status exec_time_gemm(int m, int n, int k, int iters, double *us, struc
 /* Large GEMMs back to back for `seconds` (one allocation, one cuBLAS handle): the GPU's clocks
  * and temperature as a training run holds them, before a measurement. */
 enum moe_status exec_warm_up(double seconds, struct moe_error *err);
-/* Attention by cuDNN's fused kernels (cudnn, as the executor's default runs it where the build has
- * cuDNN: an error when cuDNN does not take the shape) or by ours. */
+/* Whose attention kernels: cuDNN's where the build has it and it takes the shape (AUTO), ours, or
+ * cuDNN's. */
+enum exec_attention { EXEC_ATTN_AUTO = 0, EXEC_ATTN_OWN, EXEC_ATTN_CUDNN };
+bool exec_attention_cudnn(enum exec_attention a);
+/* Attention by cuDNN's fused kernels (EXEC_ATTN_CUDNN: an error when cuDNN does not take the
+ * shape), by ours (EXEC_ATTN_OWN) or as the executor runs it (EXEC_ATTN_AUTO: cuDNN's where the
+ * build has it, our backward for a narrow sliding window); window > 0: a sliding window of that
+ * many keys. */
 enum moe_status exec_time_attention(int seqs, int seq, int heads, int kv_heads, int dqk, int dv,
-                                    bool cudnn, int iters, double *fwd_us, double *bwd_us,
-                                    struct moe_error *err);
+                                    int window, enum exec_attention backend, int iters,
+                                    double *fwd_us, double *bwd_us, struct moe_error *err);
 enum moe_status exec_time_copy(size_t bytes, int iters, double *us, struct moe_error *err);
 /* The executor's AdamW update over n parameters (fp32 master and gradient, fp32 moments or bf16
  * ones with m16, the bf16 copy out: 30 or 22 bytes a parameter moved), median of iters, us. */

@@ -199,9 +199,9 @@ struct exec_gpu {
     int *tok;                  /* (mbs, seq + 1) the micro-batch's token ids */
     int *tok_in, *tgt;         /* (T) inputs and next-token targets */
     int *perm_cnt, *perm_base; /* (P / GK_CHUNK + 1, experts) the permutation's counting sort */
-    int *emb_dev;              /* (3 T + 1) distinct ids, offsets, positions of the inputs */
+    int *emb_dev;              /* the embedding backward's plan (gk_embed_plan) */
     int *emb_host, *emb_count; /* pinned copy of emb_dev; (vocab) counts per id (host) */
-    int emb_nids;
+    struct gk_embed_work emb_work;
     float *q32, *k32; /* (T, H * dqk), (T, KV * dqk) fp32 before RoPE */
     float *kv32;      /* MLA (T, H * (nope + dv)) the decompressed keys and values */
     float *delta;     /* (T, H) flash backward's row sums */

@@ -516,6 +516,14 @@ static cudaError_t flash_dispatch(const fa_args &a, int B, fa_mode mode, cudaStr
     return flash_launch<256, 256>(a, B, mode, s);
 }
 
+/* Our backward visits the band's key tiles only, at about a third of cuDNN's rate on causal
+ * tiles; measured on the H200 (`moeplan bench attention`, 64 / 8 heads of 64, window 128): ours
+ * 0.77 ms against cuDNN's 2.37 ms at 2 x 4096 tokens, 0.76 against 1.36 ms at 4 x 2048. */
+bool gk_window_backward_ours(int seq, int window)
+{
+    return window > 0 && 6LL * (window + 2 * FA_BN) <= seq;
+}
+
 bool gk_flash_supported(int dqk, int dv)
 {
     return dqk >= 1 && dv >= 1 && dqk <= GK_FLASH_MAX_DIM && dv <= GK_FLASH_MAX_DIM;

@@ -37,7 +37,9 @@ static enum moe_status attn_core_forward(struct exec_gpu *g, const struct act *A
     return MOE_OK;
 }
 
-/* From do16 (T, H, dv): the gradients of q, k and v in the layouts of q, k, v. With in16 NULL in
+/* From do16 (T, H, dv): the gradients of q, k and v in the layouts of q, k, v, by cuDNN's
+ * backward where the executor runs cuDNN's attention, except for a narrow sliding window
+ * (gk_window_backward_ours: ours, from cuDNN's forward; both keep one base-2 lse). With in16 NULL in
  * fp32 (dq32, dk32, dv32); otherwise *in16 says where they are: in bf16 only (dq16, dk16, dv16:
  * cuDNN writes bf16, and a caller that rounds them to bf16 anyway skips the fp32 copies) or in
  * fp32 (our kernel). */
@@ -46,7 +48,7 @@ static enum moe_status attn_core_backward(struct exec_gpu *g, const struct act *
 {
     char why[256];
     if (in16) *in16 = false;
-    if (g->cudnn_attn) {
+    if (g->cudnn_attn && !gk_window_backward_ours(g->seq, window)) {
         if (gk_cudnn_backward(A->q16, A->k16, A->v16, A->o16, g->do16, A->lse, g->mbs, g->seq,
                               g->heads, g->kv_heads, g->dqk, g->dv, window, GK_CUDNN_DETERMINISTIC,
                               in16 ? NULL : g->dq32, g->dk32, g->dv32, g->dq16, g->dk16, g->dv16,

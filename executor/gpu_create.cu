@@ -340,8 +340,8 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
         fw = g->dense_ffn > g->shared_ffn ? g->dense_ffn : g->shared_ffn;
     ALLOC(g->tok, (size_t)g->mbs * (S + 1), c);
     ALLOC(g->tok_in, T, c);
-    ALLOC(g->emb_dev, (size_t)3 * T + 1, c);
-    MOE_CUDA_CHECK(cudaMallocHost((void **)&g->emb_host, sizeof(int) * ((size_t)3 * T + 1)));
+    ALLOC(g->emb_dev, gk_embed_plan_ints(T), c);
+    MOE_CUDA_CHECK(cudaMallocHost((void **)&g->emb_host, sizeof(int) * gk_embed_plan_ints(T)));
     g->emb_count = (int *)calloc((size_t)g->vocab, sizeof(int));
     if (!g->emb_count) return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
     ALLOC(g->tgt, T, c);

@@ -188,38 +188,115 @@ cudaError_t gk_split(const int *tok, int B, int S, int *in, int *tgt, cudaStream
     return cudaGetLastError();
 }
 
-__global__ void k_embed(const float *emb, const int *tok, int T, int h, float *x)
+/* One block a token row: x[t] = emb[tok[t]]. */
+__global__ void k_embed(const float *emb, const int *tok, int h, float *x)
 {
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i >= (size_t)T * h) return;
-    size_t t = i / h, c = i % h;
-    x[i] = emb[(size_t)tok[t] * h + c];
+    const float *src = emb + (size_t)tok[blockIdx.x] * h;
+    float *dst = x + (size_t)blockIdx.x * h;
+    for (int c = threadIdx.x; c < h; c += blockDim.x) dst[c] = src[c];
 }
 
 cudaError_t gk_embed(const float *emb, const int *tok, int T, int h, float *x, cudaStream_t s)
 {
-    k_embed<<<blocks_for((size_t)T * h, TPB), TPB, 0, s>>>(emb, tok, T, h, x);
+    if (T) k_embed<<<T, TPB, 0, s>>>(emb, tok, h, x);
     return cudaGetLastError();
 }
 
-/* d emb[ids[u]] += sum of dx[pos[i]] over i in off[u] .. off[u+1] (the positions of token id
- * ids[u], in order): one block per distinct id, so no two blocks write one row. */
-__global__ void k_embed_backward(const float *dx, const int *ids, const int *off, const int *pos,
-                                 int h, float *demb)
+size_t gk_embed_plan_ints(int T)
 {
-    int u = blockIdx.x;
-    float *row = demb + (size_t)ids[u] * h;
-    for (int c = threadIdx.x; c < h; c += blockDim.x) {
-        float acc = 0.0f;
-        for (int i = off[u]; i < off[u + 1]; i++) acc += dx[(size_t)pos[i] * h + c];
-        row[c] += acc;
-    }
+    return (size_t)7 * T + 2;
 }
 
-cudaError_t gk_embed_backward(const float *dx, const int *ids, const int *off, const int *pos,
-                              int nids, int h, float *demb, cudaStream_t s)
+void gk_embed_plan(const int *tok, int B, int S, int ld, int *count, int *plan,
+                   struct gk_embed_work *w)
 {
-    if (nids) k_embed_backward<<<nids, TPB, 0, s>>>(dx, ids, off, pos, h, demb);
+    int T = B * S, nids = 0, nu = 0, nm = 0, rows = 0;
+    int *pos = plan, *uoff = plan + T, *udst = plan + 3 * T + 1, *mid = plan + 5 * T + 1,
+        *mfirst = plan + 6 * T + 1;
+    /* a counting sort: udst holds the distinct ids in first-sight order, uoff their offsets
+     * into pos (both rewritten below, from their ends, as units) */
+    int *ids = udst + T, *off = uoff + T;
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < S; t++) count[tok[b * ld + t]]++;
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < S; t++) {
+            int v = tok[b * ld + t];
+            if (count[v] > 0) { /* first sight of v: its slot; counts become fill positions */
+                ids[nids] = v;
+                off[nids + 1] = count[v];
+                count[v] = -(nids + 1);
+                nids++;
+            }
+        }
+    off[0] = 0;
+    for (int u = 0; u < nids; u++) off[u + 1] += off[u];
+    for (int u = 0; u < nids; u++) mid[u] = off[u]; /* the fill cursors, for now */
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < S; t++) {
+            int u = -count[tok[b * ld + t]] - 1;
+            pos[mid[u]++] = b * S + t;
+        }
+    for (int u = 0; u < nids; u++) count[ids[u]] = 0;
+    /* units of at most GK_EMBED_SEG positions: an id with one unit writes its row, the units of
+     * a longer one write scratch rows that a second pass sums in order. Units never outnumber
+     * nids + T / GK_EMBED_SEG <= 2 T, so the writes below stay behind the reads of ids and off
+     * (at T + u and T + u + 1 past where units start). */
+    for (int u = 0; u < nids; u++) {
+        int a = off[u], n = off[u + 1] - a, id = ids[u];
+        if (n <= GK_EMBED_SEG) {
+            uoff[nu] = a;
+            udst[nu++] = -(id + 1);
+            continue;
+        }
+        mid[nm] = id;
+        mfirst[nm++] = rows;
+        for (int k = 0; k < n; k += GK_EMBED_SEG) {
+            uoff[nu] = a + k;
+            udst[nu++] = rows++;
+        }
+    }
+    uoff[nu] = T;
+    mfirst[nm] = rows;
+    w->units = nu;
+    w->multi = nm;
+    w->rows = rows;
+}
+
+/* Block (u, column tile): the sum of unit u's dx rows, in order, into its embedding row or its
+ * scratch row. */
+__global__ void k_embed_units(const float *dx, const int *plan, int T, int h, float *scratch,
+                              float *demb)
+{
+    const int *pos = plan, *uoff = plan + T, *udst = plan + 3 * T + 1;
+    int u = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= h) return;
+    float acc = 0.0f;
+    for (int i = uoff[u]; i < uoff[u + 1]; i++) acc += dx[(size_t)pos[i] * h + c];
+    int d = udst[u];
+    if (d < 0)
+        demb[(size_t)(-d - 1) * h + c] += acc;
+    else
+        scratch[(size_t)d * h + c] = acc;
+}
+
+/* Block (m, column tile): the scratch rows of the m-th long id, in order, into its row. */
+__global__ void k_embed_multi(const int *plan, int T, int h, const float *scratch, float *demb)
+{
+    const int *mid = plan + 5 * T + 1, *mfirst = plan + 6 * T + 1;
+    int m = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= h) return;
+    float acc = 0.0f;
+    for (int r = mfirst[m]; r < mfirst[m + 1]; r++) acc += scratch[(size_t)r * h + c];
+    demb[(size_t)mid[m] * h + c] += acc;
+}
+
+cudaError_t gk_embed_backward(const float *dx, const int *plan, int T,
+                              const struct gk_embed_work *w, int h, float *scratch, float *demb,
+                              cudaStream_t s)
+{
+    unsigned cols = blocks_for((size_t)h, TPB);
+    if (w->units) k_embed_units<<<dim3(w->units, cols), TPB, 0, s>>>(dx, plan, T, h, scratch, demb);
+    if (w->multi) k_embed_multi<<<dim3(w->multi, cols), TPB, 0, s>>>(plan, T, h, scratch, demb);
     return cudaGetLastError();
 }
 

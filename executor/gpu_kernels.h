@@ -121,9 +121,22 @@ cudaError_t gk_bias_rows(float *y32, bf16 *y16, int ld, const float *b, int T, i
                          cudaStream_t s);
 cudaError_t gk_split(const int *tok, int B, int S, int *in, int *tgt, cudaStream_t s);
 cudaError_t gk_embed(const float *emb, const int *tok, int T, int h, float *x, cudaStream_t s);
-/* ids: the nids distinct token ids of the micro-batch; off (nids + 1), pos (T): their positions. */
-cudaError_t gk_embed_backward(const float *dx, const int *ids, const int *off, const int *pos,
-                              int nids, int h, float *demb, cudaStream_t s);
+/* The embedding backward, deterministic and free of atomics: the micro-batch's input positions
+ * grouped by token id (a counting sort on the host) in units of at most GK_EMBED_SEG positions, so
+ * that a token id seen thousands of times (text read as bytes) is summed by many blocks at once.
+ * gk_embed_plan reads the tokens (B rows of S, stride ld) into plan (gk_embed_plan_ints(T) ints,
+ * for the GPU as they are); count is vocab zeros of the host's, left zero. gk_embed_backward adds
+ * d x (T x h, fp32) into demb's rows; scratch holds w->rows rows of h floats (at most T). */
+#define GK_EMBED_SEG 32
+struct gk_embed_work {
+    int units, multi, rows; /* units of positions; ids with more than one unit; scratch rows */
+};
+size_t gk_embed_plan_ints(int T);
+void gk_embed_plan(const int *tok, int B, int S, int ld, int *count, int *plan,
+                   struct gk_embed_work *w);
+cudaError_t gk_embed_backward(const float *dx, const int *plan, int T,
+                              const struct gk_embed_work *w, int h, float *scratch, float *demb,
+                              cudaStream_t s);
 /* RMSNorm of T rows of width h into bf16 y16 and (optional) fp32 y32; xc (optional) gets a copy of
  * x (the residual stream's next value starts from it), rstd the rows' 1 / rms. */
 cudaError_t gk_rmsnorm(const float *x, int ldx, const float *w, int T, int h, float eps, bf16 *y16,
@@ -163,6 +176,10 @@ cudaError_t gk_mla_disassemble(const float *dq32, const float *dk32, const float
  * dq, dk, dv (fp32, the layouts of q, k, v), delta (B, H, S) is its workspace. */
 #define GK_FLASH_MAX_DIM 256
 bool gk_flash_supported(int dqk, int dv);
+/* Whether a sliding-window layer's backward runs faster by our kernel than by cuDNN's (whose
+ * graph masks the window pointwise, computing every causal tile): where the window's band of
+ * tiles is under a sixth of the causal half. */
+bool gk_window_backward_ours(int seq, int window);
 /* Once per device and head widths, before the first launch (the kernels' shared memory). */
 cudaError_t gk_flash_prepare(int dqk, int dv);
 cudaError_t gk_flash_forward(const bf16 *q, const bf16 *k, const bf16 *v, int B, int S, int H,

@@ -156,38 +156,12 @@ extern "C" enum moe_status exec_gpu_step_begin(struct exec_gpu *g, struct moe_er
     return MOE_OK;
 }
 
-/* The embedding backward's plan: the input positions of each distinct token id, in order (a
- * counting sort on the host, where the tokens are); emb_host = ids (T) | pos (T) | off. */
+/* The embedding backward's plan (gk_embed_plan, on the host, where the tokens are), to the GPU. */
 static enum moe_status embed_plan(struct exec_gpu *g, const int *tokens, struct moe_error *err)
 {
-    int T = g->tokens;
-    int *ids = g->emb_host, *pos = g->emb_host + T, *off = g->emb_host + 2 * T, n = 0;
-    for (int b = 0; b < g->mbs; b++)
-        for (int t = 0; t < g->seq; t++) g->emb_count[tokens[b * (g->seq + 1) + t]]++;
-    for (int b = 0; b < g->mbs; b++)
-        for (int t = 0; t < g->seq; t++) {
-            int v = tokens[b * (g->seq + 1) + t];
-            if (g->emb_count[v] > 0) { /* first sight of v: its slot, counts become fill */
-                ids[n] = v;
-                off[n + 1] = g->emb_count[v];
-                g->emb_count[v] = -(n + 1);
-                n++;
-            }
-        }
-    off[0] = 0;
-    for (int u = 0; u < n; u++) off[u + 1] += off[u];
-    int *cur = (int *)malloc(sizeof(int) * (size_t)(n ? n : 1));
-    if (!cur) return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
-    for (int u = 0; u < n; u++) cur[u] = off[u];
-    for (int b = 0; b < g->mbs; b++)
-        for (int t = 0; t < g->seq; t++) {
-            int v = tokens[b * (g->seq + 1) + t], u = -g->emb_count[v] - 1;
-            pos[cur[u]++] = b * g->seq + t;
-        }
-    free(cur);
-    for (int u = 0; u < n; u++) g->emb_count[ids[u]] = 0;
-    g->emb_nids = n;
-    MOE_CUDA_CHECK(cudaMemcpyAsync(g->emb_dev, g->emb_host, sizeof(int) * ((size_t)3 * T + 1),
+    gk_embed_plan(tokens, g->mbs, g->seq, g->seq + 1, g->emb_count, g->emb_host, &g->emb_work);
+    MOE_CUDA_CHECK(cudaMemcpyAsync(g->emb_dev, g->emb_host,
+                                   sizeof(int) * gk_embed_plan_ints(g->tokens),
                                    cudaMemcpyHostToDevice, g->s));
     return MOE_OK;
 }
@@ -269,8 +243,9 @@ static enum moe_status backward_part(struct exec_gpu *g, int lo, int hi, struct 
     if (gpu_grad_first(g, g->embed, 0)) /* it adds at the rows of the tokens seen */
         MOE_CUDA_CHECK(cudaMemsetAsync(GR(g, g->embed), 0,
                                        sizeof(float) * g->table.tensor[g->embed].size, g->s));
-    MOE_CUDA_CHECK(gk_embed_backward(g->dh, g->emb_dev, g->emb_dev + 2 * T, g->emb_dev + T,
-                                     g->emb_nids, h, GR(g, g->embed), g->s));
+    /* dprev, the gradient of block lo + 1's input, is spent: the scratch rows */
+    MOE_CUDA_CHECK(
+        gk_embed_backward(g->dh, g->emb_dev, T, &g->emb_work, h, g->dprev, GR(g, g->embed), g->s));
     return MOE_OK;
 }
 

@@ -200,11 +200,20 @@ enum moe_status plan_calib_data_load(const char *file, struct plan_calib_data *d
         if ((st = number_row(&arr, i, v, 4, err))) goto done;
         d->gemm[d->ngemm++] = (struct cost_gemm_sample){v[0], v[1], v[2], v[3]};
     }
-    if ((st = moe_jval_array(&m, "attention_seqs_seq_h_kv_dqk_dv_fwd_bwd_us", true, &arr, NULL,
-                             err)))
+    /* profiles before sliding-window shapes were measured keep eight columns, no window */
+    bool have_attn = false;
+    if ((st = moe_jval_array(&m, PLAN_CALIB_ATTN_KEY, false, &arr, &have_attn, err))) goto done;
+    if (!have_attn && (st = moe_jval_array(&m, "attention_seqs_seq_h_kv_dqk_dv_fwd_bwd_us", true,
+                                           &arr, NULL, err)))
         goto done;
-    for (size_t i = 0; i < moe_jval_len(&arr) && d->nattn < PLAN_CALIB_MAX_ATTN; i++, d->nattn++)
-        if ((st = number_row(&arr, i, d->attn[d->nattn], 8, err))) goto done;
+    for (size_t i = 0; i < moe_jval_len(&arr) && d->nattn < PLAN_CALIB_MAX_ATTN; i++, d->nattn++) {
+        double *r = d->attn[d->nattn], v[PLAN_CALIB_ATTN_COLS];
+        if ((st = number_row(&arr, i, v, have_attn ? PLAN_CALIB_ATTN_COLS : 8, err))) goto done;
+        memcpy(r, v, sizeof(double) * 6);
+        r[6] = have_attn ? v[6] : 0.0;
+        r[7] = v[have_attn ? 7 : 6];
+        r[8] = v[have_attn ? 8 : 7];
+    }
     bool have_ex = false; /* profiles before the expert benchmark have none */
     if ((st = moe_jval_array(&m, PLAN_CALIB_EXPERT_KEY, false, &arr, &have_ex, err))) goto done;
     for (size_t i = 0; have_ex && i < moe_jval_len(&arr) && d->nexpert < PLAN_CALIB_MAX_EXPERTS;
@@ -243,15 +252,15 @@ static void fit_attention(const struct topo_gpu_spec *g, const struct plan_calib
     struct cost_attn_sample s[PLAN_CALIB_MAX_ATTN];
     for (int i = 0; i < d->nattn; i++) {
         const double *a = d->attn[i];
-        s[i] = (struct cost_attn_sample){a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]};
+        s[i] = (struct cost_attn_sample){a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8]};
     }
     double e = cost_fit_attention(cal, g, s, d->nattn);
     fprintf(log,
             "  %d attention shapes: attn_fwd_eff %.3f, attn_bwd_eff %.3f at long sequences, x %.3f "
-            "for heads wider than 128, half "
-            "of it at %.0f tokens; rms error %.1f%%\n",
-            d->nattn, cal->attn_fwd_eff, cal->attn_bwd_eff, cal->attn_wide_eff, cal->attn_seq_half,
-            100 * e);
+            "for heads wider than 128, x %.3f for a sliding window, half of it at %.0f tokens, "
+            "exponentials' scale %.2f; rms error %.1f%%\n",
+            d->nattn, cal->attn_fwd_eff, cal->attn_bwd_eff, cal->attn_wide_eff,
+            cal->attn_window_eff, cal->attn_seq_half, cal->attn_exp_scale, 100 * e);
 }
 
 /* The expert block's correction over the benchmark's shapes (cost_fit_experts). */
@@ -328,9 +337,10 @@ static enum moe_status fit(const char *model_dir, const struct topo_cluster *cl,
     json_object_set_new(meas, "gemm_m_n_k_us", jg);
     json_object_set_new(meas, "gemm_fit_rms", json_real(rms));
     json_t *ja = json_array();
-    for (int i = 0; i < d->nattn; i++) json_array_append_new(ja, num_array(d->attn[i], 8));
+    for (int i = 0; i < d->nattn; i++)
+        json_array_append_new(ja, num_array(d->attn[i], PLAN_CALIB_ATTN_COLS));
     fit_attention(g, d, cal, log);
-    json_object_set_new(meas, "attention_seqs_seq_h_kv_dqk_dv_fwd_bwd_us", ja);
+    json_object_set_new(meas, PLAN_CALIB_ATTN_KEY, ja);
     fit_experts(g, d, cal, meas, log);
     /* the jobs: their predictions under the fitted efficiencies, then each phase's correction */
     double model[PLAN_CALIB_MAX_JOBS][COST_NPHASES], count[PLAN_CALIB_MAX_JOBS][COST_NPHASES];

@@ -27,6 +27,7 @@ void cost_calibration_defaults(struct cost_calibration *cal, const struct topo_g
     cal->attn_bwd_eff = 0.45;
     cal->attn_sink_eff = 1.0;
     cal->attn_wide_eff = 1.0;
+    cal->attn_window_eff = 1.0;
     cal->hbm_eff = 0.88; /* ~4.3 of 4.8 TB/s device-to-device on H200 */
     cal->launch_us = 4.0;
     cal->graph_launch_us = 1.0; /* a graph replays its kernels back to back: no host launch */
@@ -69,6 +70,7 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
                                        "attn_exp_scale",
                                        "attn_sink_eff",
                                        "attn_wide_eff",
+                                       "attn_window_eff",
                                        "hbm_eff",
                                        "launch_us",
                                        "graph_launch_us",
@@ -110,6 +112,7 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
     FRACTION(attn_bwd_eff);
     FRACTION(attn_sink_eff);
     FRACTION(attn_wide_eff);
+    FRACTION(attn_window_eff);
     FRACTION(hbm_eff);
     FRACTION(nvlink_eff);
     FRACTION(nvlink_allreduce_eff);
@@ -199,6 +202,7 @@ enum moe_status cost_calibration_write(const struct cost_calibration *cal, json_
     PUT(attn_exp_scale);
     PUT(attn_sink_eff);
     PUT(attn_wide_eff);
+    PUT(attn_window_eff);
     PUT(hbm_eff);
     PUT(launch_us);
     PUT(graph_launch_us);
@@ -352,8 +356,8 @@ static double search_half(double (*misfit)(double, void *), void *ctx, double x0
     return best;
 }
 
-/* Attention: for a half-point, each sample's implied efficiencies, their medians, and the rms
- * log error of the samples around them. */
+/* Attention: for a half-point (and the exp scale in cal), each sample's implied efficiencies,
+ * their medians, and the rms log error of the samples around them. */
 struct attn_fit {
     struct cost_calibration *cal;
     const struct topo_gpu_spec *gpu;
@@ -363,38 +367,57 @@ struct attn_fit {
 
 static double attn_flops(const struct cost_attn_sample *a)
 {
-    /* the cost model's count: 2 heads (dqk + dv) per attended key, (S + 1) / 2 keys */
-    return a->seqs * a->seq * 2.0 * a->heads * (a->dqk + a->dv) * (a->seq + 1) / 2.0;
+    /* the cost model's count: 2 heads (dqk + dv) per attended key, (S + 1) / 2 keys, or the
+     * band of a sliding window (mdl_block_flops_fwd's) */
+    double S = a->seq, w = a->window, keys = w > 0 && S > w ? w - w * w / (2.0 * S) : (S + 1) / 2.0;
+    return a->seqs * S * 2.0 * a->heads * (a->dqk + a->dv) * keys;
 }
 
-/* The efficiencies are the medians over the samples with query-key heads of at most 128 (all
- * samples when none is), attn_wide_eff the geometric mean of the wider ones' against them (at
- * most 1). */
+/* The peak a sample's kernels are held to: the sequence's term and the exponentials' (as
+ * cost_attention_core_us counts them). */
+static double attn_peak(const struct attn_fit *f, const struct cost_attn_sample *a, double half)
+{
+    double d = (a->dqk + a->dv) / 2.0, ex = f->cal->attn_exp_scale, e = f->gpu->exp_per_s;
+    double xh = ex > 0 && e > 0 ? ex * f->gpu->bf16_tflops * 1e12 / (4.0 * e) : 0.0;
+    return f->gpu->bf16_tflops * 1e12 * a->seq / (a->seq + half) * d / (d + xh);
+}
+
+/* The efficiencies are the medians over the causal samples with query-key heads of at most 128
+ * (all causal samples when none is), attn_wide_eff the geometric mean of the wider ones' against
+ * them (at most 1), attn_window_eff the sliding-window samples' (at most 1). */
 static double attn_misfit(double half, void *ctx)
 {
     struct attn_fit *f = ctx;
-    double fe[64], be[64], nf[64], nb[64], err = 0.0, wlog = 0.0;
-    int n = f->n < 64 ? f->n : 64, nn = 0, nw = 0;
+    double fe[64], be[64], nf[64], nb[64], cf[64], cb[64], err = 0.0, wlog = 0.0, vlog = 0.0;
+    int n = f->n < 64 ? f->n : 64, nn = 0, nw = 0, nc = 0, nv = 0;
     for (int i = 0; i < n; i++) {
         const struct cost_attn_sample *a = &f->s[i];
-        double peak = f->gpu->bf16_tflops * 1e12 * a->seq / (a->seq + half);
+        double peak = attn_peak(f, a, half);
         fe[i] = attn_flops(a) / ((a->fwd_us - f->cal->launch_us) * 1e-6) / peak;
         be[i] = 2.5 * attn_flops(a) / ((a->bwd_us - f->cal->launch_us) * 1e-6) / peak;
+        if (a->window > 0) continue;
         if (a->dqk <= 128) nf[nn] = fe[i], nb[nn++] = be[i];
+        cf[nc] = fe[i], cb[nc++] = be[i];
     }
-    double ef = moe_median(nn ? nf : fe, (size_t)(nn ? nn : n)),
-           eb = moe_median(nn ? nb : be, (size_t)(nn ? nn : n));
+    if (!nc) return INFINITY;
+    double ef = moe_median(nn ? nf : cf, (size_t)(nn ? nn : nc)),
+           eb = moe_median(nn ? nb : cb, (size_t)(nn ? nn : nc));
     if (!(ef > 0 && ef <= 1.0 && eb > 0 && eb <= 1.0)) return INFINITY;
     for (int i = 0; nn && i < n; i++)
-        if (f->s[i].dqk > 128) wlog += 0.5 * (log(fe[i] / ef) + log(be[i] / eb)), nw++;
+        if (f->s[i].window <= 0 && f->s[i].dqk > 128)
+            wlog += 0.5 * (log(fe[i] / ef) + log(be[i] / eb)), nw++;
     double w = nw ? fmin(1.0, exp(wlog / nw)) : 1.0;
+    for (int i = 0; i < n; i++)
+        if (f->s[i].window > 0) vlog += 0.5 * (log(fe[i] / ef) + log(be[i] / eb)), nv++;
+    double v = nv ? fmin(1.0, exp(vlog / nv)) : 1.0;
     for (int i = 0; i < n; i++) {
-        double wi = f->s[i].dqk > 128 ? w : 1.0;
+        double wi = f->s[i].window > 0 ? v : f->s[i].dqk > 128 ? w : 1.0;
         err += pow(log(fe[i] / (ef * wi)), 2) + pow(log(be[i] / (eb * wi)), 2);
     }
     f->cal->attn_fwd_eff = ef;
     f->cal->attn_bwd_eff = eb;
     f->cal->attn_wide_eff = w;
+    f->cal->attn_window_eff = v;
     return sqrt(err / (2 * n));
 }
 
@@ -402,16 +425,30 @@ double cost_fit_attention(struct cost_calibration *cal, const struct topo_gpu_sp
                           const struct cost_attn_sample *s, int n)
 {
     if (n < 1) return 0.0;
-    struct cost_calibration t = *cal;
-    struct attn_fit f = {&t, gpu, s, n};
-    double half = 0.0;
-    search_half(attn_misfit, &f, 16.0, 40, &half); /* 16 to 16384 tokens */
-    double e = attn_misfit(half, &f);              /* t's efficiencies at the chosen point */
-    cal->attn_fwd_eff = t.attn_fwd_eff;
-    cal->attn_bwd_eff = t.attn_bwd_eff;
-    cal->attn_seq_half = half;
-    cal->attn_wide_eff = t.attn_wide_eff;
-    return e;
+    /* the exponentials' share is fitted where heads narrower than 128 were measured (without
+     * them it cannot be told from the efficiencies): a grid of scales, each with its half-point */
+    bool narrow = false;
+    for (int i = 0; i < n; i++) narrow = narrow || (s[i].window <= 0 && s[i].dqk < 128);
+    static const double scales[] = {0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0};
+    int nscales = narrow && gpu->exp_per_s > 0 ? (int)(sizeof scales / sizeof scales[0]) : 1;
+    double best = INFINITY;
+    struct cost_calibration out = *cal;
+    for (int k = 0; k < nscales; k++) {
+        struct cost_calibration t = *cal;
+        t.attn_exp_scale = nscales > 1 ? scales[k] : cal->attn_exp_scale;
+        struct attn_fit f = {&t, gpu, s, n};
+        double half = 0.0;
+        search_half(attn_misfit, &f, 16.0, 40, &half); /* 16 to 16384 tokens */
+        double e = attn_misfit(half, &f);              /* t's efficiencies at the chosen point */
+        if (e < best) best = e, out = t, out.attn_seq_half = half;
+    }
+    cal->attn_fwd_eff = out.attn_fwd_eff;
+    cal->attn_bwd_eff = out.attn_bwd_eff;
+    cal->attn_seq_half = out.attn_seq_half;
+    cal->attn_wide_eff = out.attn_wide_eff;
+    cal->attn_window_eff = out.attn_window_eff;
+    cal->attn_exp_scale = out.attn_exp_scale;
+    return best;
 }
 
 /* Experts: for direction d and an m_half, the least-squares scale and fixed share. */

@@ -137,8 +137,9 @@ static void attention_cost(const struct cost_ctx *c, const struct cost_layout *l
                    : (a->qk_nope_head_dim + a->qk_rope_head_dim + a->v_head_dim) / 2.0;
     double dqk = a->type == MDL_ATTN_GQA ? a->head_dim : a->qk_nope_head_dim + a->qk_rope_head_dim;
     cost_attention_core_us(cal, g, core_flops, (double)l->seq_len / l->cp, d, dqk, core);
-    double sink = a->sinks ? cal->attn_sink_eff : 1.0;
-    double core_fwd = core[0] / sink, core_bwd = core[1] / sink;
+    double eff = (a->sinks ? cal->attn_sink_eff : 1.0) *
+                 (mdl_layer_is_sliding(m, layer) ? cal->attn_window_eff : 1.0);
+    double core_fwd = core[0] / eff, core_bwd = core[1] / eff;
     /* Context parallelism (Megatron's p2p ring): cp - 1 steps, each passing the keys and values
      * of one chunk to the next CP rank while the attention of the chunk in hand runs; the
      * backward passes them again with their gradients. What the attention does not hide is

@@ -50,6 +50,10 @@ struct cost_calibration {
     /* attention whose query-key heads are wider than 128 (MLA's 192): the kernels' efficiency
      * against 128-wide heads (cuDNN's 192-wide tiles on the H200: about 0.85); 1: the same */
     double attn_wide_eff;
+    /* sliding-window layers (gpt-oss's 128 keys): the kernels' efficiency on the window's band
+     * against causal attention's (tiles the band only partly fills; the executor's backward is
+     * ours there, gk_window_backward_ours); 1: the same */
+    double attn_window_eff;
     double hbm_eff;              /* memory-bound kernels, fraction of HBM bandwidth */
     double launch_us;            /* per kernel launch */
     double graph_launch_us;      /* the same inside a CUDA graph (cuda_graphs=) */
@@ -98,10 +102,11 @@ double cost_fit_linear(const double *model, const double *count, const double *m
 /* Flash attention over `seqs` causal sequences of `seq` tokens, `heads` query heads (kv_heads
  * the keys'), head sizes dqk and dv: its forward and backward, us. */
 struct cost_attn_sample {
-    double seqs, seq, heads, kv_heads, dqk, dv, fwd_us, bwd_us;
+    double seqs, seq, heads, kv_heads, dqk, dv, window, fwd_us, bwd_us; /* window 0: causal */
 };
-/* attn_fwd_eff, attn_bwd_eff, attn_seq_half and attn_wide_eff that fit the samples best (rms of
- * the log of predicted over measured, forward and backward together); returns that rms. */
+/* attn_fwd_eff, attn_bwd_eff, attn_seq_half, attn_wide_eff, attn_window_eff and (where heads
+ * narrower than 128 were measured) attn_exp_scale that fit the samples best (rms of the log of
+ * predicted over measured, forward and backward together); returns that rms. */
 double cost_fit_attention(struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
                           const struct cost_attn_sample *s, int n);
 /* The executor's expert block: `experts` SwiGLU experts, top_k, hidden, ffn, on `tokens` tokens

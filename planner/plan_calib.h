@@ -38,6 +38,8 @@ enum moe_status plan_calib_job_plan(const struct plan_calib_job *j, const char *
  * what --refit reads back from a profile to fit again without a GPU. */
 #define PLAN_CALIB_MAX_GEMMS 128
 #define PLAN_CALIB_MAX_ATTN 16
+#define PLAN_CALIB_ATTN_COLS 9
+#define PLAN_CALIB_ATTN_KEY "attention_seqs_seq_h_kv_dqk_dv_window_fwd_bwd_us"
 #define PLAN_CALIB_MAX_JOBS 16
 #define PLAN_CALIB_MAX_EXPERTS 32
 #define PLAN_CALIB_EXPERT_COLS 7 /* experts, top-k, hidden, intermediate, tokens, fwd us, bwd us */
@@ -48,8 +50,8 @@ struct plan_calib_data {
     double launch_us, copy_us, copy_bytes;
     struct cost_gemm_sample gemm[PLAN_CALIB_MAX_GEMMS];
     int ngemm;
-    double attn[PLAN_CALIB_MAX_ATTN]
-               [8]; /* seqs, seq, heads, kv heads, dqk, dv, forward us, backward us */
+    /* seqs, seq, heads, kv heads, dqk, dv, window (0: causal), forward us, backward us */
+    double attn[PLAN_CALIB_MAX_ATTN][PLAN_CALIB_ATTN_COLS];
     int nattn;
     double expert[PLAN_CALIB_MAX_EXPERTS][PLAN_CALIB_EXPERT_COLS]; /* measure_experts' rows */
     int nexpert;

@@ -394,7 +394,13 @@ static void test_run(void **state)
     expect_in(r.err, "--moments fp16: fp32 or bf16");
     RUN(&r, "bench", "sgd");
     assert_int_equal(r.code, 2);
-    expect_in(r.err, "unknown benchmark 'sgd' (moe or adamw)");
+    expect_in(r.err, "unknown benchmark 'sgd' (moe, adamw or attention)");
+    RUN(&r, "bench", "attention", "--heads", "12", "--kv-heads", "5");
+    assert_int_equal(r.code, 2);
+    expect_in(r.err, "--heads 12 is not a multiple of --kv-heads 5");
+    RUN(&r, "bench", "attention", "--seqs", "4096", "--seq", "8192");
+    assert_int_equal(r.code, 2);
+    expect_in(r.err, "--seqs x --seq: at most");
     RUN(&r, "run", cli_tmp("plan8.json"), "--attention", "flash");
     assert_int_equal(r.code, 2);
     expect_in(r.err, "--attention flash: auto, own or cudnn");

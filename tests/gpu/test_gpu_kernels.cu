@@ -2,7 +2,8 @@
  * test_gpu_kernels.cu: the executor's kernels one by one against the CPU reference (the launchers
  * of executor/gpu_kernels.h; the whole step is test_gpu_step.c). Inputs are random, rounded to what
  * the kernel reads (bf16 where it reads bf16); tolerances, relative to the largest reference value:
- *   fp32 in and out (norm statistics, RoPE, the permutation, the combine)      1e-5
+ *   fp32 in and out (norm statistics, RoPE, the permutation, the combine,
+ *   the embedding's gradient)                                                 1e-5
  *   bf16 outputs (normed activations, SwiGLU, attention output, dlogits)      8e-3 (2^-7)
  *   attention gradients (fp32 out; P and dS pass through bf16 on the way)     1e-2
  *   attention log-sum-exp (fp32)                                              1e-5
@@ -130,6 +131,47 @@ static void test_rmsnorm(void **state)
         cudaFree(dx_), cudaFree(dw_), cudaFree(ddy), cudaFree(dbase), cudaFree(y32), cudaFree(rstd);
         cudaFree(xc), cudaFree(gx), cudaFree(part), cudaFree(gw), cudaFree(y16), cudaFree(gx16);
     }
+}
+
+/* The embedding forward (exact) and backward against sums in double (1e-5): text-like tokens, one
+ * id at more than three units of GK_EMBED_SEG positions, some once, and the rows' base kept. */
+static void test_embed(void **state)
+{
+    (void)state;
+    const int B = 2, S = 300, V = 50, h = 300, T = B * S;
+    std::vector<int> tok((size_t)B * (S + 1)), in(T), count(V, 0);
+    struct moe_rng rng;
+    moe_rng_seed(&rng, 9);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t <= S; t++) {
+            double u = moe_rng_uniform(&rng);
+            int v = u < 0.4 ? 7 : u < 0.6 ? 11 : (int)(moe_rng_uniform(&rng) * V) % V;
+            tok[(size_t)b * (S + 1) + t] = v;
+            if (t < S) in[(size_t)b * S + t] = v;
+        }
+    std::vector<float> emb = randn((size_t)V * h, 5), dx = randn((size_t)T * h, 6),
+                       base = randn((size_t)V * h, 7);
+    std::vector<int> plan(gk_embed_plan_ints(T));
+    struct gk_embed_work w;
+    gk_embed_plan(tok.data(), B, S, S + 1, count.data(), plan.data(), &w);
+    for (int v = 0; v < V; v++) assert_int_equal(count[v], 0);
+    assert_true(w.multi >= 2 && w.rows > 3 * w.multi); /* ids 7 and 11 split, 7 in > 3 units */
+    std::vector<double> ref(base.begin(), base.end()), xr((size_t)T * h);
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < h; c++) {
+            ref[(size_t)in[t] * h + c] += dx[(size_t)t * h + c];
+            xr[(size_t)t * h + c] = emb[(size_t)in[t] * h + c];
+        }
+    float *demb = dev(emb), *ddx = dev(dx), *dg = dev(base),
+          *x = dev(std::vector<float>(dx.size())),
+          *scratch = dev(std::vector<float>((size_t)T * h));
+    int *dplan = dev(plan), *din = dev(in);
+    assert_int_equal(gk_embed(demb, din, T, h, x, 0), cudaSuccess);
+    close("embedding", to_d(host(x, (size_t)T * h)), xr, 0.0);
+    assert_int_equal(gk_embed_backward(ddx, dplan, T, &w, h, scratch, dg, 0), cudaSuccess);
+    close("embedding backward", to_d(host(dg, (size_t)V * h)), ref, 1e-5);
+    cudaFree(demb), cudaFree(ddx), cudaFree(dg), cudaFree(x), cudaFree(scratch), cudaFree(dplan);
+    cudaFree(din);
 }
 
 /* RoPE into bf16 from fp32 and from bf16 (in place): against the CPU reference rounded to bf16
@@ -741,10 +783,15 @@ int main(void)
         return 77;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_rmsnorm),         cmocka_unit_test(test_rope),
-        cmocka_unit_test(test_swiglu),          cmocka_unit_test(test_permute_combine),
-        cmocka_unit_test(test_flash_attention), cmocka_unit_test(test_cudnn_attention),
-        cmocka_unit_test(test_cudnn_threads),   cmocka_unit_test(test_cross_entropy),
+        cmocka_unit_test(test_embed),
+        cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_swiglu),
+        cmocka_unit_test(test_permute_combine),
+        cmocka_unit_test(test_flash_attention),
+        cmocka_unit_test(test_cudnn_attention),
+        cmocka_unit_test(test_cudnn_threads),
+        cmocka_unit_test(test_cross_entropy),
         cmocka_unit_test(test_adamw),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -29,6 +29,7 @@ static struct topo_gpu_spec h200(void)
     g.hbm_bytes = 141.0 * (1 << 30);
     g.hbm_bytes_per_s = 4.8e12;
     g.sms = 132;
+    g.exp_per_s = 4.18e12;
     return g;
 }
 
@@ -781,30 +782,41 @@ static void test_calibration_fit(void **state)
     for (int j = 0; j < 4; j++) meas[j] = 2.0 * model[j];
     cost_fit_linear(model, count, meas, 4, &sc, &fx);
     assert_true(fabs(sc - 2.0) < 1e-9 && fx == 0.0);
-    /* attention: made with efficiencies 0.13 / 0.10, a half-point of 300 tokens and 192-wide
-     * heads at 0.85 of that */
+    /* attention: made with efficiencies 0.13 / 0.10, a half-point of 300 tokens, 192-wide
+     * heads at 0.85 of that, the exponentials at scale 0.75 (64-wide heads tell it apart) and a
+     * sliding window of 128 at 0.3 */
     truth.attn_fwd_eff = 0.13;
     truth.attn_bwd_eff = 0.10;
     truth.attn_seq_half = 300.0;
     truth.attn_wide_eff = 0.85;
-    struct cost_attn_sample as[6];
-    static const double seqs[] = {512, 1024, 2048, 4096, 8192, 1024}, dq[] = {128, 192};
-    for (int i = 0; i < 6; i++) {
-        as[i] = (struct cost_attn_sample){8192 / seqs[i], seqs[i], 32, 8, dq[i % 2], 128, 0, 0};
-        double flops = as[i].seqs * seqs[i] * 2.0 * 32 * (dq[i % 2] + 128) * (seqs[i] + 1) / 2.0;
+    truth.attn_exp_scale = 0.75;
+    truth.attn_window_eff = 0.3;
+    struct cost_attn_sample as[10];
+    static const double seqs[] = {512, 1024, 2048, 4096, 8192, 1024, 2048, 4096, 2048, 4096},
+                        dq[] = {128, 192, 128, 192, 128, 192, 64, 64, 64, 64},
+                        win[] = {0, 0, 0, 0, 0, 0, 0, 0, 128, 128};
+    for (int i = 0; i < 10; i++) {
+        double S = seqs[i], w = win[i], keys = w > 0 ? w - w * w / (2.0 * S) : (S + 1) / 2.0;
+        double dv = dq[i] == 64 ? 64 : 128;
+        as[i] = (struct cost_attn_sample){8192 / S, S, 32, 8, dq[i], dv, w, 0, 0};
+        double flops = as[i].seqs * S * 2.0 * 32 * (dq[i] + dv) * keys;
         double us[2];
-        cost_attention_core_us(&truth, &g, flops, seqs[i], (dq[i % 2] + 128) / 2.0, dq[i % 2], us);
-        as[i].fwd_us = us[0];
-        as[i].bwd_us = us[1];
+        cost_attention_core_us(&truth, &g, flops, S, (dq[i] + dv) / 2.0, dq[i], us);
+        double eff = w > 0 ? truth.attn_window_eff : 1.0; /* as the cost model divides */
+        as[i].fwd_us = truth.launch_us + (us[0] - truth.launch_us) / eff;
+        as[i].bwd_us = truth.launch_us + (us[1] - truth.launch_us) / eff;
     }
-    rms = cost_fit_attention(&fit, &g, as, 6);
+    rms = cost_fit_attention(&fit, &g, as, 10);
     printf("attention fit: eff %.4f / %.4f (0.13 / 0.10), half %.1f tokens (300), wide %.4f "
-           "(0.85), rms %.2e\n",
-           fit.attn_fwd_eff, fit.attn_bwd_eff, fit.attn_seq_half, fit.attn_wide_eff, rms);
+           "(0.85), exp scale %.2f (0.75), window %.4f (0.3), rms %.2e\n",
+           fit.attn_fwd_eff, fit.attn_bwd_eff, fit.attn_seq_half, fit.attn_wide_eff,
+           fit.attn_exp_scale, fit.attn_window_eff, rms);
     assert_true(fabs(fit.attn_wide_eff - 0.85) < 0.01 * 0.85);
     assert_true(fabs(fit.attn_fwd_eff - 0.13) < 0.01 * 0.13);
     assert_true(fabs(fit.attn_bwd_eff - 0.10) < 0.01 * 0.10);
     assert_true(fabs(fit.attn_seq_half - 300.0) < 0.02 * 300.0);
+    assert_true(fit.attn_exp_scale == 0.75);
+    assert_true(fabs(fit.attn_window_eff - 0.3) < 0.01 * 0.3);
     assert_true(rms < 1e-3);
     /* the expert block: scale, fixed share and m_half of each direction come back */
     truth = fit;
