@@ -149,9 +149,9 @@ static bool job_parse(const char *name, struct plan_calib_job *j, char *model, s
     return j->layers > 0 && j->seq > 0 && j->mbs > 0 && j->micro > 0;
 }
 
-/* Row i of arr: n positive finite numbers. */
+/* Row i of arr: n positive finite numbers (column zero_col, >= 0: zero or positive). */
 static enum moe_status number_row(const struct moe_jval *arr, size_t i, double *v, int n,
-                                  struct moe_error *err)
+                                  int zero_col, struct moe_error *err)
 {
     json_t *row = json_array_get(arr->json, i);
     if (!json_is_array(row) || (int)json_array_size(row) != n)
@@ -159,9 +159,9 @@ static enum moe_status number_row(const struct moe_jval *arr, size_t i, double *
     for (int k = 0; k < n; k++) {
         json_t *x = json_array_get(row, (size_t)k);
         v[k] = json_is_number(x) ? json_number_value(x) : -1;
-        if (!(v[k] > 0 && v[k] < 1e12))
-            return moe_jval_error(arr, NULL, err, "entry %zu, number %d: positive and finite", i,
-                                  k);
+        if (k == zero_col ? !(v[k] >= 0 && v[k] < 1e12) : !(v[k] > 0 && v[k] < 1e12))
+            return moe_jval_error(arr, NULL, err, "entry %zu, number %d: %s and finite", i, k,
+                                  k == zero_col ? "zero or positive" : "positive");
     }
     return MOE_OK;
 }
@@ -197,7 +197,7 @@ enum moe_status plan_calib_data_load(const char *file, struct plan_calib_data *d
     if ((st = moe_jval_array(&m, "gemm_m_n_k_us", true, &arr, NULL, err))) goto done;
     for (size_t i = 0; i < moe_jval_len(&arr) && d->ngemm < PLAN_CALIB_MAX_GEMMS; i++) {
         double v[4];
-        if ((st = number_row(&arr, i, v, 4, err))) goto done;
+        if ((st = number_row(&arr, i, v, 4, -1, err))) goto done;
         d->gemm[d->ngemm++] = (struct cost_gemm_sample){v[0], v[1], v[2], v[3]};
     }
     /* profiles before sliding-window shapes were measured keep eight columns, no window */
@@ -208,7 +208,9 @@ enum moe_status plan_calib_data_load(const char *file, struct plan_calib_data *d
         goto done;
     for (size_t i = 0; i < moe_jval_len(&arr) && d->nattn < PLAN_CALIB_MAX_ATTN; i++, d->nattn++) {
         double *r = d->attn[d->nattn], v[PLAN_CALIB_ATTN_COLS];
-        if ((st = number_row(&arr, i, v, have_attn ? PLAN_CALIB_ATTN_COLS : 8, err))) goto done;
+        if ((st = number_row(&arr, i, v, have_attn ? PLAN_CALIB_ATTN_COLS : 8, have_attn ? 6 : -1,
+                             err)))
+            goto done;
         memcpy(r, v, sizeof(double) * 6);
         r[6] = have_attn ? v[6] : 0.0;
         r[7] = v[have_attn ? 7 : 6];
@@ -218,7 +220,7 @@ enum moe_status plan_calib_data_load(const char *file, struct plan_calib_data *d
     if ((st = moe_jval_array(&m, PLAN_CALIB_EXPERT_KEY, false, &arr, &have_ex, err))) goto done;
     for (size_t i = 0; have_ex && i < moe_jval_len(&arr) && d->nexpert < PLAN_CALIB_MAX_EXPERTS;
          i++, d->nexpert++)
-        if ((st = number_row(&arr, i, d->expert[d->nexpert], PLAN_CALIB_EXPERT_COLS, err)))
+        if ((st = number_row(&arr, i, d->expert[d->nexpert], PLAN_CALIB_EXPERT_COLS, -1, err)))
             goto done;
     if ((st = moe_jval_array(&m, "jobs", true, &arr, NULL, err))) goto done;
     for (size_t i = 0; i < moe_jval_len(&arr) && d->njobs < PLAN_CALIB_MAX_JOBS; i++) {
