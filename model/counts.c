@@ -111,15 +111,16 @@ void mdl_params_count(const struct mdl_model *m, struct mdl_params *out)
     }
 }
 
-/* Keys a query attends to on average: the causal half, or the band of a sliding window. */
+double mdl_attended_keys(double seq, double window)
+{
+    if (window > 0 && seq > window) return window - window * window / (2.0 * seq);
+    return seq / 2.0;
+}
+
 static double attended_keys(const struct mdl_model *m, int layer, int seq_len)
 {
-    double s = seq_len;
-    if (mdl_layer_is_sliding(m, layer)) {
-        double w = m->attn.sliding_window;
-        if (s > w) return w - w * w / (2.0 * s);
-    }
-    return s / 2.0;
+    return mdl_attended_keys(seq_len,
+                             mdl_layer_is_sliding(m, layer) ? m->attn.sliding_window : 0.0);
 }
 
 void mdl_block_flops_fwd(const struct mdl_model *m, int layer, int seq_len,

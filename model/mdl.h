@@ -135,6 +135,9 @@ bool mdl_layer_is_moe(const struct mdl_model *m, int layer);
 int mdl_moe_layer_count(const struct mdl_model *m);
 /* Is block `layer` a sliding-window attention block? */
 bool mdl_layer_is_sliding(const struct mdl_model *m, int layer);
+/* Keys a query attends to on average over seq tokens: the causal half, or the band of a sliding
+ * window of `window` keys (window <= 0: none). */
+double mdl_attended_keys(double seq, double window);
 /* RoPE over `rot` dims: the rot / 2 inverse frequencies (pair i turns by position x inv_freq[i])
  * and the factor on cos and sin (1 without scaling), for plain and YaRN RoPE alike. */
 void mdl_rope_freqs(const struct mdl_attention *a, int rot, double *inv_freq, double *scale);

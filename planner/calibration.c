@@ -367,9 +367,9 @@ struct attn_fit {
 
 static double attn_flops(const struct cost_attn_sample *a)
 {
-    /* the cost model's count: 2 heads (dqk + dv) per attended key, (S + 1) / 2 keys, or the
-     * band of a sliding window (mdl_block_flops_fwd's) */
-    double S = a->seq, w = a->window, keys = w > 0 && S > w ? w - w * w / (2.0 * S) : (S + 1) / 2.0;
+    /* the cost model's count: 2 heads (dqk + dv) per attended key, (S + 1) / 2 keys causal (the
+     * count the causal samples were always fitted with), the window's band otherwise */
+    double S = a->seq, keys = a->window > 0 ? mdl_attended_keys(S, a->window) : (S + 1) / 2.0;
     return a->seqs * S * 2.0 * a->heads * (a->dqk + a->dv) * keys;
 }
 

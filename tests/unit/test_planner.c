@@ -796,7 +796,7 @@ static void test_calibration_fit(void **state)
                         dq[] = {128, 192, 128, 192, 128, 192, 64, 64, 64, 64},
                         win[] = {0, 0, 0, 0, 0, 0, 0, 0, 128, 128};
     for (int i = 0; i < 10; i++) {
-        double S = seqs[i], w = win[i], keys = w > 0 ? w - w * w / (2.0 * S) : (S + 1) / 2.0;
+        double S = seqs[i], w = win[i], keys = w > 0 ? mdl_attended_keys(S, w) : (S + 1) / 2.0;
         double dv = dq[i] == 64 ? 64 : 128;
         as[i] = (struct cost_attn_sample){8192 / S, S, 32, 8, dq[i], dv, w, 0, 0};
         double flops = as[i].seqs * S * 2.0 * 32 * (dq[i] + dv) * keys;
