@@ -202,11 +202,11 @@ void exec_data_next(struct exec_data *d, int *out, int n);
 void exec_data_close(struct exec_data *d);
 
 /* The selective-recompute modules the GPU executor redoes: the block norms' outputs, the
- * attention core's output and log-sum-exp, the routed experts' activation, a dense FFN's and the
- * shared experts' gate, up and activation. */
+ * attention core's output and log-sum-exp, MLA's q, k and v (its up-projections and RoPE), the
+ * routed experts' activation, a dense FFN's and the shared experts' gate, up and activation. */
 #define EXEC_RC_MODULES                                                                            \
-    (COST_RC_BIT(COST_RC_CORE_ATTN) | COST_RC_BIT(COST_RC_LAYERNORM) |                             \
-     COST_RC_BIT(COST_RC_MOE_ACT) | COST_RC_BIT(COST_RC_MLP) |                                     \
+    (COST_RC_BIT(COST_RC_CORE_ATTN) | COST_RC_BIT(COST_RC_MLA_UP_PROJ) |                           \
+     COST_RC_BIT(COST_RC_LAYERNORM) | COST_RC_BIT(COST_RC_MOE_ACT) | COST_RC_BIT(COST_RC_MLP) |    \
      COST_RC_BIT(COST_RC_SHARED_EXPERTS))
 /* What this build's executor runs (runnable.c); when not, why (may be NULL) says what it lacks.
  * exec_model_supported: the model's features (the CPU reference's too); exec_model_runnable:

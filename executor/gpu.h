@@ -328,6 +328,8 @@ enum moe_status gpu_bias_grad(struct exec_gpu *g, const bf16 *dy16, float *scrat
 enum moe_status gpu_attn_forward(struct exec_gpu *g, int l, struct act *A, struct moe_error *err);
 enum moe_status gpu_attn_core(struct exec_gpu *g, int l, const struct act *A,
                               struct moe_error *err);
+enum moe_status gpu_mla_up_proj(struct exec_gpu *g, int l, const struct act *A,
+                                struct moe_error *err);
 enum moe_status gpu_attn_backward(struct exec_gpu *g, int l, const struct act *A,
                                   struct moe_error *err);
 

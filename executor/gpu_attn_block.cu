@@ -151,29 +151,43 @@ enum moe_status gpu_attn_forward(struct exec_gpu *g, int l, struct act *A, struc
         MOE_CUDA_CHECK(
             gk_rope_bf16(k32, A->k16, A->k16, T, KV, dqk, dqk, g->rope_tab, g->seq, false, g->s));
     } else {
-        int ql = g->q_lora, kvl = g->kv_lora, rope = g->rope, nope = g->nope;
+        int ql = g->q_lora, kvl = g->kv_lora, rope = g->rope;
         float eps = (float)g->m.norm_eps;
         if (ql) {
             MOE_CHECK(
                 gpu_lin(g, A->a16, h, W16(g, w[W_WQA]), T, h, ql, A->cq32, ql, CUDA_R_32F, 0, err));
             MOE_CUDA_CHECK(gk_rmsnorm(A->cq32, ql, M(g, w[W_QA_NORM]), T, ql, eps, A->cqn16, ql,
                                       NULL, 0, NULL, 0, A->rstdq, g->s));
-            MOE_CHECK(gpu_lin(g, A->cqn16, ql, W16(g, w[W_WQB]), T, ql, H * dqk, g->q32, H * dqk,
-                              CUDA_R_32F, 0, err));
-        } else {
-            MOE_CHECK(gpu_lin(g, A->a16, h, W16(g, w[W_WQ]), T, h, H * dqk, g->q32, H * dqk,
-                              CUDA_R_32F, 0, err));
         }
         MOE_CHECK(gpu_lin(g, A->a16, h, W16(g, w[W_WKVA]), T, h, kvl + rope, A->ckvf32, kvl + rope,
                           CUDA_R_32F, 0, err));
         MOE_CUDA_CHECK(gk_rmsnorm(A->ckvf32, kvl + rope, M(g, w[W_KVA_NORM]), T, kvl, eps,
                                   A->ckvn16, kvl, NULL, 0, NULL, 0, A->rstdkv, g->s));
-        MOE_CHECK(gpu_lin(g, A->ckvn16, kvl, W16(g, w[W_WKVB]), T, kvl, H * (nope + dv), g->kv32,
-                          H * (nope + dv), CUDA_R_32F, 0, err));
-        MOE_CUDA_CHECK(gk_mla_assemble(g->q32, A->ckvf32, g->kv32, T, H, nope, rope, dv, kvl,
-                                       g->rope_tab, g->seq, A->q16, A->k16, A->v16, g->s));
+        MOE_CHECK(gpu_mla_up_proj(g, l, A, err));
     }
     return gpu_attn_core(g, l, A, err);
+}
+
+/* MLA's up-projections from the compressed q (or, without a q LoRA, the q projection from the
+ * normed input) and kv, and RoPE: q16, k16, v16. In the forward, and again in the backward under
+ * selective recompute of mla_up_proj (the same GEMMs: the same values). */
+enum moe_status gpu_mla_up_proj(struct exec_gpu *g, int l, const struct act *A,
+                                struct moe_error *err)
+{
+    const int *w = g->wi[l];
+    int T = g->tokens, h = g->hidden, H = g->heads, dqk = g->dqk, dv = g->dv;
+    int ql = g->q_lora, kvl = g->kv_lora, rope = g->rope, nope = g->nope;
+    if (ql)
+        MOE_CHECK(gpu_lin(g, A->cqn16, ql, W16(g, w[W_WQB]), T, ql, H * dqk, g->q32, H * dqk,
+                          CUDA_R_32F, 0, err));
+    else
+        MOE_CHECK(gpu_lin(g, A->a16, h, W16(g, w[W_WQ]), T, h, H * dqk, g->q32, H * dqk, CUDA_R_32F,
+                          0, err));
+    MOE_CHECK(gpu_lin(g, A->ckvn16, kvl, W16(g, w[W_WKVB]), T, kvl, H * (nope + dv), g->kv32,
+                      H * (nope + dv), CUDA_R_32F, 0, err));
+    MOE_CUDA_CHECK(gk_mla_assemble(g->q32, A->ckvf32, g->kv32, T, H, nope, rope, dv, kvl,
+                                   g->rope_tab, g->seq, A->q16, A->k16, A->v16, g->s));
+    return MOE_OK;
 }
 
 /* From do16: adds the input gradient to da32 (overwritten first) and the weight gradients. */

@@ -68,15 +68,16 @@ static enum moe_status act_alloc(struct exec_gpu *g, struct act *A, int l, bool 
     } while (0)
     OWN_OR_RC(a16, (size_t)T * h, rc_norm);
     ALLOC(A->rstd1, T, c);
-    ALLOC(A->q16, (size_t)T * H * g->dqk, c);
-    ALLOC(A->k16, (size_t)T * KV * g->dqk, c);
+    bool rc_up = g->mla && (rc & COST_RC_BIT(COST_RC_MLA_UP_PROJ));
+    OWN_OR_RC(q16, (size_t)T * H * g->dqk, rc_up);
+    OWN_OR_RC(k16, (size_t)T * KV * g->dqk, rc_up);
     if (g->qk_norm) {
         ALLOC(A->qpre16, (size_t)T * H * g->dqk, c);
         ALLOC(A->kpre16, (size_t)T * KV * g->dqk, c);
         ALLOC(A->rstdqh, (size_t)T * H, c);
         ALLOC(A->rstdkh, (size_t)T * KV, c);
     }
-    ALLOC(A->v16, (size_t)T * KV * g->dv, c);
+    OWN_OR_RC(v16, (size_t)T * KV * g->dv, rc_up);
     OWN_OR_RC(o16, (size_t)T * H * g->dv, rc_core);
     OWN_OR_RC(lse, (size_t)T * H, rc_core);
     if (g->mla) {

@@ -96,7 +96,7 @@ static enum moe_status block_backward(struct exec_gpu *g, int l, const float *x,
     bool moe = g->moe_index[l] >= 0;
     unsigned rc = g->cfg.recompute_modules;
     /* Selective recompute is timed as the forward phase it repeats, as the planner counts it:
-     * the norms and the attention core in attn_fwd, the experts' activation in experts_fwd, a
+     * the norms, MLA's up-projections and the attention core in attn_fwd, the experts' activation in experts_fwd, a
      * dense FFN and the shared experts in their own phases. */
     if (rc & COST_RC_BIT(COST_RC_LAYERNORM)) { /* the FFN norm's outputs */
         PH(COST_ATTN_FWD);
@@ -119,12 +119,16 @@ static enum moe_status block_backward(struct exec_gpu *g, int l, const float *x,
                                        h, g->dh, g->dh16, h, T, h, g->s));
     MOE_CUDA_CHECK(gk_colsum(g->db32, h, A->h1, h, A->rstd2, T, h, g->part, GR(g, w[W_FFN_NORM]),
                              !gpu_grad_first(g, w[W_FFN_NORM], 0), g->s));
-    if (rc & (COST_RC_BIT(COST_RC_CORE_ATTN) | COST_RC_BIT(COST_RC_LAYERNORM))) PH(COST_ATTN_FWD);
-    if (rc & COST_RC_BIT(COST_RC_CORE_ATTN)) /* the attention's output and lse */
-        MOE_CHECK(gpu_attn_core(g, l, A, err));
+    /* in the order the forward made them: the norm's output, MLA's q, k and v, the core's */
+    bool rc_up = g->mla && (rc & COST_RC_BIT(COST_RC_MLA_UP_PROJ));
+    if (rc_up || (rc & (COST_RC_BIT(COST_RC_CORE_ATTN) | COST_RC_BIT(COST_RC_LAYERNORM))))
+        PH(COST_ATTN_FWD);
     if (rc & COST_RC_BIT(COST_RC_LAYERNORM)) /* the attention norm's output */
         MOE_CUDA_CHECK(gk_rmsnorm(x, h, M(g, w[W_ATTN_NORM]), T, h, eps, A->a16, h, NULL, 0, NULL,
                                   0, A->rstd1, g->s));
+    if (rc_up) MOE_CHECK(gpu_mla_up_proj(g, l, A, err));
+    if (rc & COST_RC_BIT(COST_RC_CORE_ATTN)) /* the attention's output and lse */
+        MOE_CHECK(gpu_attn_core(g, l, A, err));
     PH(COST_ATTN_BWD);
     MOE_CHECK(gpu_mm(g, false, false, T, Hd, h, 1.0f, g->dh16, h, 0, W16(g, w[W_WO]), Hd, 0, 0.0f,
                      g->do16, Hd, 0, 1, CUDA_R_16BF, CUDA_R_16BF, err));

@@ -121,8 +121,8 @@ static void attention_cost(const struct cost_ctx *c, const struct cost_layout *l
         if (a->q_lora_rank) {
             proj += gemm_q(c, l, &q, M / tp, a->q_lora_rank, h); /* on local tokens */
             up += gemm_q(c, l, &q, M, H * qk, a->q_lora_rank);
-        } else {
-            proj += gemm_q(c, l, &q, M, H * qk, h);
+        } else { /* without a q LoRA, the q projection is the up-projection redone */
+            up += gemm_q(c, l, &q, M, H * qk, h);
         }
         proj += gemm_q(c, l, &q, M / tp, a->kv_lora_rank + a->qk_rope_head_dim, h);
         up += gemm_q(c, l, &q, M, H * (a->qk_nope_head_dim + a->v_head_dim), a->kv_lora_rank);

@@ -154,6 +154,9 @@ static inline unsigned cost_layout_rc(const struct cost_layout *l)
 
 /* The module names of `mods` joined by `sep` ("mla_up_proj+moe_act"); "" for none. */
 void cost_rc_modules_format(unsigned mods, const char *sep, char *buf, size_t cap);
+/* The layout's recompute as its `recompute=` value: none, selective (Megatron's default modules),
+ * full, or the modules joined by '+'. */
+void cost_layout_recompute_text(const struct cost_layout *l, char *buf, size_t cap);
 
 /* "tp=1,pp=8,vpp=4,ep=64,dp=128,zero=1,mbs=1,gbs=8192,recompute=selective,dispatcher=dedup-gpu".
  * Keys left out keep the values already in `l`. */

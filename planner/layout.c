@@ -191,19 +191,26 @@ void cost_rc_modules_format(unsigned mods, const char *sep, char *buf, size_t ca
             n += (size_t)snprintf(buf + n, cap - n, "%s%s", n ? sep : "", cost_rc_module_names[i]);
 }
 
+void cost_layout_recompute_text(const struct cost_layout *l, char *buf, size_t cap)
+{
+    unsigned mods = cost_layout_rc(l);
+    if (l->recompute == COST_RECOMPUTE_SELECTIVE && mods != COST_RC_DEFAULT)
+        cost_rc_modules_format(mods, "+", buf, cap);
+    else
+        snprintf(buf, cap, "%s", cost_recompute_names[l->recompute]);
+}
+
 void cost_layout_format(const struct cost_layout *l, char *buf, size_t cap)
 {
-    char rc[160] = "";
-    unsigned mods = cost_layout_rc(l);
-    if (mods != COST_RC_DEFAULT) cost_rc_modules_format(mods, "+", rc, sizeof rc);
+    char rc[160];
+    cost_layout_recompute_text(l, rc, sizeof rc);
     char cp[16] = ""; /* after tp, where the layout uses it */
     if (l->cp > 1) snprintf(cp, sizeof cp, ",cp=%d", l->cp);
     int k = snprintf(buf, cap,
                      "tp=%d%s,pp=%d,vpp=%d,ep=%d,etp=%d,dp=%d,zero=%d,mbs=%d,gbs=%d,seq=%d,"
                      "precision=%s,recompute=%s,dispatcher=%s,overlap=%s",
                      l->tp, cp, l->pp, l->vpp, l->ep, l->etp, l->dp, l->zero, l->mbs, l->gbs,
-                     l->seq_len, cost_precision_names[l->precision],
-                     rc[0] ? rc : cost_recompute_names[l->recompute],
+                     l->seq_len, cost_precision_names[l->precision], rc,
                      cost_dispatcher_names[l->dispatcher], l->overlap ? "on" : "off");
     /* the keys a plain Megatron run leaves at their defaults, only when set */
     if (k >= 0 && (size_t)k < cap && l->recompute == COST_RECOMPUTE_FULL && l->recompute_layers)

@@ -10,12 +10,13 @@
 
 static void fmt_layout(const struct cost_layout *l, char *buf, size_t cap)
 {
-    char cp[16] = "";
+    char cp[16] = "", rc[160];
     if (l->cp > 1) snprintf(cp, sizeof cp, " cp=%d", l->cp);
+    cost_layout_recompute_text(l, rc, sizeof rc);
     snprintf(buf, cap,
              "tp=%d%s pp=%d vpp=%d ep=%d etp=%d dp=%d zero=%d mbs=%d recompute=%s dispatcher=%s",
-             l->tp, cp, l->pp, l->vpp, l->ep, l->etp, l->dp, l->zero, l->mbs,
-             cost_recompute_names[l->recompute], cost_dispatcher_names[l->dispatcher]);
+             l->tp, cp, l->pp, l->vpp, l->ep, l->etp, l->dp, l->zero, l->mbs, rc,
+             cost_dispatcher_names[l->dispatcher]);
 }
 
 static void fmt_split(const struct plan_result *r, char *buf, size_t cap)

@@ -362,14 +362,17 @@ static void binding_constraint(const struct plan_request *q, struct plan_result 
 {
     const struct cost_layout *l = &r->best.layout;
     const struct cost_result *res = &r->best.result;
-    if (l->recompute != COST_RECOMPUTE_NONE || l->zero > 1) {
+    /* memory binds where the search itself chose recompute or ZeRO (not where --fix did) */
+    bool rc = l->recompute != COST_RECOMPUTE_NONE && (int)q->fix.recompute < 0;
+    bool zero = l->zero > 1 && q->fix.zero < 0;
+    if (rc || zero) {
         snprintf(r->binding, sizeof r->binding,
                  "memory: no layout fits without %s%s%s (%.0f%% of HBM used)",
-                 l->recompute != COST_RECOMPUTE_NONE ? cost_recompute_names[l->recompute] : "",
-                 l->recompute != COST_RECOMPUTE_NONE && l->zero > 1 ? " recompute and "
-                 : l->recompute != COST_RECOMPUTE_NONE              ? " recompute"
-                                                                    : "",
-                 l->zero > 1 ? (l->zero == 2 ? "ZeRO-2" : "ZeRO-3") : "",
+                 rc ? cost_recompute_names[l->recompute] : "",
+                 rc && zero ? " recompute and "
+                 : rc       ? " recompute"
+                            : "",
+                 zero ? (l->zero == 2 ? "ZeRO-2" : "ZeRO-3") : "",
                  100 * res->memory_total_bytes / q->cluster.gpu.hbm_bytes);
         return;
     }

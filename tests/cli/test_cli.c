@@ -848,10 +848,23 @@ static void test_plan(void **state)
     assert_int_equal(r.code, 0);
     expect_in(r.out, "recompute=selective");
     RUN(&r, "plan", "--model", "tiny-moe-mla", "--cluster", "hgx-h200-x8", "--gpus", "1",
-        "--runnable", "--seq-len", "64", "--fix", "recompute=mla_up_proj+moe_act");
+        "--runnable", "--seq-len", "64", "--fix", "recompute=mla_up_proj+moe_act", "-o",
+        cli_tmp("mla-rc.json"));
+    assert_int_equal(r.code, 0);
+    size_t len;
+    char *plan = slurp_all(cli_tmp("mla-rc.json"), &len);
+    expect_in(plan, "\"recompute_modules\": \"mla_up_proj+moe_act\"");
+    free(plan);
+#ifdef MOEPLAN_HAVE_EXECUTOR
+    RUN(&r, "run", cli_tmp("mla-rc.json"), "--steps", "1", "--out", cli_tmp("mla-rc-run.json"));
+    if (r.code != 0 && !strstr(r.err, "no CUDA GPU on this machine"))
+        fail_msg("run refused the mla_up_proj plan: exit %d\n%s", r.code, r.err);
+#endif
+    RUN(&r, "plan", "--model", "tiny-moe-mla", "--cluster", "hgx-h200-x8", "--gpus", "1",
+        "--runnable", "--seq-len", "64", "--fix", "recompute=moe");
     assert_int_equal(r.code, 4);
-    expect_in(r.err, "selective recompute of mla_up_proj: not in the executor yet (core_attn, "
-                     "layernorm, moe_act, mlp, shared_experts are)");
+    expect_in(r.err, "selective recompute of moe: not in the executor yet (core_attn, "
+                     "mla_up_proj, layernorm, moe_act, mlp, shared_experts are)");
     RUN(&r, "plan", "--model", "tiny-moe-gqa", "--cluster", "hgx-h200-x8", "--gpus", "1",
         "--runnable", "--seq-len", "64");
     assert_int_equal(r.code, 0);

@@ -534,13 +534,12 @@ static void test_mla(void **state)
     compare(&m, 9, &plain);
 }
 
-/* Dropless, directly: every token to one expert (top-1), experts with no token, top_k = E. */
 /* Selective recompute by module (every module the executor redoes): one set of each module's
  * tensors for every block, redone in the backward; the gradients match the reference as without
  * it, on a dense block (mlp), shared experts with a window and two micro-batches, gpt-oss's block
  * (sinks and expert biases) with cuDNN's attention and four expert streams, MLA, and two virtual
  * EP ranks. Then the activation memory: smaller by exactly the copies the blocks after the first
- * no longer keep. */
+ * no longer keep (every module on tiny-moe-gqa; mla_up_proj alone on tiny-moe-mla). */
 static void test_selective_recompute(void **state)
 {
     (void)state;
@@ -591,8 +590,28 @@ static void test_selective_recompute(void **state)
            "block saved)\n",
            act[0], act[1], m.layers, per_block);
     assert_true(act[0] - act[1] == (m.layers - 1) * per_block);
+    /* MLA's q, k and v alone (mla_up_proj): tiny-moe-mla, the same tokens */
+    moe_test_model("tiny-moe-mla", &m);
+    for (int i = 0; i < 2; i++) {
+        struct exec_gpu_cfg cfg = {.seq = 32,
+                                   .mbs = 2,
+                                   .streams = 1,
+                                   .recompute_modules = i ? COST_RC_BIT(COST_RC_MLA_UP_PROJ) : 0};
+        struct exec_gpu *g;
+        if (exec_gpu_create(&g, &m, &cfg, &err) != MOE_OK) fail_msg("%s", err.message);
+        struct exec_gpu_memory mem;
+        exec_gpu_memory(g, &mem);
+        act[i] = mem.bytes[EXEC_MEM_ACTIVATIONS];
+        exec_gpu_destroy(g);
+    }
+    double qk = m.attn.qk_nope_head_dim + m.attn.qk_rope_head_dim;
+    per_block = T * m.attn.heads * (2.0 * qk + m.attn.v_head_dim) * 2 /* q, k, v in bf16 */;
+    printf("MLA activations: %.0f B kept, %.0f B with mla_up_proj recomputed (%.0f B a block)\n",
+           act[0], act[1], per_block);
+    assert_true(act[0] - act[1] == (m.layers - 1) * per_block);
 }
 
+/* Dropless, directly: every token to one expert (top-1), experts with no token, top_k = E. */
 static void test_dropless(void **state)
 {
     (void)state;
