@@ -294,7 +294,7 @@ int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
             pred[0] += us[0] / 1e3, pred[1] += us[1] / 1e3;
         }
         free(rows);
-        double mf = r.block_fwd_ms, mb = r.block_ms - r.block_fwd_ms;
+        double mf = r.block_fwd_ms, mb = r.block_bwd_ms;
         printf("expert block against the cost model (%s, this routing's rows): forward %.3f ms, "
                "model %.3f (%+.1f%%); backward %.3f ms, model %.3f (%+.1f%%)\n",
                cal.source, mf, pred[0], 100 * (mf / pred[0] - 1), mb, pred[1],

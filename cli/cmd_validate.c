@@ -161,7 +161,7 @@ static enum moe_status measure_experts(bool quick, double (*x)[PLAN_CALIB_EXPERT
             for (int k = 0; k < 4; k++) v[k] = shape[a][k];
             v[4] = tokens[b];
             v[5] = r.block_fwd_ms * 1e3;
-            v[6] = (r.block_ms - r.block_fwd_ms) * 1e3;
+            v[6] = r.block_bwd_ms * 1e3;
         }
     return MOE_OK;
 }

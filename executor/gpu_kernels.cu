@@ -68,6 +68,20 @@ __global__ void k_to_bf16x4(const float4 *x, __nv_bfloat162 *y, size_t n4)
     y[2 * i + 1] = __floats2bfloat162_rn(v.z, v.w);
 }
 
+__global__ void k_busy_wait(unsigned long long ns)
+{
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    while (t - t0 < ns);
+}
+
+cudaError_t gk_busy_wait(double us, cudaStream_t s)
+{
+    k_busy_wait<<<1, 1, 0, s>>>((unsigned long long)(us * 1e3));
+    return cudaGetLastError();
+}
+
 cudaError_t gk_to_bf16(const float *x, bf16 *y, size_t n, cudaStream_t s)
 {
     size_t n4 = aligned(x, 16) && aligned(y, 8) ? n / 4 : 0;

@@ -114,6 +114,9 @@ struct gk_adamw {
 
 cudaError_t gk_init(float *p, size_t n, size_t base, uint64_t seed, float std, bool ones,
                     cudaStream_t s);
+/* One thread that holds the stream for `us` microseconds of the GPU's clock: a benchmark queues
+ * its kernels behind it, so that what it times is the GPU's work, not the host's launches. */
+cudaError_t gk_busy_wait(double us, cudaStream_t s);
 cudaError_t gk_to_bf16(const float *x, bf16 *y, size_t n, cudaStream_t s);
 cudaError_t gk_to_f32(const bf16 *x, float *y, size_t n, cudaStream_t s);
 /* y (T rows of n, stride ld; fp32 y32 or bf16 y16) = b on every row, or y += b (add). */
