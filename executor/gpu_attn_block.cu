@@ -6,9 +6,21 @@
  */
 #include "gpu.h"
 
-static int layer_window(const struct exec_gpu *g, int l)
+/* Layer l's attention core: its sequences (a chunked layer's are its chunks: the executor takes
+ * a sequence that is a whole number of them, exec_batch_runnable) and its window (0: none). */
+struct core_shape {
+    int seqs, len, window;
+};
+static struct core_shape layer_core(const struct exec_gpu *g, int l)
 {
-    return mdl_layer_is_sliding(&g->m, l) ? g->m.attn.sliding_window : 0;
+    struct core_shape c = {g->mbs, g->seq,
+                           mdl_layer_is_sliding(&g->m, l) ? g->m.attn.sliding_window : 0};
+    int chunk = mdl_layer_chunk(&g->m, l);
+    if (chunk && chunk < g->seq) {
+        c.seqs = g->mbs * (g->seq / chunk);
+        c.len = chunk;
+    }
+    return c;
 }
 
 /* ---- attention ----------------------------------------------------------------------------- */
@@ -22,18 +34,18 @@ static void cudnn_off(struct exec_gpu *g, const char *why)
     snprintf(g->attn_why, sizeof g->attn_why, "%s", why);
 }
 
-static enum moe_status attn_core_forward(struct exec_gpu *g, const struct act *A, int window,
-                                         struct moe_error *err)
+static enum moe_status attn_core_forward(struct exec_gpu *g, const struct act *A,
+                                         struct core_shape c, struct moe_error *err)
 {
     char why[256];
     if (g->cudnn_attn) {
-        if (gk_cudnn_forward(A->q16, A->k16, A->v16, g->mbs, g->seq, g->heads, g->kv_heads, g->dqk,
-                             g->dv, window, A->o16, A->lse, g->s, why, sizeof why))
+        if (gk_cudnn_forward(A->q16, A->k16, A->v16, c.seqs, c.len, g->heads, g->kv_heads, g->dqk,
+                             g->dv, c.window, A->o16, A->lse, g->s, why, sizeof why))
             return MOE_OK;
         cudnn_off(g, why);
     }
-    MOE_CUDA_CHECK(gk_flash_forward(A->q16, A->k16, A->v16, g->mbs, g->seq, g->heads, g->kv_heads,
-                                    g->dqk, g->dv, window, A->o16, A->lse, g->s));
+    MOE_CUDA_CHECK(gk_flash_forward(A->q16, A->k16, A->v16, c.seqs, c.len, g->heads, g->kv_heads,
+                                    g->dqk, g->dv, c.window, A->o16, A->lse, g->s));
     return MOE_OK;
 }
 
@@ -43,23 +55,23 @@ static enum moe_status attn_core_forward(struct exec_gpu *g, const struct act *A
  * fp32 (dq32, dk32, dv32); otherwise *in16 says where they are: in bf16 only (dq16, dk16, dv16:
  * cuDNN writes bf16, and a caller that rounds them to bf16 anyway skips the fp32 copies) or in
  * fp32 (our kernel). */
-static enum moe_status attn_core_backward(struct exec_gpu *g, const struct act *A, int window,
-                                          bool *in16, struct moe_error *err)
+static enum moe_status attn_core_backward(struct exec_gpu *g, const struct act *A,
+                                          struct core_shape c, bool *in16, struct moe_error *err)
 {
     char why[256];
     if (in16) *in16 = false;
-    if (g->cudnn_attn && !gk_window_backward_ours(g->seq, window)) {
-        if (gk_cudnn_backward(A->q16, A->k16, A->v16, A->o16, g->do16, A->lse, g->mbs, g->seq,
-                              g->heads, g->kv_heads, g->dqk, g->dv, window, GK_CUDNN_DETERMINISTIC,
-                              in16 ? NULL : g->dq32, g->dk32, g->dv32, g->dq16, g->dk16, g->dv16,
-                              g->s, why, sizeof why)) {
+    if (g->cudnn_attn && !gk_window_backward_ours(c.len, c.window)) {
+        if (gk_cudnn_backward(A->q16, A->k16, A->v16, A->o16, g->do16, A->lse, c.seqs, c.len,
+                              g->heads, g->kv_heads, g->dqk, g->dv, c.window,
+                              GK_CUDNN_DETERMINISTIC, in16 ? NULL : g->dq32, g->dk32, g->dv32,
+                              g->dq16, g->dk16, g->dv16, g->s, why, sizeof why)) {
             if (in16) *in16 = true;
             return MOE_OK;
         }
         cudnn_off(g, why);
     }
-    MOE_CUDA_CHECK(gk_flash_backward(A->q16, A->k16, A->v16, A->o16, g->do16, A->lse, g->mbs,
-                                     g->seq, g->heads, g->kv_heads, g->dqk, g->dv, window, g->delta,
+    MOE_CUDA_CHECK(gk_flash_backward(A->q16, A->k16, A->v16, A->o16, g->do16, A->lse, c.seqs, c.len,
+                                     g->heads, g->kv_heads, g->dqk, g->dv, c.window, g->delta,
                                      g->dq32, g->dk32, g->dv32, g->s));
     return MOE_OK;
 }
@@ -110,9 +122,10 @@ static enum moe_status qk_norm_backward(struct exec_gpu *g, const bf16 *pre16, c
  * values). */
 enum moe_status gpu_attn_core(struct exec_gpu *g, int l, const struct act *A, struct moe_error *err)
 {
-    MOE_CHECK(attn_core_forward(g, A, layer_window(g, l), err));
+    struct core_shape c = layer_core(g, l);
+    MOE_CHECK(attn_core_forward(g, A, c, err));
     if (g->sinks)
-        MOE_CUDA_CHECK(gk_attn_sinks(A->o16, A->lse, M(g, g->wi[l][W_SINKS]), g->mbs, g->seq,
+        MOE_CUDA_CHECK(gk_attn_sinks(A->o16, A->lse, M(g, g->wi[l][W_SINKS]), c.seqs, c.len,
                                      g->heads, g->dv, g->s));
     return MOE_OK;
 }
@@ -146,10 +159,11 @@ enum moe_status gpu_attn_forward(struct exec_gpu *g, int l, struct act *A, struc
                 qk_norm_forward(g, g->k32, W_K_NORM, w, T * KV, A->kpre16, A->k16, A->rstdkh, err));
         }
         const float *q32 = g->qk_norm ? NULL : g->q32, *k32 = g->qk_norm ? NULL : g->k32;
+        int rot = mdl_layer_has_rope(&g->m, l) ? dqk : 0; /* 0: a copy to bf16 (Llama 4's NoPE) */
         MOE_CUDA_CHECK(
-            gk_rope_bf16(q32, A->q16, A->q16, T, H, dqk, dqk, g->rope_tab, g->seq, false, g->s));
+            gk_rope_bf16(q32, A->q16, A->q16, T, H, dqk, rot, g->rope_tab, g->seq, false, g->s));
         MOE_CUDA_CHECK(
-            gk_rope_bf16(k32, A->k16, A->k16, T, KV, dqk, dqk, g->rope_tab, g->seq, false, g->s));
+            gk_rope_bf16(k32, A->k16, A->k16, T, KV, dqk, rot, g->rope_tab, g->seq, false, g->s));
     } else {
         int ql = g->q_lora, kvl = g->kv_lora, rope = g->rope;
         float eps = (float)g->m.norm_eps;
@@ -196,20 +210,22 @@ enum moe_status gpu_attn_backward(struct exec_gpu *g, int l, const struct act *A
 {
     const int *w = g->wi[l];
     int T = g->tokens, h = g->hidden, H = g->heads, KV = g->kv_heads, dqk = g->dqk, dv = g->dv;
+    struct core_shape c = layer_core(g, l);
     if (!g->mla) {
         bool in16;
-        MOE_CHECK(attn_core_backward(g, A, layer_window(g, l), &in16, err));
+        MOE_CHECK(attn_core_backward(g, A, c, &in16, err));
         if (g->sinks) { /* the sinks' gradient: column sums of per-row terms (delta as scratch) */
-            MOE_CUDA_CHECK(gk_attn_sink_rows(A->o16, g->do16, A->lse, M(g, w[W_SINKS]), g->mbs,
-                                             g->seq, H, dv, g->delta, g->s));
+            MOE_CUDA_CHECK(gk_attn_sink_rows(A->o16, g->do16, A->lse, M(g, w[W_SINKS]), c.seqs,
+                                             c.len, H, dv, g->delta, g->s));
             MOE_CUDA_CHECK(gk_colsum(g->delta, H, NULL, 0, NULL, T, H, g->part, GR(g, w[W_SINKS]),
                                      !gpu_grad_first(g, w[W_SINKS], 0), g->s));
         }
         const float *dq32 = in16 ? NULL : g->dq32, *dk32 = in16 ? NULL : g->dk32;
+        int rot = mdl_layer_has_rope(&g->m, l) ? dqk : 0;
         MOE_CUDA_CHECK(
-            gk_rope_bf16(dq32, g->dq16, g->dq16, T, H, dqk, dqk, g->rope_tab, g->seq, true, g->s));
+            gk_rope_bf16(dq32, g->dq16, g->dq16, T, H, dqk, rot, g->rope_tab, g->seq, true, g->s));
         MOE_CUDA_CHECK(
-            gk_rope_bf16(dk32, g->dk16, g->dk16, T, KV, dqk, dqk, g->rope_tab, g->seq, true, g->s));
+            gk_rope_bf16(dk32, g->dk16, g->dk16, T, KV, dqk, rot, g->rope_tab, g->seq, true, g->s));
         if (!in16) MOE_CUDA_CHECK(gk_to_bf16(g->dv32, g->dv16, (size_t)T * KV * dv, g->s));
         if (g->qk_norm) { /* the fp32 scratch of the forward's projections serves as x */
             MOE_CHECK(qk_norm_backward(g, A->qpre16, A->rstdqh, W_Q_NORM, w, T * H, g->dq16, g->q32,
@@ -234,7 +250,7 @@ enum moe_status gpu_attn_backward(struct exec_gpu *g, int l, const struct act *A
         return MOE_OK;
     }
     bool in16;
-    MOE_CHECK(attn_core_backward(g, A, layer_window(g, l), &in16, err));
+    MOE_CHECK(attn_core_backward(g, A, c, &in16, err));
     int ql = g->q_lora, kvl = g->kv_lora, rope = g->rope, nope = g->nope;
     MOE_CUDA_CHECK(gk_mla_disassemble(in16 ? NULL : g->dq32, in16 ? NULL : g->dk32,
                                       in16 ? NULL : g->dv32, g->dq16, g->dk16, g->dv16, T, H, nope,

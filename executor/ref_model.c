@@ -296,7 +296,8 @@ static double silu(double x)
  * input gradient to da and the parameter gradients to the gradient buffer.
  * GQA: q, k, v projections (with biases q_bias, k_bias, v_bias and o_bias on the output, as
  * gpt-oss), with QK-norm an RMSNorm over each head's q and k (weights q_norm, k_norm of head_dim,
- * as Qwen3), RoPE on all of q and k. MLA (DeepSeek): q through the optional low
+ * as Qwen3), RoPE on all of q and k (none on Llama 4's NoPE layers; its other layers attend
+ * within chunks). MLA (DeepSeek): q through the optional low
  * rank (wqa, its norm, wqb), the compressed kv (wkva -> c_kv and the shared RoPE key, the norm,
  * wkvb -> k_nope and v); heads attend over [rope | nope] dims (the order is free: q and k agree). */
 static enum moe_status attn(const struct ctx *c, int l, const double *a, double *out,
@@ -306,6 +307,9 @@ static enum moe_status attn(const struct ctx *c, int l, const double *a, double 
     const struct mdl_attention *at = &m->attn;
     int T = c->T, h = m->hidden, H = at->heads,
         window = mdl_layer_is_sliding(m, l) ? at->sliding_window : 0;
+    bool has_rope = mdl_layer_has_rope(m, l); /* Llama 4's NoPE layers: none (GQA only) */
+    int chunk = mdl_layer_chunk(m, l);        /* attention within each chunk of this many */
+    if (!chunk || chunk > T) chunk = T;
     bool mla = at->type == MDL_ATTN_MLA;
     int KV = mla ? H : at->kv_heads;
     int nope = mla ? at->qk_nope_head_dim : 0, rope = mla ? at->qk_rope_head_dim : at->head_dim;
@@ -352,8 +356,10 @@ static enum moe_status attn(const struct ctx *c, int l, const double *a, double 
             exec_ref_rmsnorm(qpre, P(c, "q_norm", l), T * H, dqk, m->norm_eps, q);
             exec_ref_rmsnorm(kpre, P(c, "k_norm", l), T * KV, dqk, m->norm_eps, k);
         }
-        exec_ref_rope(q, T, H, dqk, rope, fr, fscale, c->pos, false);
-        exec_ref_rope(k, T, KV, dqk, rope, fr, fscale, c->pos, false);
+        if (has_rope) {
+            exec_ref_rope(q, T, H, dqk, rope, fr, fscale, c->pos, false);
+            exec_ref_rope(k, T, KV, dqk, rope, fr, fscale, c->pos, false);
+        }
     } else {
         if (ql) {
             linear(a, P(c, "wqa", l), T, h, ql, cq);
@@ -386,7 +392,10 @@ static enum moe_status attn(const struct ctx *c, int l, const double *a, double 
         exec_ref_rope(q, T, H, dqk, rope, fr, fscale, c->pos, false);
     }
     const double *sink = at->sinks ? P(c, "sinks", l) : NULL;
-    exec_ref_attention(q, k, v, T, H, KV, dqk, dv, window, scale, sink, o);
+    for (int t0 = 0; t0 < T; t0 += chunk) /* a chunk's tokens attend within it */
+        exec_ref_attention(q + (size_t)t0 * H * dqk, k + (size_t)t0 * KV * dqk,
+                           v + (size_t)t0 * KV * dv, T - t0 < chunk ? T - t0 : chunk, H, KV, dqk,
+                           dv, window, scale, sink, o + (size_t)t0 * H * dv);
     if (out) {
         linear(o, P(c, "wo", l), T, H * dv, h, out);
         if (at->bias) add_bias(out, P(c, "o_bias", l), T, h);
@@ -395,11 +404,16 @@ static enum moe_status attn(const struct ctx *c, int l, const double *a, double 
     }
     linear_backward(o, P(c, "wo", l), dout, T, H * dv, h, doo, G(c, "wo", l));
     if (at->bias) bias_backward(dout, T, h, G(c, "o_bias", l));
-    exec_ref_attention_backward(q, k, v, doo, T, H, KV, dqk, dv, window, scale, sink, dq, dk, dvv,
-                                sink ? G(c, "sinks", l) : NULL);
-    exec_ref_rope(dq, T, H, dqk, rope, fr, fscale, c->pos, true);
+    for (int t0 = 0; t0 < T; t0 += chunk) {
+        size_t qo = (size_t)t0 * H * dqk, ko = (size_t)t0 * KV * dqk, vo = (size_t)t0 * KV * dv;
+        exec_ref_attention_backward(q + qo, k + ko, v + vo, doo + (size_t)t0 * H * dv,
+                                    T - t0 < chunk ? T - t0 : chunk, H, KV, dqk, dv, window, scale,
+                                    sink, dq + qo, dk + ko, dvv + vo,
+                                    sink ? G(c, "sinks", l) : NULL);
+    }
+    if (has_rope) exec_ref_rope(dq, T, H, dqk, rope, fr, fscale, c->pos, true);
     if (!mla) {
-        exec_ref_rope(dk, T, KV, dqk, rope, fr, fscale, c->pos, true);
+        if (has_rope) exec_ref_rope(dk, T, KV, dqk, rope, fr, fscale, c->pos, true);
         if (at->qk_norm) { /* through the norms, in place (q, k hold the normed values) */
             memcpy(q, dq, sizeof(double) * nq);
             memcpy(k, dk, sizeof(double) * nk);

@@ -74,6 +74,15 @@ bool exec_plan_runnable(const struct mdl_model *m, const struct cost_layout *l, 
 bool exec_batch_runnable(const struct mdl_model *m, int mbs, int seq, char *why, size_t cap)
 {
     double tokens = (double)mbs * seq, wide = m->hidden;
+    int chunk = m->attn.chunk_size;
+    if (chunk && seq > chunk && seq % chunk) {
+        if (why && cap)
+            snprintf(why, cap,
+                     "seq %d with chunked attention (chunks of %d): the executor takes a sequence "
+                     "of at most one chunk or a whole number of them",
+                     seq, chunk);
+        return false;
+    }
     if (m->moe.intermediate > wide) wide = m->moe.intermediate;
     if (tokens * m->moe.top_k * wide <= 2e9 && tokens * m->vocab <= 2e9) return true;
     if (why && cap)

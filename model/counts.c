@@ -119,6 +119,8 @@ double mdl_attended_keys(double seq, double window)
 
 static double attended_keys(const struct mdl_model *m, int layer, int seq_len)
 {
+    int chunk = mdl_layer_chunk(m, layer); /* a chunk's causal half, on every chunk */
+    if (chunk && chunk < seq_len) return mdl_attended_keys(chunk, 0.0);
     return mdl_attended_keys(seq_len,
                              mdl_layer_is_sliding(m, layer) ? m->attn.sliding_window : 0.0);
 }

@@ -281,6 +281,20 @@ static enum moe_status hf_llama4(const struct moe_jval *o, struct mdl_model *m,
     if ((st = hf_int(t, "intermediate_size", true, 0, &e->intermediate, err))) return st;
     if ((st = hf_int(t, "intermediate_size_mlp", false, 0, &m->dense_intermediate, err))) return st;
     if ((st = hf_int(t, "interleave_moe_layer_step", false, 1, &m->moe_every, err))) return st;
+    /* RoPE on three layers of four, the fourth global without it; the RoPE layers attend within
+     * chunks (Hugging Face's defaults where the config leaves them out) */
+    if ((st = hf_int(t, "no_rope_layer_interval", false, 4, &m->attn.nope_every, err)) ||
+        (st = hf_int(t, "attention_chunk_size", false, 8192, &m->attn.chunk_size, err)))
+        return st;
+    struct moe_jval list;
+    bool listed = false;
+    if (!moe_jval_is_null(t, "no_rope_layers") &&
+        (st = moe_jval_array(t, "no_rope_layers", false, &list, &listed, err)))
+        return st;
+    if (listed && moe_jval_len(&list) > 0)
+        return moe_jval_error(t, "no_rope_layers", err,
+                              "a list of layers: moeplan takes the pattern only "
+                              "(no_rope_layer_interval)");
     e->shared_experts = 1; /* every Llama 4 MoE block has one shared expert */
     e->shared_intermediate = e->intermediate;
     e->scoring = MDL_SCORE_SIGMOID;
@@ -351,6 +365,10 @@ static const char *const hf_names_gpt_oss[] = {
 static const char *const hf_names_llama4[] = {HF_COMMON_NAMES,
                                               "moe_every",
                                               "interleave_moe_layer_step",
+                                              "nope_every",
+                                              "no_rope_layer_interval",
+                                              "chunk_size",
+                                              "attention_chunk_size",
                                               "experts",
                                               "num_local_experts",
                                               "top_k",

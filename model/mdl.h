@@ -54,6 +54,9 @@ struct mdl_attention {
     bool sinks;         /* a learned sink logit per head (gpt-oss) */
     int sliding_window; /* 0: all layers full attention */
     int sliding_every; /* with a window: layer i slides when i % sliding_every != sliding_every - 1 */
+    /* Llama 4: layer i has no RoPE when i % nope_every == nope_every - 1 (0: every layer has it);
+     * the layers with RoPE attend within chunks of chunk_size tokens (0: no chunks) */
+    int nope_every, chunk_size;
     double rope_theta;
     enum mdl_rope_scaling rope_scaling;
     struct mdl_yarn yarn; /* with MDL_ROPE_YARN */
@@ -135,6 +138,9 @@ bool mdl_layer_is_moe(const struct mdl_model *m, int layer);
 int mdl_moe_layer_count(const struct mdl_model *m);
 /* Is block `layer` a sliding-window attention block? */
 bool mdl_layer_is_sliding(const struct mdl_model *m, int layer);
+/* Does block `layer` rotate q and k (RoPE)? Its attention's chunk (0: the whole sequence). */
+bool mdl_layer_has_rope(const struct mdl_model *m, int layer);
+int mdl_layer_chunk(const struct mdl_model *m, int layer);
 /* Keys a query attends to on average over seq tokens: the causal half, or the band of a sliding
  * window of `window` keys (window <= 0: none). */
 double mdl_attended_keys(double seq, double window);

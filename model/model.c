@@ -68,6 +68,8 @@ static enum moe_status load_attention(const struct moe_jval *o, struct mdl_atten
                                        "sinks",
                                        "sliding_window",
                                        "sliding_every",
+                                       "nope_every",
+                                       "chunk_size",
                                        "rope_theta",
                                        "rope_scaling",
                                        NULL};
@@ -97,6 +99,9 @@ static enum moe_status load_attention(const struct moe_jval *o, struct mdl_atten
         return st;
     if ((st = moe_jval_int32(o, "sliding_every", false, a->sliding_window ? 2 : 0, 0, 1024,
                              &a->sliding_every, err)))
+        return st;
+    if ((st = moe_jval_int32(o, "nope_every", false, 0, 0, 1024, &a->nope_every, err)) ||
+        (st = moe_jval_int32(o, "chunk_size", false, 0, 0, MAX_DIM, &a->chunk_size, err)))
         return st;
     if ((st = moe_jval_num(o, "rope_theta", false, 10000.0, 1.0, 1e12, &a->rope_theta, err)))
         return st;
@@ -133,6 +138,13 @@ static enum moe_status load_attention(const struct moe_jval *o, struct mdl_atten
     }
     if (a->sliding_window && a->sliding_every < 1)
         return moe_jval_error(o, "sliding_every", err, "must be >= 1 with a sliding window");
+    if (mla && a->nope_every)
+        return moe_jval_error(o, "nope_every", err,
+                              "MLA keeps its RoPE dims on every layer (nope_every is Llama 4's, "
+                              "GQA)");
+    if (a->chunk_size && a->sliding_window)
+        return moe_jval_error(o, "chunk_size", err,
+                              "chunked attention and a sliding window together: not modeled");
     return MOE_OK;
 }
 
@@ -311,6 +323,17 @@ bool mdl_layer_is_sliding(const struct mdl_model *m, int layer)
     return m->attn.sliding_window > 0 && every > 0 && layer % every != every - 1;
 }
 
+bool mdl_layer_has_rope(const struct mdl_model *m, int layer)
+{
+    int every = m->attn.nope_every;
+    return !(every > 0 && layer % every == every - 1);
+}
+
+int mdl_layer_chunk(const struct mdl_model *m, int layer)
+{
+    return mdl_layer_has_rope(m, layer) ? m->attn.chunk_size : 0;
+}
+
 double mdl_yarn_attention_factor(double factor)
 {
     return 0.1 * log(factor) + 1.0;
@@ -387,6 +410,13 @@ enum moe_status mdl_model_validate_as(const struct mdl_model *m, const char *whe
     }
     if (a->sliding_window < 0 || (a->sliding_window > 0 && a->sliding_every < 1))
         INVALID("a sliding window (%s) needs %s >= 1", K("sliding_window"), K("sliding_every"));
+    if (a->nope_every < 0 || a->chunk_size < 0)
+        INVALID("%s and %s must be >= 0", K("nope_every"), K("chunk_size"));
+    if (a->type == MDL_ATTN_MLA && a->nope_every)
+        INVALID("%s: MLA keeps its RoPE dims on every layer", K("nope_every"));
+    if (a->chunk_size && a->sliding_window)
+        INVALID("%s with %s: chunked attention and a sliding window together are not modeled",
+                K("chunk_size"), K("sliding_window"));
     if (e->experts < 1 || e->top_k < 1 || e->top_k > e->experts)
         INVALID("%s must be in [1, %s]: %d and %d", K("top_k"), K("experts"), e->top_k, e->experts);
     if (e->experts > MDL_MAX_EXPERTS)
@@ -556,6 +586,8 @@ char *mdl_model_to_json_text(const struct mdl_model *m)
     json_object_set_new(at, "sinks", json_boolean(a->sinks));
     json_object_set_new(at, "sliding_window", json_integer(a->sliding_window));
     json_object_set_new(at, "sliding_every", json_integer(a->sliding_every));
+    if (a->nope_every) json_object_set_new(at, "nope_every", json_integer(a->nope_every));
+    if (a->chunk_size) json_object_set_new(at, "chunk_size", json_integer(a->chunk_size));
     json_object_set_new(at, "rope_theta", json_real(a->rope_theta));
     if (a->rope_scaling == MDL_ROPE_YARN) {
         const struct mdl_yarn *y = &a->yarn;

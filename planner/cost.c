@@ -136,7 +136,9 @@ static void attention_cost(const struct cost_ctx *c, const struct cost_layout *l
                    ? a->head_dim
                    : (a->qk_nope_head_dim + a->qk_rope_head_dim + a->v_head_dim) / 2.0;
     double dqk = a->type == MDL_ATTN_GQA ? a->head_dim : a->qk_nope_head_dim + a->qk_rope_head_dim;
-    cost_attention_core_us(cal, g, core_flops, (double)l->seq_len / l->cp, d, dqk, core);
+    int chunk = mdl_layer_chunk(m, layer); /* a chunked layer's sequences are its chunks */
+    double span = chunk && chunk < l->seq_len ? chunk : l->seq_len;
+    cost_attention_core_us(cal, g, core_flops, span / l->cp, d, dqk, core);
     double eff = (a->sinks ? cal->attn_sink_eff : 1.0) *
                  (mdl_layer_is_sliding(m, layer) ? cal->attn_window_eff : 1.0);
     double core_fwd = core[0] / eff, core_bwd = core[1] / eff;

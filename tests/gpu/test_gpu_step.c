@@ -481,6 +481,14 @@ static void test_variants(void **state)
     s.cudnn_attention = true;
     s.recompute = true;
     compare(&m, 11, &s);
+    /* Llama 4's blocks: chunked attention (three chunks of 8) with RoPE, a NoPE block; ours and
+     * cuDNN's attention, two sequences */
+    moe_test_variant(&m, MOE_TEST_LLAMA4, 8);
+    s = plain;
+    s.mbs = 2;
+    compare(&m, 16, &s);
+    s.cudnn_attention = true;
+    compare(&m, 16, &s);
     /* gpt-oss's whole block (sliding window every other block, sinks, projection biases, YaRN,
      * router and expert biases, the clamped SwiGLU with its alpha and the +1 on up): two
      * sequences; cuDNN's attention with the experts over four streams and gradient accumulation;

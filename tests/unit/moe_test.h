@@ -98,8 +98,15 @@ static inline void moe_test_model(const char *name, struct mdl_model *m)
  * the test models' small activations do not reach: the clamps' cut is checked where both sides
  * round alike, in test_ref_moe's finite differences and test_gpu_kernels' clamped SwiGLU; in a
  * whole step, bf16 against double moves values near the limit across it), softmax after the
- * top-k. */
-enum { MOE_TEST_DENSE_TIED, MOE_TEST_SLIDING_SIGMOID, MOE_TEST_MIXTRAL, MOE_TEST_GPT_OSS };
+ * top-k; MOE_TEST_LLAMA4 Llama 4's: block 0 dense with RoPE and chunked attention (chunks of
+ * `window`), block 1 MoE (top-1 sigmoid, a shared expert) without RoPE. */
+enum {
+    MOE_TEST_DENSE_TIED,
+    MOE_TEST_SLIDING_SIGMOID,
+    MOE_TEST_MIXTRAL,
+    MOE_TEST_GPT_OSS,
+    MOE_TEST_LLAMA4
+};
 static inline void moe_test_variant(struct mdl_model *m, int which, int window)
 {
     moe_test_model("tiny-moe-gqa", m);
@@ -118,6 +125,16 @@ static inline void moe_test_variant(struct mdl_model *m, int which, int window)
         m->moe.scaling = 2.5;
     } else if (which == MOE_TEST_MIXTRAL) {
         m->moe.softmax_after_topk = true;
+        m->moe.norm_topk = false;
+    } else if (which == MOE_TEST_LLAMA4) {
+        m->attn.nope_every = 2;      /* block 1 without RoPE, attending over the whole sequence */
+        m->attn.chunk_size = window; /* block 0 with RoPE, within chunks of `window` tokens */
+        m->moe_every = 2;            /* block 0 dense, block 1 MoE */
+        m->dense_intermediate = 48;
+        m->moe.shared_experts = 1;
+        m->moe.shared_intermediate = 16;
+        m->moe.scoring = MDL_SCORE_SIGMOID;
+        m->moe.top_k = 1;
         m->moe.norm_topk = false;
     } else {
         m->attn.sliding_window = window;

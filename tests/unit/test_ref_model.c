@@ -95,6 +95,39 @@ static void test_variants(void **state)
     check_model(&m, 12);
     moe_test_variant(&m, MOE_TEST_GPT_OSS, 3); /* gpt-oss's whole block, YaRN and expert biases */
     check_model(&m, 13);
+    moe_test_variant(&m, MOE_TEST_LLAMA4, 3); /* chunks of 3 (the last one shorter), NoPE */
+    check_model(&m, 14);
+}
+
+/* Chunked attention is attention over each chunk as a sequence of its own: with every block
+ * chunked (chunks of 4 of 8 tokens), the loss is the mean of the two halves' losses, each half an
+ * unchunked sequence of 4 (RoPE sees only position differences inside a chunk); 1e-9 relative.
+ * And the chunks change the loss against attention over all 8. */
+static void test_chunked(void **state)
+{
+    (void)state;
+    struct mdl_model m;
+    moe_test_model("tiny-moe-gqa", &m);
+    m.attn.chunk_size = 4;
+    struct exec_ref_model r;
+    struct moe_error err;
+    assert_int_equal(exec_ref_model_create(&r, &m, 21, &err), MOE_OK);
+    struct moe_rng rng;
+    moe_rng_seed(&rng, 22);
+    for (size_t i = 0; i < r.nparams; i++) r.params[i] += 0.1 * moe_rng_normal(&rng);
+    int tok[9];
+    for (int t = 0; t < 9; t++) tok[t] = (int)moe_rng_below(&rng, (uint64_t)m.vocab);
+    double whole, a, b, full;
+    assert_int_equal(exec_ref_model_step(&r, tok, 9, &whole, NULL, NULL, &err), MOE_OK);
+    r.model.attn.chunk_size = 0;
+    assert_int_equal(exec_ref_model_step(&r, tok, 5, &a, NULL, NULL, &err), MOE_OK);
+    assert_int_equal(exec_ref_model_step(&r, tok + 4, 5, &b, NULL, NULL, &err), MOE_OK);
+    assert_int_equal(exec_ref_model_step(&r, tok, 9, &full, NULL, NULL, &err), MOE_OK);
+    printf("chunks of 4: loss %.12f, the halves alone %.12f; unchunked %.12f\n", whole, (a + b) / 2,
+           full);
+    assert_true(fabs(whole - (a + b) / 2) <= 1e-9 * fabs(whole));
+    assert_true(fabs(whole - full) > 1e-6);
+    exec_ref_model_destroy(&r);
 }
 
 /* MLA with q compression, a dense first block and a shared expert (tiny-moe-mla), and MLA
@@ -143,8 +176,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tiny_gqa), cmocka_unit_test(test_variants),
-        cmocka_unit_test(test_aux_loss), cmocka_unit_test(test_tiny_mla),
-        cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_chunked),  cmocka_unit_test(test_aux_loss),
+        cmocka_unit_test(test_tiny_mla), cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
