@@ -286,15 +286,34 @@ static enum moe_status hf_llama4(const struct moe_jval *o, struct mdl_model *m,
     if ((st = hf_int(t, "no_rope_layer_interval", false, 4, &m->attn.nope_every, err)) ||
         (st = hf_int(t, "attention_chunk_size", false, 8192, &m->attn.chunk_size, err)))
         return st;
+    /* Hugging Face writes the pattern out as no_rope_layers, a flag a layer (1: RoPE): it must
+     * be one interval's */
     struct moe_jval list;
     bool listed = false;
     if (!moe_jval_is_null(t, "no_rope_layers") &&
         (st = moe_jval_array(t, "no_rope_layers", false, &list, &listed, err)))
         return st;
-    if (listed && moe_jval_len(&list) > 0)
-        return moe_jval_error(t, "no_rope_layers", err,
-                              "a list of layers: moeplan takes the pattern only "
-                              "(no_rope_layer_interval)");
+    size_t n = listed ? moe_jval_len(&list) : 0;
+    if (n) {
+        int every = 0;
+        int64_t f;
+        if (n != (size_t)m->layers)
+            return moe_jval_error(t, "no_rope_layers", err, "%zu flags for %d layers", n,
+                                  m->layers);
+        for (size_t i = 0; i < n && !every; i++) { /* the first layer without RoPE */
+            if ((st = moe_jval_at_int(&list, i, 0, 1, &f, err))) return st;
+            if (!f) every = (int)i + 1;
+        }
+        for (size_t i = 0; i < n; i++)
+            if ((st = moe_jval_at_int(&list, i, 0, 1, &f, err)) != MOE_OK)
+                return st;
+            else if (f != (every == 0 || (int)(i + 1) % every != 0))
+                return moe_jval_error(t, "no_rope_layers", err,
+                                      "layer %zu breaks the pattern of every %d-th layer without "
+                                      "RoPE: moeplan takes such a pattern only",
+                                      i, every);
+        m->attn.nope_every = every;
+    }
     e->shared_experts = 1; /* every Llama 4 MoE block has one shared expert */
     e->shared_intermediate = e->intermediate;
     e->scoring = MDL_SCORE_SIGMOID;
