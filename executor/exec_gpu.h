@@ -88,6 +88,14 @@ struct exec_gpu_cfg {
 };
 struct exec_gpu;
 
+/* What exec_gpu_create allocates for model m under cfg, in bytes by category (as exec_gpu_memory
+ * reports them after creation), on any machine: with EP over ep_ranks (0: none; ep_domain: per-
+ * domain dedup, twice the rows) and ZeRO-1 over zero_ranks (0: none). The CUDA context, cuDNN's
+ * workspace and the allocator's slack are not in it. */
+#define EXEC_CONTEXT_BYTES (1024.0 * 1024 * 1024) /* the CUDA context's and cuDNN's, about */
+void exec_gpu_bytes(const struct mdl_model *m, const struct exec_gpu_cfg *cfg, int ep_ranks,
+                    bool ep_domain, int zero_ranks, double bytes[EXEC_MEM_N]);
+
 enum moe_status exec_gpu_create(struct exec_gpu **out, const struct mdl_model *m,
                                 const struct exec_gpu_cfg *cfg, struct moe_error *err);
 void exec_gpu_destroy(struct exec_gpu *g);

@@ -212,14 +212,16 @@ void exec_data_close(struct exec_data *d);
  * exec_model_supported: the model's features (the CPU reference's too); exec_model_runnable:
  * and its sizes on the GPU; exec_batch_runnable: a micro-batch of mbs x seq tokens of the model
  * (the GPU's GEMMs index with 32-bit offsets); exec_layout_runnable: a layout of the model on
- * `gpus` GPUs, its micro-batch included (the filter of `plan --runnable`'s search);
+ * `gpus` GPUs, its micro-batch included, in gpu_bytes a GPU (0: not checked; else what the
+ * executor allocates, exec_gpu_bytes, and 1 GiB for the CUDA context and cuDNN) -- the filter
+ * of `plan --runnable`'s search;
  * exec_plan_runnable: all of them and the plan's placement (`placement`: layers x experts as
  * plan_file holds it, or NULL) -- the one gate of `run`. */
 bool exec_model_supported(const struct mdl_model *m, char *why, size_t cap);
 bool exec_model_runnable(const struct mdl_model *m, char *why, size_t cap);
 bool exec_batch_runnable(const struct mdl_model *m, int mbs, int seq, char *why, size_t cap);
 bool exec_layout_runnable(const struct mdl_model *m, const struct cost_layout *l, int gpus,
-                          char *why, size_t cap);
+                          double gpu_bytes, char *why, size_t cap);
 bool exec_plan_runnable(const struct mdl_model *m, const struct cost_layout *l, int gpus,
                         const int *placement, char *why, size_t cap);
 

@@ -5,8 +5,11 @@
  * and searches only the layouts accepted here, so that every plan it writes is one `run` takes
  * (test_cli checks that for a plan of every model family). It grows as the executor does.
  */
+#include "exec_dist.h"
+#include "exec_gpu.h"
 #include "exec_ref.h"
 
+#include <math.h>
 #include <stdio.h>
 
 /* The GPU router keeps a token's scores in registers (route.cu, gpu_kernels.h's GK_MAX_EXPERTS);
@@ -56,7 +59,7 @@ bool exec_model_runnable(const struct mdl_model *m, char *why, size_t cap)
 bool exec_plan_runnable(const struct mdl_model *m, const struct cost_layout *l, int gpus,
                         const int *placement, char *why, size_t cap)
 {
-    if (!exec_model_runnable(m, why, cap) || !exec_layout_runnable(m, l, gpus, why, cap))
+    if (!exec_model_runnable(m, why, cap) || !exec_layout_runnable(m, l, gpus, 0, why, cap))
         return false;
     for (int layer = 0; placement && layer < m->layers; layer++)
         for (int e = 0; e < m->moe.experts; e++)
@@ -94,7 +97,7 @@ bool exec_batch_runnable(const struct mdl_model *m, int mbs, int seq, char *why,
 }
 
 bool exec_layout_runnable(const struct mdl_model *m, const struct cost_layout *l, int gpus,
-                          char *why, size_t cap)
+                          double gpu_bytes, char *why, size_t cap)
 {
     char none[1];
     if (!why || !cap) {
@@ -192,5 +195,144 @@ bool exec_layout_runnable(const struct mdl_model *m, const struct cost_layout *l
         snprintf(why, cap, "pp_layout: the executor takes a plan's split in layer counts only");
         return false;
     }
+    if (gpu_bytes > 0) { /* what the executor allocates: its own buffers, not Megatron's */
+        struct mdl_model stage = *m; /* a pipeline rank: its share of the blocks (and, to be
+                                      * safe, the embedding and the head) */
+        stage.layers = (m->layers + l->pp - 1) / l->pp;
+        struct exec_gpu_cfg c = {.seq = l->seq_len,
+                                 .mbs = l->mbs,
+                                 .recompute = l->recompute == COST_RECOMPUTE_FULL,
+                                 .recompute_modules = cost_layout_rc(l),
+                                 .streams = EXEC_DEFAULT_STREAMS,
+                                 .moments_bf16 = l->moments_bf16};
+        double b[EXEC_MEM_N], need = EXEC_CONTEXT_BYTES;
+        exec_gpu_bytes(&stage, &c, l->ep > 1 ? l->ep : 0,
+                       l->dispatcher == COST_DISPATCH_DEDUP_DOMAIN,
+                       l->zero >= 1 && l->dp > 1 ? l->dp : 0, b);
+        for (int i = 0; i < EXEC_MEM_N; i++) need += b[i];
+        if (need > gpu_bytes) {
+            snprintf(why, cap,
+                     "the executor needs %.1f GB a GPU for this layout (its own buffers: "
+                     "activations %.1f, workspace %.1f), more than the %.1f GB there are",
+                     need / 1e9, b[EXEC_MEM_ACTIVATIONS] / 1e9, b[EXEC_MEM_WORKSPACE] / 1e9,
+                     gpu_bytes / 1e9);
+            return false;
+        }
+    }
     return true;
+}
+
+/* The sizes gpu_create.cu allocates, buffer by buffer in its order (a gpu test holds the two
+ * equal); elements of 4 bytes unless named (B2: bf16, B8: double, float2). */
+void exec_gpu_bytes(const struct mdl_model *m, const struct exec_gpu_cfg *cfg, int ep_ranks,
+                    bool ep_domain, int zero_ranks, double bytes[EXEC_MEM_N])
+{
+    const struct mdl_attention *at = &m->attn;
+    const double B2 = 2, B4 = 4, B8 = 8;
+    for (int c = 0; c < EXEC_MEM_N; c++) bytes[c] = 0;
+    bool mla = at->type == MDL_ATTN_MLA;
+    double T = (double)cfg->seq * cfg->mbs, h = m->hidden, E = m->moe.experts;
+    double P = T * m->moe.top_k, Pe = P, cap = P, F = m->moe.intermediate;
+    if (ep_ranks > 0) {
+        double f = cfg->ep_buffer_factor > 0 ? cfg->ep_buffer_factor : ep_ranks;
+        if (f > ep_ranks) f = ep_ranks;
+        Pe = cap = ceil(f * P);
+        if (ep_domain) cap *= 2;
+    }
+    double H = at->heads, KV = mla ? at->heads : at->kv_heads;
+    double nope = mla ? at->qk_nope_head_dim : 0, rope = mla ? at->qk_rope_head_dim : at->head_dim;
+    double dqk = nope + rope, dv = mla ? at->v_head_dim : at->head_dim;
+    double ql = mla ? at->q_lora_rank : 0, kvl = mla ? at->kv_lora_rank : 0;
+    double shared = (double)m->moe.shared_experts * m->moe.shared_intermediate;
+    double fw = m->dense_intermediate > shared ? m->dense_intermediate : shared;
+    int nmoe = mdl_moe_layer_count(m);
+    bool moe_any = nmoe > 0, dense_any = nmoe < m->layers;
+    int streams =
+        cfg->streams > 1 ? (cfg->streams < EXEC_MAX_STREAMS ? cfg->streams : EXEC_MAX_STREAMS) : 0;
+    double ws = 64.0 * (1 << 20), *W = &bytes[EXEC_MEM_WORKSPACE];
+    *W += ws * (1 + streams); /* cuBLAS's workspaces: the main stream's, each side stream's */
+    /* parameters and optimizer state */
+    struct exec_ref_model table;
+    struct moe_error err;
+    double n = 0;
+    if (exec_model_table(&table, m, &err) == MOE_OK) {
+        n = (double)table.nparams;
+        exec_ref_model_destroy(&table);
+    }
+    double shard = n, master = n;
+    if (zero_ranks > 0) {
+        shard = ceil(n / (4.0 * zero_ranks)) * 4;
+        master = shard * zero_ranks;
+    }
+    bytes[EXEC_MEM_MASTER] += B4 * master + B4 * m->layers * E; /* and the selection biases */
+    bytes[EXEC_MEM_WEIGHTS] += B2 * n;
+    bytes[EXEC_MEM_GRADS] += B4 * n;
+    bytes[EXEC_MEM_OPTIMIZER] += 2.0 * (cfg->moments_bf16 ? B2 : B4) * shard;
+    *W += B8 * (nmoe ? nmoe : 1) * E * E; /* co-activation counts */
+    /* activations: each block's input, then act_alloc's per block (a module selective recompute
+     * redoes: one set for every block) */
+    double *A = &bytes[EXEC_MEM_ACTIVATIONS];
+    *A += B4 * (m->layers + 1) * T * h;
+    unsigned rc = cfg->recompute_modules;
+    int nact = cfg->recompute ? 1 : m->layers;
+    /* the redone modules' sets, allocated by the first block that asks */
+    enum { G_A16, G_B16, G_B32, G_UP, G_CORE, G_FFN, G_ACT, G_N };
+    bool have[G_N] = {false};
+#define KEEP(g, count, redone)                                                                     \
+    (*A += (redone) ? (have[g] ? 0.0 : (have[g] = true, (count))) : (count))
+    bool rc_norm = rc & COST_RC_BIT(COST_RC_LAYERNORM);
+    bool rc_core = rc & COST_RC_BIT(COST_RC_CORE_ATTN), rc_act = rc & COST_RC_BIT(COST_RC_MOE_ACT);
+    bool rc_up = mla && (rc & COST_RC_BIT(COST_RC_MLA_UP_PROJ));
+    for (int l = 0; l < nact; l++) {
+        bool rc_ffn =
+            rc & COST_RC_BIT(mdl_layer_is_moe(m, l) ? COST_RC_SHARED_EXPERTS : COST_RC_MLP);
+        KEEP(G_A16, B2 * T * h, rc_norm);
+        *A += B4 * T;                                           /* rstd1 */
+        KEEP(G_UP, B2 * T * ((H + KV) * dqk + KV * dv), rc_up); /* q16, k16, v16 */
+        if (at->qk_norm) *A += B2 * T * (H + KV) * dqk + B4 * T * (H + KV);
+        KEEP(G_CORE, B2 * T * H * dv + B4 * T * H, rc_core); /* o16, lse */
+        if (mla)
+            *A +=
+                B4 * T * ql + B4 * T + B2 * T * ql + B4 * T * (kvl + rope) + B4 * T + B2 * T * kvl;
+        *A += B4 * T * h; /* h1 */
+        KEEP(G_B16, B2 * T * h, rc_norm);
+        *A += B4 * T; /* rstd2 */
+        if (fw && (dense_any || shared)) KEEP(G_FFN, 3 * B2 * T * fw, rc_ffn);
+        if (moe_any) {
+            KEEP(G_B32, B4 * T * h, rc_norm);
+            *A += B4 * T * E + 4 * B4 * P + B4 * (E + 1) + B4 * E; /* logits .. auxg */
+            *A += B2 * Pe * h + 2 * B2 * Pe * F;                   /* xp16, eg16, eu16 */
+            KEEP(G_ACT, B2 * Pe * F, rc_act);                      /* ehm16 */
+            *A += B4 * Pe * h;                                     /* yp32 */
+        }
+    }
+#undef KEEP
+    /* workspace: the tokens, the embedding's plan, the permutation's counts, attention's scratch
+     * and every gradient buffer of one block's backward, the head's */
+    *W += B4 * cfg->mbs * (cfg->seq + 1) + 2 * B4 * T + B4 * (7 * T + 2);
+    double chunks = ceil(P / 1024.0), rchunks = ceil(T / 128.0); /* GK_CHUNK, GK_COLSUM_ROWS */
+    *W += 2 * B4 * (chunks * E + 1);
+    *W += B4 * T * (H + KV) * dqk + B4 * T * H + 8.0 * cfg->seq * floor(rope / 2);
+    double widest = h > E ? h : E;
+    if (mla && kvl + rope > widest) widest = kvl + rope;
+    if (ql > widest) widest = ql;
+    if ((at->qk_norm || at->bias) && H * dqk > widest) widest = H * dqk;
+    *W += B4 * rchunks * widest + B4 * widest;
+    *W += B4 * T * h * (cfg->recompute ? 5 : 4) + 2 * B2 * T * h; /* dh .. db32, dy16, dh16 */
+    *W += B2 * T * H * dv + (B4 + B2) * T * ((H + KV) * dqk + KV * dv);
+    if (mla)
+        *W += B4 * T * H * (nope + dv) + B2 * T * H * dqk + B2 * T * H * (nope + dv) +
+              B4 * T * kvl + (B4 + B2) * T * (kvl + rope) + (2 * B4 + B2) * T * ql;
+    if (fw) *W += 3 * B2 * T * fw;
+    if (moe_any) {
+        *W += B4 * P + B2 * Pe * h + 3 * B2 * Pe * F + 2 * B2 * Pe * h + B4 * T * E;
+        *W += B8 * nmoe * E; /* the loads */
+        if (ep_ranks > 0)    /* the exchange's buffers */
+            *W += B4 * cap + 2.0 * sizeof(struct exec_ep_meta) * cap + B2 * 2 * cap * h +
+                  B4 * 4 * cap * h + B4 * 2 * cap * m->moe.top_k + B4 * Pe +
+                  nmoe * (B4 * (3 * Pe + 2 * (cap + 1) + T + 1 + P + cap) + B4 * 2 * Pe);
+        *W += B4 * T * E; /* scores */
+        if (m->moe.expert_bias) *W += B2 * Pe;
+    }
+    *W += B2 * T * h + B4 * T + B2 * T * m->vocab + B4 * T + B4 * T * h + B8 * 1024;
 }

@@ -113,9 +113,10 @@ struct plan_request {
     int replica_slots;       /* extra expert slots per EP rank for replicas of hot experts */
     double mip_time_limit_s; /* per integer program */
     /* NULL: every layout; else only those it accepts (moeplan plan --runnable: what this
-     * build's executor runs), `why` filled once for the refusal message */
-    bool (*accept)(const struct mdl_model *m, const struct cost_layout *l, int gpus, char *why,
-                   size_t cap);
+     * build's executor runs, in the bytes a GPU offers after the headroom), `why` filled once
+     * for the refusal message */
+    bool (*accept)(const struct mdl_model *m, const struct cost_layout *l, int gpus,
+                   double gpu_bytes, char *why, size_t cap);
     /* a layout to set beside the plan (moeplan plan --compare: a published recipe's): where it
      * lands among the layouts the search costs, and why the plan beats it or not */
     bool have_compare;

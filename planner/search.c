@@ -188,7 +188,9 @@ static enum moe_status search_gpus(const struct plan_request *q, int gpus, struc
                                             continue;
                                         if (q->accept &&
                                             !q->accept(
-                                                &q->model, &l, gpus, r->not_accepted_why,
+                                                &q->model, &l, gpus,
+                                                q->cluster.gpu.hbm_bytes * (1.0 - q->headroom),
+                                                r->not_accepted_why,
                                                 r->not_accepted ? 0 : sizeof r->not_accepted_why)) {
                                             r->not_accepted++;
                                             continue;
