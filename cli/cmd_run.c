@@ -115,6 +115,7 @@ struct run_log {
     const struct run_opts *o;
     const struct plan_file *p;
     struct moe_progress bar;
+    char attention[320]; /* which attention the run started with */
 };
 
 static void on_start(void *ctx, const struct exec_run_info *info)
@@ -137,6 +138,7 @@ static void on_start(void *ctx, const struct exec_run_info *info)
     }
     printf("  rank 0 %s\n", info->binding);
     printf("  attention: %s\n", info->attention);
+    snprintf(lg->attention, sizeof lg->attention, "%s", info->attention);
     printf("  %d steps x %d micro-batch%s x %d sequences of %d tokens x dp %d; recompute %s; "
            "data: %s\n",
            lg->o->c.steps, micro, micro == 1 ? "" : "es", l->mbs, l->seq_len, l->dp,
@@ -300,6 +302,8 @@ static int run(struct cli *cli, const struct run_opts *o)
                sum.dispatch_per_layer.nvlink, p.dispatch_bytes.nvlink,
                sum.dispatch_per_layer.scale_out, p.dispatch_bytes.scale_out);
     double mstep = sum.phase_ms[COST_STEP];
+    if (strcmp(lg.attention, res.info.attention))
+        printf("\nattention at the end: %s (at the start: %s)\n", res.info.attention, lg.attention);
     printf("\nmedian step %.1f ms: %.0f tokens/s, %.1f model TFLOPS per GPU, MFU %.1f%% (of %.0f "
            "bf16 TFLOPS); loss %.4f -> %.4f\n",
            mstep, sum.rate.tokens_per_s, sum.rate.model_tflops, 100.0 * sum.rate.mfu,

@@ -208,6 +208,8 @@ struct exec_gpu {
     /* attention through cuDNN (gpu_cudnn.cu) until a shape or call fails; then ours, and why */
     bool cudnn_attn;
     char attn_why[256];
+    /* why cuDNN's backward ran its non-deterministic engine for a shape ("": it never did) */
+    char attn_nondet[256];
     float *part;               /* (T / GK_CHUNK + 1, widest row) column-sum partials */
     float *ytmp;               /* (widest row) */
     float *dh, *dprev;         /* (T, h) the residual stream's gradient, in and out of a block */

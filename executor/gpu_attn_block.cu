@@ -61,12 +61,21 @@ static enum moe_status attn_core_backward(struct exec_gpu *g, const struct act *
     char why[256];
     if (in16) *in16 = false;
     if (g->cudnn_attn && !gk_window_backward_ours(c.len, c.window)) {
-        if (gk_cudnn_backward(A->q16, A->k16, A->v16, A->o16, g->do16, A->lse, c.seqs, c.len,
-                              g->heads, g->kv_heads, g->dqk, g->dv, c.window,
-                              GK_CUDNN_DETERMINISTIC, in16 ? NULL : g->dq32, g->dk32, g->dv32,
-                              g->dq16, g->dk16, g->dv16, g->s, why, sizeof why)) {
-            if (in16) *in16 = true;
-            return MOE_OK;
+        /* the deterministic engine first; where its workspace (about 2 bytes a score: 17 GB at
+         * 32 heads x 16384 tokens) does not fit, cuDNN's other one from then on, noted in
+         * exec_gpu_attention */
+        for (int det = !g->attn_nondet[0]; det >= 0; det--) {
+            if (det == 0 && !g->attn_nondet[0]) {
+                if (!strstr(why, "no device memory")) break;
+                snprintf(g->attn_nondet, sizeof g->attn_nondet, "%s", why);
+            }
+            if (gk_cudnn_backward(A->q16, A->k16, A->v16, A->o16, g->do16, A->lse, c.seqs, c.len,
+                                  g->heads, g->kv_heads, g->dqk, g->dv, c.window,
+                                  det && GK_CUDNN_DETERMINISTIC, in16 ? NULL : g->dq32, g->dk32,
+                                  g->dv32, g->dq16, g->dk16, g->dv16, g->s, why, sizeof why)) {
+                if (in16) *in16 = true;
+                return MOE_OK;
+            }
         }
         cudnn_off(g, why);
     }

@@ -675,7 +675,9 @@ extern "C" const char *exec_gpu_attention(const struct exec_gpu *g, char *buf, s
 {
     char v[64];
     if (g->cudnn_attn)
-        snprintf(buf, cap, "cuDNN %s fused attention", gk_cudnn_version(v, sizeof v));
+        snprintf(buf, cap, "cuDNN %s fused attention%s%s%s", gk_cudnn_version(v, sizeof v),
+                 g->attn_nondet[0] ? " (its non-deterministic backward where " : "", g->attn_nondet,
+                 g->attn_nondet[0] ? ")" : "");
     else
         snprintf(buf, cap, "moeplan's flash kernel (%s)", g->attn_why);
     return buf;

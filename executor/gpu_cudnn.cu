@@ -540,6 +540,7 @@ static struct plan_entry *plan_for(const struct plan_key *key, char *why, size_t
              (key->deterministic ||
               !cudaMalloc((void **)&e->dq_acc, rows * key->dqk * sizeof(float)));
     if (!ok) {
+        (void)cudaGetLastError(); /* the failed allocation's error is not the next kernel's */
         cudaFree(e->workspace), cudaFree(e->stats), cudaFree(e->rowsum), cudaFree(e->dq_acc);
         cudnnBackendDestroyDescriptor(e->plan);
         snprintf(why, cap, "cuDNN attention: no device memory for its workspace (%lld bytes)",

@@ -507,6 +507,8 @@ static enum moe_status rank_main(struct run_shared *sh, int me, struct exec_tran
     }
     if ((st = routing(g, m, world, me == 0, sh->r, err))) goto done;
     if (me == 0) {
+        /* what ran at the end: cuDNN's attention may have given up on a shape mid-run */
+        exec_gpu_attention(g, sh->r->info.attention, sizeof sh->r->info.attention);
         exec_gpu_memory(g, &sh->r->memory);
         sh->r->filled = true;
     }
