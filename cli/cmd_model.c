@@ -95,7 +95,10 @@ static void print_model_header(const struct mdl_model *m)
     if (a->sliding_window)
         printf("sliding window %d on %d of every %d blocks\n", a->sliding_window,
                a->sliding_every - 1 > 0 ? a->sliding_every - 1 : 1, a->sliding_every);
-    if (a->nope_every) printf("no RoPE on every %d-th block\n", a->nope_every);
+    if (a->nope_every)
+        printf("no RoPE on every %d-th block%s\n", a->nope_every,
+               a->temp_floor > 0 ? ", its queries' temperature tuned" : "");
+    if (a->qk_l2_norm) printf("q and k normed without weights after RoPE (the RoPE blocks)\n");
     if (a->chunk_size)
         printf("the blocks with RoPE attend within chunks of %d tokens\n", a->chunk_size);
     printf("MoE: %d routed experts (ffn %d) + %d shared, top-%d, %s", e->experts, e->intermediate,

@@ -45,6 +45,7 @@ struct exec_ref_moe {
     double *router_b, *gate_b, *up_b, *down_b;
     enum mdl_activation act;
     double alpha, limit;
+    bool probs_on_input; /* Llama 4: the weight scales each expert's input, not its output */
 };
 
 /* Gradients of the same shapes (bias has none). */
@@ -98,7 +99,8 @@ void exec_ref_router_backward(const struct exec_ref_moe *w, const double *x, con
 
 /* Dense building blocks of the reference, rows of T tokens, row-major. */
 
-/* RMSNorm: y = x / rms(x) * w over `h`; backward accumulates dw. */
+/* RMSNorm: y = x / rms(x) * w over `h` (w NULL: no weight, Llama 4's QK norm); backward
+ * accumulates dw (NULL: none). */
 void exec_ref_rmsnorm(const double *x, const double *w, int tokens, int h, double eps, double *y);
 void exec_ref_rmsnorm_backward(const double *x, const double *w, const double *dy, int tokens,
                                int h, double eps, double *dx, double *dw);

@@ -130,6 +130,7 @@ struct exec_gpu {
      * ones) for their gradients as GEMMs; the routed experts' activation (act_limit 0: SwiGLU) */
     bool expert_bias;
     bf16 *ones16;
+    float *ones32; /* (dqk) Llama 4's weightless QK norm */
     float act_alpha, act_limit;
     int heads, kv_heads, dqk, dv, nope, rope, q_lora, kv_lora;
     cudaStream_t s;

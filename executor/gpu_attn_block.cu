@@ -126,6 +126,29 @@ static enum moe_status qk_norm_backward(struct exec_gpu *g, const bf16 *pre16, c
     return MOE_OK;
 }
 
+/* Llama 4's norm of each head's q or k after RoPE, without weights (ones32): pre16 (rows x dqk,
+ * kept for the backward) through fp32 scratch x32 into y16, and the rows' 1 / rms. */
+static enum moe_status l2_norm_forward(struct exec_gpu *g, const bf16 *pre16, int rows, float *x32,
+                                       bf16 *y16, float *rstd, struct moe_error *err)
+{
+    int d = g->dqk;
+    MOE_CUDA_CHECK(gk_to_f32(pre16, x32, (size_t)rows * d, g->s));
+    MOE_CUDA_CHECK(gk_rmsnorm(x32, d, g->ones32, rows, d, (float)g->m.norm_eps, y16, d, NULL, 0,
+                              NULL, 0, rstd, g->s));
+    return MOE_OK;
+}
+
+/* Its backward, dy32 (fp32, rows x dqk) in place; x32 fp32 scratch. */
+static enum moe_status l2_norm_backward(struct exec_gpu *g, const bf16 *pre16, const float *rstd,
+                                        int rows, float *x32, float *dy32, struct moe_error *err)
+{
+    int d = g->dqk;
+    MOE_CUDA_CHECK(gk_to_f32(pre16, x32, (size_t)rows * d, g->s));
+    MOE_CUDA_CHECK(gk_rmsnorm_backward(x32, d, g->ones32, rstd, dy32, d, NULL, 0, dy32, NULL, d,
+                                       rows, d, g->s));
+    return MOE_OK;
+}
+
 /* The attention core from q16, k16, v16 into o16 and lse, the sinks folded in: in the forward,
  * and again in the backward under selective recompute of core_attn (the same kernel: the same
  * values). */
@@ -169,10 +192,23 @@ enum moe_status gpu_attn_forward(struct exec_gpu *g, int l, struct act *A, struc
         }
         const float *q32 = g->qk_norm ? NULL : g->q32, *k32 = g->qk_norm ? NULL : g->k32;
         int rot = mdl_layer_has_rope(&g->m, l) ? dqk : 0; /* 0: a copy to bf16 (Llama 4's NoPE) */
-        MOE_CUDA_CHECK(
-            gk_rope_bf16(q32, A->q16, A->q16, T, H, dqk, rot, g->rope_tab, g->seq, false, g->s));
-        MOE_CUDA_CHECK(
-            gk_rope_bf16(k32, A->k16, A->k16, T, KV, dqk, rot, g->rope_tab, g->seq, false, g->s));
+        if (rot && g->m.attn.qk_l2_norm) { /* Llama 4: RoPE into qpre16, kpre16, then the norms */
+            MOE_CUDA_CHECK(gk_rope_bf16(q32, NULL, A->qpre16, T, H, dqk, rot, g->rope_tab, g->seq,
+                                        false, g->s));
+            MOE_CUDA_CHECK(gk_rope_bf16(k32, NULL, A->kpre16, T, KV, dqk, rot, g->rope_tab, g->seq,
+                                        false, g->s));
+            MOE_CHECK(l2_norm_forward(g, A->qpre16, T * H, g->q32, A->q16, A->rstdqh, err));
+            MOE_CHECK(l2_norm_forward(g, A->kpre16, T * KV, g->k32, A->k16, A->rstdkh, err));
+        } else {
+            MOE_CUDA_CHECK(gk_rope_bf16(q32, A->q16, A->q16, T, H, dqk, rot, g->rope_tab, g->seq,
+                                        false, g->s));
+            MOE_CUDA_CHECK(gk_rope_bf16(k32, A->k16, A->k16, T, KV, dqk, rot, g->rope_tab, g->seq,
+                                        false, g->s));
+        }
+        if (!rot && g->m.attn.temp_floor > 0) /* Llama 4: the queries' temperature */
+            MOE_CUDA_CHECK(gk_query_temperature(NULL, A->q16, T, H * dqk, g->seq,
+                                                (float)g->m.attn.temp_floor,
+                                                (float)g->m.attn.temp_scale, g->s));
     } else {
         int ql = g->q_lora, kvl = g->kv_lora, rope = g->rope;
         float eps = (float)g->m.norm_eps;
@@ -231,6 +267,20 @@ enum moe_status gpu_attn_backward(struct exec_gpu *g, int l, const struct act *A
         }
         const float *dq32 = in16 ? NULL : g->dq32, *dk32 = in16 ? NULL : g->dk32;
         int rot = mdl_layer_has_rope(&g->m, l) ? dqk : 0;
+        if (!rot && g->m.attn.temp_floor > 0) /* Llama 4: the queries' temperature, again */
+            MOE_CUDA_CHECK(gk_query_temperature(in16 ? NULL : g->dq32, in16 ? g->dq16 : NULL, T,
+                                                H * dqk, g->seq, (float)g->m.attn.temp_floor,
+                                                (float)g->m.attn.temp_scale, g->s));
+        if (rot && g->m.attn.qk_l2_norm) { /* Llama 4: the norms' backward, in fp32 */
+            if (in16) {
+                MOE_CUDA_CHECK(gk_to_f32(g->dq16, g->dq32, (size_t)T * H * dqk, g->s));
+                MOE_CUDA_CHECK(gk_to_f32(g->dk16, g->dk32, (size_t)T * KV * dqk, g->s));
+            }
+            MOE_CHECK(l2_norm_backward(g, A->qpre16, A->rstdqh, T * H, g->q32, g->dq32, err));
+            MOE_CHECK(l2_norm_backward(g, A->kpre16, A->rstdkh, T * KV, g->k32, g->dk32, err));
+            dq32 = g->dq32;
+            dk32 = g->dk32;
+        }
         MOE_CUDA_CHECK(
             gk_rope_bf16(dq32, g->dq16, g->dq16, T, H, dqk, rot, g->rope_tab, g->seq, true, g->s));
         MOE_CUDA_CHECK(

@@ -71,7 +71,7 @@ static enum moe_status act_alloc(struct exec_gpu *g, struct act *A, int l, bool 
     bool rc_up = g->mla && (rc & COST_RC_BIT(COST_RC_MLA_UP_PROJ));
     OWN_OR_RC(q16, (size_t)T * H * g->dqk, rc_up);
     OWN_OR_RC(k16, (size_t)T * KV * g->dqk, rc_up);
-    if (g->qk_norm) {
+    if (g->qk_norm || g->m.attn.qk_l2_norm) { /* Qwen3's before the norm, Llama 4's after RoPE */
         ALLOC(A->qpre16, (size_t)T * H * g->dqk, c);
         ALLOC(A->kpre16, (size_t)T * KV * g->dqk, c);
         ALLOC(A->rstdqh, (size_t)T * H, c);
@@ -187,6 +187,10 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
             return moe_error_set(err, MOE_ERR_UNSUPPORTED,
                                  "executor: expert parallelism with full recompute is not in the "
                                  "executor yet");
+        if (m->moe.probs_on_input)
+            return moe_error_set(err, MOE_ERR_UNSUPPORTED,
+                                 "executor: expert parallelism with the routing weight on the "
+                                 "expert's input (Llama 4) is not in the executor yet");
     }
     if (cfg->recompute_modules & ~(unsigned)EXEC_RC_MODULES) {
         char mods[128];
@@ -429,6 +433,15 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
             free(one);
             if (st != MOE_OK) return st;
         }
+    }
+    if (g->m.attn.qk_l2_norm) { /* Llama 4's QK norm has no weights: ones */
+        ALLOC(g->ones32, dqk, c);
+        float *one = (float *)malloc(sizeof(float) * (size_t)dqk);
+        if (!one) return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
+        for (int i = 0; i < dqk; i++) one[i] = 1.0f;
+        enum moe_status st = gpu_upload(g, g->ones32, one, sizeof(float) * (size_t)dqk, err);
+        free(one);
+        if (st != MOE_OK) return st;
     }
     ALLOC(g->fin16, (size_t)T * h, c);
     ALLOC(g->rstdf, T, c);

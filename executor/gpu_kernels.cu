@@ -504,6 +504,26 @@ __global__ void k_rope_bf16(const Tin *x, bf16 *y, int T, int heads, int dim, in
     }
 }
 
+template <typename X>
+__global__ void k_query_temperature(X *x, int n, int seq, float floor_scale, float scale)
+{
+    int t = blockIdx.x;
+    float f = 1.0f + scale * logf(floorf((float)(t % seq + 1) / floor_scale) + 1.0f);
+    X *row = x + (size_t)t * n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) row[i] = (X)((float)row[i] * f);
+}
+
+cudaError_t gk_query_temperature(float *x32, bf16 *x16, int T, int n, int seq, float floor_scale,
+                                 float scale, cudaStream_t s)
+{
+    if (!T) return cudaGetLastError();
+    if (x32)
+        k_query_temperature<float><<<T, TPB, 0, s>>>(x32, n, seq, floor_scale, scale);
+    else
+        k_query_temperature<bf16><<<T, TPB, 0, s>>>(x16, n, seq, floor_scale, scale);
+    return cudaGetLastError();
+}
+
 cudaError_t gk_rope_bf16(const float *x32, const bf16 *x16, bf16 *y, int T, int heads, int dim,
                          int rot, const float2 *tab, int seq, bool inverse, cudaStream_t s)
 {

@@ -160,6 +160,10 @@ cudaError_t gk_rope_table(float2 *tab, int seq, int rot, const double *inv_freq,
                           cudaStream_t s);
 /* RoPE (HF rotate-half) on the first rot of each head's dim values, written as bf16 to y, from
  * fp32 x32 or (x32 NULL) bf16 x16; y may be x16. inverse: the transpose (for the backward). */
+/* Llama 4's query temperature: row t of x (T rows of n; fp32 x32 or bf16 x16, the other NULL)
+ * times 1 + scale x ln(floor((t % seq + 1) / floor_scale) + 1), in place. */
+cudaError_t gk_query_temperature(float *x32, bf16 *x16, int T, int n, int seq, float floor_scale,
+                                 float scale, cudaStream_t s);
 cudaError_t gk_rope_bf16(const float *x32, const bf16 *x16, bf16 *y, int T, int heads, int dim,
                          int rot, const float2 *tab, int seq, bool inverse, cudaStream_t s);
 cudaError_t gk_mla_assemble(const float *qf, const float *ckvf, const float *kv, int T, int H,
@@ -235,10 +239,20 @@ cudaError_t gk_permute_place(const int *choice, int n, int E, const int *base, c
                              int *row_src, int *pos, cudaStream_t s);
 cudaError_t gk_gather(const bf16 *x, const int *row_src, int k, int P, int h, bf16 *xp,
                       cudaStream_t s);
+/* y[t] += sum_j w[t, j] yp[pos[t, j]] (w NULL: weights 1); backward: dyp = w dy and, with w,
+ * dw = dy . yp. */
 cudaError_t gk_combine(float *y, const float *yp, const float *w, const int *pos, int T, int k,
                        int h, cudaStream_t s);
 cudaError_t gk_combine_backward(const float *dy, const float *yp, const float *w, const int *pos,
                                 int T, int k, int h, bf16 *dyp, float *dw, cudaStream_t s);
+/* Llama 4 (the routing weight on the expert's input): row pos[p] of xp times w[p], for the P
+ * pairs, in place. */
+cudaError_t gk_scale_rows(bf16 *xp, const float *w, const int *pos, int P, int h, cudaStream_t s);
+/* Its backward: with r = pos[t, j] and d = dg[r] + du[r] (the scaled input's gradient), dx[t]
+ * (+)= sum_j w[t, j] d and dw[t, j] = d . x[t]; one block a token, fixed order. */
+cudaError_t gk_gather_sum_scaled(const bf16 *dg, const bf16 *du, const int *pos, const float *w,
+                                 const bf16 *x, int T, int k, int h, float *dx, bool accumulate,
+                                 float *dw, cudaStream_t s);
 /* dx[t] (+)= sum over the token's k rows r = pos[t, j] of dg[r] + du[r] (the expert block's input
  * gradient as its gate and up GEMMs wrote it, bf16 each), summed in fp32 in j order. */
 cudaError_t gk_gather_sum(const bf16 *dg, const bf16 *du, const int *pos, int T, int k, int h,

@@ -121,7 +121,8 @@ __global__ void k_combine(float *y, const float *yp, const float *w, const int *
     if (i >= (size_t)T * h) return;
     size_t t = i / h, c = i % h;
     float acc = y[i];
-    for (int j = 0; j < k; j++) acc += w[t * k + j] * yp[(size_t)pos[t * k + j] * h + c];
+    for (int j = 0; j < k; j++)
+        acc += (w ? w[t * k + j] : 1.0f) * yp[(size_t)pos[t * k + j] * h + c];
     y[i] = acc;
 }
 
@@ -134,7 +135,7 @@ __global__ void k_combine4(float4 *y, const float4 *yp, const float *w, const in
     size_t t = i / h4, c = i % h4;
     float4 acc = y[i];
     for (int j = 0; j < k; j++) {
-        float wt = w[t * k + j];
+        float wt = w ? w[t * k + j] : 1.0f;
         float4 v = yp[(size_t)pos[t * k + j] * h4 + c];
         acc.x += wt * v.x, acc.y += wt * v.y, acc.z += wt * v.z, acc.w += wt * v.w;
     }
@@ -163,13 +164,13 @@ __global__ void k_combine_backward(const float *dy, const float *yp, const float
     const float *g = dy + t * h;
     for (int j = 0; j < k; j++) {
         size_t p = pos[t * k + j];
-        float wt = w[t * k + j], dot = 0.0f;
+        float wt = w ? w[t * k + j] : 1.0f, dot = 0.0f;
         for (int c = threadIdx.x; c < h; c += blockDim.x) {
             dot += g[c] * yp[p * h + c];
             dyp[p * h + c] = __float2bfloat16(wt * g[c]);
         }
         dot = block_sum(dot, red);
-        if (threadIdx.x == 0) dw[t * k + j] = dot;
+        if (w && threadIdx.x == 0) dw[t * k + j] = dot;
     }
 }
 
@@ -177,6 +178,51 @@ cudaError_t gk_combine_backward(const float *dy, const float *yp, const float *w
                                 int T, int k, int h, bf16 *dyp, float *dw, cudaStream_t s)
 {
     if (T) k_combine_backward<<<T, TPB, 0, s>>>(dy, yp, w, pos, k, h, dyp, dw);
+    return cudaGetLastError();
+}
+
+__global__ void k_scale_rows(bf16 *xp, const float *w, const int *pos, int h)
+{
+    size_t p = blockIdx.x;
+    bf16 *row = xp + (size_t)pos[p] * h;
+    float wt = w[p];
+    for (int c = threadIdx.x; c < h; c += blockDim.x)
+        row[c] = __float2bfloat16(wt * __bfloat162float(row[c]));
+}
+
+cudaError_t gk_scale_rows(bf16 *xp, const float *w, const int *pos, int P, int h, cudaStream_t s)
+{
+    if (P) k_scale_rows<<<P, TPB, 0, s>>>(xp, w, pos, h);
+    return cudaGetLastError();
+}
+
+__global__ void k_gather_sum_scaled(const bf16 *dg, const bf16 *du, const int *pos, const float *w,
+                                    const bf16 *x, int k, int h, float *dx, int accumulate,
+                                    float *dw)
+{
+    __shared__ float red[TPB / 32];
+    size_t t = blockIdx.x;
+    const bf16 *xt = x + t * h;
+    float *o = dx + t * h;
+    for (int j = 0; j < k; j++) {
+        size_t r = (size_t)pos[t * k + j] * h;
+        float wt = w[t * k + j], dot = 0.0f;
+        for (int c = threadIdx.x; c < h; c += blockDim.x) {
+            float d = __bfloat162float(dg[r + c]) + __bfloat162float(du[r + c]);
+            dot += d * __bfloat162float(xt[c]);
+            float prev = j || accumulate ? o[c] : 0.0f;
+            o[c] = prev + wt * d;
+        }
+        dot = block_sum(dot, red);
+        if (threadIdx.x == 0) dw[t * k + j] = dot;
+    }
+}
+
+cudaError_t gk_gather_sum_scaled(const bf16 *dg, const bf16 *du, const int *pos, const float *w,
+                                 const bf16 *x, int T, int k, int h, float *dx, bool accumulate,
+                                 float *dw, cudaStream_t s)
+{
+    if (T) k_gather_sum_scaled<<<T, TPB, 0, s>>>(dg, du, pos, w, x, k, h, dx, accumulate, dw);
     return cudaGetLastError();
 }
 

@@ -191,6 +191,8 @@ enum moe_status gpu_moe_forward(struct exec_gpu *g, int l, struct act *A, float 
         MOE_CUDA_CHECK(
             gk_permute_place(A->choice, P, E, g->perm_base, A->off, A->row_src, A->pos, g->s));
         MOE_CUDA_CHECK(gk_gather(A->b16, A->row_src, k, P, h, A->xp16, g->s));
+        if (g->m.moe.probs_on_input) /* Llama 4: each row times its routing weight */
+            MOE_CUDA_CHECK(gk_scale_rows(A->xp16, A->weight, A->pos, P, h, g->s));
     } else { /* the counts stay: the load statistics and the load-balance loss read them */
         MOE_CUDA_CHECK(cudaMemcpyAsync(g->choice_host, A->choice, sizeof(int) * (size_t)P,
                                        cudaMemcpyDeviceToHost, g->s));
@@ -223,7 +225,8 @@ enum moe_status gpu_moe_forward(struct exec_gpu *g, int l, struct act *A, float 
         PH(COST_EXPERTS_FWD);
         MOE_CHECK(gpu_experts_forward(g, l, A, off, err));
         PH(COST_UNPERMUTE);
-        MOE_CUDA_CHECK(gk_combine(y, A->yp32, A->weight, A->pos, T, k, h, g->s));
+        MOE_CUDA_CHECK(gk_combine(y, A->yp32, g->m.moe.probs_on_input ? NULL : A->weight, A->pos, T,
+                                  k, h, g->s));
     }
     if (g->shared_ffn) {
         PH(COST_SHARED_EXPERT);
@@ -271,13 +274,18 @@ enum moe_status gpu_moe_backward(struct exec_gpu *g, int l, const struct act *A,
         MOE_CHECK(gpu_ep_backward(g, l, A, err));
     } else {
         PH(COST_UNPERMUTE);
-        MOE_CUDA_CHECK(
-            gk_combine_backward(g->dh, A->yp32, A->weight, A->pos, T, k, h, g->dyp16, g->dw, g->s));
+        bool in = g->m.moe.probs_on_input; /* Llama 4: the weights' gradient from the input */
+        MOE_CUDA_CHECK(gk_combine_backward(g->dh, A->yp32, in ? NULL : A->weight, A->pos, T, k, h,
+                                           g->dyp16, g->dw, g->s));
         PH(COST_EXPERTS_BWD);
         MOE_CHECK(gpu_experts_backward(g, l, A, off, err));
         PH(COST_PERMUTE);
-        MOE_CUDA_CHECK(
-            gk_gather_sum(g->dxg16, g->dxu16, A->pos, T, k, h, g->db32, g->shared_ffn > 0, g->s));
+        if (in)
+            MOE_CUDA_CHECK(gk_gather_sum_scaled(g->dxg16, g->dxu16, A->pos, A->weight, A->b16, T, k,
+                                                h, g->db32, g->shared_ffn > 0, g->dw, g->s));
+        else
+            MOE_CUDA_CHECK(gk_gather_sum(g->dxg16, g->dxu16, A->pos, T, k, h, g->db32,
+                                         g->shared_ffn > 0, g->s));
     }
     PH(COST_ROUTER);
     MOE_CUDA_CHECK(gk_router_backward(&g->rc, A->logits, A->choice, A->weight, g->dw,

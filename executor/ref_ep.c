@@ -123,6 +123,10 @@ static enum moe_status check(const struct exec_transport *t, const struct exec_e
                              "not match the transport (%d ranks) or the layer (%d, top_k %d)",
                              g->ranks, g->experts, g->top_k, t->ranks, w->cfg.experts,
                              w->cfg.top_k);
+    if (w->probs_on_input)
+        return moe_error_set(err, MOE_ERR_UNSUPPORTED,
+                             "expert parallelism with the routing weight on the expert's input "
+                             "(Llama 4): not in the executor yet");
     return exec_ep_group_check(g, err);
 }
 

@@ -243,6 +243,7 @@ static void moe_view(const struct ctx *c, int l, struct exec_ref_moe *w,
     w->up_b = (double *)P(c, "up_bias", l);
     w->down_b = (double *)P(c, "down_bias", l);
     w->act = m->moe.activation;
+    w->probs_on_input = m->moe.probs_on_input;
     w->alpha = m->moe.swiglu_alpha;
     w->limit = m->moe.swiglu_limit;
     if (g) {
@@ -308,7 +309,8 @@ static enum moe_status attn(const struct ctx *c, int l, const double *a, double 
     int T = c->T, h = m->hidden, H = at->heads,
         window = mdl_layer_is_sliding(m, l) ? at->sliding_window : 0;
     bool has_rope = mdl_layer_has_rope(m, l); /* Llama 4's NoPE layers: none (GQA only) */
-    int chunk = mdl_layer_chunk(m, l);        /* attention within each chunk of this many */
+    bool l2 = at->qk_l2_norm && has_rope;
+    int chunk = mdl_layer_chunk(m, l); /* attention within each chunk of this many */
     if (!chunk || chunk > T) chunk = T;
     bool mla = at->type == MDL_ATTN_MLA;
     int KV = mla ? H : at->kv_heads;
@@ -360,6 +362,17 @@ static enum moe_status attn(const struct ctx *c, int l, const double *a, double 
             exec_ref_rope(q, T, H, dqk, rope, fr, fscale, c->pos, false);
             exec_ref_rope(k, T, KV, dqk, rope, fr, fscale, c->pos, false);
         }
+        if (l2) { /* Llama 4: q and k after RoPE normed, no weights */
+            memcpy(qpre, q, sizeof(double) * nq);
+            memcpy(kpre, k, sizeof(double) * nk);
+            exec_ref_rmsnorm(qpre, NULL, T * H, dqk, m->norm_eps, q);
+            exec_ref_rmsnorm(kpre, NULL, T * KV, dqk, m->norm_eps, k);
+        }
+        for (int t = 0; t < T; t++) { /* Llama 4's query temperature (1 but on NoPE blocks) */
+            double tq = mdl_query_temperature(m, l, c->pos[t]);
+            for (size_t i = 0; tq != 1.0 && i < (size_t)H * dqk; i++)
+                q[(size_t)t * H * dqk + i] *= tq;
+        }
     } else {
         if (ql) {
             linear(a, P(c, "wqa", l), T, h, ql, cq);
@@ -410,6 +423,19 @@ static enum moe_status attn(const struct ctx *c, int l, const double *a, double 
                                     T - t0 < chunk ? T - t0 : chunk, H, KV, dqk, dv, window, scale,
                                     sink, dq + qo, dk + ko, dvv + vo,
                                     sink ? G(c, "sinks", l) : NULL);
+    }
+    if (!mla) {
+        for (int t = 0; t < T; t++) {
+            double tq = mdl_query_temperature(m, l, c->pos[t]);
+            for (size_t i = 0; tq != 1.0 && i < (size_t)H * dqk; i++)
+                dq[(size_t)t * H * dqk + i] *= tq;
+        }
+        if (l2) { /* through the weightless norms, in place (q, k are spent) */
+            memcpy(q, dq, sizeof(double) * nq);
+            memcpy(k, dk, sizeof(double) * nk);
+            exec_ref_rmsnorm_backward(qpre, NULL, q, T * H, dqk, m->norm_eps, dq, NULL);
+            exec_ref_rmsnorm_backward(kpre, NULL, k, T * KV, dqk, m->norm_eps, dk, NULL);
+        }
     }
     if (has_rope) exec_ref_rope(dq, T, H, dqk, rope, fr, fscale, c->pos, true);
     if (!mla) {

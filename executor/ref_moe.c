@@ -429,14 +429,15 @@ enum moe_status exec_ref_moe_forward(const struct exec_ref_moe *w, const double 
     if (st != MOE_OK) return st;
     int h = w->hidden, f = w->ffn, E = w->cfg.experts, k = w->cfg.top_k;
     int fs = w->shared_ffn > f ? w->shared_ffn : f;
-    double *z = malloc(sizeof *z * (size_t)E), *tmp = malloc(sizeof *tmp * (size_t)(3 * fs + h));
+    double *z = malloc(sizeof *z * (size_t)E),
+           *tmp = malloc(sizeof *tmp * (size_t)(3 * fs + 2 * h));
     int *ch = malloc(sizeof *ch * (size_t)k);
     double *wt = malloc(sizeof *wt * (size_t)k);
     if (!z || !tmp || !ch || !wt) {
         st = moe_error_set(err, MOE_ERR_NOMEM, "reference MoE: out of memory");
         goto cleanup;
     }
-    double *g = tmp, *u = tmp + fs, *hm = tmp + 2 * fs, *out = tmp + 3 * fs;
+    double *g = tmp, *u = tmp + fs, *hm = tmp + 2 * fs, *out = tmp + 3 * fs, *xs = out + h;
     for (int t = 0; t < tokens; t++) {
         const double *xt = x + (size_t)t * h;
         double *yt = y + (size_t)t * h;
@@ -446,6 +447,12 @@ enum moe_status exec_ref_moe_forward(const struct exec_ref_moe *w, const double 
         for (int j = 0; j < k; j++) {
             int e = ch[j];
             struct ffn F = ffn_of(w, e);
+            if (w->probs_on_input) { /* Llama 4: expert(w x) */
+                for (int c = 0; c < h; c++) xs[c] = wt[j] * xt[c];
+                ffn_forward(&F, h, xs, out, g, u, hm);
+                for (int c = 0; c < h; c++) yt[c] += out[c];
+                continue;
+            }
             ffn_forward(&F, h, xt, out, g, u, hm);
             for (int c = 0; c < h; c++) yt[c] += wt[j] * out[c];
         }
@@ -476,7 +483,7 @@ enum moe_status exec_ref_moe_backward(const struct exec_ref_moe *w, const double
     int fs = w->shared_ffn > f ? w->shared_ffn : f;
     double *z = malloc(sizeof *z * (size_t)E), *s = malloc(sizeof *s * (size_t)E);
     double *ds = malloc(sizeof *ds * (size_t)E), *dz = malloc(sizeof *dz * (size_t)E);
-    double *tmp = malloc(sizeof *tmp * (size_t)(4 * fs + 2 * h));
+    double *tmp = malloc(sizeof *tmp * (size_t)(4 * fs + 4 * h));
     int *ch = malloc(sizeof *ch * (size_t)k);
     double *wt = malloc(sizeof *wt * (size_t)k), *dw = malloc(sizeof *dw * (size_t)k);
     if (!z || !s || !ds || !dz || !tmp || !ch || !wt || !dw) {
@@ -484,7 +491,7 @@ enum moe_status exec_ref_moe_backward(const struct exec_ref_moe *w, const double
         goto cleanup;
     }
     double *g = tmp, *u = tmp + fs, *hm = tmp + 2 * fs, *dh = tmp + 3 * fs, *out = tmp + 4 * fs,
-           *dout = out + h;
+           *dout = out + h, *xs = dout + h, *dxs = xs + h;
     double frac[4096];
     if (cfg->aux_coef != 0.0) exec_ref_moe_route_fractions(w, x, tokens, frac);
     for (int t = 0; t < tokens; t++) {
@@ -499,6 +506,16 @@ enum moe_status exec_ref_moe_backward(const struct exec_ref_moe *w, const double
         for (int j = 0; j < k; j++) {
             int e = ch[j];
             struct ffn F = ffn_of(w, e);
+            if (w->probs_on_input) { /* y += expert(w x): dxs its input's gradient, then
+                                      * dw = dxs . x and dx += w dxs */
+                for (int c = 0; c < h; c++) xs[c] = wt[j] * xt[c], dxs[c] = 0.0;
+                ffn_forward(&F, h, xs, out, g, u, hm);
+                ffn_backward(&F, w, e, h, xs, dyt, gr, dxs, g, u, hm, dh);
+                double acc = 0.0;
+                for (int c = 0; c < h; c++) acc += dxs[c] * xt[c], dxt[c] += wt[j] * dxs[c];
+                dw[j] = acc;
+                continue;
+            }
             ffn_forward(&F, h, xt, out, g, u, hm);
             double acc = 0.0;
             for (int c = 0; c < h; c++) acc += dyt[c] * out[c];

@@ -16,7 +16,7 @@ void exec_ref_rmsnorm(const double *x, const double *w, int tokens, int h, doubl
         double ms = 0.0;
         for (int i = 0; i < h; i++) ms += xt[i] * xt[i];
         double r = 1.0 / sqrt(ms / h + eps);
-        for (int i = 0; i < h; i++) y[(size_t)t * h + i] = xt[i] * r * w[i];
+        for (int i = 0; i < h; i++) y[(size_t)t * h + i] = xt[i] * r * (w ? w[i] : 1.0);
     }
 }
 
@@ -29,12 +29,12 @@ void exec_ref_rmsnorm_backward(const double *x, const double *w, const double *d
         for (int i = 0; i < h; i++) ms += xt[i] * xt[i];
         double r = 1.0 / sqrt(ms / h + eps);
         for (int i = 0; i < h; i++) {
-            dw[i] += dyt[i] * xt[i] * r;
-            dot += dyt[i] * w[i] * xt[i];
+            if (dw) dw[i] += dyt[i] * xt[i] * r;
+            dot += dyt[i] * (w ? w[i] : 1.0) * xt[i];
         }
         /* d/dx (x r): r I - x x^T r^3 / h */
         for (int i = 0; i < h; i++)
-            dx[(size_t)t * h + i] = r * dyt[i] * w[i] - xt[i] * r * r * r * dot / h;
+            dx[(size_t)t * h + i] = r * dyt[i] * (w ? w[i] : 1.0) - xt[i] * r * r * r * dot / h;
     }
 }
 

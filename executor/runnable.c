@@ -128,6 +128,13 @@ bool exec_layout_runnable(const struct mdl_model *m, const struct cost_layout *l
                  l->zero, l->dp);
         return false;
     }
+    if (l->ep > 1 && m->moe.probs_on_input) {
+        snprintf(why, cap,
+                 "ep=%d with the routing weight on the expert's input (Llama 4): not in the "
+                 "executor yet (ep=1)",
+                 l->ep);
+        return false;
+    }
     if (l->ep > 1 && l->recompute == COST_RECOMPUTE_FULL) {
         snprintf(why, cap, "ep=%d with full recompute: not in the executor yet (recompute=none)",
                  l->ep);
@@ -289,7 +296,7 @@ void exec_gpu_bytes(const struct mdl_model *m, const struct exec_gpu_cfg *cfg, i
         KEEP(G_A16, B2 * T * h, rc_norm);
         *A += B4 * T;                                           /* rstd1 */
         KEEP(G_UP, B2 * T * ((H + KV) * dqk + KV * dv), rc_up); /* q16, k16, v16 */
-        if (at->qk_norm) *A += B2 * T * (H + KV) * dqk + B4 * T * (H + KV);
+        if (at->qk_norm || at->qk_l2_norm) *A += B2 * T * (H + KV) * dqk + B4 * T * (H + KV);
         KEEP(G_CORE, B2 * T * H * dv + B4 * T * H, rc_core); /* o16, lse */
         if (mla)
             *A +=
@@ -334,5 +341,6 @@ void exec_gpu_bytes(const struct mdl_model *m, const struct exec_gpu_cfg *cfg, i
         *W += B4 * T * E; /* scores */
         if (m->moe.expert_bias) *W += B2 * Pe;
     }
+    if (at->qk_l2_norm) *W += B4 * dqk;
     *W += B2 * T * h + B4 * T + B2 * T * m->vocab + B4 * T + B4 * T * h + B8 * 1024;
 }

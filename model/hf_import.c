@@ -314,7 +314,24 @@ static enum moe_status hf_llama4(const struct moe_jval *o, struct mdl_model *m,
                                       i, every);
         m->attn.nope_every = every;
     }
-    e->shared_experts = 1; /* every Llama 4 MoE block has one shared expert */
+    /* the weightless norm of q and k after RoPE (Scout's; Maverick's config turns it off) and the
+     * temperature of the queries on the blocks without RoPE, Hugging Face's defaults */
+    bool qk_norm = true, tuning = true;
+    double floor_scale = 8192, attn_scale = 0.1;
+    if ((!moe_jval_is_null(t, "use_qk_norm") &&
+         (st = moe_jval_bool(t, "use_qk_norm", false, true, &qk_norm, err))) ||
+        (!moe_jval_is_null(t, "attn_temperature_tuning") &&
+         (st = moe_jval_bool(t, "attn_temperature_tuning", false, true, &tuning, err))) ||
+        (st = hf_num(t, "floor_scale", 8192, &floor_scale, err)) ||
+        (st = hf_num(t, "attn_scale", 0.1, &attn_scale, err)))
+        return st;
+    m->attn.qk_l2_norm = qk_norm;
+    if (tuning && m->attn.nope_every) {
+        m->attn.temp_floor = floor_scale;
+        m->attn.temp_scale = attn_scale;
+    }
+    e->shared_experts = 1;    /* every Llama 4 MoE block has one shared expert */
+    e->probs_on_input = true; /* its sigmoid score scales the routed expert's input */
     e->shared_intermediate = e->intermediate;
     e->scoring = MDL_SCORE_SIGMOID;
     return MOE_OK;
@@ -388,6 +405,10 @@ static const char *const hf_names_llama4[] = {HF_COMMON_NAMES,
                                               "no_rope_layer_interval",
                                               "chunk_size",
                                               "attention_chunk_size",
+                                              "qk_l2_norm",
+                                              "use_qk_norm",
+                                              "nope_temperature",
+                                              "floor_scale and attn_scale",
                                               "experts",
                                               "num_local_experts",
                                               "top_k",

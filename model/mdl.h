@@ -57,6 +57,11 @@ struct mdl_attention {
     /* Llama 4: layer i has no RoPE when i % nope_every == nope_every - 1 (0: every layer has it);
      * the layers with RoPE attend within chunks of chunk_size tokens (0: no chunks) */
     int nope_every, chunk_size;
+    /* Llama 4: an RMSNorm without weights over each head's q and k after RoPE, on the blocks
+     * with RoPE (qk_l2_norm); on the blocks without, q scaled by 1 + temp_scale x
+     * ln(floor((position + 1) / temp_floor) + 1) (temp_floor 0: not) */
+    bool qk_l2_norm;
+    double temp_floor, temp_scale;
     double rope_theta;
     enum mdl_rope_scaling rope_scaling;
     struct mdl_yarn yarn; /* with MDL_ROPE_YARN */
@@ -73,6 +78,8 @@ struct mdl_moe {
     bool norm_topk;          /* renormalize the top-k weights to sum to 1 */
     double scaling;          /* routed_scaling_factor */
     bool expert_bias;        /* biases in the expert projections (gpt-oss) */
+    bool probs_on_input;     /* the routing weight scales the expert's input, not its output
+                              * (Llama 4: y = sum expert(w x)) */
     bool softmax_after_topk; /* scores = softmax over the chosen k only (gpt-oss, Mixtral style) */
     /* The routed experts' activation: SwiGLU silu(g) u, or gpt-oss's clamped form
      * (u' + 1) g' sigmoid(alpha g'), g' = min(g, limit), u' = clamp(u, -limit, limit). */
@@ -141,6 +148,8 @@ bool mdl_layer_is_sliding(const struct mdl_model *m, int layer);
 /* Does block `layer` rotate q and k (RoPE)? Its attention's chunk (0: the whole sequence). */
 bool mdl_layer_has_rope(const struct mdl_model *m, int layer);
 int mdl_layer_chunk(const struct mdl_model *m, int layer);
+/* Llama 4's query temperature at `position` (0-based) on block `layer`: 1 where none. */
+double mdl_query_temperature(const struct mdl_model *m, int layer, int position);
 /* Keys a query attends to on average over seq tokens: the causal half, or the band of a sliding
  * window of `window` keys (window <= 0: none). */
 double mdl_attended_keys(double seq, double window);

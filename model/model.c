@@ -70,6 +70,8 @@ static enum moe_status load_attention(const struct moe_jval *o, struct mdl_atten
                                        "sliding_every",
                                        "nope_every",
                                        "chunk_size",
+                                       "qk_l2_norm",
+                                       "nope_temperature",
                                        "rope_theta",
                                        "rope_scaling",
                                        NULL};
@@ -101,8 +103,19 @@ static enum moe_status load_attention(const struct moe_jval *o, struct mdl_atten
                              &a->sliding_every, err)))
         return st;
     if ((st = moe_jval_int32(o, "nope_every", false, 0, 0, 1024, &a->nope_every, err)) ||
-        (st = moe_jval_int32(o, "chunk_size", false, 0, 0, MAX_DIM, &a->chunk_size, err)))
+        (st = moe_jval_int32(o, "chunk_size", false, 0, 0, MAX_DIM, &a->chunk_size, err)) ||
+        (st = moe_jval_bool(o, "qk_l2_norm", false, false, &a->qk_l2_norm, err)))
         return st;
+    struct moe_jval tt;
+    bool tuned = false;
+    if ((st = moe_jval_object(o, "nope_temperature", false, &tt, &tuned, err))) return st;
+    if (tuned) {
+        static const char *const tkeys[] = {"floor_scale", "scale", NULL};
+        if ((st = moe_jval_keys(&tt, tkeys, err)) ||
+            (st = moe_jval_num(&tt, "floor_scale", true, 0, 1, 1e9, &a->temp_floor, err)) ||
+            (st = moe_jval_num(&tt, "scale", true, 0, 0, 100, &a->temp_scale, err)))
+            return st;
+    }
     if ((st = moe_jval_num(o, "rope_theta", false, 10000.0, 1.0, 1e12, &a->rope_theta, err)))
         return st;
     struct moe_jval rs;
@@ -142,6 +155,13 @@ static enum moe_status load_attention(const struct moe_jval *o, struct mdl_atten
         return moe_jval_error(o, "nope_every", err,
                               "MLA keeps its RoPE dims on every layer (nope_every is Llama 4's, "
                               "GQA)");
+    if (a->qk_l2_norm && (mla || a->qk_norm))
+        return moe_jval_error(o, "qk_l2_norm", err,
+                              "Llama 4's weightless norm after RoPE: GQA only, and not with "
+                              "qk_norm (Qwen3's)");
+    if (tuned && !a->nope_every)
+        return moe_jval_error(o, "nope_temperature", err,
+                              "scales the queries of the blocks without RoPE: needs nope_every");
     if (a->chunk_size && a->sliding_window)
         return moe_jval_error(o, "chunk_size", err,
                               "chunked attention and a sliding window together: not modeled");
@@ -161,6 +181,7 @@ static enum moe_status load_moe(const struct moe_jval *o, struct mdl_moe *e, str
                                        "norm_topk",
                                        "scaling",
                                        "expert_bias",
+                                       "probs_on_input",
                                        "softmax_after_topk",
                                        "activation",
                                        "swiglu_alpha",
@@ -188,6 +209,7 @@ static enum moe_status load_moe(const struct moe_jval *o, struct mdl_moe *e, str
     if ((st = moe_jval_bool(o, "norm_topk", false, false, &e->norm_topk, err))) return st;
     if ((st = moe_jval_num(o, "scaling", false, 1.0, 1e-6, 1e6, &e->scaling, err))) return st;
     if ((st = moe_jval_bool(o, "expert_bias", false, false, &e->expert_bias, err))) return st;
+    if ((st = moe_jval_bool(o, "probs_on_input", false, false, &e->probs_on_input, err))) return st;
     if ((st = moe_jval_bool(o, "softmax_after_topk", false, false, &e->softmax_after_topk, err)))
         return st;
     int act;
@@ -334,6 +356,13 @@ int mdl_layer_chunk(const struct mdl_model *m, int layer)
     return mdl_layer_has_rope(m, layer) ? m->attn.chunk_size : 0;
 }
 
+double mdl_query_temperature(const struct mdl_model *m, int layer, int position)
+{
+    const struct mdl_attention *a = &m->attn;
+    if (a->temp_floor <= 0 || mdl_layer_has_rope(m, layer)) return 1.0;
+    return 1.0 + a->temp_scale * log(floor((position + 1.0) / a->temp_floor) + 1.0);
+}
+
 double mdl_yarn_attention_factor(double factor)
 {
     return 0.1 * log(factor) + 1.0;
@@ -414,6 +443,11 @@ enum moe_status mdl_model_validate_as(const struct mdl_model *m, const char *whe
         INVALID("%s and %s must be >= 0", K("nope_every"), K("chunk_size"));
     if (a->type == MDL_ATTN_MLA && a->nope_every)
         INVALID("%s: MLA keeps its RoPE dims on every layer", K("nope_every"));
+    if (a->qk_l2_norm && (a->type == MDL_ATTN_MLA || a->qk_norm))
+        INVALID("%s: GQA only, and not with %s", K("qk_l2_norm"), K("qk_norm"));
+    if (a->temp_floor < 0 || (a->temp_floor > 0 && !a->nope_every))
+        INVALID("%s: scales the queries of the blocks without RoPE, needs %s",
+                K("nope_temperature"), K("nope_every"));
     if (a->chunk_size && a->sliding_window)
         INVALID("%s with %s: chunked attention and a sliding window together are not modeled",
                 K("chunk_size"), K("sliding_window"));
@@ -588,6 +622,11 @@ char *mdl_model_to_json_text(const struct mdl_model *m)
     json_object_set_new(at, "sliding_every", json_integer(a->sliding_every));
     if (a->nope_every) json_object_set_new(at, "nope_every", json_integer(a->nope_every));
     if (a->chunk_size) json_object_set_new(at, "chunk_size", json_integer(a->chunk_size));
+    if (a->qk_l2_norm) json_object_set_new(at, "qk_l2_norm", json_true());
+    if (a->temp_floor > 0)
+        json_object_set_new(
+            at, "nope_temperature",
+            json_pack("{s:f, s:f}", "floor_scale", a->temp_floor, "scale", a->temp_scale));
     json_object_set_new(at, "rope_theta", json_real(a->rope_theta));
     if (a->rope_scaling == MDL_ROPE_YARN) {
         const struct mdl_yarn *y = &a->yarn;
@@ -616,6 +655,7 @@ char *mdl_model_to_json_text(const struct mdl_model *m)
     json_object_set_new(mo, "norm_topk", json_boolean(e->norm_topk));
     json_object_set_new(mo, "scaling", json_real(e->scaling));
     json_object_set_new(mo, "expert_bias", json_boolean(e->expert_bias));
+    if (e->probs_on_input) json_object_set_new(mo, "probs_on_input", json_true());
     json_object_set_new(mo, "softmax_after_topk", json_boolean(e->softmax_after_topk));
     if (e->activation == MDL_ACT_CLAMPED_SWIGLU) {
         json_object_set_new(mo, "activation", json_string(act_names[e->activation]));

@@ -162,9 +162,10 @@ static void attention_cost(const struct cost_ctx *c, const struct cost_layout *l
     if (a->type == MDL_ATTN_GQA) {
         double kvh = a->kv_heads >= l->tp ? (double)a->kv_heads / l->tp : 1.0;
         double qw = H * a->head_dim, kw = kvh * a->head_dim;
-        if (a->qk_norm) { /* q and k normed in bf16; back: the norm's backward and its
-                           * weight's column sums (a bf16 implementation's passes: our executor
-                           * makes more, which validate's Qwen3 job shows) */
+        /* q and k normed in bf16 (Llama 4's after RoPE, without weights); back: the norm's
+         * backward and its weight's column sums (a bf16 implementation's passes: our executor
+         * makes more, which validate's Qwen3 job shows) */
+        if (a->qk_norm || a->qk_l2_norm) {
             elt_f += membound_us(c, 4.0 * T * (qw + kw), 2);
             elt_b += membound_us(c, 10.0 * T * (qw + kw), 4);
         }

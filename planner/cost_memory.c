@@ -46,8 +46,8 @@ static double block_activation_bytes(const struct cost_ctx *c, const struct cost
     double attn = 0.0;
     if (a->type == MDL_ATTN_GQA) {
         double q = H * a->head_dim, kv = (double)a->kv_heads * a->head_dim;
-        attn += BF16 * (q + 2.0 * kv);              /* q, k, v after RoPE (flash) */
-        if (a->qk_norm) attn += BF16 * (q + kv);    /* q and k before their norms */
+        attn += BF16 * (q + 2.0 * kv);                            /* q, k, v after RoPE (flash) */
+        if (a->qk_norm || a->qk_l2_norm) attn += BF16 * (q + kv); /* q, k before their norms */
         if (!(rc & COST_RC_BIT(COST_RC_CORE_ATTN))) /* the output, and the projection's input */
             attn += BF16 * q + (lin < BF16 ? lin * q : 0.0);
     } else {

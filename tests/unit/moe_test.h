@@ -98,8 +98,9 @@ static inline void moe_test_model(const char *name, struct mdl_model *m)
  * the test models' small activations do not reach: the clamps' cut is checked where both sides
  * round alike, in test_ref_moe's finite differences and test_gpu_kernels' clamped SwiGLU; in a
  * whole step, bf16 against double moves values near the limit across it), softmax after the
- * top-k; MOE_TEST_LLAMA4 Llama 4's: block 0 dense with RoPE and chunked attention (chunks of
- * `window`), block 1 MoE (top-1 sigmoid, a shared expert) without RoPE. */
+ * top-k; MOE_TEST_LLAMA4 Llama 4's: block 0 dense with RoPE, the weightless QK norm after it and
+ * chunked attention (chunks of `window`), block 1 MoE (top-1 sigmoid, a shared expert) without
+ * RoPE, its queries' temperature tuned (floor 2, scale 0.5: from position 1 on, not 8192). */
 enum {
     MOE_TEST_DENSE_TIED,
     MOE_TEST_SLIDING_SIGMOID,
@@ -129,6 +130,9 @@ static inline void moe_test_variant(struct mdl_model *m, int which, int window)
     } else if (which == MOE_TEST_LLAMA4) {
         m->attn.nope_every = 2;      /* block 1 without RoPE, attending over the whole sequence */
         m->attn.chunk_size = window; /* block 0 with RoPE, within chunks of `window` tokens */
+        m->attn.qk_l2_norm = true;   /* its q and k normed after RoPE */
+        m->attn.temp_floor = 2;      /* block 1's queries scaled from position 1 on */
+        m->attn.temp_scale = 0.5;
         m->moe_every = 2;            /* block 0 dense, block 1 MoE */
         m->dense_intermediate = 48;
         m->moe.shared_experts = 1;
@@ -136,6 +140,7 @@ static inline void moe_test_variant(struct mdl_model *m, int which, int window)
         m->moe.scoring = MDL_SCORE_SIGMOID;
         m->moe.top_k = 1;
         m->moe.norm_topk = false;
+        m->moe.probs_on_input = true; /* the score scales the expert's input */
     } else {
         m->attn.sliding_window = window;
         m->attn.sliding_every = 2;
