@@ -133,7 +133,7 @@ static inline void moe_test_variant(struct mdl_model *m, int which, int window)
         m->attn.qk_l2_norm = true;   /* its q and k normed after RoPE */
         m->attn.temp_floor = 2;      /* block 1's queries scaled from position 1 on */
         m->attn.temp_scale = 0.5;
-        m->moe_every = 2;            /* block 0 dense, block 1 MoE */
+        m->moe_every = 2; /* block 0 dense, block 1 MoE */
         m->dense_intermediate = 48;
         m->moe.shared_experts = 1;
         m->moe.shared_intermediate = 16;
