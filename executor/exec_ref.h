@@ -99,6 +99,27 @@ void exec_ref_router_backward(const struct exec_ref_moe *w, const double *x, con
 
 /* Dense building blocks of the reference, rows of T tokens, row-major. */
 
+/* FP8 (ref_fp8.c): the formats, and the scaling recipes the executor's fp8 GEMMs take, as plain
+ * C for the GPU's quantize kernels to be checked against bit for bit. */
+enum exec_fp8 { EXEC_FP8_E4M3 = 0, EXEC_FP8_E5M2 };
+enum exec_fp8_scaling {
+    EXEC_FP8_TENSOR = 0,   /* one scale for the tensor (current scaling: this step's amax) */
+    EXEC_FP8_TILE_1X128,   /* a scale per 1 x 128 tile of each row (activations, gradients) */
+    EXEC_FP8_BLOCK_128X128 /* a scale per 128 x 128 block (weights) */
+};
+float exec_fp8_max(enum exec_fp8 f);
+/* Round to nearest even, saturating to the largest finite value; NaN stays NaN. */
+unsigned char exec_fp8_from_float(float x, enum exec_fp8 f);
+float exec_fp8_to_float(unsigned char q, enum exec_fp8 f);
+/* The multiplier before the conversion: fp8_max / amax in float; 1 where amax is 0 or not
+ * finite. */
+float exec_fp8_scale(float amax, enum exec_fp8 f);
+/* x (rows x cols, row-major) into q and its scales, row-major over the tiles or blocks (partial
+ * ones at the ends count); exec_fp8_scale_count of them. */
+void exec_fp8_quantize(const float *x, int rows, int cols, enum exec_fp8_scaling how,
+                       enum exec_fp8 f, unsigned char *q, float *scales);
+size_t exec_fp8_scale_count(int rows, int cols, enum exec_fp8_scaling how);
+
 /* RMSNorm: y = x / rms(x) * w over `h` (w NULL: no weight, Llama 4's QK norm); backward
  * accumulates dw (NULL: none). */
 void exec_ref_rmsnorm(const double *x, const double *w, int tokens, int h, double eps, double *y);

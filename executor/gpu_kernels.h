@@ -114,6 +114,13 @@ struct gk_adamw {
 
 cudaError_t gk_init(float *p, size_t n, size_t base, uint64_t seed, float std, bool ones,
                     cudaStream_t s);
+/* FP8 (gpu_fp8.cu): x (rows x cols; fp32 x32 or bf16 x16, the other NULL) into q, 1 byte a value,
+ * and its scales, as exec_fp8_quantize does bit for bit: how 0 one scale for the tensor (work:
+ * one unsigned of device scratch), 1 a scale per 1 x 128 tile, 2 per 128 x 128 block (the
+ * exec_fp8_scaling values); e5m2 1 for E5M2, 0 for E4M3. */
+cudaError_t gk_fp8_quantize(const float *x32, const bf16 *x16, int rows, int cols, int how,
+                            int e5m2, unsigned char *q, float *scales, unsigned *work,
+                            cudaStream_t s);
 /* One thread that holds the stream for `us` microseconds of the GPU's clock: a benchmark queues
  * its kernels behind it, so that what it times is the GPU's work, not the host's launches. */
 cudaError_t gk_busy_wait(double us, cudaStream_t s);

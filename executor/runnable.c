@@ -144,6 +144,13 @@ bool exec_layout_runnable(const struct mdl_model *m, const struct cost_layout *l
         snprintf(why, cap, "%d GPUs for pp=%d x dp=%d", gpus, l->pp, l->dp);
         return false;
     }
+    if (l->precision == COST_MXFP8) {
+        snprintf(why, cap,
+                 "precision mxfp8: MX block-scaled FP8 needs Blackwell GPUs (B200, B300, GB200, "
+                 "GB300), not Hopper; the executor trains in bf16 only (fp8 and fp8_block are "
+                 "not in it yet)");
+        return false;
+    }
     if (l->precision != COST_BF16) {
         snprintf(why, cap, "precision %s: the executor trains in bf16 only",
                  cost_precision_names[l->precision]);

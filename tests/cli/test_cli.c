@@ -861,6 +861,10 @@ static void test_plan(void **state)
     if (r.code != 0 && !strstr(r.err, "no CUDA GPU on this machine"))
         fail_msg("run refused the mla_up_proj plan: exit %d\n%s", r.code, r.err);
 #endif
+    RUN(&r, "plan", "--model", "tiny-moe-gqa", "--cluster", "hgx-h200-x8", "--gpus", "1",
+        "--runnable", "--seq-len", "64", "--precision", "mxfp8");
+    assert_int_equal(r.code, 4);
+    expect_in(r.err, "MX block-scaled FP8 needs Blackwell GPUs (B200, B300, GB200, GB300)");
     RUN(&r, "plan", "--model", "tiny-moe-mla", "--cluster", "hgx-h200-x8", "--gpus", "1",
         "--runnable", "--seq-len", "64", "--fix", "recompute=moe");
     assert_int_equal(r.code, 4);

@@ -694,6 +694,67 @@ static void test_cudnn_threads(void **state)
 #endif
 }
 
+/* FP8 quantization against ref_fp8.c, bit for bit (whose conversion test_fp8_host holds to
+ * CUDA's own): fp32 and bf16 inputs, per-tensor, 1 x 128 and 128 x 128 scaling, E4M3 and E5M2, shapes
+ * with partial tiles, rows of magnitudes 2^-12 .. 2^7, a zero tile and a row with an infinity. */
+static void test_fp8_quantize(void **state)
+{
+    (void)state;
+    if (!gpus()) skip();
+    static const int shapes[][2] = {{300, 1000}, {128, 256}, {1, 5}, {257, 129}};
+    unsigned *work = dev(std::vector<unsigned>(1));
+    int checked = 0;
+    for (auto &sh : shapes) {
+        int R = sh[0], C = sh[1];
+        size_t n = (size_t)R * C;
+        std::vector<float> x = randn(n, 700 + R);
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < C; c++) x[(size_t)r * C + c] *= ldexpf(1.0f, r % 20 - 12);
+        if (R > 1 && C > 128)
+            for (int c = 0; c < 128; c++) x[C + c] = 0.0f; /* row 1's first tile: zeros */
+        if (R > 2) x[2 * (size_t)C + 3] = INFINITY;
+        std::vector<bf16> x16 = to_bf16(x);
+        float *d32 = dev(x);
+        bf16 *d16 = dev(x16);
+        unsigned char *dq = dev(std::vector<unsigned char>(n));
+        float *dsc = dev(std::vector<float>(exec_fp8_scale_count(R, C, EXEC_FP8_TILE_1X128)));
+        for (int in16 = 0; in16 < 2; in16++)
+            for (int how = 0; how < 3; how++)
+                for (int f = 0; f < 2; f++) {
+                    std::vector<float> xin(n);
+                    for (size_t i = 0; i < n; i++) xin[i] = in16 ? __bfloat162float(x16[i]) : x[i];
+                    size_t ns = exec_fp8_scale_count(R, C, (enum exec_fp8_scaling)how);
+                    std::vector<unsigned char> q(n);
+                    std::vector<float> sc(ns);
+                    exec_fp8_quantize(xin.data(), R, C, (enum exec_fp8_scaling)how,
+                                      (enum exec_fp8)f, q.data(), sc.data());
+                    assert_int_equal(gk_fp8_quantize(in16 ? NULL : d32, in16 ? d16 : NULL, R, C,
+                                                     how, f, dq, dsc, work, 0),
+                                     cudaSuccess);
+                    std::vector<unsigned char> gq = host(dq, n);
+                    std::vector<float> gs = host(dsc, ns);
+                    for (size_t i = 0; i < ns; i++)
+                        if (memcmp(&gs[i], &sc[i], sizeof(float)))
+                            fail_msg("%d x %d, %s in, scaling %d, %s: scale %zu %a, the "
+                                     "reference's %a",
+                                     R, C, in16 ? "bf16" : "fp32", how, f ? "e5m2" : "e4m3", i,
+                                     (double)gs[i], (double)sc[i]);
+                    for (size_t i = 0; i < n; i++)
+                        if (gq[i] != q[i])
+                            fail_msg("%d x %d, %s in, scaling %d, %s: value %zu (%a) 0x%02x, the "
+                                     "reference's 0x%02x",
+                                     R, C, in16 ? "bf16" : "fp32", how, f ? "e5m2" : "e4m3", i,
+                                     (double)xin[i], gq[i], q[i]);
+                    checked++;
+                }
+        cudaFree(d32), cudaFree(d16), cudaFree(dq), cudaFree(dsc);
+    }
+    cudaFree(work);
+    printf("fp8 quantize: %d shape x input x scaling x format cases, every byte and scale equal to "
+           "the reference's\n",
+           checked);
+}
+
 /* V 1000: the 16-byte path (targets on all eight lanes of a load); V 1001: element by element.
  * The logits are bf16 (the reference takes the same rounded values); the loss within 1e-5
  * relative, the gradient (bf16, written over the logits) within 8e-3 of the largest. */
@@ -815,6 +876,7 @@ int main(void)
         cmocka_unit_test(test_cudnn_attention),
         cmocka_unit_test(test_cudnn_threads),
         cmocka_unit_test(test_cross_entropy),
+        cmocka_unit_test(test_fp8_quantize),
         cmocka_unit_test(test_adamw),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -218,6 +218,67 @@ static void test_check_catches_nan(void **state)
     assert_int_equal(moe_count_wrong("clean rmsnorm", ref, ref, T * HID, 0, 0), 0);
 }
 
+/* FP8 conversion (round to nearest even, saturating) at known codes; every code back and forth;
+ * the scaling recipes' scales and their counts. */
+static void test_fp8(void **state)
+{
+    (void)state;
+    const enum exec_fp8 E4 = EXEC_FP8_E4M3, E5 = EXEC_FP8_E5M2;
+    static const struct {
+        float x;
+        enum exec_fp8 f;
+        unsigned code;
+    } k[] = {
+        {1.0f, EXEC_FP8_E4M3, 0x38},      {-1.0f, EXEC_FP8_E4M3, 0xB8},
+        {448.0f, EXEC_FP8_E4M3, 0x7E},    {464.0f, EXEC_FP8_E4M3, 0x7E},  /* saturated */
+        {1e9f, EXEC_FP8_E4M3, 0x7E},      {0x1p-9f, EXEC_FP8_E4M3, 0x01}, /* smallest */
+        {0x1p-10f, EXEC_FP8_E4M3, 0x00},                                  /* a tie: to even, 0 */
+        {0x3p-10f, EXEC_FP8_E4M3, 0x02},  /* a tie: to even, 2 steps */
+        {1.0625f, EXEC_FP8_E4M3, 0x38},   /* halfway 1 .. 1.125: even */
+        {1.1875f, EXEC_FP8_E4M3, 0x3A},   /* halfway 1.125 .. 1.25: even */
+        {0x1.fp-7f, EXEC_FP8_E4M3, 0x08}, /* a subnormal rounding up to the smallest normal */
+        {57344.0f, EXEC_FP8_E5M2, 0x7B},  {1e9f, EXEC_FP8_E5M2, 0x7B},
+        {1.0f, EXEC_FP8_E5M2, 0x3C},      {0x1p-16f, EXEC_FP8_E5M2, 0x01},
+        {-INFINITY, EXEC_FP8_E5M2, 0xFB}, {INFINITY, EXEC_FP8_E4M3, 0x7E},
+    };
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+        if (exec_fp8_from_float(k[i].x, k[i].f) != k[i].code)
+            fail_msg("%a (%s): 0x%02x, expected 0x%02x", (double)k[i].x,
+                     k[i].f == E4 ? "e4m3" : "e5m2", exec_fp8_from_float(k[i].x, k[i].f),
+                     k[i].code);
+    assert_true(isnan(exec_fp8_to_float(exec_fp8_from_float(NAN, E4), E4)));
+    assert_true(isnan(exec_fp8_to_float(exec_fp8_from_float(NAN, E5), E5)));
+    int codes = 0;
+    for (int f = 0; f < 2; f++)
+        for (unsigned c = 0; c < 256; c++) {
+            float v = exec_fp8_to_float((unsigned char)c, (enum exec_fp8)f);
+            if (isnan(v) || isinf(v)) continue;
+            assert_int_equal(exec_fp8_from_float(v, (enum exec_fp8)f), c);
+            codes++;
+        }
+    assert_int_equal(codes, 254 + 248); /* E4M3: all but 2 NaNs; E5M2: but 6 NaNs, 2 infinities */
+    assert_true(exec_fp8_to_float(0x7E, E4) == 448.0f && exec_fp8_to_float(0x7B, E5) == 57344.0f);
+    /* the recipes: 3 x 130 values, one of them large in the first tile of row 1 */
+    float x[3 * 130], sc[8];
+    unsigned char q[3 * 130];
+    for (int i = 0; i < 3 * 130; i++) x[i] = (float)((i % 17) - 8) / 8.0f;
+    x[130 + 5] = 100.0f;
+    assert_int_equal(exec_fp8_scale_count(3, 130, EXEC_FP8_TENSOR), 1);
+    assert_int_equal(exec_fp8_scale_count(3, 130, EXEC_FP8_TILE_1X128), 6);
+    assert_int_equal(exec_fp8_scale_count(3, 130, EXEC_FP8_BLOCK_128X128), 2);
+    exec_fp8_quantize(x, 3, 130, EXEC_FP8_TENSOR, E4, q, sc);
+    assert_true(sc[0] == 448.0f / 100.0f);
+    assert_int_equal(q[130 + 5], 0x7E); /* the amax lands on the largest value */
+    exec_fp8_quantize(x, 3, 130, EXEC_FP8_TILE_1X128, E4, q, sc);
+    assert_true(sc[2] == 448.0f / 100.0f && sc[0] == 448.0f / 1.0f);
+    assert_true(sc[1] == 448.0f / fmaxf(fabsf(x[128]), fabsf(x[129])));
+    exec_fp8_quantize(x, 3, 130, EXEC_FP8_BLOCK_128X128, E4, q, sc);
+    assert_true(sc[0] == 448.0f / 100.0f);
+    float zero[4] = {0, 0, 0, 0};
+    exec_fp8_quantize(zero, 1, 4, EXEC_FP8_TENSOR, E4, q, sc);
+    assert_true(sc[0] == 1.0f && q[0] == 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -226,6 +287,7 @@ int main(void)
         cmocka_unit_test(test_rope),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_cross_entropy),
+        cmocka_unit_test(test_fp8),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
