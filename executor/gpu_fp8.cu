@@ -7,7 +7,6 @@
 #include "gpu_kernels.h"
 
 #include <cuda_fp8.h>
-#include <stdio.h>
 
 static __device__ __forceinline__ unsigned char to_fp8(float v, int e5m2)
 {
@@ -115,72 +114,4 @@ cudaError_t gk_fp8_quantize(const float *x32, const bf16 *x16, int rows, int col
 {
     return x32 ? quantize(x32, rows, cols, how, e5m2, q, scales, work, s)
                : quantize(x16, rows, cols, how, e5m2, q, scales, work, s);
-}
-
-__global__ void k_fp8_inverse(const float *a, const float *b, float *inv)
-{
-    if (threadIdx.x == 0) inv[0] = 1.0f / a[0], inv[1] = 1.0f / b[0];
-}
-
-#define LT(call)                                                                                   \
-    do {                                                                                           \
-        cublasStatus_t st_ = (call);                                                               \
-        if (st_ != CUBLAS_STATUS_SUCCESS) {                                                        \
-            snprintf(why, cap, "%s: %s", #call, cublasGetStatusString(st_));                       \
-            goto done;                                                                             \
-        }                                                                                          \
-    } while (0)
-
-bool gk_fp8_gemm(cublasLtHandle_t lt, const unsigned char *x, const float *sx, int x_e5m2,
-                 const unsigned char *w, const float *sw, int M, int N, int K, float *y32,
-                 bf16 *y16, float *inv, void *ws, size_t ws_bytes, cudaStream_t s, char *why,
-                 size_t cap)
-{
-    cublasLtMatmulDesc_t op = NULL;
-    cublasLtMatrixLayout_t a = NULL, b = NULL, c = NULL;
-    cublasLtMatmulPreference_t pref = NULL;
-    cublasLtMatmulHeuristicResult_t h;
-    int found = 0;
-    bool ok = false;
-    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    int8_t fast = 0; /* accumulate in full fp32 (Hopper's fp8 products promoted, not kept in its
-                      * narrower accumulator) */
-    float one = 1.0f, zero = 0.0f;
-    float *inv_w = inv, *inv_x = inv + 1;
-    cudaDataType yt = y32 ? CUDA_R_32F : CUDA_R_16BF;
-    void *y = y32 ? (void *)y32 : (void *)y16;
-    k_fp8_inverse<<<1, 32, 0, s>>>(sw, sx, inv);
-    if (cudaGetLastError() != cudaSuccess) {
-        snprintf(why, cap, "fp8 GEMM: the scales' inverse did not launch");
-        return false;
-    }
-    LT(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
-    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &inv_w,
-                                      sizeof inv_w));
-    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &inv_x,
-                                      sizeof inv_x));
-    /* row-major y (M x N) = x (M x K) w (N x K)^T: column-major y^T = w^T' x^T, K leading */
-    LT(cublasLtMatrixLayoutCreate(&a, CUDA_R_8F_E4M3, K, N, K));
-    LT(cublasLtMatrixLayoutCreate(&b, x_e5m2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3, K, M, K));
-    LT(cublasLtMatrixLayoutCreate(&c, yt, N, M, N));
-    LT(cublasLtMatmulPreferenceCreate(&pref));
-    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                            &ws_bytes, sizeof ws_bytes));
-    LT(cublasLtMatmulAlgoGetHeuristic(lt, op, a, b, c, c, pref, 1, &h, &found));
-    if (!found) {
-        snprintf(why, cap, "fp8 GEMM %d x %d x %d: cuBLASLt has no algorithm", M, N, K);
-        goto done;
-    }
-    LT(cublasLtMatmul(lt, op, &one, w, a, x, b, &zero, y, c, y, c, &h.algo, ws, ws_bytes, s));
-    ok = true;
-done:
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (c) cublasLtMatrixLayoutDestroy(c);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (op) cublasLtMatmulDescDestroy(op);
-    return ok;
 }

@@ -7,7 +7,6 @@
 #ifndef GPU_KERNELS_H
 #define GPU_KERNELS_H
 
-#include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -122,15 +121,6 @@ cudaError_t gk_init(float *p, size_t n, size_t base, uint64_t seed, float std, b
 cudaError_t gk_fp8_quantize(const float *x32, const bf16 *x16, int rows, int cols, int how,
                             int e5m2, unsigned char *q, float *scales, unsigned *work,
                             cudaStream_t s);
-/* y (M x N, row-major; fp32 y32 or bf16 y16) = dequant(x) dequant(w)^T through cuBLASLt's fp8
- * GEMM with per-tensor scales: x (M x K, E4M3 or E5M2) with its scale sx, w (N x K, E4M3) with
- * sw (multipliers, as gk_fp8_quantize writes them; inv: two floats of device scratch for their
- * inverses), fp32 accumulation throughout. K, N multiples of 16. false with why where cuBLASLt
- * refuses. */
-bool gk_fp8_gemm(cublasLtHandle_t lt, const unsigned char *x, const float *sx, int x_e5m2,
-                 const unsigned char *w, const float *sw, int M, int N, int K, float *y32,
-                 bf16 *y16, float *inv, void *ws, size_t ws_bytes, cudaStream_t s, char *why,
-                 size_t cap);
 /* One thread that holds the stream for `us` microseconds of the GPU's clock: a benchmark queues
  * its kernels behind it, so that what it times is the GPU's work, not the host's launches. */
 cudaError_t gk_busy_wait(double us, cudaStream_t s);
