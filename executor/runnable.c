@@ -218,7 +218,9 @@ bool exec_layout_runnable(const struct mdl_model *m, const struct cost_layout *l
                                  .recompute = l->recompute == COST_RECOMPUTE_FULL,
                                  .recompute_modules = cost_layout_rc(l),
                                  .streams = EXEC_DEFAULT_STREAMS,
-                                 .moments_bf16 = l->moments_bf16};
+                                 .moments_bf16 = l->moments_bf16,
+                                 /* the receive buffers' factor every plan writes (plan_json.c) */
+                                 .ep_buffer_factor = 2.0};
         double b[EXEC_MEM_N], need = EXEC_CONTEXT_BYTES;
         exec_gpu_bytes(&stage, &c, l->ep > 1 ? l->ep : 0,
                        l->dispatcher == COST_DISPATCH_DEDUP_DOMAIN,
