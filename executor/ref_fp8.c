@@ -11,6 +11,7 @@
 #include "exec_ref.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 struct fp8_format {
     int mbits, bias;
@@ -114,4 +115,40 @@ size_t exec_fp8_scale_count(int rows, int cols, enum exec_fp8_scaling how)
     if (how == EXEC_FP8_TENSOR) return 1;
     size_t nbc = (size_t)(cols + 127) / 128;
     return how == EXEC_FP8_BLOCK_128X128 ? (size_t)(rows + 127) / 128 * nbc : (size_t)rows * nbc;
+}
+
+void exec_ref_fp8_linear(const float *x, const float *w, int M, int N, int K, bool blockwise,
+                         enum exec_fp8 fx, double *y)
+{
+    enum exec_fp8_scaling hx = blockwise ? EXEC_FP8_TILE_1X128 : EXEC_FP8_TENSOR;
+    enum exec_fp8_scaling hw = blockwise ? EXEC_FP8_BLOCK_128X128 : EXEC_FP8_TENSOR;
+    size_t nx = (size_t)M * K, nw = (size_t)N * K;
+    unsigned char *qx = malloc(nx ? nx : 1), *qw = malloc(nw ? nw : 1);
+    float *sx = malloc(sizeof(float) * exec_fp8_scale_count(M, K, hx));
+    float *sw = malloc(sizeof(float) * exec_fp8_scale_count(N, K, hw));
+    double *dx = malloc(sizeof(double) * (nx ? nx : 1)),
+           *dw = malloc(sizeof(double) * (nw ? nw : 1));
+    if (!qx || !qw || !sx || !sw || !dx || !dw) {
+        for (size_t i = 0; i < (size_t)M * N; i++) y[i] = NAN; /* out of memory: loudly wrong */
+        goto done;
+    }
+    exec_fp8_quantize(x, M, K, hx, fx, qx, sx);
+    exec_fp8_quantize(w, N, K, hw, EXEC_FP8_E4M3, qw, sw);
+    int kt = (K + 127) / 128; /* tiles a row */
+    for (int i = 0; i < M; i++)
+        for (int k = 0; k < K; k++)
+            dx[(size_t)i * K + k] = exec_fp8_to_float(qx[(size_t)i * K + k], fx) /
+                                    (double)sx[blockwise ? (size_t)i * kt + k / 128 : 0];
+    for (int j = 0; j < N; j++)
+        for (int k = 0; k < K; k++)
+            dw[(size_t)j * K + k] = exec_fp8_to_float(qw[(size_t)j * K + k], EXEC_FP8_E4M3) /
+                                    (double)sw[blockwise ? (size_t)(j / 128) * kt + k / 128 : 0];
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double acc = 0.0;
+            for (int k = 0; k < K; k++) acc += dx[(size_t)i * K + k] * dw[(size_t)j * K + k];
+            y[(size_t)i * N + j] = acc;
+        }
+done:
+    free(qx), free(qw), free(sx), free(sw), free(dx), free(dw);
 }

@@ -279,6 +279,72 @@ static void test_fp8(void **state)
     assert_true(sc[0] == 1.0f && q[0] == 0);
 }
 
+/* The fp8 linear reference. Exact where the quantization is: each 1 x 128 tile of x and 128 x 128
+ * block of w made of E4M3 values of 1/4 and up times a power of two (0 to -2), one of them 448
+ * times it (so the scale is the inverse power of two, and a tensor's scale leaves every value
+ * normal): y equals the product in double bit for bit, per tensor and blockwise. Otherwise within fp8's rounding: |y - xw| <= 0.15 (E4M3 x) or 0.21 (E5M2 x) of
+ * sum |x||w| (two roundings of at most 2^-4 or 2^-3 each). */
+static void test_fp8_linear(void **state)
+{
+    (void)state;
+    enum { M = 3, N = 130, K = 200 };
+    static float x[M * K], w[N * K];
+    static double y[M * N], exact[M * N], bound[M * N];
+    struct moe_rng rng;
+    moe_rng_seed(&rng, 9);
+    for (int i = 0; i < M; i++)
+        for (int k = 0; k < K; k++) {
+            int tile = i * 2 + k / 128;
+            float e = exec_fp8_to_float((unsigned char)(0x28 + moe_rng_below(&rng, 0x56)), 0);
+            x[i * K + k] = ldexpf(k % 128 == 7 ? 448.0f : e, -(tile % 3));
+        }
+    for (int j = 0; j < N; j++)
+        for (int k = 0; k < K; k++) {
+            int blk = (j / 128) * 2 + k / 128;
+            float e = exec_fp8_to_float((unsigned char)(0xA8 + moe_rng_below(&rng, 0x56)), 0);
+            w[j * K + k] = ldexpf((j % 128 == 0 && k % 128 == 3) ? 448.0f : e, -(blk % 3) - 4);
+        }
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double acc = 0, mag = 0;
+            for (int k = 0; k < K; k++) {
+                acc += (double)x[i * K + k] * w[j * K + k];
+                mag += fabs((double)x[i * K + k] * w[j * K + k]);
+            }
+            exact[i * N + j] = acc;
+            bound[i * N + j] = mag;
+        }
+    for (int b = 0; b < 2; b++) {
+        exec_ref_fp8_linear(x, w, M, N, K, b, EXEC_FP8_E4M3, y);
+        for (int i = 0; i < M * N; i++)
+            if (y[i] != exact[i])
+                fail_msg("%s: y[%d] %.17g, the exact product %.17g", b ? "blockwise" : "tensor", i,
+                         y[i], exact[i]);
+    }
+    /* random values: within the roundings */
+    for (int i = 0; i < M * K; i++) x[i] = (float)moe_rng_normal(&rng);
+    for (int i = 0; i < N * K; i++) w[i] = (float)(0.02 * moe_rng_normal(&rng));
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double acc = 0, mag = 0;
+            for (int k = 0; k < K; k++) {
+                acc += (double)x[i * K + k] * w[j * K + k];
+                mag += fabs((double)x[i * K + k] * w[j * K + k]);
+            }
+            exact[i * N + j] = acc;
+            bound[i * N + j] = mag;
+        }
+    for (int f = 0; f < 2; f++)
+        for (int b = 0; b < 2; b++) {
+            exec_ref_fp8_linear(x, w, M, N, K, b, (enum exec_fp8)f, y);
+            double worst = 0;
+            for (int i = 0; i < M * N; i++) worst = fmax(worst, fabs(y[i] - exact[i]) / bound[i]);
+            printf("fp8 linear, x %s, %s scaling: worst |error| %.4f of sum |x||w|\n",
+                   f ? "e5m2" : "e4m3", b ? "blockwise" : "per-tensor", worst);
+            assert_true(worst <= (f ? 0.21 : 0.15));
+        }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -288,6 +354,7 @@ int main(void)
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_cross_entropy),
         cmocka_unit_test(test_fp8),
+        cmocka_unit_test(test_fp8_linear),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
