@@ -542,6 +542,19 @@ static void test_mla(void **state)
     compare(&m, 9, &plain);
 }
 
+/* What exec_gpu_create allocates for m under cfg, by category (the executor made and freed). */
+static void allocated(const struct mdl_model *m, const struct exec_gpu_cfg *cfg,
+                      double bytes[EXEC_MEM_N])
+{
+    struct exec_gpu *g;
+    struct moe_error err;
+    if (exec_gpu_create(&g, m, cfg, &err) != MOE_OK) fail_msg("%s", err.message);
+    struct exec_gpu_memory mem;
+    exec_gpu_memory(g, &mem);
+    exec_gpu_destroy(g);
+    memcpy(bytes, mem.bytes, sizeof mem.bytes);
+}
+
 /* Selective recompute by module (every module the executor redoes): one set of each module's
  * tensors for every block, redone in the backward; the gradients match the reference as without
  * it, on a dense block (mlp), shared experts with a window and two micro-batches, gpt-oss's block
@@ -578,17 +591,12 @@ static void test_selective_recompute(void **state)
     s.ep = 2;
     compare(&m, 44, &s);
     /* memory: tiny-moe-gqa (every block MoE, no shared experts), 2 x 32 tokens */
-    struct moe_error err;
-    double act[2];
+    double act[2], b[EXEC_MEM_N];
     for (int i = 0; i < 2; i++) {
         struct exec_gpu_cfg cfg = {
             .seq = 32, .mbs = 2, .streams = 1, .recompute_modules = i ? EXEC_RC_MODULES : 0};
-        struct exec_gpu *g;
-        if (exec_gpu_create(&g, &m, &cfg, &err) != MOE_OK) fail_msg("%s", err.message);
-        struct exec_gpu_memory mem;
-        exec_gpu_memory(g, &mem);
-        act[i] = mem.bytes[EXEC_MEM_ACTIVATIONS];
-        exec_gpu_destroy(g);
+        allocated(&m, &cfg, b);
+        act[i] = b[EXEC_MEM_ACTIVATIONS];
     }
     double T = 64, h = m.hidden, H = m.attn.heads, dv = m.attn.head_dim;
     double pairs = T * m.moe.top_k, f = m.moe.intermediate;
@@ -605,12 +613,8 @@ static void test_selective_recompute(void **state)
                                    .mbs = 2,
                                    .streams = 1,
                                    .recompute_modules = i ? COST_RC_BIT(COST_RC_MLA_UP_PROJ) : 0};
-        struct exec_gpu *g;
-        if (exec_gpu_create(&g, &m, &cfg, &err) != MOE_OK) fail_msg("%s", err.message);
-        struct exec_gpu_memory mem;
-        exec_gpu_memory(g, &mem);
-        act[i] = mem.bytes[EXEC_MEM_ACTIVATIONS];
-        exec_gpu_destroy(g);
+        allocated(&m, &cfg, b);
+        act[i] = b[EXEC_MEM_ACTIVATIONS];
     }
     double qk = m.attn.qk_nope_head_dim + m.attn.qk_rope_head_dim;
     per_block = T * m.attn.heads * (2.0 * qk + m.attn.v_head_dim) * 2 /* q, k, v in bf16 */;
@@ -645,18 +649,13 @@ static void test_memory_estimate(void **state)
             if (c == 1) cfg.recompute_modules = EXEC_RC_MODULES;
             if (c == 2) cfg.moments_bf16 = true;
             if (c == 3) cfg.recompute = true;
-            struct exec_gpu *g;
-            struct moe_error err;
-            if (exec_gpu_create(&g, &m, &cfg, &err) != MOE_OK) fail_msg("%s", err.message);
-            struct exec_gpu_memory mem;
-            exec_gpu_memory(g, &mem);
-            exec_gpu_destroy(g);
-            double est[EXEC_MEM_N];
+            double est[EXEC_MEM_N], got[EXEC_MEM_N];
             exec_gpu_bytes(&m, &cfg, 0, false, 0, est);
+            allocated(&m, &cfg, got);
             for (int k = 0; k < EXEC_MEM_N; k++)
-                if (est[k] != mem.bytes[k])
+                if (est[k] != got[k])
                     fail_msg("model %d, setup %d: %s %.0f B estimated, %.0f B allocated", v, c,
-                             exec_mem_names[k], est[k], mem.bytes[k]);
+                             exec_mem_names[k], est[k], got[k]);
             checked++;
         }
     }

@@ -433,12 +433,12 @@ static void test_hf_errors(void **state)
     moe_jdoc_free(&doc);
     /* Llama 4's no_rope_layers as Hugging Face writes it (1: RoPE): one interval's pattern is
      * taken, any other refused with the layer that breaks it */
-    const char *l4 = "{\"model_type\": \"llama4\", \"hidden_size\": 64, "
-                     "\"num_hidden_layers\": 8, \"vocab_size\": 10, "
-                     "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
-                     "\"head_dim\": 16, \"num_local_experts\": 4, "
-                     "\"num_experts_per_tok\": 1, \"intermediate_size\": 8,\n"
-                     "\"no_rope_layers\": [1, 1, 1, 0, 1, 1, 1, 0]}";
+#define L4_HEAD                                                                                    \
+    "{\"model_type\": \"llama4\", \"hidden_size\": 64, \"num_hidden_layers\": 8, "                 \
+    "\"vocab_size\": 10, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "                 \
+    "\"head_dim\": 16, \"num_local_experts\": 4, \"num_experts_per_tok\": 1, "                     \
+    "\"intermediate_size\": 8,\n"
+    const char *l4 = L4_HEAD "\"no_rope_layers\": [1, 1, 1, 0, 1, 1, 1, 0]}";
     assert_int_equal(moe_jdoc_parse(&doc, "c.json", l4, strlen(l4), &err), MOE_OK);
     assert_int_equal(mdl_model_from_hf(&m, &doc, &err), MOE_OK);
     assert_int_equal(m.attn.nope_every, 4);
@@ -447,12 +447,8 @@ static void test_hf_errors(void **state)
     assert_int_equal(mdl_layer_chunk(&m, 3), 0);
     assert_int_equal(mdl_layer_chunk(&m, 2), 8192);
     moe_jdoc_free(&doc);
-    const char *l4bad = "{\"model_type\": \"llama4\", \"hidden_size\": 64, "
-                        "\"num_hidden_layers\": 8, \"vocab_size\": 10, "
-                        "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
-                        "\"head_dim\": 16, \"num_local_experts\": 4, "
-                        "\"num_experts_per_tok\": 1, \"intermediate_size\": 8,\n"
-                        "\"no_rope_layers\": [1, 1, 1, 0, 1, 0, 1, 0]}";
+    const char *l4bad = L4_HEAD "\"no_rope_layers\": [1, 1, 1, 0, 1, 0, 1, 0]}";
+#undef L4_HEAD
     assert_int_equal(moe_jdoc_parse(&doc, "c.json", l4bad, strlen(l4bad), &err), MOE_OK);
     assert_int_equal(mdl_model_from_hf(&m, &doc, &err), MOE_ERR_INPUT);
     assert_non_null(strstr(err.message, "layer 5 breaks the pattern of every 4-th layer"));

@@ -284,6 +284,21 @@ static void test_fp8(void **state)
  * times it (so the scale is the inverse power of two, and a tensor's scale leaves every value
  * normal): y equals the product in double bit for bit, per tensor and blockwise. Otherwise within fp8's rounding: |y - xw| <= 0.15 (E4M3 x) or 0.21 (E5M2 x) of
  * sum |x||w| (two roundings of at most 2^-4 or 2^-3 each). */
+/* x w^T (M x N; x M x K, w N x K) in double, and each entry's sum of |x_k w_k| */
+static void product(const float *x, const float *w, int M, int N, int K, double *y, double *mag)
+{
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double acc = 0, m = 0;
+            for (int k = 0; k < K; k++) {
+                acc += (double)x[i * K + k] * w[j * K + k];
+                m += fabs((double)x[i * K + k] * w[j * K + k]);
+            }
+            y[i * N + j] = acc;
+            mag[i * N + j] = m;
+        }
+}
+
 static void test_fp8_linear(void **state)
 {
     (void)state;
@@ -304,16 +319,7 @@ static void test_fp8_linear(void **state)
             float e = exec_fp8_to_float((unsigned char)(0xA8 + moe_rng_below(&rng, 0x56)), 0);
             w[j * K + k] = ldexpf((j % 128 == 0 && k % 128 == 3) ? 448.0f : e, -(blk % 3) - 4);
         }
-    for (int i = 0; i < M; i++)
-        for (int j = 0; j < N; j++) {
-            double acc = 0, mag = 0;
-            for (int k = 0; k < K; k++) {
-                acc += (double)x[i * K + k] * w[j * K + k];
-                mag += fabs((double)x[i * K + k] * w[j * K + k]);
-            }
-            exact[i * N + j] = acc;
-            bound[i * N + j] = mag;
-        }
+    product(x, w, M, N, K, exact, bound);
     for (int b = 0; b < 2; b++) {
         exec_ref_fp8_linear(x, w, M, N, K, b, EXEC_FP8_E4M3, y);
         for (int i = 0; i < M * N; i++)
@@ -324,16 +330,7 @@ static void test_fp8_linear(void **state)
     /* random values: within the roundings */
     for (int i = 0; i < M * K; i++) x[i] = (float)moe_rng_normal(&rng);
     for (int i = 0; i < N * K; i++) w[i] = (float)(0.02 * moe_rng_normal(&rng));
-    for (int i = 0; i < M; i++)
-        for (int j = 0; j < N; j++) {
-            double acc = 0, mag = 0;
-            for (int k = 0; k < K; k++) {
-                acc += (double)x[i * K + k] * w[j * K + k];
-                mag += fabs((double)x[i * K + k] * w[j * K + k]);
-            }
-            exact[i * N + j] = acc;
-            bound[i * N + j] = mag;
-        }
+    product(x, w, M, N, K, exact, bound);
     for (int f = 0; f < 2; f++)
         for (int b = 0; b < 2; b++) {
             exec_ref_fp8_linear(x, w, M, N, K, b, (enum exec_fp8)f, y);
