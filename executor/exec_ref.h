@@ -119,13 +119,18 @@ float exec_fp8_scale(float amax, enum exec_fp8 f);
 void exec_fp8_quantize(const float *x, int rows, int cols, enum exec_fp8_scaling how,
                        enum exec_fp8 f, unsigned char *q, float *scales);
 size_t exec_fp8_scale_count(int rows, int cols, enum exec_fp8_scaling how);
+/* How one operand of an fp8 GEMM is quantized: its scaling and its format. */
+struct exec_fp8_how {
+    enum exec_fp8_scaling scaling;
+    enum exec_fp8 format;
+};
 /* The fp8 linear layer the GPU's fp8 GEMMs are to be checked against: y (M x N, double) =
- * dequant(q(x)) dequant(q(w))^T with x (M x K, in format fx) and w (N x K, E4M3) quantized by the
- * recipe: per-tensor scales for both (blockwise false), or DeepSeek-V3's 1 x 128 tiles for x and
- * 128 x 128 blocks for w (blockwise true); each product dequantized by its own tile's and
- * block's scales, summed in double. */
-void exec_ref_fp8_linear(const float *x, const float *w, int M, int N, int K, bool blockwise,
-                         enum exec_fp8 fx, double *y);
+ * dequant(q(x)) dequant(q(w))^T, x (M x K) and w (N x K) each quantized as its `how` says (the
+ * forward: x in 1 x 128 tiles, w in 128 x 128 blocks, or both per tensor; the weight gradient:
+ * both operands in tiles along K), each product dequantized by its own scales, summed in
+ * double. */
+void exec_ref_fp8_linear(const float *x, struct exec_fp8_how hx, const float *w,
+                         struct exec_fp8_how hw, int M, int N, int K, double *y);
 
 /* RMSNorm: y = x / rms(x) * w over `h` (w NULL: no weight, Llama 4's QK norm); backward
  * accumulates dw (NULL: none). */

@@ -1,12 +1,24 @@
 /*
- * gpu_fp8.cu: FP8 quantization on the GPU, as ref_fp8.c does it bit for bit: the amax of a tensor,
- * a 1 x 128 tile or a 128 x 128 block, the scale fp8_max / amax (1 where amax is 0 or not
- * finite), and each value times it converted with rounding to nearest even, saturating
- * (__NV_SATFINITE). The amax is a maximum: exact in any order, so the kernels are deterministic.
+ * gpu_fp8.cu: FP8 on the GPU: the quantize kernel and the fp8 GEMM (cuBLASLt).
+ *
+ * Quantization is ref_fp8.c's bit for bit: the amax of the tensor, of a 1 x 128 tile or of a
+ * 128 x 128 block, the scale fp8_max / amax (1 where amax is 0 or not finite), each value times
+ * it converted with rounding to nearest even, saturating (__NV_SATFINITE). The amax is a
+ * maximum: exact in any order, so the kernels are deterministic. What the GEMM takes is the
+ * dequantization factor 1 / scale, in the layouts cuBLASLt's Hopper block scaling reads
+ * (gk_fp8_scale_at): the same values the reference divides by.
+ *
+ * One launch quantizes a bf16 matrix (rows x cols, any leading dimension) into its row-major copy
+ * q (K = cols: the forward's x and w, the data gradient's dy) and, when asked, its transpose qt
+ * (K = rows: the weight gradient's operands, and the data gradient's weight), each with its own
+ * scales: 1 x 128 tiles along each one's K (a transposed copy has its own, column-wise tiles of
+ * the original), 128 x 128 blocks (the transposed copy's are the same, transposed), or one scale.
+ * A 128 x 128 tile of the input sits in shared memory, so both copies are written coalesced.
  */
 #include "gpu_kernels.h"
 
 #include <cuda_fp8.h>
+#include <stdlib.h>
 
 static __device__ __forceinline__ unsigned char to_fp8(float v, int e5m2)
 {
@@ -39,79 +51,277 @@ static __device__ __forceinline__ unsigned block_max(unsigned v, unsigned *red)
     return m;
 }
 
-template <typename X> static __device__ __forceinline__ float val(const X *x, size_t i)
+size_t gk_fp8_scale_at(int how, int rows, int cols, int r, int c)
 {
-    return (float)x[i];
+    if (how == GK_FP8_TENSOR) return 0;
+    if (how == GK_FP8_TILES) return (size_t)(c / 128) * (size_t)((rows + 3) / 4 * 4) + (size_t)r;
+    int ncb = (cols + 127) / 128;
+    return (size_t)(r / 128) * (size_t)((ncb + 3) / 4 * 4) + (size_t)(c / 128);
 }
 
-/* The whole tensor's amax (as bits) into *amax, zeroed before. */
-template <typename X> __global__ void k_fp8_amax(const X *x, size_t n, unsigned *amax)
+size_t gk_fp8_scale_count(int how, int rows, int cols)
+{
+    if (how == GK_FP8_TENSOR) return 4; /* one, padded to 16 bytes */
+    if (how == GK_FP8_TILES) return (size_t)(cols + 127) / 128 * (size_t)((rows + 3) / 4 * 4);
+    return (size_t)(rows + 127) / 128 * (size_t)(((cols + 127) / 128 + 3) / 4 * 4);
+}
+
+static __device__ __forceinline__ size_t scale_at(int how, int rows, int cols, int r, int c)
+{
+    if (how == GK_FP8_TILES) return (size_t)(c / 128) * (size_t)((rows + 3) / 4 * 4) + (size_t)r;
+    int ncb = (cols + 127) / 128;
+    return (size_t)(r / 128) * (size_t)((ncb + 3) / 4 * 4) + (size_t)(c / 128);
+}
+
+/* The whole matrix's amax (as bits) into *amax, zeroed before. */
+__global__ void k_fp8_amax(const bf16 *x, int ldx, int rows, int cols, unsigned *amax)
 {
     __shared__ unsigned red[TPB / 32];
     unsigned m = 0;
+    size_t n = (size_t)rows * cols;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
-        m = max(m, abs_bits(val(x, i)));
+        m = max(m, abs_bits(__bfloat162float(x[(i / cols) * ldx + i % cols])));
     m = block_max(m, red);
     if (threadIdx.x == 0) atomicMax(amax, m);
 }
 
-template <typename X>
-__global__ void k_fp8_quantize_tensor(const X *x, size_t n, const unsigned *amax, int e5m2,
-                                      unsigned char *q, float *scale)
-{
-    float s = scale_of(__uint_as_float(*amax), e5m2);
-    if (blockIdx.x == 0 && threadIdx.x == 0) *scale = s;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        q[i] = to_fp8(val(x, i) * s, e5m2);
-}
+#define FT 128          /* the tile: FT x FT values of the input */
+#define FT_PAD (FT + 2) /* a shared-memory row, padded against bank conflicts in the transpose */
+#define FT_THREADS 256
 
-/* One block a tile of bh x 128 (bh 1 or 128) of a rows x cols array. */
-template <typename X>
-__global__ void k_fp8_quantize_tiles(const X *x, int rows, int cols, int bh, int e5m2,
-                                     unsigned char *q, float *scales)
+/* One block one FT x FT tile (blockIdx.x along cols, blockIdx.y along rows). Rows beyond `rows`
+ * up to qt's ldt read as zeros (the weight gradient's K padded to a multiple of 16). */
+__global__ void __launch_bounds__(FT_THREADS)
+    k_fp8_cast(const bf16 *x, int ldx, int rows, int cols, int how, int e5m2, const unsigned *amax,
+               unsigned char *q, float *sq, unsigned char *qt, int ldt, float *sqt)
 {
-    __shared__ unsigned red[TPB / 32];
-    int nbc = (cols + 127) / 128, bi = blockIdx.x / nbc, bj = blockIdx.x % nbc;
-    int r0 = bi * bh, c0 = bj * 128;
-    int h = min(bh, rows - r0), w = min(128, cols - c0), n = h * w;
+    __shared__ bf16 tile[FT][FT_PAD];
+    __shared__ float rs[FT], cs[FT]; /* 1 x 128 tiles: each row's scale, each column's */
+    __shared__ unsigned red[FT_THREADS / 32];
+    int r0 = blockIdx.y * FT, c0 = blockIdx.x * FT, t = threadIdx.x;
     unsigned m = 0;
-    for (int i = threadIdx.x; i < n; i += blockDim.x)
-        m = max(m, abs_bits(val(x, (size_t)(r0 + i / w) * cols + c0 + i % w)));
-    float s = scale_of(__uint_as_float(block_max(m, red)), e5m2);
-    if (threadIdx.x == 0) scales[blockIdx.x] = s;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        size_t at = (size_t)(r0 + i / w) * cols + c0 + i % w;
-        q[at] = to_fp8(val(x, at) * s, e5m2);
+    for (int i = t; i < FT * FT; i += FT_THREADS) {
+        int r = i / FT, c = i % FT, gr = r0 + r, gc = c0 + c;
+        bf16 v = gr < rows && gc < cols ? x[(size_t)gr * ldx + gc] : __float2bfloat16(0.0f);
+        tile[r][c] = v;
+        m = max(m, abs_bits(__bfloat162float(v)));
+    }
+    __syncthreads();
+    float S = 1.0f; /* the tensor's or the block's scale */
+    if (how == GK_FP8_TENSOR) {
+        S = scale_of(__uint_as_float(*amax), e5m2);
+    } else if (how == GK_FP8_BLOCKS) {
+        S = scale_of(__uint_as_float(block_max(m, red)), e5m2);
+    } else { /* two threads a row (and a column), 64 values each */
+        int line = t / 2, half = t % 2;
+        unsigned mr = 0, mc = 0;
+        for (int k = half * 64; k < half * 64 + 64; k++) {
+            mr = max(mr, abs_bits(__bfloat162float(tile[line][k])));
+            mc = max(mc, abs_bits(__bfloat162float(tile[k][line])));
+        }
+        mr = max(mr, __shfl_xor_sync(0xffffffffu, mr, 1));
+        mc = max(mc, __shfl_xor_sync(0xffffffffu, mc, 1));
+        if (!half) {
+            rs[line] = scale_of(__uint_as_float(mr), e5m2);
+            cs[line] = scale_of(__uint_as_float(mc), e5m2);
+        }
+        __syncthreads();
+    }
+    if (q) {
+        for (int i = t; i < FT * FT; i += FT_THREADS) {
+            int r = i / FT, c = i % FT, gr = r0 + r, gc = c0 + c;
+            if (gr >= rows || gc >= cols) continue;
+            float s = how == GK_FP8_TILES ? rs[r] : S;
+            q[(size_t)gr * cols + gc] = to_fp8(__bfloat162float(tile[r][c]) * s, e5m2);
+        }
+        if (how == GK_FP8_TILES && t < FT && r0 + t < rows)
+            sq[scale_at(how, rows, cols, r0 + t, c0)] = 1.0f / rs[t];
+        if (how == GK_FP8_BLOCKS && t == 0) sq[scale_at(how, rows, cols, r0, c0)] = 1.0f / S;
+        if (how == GK_FP8_TENSOR && t == 0 && blockIdx.x == 0 && blockIdx.y == 0) sq[0] = 1.0f / S;
+    }
+    if (qt) { /* qt (cols x ldt): row c of qt is column c of x */
+        for (int i = t; i < FT * FT; i += FT_THREADS) {
+            int c = i / FT, r = i % FT, gr = r0 + r, gc = c0 + c;
+            if (gc >= cols || gr >= ldt) continue;
+            float s = how == GK_FP8_TILES ? cs[c] : S;
+            qt[(size_t)gc * ldt + gr] = to_fp8(__bfloat162float(tile[r][c]) * s, e5m2);
+        }
+        if (how == GK_FP8_TILES && t < FT && c0 + t < cols)
+            sqt[scale_at(how, cols, ldt, c0 + t, r0)] = 1.0f / cs[t];
+        if (how == GK_FP8_BLOCKS && t == 0) sqt[scale_at(how, cols, ldt, c0, r0)] = 1.0f / S;
+        if (how == GK_FP8_TENSOR && t == 0 && blockIdx.x == 0 && blockIdx.y == 0) sqt[0] = 1.0f / S;
     }
 }
 
-template <typename X>
-static cudaError_t quantize(const X *x, int rows, int cols, int how, int e5m2, unsigned char *q,
-                            float *scales, unsigned *work, cudaStream_t s)
+cudaError_t gk_fp8_cast(const bf16 *x, int ldx, int rows, int cols, int how, int e5m2,
+                        unsigned char *q, float *sq, unsigned char *qt, int ldt, float *sqt,
+                        unsigned *work, cudaStream_t s)
 {
-    size_t n = (size_t)rows * cols;
-    if (!n) return cudaGetLastError();
-    if (how == 0) {
+    if (!rows || !cols) return cudaGetLastError();
+    if (how == GK_FP8_TENSOR) {
         cudaError_t e = cudaMemsetAsync(work, 0, sizeof(unsigned), s);
         if (e != cudaSuccess) return e;
+        size_t n = (size_t)rows * cols;
         unsigned g = blocks_for(n, TPB) < 1024 ? blocks_for(n, TPB) : 1024;
-        k_fp8_amax<X><<<g, TPB, 0, s>>>(x, n, work);
-        k_fp8_quantize_tensor<X><<<g, TPB, 0, s>>>(x, n, work, e5m2, q, scales);
-    } else {
-        int bh = how == 1 ? 1 : 128;
-        unsigned g = (unsigned)((rows + bh - 1) / bh) * (unsigned)((cols + 127) / 128);
-        k_fp8_quantize_tiles<X>
-            <<<g, how == 1 ? 128 : TPB, 0, s>>>(x, rows, cols, bh, e5m2, q, scales);
+        k_fp8_amax<<<g, TPB, 0, s>>>(x, ldx, rows, cols, work);
     }
+    int span = qt && ldt > rows ? ldt : rows; /* the rows the tiles cover */
+    dim3 grid((unsigned)((cols + FT - 1) / FT), (unsigned)((span + FT - 1) / FT));
+    k_fp8_cast<<<grid, FT_THREADS, 0, s>>>(x, ldx, rows, cols, how, e5m2, work, q, sq, qt, ldt,
+                                           sqt);
     return cudaGetLastError();
 }
 
-cudaError_t gk_fp8_quantize(const float *x32, const bf16 *x16, int rows, int cols, int how,
-                            int e5m2, unsigned char *q, float *scales, unsigned *work,
-                            cudaStream_t s)
+/* ---- the fp8 GEMM ------------------------------------------------------------------------ */
+
+/* The algorithm of each kind of GEMM, chosen once: cuBLASLt's heuristics cost 100-300 us of host
+ * time a call. The rows M (an expert's, which follow the routing) count by the power of two at
+ * or above them. */
+struct fp8_kind {
+    int mb, N, K, lda, ldb, ldc, ha, hb, ea, eb;
+    cudaDataType yt;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatmulAlgo_t algo;
+    bool usable;
+};
+#define FP8_KINDS 128
+
+struct gk_fp8_lt {
+    cublasLtHandle_t lt;
+    size_t ws_bytes;
+    struct fp8_kind kind[FP8_KINDS];
+    int n;
+};
+
+struct gk_fp8_lt *gk_fp8_lt_create(cublasLtHandle_t lt, size_t ws_bytes)
 {
-    return x32 ? quantize(x32, rows, cols, how, e5m2, q, scales, work, s)
-               : quantize(x16, rows, cols, how, e5m2, q, scales, work, s);
+    struct gk_fp8_lt *c = (struct gk_fp8_lt *)calloc(1, sizeof *c);
+    if (c) c->lt = lt, c->ws_bytes = ws_bytes;
+    return c;
+}
+
+void gk_fp8_lt_destroy(struct gk_fp8_lt *c)
+{
+    if (!c) return;
+    for (int i = 0; i < c->n; i++)
+        if (c->kind[i].op) cublasLtMatmulDescDestroy(c->kind[i].op);
+    free(c);
+}
+
+static cublasLtMatmulMatrixScale_t scale_mode(int how)
+{
+    return how == GK_FP8_TILES    ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+           : how == GK_FP8_BLOCKS ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                                  : CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+}
+
+/* column-major: A = w (K x N, ld w->ld, transposed), B = x (K x M), C = D = y^T (N x M) */
+static cublasStatus_t layouts(cublasLtMatrixLayout_t l[3], const struct gk_fp8_mat *w,
+                              const struct gk_fp8_mat *x, int M, int N, int K, int ldy,
+                              cudaDataType yt)
+{
+    cublasStatus_t st;
+    l[0] = l[1] = l[2] = NULL;
+    if ((st = cublasLtMatrixLayoutCreate(&l[0], w->e5m2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3, K, N,
+                                         w->ld)) ||
+        (st = cublasLtMatrixLayoutCreate(&l[1], x->e5m2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3, K, M,
+                                         x->ld)) ||
+        (st = cublasLtMatrixLayoutCreate(&l[2], yt, N, M, ldy)))
+        return st;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+static void layouts_free(cublasLtMatrixLayout_t l[3])
+{
+    for (int i = 0; i < 3; i++)
+        if (l[i]) cublasLtMatrixLayoutDestroy(l[i]);
+}
+
+static cublasStatus_t kind_desc(struct fp8_kind *q)
+{
+    cublasStatus_t st;
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    cublasLtMatmulMatrixScale_t ma = scale_mode(q->ha), mb = scale_mode(q->hb);
+    if ((st = cublasLtMatmulDescCreate(&q->op, CUBLAS_COMPUTE_32F, CUDA_R_32F)) ||
+        (st = cublasLtMatmulDescSetAttribute(q->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta)) ||
+        (st = cublasLtMatmulDescSetAttribute(q->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb)))
+        return st;
+    if (q->ha != GK_FP8_TENSOR && (st = cublasLtMatmulDescSetAttribute(
+                                       q->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma)))
+        return st;
+    if (q->hb != GK_FP8_TENSOR && (st = cublasLtMatmulDescSetAttribute(
+                                       q->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb)))
+        return st;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+/* The heuristic's first algorithm for the kind at `M` rows; NOT_SUPPORTED where it has none. */
+static cublasStatus_t kind_algo(struct gk_fp8_lt *c, struct fp8_kind *q, const struct gk_fp8_mat *w,
+                                const struct gk_fp8_mat *x, int M)
+{
+    cublasLtMatrixLayout_t l[3];
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t r;
+    int nr = 0;
+    cublasStatus_t st = layouts(l, w, x, M, q->N, q->K, q->ldc, q->yt);
+    if (!st) st = cublasLtMatmulPreferenceCreate(&pref);
+    if (!st)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                  &c->ws_bytes, sizeof c->ws_bytes);
+    /* no split-K: the same bits whichever stream or order the experts run in */
+    uint32_t one_pass = CUBLASLT_REDUCTION_SCHEME_NONE;
+    if (!st)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                                  &one_pass, sizeof one_pass);
+    if (!st)
+        st = cublasLtMatmulAlgoGetHeuristic(c->lt, q->op, l[0], l[1], l[2], l[2], pref, 1, &r, &nr);
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    layouts_free(l);
+    if (st) return st;
+    if (nr < 1) return CUBLAS_STATUS_NOT_SUPPORTED;
+    q->algo = r.algo;
+    q->usable = true;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t gk_fp8_gemm(struct gk_fp8_lt *c, const struct gk_fp8_mat *w,
+                           const struct gk_fp8_mat *x, int M, int N, int K, void *y, int ldy,
+                           cudaDataType yt, float beta, void *ws, cudaStream_t s)
+{
+    if (!M || !N) return CUBLAS_STATUS_SUCCESS;
+    int mb = 64;
+    while (mb < M && mb < (1 << 30)) mb *= 2;
+    struct fp8_kind key = {mb,     N,       K,       w->ld, x->ld, ldy, w->how,
+                           x->how, w->e5m2, x->e5m2, yt,    NULL,  {},  false};
+    struct fp8_kind *q = NULL, scratch;
+    for (int i = 0; i < c->n && !q; i++) {
+        struct fp8_kind *k = &c->kind[i];
+        if (k->mb == mb && k->N == N && k->K == K && k->lda == w->ld && k->ldb == x->ld &&
+            k->ldc == ldy && k->ha == w->how && k->hb == x->how && k->ea == w->e5m2 &&
+            k->eb == x->e5m2 && k->yt == yt)
+            q = k;
+    }
+    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+    if (!q) { /* a new kind: kept while there is room, else chosen for this call alone */
+        q = c->n < FP8_KINDS ? &c->kind[c->n++] : &scratch;
+        *q = key;
+        if ((st = kind_desc(q)) || (st = kind_algo(c, q, w, x, mb))) q->usable = false;
+    }
+    if (!q->usable) st = st ? st : CUBLAS_STATUS_NOT_SUPPORTED;
+    float one = 1.0f;
+    cublasLtMatrixLayout_t l[3] = {NULL, NULL, NULL};
+    if (!st)
+        st = cublasLtMatmulDescSetAttribute(q->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w->sinv,
+                                            sizeof w->sinv);
+    if (!st)
+        st = cublasLtMatmulDescSetAttribute(q->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x->sinv,
+                                            sizeof x->sinv);
+    if (!st) st = layouts(l, w, x, M, N, K, ldy, yt);
+    if (!st)
+        st = cublasLtMatmul(c->lt, q->op, &one, w->q, l[0], x->q, l[1], &beta, y, l[2], y, l[2],
+                            &q->algo, ws, c->ws_bytes, s);
+    layouts_free(l);
+    if (q == &scratch && q->op) cublasLtMatmulDescDestroy(q->op);
+    return st;
 }

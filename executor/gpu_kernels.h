@@ -7,6 +7,7 @@
 #ifndef GPU_KERNELS_H
 #define GPU_KERNELS_H
 
+#include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -114,13 +115,42 @@ struct gk_adamw {
 
 cudaError_t gk_init(float *p, size_t n, size_t base, uint64_t seed, float std, bool ones,
                     cudaStream_t s);
-/* FP8 (gpu_fp8.cu): x (rows x cols; fp32 x32 or bf16 x16, the other NULL) into q, 1 byte a value,
- * and its scales, as exec_fp8_quantize does bit for bit: how 0 one scale for the tensor (work:
- * one unsigned of device scratch), 1 a scale per 1 x 128 tile, 2 per 128 x 128 block (the
- * exec_fp8_scaling values); e5m2 1 for E5M2, 0 for E4M3. */
-cudaError_t gk_fp8_quantize(const float *x32, const bf16 *x16, int rows, int cols, int how,
-                            int e5m2, unsigned char *q, float *scales, unsigned *work,
-                            cudaStream_t s);
+/* FP8 (gpu_fp8.cu). A matrix's scaling (the exec_fp8_scaling values): one scale for the whole
+ * matrix, one per 1 x 128 tile along K (each row's own), one per 128 x 128 block. */
+enum { GK_FP8_TENSOR = 0, GK_FP8_TILES = 1, GK_FP8_BLOCKS = 2 };
+/* Where the dequantization factor of value (r, c) of a rows x cols K-major matrix (K = cols) sits
+ * among its scales, in the layouts cuBLASLt's fp8 block scaling reads on Hopper: tiles with the
+ * rows innermost (a K-tile's rows padded to a multiple of 4), blocks row-major over the block
+ * grid (a block row padded to a multiple of 4); and how many floats they take (a multiple of
+ * 4, so that the next array starts 16-byte aligned). */
+size_t gk_fp8_scale_at(int how, int rows, int cols, int r, int c);
+size_t gk_fp8_scale_count(int how, int rows, int cols);
+/* x (rows x cols bf16, leading dimension ldx) quantized as exec_fp8_quantize does bit for bit
+ * (e5m2 1: E5M2, 0: E4M3) into q (rows x cols, row-major) with its dequantization factors
+ * sq (1 / scale, laid out by gk_fp8_scale_at), and into qt, x's transpose (cols x ldt, ldt >=
+ * rows, the columns beyond rows zero), with its own sqt: for tiles the 1 x 128 tiles of qt's
+ * rows (128 x 1 of x), for blocks and the tensor the same scales. Either copy may be NULL.
+ * The tensor's scaling takes work: one unsigned of device scratch. */
+cudaError_t gk_fp8_cast(const bf16 *x, int ldx, int rows, int cols, int how, int e5m2,
+                        unsigned char *q, float *sq, unsigned char *qt, int ldt, float *sqt,
+                        unsigned *work, cudaStream_t s);
+/* One operand of an fp8 GEMM: a K-major matrix (row-major, `ld` bytes a row) in E4M3 or E5M2,
+ * with its dequantization factors as gk_fp8_cast writes them. */
+struct gk_fp8_mat {
+    const unsigned char *q;
+    const float *sinv;
+    int ld, how, e5m2;
+};
+/* The algorithms the fp8 GEMMs chose, for a cuBLASLt handle and a workspace size. */
+struct gk_fp8_lt;
+struct gk_fp8_lt *gk_fp8_lt_create(cublasLtHandle_t lt, size_t ws_bytes);
+void gk_fp8_lt_destroy(struct gk_fp8_lt *c);
+/* y (M x N, row-major, ldy; fp32 or bf16, yt) = x w^T + beta y through cuBLASLt's fp8 matmul:
+ * x M x K, w N x K, each product dequantized by its operands' factors, fp32 accumulation. K,
+ * N and the leading dimensions multiples of 16; ws: the handle's workspace. */
+cublasStatus_t gk_fp8_gemm(struct gk_fp8_lt *c, const struct gk_fp8_mat *w,
+                           const struct gk_fp8_mat *x, int M, int N, int K, void *y, int ldy,
+                           cudaDataType yt, float beta, void *ws, cudaStream_t s);
 /* One thread that holds the stream for `us` microseconds of the GPU's clock: a benchmark queues
  * its kernels behind it, so that what it times is the GPU's work, not the host's launches. */
 cudaError_t gk_busy_wait(double us, cudaStream_t s);

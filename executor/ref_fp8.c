@@ -117,32 +117,38 @@ size_t exec_fp8_scale_count(int rows, int cols, enum exec_fp8_scaling how)
     return how == EXEC_FP8_BLOCK_128X128 ? (size_t)(rows + 127) / 128 * nbc : (size_t)rows * nbc;
 }
 
-void exec_ref_fp8_linear(const float *x, const float *w, int M, int N, int K, bool blockwise,
-                         enum exec_fp8 fx, double *y)
+/* q (rows x K) back to double: each value over its tile's, block's or tensor's scale */
+static void dequantize(const unsigned char *q, const float *s, int rows, int K,
+                       struct exec_fp8_how how, double *out)
 {
-    enum exec_fp8_scaling hx = blockwise ? EXEC_FP8_TILE_1X128 : EXEC_FP8_TENSOR;
-    enum exec_fp8_scaling hw = blockwise ? EXEC_FP8_BLOCK_128X128 : EXEC_FP8_TENSOR;
+    int kt = (K + 127) / 128; /* tiles or blocks a row */
+    for (int i = 0; i < rows; i++)
+        for (int k = 0; k < K; k++) {
+            size_t at = how.scaling == EXEC_FP8_TENSOR       ? 0
+                        : how.scaling == EXEC_FP8_TILE_1X128 ? (size_t)i * kt + k / 128
+                                                             : (size_t)(i / 128) * kt + k / 128;
+            out[(size_t)i * K + k] =
+                exec_fp8_to_float(q[(size_t)i * K + k], how.format) / (double)s[at];
+        }
+}
+
+void exec_ref_fp8_linear(const float *x, struct exec_fp8_how hx, const float *w,
+                         struct exec_fp8_how hw, int M, int N, int K, double *y)
+{
     size_t nx = (size_t)M * K, nw = (size_t)N * K;
     unsigned char *qx = malloc(nx ? nx : 1), *qw = malloc(nw ? nw : 1);
-    float *sx = malloc(sizeof(float) * exec_fp8_scale_count(M, K, hx));
-    float *sw = malloc(sizeof(float) * exec_fp8_scale_count(N, K, hw));
+    float *sx = malloc(sizeof(float) * exec_fp8_scale_count(M, K, hx.scaling));
+    float *sw = malloc(sizeof(float) * exec_fp8_scale_count(N, K, hw.scaling));
     double *dx = malloc(sizeof(double) * (nx ? nx : 1)),
            *dw = malloc(sizeof(double) * (nw ? nw : 1));
     if (!qx || !qw || !sx || !sw || !dx || !dw) {
         for (size_t i = 0; i < (size_t)M * N; i++) y[i] = NAN; /* out of memory: loudly wrong */
         goto done;
     }
-    exec_fp8_quantize(x, M, K, hx, fx, qx, sx);
-    exec_fp8_quantize(w, N, K, hw, EXEC_FP8_E4M3, qw, sw);
-    int kt = (K + 127) / 128; /* tiles a row */
-    for (int i = 0; i < M; i++)
-        for (int k = 0; k < K; k++)
-            dx[(size_t)i * K + k] = exec_fp8_to_float(qx[(size_t)i * K + k], fx) /
-                                    (double)sx[blockwise ? (size_t)i * kt + k / 128 : 0];
-    for (int j = 0; j < N; j++)
-        for (int k = 0; k < K; k++)
-            dw[(size_t)j * K + k] = exec_fp8_to_float(qw[(size_t)j * K + k], EXEC_FP8_E4M3) /
-                                    (double)sw[blockwise ? (size_t)(j / 128) * kt + k / 128 : 0];
+    exec_fp8_quantize(x, M, K, hx.scaling, hx.format, qx, sx);
+    exec_fp8_quantize(w, N, K, hw.scaling, hw.format, qw, sw);
+    dequantize(qx, sx, M, K, hx, dx);
+    dequantize(qw, sw, N, K, hw, dw);
     for (int i = 0; i < M; i++)
         for (int j = 0; j < N; j++) {
             double acc = 0.0;

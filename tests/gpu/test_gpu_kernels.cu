@@ -694,9 +694,50 @@ static void test_cudnn_threads(void **state)
 #endif
 }
 
+/* x (R x C) transposed (C x R) */
+static std::vector<float> transposed(const std::vector<float> &x, int R, int C)
+{
+    std::vector<float> t((size_t)R * C);
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) t[(size_t)c * R + r] = x[(size_t)r * C + c];
+    return t;
+}
+
+/* gk_fp8_cast's copy q (rows x cols, row-major) and its factors against exec_fp8_quantize of the
+ * same values, bit for bit (the factor is the reference's 1 / scale, in float); `what` names
+ * the case in a failure. */
+static void expect_quantized(const char *what, const std::vector<float> &x, int rows, int cols,
+                             int how, int e5m2, const unsigned char *dq, int ldq,
+                             const float *dsinv)
+{
+    std::vector<unsigned char> q((size_t)rows * cols);
+    std::vector<float> sc(exec_fp8_scale_count(rows, cols, (enum exec_fp8_scaling)how));
+    exec_fp8_quantize(x.data(), rows, cols, (enum exec_fp8_scaling)how, (enum exec_fp8)e5m2,
+                      q.data(), sc.data());
+    std::vector<unsigned char> gq = host(dq, (size_t)rows * ldq);
+    std::vector<float> gs = host(dsinv, gk_fp8_scale_count(how, rows, cols));
+    int nbc = (cols + 127) / 128;
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) {
+            size_t i = (size_t)r * cols + c;
+            if (gq[(size_t)r * ldq + c] != q[i])
+                fail_msg("%s: value (%d, %d) (%a) 0x%02x, the reference's 0x%02x", what, r, c,
+                         (double)x[i], gq[(size_t)r * ldq + c], q[i]);
+            size_t at = how == GK_FP8_TENSOR  ? 0
+                        : how == GK_FP8_TILES ? (size_t)r * nbc + c / 128
+                                              : (size_t)(r / 128) * nbc + c / 128;
+            float want = 1.0f / sc[at], got = gs[gk_fp8_scale_at(how, rows, cols, r, c)];
+            if (memcmp(&want, &got, sizeof got))
+                fail_msg("%s: the factor of (%d, %d) %a, the reference's 1 / %a = %a", what, r, c,
+                         (double)got, (double)sc[at], (double)want);
+        }
+}
+
 /* FP8 quantization against ref_fp8.c, bit for bit (whose conversion test_fp8_host holds to
- * CUDA's own): fp32 and bf16 inputs, per-tensor, 1 x 128 and 128 x 128 scaling, E4M3 and E5M2, shapes
- * with partial tiles, rows of magnitudes 2^-12 .. 2^7, a zero tile and a row with an infinity. */
+ * CUDA's own): per-tensor, 1 x 128 and 128 x 128 scaling, E4M3 and E5M2, the row-major copy and
+ * the transposed one (against the reference quantizing the transpose; its columns beyond the
+ * rows zero), from a strided bf16 input; shapes with partial tiles, rows of magnitudes
+ * 2^-12 .. 2^7, a zero tile and a row with an infinity. */
 static void test_fp8_quantize(void **state)
 {
     (void)state;
@@ -705,54 +746,176 @@ static void test_fp8_quantize(void **state)
     unsigned *work = dev(std::vector<unsigned>(1));
     int checked = 0;
     for (auto &sh : shapes) {
-        int R = sh[0], C = sh[1];
-        size_t n = (size_t)R * C;
-        std::vector<float> x = randn(n, 700 + R);
+        int R = sh[0], C = sh[1], ldx = C + 8, ldt = (R + 15) / 16 * 16;
+        std::vector<float> x = randn((size_t)R * C, 700 + R);
         for (int r = 0; r < R; r++)
             for (int c = 0; c < C; c++) x[(size_t)r * C + c] *= ldexpf(1.0f, r % 20 - 12);
         if (R > 1 && C > 128)
             for (int c = 0; c < 128; c++) x[C + c] = 0.0f; /* row 1's first tile: zeros */
         if (R > 2) x[2 * (size_t)C + 3] = INFINITY;
-        std::vector<bf16> x16 = to_bf16(x);
-        float *d32 = dev(x);
+        std::vector<bf16> x16((size_t)R * ldx, __float2bfloat16(1e30f)); /* beyond C: unread */
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < C; c++) {
+                x16[(size_t)r * ldx + c] = __float2bfloat16(x[(size_t)r * C + c]);
+                x[(size_t)r * C + c] = __bfloat162float(x16[(size_t)r * ldx + c]);
+            }
+        std::vector<float> xt = transposed(x, R, C);
         bf16 *d16 = dev(x16);
-        unsigned char *dq = dev(std::vector<unsigned char>(n));
-        float *dsc = dev(std::vector<float>(exec_fp8_scale_count(R, C, EXEC_FP8_TILE_1X128)));
-        for (int in16 = 0; in16 < 2; in16++)
-            for (int how = 0; how < 3; how++)
-                for (int f = 0; f < 2; f++) {
-                    std::vector<float> xin(n);
-                    for (size_t i = 0; i < n; i++) xin[i] = in16 ? __bfloat162float(x16[i]) : x[i];
-                    size_t ns = exec_fp8_scale_count(R, C, (enum exec_fp8_scaling)how);
-                    std::vector<unsigned char> q(n);
-                    std::vector<float> sc(ns);
-                    exec_fp8_quantize(xin.data(), R, C, (enum exec_fp8_scaling)how,
-                                      (enum exec_fp8)f, q.data(), sc.data());
-                    assert_int_equal(gk_fp8_quantize(in16 ? NULL : d32, in16 ? d16 : NULL, R, C,
-                                                     how, f, dq, dsc, work, 0),
-                                     cudaSuccess);
-                    std::vector<unsigned char> gq = host(dq, n);
-                    std::vector<float> gs = host(dsc, ns);
-                    for (size_t i = 0; i < ns; i++)
-                        if (memcmp(&gs[i], &sc[i], sizeof(float)))
-                            fail_msg("%d x %d, %s in, scaling %d, %s: scale %zu %a, the "
-                                     "reference's %a",
-                                     R, C, in16 ? "bf16" : "fp32", how, f ? "e5m2" : "e4m3", i,
-                                     (double)gs[i], (double)sc[i]);
-                    for (size_t i = 0; i < n; i++)
-                        if (gq[i] != q[i])
-                            fail_msg("%d x %d, %s in, scaling %d, %s: value %zu (%a) 0x%02x, the "
-                                     "reference's 0x%02x",
-                                     R, C, in16 ? "bf16" : "fp32", how, f ? "e5m2" : "e4m3", i,
-                                     (double)xin[i], gq[i], q[i]);
-                    checked++;
-                }
-        cudaFree(d32), cudaFree(d16), cudaFree(dq), cudaFree(dsc);
+        unsigned char *dq = dev(std::vector<unsigned char>((size_t)R * C)),
+                      *dqt = dev(std::vector<unsigned char>((size_t)C * ldt, 0xFF));
+        float *ds = dev(std::vector<float>(gk_fp8_scale_count(GK_FP8_TILES, R, C) + 64)),
+              *dst = dev(std::vector<float>(gk_fp8_scale_count(GK_FP8_TILES, C, ldt) + 64));
+        for (int how = 0; how < 3; how++)
+            for (int f = 0; f < 2; f++) {
+                char what[96];
+                assert_int_equal(
+                    gk_fp8_cast(d16, ldx, R, C, how, f, dq, ds, dqt, ldt, dst, work, 0),
+                    cudaSuccess);
+                snprintf(what, sizeof what, "%d x %d, scaling %d, %s", R, C, how,
+                         f ? "e5m2" : "e4m3");
+                expect_quantized(what, x, R, C, how, f, dq, C, ds);
+                snprintf(what, sizeof what, "%d x %d transposed, scaling %d, %s", R, C, how,
+                         f ? "e5m2" : "e4m3");
+                std::vector<unsigned char> gt = host(dqt, (size_t)C * ldt);
+                for (int c = 0; c < C; c++)
+                    for (int r = R; r < ldt; r++)
+                        if (gt[(size_t)c * ldt + r])
+                            fail_msg("%s: padding (%d, %d) 0x%02x, not zero", what, c, r,
+                                     gt[(size_t)c * ldt + r]);
+                /* the transposed copy's factors: its own tiles (x's columns), else x's */
+                expect_quantized(what, xt, C, R, how, f, dqt, ldt, dst);
+                checked += 2;
+            }
+        cudaFree(d16), cudaFree(dq), cudaFree(dqt), cudaFree(ds), cudaFree(dst);
     }
     cudaFree(work);
-    printf("fp8 quantize: %d shape x input x scaling x format cases, every byte and scale equal to "
-           "the reference's\n",
+    printf("fp8 quantize: %d shape x scaling x format x copy cases, every byte and factor equal "
+           "to the reference's\n",
            checked);
+}
+
+/* The three fp8 GEMMs of a linear layer, per recipe, against exec_ref_fp8_linear (the same
+ * quantization in plain C, the products summed in double): the forward y = x w^T (x in tiles,
+ * w in blocks, or both per tensor), the data gradient dx = dy w (dy's tiles, w's transposed
+ * copy) and the weight gradient dw = dy^T x (both transposed copies, tiles along the tokens,
+ * their count padded to 16 with zeros), with the gradient in E4M3 and in E5M2. The products of
+ * fp8 values are exact, but Hopper's fp8 tensor cores add them in an accumulator narrower than
+ * fp32 before cuBLASLt promotes the partial sums (DeepSeek-V3 measured about 14 bits), so: out in
+ * fp32 within 1e-3 of the largest |y|, in bf16 (the forward) within 8e-3. cuBLASLt's refusal of
+ * a configuration fails the test, named. */
+static void test_fp8_gemm(void **state)
+{
+    (void)state;
+    if (!gpus()) skip();
+    const int T = 300, IN = 384, OUT = 256, TP = (T + 15) / 16 * 16;
+    std::vector<float> x = randn((size_t)T * IN, 801, 3.0), w = randn((size_t)OUT * IN, 802, 0.05),
+                       dy = randn((size_t)T * OUT, 803, 1e-3);
+    for (int r = 0; r < T; r++) /* rows of different magnitudes: the tiles' scales differ */
+        for (int c = 0; c < IN; c++) x[(size_t)r * IN + c] *= ldexpf(1.0f, r % 7 - 3);
+    std::vector<bf16> x16 = to_bf16(x), w16 = to_bf16(w), dy16 = to_bf16(dy);
+    for (size_t i = 0; i < x.size(); i++) x[i] = __bfloat162float(x16[i]);
+    for (size_t i = 0; i < w.size(); i++) w[i] = __bfloat162float(w16[i]);
+    for (size_t i = 0; i < dy.size(); i++) dy[i] = __bfloat162float(dy16[i]);
+    cublasLtHandle_t lt;
+    assert_int_equal(cublasLtCreate(&lt), CUBLAS_STATUS_SUCCESS);
+    size_t wsb = 32u << 20;
+    void *ws;
+    assert_int_equal(cudaMalloc(&ws, wsb), cudaSuccess);
+    struct gk_fp8_lt *c8 = gk_fp8_lt_create(lt, wsb);
+    assert_non_null(c8);
+    bf16 *dx16 = dev(x16), *dw16 = dev(w16), *ddy16 = dev(dy16);
+    size_t big = (size_t)(TP > IN ? TP : IN) * (OUT > IN ? OUT : IN);
+    unsigned char *qa = dev(std::vector<unsigned char>(big)),
+                  *qb = dev(std::vector<unsigned char>(big)),
+                  *qw = dev(std::vector<unsigned char>(big)),
+                  *qwt = dev(std::vector<unsigned char>(big));
+    size_t ns = gk_fp8_scale_count(GK_FP8_TILES, TP > IN ? TP : IN, OUT > IN ? OUT : IN) * 2 + 64;
+    float *sa = dev(std::vector<float>(ns)), *sb = dev(std::vector<float>(ns)),
+          *sw = dev(std::vector<float>(ns)), *swt = dev(std::vector<float>(ns));
+    unsigned *work = dev(std::vector<unsigned>(1));
+    float *y32 = dev(std::vector<float>(big));
+    bf16 *y16 = dev(std::vector<bf16>(big));
+    std::vector<float> wt = transposed(w, OUT, IN), dyt = transposed(dy, T, OUT),
+                       xt = transposed(x, T, IN);
+    int cases = 0;
+    for (int blockwise = 0; blockwise < 2; blockwise++)
+        for (int ge5 = 0; ge5 < 2; ge5++) {
+            int ht = blockwise ? GK_FP8_TILES : GK_FP8_TENSOR,
+                hw = blockwise ? GK_FP8_BLOCKS : GK_FP8_TENSOR;
+            enum exec_fp8_scaling rt = (enum exec_fp8_scaling)ht, rw = (enum exec_fp8_scaling)hw;
+            enum exec_fp8 gf = (enum exec_fp8)ge5;
+            const char *recipe = blockwise ? "blockwise" : "per-tensor";
+            assert_int_equal(gk_fp8_cast(dw16, IN, OUT, IN, hw, 0, qw, sw, qwt, OUT, swt, work, 0),
+                             cudaSuccess);
+            struct gk_fp8_mat W = {qw, sw, IN, hw, 0}, WT = {qwt, swt, OUT, hw, 0};
+            std::vector<double> ref;
+            /* the forward, x in E4M3 (the gradient's format does not enter it) */
+            if (!ge5) {
+                assert_int_equal(
+                    gk_fp8_cast(dx16, IN, T, IN, ht, 0, qa, sa, NULL, 0, NULL, work, 0),
+                    cudaSuccess);
+                struct gk_fp8_mat X = {qa, sa, IN, ht, 0};
+                ref.assign((size_t)T * OUT, 0.0);
+                exec_ref_fp8_linear(x.data(), {rt, EXEC_FP8_E4M3}, w.data(), {rw, EXEC_FP8_E4M3}, T,
+                                    OUT, IN, ref.data());
+                for (int o16 = 0; o16 < 2; o16++) {
+                    cublasStatus_t st =
+                        gk_fp8_gemm(c8, &W, &X, T, OUT, IN, o16 ? (void *)y16 : y32, OUT,
+                                    o16 ? CUDA_R_16BF : CUDA_R_32F, 0.0f, ws, 0);
+                    if (st)
+                        fail_msg("fp8 forward, %s, out %s: cuBLASLt: %s", recipe,
+                                 o16 ? "bf16" : "fp32", cublasGetStatusString(st));
+                    char what[96];
+                    snprintf(what, sizeof what, "fp8 forward, %s, out %s", recipe,
+                             o16 ? "bf16" : "fp32");
+                    close(what, o16 ? to_d(host(y16, ref.size())) : to_d(host(y32, ref.size())),
+                          ref, o16 ? 8e-3 : 1e-3);
+                    cases++;
+                }
+            }
+            /* the data gradient: dy (T x OUT) by w's transposed copy (IN x OUT) */
+            assert_int_equal(
+                gk_fp8_cast(ddy16, OUT, T, OUT, ht, ge5, qa, sa, NULL, 0, NULL, work, 0),
+                cudaSuccess);
+            struct gk_fp8_mat DY = {qa, sa, OUT, ht, ge5};
+            ref.assign((size_t)T * IN, 0.0);
+            exec_ref_fp8_linear(dy.data(), {rt, gf}, wt.data(), {rw, EXEC_FP8_E4M3}, T, IN, OUT,
+                                ref.data());
+            cublasStatus_t st =
+                gk_fp8_gemm(c8, &WT, &DY, T, IN, OUT, y32, IN, CUDA_R_32F, 0.0f, ws, 0);
+            if (st)
+                fail_msg("fp8 data gradient, %s, dy %s: cuBLASLt: %s", recipe,
+                         ge5 ? "e5m2" : "e4m3", cublasGetStatusString(st));
+            char what[96];
+            snprintf(what, sizeof what, "fp8 data gradient, %s, dy %s", recipe,
+                     ge5 ? "e5m2" : "e4m3");
+            close(what, to_d(host(y32, ref.size())), ref, 1e-3);
+            /* the weight gradient: dy^T (OUT x TP) by x^T (IN x TP), tiles along the tokens */
+            assert_int_equal(
+                gk_fp8_cast(ddy16, OUT, T, OUT, ht, ge5, NULL, NULL, qa, TP, sa, work, 0),
+                cudaSuccess);
+            assert_int_equal(gk_fp8_cast(dx16, IN, T, IN, ht, 0, NULL, NULL, qb, TP, sb, work, 0),
+                             cudaSuccess);
+            struct gk_fp8_mat DYT = {qa, sa, TP, ht, ge5}, XT = {qb, sb, TP, ht, 0};
+            ref.assign((size_t)OUT * IN, 0.0);
+            exec_ref_fp8_linear(dyt.data(), {rt, gf}, xt.data(), {rt, EXEC_FP8_E4M3}, OUT, IN, T,
+                                ref.data());
+            st = gk_fp8_gemm(c8, &XT, &DYT, OUT, IN, TP, y32, IN, CUDA_R_32F, 0.0f, ws, 0);
+            if (st)
+                fail_msg("fp8 weight gradient, %s, dy %s: cuBLASLt: %s", recipe,
+                         ge5 ? "e5m2" : "e4m3", cublasGetStatusString(st));
+            snprintf(what, sizeof what, "fp8 weight gradient, %s, dy %s", recipe,
+                     ge5 ? "e5m2" : "e4m3");
+            close(what, to_d(host(y32, ref.size())), ref, 1e-3);
+            cases += 2;
+        }
+    printf("fp8 GEMMs: %d cases (cuBLASLt %zu), each within its tolerance of the reference\n",
+           cases, cublasLtGetVersion());
+    gk_fp8_lt_destroy(c8);
+    cublasLtDestroy(lt);
+    cudaFree(ws), cudaFree(dx16), cudaFree(dw16), cudaFree(ddy16), cudaFree(qa), cudaFree(qb);
+    cudaFree(qw), cudaFree(qwt), cudaFree(sa), cudaFree(sb), cudaFree(sw), cudaFree(swt);
+    cudaFree(work), cudaFree(y32), cudaFree(y16);
 }
 
 /* V 1000: the 16-byte path (targets on all eight lanes of a load); V 1001: element by element.
@@ -877,6 +1040,7 @@ int main(void)
         cmocka_unit_test(test_cudnn_threads),
         cmocka_unit_test(test_cross_entropy),
         cmocka_unit_test(test_fp8_quantize),
+        cmocka_unit_test(test_fp8_gemm),
         cmocka_unit_test(test_adamw),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -299,6 +299,12 @@ static void product(const float *x, const float *w, int M, int N, int K, double 
         }
 }
 
+static struct exec_fp8_how fp8_how(enum exec_fp8_scaling s, enum exec_fp8 f)
+{
+    struct exec_fp8_how h = {s, f};
+    return h;
+}
+
 static void test_fp8_linear(void **state)
 {
     (void)state;
@@ -321,7 +327,9 @@ static void test_fp8_linear(void **state)
         }
     product(x, w, M, N, K, exact, bound);
     for (int b = 0; b < 2; b++) {
-        exec_ref_fp8_linear(x, w, M, N, K, b, EXEC_FP8_E4M3, y);
+        exec_ref_fp8_linear(x, fp8_how(b ? EXEC_FP8_TILE_1X128 : EXEC_FP8_TENSOR, EXEC_FP8_E4M3), w,
+                            fp8_how(b ? EXEC_FP8_BLOCK_128X128 : EXEC_FP8_TENSOR, EXEC_FP8_E4M3), M,
+                            N, K, y);
         for (int i = 0; i < M * N; i++)
             if (y[i] != exact[i])
                 fail_msg("%s: y[%d] %.17g, the exact product %.17g", b ? "blockwise" : "tensor", i,
@@ -333,7 +341,9 @@ static void test_fp8_linear(void **state)
     product(x, w, M, N, K, exact, bound);
     for (int f = 0; f < 2; f++)
         for (int b = 0; b < 2; b++) {
-            exec_ref_fp8_linear(x, w, M, N, K, b, (enum exec_fp8)f, y);
+            exec_ref_fp8_linear(
+                x, fp8_how(b ? EXEC_FP8_TILE_1X128 : EXEC_FP8_TENSOR, (enum exec_fp8)f), w,
+                fp8_how(b ? EXEC_FP8_BLOCK_128X128 : EXEC_FP8_TENSOR, EXEC_FP8_E4M3), M, N, K, y);
             double worst = 0;
             for (int i = 0; i < M * N; i++) worst = fmax(worst, fabs(y[i] - exact[i]) / bound[i]);
             printf("fp8 linear, x %s, %s scaling: worst |error| %.4f of sum |x||w|\n",
