@@ -85,6 +85,11 @@ struct exec_gpu_cfg {
     /* AdamW's moments in bf16 (the plan's moments=bf16; exec_adamw's moments_bf16 must say the
      * same): 4 bytes a parameter less */
     bool moments_bf16;
+    /* the GEMMs' precision (the plan's): COST_BF16, COST_FP8 (per-tensor current scaling) or
+     * COST_FP8_BLOCK (DeepSeek-V3's blockwise); fp8_e5m2_grads: the gradients in E5M2 (E4M3
+     * otherwise, as the plan's Megatron flags say) */
+    enum cost_precision precision;
+    bool fp8_e5m2_grads;
 };
 struct exec_gpu;
 
@@ -95,6 +100,56 @@ struct exec_gpu;
 #define EXEC_CONTEXT_BYTES (1024.0 * 1024 * 1024) /* the CUDA context's and cuDNN's, about */
 void exec_gpu_bytes(const struct mdl_model *m, const struct exec_gpu_cfg *cfg, int ep_ranks,
                     bool ep_domain, int zero_ranks, double bytes[EXEC_MEM_N]);
+
+/* FP8 training (cfg.precision COST_FP8 or COST_FP8_BLOCK). Every projection's weight but the
+ * embedding's, the router's and the head's is kept quantized, a slice at a time (an expert's
+ * part of an expert tensor): its row-major copy (K: its input) and its transpose (K: its output),
+ * with their dequantization factors. A GEMM's activation or gradient operand is quantized when
+ * the GEMM is called, into the scratch of the stream it runs on (two operands: the weight
+ * gradient's). */
+struct exec_fp8_slice {
+    size_t off;      /* the slice's first parameter */
+    int rows, cols;  /* out x in */
+    size_t q, s, st; /* its copies' first byte among the quantized bytes; its factors' first
+                      * float, its transpose's */
+};
+struct exec_fp8_layout {
+    struct exec_fp8_slice *slice; /* (n), in the order of their parameters */
+    int n;
+    enum exec_fp8_scaling act, weight; /* the activations' and gradients' scaling, the weights' */
+    size_t qbytes;  /* bytes of the slices' row-major copies (their transposes take as many) */
+    size_t factors; /* floats of all their factors */
+    size_t scratch_bytes, scratch_factors; /* a stream's scratch: each of its two operands' */
+};
+/* The layout for the model's tensor table, a GEMM's operands at most `rows` rows (the tokens,
+ * or the routed pairs one GPU's experts may hold). */
+enum moe_status exec_fp8_layout(const struct exec_ref_model *table, enum cost_precision p, int rows,
+                                struct exec_fp8_layout *out, struct moe_error *err);
+void exec_fp8_layout_free(struct exec_fp8_layout *l);
+/* Where the factor of value (r, c) of a rows x cols K-major matrix (K: cols) scaled `how` sits
+ * among its factors, in the layouts cuBLASLt's fp8 block scaling reads on Hopper: 1 x 128 tiles
+ * with the rows innermost (a K-tile's rows padded to a multiple of 4), 128 x 128 blocks
+ * row-major over the block grid (a block row padded to a multiple of 4), one for the tensor;
+ * and how many floats they take (a multiple of 4: the next array starts 16-byte aligned). */
+#ifdef __CUDACC__
+#define EXEC_HD __host__ __device__
+#else
+#define EXEC_HD
+#endif
+static inline EXEC_HD size_t exec_fp8_factor_at(int how, int rows, int cols, int r, int c)
+{
+    if (how == EXEC_FP8_TENSOR) return 0;
+    if (how == EXEC_FP8_TILE_1X128)
+        return (size_t)(c / 128) * (size_t)((rows + 3) / 4 * 4) + (size_t)r;
+    return (size_t)(r / 128) * (size_t)(((cols + 127) / 128 + 3) / 4 * 4) + (size_t)(c / 128);
+}
+static inline EXEC_HD size_t exec_fp8_factor_count(int how, int rows, int cols)
+{
+    if (how == EXEC_FP8_TENSOR) return 4;
+    if (how == EXEC_FP8_TILE_1X128)
+        return (size_t)(cols + 127) / 128 * (size_t)((rows + 3) / 4 * 4);
+    return (size_t)(rows + 127) / 128 * (size_t)(((cols + 127) / 128 + 3) / 4 * 4);
+}
 
 enum moe_status exec_gpu_create(struct exec_gpu **out, const struct mdl_model *m,
                                 const struct exec_gpu_cfg *cfg, struct moe_error *err);

@@ -109,6 +109,14 @@ struct ep_layer {
     float *pair_w, *row_w;
 };
 
+/* fp8: a stream's scratch for the operands it quantizes as its GEMMs are called (two: the weight
+ * gradient's), their factors, the per-tensor scaling's amax */
+struct fp8_scratch {
+    unsigned char *a, *b;
+    float *sa, *sb;
+    unsigned *amax;
+};
+
 #define MAX_EVENTS 16384
 #define MAX_ALLOCS 512
 
@@ -162,6 +170,15 @@ struct exec_gpu {
     float *weight_host;           /* pinned (P) */
     struct lt_kind lt_kinds[LT_KINDS];
     int nlt;
+    /* fp8 (cfg.precision; exec_gpu.h's exec_fp8_layout): the quantized weights, w8 row-major and
+     * w8t transposed at the slices' q, their factors in w8s; redone by the first GEMM after the
+     * weights change (w8_stale); each stream's scratch (f8x[0] the main stream's) */
+    bool fp8, w8_stale;
+    struct exec_fp8_layout f8;
+    unsigned char *w8, *w8t;
+    float *w8s;
+    struct fp8_scratch f8x[1 + EXEC_MAX_STREAMS];
+    struct gk_fp8_lt *f8lt;
     const int *forced_choice; /* device (T, top_k): replaces the router's choice (benchmarks) */
     /* parameters, flat in the reference's table order (table.nparams of them) */
     float *master; /* (nparams) fp32 masters (ZeRO-1: ranks x shard_n) */
@@ -315,6 +332,8 @@ enum moe_status gpu_lin_dx(struct exec_gpu *g, const bf16 *dY, int lddy, const b
 enum moe_status gpu_lin_dw(struct exec_gpu *g, const bf16 *dY, int lddy, const bf16 *X, int ldx,
                            int T, int in, int out, int t, int slice, struct moe_error *err);
 enum moe_status gpu_sync_host(struct exec_gpu *g, struct moe_error *err);
+/* fp8: the quantized weights redone when stale (the first GEMM of a forward after an update) */
+enum moe_status gpu_fp8_weights(struct exec_gpu *g, struct moe_error *err);
 /* Host to device in s, the stream that reads it (s is non-blocking: it does not wait for a plain
  * cudaMemcpy, which may return before a pageable copy lands). A pageable source is staged before
  * the call returns: the caller may free or refill it at once. */

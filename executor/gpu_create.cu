@@ -219,6 +219,27 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
     if (!exec_batch_runnable(&g->m, g->mbs, g->seq, why, sizeof why))
         return moe_error_set(err, MOE_ERR_UNSUPPORTED, "executor: %s", why);
     MOE_CUDA_CHECK(cudaSetDevice(cfg->device));
+    if (cfg->precision == COST_MXFP8 || (cfg->precision != COST_BF16 && cfg->ep))
+        return moe_error_set(err, MOE_ERR_UNSUPPORTED,
+                             "executor: precision %s%s is not in the executor (bf16, fp8, "
+                             "fp8block; with ep=1)",
+                             cost_precision_names[cfg->precision], cfg->ep ? " with EP" : "");
+    if (cfg->precision != COST_BF16) { /* cuBLASLt: fp8 from sm_89, its block scaling sm_90 */
+        int major = 0, minor = 0;
+        MOE_CUDA_CHECK(
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, cfg->device));
+        MOE_CUDA_CHECK(
+            cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, cfg->device));
+        bool block = cfg->precision == COST_FP8_BLOCK;
+        if (block ? major != 9 : major * 10 + minor < 89)
+            return moe_error_set(err, MOE_ERR_UNSUPPORTED,
+                                 "executor: precision %s needs %s; this GPU is sm_%d%d",
+                                 cost_precision_names[cfg->precision],
+                                 block ? "a Hopper GPU (sm_90: cuBLASLt's 1x128 and 128x128 block "
+                                         "scaling; Blackwell scales in MX blocks: mxfp8)"
+                                       : "fp8 tensor cores (sm_89 or later)",
+                                 major, minor);
+    }
     MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&g->s, cudaStreamNonBlocking));
     MOE_CUBLAS_CHECK(cublasCreate(&g->blas));
     MOE_CUBLAS_CHECK(cublasSetStream(g->blas, g->s));
@@ -313,6 +334,24 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
     }
     ALLOC(g->master, nmaster, EXEC_MEM_MASTER);
     ALLOC(g->w16, n, EXEC_MEM_WEIGHTS);
+    if (cfg->precision != COST_BF16) { /* the quantized weights; each stream's scratch */
+        int rows = g->tokens > g->pairs ? g->tokens : g->pairs;
+        MOE_CHECK(exec_fp8_layout(&g->table, cfg->precision, rows, &g->f8, err));
+        ALLOC(g->w8, g->f8.qbytes, EXEC_MEM_WEIGHTS);
+        ALLOC(g->w8t, g->f8.qbytes, EXEC_MEM_WEIGHTS);
+        ALLOC(g->w8s, g->f8.factors, EXEC_MEM_WEIGHTS);
+        for (int i = 0; i <= g->nside; i++) {
+            struct fp8_scratch *x = &g->f8x[i];
+            ALLOC(x->a, g->f8.scratch_bytes, EXEC_MEM_WORKSPACE);
+            ALLOC(x->b, g->f8.scratch_bytes, EXEC_MEM_WORKSPACE);
+            ALLOC(x->sa, g->f8.scratch_factors, EXEC_MEM_WORKSPACE);
+            ALLOC(x->sb, g->f8.scratch_factors, EXEC_MEM_WORKSPACE);
+            ALLOC(x->amax, 4, EXEC_MEM_WORKSPACE);
+        }
+        g->f8lt = gk_fp8_lt_create(g->lt, g->ws_bytes);
+        if (!g->f8lt) return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
+        g->fp8 = g->w8_stale = true;
+    }
     ALLOC(g->grad, n, EXEC_MEM_GRADS);
     g->mom_bytes = cfg->moments_bf16 ? sizeof(bf16) : sizeof(float);
     MOE_CHECK(gpu_dalloc(g, &g->m1, g->mom_bytes * g->shard_n, EXEC_MEM_OPTIMIZER,
@@ -497,6 +536,8 @@ extern "C" void exec_gpu_destroy(struct exec_gpu *g)
     if (g->blas) cublasDestroy(g->blas);
     for (int i = 0; i < g->nlt; i++)
         if (g->lt_kinds[i].op) cublasLtMatmulDescDestroy(g->lt_kinds[i].op);
+    gk_fp8_lt_destroy(g->f8lt);
+    exec_fp8_layout_free(&g->f8);
     if (g->lt) cublasLtDestroy(g->lt);
     for (int i = 0; i < g->nside; i++) {
         if (g->side_blas[i]) cublasDestroy(g->side_blas[i]);
@@ -525,6 +566,7 @@ static enum moe_status refresh_bf16(struct exec_gpu *g, struct moe_error *err)
 {
     MOE_CUDA_CHECK(gk_to_bf16(g->master, g->w16, g->table.nparams, g->s));
     MOE_CUDA_CHECK(cudaStreamSynchronize(g->s));
+    g->w8_stale = g->fp8;
     return MOE_OK;
 }
 

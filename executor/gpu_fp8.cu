@@ -6,7 +6,7 @@
  * it converted with rounding to nearest even, saturating (__NV_SATFINITE). The amax is a
  * maximum: exact in any order, so the kernels are deterministic. What the GEMM takes is the
  * dequantization factor 1 / scale, in the layouts cuBLASLt's Hopper block scaling reads
- * (gk_fp8_scale_at): the same values the reference divides by.
+ * (exec_fp8_factor_at): the same values the reference divides by.
  *
  * One launch quantizes a bf16 matrix (rows x cols, any leading dimension) into its row-major copy
  * q (K = cols: the forward's x and w, the data gradient's dy) and, when asked, its transpose qt
@@ -51,28 +51,6 @@ static __device__ __forceinline__ unsigned block_max(unsigned v, unsigned *red)
     return m;
 }
 
-size_t gk_fp8_scale_at(int how, int rows, int cols, int r, int c)
-{
-    if (how == GK_FP8_TENSOR) return 0;
-    if (how == GK_FP8_TILES) return (size_t)(c / 128) * (size_t)((rows + 3) / 4 * 4) + (size_t)r;
-    int ncb = (cols + 127) / 128;
-    return (size_t)(r / 128) * (size_t)((ncb + 3) / 4 * 4) + (size_t)(c / 128);
-}
-
-size_t gk_fp8_scale_count(int how, int rows, int cols)
-{
-    if (how == GK_FP8_TENSOR) return 4; /* one, padded to 16 bytes */
-    if (how == GK_FP8_TILES) return (size_t)(cols + 127) / 128 * (size_t)((rows + 3) / 4 * 4);
-    return (size_t)(rows + 127) / 128 * (size_t)(((cols + 127) / 128 + 3) / 4 * 4);
-}
-
-static __device__ __forceinline__ size_t scale_at(int how, int rows, int cols, int r, int c)
-{
-    if (how == GK_FP8_TILES) return (size_t)(c / 128) * (size_t)((rows + 3) / 4 * 4) + (size_t)r;
-    int ncb = (cols + 127) / 128;
-    return (size_t)(r / 128) * (size_t)((ncb + 3) / 4 * 4) + (size_t)(c / 128);
-}
-
 /* The whole matrix's amax (as bits) into *amax, zeroed before. */
 __global__ void k_fp8_amax(const bf16 *x, int ldx, int rows, int cols, unsigned *amax)
 {
@@ -109,9 +87,9 @@ __global__ void __launch_bounds__(FT_THREADS)
     }
     __syncthreads();
     float S = 1.0f; /* the tensor's or the block's scale */
-    if (how == GK_FP8_TENSOR) {
+    if (how == EXEC_FP8_TENSOR) {
         S = scale_of(__uint_as_float(*amax), e5m2);
-    } else if (how == GK_FP8_BLOCKS) {
+    } else if (how == EXEC_FP8_BLOCK_128X128) {
         S = scale_of(__uint_as_float(block_max(m, red)), e5m2);
     } else { /* two threads a row (and a column), 64 values each */
         int line = t / 2, half = t % 2;
@@ -132,25 +110,29 @@ __global__ void __launch_bounds__(FT_THREADS)
         for (int i = t; i < FT * FT; i += FT_THREADS) {
             int r = i / FT, c = i % FT, gr = r0 + r, gc = c0 + c;
             if (gr >= rows || gc >= cols) continue;
-            float s = how == GK_FP8_TILES ? rs[r] : S;
+            float s = how == EXEC_FP8_TILE_1X128 ? rs[r] : S;
             q[(size_t)gr * cols + gc] = to_fp8(__bfloat162float(tile[r][c]) * s, e5m2);
         }
-        if (how == GK_FP8_TILES && t < FT && r0 + t < rows)
-            sq[scale_at(how, rows, cols, r0 + t, c0)] = 1.0f / rs[t];
-        if (how == GK_FP8_BLOCKS && t == 0) sq[scale_at(how, rows, cols, r0, c0)] = 1.0f / S;
-        if (how == GK_FP8_TENSOR && t == 0 && blockIdx.x == 0 && blockIdx.y == 0) sq[0] = 1.0f / S;
+        if (how == EXEC_FP8_TILE_1X128 && t < FT && r0 + t < rows)
+            sq[exec_fp8_factor_at(how, rows, cols, r0 + t, c0)] = 1.0f / rs[t];
+        if (how == EXEC_FP8_BLOCK_128X128 && t == 0)
+            sq[exec_fp8_factor_at(how, rows, cols, r0, c0)] = 1.0f / S;
+        if (how == EXEC_FP8_TENSOR && t == 0 && blockIdx.x == 0 && blockIdx.y == 0)
+            sq[0] = 1.0f / S;
     }
     if (qt) { /* qt (cols x ldt): row c of qt is column c of x */
         for (int i = t; i < FT * FT; i += FT_THREADS) {
             int c = i / FT, r = i % FT, gr = r0 + r, gc = c0 + c;
             if (gc >= cols || gr >= ldt) continue;
-            float s = how == GK_FP8_TILES ? cs[c] : S;
+            float s = how == EXEC_FP8_TILE_1X128 ? cs[c] : S;
             qt[(size_t)gc * ldt + gr] = to_fp8(__bfloat162float(tile[r][c]) * s, e5m2);
         }
-        if (how == GK_FP8_TILES && t < FT && c0 + t < cols)
-            sqt[scale_at(how, cols, ldt, c0 + t, r0)] = 1.0f / cs[t];
-        if (how == GK_FP8_BLOCKS && t == 0) sqt[scale_at(how, cols, ldt, c0, r0)] = 1.0f / S;
-        if (how == GK_FP8_TENSOR && t == 0 && blockIdx.x == 0 && blockIdx.y == 0) sqt[0] = 1.0f / S;
+        if (how == EXEC_FP8_TILE_1X128 && t < FT && c0 + t < cols)
+            sqt[exec_fp8_factor_at(how, cols, ldt, c0 + t, r0)] = 1.0f / cs[t];
+        if (how == EXEC_FP8_BLOCK_128X128 && t == 0)
+            sqt[exec_fp8_factor_at(how, cols, ldt, c0, r0)] = 1.0f / S;
+        if (how == EXEC_FP8_TENSOR && t == 0 && blockIdx.x == 0 && blockIdx.y == 0)
+            sqt[0] = 1.0f / S;
     }
 }
 
@@ -159,7 +141,7 @@ cudaError_t gk_fp8_cast(const bf16 *x, int ldx, int rows, int cols, int how, int
                         unsigned *work, cudaStream_t s)
 {
     if (!rows || !cols) return cudaGetLastError();
-    if (how == GK_FP8_TENSOR) {
+    if (how == EXEC_FP8_TENSOR) {
         cudaError_t e = cudaMemsetAsync(work, 0, sizeof(unsigned), s);
         if (e != cudaSuccess) return e;
         size_t n = (size_t)rows * cols;
@@ -211,9 +193,9 @@ void gk_fp8_lt_destroy(struct gk_fp8_lt *c)
 
 static cublasLtMatmulMatrixScale_t scale_mode(int how)
 {
-    return how == GK_FP8_TILES    ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
-           : how == GK_FP8_BLOCKS ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
-                                  : CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+    return how == EXEC_FP8_TILE_1X128      ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+           : how == EXEC_FP8_BLOCK_128X128 ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                                           : CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
 }
 
 /* column-major: A = w (K x N, ld w->ld, transposed), B = x (K x M), C = D = y^T (N x M) */
@@ -247,11 +229,11 @@ static cublasStatus_t kind_desc(struct fp8_kind *q)
         (st = cublasLtMatmulDescSetAttribute(q->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta)) ||
         (st = cublasLtMatmulDescSetAttribute(q->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb)))
         return st;
-    if (q->ha != GK_FP8_TENSOR && (st = cublasLtMatmulDescSetAttribute(
-                                       q->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma)))
+    if (q->ha != EXEC_FP8_TENSOR && (st = cublasLtMatmulDescSetAttribute(
+                                         q->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma)))
         return st;
-    if (q->hb != GK_FP8_TENSOR && (st = cublasLtMatmulDescSetAttribute(
-                                       q->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb)))
+    if (q->hb != EXEC_FP8_TENSOR && (st = cublasLtMatmulDescSetAttribute(
+                                         q->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb)))
         return st;
     return CUBLAS_STATUS_SUCCESS;
 }

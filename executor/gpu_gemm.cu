@@ -126,11 +126,110 @@ static enum moe_status mm_expert(struct exec_gpu *g, bool ta, bool tb, bool vary
     return gpu_mm(g, ta, tb, M_, N, K, 1.0f, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1, ab, ct, err);
 }
 
+/* ---- fp8 (cfg.precision fp8 or fp8block) ---------------------------------------------------
+ * A weight with a quantized slice (exec_fp8_layout) goes through the fp8 GEMM: its row-major copy
+ * in the forward, its transpose in the data gradient; the activation or gradient it meets is
+ * quantized first, into the scratch of the stream the GEMM runs on. The weight gradient
+ * quantizes both of its operands transposed (K: the rows, padded to a multiple of 16 with zeros).
+ * Everything else (the router, the head, the biases' gradients, a width not a multiple of 16)
+ * stays bf16. */
+
+/* The quantized slice that starts at W (rows x cols), or NULL */
+static const struct exec_fp8_slice *fp8_slice(const struct exec_gpu *g, const bf16 *W, int rows,
+                                              int cols)
+{
+    if (!g->fp8 || W < g->w16 || W >= g->w16 + g->table.nparams) return NULL;
+    size_t off = (size_t)(W - g->w16);
+    int lo = 0, hi = g->f8.n - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        const struct exec_fp8_slice *s = &g->f8.slice[mid];
+        if (s->off == off) return s->rows == rows && s->cols == cols ? s : NULL;
+        if (s->off < off)
+            lo = mid + 1;
+        else
+            hi = mid - 1;
+    }
+    return NULL;
+}
+
+/* The slice of tensor t's gradient slice `slice` (an expert's, else the tensor), or NULL */
+static const struct exec_fp8_slice *fp8_grad_slice(const struct exec_gpu *g, int t, int slice,
+                                                   int rows, int cols)
+{
+    if (!g->fp8) return NULL;
+    return fp8_slice(g, g->w16 + g->table.tensor[t].offset + (size_t)slice * rows * cols, rows,
+                     cols);
+}
+
+enum moe_status gpu_fp8_weights(struct exec_gpu *g, struct moe_error *err)
+{
+    int how = g->f8.weight;
+    for (int i = 0; i < g->f8.n; i++) {
+        const struct exec_fp8_slice *s = &g->f8.slice[i];
+        MOE_CUDA_CHECK(gk_fp8_cast(g->w16 + s->off, s->cols, s->rows, s->cols, how, 0, g->w8 + s->q,
+                                   g->w8s + s->s, g->w8t + s->q, s->rows, g->w8s + s->st,
+                                   g->f8x[0].amax, g->s));
+    }
+    g->w8_stale = false;
+    return MOE_OK;
+}
+
+static struct fp8_scratch *fp8_scratch_now(struct exec_gpu *g)
+{
+    return &g->f8x[g->cur_side + 1];
+}
+
+static cudaStream_t stream_now(const struct exec_gpu *g)
+{
+    return g->cur_side < 0 ? g->s : g->side[g->cur_side];
+}
+
+static void *ws_now(const struct exec_gpu *g)
+{
+    return g->cur_side < 0 ? g->blas_ws : g->side_ws[g->cur_side];
+}
+
+static enum moe_status fp8_mm(struct exec_gpu *g, const struct gk_fp8_mat *w,
+                              const struct gk_fp8_mat *x, int M, int N, int K, void *y, int ldy,
+                              cudaDataType yt, float beta, struct moe_error *err)
+{
+    cublasStatus_t st =
+        gk_fp8_gemm(g->f8lt, w, x, M, N, K, y, ldy, yt, beta, ws_now(g), stream_now(g));
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return moe_error_set(err, MOE_ERR_CUBLAS,
+                             "executor: the fp8 GEMM %d x %d x %d (%s scaling): cuBLASLt: %s", M, N,
+                             K, g->f8.act == EXEC_FP8_TENSOR ? "per-tensor" : "block",
+                             cublasGetStatusString(st));
+    return MOE_OK;
+}
+
+/* The stale quantized weights redone on the main stream: a GEMM outside the experts' streams */
+static enum moe_status fp8_fresh(struct exec_gpu *g, struct moe_error *err)
+{
+    if (g->w8_stale && !g->in_experts) MOE_CHECK(gpu_fp8_weights(g, err));
+    if (g->w8_stale)
+        return moe_error_set(err, MOE_ERR_RUNTIME,
+                             "executor: the fp8 weights are stale inside the experts' streams");
+    return MOE_OK;
+}
+
 /* Y (T x out) = X (T x in) W^T, W (out x in), bf16 inputs; Y fp32 or bf16. */
 enum moe_status gpu_lin(struct exec_gpu *g, const bf16 *X, int ldx, const bf16 *Wt, int T, int in,
                         int out, void *Y, int ldy, cudaDataType yt, float beta,
                         struct moe_error *err)
 {
+    const struct exec_fp8_slice *f = fp8_slice(g, Wt, out, in);
+    if (f && T > 0) {
+        MOE_CHECK(fp8_fresh(g, err));
+        struct fp8_scratch *x8 = fp8_scratch_now(g);
+        int ha = g->f8.act, hw = g->f8.weight;
+        MOE_CUDA_CHECK(gk_fp8_cast(X, ldx, T, in, ha, 0, x8->a, x8->sa, NULL, 0, NULL, x8->amax,
+                                   stream_now(g)));
+        struct gk_fp8_mat w = {g->w8 + f->q, g->w8s + f->s, in, hw, 0},
+                          x = {x8->a, x8->sa, in, ha, 0};
+        return fp8_mm(g, &w, &x, T, out, in, Y, ldy, yt, beta, err);
+    }
     if (g->in_experts)
         return mm_expert(g, false, true, false, T, out, in, X, ldx, Wt, in, beta, Y, ldy,
                          CUDA_R_16BF, yt, err);
@@ -143,6 +242,17 @@ enum moe_status gpu_lin_dx(struct exec_gpu *g, const bf16 *dY, int lddy, const b
                            int in, int out, void *dX, int lddx, cudaDataType xt, float beta,
                            struct moe_error *err)
 {
+    const struct exec_fp8_slice *f = fp8_slice(g, Wt, out, in);
+    if (f && T > 0) {
+        MOE_CHECK(fp8_fresh(g, err));
+        struct fp8_scratch *x8 = fp8_scratch_now(g);
+        int ha = g->f8.act, hw = g->f8.weight, e5 = g->cfg.fp8_e5m2_grads;
+        MOE_CUDA_CHECK(gk_fp8_cast(dY, lddy, T, out, ha, e5, x8->a, x8->sa, NULL, 0, NULL, x8->amax,
+                                   stream_now(g)));
+        struct gk_fp8_mat w = {g->w8t + f->q, g->w8s + f->st, out, hw, 0},
+                          x = {x8->a, x8->sa, out, ha, e5};
+        return fp8_mm(g, &w, &x, T, in, out, dX, lddx, xt, beta, err);
+    }
     if (g->in_experts)
         return mm_expert(g, false, false, false, T, in, out, dY, lddy, Wt, in, beta, dX, lddx,
                          CUDA_R_16BF, xt, err);
@@ -158,6 +268,17 @@ enum moe_status gpu_lin_dw(struct exec_gpu *g, const bf16 *dY, int lddy, const b
     if (T == 0) return MOE_OK; /* nothing written: the slice stays unwritten */
     float *dW = GR(g, t) + (size_t)slice * out * in,
           beta = gpu_grad_first(g, t, slice) ? 0.0f : 1.0f;
+    if (fp8_grad_slice(g, t, slice, out, in)) {
+        struct fp8_scratch *x8 = fp8_scratch_now(g);
+        int ha = g->f8.act, e5 = g->cfg.fp8_e5m2_grads, Tp = (T + 15) / 16 * 16;
+        cudaStream_t s = stream_now(g);
+        MOE_CUDA_CHECK(
+            gk_fp8_cast(dY, lddy, T, out, ha, e5, NULL, NULL, x8->a, Tp, x8->sa, x8->amax, s));
+        MOE_CUDA_CHECK(
+            gk_fp8_cast(X, ldx, T, in, ha, 0, NULL, NULL, x8->b, Tp, x8->sb, x8->amax, s));
+        struct gk_fp8_mat w = {x8->b, x8->sb, Tp, ha, 0}, x = {x8->a, x8->sa, Tp, ha, e5};
+        return fp8_mm(g, &w, &x, out, in, Tp, dW, in, CUDA_R_32F, beta, err);
+    }
     if (g->in_experts)
         return mm_expert(g, true, false, true, out, in, T, dY, lddy, X, ldx, beta, dW, in,
                          CUDA_R_16BF, CUDA_R_32F, err);
@@ -182,6 +303,7 @@ enum moe_status gpu_sync_host(struct exec_gpu *g, struct moe_error *err)
 /* Expert e's GEMMs go to side stream e % nside between fork and join (one stream: no-ops). */
 enum moe_status gpu_fork_experts(struct exec_gpu *g, struct moe_error *err)
 {
+    if (g->fp8 && g->w8_stale) MOE_CHECK(gpu_fp8_weights(g, err)); /* before the streams part */
     g->in_experts = true;
     if (g->nside < 2) return MOE_OK;
     MOE_CUDA_CHECK(cudaEventRecord(g->fork_ev, g->s));

@@ -115,19 +115,10 @@ struct gk_adamw {
 
 cudaError_t gk_init(float *p, size_t n, size_t base, uint64_t seed, float std, bool ones,
                     cudaStream_t s);
-/* FP8 (gpu_fp8.cu). A matrix's scaling (the exec_fp8_scaling values): one scale for the whole
- * matrix, one per 1 x 128 tile along K (each row's own), one per 128 x 128 block. */
-enum { GK_FP8_TENSOR = 0, GK_FP8_TILES = 1, GK_FP8_BLOCKS = 2 };
-/* Where the dequantization factor of value (r, c) of a rows x cols K-major matrix (K = cols) sits
- * among its scales, in the layouts cuBLASLt's fp8 block scaling reads on Hopper: tiles with the
- * rows innermost (a K-tile's rows padded to a multiple of 4), blocks row-major over the block
- * grid (a block row padded to a multiple of 4); and how many floats they take (a multiple of
- * 4, so that the next array starts 16-byte aligned). */
-size_t gk_fp8_scale_at(int how, int rows, int cols, int r, int c);
-size_t gk_fp8_scale_count(int how, int rows, int cols);
+/* FP8 (gpu_fp8.cu). `how`: an exec_fp8_scaling. */
 /* x (rows x cols bf16, leading dimension ldx) quantized as exec_fp8_quantize does bit for bit
  * (e5m2 1: E5M2, 0: E4M3) into q (rows x cols, row-major) with its dequantization factors
- * sq (1 / scale, laid out by gk_fp8_scale_at), and into qt, x's transpose (cols x ldt, ldt >=
+ * sq (1 / scale, laid out by exec_fp8_factor_at), and into qt, x's transpose (cols x ldt, ldt >=
  * rows, the columns beyond rows zero), with its own sqt: for tiles the 1 x 128 tiles of qt's
  * rows (128 x 1 of x), for blocks and the tensor the same scales. Either copy may be NULL.
  * The tensor's scaling takes work: one unsigned of device scratch. */

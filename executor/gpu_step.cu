@@ -362,6 +362,7 @@ extern "C" enum moe_status exec_gpu_optimizer(struct exec_gpu *g, const struct e
         MOE_CHECK(g->cfg.zero->ops->allgather_f32(g->cfg.zero, g->master, g->shard_n, err));
         MOE_CUDA_CHECK(gk_to_bf16(g->master, g->w16, g->table.nparams, g->s));
     }
+    g->w8_stale = g->fp8;
     return MOE_OK;
 }
 
@@ -425,6 +426,7 @@ extern "C" enum moe_status exec_gpu_poison(struct exec_gpu *g, const char *tenso
             cudaMemcpyAsync(g->master + at, &nan, sizeof nan, cudaMemcpyHostToDevice, g->s));
         MOE_CUDA_CHECK(
             cudaMemcpyAsync(g->w16 + at, &nan16, sizeof nan16, cudaMemcpyHostToDevice, g->s));
+        g->w8_stale = g->fp8;
     } else {
         MOE_CHECK(gpu_grads_settle(g, 0, g->table.nparams, err)); /* not to be overwritten */
         MOE_CUDA_CHECK(

@@ -11,6 +11,8 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 /* The GPU router keeps a token's scores in registers (route.cu, gpu_kernels.h's GK_MAX_EXPERTS);
  * the EP exchange carries at most EXEC_EP_MAX_K choices a token. */
@@ -147,13 +149,21 @@ bool exec_layout_runnable(const struct mdl_model *m, const struct cost_layout *l
     if (l->precision == COST_MXFP8) {
         snprintf(why, cap,
                  "precision mxfp8: MX block-scaled FP8 needs Blackwell GPUs (B200, B300, GB200, "
-                 "GB300), not Hopper; the executor trains in bf16 only (fp8 and fp8_block are "
-                 "not in it yet)");
+                 "GB300), and the executor's fp8 is Hopper's (fp8: per-tensor current scaling, "
+                 "fp8block: 1x128 and 128x128 blocks)");
         return false;
     }
-    if (l->precision != COST_BF16) {
-        snprintf(why, cap, "precision %s: the executor trains in bf16 only",
-                 cost_precision_names[l->precision]);
+    if (l->precision != COST_BF16 && l->ep > 1) {
+        snprintf(why, cap,
+                 "precision %s with ep=%d: the executor's exchange sends bf16 rows, and the plan "
+                 "predicts fp8 ones (ep=1)",
+                 cost_precision_names[l->precision], l->ep);
+        return false;
+    }
+    if (l->fp8_params) {
+        snprintf(why, cap,
+                 "fp8_params: the executor keeps bf16 weights beside their fp8 copies "
+                 "(fp8_params=off)");
         return false;
     }
     if (l->recompute == COST_RECOMPUTE_SELECTIVE) {
@@ -219,6 +229,7 @@ bool exec_layout_runnable(const struct mdl_model *m, const struct cost_layout *l
                                  .recompute_modules = cost_layout_rc(l),
                                  .streams = EXEC_DEFAULT_STREAMS,
                                  .moments_bf16 = l->moments_bf16,
+                                 .precision = l->precision,
                                  /* the receive buffers' factor every plan writes (plan_json.c) */
                                  .ep_buffer_factor = 2.0};
         double b[EXEC_MEM_N], need = EXEC_CONTEXT_BYTES;
@@ -236,6 +247,72 @@ bool exec_layout_runnable(const struct mdl_model *m, const struct cost_layout *l
         }
     }
     return true;
+}
+
+/* The projections fp8 training quantizes, by the name after "blkN.": not the router */
+static const char *const fp8_names[] = {"wq",   "wk",   "wv", "wo",   "wqa",   "wqb", "wkva",
+                                        "wkvb", "gate", "up", "down", "sgate", "sup", "sdown"};
+
+enum moe_status exec_fp8_layout(const struct exec_ref_model *table, enum cost_precision p, int rows,
+                                struct exec_fp8_layout *out, struct moe_error *err)
+{
+    memset(out, 0, sizeof *out);
+    bool block = p == COST_FP8_BLOCK;
+    out->act = block ? EXEC_FP8_TILE_1X128 : EXEC_FP8_TENSOR;
+    out->weight = block ? EXEC_FP8_BLOCK_128X128 : EXEC_FP8_TENSOR;
+    const struct mdl_model *m = &table->model;
+    int cap = 0, wide = 0;
+    for (int pass = 0; pass < 2; pass++) { /* count, then fill */
+        int n = 0;
+        for (int i = 0; i < table->ntensors; i++) {
+            const struct exec_tensor *t = &table->tensor[i];
+            int l, at = 0;
+            if (sscanf(t->name, "blk%d.%n", &l, &at) != 1 || !at) continue;
+            bool fp8 = false;
+            for (size_t k = 0; k < sizeof fp8_names / sizeof *fp8_names; k++)
+                fp8 |= !strcmp(t->name + at, fp8_names[k]);
+            const char *nm = t->name + at;
+            int slices = mdl_layer_is_moe(m, l) &&
+                                 (!strcmp(nm, "gate") || !strcmp(nm, "up") || !strcmp(nm, "down"))
+                             ? m->moe.experts
+                             : 1;
+            int rows_s = t->rows / slices, cols = t->cols;
+            if (!fp8 || rows_s % 16 || cols % 16) continue; /* cuBLASLt's fp8: multiples of 16 */
+            for (int e = 0; e < slices; e++, n++) {
+                if (!pass) continue;
+                struct exec_fp8_slice *s = &out->slice[n];
+                s->off = t->offset + (size_t)e * rows_s * cols;
+                s->rows = rows_s;
+                s->cols = cols;
+                s->q = out->qbytes;
+                out->qbytes += ((size_t)rows_s * cols + 15) / 16 * 16;
+                s->s = out->factors;
+                out->factors += exec_fp8_factor_count(out->weight, rows_s, cols);
+                s->st = out->factors;
+                out->factors += exec_fp8_factor_count(out->weight, cols, rows_s);
+                if (rows_s > wide) wide = rows_s;
+                if (cols > wide) wide = cols;
+            }
+        }
+        if (!pass) {
+            cap = n;
+            out->slice = calloc(cap ? (size_t)cap : 1, sizeof *out->slice);
+            if (!out->slice) return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
+        }
+        out->n = n;
+    }
+    size_t rpad = ((size_t)rows + 15) / 16 * 16;
+    out->scratch_bytes = rpad * (size_t)wide;
+    size_t a = exec_fp8_factor_count(out->act, rows, wide),
+           b = exec_fp8_factor_count(out->act, wide, (int)rpad);
+    out->scratch_factors = a > b ? a : b;
+    return MOE_OK;
+}
+
+void exec_fp8_layout_free(struct exec_fp8_layout *l)
+{
+    free(l->slice);
+    memset(l, 0, sizeof *l);
 }
 
 /* The sizes gpu_create.cu allocates, buffer by buffer in its order (a gpu test holds the two
@@ -271,8 +348,12 @@ void exec_gpu_bytes(const struct mdl_model *m, const struct exec_gpu_cfg *cfg, i
     struct exec_ref_model table;
     struct moe_error err;
     double n = 0;
+    struct exec_fp8_layout f8 = {0};
     if (exec_model_table(&table, m, &err) == MOE_OK) {
         n = (double)table.nparams;
+        if (cfg->precision != COST_BF16 &&
+            exec_fp8_layout(&table, cfg->precision, (int)(T > Pe ? T : Pe), &f8, &err) != MOE_OK)
+            memset(&f8, 0, sizeof f8);
         exec_ref_model_destroy(&table);
     }
     double shard = n, master = n;
@@ -282,6 +363,11 @@ void exec_gpu_bytes(const struct mdl_model *m, const struct exec_gpu_cfg *cfg, i
     }
     bytes[EXEC_MEM_MASTER] += B4 * master + B4 * m->layers * E; /* and the selection biases */
     bytes[EXEC_MEM_WEIGHTS] += B2 * n;
+    if (cfg->precision != COST_BF16) { /* fp8: the copies, their factors; each stream's scratch */
+        bytes[EXEC_MEM_WEIGHTS] += 2.0 * f8.qbytes + B4 * f8.factors;
+        *W += (1 + streams) * (2.0 * f8.scratch_bytes + 2 * B4 * f8.scratch_factors + 16);
+        exec_fp8_layout_free(&f8);
+    }
     bytes[EXEC_MEM_GRADS] += B4 * n;
     bytes[EXEC_MEM_OPTIMIZER] += 2.0 * (cfg->moments_bf16 ? B2 : B4) * shard;
     *W += B8 * (nmoe ? nmoe : 1) * E * E; /* co-activation counts */

@@ -865,6 +865,28 @@ static void test_plan(void **state)
         "--runnable", "--seq-len", "64", "--precision", "mxfp8");
     assert_int_equal(r.code, 4);
     expect_in(r.err, "MX block-scaled FP8 needs Blackwell GPUs (B200, B300, GB200, GB300)");
+    /* Hopper's fp8 recipes are the executor's: a plan of each that run takes (no GPU here: it
+     * says so), and fp8 with EP refused (the exchange sends bf16 rows) */
+    for (int b = 0; b < 2; b++) {
+        const char *prec = b ? "fp8block" : "fp8";
+        RUN(&r, "plan", "--model", "tiny-moe-gqa", "--cluster", "hgx-h200-x8", "--gpus", "1",
+            "--runnable", "--seq-len", "64", "--precision", prec, "-o", cli_tmp("fp8.json"));
+        if (r.code != 0) fail_msg("plan --runnable --precision %s: exit %d\n%s", prec, r.code, r.err);
+        char *fp8plan = slurp_all(cli_tmp("fp8.json"), &len);
+        char want[64];
+        snprintf(want, sizeof want, "\"precision\": \"%s\"", prec);
+        expect_in(fp8plan, want);
+        free(fp8plan);
+#ifdef MOEPLAN_HAVE_EXECUTOR
+        RUN(&r, "run", cli_tmp("fp8.json"), "--steps", "1", "--out", cli_tmp("fp8-run.json"));
+        if (r.code != 0 && !strstr(r.err, "no CUDA GPU on this machine"))
+            fail_msg("run refused the %s plan: exit %d\n%s", prec, r.code, r.err);
+#endif
+    }
+    RUN(&r, "plan", "--model", "tiny-moe-gqa", "--cluster", "hgx-h200-x8", "--gpus", "2",
+        "--runnable", "--seq-len", "64", "--precision", "fp8", "--fix", "ep=2");
+    assert_int_equal(r.code, 4);
+    expect_in(r.err, "the executor's exchange sends bf16 rows");
     RUN(&r, "plan", "--model", "tiny-moe-mla", "--cluster", "hgx-h200-x8", "--gpus", "1",
         "--runnable", "--seq-len", "64", "--fix", "recompute=moe");
     assert_int_equal(r.code, 4);

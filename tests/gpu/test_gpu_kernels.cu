@@ -715,7 +715,7 @@ static void expect_quantized(const char *what, const std::vector<float> &x, int 
     exec_fp8_quantize(x.data(), rows, cols, (enum exec_fp8_scaling)how, (enum exec_fp8)e5m2,
                       q.data(), sc.data());
     std::vector<unsigned char> gq = host(dq, (size_t)rows * ldq);
-    std::vector<float> gs = host(dsinv, gk_fp8_scale_count(how, rows, cols));
+    std::vector<float> gs = host(dsinv, exec_fp8_factor_count(how, rows, cols));
     int nbc = (cols + 127) / 128;
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < cols; c++) {
@@ -723,10 +723,10 @@ static void expect_quantized(const char *what, const std::vector<float> &x, int 
             if (gq[(size_t)r * ldq + c] != q[i])
                 fail_msg("%s: value (%d, %d) (%a) 0x%02x, the reference's 0x%02x", what, r, c,
                          (double)x[i], gq[(size_t)r * ldq + c], q[i]);
-            size_t at = how == GK_FP8_TENSOR  ? 0
-                        : how == GK_FP8_TILES ? (size_t)r * nbc + c / 128
-                                              : (size_t)(r / 128) * nbc + c / 128;
-            float want = 1.0f / sc[at], got = gs[gk_fp8_scale_at(how, rows, cols, r, c)];
+            size_t at = how == EXEC_FP8_TENSOR       ? 0
+                        : how == EXEC_FP8_TILE_1X128 ? (size_t)r * nbc + c / 128
+                                                     : (size_t)(r / 128) * nbc + c / 128;
+            float want = 1.0f / sc[at], got = gs[exec_fp8_factor_at(how, rows, cols, r, c)];
             if (memcmp(&want, &got, sizeof got))
                 fail_msg("%s: the factor of (%d, %d) %a, the reference's 1 / %a = %a", what, r, c,
                          (double)got, (double)sc[at], (double)want);
@@ -763,8 +763,9 @@ static void test_fp8_quantize(void **state)
         bf16 *d16 = dev(x16);
         unsigned char *dq = dev(std::vector<unsigned char>((size_t)R * C)),
                       *dqt = dev(std::vector<unsigned char>((size_t)C * ldt, 0xFF));
-        float *ds = dev(std::vector<float>(gk_fp8_scale_count(GK_FP8_TILES, R, C) + 64)),
-              *dst = dev(std::vector<float>(gk_fp8_scale_count(GK_FP8_TILES, C, ldt) + 64));
+        float *ds = dev(std::vector<float>(exec_fp8_factor_count(EXEC_FP8_TILE_1X128, R, C) + 64)),
+              *dst =
+                  dev(std::vector<float>(exec_fp8_factor_count(EXEC_FP8_TILE_1X128, C, ldt) + 64));
         for (int how = 0; how < 3; how++)
             for (int f = 0; f < 2; f++) {
                 char what[96];
@@ -829,7 +830,8 @@ static void test_fp8_gemm(void **state)
                   *qb = dev(std::vector<unsigned char>(big)),
                   *qw = dev(std::vector<unsigned char>(big)),
                   *qwt = dev(std::vector<unsigned char>(big));
-    size_t ns = gk_fp8_scale_count(GK_FP8_TILES, TP > IN ? TP : IN, OUT > IN ? OUT : IN) * 2 + 64;
+    size_t ns =
+        exec_fp8_factor_count(EXEC_FP8_TILE_1X128, TP > IN ? TP : IN, OUT > IN ? OUT : IN) * 2 + 64;
     float *sa = dev(std::vector<float>(ns)), *sb = dev(std::vector<float>(ns)),
           *sw = dev(std::vector<float>(ns)), *swt = dev(std::vector<float>(ns));
     unsigned *work = dev(std::vector<unsigned>(1));
@@ -840,8 +842,8 @@ static void test_fp8_gemm(void **state)
     int cases = 0;
     for (int blockwise = 0; blockwise < 2; blockwise++)
         for (int ge5 = 0; ge5 < 2; ge5++) {
-            int ht = blockwise ? GK_FP8_TILES : GK_FP8_TENSOR,
-                hw = blockwise ? GK_FP8_BLOCKS : GK_FP8_TENSOR;
+            int ht = blockwise ? EXEC_FP8_TILE_1X128 : EXEC_FP8_TENSOR,
+                hw = blockwise ? EXEC_FP8_BLOCK_128X128 : EXEC_FP8_TENSOR;
             enum exec_fp8_scaling rt = (enum exec_fp8_scaling)ht, rw = (enum exec_fp8_scaling)hw;
             enum exec_fp8 gf = (enum exec_fp8)ge5;
             const char *recipe = blockwise ? "blockwise" : "per-tensor";
