@@ -38,7 +38,8 @@ enum {
     OPT_HEADS,
     OPT_KV,
     OPT_HD,
-    OPT_WINDOW
+    OPT_WINDOW,
+    OPT_PREC
 };
 
 const struct cli_opt cmd_bench_opts[] = {
@@ -54,6 +55,8 @@ const struct cli_opt cmd_bench_opts[] = {
     {"warmup", required_argument, OPT_WARM, "N", "untimed runs first (3)"},
     {"streams", required_argument, OPT_STREAMS, "N",
      "CUDA streams for the expert GEMMs (" EXEC_STR(EXEC_DEFAULT_STREAMS) ")"},
+    {"precision", required_argument, OPT_PREC, "bf16|fp8|fp8block",
+     "moe: the GEMMs' precision; fp8 and fp8block run bf16 too, side by side (bf16)"},
     {"json", required_argument, OPT_JSON, "FILE", "also write the results as JSON"},
     {"params", required_argument, OPT_PARAMS, "N", "adamw: parameters updated (1000000000)"},
     {"moments", required_argument, OPT_MOMENTS, "fp32|bf16",
@@ -195,6 +198,7 @@ int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     double skew = 2.0;
     const char *json = NULL, *rout = NULL, *cal_file = NULL, *cluster = "h200-vm";
     bool m16 = false;
+    enum cost_precision prec = COST_BF16;
     for (int i = 0; i < nargs; i++) {
         const char *v = args[i].value;
         bool ok = true;
@@ -220,6 +224,16 @@ int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
         case OPT_KV: ok = cli_count(cmd, "kv-heads", v, 1, 1024, &kv); break;
         case OPT_HD: ok = cli_count(cmd, "head-dim", v, 1, 1024, &hdim); break;
         case OPT_WINDOW: ok = cli_count(cmd, "window", v, 0, 1u << 20, &window); break;
+        case OPT_PREC:
+            if (strcmp(v, "bf16") && strcmp(v, "fp8") && strcmp(v, "fp8block"))
+                return cli_usage(cmd,
+                                 "--precision %s: bf16, fp8 or fp8block (mxfp8 needs Blackwell "
+                                 "and is not in the executor)",
+                                 v);
+            prec = !strcmp(v, "fp8")        ? COST_FP8
+                   : !strcmp(v, "fp8block") ? COST_FP8_BLOCK
+                                            : COST_BF16;
+            break;
         case OPT_MOMENTS:
             if (strcmp(v, "fp32") && strcmp(v, "bf16"))
                 return cli_usage(cmd, "--moments %s: fp32 or bf16", v);
@@ -248,73 +262,106 @@ int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     struct exec_device_info dev;
     rc = bench_gpu(cli, &dev);
     if (rc >= 0) return rc;
-    struct exec_moe_bench_cfg c = {(int)E,       (int)T,    (int)K,     (int)H, (int)F,
-                                   (int)streams, (int)warm, (int)iters, skew,   seed};
-    struct exec_moe_bench_result r;
+    /* bf16, and with --precision fp8 or fp8block that one too, on the same routing */
+    int nrun = prec == COST_BF16 ? 1 : 2;
+    struct exec_moe_bench_result rr[2];
     int *choice = malloc(sizeof *choice * (size_t)T * K);
     if (!choice) {
         moe_error_set(&err, MOE_ERR_NOMEM, "out of memory");
         return cli_fail(cli, &err);
     }
-    if (exec_moe_bench(&c, choice, &r, &err) != MOE_OK) {
-        free(choice);
-        return cli_fail(cli, &err);
+    for (int i = 0; i < nrun; i++) {
+        struct exec_moe_bench_cfg c = {(int)E,
+                                       (int)T,
+                                       (int)K,
+                                       (int)H,
+                                       (int)F,
+                                       (int)streams,
+                                       (int)warm,
+                                       (int)iters,
+                                       skew,
+                                       seed,
+                                       i ? prec : COST_BF16};
+        if (exec_moe_bench(&c, choice, &rr[i], &err) != MOE_OK) {
+            free(choice);
+            return cli_fail(cli, &err);
+        }
     }
-    double bt = r.block_flops / (r.block_ms * 1e9), lt = r.layer_flops / (r.layer_ms * 1e9),
-           dt = r.block_flops / (r.dense_ms * 1e9);
+    const struct exec_moe_bench_result *r0 = &rr[0];
+    double dt = r0->block_flops / (r0->dense_ms * 1e9);
     printf(
         "moeplan bench moe on %s: %llu experts x %llu tokens top-%llu (%llu routed rows), hidden "
         "%llu, ffn %llu; Dirichlet %g load (busiest expert %.2fx the mean); %llu expert streams; "
         "median of %llu\n",
         dev.name, (unsigned long long)E, (unsigned long long)T, (unsigned long long)K,
         (unsigned long long)(T * K), (unsigned long long)H, (unsigned long long)F, skew,
-        r.max_over_mean, (unsigned long long)streams, (unsigned long long)iters);
-    const char *hd[] = {"fwd + bwd", "ms", "TFLOPS", "of dense"};
+        r0->max_over_mean, (unsigned long long)streams, (unsigned long long)iters);
+    const char *hd[] = {"fwd + bwd", "ms", "TFLOPS", "of bf16 dense"};
     struct rpt_table *t = rpt_table_create(4, hd, "lrrr");
-    const char *names[] = {"expert block", "MoE layer", "dense ceiling"};
-    double ms[] = {r.block_ms, r.layer_ms, r.dense_ms}, tf[] = {bt, lt, dt};
-    for (int i = 0; t && i < 3; i++) {
-        rpt_table_row(t, NULL);
-        rpt_table_cell(t, NULL, "%s", names[i]);
-        rpt_table_cell(t, NULL, "%.3f", ms[i]);
-        rpt_table_cell(t, NULL, "%.1f", tf[i]);
-        rpt_table_cell(t, NULL, "%.2f", tf[i] / dt);
+    for (int i = 0; t && i < nrun; i++) {
+        const struct exec_moe_bench_result *r = &rr[i];
+        const char *names[] = {"expert block", "MoE layer", "dense ceiling"};
+        double ms[] = {r->block_ms, r->layer_ms, r->dense_ms};
+        double fl[] = {r->block_flops, r->layer_flops, r->block_flops};
+        for (int j = 0; j < 3; j++) {
+            rpt_table_row(t, NULL);
+            rpt_table_cell(t, NULL, "%s%s%s", names[j], nrun > 1 ? ", " : "",
+                           nrun > 1 ? cost_precision_names[i ? prec : COST_BF16] : "");
+            rpt_table_cell(t, NULL, "%.3f", ms[j]);
+            rpt_table_cell(t, NULL, "%.1f", fl[j] / (ms[j] * 1e9));
+            rpt_table_cell(t, NULL, "%.2f", fl[j] / (ms[j] * 1e9) / dt);
+        }
     }
     if (t) rpt_table_print(t, stdout);
     rpt_table_destroy(t);
+    if (nrun > 1)
+        printf("%s over bf16: expert block %.2fx (forward %.2fx, backward %.2fx), MoE layer "
+               "%.2fx\n",
+               cost_precision_names[prec], rr[0].block_ms / rr[1].block_ms,
+               rr[0].block_fwd_ms / rr[1].block_fwd_ms, rr[0].block_bwd_ms / rr[1].block_bwd_ms,
+               rr[0].layer_ms / rr[1].layer_ms);
     char b[32];
-    moe_format_bytes(r.layer_bytes, b, sizeof b);
-    printf("host syncs per layer (fwd + bwd): %d; activations kept per layer: %s\n", r.host_syncs,
+    moe_format_bytes(r0->layer_bytes, b, sizeof b);
+    printf("host syncs per layer (fwd + bwd): %d; activations kept per layer: %s\n", r0->host_syncs,
            b);
-    if (cal_file) { /* the cost model on this routing's rows per expert */
+    for (int i = 0; cal_file && i < nrun; i++) { /* the cost model on this routing's rows */
         double *rows = calloc(E, sizeof *rows), us[2], pred[2] = {0, 0};
-        for (uint64_t i = 0; rows && i < T * K; i++) rows[choice[i]] += 1.0;
+        for (uint64_t j = 0; rows && j < T * K; j++) rows[choice[j]] += 1.0;
         for (uint64_t e = 0; rows && e < E; e++) {
-            cost_expert_us(&cal, &cl.gpu, rows[e], (double)H, (double)F, false, us);
+            cost_expert_us(&cal, &cl.gpu, rows[e], (double)H, (double)F, i ? prec : COST_BF16, us);
             pred[0] += us[0] / 1e3, pred[1] += us[1] / 1e3;
         }
         free(rows);
-        double mf = r.block_fwd_ms, mb = r.block_bwd_ms;
-        printf("expert block against the cost model (%s, this routing's rows): forward %.3f ms, "
-               "model %.3f (%+.1f%%); backward %.3f ms, model %.3f (%+.1f%%)\n",
-               cal.source, mf, pred[0], 100 * (mf / pred[0] - 1), mb, pred[1],
-               100 * (mb / pred[1] - 1));
+        double mf = rr[i].block_fwd_ms, mb = rr[i].block_bwd_ms;
+        printf("expert block (%s) against the cost model (%s, this routing's rows): forward %.3f "
+               "ms, model %.3f (%+.1f%%); backward %.3f ms, model %.3f (%+.1f%%)\n",
+               cost_precision_names[i ? prec : COST_BF16], cal.source, mf, pred[0],
+               100 * (mf / pred[0] - 1), mb, pred[1], 100 * (mb / pred[1] - 1));
     }
     enum moe_status st = MOE_OK;
     if (rout) st = moe_file_write_atomic(rout, choice, sizeof *choice * (size_t)T * K, &err);
     free(choice);
     if (st != MOE_OK) return cli_fail(cli, &err);
     if (json) {
+        double bt = r0->block_flops / (r0->block_ms * 1e9),
+               lt = r0->layer_flops / (r0->layer_ms * 1e9);
         json_t *o = json_pack(
             "{s:s, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:f, s:f, "
-            "s:f, s:f, s:f, s:i, s:f}",
+            "s:f, s:f, s:f, s:i, s:f, s:f, s:f}",
             "device", dev.name, "experts", (json_int_t)E, "tokens", (json_int_t)T, "top_k",
             (json_int_t)K, "hidden", (json_int_t)H, "ffn", (json_int_t)F, "skew", skew, "seed",
             (json_int_t)seed, "streams", (json_int_t)streams, "iters", (json_int_t)iters,
-            "max_over_mean", r.max_over_mean, "block_ms", r.block_ms, "layer_ms", r.layer_ms,
-            "dense_ms", r.dense_ms, "block_tflops", bt, "layer_tflops", lt, "dense_tflops", dt,
-            "block_flops", r.block_flops, "layer_flops", r.layer_flops, "host_syncs_per_layer",
-            r.host_syncs, "layer_activation_bytes", r.layer_bytes);
+            "max_over_mean", r0->max_over_mean, "block_ms", r0->block_ms, "layer_ms", r0->layer_ms,
+            "dense_ms", r0->dense_ms, "block_tflops", bt, "layer_tflops", lt, "dense_tflops", dt,
+            "block_flops", r0->block_flops, "layer_flops", r0->layer_flops, "host_syncs_per_layer",
+            r0->host_syncs, "layer_activation_bytes", r0->layer_bytes, "block_fwd_ms",
+            r0->block_fwd_ms, "block_bwd_ms", r0->block_bwd_ms);
+        if (o && nrun > 1)
+            json_object_set_new(o, cost_precision_names[prec],
+                                json_pack("{s:f, s:f, s:f, s:f, s:f}", "block_ms", rr[1].block_ms,
+                                          "block_fwd_ms", rr[1].block_fwd_ms, "block_bwd_ms",
+                                          rr[1].block_bwd_ms, "layer_ms", rr[1].layer_ms,
+                                          "dense_ms", rr[1].dense_ms));
         if (!o) {
             moe_error_set(&err, MOE_ERR_NOMEM, "%s: out of memory", json);
             return cli_fail(cli, &err);

@@ -148,9 +148,10 @@ static enum moe_status measure_experts(bool quick, double (*x)[PLAN_CALIB_EXPERT
     for (int a = 0; a < ns; a++)
         for (int b = 0; b < nt; b++) {
             if (quick && b == 1) continue;
-            struct exec_moe_bench_cfg c = {
-                shape[a][0],          tokens[b], shape[a][1],   shape[a][2], shape[a][3],
-                EXEC_DEFAULT_STREAMS, 2,         quick ? 3 : 7, 0.0,         17};
+            struct exec_moe_bench_cfg c = {shape[a][0], tokens[b],     shape[a][1],
+                                           shape[a][2], shape[a][3],   EXEC_DEFAULT_STREAMS,
+                                           2,           quick ? 3 : 7, 0.0,
+                                           17,          COST_BF16};
             struct exec_moe_bench_result r;
             int *choice = malloc(sizeof(int) * (size_t)c.tokens * c.top_k);
             if (!choice) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");

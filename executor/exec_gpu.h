@@ -249,6 +249,7 @@ struct exec_moe_bench_cfg {
     int experts, tokens, top_k, hidden, ffn, streams, warmup, iters;
     double skew;
     uint64_t seed;
+    enum cost_precision precision; /* the GEMMs' (COST_BF16, COST_FP8, COST_FP8_BLOCK) */
 };
 struct exec_moe_bench_result {
     double block_ms;     /* expert block: gate/up GEMMs, SwiGLU, down GEMM, fwd + bwd */

@@ -143,6 +143,7 @@ extern "C" enum moe_status exec_moe_bench(const struct exec_moe_bench_cfg *c, in
     cfg.seq = 1;
     cfg.mbs = T;
     cfg.streams = c->streams;
+    cfg.precision = c->precision;
     struct exec_gpu *g = NULL;
     int *dchoice = NULL, dense_off[GK_MAX_EXPERTS + 1];
     enum moe_status st = exec_gpu_create(&g, &m, &cfg, err);

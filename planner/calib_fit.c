@@ -334,7 +334,7 @@ static enum moe_status fit(const char *model_dir, const struct topo_cluster *cl,
         json_array_append_new(jg, num_array(v, 4));
         fprintf(log, "    GEMM %6.0f x %6.0f x %6.0f: %9.1f us, %6.1f TFLOPS; the fit %9.1f us\n",
                 x->m, x->n, x->k, x->us, 2e-6 * x->m * x->n * x->k / x->us,
-                cost_gemm_us(cal, g, x->m, x->n, x->k, false));
+                cost_gemm_us(cal, g, x->m, x->n, x->k, COST_BF16));
     }
     json_object_set_new(meas, "gemm_m_n_k_us", jg);
     json_object_set_new(meas, "gemm_fit_rms", json_real(rms));

@@ -19,6 +19,7 @@ void cost_calibration_defaults(struct cost_calibration *cal, const struct topo_g
     bool hopper = gpu && strcmp(gpu->arch, "hopper") == 0;
     cal->gemm_eff = 0.80;     /* large bf16 GEMM: ~780-800 of 989 on Hopper */
     cal->gemm_eff_fp8 = 0.78; /* ~1550 of 1979 */
+    cal->gemm_eff_fp8_block = cal->gemm_eff_fp8;
     cal->gemm_m_half = 48.0;
     cal->gemm_k_half = 96.0;
     cal->gemm_tile_m = 128;
@@ -59,6 +60,7 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
                                        "defaults_used",
                                        "gemm_eff",
                                        "gemm_eff_fp8",
+                                       "gemm_eff_fp8_block",
                                        "gemm_m_half",
                                        "gemm_k_half",
                                        "gemm_fixed_us",
@@ -108,6 +110,8 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
     if ((st = moe_jval_num(&root, #key, false, t.key, 1e-3, 1.0, &t.key, err))) goto cleanup
     FRACTION(gemm_eff);
     FRACTION(gemm_eff_fp8);
+    t.gemm_eff_fp8_block = t.gemm_eff_fp8; /* a profile without its own */
+    FRACTION(gemm_eff_fp8_block);
     FRACTION(attn_fwd_eff);
     FRACTION(attn_bwd_eff);
     FRACTION(attn_sink_eff);
@@ -193,6 +197,7 @@ enum moe_status cost_calibration_write(const struct cost_calibration *cal, json_
 #define PUT(key) json_object_set_new(root, #key, json_real(cal->key))
     PUT(gemm_eff);
     PUT(gemm_eff_fp8);
+    PUT(gemm_eff_fp8_block);
     PUT(gemm_m_half);
     PUT(gemm_k_half);
     PUT(gemm_fixed_us);
@@ -242,7 +247,7 @@ static double gemm_misfit(const struct cost_calibration *cal, const struct topo_
 {
     double e = 0.0;
     for (int i = 0; i < n; i++) {
-        double r = log(cost_gemm_us(cal, gpu, s[i].m, s[i].n, s[i].k, false) / s[i].us);
+        double r = log(cost_gemm_us(cal, gpu, s[i].m, s[i].n, s[i].k, COST_BF16) / s[i].us);
         e += r * r;
     }
     return sqrt(e / n);
@@ -292,7 +297,7 @@ double cost_fit_gemm(struct cost_calibration *cal, const struct topo_gpu_spec *g
     cal->gemm_fixed_us = best.gemm_fixed_us;
     double rel = 0.0;
     for (int i = 0; i < n; i++) {
-        double r = cost_gemm_us(cal, gpu, s[i].m, s[i].n, s[i].k, false) / s[i].us - 1.0;
+        double r = cost_gemm_us(cal, gpu, s[i].m, s[i].n, s[i].k, COST_BF16) / s[i].us - 1.0;
         rel += r * r;
     }
     return sqrt(rel / n);
@@ -469,7 +474,7 @@ static double expert_misfit(double half, void *ctx)
         const struct cost_expert_sample *x = &f->s[i];
         double v[2], fx[2];
         cost_expert_parts(f->cal, f->gpu, x->tokens * x->top_k / x->experts, x->hidden, x->ffn,
-                          false, v, fx);
+                          COST_BF16, v, fx);
         var[i] = x->experts * v[f->d];
         fixed[i] = x->experts * fx[f->d];
         y[i] = f->d ? x->bwd_us : x->fwd_us;

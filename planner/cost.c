@@ -72,11 +72,8 @@ struct block_cost {
     double hot_ratio;
 };
 
-/* fp8 recipes quantize every GEMM input in the forward and every output gradient in the
- * backward: the bf16 tensor read (twice with per-tensor current scaling: its amax first), its fp8
- * copy and, for the weight gradient, a transposed or columnwise one written with their scales.
- * Transformer Engine fuses it into the norm, the activation or the permutation before, so it costs
- * bytes but no launch. A GEMM's time through gemm_q counts the elements it quantizes. */
+/* fp8 recipes quantize every GEMM input and every output gradient (cost_quantize_us); a GEMM's
+ * time through gemm_q counts the elements it quantizes. */
 struct quant {
     double in, out; /* elements of the GEMMs' inputs and of their outputs' gradients */
 };
@@ -86,14 +83,12 @@ static double gemm_q(const struct cost_ctx *c, const struct cost_layout *l, stru
 {
     q->in += m * k;
     q->out += m * n;
-    return cost_gemm_us(&c->cal, &c->cluster.gpu, m, n, k, l->precision != COST_BF16);
+    return cost_gemm_us(&c->cal, &c->cluster.gpu, m, n, k, l->precision);
 }
 
 static double quantize_us(const struct cost_ctx *c, const struct cost_layout *l, double elems)
 {
-    if (l->precision == COST_BF16) return 0.0;
-    double read = l->precision == COST_FP8 ? 2.0 * BF16 : BF16;
-    return membound_us(c, elems * (read + 2.0 * cost_act_elem_bytes(l)), 0);
+    return cost_quantize_us(&c->cal, &c->cluster.gpu, l->precision, elems);
 }
 
 static void attention_cost(const struct cost_ctx *c, const struct cost_layout *l, int layer,
@@ -198,14 +193,14 @@ static void attention_cost(const struct cost_ctx *c, const struct cost_layout *l
 }
 
 static double experts_on_hot_rank_us(const struct cost_ctx *c, const struct cost_layout *l,
-                                     const double *rows, int n, bool fp8, double *bwd_us)
+                                     const double *rows, int n, double *bwd_us)
 {
     const struct topo_gpu_spec *g = &c->cluster.gpu;
     const struct mdl_moe *e = &c->model.moe;
     double h = c->model.hidden, f = (double)e->intermediate / l->etp, fwd = 0.0, bwd = 0.0;
     for (int i = 0; i < n; i++) {
         double us[2];
-        cost_expert_us(&c->cal, g, rows[i], h, f, fp8, us);
+        cost_expert_us(&c->cal, g, rows[i], h, f, l->precision, us);
         fwd += us[0];
         bwd += us[1];
     }
@@ -227,7 +222,7 @@ static enum moe_status moe_cost(const struct cost_ctx *c, const struct cost_layo
     if (st != MOE_OK) return st;
     b->hot_ratio = tr.hot_ratio;
     /* Router: GEMM, scores, top-k. */
-    double router = cost_gemm_us(&c->cal, g, T, e->experts, h, false) +
+    double router = cost_gemm_us(&c->cal, g, T, e->experts, h, COST_BF16) +
                     membound_us(c, 3.0 * T * e->experts * 4.0, 2);
     b->fwd[COST_ROUTER] = router;
     b->bwd[COST_ROUTER] = 2.0 * router;
@@ -250,8 +245,8 @@ static enum moe_status moe_cost(const struct cost_ctx *c, const struct cost_layo
     double ebwd, hot_rows = 0.0, fe = (double)e->intermediate / l->etp;
     for (int i = 0; i < local; i++) hot_rows += rows[i];
     /* fp8: each expert's two GEMM inputs quantized, and the gradients of its two outputs */
-    b->fwd[COST_EXPERTS_FWD] = experts_on_hot_rank_us(c, l, rows, local, fp8, &ebwd) +
-                               quantize_us(c, l, hot_rows * (h + fe));
+    b->fwd[COST_EXPERTS_FWD] =
+        experts_on_hot_rank_us(c, l, rows, local, &ebwd) + quantize_us(c, l, hot_rows * (h + fe));
     b->bwd[COST_EXPERTS_BWD] = ebwd + quantize_us(c, l, hot_rows * (2.0 * fe + h));
     if (e->expert_bias) { /* gpt-oss: each expert's outputs start as its biases (bf16 gate and up,
                            * fp32 down) and its GEMMs read them back; back: each bias's column
@@ -538,11 +533,11 @@ static enum moe_status stage_cost(const struct cost_ctx *c, const struct cost_la
     }
     if (sg->loss) { /* LM head and loss, vocab-parallel; once more for each MTP layer */
         double heads = 1.0 + mtp;
-        double head = heads * cost_gemm_us(&c->cal, g, M, V, h, false);
+        double head = heads * cost_gemm_us(&c->cal, g, M, V, h, COST_BF16);
         /* the bf16 logits read twice (maximum and sum, then the gradient), the gradient written */
         double loss = heads * membound_us(c, M * V * BF16 * 3.0, 1);
         if (mtp) { /* each MTP layer's projection of [embedding, hidden] back to hidden */
-            double eh = mtp * cost_gemm_us(&c->cal, g, T, h, 2.0 * h, false);
+            double eh = mtp * cost_gemm_us(&c->cal, g, T, h, 2.0 * h, COST_BF16);
             s->fwd_us += eh;
             s->bwd_us += 2.0 * eh;
             s->phases[COST_LM_HEAD] += 3.0 * eh;

@@ -32,7 +32,9 @@ struct cost_calibration {
     bool calibrated;              /* false: datasheet defaults (docs/DESIGN.md) */
     char source[256];             /* "datasheet defaults" or the profile's GPU, driver and date */
     double gemm_eff;              /* large-GEMM fraction of peak (bf16) */
-    double gemm_eff_fp8;          /* the same for fp8 / mxfp8 */
+    double gemm_eff_fp8;          /* the same for fp8 (per-tensor scaling) / mxfp8 */
+    double gemm_eff_fp8_block;    /* the same for fp8 with 1x128 / 128x128 block scaling
+                                   * (gemm_eff_fp8 where a profile has none) */
     double gemm_m_half;           /* rows at which a GEMM runs at half its large-M efficiency */
     double gemm_k_half;           /* the same for the reduction dimension */
     double gemm_fixed_us;         /* a GEMM's time beyond its launch at any size (setup, tail) */
@@ -255,16 +257,27 @@ enum moe_status cost_memory(const struct cost_ctx *ctx, const struct cost_layout
 /* Time of one GEMM (M x K) @ (K x N) at the GPU's peak under the calibration: roofline with tile
  * and wave quantization and small-M / small-K penalties. */
 double cost_gemm_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu, double m,
-                    double n, double k, bool fp8);
+                    double n, double k, enum cost_precision prec);
+/* Bytes of an activation element kept or sent in the precision: 2 (bf16), 1 (fp8), with its
+ * share of the scales for the block-scaled ones. */
+double cost_precision_elem_bytes(enum cost_precision prec);
+/* fp8 recipes quantize every GEMM input in the forward and every output gradient in the
+ * backward: `elems` bf16 values read (twice with per-tensor current scaling: their amax first),
+ * their fp8 copy and, for the weight gradient, a transposed one written with their scales.
+ * Transformer Engine fuses it into the norm, the activation or the permutation before: bytes, no
+ * launch. 0 in bf16. */
+double cost_quantize_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
+                        enum cost_precision prec, double elems);
 /* One SwiGLU expert on `rows` rows (hidden h, intermediate f), before the expert correction:
  * the size-dependent time var[0] and the fixed time fixed[0] of its forward (up and down GEMMs,
  * SwiGLU), var[1] and fixed[1] of its backward (dgrad and wgrad of both, the wgrad added into
  * fp32 gradients), its GEMMs at expert_m_half. */
 void cost_expert_parts(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
-                       double rows, double h, double f, bool fp8, double var[2], double fixed[2]);
+                       double rows, double h, double f, enum cost_precision prec, double var[2],
+                       double fixed[2]);
 /* The same corrected (expert_scale, expert_fixed_share): us[0] forward, us[1] backward. */
 void cost_expert_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
-                    double rows, double h, double f, bool fp8, double us[2]);
+                    double rows, double h, double f, enum cost_precision prec, double us[2]);
 /* Core attention (the flash kernels) of `flops` (the model's count) at sequence `seq`, head size
  * `d` (the mean of the query-key and value sizes) and query-key head size dqk (attn_wide_eff
  * above 128): us[0] forward, us[1] backward (2.5 x the FLOPs). */

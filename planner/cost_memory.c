@@ -12,12 +12,7 @@
 
 double cost_act_elem_bytes(const struct cost_layout *l)
 {
-    switch (l->precision) {
-    case COST_FP8: return 1.0;
-    case COST_FP8_BLOCK: return 1.0 + 4.0 / 128.0;
-    case COST_MXFP8: return 1.0 + 1.0 / 32.0;
-    default: return BF16;
-    }
+    return cost_precision_elem_bytes(l->precision);
 }
 
 /* Activation bytes one GPU keeps for one micro-batch of this block, module by module as

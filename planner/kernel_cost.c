@@ -11,17 +11,37 @@
 
 #define BF16 2.0 /* bytes of a bf16 value */
 
+double cost_precision_elem_bytes(enum cost_precision prec)
+{
+    switch (prec) {
+    case COST_FP8: return 1.0;
+    case COST_FP8_BLOCK: return 1.0 + 4.0 / 128.0;
+    case COST_MXFP8: return 1.0 + 1.0 / 32.0;
+    default: return BF16;
+    }
+}
+
+double cost_quantize_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
+                        enum cost_precision prec, double elems)
+{
+    if (prec == COST_BF16) return 0.0;
+    double read = prec == COST_FP8 ? 2.0 * BF16 : BF16;
+    return elems * (read + 2.0 * cost_precision_elem_bytes(prec)) /
+           (gpu->hbm_bytes_per_s * cal->hbm_eff) * 1e6;
+}
+
 /* A GEMM's size-dependent time, rows at half efficiency m_half; *fixed receives its launch and
  * setup time. */
 static double gemm_split(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
-                         double m, double n, double k, bool fp8, double m_half, double *fixed)
+                         double m, double n, double k, enum cost_precision prec, double m_half,
+                         double *fixed)
 {
     *fixed = 0.0;
     if (m <= 0 || n <= 0 || k <= 0) return 0.0;
     *fixed = cal->launch_us + cal->gemm_fixed_us;
-    double peak = (fp8 && gpu->fp8_tflops > 0 ? gpu->fp8_tflops * cal->gemm_eff_fp8
-                                              : gpu->bf16_tflops * cal->gemm_eff) *
-                  1e12;
+    bool fp8 = prec != COST_BF16 && gpu->fp8_tflops > 0;
+    double eff8 = prec == COST_FP8_BLOCK ? cal->gemm_eff_fp8_block : cal->gemm_eff_fp8;
+    double peak = (fp8 ? gpu->fp8_tflops * eff8 : gpu->bf16_tflops * cal->gemm_eff) * 1e12;
     /* wave quantization of the output tiles; fewer tiles than SMs are split along k (cuBLAS's
      * split-K) to fill the machine, their cost left to the small-M term */
     double tiles = ceil(m / cal->gemm_tile_m) * ceil(n / cal->gemm_tile_n);
@@ -29,47 +49,48 @@ static double gemm_split(const struct cost_calibration *cal, const struct topo_g
     double wave_eff = tiles < gpu->sms ? 1.0 : tiles / (waves * gpu->sms);
     double m_eff = m / (m + m_half), k_eff = k / (k + cal->gemm_k_half);
     double t_flops = 2.0 * m * n * k / (peak * wave_eff * m_eff * k_eff);
-    double bytes = (fp8 ? 1.0 : BF16) * (m * k + k * n) + BF16 * m * n;
+    double bytes = (fp8 ? cost_precision_elem_bytes(prec) : BF16) * (m * k + k * n) + BF16 * m * n;
     double t_mem = bytes / (gpu->hbm_bytes_per_s * cal->hbm_eff);
     return (t_flops > t_mem ? t_flops : t_mem) * 1e6;
 }
 
 double cost_gemm_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu, double m,
-                    double n, double k, bool fp8)
+                    double n, double k, enum cost_precision prec)
 {
-    double fixed, var = gemm_split(cal, gpu, m, n, k, fp8, cal->gemm_m_half, &fixed);
+    double fixed, var = gemm_split(cal, gpu, m, n, k, prec, cal->gemm_m_half, &fixed);
     return var + fixed;
 }
 
 void cost_expert_parts(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
-                       double rows, double h, double f, bool fp8, double var[2], double fixed[2])
+                       double rows, double h, double f, enum cost_precision prec, double var[2],
+                       double fixed[2])
 {
     var[0] = var[1] = fixed[0] = fixed[1] = 0.0;
     if (rows <= 0) return;
     double hbm = gpu->hbm_bytes_per_s * cal->hbm_eff, fx[6];
     double act = rows * 3 * f * BF16 / hbm * 1e6;
     double mh = cal->expert_m_half[0];
-    var[0] = gemm_split(cal, gpu, rows, 2 * f, h, fp8, mh, &fx[0]) +  /* gate and up */
-             gemm_split(cal, gpu, rows, h, f, fp8, mh, &fx[1]) + act; /* down */
+    var[0] = gemm_split(cal, gpu, rows, 2 * f, h, prec, mh, &fx[0]) +  /* gate and up */
+             gemm_split(cal, gpu, rows, h, f, prec, mh, &fx[1]) + act; /* down */
     fixed[0] = fx[0] + fx[1] + cal->launch_us;
     /* dgrad (rows x input), wgrad (weights over the rows, the reduction) of both into fp32
      * weight gradients, written whatever the rows (a step's first micro-batch overwrites them;
      * the later ones also read them, not counted); SwiGLU's backward moves twice its forward's
      * bytes */
     mh = cal->expert_m_half[1];
-    var[1] = gemm_split(cal, gpu, rows, f, h, fp8, mh, &fx[2]) +
-             gemm_split(cal, gpu, rows, h, 2 * f, fp8, mh, &fx[3]) +
-             gemm_split(cal, gpu, h, f, rows, fp8, mh, &fx[4]) +
-             gemm_split(cal, gpu, 2 * f, h, rows, fp8, mh, &fx[5]) + 3 * h * f * 4.0 / hbm * 1e6 +
+    var[1] = gemm_split(cal, gpu, rows, f, h, prec, mh, &fx[2]) +
+             gemm_split(cal, gpu, rows, h, 2 * f, prec, mh, &fx[3]) +
+             gemm_split(cal, gpu, h, f, rows, prec, mh, &fx[4]) +
+             gemm_split(cal, gpu, 2 * f, h, rows, prec, mh, &fx[5]) + 3 * h * f * 4.0 / hbm * 1e6 +
              2.0 * act;
     fixed[1] = fx[2] + fx[3] + fx[4] + fx[5] + cal->launch_us;
 }
 
 void cost_expert_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
-                    double rows, double h, double f, bool fp8, double us[2])
+                    double rows, double h, double f, enum cost_precision prec, double us[2])
 {
     double var[2], fixed[2];
-    cost_expert_parts(cal, gpu, rows, h, f, fp8, var, fixed);
+    cost_expert_parts(cal, gpu, rows, h, f, prec, var, fixed);
     for (int i = 0; i < 2; i++)
         us[i] = cal->expert_scale[i] * var[i] + cal->expert_fixed_share[i] * fixed[i];
 }

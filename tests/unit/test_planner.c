@@ -44,16 +44,16 @@ static void test_gemm(void **state)
     cost_calibration_defaults(&cal, &g);
     double eff = 0.80 * (2048.0 / 2112.0) * (8192.0 / 8240.0) * (8192.0 / 8288.0);
     double want = 2.0 * 8192.0 * 8192.0 * 8192.0 / (989e12 * eff) * 1e6 + 4.0;
-    double got = cost_gemm_us(&cal, &g, 8192, 8192, 8192, false);
+    double got = cost_gemm_us(&cal, &g, 8192, 8192, 8192, COST_BF16);
     assert_true(fabs(got - want) < 1e-6 * want);
     assert_true(got > 1400 && got < 1500); /* ~760 TFLOPS: what the H200 measured */
     /* Small experts cost more per FLOP: 64 rows run far below 8192 rows' rate. */
-    double small = cost_gemm_us(&cal, &g, 64, 2048, 7168, false);
-    double big = cost_gemm_us(&cal, &g, 8192, 2048, 7168, false);
+    double small = cost_gemm_us(&cal, &g, 64, 2048, 7168, COST_BF16);
+    double big = cost_gemm_us(&cal, &g, 8192, 2048, 7168, COST_BF16);
     assert_true(small / 64.0 > 1.5 * big / 8192.0);
     /* fp8 is faster than bf16 on the same shape. */
-    assert_true(cost_gemm_us(&cal, &g, 8192, 8192, 8192, true) < got);
-    assert_true(cost_gemm_us(&cal, &g, 0, 8192, 8192, false) == 0.0);
+    assert_true(cost_gemm_us(&cal, &g, 8192, 8192, 8192, COST_FP8) < got);
+    assert_true(cost_gemm_us(&cal, &g, 0, 8192, 8192, COST_BF16) == 0.0);
 }
 
 static void test_collectives(void **state)
@@ -731,8 +731,8 @@ static void test_loaders(void **state)
     /* a calibrated GEMM efficiency changes the GEMM time by the same factor */
     struct cost_calibration def;
     cost_calibration_defaults(&def, &g);
-    double a = cost_gemm_us(&def, &g, 8192, 8192, 8192, false) - def.launch_us;
-    double b = cost_gemm_us(&cal, &g, 8192, 8192, 8192, false) - cal.launch_us;
+    double a = cost_gemm_us(&def, &g, 8192, 8192, 8192, COST_BF16) - def.launch_us;
+    double b = cost_gemm_us(&cal, &g, 8192, 8192, 8192, COST_BF16) - cal.launch_us;
     assert_true(fabs(b / a - 0.8 / 0.5) < 1e-9);
 }
 
@@ -756,7 +756,7 @@ static void test_calibration_fit(void **state)
             for (int q = 0; q < 2; q++) {
                 double nn = q ? 2048 : 7168;
                 s[n] = (struct cost_gemm_sample){ms[i], nn, ks[j], 0.0};
-                s[n].us = cost_gemm_us(&truth, &g, s[n].m, s[n].n, s[n].k, false);
+                s[n].us = cost_gemm_us(&truth, &g, s[n].m, s[n].n, s[n].k, COST_BF16);
                 n++;
             }
     cost_calibration_defaults(&fit, &g);
