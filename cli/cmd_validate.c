@@ -167,6 +167,44 @@ static enum moe_status measure_experts(bool quick, double (*x)[PLAN_CALIB_EXPERT
     return MOE_OK;
 }
 
+/* The same blocks in fp8 where the GPU has it, the large-expert shapes (where fp8 pays): per-tensor
+ * scaling from sm_89, the 1x128 / 128x128 block scaling on Hopper (sm_90). Each row: the recipe,
+ * then measure_experts' seven. */
+static enum moe_status measure_fp8_experts(const struct exec_device_info *dev, bool quick,
+                                           double (*x)[PLAN_CALIB_FP8_COLS], int *n,
+                                           struct moe_error *err)
+{
+    static const int shape[][4] = {{8, 2, 4096, 14336}, {16, 8, 7168, 2048}, {32, 8, 7168, 2048}};
+    static const int tokens[] = {4096, 8192};
+    int cc = dev->cc_major * 10 + dev->cc_minor;
+    *n = 0;
+    for (int r = 0; r < 2; r++) {
+        enum cost_precision prec = r ? COST_FP8_BLOCK : COST_FP8;
+        if (r ? dev->cc_major != 9 : cc < 89) continue;
+        for (int a = 0; a < 3; a++)
+            for (int b = 0; b < 2; b++) {
+                if (quick && (a == 2 || b == 0)) continue;
+                struct exec_moe_bench_cfg c = {shape[a][0], tokens[b],     shape[a][1],
+                                               shape[a][2], shape[a][3],   EXEC_DEFAULT_STREAMS,
+                                               2,           quick ? 3 : 7, 0.0,
+                                               17,          prec};
+                struct exec_moe_bench_result res;
+                int *choice = malloc(sizeof(int) * (size_t)c.tokens * c.top_k);
+                if (!choice) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+                enum moe_status st = exec_moe_bench(&c, choice, &res, err);
+                free(choice);
+                if (st != MOE_OK) return st;
+                double *v = x[(*n)++];
+                v[0] = prec;
+                for (int k = 0; k < 4; k++) v[1 + k] = shape[a][k];
+                v[5] = tokens[b];
+                v[6] = res.block_fwd_ms * 1e3;
+                v[7] = res.block_bwd_ms * 1e3;
+            }
+    }
+    return MOE_OK;
+}
+
 /* On the GPU: the microbenchmarks and the calibration jobs. */
 enum moe_status cli_calibrate_measure(struct cli *cli, const struct topo_cluster *cl, bool quick,
                                       struct plan_calib_data *d, struct moe_error *err)
@@ -203,7 +241,8 @@ enum moe_status cli_calibrate_measure(struct cli *cli, const struct topo_cluster
         (st = exec_time_launch(quick ? 5 : 20, &d->launch_us, err)) ||
         (st = exec_time_copy(bytes, quick ? 5 : 20, &d->copy_us, err)) ||
         (st = measure_gemms(quick, d->gemm, &d->ngemm, err)) ||
-        (st = measure_experts(quick, d->expert, &d->nexpert, err)))
+        (st = measure_experts(quick, d->expert, &d->nexpert, err)) ||
+        (st = measure_fp8_experts(&dev, quick, d->expert8, &d->nexpert8, err)))
         return st;
     /* seqs, seq, heads, kv heads, dqk, dv, window: GQA 128, MLA 192 / 128, gpt-oss's 64-wide
      * heads causal and with its window of 128 */

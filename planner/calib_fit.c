@@ -222,6 +222,20 @@ enum moe_status plan_calib_data_load(const char *file, struct plan_calib_data *d
          i++, d->nexpert++)
         if ((st = number_row(&arr, i, d->expert[d->nexpert], PLAN_CALIB_EXPERT_COLS, -1, err)))
             goto done;
+    bool have8 = false; /* profiles of GPUs without fp8, or before fp8 training, have none */
+    if ((st = moe_jval_array(&m, PLAN_CALIB_FP8_KEY, false, &arr, &have8, err))) goto done;
+    for (size_t i = 0; have8 && i < moe_jval_len(&arr) && d->nexpert8 < PLAN_CALIB_MAX_EXPERTS;
+         i++, d->nexpert8++) {
+        double *v = d->expert8[d->nexpert8];
+        if ((st = number_row(&arr, i, v, PLAN_CALIB_FP8_COLS, -1, err))) goto done;
+        if (v[0] != COST_FP8 && v[0] != COST_FP8_BLOCK) {
+            st = moe_jval_error(&arr, NULL, err,
+                                "entry %zu: precision %g is not an fp8 recipe (%d: fp8, %d: "
+                                "fp8block)",
+                                i, v[0], (int)COST_FP8, (int)COST_FP8_BLOCK);
+            goto done;
+        }
+    }
     if ((st = moe_jval_array(&m, "jobs", true, &arr, NULL, err))) goto done;
     for (size_t i = 0; i < moe_jval_len(&arr) && d->njobs < PLAN_CALIB_MAX_JOBS; i++) {
         struct moe_jval jo, ph;
@@ -304,6 +318,54 @@ static void fit_experts(const struct topo_gpu_spec *g, const struct plan_calib_d
     }
 }
 
+/* The fp8 GEMM rates over the fp8 expert blocks, recipe by recipe (cost_fit_fp8), after the
+ * bf16 expert correction; true when any recipe was fitted. */
+static bool fit_fp8(const struct topo_gpu_spec *g, const struct plan_calib_data *d,
+                    struct cost_calibration *cal, json_t *meas, FILE *log)
+{
+    if (!d->nexpert8) {
+        fprintf(log, "  no fp8 expert blocks (a GPU without fp8, or an older profile): "
+                     "gemm_eff_fp8 and gemm_eff_fp8_block stay the datasheet's\n");
+        return false;
+    }
+    json_t *j8 = json_array();
+    for (int i = 0; i < d->nexpert8; i++)
+        json_array_append_new(j8, num_array(d->expert8[i], PLAN_CALIB_FP8_COLS));
+    json_object_set_new(meas, PLAN_CALIB_FP8_KEY, j8);
+    static const enum cost_precision recipes[] = {COST_FP8, COST_FP8_BLOCK};
+    bool fitted = false;
+    for (int r = 0; r < 2; r++) {
+        struct cost_expert_sample s[PLAN_CALIB_MAX_EXPERTS];
+        int n = 0;
+        for (int i = 0; i < d->nexpert8; i++) {
+            const double *x = d->expert8[i];
+            if (x[0] == recipes[r])
+                s[n++] = (struct cost_expert_sample){x[1], x[2], x[3], x[4], x[5], x[6], x[7]};
+        }
+        if (!n) continue;
+        double rms = cost_fit_fp8(cal, g, recipes[r], s, n);
+        fitted = true;
+        fprintf(log, "  %d fp8 expert blocks (%s): %s %.3f of the fp8 peak; rms %.1f%%\n", n,
+                cost_precision_names[recipes[r]],
+                recipes[r] == COST_FP8 ? "gemm_eff_fp8" : "gemm_eff_fp8_block",
+                recipes[r] == COST_FP8 ? cal->gemm_eff_fp8 : cal->gemm_eff_fp8_block, 100 * rms);
+        for (int i = 0; i < n; i++) {
+            double us[2];
+            cost_expert_block_us(cal, g, recipes[r], &s[i], us);
+            fprintf(log,
+                    "    E %3.0f top-%.0f h %5.0f f %5.0f, %5.0f tokens: fwd %8.1f us (fit %8.1f), "
+                    "bwd %8.1f us (fit %8.1f)\n",
+                    s[i].experts, s[i].top_k, s[i].hidden, s[i].ffn, s[i].tokens, s[i].fwd_us,
+                    us[0], s[i].bwd_us, us[1]);
+        }
+    }
+    /* a profile with per-tensor blocks only: the block recipe at the same rate */
+    bool block = false;
+    for (int i = 0; i < d->nexpert8; i++) block |= d->expert8[i][0] == COST_FP8_BLOCK;
+    if (!block) cal->gemm_eff_fp8_block = cal->gemm_eff_fp8;
+    return fitted;
+}
+
 /* The fits, on any machine: the microbenchmarks into the efficiencies, then each phase's
  * correction over the jobs; meas receives the numbers the profile keeps. */
 static enum moe_status fit(const char *model_dir, const struct topo_cluster *cl,
@@ -344,6 +406,7 @@ static enum moe_status fit(const char *model_dir, const struct topo_cluster *cl,
     fit_attention(g, d, cal, log);
     json_object_set_new(meas, PLAN_CALIB_ATTN_KEY, ja);
     fit_experts(g, d, cal, meas, log);
+    fit_fp8(g, d, cal, meas, log);
     /* the jobs: their predictions under the fitted efficiencies, then each phase's correction */
     double model[PLAN_CALIB_MAX_JOBS][COST_NPHASES], count[PLAN_CALIB_MAX_JOBS][COST_NPHASES];
     json_t *jj = json_array();
@@ -405,14 +468,14 @@ enum moe_status plan_calib_fit_save(const struct plan_calib_data *d, const struc
     if (!meas) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
     enum moe_status st = fit(model_dir, cl, d, &cal, meas, log, err);
     if (st == MOE_OK) {
-        static const char *const defaults[] = {"gemm_eff_fp8 (no fp8 GEMM in the executor)",
-                                               "nvlink_eff (one GPU: no NVLink)",
-                                               "nvlink_allreduce_eff (one GPU)",
-                                               "scale_out_eff (no network)",
-                                               "a2a_latency_us (one GPU)",
-                                               "overlap_max (one GPU)",
-                                               "gemm_tile_m, gemm_tile_n"};
+        static const char *const defaults[] = {
+            "nvlink_eff (one GPU: no NVLink)", "nvlink_allreduce_eff (one GPU)",
+            "scale_out_eff (no network)",      "a2a_latency_us (one GPU)",
+            "overlap_max (one GPU)",           "gemm_tile_m, gemm_tile_n"};
         json_t *dflt = json_array();
+        if (!d->nexpert8)
+            json_array_append_new(dflt, json_string("gemm_eff_fp8, gemm_eff_fp8_block (no fp8 "
+                                                    "expert blocks measured)"));
         for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++)
             json_array_append_new(dflt, json_string(defaults[i]));
         meta = json_pack("{s:s, s:s, s:s, s:{s:s, s:s, s:s, s:s}, s:o, s:o, s:s}", "gpu", d->gpu,

@@ -499,3 +499,68 @@ void cost_fit_experts(struct cost_calibration *cal, const struct topo_gpu_spec *
         cal->expert_fixed_share[d] = t.expert_fixed_share[d];
     }
 }
+
+void cost_expert_block_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
+                          enum cost_precision prec, const struct cost_expert_sample *s,
+                          double us[2])
+{
+    double rows = s->tokens * s->top_k / s->experts, h = s->hidden, f = s->ffn;
+    cost_expert_us(cal, gpu, rows, h, f, prec, us);
+    us[0] = s->experts * (us[0] + cost_quantize_us(cal, gpu, prec, rows * (h + f)));
+    us[1] = s->experts * (us[1] + cost_quantize_us(cal, gpu, prec, rows * (2.0 * f + h)));
+}
+
+/* rms relative error of the fp8 samples at rate `eff` */
+struct fp8_fit {
+    struct cost_calibration *cal;
+    const struct topo_gpu_spec *gpu;
+    enum cost_precision prec;
+    const struct cost_expert_sample *s;
+    int n;
+};
+
+static double fp8_misfit(double eff, const struct fp8_fit *f)
+{
+    if (f->prec == COST_FP8_BLOCK)
+        f->cal->gemm_eff_fp8_block = eff;
+    else
+        f->cal->gemm_eff_fp8 = eff;
+    double sum = 0.0;
+    for (int i = 0; i < f->n; i++) {
+        double us[2];
+        cost_expert_block_us(f->cal, f->gpu, f->prec, &f->s[i], us);
+        double a = us[0] / f->s[i].fwd_us - 1.0, b = us[1] / f->s[i].bwd_us - 1.0;
+        sum += a * a + b * b;
+    }
+    return sqrt(sum / (2.0 * f->n));
+}
+
+double cost_fit_fp8(struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
+                    enum cost_precision prec, const struct cost_expert_sample *s, int n)
+{
+    if (n < 1 || prec == COST_BF16) return 0.0;
+    struct cost_calibration t = *cal;
+    struct fp8_fit f = {&t, gpu, prec, s, n};
+    /* a scan of the fraction of the fp8 peak, then golden-section refinement around the best */
+    double best = 0.05, err = fp8_misfit(best, &f);
+    for (double e = 0.05; e <= 1.0 + 1e-9; e += 0.01) {
+        double x = fp8_misfit(e, &f);
+        if (x < err) err = x, best = e;
+    }
+    double lo = fmax(0.02, best - 0.01), hi = fmin(1.0, best + 0.01);
+    const double gr = 0.5 * (sqrt(5.0) - 1.0);
+    for (int it = 0; it < 40; it++) {
+        double a = hi - gr * (hi - lo), b = lo + gr * (hi - lo);
+        if (fp8_misfit(a, &f) < fp8_misfit(b, &f))
+            hi = b;
+        else
+            lo = a;
+    }
+    best = 0.5 * (lo + hi);
+    err = fp8_misfit(best, &f);
+    if (prec == COST_FP8_BLOCK)
+        cal->gemm_eff_fp8_block = best;
+    else
+        cal->gemm_eff_fp8 = best;
+    return err;
+}

@@ -120,6 +120,18 @@ struct cost_expert_sample {
  * best (cost_fit_linear for each m_half); rms[d] receives direction d's rms relative error. */
 void cost_fit_experts(struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
                       const struct cost_expert_sample *s, int n, double rms[2]);
+/* The fp8 GEMM rate of recipe prec (gemm_eff_fp8 for COST_FP8, gemm_eff_fp8_block for
+ * COST_FP8_BLOCK) that fits expert blocks measured in that recipe best, the expert correction
+ * (cost_fit_experts, on bf16 blocks) kept: each block's model is its experts' cost_expert_us
+ * plus the quantization of its GEMMs' inputs (forward) and output gradients (backward), as the
+ * cost model counts them. Returns the rms relative error over forward and backward; the rate
+ * stays where there are no samples. */
+double cost_fit_fp8(struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
+                    enum cost_precision prec, const struct cost_expert_sample *s, int n);
+/* A sample's model under cal in recipe prec: us[0] forward, us[1] backward. */
+void cost_expert_block_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
+                          enum cost_precision prec, const struct cost_expert_sample *s,
+                          double us[2]);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Routing                                                                                        */

@@ -44,6 +44,9 @@ enum moe_status plan_calib_job_plan(const struct plan_calib_job *j, const char *
 #define PLAN_CALIB_MAX_EXPERTS 32
 #define PLAN_CALIB_EXPERT_COLS 7 /* experts, top-k, hidden, intermediate, tokens, fwd us, bwd us */
 #define PLAN_CALIB_EXPERT_KEY "experts_e_k_h_f_tokens_fwd_bwd_us"
+/* the same in fp8: the recipe (its enum cost_precision value) first, then the seven */
+#define PLAN_CALIB_FP8_COLS 8
+#define PLAN_CALIB_FP8_KEY "experts_fp8_precision_e_k_h_f_tokens_fwd_bwd_us"
 struct plan_calib_data {
     char gpu[256], driver[32], date[32], cuda[32], cublas[32], nccl[32];
     char attention[64]; /* whose attention was measured: "cudnn 9.14.0" or "own" */
@@ -55,6 +58,8 @@ struct plan_calib_data {
     int nattn;
     double expert[PLAN_CALIB_MAX_EXPERTS][PLAN_CALIB_EXPERT_COLS]; /* measure_experts' rows */
     int nexpert;
+    double expert8[PLAN_CALIB_MAX_EXPERTS][PLAN_CALIB_FP8_COLS]; /* its fp8 rows (none: no fp8) */
+    int nexpert8;
     struct plan_calib_job job[PLAN_CALIB_MAX_JOBS];
     char model[PLAN_CALIB_MAX_JOBS][64];
     double got[PLAN_CALIB_MAX_JOBS][COST_NPHASES]; /* each job's median phases, us */

@@ -847,6 +847,31 @@ static void test_calibration_fit(void **state)
         assert_true(fabs(fit.expert_m_half[d] / truth.expert_m_half[d] - 1) < 0.02);
         assert_true(erms[d] < 1e-3);
     }
+    /* the fp8 rates, recipe by recipe, with that expert correction: from blocks made with
+     * gemm_eff_fp8 0.55 and gemm_eff_fp8_block 0.47, each comes back; the other stays */
+    truth = fit;
+    truth.gemm_eff_fp8 = 0.55, truth.gemm_eff_fp8_block = 0.47;
+    for (int r = 0; r < 2; r++) {
+        enum cost_precision prec = r ? COST_FP8_BLOCK : COST_FP8;
+        struct cost_expert_sample s8[6];
+        int n8 = 0;
+        for (int a = 0; a < 3; a += 2)
+            for (double t = 1024; t <= 16384; t *= 4) {
+                double us[2];
+                struct cost_expert_sample x = {
+                    shape[a][0], shape[a][1], shape[a][2], shape[a][3], t, 1, 1};
+                cost_expert_block_us(&truth, &g, prec, &x, us);
+                x.fwd_us = us[0], x.bwd_us = us[1];
+                s8[n8++] = x;
+            }
+        struct cost_calibration f8 = fit;
+        double e8 = cost_fit_fp8(&f8, &g, prec, s8, n8);
+        double got = r ? f8.gemm_eff_fp8_block : f8.gemm_eff_fp8, want = r ? 0.47 : 0.55;
+        printf("fp8 fit (%s): %.4f (%.2f), rms %.1e\n", cost_precision_names[prec], got, want, e8);
+        assert_true(fabs(got / want - 1) < 1e-3 && e8 < 1e-3);
+        assert_true(r ? f8.gemm_eff_fp8 == fit.gemm_eff_fp8
+                      : f8.gemm_eff_fp8_block == fit.gemm_eff_fp8_block);
+    }
     /* write, read back */
     fit.phase_scale[COST_EMBED] = 3.5;
     fit.phase_fixed_us[COST_ROUTER] = 120.0;
@@ -867,6 +892,7 @@ static void test_calibration_fit(void **state)
     assert_true(back.phase_scale[COST_EMBED] == 3.5 && back.phase_fixed_us[COST_ROUTER] == 120.0);
     assert_true(back.phase_scale[COST_ROUTER] == 1.0 && back.phase_fixed_us[COST_EMBED] == 0.0);
     assert_true(fabs(back.attn_seq_half / fit.attn_seq_half - 1) < 1e-9);
+    assert_true(fabs(back.gemm_eff_fp8_block / fit.gemm_eff_fp8_block - 1) < 1e-9);
     for (int d = 0; d < 2; d++)
         assert_true(fabs(back.expert_scale[d] / fit.expert_scale[d] - 1) < 1e-9 &&
                     fabs(back.expert_fixed_share[d] / fit.expert_fixed_share[d] - 1) < 1e-9 &&
