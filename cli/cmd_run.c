@@ -140,9 +140,13 @@ static void on_start(void *ctx, const struct exec_run_info *info)
     printf("  attention: %s\n", info->attention);
     snprintf(lg->attention, sizeof lg->attention, "%s", info->attention);
     printf("  %d steps x %d micro-batch%s x %d sequences of %d tokens x dp %d; recompute %s; "
-           "data: %s\n",
+           "GEMMs %s; data: %s\n",
            lg->o->c.steps, micro, micro == 1 ? "" : "es", l->mbs, l->seq_len, l->dp,
-           cost_recompute_names[l->recompute], info->data);
+           cost_recompute_names[l->recompute],
+           l->precision == COST_FP8         ? "fp8 (per-tensor current scaling)"
+           : l->precision == COST_FP8_BLOCK ? "fp8 (1x128 / 128x128 block scaling)"
+                                            : "bf16",
+           info->data);
     printf("  AdamW lr %.2g (warm-up %d, cosine), clip %.1f; aux loss %g; bias update %g; seed "
            "%llu\n",
            info->opt.lr_max, info->opt.warmup_steps, info->opt.clip, lg->o->c.aux,

@@ -186,6 +186,9 @@ enum moe_status exec_measured_save(const char *file, const char *plan_path,
                       "predicted_bytes_per_gpu_per_layer", bytes_json(p->dispatch_bytes),
                       "measured_bytes_total", bytes_json(r->dispatch))))
         json_decref(root), root = NULL;
+    if (root && json_object_set_new(json_object_get(root, "run"), "precision",
+                                    json_string(cost_precision_names[l->precision])))
+        json_decref(root), root = NULL;
     if (!root) return moe_error_set(err, MOE_ERR_NOMEM, "%s: out of memory", file);
     st = moe_json_write_atomic(file, root, COST_MEASURED_SCHEMA, 1, err);
     json_decref(root);

@@ -17,30 +17,32 @@
 /* The calibration jobs: large and small experts (Mixtral's; 64 and 128 of DeepSeek-V2-Lite's), a
  * dense block, both attentions, hidden 4096 to 7168, sequences 1024 to 4096, full recompute. */
 const struct plan_calib_job plan_calib_jobs[] = {
-    {"mixtral-8x7b", 2, 0, 1024, 2, 1, COST_RECOMPUTE_NONE, 0},
-    {"mixtral-8x7b", 3, 0, 4096, 1, 1, COST_RECOMPUTE_NONE, 0},
-    {"deepseek-v2-lite", 3, 0, 1024, 2, 1, COST_RECOMPUTE_NONE, 0},
-    {"deepseek-v2-lite", 2, 128, 2048, 1, 2, COST_RECOMPUTE_NONE, 0},
-    {"deepseek-v2-lite", 3, 0, 4096, 1, 1, COST_RECOMPUTE_FULL, 0},
-    {"kimi-k2", 2, 32, 2048, 1, 1, COST_RECOMPUTE_NONE, 0},
+    {"mixtral-8x7b", 2, 0, 1024, 2, 1, COST_RECOMPUTE_NONE, 0, COST_BF16},
+    {"mixtral-8x7b", 3, 0, 4096, 1, 1, COST_RECOMPUTE_NONE, 0, COST_BF16},
+    {"deepseek-v2-lite", 3, 0, 1024, 2, 1, COST_RECOMPUTE_NONE, 0, COST_BF16},
+    {"deepseek-v2-lite", 2, 128, 2048, 1, 2, COST_RECOMPUTE_NONE, 0, COST_BF16},
+    {"deepseek-v2-lite", 3, 0, 4096, 1, 1, COST_RECOMPUTE_FULL, 0, COST_BF16},
+    {"kimi-k2", 2, 32, 2048, 1, 1, COST_RECOMPUTE_NONE, 0, COST_BF16},
 };
 const int plan_calib_njobs = (int)(sizeof plan_calib_jobs / sizeof plan_calib_jobs[0]);
 
 /* The validation jobs: other models (Qwen3's QK-norm and 128-wide head dim over hidden 2048;
  * gpt-oss's sliding window, sinks, biases and 64-wide heads among them), depths, sequences,
- * micro-batching, recompute and skew. */
+ * micro-batching, recompute and skew; Mixtral's proxy in both fp8 recipes. */
 const struct plan_calib_job plan_valid_jobs[] = {
-    {"deepseek-v2-lite", 4, 0, 2048, 4, 1, COST_RECOMPUTE_NONE, 0},
-    {"mixtral-8x7b", 4, 0, 4096, 1, 1, COST_RECOMPUTE_NONE, 0},
-    {"deepseek-v2-lite", 3, 96, 2048, 2, 1, COST_RECOMPUTE_NONE, 0},
-    {"deepseek-v2-lite", 4, 0, 4096, 2, 1, COST_RECOMPUTE_FULL, 0},
-    {"mixtral-8x7b", 2, 0, 2048, 2, 2, COST_RECOMPUTE_NONE, 0},
-    {"deepseek-v3", 4, 16, 2048, 1, 1, COST_RECOMPUTE_NONE, 0},
-    {"mixtral-8x7b", 2, 16, 4096, 1, 2, COST_RECOMPUTE_NONE, 0},
-    {"kimi-k2", 2, 16, 1024, 4, 1, COST_RECOMPUTE_FULL, 0},
-    {"deepseek-v2-lite", 3, 0, 2048, 2, 1, COST_RECOMPUTE_NONE, 1.0},
-    {"qwen3-30b-a3b", 2, 32, 2048, 2, 1, COST_RECOMPUTE_NONE, 0},
-    {"gpt-oss-20b", 2, 0, 2048, 2, 1, COST_RECOMPUTE_NONE, 0},
+    {"deepseek-v2-lite", 4, 0, 2048, 4, 1, COST_RECOMPUTE_NONE, 0, COST_BF16},
+    {"mixtral-8x7b", 4, 0, 4096, 1, 1, COST_RECOMPUTE_NONE, 0, COST_BF16},
+    {"deepseek-v2-lite", 3, 96, 2048, 2, 1, COST_RECOMPUTE_NONE, 0, COST_BF16},
+    {"deepseek-v2-lite", 4, 0, 4096, 2, 1, COST_RECOMPUTE_FULL, 0, COST_BF16},
+    {"mixtral-8x7b", 2, 0, 2048, 2, 2, COST_RECOMPUTE_NONE, 0, COST_BF16},
+    {"deepseek-v3", 4, 16, 2048, 1, 1, COST_RECOMPUTE_NONE, 0, COST_BF16},
+    {"mixtral-8x7b", 2, 16, 4096, 1, 2, COST_RECOMPUTE_NONE, 0, COST_BF16},
+    {"kimi-k2", 2, 16, 1024, 4, 1, COST_RECOMPUTE_FULL, 0, COST_BF16},
+    {"deepseek-v2-lite", 3, 0, 2048, 2, 1, COST_RECOMPUTE_NONE, 1.0, COST_BF16},
+    {"qwen3-30b-a3b", 2, 32, 2048, 2, 1, COST_RECOMPUTE_NONE, 0, COST_BF16},
+    {"gpt-oss-20b", 2, 0, 2048, 2, 1, COST_RECOMPUTE_NONE, 0, COST_BF16},
+    {"mixtral-8x7b", 4, 0, 4096, 1, 1, COST_RECOMPUTE_NONE, 0, COST_FP8},
+    {"mixtral-8x7b", 4, 0, 4096, 1, 1, COST_RECOMPUTE_NONE, 0, COST_FP8_BLOCK},
 };
 const int plan_valid_njobs = (int)(sizeof plan_valid_jobs / sizeof plan_valid_jobs[0]);
 
@@ -49,7 +51,10 @@ void plan_calib_job_name(const struct plan_calib_job *j, char *buf, size_t cap)
     int n = snprintf(buf, cap, "%s L%d%s%.0d seq %d mbs %d x %d%s", j->model, j->layers,
                      j->experts ? " E" : "", j->experts, j->seq, j->mbs, j->micro,
                      j->recompute == COST_RECOMPUTE_FULL ? " recompute" : "");
-    if (j->skew > 0 && n > 0 && (size_t)n < cap) snprintf(buf + n, cap - n, " skew %g", j->skew);
+    if (j->skew > 0 && n > 0 && (size_t)n < cap)
+        n += snprintf(buf + n, cap - n, " skew %g", j->skew);
+    if (j->precision != COST_BF16 && n > 0 && (size_t)n < cap)
+        snprintf(buf + n, cap - n, " %s", cost_precision_names[j->precision]);
 }
 
 /* The job's plan as plan_load gives it, with the cost model's prediction under cal. */
@@ -71,6 +76,7 @@ enum moe_status plan_calib_job_plan(const struct plan_calib_job *j, const char *
     l->mbs = j->mbs;
     l->gbs = j->mbs * j->micro;
     l->recompute = j->recompute;
+    l->precision = j->precision;
     struct cost_ctx ctx;
     cost_ctx_init(&ctx, m, cl, cal, 1);
     ctx.routing = routing;
@@ -144,6 +150,9 @@ static bool job_parse(const char *name, struct plan_calib_job *j, char *model, s
     j->recompute = strstr(r + n, "recompute") ? COST_RECOMPUTE_FULL : COST_RECOMPUTE_NONE;
     const char *sk = strstr(r + n, " skew ");
     if (sk && sscanf(sk, " skew %lf", &j->skew) != 1) return false;
+    const char *last = strrchr(name, ' ');
+    for (int q = COST_FP8; last && cost_precision_names[q]; q++)
+        if (!strcmp(last + 1, cost_precision_names[q])) j->precision = (enum cost_precision)q;
     snprintf(model, cap, "%s", m);
     j->model = model;
     return j->layers > 0 && j->seq > 0 && j->mbs > 0 && j->micro > 0;

@@ -21,6 +21,7 @@ struct plan_calib_job {
     int layers, experts, seq, mbs, micro;
     enum cost_recompute recompute;
     double skew;
+    enum cost_precision precision;
 };
 
 extern const struct plan_calib_job plan_calib_jobs[], plan_valid_jobs[];
