@@ -303,6 +303,12 @@ cublasStatus_t gk_fp8_gemm(struct gk_fp8_lt *c, const struct gk_fp8_mat *w,
     if (!st)
         st = cublasLtMatmul(c->lt, q->op, &one, w->q, l[0], x->q, l[1], &beta, y, l[2], y, l[2],
                             &q->algo, ws, c->ws_bytes, s);
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED && mb != M) { /* the kind's algorithm not at M rows */
+        struct fp8_kind once = *q;
+        if (!(st = kind_algo(c, &once, w, x, M)))
+            st = cublasLtMatmul(c->lt, once.op, &one, w->q, l[0], x->q, l[1], &beta, y, l[2], y,
+                                l[2], &once.algo, ws, c->ws_bytes, s);
+    }
     layouts_free(l);
     if (q == &scratch && q->op) cublasLtMatmulDescDestroy(q->op);
     return st;

@@ -12,19 +12,19 @@ int main()
     cudaMalloc(&w, N * K);
     cudaMalloc(&y, M * N * 4);
     cudaMalloc(&ws, 32 << 20);
-    cudaMalloc(&sc, 16);
-    float ones[2] = {1, 1};
-    cudaMemcpy(sc, ones, 8, cudaMemcpyHostToDevice);
+    cudaMalloc(&sc, 32);
+    float ones[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    cudaMemcpy(sc, ones, 32, cudaMemcpyHostToDevice);
     size_t wsb = 32 << 20;
     printf("cublasLt version %zu, cudart %d\n", cublasLtGetVersion(), CUDART_VERSION);
-    for (int variant = 0; variant < 6; variant++) {
+    for (int variant = 0; variant < 7; variant++) {
         cublasLtMatmulDesc_t op;
         cublasLtMatrixLayout_t a, b, c;
         cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
         cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
         cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
         cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
-        float *pa = sc, *pb = sc + 1;
+        float *pa = sc, *pb = variant == 6 ? sc + 4 : sc + 1; /* 6: both 16-byte aligned */
         if (variant != 1) {
             cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &pa,
                                            sizeof pa);
