@@ -105,8 +105,9 @@ void exec_gpu_bytes(const struct mdl_model *m, const struct exec_gpu_cfg *cfg, i
  * embedding's, the router's and the head's is kept quantized, a slice at a time (an expert's
  * part of an expert tensor): its row-major copy (K: its input) and its transpose (K: its output),
  * with their dequantization factors. A GEMM's activation or gradient operand is quantized when
- * the GEMM is called, into the scratch of the stream it runs on (two operands: the weight
- * gradient's). */
+ * the GEMM is called, into the scratch of the stream it runs on (three operands: the weight
+ * gradient's two, and the data gradient's operand transposed for the weight gradient after
+ * it). */
 struct exec_fp8_slice {
     size_t off;      /* the slice's first parameter */
     int rows, cols;  /* out x in */
@@ -119,7 +120,7 @@ struct exec_fp8_layout {
     enum exec_fp8_scaling act, weight; /* the activations' and gradients' scaling, the weights' */
     size_t qbytes;  /* bytes of the slices' row-major copies (their transposes take as many) */
     size_t factors; /* floats of all their factors */
-    size_t scratch_bytes, scratch_factors; /* a stream's scratch: each of its two operands' */
+    size_t scratch_bytes, scratch_factors; /* a stream's scratch: each of its three operands' */
 };
 /* The layout for the model's tensor table, a GEMM's operands at most `rows` rows (the tokens,
  * or the routed pairs one GPU's experts may hold). */

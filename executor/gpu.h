@@ -109,12 +109,24 @@ struct ep_layer {
     float *pair_w, *row_w;
 };
 
-/* fp8: a stream's scratch for the operands it quantizes as its GEMMs are called (two: the weight
- * gradient's), their factors, the per-tensor scaling's amax */
+/* fp8: a stream's scratch for the operands it quantizes as its GEMMs are called: a (the forward's
+ * input, the data gradient's output gradient, the weight gradient's transposed output gradient),
+ * b (the weight gradient's transposed input), c (the data gradient's output gradient transposed
+ * as well, for the weight gradient that follows), their factors, the per-tensor scaling's amax.
+ * `kept` says what a and c hold for the stream's next GEMM, which takes them instead of
+ * quantizing its operand again when it is the same matrix: the gate and up GEMMs of one input,
+ * a layer's data gradient and then its weight gradient. Only the next GEMM call, inside one
+ * phase: any other GEMM call or a new phase forgets it. */
+struct fp8_kept {
+    const bf16 *src; /* NULL: nothing kept */
+    int ld, rows, cols, e5m2;
+    bool t; /* c holds its transpose too */
+};
 struct fp8_scratch {
-    unsigned char *a, *b;
-    float *sa, *sb;
+    unsigned char *a, *b, *c;
+    float *sa, *sb, *sc;
     unsigned *amax;
+    struct fp8_kept kept;
 };
 
 #define MAX_EVENTS 16384
@@ -334,6 +346,8 @@ enum moe_status gpu_lin_dw(struct exec_gpu *g, const bf16 *dY, int lddy, const b
 enum moe_status gpu_sync_host(struct exec_gpu *g, struct moe_error *err);
 /* fp8: the quantized weights redone when stale (the first GEMM of a forward after an update) */
 enum moe_status gpu_fp8_weights(struct exec_gpu *g, struct moe_error *err);
+/* fp8: every stream's kept operands forgotten (struct fp8_kept) */
+void gpu_fp8_forget(struct exec_gpu *g);
 /* Host to device in s, the stream that reads it (s is non-blocking: it does not wait for a plain
  * cudaMemcpy, which may return before a pageable copy lands). A pageable source is staged before
  * the call returns: the caller may free or refill it at once. */

@@ -297,14 +297,16 @@ enum moe_status gpu_attn_backward(struct exec_gpu *g, int l, const struct act *A
             MOE_CHECK(gpu_bias_grad(g, g->dk16, g->dk32, T, KV * dqk, w[W_K_BIAS], err));
             MOE_CHECK(gpu_bias_grad(g, g->dv16, g->dv32, T, KV * dv, w[W_V_BIAS], err));
         }
+        /* each projection's data gradient, then its weight gradient (fp8: one quantization of
+         * the output gradient serves both) */
         MOE_CHECK(gpu_lin_dx(g, g->dq16, H * dqk, W16(g, w[W_WQ]), T, h, H * dqk, g->da32, h,
                              CUDA_R_32F, 0, err));
+        MOE_CHECK(gpu_lin_dw(g, g->dq16, H * dqk, A->a16, h, T, h, H * dqk, w[W_WQ], 0, err));
         MOE_CHECK(gpu_lin_dx(g, g->dk16, KV * dqk, W16(g, w[W_WK]), T, h, KV * dqk, g->da32, h,
                              CUDA_R_32F, 1, err));
+        MOE_CHECK(gpu_lin_dw(g, g->dk16, KV * dqk, A->a16, h, T, h, KV * dqk, w[W_WK], 0, err));
         MOE_CHECK(gpu_lin_dx(g, g->dv16, KV * dv, W16(g, w[W_WV]), T, h, KV * dv, g->da32, h,
                              CUDA_R_32F, 1, err));
-        MOE_CHECK(gpu_lin_dw(g, g->dq16, H * dqk, A->a16, h, T, h, H * dqk, w[W_WQ], 0, err));
-        MOE_CHECK(gpu_lin_dw(g, g->dk16, KV * dqk, A->a16, h, T, h, KV * dqk, w[W_WK], 0, err));
         MOE_CHECK(gpu_lin_dw(g, g->dv16, KV * dv, A->a16, h, T, h, KV * dv, w[W_WV], 0, err));
         return MOE_OK;
     }

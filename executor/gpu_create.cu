@@ -344,8 +344,10 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
             struct fp8_scratch *x = &g->f8x[i];
             ALLOC(x->a, g->f8.scratch_bytes, EXEC_MEM_WORKSPACE);
             ALLOC(x->b, g->f8.scratch_bytes, EXEC_MEM_WORKSPACE);
+            ALLOC(x->c, g->f8.scratch_bytes, EXEC_MEM_WORKSPACE);
             ALLOC(x->sa, g->f8.scratch_factors, EXEC_MEM_WORKSPACE);
             ALLOC(x->sb, g->f8.scratch_factors, EXEC_MEM_WORKSPACE);
+            ALLOC(x->sc, g->f8.scratch_factors, EXEC_MEM_WORKSPACE);
             ALLOC(x->amax, 4, EXEC_MEM_WORKSPACE);
         }
         g->f8lt = gk_fp8_lt_create(g->lt, g->ws_bytes);

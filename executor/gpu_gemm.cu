@@ -131,7 +131,9 @@ static enum moe_status mm_expert(struct exec_gpu *g, bool ta, bool tb, bool vary
  * in the forward, its transpose in the data gradient; the activation or gradient it meets is
  * quantized first, into the scratch of the stream the GEMM runs on. The weight gradient
  * quantizes both of its operands transposed (K: the rows, padded to a multiple of 16 with zeros).
- * Everything else (the router, the head, the biases' gradients, a width not a multiple of 16)
+ * A stream's next GEMM reuses what its last one quantized when it is the same matrix (struct
+ * fp8_kept): the data gradient quantizes its output gradient both ways, for the weight gradient
+ * after it. Everything else (the router, the head, the biases' gradients, a width not a multiple of 16)
  * stays bf16. */
 
 /* The quantized slice that starts at W (rows x cols), or NULL */
@@ -180,6 +182,26 @@ static struct fp8_scratch *fp8_scratch_now(struct exec_gpu *g)
     return &g->f8x[g->cur_side + 1];
 }
 
+void gpu_fp8_forget(struct exec_gpu *g)
+{
+    for (int i = 0; g->fp8 && i <= g->nside; i++) g->f8x[i].kept.src = NULL;
+}
+
+/* Whether x8 keeps src (rows x cols, ld) in format e5m2 (and its transpose, t) */
+static bool fp8_kept_is(const struct fp8_scratch *x8, const bf16 *src, int ld, int rows, int cols,
+                        int e5m2, bool t)
+{
+    const struct fp8_kept *k = &x8->kept;
+    return k->src == src && k->ld == ld && k->rows == rows && k->cols == cols && k->e5m2 == e5m2 &&
+           (k->t || !t);
+}
+
+static void fp8_keep(struct fp8_scratch *x8, const bf16 *src, int ld, int rows, int cols, int e5m2,
+                     bool t)
+{
+    x8->kept = fp8_kept{src, ld, rows, cols, e5m2, t};
+}
+
 static cudaStream_t stream_now(const struct exec_gpu *g)
 {
     return g->cur_side < 0 ? g->s : g->side[g->cur_side];
@@ -224,12 +246,15 @@ enum moe_status gpu_lin(struct exec_gpu *g, const bf16 *X, int ldx, const bf16 *
         MOE_CHECK(fp8_fresh(g, err));
         struct fp8_scratch *x8 = fp8_scratch_now(g);
         int ha = g->f8.act, hw = g->f8.weight;
-        MOE_CUDA_CHECK(gk_fp8_cast(X, ldx, T, in, ha, 0, x8->a, x8->sa, NULL, 0, NULL, x8->amax,
-                                   stream_now(g)));
+        if (!fp8_kept_is(x8, X, ldx, T, in, 0, false)) /* the gate's input is the up's */
+            MOE_CUDA_CHECK(gk_fp8_cast(X, ldx, T, in, ha, 0, x8->a, x8->sa, NULL, 0, NULL, x8->amax,
+                                       stream_now(g)));
+        fp8_keep(x8, X, ldx, T, in, 0, false);
         struct gk_fp8_mat w = {g->w8 + f->q, g->w8s + f->s, in, hw, 0},
                           x = {x8->a, x8->sa, in, ha, 0};
         return fp8_mm(g, &w, &x, T, out, in, Y, ldy, yt, beta, err);
     }
+    if (g->fp8) fp8_scratch_now(g)->kept.src = NULL;
     if (g->in_experts)
         return mm_expert(g, false, true, false, T, out, in, X, ldx, Wt, in, beta, Y, ldy,
                          CUDA_R_16BF, yt, err);
@@ -246,13 +271,17 @@ enum moe_status gpu_lin_dx(struct exec_gpu *g, const bf16 *dY, int lddy, const b
     if (f && T > 0) {
         MOE_CHECK(fp8_fresh(g, err));
         struct fp8_scratch *x8 = fp8_scratch_now(g);
-        int ha = g->f8.act, hw = g->f8.weight, e5 = g->cfg.fp8_e5m2_grads;
-        MOE_CUDA_CHECK(gk_fp8_cast(dY, lddy, T, out, ha, e5, x8->a, x8->sa, NULL, 0, NULL, x8->amax,
-                                   stream_now(g)));
+        int ha = g->f8.act, hw = g->f8.weight, e5 = g->cfg.fp8_e5m2_grads, Tp = (T + 15) / 16 * 16;
+        /* both ways at once: the weight gradient that follows takes the transpose */
+        if (!fp8_kept_is(x8, dY, lddy, T, out, e5, true))
+            MOE_CUDA_CHECK(gk_fp8_cast(dY, lddy, T, out, ha, e5, x8->a, x8->sa, x8->c, Tp, x8->sc,
+                                       x8->amax, stream_now(g)));
+        fp8_keep(x8, dY, lddy, T, out, e5, true);
         struct gk_fp8_mat w = {g->w8t + f->q, g->w8s + f->st, out, hw, 0},
                           x = {x8->a, x8->sa, out, ha, e5};
         return fp8_mm(g, &w, &x, T, in, out, dX, lddx, xt, beta, err);
     }
+    if (g->fp8) fp8_scratch_now(g)->kept.src = NULL;
     if (g->in_experts)
         return mm_expert(g, false, false, false, T, in, out, dY, lddy, Wt, in, beta, dX, lddx,
                          CUDA_R_16BF, xt, err);
@@ -272,13 +301,18 @@ enum moe_status gpu_lin_dw(struct exec_gpu *g, const bf16 *dY, int lddy, const b
         struct fp8_scratch *x8 = fp8_scratch_now(g);
         int ha = g->f8.act, e5 = g->cfg.fp8_e5m2_grads, Tp = (T + 15) / 16 * 16;
         cudaStream_t s = stream_now(g);
-        MOE_CUDA_CHECK(
-            gk_fp8_cast(dY, lddy, T, out, ha, e5, NULL, NULL, x8->a, Tp, x8->sa, x8->amax, s));
+        bool kept = fp8_kept_is(x8, dY, lddy, T, out, e5, true); /* the data gradient's */
+        if (!kept)
+            MOE_CUDA_CHECK(
+                gk_fp8_cast(dY, lddy, T, out, ha, e5, NULL, NULL, x8->a, Tp, x8->sa, x8->amax, s));
         MOE_CUDA_CHECK(
             gk_fp8_cast(X, ldx, T, in, ha, 0, NULL, NULL, x8->b, Tp, x8->sb, x8->amax, s));
-        struct gk_fp8_mat w = {x8->b, x8->sb, Tp, ha, 0}, x = {x8->a, x8->sa, Tp, ha, e5};
+        x8->kept.src = NULL; /* a or b written over */
+        struct gk_fp8_mat w = {x8->b, x8->sb, Tp, ha, 0},
+                          x = {kept ? x8->c : x8->a, kept ? x8->sc : x8->sa, Tp, ha, e5};
         return fp8_mm(g, &w, &x, out, in, Tp, dW, in, CUDA_R_32F, beta, err);
     }
+    if (g->fp8) fp8_scratch_now(g)->kept.src = NULL;
     if (g->in_experts)
         return mm_expert(g, true, false, true, out, in, T, dY, lddy, X, ldx, beta, dW, in,
                          CUDA_R_16BF, CUDA_R_32F, err);
@@ -304,6 +338,7 @@ enum moe_status gpu_sync_host(struct exec_gpu *g, struct moe_error *err)
 enum moe_status gpu_fork_experts(struct exec_gpu *g, struct moe_error *err)
 {
     if (g->fp8 && g->w8_stale) MOE_CHECK(gpu_fp8_weights(g, err)); /* before the streams part */
+    gpu_fp8_forget(g);
     g->in_experts = true;
     if (g->nside < 2) return MOE_OK;
     MOE_CUDA_CHECK(cudaEventRecord(g->fork_ev, g->s));
@@ -322,6 +357,7 @@ void gpu_use_expert_stream(struct exec_gpu *g, int e)
 
 enum moe_status gpu_join_experts(struct exec_gpu *g, struct moe_error *err)
 {
+    gpu_fp8_forget(g);
     g->cur = g->blas;
     g->cur_side = -1;
     g->in_experts = false;

@@ -43,8 +43,8 @@ enum moe_status gpu_swiglu_backward(struct exec_gpu *g, const bf16 *x, const bf1
     MOE_CUDA_CHECK(
         gk_swiglu_backward(g16, u16, g->dhm16, g->dg16, g->du16, (size_t)T * F, 1.0f, 0.0f, g->s));
     MOE_CHECK(gpu_lin_dx(g, g->dg16, F, Wg, T, h, F, dx, h, CUDA_R_32F, beta, err));
-    MOE_CHECK(gpu_lin_dx(g, g->du16, F, Wu, T, h, F, dx, h, CUDA_R_32F, 1.0f, err));
     MOE_CHECK(gpu_lin_dw(g, g->dg16, F, x, h, T, h, F, tg, 0, err));
+    MOE_CHECK(gpu_lin_dx(g, g->du16, F, Wu, T, h, F, dx, h, CUDA_R_32F, 1.0f, err));
     return gpu_lin_dw(g, g->du16, F, x, h, T, h, F, tu, 0, err);
 }
 
@@ -131,11 +131,12 @@ enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act
         [&](int e, size_t o, int n) {
             MOE_CHECK(gpu_lin_dx(g, g->dyp16 + o * h, h, W16(g, w[W_DOWN]) + (size_t)e * h * f, n,
                                  f, h, g->dehm16 + o * f, f, CUDA_R_16BF, 0, err));
+            MOE_CHECK(gpu_lin_dw(g, g->dyp16 + o * h, h, A->ehm16 + o * f, f, n, f, h, w[W_DOWN], e,
+                                 err));
             if (g->expert_bias)
                 MOE_CHECK(
                     gpu_lin_dw(g, g->dyp16 + o * h, h, g->ones16, 1, n, 1, h, w[W_DOWN_B], e, err));
-            return gpu_lin_dw(g, g->dyp16 + o * h, h, A->ehm16 + o * f, f, n, f, h, w[W_DOWN], e,
-                              err);
+            return MOE_OK;
         },
         err));
     MOE_CUDA_CHECK(gk_swiglu_backward(A->eg16, A->eu16, g->dehm16, g->deg16, g->deu16,
@@ -145,17 +146,19 @@ enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act
         [&](int e, size_t o, int n) {
             MOE_CHECK(gpu_lin_dx(g, g->deg16 + o * f, f, W16(g, w[W_GATE]) + (size_t)e * f * h, n,
                                  h, f, g->dxg16 + o * h, h, CUDA_R_16BF, 0, err));
+            MOE_CHECK(
+                gpu_lin_dw(g, g->deg16 + o * f, f, A->xp16 + o * h, h, n, h, f, w[W_GATE], e, err));
             MOE_CHECK(gpu_lin_dx(g, g->deu16 + o * f, f, W16(g, w[W_UP]) + (size_t)e * f * h, n, h,
                                  f, g->dxu16 + o * h, h, CUDA_R_16BF, 0, err));
             MOE_CHECK(
-                gpu_lin_dw(g, g->deg16 + o * f, f, A->xp16 + o * h, h, n, h, f, w[W_GATE], e, err));
+                gpu_lin_dw(g, g->deu16 + o * f, f, A->xp16 + o * h, h, n, h, f, w[W_UP], e, err));
             if (g->expert_bias) {
                 MOE_CHECK(
                     gpu_lin_dw(g, g->deg16 + o * f, f, g->ones16, 1, n, 1, f, w[W_GATE_B], e, err));
                 MOE_CHECK(
                     gpu_lin_dw(g, g->deu16 + o * f, f, g->ones16, 1, n, 1, f, w[W_UP_B], e, err));
             }
-            return gpu_lin_dw(g, g->deu16 + o * f, f, A->xp16 + o * h, h, n, h, f, w[W_UP], e, err);
+            return MOE_OK;
         },
         err);
 }

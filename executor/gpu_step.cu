@@ -16,6 +16,7 @@
 /* Mark the start of a phase (and the end of the one before); -1 ends the last. */
 enum moe_status gpu_phase(struct exec_gpu *g, int ph, struct moe_error *err)
 {
+    gpu_fp8_forget(g); /* what the fp8 GEMMs kept is not reused across a phase mark */
     if (g->nev == MAX_EVENTS) {
         g->ev_overflow = true; /* the rest of the step counts to the last phase */
         return MOE_OK;
@@ -130,8 +131,8 @@ static enum moe_status block_backward(struct exec_gpu *g, int l, const float *x,
     if (rc & COST_RC_BIT(COST_RC_CORE_ATTN)) /* the attention's output and lse */
         MOE_CHECK(gpu_attn_core(g, l, A, err));
     PH(COST_ATTN_BWD);
-    MOE_CHECK(gpu_mm(g, false, false, T, Hd, h, 1.0f, g->dh16, h, 0, W16(g, w[W_WO]), Hd, 0, 0.0f,
-                     g->do16, Hd, 0, 1, CUDA_R_16BF, CUDA_R_16BF, err));
+    MOE_CHECK(
+        gpu_lin_dx(g, g->dh16, h, W16(g, w[W_WO]), T, Hd, h, g->do16, Hd, CUDA_R_16BF, 0.0f, err));
     MOE_CHECK(gpu_lin_dw(g, g->dh16, h, A->o16, Hd, T, Hd, h, w[W_WO], 0, err));
     if (g->attn_bias)
         MOE_CUDA_CHECK(gk_colsum(g->dh, h, NULL, 0, NULL, T, h, g->part, GR(g, w[W_O_BIAS]),

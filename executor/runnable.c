@@ -365,7 +365,7 @@ void exec_gpu_bytes(const struct mdl_model *m, const struct exec_gpu_cfg *cfg, i
     bytes[EXEC_MEM_WEIGHTS] += B2 * n;
     if (cfg->precision != COST_BF16) { /* fp8: the copies, their factors; each stream's scratch */
         bytes[EXEC_MEM_WEIGHTS] += 2.0 * f8.qbytes + B4 * f8.factors;
-        *W += (1 + streams) * (2.0 * f8.scratch_bytes + 2 * B4 * f8.scratch_factors + 16);
+        *W += (1 + streams) * (3.0 * f8.scratch_bytes + 3 * B4 * f8.scratch_factors + 16);
         exec_fp8_layout_free(&f8);
     }
     bytes[EXEC_MEM_GRADS] += B4 * n;
