@@ -51,15 +51,26 @@ static __device__ __forceinline__ unsigned block_max(unsigned v, unsigned *red)
     return m;
 }
 
-/* The whole matrix's amax (as bits) into *amax, zeroed before. */
-__global__ void k_fp8_amax(const bf16 *x, int ldx, int rows, int cols, unsigned *amax)
+/* The whole matrix's amax (as bits) into *amax, zeroed before; `vec`: 8 values (16 bytes) a load
+ * (rows starting on 16 bytes, cols a multiple of 8). */
+__global__ void k_fp8_amax(const bf16 *x, int ldx, int rows, int cols, bool vec, unsigned *amax)
 {
     __shared__ unsigned red[TPB / 32];
     unsigned m = 0;
-    size_t n = (size_t)rows * cols;
+    int per = vec ? 8 : 1, w = cols / per;
+    size_t n = (size_t)rows * w;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        m = max(m, abs_bits(__bfloat162float(x[(i / cols) * ldx + i % cols])));
+         i += (size_t)gridDim.x * blockDim.x) {
+        const bf16 *p = x + (i / w) * ldx + (i % w) * per;
+        if (vec) {
+            uint4 v = *(const uint4 *)p;
+            const __nv_bfloat162 *b = (const __nv_bfloat162 *)&v;
+            for (int k = 0; k < 4; k++)
+                m = max(m, max(abs_bits(__low2float(b[k])), abs_bits(__high2float(b[k]))));
+        } else {
+            m = max(m, abs_bits(__bfloat162float(*p)));
+        }
+    }
     m = block_max(m, red);
     if (threadIdx.x == 0) atomicMax(amax, m);
 }
@@ -68,22 +79,50 @@ __global__ void k_fp8_amax(const bf16 *x, int ldx, int rows, int cols, unsigned 
 #define FT_PAD (FT + 2) /* a shared-memory row, padded against bank conflicts in the transpose */
 #define FT_THREADS 256
 
+/* 16 values of the tile (a row's run, or a column's when `down`) to fp8, times s */
+static __device__ __forceinline__ uint4 pack16(const bf16 (*tile)[FT_PAD], int r, int c, bool down,
+                                               float s, int e5m2)
+{
+    unsigned w[4] = {0, 0, 0, 0};
+    for (int k = 0; k < 16; k++) {
+        float v = __bfloat162float(down ? tile[r + k][c] : tile[r][c + k]);
+        w[k / 4] |= (unsigned)to_fp8(v * s, e5m2) << (8 * (k % 4));
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 /* One block one FT x FT tile (blockIdx.x along cols, blockIdx.y along rows). Rows beyond `rows`
- * up to qt's ldt read as zeros (the weight gradient's K padded to a multiple of 16). */
+ * up to qt's ldt read as zeros (the weight gradient's K padded to a multiple of 16). `vec`: the
+ * input's rows and both copies' rows start on 16 bytes and cols is a multiple of 16, so the tile
+ * moves in 16-byte accesses (8 bf16 in, 16 fp8 out; the partial tiles at the edges element by
+ * element). The values are the same either way. */
 __global__ void __launch_bounds__(FT_THREADS)
     k_fp8_cast(const bf16 *x, int ldx, int rows, int cols, int how, int e5m2, const unsigned *amax,
-               unsigned char *q, float *sq, unsigned char *qt, int ldt, float *sqt)
+               unsigned char *q, float *sq, unsigned char *qt, int ldt, float *sqt, bool vec)
 {
-    __shared__ bf16 tile[FT][FT_PAD];
+    __shared__ __align__(16) bf16 tile[FT][FT_PAD];
     __shared__ float rs[FT], cs[FT]; /* 1 x 128 tiles: each row's scale, each column's */
     __shared__ unsigned red[FT_THREADS / 32];
     int r0 = blockIdx.y * FT, c0 = blockIdx.x * FT, t = threadIdx.x;
     unsigned m = 0;
-    for (int i = t; i < FT * FT; i += FT_THREADS) {
-        int r = i / FT, c = i % FT, gr = r0 + r, gc = c0 + c;
-        bf16 v = gr < rows && gc < cols ? x[(size_t)gr * ldx + gc] : __float2bfloat16(0.0f);
-        tile[r][c] = v;
-        m = max(m, abs_bits(__bfloat162float(v)));
+    for (int i = t; i < FT * FT / 8; i += FT_THREADS) { /* 8 values a step */
+        int r = i / (FT / 8), c = (i % (FT / 8)) * 8, gr = r0 + r, gc = c0 + c;
+        if (vec && gr < rows && gc + 8 <= cols) {
+            uint4 v = *(const uint4 *)(x + (size_t)gr * ldx + gc);
+            const unsigned *u = (const unsigned *)&v;
+            for (int k = 0; k < 4; k++) {
+                *(unsigned *)&tile[r][c + 2 * k] = u[k];
+                __nv_bfloat162 p = *(const __nv_bfloat162 *)&u[k];
+                m = max(m, max(abs_bits(__low2float(p)), abs_bits(__high2float(p))));
+            }
+        } else {
+            for (int k = 0; k < 8; k++) {
+                bf16 v = gr < rows && gc + k < cols ? x[(size_t)gr * ldx + gc + k]
+                                                    : __float2bfloat16(0.0f);
+                tile[r][c + k] = v;
+                m = max(m, abs_bits(__bfloat162float(v)));
+            }
+        }
     }
     __syncthreads();
     float S = 1.0f; /* the tensor's or the block's scale */
@@ -106,28 +145,41 @@ __global__ void __launch_bounds__(FT_THREADS)
         }
         __syncthreads();
     }
-    if (q) {
-        for (int i = t; i < FT * FT; i += FT_THREADS) {
-            int r = i / FT, c = i % FT, gr = r0 + r, gc = c0 + c;
-            if (gr >= rows || gc >= cols) continue;
-            float s = how == EXEC_FP8_TILE_1X128 ? rs[r] : S;
-            q[(size_t)gr * cols + gc] = to_fp8(__bfloat162float(tile[r][c]) * s, e5m2);
+    bool tiles = how == EXEC_FP8_TILE_1X128;
+    if (q) { /* 16 values of a row a step */
+        for (int i = t; i < FT * FT / 16; i += FT_THREADS) {
+            int r = i / (FT / 16), c = (i % (FT / 16)) * 16, gr = r0 + r, gc = c0 + c;
+            if (gr >= rows) continue;
+            const float *s = tiles ? &rs[r] : &S;
+            if (vec && gc + 16 <= cols) {
+                *(uint4 *)(q + (size_t)gr * cols + gc) = pack16(tile, r, c, false, *s, e5m2);
+            } else {
+                for (int k = 0; k < 16 && gc + k < cols; k++)
+                    q[(size_t)gr * cols + gc + k] =
+                        to_fp8(__bfloat162float(tile[r][c + k]) * s[0], e5m2);
+            }
         }
-        if (how == EXEC_FP8_TILE_1X128 && t < FT && r0 + t < rows)
+        if (tiles && t < FT && r0 + t < rows)
             sq[exec_fp8_factor_at(how, rows, cols, r0 + t, c0)] = 1.0f / rs[t];
         if (how == EXEC_FP8_BLOCK_128X128 && t == 0)
             sq[exec_fp8_factor_at(how, rows, cols, r0, c0)] = 1.0f / S;
         if (how == EXEC_FP8_TENSOR && t == 0 && blockIdx.x == 0 && blockIdx.y == 0)
             sq[0] = 1.0f / S;
     }
-    if (qt) { /* qt (cols x ldt): row c of qt is column c of x */
-        for (int i = t; i < FT * FT; i += FT_THREADS) {
-            int c = i / FT, r = i % FT, gr = r0 + r, gc = c0 + c;
+    if (qt) { /* qt (cols x ldt): row c of qt is column c of x; 16 of its values a step */
+        for (int i = t; i < FT * FT / 16; i += FT_THREADS) {
+            int c = i / (FT / 16), r = (i % (FT / 16)) * 16, gr = r0 + r, gc = c0 + c;
             if (gc >= cols || gr >= ldt) continue;
-            float s = how == EXEC_FP8_TILE_1X128 ? cs[c] : S;
-            qt[(size_t)gc * ldt + gr] = to_fp8(__bfloat162float(tile[r][c]) * s, e5m2);
+            const float *s = tiles ? &cs[c] : &S;
+            if (vec && gr + 16 <= ldt) {
+                *(uint4 *)(qt + (size_t)gc * ldt + gr) = pack16(tile, r, c, true, *s, e5m2);
+            } else {
+                for (int k = 0; k < 16 && gr + k < ldt; k++)
+                    qt[(size_t)gc * ldt + gr + k] =
+                        to_fp8(__bfloat162float(tile[r + k][c]) * s[0], e5m2);
+            }
         }
-        if (how == EXEC_FP8_TILE_1X128 && t < FT && c0 + t < cols)
+        if (tiles && t < FT && c0 + t < cols)
             sqt[exec_fp8_factor_at(how, cols, ldt, c0 + t, r0)] = 1.0f / cs[t];
         if (how == EXEC_FP8_BLOCK_128X128 && t == 0)
             sqt[exec_fp8_factor_at(how, cols, ldt, c0, r0)] = 1.0f / S;
@@ -144,14 +196,17 @@ cudaError_t gk_fp8_cast(const bf16 *x, int ldx, int rows, int cols, int how, int
     if (how == EXEC_FP8_TENSOR) {
         cudaError_t e = cudaMemsetAsync(work, 0, sizeof(unsigned), s);
         if (e != cudaSuccess) return e;
-        size_t n = (size_t)rows * cols;
+        bool v8 = ldx % 8 == 0 && aligned(x, 16) && cols % 8 == 0;
+        size_t n = (size_t)rows * cols / (v8 ? 8 : 1);
         unsigned g = blocks_for(n, TPB) < 1024 ? blocks_for(n, TPB) : 1024;
-        k_fp8_amax<<<g, TPB, 0, s>>>(x, ldx, rows, cols, work);
+        k_fp8_amax<<<g, TPB, 0, s>>>(x, ldx, rows, cols, v8, work);
     }
+    bool vec = ldx % 8 == 0 && aligned(x, 16) && cols % 16 == 0 && (!q || aligned(q, 16)) &&
+               (!qt || (ldt % 16 == 0 && aligned(qt, 16)));
     int span = qt && ldt > rows ? ldt : rows; /* the rows the tiles cover */
     dim3 grid((unsigned)((cols + FT - 1) / FT), (unsigned)((span + FT - 1) / FT));
-    k_fp8_cast<<<grid, FT_THREADS, 0, s>>>(x, ldx, rows, cols, how, e5m2, work, q, sq, qt, ldt,
-                                           sqt);
+    k_fp8_cast<<<grid, FT_THREADS, 0, s>>>(x, ldx, rows, cols, how, e5m2, work, q, sq, qt, ldt, sqt,
+                                           vec);
     return cudaGetLastError();
 }
 
