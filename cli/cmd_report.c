@@ -3,8 +3,10 @@
  * run. DIR/README.md (GitHub Markdown) with four SVG charts next to it: predicted and measured
  * time per phase, the error per phase, the loss curve, and the expert load (a histogram of each
  * expert's tokens over the balanced share, measured against the plan's routing). The same table
- * prints to the terminal. Every file is written whole or not at all (moe_file_write_atomic); the
- * README last, so a report folder with a README is complete.
+ * prints to the terminal. With --compare, other runs of the same model and steps (another
+ * precision, say) join the loss curve, and a table sets their last losses against this run's.
+ * Every file is written whole or not at all (moe_file_write_atomic); the README last, so a report
+ * folder with a README is complete.
  */
 #include <errno.h>
 #include <math.h>
@@ -16,10 +18,14 @@
 #include "plan.h"
 #include "rpt.h"
 
-enum { OPT_OUT = 'o' };
+enum { OPT_OUT = 'o', OPT_COMPARE = 1 };
 
+#define MAX_COMPARE (RPT_SVG_MAX_SERIES - 1)
 const struct cli_opt cmd_report_opts[] = {
     {"output", required_argument, OPT_OUT, "DIR", "write the report here (report)"},
+    {"compare", required_argument, OPT_COMPARE, "MEASURED",
+     "another run's measured.json (same model and steps) beside this one's loss; up to "
+     "3"},
     {NULL, 0, 0, NULL, NULL},
 };
 
@@ -45,6 +51,9 @@ struct report {
     const struct plan_file *p;
     const struct plan_measured *m;
     int rows[COST_NPHASES], nrows; /* the phases shown: predicted or measured, not the step */
+    const struct plan_measured *other[MAX_COMPARE]; /* --compare's runs */
+    const char *name[MAX_COMPARE + 1];              /* this run's file, then theirs */
+    int nother;
 };
 
 static enum moe_status chart_phases(FILE *f, const void *arg, struct moe_error *err)
@@ -90,17 +99,50 @@ static int loss_points(const struct plan_measured *m, double *x, double *y)
     return n;
 }
 
+/* The loss curve; with --compare, every run's at the steps all of them updated. */
 static enum moe_status chart_loss(FILE *f, const void *arg, struct moe_error *err)
 {
-    const struct plan_measured *m = ((const struct report *)arg)->m;
-    double *x = malloc(sizeof *x * (size_t)m->steps * 2);
+    const struct report *r = arg;
+    const struct plan_measured *m = r->m;
+    int ns = 1 + r->nother;
+    double *x = malloc(sizeof *x * (size_t)m->steps * (1 + ns));
     if (!x) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
-    int n = loss_points(m, x, x + m->steps);
-    const char *series[1] = {"training loss"};
+    double *y = x + m->steps;
+    int n = 0;
+    if (!r->nother) {
+        n = loss_points(m, x, y);
+    } else {
+        int kept = 0;
+        for (int i = 0; i < m->steps; i++) {
+            bool all = isfinite(m->loss[i]);
+            for (int k = 0; k < r->nother; k++) all = all && isfinite(r->other[k]->loss[i]);
+            if (all) x[kept++] = m->first_step + i;
+        }
+        n = kept;
+        for (int s = 0, j = 0; s < ns; s++, j = 0) {
+            const struct plan_measured *q = s ? r->other[s - 1] : m;
+            for (int i = 0; i < m->steps; i++) {
+                bool all = isfinite(m->loss[i]);
+                for (int k = 0; k < r->nother; k++) all = all && isfinite(r->other[k]->loss[i]);
+                if (all) y[(size_t)s * n + j++] = q->loss[i];
+            }
+        }
+    }
+    const char *one[1] = {"training loss"};
     enum moe_status st =
-        rpt_svg_lines(f, "Loss curve", "step", "loss", x, n, series, 1, x + m->steps, err);
+        rpt_svg_lines(f, "Loss curve", "step", "loss", x, n, r->nother ? r->name : one, ns, y, err);
     free(x);
     return st;
+}
+
+/* The mean loss of a run's last `n` updating steps (NaN: none) */
+static double tail_loss(const struct plan_measured *m, int n)
+{
+    double sum = 0;
+    int k = 0;
+    for (int i = m->steps - 1; i >= 0 && k < n; i--)
+        if (isfinite(m->loss[i])) sum += m->loss[i], k++;
+    return k ? sum / k : NAN;
 }
 
 /* Experts by load over the balanced share (every MoE layer's experts): the plan's routing puts
@@ -138,11 +180,12 @@ static enum moe_status chart_experts(FILE *f, const void *arg, struct moe_error 
 }
 
 static int report(struct cli *cli, const char *plan_file, const char *measured_file,
-                  const char *dir)
+                  const char *dir, const char *const *compare, int ncompare)
 {
     struct moe_error err;
     struct plan_file p;
-    struct plan_measured m;
+    struct plan_measured m, other[MAX_COMPARE];
+    int nother = 0;
     enum moe_status st = plan_load(plan_file, &p, &err);
     if (st != MOE_OK) {
         plan_file_free(&p);
@@ -158,7 +201,21 @@ static int report(struct cli *cli, const char *plan_file, const char *measured_f
                       m.model, plan_file, p.model.name);
         goto fail;
     }
-    struct report r = {&p, &m, {0}, 0};
+    for (; nother < ncompare; nother++) {
+        struct plan_measured *q = &other[nother];
+        if ((st = plan_measured_load(compare[nother], E, p.model.moe.top_k, q, &err))) goto fail;
+        if (strcmp(q->model, m.model) || q->steps != m.steps || q->first_step != m.first_step) {
+            moe_error_set(&err, MOE_ERR_INPUT,
+                          "--compare %s: %s, steps %d-%d; %s is %s, steps %d-%d (a run of the "
+                          "same model and steps)",
+                          compare[nother], q->model, q->first_step, q->first_step + q->steps - 1,
+                          measured_file, m.model, m.first_step, m.first_step + m.steps - 1);
+            nother++;
+            goto fail;
+        }
+    }
+    struct report r = {&p, &m, {0}, 0, {NULL}, {measured_file}, nother};
+    for (int k = 0; k < nother; k++) r.other[k] = &other[k], r.name[k + 1] = compare[k];
     for (int ph = 0; ph < COST_STEP; ph++)
         if (p.phase_us[ph] > 0 || m.phase_ms[ph] > 0) r.rows[r.nrows++] = ph;
     const char *h[] = {"phase", "predicted", "measured", "error"};
@@ -213,6 +270,17 @@ static int report(struct cli *cli, const char *plan_file, const char *measured_f
     rpt_table_print_markdown(t, f);
     fprintf(f, "\n![time per phase](phases.svg)\n\n![error per phase](errors.svg)\n");
     if (loss_points(&m, NULL, NULL) > 1) fprintf(f, "\n![loss curve](loss.svg)\n");
+    if (nother) {
+        double base = tail_loss(&m, 10);
+        fprintf(f, "\n| run | loss, mean of the last 10 steps | against `%s` |\n|---|---:|---:|\n",
+                measured_file);
+        printf("\nloss, mean of the last 10 steps:\n");
+        for (int k = 0; k <= nother; k++) {
+            double v = tail_loss(k ? &other[k - 1] : &m, 10);
+            fprintf(f, "| `%s` | %.4f | %+.2f%% |\n", r.name[k], v, 100.0 * (v / base - 1.0));
+            printf("  %-40s %.4f  %+.2f%%\n", r.name[k], v, 100.0 * (v / base - 1.0));
+        }
+    }
     if (m.have_routing) {
         double meas[NBINS], bal[NBINS];
         load_bins(&m, meas, bal);
@@ -228,10 +296,12 @@ static int report(struct cli *cli, const char *plan_file, const char *measured_f
     free(text);
     if (st != MOE_OK) goto fail;
     printf("report written to %s\n", path);
+    for (int k = 0; k < nother; k++) plan_measured_free(&other[k]);
     plan_measured_free(&m);
     plan_file_free(&p);
     return 0;
 fail:
+    for (int k = 0; k < nother; k++) plan_measured_free(&other[k]);
     plan_measured_free(&m);
     plan_file_free(&p);
     return cli_fail(cli, &err);
@@ -242,9 +312,16 @@ int cmd_report(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv
     struct cli_arg args[CLI_MAX_ARGS];
     int nargs, rc = cli_parse(cmd, argc, argv, args, &nargs);
     if (rc >= 0) return rc;
-    const char *dir = "report";
-    for (int i = 0; i < nargs; i++)
+    const char *dir = "report", *compare[MAX_COMPARE];
+    int ncompare = 0;
+    for (int i = 0; i < nargs; i++) {
         if (args[i].val == OPT_OUT) dir = args[i].value;
+        if (args[i].val == OPT_COMPARE) {
+            if (ncompare == MAX_COMPARE)
+                return cli_usage(cmd, "--compare: at most %d runs", MAX_COMPARE);
+            compare[ncompare++] = args[i].value;
+        }
+    }
     if (optind != argc - 2) return cli_usage(cmd, "give a plan and a measured.json");
-    return report(cli, argv[optind], argv[optind + 1], dir);
+    return report(cli, argv[optind], argv[optind + 1], dir, compare, ncompare);
 }

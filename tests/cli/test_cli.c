@@ -634,6 +634,24 @@ static void test_report(void **state)
     assert_int_equal(access(cli_tmp("report/README.md"), F_OK), -1);
     RUN(&r, "report", "tests/data/report/plan.json");
     assert_int_equal(r.code, 2);
+    /* --compare: another run's loss beside this one's (its losses 1% higher), and a run of other
+     * steps refused by name, nothing written */
+    RUN(&r, "report", "tests/data/report/plan.json", "tests/data/report/measured.json", "--compare",
+        "tests/data/report/measured-other.json", "-o", cli_tmp("report-cmp"));
+    assert_int_equal(r.code, 0);
+    expect_in(r.out, "tests/data/report/measured-other.json    5.6138  +1.00%");
+    size_t len;
+    char *readme = slurp_all(cli_tmp("report-cmp/README.md"), &len);
+    expect_in(readme, "| `tests/data/report/measured-other.json` | 5.6138 | +1.00% |");
+    free(readme);
+    char *svg = slurp_all(cli_tmp("report-cmp/loss.svg"), &len);
+    expect_in(svg, "measured-other.json");
+    free(svg);
+    RUN(&r, "report", "tests/data/report/plan.json", "tests/data/report/measured.json", "--compare",
+        "tests/data/report/measured-short.json", "-o", cli_tmp("report-short"));
+    assert_int_equal(r.code, 3);
+    expect_in(r.err, "steps 1-10; tests/data/report/measured.json is tiny-moe-gqa, steps 1-20");
+    assert_int_equal(access(cli_tmp("report-short/README.md"), F_OK), -1);
 }
 
 static void test_model_commands(void **state)
@@ -871,7 +889,8 @@ static void test_plan(void **state)
         const char *prec = b ? "fp8block" : "fp8";
         RUN(&r, "plan", "--model", "tiny-moe-gqa", "--cluster", "hgx-h200-x8", "--gpus", "1",
             "--runnable", "--seq-len", "64", "--precision", prec, "-o", cli_tmp("fp8.json"));
-        if (r.code != 0) fail_msg("plan --runnable --precision %s: exit %d\n%s", prec, r.code, r.err);
+        if (r.code != 0)
+            fail_msg("plan --runnable --precision %s: exit %d\n%s", prec, r.code, r.err);
         char *fp8plan = slurp_all(cli_tmp("fp8.json"), &len);
         char want[64];
         snprintf(want, sizeof want, "\"precision\": \"%s\"", prec);
