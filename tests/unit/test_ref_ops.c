@@ -2,9 +2,9 @@
  * test_ref_ops.c: the reference's RMSNorm, RoPE, attention and cross-entropy against finite
  * differences (double precision; 1e-6 relative + 1e-9 absolute), plus exact cases by hand.
  */
-#include "moe_test.h"
+#include "exec.h" /* before moe_test.h: its model helper needs mdl.h */
 
-#include "exec.h"
+#include "moe_test.h"
 
 #include <math.h>
 
@@ -352,6 +352,50 @@ static void test_fp8_linear(void **state)
         }
 }
 
+/* What fp8 training quantizes (exec_fp8_layout): tiny-moe-gqa's projections, an expert's slice
+ * each (2 layers x (q, k, v, o + 8 experts x gate, up, down) = 56 slices, in parameter order,
+ * none of the router, the norms, the embedding or the head), their bytes and factors by recipe,
+ * and the scratch that holds any GEMM operand of `rows` rows; a width not a multiple of 16 stays
+ * bf16. */
+static void test_fp8_layout(void **state)
+{
+    (void)state;
+    struct mdl_model m;
+    moe_test_model("tiny-moe-gqa", &m);
+    struct exec_ref_model t;
+    struct moe_error err;
+    assert_int_equal(exec_model_table(&t, &m, &err), MOE_OK);
+    for (int b = 0; b < 2; b++) {
+        struct exec_fp8_layout l;
+        assert_int_equal(exec_fp8_layout(&t, b ? COST_FP8_BLOCK : COST_FP8, 100, &l, &err), MOE_OK);
+        assert_int_equal(l.n, 2 * (4 + 3 * 8));
+        size_t params = 0;
+        for (int i = 0; i < l.n; i++) {
+            const struct exec_fp8_slice *s = &l.slice[i];
+            params += (size_t)s->rows * s->cols;
+            assert_true(i == 0 || s->off > l.slice[i - 1].off);
+            assert_true(s->q % 16 == 0 && s->s % 4 == 0 && s->st % 4 == 0);
+        }
+        /* q, k, v (64 x 64, 32 x 64, 32 x 64), o (64 x 64); gate, up (32 x 64), down (64 x 32) */
+        assert_int_equal(params, 2 * (4096 + 2048 + 2048 + 4096 + 8 * 3 * 2048));
+        assert_int_equal(l.qbytes, params);
+        assert_int_equal(l.act, b ? EXEC_FP8_TILE_1X128 : EXEC_FP8_TENSOR);
+        assert_int_equal(l.weight, b ? EXEC_FP8_BLOCK_128X128 : EXEC_FP8_TENSOR);
+        /* one factor a slice and its transpose (padded to 4), or a block each way */
+        assert_int_equal(l.factors, (size_t)l.n * 2 * 4);
+        assert_int_equal(l.scratch_bytes, 112 * 64); /* 100 rows padded to 16 x the widest */
+        assert_true(l.scratch_factors >= exec_fp8_factor_count(l.act, 100, 64) &&
+                    l.scratch_factors >= exec_fp8_factor_count(l.act, 64, 112));
+        exec_fp8_layout_free(&l);
+    }
+    m.attn.head_dim = 10; /* q, k, v and o 40 or 20 wide: bf16 */
+    assert_int_equal(exec_model_table(&t, &m, &err), MOE_OK);
+    struct exec_fp8_layout l;
+    assert_int_equal(exec_fp8_layout(&t, COST_FP8, 100, &l, &err), MOE_OK);
+    assert_int_equal(l.n, 2 * 3 * 8);
+    exec_fp8_layout_free(&l);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -362,6 +406,7 @@ int main(void)
         cmocka_unit_test(test_cross_entropy),
         cmocka_unit_test(test_fp8),
         cmocka_unit_test(test_fp8_linear),
+        cmocka_unit_test(test_fp8_layout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
