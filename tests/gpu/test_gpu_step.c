@@ -834,10 +834,11 @@ static void test_train_on_text(void **state)
 
 /* fp8 training against bf16 on the same GPU from the same weights, per recipe (per-tensor
  * current scaling, blockwise) and gradient format (E4M3, E5M2): one micro-batch's loss within
- * 1% of bf16's, and every gradient within 10% of bf16's (relative L2 over the tensor: the fp8
- * GEMMs round each operand to 3 or 2 mantissa bits); then 40 steps on text whose mean loss over
- * the last five is within 2% of bf16's. The tiny models' widths are multiples of 16: every
- * projection runs in fp8. */
+ * 1% of bf16's, and every gradient within 10% of bf16's (15% with E5M2 gradients; relative L2
+ * over the tensor: the fp8 GEMMs round each operand to 3 mantissa bits, the E5M2 gradients to
+ * 2, about 1.8% and 3.6% rms a value); then 40 steps on text whose mean loss over the last five
+ * is within 2% of bf16's. The tiny models' widths are multiples of 16: every projection runs in
+ * fp8. */
 static double fp8_run(const struct mdl_model *m, const double *p0, enum cost_precision prec,
                       bool e5m2, double *grads, double *last)
 {
@@ -908,7 +909,7 @@ static void test_fp8_training(void **state)
                cost_precision_names[prec], e5 ? "e5m2" : "e4m3", loss8, loss16, worst, wn, last8,
                last16);
         assert_true(fabs(loss8 - loss16) <= 0.01 * loss16);
-        assert_true(worst <= 0.10);
+        assert_true(worst <= (e5 ? 0.15 : 0.10));
         assert_true(fabs(last8 - last16) <= 0.02 * last16);
     }
     free(g16), free(g8);
