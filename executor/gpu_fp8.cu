@@ -306,12 +306,19 @@ static cublasStatus_t kind_algo(struct gk_fp8_lt *c, struct fp8_kind *q, const s
     if (!st)
         st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                   &c->ws_bytes, sizeof c->ws_bytes);
-    /* no split-K: the same bits whichever stream or order the experts run in */
+    /* no split-K where there is an algorithm without it (as the bf16 expert GEMMs: the same bits
+     * whichever stream or order the experts run in); else the heuristic's own choice, still one
+     * fixed algorithm a kind */
     uint32_t one_pass = CUBLASLT_REDUCTION_SCHEME_NONE;
     if (!st)
         st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
                                                   &one_pass, sizeof one_pass);
     if (!st)
+        st = cublasLtMatmulAlgoGetHeuristic(c->lt, q->op, l[0], l[1], l[2], l[2], pref, 1, &r, &nr);
+    uint32_t any = CUBLASLT_REDUCTION_SCHEME_MASK;
+    if ((st == CUBLAS_STATUS_NOT_SUPPORTED || (!st && nr < 1)) &&
+        !(st = cublasLtMatmulPreferenceSetAttribute(
+              pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &any, sizeof any)))
         st = cublasLtMatmulAlgoGetHeuristic(c->lt, q->op, l[0], l[1], l[2], l[2], pref, 1, &r, &nr);
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
     layouts_free(l);
