@@ -41,8 +41,8 @@ const struct plan_calib_job plan_valid_jobs[] = {
     {"deepseek-v2-lite", 3, 0, 2048, 2, 1, COST_RECOMPUTE_NONE, 1.0, COST_BF16},
     {"qwen3-30b-a3b", 2, 32, 2048, 2, 1, COST_RECOMPUTE_NONE, 0, COST_BF16},
     {"gpt-oss-20b", 2, 0, 2048, 2, 1, COST_RECOMPUTE_NONE, 0, COST_BF16},
-    {"mixtral-8x7b", 4, 0, 4096, 1, 1, COST_RECOMPUTE_NONE, 0, COST_FP8},
-    {"mixtral-8x7b", 4, 0, 4096, 1, 1, COST_RECOMPUTE_NONE, 0, COST_FP8_BLOCK},
+    {"mixtral-8x7b", 2, 0, 4096, 2, 1, COST_RECOMPUTE_NONE, 0, COST_FP8},
+    {"mixtral-8x7b", 2, 0, 4096, 2, 1, COST_RECOMPUTE_NONE, 0, COST_FP8_BLOCK},
 };
 const int plan_valid_njobs = (int)(sizeof plan_valid_jobs / sizeof plan_valid_jobs[0]);
 
