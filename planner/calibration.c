@@ -504,10 +504,9 @@ void cost_expert_block_us(const struct cost_calibration *cal, const struct topo_
                           enum cost_precision prec, const struct cost_expert_sample *s,
                           double us[2])
 {
-    double rows = s->tokens * s->top_k / s->experts, h = s->hidden, f = s->ffn;
-    cost_expert_us(cal, gpu, rows, h, f, prec, us);
-    us[0] = s->experts * (us[0] + cost_quantize_us(cal, gpu, prec, rows * (h + f)));
-    us[1] = s->experts * (us[1] + cost_quantize_us(cal, gpu, prec, rows * (2.0 * f + h)));
+    cost_expert_us(cal, gpu, s->tokens * s->top_k / s->experts, s->hidden, s->ffn, prec, us);
+    us[0] *= s->experts;
+    us[1] *= s->experts;
 }
 
 /* rms relative error of the fp8 samples at rate `eff` */

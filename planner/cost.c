@@ -244,10 +244,9 @@ static enum moe_status moe_cost(const struct cost_ctx *c, const struct cost_layo
             rows[local++] = (pick ? pick[x] : k / e->experts) * pool;
     double ebwd, hot_rows = 0.0, fe = (double)e->intermediate / l->etp;
     for (int i = 0; i < local; i++) hot_rows += rows[i];
-    /* fp8: each expert's two GEMM inputs quantized, and the gradients of its two outputs */
-    b->fwd[COST_EXPERTS_FWD] =
-        experts_on_hot_rank_us(c, l, rows, local, &ebwd) + quantize_us(c, l, hot_rows * (h + fe));
-    b->bwd[COST_EXPERTS_BWD] = ebwd + quantize_us(c, l, hot_rows * (2.0 * fe + h));
+    /* (fp8: each expert's quantization is in its cost) */
+    b->fwd[COST_EXPERTS_FWD] = experts_on_hot_rank_us(c, l, rows, local, &ebwd);
+    b->bwd[COST_EXPERTS_BWD] = ebwd;
     if (e->expert_bias) { /* gpt-oss: each expert's outputs start as its biases (bf16 gate and up,
                            * fp32 down) and its GEMMs read them back; back: each bias's column
                            * sums, a pass over the outputs' gradients */

@@ -123,8 +123,7 @@ void cost_fit_experts(struct cost_calibration *cal, const struct topo_gpu_spec *
 /* The fp8 GEMM rate of recipe prec (gemm_eff_fp8 for COST_FP8, gemm_eff_fp8_block for
  * COST_FP8_BLOCK) that fits expert blocks measured in that recipe best, the expert correction
  * (cost_fit_experts, on bf16 blocks) kept: each block's model is its experts' cost_expert_us
- * plus the quantization of its GEMMs' inputs (forward) and output gradients (backward), as the
- * cost model counts them. Returns the rms relative error over forward and backward; the rate
+ * (their quantization included). Returns the rms relative error over forward and backward; the rate
  * stays where there are no samples. */
 double cost_fit_fp8(struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
                     enum cost_precision prec, const struct cost_expert_sample *s, int n);
@@ -287,7 +286,8 @@ double cost_quantize_us(const struct cost_calibration *cal, const struct topo_gp
 void cost_expert_parts(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
                        double rows, double h, double f, enum cost_precision prec, double var[2],
                        double fixed[2]);
-/* The same corrected (expert_scale, expert_fixed_share): us[0] forward, us[1] backward. */
+/* The same corrected (expert_scale, expert_fixed_share), with fp8's quantization of its GEMM
+ * inputs and output gradients (cost_quantize_us): us[0] forward, us[1] backward. */
 void cost_expert_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
                     double rows, double h, double f, enum cost_precision prec, double us[2]);
 /* Core attention (the flash kernels) of `flops` (the model's count) at sequence `seq`, head size

@@ -93,6 +93,9 @@ void cost_expert_us(const struct cost_calibration *cal, const struct topo_gpu_sp
     cost_expert_parts(cal, gpu, rows, h, f, prec, var, fixed);
     for (int i = 0; i < 2; i++)
         us[i] = cal->expert_scale[i] * var[i] + cal->expert_fixed_share[i] * fixed[i];
+    /* fp8: its two GEMM inputs quantized, and the gradients of its two outputs */
+    us[0] += cost_quantize_us(cal, gpu, prec, rows * (h + f));
+    us[1] += cost_quantize_us(cal, gpu, prec, rows * (2.0 * f + h));
 }
 
 void cost_attention_core_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
