@@ -85,6 +85,8 @@ struct exec_gpu_cfg {
     /* AdamW's moments in bf16 (the plan's moments=bf16; exec_adamw's moments_bf16 must say the
      * same): 4 bytes a parameter less */
     bool moments_bf16;
+    /* the tests' reference path: fp8 without the fused quantization (exec_fp8_layout) */
+    bool fp8_unfused;
     /* the GEMMs' precision (the plan's): COST_BF16, COST_FP8 (per-tensor current scaling) or
      * COST_FP8_BLOCK (DeepSeek-V3's blockwise); fp8_e5m2_grads: the gradients in E5M2 (E4M3
      * otherwise, as the plan's Megatron flags say) */
@@ -121,11 +123,22 @@ struct exec_fp8_layout {
     size_t qbytes;  /* bytes of the slices' row-major copies (their transposes take as many) */
     size_t factors; /* floats of all their factors */
     size_t scratch_bytes, scratch_factors; /* a stream's scratch: each of its three operands' */
+    /* Block scaling, no EP, SwiGLU experts without biases: the experts' SwiGLU backward writes
+     * its two gradients quantized, expert by expert (row-major and transposed), for their GEMMs,
+     * in place of bf16 (fuse). pre_bytes: each of the four copies' buffer, pre_factors: each
+     * one's factors (bounds for any routing of the layer's `rows` routed rows). */
+    bool fuse;
+    size_t pre_bytes, pre_factors;
 };
 /* The layout for the model's tensor table, a GEMM's operands at most `rows` rows (the tokens,
- * or the routed pairs one GPU's experts may hold). */
+ * or the routed pairs one GPU's experts may hold); unfused: no fused quantization (the tests'
+ * reference path). */
 enum moe_status exec_fp8_layout(const struct exec_ref_model *table, enum cost_precision p, int rows,
-                                struct exec_fp8_layout *out, struct moe_error *err);
+                                bool unfused, struct exec_fp8_layout *out, struct moe_error *err);
+/* Expert e's region among the fused copies of a permuted matrix (rows from off[e], E experts,
+ * `cols` wide): its row-major copy (n_e x cols) and its transpose (cols x n_e rounded up to 16)
+ * from byte q[e], their factors from s[e] and st[e] (arrays of E + 1: the last, the totals). */
+void exec_fp8_regions(const int *off, int E, int cols, size_t *q, size_t *s, size_t *st);
 void exec_fp8_layout_free(struct exec_fp8_layout *l);
 /* Where the factor of value (r, c) of a rows x cols K-major matrix (K: cols) scaled `how` sits
  * among its factors, in the layouts cuBLASLt's fp8 block scaling reads on Hopper: 1 x 128 tiles

@@ -190,6 +190,17 @@ struct exec_gpu {
     unsigned char *w8, *w8t;
     float *w8s;
     struct fp8_scratch f8x[1 + EXEC_MAX_STREAMS];
+    /* fp8 with f8.fuse: the experts' gate and up output gradients as the fused SwiGLU backward
+     * quantized them (gk_fp8_swiglu_backward), [0] the gate's, [1] the up's: row-major q,
+     * transposed qt, their factors; their GEMMs take them for key[k] (deg16, deu16; NULL: none
+     * now), expert e's at its region (qo, so, sto: host, E + 1; off: the layer's rows) */
+    struct {
+        const bf16 *key[2];
+        unsigned char *q[2], *qt[2];
+        float *s[2], *st[2];
+        size_t *qo, *so, *sto;
+        const int *off;
+    } f8pre;
     struct gk_fp8_lt *f8lt;
     const int *forced_choice; /* device (T, top_k): replaces the router's choice (benchmarks) */
     /* parameters, flat in the reference's table order (table.nparams of them) */
@@ -348,6 +359,9 @@ enum moe_status gpu_sync_host(struct exec_gpu *g, struct moe_error *err);
 enum moe_status gpu_fp8_weights(struct exec_gpu *g, struct moe_error *err);
 /* fp8: every stream's kept operands forgotten (struct fp8_kept) */
 void gpu_fp8_forget(struct exec_gpu *g);
+/* fp8: whether layer l's experts' gate and up GEMMs run in fp8 (the fused SwiGLU backward's
+ * consumers) */
+bool gpu_fp8_fused_ok(const struct exec_gpu *g, int l);
 /* Host to device in s, the stream that reads it (s is non-blocking: it does not wait for a plain
  * cudaMemcpy, which may return before a pageable copy lands). A pageable source is staged before
  * the call returns: the caller may free or refill it at once. */

@@ -336,7 +336,7 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
     ALLOC(g->w16, n, EXEC_MEM_WEIGHTS);
     if (cfg->precision != COST_BF16) { /* the quantized weights; each stream's scratch */
         int rows = g->tokens > g->pairs ? g->tokens : g->pairs;
-        MOE_CHECK(exec_fp8_layout(&g->table, cfg->precision, rows, &g->f8, err));
+        MOE_CHECK(exec_fp8_layout(&g->table, cfg->precision, rows, cfg->fp8_unfused, &g->f8, err));
         ALLOC(g->w8, g->f8.qbytes, EXEC_MEM_WEIGHTS);
         ALLOC(g->w8t, g->f8.qbytes, EXEC_MEM_WEIGHTS);
         ALLOC(g->w8s, g->f8.factors, EXEC_MEM_WEIGHTS);
@@ -349,6 +349,18 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
             ALLOC(x->sb, g->f8.scratch_factors, EXEC_MEM_WORKSPACE);
             ALLOC(x->sc, g->f8.scratch_factors, EXEC_MEM_WORKSPACE);
             ALLOC(x->amax, 4, EXEC_MEM_WORKSPACE);
+        }
+        for (int k = 0; g->f8.fuse && k < 2; k++) {
+            ALLOC(g->f8pre.q[k], g->f8.pre_bytes, EXEC_MEM_WORKSPACE);
+            ALLOC(g->f8pre.qt[k], g->f8.pre_bytes, EXEC_MEM_WORKSPACE);
+            ALLOC(g->f8pre.s[k], g->f8.pre_factors, EXEC_MEM_WORKSPACE);
+            ALLOC(g->f8pre.st[k], g->f8.pre_factors, EXEC_MEM_WORKSPACE);
+        }
+        if (g->f8.fuse) {
+            size_t *r = (size_t *)calloc(3 * ((size_t)g->experts + 1), sizeof(size_t));
+            if (!r) return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
+            g->f8pre.qo = r, g->f8pre.so = r + g->experts + 1,
+            g->f8pre.sto = r + 2 * (g->experts + 1);
         }
         g->f8lt = gk_fp8_lt_create(g->lt, g->ws_bytes);
         if (!g->f8lt) return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
@@ -539,6 +551,7 @@ extern "C" void exec_gpu_destroy(struct exec_gpu *g)
     for (int i = 0; i < g->nlt; i++)
         if (g->lt_kinds[i].op) cublasLtMatmulDescDestroy(g->lt_kinds[i].op);
     gk_fp8_lt_destroy(g->f8lt);
+    free(g->f8pre.qo);
     exec_fp8_layout_free(&g->f8);
     if (g->lt) cublasLtDestroy(g->lt);
     for (int i = 0; i < g->nside; i++) {

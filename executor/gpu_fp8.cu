@@ -210,6 +210,120 @@ cudaError_t gk_fp8_cast(const bf16 *x, int ldx, int rows, int cols, int how, int
     return cudaGetLastError();
 }
 
+/* ---- the experts' SwiGLU backward, its gradients quantized ----------------------------------- */
+
+/* One block one FT x FT tile of one expert's rows (E experts, rows from off[e], `cols` wide):
+ * dg, du = SwiGLU's backward of (g, u) for dhm, each rounded to bf16 as gk_swiglu_backward
+ * writes them, then quantized in 1 x 128 tiles as gk_fp8_cast quantizes expert e's rows (its
+ * row-major copy, and its transpose with the rows padded to 16 with zeros), into expert e's
+ * region (exec_fp8_regions). The same bits as that pair of kernels; bf16 never written. */
+__global__ void __launch_bounds__(FT_THREADS)
+    k_fp8_swiglu_bwd(const bf16 *g, const bf16 *u, const bf16 *dhm, const int *off, int E, int cols,
+                     float alpha, float limit, int e5m2, unsigned char *qg, unsigned char *qgt,
+                     float *sg, float *sgt, unsigned char *qu, unsigned char *qut, float *su,
+                     float *sut)
+{
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf16(*tl[2])[FT_PAD] = {(bf16(*)[FT_PAD])smem,
+                            (bf16(*)[FT_PAD])(smem + sizeof(bf16) * FT * FT_PAD)};
+    __shared__ float rs[2][FT], cs[2][FT];
+    __shared__ int tile_e, tile_r0, tile_c0;
+    __shared__ size_t reg_q, reg_s, reg_st;
+    int t = threadIdx.x;
+    if (t == 0) { /* which expert's tile: the experts' tiles in order */
+        int ncb = (cols + FT - 1) / FT;
+        size_t b = blockIdx.x, q = 0, s = 0, st = 0;
+        for (int e = 0; e < E; e++) {
+            int n = off[e + 1] - off[e], n16 = (n + 15) / 16 * 16;
+            size_t tiles = (size_t)((n16 + FT - 1) / FT) * ncb;
+            if (b < tiles) {
+                tile_e = e, tile_r0 = (int)(b / ncb) * FT, tile_c0 = (int)(b % ncb) * FT;
+                reg_q = q, reg_s = s, reg_st = st;
+                break;
+            }
+            b -= tiles;
+            q += (size_t)n16 * cols;
+            s += exec_fp8_factor_count(EXEC_FP8_TILE_1X128, n, cols);
+            st += exec_fp8_factor_count(EXEC_FP8_TILE_1X128, cols, n16);
+        }
+    }
+    __syncthreads();
+    int e = tile_e, r0 = tile_r0, c0 = tile_c0, o = off[e], n = off[e + 1] - o;
+    int n16 = (n + 15) / 16 * 16;
+    for (int i = t; i < FT * FT; i += FT_THREADS) {
+        int r = i / FT, c = i % FT, lr = r0 + r, gc = c0 + c;
+        float dg = 0.0f, du = 0.0f;
+        if (lr < n && gc < cols) {
+            size_t at = (size_t)(o + lr) * cols + gc;
+            act_bwd(__bfloat162float(g[at]), __bfloat162float(u[at]), __bfloat162float(dhm[at]),
+                    alpha, limit, &dg, &du);
+        }
+        tl[0][r][c] = __float2bfloat16(dg);
+        tl[1][r][c] = __float2bfloat16(du);
+    }
+    __syncthreads();
+    { /* each row's and each column's scale, both gradients: two threads a line */
+        int line = t / 2, half = t % 2;
+        for (int k = 0; k < 2; k++) {
+            unsigned mr = 0, mc = 0;
+            for (int j = half * 64; j < half * 64 + 64; j++) {
+                mr = max(mr, abs_bits(__bfloat162float(tl[k][line][j])));
+                mc = max(mc, abs_bits(__bfloat162float(tl[k][j][line])));
+            }
+            mr = max(mr, __shfl_xor_sync(0xffffffffu, mr, 1));
+            mc = max(mc, __shfl_xor_sync(0xffffffffu, mc, 1));
+            if (!half) {
+                rs[k][line] = scale_of(__uint_as_float(mr), e5m2);
+                cs[k][line] = scale_of(__uint_as_float(mc), e5m2);
+            }
+        }
+    }
+    __syncthreads();
+    unsigned char *q[2] = {qg + reg_q, qu + reg_q}, *qt[2] = {qgt + reg_q, qut + reg_q};
+    float *sq[2] = {sg + reg_s, su + reg_s}, *sqt[2] = {sgt + reg_st, sut + reg_st};
+    for (int k = 0; k < 2; k++) {
+        for (int i = t; i < FT * FT / 16; i += FT_THREADS) { /* row-major: rows < n */
+            int r = i / (FT / 16), c = (i % (FT / 16)) * 16, lr = r0 + r, gc = c0 + c;
+            if (lr < n && gc < cols)
+                *(uint4 *)(q[k] + (size_t)lr * cols + gc) =
+                    pack16(tl[k], r, c, false, rs[k][r], e5m2);
+        }
+        for (int i = t; i < FT * FT / 16; i += FT_THREADS) { /* transposed: rows < n16 */
+            int c = i / (FT / 16), r = (i % (FT / 16)) * 16, lr = r0 + r, gc = c0 + c;
+            if (gc < cols && lr < n16)
+                *(uint4 *)(qt[k] + (size_t)gc * n16 + lr) =
+                    pack16(tl[k], r, c, true, cs[k][c], e5m2);
+        }
+        if (t < FT && r0 + t < n)
+            sq[k][exec_fp8_factor_at(EXEC_FP8_TILE_1X128, n, cols, r0 + t, c0)] = 1.0f / rs[k][t];
+        if (t < FT && c0 + t < cols)
+            sqt[k][exec_fp8_factor_at(EXEC_FP8_TILE_1X128, cols, n16, c0 + t, r0)] =
+                1.0f / cs[k][t];
+    }
+}
+
+cudaError_t gk_fp8_swiglu_backward(const bf16 *g, const bf16 *u, const bf16 *dhm,
+                                   const int *off_dev, const int *off, int E, int cols, float alpha,
+                                   float limit, int e5m2, unsigned char *qg, unsigned char *qgt,
+                                   float *sg, float *sgt, unsigned char *qu, unsigned char *qut,
+                                   float *su, float *sut, cudaStream_t s)
+{
+    size_t tiles = 0, ncb = (size_t)(cols + FT - 1) / FT;
+    for (int e = 0; e < E; e++) {
+        int n16 = (off[e + 1] - off[e] + 15) / 16 * 16;
+        tiles += (size_t)((n16 + FT - 1) / FT) * ncb;
+    }
+    if (!tiles) return cudaGetLastError();
+    const size_t smem = 2 * sizeof(bf16) * FT * FT_PAD;
+    /* the dynamic shared memory above 48 KB (asked at every launch: the device may differ) */
+    cudaError_t r = cudaFuncSetAttribute(k_fp8_swiglu_bwd,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (r != cudaSuccess) return r;
+    k_fp8_swiglu_bwd<<<(unsigned)tiles, FT_THREADS, smem, s>>>(
+        g, u, dhm, off_dev, E, cols, alpha, limit, e5m2, qg, qgt, sg, sgt, qu, qut, su, sut);
+    return cudaGetLastError();
+}
+
 /* ---- the fp8 GEMM ------------------------------------------------------------------------ */
 
 /* The algorithm of each kind of GEMM, chosen once: cuBLASLt's heuristics cost 100-300 us of host

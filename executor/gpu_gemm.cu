@@ -187,6 +187,44 @@ void gpu_fp8_forget(struct exec_gpu *g)
     for (int i = 0; g->fp8 && i <= g->nside; i++) g->f8x[i].kept.src = NULL;
 }
 
+bool gpu_fp8_fused_ok(const struct exec_gpu *g, int l)
+{
+    const int *w = g->wi[l];
+    int h = g->hidden, f = g->ffn;
+    return g->fp8 && w[W_GATE] >= 0 && w[W_UP] >= 0 && fp8_slice(g, W16(g, w[W_GATE]), f, h) &&
+           fp8_slice(g, W16(g, w[W_UP]), f, h);
+}
+
+/* The fused SwiGLU backward's copies of dY (T x out, ld), if it is one expert's rows of its
+ * gradients: *row the row-major operand, *tr the transposed one; false otherwise. */
+static bool fp8_pre_of(const struct exec_gpu *g, const bf16 *dY, int ld, int T, int out, int e5m2,
+                       struct gk_fp8_mat *row, struct gk_fp8_mat *tr)
+{
+    for (int k = 0; k < 2; k++) {
+        const bf16 *key = g->f8pre.key[k];
+        if (!key || dY < key || ld != out || ld != g->ffn || (size_t)(dY - key) % out) continue;
+        int o = (int)((size_t)(dY - key) / out), lo = 0, hi = g->experts - 1;
+        const int *off = g->f8pre.off;
+        while (lo <= hi) { /* the expert whose rows start at o and number T */
+            int e = (lo + hi) / 2;
+            if (off[e] < o || (off[e] == o && off[e + 1] - off[e] < T)) {
+                lo = e + 1;
+            } else if (off[e] > o) {
+                hi = e - 1;
+            } else {
+                if (off[e + 1] - off[e] != T) return false;
+                int n16 = (T + 15) / 16 * 16;
+                *row = gk_fp8_mat{g->f8pre.q[k] + g->f8pre.qo[e], g->f8pre.s[k] + g->f8pre.so[e],
+                                  out, EXEC_FP8_TILE_1X128, e5m2};
+                *tr = gk_fp8_mat{g->f8pre.qt[k] + g->f8pre.qo[e], g->f8pre.st[k] + g->f8pre.sto[e],
+                                 n16, EXEC_FP8_TILE_1X128, e5m2};
+                return true;
+            }
+        }
+    }
+    return false;
+}
+
 /* Whether x8 keeps src (rows x cols, ld) in format e5m2 (and its transpose, t) */
 static bool fp8_kept_is(const struct fp8_scratch *x8, const bf16 *src, int ld, int rows, int cols,
                         int e5m2, bool t)
@@ -272,13 +310,17 @@ enum moe_status gpu_lin_dx(struct exec_gpu *g, const bf16 *dY, int lddy, const b
         MOE_CHECK(fp8_fresh(g, err));
         struct fp8_scratch *x8 = fp8_scratch_now(g);
         int ha = g->f8.act, hw = g->f8.weight, e5 = g->cfg.fp8_e5m2_grads, Tp = (T + 15) / 16 * 16;
+        struct gk_fp8_mat w = {g->w8t + f->q, g->w8s + f->st, out, hw, 0},
+                          x = {x8->a, x8->sa, out, ha, e5}, tr;
+        if (fp8_pre_of(g, dY, lddy, T, out, e5, &x, &tr)) { /* the fused SwiGLU backward's */
+            x8->kept.src = NULL;
+            return fp8_mm(g, &w, &x, T, in, out, dX, lddx, xt, beta, err);
+        }
         /* both ways at once: the weight gradient that follows takes the transpose */
         if (!fp8_kept_is(x8, dY, lddy, T, out, e5, true))
             MOE_CUDA_CHECK(gk_fp8_cast(dY, lddy, T, out, ha, e5, x8->a, x8->sa, x8->c, Tp, x8->sc,
                                        x8->amax, stream_now(g)));
         fp8_keep(x8, dY, lddy, T, out, e5, true);
-        struct gk_fp8_mat w = {g->w8t + f->q, g->w8s + f->st, out, hw, 0},
-                          x = {x8->a, x8->sa, out, ha, e5};
         return fp8_mm(g, &w, &x, T, in, out, dX, lddx, xt, beta, err);
     }
     if (g->fp8) fp8_scratch_now(g)->kept.src = NULL;
@@ -301,15 +343,17 @@ enum moe_status gpu_lin_dw(struct exec_gpu *g, const bf16 *dY, int lddy, const b
         struct fp8_scratch *x8 = fp8_scratch_now(g);
         int ha = g->f8.act, e5 = g->cfg.fp8_e5m2_grads, Tp = (T + 15) / 16 * 16;
         cudaStream_t s = stream_now(g);
-        bool kept = fp8_kept_is(x8, dY, lddy, T, out, e5, true); /* the data gradient's */
-        if (!kept)
+        struct gk_fp8_mat row, x = {x8->a, x8->sa, Tp, ha, e5};
+        bool pre = fp8_pre_of(g, dY, lddy, T, out, e5, &row, &x);        /* the fused SwiGLU's */
+        bool kept = !pre && fp8_kept_is(x8, dY, lddy, T, out, e5, true); /* the data gradient's */
+        if (kept) x.q = x8->c, x.sinv = x8->sc;
+        if (!pre && !kept)
             MOE_CUDA_CHECK(
                 gk_fp8_cast(dY, lddy, T, out, ha, e5, NULL, NULL, x8->a, Tp, x8->sa, x8->amax, s));
         MOE_CUDA_CHECK(
             gk_fp8_cast(X, ldx, T, in, ha, 0, NULL, NULL, x8->b, Tp, x8->sb, x8->amax, s));
         x8->kept.src = NULL; /* a or b written over */
-        struct gk_fp8_mat w = {x8->b, x8->sb, Tp, ha, 0},
-                          x = {kept ? x8->c : x8->a, kept ? x8->sc : x8->sa, Tp, ha, e5};
+        struct gk_fp8_mat w = {x8->b, x8->sb, Tp, ha, 0};
         return fp8_mm(g, &w, &x, out, in, Tp, dW, in, CUDA_R_32F, beta, err);
     }
     if (g->fp8) fp8_scratch_now(g)->kept.src = NULL;

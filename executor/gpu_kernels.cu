@@ -644,31 +644,6 @@ cudaError_t gk_mla_disassemble(const float *dq32, const float *dk32, const float
 
 /* ---- SwiGLU -------------------------------------------------------------------------------- */
 
-/* The activation of (g, u) and, with d, its derivatives times dh: silu(g) u (limit 0), or
- * gpt-oss's clamped form (u' + 1) g' sigmoid(alpha g'), g' = min(g, limit),
- * u' = clamp(u, -limit, limit), the clamps passing no gradient outside their range. */
-__device__ __forceinline__ float act_fwd(float g, float u, float alpha, float limit)
-{
-    if (limit <= 0.0f) return g * (1.0f / (1.0f + expf(-g))) * u;
-    float gc = fminf(g, limit), uc = fminf(fmaxf(u, -limit), limit);
-    return (uc + 1.0f) * gc * (1.0f / (1.0f + expf(-alpha * gc)));
-}
-
-__device__ __forceinline__ void act_bwd(float g, float u, float dh, float alpha, float limit,
-                                        float *dg, float *du)
-{
-    if (limit <= 0.0f) {
-        float sg = 1.0f / (1.0f + expf(-g));
-        *du = dh * g * sg;
-        *dg = dh * u * sg * (1.0f + g * (1.0f - sg));
-        return;
-    }
-    float gc = fminf(g, limit), uc = fminf(fmaxf(u, -limit), limit);
-    float sg = 1.0f / (1.0f + expf(-alpha * gc));
-    *du = u >= -limit && u <= limit ? dh * gc * sg : 0.0f;
-    *dg = g <= limit ? dh * (uc + 1.0f) * sg * (1.0f + alpha * gc * (1.0f - sg)) : 0.0f;
-}
-
 /* V elements a thread, nv threads' worth; computed in fp32 from the bf16 GEMM outputs. */
 template <int V>
 __global__ void k_swiglu(const bf16 *g, const bf16 *u, bf16 *hm, size_t nv, float alpha,

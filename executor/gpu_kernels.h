@@ -98,6 +98,31 @@ template <int V> __device__ inline void ld_f32(const float *p, float *f)
     }
 }
 
+/* The activation of (g, u) and, with d, its derivatives times dh: silu(g) u (limit 0), or
+ * gpt-oss's clamped form (u' + 1) g' sigmoid(alpha g'), g' = min(g, limit),
+ * u' = clamp(u, -limit, limit), the clamps passing no gradient outside their range. */
+static __device__ __forceinline__ float act_fwd(float g, float u, float alpha, float limit)
+{
+    if (limit <= 0.0f) return g * (1.0f / (1.0f + expf(-g))) * u;
+    float gc = fminf(g, limit), uc = fminf(fmaxf(u, -limit), limit);
+    return (uc + 1.0f) * gc * (1.0f / (1.0f + expf(-alpha * gc)));
+}
+
+static __device__ __forceinline__ void act_bwd(float g, float u, float dh, float alpha, float limit,
+                                               float *dg, float *du)
+{
+    if (limit <= 0.0f) {
+        float sg = 1.0f / (1.0f + expf(-g));
+        *du = dh * g * sg;
+        *dg = dh * u * sg * (1.0f + g * (1.0f - sg));
+        return;
+    }
+    float gc = fminf(g, limit), uc = fminf(fmaxf(u, -limit), limit);
+    float sg = 1.0f / (1.0f + expf(-alpha * gc));
+    *du = u >= -limit && u <= limit ? dh * gc * sg : 0.0f;
+    *dg = g <= limit ? dh * (uc + 1.0f) * sg * (1.0f + alpha * gc * (1.0f - sg)) : 0.0f;
+}
+
 template <int V> __device__ inline void st_f32(float *p, const float *f)
 {
     if constexpr (V % 4 == 0)
@@ -125,6 +150,16 @@ cudaError_t gk_init(float *p, size_t n, size_t base, uint64_t seed, float std, b
 cudaError_t gk_fp8_cast(const bf16 *x, int ldx, int rows, int cols, int how, int e5m2,
                         unsigned char *q, float *sq, unsigned char *qt, int ldt, float *sqt,
                         unsigned *work, cudaStream_t s);
+/* The experts' SwiGLU backward (E experts, rows from off[e] (off_dev its device copy), `cols`
+ * wide) with its gradients dg and du quantized in 1 x 128 tiles for their GEMMs instead of
+ * written in bf16: each expert's rows into its region (exec_fp8_regions) of qg / qu (row-major,
+ * factors sg / su) and qgt / qut (transposed, the rows padded to 16 with zeros; sgt / sut). The
+ * same bits as gk_swiglu_backward then gk_fp8_cast on each expert's rows. */
+cudaError_t gk_fp8_swiglu_backward(const bf16 *g, const bf16 *u, const bf16 *dhm,
+                                   const int *off_dev, const int *off, int E, int cols, float alpha,
+                                   float limit, int e5m2, unsigned char *qg, unsigned char *qgt,
+                                   float *sg, float *sgt, unsigned char *qu, unsigned char *qut,
+                                   float *su, float *sut, cudaStream_t s);
 /* One operand of an fp8 GEMM: a K-major matrix (row-major, `ld` bytes a row) in E4M3 or E5M2,
  * with its dequantization factors as gk_fp8_cast writes them. */
 struct gk_fp8_mat {

@@ -139,9 +139,19 @@ enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act
             return MOE_OK;
         },
         err));
-    MOE_CUDA_CHECK(gk_swiglu_backward(A->eg16, A->eu16, g->dehm16, g->deg16, g->deu16,
-                                      (size_t)off[E] * f, g->act_alpha, g->act_limit, g->s));
-    return each_expert(
+    bool fused = g->f8.fuse && gpu_fp8_fused_ok(g, l);
+    if (fused) { /* the gradients quantized for the GEMMs below, never in bf16 */
+        exec_fp8_regions(off, E, f, g->f8pre.qo, g->f8pre.so, g->f8pre.sto);
+        MOE_CUDA_CHECK(gk_fp8_swiglu_backward(
+            A->eg16, A->eu16, g->dehm16, A->off, off, E, f, g->act_alpha, g->act_limit,
+            g->cfg.fp8_e5m2_grads, g->f8pre.q[0], g->f8pre.qt[0], g->f8pre.s[0], g->f8pre.st[0],
+            g->f8pre.q[1], g->f8pre.qt[1], g->f8pre.s[1], g->f8pre.st[1], g->s));
+        g->f8pre.key[0] = g->deg16, g->f8pre.key[1] = g->deu16, g->f8pre.off = off;
+    } else {
+        MOE_CUDA_CHECK(gk_swiglu_backward(A->eg16, A->eu16, g->dehm16, g->deg16, g->deu16,
+                                          (size_t)off[E] * f, g->act_alpha, g->act_limit, g->s));
+    }
+    enum moe_status st = each_expert(
         g, off,
         [&](int e, size_t o, int n) {
             MOE_CHECK(gpu_lin_dx(g, g->deg16 + o * f, f, W16(g, w[W_GATE]) + (size_t)e * f * h, n,
@@ -161,6 +171,8 @@ enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act
             return MOE_OK;
         },
         err);
+    g->f8pre.key[0] = g->f8pre.key[1] = NULL; /* the bf16 buffers' keys no more */
+    return st;
 }
 
 /* ---- expert parallelism ------------------------------------------------------------------- */

@@ -253,8 +253,19 @@ bool exec_layout_runnable(const struct mdl_model *m, const struct cost_layout *l
 static const char *const fp8_names[] = {"wq",   "wk",   "wv", "wo",   "wqa",   "wqb", "wkva",
                                         "wkvb", "gate", "up", "down", "sgate", "sup", "sdown"};
 
+void exec_fp8_regions(const int *off, int E, int cols, size_t *q, size_t *s, size_t *st)
+{
+    q[0] = s[0] = st[0] = 0;
+    for (int e = 0; e < E; e++) {
+        int n = off[e + 1] - off[e], n16 = (n + 15) / 16 * 16;
+        q[e + 1] = q[e] + (size_t)n16 * cols;
+        s[e + 1] = s[e] + exec_fp8_factor_count(EXEC_FP8_TILE_1X128, n, cols);
+        st[e + 1] = st[e] + exec_fp8_factor_count(EXEC_FP8_TILE_1X128, cols, n16);
+    }
+}
+
 enum moe_status exec_fp8_layout(const struct exec_ref_model *table, enum cost_precision p, int rows,
-                                struct exec_fp8_layout *out, struct moe_error *err)
+                                bool unfused, struct exec_fp8_layout *out, struct moe_error *err)
 {
     memset(out, 0, sizeof *out);
     bool block = p == COST_FP8_BLOCK;
@@ -306,6 +317,19 @@ enum moe_status exec_fp8_layout(const struct exec_ref_model *table, enum cost_pr
     size_t a = exec_fp8_factor_count(out->act, rows, wide),
            b = exec_fp8_factor_count(out->act, wide, (int)rpad);
     out->scratch_factors = a > b ? a : b;
+    /* the fused SwiGLU backward: any split of `rows` over E experts pads at most 15 rows an
+     * expert to 16, and its factors' padding at most 3 rows an expert (row-major) or one
+     * 128-row tile an expert (transposed) */
+    const struct mdl_moe *x = &m->moe;
+    int E = x->experts, f = x->intermediate;
+    out->fuse = block && !unfused && mdl_moe_layer_count(m) > 0 && !x->expert_bias &&
+                x->activation != MDL_ACT_CLAMPED_SWIGLU && f % 16 == 0 && m->hidden % 16 == 0;
+    if (out->fuse) {
+        size_t R = (size_t)rows + 15 * (size_t)E, kb = (size_t)(f + 127) / 128;
+        out->pre_bytes = R * (size_t)f;
+        size_t rf = kb * ((size_t)rows + 3 * (size_t)E), tf = ((R + 127) / 128 + E) * ((f + 3) / 4 * 4);
+        out->pre_factors = (rf > tf ? rf : tf) / 4 * 4 + 4;
+    }
     return MOE_OK;
 }
 
@@ -352,7 +376,8 @@ void exec_gpu_bytes(const struct mdl_model *m, const struct exec_gpu_cfg *cfg, i
     if (exec_model_table(&table, m, &err) == MOE_OK) {
         n = (double)table.nparams;
         if (cfg->precision != COST_BF16 &&
-            exec_fp8_layout(&table, cfg->precision, (int)(T > Pe ? T : Pe), &f8, &err) != MOE_OK)
+            exec_fp8_layout(&table, cfg->precision, (int)(T > Pe ? T : Pe), cfg->fp8_unfused, &f8,
+                            &err) != MOE_OK)
             memset(&f8, 0, sizeof f8);
         exec_ref_model_destroy(&table);
     }
@@ -366,6 +391,8 @@ void exec_gpu_bytes(const struct mdl_model *m, const struct exec_gpu_cfg *cfg, i
     if (cfg->precision != COST_BF16) { /* fp8: the copies, their factors; each stream's scratch */
         bytes[EXEC_MEM_WEIGHTS] += 2.0 * f8.qbytes + B4 * f8.factors;
         *W += (1 + streams) * (3.0 * f8.scratch_bytes + 3 * B4 * f8.scratch_factors + 16);
+        if (f8.fuse) /* the fused SwiGLU backward's copies: dg's and du's, each both ways */
+            *W += 4.0 * f8.pre_bytes + 4 * B4 * f8.pre_factors;
         exec_fp8_layout_free(&f8);
     }
     bytes[EXEC_MEM_GRADS] += B4 * n;

@@ -367,7 +367,8 @@ static void test_fp8_layout(void **state)
     assert_int_equal(exec_model_table(&t, &m, &err), MOE_OK);
     for (int b = 0; b < 2; b++) {
         struct exec_fp8_layout l;
-        assert_int_equal(exec_fp8_layout(&t, b ? COST_FP8_BLOCK : COST_FP8, 100, &l, &err), MOE_OK);
+        assert_int_equal(exec_fp8_layout(&t, b ? COST_FP8_BLOCK : COST_FP8, 100, false, &l, &err),
+                         MOE_OK);
         assert_int_equal(l.n, 2 * (4 + 3 * 8));
         size_t params = 0;
         for (int i = 0; i < l.n; i++) {
@@ -386,12 +387,22 @@ static void test_fp8_layout(void **state)
         assert_int_equal(l.scratch_bytes, 112 * 64); /* 100 rows padded to 16 x the widest */
         assert_true(l.scratch_factors >= exec_fp8_factor_count(l.act, 100, 64) &&
                     l.scratch_factors >= exec_fp8_factor_count(l.act, 64, 112));
+        /* blockwise: the SwiGLU backward quantizes, into room for any split of the 100 rows */
+        assert_int_equal(l.fuse, b);
+        if (b) {
+            assert_int_equal(l.pre_bytes, (100 + 15 * 8) * 32);
+            int off[9] = {0, 0, 1, 17, 40, 41, 99, 99, 100}; /* an uneven split */
+            size_t q[9], s[9], st[9];
+            exec_fp8_regions(off, 8, 32, q, s, st);
+            assert_true(q[8] <= l.pre_bytes && s[8] <= l.pre_factors && st[8] <= l.pre_factors);
+            assert_true(q[3] == (0 + 16 + 16) * 32 && s[2] == 4 && st[2] == 32);
+        }
         exec_fp8_layout_free(&l);
     }
     m.attn.head_dim = 10; /* q, k, v and o 40 or 20 wide: bf16 */
     assert_int_equal(exec_model_table(&t, &m, &err), MOE_OK);
     struct exec_fp8_layout l;
-    assert_int_equal(exec_fp8_layout(&t, COST_FP8, 100, &l, &err), MOE_OK);
+    assert_int_equal(exec_fp8_layout(&t, COST_FP8, 100, false, &l, &err), MOE_OK);
     assert_int_equal(l.n, 2 * 3 * 8);
     exec_fp8_layout_free(&l);
 }
