@@ -327,7 +327,8 @@ enum moe_status exec_fp8_layout(const struct exec_ref_model *table, enum cost_pr
     if (out->fuse) {
         size_t R = (size_t)rows + 15 * (size_t)E, kb = (size_t)(f + 127) / 128;
         out->pre_bytes = R * (size_t)f;
-        size_t rf = kb * ((size_t)rows + 3 * (size_t)E), tf = ((R + 127) / 128 + E) * ((f + 3) / 4 * 4);
+        size_t rf = kb * ((size_t)rows + 3 * (size_t)E),
+               tf = ((R + 127) / 128 + E) * ((f + 3) / 4 * 4);
         out->pre_factors = (rf > tf ? rf : tf) / 4 * 4 + 4;
     }
     return MOE_OK;
