@@ -127,6 +127,11 @@ struct fp8_scratch {
     float *sa, *sb, *sc;
     unsigned *amax;
     struct fp8_kept kept;
+    /* what b holds: the last weight gradient's input, transposed; the next weight gradient of
+     * the same input (q, k and v of one norm's output; gate and up of one expert's rows) takes
+     * it, whatever data gradients run between (they do not write b). Forgotten as kept is,
+     * except by the data gradients. */
+    struct fp8_kept kept_b;
 };
 
 #define MAX_EVENTS 16384

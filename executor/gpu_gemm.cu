@@ -184,7 +184,7 @@ static struct fp8_scratch *fp8_scratch_now(struct exec_gpu *g)
 
 void gpu_fp8_forget(struct exec_gpu *g)
 {
-    for (int i = 0; g->fp8 && i <= g->nside; i++) g->f8x[i].kept.src = NULL;
+    for (int i = 0; g->fp8 && i <= g->nside; i++) g->f8x[i].kept.src = g->f8x[i].kept_b.src = NULL;
 }
 
 bool gpu_fp8_fused_ok(const struct exec_gpu *g, int l)
@@ -292,7 +292,7 @@ enum moe_status gpu_lin(struct exec_gpu *g, const bf16 *X, int ldx, const bf16 *
                           x = {x8->a, x8->sa, in, ha, 0};
         return fp8_mm(g, &w, &x, T, out, in, Y, ldy, yt, beta, err);
     }
-    if (g->fp8) fp8_scratch_now(g)->kept.src = NULL;
+    if (g->fp8) fp8_scratch_now(g)->kept.src = fp8_scratch_now(g)->kept_b.src = NULL;
     if (g->in_experts)
         return mm_expert(g, false, true, false, T, out, in, X, ldx, Wt, in, beta, Y, ldy,
                          CUDA_R_16BF, yt, err);
@@ -323,7 +323,7 @@ enum moe_status gpu_lin_dx(struct exec_gpu *g, const bf16 *dY, int lddy, const b
         fp8_keep(x8, dY, lddy, T, out, e5, true);
         return fp8_mm(g, &w, &x, T, in, out, dX, lddx, xt, beta, err);
     }
-    if (g->fp8) fp8_scratch_now(g)->kept.src = NULL;
+    if (g->fp8) fp8_scratch_now(g)->kept.src = fp8_scratch_now(g)->kept_b.src = NULL;
     if (g->in_experts)
         return mm_expert(g, false, false, false, T, in, out, dY, lddy, Wt, in, beta, dX, lddx,
                          CUDA_R_16BF, xt, err);
@@ -350,13 +350,16 @@ enum moe_status gpu_lin_dw(struct exec_gpu *g, const bf16 *dY, int lddy, const b
         if (!pre && !kept)
             MOE_CUDA_CHECK(
                 gk_fp8_cast(dY, lddy, T, out, ha, e5, NULL, NULL, x8->a, Tp, x8->sa, x8->amax, s));
-        MOE_CUDA_CHECK(
-            gk_fp8_cast(X, ldx, T, in, ha, 0, NULL, NULL, x8->b, Tp, x8->sb, x8->amax, s));
-        x8->kept.src = NULL; /* a or b written over */
+        const struct fp8_kept *kb = &x8->kept_b;
+        if (!(kb->src == X && kb->ld == ldx && kb->rows == T && kb->cols == in))
+            MOE_CUDA_CHECK(
+                gk_fp8_cast(X, ldx, T, in, ha, 0, NULL, NULL, x8->b, Tp, x8->sb, x8->amax, s));
+        x8->kept_b = fp8_kept{X, ldx, T, in, 0, true};
+        x8->kept.src = NULL; /* a may be written over */
         struct gk_fp8_mat w = {x8->b, x8->sb, Tp, ha, 0};
         return fp8_mm(g, &w, &x, out, in, Tp, dW, in, CUDA_R_32F, beta, err);
     }
-    if (g->fp8) fp8_scratch_now(g)->kept.src = NULL;
+    if (g->fp8) fp8_scratch_now(g)->kept.src = fp8_scratch_now(g)->kept_b.src = NULL;
     if (g->in_experts)
         return mm_expert(g, true, false, true, out, in, T, dY, lddy, X, ldx, beta, dW, in,
                          CUDA_R_16BF, CUDA_R_32F, err);
