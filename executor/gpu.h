@@ -194,6 +194,7 @@ struct exec_gpu {
     struct exec_fp8_layout f8;
     unsigned char *w8, *w8t;
     float *w8s;
+    unsigned *w8amax; /* (experts, at least 4) the per-tensor scaling's amax of a weight's slices */
     struct fp8_scratch f8x[1 + EXEC_MAX_STREAMS];
     /* fp8 with f8.fuse: the experts' gate and up output gradients as the fused SwiGLU backward
      * quantized them (gk_fp8_swiglu_backward), [0] the gate's, [1] the up's: row-major q,

@@ -340,6 +340,7 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
         ALLOC(g->w8, g->f8.qbytes, EXEC_MEM_WEIGHTS);
         ALLOC(g->w8t, g->f8.qbytes, EXEC_MEM_WEIGHTS);
         ALLOC(g->w8s, g->f8.factors, EXEC_MEM_WEIGHTS);
+        ALLOC(g->w8amax, g->experts > 4 ? (g->experts + 3) / 4 * 4 : 4, EXEC_MEM_WEIGHTS);
         for (int i = 0; i <= g->nside; i++) {
             struct fp8_scratch *x = &g->f8x[i];
             ALLOC(x->a, g->f8.scratch_bytes, EXEC_MEM_WORKSPACE);

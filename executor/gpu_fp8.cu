@@ -52,10 +52,14 @@ static __device__ __forceinline__ unsigned block_max(unsigned v, unsigned *red)
 }
 
 /* The whole matrix's amax (as bits) into *amax, zeroed before; `vec`: 8 values (16 bytes) a load
- * (rows starting on 16 bytes, cols a multiple of 8). */
-__global__ void k_fp8_amax(const bf16 *x, int ldx, int rows, int cols, bool vec, unsigned *amax)
+ * (rows starting on 16 bytes, cols a multiple of 8). blockIdx.y: the matrix of a batch (xs
+ * elements apart), its amax amax[blockIdx.y]. */
+__global__ void k_fp8_amax(const bf16 *x, int ldx, int rows, int cols, bool vec, size_t xs,
+                           unsigned *amax)
 {
     __shared__ unsigned red[TPB / 32];
+    x += blockIdx.y * xs;
+    amax += blockIdx.y;
     unsigned m = 0;
     int per = vec ? 8 : 1, w = cols / per;
     size_t n = (size_t)rows * w;
@@ -95,11 +99,19 @@ static __device__ __forceinline__ uint4 pack16(const bf16 (*tile)[FT_PAD], int r
  * up to qt's ldt read as zeros (the weight gradient's K padded to a multiple of 16). `vec`: the
  * input's rows and both copies' rows start on 16 bytes and cols is a multiple of 16, so the tile
  * moves in 16-byte accesses (8 bf16 in, 16 fp8 out; the partial tiles at the edges element by
- * element). The values are the same either way. */
+ * element). The values are the same either way. blockIdx.z: the matrix of a batch (its input xs
+ * elements on, its copies qs bytes on, their factors ss floats on, its amax amax[z]). */
 __global__ void __launch_bounds__(FT_THREADS)
     k_fp8_cast(const bf16 *x, int ldx, int rows, int cols, int how, int e5m2, const unsigned *amax,
-               unsigned char *q, float *sq, unsigned char *qt, int ldt, float *sqt, bool vec)
+               unsigned char *q, float *sq, unsigned char *qt, int ldt, float *sqt, bool vec,
+               size_t xs, size_t qs, size_t ss)
 {
+    {
+        size_t z = blockIdx.z;
+        x += z * xs, amax += z;
+        if (q) q += z * qs, sq += z * ss;
+        if (qt) qt += z * qs, sqt += z * ss;
+    }
     __shared__ __align__(16) bf16 tile[FT][FT_PAD];
     __shared__ float rs[FT], cs[FT]; /* 1 x 128 tiles: each row's scale, each column's */
     __shared__ unsigned red[FT_THREADS / 32];
@@ -188,26 +200,37 @@ __global__ void __launch_bounds__(FT_THREADS)
     }
 }
 
+cudaError_t gk_fp8_cast_batch(const bf16 *x, int ldx, int rows, int cols, int how, int e5m2,
+                              unsigned char *q, float *sq, unsigned char *qt, int ldt, float *sqt,
+                              unsigned *work, int batch, size_t xs, size_t qs, size_t ss,
+                              cudaStream_t s)
+{
+    if (!rows || !cols || batch < 1) return cudaGetLastError();
+    /* every matrix's rows on 16 bytes when the first's are */
+    bool strides = xs % 8 == 0 && qs % 16 == 0;
+    if (how == EXEC_FP8_TENSOR) {
+        cudaError_t e = cudaMemsetAsync(work, 0, sizeof(unsigned) * batch, s);
+        if (e != cudaSuccess) return e;
+        bool v8 = ldx % 8 == 0 && aligned(x, 16) && cols % 8 == 0 && (batch == 1 || strides);
+        size_t n = (size_t)rows * cols / (v8 ? 8 : 1);
+        unsigned g = blocks_for(n, TPB) < 1024 ? blocks_for(n, TPB) : 1024;
+        k_fp8_amax<<<dim3(g, (unsigned)batch), TPB, 0, s>>>(x, ldx, rows, cols, v8, xs, work);
+    }
+    bool vec = ldx % 8 == 0 && aligned(x, 16) && cols % 16 == 0 && (!q || aligned(q, 16)) &&
+               (!qt || (ldt % 16 == 0 && aligned(qt, 16))) && (batch == 1 || strides);
+    int span = qt && ldt > rows ? ldt : rows; /* the rows the tiles cover */
+    dim3 grid((unsigned)((cols + FT - 1) / FT), (unsigned)((span + FT - 1) / FT), (unsigned)batch);
+    k_fp8_cast<<<grid, FT_THREADS, 0, s>>>(x, ldx, rows, cols, how, e5m2, work, q, sq, qt, ldt, sqt,
+                                           vec, xs, qs, ss);
+    return cudaGetLastError();
+}
+
 cudaError_t gk_fp8_cast(const bf16 *x, int ldx, int rows, int cols, int how, int e5m2,
                         unsigned char *q, float *sq, unsigned char *qt, int ldt, float *sqt,
                         unsigned *work, cudaStream_t s)
 {
-    if (!rows || !cols) return cudaGetLastError();
-    if (how == EXEC_FP8_TENSOR) {
-        cudaError_t e = cudaMemsetAsync(work, 0, sizeof(unsigned), s);
-        if (e != cudaSuccess) return e;
-        bool v8 = ldx % 8 == 0 && aligned(x, 16) && cols % 8 == 0;
-        size_t n = (size_t)rows * cols / (v8 ? 8 : 1);
-        unsigned g = blocks_for(n, TPB) < 1024 ? blocks_for(n, TPB) : 1024;
-        k_fp8_amax<<<g, TPB, 0, s>>>(x, ldx, rows, cols, v8, work);
-    }
-    bool vec = ldx % 8 == 0 && aligned(x, 16) && cols % 16 == 0 && (!q || aligned(q, 16)) &&
-               (!qt || (ldt % 16 == 0 && aligned(qt, 16)));
-    int span = qt && ldt > rows ? ldt : rows; /* the rows the tiles cover */
-    dim3 grid((unsigned)((cols + FT - 1) / FT), (unsigned)((span + FT - 1) / FT));
-    k_fp8_cast<<<grid, FT_THREADS, 0, s>>>(x, ldx, rows, cols, how, e5m2, work, q, sq, qt, ldt, sqt,
-                                           vec);
-    return cudaGetLastError();
+    return gk_fp8_cast_batch(x, ldx, rows, cols, how, e5m2, q, sq, qt, ldt, sqt, work, 1, 0, 0, 0,
+                             s);
 }
 
 /* ---- the experts' SwiGLU backward, its gradients quantized ----------------------------------- */

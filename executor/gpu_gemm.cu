@@ -164,14 +164,23 @@ static const struct exec_fp8_slice *fp8_grad_slice(const struct exec_gpu *g, int
                      cols);
 }
 
+/* A tensor's slices (its experts) at once: consecutive slices of one shape, their parameters,
+ * copies and factors equally spaced, up to the experts' count (w8amax's room) */
 enum moe_status gpu_fp8_weights(struct exec_gpu *g, struct moe_error *err)
 {
-    int how = g->f8.weight;
-    for (int i = 0; i < g->f8.n; i++) {
+    int how = g->f8.weight, most = g->experts > 1 ? g->experts : 1;
+    for (int i = 0, n; i < g->f8.n; i += n) {
         const struct exec_fp8_slice *s = &g->f8.slice[i];
-        MOE_CUDA_CHECK(gk_fp8_cast(g->w16 + s->off, s->cols, s->rows, s->cols, how, 0, g->w8 + s->q,
-                                   g->w8s + s->s, g->w8t + s->q, s->rows, g->w8s + s->st,
-                                   g->f8x[0].amax, g->s));
+        size_t size = (size_t)s->rows * s->cols, ss = i + 1 < g->f8.n ? s[1].s - s->s : 0;
+        for (n = 1; i + n < g->f8.n && n < most; n++) {
+            const struct exec_fp8_slice *x = &s[n];
+            if (x->rows != s->rows || x->cols != s->cols || x->off != s->off + n * size ||
+                x->q != s->q + n * size || x->s != s->s + n * ss || x->st != s->st + n * ss)
+                break;
+        }
+        MOE_CUDA_CHECK(gk_fp8_cast_batch(g->w16 + s->off, s->cols, s->rows, s->cols, how, 0,
+                                         g->w8 + s->q, g->w8s + s->s, g->w8t + s->q, s->rows,
+                                         g->w8s + s->st, g->w8amax, n, size, size, ss, g->s));
     }
     g->w8_stale = false;
     return MOE_OK;

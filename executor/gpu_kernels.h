@@ -160,6 +160,13 @@ cudaError_t gk_fp8_swiglu_backward(const bf16 *g, const bf16 *u, const bf16 *dhm
                                    float limit, int e5m2, unsigned char *qg, unsigned char *qgt,
                                    float *sg, float *sgt, unsigned char *qu, unsigned char *qut,
                                    float *su, float *sut, cudaStream_t s);
+/* gk_fp8_cast on `batch` matrices of the same shape at once: matrix z's input xs elements after
+ * x, its copies qs bytes after q and qt, their factors ss floats after sq and sqt, and with the
+ * tensor's scaling its amax in work[z] (batch unsigneds of device scratch). */
+cudaError_t gk_fp8_cast_batch(const bf16 *x, int ldx, int rows, int cols, int how, int e5m2,
+                              unsigned char *q, float *sq, unsigned char *qt, int ldt, float *sqt,
+                              unsigned *work, int batch, size_t xs, size_t qs, size_t ss,
+                              cudaStream_t s);
 /* One operand of an fp8 GEMM: a K-major matrix (row-major, `ld` bytes a row) in E4M3 or E5M2,
  * with its dequantization factors as gk_fp8_cast writes them. */
 struct gk_fp8_mat {

@@ -390,7 +390,8 @@ void exec_gpu_bytes(const struct mdl_model *m, const struct exec_gpu_cfg *cfg, i
     bytes[EXEC_MEM_MASTER] += B4 * master + B4 * m->layers * E; /* and the selection biases */
     bytes[EXEC_MEM_WEIGHTS] += B2 * n;
     if (cfg->precision != COST_BF16) { /* fp8: the copies, their factors; each stream's scratch */
-        bytes[EXEC_MEM_WEIGHTS] += 2.0 * f8.qbytes + B4 * f8.factors;
+        bytes[EXEC_MEM_WEIGHTS] += 2.0 * f8.qbytes + B4 * f8.factors +
+                                   B4 * (E > 4 ? ceil(E / 4.0) * 4 : 4); /* amax, by slice */
         *W += (1 + streams) * (3.0 * f8.scratch_bytes + 3 * B4 * f8.scratch_factors + 16);
         if (f8.fuse) /* the fused SwiGLU backward's copies: dg's and du's, each both ways */
             *W += 4.0 * f8.pre_bytes + 4 * B4 * f8.pre_factors;

@@ -790,6 +790,39 @@ static void test_fp8_quantize(void **state)
             }
         cudaFree(d16), cudaFree(dq), cudaFree(dqt), cudaFree(ds), cudaFree(dst);
     }
+    /* a batch of three matrices (a weight's experts), each its own scales, as one by one */
+    {
+        const int R = 144, C = 272, B = 3;
+        size_t n = (size_t)R * C;
+        std::vector<float> x = randn(n * B, 731);
+        for (size_t i = 0; i < x.size(); i++) x[i] *= ldexpf(1.0f, (int)(i / n) * 3 - 3);
+        std::vector<bf16> x16 = to_bf16(x);
+        for (size_t i = 0; i < x.size(); i++) x[i] = __bfloat162float(x16[i]);
+        bf16 *d16 = dev(x16);
+        unsigned *works = dev(std::vector<unsigned>(B));
+        unsigned char *dq = dev(std::vector<unsigned char>(n * B)),
+                      *dqt = dev(std::vector<unsigned char>(n * B));
+        size_t ss = exec_fp8_factor_count(EXEC_FP8_TILE_1X128, R, C) +
+                    exec_fp8_factor_count(EXEC_FP8_TILE_1X128, C, R);
+        float *dsc = dev(std::vector<float>(ss * B));
+        for (int how = 0; how < 3; how++) {
+            size_t fs = exec_fp8_factor_count(how, R, C), ft = exec_fp8_factor_count(how, C, R);
+            assert_int_equal(gk_fp8_cast_batch(d16, C, R, C, how, 0, dq, dsc, dqt, R, dsc + fs,
+                                               works, B, n, n, fs + ft, 0),
+                             cudaSuccess);
+            for (int z = 0; z < B; z++) {
+                std::vector<float> xz(x.begin() + z * n, x.begin() + (z + 1) * n);
+                char what[96];
+                snprintf(what, sizeof what, "batch matrix %d, scaling %d", z, how);
+                expect_quantized(what, xz, R, C, how, 0, dq + z * n, C, dsc + z * (fs + ft));
+                snprintf(what, sizeof what, "batch matrix %d transposed, scaling %d", z, how);
+                expect_quantized(what, transposed(xz, R, C), C, R, how, 0, dqt + z * n, R,
+                                 dsc + z * (fs + ft) + fs);
+                checked += 2;
+            }
+        }
+        cudaFree(d16), cudaFree(works), cudaFree(dq), cudaFree(dqt), cudaFree(dsc);
+    }
     cudaFree(work);
     printf("fp8 quantize: %d shape x scaling x format x copy cases, every byte and factor equal "
            "to the reference's\n",
