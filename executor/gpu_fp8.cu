@@ -353,7 +353,7 @@ cudaError_t gk_fp8_swiglu_backward(const bf16 *g, const bf16 *u, const bf16 *dhm
  * time a call. The rows M (an expert's, which follow the routing) count by the power of two at
  * or above them. */
 struct fp8_kind {
-    int mb, N, K, lda, ldb, ldc, ha, hb, ea, eb;
+    int mb, N, K, lda, ldb, ldc, ha, hb, ea, eb, fast;
     cudaDataType yt;
     cublasLtMatmulDesc_t op;
     cublasLtMatmulAlgo_t algo;
@@ -424,6 +424,10 @@ static cublasStatus_t kind_desc(struct fp8_kind *q)
     if (q->ha != EXEC_FP8_TENSOR && (st = cublasLtMatmulDescSetAttribute(
                                          q->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma)))
         return st;
+    int8_t fast = (int8_t)q->fast;
+    if (fast && (st = cublasLtMatmulDescSetAttribute(q->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast,
+                                                     sizeof fast)))
+        return st;
     if (q->hb != EXEC_FP8_TENSOR && (st = cublasLtMatmulDescSetAttribute(
                                          q->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb)))
         return st;
@@ -468,19 +472,19 @@ static cublasStatus_t kind_algo(struct gk_fp8_lt *c, struct fp8_kind *q, const s
 
 cublasStatus_t gk_fp8_gemm(struct gk_fp8_lt *c, const struct gk_fp8_mat *w,
                            const struct gk_fp8_mat *x, int M, int N, int K, void *y, int ldy,
-                           cudaDataType yt, float beta, void *ws, cudaStream_t s)
+                           cudaDataType yt, float beta, bool fast, void *ws, cudaStream_t s)
 {
     if (!M || !N) return CUBLAS_STATUS_SUCCESS;
     int mb = 64;
     while (mb < M && mb < (1 << 30)) mb *= 2;
-    struct fp8_kind key = {mb,     N,       K,       w->ld, x->ld, ldy, w->how,
-                           x->how, w->e5m2, x->e5m2, yt,    NULL,  {},  false};
+    struct fp8_kind key = {mb,      N,       K,    w->ld, x->ld, ldy, w->how, x->how,
+                           w->e5m2, x->e5m2, fast, yt,    NULL,  {},  false};
     struct fp8_kind *q = NULL, scratch;
     for (int i = 0; i < c->n && !q; i++) {
         struct fp8_kind *k = &c->kind[i];
         if (k->mb == mb && k->N == N && k->K == K && k->lda == w->ld && k->ldb == x->ld &&
             k->ldc == ldy && k->ha == w->how && k->hb == x->how && k->ea == w->e5m2 &&
-            k->eb == x->e5m2 && k->yt == yt)
+            k->eb == x->e5m2 && k->fast == (int)fast && k->yt == yt)
             q = k;
     }
     cublasStatus_t st = CUBLAS_STATUS_SUCCESS;

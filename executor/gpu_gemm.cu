@@ -259,12 +259,14 @@ static void *ws_now(const struct exec_gpu *g)
     return g->cur_side < 0 ? g->blas_ws : g->side_ws[g->cur_side];
 }
 
+/* fast: the forward with per-tensor scaling (Transformer Engine's and so Megatron's tensorwise
+ * recipe: its forward GEMMs accumulate fast, its gradients' in split fp32) */
 static enum moe_status fp8_mm(struct exec_gpu *g, const struct gk_fp8_mat *w,
                               const struct gk_fp8_mat *x, int M, int N, int K, void *y, int ldy,
-                              cudaDataType yt, float beta, struct moe_error *err)
+                              cudaDataType yt, float beta, bool fast, struct moe_error *err)
 {
     cublasStatus_t st =
-        gk_fp8_gemm(g->f8lt, w, x, M, N, K, y, ldy, yt, beta, ws_now(g), stream_now(g));
+        gk_fp8_gemm(g->f8lt, w, x, M, N, K, y, ldy, yt, beta, fast, ws_now(g), stream_now(g));
     if (st != CUBLAS_STATUS_SUCCESS)
         return moe_error_set(err, MOE_ERR_CUBLAS,
                              "executor: the fp8 GEMM %d x %d x %d (%s scaling): cuBLASLt: %s", M, N,
@@ -299,7 +301,7 @@ enum moe_status gpu_lin(struct exec_gpu *g, const bf16 *X, int ldx, const bf16 *
         fp8_keep(x8, X, ldx, T, in, 0, false);
         struct gk_fp8_mat w = {g->w8 + f->q, g->w8s + f->s, in, hw, 0},
                           x = {x8->a, x8->sa, in, ha, 0};
-        return fp8_mm(g, &w, &x, T, out, in, Y, ldy, yt, beta, err);
+        return fp8_mm(g, &w, &x, T, out, in, Y, ldy, yt, beta, ha == EXEC_FP8_TENSOR, err);
     }
     if (g->fp8) fp8_scratch_now(g)->kept.src = fp8_scratch_now(g)->kept_b.src = NULL;
     if (g->in_experts)
@@ -323,14 +325,14 @@ enum moe_status gpu_lin_dx(struct exec_gpu *g, const bf16 *dY, int lddy, const b
                           x = {x8->a, x8->sa, out, ha, e5}, tr;
         if (fp8_pre_of(g, dY, lddy, T, out, e5, &x, &tr)) { /* the fused SwiGLU backward's */
             x8->kept.src = NULL;
-            return fp8_mm(g, &w, &x, T, in, out, dX, lddx, xt, beta, err);
+            return fp8_mm(g, &w, &x, T, in, out, dX, lddx, xt, beta, false, err);
         }
         /* both ways at once: the weight gradient that follows takes the transpose */
         if (!fp8_kept_is(x8, dY, lddy, T, out, e5, true))
             MOE_CUDA_CHECK(gk_fp8_cast(dY, lddy, T, out, ha, e5, x8->a, x8->sa, x8->c, Tp, x8->sc,
                                        x8->amax, stream_now(g)));
         fp8_keep(x8, dY, lddy, T, out, e5, true);
-        return fp8_mm(g, &w, &x, T, in, out, dX, lddx, xt, beta, err);
+        return fp8_mm(g, &w, &x, T, in, out, dX, lddx, xt, beta, false, err);
     }
     if (g->fp8) fp8_scratch_now(g)->kept.src = fp8_scratch_now(g)->kept_b.src = NULL;
     if (g->in_experts)
@@ -366,7 +368,7 @@ enum moe_status gpu_lin_dw(struct exec_gpu *g, const bf16 *dY, int lddy, const b
         x8->kept_b = fp8_kept{X, ldx, T, in, 0, true};
         x8->kept.src = NULL; /* a may be written over */
         struct gk_fp8_mat w = {x8->b, x8->sb, Tp, ha, 0};
-        return fp8_mm(g, &w, &x, out, in, Tp, dW, in, CUDA_R_32F, beta, err);
+        return fp8_mm(g, &w, &x, out, in, Tp, dW, in, CUDA_R_32F, beta, false, err);
     }
     if (g->fp8) fp8_scratch_now(g)->kept.src = fp8_scratch_now(g)->kept_b.src = NULL;
     if (g->in_experts)

@@ -179,11 +179,13 @@ struct gk_fp8_lt;
 struct gk_fp8_lt *gk_fp8_lt_create(cublasLtHandle_t lt, size_t ws_bytes);
 void gk_fp8_lt_destroy(struct gk_fp8_lt *c);
 /* y (M x N, row-major, ldy; fp32 or bf16, yt) = x w^T + beta y through cuBLASLt's fp8 matmul:
- * x M x K, w N x K, each product dequantized by its operands' factors, fp32 accumulation. K,
- * N and the leading dimensions multiples of 16; ws: the handle's workspace. */
+ * x M x K, w N x K, each product dequantized by its operands' factors, fp32 accumulation (fast:
+ * Hopper's fp8 accumulator promoted less often, cuBLASLt's FAST_ACCUM, as Transformer Engine's
+ * per-tensor recipe runs its forward GEMMs). K, N and the leading dimensions multiples of 16; ws:
+ * the handle's workspace. */
 cublasStatus_t gk_fp8_gemm(struct gk_fp8_lt *c, const struct gk_fp8_mat *w,
                            const struct gk_fp8_mat *x, int M, int N, int K, void *y, int ldy,
-                           cudaDataType yt, float beta, void *ws, cudaStream_t s);
+                           cudaDataType yt, float beta, bool fast, void *ws, cudaStream_t s);
 /* One thread that holds the stream for `us` microseconds of the GPU's clock: a benchmark queues
  * its kernels behind it, so that what it times is the GPU's work, not the host's launches. */
 cudaError_t gk_busy_wait(double us, cudaStream_t s);

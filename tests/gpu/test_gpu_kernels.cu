@@ -836,8 +836,9 @@ static void test_fp8_quantize(void **state)
  * their count padded to 16 with zeros), with the gradient in E4M3 and in E5M2. The products of
  * fp8 values are exact, but Hopper's fp8 tensor cores add them in an accumulator narrower than
  * fp32 before cuBLASLt promotes the partial sums (DeepSeek-V3 measured about 14 bits), so: out in
- * fp32 within 1e-3 of the largest |y|, in bf16 (the forward) within 8e-3. cuBLASLt's refusal of
- * a configuration fails the test, named. */
+ * fp32 within 1e-3 of the largest |y|, in bf16 (the forward) within 8e-3, and with fast
+ * accumulation (promoted less often: the per-tensor recipe's forward) within 5e-3. cuBLASLt's
+ * refusal of a configuration fails the test, named. */
 static void test_fp8_gemm(void **state)
 {
     (void)state;
@@ -897,7 +898,7 @@ static void test_fp8_gemm(void **state)
                 for (int o16 = 0; o16 < 2; o16++) {
                     cublasStatus_t st =
                         gk_fp8_gemm(c8, &W, &X, T, OUT, IN, o16 ? (void *)y16 : y32, OUT,
-                                    o16 ? CUDA_R_16BF : CUDA_R_32F, 0.0f, ws, 0);
+                                    o16 ? CUDA_R_16BF : CUDA_R_32F, 0.0f, false, ws, 0);
                     if (st)
                         fail_msg("fp8 forward, %s, out %s: cuBLASLt: %s", recipe,
                                  o16 ? "bf16" : "fp32", cublasGetStatusString(st));
@@ -906,6 +907,16 @@ static void test_fp8_gemm(void **state)
                              o16 ? "bf16" : "fp32");
                     close(what, o16 ? to_d(host(y16, ref.size())) : to_d(host(y32, ref.size())),
                           ref, o16 ? 8e-3 : 1e-3);
+                    cases++;
+                }
+                if (!blockwise) { /* fast accumulation (the per-tensor recipe's forward): 5e-3 */
+                    cublasStatus_t st = gk_fp8_gemm(c8, &W, &X, T, OUT, IN, y32, OUT, CUDA_R_32F,
+                                                    0.0f, true, ws, 0);
+                    if (st)
+                        fail_msg("fp8 forward, fast accumulation: cuBLASLt: %s",
+                                 cublasGetStatusString(st));
+                    close("fp8 forward, per-tensor, fast accumulation, out fp32",
+                          to_d(host(y32, ref.size())), ref, 5e-3);
                     cases++;
                 }
             }
@@ -918,7 +929,7 @@ static void test_fp8_gemm(void **state)
             exec_ref_fp8_linear(dy.data(), {rt, gf}, wt.data(), {rw, EXEC_FP8_E4M3}, T, IN, OUT,
                                 ref.data());
             cublasStatus_t st =
-                gk_fp8_gemm(c8, &WT, &DY, T, IN, OUT, y32, IN, CUDA_R_32F, 0.0f, ws, 0);
+                gk_fp8_gemm(c8, &WT, &DY, T, IN, OUT, y32, IN, CUDA_R_32F, 0.0f, false, ws, 0);
             if (st)
                 fail_msg("fp8 data gradient, %s, dy %s: cuBLASLt: %s", recipe,
                          ge5 ? "e5m2" : "e4m3", cublasGetStatusString(st));
@@ -936,7 +947,7 @@ static void test_fp8_gemm(void **state)
             ref.assign((size_t)OUT * IN, 0.0);
             exec_ref_fp8_linear(dyt.data(), {rt, gf}, xt.data(), {rt, EXEC_FP8_E4M3}, OUT, IN, T,
                                 ref.data());
-            st = gk_fp8_gemm(c8, &XT, &DYT, OUT, IN, TP, y32, IN, CUDA_R_32F, 0.0f, ws, 0);
+            st = gk_fp8_gemm(c8, &XT, &DYT, OUT, IN, TP, y32, IN, CUDA_R_32F, 0.0f, false, ws, 0);
             if (st)
                 fail_msg("fp8 weight gradient, %s, dy %s: cuBLASLt: %s", recipe,
                          ge5 ? "e5m2" : "e4m3", cublasGetStatusString(st));
