@@ -233,7 +233,93 @@ cudaError_t gk_fp8_cast(const bf16 *x, int ldx, int rows, int cols, int how, int
                              s);
 }
 
-/* ---- the experts' SwiGLU backward, its gradients quantized ----------------------------------- */
+/* ---- the experts' SwiGLU, its output and its gradients quantized ------------------------------ */
+
+/* Which expert's tile block b is, the experts' tiles in order (rows tiles of 128 a column tile of
+ * 128, over `padded` rows: n_e, or n_e rounded up to 16 with the transposed copy), and the
+ * expert's region (exec_fp8_regions). Thread 0's work, for its block. */
+static __device__ void expert_tile(const int *off, int E, int cols, bool padded, size_t b, int *e_,
+                                   int *r0, int *c0, size_t *q_, size_t *s_, size_t *st_)
+{
+    int ncb = (cols + FT - 1) / FT;
+    size_t q = 0, s = 0, st = 0;
+    for (int e = 0; e < E; e++) {
+        int n = off[e + 1] - off[e], n16 = (n + 15) / 16 * 16, span = padded ? n16 : n;
+        size_t tiles = (size_t)((span + FT - 1) / FT) * ncb;
+        if (b < tiles) {
+            *e_ = e, *r0 = (int)(b / ncb) * FT, *c0 = (int)(b % ncb) * FT;
+            *q_ = q, *s_ = s, *st_ = st;
+            return;
+        }
+        b -= tiles;
+        q += (size_t)n16 * cols;
+        s += exec_fp8_factor_count(EXEC_FP8_TILE_1X128, n, cols);
+        st += exec_fp8_factor_count(EXEC_FP8_TILE_1X128, cols, n16);
+    }
+}
+
+/* The experts' tiles over `padded` rows (expert_tile's count) */
+static size_t expert_tiles(const int *off, int E, int cols, bool padded)
+{
+    size_t tiles = 0, ncb = (size_t)(cols + FT - 1) / FT;
+    for (int e = 0; e < E; e++) {
+        int n = off[e + 1] - off[e], span = padded ? (n + 15) / 16 * 16 : n;
+        tiles += (size_t)((span + FT - 1) / FT) * ncb;
+    }
+    return tiles;
+}
+
+/* One block one FT x FT tile of one expert's rows: hm = SwiGLU(g, u) written in bf16 (as gk_swiglu
+ * writes it) and quantized from that in 1 x 128 tiles into the expert's row-major region, as
+ * gk_fp8_cast quantizes the expert's rows. A warp a row at a time, four values a lane. */
+__global__ void __launch_bounds__(FT_THREADS)
+    k_fp8_swiglu_fwd(const bf16 *g, const bf16 *u, const int *off, int E, int cols, float alpha,
+                     float limit, int e5m2, bf16 *hm, unsigned char *q, float *sq)
+{
+    __shared__ int tile_e, tile_r0, tile_c0;
+    __shared__ size_t reg_q, reg_s, reg_st;
+    if (threadIdx.x == 0)
+        expert_tile(off, E, cols, false, blockIdx.x, &tile_e, &tile_r0, &tile_c0, &reg_q, &reg_s,
+                    &reg_st);
+    __syncthreads();
+    int e = tile_e, r0 = tile_r0, c0 = tile_c0, o = off[e], n = off[e + 1] - o;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int r = warp; r < FT && r0 + r < n; r += FT_THREADS / 32) {
+        int lr = r0 + r;
+        float v[4];
+        unsigned m = 0;
+        for (int k = 0; k < 4; k++) {
+            int c = c0 + lane * 4 + k;
+            v[k] = 0.0f;
+            if (c >= cols) continue;
+            size_t at = (size_t)(o + lr) * cols + c;
+            bf16 b = __float2bfloat16(
+                act_fwd(__bfloat162float(g[at]), __bfloat162float(u[at]), alpha, limit));
+            hm[at] = b;
+            v[k] = __bfloat162float(b);
+            m = max(m, abs_bits(v[k]));
+        }
+        for (int x = 16; x > 0; x >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, x));
+        float s = scale_of(__uint_as_float(m), e5m2);
+        for (int k = 0; k < 4; k++) {
+            int c = c0 + lane * 4 + k;
+            if (c < cols) q[reg_q + (size_t)lr * cols + c] = to_fp8(v[k] * s, e5m2);
+        }
+        if (lane == 0)
+            sq[reg_s + exec_fp8_factor_at(EXEC_FP8_TILE_1X128, n, cols, lr, c0)] = 1.0f / s;
+    }
+}
+
+cudaError_t gk_fp8_swiglu_forward(const bf16 *g, const bf16 *u, const int *off_dev, const int *off,
+                                  int E, int cols, float alpha, float limit, int e5m2, bf16 *hm,
+                                  unsigned char *q, float *sq, cudaStream_t s)
+{
+    size_t tiles = expert_tiles(off, E, cols, false);
+    if (tiles)
+        k_fp8_swiglu_fwd<<<(unsigned)tiles, FT_THREADS, 0, s>>>(g, u, off_dev, E, cols, alpha,
+                                                                limit, e5m2, hm, q, sq);
+    return cudaGetLastError();
+}
 
 /* One block one FT x FT tile of one expert's rows (E experts, rows from off[e], `cols` wide):
  * dg, du = SwiGLU's backward of (g, u) for dhm, each rounded to bf16 as gk_swiglu_backward
@@ -253,23 +339,9 @@ __global__ void __launch_bounds__(FT_THREADS)
     __shared__ int tile_e, tile_r0, tile_c0;
     __shared__ size_t reg_q, reg_s, reg_st;
     int t = threadIdx.x;
-    if (t == 0) { /* which expert's tile: the experts' tiles in order */
-        int ncb = (cols + FT - 1) / FT;
-        size_t b = blockIdx.x, q = 0, s = 0, st = 0;
-        for (int e = 0; e < E; e++) {
-            int n = off[e + 1] - off[e], n16 = (n + 15) / 16 * 16;
-            size_t tiles = (size_t)((n16 + FT - 1) / FT) * ncb;
-            if (b < tiles) {
-                tile_e = e, tile_r0 = (int)(b / ncb) * FT, tile_c0 = (int)(b % ncb) * FT;
-                reg_q = q, reg_s = s, reg_st = st;
-                break;
-            }
-            b -= tiles;
-            q += (size_t)n16 * cols;
-            s += exec_fp8_factor_count(EXEC_FP8_TILE_1X128, n, cols);
-            st += exec_fp8_factor_count(EXEC_FP8_TILE_1X128, cols, n16);
-        }
-    }
+    if (t == 0)
+        expert_tile(off, E, cols, true, blockIdx.x, &tile_e, &tile_r0, &tile_c0, &reg_q, &reg_s,
+                    &reg_st);
     __syncthreads();
     int e = tile_e, r0 = tile_r0, c0 = tile_c0, o = off[e], n = off[e + 1] - o;
     int n16 = (n + 15) / 16 * 16;
@@ -331,11 +403,7 @@ cudaError_t gk_fp8_swiglu_backward(const bf16 *g, const bf16 *u, const bf16 *dhm
                                    float *sg, float *sgt, unsigned char *qu, unsigned char *qut,
                                    float *su, float *sut, cudaStream_t s)
 {
-    size_t tiles = 0, ncb = (size_t)(cols + FT - 1) / FT;
-    for (int e = 0; e < E; e++) {
-        int n16 = (off[e + 1] - off[e] + 15) / 16 * 16;
-        tiles += (size_t)((n16 + FT - 1) / FT) * ncb;
-    }
+    size_t tiles = expert_tiles(off, E, cols, true);
     if (!tiles) return cudaGetLastError();
     const size_t smem = 2 * sizeof(bf16) * FT * FT_PAD;
     /* the dynamic shared memory above 48 KB (asked at every launch: the device may differ) */

@@ -200,8 +200,9 @@ bool gpu_fp8_fused_ok(const struct exec_gpu *g, int l)
 {
     const int *w = g->wi[l];
     int h = g->hidden, f = g->ffn;
-    return g->fp8 && w[W_GATE] >= 0 && w[W_UP] >= 0 && fp8_slice(g, W16(g, w[W_GATE]), f, h) &&
-           fp8_slice(g, W16(g, w[W_UP]), f, h);
+    return g->fp8 && w[W_GATE] >= 0 && w[W_UP] >= 0 && w[W_DOWN] >= 0 &&
+           fp8_slice(g, W16(g, w[W_GATE]), f, h) && fp8_slice(g, W16(g, w[W_UP]), f, h) &&
+           fp8_slice(g, W16(g, w[W_DOWN]), h, f);
 }
 
 /* The fused SwiGLU backward's copies of dY (T x out, ld), if it is one expert's rows of its
@@ -295,12 +296,16 @@ enum moe_status gpu_lin(struct exec_gpu *g, const bf16 *X, int ldx, const bf16 *
         MOE_CHECK(fp8_fresh(g, err));
         struct fp8_scratch *x8 = fp8_scratch_now(g);
         int ha = g->f8.act, hw = g->f8.weight;
+        struct gk_fp8_mat w = {g->w8 + f->q, g->w8s + f->s, in, hw, 0}, x, tr;
+        if (fp8_pre_of(g, X, ldx, T, in, 0, &x, &tr)) { /* the fused SwiGLU's output */
+            x8->kept.src = NULL;
+            return fp8_mm(g, &w, &x, T, out, in, Y, ldy, yt, beta, ha == EXEC_FP8_TENSOR, err);
+        }
         if (!fp8_kept_is(x8, X, ldx, T, in, 0, false)) /* the gate's input is the up's */
             MOE_CUDA_CHECK(gk_fp8_cast(X, ldx, T, in, ha, 0, x8->a, x8->sa, NULL, 0, NULL, x8->amax,
                                        stream_now(g)));
         fp8_keep(x8, X, ldx, T, in, 0, false);
-        struct gk_fp8_mat w = {g->w8 + f->q, g->w8s + f->s, in, hw, 0},
-                          x = {x8->a, x8->sa, in, ha, 0};
+        x = gk_fp8_mat{x8->a, x8->sa, in, ha, 0};
         return fp8_mm(g, &w, &x, T, out, in, Y, ldy, yt, beta, ha == EXEC_FP8_TENSOR, err);
     }
     if (g->fp8) fp8_scratch_now(g)->kept.src = fp8_scratch_now(g)->kept_b.src = NULL;

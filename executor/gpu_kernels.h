@@ -150,6 +150,12 @@ cudaError_t gk_init(float *p, size_t n, size_t base, uint64_t seed, float std, b
 cudaError_t gk_fp8_cast(const bf16 *x, int ldx, int rows, int cols, int how, int e5m2,
                         unsigned char *q, float *sq, unsigned char *qt, int ldt, float *sqt,
                         unsigned *work, cudaStream_t s);
+/* The experts' SwiGLU (E experts, rows from off[e] (off_dev its device copy), `cols` wide): hm
+ * in bf16 as gk_swiglu writes it, and quantized from it in 1 x 128 tiles into each expert's
+ * region (exec_fp8_regions) of q, factors sq, as gk_fp8_cast quantizes each expert's rows. */
+cudaError_t gk_fp8_swiglu_forward(const bf16 *g, const bf16 *u, const int *off_dev, const int *off,
+                                  int E, int cols, float alpha, float limit, int e5m2, bf16 *hm,
+                                  unsigned char *q, float *sq, cudaStream_t s);
 /* The experts' SwiGLU backward (E experts, rows from off[e] (off_dev its device copy), `cols`
  * wide) with its gradients dg and du quantized in 1 x 128 tiles for their GEMMs instead of
  * written in bf16: each expert's rows into its region (exec_fp8_regions) of qg / qu (row-major,

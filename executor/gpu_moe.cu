@@ -98,9 +98,17 @@ enum moe_status gpu_experts_forward(struct exec_gpu *g, int l, struct act *A, co
                            A->eu16 + o * f, f, CUDA_R_16BF, bu, err);
         },
         err));
-    MOE_CUDA_CHECK(gk_swiglu(A->eg16, A->eu16, A->ehm16, (size_t)off[E] * f, g->act_alpha,
-                             g->act_limit, g->s));
-    return each_expert(
+    if (g->f8.fuse && gpu_fp8_fused_ok(g, l)) { /* the down GEMMs' input quantized here too */
+        exec_fp8_regions(off, E, f, g->f8pre.qo, g->f8pre.so, g->f8pre.sto);
+        MOE_CUDA_CHECK(gk_fp8_swiglu_forward(A->eg16, A->eu16, A->off, off, E, f, g->act_alpha,
+                                             g->act_limit, 0, A->ehm16, g->f8pre.q[0],
+                                             g->f8pre.s[0], g->s));
+        g->f8pre.key[0] = A->ehm16, g->f8pre.off = off;
+    } else {
+        MOE_CUDA_CHECK(gk_swiglu(A->eg16, A->eu16, A->ehm16, (size_t)off[E] * f, g->act_alpha,
+                                 g->act_limit, g->s));
+    }
+    enum moe_status st = each_expert(
         g, off,
         [&](int e, size_t o, int n) {
             cudaError_t ce = cudaSuccess;
@@ -110,6 +118,8 @@ enum moe_status gpu_experts_forward(struct exec_gpu *g, int l, struct act *A, co
                            A->yp32 + o * h, h, CUDA_R_32F, bd, err);
         },
         err);
+    g->f8pre.key[0] = NULL;
+    return st;
 }
 
 /* Its backward from dyp16: the rows' gradient (dxg16 + dxu16, each GEMM's own bf16 output, summed
