@@ -317,6 +317,16 @@ static void test_values_and_messages(void **state)
          "none may exceed the GPU count (1)"},
         {{"predict", TINY, "--layout", "offload=2"}, 2, "not a share of the optimizer state"},
         {{"predict", TINY, "--layout", "fp8_params=on"}, 4, "fp8_params: fp8 weights need"},
+        {{"bench", "moe", "--precision", "fp16"}, 2, "bf16, fp8 or fp8block"},
+        {{"bench", "moe", "--precision", "mxfp8"}, 2, "mxfp8 needs Blackwell"},
+        {{"report", "tests/data/report/plan.json", "tests/data/report/measured.json", "--compare",
+          "a", "--compare", "b", "--compare", "c", "--compare", "d"},
+         2,
+         "--compare: at most 3 runs"},
+        {{"report", "tests/data/report/plan.json", "tests/data/report/measured.json", "--compare",
+          "/nonexistent/m.json"},
+         3,
+         "/nonexistent/m.json"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         run(&r, cases[i].args);
