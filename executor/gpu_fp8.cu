@@ -1,5 +1,6 @@
 /*
- * gpu_fp8.cu: FP8 on the GPU: the quantize kernel and the fp8 GEMM (cuBLASLt).
+ * gpu_fp8.cu: FP8 on the GPU: the quantize kernel, the experts' SwiGLU with its output or its
+ * gradients quantized (block scaling), and the fp8 GEMM (cuBLASLt).
  *
  * Quantization is ref_fp8.c's bit for bit: the amax of the tensor, of a 1 x 128 tile or of a
  * 128 x 128 block, the scale fp8_max / amax (1 where amax is 0 or not finite), each value times
