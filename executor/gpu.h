@@ -206,6 +206,7 @@ struct exec_gpu {
         float *s[2], *st[2];
         size_t *qo, *so, *sto;
         const int *off;
+        int *off_dev; /* (E + 1) a copy of the rows' offsets the fused kernels read */
     } f8pre;
     struct gk_fp8_lt *f8lt;
     const int *forced_choice; /* device (T, top_k): replaces the router's choice (benchmarks) */

@@ -358,6 +358,7 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
             ALLOC(g->f8pre.st[k], g->f8.pre_factors, EXEC_MEM_WORKSPACE);
         }
         if (g->f8.fuse) {
+            ALLOC(g->f8pre.off_dev, g->experts + 1, EXEC_MEM_WORKSPACE);
             size_t *r = (size_t *)calloc(3 * ((size_t)g->experts + 1), sizeof(size_t));
             if (!r) return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
             g->f8pre.qo = r, g->f8pre.so = r + g->experts + 1,

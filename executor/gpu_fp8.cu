@@ -244,6 +244,7 @@ static __device__ void expert_tile(const int *off, int E, int cols, bool padded,
 {
     int ncb = (cols + FT - 1) / FT;
     size_t q = 0, s = 0, st = 0;
+    *e_ = -1; /* past the last tile: none (the launch counts the tiles as this does) */
     for (int e = 0; e < E; e++) {
         int n = off[e + 1] - off[e], n16 = (n + 15) / 16 * 16, span = padded ? n16 : n;
         size_t tiles = (size_t)((span + FT - 1) / FT) * ncb;
@@ -283,6 +284,7 @@ __global__ void __launch_bounds__(FT_THREADS)
         expert_tile(off, E, cols, false, blockIdx.x, &tile_e, &tile_r0, &tile_c0, &reg_q, &reg_s,
                     &reg_st);
     __syncthreads();
+    if (tile_e < 0) return;
     int e = tile_e, r0 = tile_r0, c0 = tile_c0, o = off[e], n = off[e + 1] - o;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     for (int r = warp; r < FT && r0 + r < n; r += FT_THREADS / 32) {
@@ -344,6 +346,7 @@ __global__ void __launch_bounds__(FT_THREADS)
         expert_tile(off, E, cols, true, blockIdx.x, &tile_e, &tile_r0, &tile_c0, &reg_q, &reg_s,
                     &reg_st);
     __syncthreads();
+    if (tile_e < 0) return;
     int e = tile_e, r0 = tile_r0, c0 = tile_c0, o = off[e], n = off[e + 1] - o;
     int n16 = (n + 15) / 16 * 16;
     for (int i = t; i < FT * FT; i += FT_THREADS) {

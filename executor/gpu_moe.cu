@@ -100,8 +100,9 @@ enum moe_status gpu_experts_forward(struct exec_gpu *g, int l, struct act *A, co
         err));
     if (g->f8.fuse && gpu_fp8_fused_ok(g, l)) { /* the down GEMMs' input quantized here too */
         exec_fp8_regions(off, E, f, g->f8pre.qo, g->f8pre.so, g->f8pre.sto);
-        MOE_CUDA_CHECK(gk_fp8_swiglu_forward(A->eg16, A->eu16, A->off, off, E, f, g->act_alpha,
-                                             g->act_limit, 0, A->ehm16, g->f8pre.q[0],
+        MOE_CHECK(gpu_upload(g, g->f8pre.off_dev, off, sizeof(int) * (E + 1), err));
+        MOE_CUDA_CHECK(gk_fp8_swiglu_forward(A->eg16, A->eu16, g->f8pre.off_dev, off, E, f,
+                                             g->act_alpha, g->act_limit, 0, A->ehm16, g->f8pre.q[0],
                                              g->f8pre.s[0], g->s));
         g->f8pre.key[0] = A->ehm16, g->f8pre.off = off;
     } else {
@@ -152,8 +153,9 @@ enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act
     bool fused = g->f8.fuse && gpu_fp8_fused_ok(g, l);
     if (fused) { /* the gradients quantized for the GEMMs below, never in bf16 */
         exec_fp8_regions(off, E, f, g->f8pre.qo, g->f8pre.so, g->f8pre.sto);
+        MOE_CHECK(gpu_upload(g, g->f8pre.off_dev, off, sizeof(int) * (E + 1), err));
         MOE_CUDA_CHECK(gk_fp8_swiglu_backward(
-            A->eg16, A->eu16, g->dehm16, A->off, off, E, f, g->act_alpha, g->act_limit,
+            A->eg16, A->eu16, g->dehm16, g->f8pre.off_dev, off, E, f, g->act_alpha, g->act_limit,
             g->cfg.fp8_e5m2_grads, g->f8pre.q[0], g->f8pre.qt[0], g->f8pre.s[0], g->f8pre.st[0],
             g->f8pre.q[1], g->f8pre.qt[1], g->f8pre.s[1], g->f8pre.st[1], g->s));
         g->f8pre.key[0] = g->deg16, g->f8pre.key[1] = g->deu16, g->f8pre.off = off;

@@ -393,8 +393,8 @@ void exec_gpu_bytes(const struct mdl_model *m, const struct exec_gpu_cfg *cfg, i
         bytes[EXEC_MEM_WEIGHTS] += 2.0 * f8.qbytes + B4 * f8.factors +
                                    B4 * (E > 4 ? ceil(E / 4.0) * 4 : 4); /* amax, by slice */
         *W += (1 + streams) * (3.0 * f8.scratch_bytes + 3 * B4 * f8.scratch_factors + 16);
-        if (f8.fuse) /* the fused SwiGLU backward's copies: dg's and du's, each both ways */
-            *W += 4.0 * f8.pre_bytes + 4 * B4 * f8.pre_factors;
+        if (f8.fuse) /* the fused SwiGLU's copies (dg's and du's, each both ways), the offsets */
+            *W += 4.0 * f8.pre_bytes + 4 * B4 * f8.pre_factors + B4 * (E + 1);
         exec_fp8_layout_free(&f8);
     }
     bytes[EXEC_MEM_GRADS] += B4 * n;
