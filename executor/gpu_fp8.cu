@@ -80,7 +80,7 @@ __global__ void k_fp8_amax(const bf16 *x, int ldx, int rows, int cols, bool vec,
     if (threadIdx.x == 0) atomicMax(amax, m);
 }
 
-#define FT 128          /* the tile: FT x FT values of the input */
+#define FT GK_FP8_TILE  /* the tile: FT x FT values of the input */
 #define FT_PAD (FT + 2) /* a shared-memory row, padded against bank conflicts in the transpose */
 #define FT_THREADS 256
 
@@ -236,41 +236,6 @@ cudaError_t gk_fp8_cast(const bf16 *x, int ldx, int rows, int cols, int how, int
 
 /* ---- the experts' SwiGLU, its output and its gradients quantized ------------------------------ */
 
-/* Which expert's tile block b is, the experts' tiles in order (rows tiles of 128 a column tile of
- * 128, over `padded` rows: n_e, or n_e rounded up to 16 with the transposed copy), and the
- * expert's region (exec_fp8_regions). Thread 0's work, for its block. */
-static __device__ void expert_tile(const int *off, int E, int cols, bool padded, size_t b, int *e_,
-                                   int *r0, int *c0, size_t *q_, size_t *s_, size_t *st_)
-{
-    int ncb = (cols + FT - 1) / FT;
-    size_t q = 0, s = 0, st = 0;
-    *e_ = -1; /* past the last tile: none (the launch counts the tiles as this does) */
-    for (int e = 0; e < E; e++) {
-        int n = off[e + 1] - off[e], n16 = (n + 15) / 16 * 16, span = padded ? n16 : n;
-        size_t tiles = (size_t)((span + FT - 1) / FT) * ncb;
-        if (b < tiles) {
-            *e_ = e, *r0 = (int)(b / ncb) * FT, *c0 = (int)(b % ncb) * FT;
-            *q_ = q, *s_ = s, *st_ = st;
-            return;
-        }
-        b -= tiles;
-        q += (size_t)n16 * cols;
-        s += exec_fp8_factor_count(EXEC_FP8_TILE_1X128, n, cols);
-        st += exec_fp8_factor_count(EXEC_FP8_TILE_1X128, cols, n16);
-    }
-}
-
-/* The experts' tiles over `padded` rows (expert_tile's count) */
-static size_t expert_tiles(const int *off, int E, int cols, bool padded)
-{
-    size_t tiles = 0, ncb = (size_t)(cols + FT - 1) / FT;
-    for (int e = 0; e < E; e++) {
-        int n = off[e + 1] - off[e], span = padded ? (n + 15) / 16 * 16 : n;
-        tiles += (size_t)((span + FT - 1) / FT) * ncb;
-    }
-    return tiles;
-}
-
 /* One block one FT x FT tile of one expert's rows: hm = SwiGLU(g, u) written in bf16 (as gk_swiglu
  * writes it) and quantized from that in 1 x 128 tiles into the expert's row-major region, as
  * gk_fp8_cast quantizes the expert's rows. A warp a row at a time, four values a lane. */
@@ -281,8 +246,8 @@ __global__ void __launch_bounds__(FT_THREADS)
     __shared__ int tile_e, tile_r0, tile_c0;
     __shared__ size_t reg_q, reg_s, reg_st;
     if (threadIdx.x == 0)
-        expert_tile(off, E, cols, false, blockIdx.x, &tile_e, &tile_r0, &tile_c0, &reg_q, &reg_s,
-                    &reg_st);
+        gk_expert_tile(off, E, cols, false, blockIdx.x, &tile_e, &tile_r0, &tile_c0, &reg_q, &reg_s,
+                       &reg_st);
     __syncthreads();
     if (tile_e < 0) return;
     int e = tile_e, r0 = tile_r0, c0 = tile_c0, o = off[e], n = off[e + 1] - o;
@@ -317,7 +282,7 @@ cudaError_t gk_fp8_swiglu_forward(const bf16 *g, const bf16 *u, const int *off_d
                                   int E, int cols, float alpha, float limit, int e5m2, bf16 *hm,
                                   unsigned char *q, float *sq, cudaStream_t s)
 {
-    size_t tiles = expert_tiles(off, E, cols, false);
+    size_t tiles = gk_expert_tiles(off, E, cols, false);
     if (tiles)
         k_fp8_swiglu_fwd<<<(unsigned)tiles, FT_THREADS, 0, s>>>(g, u, off_dev, E, cols, alpha,
                                                                 limit, e5m2, hm, q, sq);
@@ -343,8 +308,8 @@ __global__ void __launch_bounds__(FT_THREADS)
     __shared__ size_t reg_q, reg_s, reg_st;
     int t = threadIdx.x;
     if (t == 0)
-        expert_tile(off, E, cols, true, blockIdx.x, &tile_e, &tile_r0, &tile_c0, &reg_q, &reg_s,
-                    &reg_st);
+        gk_expert_tile(off, E, cols, true, blockIdx.x, &tile_e, &tile_r0, &tile_c0, &reg_q, &reg_s,
+                       &reg_st);
     __syncthreads();
     if (tile_e < 0) return;
     int e = tile_e, r0 = tile_r0, c0 = tile_c0, o = off[e], n = off[e + 1] - o;
@@ -407,7 +372,7 @@ cudaError_t gk_fp8_swiglu_backward(const bf16 *g, const bf16 *u, const bf16 *dhm
                                    float *sg, float *sgt, unsigned char *qu, unsigned char *qut,
                                    float *su, float *sut, cudaStream_t s)
 {
-    size_t tiles = expert_tiles(off, E, cols, true);
+    size_t tiles = gk_expert_tiles(off, E, cols, true);
     if (!tiles) return cudaGetLastError();
     const size_t smem = 2 * sizeof(bf16) * FT * FT_PAD;
     /* the dynamic shared memory above 48 KB (asked at every launch: the device may differ) */

@@ -123,6 +123,44 @@ static __device__ __forceinline__ void act_bwd(float g, float u, float dh, float
     *dg = g <= limit ? dh * (uc + 1.0f) * sg * (1.0f + alpha * gc * (1.0f - sg)) : 0.0f;
 }
 
+#define GK_FP8_TILE 128 /* the fp8 kernels' tiles: GK_FP8_TILE x GK_FP8_TILE values */
+/* Which expert's tile block b is, the experts' tiles in order (rows tiles of 128 a column tile of
+ * 128, over `padded` rows: n_e, or n_e rounded up to 16 with the transposed copy), and the
+ * expert's region (exec_fp8_regions). (A kernel's thread 0 works it out for its block; test_fp8_host checks it on the host.) */
+static inline __host__ __device__ void gk_expert_tile(const int *off, int E, int cols, bool padded,
+                                                      size_t b, int *e_, int *r0, int *c0,
+                                                      size_t *q_, size_t *s_, size_t *st_)
+{
+    int ncb = (cols + GK_FP8_TILE - 1) / GK_FP8_TILE;
+    size_t q = 0, s = 0, st = 0;
+    *e_ = -1; /* past the last tile: none (the launch counts the tiles as this does) */
+    for (int e = 0; e < E; e++) {
+        int n = off[e + 1] - off[e], n16 = (n + 15) / 16 * 16, span = padded ? n16 : n;
+        size_t tiles = (size_t)((span + GK_FP8_TILE - 1) / GK_FP8_TILE) * ncb;
+        if (b < tiles) {
+            *e_ = e, *r0 = (int)(b / ncb) * GK_FP8_TILE, *c0 = (int)(b % ncb) * GK_FP8_TILE;
+            *q_ = q, *s_ = s, *st_ = st;
+            return;
+        }
+        b -= tiles;
+        q += (size_t)n16 * cols;
+        s += exec_fp8_factor_count(EXEC_FP8_TILE_1X128, n, cols);
+        st += exec_fp8_factor_count(EXEC_FP8_TILE_1X128, cols, n16);
+    }
+}
+
+/* The experts' tiles over `padded` rows (gk_expert_tile's count) */
+static inline __host__ __device__ size_t gk_expert_tiles(const int *off, int E, int cols,
+                                                         bool padded)
+{
+    size_t tiles = 0, ncb = (size_t)(cols + GK_FP8_TILE - 1) / GK_FP8_TILE;
+    for (int e = 0; e < E; e++) {
+        int n = off[e + 1] - off[e], span = padded ? (n + 15) / 16 * 16 : n;
+        tiles += (size_t)((span + GK_FP8_TILE - 1) / GK_FP8_TILE) * ncb;
+    }
+    return tiles;
+}
+
 template <int V> __device__ inline void st_f32(float *p, const float *f)
 {
     if constexpr (V % 4 == 0)

@@ -3,7 +3,8 @@
  * (__nv_cvt_float_to_fp8 with __NV_SATFINITE, its host code: no GPU needed), on every 257th
  * float bit pattern (16.7 million, every exponent and sign, the infinities and NaNs among them)
  * in both formats. Built where the CUDA toolkit is; the GPU's kernels are then checked against
- * the reference in test_gpu_kernels.
+ * the reference in test_gpu_kernels. Also the fused fp8 kernels' map from a block to its expert's
+ * tile (gk_expert_tile, host and device code alike) against the regions exec_fp8_regions lays out.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -15,6 +16,7 @@ extern "C" {
 
 #include "exec_ref.h"
 }
+#include "gpu_kernels.h"
 
 #include <cuda_fp8.h>
 #include <math.h>
@@ -45,8 +47,54 @@ static void test_conversion(void **state)
     assert_int_equal(diff, 0);
 }
 
+/* Every block of a launch of gk_expert_tiles(...) blocks maps to one tile of one expert, each
+ * expert's tiles once in order (its rows, or rows padded to 16, by 128; its columns by 128),
+ * with the expert's region as exec_fp8_regions gives it; a block past them maps to none. Uneven
+ * splits with experts of no rows, widths of 1 to 3 column tiles. */
+static void test_expert_tiles(void **state)
+{
+    (void)state;
+    static const int splits[][9] = {{0, 0, 1, 17, 40, 41, 99, 99, 100},
+                                    {0, 300, 300, 300, 301, 560, 1000, 1000, 1024},
+                                    {0, 0, 0, 0, 0, 0, 0, 0, 0},
+                                    {0, 128, 256, 384, 512, 640, 768, 896, 1024}};
+    static const int widths[] = {32, 256, 272, 384};
+    int checked = 0;
+    for (auto &off : splits)
+        for (int cols : widths)
+            for (int padded = 0; padded < 2; padded++) {
+                const int E = 8;
+                size_t q[E + 1], s[E + 1], st[E + 1];
+                exec_fp8_regions(off, E, cols, q, s, st);
+                size_t n = gk_expert_tiles(off, E, cols, padded), b = 0;
+                for (int e = 0; e < E; e++) {
+                    int rows = off[e + 1] - off[e], span = padded ? (rows + 15) / 16 * 16 : rows;
+                    for (int r0 = 0; r0 < span; r0 += GK_FP8_TILE)
+                        for (int c0 = 0; c0 < cols; c0 += GK_FP8_TILE, b++) {
+                            int ge, gr, gc;
+                            size_t gq, gs, gst;
+                            gk_expert_tile(off, E, cols, padded, b, &ge, &gr, &gc, &gq, &gs, &gst);
+                            if (ge != e || gr != r0 || gc != c0 || gq != q[e] || gs != s[e] ||
+                                gst != st[e])
+                                fail_msg("block %zu (cols %d, padded %d): expert %d tile (%d, %d) "
+                                         "region %zu %zu %zu; expected %d (%d, %d) %zu %zu %zu",
+                                         b, cols, padded, ge, gr, gc, gq, gs, gst, e, r0, c0, q[e],
+                                         s[e], st[e]);
+                            checked++;
+                        }
+                }
+                assert_int_equal(b, n);
+                int ge, gr, gc;
+                size_t gq, gs, gst;
+                gk_expert_tile(off, E, cols, padded, n, &ge, &gr, &gc, &gq, &gs, &gst);
+                assert_int_equal(ge, -1);
+            }
+    printf("fused fp8 kernels' tiles: %d blocks, each its expert's tile and region\n", checked);
+}
+
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_conversion)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_conversion),
+                                       cmocka_unit_test(test_expert_tiles)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
