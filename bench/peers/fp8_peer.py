@@ -8,14 +8,11 @@ torch._scaled_mm and per-tensor current scaling (each operand's amax this call, 
 transpose quantized for the weight gradient; the weights quantized in the timing too, where
 moeplan quantizes them once a step), fp32 accumulation, bf16 out (fp32 for the weight gradients). Medians of CUDA-event timings after warm-up; the ratio bf16 / fp8 is the speedup.
 """
-import argparse
-import sys
-
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from timing import median_ms, write_json
+from timing import median_ms, moe_args, write_json
 
 E4M3 = torch.float8_e4m3fn
 FMAX = torch.finfo(E4M3).max
@@ -40,18 +37,8 @@ def mm16(a, b_t, out=torch.bfloat16):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for k in ("experts", "tokens", "topk", "hidden", "ffn"):
-        ap.add_argument(f"--{k}", type=int, required=True)
-    ap.add_argument("--routing", required=True, help="the routing moeplan used (--routing-out)")
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--json", help="write the results here")
-    a = ap.parse_args()
+    a, choice = moe_args("fp8_peer", __doc__)
     E, T, K, H, Fd = a.experts, a.tokens, a.topk, a.hidden, a.ffn
-    choice = np.fromfile(a.routing, dtype=np.int32)
-    if choice.size != T * K or choice.min() < 0 or choice.max() >= E:
-        sys.exit(f"fp8_peer: {a.routing}: expected {T}x{K} expert ids below {E}")
     dev, bf = "cuda", torch.bfloat16
     torch.manual_seed(1)
     counts = np.bincount(choice, minlength=E)

@@ -10,32 +10,15 @@ FLOPs as moeplan counts them: 18 x rows x hidden x ffn for the block, plus 6 x t
 experts for the router. The routing is read from `moeplan bench moe --routing-out` (int32, tokens x
 topk), so both sides compute the same rows per expert.
 """
-import argparse
-import sys
-
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-from timing import median_ms, write_json
+from timing import median_ms, moe_args, write_json
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--experts", type=int, required=True)
-    ap.add_argument("--tokens", type=int, required=True)
-    ap.add_argument("--topk", type=int, required=True)
-    ap.add_argument("--hidden", type=int, required=True)
-    ap.add_argument("--ffn", type=int, required=True)
-    ap.add_argument("--routing", required=True, help="the routing moeplan used (--routing-out)")
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--json", help="write the results here")
-    a = ap.parse_args()
+    a, choice = moe_args("moe_peers", __doc__)
     E, T, K, H, Fd = a.experts, a.tokens, a.topk, a.hidden, a.ffn
-    choice = np.fromfile(a.routing, dtype=np.int32)
-    if choice.size != T * K or choice.min() < 0 or choice.max() >= E:
-        sys.exit(f"moe_peers: {a.routing}: expected {T}x{K} expert ids below {E}")
     dev, bf = "cuda", torch.bfloat16
     torch.manual_seed(1)
     choice = torch.from_numpy(choice.reshape(T, K)).to(dev).long()

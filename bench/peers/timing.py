@@ -1,7 +1,11 @@
-"""What the peer scripts share: the median of CUDA-event timings after warm-up, and writing their
-results as JSON."""
+"""What the peer scripts share: the median of CUDA-event timings after warm-up, writing their
+results as JSON, and the MoE peers' arguments with moeplan's routing."""
+import argparse
 import json
 import os
+import sys
+
+import numpy as np
 
 import torch
 
@@ -30,3 +34,21 @@ def write_json(path, obj):
     with open(tmp, "w") as f:
         json.dump(obj, f, indent=1)
     os.replace(tmp, path)
+
+
+def moe_args(name, doc):
+    """The MoE peers' command line (shape, moeplan's routing, iterations) parsed, and the routing
+    read: (args, expert ids as an int32 array of tokens x topk)."""
+    ap = argparse.ArgumentParser(prog=name, description=doc,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    for k in ("experts", "tokens", "topk", "hidden", "ffn"):
+        ap.add_argument(f"--{k}", type=int, required=True)
+    ap.add_argument("--routing", required=True, help="the routing moeplan used (--routing-out)")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--json", help="write the results here")
+    a = ap.parse_args()
+    choice = np.fromfile(a.routing, dtype=np.int32)
+    if choice.size != a.tokens * a.topk or choice.min() < 0 or choice.max() >= a.experts:
+        sys.exit(f"{name}: {a.routing}: expected {a.tokens}x{a.topk} expert ids below {a.experts}")
+    return a, choice
