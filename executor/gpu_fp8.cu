@@ -443,12 +443,6 @@ static cublasStatus_t layouts(cublasLtMatrixLayout_t l[3], const struct gk_fp8_m
     return CUBLAS_STATUS_SUCCESS;
 }
 
-static void layouts_free(cublasLtMatrixLayout_t l[3])
-{
-    for (int i = 0; i < 3; i++)
-        if (l[i]) cublasLtMatrixLayoutDestroy(l[i]);
-}
-
 static cublasStatus_t kind_desc(struct fp8_kind *q)
 {
     cublasStatus_t st;
@@ -471,40 +465,44 @@ static cublasStatus_t kind_desc(struct fp8_kind *q)
     return CUBLAS_STATUS_SUCCESS;
 }
 
-/* The heuristic's first algorithm for the kind at `M` rows; NOT_SUPPORTED where it has none. */
+cublasStatus_t gk_lt_algo(cublasLtHandle_t lt, cublasLtMatmulDesc_t op,
+                          cublasLtMatrixLayout_t const l[3], size_t ws_bytes, bool split_if_needed,
+                          cublasLtMatmulAlgo_t *algo)
+{
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t r;
+    int nr = 0;
+    cublasStatus_t st = cublasLtMatmulPreferenceCreate(&pref);
+    if (!st)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                  &ws_bytes, sizeof ws_bytes);
+    uint32_t one_pass = CUBLASLT_REDUCTION_SCHEME_NONE, any = CUBLASLT_REDUCTION_SCHEME_MASK;
+    if (!st)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                                  &one_pass, sizeof one_pass);
+    if (!st) st = cublasLtMatmulAlgoGetHeuristic(lt, op, l[0], l[1], l[2], l[2], pref, 1, &r, &nr);
+    if (split_if_needed && (st == CUBLAS_STATUS_NOT_SUPPORTED || (!st && nr < 1)) &&
+        !(st = cublasLtMatmulPreferenceSetAttribute(
+              pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &any, sizeof any)))
+        st = cublasLtMatmulAlgoGetHeuristic(lt, op, l[0], l[1], l[2], l[2], pref, 1, &r, &nr);
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (!st && nr < 1) st = CUBLAS_STATUS_NOT_SUPPORTED;
+    if (!st) *algo = r.algo;
+    return st;
+}
+
+/* The kind's algorithm at `M` rows: without split-K where there is one (as the bf16 expert GEMMs:
+ * the same bits whichever stream or order the experts run in), else the heuristic's own choice,
+ * still one fixed algorithm a kind; NOT_SUPPORTED where there is none. */
 static cublasStatus_t kind_algo(struct gk_fp8_lt *c, struct fp8_kind *q, const struct gk_fp8_mat *w,
                                 const struct gk_fp8_mat *x, int M)
 {
     cublasLtMatrixLayout_t l[3];
-    cublasLtMatmulPreference_t pref = NULL;
-    cublasLtMatmulHeuristicResult_t r;
-    int nr = 0;
     cublasStatus_t st = layouts(l, w, x, M, q->N, q->K, q->ldc, q->yt);
-    if (!st) st = cublasLtMatmulPreferenceCreate(&pref);
-    if (!st)
-        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                  &c->ws_bytes, sizeof c->ws_bytes);
-    /* no split-K where there is an algorithm without it (as the bf16 expert GEMMs: the same bits
-     * whichever stream or order the experts run in); else the heuristic's own choice, still one
-     * fixed algorithm a kind */
-    uint32_t one_pass = CUBLASLT_REDUCTION_SCHEME_NONE;
-    if (!st)
-        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-                                                  &one_pass, sizeof one_pass);
-    if (!st)
-        st = cublasLtMatmulAlgoGetHeuristic(c->lt, q->op, l[0], l[1], l[2], l[2], pref, 1, &r, &nr);
-    uint32_t any = CUBLASLT_REDUCTION_SCHEME_MASK;
-    if ((st == CUBLAS_STATUS_NOT_SUPPORTED || (!st && nr < 1)) &&
-        !(st = cublasLtMatmulPreferenceSetAttribute(
-              pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &any, sizeof any)))
-        st = cublasLtMatmulAlgoGetHeuristic(c->lt, q->op, l[0], l[1], l[2], l[2], pref, 1, &r, &nr);
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    layouts_free(l);
-    if (st) return st;
-    if (nr < 1) return CUBLAS_STATUS_NOT_SUPPORTED;
-    q->algo = r.algo;
-    q->usable = true;
-    return CUBLAS_STATUS_SUCCESS;
+    if (!st) st = gk_lt_algo(c->lt, q->op, l, c->ws_bytes, true, &q->algo);
+    gk_lt_layouts_free(l);
+    q->usable = !st;
+    return st;
 }
 
 cublasStatus_t gk_fp8_gemm(struct gk_fp8_lt *c, const struct gk_fp8_mat *w,
@@ -549,7 +547,7 @@ cublasStatus_t gk_fp8_gemm(struct gk_fp8_lt *c, const struct gk_fp8_mat *w,
             st = cublasLtMatmul(c->lt, once.op, &one, w->q, l[0], x->q, l[1], &beta, y, l[2], y,
                                 l[2], &once.algo, ws, c->ws_bytes, s);
     }
-    layouts_free(l);
+    gk_lt_layouts_free(l);
     if (q == &scratch && q->op) cublasLtMatmulDescDestroy(q->op);
     return st;
 }

@@ -40,12 +40,6 @@ static cublasStatus_t lt_layouts(cublasLtMatrixLayout_t l[3], bool ta, bool tb, 
     return CUBLAS_STATUS_SUCCESS;
 }
 
-static void lt_layouts_free(cublasLtMatrixLayout_t l[3])
-{
-    for (int i = 0; i < 3; i++)
-        if (l[i]) cublasLtMatrixLayoutDestroy(l[i]);
-}
-
 static enum moe_status lt_kind_find(struct exec_gpu *g, bool ta, bool tb, bool vary_k, int M_,
                                     int N, int K, int lda, int ldb, int ldc, cudaDataType ab,
                                     cudaDataType ct, struct lt_kind **out, struct moe_error *err)
@@ -72,29 +66,13 @@ static enum moe_status lt_kind_find(struct exec_gpu *g, bool ta, bool tb, bool v
     int mean = (g->pairs / (g->experts > 0 ? g->experts : 1) + 63) / 64 * 64;
     if (mean < 64) mean = 64;
     cublasLtMatrixLayout_t l[3];
-    cublasLtMatmulPreference_t pref = NULL;
-    cublasLtMatmulHeuristicResult_t r;
-    int nr = 0;
     cublasStatus_t st =
         lt_layouts(l, ta, tb, vary_k ? M_ : mean, N, vary_k ? mean : K, lda, ldb, ldc, ab, ct);
-    if (!st) st = cublasLtMatmulPreferenceCreate(&pref);
-    if (!st)
-        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                  &g->ws_bytes, sizeof g->ws_bytes);
     /* no split-K: with it left out, the experts on one stream or four gave the same bits on the
      * H200 (results/issue24/streams/; with it allowed, that pairing was not measured) */
-    uint32_t one_pass = CUBLASLT_REDUCTION_SCHEME_NONE;
-    if (!st)
-        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-                                                  &one_pass, sizeof one_pass);
-    if (!st)
-        st = cublasLtMatmulAlgoGetHeuristic(g->lt, q->op, l[0], l[1], l[2], l[2], pref, 1, &r, &nr);
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    lt_layouts_free(l);
-    if (!st && nr > 0) {
-        q->algo = r.algo;
-        q->usable = true;
-    }
+    if (!st) st = gk_lt_algo(g->lt, q->op, l, g->ws_bytes, false, &q->algo);
+    gk_lt_layouts_free(l);
+    q->usable = !st; /* else gpu_mm() for this kind */
     *out = q;
     return MOE_OK;
 }
@@ -117,7 +95,7 @@ static enum moe_status mm_expert(struct exec_gpu *g, bool ta, bool tb, bool vary
         if (!st)
             st = cublasLtMatmul(g->lt, q->op, &alpha, B, l[0], A, l[1], &beta, C, l[2], C, l[2],
                                 &q->algo, ws, g->ws_bytes, st_);
-        lt_layouts_free(l);
+        gk_lt_layouts_free(l);
         if (st == CUBLAS_STATUS_SUCCESS) return MOE_OK;
         if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE)
             return moe_error_set(err, MOE_ERR_CUBLAS, "executor: cublasLtMatmul: %s",

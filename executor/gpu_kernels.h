@@ -218,6 +218,19 @@ struct gk_fp8_mat {
     const float *sinv;
     int ld, how, e5m2;
 };
+/* The three layouts of a cuBLASLt matmul (A, B, C = D) destroyed, the NULL ones left */
+static inline void gk_lt_layouts_free(cublasLtMatrixLayout_t l[3])
+{
+    for (int i = 0; i < 3; i++)
+        if (l[i]) cublasLtMatrixLayoutDestroy(l[i]);
+}
+/* cuBLASLt's first algorithm for op on layouts l (A, B, C = D) within ws_bytes of workspace,
+ * without split-K (whose results depend on nothing but the algorithm either way, but the bf16
+ * expert GEMMs were measured bit-identical across streams without it); with split_if_needed, the
+ * heuristic's choice where no algorithm does without it. NOT_SUPPORTED where there is none. */
+cublasStatus_t gk_lt_algo(cublasLtHandle_t lt, cublasLtMatmulDesc_t op,
+                          cublasLtMatrixLayout_t const l[3], size_t ws_bytes, bool split_if_needed,
+                          cublasLtMatmulAlgo_t *algo);
 /* The algorithms the fp8 GEMMs chose, for a cuBLASLt handle and a workspace size. */
 struct gk_fp8_lt;
 struct gk_fp8_lt *gk_fp8_lt_create(cublasLtHandle_t lt, size_t ws_bytes);
