@@ -96,6 +96,21 @@ static __device__ __forceinline__ uint4 pack16(const bf16 (*tile)[FT_PAD], int r
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
+/* A tile's dequantization factors into those of a copy (rows x cols, K along cols), the tile's
+ * lines (rows of the copy) from lr0 and its K from kc0: with tiles each line's 1 / ls[line], with
+ * blocks the block's 1 / S, with the tensor's scale 1 / S once (the grid's first block: first). */
+static __device__ __forceinline__ void put_factors(float *sq, int how, int rows, int cols, int lr0,
+                                                   int kc0, const float *ls, float S, bool first)
+{
+    int t = threadIdx.x;
+    if (how == EXEC_FP8_TILE_1X128) {
+        if (t < FT && lr0 + t < rows)
+            sq[exec_fp8_factor_at(how, rows, cols, lr0 + t, kc0)] = 1.0f / ls[t];
+    } else if (t == 0 && (how == EXEC_FP8_BLOCK_128X128 || first)) {
+        sq[exec_fp8_factor_at(how, rows, cols, lr0, kc0)] = 1.0f / S;
+    }
+}
+
 /* One block one FT x FT tile (blockIdx.x along cols, blockIdx.y along rows). Rows beyond `rows`
  * up to qt's ldt read as zeros (the weight gradient's K padded to a multiple of 16). `vec`: the
  * input's rows and both copies' rows start on 16 bytes and cols is a multiple of 16, so the tile
@@ -158,7 +173,7 @@ __global__ void __launch_bounds__(FT_THREADS)
         }
         __syncthreads();
     }
-    bool tiles = how == EXEC_FP8_TILE_1X128;
+    bool tiles = how == EXEC_FP8_TILE_1X128, first = blockIdx.x == 0 && blockIdx.y == 0;
     if (q) { /* 16 values of a row a step */
         for (int i = t; i < FT * FT / 16; i += FT_THREADS) {
             int r = i / (FT / 16), c = (i % (FT / 16)) * 16, gr = r0 + r, gc = c0 + c;
@@ -172,12 +187,7 @@ __global__ void __launch_bounds__(FT_THREADS)
                         to_fp8(__bfloat162float(tile[r][c + k]) * s[0], e5m2);
             }
         }
-        if (tiles && t < FT && r0 + t < rows)
-            sq[exec_fp8_factor_at(how, rows, cols, r0 + t, c0)] = 1.0f / rs[t];
-        if (how == EXEC_FP8_BLOCK_128X128 && t == 0)
-            sq[exec_fp8_factor_at(how, rows, cols, r0, c0)] = 1.0f / S;
-        if (how == EXEC_FP8_TENSOR && t == 0 && blockIdx.x == 0 && blockIdx.y == 0)
-            sq[0] = 1.0f / S;
+        put_factors(sq, how, rows, cols, r0, c0, rs, S, first);
     }
     if (qt) { /* qt (cols x ldt): row c of qt is column c of x; 16 of its values a step */
         for (int i = t; i < FT * FT / 16; i += FT_THREADS) {
@@ -192,12 +202,7 @@ __global__ void __launch_bounds__(FT_THREADS)
                         to_fp8(__bfloat162float(tile[r + k][c]) * s[0], e5m2);
             }
         }
-        if (tiles && t < FT && c0 + t < cols)
-            sqt[exec_fp8_factor_at(how, cols, ldt, c0 + t, r0)] = 1.0f / cs[t];
-        if (how == EXEC_FP8_BLOCK_128X128 && t == 0)
-            sqt[exec_fp8_factor_at(how, cols, ldt, c0, r0)] = 1.0f / S;
-        if (how == EXEC_FP8_TENSOR && t == 0 && blockIdx.x == 0 && blockIdx.y == 0)
-            sqt[0] = 1.0f / S;
+        put_factors(sqt, how, cols, ldt, c0, r0, cs, S, first);
     }
 }
 
@@ -358,11 +363,8 @@ __global__ void __launch_bounds__(FT_THREADS)
                 *(uint4 *)(qt[k] + (size_t)gc * n16 + lr) =
                     pack16(tl[k], r, c, true, cs[k][c], e5m2);
         }
-        if (t < FT && r0 + t < n)
-            sq[k][exec_fp8_factor_at(EXEC_FP8_TILE_1X128, n, cols, r0 + t, c0)] = 1.0f / rs[k][t];
-        if (t < FT && c0 + t < cols)
-            sqt[k][exec_fp8_factor_at(EXEC_FP8_TILE_1X128, cols, n16, c0 + t, r0)] =
-                1.0f / cs[k][t];
+        put_factors(sq[k], EXEC_FP8_TILE_1X128, n, cols, r0, c0, rs[k], 1.0f, false);
+        put_factors(sqt[k], EXEC_FP8_TILE_1X128, cols, n16, c0, r0, cs[k], 1.0f, false);
     }
 }
 
