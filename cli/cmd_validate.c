@@ -131,6 +131,28 @@ static enum moe_status measure_gemms(bool quick, struct cost_gemm_sample *s, int
     return MOE_OK;
 }
 
+/* One expert block (experts, top-k, hidden, intermediate of shape) on `tokens` tokens in
+ * precision prec, as `moeplan bench moe` times it, uniform routing: v[0..6] = the shape, the
+ * tokens, the forward and the backward in us. */
+static enum moe_status time_block(const int shape[4], int tokens, enum cost_precision prec,
+                                  bool quick, double *v, struct moe_error *err)
+{
+    struct exec_moe_bench_cfg c = {
+        shape[0], tokens,        shape[1], shape[2], shape[3], EXEC_DEFAULT_STREAMS,
+        2,        quick ? 3 : 7, 0.0,      17,       prec};
+    struct exec_moe_bench_result r;
+    int *choice = malloc(sizeof(int) * (size_t)c.tokens * c.top_k);
+    if (!choice) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    enum moe_status st = exec_moe_bench(&c, choice, &r, err);
+    free(choice);
+    if (st != MOE_OK) return st;
+    for (int k = 0; k < 4; k++) v[k] = shape[k];
+    v[4] = tokens;
+    v[5] = r.block_fwd_ms * 1e3;
+    v[6] = r.block_bwd_ms * 1e3;
+    return MOE_OK;
+}
+
 /* The executor's expert block (`moeplan bench moe`'s): the expert shapes of the shipped models
  * and their proxies, few rows an expert to many. Each row: experts, top-k, hidden, intermediate,
  * tokens, then the forward and the backward, us. */
@@ -148,21 +170,9 @@ static enum moe_status measure_experts(bool quick, double (*x)[PLAN_CALIB_EXPERT
     for (int a = 0; a < ns; a++)
         for (int b = 0; b < nt; b++) {
             if (quick && b == 1) continue;
-            struct exec_moe_bench_cfg c = {shape[a][0], tokens[b],     shape[a][1],
-                                           shape[a][2], shape[a][3],   EXEC_DEFAULT_STREAMS,
-                                           2,           quick ? 3 : 7, 0.0,
-                                           17,          COST_BF16};
-            struct exec_moe_bench_result r;
-            int *choice = malloc(sizeof(int) * (size_t)c.tokens * c.top_k);
-            if (!choice) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
-            enum moe_status st = exec_moe_bench(&c, choice, &r, err);
-            free(choice);
+            enum moe_status st = time_block(shape[a], tokens[b], COST_BF16, quick, x[*n], err);
             if (st != MOE_OK) return st;
-            double *v = x[(*n)++];
-            for (int k = 0; k < 4; k++) v[k] = shape[a][k];
-            v[4] = tokens[b];
-            v[5] = r.block_fwd_ms * 1e3;
-            v[6] = r.block_bwd_ms * 1e3;
+            (*n)++;
         }
     return MOE_OK;
 }
@@ -184,22 +194,11 @@ static enum moe_status measure_fp8_experts(const struct exec_device_info *dev, b
         for (int a = 0; a < 3; a++)
             for (int b = 0; b < 2; b++) {
                 if (quick && (a == 2 || b == 0)) continue;
-                struct exec_moe_bench_cfg c = {shape[a][0], tokens[b],     shape[a][1],
-                                               shape[a][2], shape[a][3],   EXEC_DEFAULT_STREAMS,
-                                               2,           quick ? 3 : 7, 0.0,
-                                               17,          prec};
-                struct exec_moe_bench_result res;
-                int *choice = malloc(sizeof(int) * (size_t)c.tokens * c.top_k);
-                if (!choice) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
-                enum moe_status st = exec_moe_bench(&c, choice, &res, err);
-                free(choice);
-                if (st != MOE_OK) return st;
-                double *v = x[(*n)++];
+                double *v = x[*n];
                 v[0] = prec;
-                for (int k = 0; k < 4; k++) v[1 + k] = shape[a][k];
-                v[5] = tokens[b];
-                v[6] = res.block_fwd_ms * 1e3;
-                v[7] = res.block_bwd_ms * 1e3;
+                enum moe_status st = time_block(shape[a], tokens[b], prec, quick, v + 1, err);
+                if (st != MOE_OK) return st;
+                (*n)++;
             }
     }
     return MOE_OK;
