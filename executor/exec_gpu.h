@@ -164,6 +164,14 @@ static inline EXEC_HD size_t exec_fp8_factor_count(int how, int rows, int cols)
         return (size_t)(cols + 127) / 128 * (size_t)((rows + 3) / 4 * 4);
     return (size_t)(rows + 127) / 128 * (size_t)(((cols + 127) / 128 + 3) / 4 * 4);
 }
+/* exec_fp8_regions' step: past an expert of n rows, `cols` wide */
+static inline EXEC_HD void exec_fp8_region_next(int n, int cols, size_t *q, size_t *s, size_t *st)
+{
+    int n16 = (n + 15) / 16 * 16;
+    *q += (size_t)n16 * cols;
+    *s += exec_fp8_factor_count(EXEC_FP8_TILE_1X128, n, cols);
+    *st += exec_fp8_factor_count(EXEC_FP8_TILE_1X128, cols, n16);
+}
 
 enum moe_status exec_gpu_create(struct exec_gpu **out, const struct mdl_model *m,
                                 const struct exec_gpu_cfg *cfg, struct moe_error *err);

@@ -143,9 +143,7 @@ static inline __host__ __device__ void gk_expert_tile(const int *off, int E, int
             return;
         }
         b -= tiles;
-        q += (size_t)n16 * cols;
-        s += exec_fp8_factor_count(EXEC_FP8_TILE_1X128, n, cols);
-        st += exec_fp8_factor_count(EXEC_FP8_TILE_1X128, cols, n16);
+        exec_fp8_region_next(n, cols, &q, &s, &st);
     }
 }
 

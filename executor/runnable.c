@@ -257,10 +257,8 @@ void exec_fp8_regions(const int *off, int E, int cols, size_t *q, size_t *s, siz
 {
     q[0] = s[0] = st[0] = 0;
     for (int e = 0; e < E; e++) {
-        int n = off[e + 1] - off[e], n16 = (n + 15) / 16 * 16;
-        q[e + 1] = q[e] + (size_t)n16 * cols;
-        s[e + 1] = s[e] + exec_fp8_factor_count(EXEC_FP8_TILE_1X128, n, cols);
-        st[e + 1] = st[e] + exec_fp8_factor_count(EXEC_FP8_TILE_1X128, cols, n16);
+        q[e + 1] = q[e], s[e + 1] = s[e], st[e + 1] = st[e];
+        exec_fp8_region_next(off[e + 1] - off[e], cols, &q[e + 1], &s[e + 1], &st[e + 1]);
     }
 }
 
