@@ -238,10 +238,17 @@ static int report(struct cli *cli, const char *plan_file, const char *measured_f
     }
     printf("%s on %s: predicted against measured (median step)\n", p.model.name, m.device);
     rpt_table_print(t, stdout);
+    struct stat sd;
     if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
         rpt_table_destroy(t);
         moe_error_set_at(&err, MOE_ERR_IO, dir, 0, 0, "cannot create the folder: %s",
                          strerror(errno));
+        goto fail;
+    }
+    if (stat(dir, &sd) != 0 || !S_ISDIR(sd.st_mode)) { /* -o naming a file, an input say */
+        rpt_table_destroy(t);
+        moe_error_set_at(&err, MOE_ERR_IO, dir, 0, 0,
+                         "not a folder: the report is a folder of files (-o DIR)");
         goto fail;
     }
     if ((st = write_chart(dir, "phases.svg", chart_phases, &r, &err)) ||

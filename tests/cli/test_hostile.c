@@ -325,6 +325,11 @@ static void test_values_and_messages(void **state)
           "/nonexistent/m.json"},
          3,
          "/nonexistent/m.json"},
+        /* -o naming an input: refused, the input untouched */
+        {{"report", "tests/data/report/plan.json", "tests/data/report/measured.json", "-o",
+          "tests/data/report/measured.json"},
+         1,
+         "not a folder"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         run(&r, cases[i].args);
