@@ -231,6 +231,36 @@ static void megatron_layout(const struct plan_result *r, char *buf, size_t cap)
     }
 }
 
+/* What of the model Megatron-LM's flags cannot say at this sequence length, as comment lines
+ * (none: nothing printed). Megatron-Bridge's own Llama 4 provider has the first three. */
+static void megatron_model_gaps(const struct mdl_model *m, int seq_len, FILE *out)
+{
+    const struct mdl_attention *a = &m->attn;
+    const char *gap[4];
+    char chunk[160], temp[160];
+    int n = 0;
+    if (a->chunk_size && seq_len > a->chunk_size) {
+        snprintf(chunk, sizeof chunk,
+                 "chunked attention (%d-token chunks on the RoPE blocks): Megatron-LM attends "
+                 "over the whole %d tokens",
+                 a->chunk_size, seq_len);
+        gap[n++] = chunk;
+    }
+    if (a->temp_floor > 0 && seq_len >= a->temp_floor) {
+        snprintf(temp, sizeof temp,
+                 "the NoPE blocks' query temperature (from position %.0f on): Megatron-LM has none",
+                 a->temp_floor - 1);
+        gap[n++] = temp;
+    }
+    if (a->qk_l2_norm && a->nope_every > 1 && m->layers >= a->nope_every)
+        gap[n++] = "q and k normalized on the RoPE blocks only: Megatron-LM's --qk-l2-norm "
+                   "normalizes them on every block";
+    if (!n) return;
+    fprintf(out, "# not expressible in Megatron-LM's flags, so they train a different %s:\n",
+            m->name);
+    for (int i = 0; i < n; i++) fprintf(out, "#   - %s\n", gap[i]);
+}
+
 /* The model's architecture as Megatron-LM's flags (pretrain_gpt.py, Megatron-Core models): what
  * `--emit megatron` needs besides the layout for a complete command line. */
 static void megatron_model_flags(const struct mdl_model *m, FILE *out)
@@ -241,15 +271,42 @@ static void megatron_model_flags(const struct mdl_model *m, FILE *out)
             m->layers, m->hidden, a->heads);
     fprintf(out, "--ffn-hidden-size %d \\\n",
             m->dense_intermediate ? m->dense_intermediate : e->intermediate);
-    fprintf(out,
-            "--max-position-embeddings %d \\\n--position-embedding-type rope \\\n"
-            "--rotary-base %.0f \\\n",
-            m->max_seq_len, a->rope_theta);
-    fprintf(out, "--normalization RMSNorm \\\n--norm-epsilon %g \\\n--swiglu \\\n", m->norm_eps);
+    fprintf(out, "--max-position-embeddings %d \\\n--position-embedding-type %s \\\n",
+            m->max_seq_len, a->rope_scaling == MDL_ROPE_YARN ? "yarn" : "rope");
+    fprintf(out, "--rotary-base %.0f \\\n", a->rope_theta);
+    if (a->rope_scaling == MDL_ROPE_YARN) { /* Megatron's concentration 0.1 mscale ln(f) + 1 */
+        double lnf = log(a->yarn.factor), mscale = (a->yarn.attention_factor - 1.0) / (0.1 * lnf);
+        if (lnf > 0 && fabs(mscale - 1.0) > 1e-9) fprintf(out, "--mscale %.17g \\\n", mscale);
+        fprintf(out,
+                "--rotary-scaling-factor %g \\\n--yarn-original-max-position-embeddings %d "
+                "\\\n--yarn-beta-fast %g \\\n--yarn-beta-slow %g \\\n%s",
+                a->yarn.factor, a->yarn.original_max, a->yarn.beta_fast, a->yarn.beta_slow,
+                a->yarn.truncate ? "--yarn-correction-range-round-to-int \\\n"
+                                 : "--no-yarn-correction-range-round-to-int \\\n");
+    }
+    if (a->nope_every > 1 && m->layers >= a->nope_every) { /* every nope_every-th block: no RoPE */
+        if (m->layers % a->nope_every == 0) {
+            fprintf(out, "--no-rope-freq %d \\\n", a->nope_every);
+        } else {
+            fprintf(out, "--no-rope-freq \"([0]*%d+[1])*%d+[0]*%d\" \\\n", a->nope_every - 1,
+                    m->layers / a->nope_every, m->layers % a->nope_every);
+        }
+    }
+    if (a->qk_l2_norm) fprintf(out, "--qk-l2-norm \\\n");
+    fprintf(out, "--normalization RMSNorm \\\n--norm-epsilon %g \\\n", m->norm_eps);
+    if (e->activation == MDL_ACT_CLAMPED_SWIGLU) /* (u' + 1) g' sigmoid(1.702 g'), clamped */
+        fprintf(out,
+                "--quick-geglu \\\n--glu-linear-offset 1.0 \\\n--activation-func-clamp-value "
+                "%g \\\n",
+                e->swiglu_limit);
+    else
+        fprintf(out, "--swiglu \\\n");
     if (!m->tied_embeddings) fprintf(out, "--untie-embeddings-and-output-weights \\\n");
     fprintf(out, "--tokenizer-type NullTokenizer \\\n--vocab-size %d \\\n", m->vocab);
-    fprintf(out, "--disable-bias-linear \\\n");
-    if (a->bias) fprintf(out, "--add-qkv-bias \\\n");
+    if (a->bias && e->expert_bias) /* gpt-oss: every projection has its bias */
+        fprintf(out, "--add-bias-linear \\\n");
+    else
+        fprintf(out, "--disable-bias-linear \\\n%s", a->bias ? "--add-qkv-bias \\\n" : "");
     if (a->type == MDL_ATTN_GQA) {
         if (a->kv_heads != a->heads)
             fprintf(out, "--group-query-attention \\\n--num-query-groups %d \\\n", a->kv_heads);
@@ -287,6 +344,7 @@ static void megatron_model_flags(const struct mdl_model *m, FILE *out)
         fprintf(out, "--moe-router-topk-scaling-factor %g \\\n", e->scaling);
     if (e->scoring != MDL_SCORE_SIGMOID && !e->softmax_after_topk && !e->norm_topk)
         fprintf(out, "--moe-router-pre-softmax \\\n");
+    if (e->probs_on_input) fprintf(out, "--moe-apply-probs-on-input \\\n");
 }
 
 enum moe_status plan_print_emit(const struct plan_request *q, const struct plan_result *r,
@@ -300,6 +358,7 @@ enum moe_status plan_print_emit(const struct plan_request *q, const struct plan_
         megatron_layout(r, layout, sizeof layout);
         fprintf(out, "# Megatron-LM flags for the plan (moeplan %s on %d GPUs)\n", m->name,
                 r->best.gpus);
+        megatron_model_gaps(m, l->seq_len, out);
         megatron_model_flags(m, out);
         fprintf(out, "--tensor-model-parallel-size %d \\\n--pipeline-model-parallel-size %d \\\n",
                 l->tp, l->pp);

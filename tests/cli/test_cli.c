@@ -828,6 +828,40 @@ static void test_plan(void **state)
     expect_in(r.out, "--fp8-recipe mxfp8");
     assert_null(strstr(r.out, "--virtual-pipeline"));
     assert_null(strstr(r.out, "--num-virtual-stages"));
+    /* Llama 4: what Megatron-LM's flags have, and above them what they lack, at 16384 tokens
+     * (beyond the 8192-token chunk and the temperature's floor) and at 4096 (neither) */
+    RUN(&r, "plan", "--model", "llama4-scout", "--cluster", "hgx-h100-x128", "--gpus", "64",
+        "--gbs", "512", "--seq-len", "16384", "--fix", "ep=16", "--emit", "megatron");
+    assert_int_equal(r.code, 0);
+    expect_in(r.out, "# not expressible in Megatron-LM's flags, so they train a different "
+                     "llama4-scout:\n#   - chunked attention (8192-token chunks on the RoPE "
+                     "blocks): Megatron-LM attends over the whole 16384 tokens\n");
+    expect_in(r.out, "query temperature (from position 8191 on)");
+    expect_in(r.out, "q and k normalized on the RoPE blocks only");
+    expect_in(r.out, "--no-rope-freq 4 \\\n--qk-l2-norm \\\n");
+    expect_in(r.out, "--moe-apply-probs-on-input \\\n");
+    RUN(&r, "plan", "--model", "llama4-scout", "--cluster", "hgx-h100-x128", "--gpus", "8",
+        "--gbs", "64", "--layers", "6", "--fix", "ep=8", "--emit", "megatron");
+    assert_int_equal(r.code, 0);
+    assert_null(strstr(r.out, "chunked attention"));
+    assert_null(strstr(r.out, "temperature"));
+    expect_in(r.out, "q and k normalized on the RoPE blocks only");
+    expect_in(r.out, "--no-rope-freq \"([0]*3+[1])*1+[0]*2\""); /* 6 blocks: the 4th has none */
+    /* gpt-oss: YaRN, the clamped activation (quick GeGLU, offset 1, clamp 7) and the biases */
+    RUN(&r, "plan", "--model", "gpt-oss-20b", "--cluster", "hgx-h100-x128", "--gpus", "8",
+        "--gbs", "64", "--fix", "ep=8", "--emit", "megatron");
+    assert_int_equal(r.code, 0);
+    expect_in(r.out, "--position-embedding-type yarn \\\n--rotary-base 150000 \\\n"
+                     "--rotary-scaling-factor 32 \\\n--yarn-original-max-position-embeddings 4096 "
+                     "\\\n--yarn-beta-fast 32 \\\n--yarn-beta-slow 1 \\\n"
+                     "--no-yarn-correction-range-round-to-int \\\n");
+    expect_in(r.out, "--quick-geglu \\\n--glu-linear-offset 1.0 \\\n"
+                     "--activation-func-clamp-value 7 \\\n");
+    expect_in(r.out, "--add-bias-linear \\\n");
+    assert_null(strstr(r.out, "--swiglu"));
+    assert_null(strstr(r.out, "--disable-bias-linear"));
+    assert_null(strstr(r.out, "--mscale"));
+    assert_null(strstr(r.out, "not expressible"));
     RUN(&r, "plan", "--model", "mixtral-8x7b", "--cluster", "hgx-h100-x128", "--gpus", "64",
         "--gbs", "256", "--emit", "maxtext", "--fix", "ep=8,tp=1");
     assert_int_equal(r.code, 0);
