@@ -14,7 +14,8 @@
  * against the product in double.
  *
  * Part 2, block scales: A 128x128 blocks with B 1x128 tiles (the forward and the data gradient)
- * and A and B both 1x128 tiles (the weight gradient), bf16 out, and fp32 out with beta 1. The
+ * and A and B both 1x128 tiles (the weight gradient), bf16 out, and fp32 out with beta 1; K 640,
+ * and K 304 in the weight gradient's shape (its K the tokens, padded to 16, not to 128). The
  * scale arrays are filled with random powers of two in every slot, then the result is compared
  * with the product under each candidate layout of the arrays; the one that matches is the layout
  * cuBLASLt reads. moeplan assumes V1 for tiles (rows innermost, rows padded to 4) and B1 for
@@ -312,7 +313,7 @@ int main(void)
     printf("GPU %s (sm_%d%d), driver %d, runtime %d; cuBLASLt loaded %zu, headers %d\n", p.name,
            p.major, p.minor, drv, rt, cublasLtGetVersion(), CUBLAS_VERSION);
     if (cublasLtCreate(&lt) != CUBLAS_STATUS_SUCCESS) return printf("cublasLtCreate failed\n"), 1;
-    int Mmax = 320, Nmax = 384, Kmax = 640;
+    int Mmax = 384, Nmax = 384, Kmax = 640;
     CK(cudaMalloc((void **)&dx, (size_t)Mmax * Kmax + 256));
     CK(cudaMalloc((void **)&dw, (size_t)Nmax * Kmax + 256));
     CK(cudaMalloc(&dy, (size_t)Mmax * Nmax * 4 + 256));
@@ -401,6 +402,22 @@ static void part2(void)
         }
         block_case(Mb, Nb, Kb, 2, 0, 0.0f, xv, wv);
         block_case(Mb, Nb, Kb, 1, 0, 0.0f, xv, wv);
+        block_case(Mb, Nb, Kb, 1, 1, 1.0f, xv, wv);
+        free(xv), free(wv), free(hx), free(hw);
+    }
+    /* the weight gradient's shape: K the tokens, padded to 16 only (304: not a multiple of 128) */
+    {
+        int Mb = 384, Nb = 256, Kb = 304;
+        float *xv = (float *)malloc(sizeof(float) * Mb * Kb),
+              *wv = (float *)malloc(sizeof(float) * Nb * Kb);
+        unsigned char *hx = (unsigned char *)malloc((size_t)Mb * Kb),
+                      *hw = (unsigned char *)malloc((size_t)Nb * Kb);
+        for (size_t i = 0; i < (size_t)Mb * Kb; i++) hx[i] = rnd_fp8(0), xv[i] = fp8_val(hx[i], 0);
+        for (size_t i = 0; i < (size_t)Nb * Kb; i++) hw[i] = rnd_fp8(0), wv[i] = fp8_val(hw[i], 0);
+        if (!emulate[0]) {
+            CK(cudaMemcpy(dx, hx, (size_t)Mb * Kb, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(dw, hw, (size_t)Nb * Kb, cudaMemcpyHostToDevice));
+        }
         block_case(Mb, Nb, Kb, 1, 1, 1.0f, xv, wv);
         free(xv), free(wv), free(hx), free(hw);
     }
