@@ -164,13 +164,20 @@ static inline EXEC_HD size_t exec_fp8_factor_count(int how, int rows, int cols)
         return (size_t)(cols + 127) / 128 * (size_t)((rows + 3) / 4 * 4);
     return (size_t)(rows + 127) / 128 * (size_t)(((cols + 127) / 128 + 3) / 4 * 4);
 }
+/* The rows of a weight gradient's operands (its K: the tokens) padded with zeros to what
+ * cuBLASLt's fp8 GEMM takes: a multiple of EXEC_FP8_KPAD */
+#define EXEC_FP8_KPAD 16
+static inline EXEC_HD int exec_fp8_kpad(int n)
+{
+    return (n + EXEC_FP8_KPAD - 1) / EXEC_FP8_KPAD * EXEC_FP8_KPAD;
+}
 /* exec_fp8_regions' step: past an expert of n rows, `cols` wide */
 static inline EXEC_HD void exec_fp8_region_next(int n, int cols, size_t *q, size_t *s, size_t *st)
 {
-    int n16 = (n + 15) / 16 * 16;
-    *q += (size_t)n16 * cols;
+    int np = exec_fp8_kpad(n);
+    *q += (size_t)np * cols;
     *s += exec_fp8_factor_count(EXEC_FP8_TILE_1X128, n, cols);
-    *st += exec_fp8_factor_count(EXEC_FP8_TILE_1X128, cols, n16);
+    *st += exec_fp8_factor_count(EXEC_FP8_TILE_1X128, cols, np);
 }
 
 enum moe_status exec_gpu_create(struct exec_gpu **out, const struct mdl_model *m,

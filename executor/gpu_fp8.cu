@@ -112,7 +112,7 @@ static __device__ __forceinline__ void put_factors(float *sq, int how, int rows,
 }
 
 /* One block one FT x FT tile (blockIdx.x along cols, blockIdx.y along rows). Rows beyond `rows`
- * up to qt's ldt read as zeros (the weight gradient's K padded to a multiple of 16). `vec`: the
+ * up to qt's ldt read as zeros (the weight gradient's K padded, exec_fp8_kpad). `vec`: the
  * input's rows and both copies' rows start on 16 bytes and cols is a multiple of 16, so the tile
  * moves in 16-byte accesses (8 bf16 in, 16 fp8 out; the partial tiles at the edges element by
  * element). The values are the same either way. blockIdx.z: the matrix of a batch (its input xs
@@ -297,8 +297,9 @@ cudaError_t gk_fp8_swiglu_forward(const bf16 *g, const bf16 *u, const int *off_d
 /* One block one FT x FT tile of one expert's rows (E experts, rows from off[e], `cols` wide):
  * dg, du = SwiGLU's backward of (g, u) for dhm, each rounded to bf16 as gk_swiglu_backward
  * writes them, then quantized in 1 x 128 tiles as gk_fp8_cast quantizes expert e's rows (its
- * row-major copy, and its transpose with the rows padded to 16 with zeros), into expert e's
- * region (exec_fp8_regions). The same bits as that pair of kernels; bf16 never written. */
+ * row-major copy, and its transpose with the rows padded with zeros, exec_fp8_kpad), into
+ * expert e's region (exec_fp8_regions). The same bits as that pair of kernels; bf16 never
+ * written. */
 __global__ void __launch_bounds__(FT_THREADS)
     k_fp8_swiglu_bwd(const bf16 *g, const bf16 *u, const bf16 *dhm, const int *off, int E, int cols,
                      float alpha, float limit, int e5m2, unsigned char *qg, unsigned char *qgt,
@@ -318,7 +319,7 @@ __global__ void __launch_bounds__(FT_THREADS)
     __syncthreads();
     if (tile_e < 0) return;
     int e = tile_e, r0 = tile_r0, c0 = tile_c0, o = off[e], n = off[e + 1] - o;
-    int n16 = (n + 15) / 16 * 16;
+    int np = exec_fp8_kpad(n);
     for (int i = t; i < FT * FT; i += FT_THREADS) {
         int r = i / FT, c = i % FT, lr = r0 + r, gc = c0 + c;
         float dg = 0.0f, du = 0.0f;
@@ -357,14 +358,14 @@ __global__ void __launch_bounds__(FT_THREADS)
                 *(uint4 *)(q[k] + (size_t)lr * cols + gc) =
                     pack16(tl[k], r, c, false, rs[k][r], e5m2);
         }
-        for (int i = t; i < FT * FT / 16; i += FT_THREADS) { /* transposed: rows < n16 */
+        for (int i = t; i < FT * FT / 16; i += FT_THREADS) { /* transposed: rows < np */
             int c = i / (FT / 16), r = (i % (FT / 16)) * 16, lr = r0 + r, gc = c0 + c;
-            if (gc < cols && lr < n16)
-                *(uint4 *)(qt[k] + (size_t)gc * n16 + lr) =
+            if (gc < cols && lr < np)
+                *(uint4 *)(qt[k] + (size_t)gc * np + lr) =
                     pack16(tl[k], r, c, true, cs[k][c], e5m2);
         }
         put_factors(sq[k], EXEC_FP8_TILE_1X128, n, cols, r0, c0, rs[k], 1.0f, false);
-        put_factors(sqt[k], EXEC_FP8_TILE_1X128, cols, n16, c0, r0, cs[k], 1.0f, false);
+        put_factors(sqt[k], EXEC_FP8_TILE_1X128, cols, np, c0, r0, cs[k], 1.0f, false);
     }
 }
 

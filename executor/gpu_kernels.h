@@ -135,7 +135,7 @@ static inline __host__ __device__ void gk_expert_tile(const int *off, int E, int
     size_t q = 0, s = 0, st = 0;
     *e_ = -1; /* past the last tile: none (the launch counts the tiles as this does) */
     for (int e = 0; e < E; e++) {
-        int n = off[e + 1] - off[e], n16 = (n + 15) / 16 * 16, span = padded ? n16 : n;
+        int n = off[e + 1] - off[e], span = padded ? exec_fp8_kpad(n) : n;
         size_t tiles = (size_t)((span + GK_FP8_TILE - 1) / GK_FP8_TILE) * ncb;
         if (b < tiles) {
             *e_ = e, *r0 = (int)(b / ncb) * GK_FP8_TILE, *c0 = (int)(b % ncb) * GK_FP8_TILE;
@@ -153,7 +153,7 @@ static inline __host__ __device__ size_t gk_expert_tiles(const int *off, int E, 
 {
     size_t tiles = 0, ncb = (size_t)(cols + GK_FP8_TILE - 1) / GK_FP8_TILE;
     for (int e = 0; e < E; e++) {
-        int n = off[e + 1] - off[e], span = padded ? (n + 15) / 16 * 16 : n;
+        int n = off[e + 1] - off[e], span = padded ? exec_fp8_kpad(n) : n;
         tiles += (size_t)((span + GK_FP8_TILE - 1) / GK_FP8_TILE) * ncb;
     }
     return tiles;
@@ -195,8 +195,8 @@ cudaError_t gk_fp8_swiglu_forward(const bf16 *g, const bf16 *u, const int *off_d
 /* The experts' SwiGLU backward (E experts, rows from off[e] (off_dev its device copy), `cols`
  * wide) with its gradients dg and du quantized in 1 x 128 tiles for their GEMMs instead of
  * written in bf16: each expert's rows into its region (exec_fp8_regions) of qg / qu (row-major,
- * factors sg / su) and qgt / qut (transposed, the rows padded to 16 with zeros; sgt / sut). The
- * same bits as gk_swiglu_backward then gk_fp8_cast on each expert's rows. */
+ * factors sg / su) and qgt / qut (transposed, the rows padded with zeros, exec_fp8_kpad; sgt /
+ * sut). The same bits as gk_swiglu_backward then gk_fp8_cast on each expert's rows. */
 cudaError_t gk_fp8_swiglu_backward(const bf16 *g, const bf16 *u, const bf16 *dhm,
                                    const int *off_dev, const int *off, int E, int cols, float alpha,
                                    float limit, int e5m2, unsigned char *qg, unsigned char *qgt,

@@ -310,20 +310,20 @@ enum moe_status exec_fp8_layout(const struct exec_ref_model *table, enum cost_pr
         }
         out->n = n;
     }
-    size_t rpad = ((size_t)rows + 15) / 16 * 16;
+    size_t rpad = (size_t)exec_fp8_kpad(rows);
     out->scratch_bytes = rpad * (size_t)wide;
     size_t a = exec_fp8_factor_count(out->act, rows, wide),
            b = exec_fp8_factor_count(out->act, wide, (int)rpad);
     out->scratch_factors = a > b ? a : b;
-    /* the fused SwiGLU backward: any split of `rows` over E experts pads at most 15 rows an
-     * expert to 16, and its factors' padding at most 3 rows an expert (row-major) or one
-     * 128-row tile an expert (transposed) */
+    /* the fused SwiGLU backward: any split of `rows` over E experts pads at most
+     * EXEC_FP8_KPAD - 1 rows an expert, and its factors' padding at most 3 rows an expert
+     * (row-major) or one 128-row tile an expert (transposed) */
     const struct mdl_moe *x = &m->moe;
     int E = x->experts, f = x->intermediate;
     out->fuse = block && !unfused && mdl_moe_layer_count(m) > 0 && !x->expert_bias &&
                 x->activation != MDL_ACT_CLAMPED_SWIGLU && f % 16 == 0 && m->hidden % 16 == 0;
     if (out->fuse) {
-        size_t R = (size_t)rows + 15 * (size_t)E, kb = (size_t)(f + 127) / 128;
+        size_t R = (size_t)rows + (EXEC_FP8_KPAD - 1) * (size_t)E, kb = (size_t)(f + 127) / 128;
         out->pre_bytes = R * (size_t)f;
         size_t rf = kb * ((size_t)rows + 3 * (size_t)E),
                tf = ((R + 127) / 128 + E) * ((f + 3) / 4 * 4);

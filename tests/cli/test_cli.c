@@ -840,16 +840,16 @@ static void test_plan(void **state)
     expect_in(r.out, "q and k normalized on the RoPE blocks only");
     expect_in(r.out, "--no-rope-freq 4 \\\n--qk-l2-norm \\\n");
     expect_in(r.out, "--moe-apply-probs-on-input \\\n");
-    RUN(&r, "plan", "--model", "llama4-scout", "--cluster", "hgx-h100-x128", "--gpus", "8",
-        "--gbs", "64", "--layers", "6", "--fix", "ep=8", "--emit", "megatron");
+    RUN(&r, "plan", "--model", "llama4-scout", "--cluster", "hgx-h100-x128", "--gpus", "8", "--gbs",
+        "64", "--layers", "6", "--fix", "ep=8", "--emit", "megatron");
     assert_int_equal(r.code, 0);
     assert_null(strstr(r.out, "chunked attention"));
     assert_null(strstr(r.out, "temperature"));
     expect_in(r.out, "q and k normalized on the RoPE blocks only");
     expect_in(r.out, "--no-rope-freq \"([0]*3+[1])*1+[0]*2\""); /* 6 blocks: the 4th has none */
     /* gpt-oss: YaRN, the clamped activation (quick GeGLU, offset 1, clamp 7) and the biases */
-    RUN(&r, "plan", "--model", "gpt-oss-20b", "--cluster", "hgx-h100-x128", "--gpus", "8",
-        "--gbs", "64", "--fix", "ep=8", "--emit", "megatron");
+    RUN(&r, "plan", "--model", "gpt-oss-20b", "--cluster", "hgx-h100-x128", "--gpus", "8", "--gbs",
+        "64", "--fix", "ep=8", "--emit", "megatron");
     assert_int_equal(r.code, 0);
     expect_in(r.out, "--position-embedding-type yarn \\\n--rotary-base 150000 \\\n"
                      "--rotary-scaling-factor 32 \\\n--yarn-original-max-position-embeddings 4096 "
