@@ -386,39 +386,33 @@ int main(void)
 }
 
 /* ---- part 2: block scales ---- */
+
+/* Random E4M3 x (M x K) and w (N x K) on the device; then the block cases asked: `all`, the
+ * three (A blocks; A tiles in bf16; A tiles in fp32 with beta 1), else the last alone */
+static void shape(int M, int N, int K, bool all)
+{
+    float *xv = (float *)malloc(sizeof(float) * M * K),
+          *wv = (float *)malloc(sizeof(float) * N * K);
+    unsigned char *hx = (unsigned char *)malloc((size_t)M * K),
+                  *hw = (unsigned char *)malloc((size_t)N * K);
+    for (size_t i = 0; i < (size_t)M * K; i++) hx[i] = rnd_fp8(0), xv[i] = fp8_val(hx[i], 0);
+    for (size_t i = 0; i < (size_t)N * K; i++) hw[i] = rnd_fp8(0), wv[i] = fp8_val(hw[i], 0);
+    if (!emulate[0]) {
+        CK(cudaMemcpy(dx, hx, (size_t)M * K, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dw, hw, (size_t)N * K, cudaMemcpyHostToDevice));
+    }
+    if (all) {
+        block_case(M, N, K, 2, 0, 0.0f, xv, wv);
+        block_case(M, N, K, 1, 0, 0.0f, xv, wv);
+    }
+    block_case(M, N, K, 1, 1, 1.0f, xv, wv);
+    free(xv), free(wv), free(hx), free(hw);
+}
+
 static void part2(void)
 {
-    for (int mi = 0; mi < 2; mi++) {
-        int Mb = mi ? 301 : 256, Nb = 384, Kb = 640;
-        float *xv = (float *)malloc(sizeof(float) * Mb * Kb),
-              *wv = (float *)malloc(sizeof(float) * Nb * Kb);
-        unsigned char *hx = (unsigned char *)malloc((size_t)Mb * Kb),
-                      *hw = (unsigned char *)malloc((size_t)Nb * Kb);
-        for (size_t i = 0; i < (size_t)Mb * Kb; i++) hx[i] = rnd_fp8(0), xv[i] = fp8_val(hx[i], 0);
-        for (size_t i = 0; i < (size_t)Nb * Kb; i++) hw[i] = rnd_fp8(0), wv[i] = fp8_val(hw[i], 0);
-        if (!emulate[0]) {
-            CK(cudaMemcpy(dx, hx, (size_t)Mb * Kb, cudaMemcpyHostToDevice));
-            CK(cudaMemcpy(dw, hw, (size_t)Nb * Kb, cudaMemcpyHostToDevice));
-        }
-        block_case(Mb, Nb, Kb, 2, 0, 0.0f, xv, wv);
-        block_case(Mb, Nb, Kb, 1, 0, 0.0f, xv, wv);
-        block_case(Mb, Nb, Kb, 1, 1, 1.0f, xv, wv);
-        free(xv), free(wv), free(hx), free(hw);
-    }
+    shape(256, 384, 640, true);
+    shape(301, 384, 640, true);
     /* the weight gradient's shape: K the tokens, padded to 16 only (304: not a multiple of 128) */
-    {
-        int Mb = 384, Nb = 256, Kb = 304;
-        float *xv = (float *)malloc(sizeof(float) * Mb * Kb),
-              *wv = (float *)malloc(sizeof(float) * Nb * Kb);
-        unsigned char *hx = (unsigned char *)malloc((size_t)Mb * Kb),
-                      *hw = (unsigned char *)malloc((size_t)Nb * Kb);
-        for (size_t i = 0; i < (size_t)Mb * Kb; i++) hx[i] = rnd_fp8(0), xv[i] = fp8_val(hx[i], 0);
-        for (size_t i = 0; i < (size_t)Nb * Kb; i++) hw[i] = rnd_fp8(0), wv[i] = fp8_val(hw[i], 0);
-        if (!emulate[0]) {
-            CK(cudaMemcpy(dx, hx, (size_t)Mb * Kb, cudaMemcpyHostToDevice));
-            CK(cudaMemcpy(dw, hw, (size_t)Nb * Kb, cudaMemcpyHostToDevice));
-        }
-        block_case(Mb, Nb, Kb, 1, 1, 1.0f, xv, wv);
-        free(xv), free(wv), free(hx), free(hw);
-    }
+    shape(384, 256, 304, false);
 }
