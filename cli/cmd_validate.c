@@ -179,27 +179,46 @@ static enum moe_status measure_experts(bool quick, double (*x)[PLAN_CALIB_EXPERT
 
 /* The same blocks in fp8 where the GPU has it, the large-expert shapes (where fp8 pays): per-tensor
  * scaling from sm_89, the 1x128 / 128x128 block scaling on Hopper (sm_90). Each row: the recipe,
- * then measure_experts' seven. */
+ * then measure_experts' seven. A recipe whose GEMMs cuBLASLt refuses on this machine is left
+ * out, said on stderr: its rate stays the datasheet's, the rest of the profile is measured. */
+static enum moe_status measure_fp8_recipe(enum cost_precision prec, bool quick,
+                                          double (*x)[PLAN_CALIB_FP8_COLS], int *n,
+                                          struct moe_error *err)
+{
+    static const int shape[][4] = {{8, 2, 4096, 14336}, {16, 8, 7168, 2048}, {32, 8, 7168, 2048}};
+    static const int tokens[] = {4096, 8192};
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 2; b++) {
+            if (quick && (a == 2 || b == 0)) continue;
+            double *v = x[*n];
+            v[0] = prec;
+            enum moe_status st = time_block(shape[a], tokens[b], prec, quick, v + 1, err);
+            if (st != MOE_OK) return st;
+            (*n)++;
+        }
+    return MOE_OK;
+}
+
 static enum moe_status measure_fp8_experts(const struct exec_device_info *dev, bool quick,
                                            double (*x)[PLAN_CALIB_FP8_COLS], int *n,
                                            struct moe_error *err)
 {
-    static const int shape[][4] = {{8, 2, 4096, 14336}, {16, 8, 7168, 2048}, {32, 8, 7168, 2048}};
-    static const int tokens[] = {4096, 8192};
     int cc = dev->cc_major * 10 + dev->cc_minor;
     *n = 0;
     for (int r = 0; r < 2; r++) {
         enum cost_precision prec = r ? COST_FP8_BLOCK : COST_FP8;
         if (r ? dev->cc_major != 9 : cc < 89) continue;
-        for (int a = 0; a < 3; a++)
-            for (int b = 0; b < 2; b++) {
-                if (quick && (a == 2 || b == 0)) continue;
-                double *v = x[*n];
-                v[0] = prec;
-                enum moe_status st = time_block(shape[a], tokens[b], prec, quick, v + 1, err);
-                if (st != MOE_OK) return st;
-                (*n)++;
-            }
+        int first = *n;
+        enum moe_status st = measure_fp8_recipe(prec, quick, x, n, err);
+        if (st == MOE_ERR_CUBLAS) {
+            fprintf(stderr,
+                    "moeplan calibrate: %s expert blocks not measured (%s); the profile keeps "
+                    "the datasheet's rate for them\n",
+                    cost_precision_names[prec], err->message);
+            *n = first;
+        } else if (st != MOE_OK) {
+            return st;
+        }
     }
     return MOE_OK;
 }
