@@ -355,7 +355,10 @@ static int validate(struct cli *cli, const char *dir, const char *cal_file, cons
         double pstep = p.step_us, pph[COST_NPHASES];
         memcpy(pph, p.phase_us, sizeof pph);
         plan_file_free(&p);
-        if (st == MOE_ERR_UNSUPPORTED || st == MOE_ERR_INFEASIBLE) { /* reported, not counted */
+        /* reported, not counted: what this build or machine cannot run (cuBLASLt refusing an fp8
+         * recipe's GEMMs among it), or what does not fit */
+        if (st == MOE_ERR_UNSUPPORTED || st == MOE_ERR_INFEASIBLE ||
+            (st == MOE_ERR_CUBLAS && j->precision != COST_BF16)) {
             printf("  %d/%d %s: not run: %s\n", i + 1, plan_valid_njobs, name, err.message);
             rpt_table_row(t, NULL);
             rpt_table_cell(t, NULL, "%s", name);
