@@ -239,7 +239,7 @@ static void megatron_model_gaps(const struct mdl_model *m, int seq_len, FILE *ou
     const char *gap[4];
     char chunk[160], temp[160];
     int n = 0;
-    if (a->chunk_size && seq_len > a->chunk_size) {
+    if (a->chunk_size && seq_len > a->chunk_size && a->nope_every != 1) { /* RoPE blocks */
         snprintf(chunk, sizeof chunk,
                  "chunked attention (%d-token chunks on the RoPE blocks): Megatron-LM attends "
                  "over the whole %d tokens",
@@ -252,7 +252,7 @@ static void megatron_model_gaps(const struct mdl_model *m, int seq_len, FILE *ou
                  a->temp_floor - 1);
         gap[n++] = temp;
     }
-    if (a->qk_l2_norm && a->nope_every > 1 && m->layers >= a->nope_every)
+    if (a->qk_l2_norm && a->nope_every >= 1 && m->layers >= a->nope_every)
         gap[n++] = "q and k normalized on the RoPE blocks only: Megatron-LM's --qk-l2-norm "
                    "normalizes them on every block";
     if (!n) return;
@@ -284,7 +284,7 @@ static void megatron_model_flags(const struct mdl_model *m, FILE *out)
                 a->yarn.truncate ? "--yarn-correction-range-round-to-int \\\n"
                                  : "--no-yarn-correction-range-round-to-int \\\n");
     }
-    if (a->nope_every > 1 && m->layers >= a->nope_every) { /* every nope_every-th block: no RoPE */
+    if (a->nope_every >= 1 && m->layers >= a->nope_every) { /* each nope_every-th: no RoPE */
         if (m->layers % a->nope_every == 0) {
             fprintf(out, "--no-rope-freq %d \\\n", a->nope_every);
         } else {

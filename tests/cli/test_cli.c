@@ -855,6 +855,12 @@ static void test_plan(void **state)
     assert_null(strstr(r.out, "temperature"));
     expect_in(r.out, "q and k normalized on the RoPE blocks only");
     expect_in(r.out, "--no-rope-freq \"([0]*3+[1])*1+[0]*2\""); /* 6 blocks: the 4th has none */
+    /* a model with no RoPE block at all: every block NoPE, no chunk to speak of */
+    RUN(&r, "plan", "--model", "tests/data/llama4-nope.json", "--cluster", "hgx-h100-x128",
+        "--gpus", "8", "--gbs", "64", "--seq-len", "16384", "--fix", "ep=8", "--emit", "megatron");
+    assert_int_equal(r.code, 0);
+    expect_in(r.out, "--no-rope-freq 1 \\\n");
+    assert_null(strstr(r.out, "chunked attention"));
     /* gpt-oss: YaRN, the clamped activation (quick GeGLU, offset 1, clamp 7) and the biases */
     RUN(&r, "plan", "--model", "gpt-oss-20b", "--cluster", "hgx-h100-x128", "--gpus", "8", "--gbs",
         "64", "--fix", "ep=8", "--emit", "megatron");
