@@ -347,6 +347,42 @@ static void megatron_model_flags(const struct mdl_model *m, FILE *out)
     if (e->probs_on_input) fprintf(out, "--moe-apply-probs-on-input \\\n");
 }
 
+/* The MaxText model config of each shipped model (src/maxtext/configs/models/NAME.yml), matched
+ * by our name and its shape; a proxy (fewer blocks or experts) overrides the model's counts. */
+static void maxtext_model(const struct mdl_model *m, FILE *out)
+{
+    static const struct {
+        const char *ours, *maxtext;
+        int hidden, ffn, layers, experts;
+    } known[] = {
+        {"mixtral-8x7b", "mixtral-8x7b", 4096, 14336, 32, 8},
+        {"mixtral-8x22b", "mixtral-8x22b", 6144, 16384, 56, 8},
+        {"deepseek-v3", "deepseek3-671b", 7168, 2048, 61, 256},
+        {"deepseek-v2-lite", "deepseek2-16b", 2048, 1408, 27, 64},
+        {"kimi-k2", "kimi-k2-1t", 7168, 2048, 61, 384},
+        {"qwen3-30b-a3b", "qwen3-30b-a3b", 2048, 768, 48, 128},
+        {"qwen3-235b-a22b", "qwen3-235b-a22b", 4096, 1536, 94, 128},
+        {"gpt-oss-20b", "gpt-oss-20b", 2880, 2880, 24, 32},
+        {"gpt-oss-120b", "gpt-oss-120b", 2880, 2880, 36, 128},
+        {"llama4-scout", "llama4-17b-16e", 5120, 8192, 48, 16},
+        {"llama4-maverick", "llama4-17b-128e", 5120, 8192, 48, 128},
+    };
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
+        size_t n = strlen(known[i].ours); /* a proxy's name: "mixtral-8x7b-L2-E8" */
+        if (strncmp(m->name, known[i].ours, n) || (m->name[n] && strncmp(m->name + n, "-L", 2)) ||
+            m->hidden != known[i].hidden || m->moe.intermediate != known[i].ffn)
+            continue;
+        fprintf(out, "model_name: %s\n", known[i].maxtext);
+        if (m->layers != known[i].layers || m->moe.experts != known[i].experts)
+            fprintf(out, "override_model_config: True\nbase_num_decoder_layers: %d\n", m->layers);
+        return;
+    }
+    fprintf(out,
+            "# model_name: MaxText ships no config of %s; give its architecture (base_emb_dim, "
+            "base_num_decoder_layers, base_num_query_heads, base_moe_mlp_dim, ...) yourself\n",
+            m->name);
+}
+
 enum moe_status plan_print_emit(const struct plan_request *q, const struct plan_result *r,
                                 const char *target, FILE *out, struct moe_error *err)
 {
@@ -437,6 +473,15 @@ enum moe_status plan_print_emit(const struct plan_request *q, const struct plan_
         /* MaxText's mesh: pipeline x data x fsdp x expert x context x tensor, ICI inside an
          * NVLink domain and DCN across, inner axes first. */
         int domain = q->cluster.gpus_used_per_domain;
+        if (l->dp %
+            l->ep) /* Megatron's experts may take tensor-parallel ranks too; MaxText's not */
+            return moe_error_set(err, MOE_ERR_UNSUPPORTED,
+                                 "--emit maxtext: the plan's expert parallelism (ep %d) spans "
+                                 "more than its data-parallel ranks (dp %d, tp %d, etp %d), "
+                                 "which MaxText's mesh cannot say (its expert axis is a part of "
+                                 "data parallelism); plan again with --fix ep=N, N dividing dp, "
+                                 "for MaxText",
+                                 l->ep, l->dp, l->tp, l->etp);
         int data = l->dp / l->ep; /* the expert axis takes ep of the data-parallel ranks */
         int fsdp = l->zero >= 3 ? data : 1;
         if (fsdp > 1) data = 1;
@@ -452,6 +497,7 @@ enum moe_status plan_print_emit(const struct plan_request *q, const struct plan_
         }
         fprintf(out, "# MaxText config for the plan (moeplan %s on %d GPUs)\n", m->name,
                 r->best.gpus);
+        maxtext_model(m, out);
         static const char *const axis[6] = {"tensor", "context", "expert",
                                             "fsdp",   "data",    "pipeline"};
         for (int i = 0; i < 6; i++) fprintf(out, "ici_%s_parallelism: %d\n", axis[i], ici[i]);

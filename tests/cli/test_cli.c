@@ -882,6 +882,27 @@ static void test_plan(void **state)
     expect_in(r.out, "ici_expert_parallelism: 8");
     expect_in(r.out, "sparse_matmul: True");
     expect_in(r.out, "tp=1 ");
+    expect_in(r.out, "# MaxText config for the plan (moeplan mixtral-8x7b on 64 GPUs)\n"
+                     "model_name: mixtral-8x7b\nici_tensor_parallelism: 1\n");
+    RUN(&r, "plan", "--model", "mixtral-8x7b", "--cluster", "hgx-h100-x128", "--gpus", "8", "--gbs",
+        "64", "--layers", "2", "--emit", "maxtext");
+    assert_int_equal(r.code, 0); /* a proxy: the model's config, its block count overridden */
+    expect_in(r.out, "model_name: mixtral-8x7b\noverride_model_config: True\n"
+                     "base_num_decoder_layers: 2\n");
+    RUN(&r, "plan", "--model", "dbrx", "--cluster", "hgx-h100-x128", "--gpus", "64", "--gbs", "512",
+        "--fix", "tp=1", "--emit", "maxtext");
+    assert_int_equal(r.code, 0);
+    expect_in(r.out, "# model_name: MaxText ships no config of dbrx;");
+    /* experts over tensor-parallel ranks too (ep 8 > dp 4): no MaxText mesh says it; refused, the
+     * plan itself still written */
+    RUN(&r, "plan", "--model", "mixtral-8x22b", "--cluster", "hgx-h100-x128", "--gpus", "64",
+        "--gbs", "1024", "--fix", "tp=2,pp=8,ep=8,etp=1", "--emit", "maxtext", "-o",
+        cli_tmp("plan.json"));
+    assert_int_equal(r.code, 1);
+    expect_in(r.err, "--emit maxtext: the plan's expert parallelism (ep 8) spans more than its "
+                     "data-parallel ranks (dp 4, tp 2, etp 1)");
+    expect_in(r.out, "plan written to ");
+    unlink(cli_tmp("plan.json"));
     RUN(&r, "plan", "--model", "deepseek-v3", "--cluster", "hgx-h200-x8");
     assert_int_equal(r.code, 4);
     expect_in(r.err, "no layout fits");
