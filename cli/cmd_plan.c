@@ -191,6 +191,7 @@ int cmd_plan(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     }
     if (runnable && f.mtp < 0) f.mtp = 0; /* the executor does not train MTP layers yet */
     q.fix = f;
+    q.maxtext_mesh = emit && !strcmp(emit, "maxtext");
     if (runnable) {
         char why[256];
         if (replicas > 0) {

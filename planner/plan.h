@@ -117,6 +117,9 @@ struct plan_request {
      * for the refusal message */
     bool (*accept)(const struct mdl_model *m, const struct cost_layout *l, int gpus,
                    double gpu_bytes, char *why, size_t cap);
+    /* only layouts MaxText's mesh can say (moeplan plan --emit maxtext): expert parallelism
+     * within data parallelism, not over tensor-parallel ranks as Megatron allows */
+    bool maxtext_mesh;
     /* a layout to set beside the plan (moeplan plan --compare: a published recipe's): where it
      * lands among the layouts the search costs, and why the plan beats it or not */
     bool have_compare;

@@ -177,6 +177,13 @@ static enum moe_status search_gpus(const struct plan_request *q, int gpus, struc
                                         refused(r, &l, why.message);
                                         continue;
                                     }
+                                    if (q->maxtext_mesh && l.dp % l.ep) {
+                                        r->invalid++;
+                                        refused(r, &l,
+                                                "MaxText's expert axis is a part of data "
+                                                "parallelism (--emit maxtext): ep must divide dp");
+                                        continue;
+                                    }
                                     int fitted = 0;
                                     for (size_t k = 0; k < sizeof rungs / sizeof rungs[0]; k++) {
                                         l.recompute = rungs[k].rc;
