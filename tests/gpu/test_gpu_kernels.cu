@@ -843,7 +843,7 @@ static void test_fp8_gemm(void **state)
 {
     (void)state;
     if (!gpus()) skip();
-    const int T = 301, IN = 384, OUT = 256, TP = (T + 15) / 16 * 16; /* T: the tiles' rows padded */
+    const int T = 301, IN = 384, OUT = 256, TP = exec_fp8_kpad(T); /* the weight gradient's K */
     std::vector<float> x = randn((size_t)T * IN, 801, 3.0), w = randn((size_t)OUT * IN, 802, 0.05),
                        dy = randn((size_t)T * OUT, 803, 1e-3);
     for (int r = 0; r < T; r++) /* rows of different magnitudes: the tiles' scales differ */
