@@ -473,14 +473,14 @@ enum moe_status plan_print_emit(const struct plan_request *q, const struct plan_
         /* MaxText's mesh: pipeline x data x fsdp x expert x context x tensor, ICI inside an
          * NVLink domain and DCN across, inner axes first. */
         int domain = q->cluster.gpus_used_per_domain;
-        if (l->dp %
-            l->ep) /* Megatron's experts may take tensor-parallel ranks too; MaxText's not */
+        /* Megatron's experts may take tensor-parallel ranks too, MaxText's not: a plan searched
+         * for MaxText (plan_request.maxtext_mesh) has none such */
+        if (l->dp % l->ep)
             return moe_error_set(err, MOE_ERR_UNSUPPORTED,
                                  "--emit maxtext: the plan's expert parallelism (ep %d) spans "
                                  "more than its data-parallel ranks (dp %d, tp %d, etp %d), "
                                  "which MaxText's mesh cannot say (its expert axis is a part of "
-                                 "data parallelism); plan again with --fix ep=N, N dividing dp, "
-                                 "for MaxText",
+                                 "data parallelism)",
                                  l->ep, l->dp, l->tp, l->etp);
         int data = l->dp / l->ep; /* the expert axis takes ep of the data-parallel ranks */
         int fsdp = l->zero >= 3 ? data : 1;
