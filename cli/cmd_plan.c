@@ -190,8 +190,16 @@ int cmd_plan(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
         return cli_usage(cmd, "--fix: %s", err.message);
     }
     if (runnable && f.mtp < 0) f.mtp = 0; /* the executor does not train MTP layers yet */
-    q.fix = f;
+    /* MaxText: experts inside data parallelism (the search's maxtext_mesh), and its dispatch a
+     * plain all-to-all (its ragged one), so its plans are costed with that */
     q.maxtext_mesh = emit && !strcmp(emit, "maxtext");
+    if (q.maxtext_mesh && (int)f.dispatcher < 0) f.dispatcher = COST_DISPATCH_ALLTOALL;
+    if (q.maxtext_mesh && f.dispatcher != COST_DISPATCH_ALLTOALL) {
+        cost_routing_free(&in.routing);
+        return cli_usage(cmd, "--emit maxtext: MaxText dispatches with a plain all-to-all, not %s",
+                         cost_dispatcher_names[f.dispatcher]);
+    }
+    q.fix = f;
     if (runnable) {
         char why[256];
         if (replicas > 0) {

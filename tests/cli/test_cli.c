@@ -884,6 +884,11 @@ static void test_plan(void **state)
     expect_in(r.out, "tp=1 ");
     expect_in(r.out, "# MaxText config for the plan (moeplan mixtral-8x7b on 64 GPUs)\n"
                      "model_name: mixtral-8x7b\nici_tensor_parallelism: 1\n");
+    expect_in(r.out, "dispatcher=alltoall"); /* MaxText's own dispatch: costed as it runs */
+    RUN(&r, "plan", "--model", "mixtral-8x7b", "--cluster", "hgx-h100-x128", "--gpus", "64",
+        "--gbs", "256", "--emit", "maxtext", "--fix", "dispatcher=dedup-gpu");
+    assert_int_equal(r.code, 2);
+    expect_in(r.err, "--emit maxtext: MaxText dispatches with a plain all-to-all, not dedup-gpu");
     RUN(&r, "plan", "--model", "mixtral-8x7b", "--cluster", "hgx-h100-x128", "--gpus", "8", "--gbs",
         "64", "--layers", "2", "--emit", "maxtext");
     assert_int_equal(r.code, 0); /* a proxy: the model's config, its block count overridden */
