@@ -6,7 +6,10 @@ GEMMs, expert by expert, as moeplan's executor runs it: forward gate, up (SwiGLU
 backward the data and weight gradients of the three. bf16 with torch.mm, fp8 with
 torch._scaled_mm and per-tensor current scaling (each operand's amax this call, E4M3, its
 transpose quantized for the weight gradient; the weights quantized in the timing too, where
-moeplan quantizes them once a step), fp32 accumulation, bf16 out (fp32 for the weight gradients). Medians of CUDA-event timings after warm-up; the ratio bf16 / fp8 is the speedup.
+moeplan quantizes them once a step), fp32 accumulation, bf16 out (fp32 for the weight
+gradients). Each expert's rows are padded with zero rows to a multiple of 16 in both precisions
+(torch._scaled_mm wants the weight gradients' reduction, the tokens, in multiples of 16). Medians
+of CUDA-event timings after warm-up; the ratio bf16 / fp8 is the speedup.
 """
 import numpy as np
 import torch
@@ -42,20 +45,27 @@ def main():
     dev, bf = "cuda", torch.bfloat16
     torch.manual_seed(1)
     counts = np.bincount(choice, minlength=E)
-    offs = np.concatenate([[0], np.cumsum(counts)])
-    R = T * K
+    # each expert's rows padded with zero rows to a multiple of 16, in both precisions:
+    # torch._scaled_mm wants the reduction (the tokens, in the weight gradients) in multiples of
+    # 16, as Megatron pads them for fp8 (moeplan's quantizer pads the same way, without a copy)
+    rows = (counts + 15) // 16 * 16
+    offs = np.concatenate([[0], np.cumsum(rows)])
+    R, Rp = T * K, int(offs[-1])
     wg = torch.randn(E, Fd, H, device=dev, dtype=bf) * 0.02
     wu = torch.randn(E, Fd, H, device=dev, dtype=bf) * 0.02
     wd = torch.randn(E, H, Fd, device=dev, dtype=bf) * 0.02
-    xp = torch.randn(R, H, device=dev, dtype=bf)
-    dyp = torch.randn(R, H, device=dev, dtype=bf)
+    real = torch.zeros(Rp, 1, device=dev, dtype=bf)
+    for e in range(E):
+        real[int(offs[e]):int(offs[e]) + int(counts[e])] = 1
+    xp = torch.randn(Rp, H, device=dev, dtype=bf) * real
+    dyp = torch.randn(Rp, H, device=dev, dtype=bf) * real
 
     def block(mm):
         # fp8 GEMMs take K-major operands (cuBLASLt's "TN"): a transposed operand is a copy, as
         # moeplan's quantizer writes one; bf16's take the views
         tr = (lambda t: t.t().contiguous()) if mm is mm8 else (lambda t: t.t())
         for e in range(E):
-            o, n = int(offs[e]), int(counts[e])
+            o, n = int(offs[e]), int(rows[e])
             if n == 0:
                 continue
             x, dy = xp[o:o + n], dyp[o:o + n]
