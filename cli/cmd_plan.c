@@ -49,7 +49,9 @@ const struct cli_opt cmd_plan_opts[] = {
      "plan that run's model, cluster, GPUs, global batch, sequence and precision, with its "
      "dispatcher and recipe settings fixed and its stack's profile, and --explain --compare its "
      "layout: what the planner picks where the published run chose"},
-    {"emit", required_argument, OPT_EMIT, "T", "print launch flags: megatron or maxtext"},
+    {"emit", required_argument, OPT_EMIT, "T",
+     "print launch flags: megatron or maxtext (maxtext: only layouts MaxText runs, ep dividing "
+     "dp, its plain all-to-all)"},
     {"output", required_argument, OPT_OUT, "FILE", "write plan.json here"},
     {NULL, 0, 0, NULL, NULL},
 };
