@@ -87,6 +87,7 @@ static void *dy;
 static float *dsa, *dsb; /* scale arrays (each its own allocation, 256-byte aligned) */
 static void *dws;
 static const size_t WS = 32u << 20;
+static const size_t HALF = 1u << 20; /* each buffer: two copies, 1 MiB apart (each fits in one) */
 static cublasLtHandle_t lt;
 
 static cublasLtMatmulMatrixScale_t mode(int h)
@@ -153,8 +154,11 @@ static int run(const struct gemm *g, const float *sa_host, size_t na, const floa
     *heur = cublasLtMatmulAlgoGetHeuristic(lt, op, a, b, c, c, pref, 16, h, &found);
     *found_out = found;
     int ran = -1;
-    unsigned char *x = dx + g->off, *w = dw + g->off;
-    char *y = (char *)dy + g->off;
+    /* an offset copy sits in the buffers' second half, apart from the first (they overlapped in
+     * the run of 2026-12-05, which corrupted the unshifted variants of part 1) */
+    size_t sx = g->off ? HALF + g->off : 0;
+    unsigned char *x = dx + sx, *w = dw + sx;
+    char *y = (char *)dy + sx;
     size_t ybytes = (size_t)M * N * (g->out32 ? 4 : 2);
     if (g->out32 && g->beta != 0.0f) { /* y = 1 before: beta y adds beta */
         float *ones = (float *)malloc(ybytes);
@@ -313,10 +317,9 @@ int main(void)
     printf("GPU %s (sm_%d%d), driver %d, runtime %d; cuBLASLt loaded %zu, headers %d\n", p.name,
            p.major, p.minor, drv, rt, cublasLtGetVersion(), CUBLAS_VERSION);
     if (cublasLtCreate(&lt) != CUBLAS_STATUS_SUCCESS) return printf("cublasLtCreate failed\n"), 1;
-    int Mmax = 384, Nmax = 384, Kmax = 640;
-    CK(cudaMalloc((void **)&dx, (size_t)Mmax * Kmax + 256));
-    CK(cudaMalloc((void **)&dw, (size_t)Nmax * Kmax + 256));
-    CK(cudaMalloc(&dy, (size_t)Mmax * Nmax * 4 + 256));
+    CK(cudaMalloc((void **)&dx, 2 * HALF));
+    CK(cudaMalloc((void **)&dw, 2 * HALF));
+    CK(cudaMalloc(&dy, 2 * HALF));
     CK(cudaMalloc((void **)&dsa, 8192 * 4));
     CK(cudaMalloc((void **)&dsb, 8192 * 4));
     CK(cudaMalloc(&dws, WS));
@@ -330,8 +333,9 @@ int main(void)
         for (size_t i = 0; i < (size_t)M * K; i++) hx[i] = rnd_fp8(e5);
         for (size_t i = 0; i < (size_t)N * K; i++) hw[i] = rnd_fp8(0);
         for (int off = 0; off <= 16; off += 16) {
-            CK(cudaMemcpy(dx + off, hx, (size_t)M * K, cudaMemcpyHostToDevice));
-            CK(cudaMemcpy(dw + off, hw, (size_t)N * K, cudaMemcpyHostToDevice));
+            size_t at = off ? HALF + off : 0;
+            CK(cudaMemcpy(dx + at, hx, (size_t)M * K, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(dw + at, hw, (size_t)N * K, cudaMemcpyHostToDevice));
         }
         double *ref = (double *)malloc(sizeof(double) * M * N), big = 0;
         for (int m = 0; m < M; m++)
