@@ -3,6 +3,7 @@
  *
  * Build (on the machine with nvcc): nvcc -O2 -arch=sm_90 -o fp8probe fp8probe.cu -lcublasLt -lcublas
  * Run: ./fp8probe            (CUBLASLT_LOG_MASK=13 ./fp8probe adds cuBLASLt's errors, hints, info)
+ * Which row counts block scaling takes: FP8PROBE_MSWEEP=1 ./fp8probe (M 296..328).
  * Self-test, no GPU needed: FP8PROBE_EMULATE=3,2 ./fp8probe runs part 2 with the host playing
  * a cuBLASLt that reads layouts B3/V3 for A and V2 for B; the probe must name those.
  *
@@ -317,6 +318,26 @@ int main(void)
     printf("GPU %s (sm_%d%d), driver %d, runtime %d; cuBLASLt loaded %zu, headers %d\n", p.name,
            p.major, p.minor, drv, rt, cublasLtGetVersion(), CUBLAS_VERSION);
     if (cublasLtCreate(&lt) != CUBLAS_STATUS_SUCCESS) return printf("cublasLtCreate failed\n"), 1;
+    if (getenv("FP8PROBE_MSWEEP")) { /* which row counts block scaling takes (N 384, K 640) */
+        CK(cudaMalloc((void **)&dx, 2 * HALF));
+        CK(cudaMalloc((void **)&dw, 2 * HALF));
+        CK(cudaMalloc(&dy, 2 * HALF));
+        CK(cudaMalloc((void **)&dsa, 8192 * 4));
+        CK(cudaMalloc((void **)&dsb, 8192 * 4));
+        CK(cudaMalloc(&dws, WS));
+        static float ones[8192];
+        for (int i = 0; i < 8192; i++) ones[i] = 1.0f;
+        for (int M = 296; M <= 328; M++)
+            for (int ha = 1; ha <= 2; ha++) {
+                struct gemm g = {M, 384, 640, 0, 0, ha, 1, 1, 0, 0, 0, 0, 0, 0, 0};
+                cublasStatus_t last = CUBLAS_STATUS_SUCCESS, heur;
+                int found, ran = run(&g, ones, 8192, ones, 8192, NULL, &last, &heur, &found);
+                printf("M %d, A %s: heuristic %d found, matmul %s\n", M,
+                       ha == 2 ? "blocks" : "tiles", found,
+                       ran > 0 ? cublasGetStatusString(last) : "not run");
+            }
+        return 0;
+    }
     CK(cudaMalloc((void **)&dx, 2 * HALF));
     CK(cudaMalloc((void **)&dw, 2 * HALF));
     CK(cudaMalloc(&dy, 2 * HALF));
