@@ -123,6 +123,7 @@ struct exec_fp8_layout {
     size_t qbytes;  /* bytes of the slices' row-major copies (their transposes take as many) */
     size_t factors; /* floats of all their factors */
     size_t scratch_bytes, scratch_factors; /* a stream's scratch: each of its three operands' */
+    size_t tail_floats; /* and its block-scaled GEMMs' last rows (gk_fp8_gemm's tail) */
     /* Block scaling, no EP, SwiGLU experts without biases: the experts' SwiGLU backward writes
      * its two gradients quantized, expert by expert (row-major and transposed), for their GEMMs,
      * in place of bf16 (fuse). pre_bytes: each of the four copies' buffer, pre_factors: each
@@ -141,40 +142,50 @@ enum moe_status exec_fp8_layout(const struct exec_ref_model *table, enum cost_pr
 void exec_fp8_regions(const int *off, int E, int cols, size_t *q, size_t *s, size_t *st);
 void exec_fp8_layout_free(struct exec_fp8_layout *l);
 /* Where the factor of value (r, c) of a rows x cols K-major matrix (K: cols) scaled `how` sits
- * among its factors, in the layouts cuBLASLt's fp8 block scaling reads on Hopper: 1 x 128 tiles
- * with the rows innermost (a K-tile's rows padded to a multiple of 4), 128 x 128 blocks
- * row-major over the block grid (a block row padded to a multiple of 4), one for the tensor;
- * and how many floats they take (a multiple of 4: the next array starts 16-byte aligned). */
+ * among its factors, in the layouts cuBLASLt's fp8 block scaling reads on Hopper; and how many
+ * floats they take (a multiple of 4: the next array starts 16-byte aligned).
+ * - 1 x 128 tiles: the rows innermost, a K-tile after another. cuBLASLt's block-scaled GEMM takes
+ *   rows in multiples of EXEC_FP8_PAD only (it finds no algorithm at 301 rows, measured on the
+ *   H200), so gk_fp8_gemm runs a matrix of other row counts as two: its first rows, a multiple
+ *   of EXEC_FP8_PAD, and a tail of EXEC_FP8_PAD rows (past `rows`: padding), each a GEMM of its
+ *   own that reads its factors as one matrix. The factors are laid out that way: the first rows'
+ *   (R = rows rounded down) as a matrix of R rows, then the tail's as one of EXEC_FP8_PAD. Where
+ *   rows is a multiple of EXEC_FP8_PAD that is the plain layout.
+ * - 128 x 128 blocks: row-major over the block grid, a block row padded to a multiple of 4.
+ * - the tensor: one. */
 #ifdef __CUDACC__
 #define EXEC_HD __host__ __device__
 #else
 #define EXEC_HD
 #endif
+/* The rows of an fp8 GEMM's token operands padded to what cuBLASLt's fp8 GEMM takes, a multiple
+ * of EXEC_FP8_PAD: the weight gradient's K (the tokens, zeros past them), and with block scaling
+ * the forward's and the data gradient's rows (exec_fp8_factor_at) */
+#define EXEC_FP8_PAD 16
+static inline EXEC_HD int exec_fp8_pad(int n)
+{
+    return (n + EXEC_FP8_PAD - 1) / EXEC_FP8_PAD * EXEC_FP8_PAD;
+}
 static inline EXEC_HD size_t exec_fp8_factor_at(int how, int rows, int cols, int r, int c)
 {
     if (how == EXEC_FP8_TENSOR) return 0;
-    if (how == EXEC_FP8_TILE_1X128)
-        return (size_t)(c / 128) * (size_t)((rows + 3) / 4 * 4) + (size_t)r;
+    if (how == EXEC_FP8_TILE_1X128) {
+        size_t R = (size_t)(rows / EXEC_FP8_PAD * EXEC_FP8_PAD), kt = (size_t)(c / 128);
+        if ((size_t)r < R) return kt * R + (size_t)r;
+        return R * (size_t)((cols + 127) / 128) + kt * EXEC_FP8_PAD + ((size_t)r - R);
+    }
     return (size_t)(r / 128) * (size_t)(((cols + 127) / 128 + 3) / 4 * 4) + (size_t)(c / 128);
 }
 static inline EXEC_HD size_t exec_fp8_factor_count(int how, int rows, int cols)
 {
     if (how == EXEC_FP8_TENSOR) return 4;
-    if (how == EXEC_FP8_TILE_1X128)
-        return (size_t)(cols + 127) / 128 * (size_t)((rows + 3) / 4 * 4);
+    if (how == EXEC_FP8_TILE_1X128) return (size_t)(cols + 127) / 128 * (size_t)exec_fp8_pad(rows);
     return (size_t)(rows + 127) / 128 * (size_t)(((cols + 127) / 128 + 3) / 4 * 4);
-}
-/* The rows of a weight gradient's operands (its K: the tokens) padded with zeros to what
- * cuBLASLt's fp8 GEMM takes: a multiple of EXEC_FP8_KPAD */
-#define EXEC_FP8_KPAD 16
-static inline EXEC_HD int exec_fp8_kpad(int n)
-{
-    return (n + EXEC_FP8_KPAD - 1) / EXEC_FP8_KPAD * EXEC_FP8_KPAD;
 }
 /* exec_fp8_regions' step: past an expert of n rows, `cols` wide */
 static inline EXEC_HD void exec_fp8_region_next(int n, int cols, size_t *q, size_t *s, size_t *st)
 {
-    int np = exec_fp8_kpad(n);
+    int np = exec_fp8_pad(n);
     *q += (size_t)np * cols;
     *s += exec_fp8_factor_count(EXEC_FP8_TILE_1X128, n, cols);
     *st += exec_fp8_factor_count(EXEC_FP8_TILE_1X128, cols, np);

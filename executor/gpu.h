@@ -126,6 +126,7 @@ struct fp8_scratch {
     unsigned char *a, *b, *c;
     float *sa, *sb, *sc;
     unsigned *amax;
+    float *tail; /* block scaling: gk_fp8_gemm's last rows (fp32 or bf16) */
     struct fp8_kept kept;
     /* what b holds: the last weight gradient's input, transposed; the next weight gradient of
      * the same input (q, k and v of one norm's output; gate and up of one expert's rows) takes

@@ -350,6 +350,7 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
             ALLOC(x->sb, g->f8.scratch_factors, EXEC_MEM_WORKSPACE);
             ALLOC(x->sc, g->f8.scratch_factors, EXEC_MEM_WORKSPACE);
             ALLOC(x->amax, 4, EXEC_MEM_WORKSPACE);
+            if (g->f8.tail_floats) ALLOC(x->tail, g->f8.tail_floats, EXEC_MEM_WORKSPACE);
         }
         for (int k = 0; g->f8.fuse && k < 2; k++) {
             ALLOC(g->f8pre.q[k], g->f8.pre_bytes, EXEC_MEM_WORKSPACE);

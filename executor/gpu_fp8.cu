@@ -112,7 +112,7 @@ static __device__ __forceinline__ void put_factors(float *sq, int how, int rows,
 }
 
 /* One block one FT x FT tile (blockIdx.x along cols, blockIdx.y along rows). Rows beyond `rows`
- * up to qt's ldt read as zeros (the weight gradient's K padded, exec_fp8_kpad). `vec`: the
+ * up to qt's ldt read as zeros (the weight gradient's K padded, exec_fp8_pad). `vec`: the
  * input's rows and both copies' rows start on 16 bytes and cols is a multiple of 16, so the tile
  * moves in 16-byte accesses (8 bf16 in, 16 fp8 out; the partial tiles at the edges element by
  * element). The values are the same either way. blockIdx.z: the matrix of a batch (its input xs
@@ -297,7 +297,7 @@ cudaError_t gk_fp8_swiglu_forward(const bf16 *g, const bf16 *u, const int *off_d
 /* One block one FT x FT tile of one expert's rows (E experts, rows from off[e], `cols` wide):
  * dg, du = SwiGLU's backward of (g, u) for dhm, each rounded to bf16 as gk_swiglu_backward
  * writes them, then quantized in 1 x 128 tiles as gk_fp8_cast quantizes expert e's rows (its
- * row-major copy, and its transpose with the rows padded with zeros, exec_fp8_kpad), into
+ * row-major copy, and its transpose with the rows padded with zeros, exec_fp8_pad), into
  * expert e's region (exec_fp8_regions). The same bits as that pair of kernels; bf16 never
  * written. */
 __global__ void __launch_bounds__(FT_THREADS)
@@ -319,7 +319,7 @@ __global__ void __launch_bounds__(FT_THREADS)
     __syncthreads();
     if (tile_e < 0) return;
     int e = tile_e, r0 = tile_r0, c0 = tile_c0, o = off[e], n = off[e + 1] - o;
-    int np = exec_fp8_kpad(n);
+    int np = exec_fp8_pad(n);
     for (int i = t; i < FT * FT; i += FT_THREADS) {
         int r = i / FT, c = i % FT, lr = r0 + r, gc = c0 + c;
         float dg = 0.0f, du = 0.0f;
@@ -508,9 +508,11 @@ static cublasStatus_t kind_algo(struct gk_fp8_lt *c, struct fp8_kind *q, const s
     return st;
 }
 
-cublasStatus_t gk_fp8_gemm(struct gk_fp8_lt *c, const struct gk_fp8_mat *w,
-                           const struct gk_fp8_mat *x, int M, int N, int K, void *y, int ldy,
-                           cudaDataType yt, float beta, bool fast, void *ws, cudaStream_t s)
+/* One cuBLASLt matmul of the kind (M x N x K), its algorithm kept by kind */
+static cublasStatus_t fp8_gemm_once(struct gk_fp8_lt *c, const struct gk_fp8_mat *w,
+                                    const struct gk_fp8_mat *x, int M, int N, int K, void *y,
+                                    int ldy, cudaDataType yt, float beta, bool fast, void *ws,
+                                    cudaStream_t s)
 {
     if (!M || !N) return CUBLAS_STATUS_SUCCESS;
     int mb = 64;
@@ -553,4 +555,45 @@ cublasStatus_t gk_fp8_gemm(struct gk_fp8_lt *c, const struct gk_fp8_mat *w,
     gk_lt_layouts_free(l);
     if (q == &scratch && q->op) cublasLtMatmulDescDestroy(q->op);
     return st;
+}
+
+/* y (rows x n, ldy) = t (rows x n, dense) + beta y, fp32 or bf16 alike; beta 0 reads no y */
+template <typename Y>
+__global__ void k_tail_add(const Y *t, Y *y, int ldy, int rows, int n, float beta)
+{
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < rows * n; i += gridDim.x * blockDim.x) {
+        int r = i / n, c = i % n;
+        float v = (float)t[i];
+        if (beta != 0.0f) v += beta * (float)y[(size_t)r * ldy + c];
+        y[(size_t)r * ldy + c] = (Y)v;
+    }
+}
+
+cublasStatus_t gk_fp8_gemm(struct gk_fp8_lt *c, const struct gk_fp8_mat *w,
+                           const struct gk_fp8_mat *x, int M, int N, int K, void *y, int ldy,
+                           cudaDataType yt, float beta, bool fast, void *tail, void *ws,
+                           cudaStream_t s)
+{
+    int R = M / EXEC_FP8_PAD * EXEC_FP8_PAD, rest = M - R;
+    if (x->how != EXEC_FP8_TILE_1X128 || !rest)
+        return fp8_gemm_once(c, w, x, M, N, K, y, ldy, yt, beta, fast, ws, s);
+    /* block scaling at rows not a multiple of EXEC_FP8_PAD: the first R rows straight into y,
+     * then EXEC_FP8_PAD rows from R (x's padding past M) into tail, their first `rest` added into
+     * y; x's factors laid out for that split (exec_fp8_factor_at) */
+    if (!tail || (yt != CUDA_R_32F && yt != CUDA_R_16BF)) return CUBLAS_STATUS_INVALID_VALUE;
+    size_t ysz = yt == CUDA_R_32F ? 4 : 2;
+    cublasStatus_t st = fp8_gemm_once(c, w, x, R, N, K, y, ldy, yt, beta, fast, ws, s);
+    struct gk_fp8_mat xt = *x;
+    xt.q += (size_t)R * x->ld;
+    xt.sinv += (size_t)R * ((K + 127) / 128);
+    if (!st) st = fp8_gemm_once(c, w, &xt, EXEC_FP8_PAD, N, K, tail, N, yt, 0.0f, fast, ws, s);
+    if (st) return st;
+    char *yr = (char *)y + (size_t)R * ldy * ysz;
+    int n = rest * N, blocks = (n + TPB - 1) / TPB;
+    if (yt == CUDA_R_32F)
+        k_tail_add<<<blocks, TPB, 0, s>>>((const float *)tail, (float *)yr, ldy, rest, N, beta);
+    else
+        k_tail_add<<<blocks, TPB, 0, s>>>((const bf16 *)tail, (bf16 *)yr, ldy, rest, N, beta);
+    return cudaGetLastError() == cudaSuccess ? CUBLAS_STATUS_SUCCESS
+                                             : CUBLAS_STATUS_EXECUTION_FAILED;
 }

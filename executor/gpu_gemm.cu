@@ -108,7 +108,7 @@ static enum moe_status mm_expert(struct exec_gpu *g, bool ta, bool tb, bool vary
  * A weight with a quantized slice (exec_fp8_layout) goes through the fp8 GEMM: its row-major copy
  * in the forward, its transpose in the data gradient; the activation or gradient it meets is
  * quantized first, into the scratch of the stream the GEMM runs on. The weight gradient
- * quantizes both of its operands transposed (K: the rows, padded to EXEC_FP8_KPAD with zeros).
+ * quantizes both of its operands transposed (K: the rows, padded to EXEC_FP8_PAD with zeros).
  * A stream's next GEMM reuses what its last one quantized when it is the same matrix (struct
  * fp8_kept): the data gradient quantizes its output gradient both ways, for the weight gradient
  * after it. Everything else (the router, the head, the biases' gradients, a width not a multiple of 16)
@@ -201,7 +201,7 @@ static bool fp8_pre_of(const struct exec_gpu *g, const bf16 *dY, int ld, int T, 
                 hi = e - 1;
             } else {
                 if (off[e + 1] - off[e] != T) return false;
-                int np = exec_fp8_kpad(T);
+                int np = exec_fp8_pad(T);
                 *row = gk_fp8_mat{g->f8pre.q[k] + g->f8pre.qo[e], g->f8pre.s[k] + g->f8pre.so[e],
                                   out, EXEC_FP8_TILE_1X128, e5m2};
                 *tr = gk_fp8_mat{g->f8pre.qt[k] + g->f8pre.qo[e], g->f8pre.st[k] + g->f8pre.sto[e],
@@ -244,8 +244,8 @@ static enum moe_status fp8_mm(struct exec_gpu *g, const struct gk_fp8_mat *w,
                               const struct gk_fp8_mat *x, int M, int N, int K, void *y, int ldy,
                               cudaDataType yt, float beta, bool fast, struct moe_error *err)
 {
-    cublasStatus_t st =
-        gk_fp8_gemm(g->f8lt, w, x, M, N, K, y, ldy, yt, beta, fast, ws_now(g), stream_now(g));
+    cublasStatus_t st = gk_fp8_gemm(g->f8lt, w, x, M, N, K, y, ldy, yt, beta, fast,
+                                    fp8_scratch_now(g)->tail, ws_now(g), stream_now(g));
     if (st != CUBLAS_STATUS_SUCCESS)
         return moe_error_set(err, MOE_ERR_CUBLAS,
                              "executor: the fp8 GEMM %d x %d x %d (%s scaling): cuBLASLt: %s", M, N,
@@ -303,7 +303,7 @@ enum moe_status gpu_lin_dx(struct exec_gpu *g, const bf16 *dY, int lddy, const b
     if (f && T > 0) {
         MOE_CHECK(fp8_fresh(g, err));
         struct fp8_scratch *x8 = fp8_scratch_now(g);
-        int ha = g->f8.act, hw = g->f8.weight, e5 = g->cfg.fp8_e5m2_grads, Tp = exec_fp8_kpad(T);
+        int ha = g->f8.act, hw = g->f8.weight, e5 = g->cfg.fp8_e5m2_grads, Tp = exec_fp8_pad(T);
         struct gk_fp8_mat w = {g->w8t + f->q, g->w8s + f->st, out, hw, 0},
                           x = {x8->a, x8->sa, out, ha, e5}, tr;
         if (fp8_pre_of(g, dY, lddy, T, out, e5, &x, &tr)) { /* the fused SwiGLU backward's */
@@ -335,7 +335,7 @@ enum moe_status gpu_lin_dw(struct exec_gpu *g, const bf16 *dY, int lddy, const b
           beta = gpu_grad_first(g, t, slice) ? 0.0f : 1.0f;
     if (fp8_grad_slice(g, t, slice, out, in)) {
         struct fp8_scratch *x8 = fp8_scratch_now(g);
-        int ha = g->f8.act, e5 = g->cfg.fp8_e5m2_grads, Tp = exec_fp8_kpad(T);
+        int ha = g->f8.act, e5 = g->cfg.fp8_e5m2_grads, Tp = exec_fp8_pad(T);
         cudaStream_t s = stream_now(g);
         struct gk_fp8_mat row, x = {x8->a, x8->sa, Tp, ha, e5};
         bool pre = fp8_pre_of(g, dY, lddy, T, out, e5, &row, &x);        /* the fused SwiGLU's */

@@ -135,7 +135,7 @@ static inline __host__ __device__ void gk_expert_tile(const int *off, int E, int
     size_t q = 0, s = 0, st = 0;
     *e_ = -1; /* past the last tile: none (the launch counts the tiles as this does) */
     for (int e = 0; e < E; e++) {
-        int n = off[e + 1] - off[e], span = padded ? exec_fp8_kpad(n) : n;
+        int n = off[e + 1] - off[e], span = padded ? exec_fp8_pad(n) : n;
         size_t tiles = (size_t)((span + GK_FP8_TILE - 1) / GK_FP8_TILE) * ncb;
         if (b < tiles) {
             *e_ = e, *r0 = (int)(b / ncb) * GK_FP8_TILE, *c0 = (int)(b % ncb) * GK_FP8_TILE;
@@ -153,7 +153,7 @@ static inline __host__ __device__ size_t gk_expert_tiles(const int *off, int E, 
 {
     size_t tiles = 0, ncb = (size_t)(cols + GK_FP8_TILE - 1) / GK_FP8_TILE;
     for (int e = 0; e < E; e++) {
-        int n = off[e + 1] - off[e], span = padded ? exec_fp8_kpad(n) : n;
+        int n = off[e + 1] - off[e], span = padded ? exec_fp8_pad(n) : n;
         tiles += (size_t)((span + GK_FP8_TILE - 1) / GK_FP8_TILE) * ncb;
     }
     return tiles;
@@ -195,7 +195,7 @@ cudaError_t gk_fp8_swiglu_forward(const bf16 *g, const bf16 *u, const int *off_d
 /* The experts' SwiGLU backward (E experts, rows from off[e] (off_dev its device copy), `cols`
  * wide) with its gradients dg and du quantized in 1 x 128 tiles for their GEMMs instead of
  * written in bf16: each expert's rows into its region (exec_fp8_regions) of qg / qu (row-major,
- * factors sg / su) and qgt / qut (transposed, the rows padded with zeros, exec_fp8_kpad; sgt /
+ * factors sg / su) and qgt / qut (transposed, the rows padded with zeros, exec_fp8_pad; sgt /
  * sut). The same bits as gk_swiglu_backward then gk_fp8_cast on each expert's rows. */
 cudaError_t gk_fp8_swiglu_backward(const bf16 *g, const bf16 *u, const bf16 *dhm,
                                    const int *off_dev, const int *off, int E, int cols, float alpha,
@@ -237,10 +237,14 @@ void gk_fp8_lt_destroy(struct gk_fp8_lt *c);
  * x M x K, w N x K, each product dequantized by its operands' factors, fp32 accumulation (fast:
  * Hopper's fp8 accumulator promoted less often, cuBLASLt's FAST_ACCUM, as Transformer Engine's
  * per-tensor recipe runs its forward GEMMs). K, N and the leading dimensions multiples of 16; ws:
- * the handle's workspace. */
+ * the handle's workspace. x in 1 x 128 tiles at M not a multiple of EXEC_FP8_PAD: x holds
+ * exec_fp8_pad(M) rows (what is past M any bytes: their products are dropped), and tail is
+ * EXEC_FP8_PAD x N of yt, the caller's scratch (one a stream), for the last rows' GEMM
+ * (exec_fp8_factor_at says why); NULL otherwise. */
 cublasStatus_t gk_fp8_gemm(struct gk_fp8_lt *c, const struct gk_fp8_mat *w,
                            const struct gk_fp8_mat *x, int M, int N, int K, void *y, int ldy,
-                           cudaDataType yt, float beta, bool fast, void *ws, cudaStream_t s);
+                           cudaDataType yt, float beta, bool fast, void *tail, void *ws,
+                           cudaStream_t s);
 /* One thread that holds the stream for `us` microseconds of the GPU's clock: a benchmark queues
  * its kernels behind it, so that what it times is the GPU's work, not the host's launches. */
 cudaError_t gk_busy_wait(double us, cudaStream_t s);

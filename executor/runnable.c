@@ -310,22 +310,23 @@ enum moe_status exec_fp8_layout(const struct exec_ref_model *table, enum cost_pr
         }
         out->n = n;
     }
-    size_t rpad = (size_t)exec_fp8_kpad(rows);
+    size_t rpad = (size_t)exec_fp8_pad(rows);
     out->scratch_bytes = rpad * (size_t)wide;
     size_t a = exec_fp8_factor_count(out->act, rows, wide),
            b = exec_fp8_factor_count(out->act, wide, (int)rpad);
     out->scratch_factors = a > b ? a : b;
+    out->tail_floats = block ? (size_t)EXEC_FP8_PAD * (size_t)wide : 0;
     /* the fused SwiGLU backward: any split of `rows` over E experts pads at most
-     * EXEC_FP8_KPAD - 1 rows an expert, and its factors' padding at most 3 rows an expert
-     * (row-major) or one 128-row tile an expert (transposed) */
+     * EXEC_FP8_PAD - 1 rows an expert, its factors as many (row-major) or one 128-row tile an
+     * expert (transposed) */
     const struct mdl_moe *x = &m->moe;
     int E = x->experts, f = x->intermediate;
     out->fuse = block && !unfused && mdl_moe_layer_count(m) > 0 && !x->expert_bias &&
                 x->activation != MDL_ACT_CLAMPED_SWIGLU && f % 16 == 0 && m->hidden % 16 == 0;
     if (out->fuse) {
-        size_t R = (size_t)rows + (EXEC_FP8_KPAD - 1) * (size_t)E, kb = (size_t)(f + 127) / 128;
+        size_t R = (size_t)rows + (EXEC_FP8_PAD - 1) * (size_t)E, kb = (size_t)(f + 127) / 128;
         out->pre_bytes = R * (size_t)f;
-        size_t rf = kb * ((size_t)rows + 3 * (size_t)E),
+        size_t rf = kb * ((size_t)rows + (EXEC_FP8_PAD - 1) * (size_t)E),
                tf = ((R + 127) / 128 + E) * ((f + 3) / 4 * 4);
         out->pre_factors = (rf > tf ? rf : tf) / 4 * 4 + 4;
     }
@@ -390,7 +391,8 @@ void exec_gpu_bytes(const struct mdl_model *m, const struct exec_gpu_cfg *cfg, i
     if (cfg->precision != COST_BF16) { /* fp8: the copies, their factors; each stream's scratch */
         bytes[EXEC_MEM_WEIGHTS] += 2.0 * f8.qbytes + B4 * f8.factors +
                                    B4 * (E > 4 ? ceil(E / 4.0) * 4 : 4); /* amax, by slice */
-        *W += (1 + streams) * (3.0 * f8.scratch_bytes + 3 * B4 * f8.scratch_factors + 16);
+        *W += (1 + streams) *
+              (3.0 * f8.scratch_bytes + 3 * B4 * f8.scratch_factors + 16 + B4 * f8.tail_floats);
         if (f8.fuse) /* the fused SwiGLU's copies (dg's and du's, each both ways), the offsets */
             *W += 4.0 * f8.pre_bytes + 4 * B4 * f8.pre_factors + B4 * (E + 1);
         exec_fp8_layout_free(&f8);

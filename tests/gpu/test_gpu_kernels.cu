@@ -837,115 +837,136 @@ static void test_fp8_quantize(void **state)
  * fp8 values are exact, but Hopper's fp8 tensor cores add them in an accumulator narrower than
  * fp32 before cuBLASLt promotes the partial sums (DeepSeek-V3 measured about 14 bits), so: out in
  * fp32 within 1e-3 of the largest |y|, in bf16 (the forward) within 8e-3, and with fast
- * accumulation (promoted less often: the per-tensor recipe's forward) within 5e-3. cuBLASLt's
- * refusal of a configuration fails the test, named. */
+ * accumulation (promoted less often: the per-tensor recipe's forward) within 5e-3. At 301 tokens
+ * and at 5 (block scaling runs rows not a multiple of 16 as a GEMM of the first ones and one of a
+ * 16-row tail, added into y: the data gradient once more with beta 1 checks that addition).
+ * cuBLASLt's refusal of a configuration fails the test, named. */
 static void test_fp8_gemm(void **state)
 {
     (void)state;
     if (!gpus()) skip();
-    const int T = 301, IN = 384, OUT = 256, TP = exec_fp8_kpad(T); /* the weight gradient's K */
-    std::vector<float> x = randn((size_t)T * IN, 801, 3.0), w = randn((size_t)OUT * IN, 802, 0.05),
-                       dy = randn((size_t)T * OUT, 803, 1e-3);
-    for (int r = 0; r < T; r++) /* rows of different magnitudes: the tiles' scales differ */
-        for (int c = 0; c < IN; c++) x[(size_t)r * IN + c] *= ldexpf(1.0f, r % 7 - 3);
-    std::vector<bf16> x16 = to_bf16(x), w16 = to_bf16(w), dy16 = to_bf16(dy);
-    for (size_t i = 0; i < x.size(); i++) x[i] = __bfloat162float(x16[i]);
-    for (size_t i = 0; i < w.size(); i++) w[i] = __bfloat162float(w16[i]);
-    for (size_t i = 0; i < dy.size(); i++) dy[i] = __bfloat162float(dy16[i]);
-    cublasLtHandle_t lt;
-    assert_int_equal(cublasLtCreate(&lt), CUBLAS_STATUS_SUCCESS);
-    size_t wsb = 32u << 20;
-    void *ws;
-    assert_int_equal(cudaMalloc(&ws, wsb), cudaSuccess);
-    struct gk_fp8_lt *c8 = gk_fp8_lt_create(lt, wsb);
-    assert_non_null(c8);
-    bf16 *dx16 = dev(x16), *dw16 = dev(w16), *ddy16 = dev(dy16);
-    size_t big = (size_t)(TP > IN ? TP : IN) * (OUT > IN ? OUT : IN);
-    unsigned char *qa = dev(std::vector<unsigned char>(big)),
-                  *qb = dev(std::vector<unsigned char>(big)),
-                  *qw = dev(std::vector<unsigned char>(big)),
-                  *qwt = dev(std::vector<unsigned char>(big));
-    size_t ns =
-        exec_fp8_factor_count(EXEC_FP8_TILE_1X128, TP > IN ? TP : IN, OUT > IN ? OUT : IN) * 2 + 64;
-    float *sa = dev(std::vector<float>(ns)), *sb = dev(std::vector<float>(ns)),
-          *sw = dev(std::vector<float>(ns)), *swt = dev(std::vector<float>(ns));
-    unsigned *work = dev(std::vector<unsigned>(1));
-    float *y32 = dev(std::vector<float>(big));
-    bf16 *y16 = dev(std::vector<bf16>(big));
-    std::vector<float> wt = transposed(w, OUT, IN), dyt = transposed(dy, T, OUT),
-                       xt = transposed(x, T, IN);
     int cases = 0;
-    std::vector<double> ref;
-    /* y = x w^T (M x N) against ref: cuBLASLt's refusal fails the test, named; then within tol
-     * of the largest |ref| */
-    auto check = [&](const char *what, const struct gk_fp8_mat *w_, const struct gk_fp8_mat *x_,
-                     int M, int N, int K, bool o16, bool fast, double tol) {
-        cublasStatus_t st = gk_fp8_gemm(c8, w_, x_, M, N, K, o16 ? (void *)y16 : (void *)y32, N,
-                                        o16 ? CUDA_R_16BF : CUDA_R_32F, 0.0f, fast, ws, 0);
-        if (st) fail_msg("%s: cuBLASLt: %s", what, cublasGetStatusString(st));
-        close(what, o16 ? to_d(host(y16, ref.size())) : to_d(host(y32, ref.size())), ref, tol);
-        cases++;
-    };
-    for (int blockwise = 0; blockwise < 2; blockwise++)
-        for (int ge5 = 0; ge5 < 2; ge5++) {
-            int ht = blockwise ? EXEC_FP8_TILE_1X128 : EXEC_FP8_TENSOR,
-                hw = blockwise ? EXEC_FP8_BLOCK_128X128 : EXEC_FP8_TENSOR;
-            enum exec_fp8_scaling rt = (enum exec_fp8_scaling)ht, rw = (enum exec_fp8_scaling)hw;
-            enum exec_fp8 gf = (enum exec_fp8)ge5;
-            const char *recipe = blockwise ? "blockwise" : "per-tensor",
-                       *dyf = ge5 ? "e5m2" : "e4m3";
-            char what[128];
-            assert_int_equal(gk_fp8_cast(dw16, IN, OUT, IN, hw, 0, qw, sw, qwt, OUT, swt, work, 0),
-                             cudaSuccess);
-            struct gk_fp8_mat W = {qw, sw, IN, hw, 0}, WT = {qwt, swt, OUT, hw, 0};
-            /* the forward, x in E4M3 (the gradient's format does not enter it) */
-            if (!ge5) {
-                assert_int_equal(
-                    gk_fp8_cast(dx16, IN, T, IN, ht, 0, qa, sa, NULL, 0, NULL, work, 0),
-                    cudaSuccess);
-                struct gk_fp8_mat X = {qa, sa, IN, ht, 0};
-                ref.assign((size_t)T * OUT, 0.0);
-                exec_ref_fp8_linear(x.data(), {rt, EXEC_FP8_E4M3}, w.data(), {rw, EXEC_FP8_E4M3}, T,
-                                    OUT, IN, ref.data());
-                for (int o16 = 0; o16 < 2; o16++) {
-                    snprintf(what, sizeof what, "fp8 forward, %s, out %s", recipe,
-                             o16 ? "bf16" : "fp32");
-                    check(what, &W, &X, T, OUT, IN, o16, false, o16 ? 8e-3 : 1e-3);
-                }
-                if (!blockwise) /* fast accumulation (the per-tensor recipe's forward): 5e-3 */
-                    check("fp8 forward, per-tensor, fast accumulation, out fp32", &W, &X, T, OUT,
-                          IN, false, true, 5e-3);
+    /* 301 rows: block scaling's GEMMs run 288 rows and a tail of 16 (gk_fp8_gemm); 5: the tail
+     * alone */
+    for (int T : {301, 5}) {
+        const int IN = 384, OUT = 256, TP = exec_fp8_pad(T); /* the weight gradient's K */
+        std::vector<float> x = randn((size_t)T * IN, 801, 3.0),
+                           w = randn((size_t)OUT * IN, 802, 0.05),
+                           dy = randn((size_t)T * OUT, 803, 1e-3);
+        for (int r = 0; r < T; r++) /* rows of different magnitudes: the tiles' scales differ */
+            for (int c = 0; c < IN; c++) x[(size_t)r * IN + c] *= ldexpf(1.0f, r % 7 - 3);
+        std::vector<bf16> x16 = to_bf16(x), w16 = to_bf16(w), dy16 = to_bf16(dy);
+        for (size_t i = 0; i < x.size(); i++) x[i] = __bfloat162float(x16[i]);
+        for (size_t i = 0; i < w.size(); i++) w[i] = __bfloat162float(w16[i]);
+        for (size_t i = 0; i < dy.size(); i++) dy[i] = __bfloat162float(dy16[i]);
+        cublasLtHandle_t lt;
+        assert_int_equal(cublasLtCreate(&lt), CUBLAS_STATUS_SUCCESS);
+        size_t wsb = 32u << 20;
+        void *ws;
+        assert_int_equal(cudaMalloc(&ws, wsb), cudaSuccess);
+        struct gk_fp8_lt *c8 = gk_fp8_lt_create(lt, wsb);
+        assert_non_null(c8);
+        bf16 *dx16 = dev(x16), *dw16 = dev(w16), *ddy16 = dev(dy16);
+        size_t big = (size_t)(TP > IN ? TP : IN) * (OUT > IN ? OUT : IN);
+        unsigned char *qa = dev(std::vector<unsigned char>(big)),
+                      *qb = dev(std::vector<unsigned char>(big)),
+                      *qw = dev(std::vector<unsigned char>(big)),
+                      *qwt = dev(std::vector<unsigned char>(big));
+        size_t ns =
+            exec_fp8_factor_count(EXEC_FP8_TILE_1X128, TP > IN ? TP : IN, OUT > IN ? OUT : IN) * 2 +
+            64;
+        float *sa = dev(std::vector<float>(ns)), *sb = dev(std::vector<float>(ns)),
+              *sw = dev(std::vector<float>(ns)), *swt = dev(std::vector<float>(ns));
+        unsigned *work = dev(std::vector<unsigned>(1));
+        float *y32 = dev(std::vector<float>(big));
+        bf16 *y16 = dev(std::vector<bf16>(big));
+        float *tail = dev(std::vector<float>((size_t)EXEC_FP8_PAD * (OUT > IN ? OUT : IN)));
+        std::vector<float> wt = transposed(w, OUT, IN), dyt = transposed(dy, T, OUT),
+                           xt = transposed(x, T, IN);
+        std::vector<double> ref;
+        /* y = x w^T (M x N) against ref: cuBLASLt's refusal fails the test, named; then within tol
+     * of the largest |ref|; with `twice`, once more with beta 1, against 2 ref */
+        auto check = [&](const char *what, const struct gk_fp8_mat *w_, const struct gk_fp8_mat *x_,
+                         int M, int N, int K, bool o16, bool fast, double tol, bool twice = false) {
+            for (int b = 0; b <= (int)twice; b++) {
+                cublasStatus_t st =
+                    gk_fp8_gemm(c8, w_, x_, M, N, K, o16 ? (void *)y16 : (void *)y32, N,
+                                o16 ? CUDA_R_16BF : CUDA_R_32F, (float)b, fast, tail, ws, 0);
+                if (st) fail_msg("%s (T %d): cuBLASLt: %s", what, T, cublasGetStatusString(st));
             }
-            /* the data gradient: dy (T x OUT) by w's transposed copy (IN x OUT) */
-            assert_int_equal(
-                gk_fp8_cast(ddy16, OUT, T, OUT, ht, ge5, qa, sa, NULL, 0, NULL, work, 0),
-                cudaSuccess);
-            struct gk_fp8_mat DY = {qa, sa, OUT, ht, ge5};
-            ref.assign((size_t)T * IN, 0.0);
-            exec_ref_fp8_linear(dy.data(), {rt, gf}, wt.data(), {rw, EXEC_FP8_E4M3}, T, IN, OUT,
-                                ref.data());
-            snprintf(what, sizeof what, "fp8 data gradient, %s, dy %s", recipe, dyf);
-            check(what, &WT, &DY, T, IN, OUT, false, false, 1e-3);
-            /* the weight gradient: dy^T (OUT x TP) by x^T (IN x TP), tiles along the tokens */
-            assert_int_equal(
-                gk_fp8_cast(ddy16, OUT, T, OUT, ht, ge5, NULL, NULL, qa, TP, sa, work, 0),
-                cudaSuccess);
-            assert_int_equal(gk_fp8_cast(dx16, IN, T, IN, ht, 0, NULL, NULL, qb, TP, sb, work, 0),
-                             cudaSuccess);
-            struct gk_fp8_mat DYT = {qa, sa, TP, ht, ge5}, XT = {qb, sb, TP, ht, 0};
-            ref.assign((size_t)OUT * IN, 0.0);
-            exec_ref_fp8_linear(dyt.data(), {rt, gf}, xt.data(), {rt, EXEC_FP8_E4M3}, OUT, IN, T,
-                                ref.data());
-            snprintf(what, sizeof what, "fp8 weight gradient, %s, dy %s", recipe, dyf);
-            check(what, &XT, &DYT, OUT, IN, TP, false, false, 1e-3);
-        }
+            std::vector<double> want = ref;
+            for (double &v : want) v *= twice ? 2.0 : 1.0;
+            char named[160];
+            snprintf(named, sizeof named, "%s, T %d%s", what, T,
+                     twice ? ", beta 1 after beta 0" : "");
+            close(named, o16 ? to_d(host(y16, ref.size())) : to_d(host(y32, ref.size())), want,
+                  tol);
+            cases++;
+        };
+        for (int blockwise = 0; blockwise < 2; blockwise++)
+            for (int ge5 = 0; ge5 < 2; ge5++) {
+                int ht = blockwise ? EXEC_FP8_TILE_1X128 : EXEC_FP8_TENSOR,
+                    hw = blockwise ? EXEC_FP8_BLOCK_128X128 : EXEC_FP8_TENSOR;
+                enum exec_fp8_scaling rt = (enum exec_fp8_scaling)ht,
+                                      rw = (enum exec_fp8_scaling)hw;
+                enum exec_fp8 gf = (enum exec_fp8)ge5;
+                const char *recipe = blockwise ? "blockwise" : "per-tensor",
+                           *dyf = ge5 ? "e5m2" : "e4m3";
+                char what[128];
+                assert_int_equal(
+                    gk_fp8_cast(dw16, IN, OUT, IN, hw, 0, qw, sw, qwt, OUT, swt, work, 0),
+                    cudaSuccess);
+                struct gk_fp8_mat W = {qw, sw, IN, hw, 0}, WT = {qwt, swt, OUT, hw, 0};
+                /* the forward, x in E4M3 (the gradient's format does not enter it) */
+                if (!ge5) {
+                    assert_int_equal(
+                        gk_fp8_cast(dx16, IN, T, IN, ht, 0, qa, sa, NULL, 0, NULL, work, 0),
+                        cudaSuccess);
+                    struct gk_fp8_mat X = {qa, sa, IN, ht, 0};
+                    ref.assign((size_t)T * OUT, 0.0);
+                    exec_ref_fp8_linear(x.data(), {rt, EXEC_FP8_E4M3}, w.data(),
+                                        {rw, EXEC_FP8_E4M3}, T, OUT, IN, ref.data());
+                    for (int o16 = 0; o16 < 2; o16++) {
+                        snprintf(what, sizeof what, "fp8 forward, %s, out %s", recipe,
+                                 o16 ? "bf16" : "fp32");
+                        check(what, &W, &X, T, OUT, IN, o16, false, o16 ? 8e-3 : 1e-3);
+                    }
+                    if (!blockwise) /* fast accumulation (the per-tensor recipe's forward): 5e-3 */
+                        check("fp8 forward, per-tensor, fast accumulation, out fp32", &W, &X, T,
+                              OUT, IN, false, true, 5e-3);
+                }
+                /* the data gradient: dy (T x OUT) by w's transposed copy (IN x OUT) */
+                assert_int_equal(
+                    gk_fp8_cast(ddy16, OUT, T, OUT, ht, ge5, qa, sa, NULL, 0, NULL, work, 0),
+                    cudaSuccess);
+                struct gk_fp8_mat DY = {qa, sa, OUT, ht, ge5};
+                ref.assign((size_t)T * IN, 0.0);
+                exec_ref_fp8_linear(dy.data(), {rt, gf}, wt.data(), {rw, EXEC_FP8_E4M3}, T, IN, OUT,
+                                    ref.data());
+                snprintf(what, sizeof what, "fp8 data gradient, %s, dy %s", recipe, dyf);
+                check(what, &WT, &DY, T, IN, OUT, false, false, 1e-3, true);
+                /* the weight gradient: dy^T (OUT x TP) by x^T (IN x TP), tiles along the tokens */
+                assert_int_equal(
+                    gk_fp8_cast(ddy16, OUT, T, OUT, ht, ge5, NULL, NULL, qa, TP, sa, work, 0),
+                    cudaSuccess);
+                assert_int_equal(
+                    gk_fp8_cast(dx16, IN, T, IN, ht, 0, NULL, NULL, qb, TP, sb, work, 0),
+                    cudaSuccess);
+                struct gk_fp8_mat DYT = {qa, sa, TP, ht, ge5}, XT = {qb, sb, TP, ht, 0};
+                ref.assign((size_t)OUT * IN, 0.0);
+                exec_ref_fp8_linear(dyt.data(), {rt, gf}, xt.data(), {rt, EXEC_FP8_E4M3}, OUT, IN,
+                                    T, ref.data());
+                snprintf(what, sizeof what, "fp8 weight gradient, %s, dy %s", recipe, dyf);
+                check(what, &XT, &DYT, OUT, IN, TP, false, false, 1e-3);
+            }
+        gk_fp8_lt_destroy(c8);
+        cublasLtDestroy(lt);
+        cudaFree(ws), cudaFree(dx16), cudaFree(dw16), cudaFree(ddy16), cudaFree(qa), cudaFree(qb);
+        cudaFree(qw), cudaFree(qwt), cudaFree(sa), cudaFree(sb), cudaFree(sw), cudaFree(swt);
+        cudaFree(work), cudaFree(y32), cudaFree(y16), cudaFree(tail);
+    }
     printf("fp8 GEMMs: %d cases (cuBLASLt %zu), each within its tolerance of the reference\n",
            cases, cublasLtGetVersion());
-    gk_fp8_lt_destroy(c8);
-    cublasLtDestroy(lt);
-    cudaFree(ws), cudaFree(dx16), cudaFree(dw16), cudaFree(ddy16), cudaFree(qa), cudaFree(qb);
-    cudaFree(qw), cudaFree(qwt), cudaFree(sa), cudaFree(sb), cudaFree(sw), cudaFree(swt);
-    cudaFree(work), cudaFree(y32), cudaFree(y16);
 }
 
 /* V 1000: the 16-byte path (targets on all eight lanes of a load); V 1001: element by element.

@@ -68,7 +68,7 @@ static void test_expert_tiles(void **state)
                 exec_fp8_regions(off, E, cols, q, s, st);
                 size_t n = gk_expert_tiles(off, E, cols, padded), b = 0;
                 for (int e = 0; e < E; e++) {
-                    int rows = off[e + 1] - off[e], span = padded ? exec_fp8_kpad(rows) : rows;
+                    int rows = off[e + 1] - off[e], span = padded ? exec_fp8_pad(rows) : rows;
                     for (int r0 = 0; r0 < span; r0 += GK_FP8_TILE)
                         for (int c0 = 0; c0 < cols; c0 += GK_FP8_TILE, b++) {
                             int ge, gr, gc;
