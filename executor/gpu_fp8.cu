@@ -515,7 +515,7 @@ static cublasStatus_t fp8_gemm_once(struct gk_fp8_lt *c, const struct gk_fp8_mat
                                     cudaStream_t s)
 {
     if (!M || !N) return CUBLAS_STATUS_SUCCESS;
-    int mb = 64;
+    int mb = EXEC_FP8_PAD; /* from 16 rows: the block-scaled tails' own kind */
     while (mb < M && mb < (1 << 30)) mb *= 2;
     struct fp8_kind key = {mb,      N,       K,    w->ld, x->ld, ldy, w->how, x->how,
                            w->e5m2, x->e5m2, fast, yt,    NULL,  {},  false};
