@@ -378,7 +378,7 @@ enum moe_status gpu_sync_host(struct exec_gpu *g, struct moe_error *err)
 /* Expert e's GEMMs go to side stream e % nside between fork and join (one stream: no-ops). */
 enum moe_status gpu_fork_experts(struct exec_gpu *g, struct moe_error *err)
 {
-    if (g->fp8 && g->w8_stale) MOE_CHECK(gpu_fp8_weights(g, err)); /* before the streams part */
+    if (g->fp8) MOE_CHECK(fp8_fresh(g, err)); /* before the streams part */
     gpu_fp8_forget(g);
     g->in_experts = true;
     if (g->nside < 2) return MOE_OK;
