@@ -145,10 +145,11 @@ void exec_fp8_layout_free(struct exec_fp8_layout *l);
  * among its factors, in the layouts cuBLASLt's fp8 block scaling reads on Hopper; and how many
  * floats they take (a multiple of 4: the next array starts 16-byte aligned).
  * - 1 x 128 tiles: the rows innermost, a K-tile after another. cuBLASLt's block-scaled GEMM takes
- *   rows in multiples of EXEC_FP8_PAD only (it finds no algorithm at 301 rows, measured on the
- *   H200), so gk_fp8_gemm runs a matrix of other row counts as two: its first rows, a multiple
- *   of EXEC_FP8_PAD, and a tail of EXEC_FP8_PAD rows (past `rows`: padding), each a GEMM of its
- *   own that reads its factors as one matrix. The factors are laid out that way: the first rows'
+ *   rows in multiples of 4 only (cuBLASLt 13.1 on the H200, rows 296 to 328: every multiple of 4
+ *   found an algorithm, no other row count did), so gk_fp8_gemm runs a matrix of other row
+ *   counts as two: its first rows, a multiple of EXEC_FP8_PAD (16, which is also the weight
+ *   gradient's K padding: one padding), and a tail of EXEC_FP8_PAD rows (past `rows`: padding),
+ *   each a GEMM of its own that reads its factors as one matrix. The factors are laid out that way: the first rows'
  *   (R = rows rounded down) as a matrix of R rows, then the tail's as one of EXEC_FP8_PAD. Where
  *   rows is a multiple of EXEC_FP8_PAD that is the plain layout.
  * - 128 x 128 blocks: row-major over the block grid, a block row padded to a multiple of 4.

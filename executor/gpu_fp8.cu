@@ -528,20 +528,25 @@ static cublasStatus_t fp8_gemm_once(struct gk_fp8_lt *c, const struct gk_fp8_mat
             q = k;
     }
     cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
-    if (!q) { /* a new kind: kept while there is room, else chosen for this call alone */
+    bool fresh = !q;
+    if (fresh) { /* a new kind: kept while there is room, else chosen for this call alone */
         q = c->n < FP8_KINDS ? &c->kind[c->n++] : &scratch;
         *q = key;
-        if ((st = kind_desc(q)) || (st = kind_algo(c, q, w, x, mb))) q->usable = false;
+        if ((st = kind_desc(q))) q->usable = false;
+    } else if (!q->usable) {
+        st = CUBLAS_STATUS_NOT_SUPPORTED;
     }
-    if (!q->usable) st = st ? st : CUBLAS_STATUS_NOT_SUPPORTED;
-    float one = 1.0f;
-    cublasLtMatrixLayout_t l[3] = {NULL, NULL, NULL};
+    /* the scale pointers before the heuristic: block scaling's wants them set (cuBLASLt: "The
+     * scaling mode for A scale (BLK128x128_32F) requires a custom pointer for A scale") */
     if (!st)
         st = cublasLtMatmulDescSetAttribute(q->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w->sinv,
                                             sizeof w->sinv);
     if (!st)
         st = cublasLtMatmulDescSetAttribute(q->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x->sinv,
                                             sizeof x->sinv);
+    if (!st && fresh && (st = kind_algo(c, q, w, x, mb))) q->usable = false;
+    float one = 1.0f;
+    cublasLtMatrixLayout_t l[3] = {NULL, NULL, NULL};
     if (!st) st = layouts(l, w, x, M, N, K, ldy, yt);
     if (!st)
         st = cublasLtMatmul(c->lt, q->op, &one, w->q, l[0], x->q, l[1], &beta, y, l[2], y, l[2],
