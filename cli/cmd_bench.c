@@ -314,12 +314,27 @@ int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     }
     if (t) rpt_table_print(t, stdout);
     rpt_table_destroy(t);
-    if (nrun > 1)
+    double off[EXEC_BENCH_SAMPLES] = {0}; /* the recipe's results against bf16's */
+    if (nrun > 1) {
         printf("%s over bf16: expert block %.2fx (forward %.2fx, backward %.2fx), MoE layer "
                "%.2fx\n",
                cost_precision_names[prec], rr[0].block_ms / rr[1].block_ms,
                rr[0].block_fwd_ms / rr[1].block_fwd_ms, rr[0].block_bwd_ms / rr[1].block_bwd_ms,
                rr[0].layer_ms / rr[1].layer_ms);
+        printf("%s against bf16 (the same weights, inputs and routing; relative L2 over %d values "
+               "of each):",
+               cost_precision_names[prec], EXEC_BENCH_SAMPLE);
+        for (int s = 0; s < EXEC_BENCH_SAMPLES; s++) {
+            double dd = 0, nn = 0;
+            for (int j = 0; j < EXEC_BENCH_SAMPLE; j++) {
+                double a = rr[1].sample[s][j], b = rr[0].sample[s][j];
+                dd += (a - b) * (a - b), nn += b * b;
+            }
+            off[s] = nn > 0 ? sqrt(dd / nn) : sqrt(dd);
+            printf("%s %s %.2f%%", s ? "," : "", exec_bench_sample_names[s], 100 * off[s]);
+        }
+        printf("\n");
+    }
     char b[32];
     moe_format_bytes(r0->layer_bytes, b, sizeof b);
     printf("host syncs per layer (fwd + bwd): %d; activations kept per layer: %s\n", r0->host_syncs,
@@ -358,10 +373,13 @@ int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
             r0->block_fwd_ms, "block_bwd_ms", r0->block_bwd_ms);
         if (o && nrun > 1)
             json_object_set_new(o, cost_precision_names[prec],
-                                json_pack("{s:f, s:f, s:f, s:f, s:f}", "block_ms", rr[1].block_ms,
-                                          "block_fwd_ms", rr[1].block_fwd_ms, "block_bwd_ms",
-                                          rr[1].block_bwd_ms, "layer_ms", rr[1].layer_ms,
-                                          "dense_ms", rr[1].dense_ms));
+                                json_pack("{s:f, s:f, s:f, s:f, s:f, s:{s:f, s:f, s:f, s:f}}",
+                                          "block_ms", rr[1].block_ms, "block_fwd_ms",
+                                          rr[1].block_fwd_ms, "block_bwd_ms", rr[1].block_bwd_ms,
+                                          "layer_ms", rr[1].layer_ms, "dense_ms", rr[1].dense_ms,
+                                          "relative_l2_to_bf16", "y", off[EXEC_BENCH_Y], "dx",
+                                          off[EXEC_BENCH_DX], "dgate", off[EXEC_BENCH_DGATE],
+                                          "ddown", off[EXEC_BENCH_DDOWN]));
         if (!o) {
             moe_error_set(&err, MOE_ERR_NOMEM, "%s: out of memory", json);
             return cli_fail(cli, &err);

@@ -292,6 +292,9 @@ struct exec_moe_bench_cfg {
     uint64_t seed;
     enum cost_precision precision; /* the GEMMs' (COST_BF16, COST_FP8, COST_FP8_BLOCK) */
 };
+#define EXEC_BENCH_SAMPLE 1024
+enum { EXEC_BENCH_Y, EXEC_BENCH_DX, EXEC_BENCH_DGATE, EXEC_BENCH_DDOWN, EXEC_BENCH_SAMPLES };
+extern const char *const exec_bench_sample_names[EXEC_BENCH_SAMPLES];
 struct exec_moe_bench_result {
     double block_ms;     /* expert block: gate/up GEMMs, SwiGLU, down GEMM, fwd + bwd */
     double block_fwd_ms; /* its forward alone, from an idle GPU (the host's launches in it) */
@@ -302,6 +305,11 @@ struct exec_moe_bench_result {
     int host_syncs;       /* device-to-host waits in one layer fwd + bwd */
     double max_over_mean; /* the busiest expert's rows over the mean */
     double layer_bytes;   /* activations one layer keeps for its backward */
+    /* after the whole layer's last timed run, EXEC_BENCH_SAMPLE values spread evenly over each of:
+     * the experts' outputs (fp32, permuted rows), the layer's input gradient, the gate's and the
+     * down projection's weight gradients: runs of two precisions on the same seed and routing
+     * (the same weights and inputs) compare by them */
+    float sample[EXEC_BENCH_SAMPLES][EXEC_BENCH_SAMPLE];
 };
 enum moe_status exec_moe_bench(const struct exec_moe_bench_cfg *c, int *choice,
                                struct exec_moe_bench_result *r, struct moe_error *err);

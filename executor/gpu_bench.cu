@@ -66,6 +66,19 @@ static enum moe_status bench_time(struct exec_gpu *g, int what, int *dense_off, 
     return st;
 }
 
+const char *const exec_bench_sample_names[EXEC_BENCH_SAMPLES] = {
+    "experts' outputs", "input gradient", "gate weight gradient", "down weight gradient"};
+
+/* n values spread evenly over the `total` floats at d (every total / n-th) into h */
+static enum moe_status bench_sample(const float *d, size_t total, float *h, struct moe_error *err)
+{
+    size_t n = EXEC_BENCH_SAMPLE, stride = total / n;
+    if (stride < 1) return moe_error_set(err, MOE_ERR_INPUT, "bench moe: a shape under %zu", n);
+    MOE_CUDA_CHECK(cudaMemcpy2D(h, sizeof(float), d, stride * sizeof(float), sizeof(float), n,
+                                cudaMemcpyDeviceToHost));
+    return MOE_OK;
+}
+
 /* The benchmark's inputs on the GPU: the forced routing, seeded activations and gradients. */
 static enum moe_status bench_inputs(struct exec_gpu *g, int *dchoice, const int *choice,
                                     size_t pairs, size_t th, uint64_t seed, struct moe_error *err)
@@ -165,6 +178,13 @@ extern "C" enum moe_status exec_moe_bench(const struct exec_moe_bench_cfg *c, in
         r->block_ms = r->block_fwd_ms + r->block_bwd_ms;
         if (st == MOE_OK)
             st = bench_time(g, 1, dense_off, c->iters, &r->layer_ms, &r->host_syncs, err);
+        size_t R = (size_t)T * k, ef = (size_t)E * c->ffn * c->hidden;
+        const int *w = g->wi[0];
+        const float *from[EXEC_BENCH_SAMPLES] = {g->act[0].yp32, g->db32, GR(g, w[W_GATE]),
+                                                 GR(g, w[W_DOWN])};
+        size_t len[EXEC_BENCH_SAMPLES] = {R * c->hidden, th, ef, ef};
+        for (int i = 0; i < EXEC_BENCH_SAMPLES && st == MOE_OK; i++)
+            st = bench_sample(from[i], len[i], r->sample[i], err);
         for (int i = 0; i < c->warmup && st == MOE_OK; i++)
             st = bench_time(g, 2, dense_off, 1, &ms, &syncs, err);
         if (st == MOE_OK) st = bench_time(g, 2, dense_off, c->iters, &r->dense_ms, &syncs, err);
@@ -172,13 +192,13 @@ extern "C" enum moe_status exec_moe_bench(const struct exec_moe_bench_cfg *c, in
         double mx = 0;
         for (int e = 0; e < E; e++) mx = fmax(mx, (double)(off[e + 1] - off[e]));
         r->max_over_mean = mx / ((double)T * k / E);
-        double R = (double)T * k, h = c->hidden, f = c->ffn;
-        r->block_flops = 18.0 * R * h * f;
+        double Rd = (double)R, h = c->hidden, f = c->ffn;
+        r->block_flops = 18.0 * Rd * h * f;
         r->layer_flops = r->block_flops + 6.0 * T * h * E;
         /* what one MoE layer keeps for its backward: router input and logits, routing, permuted
          * rows, gate/up outputs, SwiGLU output, expert outputs */
-        r->layer_bytes = th * (4.0 + 2.0) + (double)T * E * 4 + R * 4 * 4 + R * h * 2 +
-                         R * f * 2 * 2 + R * f * 2 + R * h * 4;
+        r->layer_bytes = th * (4.0 + 2.0) + (double)T * E * 4 + Rd * 4 * 4 + Rd * h * 2 +
+                         Rd * f * 2 * 2 + Rd * f * 2 + Rd * h * 4;
     }
     cudaFree(dchoice);
     exec_gpu_destroy(g);
