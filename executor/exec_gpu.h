@@ -18,10 +18,11 @@ extern "C" {
 /* ---------------------------------------------------------------------------------------------- */
 
 /* The router's top-k of exec_ref_route, fp32: logits (T, experts), bias (experts) or NULL ->
- * choice (T, top_k), weight (T, top_k). At most 512 experts. */
+ * choice (T, top_k), weight (T, top_k). At most 512 experts. forced (T, top_k) or NULL: these
+ * choices instead of the top-k, their weights by the same rule. */
 enum moe_status exec_route(const struct exec_router_cfg *cfg, const float *logits,
-                           const float *bias, int tokens, int *choice, float *weight, void *stream,
-                           struct moe_error *err);
+                           const float *bias, int tokens, const int *forced, int *choice,
+                           float *weight, void *stream, struct moe_error *err);
 
 /* The training step on one GPU. A rank owns a slice of the model (layers [layer_lo, layer_hi),
  * experts [expert_lo, expert_hi)); with one GPU that is all of it, which is all this build runs.
@@ -281,6 +282,13 @@ void exec_gpu_memory(const struct exec_gpu *g, struct exec_gpu_memory *m);
  * coact[experts x experts] of tokens choosing both (NULL: not wanted). */
 enum moe_status exec_gpu_routing(struct exec_gpu *g, int layer, int64_t *counts, int64_t *coact,
                                  struct moe_error *err);
+/* The last micro-batch's routing: each MoE layer's (tokens x top_k) expert choices, layer after
+ * layer (not with full recompute, whose layers share them); and a routing that every later
+ * micro-batch's MoE layers take in place of their routers' choices (the same layout; NULL: the
+ * routers' again). Runs of two precisions compare on one routing so. */
+enum moe_status exec_gpu_last_routing(struct exec_gpu *g, int *choice, struct moe_error *err);
+enum moe_status exec_gpu_force_routing(struct exec_gpu *g, const int *choice,
+                                       struct moe_error *err);
 
 /* The MoE benchmark (`moeplan bench moe`): one MoE layer of `experts` SwiGLU experts on `tokens`
  * tokens with seeded skewed routing (Dirichlet(skew) expert probabilities; 0: uniform), forward

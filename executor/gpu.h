@@ -210,7 +210,10 @@ struct exec_gpu {
         int *off_dev; /* (E + 1) a copy of the rows' offsets the fused kernels read */
     } f8pre;
     struct gk_fp8_lt *f8lt;
-    const int *forced_choice; /* device (T, top_k): replaces the router's choice (benchmarks) */
+    /* device (nmoe, T, top_k): replaces the routers' choices (the benchmark's, one layer;
+     * exec_gpu_force_routing's in forced_own) */
+    const int *forced_choice;
+    int *forced_own;
     /* parameters, flat in the reference's table order (table.nparams of them) */
     float *master; /* (nparams) fp32 masters (ZeRO-1: ranks x shard_n) */
     float *grad;   /* (nparams) accumulated gradients */

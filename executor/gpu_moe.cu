@@ -203,11 +203,9 @@ enum moe_status gpu_moe_forward(struct exec_gpu *g, int l, struct act *A, float 
     MOE_CHECK(gpu_mm(g, false, true, T, E, h, 1.0f, A->b32, h, 0, M(g, w[W_ROUTER]), h, 0,
                      g->expert_bias ? 1.0f : 0.0f, A->logits, E, 0, 1, CUDA_R_32F, CUDA_R_32F,
                      err));
-    MOE_CHECK(
-        exec_route(&g->rc, A->logits, g->bias + (size_t)l * E, T, A->choice, A->weight, g->s, err));
-    if (g->forced_choice)
-        MOE_CUDA_CHECK(cudaMemcpyAsync(A->choice, g->forced_choice, sizeof(int) * (size_t)P,
-                                       cudaMemcpyDeviceToDevice, g->s));
+    MOE_CHECK(exec_route(&g->rc, A->logits, g->bias + (size_t)l * E, T,
+                         g->forced_choice ? g->forced_choice + (size_t)mi * P : NULL, A->choice,
+                         A->weight, g->s, err));
     if (g->record_stats)
         MOE_CUDA_CHECK(gk_coactivation(A->choice, T, k, E, g->coact + (size_t)mi * E * E, g->s));
     PH(COST_PERMUTE);

@@ -524,4 +524,37 @@ extern "C" enum moe_status exec_gpu_routing(struct exec_gpu *g, int layer, int64
     return MOE_OK;
 }
 
+extern "C" enum moe_status exec_gpu_last_routing(struct exec_gpu *g, int *choice,
+                                                 struct moe_error *err)
+{
+    if (g->cfg.recompute)
+        return moe_error_set(err, MOE_ERR_UNSUPPORTED,
+                             "executor: the last routing is not kept with full recompute");
+    for (int l = 0; l < g->layers; l++)
+        if (g->moe_index[l] >= 0)
+            MOE_CUDA_CHECK(cudaMemcpyAsync(choice + (size_t)g->moe_index[l] * g->pairs,
+                                           g->act[l].choice, sizeof(int) * (size_t)g->pairs,
+                                           cudaMemcpyDeviceToHost, g->s));
+    return gpu_sync_host(g, err);
+}
+
+extern "C" enum moe_status exec_gpu_force_routing(struct exec_gpu *g, const int *choice,
+                                                  struct moe_error *err)
+{
+    size_t n = (size_t)g->nmoe * g->pairs;
+    if (!choice) {
+        g->forced_choice = NULL;
+        return MOE_OK;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (choice[i] < 0 || choice[i] >= g->experts)
+            return moe_error_set(err, MOE_ERR_INPUT, "executor: a forced choice of expert %d of %d",
+                                 choice[i], g->experts);
+    if (!g->forced_own) ALLOC(g->forced_own, n, EXEC_MEM_WORKSPACE);
+    MOE_CUDA_CHECK(
+        cudaMemcpyAsync(g->forced_own, choice, sizeof(int) * n, cudaMemcpyHostToDevice, g->s));
+    g->forced_choice = g->forced_own;
+    return MOE_OK;
+}
+
 /* ---- the MoE benchmark --------------------------------------------------------------------- */

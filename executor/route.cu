@@ -12,7 +12,8 @@
 #define ROUTE_MAX_EXPERTS 512
 
 __global__ void exec_route_kernel(struct exec_router_cfg cfg, const float *logits,
-                                  const float *bias, int tokens, int *choice, float *weight)
+                                  const float *bias, int tokens, const int *forced, int *choice,
+                                  float *weight)
 {
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= tokens) return;
@@ -58,8 +59,12 @@ __global__ void exec_route_kernel(struct exec_router_cfg cfg, const float *logit
     float *w = weight + (size_t)t * k;
     for (int j = 0; j < k; j++) {
         int best = -1;
-        for (int e = 0; e < E; e++)
-            if (eligible[e] && (best < 0 || key[e] > key[best])) best = e;
+        if (forced) {
+            best = forced[(size_t)t * k + j];
+        } else {
+            for (int e = 0; e < E; e++)
+                if (eligible[e] && (best < 0 || key[e] > key[best])) best = e;
+        }
         ch[j] = best;
         eligible[best] = 0;
     }
@@ -78,8 +83,8 @@ __global__ void exec_route_kernel(struct exec_router_cfg cfg, const float *logit
 }
 
 extern "C" enum moe_status exec_route(const struct exec_router_cfg *cfg, const float *logits,
-                                      const float *bias, int tokens, int *choice, float *weight,
-                                      void *stream, struct moe_error *err)
+                                      const float *bias, int tokens, const int *forced, int *choice,
+                                      float *weight, void *stream, struct moe_error *err)
 {
     enum moe_status st = MOE_OK;
     if (cfg->experts < 1 || cfg->experts > ROUTE_MAX_EXPERTS || cfg->top_k < 1 ||
@@ -90,7 +95,7 @@ extern "C" enum moe_status exec_route(const struct exec_router_cfg *cfg, const f
     if (tokens == 0) return MOE_OK;
     int threads = 128, blocks = (tokens + threads - 1) / threads;
     exec_route_kernel<<<blocks, threads, 0, (cudaStream_t)stream>>>(*cfg, logits, bias, tokens,
-                                                                    choice, weight);
+                                                                    forced, choice, weight);
     MOE_CUDA_GOTO(cudaGetLastError(), st, cleanup);
 cleanup:
     return st;

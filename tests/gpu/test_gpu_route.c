@@ -9,6 +9,33 @@
 #include <cuda_runtime.h>
 #include <math.h>
 
+/* The weights of choices ch (k) for logits z (E), in double, by the rule the router weighs its
+ * own choices with */
+static void weights_of(const struct exec_router_cfg *c, const double *z, const int *ch, double *w)
+{
+    int E = c->experts, k = c->top_k;
+    double mx = -HUGE_VAL, sum = 0;
+    for (int e = 0; e < E; e++) mx = fmax(mx, z[e]);
+    for (int e = 0; e < E; e++) sum += exp(z[e] - mx);
+    double wsum = 0;
+    for (int j = 0; j < k; j++) {
+        double v = z[ch[j]];
+        w[j] = c->softmax_after_topk             ? v
+               : c->scoring == MDL_SCORE_SIGMOID ? 1.0 / (1.0 + exp(-v))
+                                                 : exp(v - mx) / sum;
+    }
+    if (c->softmax_after_topk) {
+        double m2 = -HUGE_VAL;
+        for (int j = 0; j < k; j++) m2 = fmax(m2, w[j]);
+        for (int j = 0; j < k; j++) wsum += (w[j] = exp(w[j] - m2));
+        for (int j = 0; j < k; j++) w[j] /= wsum;
+    } else if (c->norm_topk) {
+        for (int j = 0; j < k; j++) wsum += w[j];
+        for (int j = 0; j < k; j++) w[j] /= wsum;
+    }
+    for (int j = 0; j < k; j++) w[j] *= c->scaling;
+}
+
 static void check(struct exec_router_cfg cfg, int tokens, uint64_t seed, bool with_bias)
 {
     int E = cfg.experts, k = cfg.top_k;
@@ -32,7 +59,7 @@ static void check(struct exec_router_cfg cfg, int tokens, uint64_t seed, bool wi
     cudaMemcpy(dz, z, nz * sizeof *z, cudaMemcpyHostToDevice);
     cudaMemcpy(db, bias, (size_t)E * sizeof *bias, cudaMemcpyHostToDevice);
     struct moe_error err;
-    assert_int_equal(exec_route(&cfg, dz, with_bias ? db : NULL, tokens, dc, dw, NULL, &err),
+    assert_int_equal(exec_route(&cfg, dz, with_bias ? db : NULL, tokens, NULL, dc, dw, NULL, &err),
                      MOE_OK);
     assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
     cudaMemcpy(cgpu, dc, nk * sizeof *cgpu, cudaMemcpyDeviceToHost);
@@ -70,6 +97,29 @@ static void check(struct exec_router_cfg cfg, int tokens, uint64_t seed, bool wi
            E, k, cfg.topk_group, cfg.n_group, tokens, near_ties, worst);
     assert_true(near_ties <= tokens / 1000);
     assert_true(worst < 1e-5);
+    /* forced choices (the reference's, each moved to the next expert): taken as they are, and
+     * weighed by the same rule, within 1e-5 relative of the double weights */
+    for (size_t i = 0; i < nk; i++) cref[i] = (cref[i] + 1) % E;
+    int *df;
+    assert_int_equal(cudaMalloc((void **)&df, nk * sizeof *df), cudaSuccess);
+    cudaMemcpy(df, cref, nk * sizeof *cref, cudaMemcpyHostToDevice);
+    assert_int_equal(exec_route(&cfg, dz, with_bias ? db : NULL, tokens, df, dc, dw, NULL, &err),
+                     MOE_OK);
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    cudaMemcpy(cgpu, dc, nk * sizeof *cgpu, cudaMemcpyDeviceToHost);
+    cudaMemcpy(wgpu, dw, nk * sizeof *wgpu, cudaMemcpyDeviceToHost);
+    assert_memory_equal(cgpu, cref, nk * sizeof *cgpu);
+    double fworst = 0.0, wt[512];
+    for (int t = 0; t < tokens; t++) {
+        weights_of(&cfg, zd + (size_t)t * E, cref + (size_t)t * k, wt);
+        for (int j = 0; j < k; j++) {
+            double e = fabs(wgpu[(size_t)t * k + j] - wt[j]) / fmax(fabs(wt[j]), 1e-30);
+            fworst = isnan(e) ? INFINITY : fmax(fworst, e);
+        }
+    }
+    printf("  forced choices: taken, worst weight error %.2e\n", fworst);
+    assert_true(fworst < 1e-5);
+    cudaFree(df);
     cudaFree(dz);
     cudaFree(db);
     cudaFree(dw);
@@ -92,7 +142,7 @@ static void test_route(void **state)
           false);
     struct exec_router_cfg bad = {1024, 8, MDL_SCORE_SOFTMAX, 1, 1, true, false, 1.0, 0.0};
     struct moe_error err;
-    assert_int_equal(exec_route(&bad, NULL, NULL, 1, NULL, NULL, NULL, &err), MOE_ERR_INPUT);
+    assert_int_equal(exec_route(&bad, NULL, NULL, 1, NULL, NULL, NULL, NULL, &err), MOE_ERR_INPUT);
 }
 
 int main(void)

@@ -834,7 +834,9 @@ static void test_train_on_text(void **state)
 
 /* fp8 training against bf16 on the same GPU from the same weights, per recipe (per-tensor
  * current scaling, blockwise) and gradient format (E4M3, E5M2): one micro-batch's loss within
- * 1% of bf16's, and every gradient within 10% of bf16's (15% with E5M2 gradients; relative L2
+ * 1% of bf16's, and every gradient within 10% of bf16's, both on bf16's routing (the fp8 run's
+ * first step takes bf16's choices: a token whose scores nearly tie may pick another expert in
+ * fp8, which moves its gradients wholesale; how many do is printed) (15% with E5M2 gradients; relative L2
  * over the tensor: the fp8 GEMMs round each operand to 3 mantissa bits, the E5M2 gradients to
  * 2, about 1.8% and 3.6% rms a value); then 40 steps on text whose mean loss over the last five
  * is within 2% of bf16's. The routers' gradients are held apart, within FP8_ROUTER_GRAD (1.5
@@ -846,7 +848,8 @@ static void test_train_on_text(void **state)
  * the unfused pair, loss, gradients and 40 steps. */
 #define FP8_ROUTER_GRAD 0.40
 static double fp8_run(const struct mdl_model *m, const double *p0, enum cost_precision prec,
-                      bool e5m2, bool unfused, double *grads, double *last)
+                      bool e5m2, bool unfused, const int *force, int *routing, double *grads,
+                      double *last)
 {
     enum { SEQ = 33, STEPS = 40 };
     struct exec_gpu_cfg cfg = {.seq = SEQ - 1,
@@ -874,11 +877,14 @@ static double fp8_run(const struct mdl_model *m, const double *p0, enum cost_pre
         double loss, a, gn;
         struct exec_gpu_step_stats st;
         assert_int_equal(exec_gpu_step_begin(g, &err), MOE_OK);
+        if (step == 0 && force) assert_int_equal(exec_gpu_force_routing(g, force, &err), MOE_OK);
         if (exec_gpu_micro_batch(g, tok, 1.0, &loss, &a, &err) != MOE_OK)
             fail_msg("%s: %s", cost_precision_names[prec], err.message);
         if (step == 0) {
             first = loss;
             assert_int_equal(exec_gpu_get_grads(g, grads, &err), MOE_OK);
+            if (routing) assert_int_equal(exec_gpu_last_routing(g, routing, &err), MOE_OK);
+            assert_int_equal(exec_gpu_force_routing(g, NULL, &err), MOE_OK);
         }
         assert_int_equal(exec_gpu_optimizer(g, &o, step, &gn, &err), MOE_OK);
         assert_int_equal(exec_gpu_step_end(g, &st, &err), MOE_OK);
@@ -900,12 +906,29 @@ static void test_fp8_training(void **state)
     assert_int_equal(exec_ref_model_create(&r, &m, 42, &err), MOE_OK);
     double *g16 = calloc(r.nparams, sizeof *g16), *g8 = calloc(r.nparams, sizeof *g8);
     double last16, last8;
-    double loss16 = fp8_run(&m, r.params, COST_BF16, false, false, g16, &last16);
+    int k = m.moe.top_k, P = 32 * k; /* 32 tokens a micro-batch (fp8_run's SEQ - 1) */
+    size_t nr = (size_t)mdl_moe_layer_count(&m) * P;
+    int *route16 = calloc(nr, sizeof *route16), *route8 = calloc(nr, sizeof *route8);
+    double loss16 = fp8_run(&m, r.params, COST_BF16, false, false, NULL, route16, g16, &last16);
+    /* the fp8 routers' own first choices: a token whose top-k scores nearly tie may pick another
+     * expert, which moves its gradients wholesale; so the comparisons below run on bf16's */
+    fp8_run(&m, r.params, COST_FP8, false, false, NULL, route8, g8, &last8);
+    int moved = 0;
+    for (size_t t = 0; t < nr; t += k)
+        for (int j = 0; j < k; j++) {
+            bool in = false;
+            for (int i = 0; i < k; i++) in |= route8[t + j] == route16[t + i];
+            moved += !in;
+        }
+    printf("fp8's routers (per-tensor) choose %d of %zu (token, expert) pairs otherwise than "
+           "bf16's in the first step\n",
+           moved, nr);
     bool ok = true; /* every recipe measured and printed, then the verdict */
     for (int c = 0; c < 3; c++) {
         enum cost_precision prec = c == 2 ? COST_FP8_BLOCK : COST_FP8;
         bool e5 = c == 1;
-        double loss8 = fp8_run(&m, r.params, prec, e5, false, g8, &last8), worst = 0, router = 0;
+        double loss8 = fp8_run(&m, r.params, prec, e5, false, route16, NULL, g8, &last8), worst = 0,
+               router = 0;
         const char *wn = "";
         for (int i = 0; i < r.ntensors; i++) {
             const struct exec_tensor *t = &r.tensor[i];
@@ -930,7 +953,7 @@ static void test_fp8_training(void **state)
         ok &= fabs(last8 - last16) <= 0.02 * last16;
         if (prec == COST_FP8_BLOCK) { /* the fused SwiGLU backward against the unfused pair */
             double *gu = calloc(r.nparams, sizeof *gu), lastu;
-            double lossu = fp8_run(&m, r.params, prec, e5, true, gu, &lastu);
+            double lossu = fp8_run(&m, r.params, prec, e5, true, route16, NULL, gu, &lastu);
             size_t differ = 0;
             for (size_t j = 0; j < r.nparams; j++) differ += gu[j] != g8[j];
             printf("fp8block, the SwiGLU backward fused and not: loss %.17g and %.17g, %zu of %zu "
@@ -941,7 +964,7 @@ static void test_fp8_training(void **state)
         }
     }
     assert_true(ok);
-    free(g16), free(g8);
+    free(g16), free(g8), free(route16), free(route8);
     exec_ref_model_destroy(&r);
 }
 
