@@ -347,6 +347,11 @@ static void megatron_model_flags(const struct mdl_model *m, FILE *out)
     if (e->probs_on_input) fprintf(out, "--moe-apply-probs-on-input \\\n");
 }
 
+bool plan_maxtext_mesh_ok(const struct cost_layout *l)
+{
+    return l->ep >= 1 && l->dp % l->ep == 0;
+}
+
 /* The MaxText model config of each shipped model (src/maxtext/configs/models/NAME.yml), matched
  * by our name and its shape; a proxy (fewer blocks or experts) overrides the model's counts. */
 static void maxtext_model(const struct mdl_model *m, FILE *out)
@@ -473,9 +478,8 @@ enum moe_status plan_print_emit(const struct plan_request *q, const struct plan_
         /* MaxText's mesh: pipeline x data x fsdp x expert x context x tensor, ICI inside an
          * NVLink domain and DCN across, inner axes first. */
         int domain = q->cluster.gpus_used_per_domain;
-        /* Megatron's experts may take tensor-parallel ranks too, MaxText's not: a plan searched
-         * for MaxText (plan_request.maxtext_mesh) has none such */
-        if (l->dp % l->ep)
+        /* a plan searched for MaxText (plan_request.maxtext_mesh) is always one; another may not */
+        if (!plan_maxtext_mesh_ok(l))
             return moe_error_set(err, MOE_ERR_UNSUPPORTED,
                                  "--emit maxtext: the plan's expert parallelism (ep %d) spans "
                                  "more than its data-parallel ranks (dp %d, tp %d, etp %d), "

@@ -177,7 +177,7 @@ static enum moe_status search_gpus(const struct plan_request *q, int gpus, struc
                                         refused(r, &l, why.message);
                                         continue;
                                     }
-                                    if (q->maxtext_mesh && l.dp % l.ep) {
+                                    if (q->maxtext_mesh && !plan_maxtext_mesh_ok(&l)) {
                                         r->invalid++;
                                         refused(r, &l,
                                                 "MaxText's expert axis is a part of data "
