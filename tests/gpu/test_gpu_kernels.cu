@@ -829,6 +829,104 @@ static void test_fp8_quantize(void **state)
            checked);
 }
 
+/* The experts' SwiGLU with its output (forward) or its gradients (backward) quantized in 1 x 128
+ * tiles into each expert's region, against the unfused pair it replaces (gk_swiglu or
+ * gk_swiglu_backward, then gk_fp8_cast on each expert's rows), bit for bit: the bf16 output, each
+ * region's bytes and factors, the transposed copies with their zero padding. Four experts of 0,
+ * 37, 130 and 3 rows (the tail split, exec_fp8_factor_at, in three of them), widths of 2 tiles
+ * and a partial one (272) and of 3 tiles (384); E4M3, and E5M2 gradients. */
+static void test_fp8_swiglu_fused(void **state)
+{
+    (void)state;
+    if (!gpus()) skip();
+    const int E = 4, off[E + 1] = {0, 0, 37, 167, 170}, R = off[E];
+    int *doff = dev(std::vector<int>(off, off + E + 1));
+    unsigned *work = dev(std::vector<unsigned>(1));
+    int checked = 0;
+    for (int cols : {272, 384}) {
+        size_t n = (size_t)R * cols, qo[E + 1], so[E + 1], sto[E + 1];
+        exec_fp8_regions(off, E, cols, qo, so, sto);
+        std::vector<bf16> g = to_bf16(randn(n, 901, 2.0)), u = to_bf16(randn(n, 902, 2.0)),
+                          dh = to_bf16(randn(n, 903, 1e-3));
+        bf16 *dg = dev(g), *du = dev(u), *ddh = dev(dh), *hm = dev(std::vector<bf16>(n)),
+             *hr = dev(std::vector<bf16>(n)), *gr = dev(std::vector<bf16>(n)),
+             *ur = dev(std::vector<bf16>(n));
+        size_t fmax_ = so[E] > sto[E] ? so[E] : sto[E];
+        unsigned char *q[4],
+            *qr[4]; /* fused and reference: row-major g/hm, its transpose, u, u^T */
+        float *sf[4], *sr[4];
+        for (int i = 0; i < 4; i++) {
+            q[i] = dev(std::vector<unsigned char>(qo[E] + 16, 0x5A));
+            qr[i] = dev(std::vector<unsigned char>(qo[E] + 16, 0x5A));
+            sf[i] = dev(std::vector<float>(fmax_ + 4, -1.0f));
+            sr[i] = dev(std::vector<float>(fmax_ + 4, -1.0f));
+        }
+        /* compares expert e's copy i (rows x K, as exec_fp8_factor_at lays out its factors) */
+        auto same = [&](const char *what, int i, int e, bool t, int rows, int K) {
+            size_t at = qo[e], f0 = t ? sto[e] : so[e];
+            std::vector<unsigned char> a = host(q[i] + at, (size_t)rows * K),
+                                       b = host(qr[i] + at, (size_t)rows * K);
+            size_t nf = exec_fp8_factor_count(EXEC_FP8_TILE_1X128, rows, K);
+            std::vector<float> fa = host(sf[i] + f0, nf), fb = host(sr[i] + f0, nf);
+            if (a != b) fail_msg("%s, width %d, expert %d: the bytes differ", what, cols, e);
+            for (int r = 0; r < rows; r++)
+                for (int c = 0; c < K; c += 128) {
+                    size_t x = exec_fp8_factor_at(EXEC_FP8_TILE_1X128, rows, K, r, c);
+                    if (memcmp(&fa[x], &fb[x], sizeof(float)))
+                        fail_msg("%s, width %d, expert %d: the factor of (%d, %d) %a, unfused %a",
+                                 what, cols, e, r, c, (double)fa[x], (double)fb[x]);
+                }
+            checked++;
+        };
+        /* the forward: hm, quantized for the down GEMM */
+        assert_int_equal(
+            gk_fp8_swiglu_forward(dg, du, doff, off, E, cols, 1.0f, 0.0f, 0, hm, q[0], sf[0], 0),
+            cudaSuccess);
+        assert_int_equal(gk_swiglu(dg, du, hr, n, 1.0f, 0.0f, 0), cudaSuccess);
+        for (int e = 0; e < E; e++)
+            assert_int_equal(gk_fp8_cast(hr + (size_t)off[e] * cols, cols, off[e + 1] - off[e],
+                                         cols, EXEC_FP8_TILE_1X128, 0, qr[0] + qo[e], sr[0] + so[e],
+                                         NULL, 0, NULL, work, 0),
+                             cudaSuccess);
+        if (host(hm, n) != host(hr, n)) fail_msg("fused SwiGLU forward: hm differs");
+        for (int e = 0; e < E; e++)
+            same("fused SwiGLU forward", 0, e, false, off[e + 1] - off[e], cols);
+        /* the backward: dg and du, each both ways */
+        for (int e5 = 0; e5 < 2; e5++) {
+            assert_int_equal(gk_fp8_swiglu_backward(dg, du, ddh, doff, off, E, cols, 1.0f, 0.0f, e5,
+                                                    q[0], q[1], sf[0], sf[1], q[2], q[3], sf[2],
+                                                    sf[3], 0),
+                             cudaSuccess);
+            assert_int_equal(gk_swiglu_backward(dg, du, ddh, gr, ur, n, 1.0f, 0.0f, 0),
+                             cudaSuccess);
+            for (int e = 0; e < E; e++) {
+                int rows = off[e + 1] - off[e], np = exec_fp8_pad(rows);
+                for (int k = 0; k < 2; k++)
+                    assert_int_equal(gk_fp8_cast((k ? ur : gr) + (size_t)off[e] * cols, cols, rows,
+                                                 cols, EXEC_FP8_TILE_1X128, e5, qr[2 * k] + qo[e],
+                                                 sr[2 * k] + so[e], qr[2 * k + 1] + qo[e], np,
+                                                 sr[2 * k + 1] + sto[e], work, 0),
+                                     cudaSuccess);
+                const char *nm[] = {
+                    e5 ? "fused SwiGLU backward dg (E5M2)" : "fused SwiGLU backward dg",
+                    e5 ? "fused SwiGLU backward du (E5M2)" : "fused SwiGLU backward du"};
+                for (int k = 0; k < 2; k++) {
+                    same(nm[k], 2 * k, e, false, rows, cols);
+                    same(nm[k], 2 * k + 1, e, true, cols, np); /* the transpose, zeros past rows */
+                }
+            }
+        }
+        cudaFree(dg), cudaFree(du), cudaFree(ddh), cudaFree(hm), cudaFree(hr), cudaFree(gr),
+            cudaFree(ur);
+        for (int i = 0; i < 4; i++)
+            cudaFree(q[i]), cudaFree(qr[i]), cudaFree(sf[i]), cudaFree(sr[i]);
+    }
+    printf("fused SwiGLU and fp8 quantization: %d expert copies, every byte and factor equal to "
+           "the unfused kernels'\n",
+           checked);
+    cudaFree(doff), cudaFree(work);
+}
+
 /* The three fp8 GEMMs of a linear layer, per recipe, against exec_ref_fp8_linear (the same
  * quantization in plain C, the products summed in double): the forward y = x w^T (x in tiles,
  * w in blocks, or both per tensor), the data gradient dx = dy w (dy's tiles, w's transposed
@@ -1092,6 +1190,7 @@ int main(void)
         cmocka_unit_test(test_cross_entropy),
         cmocka_unit_test(test_fp8_quantize),
         cmocka_unit_test(test_fp8_gemm),
+        cmocka_unit_test(test_fp8_swiglu_fused),
         cmocka_unit_test(test_adamw),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
