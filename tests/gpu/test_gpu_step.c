@@ -833,19 +833,20 @@ static void test_train_on_text(void **state)
 }
 
 /* fp8 training against bf16 on the same GPU from the same weights, per recipe (per-tensor
- * current scaling, blockwise) and gradient format (E4M3, E5M2): one micro-batch's loss within
- * 1% of bf16's, and every gradient within 10% of bf16's, both on bf16's routing (the fp8 run's
+ * current scaling, blockwise) and gradient format (E4M3, E5M2). On bf16's routing (the fp8 run's
  * first step takes bf16's choices: a token whose scores nearly tie may pick another expert in
- * fp8, which moves its gradients wholesale; how many do is printed) (15% with E5M2 gradients; relative L2
- * over the tensor: the fp8 GEMMs round each operand to 3 mantissa bits, the E5M2 gradients to
- * 2, about 1.8% and 3.6% rms a value); then 40 steps on text whose mean loss over the last five
- * is within 2% of bf16's. The routers' gradients are held apart, within FP8_ROUTER_GRAD (1.5
- * times that with E5M2): each is a difference of dot products of the experts' outputs with the
- * output's gradient (over the hidden width, and among the token's experts), sums that cancel, so
- * the fp8 outputs' rounding shows in it most (bf16's gradients too are furthest from the double
- * reference's there, test_variants). The tiny models' widths are multiples of 16: every projection runs in
- * fp8. Blockwise, the experts' SwiGLU backward quantizes its gradients itself: the same bits as
- * the unfused pair, loss, gradients and 40 steps. */
+ * fp8, which moves its gradients wholesale; how many do is printed): one micro-batch's loss
+ * within 1% of bf16's, and every gradient within 10% of bf16's (15% with E5M2 gradients;
+ * relative L2 over the tensor: the fp8 GEMMs round each operand to 3 mantissa bits, the E5M2
+ * gradients to 2, about 1.8% and 3.6% rms a value). The routers' gradients are held apart,
+ * within FP8_ROUTER_GRAD (1.5 times that with E5M2): each is a difference of dot products of the
+ * experts' outputs with the output's gradient (over the hidden width, and among the token's
+ * experts), sums that cancel, so the fp8 outputs' rounding shows in it most (bf16's gradients
+ * too are furthest from the double reference's there, test_variants). Then 40 steps on text,
+ * each recipe routing by its own routers, whose mean loss over the last five is within 2% of
+ * bf16's. The tiny models' widths are multiples of 16: every projection runs in fp8. Blockwise,
+ * the experts' SwiGLU backward quantizes its gradients itself: the same bits as the unfused pair,
+ * loss, gradients and 40 steps. */
 #define FP8_ROUTER_GRAD 0.40
 static double fp8_run(const struct mdl_model *m, const double *p0, enum cost_precision prec,
                       bool e5m2, bool unfused, const int *force, int *routing, double *grads,
