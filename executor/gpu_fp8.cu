@@ -562,13 +562,14 @@ static cublasStatus_t fp8_gemm_once(struct gk_fp8_lt *c, const struct gk_fp8_mat
     return st;
 }
 
-/* y (rows x n, ldy) = t (rows x n, dense) + beta y, fp32 or bf16 alike; beta 0 reads no y */
+/* y (rows x n, ldy; fp32 or bf16) = t (rows x n, dense, fp32) + beta y, rounded once as
+ * cuBLASLt rounds its own output; beta 0 reads no y */
 template <typename Y>
-__global__ void k_tail_add(const Y *t, Y *y, int ldy, int rows, int n, float beta)
+__global__ void k_tail_add(const float *t, Y *y, int ldy, int rows, int n, float beta)
 {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < rows * n; i += gridDim.x * blockDim.x) {
         int r = i / n, c = i % n;
-        float v = (float)t[i];
+        float v = t[i];
         if (beta != 0.0f) v += beta * (float)y[(size_t)r * ldy + c];
         y[(size_t)r * ldy + c] = (Y)v;
     }
@@ -583,22 +584,23 @@ cublasStatus_t gk_fp8_gemm(struct gk_fp8_lt *c, const struct gk_fp8_mat *w,
     if (x->how != EXEC_FP8_TILE_1X128 || !rest)
         return fp8_gemm_once(c, w, x, M, N, K, y, ldy, yt, beta, fast, ws, s);
     /* block scaling at rows not a multiple of EXEC_FP8_PAD: the first R rows straight into y,
-     * then EXEC_FP8_PAD rows from R (x's padding past M) into tail, their first `rest` added into
-     * y; x's factors laid out for that split (exec_fp8_factor_at) */
+     * then EXEC_FP8_PAD rows from R (x's padding past M) into tail in fp32, their first `rest`
+     * added into y; x's factors laid out for that split (exec_fp8_factor_at) */
     if (!tail || (yt != CUDA_R_32F && yt != CUDA_R_16BF)) return CUBLAS_STATUS_INVALID_VALUE;
     size_t ysz = yt == CUDA_R_32F ? 4 : 2;
     cublasStatus_t st = fp8_gemm_once(c, w, x, R, N, K, y, ldy, yt, beta, fast, ws, s);
     struct gk_fp8_mat xt = *x;
     xt.q += (size_t)R * x->ld;
     xt.sinv += (size_t)R * ((K + 127) / 128);
-    if (!st) st = fp8_gemm_once(c, w, &xt, EXEC_FP8_PAD, N, K, tail, N, yt, 0.0f, fast, ws, s);
+    if (!st)
+        st = fp8_gemm_once(c, w, &xt, EXEC_FP8_PAD, N, K, tail, N, CUDA_R_32F, 0.0f, fast, ws, s);
     if (st) return st;
     char *yr = (char *)y + (size_t)R * ldy * ysz;
     int n = rest * N, blocks = (n + TPB - 1) / TPB;
     if (yt == CUDA_R_32F)
         k_tail_add<<<blocks, TPB, 0, s>>>((const float *)tail, (float *)yr, ldy, rest, N, beta);
     else
-        k_tail_add<<<blocks, TPB, 0, s>>>((const bf16 *)tail, (bf16 *)yr, ldy, rest, N, beta);
+        k_tail_add<<<blocks, TPB, 0, s>>>((const float *)tail, (bf16 *)yr, ldy, rest, N, beta);
     return cudaGetLastError() == cudaSuccess ? CUBLAS_STATUS_SUCCESS
                                              : CUBLAS_STATUS_EXECUTION_FAILED;
 }

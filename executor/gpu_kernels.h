@@ -239,7 +239,7 @@ void gk_fp8_lt_destroy(struct gk_fp8_lt *c);
  * per-tensor recipe runs its forward GEMMs). K, N and the leading dimensions multiples of 16; ws:
  * the handle's workspace. x in 1 x 128 tiles at M not a multiple of EXEC_FP8_PAD: x holds
  * exec_fp8_pad(M) rows (what is past M any bytes: their products are dropped), and tail is
- * EXEC_FP8_PAD x N of yt, the caller's scratch (one a stream), for the last rows' GEMM
+ * EXEC_FP8_PAD x N floats, the caller's scratch (one a stream), for the last rows' GEMM
  * (exec_fp8_factor_at says why); NULL otherwise. */
 cublasStatus_t gk_fp8_gemm(struct gk_fp8_lt *c, const struct gk_fp8_mat *w,
                            const struct gk_fp8_mat *x, int M, int N, int K, void *y, int ldy,
