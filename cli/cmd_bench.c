@@ -321,12 +321,12 @@ int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
                cost_precision_names[prec], rr[0].block_ms / rr[1].block_ms,
                rr[0].block_fwd_ms / rr[1].block_fwd_ms, rr[0].block_bwd_ms / rr[1].block_bwd_ms,
                rr[0].layer_ms / rr[1].layer_ms);
-        printf("%s against bf16 (the same weights, inputs and routing; relative L2 over %d values "
-               "of each):",
+        printf("%s against bf16 (the same weights, inputs and routing; relative L2 over up to %d "
+               "values of each):",
                cost_precision_names[prec], EXEC_BENCH_SAMPLE);
         for (int s = 0; s < EXEC_BENCH_SAMPLES; s++) {
             double dd = 0, nn = 0;
-            for (int j = 0; j < EXEC_BENCH_SAMPLE; j++) {
+            for (int j = 0; j < rr[0].nsample[s] && j < rr[1].nsample[s]; j++) {
                 double a = rr[1].sample[s][j], b = rr[0].sample[s][j];
                 dd += (a - b) * (a - b), nn += b * b;
             }

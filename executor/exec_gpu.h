@@ -150,9 +150,9 @@ void exec_fp8_layout_free(struct exec_fp8_layout *l);
  *   found an algorithm, no other row count did), so gk_fp8_gemm runs a matrix of other row
  *   counts as two: its first rows, a multiple of EXEC_FP8_PAD (16, which is also the weight
  *   gradient's K padding: one padding), and a tail of EXEC_FP8_PAD rows (past `rows`: padding),
- *   each a GEMM of its own that reads its factors as one matrix. The factors are laid out that way: the first rows'
- *   (R = rows rounded down) as a matrix of R rows, then the tail's as one of EXEC_FP8_PAD. Where
- *   rows is a multiple of EXEC_FP8_PAD that is the plain layout.
+ *   each a GEMM of its own that reads its factors as one matrix. The factors are laid out that
+ *   way: the first rows' (R = rows rounded down) as a matrix of R rows, then the tail's as one
+ *   of EXEC_FP8_PAD. Where rows is a multiple of EXEC_FP8_PAD that is the plain layout.
  * - 128 x 128 blocks: row-major over the block grid, a block row padded to a multiple of 4.
  * - the tensor: one. */
 #ifdef __CUDACC__
@@ -314,10 +314,11 @@ struct exec_moe_bench_result {
     double max_over_mean; /* the busiest expert's rows over the mean */
     double layer_bytes;   /* activations one layer keeps for its backward */
     /* after the whole layer's last timed run, EXEC_BENCH_SAMPLE values spread evenly over each of:
-     * the experts' outputs (fp32, permuted rows), the layer's input gradient, the gate's and the
+     * (or all of a smaller one) the experts' outputs (fp32, permuted rows), the layer's input gradient, the gate's and the
      * down projection's weight gradients: runs of two precisions on the same seed and routing
      * (the same weights and inputs) compare by them */
     float sample[EXEC_BENCH_SAMPLES][EXEC_BENCH_SAMPLE];
+    int nsample[EXEC_BENCH_SAMPLES]; /* EXEC_BENCH_SAMPLE, or every value of a smaller one */
 };
 enum moe_status exec_moe_bench(const struct exec_moe_bench_cfg *c, int *choice,
                                struct exec_moe_bench_result *r, struct moe_error *err);

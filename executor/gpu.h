@@ -126,7 +126,7 @@ struct fp8_scratch {
     unsigned char *a, *b, *c;
     float *sa, *sb, *sc;
     unsigned *amax;
-    float *tail; /* block scaling: gk_fp8_gemm's last rows (fp32 or bf16) */
+    float *tail; /* block scaling: gk_fp8_gemm's last rows, fp32 */
     struct fp8_kept kept;
     /* what b holds: the last weight gradient's input, transposed; the next weight gradient of
      * the same input (q, k and v of one norm's output; gate and up of one expert's rows) takes
@@ -210,8 +210,8 @@ struct exec_gpu {
         int *off_dev; /* (E + 1) a copy of the rows' offsets the fused kernels read */
     } f8pre;
     struct gk_fp8_lt *f8lt;
-    /* device (nmoe, T, top_k): replaces the routers' choices (the benchmark's, one layer;
-     * exec_gpu_force_routing's in forced_own) */
+    /* device (nmoe, T, top_k), exec_gpu_force_routing's: replaces the routers' choices while
+     * forced_choice points to it (forced_own keeps it for the next time) */
     const int *forced_choice;
     int *forced_own;
     /* parameters, flat in the reference's table order (table.nparams of them) */

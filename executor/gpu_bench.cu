@@ -69,24 +69,25 @@ static enum moe_status bench_time(struct exec_gpu *g, int what, int *dense_off, 
 const char *const exec_bench_sample_names[EXEC_BENCH_SAMPLES] = {
     "experts' outputs", "input gradient", "gate weight gradient", "down weight gradient"};
 
-/* n values spread evenly over the `total` floats at d (every total / n-th) into h */
-static enum moe_status bench_sample(const float *d, size_t total, float *h, struct moe_error *err)
+/* *n values spread evenly over the `total` floats at d (every total / *n-th; all of them where
+ * there are fewer than EXEC_BENCH_SAMPLE) into h */
+static enum moe_status bench_sample(const float *d, size_t total, float *h, int *n,
+                                    struct moe_error *err)
 {
-    size_t n = EXEC_BENCH_SAMPLE, stride = total / n;
-    if (stride < 1) return moe_error_set(err, MOE_ERR_INPUT, "bench moe: a shape under %zu", n);
-    MOE_CUDA_CHECK(cudaMemcpy2D(h, sizeof(float), d, stride * sizeof(float), sizeof(float), n,
+    size_t m = total < EXEC_BENCH_SAMPLE ? total : EXEC_BENCH_SAMPLE;
+    *n = (int)m;
+    if (!m) return MOE_OK;
+    MOE_CUDA_CHECK(cudaMemcpy2D(h, sizeof(float), d, total / m * sizeof(float), sizeof(float), m,
                                 cudaMemcpyDeviceToHost));
     return MOE_OK;
 }
 
 /* The benchmark's inputs on the GPU: the forced routing, seeded activations and gradients. */
-static enum moe_status bench_inputs(struct exec_gpu *g, int *dchoice, const int *choice,
-                                    size_t pairs, size_t th, uint64_t seed, struct moe_error *err)
+static enum moe_status bench_inputs(struct exec_gpu *g, const int *choice, size_t th, uint64_t seed,
+                                    struct moe_error *err)
 {
     struct act *A = &g->act[0];
-    MOE_CUDA_CHECK(
-        cudaMemcpyAsync(dchoice, choice, sizeof(int) * pairs, cudaMemcpyHostToDevice, g->s));
-    g->forced_choice = dchoice;
+    MOE_CHECK(exec_gpu_force_routing(g, choice, err));
     g->record_stats = true;
     g->grad_scale = 1.0;
     MOE_CUDA_CHECK(gk_init(A->b32, th, 0, seed + 1, 1.0f, false, g->s));
@@ -158,13 +159,11 @@ extern "C" enum moe_status exec_moe_bench(const struct exec_moe_bench_cfg *c, in
     cfg.streams = c->streams;
     cfg.precision = c->precision;
     struct exec_gpu *g = NULL;
-    int *dchoice = NULL, dense_off[GK_MAX_EXPERTS + 1];
+    int dense_off[GK_MAX_EXPERTS + 1];
     enum moe_status st = exec_gpu_create(&g, &m, &cfg, err);
     if (st == MOE_OK) st = exec_gpu_init(g, c->seed, err);
-    if (st == MOE_OK && cudaMalloc((void **)&dchoice, sizeof(int) * (size_t)T * k) != cudaSuccess)
-        st = moe_error_set(err, MOE_ERR_GPU_NOMEM, "bench moe: out of GPU memory");
     size_t th = (size_t)T * c->hidden;
-    if (st == MOE_OK) st = bench_inputs(g, dchoice, choice, (size_t)T * k, th, c->seed, err);
+    if (st == MOE_OK) st = bench_inputs(g, choice, th, c->seed, err);
     if (st == MOE_OK) {
         dense_off[0] = 0;
         for (int e = 1; e <= E; e++) dense_off[e] = T * k;
@@ -184,7 +183,7 @@ extern "C" enum moe_status exec_moe_bench(const struct exec_moe_bench_cfg *c, in
                                                  GR(g, w[W_DOWN])};
         size_t len[EXEC_BENCH_SAMPLES] = {R * c->hidden, th, ef, ef};
         for (int i = 0; i < EXEC_BENCH_SAMPLES && st == MOE_OK; i++)
-            st = bench_sample(from[i], len[i], r->sample[i], err);
+            st = bench_sample(from[i], len[i], r->sample[i], &r->nsample[i], err);
         for (int i = 0; i < c->warmup && st == MOE_OK; i++)
             st = bench_time(g, 2, dense_off, 1, &ms, &syncs, err);
         if (st == MOE_OK) st = bench_time(g, 2, dense_off, c->iters, &r->dense_ms, &syncs, err);
@@ -200,7 +199,6 @@ extern "C" enum moe_status exec_moe_bench(const struct exec_moe_bench_cfg *c, in
         r->layer_bytes = th * (4.0 + 2.0) + (double)T * E * 4 + Rd * 4 * 4 + Rd * h * 2 +
                          Rd * f * 2 * 2 + Rd * f * 2 + Rd * h * 4;
     }
-    cudaFree(dchoice);
     exec_gpu_destroy(g);
     return st;
 }
