@@ -250,7 +250,7 @@ extern "C" enum moe_status exec_time_adamw(size_t n, bool m16, int iters, double
     struct gk_adamw a = {1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f, 0.05f, 1.0f};
     if (e == cudaSuccess)
         e = time_median(
-            iters, [&]() { return gk_adamw(p, g, m1, m2, m16, w, n, &a, 0); }, us);
+            iters, [&]() { return gk_adamw(p, g, m1, m2, m16, w, n, &a, NULL, 0); }, us);
     return e == cudaSuccess ? MOE_OK : cuda_fail(e, "AdamW", err);
 }
 

@@ -131,6 +131,15 @@ struct exec_fp8_layout {
      * one's factors (bounds for any routing of the layer's `rows` routed rows). */
     bool fuse;
     size_t pre_bytes, pre_factors;
+    /* Per-tensor scaling, MoE layers: the kernels that write the experts' permuted matrices (the
+     * gather, SwiGLU and its backward, the combine's backward) keep each expert's amax, five a
+     * MoE layer (x, hm in the forward; dy, dg, du in the backward), so the quantization of those
+     * rows for their GEMMs reads them once, not twice (amax_rows). */
+    bool amax_rows;
+    /* Per-tensor scaling, some slice quantized: AdamW keeps each slice's amax as it writes the
+     * bf16 weights (without ZeRO, whose shards are gathered after), so their quantization reads
+     * them once (amax_weights). */
+    bool amax_weights;
 };
 /* The layout for the model's tensor table, a GEMM's operands at most `rows` rows (the tokens,
  * or the routed pairs one GPU's experts may hold); unfused: no fused quantization (the tests'

@@ -196,6 +196,10 @@ struct exec_gpu {
     unsigned char *w8, *w8t;
     float *w8s;
     unsigned *w8amax; /* (experts, at least 4) the per-tensor scaling's amax of a weight's slices */
+    /* (f8.n) with f8.amax_weights and no ZeRO: each slice's amax as AdamW kept it writing w16;
+     * w8kept_ok: the bf16 weights are what it wrote then (gpu_w16_changed) */
+    unsigned *w8kept;
+    bool w8kept_ok;
     struct fp8_scratch f8x[1 + EXEC_MAX_STREAMS];
     /* fp8 with f8.fuse: the experts' gate and up output gradients as the fused SwiGLU backward
      * quantized them (gk_fp8_swiglu_backward), [0] the gate's, [1] the up's: row-major q,
@@ -209,6 +213,18 @@ struct exec_gpu {
         const int *off;
         int *off_dev; /* (E + 1) a copy of the rows' offsets the fused kernels read */
     } f8pre;
+    /* fp8 with f8.amax_rows: (nmoe, 5, E) each expert's amax of a MoE layer's x, hm, dy, dg, du
+     * as the kernels that wrote them kept it (F8_X .. F8_DU); the matrices whose amax the GEMMs
+     * may take now (known[0 .. nknown): base its first row, ld its width, off the layer's rows,
+     * host) */
+    unsigned *f8rows;
+    struct {
+        const bf16 *base;
+        int ld;
+        const int *off;
+        const unsigned *amax;
+    } f8known[5];
+    int nf8known;
     struct gk_fp8_lt *f8lt;
     /* device (nmoe, T, top_k), exec_gpu_force_routing's: replaces the routers' choices while
      * forced_choice points to it (forced_own keeps it for the next time) */
@@ -368,6 +384,29 @@ enum moe_status gpu_lin_dw(struct exec_gpu *g, const bf16 *dY, int lddy, const b
 enum moe_status gpu_sync_host(struct exec_gpu *g, struct moe_error *err);
 /* fp8: the quantized weights redone when stale (the first GEMM of a forward after an update) */
 enum moe_status gpu_fp8_weights(struct exec_gpu *g, struct moe_error *err);
+/* The bf16 weights were written: their fp8 copies are stale; amax_kept: by AdamW, which kept each
+ * quantized slice's amax (gpu_fp8_weight_rows) */
+static inline void gpu_w16_changed(struct exec_gpu *g, bool amax_kept)
+{
+    g->w8_stale = g->fp8;
+    g->w8kept_ok = g->fp8 && amax_kept;
+}
+/* *am for AdamW on tensor t (all of it, no ZeRO) to keep its quantized slices' amax into
+ * w8kept; NULL where none is kept (bf16, block scaling, ZeRO, a tensor not quantized) */
+const struct gk_amax_rows *gpu_fp8_weight_rows(const struct exec_gpu *g, int t,
+                                               struct gk_amax_rows *am);
+/* fp8 with f8.amax_rows (struct gk_amax_rows): the kinds of a MoE layer's kept amax */
+enum { F8_X, F8_HM, F8_DY, F8_DG, F8_DU, F8_ROWS };
+/* For a kernel about to write layer l's rows (off_dev their offsets, `cols` wide) and keep their
+ * amax of n kinds from `kind` (amax[0], amax[1]): *out = am, those zeroed on the main stream; or
+ * NULL where none is kept (bf16, block scaling, EP, a dense layer, the unfused path) */
+enum moe_status gpu_fp8_rows(struct exec_gpu *g, int l, int kind, int n, const int *off_dev,
+                             int cols, struct gk_amax_rows *am, const struct gk_amax_rows **out,
+                             struct moe_error *err);
+/* The GEMMs may take layer l's kept amax of `kind` for the rows of the permuted matrix at base
+ * (ld wide; the layer's rows, off_host[l]) until g->nf8known = 0: what a kernel given
+ * gpu_fp8_rows kept since that matrix was last written */
+void gpu_fp8_know(struct exec_gpu *g, int l, int kind, const bf16 *base, int ld);
 /* fp8: every stream's kept operands forgotten (struct fp8_kept) */
 void gpu_fp8_forget(struct exec_gpu *g);
 /* fp8: whether layer l's experts' gate and up GEMMs run in fp8 (the fused SwiGLU backward's

@@ -365,6 +365,9 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
             g->f8pre.qo = r, g->f8pre.so = r + g->experts + 1,
             g->f8pre.sto = r + 2 * (g->experts + 1);
         }
+        if (g->f8.amax_rows)
+            ALLOC(g->f8rows, (size_t)g->nmoe * F8_ROWS * g->experts, EXEC_MEM_WORKSPACE);
+        if (g->f8.amax_weights && !cfg->zero) ALLOC(g->w8kept, g->f8.n, EXEC_MEM_WEIGHTS);
         g->f8lt = gk_fp8_lt_create(g->lt, g->ws_bytes);
         if (!g->f8lt) return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
         g->fp8 = g->w8_stale = true;
@@ -584,7 +587,7 @@ static enum moe_status refresh_bf16(struct exec_gpu *g, struct moe_error *err)
 {
     MOE_CUDA_CHECK(gk_to_bf16(g->master, g->w16, g->table.nparams, g->s));
     MOE_CUDA_CHECK(cudaStreamSynchronize(g->s));
-    g->w8_stale = g->fp8;
+    gpu_w16_changed(g, false);
     return MOE_OK;
 }
 

@@ -59,7 +59,8 @@ static enum moe_status ep_rows_out(struct exec_gpu *g, const struct exec_ep_rows
             MOE_CUDA_CHECK(
                 gk_rows_gather32((const float *)src, g->ep_idx, r->n, h, g->ep_send32, g->s));
         else
-            MOE_CUDA_CHECK(gk_gather((const bf16 *)src, g->ep_idx, 1, r->n, h, g->ep_send16, g->s));
+            MOE_CUDA_CHECK(
+                gk_gather((const bf16 *)src, g->ep_idx, 1, r->n, h, g->ep_send16, NULL, g->s));
     }
     MOE_CHECK(gpu_sync_host(g, err));
     return t->ops->alltoallv(t, f32 ? (const void *)g->ep_send32 : (const void *)g->ep_send16,
@@ -202,7 +203,7 @@ enum moe_status gpu_ep_forward(struct exec_gpu *g, int l, struct act *A, float *
     }
     PH(COST_EXPERTS_FWD);
     if (L->npairs) {
-        MOE_CUDA_CHECK(gk_gather(g->ep_recv16, L->pair_row, 1, L->npairs, h, A->xp16, g->s));
+        MOE_CUDA_CHECK(gk_gather(g->ep_recv16, L->pair_row, 1, L->npairs, h, A->xp16, NULL, g->s));
         if ((st = gpu_experts_forward(g, l, A, L->off, err))) goto done;
     }
     PH(COST_COMBINE);

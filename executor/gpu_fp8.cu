@@ -33,25 +33,6 @@ static __device__ __forceinline__ float scale_of(float amax, int e5m2)
     return isinf(s) ? 1.0f : s;
 }
 
-/* |x| as ordered bits: a NaN sorts above every number, as the reference keeps it */
-static __device__ __forceinline__ unsigned abs_bits(float x)
-{
-    return __float_as_uint(x) & 0x7FFFFFFFu;
-}
-
-/* The block's largest abs_bits; all threads get it. `red`: an unsigned a warp. */
-static __device__ __forceinline__ unsigned block_max(unsigned v, unsigned *red)
-{
-    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
-    int w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) red[w] = v;
-    __syncthreads();
-    unsigned m = 0;
-    for (int i = 0; i < nw; i++) m = max(m, red[i]);
-    return m;
-}
-
 /* The whole matrix's amax (as bits) into *amax, zeroed before; `vec`: 8 values (16 bytes) a load
  * (rows starting on 16 bytes, cols a multiple of 8). blockIdx.y: the matrix of a batch (xs
  * elements apart), its amax amax[blockIdx.y]. */
@@ -68,15 +49,12 @@ __global__ void k_fp8_amax(const bf16 *x, int ldx, int rows, int cols, bool vec,
          i += (size_t)gridDim.x * blockDim.x) {
         const bf16 *p = x + (i / w) * ldx + (i % w) * per;
         if (vec) {
-            uint4 v = *(const uint4 *)p;
-            const __nv_bfloat162 *b = (const __nv_bfloat162 *)&v;
-            for (int k = 0; k < 4; k++)
-                m = max(m, max(abs_bits(__low2float(b[k])), abs_bits(__high2float(b[k]))));
+            m = max(m, gk_abs_bits8(*(const uint4 *)p));
         } else {
-            m = max(m, abs_bits(__bfloat162float(*p)));
+            m = max(m, gk_abs_bits(__bfloat162float(*p)));
         }
     }
-    m = block_max(m, red);
+    m = gk_block_max(m, red);
     if (threadIdx.x == 0) atomicMax(amax, m);
 }
 
@@ -141,14 +119,14 @@ __global__ void __launch_bounds__(FT_THREADS)
             for (int k = 0; k < 4; k++) {
                 *(unsigned *)&tile[r][c + 2 * k] = u[k];
                 __nv_bfloat162 p = *(const __nv_bfloat162 *)&u[k];
-                m = max(m, max(abs_bits(__low2float(p)), abs_bits(__high2float(p))));
+                m = max(m, max(gk_abs_bits(__low2float(p)), gk_abs_bits(__high2float(p))));
             }
         } else {
             for (int k = 0; k < 8; k++) {
                 bf16 v = gr < rows && gc + k < cols ? x[(size_t)gr * ldx + gc + k]
                                                     : __float2bfloat16(0.0f);
                 tile[r][c + k] = v;
-                m = max(m, abs_bits(__bfloat162float(v)));
+                m = max(m, gk_abs_bits(__bfloat162float(v)));
             }
         }
     }
@@ -157,13 +135,13 @@ __global__ void __launch_bounds__(FT_THREADS)
     if (how == EXEC_FP8_TENSOR) {
         S = scale_of(__uint_as_float(*amax), e5m2);
     } else if (how == EXEC_FP8_BLOCK_128X128) {
-        S = scale_of(__uint_as_float(block_max(m, red)), e5m2);
+        S = scale_of(__uint_as_float(gk_block_max(m, red)), e5m2);
     } else { /* two threads a row (and a column), 64 values each */
         int line = t / 2, half = t % 2;
         unsigned mr = 0, mc = 0;
         for (int k = half * 64; k < half * 64 + 64; k++) {
-            mr = max(mr, abs_bits(__bfloat162float(tile[line][k])));
-            mc = max(mc, abs_bits(__bfloat162float(tile[k][line])));
+            mr = max(mr, gk_abs_bits(__bfloat162float(tile[line][k])));
+            mc = max(mc, gk_abs_bits(__bfloat162float(tile[k][line])));
         }
         mr = max(mr, __shfl_xor_sync(0xffffffffu, mr, 1));
         mc = max(mc, __shfl_xor_sync(0xffffffffu, mc, 1));
@@ -208,13 +186,13 @@ __global__ void __launch_bounds__(FT_THREADS)
 
 cudaError_t gk_fp8_cast_batch(const bf16 *x, int ldx, int rows, int cols, int how, int e5m2,
                               unsigned char *q, float *sq, unsigned char *qt, int ldt, float *sqt,
-                              unsigned *work, int batch, size_t xs, size_t qs, size_t ss,
-                              cudaStream_t s)
+                              unsigned *work, bool known, int batch, size_t xs, size_t qs,
+                              size_t ss, cudaStream_t s)
 {
     if (!rows || !cols || batch < 1) return cudaGetLastError();
     /* every matrix's rows on 16 bytes when the first's are */
     bool strides = xs % 8 == 0 && qs % 16 == 0;
-    if (how == EXEC_FP8_TENSOR) {
+    if (how == EXEC_FP8_TENSOR && !known) {
         cudaError_t e = cudaMemsetAsync(work, 0, sizeof(unsigned) * batch, s);
         if (e != cudaSuccess) return e;
         bool v8 = ldx % 8 == 0 && aligned(x, 16) && cols % 8 == 0 && (batch == 1 || strides);
@@ -235,8 +213,16 @@ cudaError_t gk_fp8_cast(const bf16 *x, int ldx, int rows, int cols, int how, int
                         unsigned char *q, float *sq, unsigned char *qt, int ldt, float *sqt,
                         unsigned *work, cudaStream_t s)
 {
-    return gk_fp8_cast_batch(x, ldx, rows, cols, how, e5m2, q, sq, qt, ldt, sqt, work, 1, 0, 0, 0,
-                             s);
+    return gk_fp8_cast_batch(x, ldx, rows, cols, how, e5m2, q, sq, qt, ldt, sqt, work, false, 1, 0,
+                             0, 0, s);
+}
+
+cudaError_t gk_fp8_cast_known(const bf16 *x, int ldx, int rows, int cols, int e5m2,
+                              unsigned char *q, float *sq, unsigned char *qt, int ldt, float *sqt,
+                              const unsigned *amax, cudaStream_t s)
+{
+    return gk_fp8_cast_batch(x, ldx, rows, cols, EXEC_FP8_TENSOR, e5m2, q, sq, qt, ldt, sqt,
+                             (unsigned *)amax, true, 1, 0, 0, 0, s);
 }
 
 /* ---- the experts' SwiGLU, its output and its gradients quantized ------------------------------ */
@@ -270,7 +256,7 @@ __global__ void __launch_bounds__(FT_THREADS)
                 act_fwd(__bfloat162float(g[at]), __bfloat162float(u[at]), alpha, limit));
             hm[at] = b;
             v[k] = __bfloat162float(b);
-            m = max(m, abs_bits(v[k]));
+            m = max(m, gk_abs_bits(v[k]));
         }
         for (int x = 16; x > 0; x >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, x));
         float s = scale_of(__uint_as_float(m), e5m2);
@@ -337,8 +323,8 @@ __global__ void __launch_bounds__(FT_THREADS)
         for (int k = 0; k < 2; k++) {
             unsigned mr = 0, mc = 0;
             for (int j = half * 64; j < half * 64 + 64; j++) {
-                mr = max(mr, abs_bits(__bfloat162float(tl[k][line][j])));
-                mc = max(mc, abs_bits(__bfloat162float(tl[k][j][line])));
+                mr = max(mr, gk_abs_bits(__bfloat162float(tl[k][line][j])));
+                mc = max(mc, gk_abs_bits(__bfloat162float(tl[k][j][line])));
             }
             mr = max(mr, __shfl_xor_sync(0xffffffffu, mr, 1));
             mc = max(mc, __shfl_xor_sync(0xffffffffu, mc, 1));

@@ -114,23 +114,43 @@ static enum moe_status mm_expert(struct exec_gpu *g, bool ta, bool tb, bool vary
  * after it. Everything else (the router, the head, the biases' gradients, a width not a multiple of 16)
  * stays bf16. */
 
-/* The quantized slice that starts at W (rows x cols), or NULL */
-static const struct exec_fp8_slice *fp8_slice(const struct exec_gpu *g, const bf16 *W, int rows,
-                                              int cols)
+/* The index of the quantized slice whose first parameter is `off`, or -1 */
+static int fp8_slice_at(const struct exec_gpu *g, size_t off)
 {
-    if (!g->fp8 || W < g->w16 || W >= g->w16 + g->table.nparams) return NULL;
-    size_t off = (size_t)(W - g->w16);
     int lo = 0, hi = g->f8.n - 1;
     while (lo <= hi) {
         int mid = (lo + hi) / 2;
         const struct exec_fp8_slice *s = &g->f8.slice[mid];
-        if (s->off == off) return s->rows == rows && s->cols == cols ? s : NULL;
+        if (s->off == off) return mid;
         if (s->off < off)
             lo = mid + 1;
         else
             hi = mid - 1;
     }
-    return NULL;
+    return -1;
+}
+
+/* The quantized slice that starts at W (rows x cols), or NULL */
+static const struct exec_fp8_slice *fp8_slice(const struct exec_gpu *g, const bf16 *W, int rows,
+                                              int cols)
+{
+    if (!g->fp8 || W < g->w16 || W >= g->w16 + g->table.nparams) return NULL;
+    int i = fp8_slice_at(g, (size_t)(W - g->w16));
+    if (i < 0) return NULL;
+    const struct exec_fp8_slice *s = &g->f8.slice[i];
+    return s->rows == rows && s->cols == cols ? s : NULL;
+}
+
+const struct gk_amax_rows *gpu_fp8_weight_rows(const struct exec_gpu *g, int t,
+                                               struct gk_amax_rows *am)
+{
+    const struct exec_tensor *x = &g->table.tensor[t];
+    int i = g->w8kept ? fp8_slice_at(g, x->offset) : -1;
+    if (i < 0) return NULL;
+    size_t size = (size_t)g->f8.slice[i].rows * g->f8.slice[i].cols;
+    if (x->size % size || i + x->size / size > (size_t)g->f8.n) return NULL;
+    *am = gk_amax_rows{NULL, (int)(x->size / size), (int)size, {g->w8kept + i, NULL}};
+    return am;
 }
 
 /* The slice of tensor t's gradient slice `slice` (an expert's, else the tensor), or NULL */
@@ -143,10 +163,12 @@ static const struct exec_fp8_slice *fp8_grad_slice(const struct exec_gpu *g, int
 }
 
 /* A tensor's slices (its experts) at once: consecutive slices of one shape, their parameters,
- * copies and factors equally spaced, up to the experts' count (w8amax's room) */
+ * copies and factors equally spaced, up to the experts' count (w8amax's room); with per-tensor
+ * scaling their amax as AdamW kept them where it did (w8kept_ok), else a pass of their own */
 enum moe_status gpu_fp8_weights(struct exec_gpu *g, struct moe_error *err)
 {
     int how = g->f8.weight, most = g->experts > 1 ? g->experts : 1;
+    bool known = g->w8kept_ok;
     for (int i = 0, n; i < g->f8.n; i += n) {
         const struct exec_fp8_slice *s = &g->f8.slice[i];
         size_t size = (size_t)s->rows * s->cols, ss = i + 1 < g->f8.n ? s[1].s - s->s : 0;
@@ -158,9 +180,10 @@ enum moe_status gpu_fp8_weights(struct exec_gpu *g, struct moe_error *err)
         }
         MOE_CUDA_CHECK(gk_fp8_cast_batch(g->w16 + s->off, s->cols, s->rows, s->cols, how, 0,
                                          g->w8 + s->q, g->w8s + s->s, g->w8t + s->q, s->rows,
-                                         g->w8s + s->st, g->w8amax, n, size, size, ss, g->s));
+                                         g->w8s + s->st, known ? g->w8kept + i : g->w8amax, known,
+                                         n, size, size, ss, g->s));
     }
-    g->w8_stale = false;
+    g->w8_stale = g->w8kept_ok = false;
     return MOE_OK;
 }
 
@@ -183,34 +206,81 @@ bool gpu_fp8_fused_ok(const struct exec_gpu *g, int l)
            fp8_slice(g, W16(g, w[W_DOWN]), h, f);
 }
 
+/* Which expert's rows X (T rows of a permuted matrix from base, ld wide, its experts' rows from
+ * off[e]) is: the expert whose rows start at X's first and number T; -1 where X is none. */
+static int expert_at(const struct exec_gpu *g, const bf16 *base, const int *off, int ld,
+                     const bf16 *X, int T)
+{
+    int E = g->experts;
+    if (!base || X < base || X >= base + (size_t)off[E] * ld || (size_t)(X - base) % ld) return -1;
+    int o = (int)((size_t)(X - base) / ld), lo = 0, hi = E - 1;
+    while (lo <= hi) { /* empty experts start where the next one does: T > 0 tells them apart */
+        int e = (lo + hi) / 2;
+        if (off[e] < o || (off[e] == o && off[e + 1] - off[e] < T))
+            lo = e + 1;
+        else if (off[e] > o)
+            hi = e - 1;
+        else
+            return off[e + 1] - off[e] == T ? e : -1;
+    }
+    return -1;
+}
+
 /* The fused SwiGLU backward's copies of dY (T x out, ld), if it is one expert's rows of its
  * gradients: *row the row-major operand, *tr the transposed one; false otherwise. */
 static bool fp8_pre_of(const struct exec_gpu *g, const bf16 *dY, int ld, int T, int out, int e5m2,
                        struct gk_fp8_mat *row, struct gk_fp8_mat *tr)
 {
     for (int k = 0; k < 2; k++) {
-        const bf16 *key = g->f8pre.key[k];
-        if (!key || dY < key || ld != out || ld != g->ffn || (size_t)(dY - key) % out) continue;
-        int o = (int)((size_t)(dY - key) / out), lo = 0, hi = g->experts - 1;
-        const int *off = g->f8pre.off;
-        while (lo <= hi) { /* the expert whose rows start at o and number T */
-            int e = (lo + hi) / 2;
-            if (off[e] < o || (off[e] == o && off[e + 1] - off[e] < T)) {
-                lo = e + 1;
-            } else if (off[e] > o) {
-                hi = e - 1;
-            } else {
-                if (off[e + 1] - off[e] != T) return false;
-                int np = exec_fp8_pad(T);
-                *row = gk_fp8_mat{g->f8pre.q[k] + g->f8pre.qo[e], g->f8pre.s[k] + g->f8pre.so[e],
-                                  out, EXEC_FP8_TILE_1X128, e5m2};
-                *tr = gk_fp8_mat{g->f8pre.qt[k] + g->f8pre.qo[e], g->f8pre.st[k] + g->f8pre.sto[e],
-                                 np, EXEC_FP8_TILE_1X128, e5m2};
-                return true;
-            }
-        }
+        if (ld != out || ld != g->ffn) continue;
+        int e = expert_at(g, g->f8pre.key[k], g->f8pre.off, ld, dY, T);
+        if (e < 0) continue;
+        *row = gk_fp8_mat{g->f8pre.q[k] + g->f8pre.qo[e], g->f8pre.s[k] + g->f8pre.so[e], out,
+                          EXEC_FP8_TILE_1X128, e5m2};
+        *tr = gk_fp8_mat{g->f8pre.qt[k] + g->f8pre.qo[e], g->f8pre.st[k] + g->f8pre.sto[e],
+                         exec_fp8_pad(T), EXEC_FP8_TILE_1X128, e5m2};
+        return true;
     }
     return false;
+}
+
+/* ---- the experts' amax kept by the kernels that write their rows (f8.amax_rows) ---- */
+
+/* Layer l's kept amax of `kind` (expert e's at [e]), NULL where none is kept */
+static unsigned *fp8_rows_at(const struct exec_gpu *g, int l, int kind)
+{
+    if (!g->f8rows || g->cfg.ep || g->moe_index[l] < 0) return NULL;
+    return g->f8rows + ((size_t)g->moe_index[l] * F8_ROWS + kind) * g->experts;
+}
+
+enum moe_status gpu_fp8_rows(struct exec_gpu *g, int l, int kind, int n, const int *off_dev,
+                             int cols, struct gk_amax_rows *am, const struct gk_amax_rows **out,
+                             struct moe_error *err)
+{
+    unsigned *a = fp8_rows_at(g, l, kind);
+    *out = NULL;
+    if (!a) return MOE_OK;
+    MOE_CUDA_CHECK(cudaMemsetAsync(a, 0, sizeof(unsigned) * (size_t)n * g->experts, g->s));
+    *am = gk_amax_rows{off_dev, g->experts, cols, {a, n > 1 ? a + g->experts : NULL}};
+    *out = am;
+    return MOE_OK;
+}
+
+void gpu_fp8_know(struct exec_gpu *g, int l, int kind, const bf16 *base, int ld)
+{
+    const unsigned *a = fp8_rows_at(g, l, kind);
+    if (a && g->nf8known < (int)(sizeof g->f8known / sizeof *g->f8known))
+        g->f8known[g->nf8known++] = {base, ld, g->off_host[l], a};
+}
+
+/* The amax kept for X (T rows, ld wide) if it is one expert's rows of a known matrix */
+static const unsigned *fp8_known(const struct exec_gpu *g, const bf16 *X, int ld, int T)
+{
+    for (int k = 0; k < g->nf8known; k++) {
+        int e = expert_at(g, g->f8known[k].base, g->f8known[k].off, g->f8known[k].ld, X, T);
+        if (e >= 0 && ld == g->f8known[k].ld) return g->f8known[k].amax + e;
+    }
+    return NULL;
 }
 
 /* Whether x8 keeps src (rows x cols, ld) in format e5m2 (and its transpose, t) */
@@ -236,6 +306,18 @@ static cudaStream_t stream_now(const struct exec_gpu *g)
 static void *ws_now(const struct exec_gpu *g)
 {
     return g->cur_side < 0 ? g->blas_ws : g->side_ws[g->cur_side];
+}
+
+/* gk_fp8_cast of X (rows x cols, ld) with the activations' scaling on the stream now: with
+ * per-tensor scaling the amax a kernel kept for those rows where there is one (fp8_known) */
+static cudaError_t fp8_cast(struct exec_gpu *g, const bf16 *X, int ld, int rows, int cols, int e5m2,
+                            unsigned char *q, float *sq, unsigned char *qt, int ldt, float *sqt)
+{
+    const unsigned *kn = g->f8.act == EXEC_FP8_TENSOR ? fp8_known(g, X, ld, rows) : NULL;
+    if (kn)
+        return gk_fp8_cast_known(X, ld, rows, cols, e5m2, q, sq, qt, ldt, sqt, kn, stream_now(g));
+    return gk_fp8_cast(X, ld, rows, cols, g->f8.act, e5m2, q, sq, qt, ldt, sqt,
+                       fp8_scratch_now(g)->amax, stream_now(g));
 }
 
 /* fast: the forward with per-tensor scaling (Transformer Engine's and so Megatron's tensorwise
@@ -280,8 +362,7 @@ enum moe_status gpu_lin(struct exec_gpu *g, const bf16 *X, int ldx, const bf16 *
             return fp8_mm(g, &w, &x, T, out, in, Y, ldy, yt, beta, ha == EXEC_FP8_TENSOR, err);
         }
         if (!fp8_kept_is(x8, X, ldx, T, in, 0, false)) /* the gate's input is the up's */
-            MOE_CUDA_CHECK(gk_fp8_cast(X, ldx, T, in, ha, 0, x8->a, x8->sa, NULL, 0, NULL, x8->amax,
-                                       stream_now(g)));
+            MOE_CUDA_CHECK(fp8_cast(g, X, ldx, T, in, 0, x8->a, x8->sa, NULL, 0, NULL));
         fp8_keep(x8, X, ldx, T, in, 0, false);
         x = gk_fp8_mat{x8->a, x8->sa, in, ha, 0};
         return fp8_mm(g, &w, &x, T, out, in, Y, ldy, yt, beta, ha == EXEC_FP8_TENSOR, err);
@@ -312,8 +393,7 @@ enum moe_status gpu_lin_dx(struct exec_gpu *g, const bf16 *dY, int lddy, const b
         }
         /* both ways at once: the weight gradient that follows takes the transpose */
         if (!fp8_kept_is(x8, dY, lddy, T, out, e5, true))
-            MOE_CUDA_CHECK(gk_fp8_cast(dY, lddy, T, out, ha, e5, x8->a, x8->sa, x8->c, Tp, x8->sc,
-                                       x8->amax, stream_now(g)));
+            MOE_CUDA_CHECK(fp8_cast(g, dY, lddy, T, out, e5, x8->a, x8->sa, x8->c, Tp, x8->sc));
         fp8_keep(x8, dY, lddy, T, out, e5, true);
         return fp8_mm(g, &w, &x, T, in, out, dX, lddx, xt, beta, false, err);
     }
@@ -336,18 +416,15 @@ enum moe_status gpu_lin_dw(struct exec_gpu *g, const bf16 *dY, int lddy, const b
     if (fp8_grad_slice(g, t, slice, out, in)) {
         struct fp8_scratch *x8 = fp8_scratch_now(g);
         int ha = g->f8.act, e5 = g->cfg.fp8_e5m2_grads, Tp = exec_fp8_pad(T);
-        cudaStream_t s = stream_now(g);
         struct gk_fp8_mat row, x = {x8->a, x8->sa, Tp, ha, e5};
         bool pre = fp8_pre_of(g, dY, lddy, T, out, e5, &row, &x);        /* the fused SwiGLU's */
         bool kept = !pre && fp8_kept_is(x8, dY, lddy, T, out, e5, true); /* the data gradient's */
         if (kept) x.q = x8->c, x.sinv = x8->sc;
         if (!pre && !kept)
-            MOE_CUDA_CHECK(
-                gk_fp8_cast(dY, lddy, T, out, ha, e5, NULL, NULL, x8->a, Tp, x8->sa, x8->amax, s));
+            MOE_CUDA_CHECK(fp8_cast(g, dY, lddy, T, out, e5, NULL, NULL, x8->a, Tp, x8->sa));
         const struct fp8_kept *kb = &x8->kept_b;
         if (!(kb->src == X && kb->ld == ldx && kb->rows == T && kb->cols == in))
-            MOE_CUDA_CHECK(
-                gk_fp8_cast(X, ldx, T, in, ha, 0, NULL, NULL, x8->b, Tp, x8->sb, x8->amax, s));
+            MOE_CUDA_CHECK(fp8_cast(g, X, ldx, T, in, 0, NULL, NULL, x8->b, Tp, x8->sb));
         x8->kept_b = fp8_kept{X, ldx, T, in, 0, true};
         x8->kept.src = NULL; /* a may be written over */
         struct gk_fp8_mat w = {x8->b, x8->sb, Tp, ha, 0};

@@ -644,67 +644,94 @@ cudaError_t gk_mla_disassemble(const float *dq32, const float *dk32, const float
 
 /* ---- SwiGLU -------------------------------------------------------------------------------- */
 
-/* V elements a thread, nv threads' worth; computed in fp32 from the bf16 GEMM outputs. */
+/* V elements a thread, nv threads' worth; computed in fp32 from the bf16 GEMM outputs. With am
+ * (amax[0] not NULL), each expert's amax of the bf16 values written (base: the element this
+ * launch starts at). */
 template <int V>
 __global__ void k_swiglu(const bf16 *g, const bf16 *u, bf16 *hm, size_t nv, float alpha,
-                         float limit)
+                         float limit, struct gk_amax_rows am, size_t base)
 {
+    __shared__ unsigned red[TPB / 32];
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i >= nv) return;
-    float x[V], y[V];
-    ld_bf16<V>(g + i * V, x);
-    ld_bf16<V>(u + i * V, y);
-    for (int k = 0; k < V; k++) x[k] = act_fwd(x[k], y[k], alpha, limit);
-    st_bf16<V>(hm + i * V, x);
+    unsigned m = 0;
+    if (i < nv) {
+        float x[V], y[V];
+        ld_bf16<V>(g + i * V, x);
+        ld_bf16<V>(u + i * V, y);
+        for (int k = 0; k < V; k++) {
+            x[k] = act_fwd(x[k], y[k], alpha, limit);
+            m = max(m, gk_abs_bits(__bfloat162float(__float2bfloat16(x[k]))));
+        }
+        st_bf16<V>(hm + i * V, x);
+    }
+    if (am.amax[0]) gk_rows_amax_v<V>(am, 0, m, i, nv, base, red);
 }
 
 template <int V>
 __global__ void k_swiglu_backward(const bf16 *g, const bf16 *u, const bf16 *dhm, bf16 *dg, bf16 *du,
-                                  size_t nv, float alpha, float limit)
+                                  size_t nv, float alpha, float limit, struct gk_amax_rows am,
+                                  size_t base)
 {
+    __shared__ unsigned red[TPB / 32];
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i >= nv) return;
-    float x[V], y[V], d[V];
-    ld_bf16<V>(g + i * V, x);
-    ld_bf16<V>(u + i * V, y);
-    ld_bf16<V>(dhm + i * V, d);
-    for (int k = 0; k < V; k++) act_bwd(x[k], y[k], d[k], alpha, limit, &x[k], &d[k]);
-    st_bf16<V>(du + i * V, d);
-    st_bf16<V>(dg + i * V, x);
+    unsigned mg = 0, mu = 0;
+    if (i < nv) {
+        float x[V], y[V], d[V];
+        ld_bf16<V>(g + i * V, x);
+        ld_bf16<V>(u + i * V, y);
+        ld_bf16<V>(dhm + i * V, d);
+        for (int k = 0; k < V; k++) {
+            act_bwd(x[k], y[k], d[k], alpha, limit, &x[k], &d[k]);
+            mg = max(mg, gk_abs_bits(__bfloat162float(__float2bfloat16(x[k]))));
+            mu = max(mu, gk_abs_bits(__bfloat162float(__float2bfloat16(d[k]))));
+        }
+        st_bf16<V>(du + i * V, d);
+        st_bf16<V>(dg + i * V, x);
+    }
+    if (am.amax[0]) {
+        gk_rows_amax_v<V>(am, 0, mg, i, nv, base, red);
+        gk_rows_amax_v<V>(am, 1, mu, i, nv, base, red);
+    }
 }
 
 /* How many of n elements go eight at a time: all but the tail when every pointer is 16-byte
- * aligned, none otherwise. */
-static size_t by_eight(size_t n, const void *const *ptrs, int np)
+ * aligned (and with amax kept, the rows a multiple of 8 wide: a thread's values in one row),
+ * none otherwise. */
+static size_t by_eight(size_t n, const void *const *ptrs, int np, const struct gk_amax_rows *am)
 {
     for (int i = 0; i < np; i++)
         if (!aligned(ptrs[i], 16)) return 0;
-    return n / 8;
+    return am && am->cols % 8 ? 0 : n / 8;
 }
 
+static const struct gk_amax_rows no_amax = {NULL, 0, 1, {NULL, NULL}};
+
 cudaError_t gk_swiglu(const bf16 *g, const bf16 *u, bf16 *hm, size_t n, float alpha, float limit,
-                      cudaStream_t s)
+                      const struct gk_amax_rows *am, cudaStream_t s)
 {
     const void *p[] = {g, u, hm};
-    size_t n8 = by_eight(n, p, 3), o = 8 * n8;
-    if (n8) k_swiglu<8><<<blocks_for(n8, TPB), TPB, 0, s>>>(g, u, hm, n8, alpha, limit);
+    size_t n8 = by_eight(n, p, 3, am), o = 8 * n8;
+    const struct gk_amax_rows a = am ? *am : no_amax;
+    if (n8) k_swiglu<8><<<blocks_for(n8, TPB), TPB, 0, s>>>(g, u, hm, n8, alpha, limit, a, 0);
     if (n > o)
-        k_swiglu<1>
-            <<<blocks_for(n - o, TPB), TPB, 0, s>>>(g + o, u + o, hm + o, n - o, alpha, limit);
+        k_swiglu<1><<<blocks_for(n - o, TPB), TPB, 0, s>>>(g + o, u + o, hm + o, n - o, alpha,
+                                                           limit, a, o);
     return cudaGetLastError();
 }
 
 cudaError_t gk_swiglu_backward(const bf16 *g, const bf16 *u, const bf16 *dhm, bf16 *dg, bf16 *du,
-                               size_t n, float alpha, float limit, cudaStream_t s)
+                               size_t n, float alpha, float limit, const struct gk_amax_rows *am,
+                               cudaStream_t s)
 {
     const void *p[] = {g, u, dhm, dg, du};
-    size_t n8 = by_eight(n, p, 5), o = 8 * n8;
+    size_t n8 = by_eight(n, p, 5, am), o = 8 * n8;
+    const struct gk_amax_rows a = am ? *am : no_amax;
     if (n8)
         k_swiglu_backward<8>
-            <<<blocks_for(n8, TPB), TPB, 0, s>>>(g, u, dhm, dg, du, n8, alpha, limit);
+            <<<blocks_for(n8, TPB), TPB, 0, s>>>(g, u, dhm, dg, du, n8, alpha, limit, a, 0);
     if (n > o)
-        k_swiglu_backward<1><<<blocks_for(n - o, TPB), TPB, 0, s>>>(g + o, u + o, dhm + o, dg + o,
-                                                                    du + o, n - o, alpha, limit);
+        k_swiglu_backward<1><<<blocks_for(n - o, TPB), TPB, 0, s>>>(
+            g + o, u + o, dhm + o, dg + o, du + o, n - o, alpha, limit, a, o);
     return cudaGetLastError();
 }
 
@@ -852,71 +879,89 @@ template <bool M16> __device__ __forceinline__ void mom_store(void *b, size_t i,
     st_bf16<4>((bf16 *)b + 4 * i, f);
 }
 
+/* |v| of a value as its bf16 copy holds it, as gk_abs_bits */
+static __device__ __forceinline__ unsigned bf16_abs_bits(float v)
+{
+    return gk_abs_bits(__bfloat162float(__float2bfloat16(v)));
+}
+
 /* Four elements a thread by 16-byte loads (memory bound: 30 bytes an element with fp32 moments,
  * 22 with bf16 ones); n4 = n / 4. The update uses the moments unrounded; bf16 ones are stored
- * rounded to nearest. */
+ * rounded to nearest. With am, each slice's amax of the bf16 copy (struct gk_amax_rows). */
 template <bool M16>
 __global__ void k_adamw4(float4 *p, const float4 *g, void *m1, void *m2, __nv_bfloat162 *w16,
-                         size_t n4, struct gk_adamw a)
+                         size_t n4, struct gk_adamw a, struct gk_amax_rows am)
 {
+    __shared__ unsigned red[TPB / 32];
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i >= n4) return;
-    float4 x = p[i], gr = g[i], m = mom_load<M16>(m1, i), v = mom_load<M16>(m2, i);
-    x.x = adamw_one(x.x, gr.x, &m.x, &v.x, a);
-    x.y = adamw_one(x.y, gr.y, &m.y, &v.y, a);
-    x.z = adamw_one(x.z, gr.z, &m.z, &v.z, a);
-    x.w = adamw_one(x.w, gr.w, &m.w, &v.w, a);
-    p[i] = x;
-    mom_store<M16>(m1, i, m);
-    mom_store<M16>(m2, i, v);
-    w16[2 * i] = __floats2bfloat162_rn(x.x, x.y);
-    w16[2 * i + 1] = __floats2bfloat162_rn(x.z, x.w);
+    unsigned mx = 0;
+    if (i < n4) {
+        float4 x = p[i], gr = g[i], m = mom_load<M16>(m1, i), v = mom_load<M16>(m2, i);
+        x.x = adamw_one(x.x, gr.x, &m.x, &v.x, a);
+        x.y = adamw_one(x.y, gr.y, &m.y, &v.y, a);
+        x.z = adamw_one(x.z, gr.z, &m.z, &v.z, a);
+        x.w = adamw_one(x.w, gr.w, &m.w, &v.w, a);
+        p[i] = x;
+        mom_store<M16>(m1, i, m);
+        mom_store<M16>(m2, i, v);
+        w16[2 * i] = __floats2bfloat162_rn(x.x, x.y);
+        w16[2 * i + 1] = __floats2bfloat162_rn(x.z, x.w);
+        mx = max(max(bf16_abs_bits(x.x), bf16_abs_bits(x.y)),
+                 max(bf16_abs_bits(x.z), bf16_abs_bits(x.w)));
+    }
+    if (am.amax[0]) gk_rows_amax_v<4>(am, 0, mx, i, n4, 0, red);
 }
 
 template <bool M16>
 __global__ void k_adamw(float *p, const float *g, void *m1, void *m2, bf16 *w16, size_t n,
-                        struct gk_adamw a)
+                        struct gk_adamw a, struct gk_amax_rows am, size_t base)
 {
+    __shared__ unsigned red[TPB / 32];
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    float m = M16 ? __bfloat162float(((bf16 *)m1)[i]) : ((float *)m1)[i];
-    float v = M16 ? __bfloat162float(((bf16 *)m2)[i]) : ((float *)m2)[i];
-    float x = adamw_one(p[i], g[i], &m, &v, a);
-    if (M16) {
-        ((bf16 *)m1)[i] = __float2bfloat16(m);
-        ((bf16 *)m2)[i] = __float2bfloat16(v);
-    } else {
-        ((float *)m1)[i] = m;
-        ((float *)m2)[i] = v;
+    unsigned mx = 0;
+    if (i < n) {
+        float m = M16 ? __bfloat162float(((bf16 *)m1)[i]) : ((float *)m1)[i];
+        float v = M16 ? __bfloat162float(((bf16 *)m2)[i]) : ((float *)m2)[i];
+        float x = adamw_one(p[i], g[i], &m, &v, a);
+        if (M16) {
+            ((bf16 *)m1)[i] = __float2bfloat16(m);
+            ((bf16 *)m2)[i] = __float2bfloat16(v);
+        } else {
+            ((float *)m1)[i] = m;
+            ((float *)m2)[i] = v;
+        }
+        p[i] = x;
+        w16[i] = __float2bfloat16(x);
+        mx = bf16_abs_bits(x);
     }
-    p[i] = x;
-    w16[i] = __float2bfloat16(x);
+    if (am.amax[0]) gk_rows_amax_v<1>(am, 0, mx, i, n, base, red);
 }
 
 template <bool M16>
 static void adamw_launch(float *p, const float *g, void *m1, void *m2, bf16 *w16, size_t n,
-                         const struct gk_adamw *a, cudaStream_t s)
+                         const struct gk_adamw *a, const struct gk_amax_rows &am, cudaStream_t s)
 {
     size_t n4 = 0, mb = M16 ? 2 : 4;
     if (aligned(p, 16) && aligned(g, 16) && aligned(m1, 4 * mb) && aligned(m2, 4 * mb) &&
-        aligned(w16, 8))
+        aligned(w16, 8) && am.cols % 4 == 0) /* with am: a thread's four in one slice */
         n4 = n / 4;
     if (n4)
         k_adamw4<M16><<<blocks_for(n4, TPB), TPB, 0, s>>>((float4 *)p, (const float4 *)g, m1, m2,
-                                                          (__nv_bfloat162 *)w16, n4, *a);
+                                                          (__nv_bfloat162 *)w16, n4, *a, am);
     size_t r = n - 4 * n4;
     if (r)
-        k_adamw<M16>
-            <<<blocks_for(r, TPB), TPB, 0, s>>>(p + 4 * n4, g + 4 * n4, (char *)m1 + 4 * n4 * mb,
-                                                (char *)m2 + 4 * n4 * mb, w16 + 4 * n4, r, *a);
+        k_adamw<M16><<<blocks_for(r, TPB), TPB, 0, s>>>(
+            p + 4 * n4, g + 4 * n4, (char *)m1 + 4 * n4 * mb, (char *)m2 + 4 * n4 * mb,
+            w16 + 4 * n4, r, *a, am, 4 * n4);
 }
 
 cudaError_t gk_adamw(float *p, const float *g, void *m1, void *m2, bool m16, bf16 *w16, size_t n,
-                     const struct gk_adamw *a, cudaStream_t s)
+                     const struct gk_adamw *a, const struct gk_amax_rows *am, cudaStream_t s)
 {
+    const struct gk_amax_rows k = am ? *am : gk_amax_rows{NULL, 0, 4, {NULL, NULL}};
     if (m16)
-        adamw_launch<true>(p, g, m1, m2, w16, n, a, s);
+        adamw_launch<true>(p, g, m1, m2, w16, n, a, k, s);
     else
-        adamw_launch<false>(p, g, m1, m2, w16, n, a, s);
+        adamw_launch<false>(p, g, m1, m2, w16, n, a, k, s);
     return cudaGetLastError();
 }

@@ -21,6 +21,19 @@ typedef __nv_bfloat16 bf16;
 #define GK_NORM_BLOCKS 1024 /* partial sums of the gradient norm */
 #define GK_MAX_EXPERTS 512  /* the router kernels keep a token's scores in registers */
 
+/* Per-tensor fp8: the kernels that write the experts' permuted matrices (the gather, SwiGLU and
+ * its backward, the combine's backward) can keep the amax of each expert's rows (E experts, rows
+ * from off[e], a device array; the matrix `cols` wide) in amax[0][e] (the SwiGLU backward: its dg's
+ * there, its du's in amax[1][e]), as gk_abs_bits, into what the caller zeroed; the quantization
+ * of those rows then skips its own pass over them (gk_fp8_cast_known). Without off every "row"
+ * of `cols` values is its own: AdamW keeps a weight's amax slice by slice so. A launcher given
+ * NULL keeps none. */
+struct gk_amax_rows {
+    const int *off;
+    int E, cols;
+    unsigned *amax[2];
+};
+
 #ifdef __CUDACC__
 /* What the kernels' files share: threads per block, blocks for n items, the alignment test, a
  * block's sum, vector loads and stores of bf16 and fp32. */
@@ -46,6 +59,75 @@ static __device__ __forceinline__ float block_sum(float v, float *red)
     float s = 0.0f;
     for (int i = 0; i < nw; i++) s += red[i];
     return s;
+}
+/* |x| as ordered bits, what an fp8 amax keeps (a NaN sorts above every number, as ref_fp8.c
+ * keeps it); the largest of 8 bf16 values in a 16-byte word. */
+static __device__ __forceinline__ unsigned gk_abs_bits(float x)
+{
+    return __float_as_uint(x) & 0x7FFFFFFFu;
+}
+static __device__ __forceinline__ unsigned gk_abs_bits8(uint4 v)
+{
+    const __nv_bfloat162 *b = (const __nv_bfloat162 *)&v;
+    unsigned m = 0;
+    for (int k = 0; k < 4; k++)
+        m = max(m, max(gk_abs_bits(__low2float(b[k])), gk_abs_bits(__high2float(b[k]))));
+    return m;
+}
+/* The block's largest v; all threads get it. `red`: an unsigned a warp. */
+static __device__ __forceinline__ unsigned gk_block_max(unsigned v, unsigned *red)
+{
+    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+    int w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) red[w] = v;
+    __syncthreads();
+    unsigned m = 0;
+    for (int i = 0; i < nw; i++) m = max(m, red[i]);
+    return m;
+}
+/* The expert whose rows hold row r of a permuted matrix (off: E + 1 row offsets): the last e
+ * with off[e] <= r; without off, every row its own (r) */
+static __device__ __forceinline__ int gk_expert_of(const int *off, int E, int r)
+{
+    if (!off) return r;
+    int lo = 0, hi = E - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (off[mid] <= r)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+/* Per-tensor fp8 (struct gk_amax_rows): the block's values into their experts' amax. Every thread
+ * of the block calls it (m: the amax of its values, as gk_abs_bits; row: their row, or -1 for
+ * none); the block's rows are lo..hi. Rows of one expert: one atomic for the block; else each
+ * thread's own. A maximum is exact in any order, so the result is deterministic. */
+static __device__ __forceinline__ void gk_rows_amax(const int *off, int E, unsigned *amax,
+                                                    unsigned m, int row, int lo, int hi,
+                                                    unsigned *red)
+{
+    int e = gk_expert_of(off, E, lo);
+    if (e == gk_expert_of(off, E, hi)) { /* the same for every thread */
+        m = gk_block_max(m, red);
+        if (threadIdx.x == 0 && m) atomicMax(amax + e, m);
+    } else if (row >= 0 && m) {
+        atomicMax(amax + gk_expert_of(off, E, row), m);
+    }
+}
+/* The same for an elementwise kernel whose thread i (of nv) holds the V values from element
+ * base + i V (base: the launch's first), all in one row (the launcher sees to it) */
+template <int V>
+static __device__ __forceinline__ void gk_rows_amax_v(const struct gk_amax_rows &am, int which,
+                                                      unsigned m, size_t i, size_t nv, size_t base,
+                                                      unsigned *red)
+{
+    size_t c = (size_t)am.cols, first = blockIdx.x * (size_t)blockDim.x,
+           last = (first + blockDim.x < nv ? first + blockDim.x : nv) - 1;
+    gk_rows_amax(am.off, am.E, am.amax[which], m, i < nv ? (int)((base + i * V) / c) : -1,
+                 (int)((base + first * V) / c), (int)((base + last * V + V - 1) / c), red);
 }
 /* V bf16 values to fp32 and back: one 16-byte (V 8) or 8-byte (V 4) access, the pointer aligned
  * to it; element by element otherwise. */
@@ -204,11 +286,17 @@ cudaError_t gk_fp8_swiglu_backward(const bf16 *g, const bf16 *u, const bf16 *dhm
                                    float *su, float *sut, cudaStream_t s);
 /* gk_fp8_cast on `batch` matrices of the same shape at once: matrix z's input xs elements after
  * x, its copies qs bytes after q and qt, their factors ss floats after sq and sqt, and with the
- * tensor's scaling its amax in work[z] (batch unsigneds of device scratch). */
+ * tensor's scaling its amax in work[z] (batch unsigneds of device scratch), or, known, already
+ * there (as gk_abs_bits: struct gk_amax_rows) and no pass over x for it. */
 cudaError_t gk_fp8_cast_batch(const bf16 *x, int ldx, int rows, int cols, int how, int e5m2,
                               unsigned char *q, float *sq, unsigned char *qt, int ldt, float *sqt,
-                              unsigned *work, int batch, size_t xs, size_t qs, size_t ss,
-                              cudaStream_t s);
+                              unsigned *work, bool known, int batch, size_t xs, size_t qs,
+                              size_t ss, cudaStream_t s);
+/* gk_fp8_cast with per-tensor scaling whose amax is known (*amax, as gk_abs_bits; struct
+ * gk_amax_rows): no pass of its own over x. */
+cudaError_t gk_fp8_cast_known(const bf16 *x, int ldx, int rows, int cols, int e5m2,
+                              unsigned char *q, float *sq, unsigned char *qt, int ldt, float *sqt,
+                              const unsigned *amax, cudaStream_t s);
 /* One operand of an fp8 GEMM: a K-major matrix (row-major, `ld` bytes a row) in E4M3 or E5M2,
  * with its dequantization factors as gk_fp8_cast writes them. */
 struct gk_fp8_mat {
@@ -360,22 +448,24 @@ const char *gk_cudnn_version(char *buf, size_t cap);
 /* SwiGLU on bf16 gate / up (fp32 inside): hm = silu(g) u (limit 0), or gpt-oss's clamped form
  * with alpha and limit (mdl.h); its backward from dhm. */
 cudaError_t gk_swiglu(const bf16 *g, const bf16 *u, bf16 *hm, size_t n, float alpha, float limit,
-                      cudaStream_t s);
+                      const struct gk_amax_rows *am, cudaStream_t s);
 cudaError_t gk_swiglu_backward(const bf16 *g, const bf16 *u, const bf16 *dhm, bf16 *dg, bf16 *du,
-                               size_t n, float alpha, float limit, cudaStream_t s);
+                               size_t n, float alpha, float limit, const struct gk_amax_rows *am,
+                               cudaStream_t s);
 /* cnt, base: ceil(n / GK_CHUNK) x E ints; off: E + 1 ints. */
 cudaError_t gk_permute_count(const int *choice, int n, int E, int *cnt, int *base, int *off,
                              cudaStream_t s);
 cudaError_t gk_permute_place(const int *choice, int n, int E, const int *base, const int *off,
                              int *row_src, int *pos, cudaStream_t s);
 cudaError_t gk_gather(const bf16 *x, const int *row_src, int k, int P, int h, bf16 *xp,
-                      cudaStream_t s);
+                      const struct gk_amax_rows *am, cudaStream_t s);
 /* y[t] += sum_j w[t, j] yp[pos[t, j]] (w NULL: weights 1); backward: dyp = w dy and, with w,
  * dw = dy . yp. */
 cudaError_t gk_combine(float *y, const float *yp, const float *w, const int *pos, int T, int k,
                        int h, cudaStream_t s);
 cudaError_t gk_combine_backward(const float *dy, const float *yp, const float *w, const int *pos,
-                                int T, int k, int h, bf16 *dyp, float *dw, cudaStream_t s);
+                                int T, int k, int h, bf16 *dyp, float *dw,
+                                const struct gk_amax_rows *am, cudaStream_t s);
 /* Llama 4 (the routing weight on the expert's input): row pos[p] of xp times w[p], for the P
  * pairs, in place. */
 cudaError_t gk_scale_rows(bf16 *xp, const float *w, const int *pos, int P, int h, cudaStream_t s);
@@ -400,9 +490,10 @@ cudaError_t gk_cross_entropy(bf16 *logits, const int *tgt, int T, int V, float s
                              float *row_loss, cudaStream_t s);
 cudaError_t gk_sumsq(const float *g, size_t n, double *part, cudaStream_t s);
 /* AdamW on n fp32 masters p from gradients g; the moments m1, m2 fp32, or bf16 when m16 (the
- * update uses them unrounded, stores them rounded to nearest); writes the bf16 copy w16. */
+ * update uses them unrounded, stores them rounded to nearest); writes the bf16 copy w16, and
+ * with am (no offsets: slices of am->cols values from p) each slice's amax of it. */
 cudaError_t gk_adamw(float *p, const float *g, void *m1, void *m2, bool m16, bf16 *w16, size_t n,
-                     const struct gk_adamw *a, cudaStream_t s);
+                     const struct gk_adamw *a, const struct gk_amax_rows *am, cudaStream_t s);
 
 /* Expert parallelism's rows in flight (gpu_ep.cu):
  * out[r] (+)= sum over e in [row_off[r], row_off[r+1]) of (w ? w[e] : 1) src[idx[e]] (rows of h);

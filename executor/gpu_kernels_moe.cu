@@ -82,34 +82,50 @@ cudaError_t gk_permute_place(const int *choice, int n, int E, const int *base, c
     return cudaGetLastError();
 }
 
-/* xp[p] = x[row_src[p] / k] */
-__global__ void k_gather(const bf16 *x, const int *row_src, int k, int P, int h, bf16 *xp)
+/* xp[p] = x[row_src[p] / k]; with am, each expert's amax of the values (struct gk_amax_rows) */
+__global__ void k_gather(const bf16 *x, const int *row_src, int k, int P, int h, bf16 *xp,
+                         struct gk_amax_rows am)
 {
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i >= (size_t)P * h) return;
-    size_t p = i / h, c = i % h;
-    xp[i] = x[(size_t)(row_src[p] / k) * h + c];
+    __shared__ unsigned red[TPB / 32];
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x, n = (size_t)P * h;
+    unsigned m = 0;
+    if (i < n) {
+        size_t p = i / h, c = i % h;
+        bf16 v = x[(size_t)(row_src[p] / k) * h + c];
+        xp[i] = v;
+        m = gk_abs_bits(__bfloat162float(v));
+    }
+    if (am.amax[0]) gk_rows_amax_v<1>(am, 0, m, i, n, 0, red);
 }
 
 /* The same, 16 bytes (8 bf16) per thread, for h % 8 == 0. */
-__global__ void k_gather16(const uint4 *x, const int *row_src, int k, int P, int h8, uint4 *xp)
+__global__ void k_gather16(const uint4 *x, const int *row_src, int k, int P, int h8, uint4 *xp,
+                           struct gk_amax_rows am)
 {
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i >= (size_t)P * h8) return;
-    size_t p = i / h8, c = i % h8;
-    xp[i] = x[(size_t)(row_src[p] / k) * h8 + c];
+    __shared__ unsigned red[TPB / 32];
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x, n = (size_t)P * h8;
+    unsigned m = 0;
+    if (i < n) {
+        size_t p = i / h8, c = i % h8;
+        uint4 v = x[(size_t)(row_src[p] / k) * h8 + c];
+        xp[i] = v;
+        m = gk_abs_bits8(v);
+    }
+    if (am.amax[0]) gk_rows_amax_v<8>(am, 0, m, i, n, 0, red);
 }
 
 cudaError_t gk_gather(const bf16 *x, const int *row_src, int k, int P, int h, bf16 *xp,
-                      cudaStream_t s)
+                      const struct gk_amax_rows *am, cudaStream_t s)
 {
     size_t n = (size_t)P * h;
     if (!n) return cudaGetLastError();
+    struct gk_amax_rows a = am ? *am : gk_amax_rows{NULL, 0, h, {NULL, NULL}};
+    a.cols = h;
     if (h % 8 == 0)
         k_gather16<<<blocks_for(n / 8, TPB), TPB, 0, s>>>((const uint4 *)x, row_src, k, P, h / 8,
-                                                          (uint4 *)xp);
+                                                          (uint4 *)xp, a);
     else
-        k_gather<<<blocks_for(n, TPB), TPB, 0, s>>>(x, row_src, k, P, h, xp);
+        k_gather<<<blocks_for(n, TPB), TPB, 0, s>>>(x, row_src, k, P, h, xp, a);
     return cudaGetLastError();
 }
 
@@ -155,29 +171,37 @@ cudaError_t gk_combine(float *y, const float *yp, const float *w, const int *pos
     return cudaGetLastError();
 }
 
-/* Backward of the combine: dyp[pos[t,j]] = w[t,j] * dy[t] (bf16), dw[t,j] = dy[t] . yp[pos]. */
+/* Backward of the combine: dyp[pos[t,j]] = w[t,j] * dy[t] (bf16), dw[t,j] = dy[t] . yp[pos]; with
+ * am, each expert's amax of dyp (struct gk_amax_rows). */
 __global__ void k_combine_backward(const float *dy, const float *yp, const float *w, const int *pos,
-                                   int k, int h, bf16 *dyp, float *dw)
+                                   int k, int h, bf16 *dyp, float *dw, struct gk_amax_rows am)
 {
     __shared__ float red[TPB / 32];
+    __shared__ unsigned redm[TPB / 32];
     size_t t = blockIdx.x;
     const float *g = dy + t * h;
     for (int j = 0; j < k; j++) {
         size_t p = pos[t * k + j];
         float wt = w ? w[t * k + j] : 1.0f, dot = 0.0f;
+        unsigned m = 0;
         for (int c = threadIdx.x; c < h; c += blockDim.x) {
             dot += g[c] * yp[p * h + c];
-            dyp[p * h + c] = __float2bfloat16(wt * g[c]);
+            bf16 v = __float2bfloat16(wt * g[c]);
+            dyp[p * h + c] = v;
+            m = max(m, gk_abs_bits(__bfloat162float(v)));
         }
         dot = block_sum(dot, red);
         if (w && threadIdx.x == 0) dw[t * k + j] = dot;
+        if (am.amax[0]) gk_rows_amax(am.off, am.E, am.amax[0], m, (int)p, (int)p, (int)p, redm);
     }
 }
 
 cudaError_t gk_combine_backward(const float *dy, const float *yp, const float *w, const int *pos,
-                                int T, int k, int h, bf16 *dyp, float *dw, cudaStream_t s)
+                                int T, int k, int h, bf16 *dyp, float *dw,
+                                const struct gk_amax_rows *am, cudaStream_t s)
 {
-    if (T) k_combine_backward<<<T, TPB, 0, s>>>(dy, yp, w, pos, k, h, dyp, dw);
+    struct gk_amax_rows a = am ? *am : gk_amax_rows{NULL, 0, h, {NULL, NULL}};
+    if (T) k_combine_backward<<<T, TPB, 0, s>>>(dy, yp, w, pos, k, h, dyp, dw, a);
     return cudaGetLastError();
 }
 

@@ -16,7 +16,7 @@ enum moe_status gpu_swiglu_hidden(struct exec_gpu *g, const bf16 *x, int T, int 
     int h = g->hidden;
     MOE_CHECK(gpu_lin(g, x, h, Wg, T, h, F, g16, F, CUDA_R_16BF, 0, err));
     MOE_CHECK(gpu_lin(g, x, h, Wu, T, h, F, u16, F, CUDA_R_16BF, 0, err));
-    MOE_CUDA_CHECK(gk_swiglu(g16, u16, hm16, (size_t)T * F, 1.0f, 0.0f, g->s));
+    MOE_CUDA_CHECK(gk_swiglu(g16, u16, hm16, (size_t)T * F, 1.0f, 0.0f, NULL, g->s));
     return MOE_OK;
 }
 
@@ -40,8 +40,8 @@ enum moe_status gpu_swiglu_backward(struct exec_gpu *g, const bf16 *x, const bf1
     if (T == 0) return MOE_OK;
     MOE_CHECK(gpu_lin_dx(g, dy16, h, Wd, T, F, h, g->dhm16, F, CUDA_R_16BF, 0, err));
     MOE_CHECK(gpu_lin_dw(g, dy16, h, hm16, F, T, F, h, td, 0, err));
-    MOE_CUDA_CHECK(
-        gk_swiglu_backward(g16, u16, g->dhm16, g->dg16, g->du16, (size_t)T * F, 1.0f, 0.0f, g->s));
+    MOE_CUDA_CHECK(gk_swiglu_backward(g16, u16, g->dhm16, g->dg16, g->du16, (size_t)T * F, 1.0f,
+                                      0.0f, NULL, g->s));
     MOE_CHECK(gpu_lin_dx(g, g->dg16, F, Wg, T, h, F, dx, h, CUDA_R_32F, beta, err));
     MOE_CHECK(gpu_lin_dw(g, g->dg16, F, x, h, T, h, F, tg, 0, err));
     MOE_CHECK(gpu_lin_dx(g, g->du16, F, Wu, T, h, F, dx, h, CUDA_R_32F, 1.0f, err));
@@ -79,12 +79,14 @@ static float expert_bias_rows(struct exec_gpu *g, int t, int e, size_t o, int n,
 }
 
 /* The expert block on the permuted rows xp16 (expert e: rows off[e] .. off[e+1]): gate and up
- * GEMMs (with their biases), the activation, down GEMM (with its bias) into yp32. */
+ * GEMMs (with their biases), the activation, down GEMM (with its bias) into yp32. With
+ * per-tensor fp8 the GEMMs take xp16's amax as the gather kept it, hm's as SwiGLU keeps it. */
 enum moe_status gpu_experts_forward(struct exec_gpu *g, int l, struct act *A, const int *off,
                                     struct moe_error *err)
 {
     const int *w = g->wi[l];
     int h = g->hidden, E = g->experts, f = g->ffn;
+    if (!g->m.moe.probs_on_input) gpu_fp8_know(g, l, F8_X, A->xp16, h);
     MOE_CHECK(each_expert(
         g, off,
         [&](int e, size_t o, int n) {
@@ -106,8 +108,12 @@ enum moe_status gpu_experts_forward(struct exec_gpu *g, int l, struct act *A, co
                                              g->f8pre.s[0], g->s));
         g->f8pre.key[0] = A->ehm16, g->f8pre.off = off;
     } else {
+        struct gk_amax_rows am;
+        const struct gk_amax_rows *keep;
+        MOE_CHECK(gpu_fp8_rows(g, l, F8_HM, 1, A->off, f, &am, &keep, err));
         MOE_CUDA_CHECK(gk_swiglu(A->eg16, A->eu16, A->ehm16, (size_t)off[E] * f, g->act_alpha,
-                                 g->act_limit, g->s));
+                                 g->act_limit, keep, g->s));
+        gpu_fp8_know(g, l, F8_HM, A->ehm16, f);
     }
     enum moe_status st = each_expert(
         g, off,
@@ -119,13 +125,15 @@ enum moe_status gpu_experts_forward(struct exec_gpu *g, int l, struct act *A, co
                            A->yp32 + o * h, h, CUDA_R_32F, bd, err);
         },
         err);
-    g->f8pre.key[0] = NULL;
+    g->f8pre.key[0] = NULL, g->nf8known = 0;
     return st;
 }
 
 /* Its backward from dyp16: the rows' gradient (dxg16 + dxu16, each GEMM's own bf16 output, summed
  * in fp32 by their consumer) and the expert weight gradients; a bias's gradient is its rows'
- * column sums, a GEMM with the ones vector. */
+ * column sums, a GEMM with the ones vector. With per-tensor fp8 the GEMMs take the amax the
+ * forward's kernels kept (xp16's, hm's: the same values, redone or not), dyp16's as the
+ * combine's backward kept it, dg's and du's as SwiGLU's backward keeps them. */
 enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act *A, const int *off,
                                      struct moe_error *err)
 {
@@ -134,9 +142,12 @@ enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act
     if (g->cfg.recompute_modules & COST_RC_BIT(COST_RC_MOE_ACT)) { /* the activation, redone */
         PH(COST_EXPERTS_FWD);
         MOE_CUDA_CHECK(gk_swiglu(A->eg16, A->eu16, A->ehm16, (size_t)off[E] * f, g->act_alpha,
-                                 g->act_limit, g->s));
+                                 g->act_limit, NULL, g->s));
         PH(COST_EXPERTS_BWD);
     }
+    if (!g->m.moe.probs_on_input) gpu_fp8_know(g, l, F8_X, A->xp16, h);
+    gpu_fp8_know(g, l, F8_HM, A->ehm16, f);
+    gpu_fp8_know(g, l, F8_DY, g->dyp16, h);
     MOE_CHECK(each_expert(
         g, off,
         [&](int e, size_t o, int n) {
@@ -160,8 +171,14 @@ enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act
             g->f8pre.q[1], g->f8pre.qt[1], g->f8pre.s[1], g->f8pre.st[1], g->s));
         g->f8pre.key[0] = g->deg16, g->f8pre.key[1] = g->deu16, g->f8pre.off = off;
     } else {
+        struct gk_amax_rows am;
+        const struct gk_amax_rows *keep;
+        MOE_CHECK(gpu_fp8_rows(g, l, F8_DG, 2, A->off, f, &am, &keep, err));
         MOE_CUDA_CHECK(gk_swiglu_backward(A->eg16, A->eu16, g->dehm16, g->deg16, g->deu16,
-                                          (size_t)off[E] * f, g->act_alpha, g->act_limit, g->s));
+                                          (size_t)off[E] * f, g->act_alpha, g->act_limit, keep,
+                                          g->s));
+        gpu_fp8_know(g, l, F8_DG, g->deg16, f);
+        gpu_fp8_know(g, l, F8_DU, g->deu16, f);
     }
     enum moe_status st = each_expert(
         g, off,
@@ -184,6 +201,7 @@ enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act
         },
         err);
     g->f8pre.key[0] = g->f8pre.key[1] = NULL; /* the bf16 buffers' keys no more */
+    g->nf8known = 0;
     return st;
 }
 
@@ -215,7 +233,11 @@ enum moe_status gpu_moe_forward(struct exec_gpu *g, int l, struct act *A, float 
     if (!g->cfg.ep) { /* with EP the exchange places the rows (ep_forward) */
         MOE_CUDA_CHECK(
             gk_permute_place(A->choice, P, E, g->perm_base, A->off, A->row_src, A->pos, g->s));
-        MOE_CUDA_CHECK(gk_gather(A->b16, A->row_src, k, P, h, A->xp16, g->s));
+        struct gk_amax_rows am; /* per-tensor fp8: the rows' amax for the experts' GEMMs */
+        const struct gk_amax_rows *keep = NULL;
+        if (!g->m.moe.probs_on_input) /* Llama 4's rows change below */
+            MOE_CHECK(gpu_fp8_rows(g, l, F8_X, 1, A->off, h, &am, &keep, err));
+        MOE_CUDA_CHECK(gk_gather(A->b16, A->row_src, k, P, h, A->xp16, keep, g->s));
         if (g->m.moe.probs_on_input) /* Llama 4: each row times its routing weight */
             MOE_CUDA_CHECK(gk_scale_rows(A->xp16, A->weight, A->pos, P, h, g->s));
     } else { /* the counts stay: the load statistics and the load-balance loss read them */
@@ -300,8 +322,11 @@ enum moe_status gpu_moe_backward(struct exec_gpu *g, int l, const struct act *A,
     } else {
         PH(COST_UNPERMUTE);
         bool in = g->m.moe.probs_on_input; /* Llama 4: the weights' gradient from the input */
+        struct gk_amax_rows am; /* per-tensor fp8: the rows' amax for the experts' GEMMs */
+        const struct gk_amax_rows *keep;
+        MOE_CHECK(gpu_fp8_rows(g, l, F8_DY, 1, A->off, h, &am, &keep, err));
         MOE_CUDA_CHECK(gk_combine_backward(g->dh, A->yp32, in ? NULL : A->weight, A->pos, T, k, h,
-                                           g->dyp16, g->dw, g->s));
+                                           g->dyp16, g->dw, keep, g->s));
         PH(COST_EXPERTS_BWD);
         MOE_CHECK(gpu_experts_backward(g, l, A, off, err));
         PH(COST_PERMUTE);

@@ -347,6 +347,9 @@ extern "C" enum moe_status exec_gpu_optimizer(struct exec_gpu *g, const struct e
     a.c2 = (float)(1.0 - pow(o->beta2, step + 1));
     a.scale = (float)(o->clip > 0 && norm > o->clip ? o->clip / norm : 1.0);
     size_t lo = g->shard_lo, hi = g->shard_hi; /* everything, unless ZeRO-1 */
+    /* per-tensor fp8 (no ZeRO): the quantized slices' amax kept as the bf16 copies are written */
+    bool keep = g->w8kept && !g->cfg.zero;
+    if (keep) MOE_CUDA_CHECK(cudaMemsetAsync(g->w8kept, 0, sizeof(unsigned) * g->f8.n, g->s));
     for (int i = 0; i < g->table.ntensors; i++) {
         const struct exec_tensor *t = &g->table.tensor[i];
         size_t a0 = t->offset > lo ? t->offset : lo;
@@ -354,16 +357,17 @@ extern "C" enum moe_status exec_gpu_optimizer(struct exec_gpu *g, const struct e
         if (a0 >= b0) continue;
         a.wd = g->decay[i] ? (float)o->weight_decay : 0.0f;
         size_t mo = (a0 - lo) * g->mom_bytes;
+        struct gk_amax_rows am;
         MOE_CUDA_CHECK(gk_adamw(g->master + a0, g->grad + a0, (char *)g->m1 + mo,
                                 (char *)g->m2 + mo, g->mom_bytes == 2, g->w16 + a0, b0 - a0, &a,
-                                g->s));
+                                keep ? gpu_fp8_weight_rows(g, i, &am) : NULL, g->s));
     }
     if (g->cfg.zero) { /* every rank's updated shard to every rank, then their bf16 copies */
         MOE_CHECK(gpu_sync_host(g, err));
         MOE_CHECK(g->cfg.zero->ops->allgather_f32(g->cfg.zero, g->master, g->shard_n, err));
         MOE_CUDA_CHECK(gk_to_bf16(g->master, g->w16, g->table.nparams, g->s));
     }
-    g->w8_stale = g->fp8;
+    gpu_w16_changed(g, keep);
     return MOE_OK;
 }
 
@@ -427,7 +431,7 @@ extern "C" enum moe_status exec_gpu_poison(struct exec_gpu *g, const char *tenso
             cudaMemcpyAsync(g->master + at, &nan, sizeof nan, cudaMemcpyHostToDevice, g->s));
         MOE_CUDA_CHECK(
             cudaMemcpyAsync(g->w16 + at, &nan16, sizeof nan16, cudaMemcpyHostToDevice, g->s));
-        g->w8_stale = g->fp8;
+        gpu_w16_changed(g, false);
     } else {
         MOE_CHECK(gpu_grads_settle(g, 0, g->table.nparams, err)); /* not to be overwritten */
         MOE_CUDA_CHECK(

@@ -321,6 +321,8 @@ enum moe_status exec_fp8_layout(const struct exec_ref_model *table, enum cost_pr
      * expert (transposed) */
     const struct mdl_moe *x = &m->moe;
     int E = x->experts, f = x->intermediate;
+    out->amax_rows = !block && !unfused && mdl_moe_layer_count(m) > 0;
+    out->amax_weights = !block && !unfused && out->n > 0;
     out->fuse = block && !unfused && mdl_moe_layer_count(m) > 0 && !x->expert_bias &&
                 x->activation != MDL_ACT_CLAMPED_SWIGLU && f % 16 == 0 && m->hidden % 16 == 0;
     if (out->fuse) {
@@ -395,6 +397,10 @@ void exec_gpu_bytes(const struct mdl_model *m, const struct exec_gpu_cfg *cfg, i
               (3.0 * f8.scratch_bytes + 3 * B4 * f8.scratch_factors + 16 + B4 * f8.tail_floats);
         if (f8.fuse) /* the fused SwiGLU's copies (dg's and du's, each both ways), the offsets */
             *W += 4.0 * f8.pre_bytes + 4 * B4 * f8.pre_factors + B4 * (E + 1);
+        if (f8.amax_rows) /* the experts' amax kept by the kernels that write their rows */
+            *W += B4 * 5.0 * mdl_moe_layer_count(m) * E;
+        if (f8.amax_weights && zero_ranks <= 0) /* the slices' amax kept by AdamW */
+            bytes[EXEC_MEM_WEIGHTS] += B4 * f8.n;
         exec_fp8_layout_free(&f8);
     }
     bytes[EXEC_MEM_GRADS] += B4 * n;

@@ -262,10 +262,10 @@ static void test_swiglu(void **state)
                 dur[i] = up >= -lim && up <= lim ? d * xc * s : 0.0;
                 dgr[i] = x <= lim ? d * (uc + 1.0) * s * (1.0 + a * xc * (1.0 - s)) : 0.0;
             }
-            assert_int_equal(gk_swiglu(dg + o, du + o, hm + o, n, (float)a, (float)lim, 0),
+            assert_int_equal(gk_swiglu(dg + o, du + o, hm + o, n, (float)a, (float)lim, NULL, 0),
                              cudaSuccess);
             assert_int_equal(gk_swiglu_backward(dg + o, du + o, ddh + o, og + o, ou + o, n,
-                                                (float)a, (float)lim, 0),
+                                                (float)a, (float)lim, NULL, 0),
                              cudaSuccess);
             close(clamped ? "clamped swiglu" : "swiglu", to_d(host(hm + o, n)), hr, 8e-3);
             close(clamped ? "clamped swiglu d gate" : "swiglu backward d gate",
@@ -322,14 +322,14 @@ static void test_permute_combine(void **state)
     bf16 *dx16 = dev(x16), *xp, *dyp;
     cudaMalloc((void **)&xp, sizeof(bf16) * P * h);
     cudaMalloc((void **)&dyp, sizeof(bf16) * P * h);
-    gk_gather(dx16, dsrc, k, P, h, xp, 0);
+    gk_gather(dx16, dsrc, k, P, h, xp, NULL, 0);
     std::vector<bf16> xph = host(xp, (size_t)P * h);
     for (int p = 0; p < P; p++)
         assert_memory_equal(&xph[(size_t)p * h], &x16[(size_t)(src[p] / k) * h], sizeof(bf16) * h);
     float *dyp32 = dev(yp), *dw = dev(w), *ddy = dev(dy), *y = dev(y0),
           *dwo = dev(std::vector<float>(P));
     gk_combine(y, dyp32, dw, dpos, T, k, h, 0);
-    gk_combine_backward(ddy, dyp32, dw, dpos, T, k, h, dyp, dwo, 0);
+    gk_combine_backward(ddy, dyp32, dw, dpos, T, k, h, dyp, dwo, NULL, 0);
     std::vector<double> yr((size_t)T * h), dypr((size_t)P * h), dwr(P);
     for (int t = 0; t < T; t++)
         for (int c = 0; c < h; c++) {
@@ -808,7 +808,7 @@ static void test_fp8_quantize(void **state)
         for (int how = 0; how < 3; how++) {
             size_t fs = exec_fp8_factor_count(how, R, C), ft = exec_fp8_factor_count(how, C, R);
             assert_int_equal(gk_fp8_cast_batch(d16, C, R, C, how, 0, dq, dsc, dqt, R, dsc + fs,
-                                               works, B, n, n, fs + ft, 0),
+                                               works, false, B, n, n, fs + ft, 0),
                              cudaSuccess);
             for (int z = 0; z < B; z++) {
                 std::vector<float> xz(x.begin() + z * n, x.begin() + (z + 1) * n);
@@ -882,7 +882,7 @@ static void test_fp8_swiglu_fused(void **state)
         assert_int_equal(
             gk_fp8_swiglu_forward(dg, du, doff, off, E, cols, 1.0f, 0.0f, 0, hm, q[0], sf[0], 0),
             cudaSuccess);
-        assert_int_equal(gk_swiglu(dg, du, hr, n, 1.0f, 0.0f, 0), cudaSuccess);
+        assert_int_equal(gk_swiglu(dg, du, hr, n, 1.0f, 0.0f, NULL, 0), cudaSuccess);
         for (int e = 0; e < E; e++)
             assert_int_equal(gk_fp8_cast(hr + (size_t)off[e] * cols, cols, off[e + 1] - off[e],
                                          cols, EXEC_FP8_TILE_1X128, 0, qr[0] + qo[e], sr[0] + so[e],
@@ -897,7 +897,7 @@ static void test_fp8_swiglu_fused(void **state)
                                                     q[0], q[1], sf[0], sf[1], q[2], q[3], sf[2],
                                                     sf[3], 0),
                              cudaSuccess);
-            assert_int_equal(gk_swiglu_backward(dg, du, ddh, gr, ur, n, 1.0f, 0.0f, 0),
+            assert_int_equal(gk_swiglu_backward(dg, du, ddh, gr, ur, n, 1.0f, 0.0f, NULL, 0),
                              cudaSuccess);
             for (int e = 0; e < E; e++) {
                 int rows = off[e + 1] - off[e], np = exec_fp8_pad(rows);
@@ -925,6 +925,130 @@ static void test_fp8_swiglu_fused(void **state)
            "the unfused kernels'\n",
            checked);
     cudaFree(doff), cudaFree(work);
+}
+
+/* Per-tensor fp8: the amax each expert's rows get from the kernels that write them (struct
+ * gk_amax_rows: the gather, SwiGLU and its backward, the combine's backward) against the largest
+ * |value| of those rows as written (read back), bit for bit. Five experts of 0, 37, 130, 3 and
+ * 19 rows: blocks that straddle experts, an empty expert; widths 272 and 384 (and the gather's
+ * element path at 20), SwiGLU's element path from a start off 16 bytes too. Then gk_fp8_cast_known
+ * with an expert's kept amax gives gk_fp8_cast's bytes and factor, both copies. */
+static void test_fp8_amax_rows(void **state)
+{
+    (void)state;
+    if (!gpus()) skip();
+    const int E = 5, off[E + 1] = {0, 0, 37, 167, 170, 189}, P = off[E];
+    int *doff = dev(std::vector<int>(off, off + E + 1));
+    unsigned *amax = dev(std::vector<unsigned>(2 * E)), *work = dev(std::vector<unsigned>(1));
+    int checked = 0;
+    struct moe_rng rng;
+    moe_rng_seed(&rng, 77);
+    /* amax[which] against expert e's largest |value| among the rows of d (P x cols) */
+    auto check = [&](const char *what, int cols, const bf16 *d, int which) {
+        std::vector<bf16> v = host(d, (size_t)P * cols);
+        std::vector<unsigned> got = host(amax + which * E, E);
+        for (int e = 0; e < E; e++) {
+            unsigned want = 0;
+            for (size_t i = (size_t)off[e] * cols; i < (size_t)off[e + 1] * cols; i++) {
+                float f = __bfloat162float(v[i]);
+                unsigned b;
+                memcpy(&b, &f, sizeof b);
+                if ((b & 0x7FFFFFFFu) > want) want = b & 0x7FFFFFFFu;
+            }
+            if (got[e] != want)
+                fail_msg("%s, width %d, expert %d: kept amax bits %08x, its rows' %08x", what, cols,
+                         e, got[e], want);
+        }
+        checked++;
+    };
+    auto zero = [&]() {
+        assert_int_equal(cudaMemset(amax, 0, sizeof(unsigned) * 2 * E), cudaSuccess);
+    };
+    for (int cols : {20, 272, 384}) {
+        struct gk_amax_rows am = {doff, E, cols, {amax, amax + E}};
+        { /* the gather: 64 tokens, top-3 */
+            const int T = 64, k = 3;
+            std::vector<int> src(P);
+            for (auto &r : src) r = (int)moe_rng_below(&rng, (uint64_t)T * k);
+            bf16 *x = dev(to_bf16(randn((size_t)T * cols, 911 + cols, 3.0))),
+                 *xp = dev(std::vector<bf16>((size_t)P * cols));
+            int *dsrc = dev(src);
+            zero();
+            assert_int_equal(gk_gather(x, dsrc, k, P, cols, xp, &am, 0), cudaSuccess);
+            check("gather", cols, xp, 0);
+            cudaFree(x), cudaFree(xp), cudaFree(dsrc);
+        }
+        { /* the combine's backward: 63 tokens, top-3, each pair its own row */
+            const int k = 3, T = P / k;
+            std::vector<int> pos(P);
+            for (int i = 0; i < P; i++) pos[i] = i;
+            for (int i = P - 1; i > 0; i--) std::swap(pos[i], pos[moe_rng_below(&rng, i + 1)]);
+            float *ddy = dev(randn((size_t)T * cols, 931, 1e-2)),
+                  *yp = dev(randn((size_t)P * cols, 932)), *w = dev(randn((size_t)P, 933)),
+                  *dwo = dev(std::vector<float>(P));
+            int *dpos = dev(pos);
+            bf16 *dyp = dev(std::vector<bf16>((size_t)P * cols));
+            zero();
+            assert_int_equal(gk_combine_backward(ddy, yp, w, dpos, T, k, cols, dyp, dwo, &am, 0),
+                             cudaSuccess);
+            check("combine backward", cols, dyp, 0);
+            cudaFree(ddy), cudaFree(yp), cudaFree(w), cudaFree(dwo), cudaFree(dpos), cudaFree(dyp);
+        }
+        if (cols % 16) continue;  /* SwiGLU: the experts' widths fp8 takes */
+        for (int skew : {0, 1}) { /* 1: the matrices start 2 bytes past 16, element by element */
+            size_t n = (size_t)P * cols;
+            bf16 *g = dev(to_bf16(randn(n + 1, 921, 2.0))),
+                 *u = dev(to_bf16(randn(n + 1, 922, 2.0))),
+                 *dh = dev(to_bf16(randn(n + 1, 923, 1e-3))), *hm = dev(std::vector<bf16>(n + 1)),
+                 *dg = dev(std::vector<bf16>(n + 1)), *du = dev(std::vector<bf16>(n + 1));
+            zero();
+            assert_int_equal(gk_swiglu(g + skew, u + skew, hm + skew, n, 1.0f, 0.0f, &am, 0),
+                             cudaSuccess);
+            check(skew ? "SwiGLU (unaligned)" : "SwiGLU", cols, hm + skew, 0);
+            if (!skew) { /* the quantization with the kept amax, each expert's rows both ways */
+                std::vector<unsigned> kept = host(amax, E);
+                for (int e = 0; e < E; e++) {
+                    int rows = off[e + 1] - off[e], np = exec_fp8_pad(rows);
+                    if (!rows) continue;
+                    size_t nq = (size_t)rows * cols, nt = (size_t)cols * np;
+                    unsigned char *q[2], *qt[2];
+                    float *sq[2], *st[2];
+                    for (int i = 0; i < 2; i++) {
+                        q[i] = dev(std::vector<unsigned char>(nq, 0x5A));
+                        qt[i] = dev(std::vector<unsigned char>(nt, 0x5A));
+                        sq[i] = dev(std::vector<float>(4, -1.0f));
+                        st[i] = dev(std::vector<float>(4, -1.0f));
+                    }
+                    const bf16 *x = hm + (size_t)off[e] * cols;
+                    assert_int_equal(gk_fp8_cast(x, cols, rows, cols, EXEC_FP8_TENSOR, 0, q[0],
+                                                 sq[0], qt[0], np, st[0], work, 0),
+                                     cudaSuccess);
+                    assert_int_equal(gk_fp8_cast_known(x, cols, rows, cols, 0, q[1], sq[1], qt[1],
+                                                       np, st[1], amax + e, 0),
+                                     cudaSuccess);
+                    if (host(q[0], nq) != host(q[1], nq) || host(qt[0], nt) != host(qt[1], nt) ||
+                        host(sq[0], 1) != host(sq[1], 1) || host(st[0], 1) != host(st[1], 1))
+                        fail_msg("fp8 cast with the kept amax, width %d, expert %d (amax %08x): "
+                                 "not gk_fp8_cast's bytes",
+                                 cols, e, kept[e]);
+                    checked++;
+                    for (int i = 0; i < 2; i++)
+                        cudaFree(q[i]), cudaFree(qt[i]), cudaFree(sq[i]), cudaFree(st[i]);
+                }
+            }
+            zero();
+            assert_int_equal(gk_swiglu_backward(g + skew, u + skew, dh + skew, dg + skew, du + skew,
+                                                n, 1.0f, 0.0f, &am, 0),
+                             cudaSuccess);
+            check("SwiGLU backward dg", cols, dg + skew, 0);
+            check("SwiGLU backward du", cols, du + skew, 1);
+            cudaFree(g), cudaFree(u), cudaFree(dh), cudaFree(hm), cudaFree(dg), cudaFree(du);
+        }
+    }
+    printf("per-tensor fp8, the amax kept by the kernels that write the experts' rows: %d checks, "
+           "every amax and every quantized byte equal\n",
+           checked);
+    cudaFree(doff), cudaFree(amax), cudaFree(work);
 }
 
 /* The three fp8 GEMMs of a linear layer, per recipe, against exec_ref_fp8_linear (the same
@@ -1097,7 +1221,8 @@ static void test_cross_entropy(void **state)
 /* AdamW over n parameters (16-byte path and the tail), three steps from seeded moments, against
  * exec_ref_adamw_range in double: parameters within 1e-5 of their largest (fp32 arithmetic); the
  * moments within 1e-5 of their largest with fp32 moments, within one bf16 ulp (2^-8 of their
- * largest) with bf16 ones, where the GPU rounds fp32 and the reference double values. */
+ * largest) with bf16 ones, where the GPU rounds fp32 and the reference double values. The amax
+ * it keeps for per-tensor fp8 (struct gk_amax_rows), exact. */
 static void test_adamw(void **state)
 {
     (void)state;
@@ -1151,7 +1276,31 @@ static void test_adamw(void **state)
                                  (float)(1.0 - pow(o.beta1, step + 1)),
                                  (float)(1.0 - pow(o.beta2, step + 1)),
                                  1.0f};
-            assert_int_equal(gk_adamw(dp, dg, dm1, dm2, m16, w16, n, &a, 0), cudaSuccess);
+            /* steps 1 and 2 keep the bf16 copy's amax, slices of 100 and of 1024 values (the
+             * last slice a part), each the largest |value| of its slice, bit for bit */
+            int size = step == 1 ? 100 : 1024, ns = (int)((n + size - 1) / size);
+            unsigned *amax = dev(std::vector<unsigned>(ns));
+            struct gk_amax_rows am = {NULL, ns, size, {amax, NULL}};
+            assert_int_equal(gk_adamw(dp, dg, dm1, dm2, m16, w16, n, &a, step ? &am : NULL, 0),
+                             cudaSuccess);
+            if (step) {
+                std::vector<bf16> w = host(w16, n);
+                std::vector<unsigned> got = host(amax, ns);
+                for (int j = 0; j < ns; j++) {
+                    unsigned want = 0;
+                    for (size_t i = (size_t)j * size; i < n && i < (size_t)(j + 1) * size; i++) {
+                        float f = fabsf(__bfloat162float(w[i]));
+                        unsigned b;
+                        memcpy(&b, &f, sizeof b);
+                        want = b > want ? b : want;
+                    }
+                    if (got[j] != want)
+                        fail_msg(
+                            "adamw's kept amax, slices of %d, slice %d: %08x, its values' %08x",
+                            size, j, got[j], want);
+                }
+            }
+            cudaFree(amax);
         }
         close(m16 ? "adamw parameters (bf16 moments)" : "adamw parameters", to_d(host(dp, n)), rp,
               1e-5);
@@ -1191,6 +1340,7 @@ int main(void)
         cmocka_unit_test(test_fp8_quantize),
         cmocka_unit_test(test_fp8_gemm),
         cmocka_unit_test(test_fp8_swiglu_fused),
+        cmocka_unit_test(test_fp8_amax_rows),
         cmocka_unit_test(test_adamw),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
