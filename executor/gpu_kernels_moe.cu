@@ -82,36 +82,32 @@ cudaError_t gk_permute_place(const int *choice, int n, int E, const int *base, c
     return cudaGetLastError();
 }
 
-/* xp[p] = x[row_src[p] / k]; with am, each expert's amax of the values (struct gk_amax_rows) */
-__global__ void k_gather(const bf16 *x, const int *row_src, int k, int P, int h, bf16 *xp,
+/* |v| as gk_abs_bits: one bf16, or the largest of 8 in a 16-byte word */
+static __device__ __forceinline__ unsigned abs_bits_of(bf16 v)
+{
+    return gk_abs_bits(__bfloat162float(v));
+}
+static __device__ __forceinline__ unsigned abs_bits_of(uint4 v)
+{
+    return gk_abs_bits8(v);
+}
+
+/* xp[p] = x[row_src[p] / k], a row w units of W (a bf16, or 8 of them in 16 bytes when h % 8 ==
+ * 0) wide; with am, each expert's amax of the values (struct gk_amax_rows) */
+template <typename W>
+__global__ void k_gather(const W *x, const int *row_src, int k, int P, int w, W *xp,
                          struct gk_amax_rows am)
 {
     __shared__ unsigned red[TPB / 32];
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x, n = (size_t)P * h;
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x, n = (size_t)P * w;
     unsigned m = 0;
     if (i < n) {
-        size_t p = i / h, c = i % h;
-        bf16 v = x[(size_t)(row_src[p] / k) * h + c];
+        size_t p = i / w, c = i % w;
+        W v = x[(size_t)(row_src[p] / k) * w + c];
         xp[i] = v;
-        m = gk_abs_bits(__bfloat162float(v));
+        m = abs_bits_of(v);
     }
-    if (am.amax[0]) gk_rows_amax_v<1>(am, 0, m, i, n, 0, red);
-}
-
-/* The same, 16 bytes (8 bf16) per thread, for h % 8 == 0. */
-__global__ void k_gather16(const uint4 *x, const int *row_src, int k, int P, int h8, uint4 *xp,
-                           struct gk_amax_rows am)
-{
-    __shared__ unsigned red[TPB / 32];
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x, n = (size_t)P * h8;
-    unsigned m = 0;
-    if (i < n) {
-        size_t p = i / h8, c = i % h8;
-        uint4 v = x[(size_t)(row_src[p] / k) * h8 + c];
-        xp[i] = v;
-        m = gk_abs_bits8(v);
-    }
-    if (am.amax[0]) gk_rows_amax_v<8>(am, 0, m, i, n, 0, red);
+    if (am.amax[0]) gk_rows_amax_v<sizeof(W) / sizeof(bf16)>(am, 0, m, i, n, 0, red);
 }
 
 cudaError_t gk_gather(const bf16 *x, const int *row_src, int k, int P, int h, bf16 *xp,
@@ -122,8 +118,8 @@ cudaError_t gk_gather(const bf16 *x, const int *row_src, int k, int P, int h, bf
     struct gk_amax_rows a = am ? *am : gk_amax_rows{NULL, 0, h, {NULL, NULL}};
     a.cols = h;
     if (h % 8 == 0)
-        k_gather16<<<blocks_for(n / 8, TPB), TPB, 0, s>>>((const uint4 *)x, row_src, k, P, h / 8,
-                                                          (uint4 *)xp, a);
+        k_gather<<<blocks_for(n / 8, TPB), TPB, 0, s>>>((const uint4 *)x, row_src, k, P, h / 8,
+                                                        (uint4 *)xp, a);
     else
         k_gather<<<blocks_for(n, TPB), TPB, 0, s>>>(x, row_src, k, P, h, xp, a);
     return cudaGetLastError();
