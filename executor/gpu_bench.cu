@@ -158,6 +158,7 @@ extern "C" enum moe_status exec_moe_bench(const struct exec_moe_bench_cfg *c, in
     cfg.mbs = T;
     cfg.streams = c->streams;
     cfg.precision = c->precision;
+    cfg.fp8_e5m2_grads = cost_precision_e5m2_grads(c->precision); /* as `run` trains the recipe */
     struct exec_gpu *g = NULL;
     int dense_off[GK_MAX_EXPERTS + 1];
     enum moe_status st = exec_gpu_create(&g, &m, &cfg, err);

@@ -353,7 +353,8 @@ static enum moe_status rank_main(struct run_shared *sh, int me, struct exec_tran
                                .mem_limit = c->gpu_mem_limit,
                                .cudnn_attention = exec_attention_cudnn(c->attention),
                                .moments_bf16 = l->moments_bf16,
-                               .precision = l->precision};
+                               .precision = l->precision,
+                               .fp8_e5m2_grads = cost_precision_e5m2_grads(l->precision)};
     if ((st = exec_gpu_create(&g, m, &cfg, err))) goto done;
     if (c->mode == EXEC_RUN_VIRTUAL) sh->streams[me] = exec_gpu_stream(g);
     if ((st = exec_gpu_init(g, c->seed, err))) goto done;

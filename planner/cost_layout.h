@@ -69,6 +69,14 @@ struct cost_bytes {
 /* Precision recipes: bf16; fp8 with per-tensor current scaling (Hopper and Blackwell); fp8
  * blockwise (1x128 activations, 128x128 weights); mxfp8 (1x32 blocks, Blackwell only). */
 enum cost_precision { COST_BF16 = 0, COST_FP8, COST_MXFP8, COST_FP8_BLOCK };
+/* Whether the recipe's gradients are E5M2 (Megatron's --fp8-format hybrid: E4M3 weights and
+ * activations, E5M2 gradients), as Megatron-Bridge's tensorwise and blockwise recipes
+ * (bf16_with_fp8_current_scaling_mixed, bf16_with_fp8_subchannel_scaling_mixed) have them; its
+ * MXFP8 recipe is E4M3 throughout. */
+static inline int cost_precision_e5m2_grads(enum cost_precision p)
+{
+    return p == COST_FP8 || p == COST_FP8_BLOCK;
+}
 /* Recompute: none; selective (the modules in recompute_modules); full (whole blocks: the first
  * recompute_layers of each stage, 0: all of them, keep only their input). */
 enum cost_recompute { COST_RECOMPUTE_NONE = 0, COST_RECOMPUTE_SELECTIVE, COST_RECOMPUTE_FULL };

@@ -468,7 +468,8 @@ enum moe_status plan_print_emit(const struct plan_request *q, const struct plan_
         if (l->precision == COST_BF16)
             fprintf(out, "--bf16\n");
         else
-            fprintf(out, "--bf16 \\\n--fp8-format e4m3 \\\n--fp8-recipe %s\n",
+            fprintf(out, "--bf16 \\\n--fp8-format %s \\\n--fp8-recipe %s\n",
+                    cost_precision_e5m2_grads(l->precision) ? "hybrid" : "e4m3",
                     recipe[l->precision]);
         fprintf(out, "# %d micro-batches per step; data parallel %d (expert data parallel %d)\n",
                 mb, l->dp, cost_layout_edp(l));
