@@ -87,8 +87,8 @@ static __device__ __forceinline__ unsigned gk_block_max(unsigned v, unsigned *re
     return m;
 }
 /* The expert whose rows hold row r of a permuted matrix (off: E + 1 row offsets): the last e
- * with off[e] <= r; without off, every row its own (r) */
-static __device__ __forceinline__ int gk_expert_of(const int *off, int E, int r)
+ * with off[e] <= r; without off, every row its own (r). (test_fp8_host checks it on the host.) */
+static inline __host__ __device__ int gk_expert_of(const int *off, int E, int r)
 {
     if (!off) return r;
     int lo = 0, hi = E - 1;

@@ -4,7 +4,8 @@
  * float bit pattern (16.7 million, every exponent and sign, the infinities and NaNs among them)
  * in both formats. Built where the CUDA toolkit is; the GPU's kernels are then checked against
  * the reference in test_gpu_kernels. Also the fused fp8 kernels' map from a block to its expert's
- * tile (gk_expert_tile, host and device code alike) against the regions exec_fp8_regions lays out.
+ * tile (gk_expert_tile, host and device code alike) against the regions exec_fp8_regions lays out,
+ * and from a row to its expert (gk_expert_of).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -92,9 +93,32 @@ static void test_expert_tiles(void **state)
     printf("fused fp8 kernels' tiles: %d blocks, each its expert's tile and region\n", checked);
 }
 
+/* Which expert's rows a row of a permuted matrix is (gk_expert_of: per-tensor fp8's kept amax
+ * goes to it), for every row of the same uneven splits, experts of no rows among them: the
+ * expert e with off[e] <= row < off[e + 1]; without offsets, the row itself. */
+static void test_expert_of(void **state)
+{
+    (void)state;
+    static const int splits[][9] = {{0, 0, 1, 17, 40, 41, 99, 99, 100},
+                                    {0, 300, 300, 300, 301, 560, 1000, 1000, 1024},
+                                    {0, 128, 256, 384, 512, 640, 768, 896, 1024},
+                                    {0, 0, 0, 0, 0, 0, 0, 0, 7}};
+    int checked = 0;
+    for (auto &off : splits)
+        for (int E = 1; E <= 8; E++)
+            for (int r = 0; r < off[E]; r++, checked++) {
+                int e = gk_expert_of(off, E, r);
+                if (e < 0 || e >= E || off[e] > r || r >= off[e + 1])
+                    fail_msg("row %d of %d experts (%d rows): expert %d", r, E, off[E], e);
+            }
+    for (int r = 0; r < 100; r++) assert_int_equal(gk_expert_of(NULL, 0, r), r);
+    printf("rows to experts: %d rows, each its expert's\n", checked);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_conversion),
-                                       cmocka_unit_test(test_expert_tiles)};
+                                       cmocka_unit_test(test_expert_tiles),
+                                       cmocka_unit_test(test_expert_of)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
