@@ -58,9 +58,11 @@ __global__ void k_fp8_amax(const bf16 *x, int ldx, int rows, int cols, bool vec,
     if (threadIdx.x == 0) atomicMax(amax, m);
 }
 
-#define FT GK_FP8_TILE  /* the tile: FT x FT values of the input */
-#define FT_PAD (FT + 2) /* a shared-memory row, padded against bank conflicts in the transpose */
-#define FT_THREADS 256
+#define FT GK_FP8_TILE     /* the tile: FT x FT values of the input */
+#define FT_PAD GK_FP8_TPAD /* a shared-memory row, padded against bank conflicts */
+#define FT_THREADS GK_FP8_THREADS
+static_assert(FT_THREADS == 2 * FT,
+              "the tile scales' scan takes a thread a row and a thread a column");
 
 /* 16 values of the tile (a row's run, or a column's when `down`) to fp8, times s */
 static __device__ __forceinline__ uint4 pack16(const bf16 (*tile)[FT_PAD], int r, int c, bool down,
@@ -112,7 +114,9 @@ __global__ void __launch_bounds__(FT_THREADS)
     int r0 = blockIdx.y * FT, c0 = blockIdx.x * FT, t = threadIdx.x;
     unsigned m = 0;
     for (int i = t; i < FT * FT / 8; i += FT_THREADS) { /* 8 values a step */
-        int r = i / (FT / 8), c = (i % (FT / 8)) * 8, gr = r0 + r, gc = c0 + c;
+        int r, c;
+        gk_fp8_load_at(i, &r, &c);
+        int gr = r0 + r, gc = c0 + c;
         if (vec && gr < rows && gc + 8 <= cols) {
             uint4 v = *(const uint4 *)(x + (size_t)gr * ldx + gc);
             const unsigned *u = (const unsigned *)&v;
@@ -136,25 +140,21 @@ __global__ void __launch_bounds__(FT_THREADS)
         S = scale_of(__uint_as_float(*amax), e5m2);
     } else if (how == EXEC_FP8_BLOCK_128X128) {
         S = scale_of(__uint_as_float(gk_block_max(m, red)), e5m2);
-    } else { /* two threads a row (and a column), 64 values each */
-        int line = t / 2, half = t % 2;
-        unsigned mr = 0, mc = 0;
-        for (int k = half * 64; k < half * 64 + 64; k++) {
-            mr = max(mr, gk_abs_bits(__bfloat162float(tile[line][k])));
-            mc = max(mc, gk_abs_bits(__bfloat162float(tile[k][line])));
-        }
-        mr = max(mr, __shfl_xor_sync(0xffffffffu, mr, 1));
-        mc = max(mc, __shfl_xor_sync(0xffffffffu, mc, 1));
-        if (!half) {
-            rs[line] = scale_of(__uint_as_float(mr), e5m2);
-            cs[line] = scale_of(__uint_as_float(mc), e5m2);
-        }
+    } else { /* a thread a line: the first FT threads a row each, the others a column each */
+        int line = t % FT;
+        bool col = t >= FT; /* the same across a warp */
+        unsigned ml = 0;
+        for (int k = 0; k < FT; k++)
+            ml = max(ml, gk_abs_bits(__bfloat162float(col ? tile[k][line] : tile[line][k])));
+        (col ? cs : rs)[line] = scale_of(__uint_as_float(ml), e5m2);
         __syncthreads();
     }
     bool tiles = how == EXEC_FP8_TILE_1X128, first = blockIdx.x == 0 && blockIdx.y == 0;
     if (q) { /* 16 values of a row a step */
         for (int i = t; i < FT * FT / 16; i += FT_THREADS) {
-            int r = i / (FT / 16), c = (i % (FT / 16)) * 16, gr = r0 + r, gc = c0 + c;
+            int r, c;
+            gk_fp8_row_at(i, &r, &c);
+            int gr = r0 + r, gc = c0 + c;
             if (gr >= rows) continue;
             const float *s = tiles ? &rs[r] : &S;
             if (vec && gc + 16 <= cols) {
@@ -169,7 +169,9 @@ __global__ void __launch_bounds__(FT_THREADS)
     }
     if (qt) { /* qt (cols x ldt): row c of qt is column c of x; 16 of its values a step */
         for (int i = t; i < FT * FT / 16; i += FT_THREADS) {
-            int c = i / (FT / 16), r = (i % (FT / 16)) * 16, gr = r0 + r, gc = c0 + c;
+            int r, c;
+            gk_fp8_col_at(i, &r, &c);
+            int gr = r0 + r, gc = c0 + c;
             if (gc >= cols || gr >= ldt) continue;
             const float *s = tiles ? &cs[c] : &S;
             if (vec && gr + 16 <= ldt) {
@@ -318,20 +320,15 @@ __global__ void __launch_bounds__(FT_THREADS)
         tl[1][r][c] = __float2bfloat16(du);
     }
     __syncthreads();
-    { /* each row's and each column's scale, both gradients: two threads a line */
-        int line = t / 2, half = t % 2;
+    { /* each row's and each column's scale, both gradients: a thread a line (the first FT
+       * threads the rows, the others the columns, as k_fp8_cast) */
+        int line = t % FT;
+        bool col = t >= FT;
         for (int k = 0; k < 2; k++) {
-            unsigned mr = 0, mc = 0;
-            for (int j = half * 64; j < half * 64 + 64; j++) {
-                mr = max(mr, gk_abs_bits(__bfloat162float(tl[k][line][j])));
-                mc = max(mc, gk_abs_bits(__bfloat162float(tl[k][j][line])));
-            }
-            mr = max(mr, __shfl_xor_sync(0xffffffffu, mr, 1));
-            mc = max(mc, __shfl_xor_sync(0xffffffffu, mc, 1));
-            if (!half) {
-                rs[k][line] = scale_of(__uint_as_float(mr), e5m2);
-                cs[k][line] = scale_of(__uint_as_float(mc), e5m2);
-            }
+            unsigned ml = 0;
+            for (int j = 0; j < FT; j++)
+                ml = max(ml, gk_abs_bits(__bfloat162float(col ? tl[k][j][line] : tl[k][line][j])));
+            (col ? cs[k] : rs[k])[line] = scale_of(__uint_as_float(ml), e5m2);
         }
     }
     __syncthreads();
@@ -339,13 +336,17 @@ __global__ void __launch_bounds__(FT_THREADS)
     float *sq[2] = {sg + reg_s, su + reg_s}, *sqt[2] = {sgt + reg_st, sut + reg_st};
     for (int k = 0; k < 2; k++) {
         for (int i = t; i < FT * FT / 16; i += FT_THREADS) { /* row-major: rows < n */
-            int r = i / (FT / 16), c = (i % (FT / 16)) * 16, lr = r0 + r, gc = c0 + c;
+            int r, c;
+            gk_fp8_row_at(i, &r, &c);
+            int lr = r0 + r, gc = c0 + c;
             if (lr < n && gc < cols)
                 *(uint4 *)(q[k] + (size_t)lr * cols + gc) =
                     pack16(tl[k], r, c, false, rs[k][r], e5m2);
         }
         for (int i = t; i < FT * FT / 16; i += FT_THREADS) { /* transposed: rows < np */
-            int c = i / (FT / 16), r = (i % (FT / 16)) * 16, lr = r0 + r, gc = c0 + c;
+            int r, c;
+            gk_fp8_col_at(i, &r, &c);
+            int lr = r0 + r, gc = c0 + c;
             if (gc < cols && lr < np)
                 *(uint4 *)(qt[k] + (size_t)gc * np + lr) =
                     pack16(tl[k], r, c, true, cs[k][c], e5m2);

@@ -206,6 +206,40 @@ static __device__ __forceinline__ void act_bwd(float g, float u, float dh, float
 }
 
 #define GK_FP8_TILE 128 /* the fp8 kernels' tiles: GK_FP8_TILE x GK_FP8_TILE values */
+/* A tile's row in shared memory, in bf16: 130, 65 words, so that consecutive rows start one bank
+ * apart; the tile kernels' threads, a block */
+#define GK_FP8_TPAD (GK_FP8_TILE + 2)
+#define GK_FP8_THREADS 256
+/* The tile kernels' maps from a step i (a thread's index, then on by the block's threads) to the
+ * values it moves, chosen so that each warp's shared-memory accesses fall in banks of their own
+ * (test_fp8_host checks that every value is moved once, and the banks, on the host):
+ * - gk_fp8_load_at: the i-th 16-byte load of the input (i < 128 x 16): row r, columns c .. c + 7;
+ *   a warp the half of four rows (each row's eight loads 128 coalesced bytes);
+ * - gk_fp8_row_at: the i-th run of 16 values along a row (i < 128 x 8): row r, columns c .. c + 15;
+ *   a warp four runs (64 bytes of the copy) of eight rows (a warp's eight runs of four rows had
+ *   put two runs 32 words apart, one bank);
+ * - gk_fp8_col_at: the i-th run of 16 values down a column (i < 128 x 8): column c, rows r ..
+ *   r + 15; a warp two runs (32 rows) of 16 columns, whose reads of a row fall in 16 banks
+ *   (eight runs of one column, 16 rows apart, had fallen in two banks).
+ * The tile scales' scan takes a thread a row (the first 128) or a column (the others). */
+static inline __host__ __device__ void gk_fp8_load_at(int i, int *r, int *c)
+{
+    int task = i / 32, l = i % 32;
+    *r = task / 2 * 4 + l / 8;
+    *c = (task % 2 * 8 + l % 8) * 8;
+}
+static inline __host__ __device__ void gk_fp8_row_at(int i, int *r, int *c)
+{
+    int task = i / 32, l = i % 32;
+    *r = task / 2 * 8 + l % 8;
+    *c = (task % 2 * 4 + l / 8) * 16;
+}
+static inline __host__ __device__ void gk_fp8_col_at(int i, int *r, int *c)
+{
+    int task = i / 32, l = i % 32;
+    *c = task % 8 * 16 + l / 2;
+    *r = task / 8 * 32 + l % 2 * 16;
+}
 /* Which expert's tile block b is, the experts' tiles in order (rows tiles of 128 a column tile of
  * 128, over `padded` rows: n_e, or n_e rounded up to 16 with the transposed copy), and the
  * expert's region (exec_fp8_regions). (A kernel's thread 0 works it out for its block; test_fp8_host checks it on the host.) */

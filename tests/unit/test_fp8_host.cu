@@ -5,7 +5,8 @@
  * in both formats. Built where the CUDA toolkit is; the GPU's kernels are then checked against
  * the reference in test_gpu_kernels. Also the fused fp8 kernels' map from a block to its expert's
  * tile (gk_expert_tile, host and device code alike) against the regions exec_fp8_regions lays out,
- * and from a row to its expert (gk_expert_of).
+ * from a row to its expert (gk_expert_of), and the tile kernels' maps from a thread to its
+ * values (each value once, each warp's shared-memory accesses in banks of their own).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -115,10 +116,81 @@ static void test_expert_of(void **state)
     printf("rows to experts: %d rows, each its expert's\n", checked);
 }
 
+/* The fp8 tile kernels' maps from a step to the values it moves (gk_fp8_load_at, gk_fp8_row_at,
+ * gk_fp8_col_at): every value of a 128 x 128 tile moved once; and each warp's shared-memory
+ * accesses (a tile row GK_FP8_TPAD bf16 apart; 32 consecutive steps, one access of each lane at
+ * a time) at most one address a bank: the input's 16-byte loads as four words, the runs along a
+ * row and down a column value by value, and the tile scales' scan (a thread a row, or a thread
+ * a column) value by value. */
+static void test_tile_maps(void **state)
+{
+    (void)state;
+    const int T = GK_FP8_TILE, P = GK_FP8_TPAD;
+    static_assert(GK_FP8_THREADS % 32 == 0, "whole warps");
+    struct map {
+        const char *name;
+        void (*at)(int, int *, int *);
+        int steps, len, words; /* values a step, accesses a step */
+        bool down;
+    } maps[] = {{"16-byte loads", gk_fp8_load_at, T * T / 8, 8, 4, false},
+                {"runs along a row", gk_fp8_row_at, T * T / 16, 16, 16, false},
+                {"runs down a column", gk_fp8_col_at, T * T / 16, 16, 16, true}};
+    int warps = 0;
+    /* the warp's addresses (in 32-bit words) at one access: at most one address a bank */
+    auto one_a_bank = [&](const char *what, const int *word, int w, int k) {
+        for (int a = 0; a < 32; a++)
+            for (int b = 0; b < a; b++)
+                if (word[a] != word[b] && word[a] % 32 == word[b] % 32)
+                    fail_msg("%s: warp %d, access %d: lanes %d and %d, words %d and %d, one bank",
+                             what, w, k, b, a, word[b], word[a]);
+    };
+    for (const auto &m : maps) {
+        static int seen[GK_FP8_TILE][GK_FP8_TILE];
+        memset(seen, 0, sizeof seen);
+        for (int i = 0; i < m.steps; i++) {
+            int r, c;
+            m.at(i, &r, &c);
+            for (int k = 0; k < m.len; k++) {
+                int rr = m.down ? r + k : r, cc = m.down ? c : c + k;
+                assert_true(rr >= 0 && rr < T && cc >= 0 && cc < T);
+                seen[rr][cc]++;
+            }
+        }
+        for (int r = 0; r < T; r++)
+            for (int c = 0; c < T; c++)
+                if (seen[r][c] != 1)
+                    fail_msg("%s: value (%d, %d) moved %d times", m.name, r, c, seen[r][c]);
+        for (int w = 0; w < m.steps / 32; w++, warps++)
+            for (int k = 0; k < m.words; k++) {
+                int word[32];
+                for (int l = 0; l < 32; l++) {
+                    int r, c;
+                    m.at(w * 32 + l, &r, &c);
+                    word[l] = m.len == 8 ? (r * P + c) / 2 + k /* 8 values: four words */
+                                         : ((m.down ? r + k : r) * P + (m.down ? c : c + k)) / 2;
+                }
+                one_a_bank(m.name, word, w, k);
+            }
+    }
+    for (int col = 0; col < 2; col++) /* the scales' scan: lanes 32 consecutive lines */
+        for (int w = 0; w < T / 32; w++, warps++)
+            for (int k = 0; k < T; k++) {
+                int word[32];
+                for (int l = 0; l < 32; l++) {
+                    int line = w * 32 + l;
+                    word[l] = (col ? k * P + line : line * P + k) / 2;
+                }
+                one_a_bank(col ? "the columns' scan" : "the rows' scan", word, w, k);
+            }
+    printf("fp8 tile maps: every value moved once; %d warps' shared-memory accesses one address "
+           "a bank\n",
+           warps);
+}
+
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_conversion),
-                                       cmocka_unit_test(test_expert_tiles),
-                                       cmocka_unit_test(test_expert_of)};
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_conversion), cmocka_unit_test(test_expert_tiles),
+        cmocka_unit_test(test_expert_of), cmocka_unit_test(test_tile_maps)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
