@@ -231,7 +231,8 @@ cudaError_t gk_fp8_cast_known(const bf16 *x, int ldx, int rows, int cols, int e5
 
 /* One block one FT x FT tile of one expert's rows: hm = SwiGLU(g, u) written in bf16 (as gk_swiglu
  * writes it) and quantized from that in 1 x 128 tiles into the expert's row-major region, as
- * gk_fp8_cast quantizes the expert's rows. A warp a row at a time, four values a lane. */
+ * gk_fp8_cast quantizes the expert's rows. A warp a row at a time, four values a lane (8-byte
+ * loads and stores; cols a multiple of 4). */
 __global__ void __launch_bounds__(FT_THREADS)
     k_fp8_swiglu_fwd(const bf16 *g, const bf16 *u, const int *off, int E, int cols, float alpha,
                      float limit, int e5m2, bf16 *hm, unsigned char *q, float *sq)
@@ -245,26 +246,28 @@ __global__ void __launch_bounds__(FT_THREADS)
     if (tile_e < 0) return;
     int e = tile_e, r0 = tile_r0, c0 = tile_c0, o = off[e], n = off[e + 1] - o;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int c = c0 + lane * 4; /* the lane's four columns, all in (cols % 4 == 0) or all out */
     for (int r = warp; r < FT && r0 + r < n; r += FT_THREADS / 32) {
         int lr = r0 + r;
-        float v[4];
+        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         unsigned m = 0;
-        for (int k = 0; k < 4; k++) {
-            int c = c0 + lane * 4 + k;
-            v[k] = 0.0f;
-            if (c >= cols) continue;
+        if (c < cols) { /* 8-byte loads and store of bf16 */
             size_t at = (size_t)(o + lr) * cols + c;
-            bf16 b = __float2bfloat16(
-                act_fwd(__bfloat162float(g[at]), __bfloat162float(u[at]), alpha, limit));
-            hm[at] = b;
-            v[k] = __bfloat162float(b);
-            m = max(m, gk_abs_bits(v[k]));
+            float gv[4], uv[4];
+            ld_bf16<4>(g + at, gv);
+            ld_bf16<4>(u + at, uv);
+            for (int k = 0; k < 4; k++) {
+                v[k] = __bfloat162float(__float2bfloat16(act_fwd(gv[k], uv[k], alpha, limit)));
+                m = max(m, gk_abs_bits(v[k]));
+            }
+            st_bf16<4>(hm + at, v); /* already bf16 values: stored as they are */
         }
         for (int x = 16; x > 0; x >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, x));
         float s = scale_of(__uint_as_float(m), e5m2);
-        for (int k = 0; k < 4; k++) {
-            int c = c0 + lane * 4 + k;
-            if (c < cols) q[reg_q + (size_t)lr * cols + c] = to_fp8(v[k] * s, e5m2);
+        if (c < cols) { /* the four fp8 values in one 4-byte store */
+            unsigned w = 0;
+            for (int k = 0; k < 4; k++) w |= (unsigned)to_fp8(v[k] * s, e5m2) << (8 * k);
+            *(unsigned *)(q + reg_q + (size_t)lr * cols + c) = w;
         }
         if (lane == 0)
             sq[reg_s + exec_fp8_factor_at(EXEC_FP8_TILE_1X128, n, cols, lr, c0)] = 1.0f / s;
@@ -275,6 +278,7 @@ cudaError_t gk_fp8_swiglu_forward(const bf16 *g, const bf16 *u, const int *off_d
                                   int E, int cols, float alpha, float limit, int e5m2, bf16 *hm,
                                   unsigned char *q, float *sq, cudaStream_t s)
 {
+    if (cols % 4) return cudaErrorInvalidValue; /* a lane's four values in or out together */
     size_t tiles = gk_expert_tiles(off, E, cols, false);
     if (tiles)
         k_fp8_swiglu_fwd<<<(unsigned)tiles, FT_THREADS, 0, s>>>(g, u, off_dev, E, cols, alpha,
@@ -308,16 +312,21 @@ __global__ void __launch_bounds__(FT_THREADS)
     if (tile_e < 0) return;
     int e = tile_e, r0 = tile_r0, c0 = tile_c0, o = off[e], n = off[e + 1] - o;
     int np = exec_fp8_pad(n);
-    for (int i = t; i < FT * FT; i += FT_THREADS) {
-        int r = i / FT, c = i % FT, lr = r0 + r, gc = c0 + c;
-        float dg = 0.0f, du = 0.0f;
-        if (lr < n && gc < cols) {
+    for (int i = t; i < FT * FT / 4; i += FT_THREADS) { /* four values a step, 8-byte loads */
+        int r = i / (FT / 4), c = i % (FT / 4) * 4, lr = r0 + r, gc = c0 + c;
+        float gv[4] = {0.0f, 0.0f, 0.0f, 0.0f}, uv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (lr < n && gc < cols) { /* cols % 4 == 0: the four in or out together */
             size_t at = (size_t)(o + lr) * cols + gc;
-            act_bwd(__bfloat162float(g[at]), __bfloat162float(u[at]), __bfloat162float(dhm[at]),
-                    alpha, limit, &dg, &du);
+            float x[4], y[4], d[4];
+            ld_bf16<4>(g + at, x);
+            ld_bf16<4>(u + at, y);
+            ld_bf16<4>(dhm + at, d);
+            for (int k = 0; k < 4; k++) act_bwd(x[k], y[k], d[k], alpha, limit, &gv[k], &uv[k]);
         }
-        tl[0][r][c] = __float2bfloat16(dg);
-        tl[1][r][c] = __float2bfloat16(du);
+        for (int k = 0; k < 4; k++) {
+            tl[0][r][c + k] = __float2bfloat16(gv[k]);
+            tl[1][r][c + k] = __float2bfloat16(uv[k]);
+        }
     }
     __syncthreads();
     { /* each row's and each column's scale, both gradients: a thread a line (the first FT
@@ -362,6 +371,7 @@ cudaError_t gk_fp8_swiglu_backward(const bf16 *g, const bf16 *u, const bf16 *dhm
                                    float *sg, float *sgt, unsigned char *qu, unsigned char *qut,
                                    float *su, float *sut, cudaStream_t s)
 {
+    if (cols % 4) return cudaErrorInvalidValue; /* a thread's four values in or out together */
     size_t tiles = gk_expert_tiles(off, E, cols, true);
     if (!tiles) return cudaGetLastError();
     const size_t smem = 2 * sizeof(bf16) * FT * FT_PAD;
