@@ -125,10 +125,12 @@ struct exec_fp8_layout {
     size_t factors; /* floats of all their factors */
     size_t scratch_bytes, scratch_factors; /* a stream's scratch: each of its three operands' */
     size_t tail_floats; /* and its block-scaled GEMMs' last rows (gk_fp8_gemm's tail) */
-    /* Block scaling, no EP, SwiGLU experts without biases: the experts' SwiGLU backward writes
-     * its two gradients quantized, expert by expert (row-major and transposed), for their GEMMs,
-     * in place of bf16 (fuse). pre_bytes: each of the four copies' buffer, pre_factors: each
-     * one's factors (bounds for any routing of the layer's `rows` routed rows). */
+    /* No EP, SwiGLU experts without biases: the experts' SwiGLU backward writes its two
+     * gradients quantized, expert by expert (row-major and transposed), for their GEMMs, in place
+     * of bf16 (fuse; per-tensor scaling after a pass that finds each expert's amax), and with
+     * block scaling its forward the down GEMMs' input too. pre_bytes: each of the four copies'
+     * buffer, pre_factors: each one's factors (bounds for any routing of the layer's `rows`
+     * routed rows). */
     bool fuse;
     size_t pre_bytes, pre_factors;
     /* Per-tensor scaling, MoE layers: the kernels that write the experts' permuted matrices (the

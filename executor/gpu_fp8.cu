@@ -294,15 +294,16 @@ cudaError_t gk_fp8_swiglu_forward(const bf16 *g, const bf16 *u, const int *off_d
 
 /* One block one FT x FT tile of one expert's rows (E experts, rows from off[e], `cols` wide):
  * dg, du = SwiGLU's backward of (g, u) for dhm, each rounded to bf16 as gk_swiglu_backward
- * writes them, then quantized in 1 x 128 tiles as gk_fp8_cast quantizes expert e's rows (its
- * row-major copy, and its transpose with the rows padded with zeros, exec_fp8_pad), into
- * expert e's region (exec_fp8_regions). The same bits as that pair of kernels; bf16 never
- * written. */
+ * writes them, then quantized as gk_fp8_cast quantizes expert e's rows (its row-major copy, and
+ * its transpose with the rows padded with zeros, exec_fp8_pad), into expert e's region
+ * (exec_fp8_regions): in 1 x 128 tiles, or with amax (per-tensor scaling) by the expert's one
+ * scale, from its amax of dg (amax[e]) and of du (amax[E + e]). The same bits as that pair of
+ * kernels; bf16 never written. */
 __global__ void __launch_bounds__(FT_THREADS)
     k_fp8_swiglu_bwd(const bf16 *g, const bf16 *u, const bf16 *dhm, const int *off, int E, int cols,
-                     float alpha, float limit, int e5m2, unsigned char *qg, unsigned char *qgt,
-                     float *sg, float *sgt, unsigned char *qu, unsigned char *qut, float *su,
-                     float *sut)
+                     float alpha, float limit, int e5m2, const unsigned *amax, unsigned char *qg,
+                     unsigned char *qgt, float *sg, float *sgt, unsigned char *qu,
+                     unsigned char *qut, float *su, float *sut)
 {
     extern __shared__ __align__(16) unsigned char smem[];
     bf16(*tl[2])[FT_PAD] = {(bf16(*)[FT_PAD])smem,
@@ -336,12 +337,12 @@ __global__ void __launch_bounds__(FT_THREADS)
     }
     __syncthreads();
     { /* each row's and each column's scale, both gradients: a thread a line (the first FT
-       * threads the rows, the others the columns, as k_fp8_cast) */
+       * threads the rows, the others the columns, as k_fp8_cast); per-tensor, the expert's */
         int line = t % FT;
         bool col = t >= FT;
         for (int k = 0; k < 2; k++) {
-            unsigned ml = 0;
-            for (int j = 0; j < FT; j++)
+            unsigned ml = amax ? amax[k * E + e] : 0;
+            for (int j = 0; j < FT && !amax; j++)
                 ml = max(ml, gk_abs_bits(__bfloat162float(col ? tl[k][j][line] : tl[k][line][j])));
             (col ? cs[k] : rs[k])[line] = scale_of(__uint_as_float(ml), e5m2);
         }
@@ -366,16 +367,18 @@ __global__ void __launch_bounds__(FT_THREADS)
                 *(uint4 *)(qt[k] + (size_t)gc * np + lr) =
                     pack16(tl[k], r, c, true, cs[k][c], e5m2);
         }
-        put_factors(sq[k], EXEC_FP8_TILE_1X128, n, cols, r0, c0, rs[k], 1.0f, false);
-        put_factors(sqt[k], EXEC_FP8_TILE_1X128, cols, np, c0, r0, cs[k], 1.0f, false);
+        int how = amax ? EXEC_FP8_TENSOR : EXEC_FP8_TILE_1X128;
+        bool first = r0 == 0 && c0 == 0; /* per-tensor: the expert's first tile writes its factor */
+        put_factors(sq[k], how, n, cols, r0, c0, rs[k], rs[k][0], first);
+        put_factors(sqt[k], how, cols, np, c0, r0, cs[k], cs[k][0], first);
     }
 }
 
 cudaError_t gk_fp8_swiglu_backward(const bf16 *g, const bf16 *u, const bf16 *dhm,
                                    const int *off_dev, const int *off, int E, int cols, float alpha,
-                                   float limit, int e5m2, unsigned char *qg, unsigned char *qgt,
-                                   float *sg, float *sgt, unsigned char *qu, unsigned char *qut,
-                                   float *su, float *sut, cudaStream_t s)
+                                   float limit, int e5m2, const unsigned *amax, unsigned char *qg,
+                                   unsigned char *qgt, float *sg, float *sgt, unsigned char *qu,
+                                   unsigned char *qut, float *su, float *sut, cudaStream_t s)
 {
     if (cols % 4) return cudaErrorInvalidValue; /* a thread's four values in or out together */
     size_t tiles = gk_expert_tiles(off, E, cols, true);
@@ -386,7 +389,7 @@ cudaError_t gk_fp8_swiglu_backward(const bf16 *g, const bf16 *u, const bf16 *dhm
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (r != cudaSuccess) return r;
     k_fp8_swiglu_bwd<<<(unsigned)tiles, FT_THREADS, smem, s>>>(
-        g, u, dhm, off_dev, E, cols, alpha, limit, e5m2, qg, qgt, sg, sgt, qu, qut, su, sut);
+        g, u, dhm, off_dev, E, cols, alpha, limit, e5m2, amax, qg, qgt, sg, sgt, qu, qut, su, sut);
     return cudaGetLastError();
 }
 

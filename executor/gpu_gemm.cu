@@ -235,10 +235,11 @@ static bool fp8_pre_of(const struct exec_gpu *g, const bf16 *dY, int ld, int T, 
         if (ld != out || ld != g->ffn) continue;
         int e = expert_at(g, g->f8pre.key[k], g->f8pre.off, ld, dY, T);
         if (e < 0) continue;
-        *row = gk_fp8_mat{g->f8pre.q[k] + g->f8pre.qo[e], g->f8pre.s[k] + g->f8pre.so[e], out,
-                          EXEC_FP8_TILE_1X128, e5m2};
+        int how = g->f8.act; /* per-tensor: the region's first factor */
+        *row = gk_fp8_mat{g->f8pre.q[k] + g->f8pre.qo[e], g->f8pre.s[k] + g->f8pre.so[e], out, how,
+                          e5m2};
         *tr = gk_fp8_mat{g->f8pre.qt[k] + g->f8pre.qo[e], g->f8pre.st[k] + g->f8pre.sto[e],
-                         exec_fp8_pad(T), EXEC_FP8_TILE_1X128, e5m2};
+                         exec_fp8_pad(T), how, e5m2};
         return true;
     }
     return false;

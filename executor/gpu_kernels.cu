@@ -685,8 +685,10 @@ __global__ void k_swiglu_backward(const bf16 *g, const bf16 *u, const bf16 *dhm,
             mg = max(mg, gk_abs_bits(__bfloat162float(__float2bfloat16(x[k]))));
             mu = max(mu, gk_abs_bits(__bfloat162float(__float2bfloat16(d[k]))));
         }
-        st_bf16<V>(du + i * V, d);
-        st_bf16<V>(dg + i * V, x);
+        if (dg) { /* NULL: the amax alone (gk_fp8_swiglu_backward's per-tensor scales) */
+            st_bf16<V>(du + i * V, d);
+            st_bf16<V>(dg + i * V, x);
+        }
     }
     if (am.amax[0]) {
         gk_rows_amax_v<V>(am, 0, mg, i, nv, base, red);
@@ -730,8 +732,9 @@ cudaError_t gk_swiglu_backward(const bf16 *g, const bf16 *u, const bf16 *dhm, bf
         k_swiglu_backward<8>
             <<<blocks_for(n8, TPB), TPB, 0, s>>>(g, u, dhm, dg, du, n8, alpha, limit, a, 0);
     if (n > o)
-        k_swiglu_backward<1><<<blocks_for(n - o, TPB), TPB, 0, s>>>(
-            g + o, u + o, dhm + o, dg + o, du + o, n - o, alpha, limit, a, o);
+        k_swiglu_backward<1>
+            <<<blocks_for(n - o, TPB), TPB, 0, s>>>(g + o, u + o, dhm + o, dg ? dg + o : NULL,
+                                                    du ? du + o : NULL, n - o, alpha, limit, a, o);
     return cudaGetLastError();
 }
 

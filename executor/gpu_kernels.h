@@ -309,15 +309,17 @@ cudaError_t gk_fp8_swiglu_forward(const bf16 *g, const bf16 *u, const int *off_d
                                   int E, int cols, float alpha, float limit, int e5m2, bf16 *hm,
                                   unsigned char *q, float *sq, cudaStream_t s);
 /* The experts' SwiGLU backward (E experts, rows from off[e] (off_dev its device copy), `cols`
- * wide) with its gradients dg and du quantized in 1 x 128 tiles for their GEMMs instead of
- * written in bf16: each expert's rows into its region (exec_fp8_regions) of qg / qu (row-major,
- * factors sg / su) and qgt / qut (transposed, the rows padded with zeros, exec_fp8_pad; sgt /
- * sut). The same bits as gk_swiglu_backward then gk_fp8_cast on each expert's rows. */
+ * wide, a multiple of 4) with its gradients dg and du quantized for their GEMMs instead of written
+ * in bf16: each expert's rows into its region (exec_fp8_regions) of qg / qu (row-major, factors
+ * sg / su) and qgt / qut (transposed, the rows padded with zeros, exec_fp8_pad; sgt / sut); in
+ * 1 x 128 tiles, or with amax per tensor: the expert's amax of dg in amax[e], of du in
+ * amax[E + e] (gk_swiglu_backward's, struct gk_amax_rows), its factor the region's first. The
+ * same bits as gk_swiglu_backward then gk_fp8_cast on each expert's rows. */
 cudaError_t gk_fp8_swiglu_backward(const bf16 *g, const bf16 *u, const bf16 *dhm,
                                    const int *off_dev, const int *off, int E, int cols, float alpha,
-                                   float limit, int e5m2, unsigned char *qg, unsigned char *qgt,
-                                   float *sg, float *sgt, unsigned char *qu, unsigned char *qut,
-                                   float *su, float *sut, cudaStream_t s);
+                                   float limit, int e5m2, const unsigned *amax, unsigned char *qg,
+                                   unsigned char *qgt, float *sg, float *sgt, unsigned char *qu,
+                                   unsigned char *qut, float *su, float *sut, cudaStream_t s);
 /* gk_fp8_cast on `batch` matrices of the same shape at once: matrix z's input xs elements after
  * x, its copies qs bytes after q and qt, their factors ss floats after sq and sqt, and with the
  * tensor's scaling its amax in work[z] (batch unsigneds of device scratch), or, known, already
@@ -480,7 +482,8 @@ void gk_cudnn_release(cudaStream_t s);
 /* cuDNN's version at run time ("9.19.0"), or that the build has none. */
 const char *gk_cudnn_version(char *buf, size_t cap);
 /* SwiGLU on bf16 gate / up (fp32 inside): hm = silu(g) u (limit 0), or gpt-oss's clamped form
- * with alpha and limit (mdl.h); its backward from dhm. */
+ * with alpha and limit (mdl.h); its backward from dhm. With am (struct gk_amax_rows), each
+ * expert's amax of what they write; the backward with dg and du NULL writes the amax alone. */
 cudaError_t gk_swiglu(const bf16 *g, const bf16 *u, bf16 *hm, size_t n, float alpha, float limit,
                       const struct gk_amax_rows *am, cudaStream_t s);
 cudaError_t gk_swiglu_backward(const bf16 *g, const bf16 *u, const bf16 *dhm, bf16 *dg, bf16 *du,

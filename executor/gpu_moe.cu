@@ -100,7 +100,9 @@ enum moe_status gpu_experts_forward(struct exec_gpu *g, int l, struct act *A, co
                            A->eu16 + o * f, f, CUDA_R_16BF, bu, err);
         },
         err));
-    if (g->f8.fuse && gpu_fp8_fused_ok(g, l)) { /* the down GEMMs' input quantized here too */
+    if (g->f8.fuse && g->f8.act == EXEC_FP8_TILE_1X128 && gpu_fp8_fused_ok(g, l)) {
+        /* blockwise: the down GEMMs' input quantized here too (per-tensor scaling waits for the
+         * whole expert's amax: below, SwiGLU keeps it) */
         exec_fp8_regions(off, E, f, g->f8pre.qo, g->f8pre.so, g->f8pre.sto);
         MOE_CHECK(gpu_upload(g, g->f8pre.off_dev, off, sizeof(int) * (E + 1), err));
         MOE_CUDA_CHECK(gk_fp8_swiglu_forward(A->eg16, A->eu16, g->f8pre.off_dev, off, E, f,
@@ -165,10 +167,24 @@ enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act
     if (fused) { /* the gradients quantized for the GEMMs below, never in bf16 */
         exec_fp8_regions(off, E, f, g->f8pre.qo, g->f8pre.so, g->f8pre.sto);
         MOE_CHECK(gpu_upload(g, g->f8pre.off_dev, off, sizeof(int) * (E + 1), err));
+        const unsigned *amax = NULL; /* per-tensor: each expert's scales first, a pass of SwiGLU's
+                                      * backward that writes its amax alone */
+        if (g->f8.act == EXEC_FP8_TENSOR) {
+            struct gk_amax_rows am;
+            const struct gk_amax_rows *keep;
+            MOE_CHECK(gpu_fp8_rows(g, l, F8_DG, 2, g->f8pre.off_dev, f, &am, &keep, err));
+            if (!keep)
+                return moe_error_set(err, MOE_ERR_RUNTIME,
+                                     "executor: layer %d keeps no amax for its fused SwiGLU", l);
+            MOE_CUDA_CHECK(gk_swiglu_backward(A->eg16, A->eu16, g->dehm16, NULL, NULL,
+                                              (size_t)off[E] * f, g->act_alpha, g->act_limit, keep,
+                                              g->s));
+            amax = keep->amax[0]; /* dg's, then du's: F8_DG, F8_DU */
+        }
         MOE_CUDA_CHECK(gk_fp8_swiglu_backward(
             A->eg16, A->eu16, g->dehm16, g->f8pre.off_dev, off, E, f, g->act_alpha, g->act_limit,
-            g->cfg.fp8_e5m2_grads, g->f8pre.q[0], g->f8pre.qt[0], g->f8pre.s[0], g->f8pre.st[0],
-            g->f8pre.q[1], g->f8pre.qt[1], g->f8pre.s[1], g->f8pre.st[1], g->s));
+            g->cfg.fp8_e5m2_grads, amax, g->f8pre.q[0], g->f8pre.qt[0], g->f8pre.s[0],
+            g->f8pre.st[0], g->f8pre.q[1], g->f8pre.qt[1], g->f8pre.s[1], g->f8pre.st[1], g->s));
         g->f8pre.key[0] = g->deg16, g->f8pre.key[1] = g->deu16, g->f8pre.off = off;
     } else {
         struct gk_amax_rows am;

@@ -323,7 +323,7 @@ enum moe_status exec_fp8_layout(const struct exec_ref_model *table, enum cost_pr
     int E = x->experts, f = x->intermediate;
     out->amax_rows = !block && !unfused && mdl_moe_layer_count(m) > 0;
     out->amax_weights = !block && !unfused && out->n > 0;
-    out->fuse = block && !unfused && mdl_moe_layer_count(m) > 0 && !x->expert_bias &&
+    out->fuse = !unfused && mdl_moe_layer_count(m) > 0 && !x->expert_bias &&
                 x->activation != MDL_ACT_CLAMPED_SWIGLU && f % 16 == 0 && m->hidden % 16 == 0;
     if (out->fuse) {
         size_t R = (size_t)rows + (EXEC_FP8_PAD - 1) * (size_t)E, kb = (size_t)(f + 127) / 128;

@@ -834,7 +834,8 @@ static void test_fp8_quantize(void **state)
  * gk_swiglu_backward, then gk_fp8_cast on each expert's rows), bit for bit: the bf16 output, each
  * region's bytes and factors, the transposed copies with their zero padding. Four experts of 0,
  * 37, 130 and 3 rows (the tail split, exec_fp8_factor_at, in three of them), widths of 2 tiles
- * and a partial one (272) and of 3 tiles (384); E4M3, and E5M2 gradients. */
+ * and a partial one (272) and of 3 tiles (384); E4M3, and E5M2 gradients; the backward both in
+ * 1 x 128 tiles and per tensor (each expert's scale from the amax gk_swiglu_backward keeps). */
 static void test_fp8_swiglu_fused(void **state)
 {
     (void)state;
@@ -861,17 +862,18 @@ static void test_fp8_swiglu_fused(void **state)
             sf[i] = dev(std::vector<float>(fmax_ + 4, -1.0f));
             sr[i] = dev(std::vector<float>(fmax_ + 4, -1.0f));
         }
-        /* compares expert e's copy i (rows x K, as exec_fp8_factor_at lays out its factors) */
-        auto same = [&](const char *what, int i, int e, bool t, int rows, int K) {
+        /* compares expert e's copy i (rows x K, as exec_fp8_factor_at lays out its factors,
+         * scaled `how`) */
+        auto same = [&](const char *what, int how, int i, int e, bool t, int rows, int K) {
             size_t at = qo[e], f0 = t ? sto[e] : so[e];
             std::vector<unsigned char> a = host(q[i] + at, (size_t)rows * K),
                                        b = host(qr[i] + at, (size_t)rows * K);
-            size_t nf = exec_fp8_factor_count(EXEC_FP8_TILE_1X128, rows, K);
+            size_t nf = exec_fp8_factor_count(how, rows, K);
             std::vector<float> fa = host(sf[i] + f0, nf), fb = host(sr[i] + f0, nf);
             if (a != b) fail_msg("%s, width %d, expert %d: the bytes differ", what, cols, e);
             for (int r = 0; r < rows; r++)
                 for (int c = 0; c < K; c += 128) {
-                    size_t x = exec_fp8_factor_at(EXEC_FP8_TILE_1X128, rows, K, r, c);
+                    size_t x = exec_fp8_factor_at(how, rows, K, r, c);
                     if (memcmp(&fa[x], &fb[x], sizeof(float)))
                         fail_msg("%s, width %d, expert %d: the factor of (%d, %d) %a, unfused %a",
                                  what, cols, e, r, c, (double)fa[x], (double)fb[x]);
@@ -890,32 +892,47 @@ static void test_fp8_swiglu_fused(void **state)
                              cudaSuccess);
         if (host(hm, n) != host(hr, n)) fail_msg("fused SwiGLU forward: hm differs");
         for (int e = 0; e < E; e++)
-            same("fused SwiGLU forward", 0, e, false, off[e + 1] - off[e], cols);
-        /* the backward: dg and du, each both ways */
-        for (int e5 = 0; e5 < 2; e5++) {
-            assert_int_equal(gk_fp8_swiglu_backward(dg, du, ddh, doff, off, E, cols, 1.0f, 0.0f, e5,
-                                                    q[0], q[1], sf[0], sf[1], q[2], q[3], sf[2],
-                                                    sf[3], 0),
-                             cudaSuccess);
-            assert_int_equal(gk_swiglu_backward(dg, du, ddh, gr, ur, n, 1.0f, 0.0f, NULL, 0),
-                             cudaSuccess);
-            for (int e = 0; e < E; e++) {
-                int rows = off[e + 1] - off[e], np = exec_fp8_pad(rows);
-                for (int k = 0; k < 2; k++)
-                    assert_int_equal(gk_fp8_cast((k ? ur : gr) + (size_t)off[e] * cols, cols, rows,
-                                                 cols, EXEC_FP8_TILE_1X128, e5, qr[2 * k] + qo[e],
-                                                 sr[2 * k] + so[e], qr[2 * k + 1] + qo[e], np,
-                                                 sr[2 * k + 1] + sto[e], work, 0),
-                                     cudaSuccess);
-                const char *nm[] = {
-                    e5 ? "fused SwiGLU backward dg (E5M2)" : "fused SwiGLU backward dg",
-                    e5 ? "fused SwiGLU backward du (E5M2)" : "fused SwiGLU backward du"};
-                for (int k = 0; k < 2; k++) {
-                    same(nm[k], 2 * k, e, false, rows, cols);
-                    same(nm[k], 2 * k + 1, e, true, cols, np); /* the transpose, zeros past rows */
+            same("fused SwiGLU forward", EXEC_FP8_TILE_1X128, 0, e, false, off[e + 1] - off[e],
+                 cols);
+        /* the backward: dg and du, each both ways; 1 x 128 tiles, and per tensor from the
+         * experts' amax that a pass of gk_swiglu_backward writing nothing else keeps */
+        unsigned *amax = dev(std::vector<unsigned>(2 * E));
+        struct gk_amax_rows am = {doff, E, cols, {amax, amax + E}};
+        for (int pt = 0; pt < 2; pt++)
+            for (int e5 = 0; e5 < 2; e5++) {
+                int how = pt ? EXEC_FP8_TENSOR : EXEC_FP8_TILE_1X128;
+                if (pt) {
+                    assert_int_equal(cudaMemset(amax, 0, sizeof(unsigned) * 2 * E), cudaSuccess);
+                    assert_int_equal(
+                        gk_swiglu_backward(dg, du, ddh, NULL, NULL, n, 1.0f, 0.0f, &am, 0),
+                        cudaSuccess);
+                }
+                assert_int_equal(gk_fp8_swiglu_backward(dg, du, ddh, doff, off, E, cols, 1.0f, 0.0f,
+                                                        e5, pt ? amax : NULL, q[0], q[1], sf[0],
+                                                        sf[1], q[2], q[3], sf[2], sf[3], 0),
+                                 cudaSuccess);
+                assert_int_equal(gk_swiglu_backward(dg, du, ddh, gr, ur, n, 1.0f, 0.0f, NULL, 0),
+                                 cudaSuccess);
+                for (int e = 0; e < E; e++) {
+                    int rows = off[e + 1] - off[e], np = exec_fp8_pad(rows);
+                    for (int k = 0; k < 2; k++)
+                        assert_int_equal(gk_fp8_cast((k ? ur : gr) + (size_t)off[e] * cols, cols,
+                                                     rows, cols, how, e5, qr[2 * k] + qo[e],
+                                                     sr[2 * k] + so[e], qr[2 * k + 1] + qo[e], np,
+                                                     sr[2 * k + 1] + sto[e], work, 0),
+                                         cudaSuccess);
+                    char nm[2][80];
+                    for (int k = 0; k < 2; k++)
+                        snprintf(nm[k], sizeof nm[k], "fused SwiGLU backward d%s (%s, %s)",
+                                 k ? "u" : "g", pt ? "per tensor" : "1 x 128",
+                                 e5 ? "E5M2" : "E4M3");
+                    for (int k = 0; k < 2 && rows; k++) {
+                        same(nm[k], how, 2 * k, e, false, rows, cols);
+                        same(nm[k], how, 2 * k + 1, e, true, cols, np); /* zeros past rows */
+                    }
                 }
             }
-        }
+        cudaFree(amax);
         cudaFree(dg), cudaFree(du), cudaFree(ddh), cudaFree(hm), cudaFree(hr), cudaFree(gr),
             cudaFree(ur);
         for (int i = 0; i < 4; i++)

@@ -844,10 +844,10 @@ static void test_train_on_text(void **state)
  * experts), sums that cancel, so the fp8 outputs' rounding shows in it most (bf16's gradients
  * too are furthest from the double reference's there, test_variants). Then 40 steps on text,
  * each recipe routing by its own routers, whose mean loss over the last five is within 2% of
- * bf16's. The tiny models' widths are multiples of 16: every projection runs in fp8. Blockwise,
- * the experts' SwiGLU quantizes its output and its gradients itself; per-tensor, the kernels that
- * write the experts' rows keep their amax for the quantization: each the same bits as the
- * unfused path (fp8_unfused), loss, gradients and 40 steps. */
+ * bf16's. The tiny models' widths are multiples of 16: every projection runs in fp8. The experts'
+ * SwiGLU backward quantizes its gradients itself (blockwise its forward its output too);
+ * per-tensor, the kernels that write the experts' rows keep their amax for the quantization:
+ * each the same bits as the unfused path (fp8_unfused), loss, gradients and 40 steps. */
 #define FP8_ROUTER_GRAD 0.40
 static double fp8_run(const struct mdl_model *m, const double *p0, enum cost_precision prec,
                       bool e5m2, bool unfused, const int *force, int *routing, double *grads,
@@ -962,7 +962,8 @@ static void test_fp8_training(void **state)
             printf("%s, %s and not: loss %.17g and %.17g, %zu of %zu gradients differ; after 40 "
                    "steps %.17g and %.17g\n",
                    cost_precision_names[prec],
-                   prec == COST_FP8_BLOCK ? "the SwiGLU kernels quantizing" : "the amax kept",
+                   prec == COST_FP8_BLOCK ? "the SwiGLU kernels quantizing"
+                                          : "the SwiGLU backward quantizing and the amax kept",
                    loss8, lossu, differ, r.nparams, last8, lastu);
             ok &= lossu == loss8 && differ == 0 && lastu == last8;
             free(gu);

@@ -387,18 +387,24 @@ static void test_fp8_layout(void **state)
         assert_int_equal(l.scratch_bytes, 112 * 64); /* 100 rows padded to 16 x the widest */
         assert_true(l.scratch_factors >= exec_fp8_factor_count(l.act, 100, 64) &&
                     l.scratch_factors >= exec_fp8_factor_count(l.act, 64, 112));
-        /* blockwise: the SwiGLU backward quantizes, into room for any split of the 100 rows */
-        assert_int_equal(l.fuse, b);
-        if (b) {
-            assert_int_equal(l.pre_bytes, (100 + 15 * 8) * 32);
-            int off[9] = {0, 0, 1, 17, 40, 41, 99, 99, 100}; /* an uneven split */
-            size_t q[9], s[9], st[9];
-            exec_fp8_regions(off, 8, 32, q, s, st);
-            assert_true(q[8] <= l.pre_bytes && s[8] <= l.pre_factors && st[8] <= l.pre_factors);
-            /* one row: 16 rows of data and factors (the tail GEMM reads 16), 32 columns of one
-             * transposed tile */
-            assert_true(q[3] == (0 + 16 + 16) * 32 && s[2] == 16 && st[2] == 32);
-        }
+        /* the SwiGLU backward quantizes, into room for any split of the 100 rows; per-tensor
+         * scaling keeps the experts' amax and the weights' */
+        assert_true(l.fuse);
+        assert_int_equal(l.amax_rows, !b);
+        assert_int_equal(l.amax_weights, !b);
+        assert_int_equal(l.pre_bytes, (100 + 15 * 8) * 32);
+        int off[9] = {0, 0, 1, 17, 40, 41, 99, 99, 100}; /* an uneven split */
+        size_t q[9], s[9], st[9];
+        exec_fp8_regions(off, 8, 32, q, s, st);
+        assert_true(q[8] <= l.pre_bytes && s[8] <= l.pre_factors && st[8] <= l.pre_factors);
+        /* one row: 16 rows of data and factors (the tail GEMM reads 16), 32 columns of one
+         * transposed tile */
+        assert_true(q[3] == (0 + 16 + 16) * 32 && s[2] == 16 && st[2] == 32);
+        exec_fp8_layout_free(&l);
+        /* the tests' reference path: nothing fused, nothing kept */
+        assert_int_equal(exec_fp8_layout(&t, b ? COST_FP8_BLOCK : COST_FP8, 100, true, &l, &err),
+                         MOE_OK);
+        assert_true(!l.fuse && !l.amax_rows && !l.amax_weights);
         exec_fp8_layout_free(&l);
     }
     m.attn.head_dim = 10; /* q, k, v and o 40 or 20 wide: bf16 */
