@@ -49,17 +49,21 @@ static void test_conversion(void **state)
     assert_int_equal(diff, 0);
 }
 
+/* Eight experts' row offsets: uneven splits, experts of no rows among them (all of them, or all
+ * but the last), even ones */
+static const int splits[][9] = {{0, 0, 1, 17, 40, 41, 99, 99, 100},
+                                {0, 300, 300, 300, 301, 560, 1000, 1000, 1024},
+                                {0, 0, 0, 0, 0, 0, 0, 0, 0},
+                                {0, 0, 0, 0, 0, 0, 0, 0, 7},
+                                {0, 128, 256, 384, 512, 640, 768, 896, 1024}};
+
 /* Every block of a launch of gk_expert_tiles(...) blocks maps to one tile of one expert, each
  * expert's tiles once in order (its rows, or rows padded to 16, by 128; its columns by 128),
- * with the expert's region as exec_fp8_regions gives it; a block past them maps to none. Uneven
- * splits with experts of no rows, widths of 1 to 3 column tiles. */
+ * with the expert's region as exec_fp8_regions gives it; a block past them maps to none. The
+ * splits above, widths of 1 to 3 column tiles. */
 static void test_expert_tiles(void **state)
 {
     (void)state;
-    static const int splits[][9] = {{0, 0, 1, 17, 40, 41, 99, 99, 100},
-                                    {0, 300, 300, 300, 301, 560, 1000, 1000, 1024},
-                                    {0, 0, 0, 0, 0, 0, 0, 0, 0},
-                                    {0, 128, 256, 384, 512, 640, 768, 896, 1024}};
     static const int widths[] = {32, 256, 272, 384};
     int checked = 0;
     for (auto &off : splits)
@@ -95,15 +99,11 @@ static void test_expert_tiles(void **state)
 }
 
 /* Which expert's rows a row of a permuted matrix is (gk_expert_of: per-tensor fp8's kept amax
- * goes to it), for every row of the same uneven splits, experts of no rows among them: the
- * expert e with off[e] <= row < off[e + 1]; without offsets, the row itself. */
+ * goes to it), for every row of the splits above and of their first E experts: the expert e with
+ * off[e] <= row < off[e + 1]; without offsets, the row itself. */
 static void test_expert_of(void **state)
 {
     (void)state;
-    static const int splits[][9] = {{0, 0, 1, 17, 40, 41, 99, 99, 100},
-                                    {0, 300, 300, 300, 301, 560, 1000, 1000, 1024},
-                                    {0, 128, 256, 384, 512, 640, 768, 896, 1024},
-                                    {0, 0, 0, 0, 0, 0, 0, 0, 7}};
     int checked = 0;
     for (auto &off : splits)
         for (int E = 1; E <= 8; E++)
