@@ -39,6 +39,16 @@ static int gpus(void)
     return n;
 }
 
+/* How far tensor t's values in a are from those in b: the relative L2 of a - b over the tensor
+ * (the absolute one where b is all zeros) */
+static double tensor_rel_l2(const struct exec_tensor *t, const double *a, const double *b)
+{
+    double dd = 0, nn = 0;
+    for (size_t j = t->offset; j < t->offset + t->size; j++)
+        dd += (a[j] - b[j]) * (a[j] - b[j]), nn += b[j] * b[j];
+    return nn > 0 ? sqrt(dd / nn) : sqrt(dd);
+}
+
 struct setup {
     double aux_coef;
     bool with_bias;   /* a random selection bias; or force[] below */
@@ -792,11 +802,8 @@ static void train_on_text(bool cudnn_attention, bool moments_bf16, double tol)
             assert_int_equal(exec_gpu_get_params(g, pg, &err), MOE_OK);
             for (int i = 0; i < r.ntensors; i++) {
                 const struct exec_tensor *t = &r.tensor[i];
-                double dd = 0, nn = 0;
-                for (size_t j = t->offset; j < t->offset + t->size; j++)
-                    dd += (pg[j] - r.params[j]) * (pg[j] - r.params[j]),
-                        nn += r.params[j] * r.params[j];
-                if (sqrt(dd / nn) > wd) wd = sqrt(dd / nn), wn = t->name;
+                double rel = tensor_rel_l2(t, pg, r.params);
+                if (rel > wd) wd = rel, wn = t->name;
             }
             printf("step %d: loss gpu %.5f ref %.5f gnorm %.4f / %.4f; params worst %.3g (%s)\n",
                    step, lg, lr_, gn, gnr, wd, wn);
@@ -934,10 +941,7 @@ static void test_fp8_training(void **state)
         const char *wn = "";
         for (int i = 0; i < r.ntensors; i++) {
             const struct exec_tensor *t = &r.tensor[i];
-            double dd = 0, nn = 0;
-            for (size_t j = t->offset; j < t->offset + t->size; j++)
-                dd += (g8[j] - g16[j]) * (g8[j] - g16[j]), nn += g16[j] * g16[j];
-            double rel = nn > 0 ? sqrt(dd / nn) : sqrt(dd);
+            double rel = tensor_rel_l2(t, g8, g16);
             const char *dot = strrchr(t->name, '.');
             if (dot && !strcmp(dot, ".router")) {
                 if (rel > router) router = rel;
