@@ -114,6 +114,7 @@ void exec_gpu_bytes(const struct mdl_model *m, const struct exec_gpu_cfg *cfg, i
 struct exec_fp8_slice {
     size_t off;      /* the slice's first parameter */
     int rows, cols;  /* out x in */
+    int layer;       /* the block it is a weight of */
     size_t q, s, st; /* its copies' first byte among the quantized bytes; its factors' first
                       * float, its transpose's */
 };
@@ -142,6 +143,10 @@ struct exec_fp8_layout {
      * bf16 weights (without ZeRO, whose shards are gathered after), so their quantization reads
      * them once (amax_weights). */
     bool amax_weights;
+    /* The weights' quantization after an update runs on a stream of its own, block by block,
+     * while the forward's first blocks run (each block's GEMMs wait for its weights alone):
+     * cast_overlap. */
+    bool cast_overlap;
 };
 /* The layout for the model's tensor table, a GEMM's operands at most `rows` rows (the tokens,
  * or the routed pairs one GPU's experts may hold); unfused: no fused quantization (the tests'

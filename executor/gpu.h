@@ -200,6 +200,13 @@ struct exec_gpu {
      * w8kept_ok: the bf16 weights are what it wrote then (gpu_w16_changed) */
     unsigned *w8kept;
     bool w8kept_ok;
+    /* f8.cast_overlap: the quantization on stream cast_s, after cast_in (the bf16 weights
+     * written), block l's slices then cast_ev[l]; cast_pend: some block's wait not yet made by
+     * the main stream (cast_waited[l]) */
+    cudaStream_t cast_s;
+    cudaEvent_t cast_in, *cast_ev;
+    unsigned char *cast_waited;
+    bool cast_pend;
     struct fp8_scratch f8x[1 + EXEC_MAX_STREAMS];
     /* fp8 with f8.fuse: the experts' gate and up output gradients as the fused SwiGLU backward
      * quantized them (gk_fp8_swiglu_backward), [0] the gate's, [1] the up's: row-major q,
@@ -382,8 +389,13 @@ enum moe_status gpu_lin_dx(struct exec_gpu *g, const bf16 *dY, int lddy, const b
 enum moe_status gpu_lin_dw(struct exec_gpu *g, const bf16 *dY, int lddy, const bf16 *X, int ldx,
                            int T, int in, int out, int t, int slice, struct moe_error *err);
 enum moe_status gpu_sync_host(struct exec_gpu *g, struct moe_error *err);
-/* fp8: the quantized weights redone when stale (the first GEMM of a forward after an update) */
-enum moe_status gpu_fp8_weights(struct exec_gpu *g, struct moe_error *err);
+/* fp8: block l's quantized weights fresh for the main stream's next GEMMs (l < 0: every block's):
+ * the stale ones redone (the first GEMM of a forward after an update), on the quantization's own
+ * stream with f8.cast_overlap, the main stream waiting for block l's */
+enum moe_status gpu_fp8_fresh(struct exec_gpu *g, int l, struct moe_error *err);
+/* The bf16 weights are about to be written (the optimizer, a reload): the main stream waits for
+ * any quantization still reading them */
+enum moe_status gpu_fp8_settle(struct exec_gpu *g, struct moe_error *err);
 /* The bf16 weights were written: their fp8 copies are stale; amax_kept: by AdamW, which kept each
  * quantized slice's amax (gpu_fp8_weight_rows) */
 static inline void gpu_w16_changed(struct exec_gpu *g, bool amax_kept)
@@ -417,7 +429,8 @@ bool gpu_fp8_fused_ok(const struct exec_gpu *g, int l);
  * the call returns: the caller may free or refill it at once. */
 enum moe_status gpu_upload(struct exec_gpu *g, void *dst, const void *src, size_t bytes,
                            struct moe_error *err);
-enum moe_status gpu_fork_experts(struct exec_gpu *g, struct moe_error *err);
+/* Layer l's experts: their weights fresh (gpu_fp8_fresh), then the side streams after the main */
+enum moe_status gpu_fork_experts(struct exec_gpu *g, int l, struct moe_error *err);
 void gpu_use_expert_stream(struct exec_gpu *g, int e);
 enum moe_status gpu_join_experts(struct exec_gpu *g, struct moe_error *err);
 

@@ -370,6 +370,16 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
         if (g->f8.amax_weights && !cfg->zero) ALLOC(g->w8kept, g->f8.n, EXEC_MEM_WEIGHTS);
         g->f8lt = gk_fp8_lt_create(g->lt, g->ws_bytes);
         if (!g->f8lt) return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
+        if (g->f8.cast_overlap) { /* the quantization's stream and a block's event each */
+            g->cast_ev = (cudaEvent_t *)calloc((size_t)g->layers, sizeof(cudaEvent_t));
+            g->cast_waited = (unsigned char *)calloc((size_t)g->layers, 1);
+            if (!g->cast_ev || !g->cast_waited)
+                return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
+            MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&g->cast_s, cudaStreamNonBlocking));
+            MOE_CUDA_CHECK(cudaEventCreateWithFlags(&g->cast_in, cudaEventDisableTiming));
+            for (int l = 0; l < g->layers; l++)
+                MOE_CUDA_CHECK(cudaEventCreateWithFlags(&g->cast_ev[l], cudaEventDisableTiming));
+        }
         g->fp8 = g->w8_stale = true;
     }
     ALLOC(g->grad, n, EXEC_MEM_GRADS);
@@ -537,6 +547,7 @@ extern "C" void exec_gpu_destroy(struct exec_gpu *g)
 {
     if (!g) return;
     if (g->s) cudaStreamSynchronize(g->s);
+    if (g->cast_s) cudaStreamSynchronize(g->cast_s);
     for (int i = 0; i < g->nallocs; i++) cudaFree(g->allocs[i]);
     for (int i = 0; i < g->ev_created; i++) cudaEventDestroy(g->ev[i]);
     if (g->off_host)
@@ -566,6 +577,11 @@ extern "C" void exec_gpu_destroy(struct exec_gpu *g)
         if (g->side[i]) cudaStreamDestroy(g->side[i]);
     }
     if (g->fork_ev) cudaEventDestroy(g->fork_ev);
+    for (int l = 0; g->cast_ev && l < g->layers; l++)
+        if (g->cast_ev[l]) cudaEventDestroy(g->cast_ev[l]);
+    free(g->cast_ev), free(g->cast_waited);
+    if (g->cast_in) cudaEventDestroy(g->cast_in);
+    if (g->cast_s) cudaStreamDestroy(g->cast_s);
     if (g->s) {
         gk_cudnn_release(g->s); /* its plans, their buffers and its cuDNN handle */
         cudaStreamDestroy(g->s);
@@ -585,6 +601,7 @@ extern "C" const struct exec_ref_model *exec_gpu_table(const struct exec_gpu *g)
 
 static enum moe_status refresh_bf16(struct exec_gpu *g, struct moe_error *err)
 {
+    MOE_CHECK(gpu_fp8_settle(g, err));
     MOE_CUDA_CHECK(gk_to_bf16(g->master, g->w16, g->table.nparams, g->s));
     MOE_CUDA_CHECK(cudaStreamSynchronize(g->s));
     gpu_w16_changed(g, false);

@@ -162,28 +162,77 @@ static const struct exec_fp8_slice *fp8_grad_slice(const struct exec_gpu *g, int
                      cols);
 }
 
-/* A tensor's slices (its experts) at once: consecutive slices of one shape, their parameters,
- * copies and factors equally spaced, up to the experts' count (w8amax's room); with per-tensor
- * scaling their amax as AdamW kept them where it did (w8kept_ok), else a pass of their own */
-enum moe_status gpu_fp8_weights(struct exec_gpu *g, struct moe_error *err)
+/* Slices i0 .. i1 quantized on stream s, a tensor's slices (its experts) at once: consecutive
+ * slices of one shape, their parameters, copies and factors equally spaced, up to the experts'
+ * count (w8amax's room); with per-tensor scaling their amax as AdamW kept them where it did
+ * (w8kept_ok), else a pass of their own */
+static cudaError_t fp8_cast_slices(struct exec_gpu *g, int i0, int i1, cudaStream_t st)
 {
     int how = g->f8.weight, most = g->experts > 1 ? g->experts : 1;
     bool known = g->w8kept_ok;
-    for (int i = 0, n; i < g->f8.n; i += n) {
+    for (int i = i0, n; i < i1; i += n) {
         const struct exec_fp8_slice *s = &g->f8.slice[i];
         size_t size = (size_t)s->rows * s->cols, ss = i + 1 < g->f8.n ? s[1].s - s->s : 0;
-        for (n = 1; i + n < g->f8.n && n < most; n++) {
+        for (n = 1; i + n < i1 && n < most; n++) {
             const struct exec_fp8_slice *x = &s[n];
             if (x->rows != s->rows || x->cols != s->cols || x->off != s->off + n * size ||
                 x->q != s->q + n * size || x->s != s->s + n * ss || x->st != s->st + n * ss)
                 break;
         }
-        MOE_CUDA_CHECK(gk_fp8_cast_batch(g->w16 + s->off, s->cols, s->rows, s->cols, how, 0,
-                                         g->w8 + s->q, g->w8s + s->s, g->w8t + s->q, s->rows,
-                                         g->w8s + s->st, known ? g->w8kept + i : g->w8amax, known,
-                                         n, size, size, ss, g->s));
+        cudaError_t e =
+            gk_fp8_cast_batch(g->w16 + s->off, s->cols, s->rows, s->cols, how, 0, g->w8 + s->q,
+                              g->w8s + s->s, g->w8t + s->q, s->rows, g->w8s + s->st,
+                              known ? g->w8kept + i : g->w8amax, known, n, size, size, ss, st);
+        if (e != cudaSuccess) return e;
     }
-    g->w8_stale = g->w8kept_ok = false;
+    return cudaSuccess;
+}
+
+enum moe_status gpu_fp8_fresh(struct exec_gpu *g, int l, struct moe_error *err)
+{
+    if (!g->fp8) return MOE_OK;
+    if (g->w8_stale) {
+        if (g->in_experts)
+            return moe_error_set(err, MOE_ERR_RUNTIME,
+                                 "executor: the fp8 weights are stale inside the experts' streams");
+        if (g->cast_s) { /* block by block on their stream, each block's event after it */
+            MOE_CUDA_CHECK(cudaEventRecord(g->cast_in, g->s));
+            MOE_CUDA_CHECK(cudaStreamWaitEvent(g->cast_s, g->cast_in, 0));
+            for (int i = 0, j; i < g->f8.n; i = j) {
+                int b = g->f8.slice[i].layer;
+                for (j = i; j < g->f8.n && g->f8.slice[j].layer == b; j++) {
+                }
+                MOE_CUDA_CHECK(fp8_cast_slices(g, i, j, g->cast_s));
+                MOE_CUDA_CHECK(cudaEventRecord(g->cast_ev[b], g->cast_s));
+            }
+            memset(g->cast_waited, 0, (size_t)g->layers);
+            g->cast_pend = true;
+        } else {
+            MOE_CUDA_CHECK(fp8_cast_slices(g, 0, g->f8.n, g->s));
+        }
+        g->w8_stale = g->w8kept_ok = false;
+    }
+    if (!g->cast_pend) return MOE_OK;
+    bool all = true;
+    for (int b = 0; b < g->layers; b++) {
+        if (!g->cast_waited[b] && (l < 0 || b == l)) {
+            MOE_CUDA_CHECK(cudaStreamWaitEvent(g->s, g->cast_ev[b], 0));
+            g->cast_waited[b] = 1;
+        }
+        all &= g->cast_waited[b] != 0;
+    }
+    g->cast_pend = !all;
+    return MOE_OK;
+}
+
+enum moe_status gpu_fp8_settle(struct exec_gpu *g, struct moe_error *err)
+{
+    for (int b = 0; g->cast_pend && b < g->layers; b++)
+        if (!g->cast_waited[b]) {
+            MOE_CUDA_CHECK(cudaStreamWaitEvent(g->s, g->cast_ev[b], 0));
+            g->cast_waited[b] = 1;
+        }
+    g->cast_pend = false;
     return MOE_OK;
 }
 
@@ -337,16 +386,6 @@ static enum moe_status fp8_mm(struct exec_gpu *g, const struct gk_fp8_mat *w,
     return MOE_OK;
 }
 
-/* The stale quantized weights redone on the main stream: a GEMM outside the experts' streams */
-static enum moe_status fp8_fresh(struct exec_gpu *g, struct moe_error *err)
-{
-    if (g->w8_stale && !g->in_experts) MOE_CHECK(gpu_fp8_weights(g, err));
-    if (g->w8_stale)
-        return moe_error_set(err, MOE_ERR_RUNTIME,
-                             "executor: the fp8 weights are stale inside the experts' streams");
-    return MOE_OK;
-}
-
 /* Y (T x out) = X (T x in) W^T, W (out x in), bf16 inputs; Y fp32 or bf16. */
 enum moe_status gpu_lin(struct exec_gpu *g, const bf16 *X, int ldx, const bf16 *Wt, int T, int in,
                         int out, void *Y, int ldy, cudaDataType yt, float beta,
@@ -354,7 +393,7 @@ enum moe_status gpu_lin(struct exec_gpu *g, const bf16 *X, int ldx, const bf16 *
 {
     const struct exec_fp8_slice *f = fp8_slice(g, Wt, out, in);
     if (f && T > 0) {
-        MOE_CHECK(fp8_fresh(g, err));
+        MOE_CHECK(gpu_fp8_fresh(g, f->layer, err));
         struct fp8_scratch *x8 = fp8_scratch_now(g);
         int ha = g->f8.act, hw = g->f8.weight;
         struct gk_fp8_mat w = {g->w8 + f->q, g->w8s + f->s, in, hw, 0}, x, tr;
@@ -383,7 +422,7 @@ enum moe_status gpu_lin_dx(struct exec_gpu *g, const bf16 *dY, int lddy, const b
 {
     const struct exec_fp8_slice *f = fp8_slice(g, Wt, out, in);
     if (f && T > 0) {
-        MOE_CHECK(fp8_fresh(g, err));
+        MOE_CHECK(gpu_fp8_fresh(g, f->layer, err));
         struct fp8_scratch *x8 = fp8_scratch_now(g);
         int ha = g->f8.act, hw = g->f8.weight, e5 = g->cfg.fp8_e5m2_grads, Tp = exec_fp8_pad(T);
         struct gk_fp8_mat w = {g->w8t + f->q, g->w8s + f->st, out, hw, 0},
@@ -454,9 +493,9 @@ enum moe_status gpu_sync_host(struct exec_gpu *g, struct moe_error *err)
 }
 
 /* Expert e's GEMMs go to side stream e % nside between fork and join (one stream: no-ops). */
-enum moe_status gpu_fork_experts(struct exec_gpu *g, struct moe_error *err)
+enum moe_status gpu_fork_experts(struct exec_gpu *g, int l, struct moe_error *err)
 {
-    if (g->fp8) MOE_CHECK(fp8_fresh(g, err)); /* before the streams part */
+    MOE_CHECK(gpu_fp8_fresh(g, l, err)); /* before the streams part */
     gpu_fp8_forget(g);
     g->in_experts = true;
     if (g->nside < 2) return MOE_OK;

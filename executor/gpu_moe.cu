@@ -51,10 +51,10 @@ enum moe_status gpu_swiglu_backward(struct exec_gpu *g, const bf16 *x, const bf1
 /* body(e, o, n) for every expert e with rows (n of them, from row o), on its side stream between
  * gpu_fork_experts and gpu_join_experts; an expert with no rows launches nothing. */
 template <typename Body>
-static enum moe_status each_expert(struct exec_gpu *g, const int *off, Body body,
+static enum moe_status each_expert(struct exec_gpu *g, int l, const int *off, Body body,
                                    struct moe_error *err)
 {
-    MOE_CHECK(gpu_fork_experts(g, err));
+    MOE_CHECK(gpu_fork_experts(g, l, err));
     for (int e = 0; e < g->experts; e++) {
         int n = off[e + 1] - off[e];
         if (!n) continue;
@@ -88,7 +88,7 @@ enum moe_status gpu_experts_forward(struct exec_gpu *g, int l, struct act *A, co
     int h = g->hidden, E = g->experts, f = g->ffn;
     if (!g->m.moe.probs_on_input) gpu_fp8_know(g, l, F8_X, A->xp16, h);
     MOE_CHECK(each_expert(
-        g, off,
+        g, l, off,
         [&](int e, size_t o, int n) {
             cudaError_t ce = cudaSuccess;
             float bg = expert_bias_rows(g, w[W_GATE_B], e, o, n, f, NULL, A->eg16, &ce);
@@ -118,7 +118,7 @@ enum moe_status gpu_experts_forward(struct exec_gpu *g, int l, struct act *A, co
         gpu_fp8_know(g, l, F8_HM, A->ehm16, f);
     }
     enum moe_status st = each_expert(
-        g, off,
+        g, l, off,
         [&](int e, size_t o, int n) {
             cudaError_t ce = cudaSuccess;
             float bd = expert_bias_rows(g, w[W_DOWN_B], e, o, n, h, A->yp32, NULL, &ce);
@@ -151,7 +151,7 @@ enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act
     gpu_fp8_know(g, l, F8_HM, A->ehm16, f);
     gpu_fp8_know(g, l, F8_DY, g->dyp16, h);
     MOE_CHECK(each_expert(
-        g, off,
+        g, l, off,
         [&](int e, size_t o, int n) {
             MOE_CHECK(gpu_lin_dx(g, g->dyp16 + o * h, h, W16(g, w[W_DOWN]) + (size_t)e * h * f, n,
                                  f, h, g->dehm16 + o * f, f, CUDA_R_16BF, 0, err));
@@ -197,7 +197,7 @@ enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act
         gpu_fp8_know(g, l, F8_DU, g->deu16, f);
     }
     enum moe_status st = each_expert(
-        g, off,
+        g, l, off,
         [&](int e, size_t o, int n) {
             MOE_CHECK(gpu_lin_dx(g, g->deg16 + o * f, f, W16(g, w[W_GATE]) + (size_t)e * f * h, n,
                                  h, f, g->dxg16 + o * h, h, CUDA_R_16BF, 0, err));

@@ -347,6 +347,7 @@ extern "C" enum moe_status exec_gpu_optimizer(struct exec_gpu *g, const struct e
     a.c2 = (float)(1.0 - pow(o->beta2, step + 1));
     a.scale = (float)(o->clip > 0 && norm > o->clip ? o->clip / norm : 1.0);
     size_t lo = g->shard_lo, hi = g->shard_hi; /* everything, unless ZeRO-1 */
+    MOE_CHECK(gpu_fp8_settle(g, err));         /* no quantization still reading the bf16 weights */
     /* per-tensor fp8 (no ZeRO): the quantized slices' amax kept as the bf16 copies are written */
     bool keep = g->w8kept && !g->cfg.zero;
     if (keep) MOE_CUDA_CHECK(cudaMemsetAsync(g->w8kept, 0, sizeof(unsigned) * g->f8.n, g->s));
@@ -427,6 +428,7 @@ extern "C" enum moe_status exec_gpu_poison(struct exec_gpu *g, const char *tenso
     float nan = NAN;
     bf16 nan16 = __float2bfloat16(nan);
     if (weight) {
+        MOE_CHECK(gpu_fp8_settle(g, err));
         MOE_CUDA_CHECK(
             cudaMemcpyAsync(g->master + at, &nan, sizeof nan, cudaMemcpyHostToDevice, g->s));
         MOE_CUDA_CHECK(

@@ -293,6 +293,7 @@ enum moe_status exec_fp8_layout(const struct exec_ref_model *table, enum cost_pr
                 s->off = t->offset + (size_t)e * rows_s * cols;
                 s->rows = rows_s;
                 s->cols = cols;
+                s->layer = l;
                 s->q = out->qbytes;
                 out->qbytes += ((size_t)rows_s * cols + 15) / 16 * 16;
                 s->s = out->factors;
@@ -323,6 +324,7 @@ enum moe_status exec_fp8_layout(const struct exec_ref_model *table, enum cost_pr
     int E = x->experts, f = x->intermediate;
     out->amax_rows = !block && !unfused && mdl_moe_layer_count(m) > 0;
     out->amax_weights = !block && !unfused && out->n > 0;
+    out->cast_overlap = !unfused && out->n > 0;
     out->fuse = !unfused && mdl_moe_layer_count(m) > 0 && !x->expert_bias &&
                 x->activation != MDL_ACT_CLAMPED_SWIGLU && f % 16 == 0 && m->hidden % 16 == 0;
     if (out->fuse) {

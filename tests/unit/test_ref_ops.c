@@ -375,6 +375,7 @@ static void test_fp8_layout(void **state)
             const struct exec_fp8_slice *s = &l.slice[i];
             params += (size_t)s->rows * s->cols;
             assert_true(i == 0 || s->off > l.slice[i - 1].off);
+            assert_true(s->layer == (i < l.n / 2 ? 0 : 1)); /* two blocks of equal slices */
             assert_true(s->q % 16 == 0 && s->s % 4 == 0 && s->st % 4 == 0);
         }
         /* q, k, v (64 x 64, 32 x 64, 32 x 64), o (64 x 64); gate, up (32 x 64), down (64 x 32) */
@@ -392,6 +393,7 @@ static void test_fp8_layout(void **state)
         assert_true(l.fuse);
         assert_int_equal(l.amax_rows, !b);
         assert_int_equal(l.amax_weights, !b);
+        assert_true(l.cast_overlap);
         assert_int_equal(l.pre_bytes, (100 + 15 * 8) * 32);
         int off[9] = {0, 0, 1, 17, 40, 41, 99, 99, 100}; /* an uneven split */
         size_t q[9], s[9], st[9];
@@ -404,7 +406,7 @@ static void test_fp8_layout(void **state)
         /* the tests' reference path: nothing fused, nothing kept */
         assert_int_equal(exec_fp8_layout(&t, b ? COST_FP8_BLOCK : COST_FP8, 100, true, &l, &err),
                          MOE_OK);
-        assert_true(!l.fuse && !l.amax_rows && !l.amax_weights);
+        assert_true(!l.fuse && !l.amax_rows && !l.amax_weights && !l.cast_overlap);
         exec_fp8_layout_free(&l);
     }
     m.attn.head_dim = 10; /* q, k, v and o 40 or 20 wide: bf16 */
