@@ -212,7 +212,7 @@ enum moe_status gpu_fp8_fresh(struct exec_gpu *g, int l, struct moe_error *err)
         }
         g->w8_stale = g->w8kept_ok = false;
     }
-    if (!g->cast_pend) return MOE_OK;
+    if (!g->cast_pend || (l >= 0 && g->cast_waited[l])) return MOE_OK;
     bool all = true;
     for (int b = 0; b < g->layers; b++) {
         if (!g->cast_waited[b] && (l < 0 || b == l)) {
