@@ -48,8 +48,8 @@ enum moe_status gpu_swiglu_backward(struct exec_gpu *g, const bf16 *x, const bf1
     return gpu_lin_dw(g, g->du16, F, x, h, T, h, F, tu, 0, err);
 }
 
-/* body(e, o, n) for every expert e with rows (n of them, from row o), on its side stream between
- * gpu_fork_experts and gpu_join_experts; an expert with no rows launches nothing. */
+/* body(e, o, n) for every expert e of layer l with rows (n of them, from row o), on its side
+ * stream between gpu_fork_experts and gpu_join_experts; an expert with no rows launches nothing. */
 template <typename Body>
 static enum moe_status each_expert(struct exec_gpu *g, int l, const int *off, Body body,
                                    struct moe_error *err)
