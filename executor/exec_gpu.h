@@ -86,8 +86,9 @@ struct exec_gpu_cfg {
     /* AdamW's moments in bf16 (the plan's moments=bf16; exec_adamw's moments_bf16 must say the
      * same): 4 bytes a parameter less */
     bool moments_bf16;
-    /* the tests' reference path: fp8 without the fused quantization (exec_fp8_layout) */
-    bool fp8_unfused;
+    /* the tests' reference paths: fp8 without the fused quantization (exec_fp8_layout); the
+     * weights' quantization on the main stream (f8.cast_overlap off) */
+    bool fp8_unfused, fp8_cast_sync;
     /* the GEMMs' precision (the plan's): COST_BF16, COST_FP8 (per-tensor current scaling) or
      * COST_FP8_BLOCK (DeepSeek-V3's blockwise); fp8_e5m2_grads: the gradients in E5M2 (E4M3
      * otherwise, as the plan's Megatron flags say) */

@@ -370,6 +370,7 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
         if (g->f8.amax_weights && !cfg->zero) ALLOC(g->w8kept, g->f8.n, EXEC_MEM_WEIGHTS);
         g->f8lt = gk_fp8_lt_create(g->lt, g->ws_bytes);
         if (!g->f8lt) return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
+        if (cfg->fp8_cast_sync) g->f8.cast_overlap = false;
         if (g->f8.cast_overlap) { /* the quantization's stream and a block's event each */
             g->cast_ev = (cudaEvent_t *)calloc((size_t)g->layers, sizeof(cudaEvent_t));
             g->cast_waited = (unsigned char *)calloc((size_t)g->layers, 1);

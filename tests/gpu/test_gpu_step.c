@@ -853,11 +853,19 @@ static void test_train_on_text(void **state)
  * each recipe routing by its own routers, whose mean loss over the last five is within 2% of
  * bf16's. The tiny models' widths are multiples of 16: every projection runs in fp8. The experts'
  * SwiGLU backward quantizes its gradients itself (blockwise its forward its output too);
- * per-tensor, the kernels that write the experts' rows keep their amax for the quantization:
- * each the same bits as the unfused path (fp8_unfused), loss, gradients and 40 steps. */
+ * per-tensor, the kernels that write the experts' rows keep their amax for the quantization; the
+ * weights' quantization overlaps the forward: each the same bits as the unfused path
+ * (fp8_unfused) and as the weights quantized in line (fp8_cast_sync), loss, gradients and 40
+ * steps. */
 #define FP8_ROUTER_GRAD 0.40
+enum fp8_path {
+    FP8_FUSED,
+    FP8_UNFUSED,
+    FP8_CAST_SYNC
+}; /* the last: fused, the weights'
+                                                          * quantization on the main stream */
 static double fp8_run(const struct mdl_model *m, const double *p0, enum cost_precision prec,
-                      bool e5m2, bool unfused, const int *force, int *routing, double *grads,
+                      bool e5m2, enum fp8_path path, const int *force, int *routing, double *grads,
                       double *last)
 {
     enum { SEQ = 33, STEPS = 40 };
@@ -866,7 +874,8 @@ static double fp8_run(const struct mdl_model *m, const double *p0, enum cost_pre
                                .streams = 1,
                                .precision = prec,
                                .fp8_e5m2_grads = e5m2,
-                               .fp8_unfused = unfused};
+                               .fp8_unfused = path == FP8_UNFUSED,
+                               .fp8_cast_sync = path == FP8_CAST_SYNC};
     struct exec_gpu *g;
     struct moe_error err;
     if (exec_gpu_create(&g, m, &cfg, &err) != MOE_OK) fail_msg("%s", err.message);
@@ -918,10 +927,10 @@ static void test_fp8_training(void **state)
     int k = m.moe.top_k, P = 32 * k; /* 32 tokens a micro-batch (fp8_run's SEQ - 1) */
     size_t nr = (size_t)mdl_moe_layer_count(&m) * P;
     int *route16 = calloc(nr, sizeof *route16), *route8 = calloc(nr, sizeof *route8);
-    double loss16 = fp8_run(&m, r.params, COST_BF16, false, false, NULL, route16, g16, &last16);
+    double loss16 = fp8_run(&m, r.params, COST_BF16, false, FP8_FUSED, NULL, route16, g16, &last16);
     /* the fp8 routers' own first choices: a token whose top-k scores nearly tie may pick another
      * expert, which moves its gradients wholesale; so the comparisons below run on bf16's */
-    fp8_run(&m, r.params, COST_FP8, false, false, NULL, route8, g8, &last8);
+    fp8_run(&m, r.params, COST_FP8, false, FP8_FUSED, NULL, route8, g8, &last8);
     int moved = 0;
     for (size_t t = 0; t < nr; t += k)
         for (int j = 0; j < k; j++) {
@@ -936,8 +945,8 @@ static void test_fp8_training(void **state)
     for (int c = 0; c < 4; c++) { /* each recipe with E4M3 and with E5M2 gradients */
         enum cost_precision prec = c >= 2 ? COST_FP8_BLOCK : COST_FP8;
         bool e5 = c % 2;
-        double loss8 = fp8_run(&m, r.params, prec, e5, false, route16, NULL, g8, &last8), worst = 0,
-               router = 0;
+        double loss8 = fp8_run(&m, r.params, prec, e5, FP8_FUSED, route16, NULL, g8, &last8),
+               worst = 0, router = 0;
         const char *wn = "";
         for (int i = 0; i < r.ntensors; i++) {
             const struct exec_tensor *t = &r.tensor[i];
@@ -957,18 +966,21 @@ static void test_fp8_training(void **state)
         ok &= worst <= (e5 ? 0.15 : 0.10);
         ok &= router <= FP8_ROUTER_GRAD * (e5 ? 1.5 : 1.0);
         ok &= fabs(last8 - last16) <= 0.02 * last16;
-        { /* fused against unfused: blockwise, the SwiGLU kernels that quantize; per-tensor,
-           * the amax kept by the kernels that write the experts' rows (and AdamW) */
+        /* fused against unfused (blockwise, the SwiGLU kernels that quantize; per-tensor, its
+         * backward and the amax kept by the kernels that write the experts' rows and by AdamW;
+         * both, the weights' quantization overlapped), and against the fused path with the
+         * weights quantized on the main stream: the same bits */
+        for (int v = FP8_UNFUSED; v <= FP8_CAST_SYNC; v++) {
             double *gu = calloc(r.nparams, sizeof *gu), lastu;
-            double lossu = fp8_run(&m, r.params, prec, e5, true, route16, NULL, gu, &lastu);
+            double lossu =
+                fp8_run(&m, r.params, prec, e5, (enum fp8_path)v, route16, NULL, gu, &lastu);
             size_t differ = 0;
             for (size_t j = 0; j < r.nparams; j++) differ += gu[j] != g8[j];
-            printf("%s, %s and not: loss %.17g and %.17g, %zu of %zu gradients differ; after 40 "
-                   "steps %.17g and %.17g\n",
-                   cost_precision_names[prec],
-                   prec == COST_FP8_BLOCK ? "the SwiGLU kernels quantizing"
-                                          : "the SwiGLU backward quantizing and the amax kept",
-                   loss8, lossu, differ, r.nparams, last8, lastu);
+            printf("%s (%s gradients), fused and %s: loss %.17g and %.17g, %zu of %zu gradients "
+                   "differ; after 40 steps %.17g and %.17g\n",
+                   cost_precision_names[prec], e5 ? "e5m2" : "e4m3",
+                   v == FP8_UNFUSED ? "unfused" : "fused with the weights quantized in line", loss8,
+                   lossu, differ, r.nparams, last8, lastu);
             ok &= lossu == loss8 && differ == 0 && lastu == last8;
             free(gu);
         }
