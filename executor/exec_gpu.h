@@ -301,8 +301,9 @@ enum moe_status exec_gpu_routing(struct exec_gpu *g, int layer, int64_t *counts,
                                  struct moe_error *err);
 /* The last micro-batch's routing: each MoE layer's (tokens x top_k) expert choices, layer after
  * layer (not with full recompute, whose layers share them); and a routing that every later
- * micro-batch's MoE layers take in place of their routers' choices (the same layout; NULL: the
- * routers' again). Runs of two precisions compare on one routing so. */
+ * micro-batch's MoE layers take in place of their routers' choices (the same layout, a token's
+ * choices distinct experts, as a router's are; NULL: the routers' again). Runs of two precisions
+ * compare on one routing so. */
 enum moe_status exec_gpu_last_routing(struct exec_gpu *g, int *choice, struct moe_error *err);
 enum moe_status exec_gpu_force_routing(struct exec_gpu *g, const int *choice,
                                        struct moe_error *err);

@@ -552,13 +552,20 @@ extern "C" enum moe_status exec_gpu_force_routing(struct exec_gpu *g, const int 
         g->forced_choice = NULL;
         return MOE_OK;
     }
-    for (size_t i = 0; i < n; i++)
+    int k = g->top_k;
+    for (size_t i = 0; i < n; i++) {
         if (choice[i] < 0 || choice[i] >= g->experts)
             return moe_error_set(err, MOE_ERR_INPUT, "executor: a forced choice of expert %d of %d",
                                  choice[i], g->experts);
+        for (size_t j = i - i % k; j < i; j++) /* a token's choices, as the router's: distinct */
+            if (choice[j] == choice[i])
+                return moe_error_set(err, MOE_ERR_INPUT,
+                                     "executor: forced pair %zu chooses expert %d twice for one "
+                                     "token",
+                                     i, choice[i]);
+    }
     if (!g->forced_own) ALLOC(g->forced_own, n, EXEC_MEM_WORKSPACE);
-    MOE_CUDA_CHECK(
-        cudaMemcpyAsync(g->forced_own, choice, sizeof(int) * n, cudaMemcpyHostToDevice, g->s));
+    MOE_CHECK(gpu_upload(g, g->forced_own, choice, sizeof(int) * n, err));
     g->forced_choice = g->forced_own;
     return MOE_OK;
 }
