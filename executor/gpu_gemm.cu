@@ -188,6 +188,23 @@ static cudaError_t fp8_cast_slices(struct exec_gpu *g, int i0, int i1, cudaStrea
     return cudaSuccess;
 }
 
+/* The main stream after block l's quantization on cast_s (l < 0: every block's), each block's
+ * wait made once */
+static enum moe_status cast_wait(struct exec_gpu *g, int l, struct moe_error *err)
+{
+    if (!g->cast_pend || (l >= 0 && g->cast_waited[l])) return MOE_OK;
+    bool all = true;
+    for (int b = 0; b < g->layers; b++) {
+        if (!g->cast_waited[b] && (l < 0 || b == l)) {
+            MOE_CUDA_CHECK(cudaStreamWaitEvent(g->s, g->cast_ev[b], 0));
+            g->cast_waited[b] = 1;
+        }
+        all &= g->cast_waited[b] != 0;
+    }
+    g->cast_pend = !all;
+    return MOE_OK;
+}
+
 enum moe_status gpu_fp8_fresh(struct exec_gpu *g, int l, struct moe_error *err)
 {
     if (!g->fp8) return MOE_OK;
@@ -212,28 +229,12 @@ enum moe_status gpu_fp8_fresh(struct exec_gpu *g, int l, struct moe_error *err)
         }
         g->w8_stale = g->w8kept_ok = false;
     }
-    if (!g->cast_pend || (l >= 0 && g->cast_waited[l])) return MOE_OK;
-    bool all = true;
-    for (int b = 0; b < g->layers; b++) {
-        if (!g->cast_waited[b] && (l < 0 || b == l)) {
-            MOE_CUDA_CHECK(cudaStreamWaitEvent(g->s, g->cast_ev[b], 0));
-            g->cast_waited[b] = 1;
-        }
-        all &= g->cast_waited[b] != 0;
-    }
-    g->cast_pend = !all;
-    return MOE_OK;
+    return cast_wait(g, l, err);
 }
 
 enum moe_status gpu_fp8_settle(struct exec_gpu *g, struct moe_error *err)
 {
-    for (int b = 0; g->cast_pend && b < g->layers; b++)
-        if (!g->cast_waited[b]) {
-            MOE_CUDA_CHECK(cudaStreamWaitEvent(g->s, g->cast_ev[b], 0));
-            g->cast_waited[b] = 1;
-        }
-    g->cast_pend = false;
-    return MOE_OK;
+    return cast_wait(g, -1, err);
 }
 
 static struct fp8_scratch *fp8_scratch_now(struct exec_gpu *g)
