@@ -660,7 +660,7 @@ __global__ void k_swiglu(const bf16 *g, const bf16 *u, bf16 *hm, size_t nv, floa
         ld_bf16<V>(u + i * V, y);
         for (int k = 0; k < V; k++) {
             x[k] = act_fwd(x[k], y[k], alpha, limit);
-            m = max(m, gk_abs_bits(__bfloat162float(__float2bfloat16(x[k]))));
+            if (am.amax[0]) m = max(m, gk_abs_bits(__bfloat162float(__float2bfloat16(x[k]))));
         }
         st_bf16<V>(hm + i * V, x);
     }
@@ -682,6 +682,7 @@ __global__ void k_swiglu_backward(const bf16 *g, const bf16 *u, const bf16 *dhm,
         ld_bf16<V>(dhm + i * V, d);
         for (int k = 0; k < V; k++) {
             act_bwd(x[k], y[k], d[k], alpha, limit, &x[k], &d[k]);
+            if (!am.amax[0]) continue;
             mg = max(mg, gk_abs_bits(__bfloat162float(__float2bfloat16(x[k]))));
             mu = max(mu, gk_abs_bits(__bfloat162float(__float2bfloat16(d[k]))));
         }
@@ -909,8 +910,9 @@ __global__ void k_adamw4(float4 *p, const float4 *g, void *m1, void *m2, __nv_bf
         mom_store<M16>(m2, i, v);
         w16[2 * i] = __floats2bfloat162_rn(x.x, x.y);
         w16[2 * i + 1] = __floats2bfloat162_rn(x.z, x.w);
-        mx = max(max(bf16_abs_bits(x.x), bf16_abs_bits(x.y)),
-                 max(bf16_abs_bits(x.z), bf16_abs_bits(x.w)));
+        if (am.amax[0])
+            mx = max(max(bf16_abs_bits(x.x), bf16_abs_bits(x.y)),
+                     max(bf16_abs_bits(x.z), bf16_abs_bits(x.w)));
     }
     if (am.amax[0]) gk_rows_amax_v<4>(am, 0, mx, i, n4, 0, red);
 }
@@ -935,7 +937,7 @@ __global__ void k_adamw(float *p, const float *g, void *m1, void *m2, bf16 *w16,
         }
         p[i] = x;
         w16[i] = __float2bfloat16(x);
-        mx = bf16_abs_bits(x);
+        if (am.amax[0]) mx = bf16_abs_bits(x);
     }
     if (am.amax[0]) gk_rows_amax_v<1>(am, 0, mx, i, n, base, red);
 }

@@ -105,7 +105,7 @@ __global__ void k_gather(const W *x, const int *row_src, int k, int P, int w, W 
         size_t p = i / w, c = i % w;
         W v = x[(size_t)(row_src[p] / k) * w + c];
         xp[i] = v;
-        m = abs_bits_of(v);
+        if (am.amax[0]) m = abs_bits_of(v);
     }
     if (am.amax[0]) gk_rows_amax_v<sizeof(W) / sizeof(bf16)>(am, 0, m, i, n, 0, red);
 }
@@ -184,7 +184,7 @@ __global__ void k_combine_backward(const float *dy, const float *yp, const float
             dot += g[c] * yp[p * h + c];
             bf16 v = __float2bfloat16(wt * g[c]);
             dyp[p * h + c] = v;
-            m = max(m, gk_abs_bits(__bfloat162float(v)));
+            if (am.amax[0]) m = max(m, gk_abs_bits(__bfloat162float(v)));
         }
         dot = block_sum(dot, red);
         if (w && threadIdx.x == 0) dw[t * k + j] = dot;
