@@ -895,7 +895,17 @@ static double fp8_run(const struct mdl_model *m, const double *p0, enum cost_pre
         double loss, a, gn;
         struct exec_gpu_step_stats st;
         assert_int_equal(exec_gpu_step_begin(g, &err), MOE_OK);
-        if (step == 0 && force) assert_int_equal(exec_gpu_force_routing(g, force, &err), MOE_OK);
+        if (step == 0 && force) { /* refused: an expert past the last, one chosen twice */
+            size_t np = (size_t)mdl_moe_layer_count(m) * (SEQ - 1) * m->moe.top_k;
+            int *bad = malloc(sizeof *bad * np);
+            memcpy(bad, force, sizeof *bad * np);
+            bad[0] = m->moe.experts;
+            assert_int_equal(exec_gpu_force_routing(g, bad, &err), MOE_ERR_INPUT);
+            bad[0] = bad[1];
+            assert_int_equal(exec_gpu_force_routing(g, bad, &err), MOE_ERR_INPUT);
+            free(bad);
+            assert_int_equal(exec_gpu_force_routing(g, force, &err), MOE_OK);
+        }
         if (exec_gpu_micro_batch(g, tok, 1.0, &loss, &a, &err) != MOE_OK)
             fail_msg("%s: %s", cost_precision_names[prec], err.message);
         if (step == 0) {
