@@ -112,8 +112,10 @@ float exec_fp8_max(enum exec_fp8 f);
 unsigned char exec_fp8_from_float(float x, enum exec_fp8 f);
 float exec_fp8_to_float(unsigned char q, enum exec_fp8 f);
 /* The multiplier before the conversion: fp8_max / amax in float; 1 where amax is 0 or not
- * finite. */
-float exec_fp8_scale(float amax, enum exec_fp8 f);
+ * finite. With block scaling (tiles or blocks) the power of two at or below it, as Transformer
+ * Engine's Float8BlockScaling keeps its scales by default (and so Megatron-Bridge's blockwise
+ * recipe trains); per-tensor current scaling keeps it whole, as Float8CurrentScaling does. */
+float exec_fp8_scale(float amax, enum exec_fp8 f, enum exec_fp8_scaling how);
 /* x (rows x cols, row-major) into q and its scales, row-major over the tiles or blocks (partial
  * ones at the ends count); exec_fp8_scale_count of them. */
 void exec_fp8_quantize(const float *x, int rows, int cols, enum exec_fp8_scaling how,

@@ -3,8 +3,9 @@
  * gradients quantized (block scaling), and the fp8 GEMM (cuBLASLt).
  *
  * Quantization is ref_fp8.c's bit for bit: the amax of the tensor, of a 1 x 128 tile or of a
- * 128 x 128 block, the scale fp8_max / amax (1 where amax is 0 or not finite), each value times
- * it converted with rounding to nearest even, saturating (__NV_SATFINITE). The amax is a
+ * 128 x 128 block, the scale fp8_max / amax (1 where amax is 0 or not finite; a tile's or a
+ * block's rounded down to a power of two), each value times it converted with rounding to
+ * nearest even, saturating (__NV_SATFINITE). The amax is a
  * maximum: exact in any order, so the kernels are deterministic. What the GEMM takes is the
  * dequantization factor 1 / scale, in the layouts cuBLASLt's Hopper block scaling reads
  * (exec_fp8_factor_at): the same values the reference divides by.
@@ -26,11 +27,14 @@ static __device__ __forceinline__ unsigned char to_fp8(float v, int e5m2)
     return (unsigned char)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3);
 }
 
-static __device__ __forceinline__ float scale_of(float amax, int e5m2)
+/* exec_fp8_scale's: fp8_max / amax, with block scaling (how not EXEC_FP8_TENSOR) rounded down to a
+ * power of two (its mantissa bits dropped, as Transformer Engine's Float8BlockScaling does) */
+static __device__ __forceinline__ float scale_of(float amax, int e5m2, int how)
 {
     if (!(amax > 0.0f) || isinf(amax)) return 1.0f;
     float s = (e5m2 ? 57344.0f : 448.0f) / amax;
-    return isinf(s) ? 1.0f : s;
+    if (isinf(s)) return 1.0f;
+    return how == EXEC_FP8_TENSOR ? s : __uint_as_float(__float_as_uint(s) & 0xFF800000u);
 }
 
 /* The whole matrix's amax (as bits) into *amax, zeroed before; `vec`: 8 values (16 bytes) a load
@@ -143,16 +147,16 @@ __global__ void __launch_bounds__(FT_THREADS)
     __syncthreads();
     float S = 1.0f; /* the tensor's or the block's scale */
     if (how == EXEC_FP8_TENSOR) {
-        S = scale_of(__uint_as_float(*amax), e5m2);
+        S = scale_of(__uint_as_float(*amax), e5m2, how);
     } else if (how == EXEC_FP8_BLOCK_128X128) {
-        S = scale_of(__uint_as_float(gk_block_max(m, red)), e5m2);
+        S = scale_of(__uint_as_float(gk_block_max(m, red)), e5m2, how);
     } else { /* a thread a line: the first FT threads a row each, the others a column each */
         int line = t % FT;
         bool col = t >= FT; /* the same across a warp */
         unsigned ml = 0;
         for (int k = 0; k < FT; k++)
             ml = max(ml, gk_abs_bits(__bfloat162float(col ? tile[k][line] : tile[line][k])));
-        (col ? cs : rs)[line] = scale_of(__uint_as_float(ml), e5m2);
+        (col ? cs : rs)[line] = scale_of(__uint_as_float(ml), e5m2, how);
         __syncthreads();
     }
     bool tiles = how == EXEC_FP8_TILE_1X128, first = blockIdx.x == 0 && blockIdx.y == 0;
@@ -269,7 +273,7 @@ __global__ void __launch_bounds__(FT_THREADS)
             st_bf16<4>(hm + at, v); /* already bf16 values: stored as they are */
         }
         for (int x = 16; x > 0; x >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, x));
-        float s = scale_of(__uint_as_float(m), e5m2);
+        float s = scale_of(__uint_as_float(m), e5m2, EXEC_FP8_TILE_1X128);
         if (c < cols) { /* the four fp8 values in one 4-byte store */
             unsigned w = 0;
             for (int k = 0; k < 4; k++) w |= (unsigned)to_fp8(v[k] * s, e5m2) << (8 * k);
@@ -344,7 +348,8 @@ __global__ void __launch_bounds__(FT_THREADS)
             unsigned ml = amax ? amax[k * E + e] : 0;
             for (int j = 0; j < FT && !amax; j++)
                 ml = max(ml, gk_abs_bits(__bfloat162float(col ? tl[k][j][line] : tl[k][line][j])));
-            (col ? cs[k] : rs[k])[line] = scale_of(__uint_as_float(ml), e5m2);
+            (col ? cs[k] : rs[k])[line] =
+                scale_of(__uint_as_float(ml), e5m2, amax ? EXEC_FP8_TENSOR : EXEC_FP8_TILE_1X128);
         }
     }
     __syncthreads();

@@ -5,13 +5,17 @@
  * recipes: per-tensor current scaling (one scale from the tensor's amax this step) and
  * DeepSeek-V3's blockwise scaling (a scale per 1 x 128 tile of a row, or per 128 x 128 block).
  * A scale multiplies before the conversion: q = fp8(x * s), s = fp8_max / amax in float (1 where
- * amax is 0 or not finite), so x is about q / s. The GPU's kernels are checked bit for bit
- * against these.
+ * amax is 0 or not finite), so x is about q / s; block scaling rounds s down to a power of two,
+ * as Transformer Engine's Float8BlockScaling does by default (the largest value then lands
+ * between half the format's largest and it, and q / s is exact in float). The GPU's kernels are
+ * checked bit for bit against these.
  */
 #include "exec_ref.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 struct fp8_format {
     int mbits, bias;
@@ -67,11 +71,17 @@ float exec_fp8_to_float(unsigned char q, enum exec_fp8 f)
     return (float)(s * ldexp(1.0 + ldexp((double)m, -F->mbits), (int)e - F->bias));
 }
 
-float exec_fp8_scale(float amax, enum exec_fp8 f)
+float exec_fp8_scale(float amax, enum exec_fp8 f, enum exec_fp8_scaling how)
 {
     if (!(amax > 0.0f) || !isfinite(amax)) return 1.0f;
     float s = exec_fp8_max(f) / amax;
-    return isfinite(s) ? s : 1.0f;
+    if (!isfinite(s)) return 1.0f;
+    if (how == EXEC_FP8_TENSOR) return s;
+    uint32_t b; /* block scaling: the power of two at or below, its mantissa bits dropped */
+    memcpy(&b, &s, sizeof b);
+    b &= 0xFF800000u;
+    memcpy(&s, &b, sizeof s);
+    return s;
 }
 
 /* amax of x[r0..r1) x [c0..c1) of a rows x cols array (stride ld) */
@@ -104,7 +114,7 @@ void exec_fp8_quantize(const float *x, int rows, int cols, enum exec_fp8_scaling
         for (int j = 0; j < nbc; j++) {
             int r0 = i * bh, r1 = r0 + bh < rows ? r0 + bh : rows;
             int c0 = j * bw, c1 = c0 + bw < cols ? c0 + bw : cols;
-            float s = exec_fp8_scale(amax_of(x, cols, r0, r1, c0, c1), f);
+            float s = exec_fp8_scale(amax_of(x, cols, r0, r1, c0, c1), f, how);
             scales[(size_t)i * nbc + j] = s;
             quantize_block(x, cols, r0, r1, c0, c1, s, f, q);
         }

@@ -269,11 +269,25 @@ static void test_fp8(void **state)
     exec_fp8_quantize(x, 3, 130, EXEC_FP8_TENSOR, E4, q, sc);
     assert_true(sc[0] == 448.0f / 100.0f);
     assert_int_equal(q[130 + 5], 0x7E); /* the amax lands on the largest value */
+    /* block scaling: the power of two at or below fp8_max / amax (Transformer Engine's
+     * Float8BlockScaling): 4.48 -> 4, 448 -> 256, 448 / 0.25 = 1792 -> 1024 */
     exec_fp8_quantize(x, 3, 130, EXEC_FP8_TILE_1X128, E4, q, sc);
-    assert_true(sc[2] == 448.0f / 100.0f && sc[0] == 448.0f / 1.0f);
-    assert_true(sc[1] == 448.0f / fmaxf(fabsf(x[128]), fabsf(x[129])));
+    assert_true(sc[2] == 4.0f && sc[0] == 256.0f);
+    assert_true(fmaxf(fabsf(x[128]), fabsf(x[129])) == 0.25f && sc[1] == 1024.0f);
+    assert_int_equal(q[130 + 5], exec_fp8_from_float(400.0f, E4)); /* 100 x 4: under 448 */
     exec_fp8_quantize(x, 3, 130, EXEC_FP8_BLOCK_128X128, E4, q, sc);
-    assert_true(sc[0] == 448.0f / 100.0f);
+    assert_true(sc[0] == 4.0f);
+    for (int k = -3; k <= 3;
+         k++) { /* every scale a power of two at most fp8_max / amax, above half */
+        float a = ldexpf(1.3f, 3 * k), s4 = exec_fp8_scale(a, E4, EXEC_FP8_TILE_1X128);
+        float s5 = exec_fp8_scale(a, E5, EXEC_FP8_BLOCK_128X128);
+        assert_true(s4 == ldexpf(1.0f, ilogbf(s4)) && s4 <= 448.0f / a && 2 * s4 > 448.0f / a);
+        assert_true(s5 == ldexpf(1.0f, ilogbf(s5)) && s5 <= 57344.0f / a && 2 * s5 > 57344.0f / a);
+        assert_true(exec_fp8_scale(a, E4, EXEC_FP8_TENSOR) == 448.0f / a);
+    }
+    assert_true(exec_fp8_scale(0.0f, E4, EXEC_FP8_TILE_1X128) == 1.0f);
+    assert_true(exec_fp8_scale(INFINITY, E4, EXEC_FP8_BLOCK_128X128) == 1.0f);
+    assert_true(exec_fp8_scale(0x1p-140f, E4, EXEC_FP8_TILE_1X128) == 1.0f); /* 448 / amax: inf */
     float zero[4] = {0, 0, 0, 0};
     exec_fp8_quantize(zero, 1, 4, EXEC_FP8_TENSOR, E4, q, sc);
     assert_true(sc[0] == 1.0f && q[0] == 0);
