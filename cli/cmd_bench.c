@@ -5,7 +5,9 @@
  * bench adamw`: the optimizer's update over --params parameters against the GPU's copy
  * bandwidth (bench/run-adamw: next to PyTorch's fused AdamW). `moeplan bench attention`: the
  * attention core (causal, optionally a sliding window) by our kernels and by cuDNN's, forward and
- * backward, as the executor and `calibrate` call them.
+ * backward, as the executor and `calibrate` call them. `moeplan bench gemm`: one linear layer's
+ * GEMM in bf16 and in each fp8 recipe as the executor runs them, operands quantized beforehand,
+ * and each recipe's quantization of the activation apart (bench/run-gemm: next to PyTorch's).
  * Built only with the executor.
  */
 #include <math.h>
@@ -39,7 +41,10 @@ enum {
     OPT_KV,
     OPT_HD,
     OPT_WINDOW,
-    OPT_PREC
+    OPT_PREC,
+    OPT_GM,
+    OPT_GN,
+    OPT_GK
 };
 
 const struct cli_opt cmd_bench_opts[] = {
@@ -73,6 +78,11 @@ const struct cli_opt cmd_bench_opts[] = {
     {"kv-heads", required_argument, OPT_KV, "KV", "attention: key/value heads (8)"},
     {"head-dim", required_argument, OPT_HD, "D", "attention: head dim (128)"},
     {"window", required_argument, OPT_WINDOW, "W", "attention: sliding window (0: none)"},
+    {"m", required_argument, OPT_GM, "M",
+     "gemm: rows of x (the tokens); with --n and --k one shape, else the expert GEMMs of "
+     "bench/run-fp8's shapes"},
+    {"n", required_argument, OPT_GN, "N", "gemm: rows of w (the layer's outputs)"},
+    {"k", required_argument, OPT_GK, "K", "gemm: the reduction (the layer's inputs)"},
     {NULL, 0, 0, NULL, NULL},
 };
 
@@ -174,6 +184,92 @@ static int bench_attention(struct cli *cli, int seqs, int seq, int heads, int kv
     return 0;
 }
 
+/* bench gemm's shapes without --m, --n, --k: the three GEMMs of an expert (its forward's gate,
+ * its down projection, its gate's weight gradient; the rest repeat these) at the mean rows of
+ * bench/run-fp8's block shapes (tokens x top-k / experts) */
+static const struct gemm_shape {
+    const char *what;
+    int m, n, k;
+} gemm_shapes[] = {
+    {"mixtral gate/up", 4096, 14336, 4096},    {"mixtral down", 4096, 4096, 14336},
+    {"mixtral gate wgrad", 14336, 4096, 4096}, {"deepseek-v3 gate/up", 8192, 2048, 7168},
+    {"deepseek-v3 down", 8192, 7168, 2048},    {"deepseek-v3 gate wgrad", 2048, 7168, 8192},
+};
+
+/* Each shape's GEMM by kind (exec_time_gemm_kinds): time, TFLOPS and the speedup over bf16, and
+ * the quantization of x each fp8 recipe adds (once per GEMM input in a training step; the
+ * weight's once per update) */
+static int bench_gemm(struct cli *cli, const struct gemm_shape *sh, int nsh, int iters,
+                      const char *json)
+{
+    struct moe_error err;
+    struct exec_device_info dev;
+    int rc = bench_gpu(cli, &dev);
+    if (rc >= 0) return rc;
+    if (exec_warm_up(2.0, &err) != MOE_OK) return cli_fail(cli, &err); /* the clocks up first */
+    printf("moeplan bench gemm on %s: y = x w^T, x m x k, w n x k, bf16 out; operands quantized "
+           "beforehand, x's quantization apart; median of %d after 2 s of GEMMs\n",
+           dev.name, iters);
+    const char *hd[] = {"GEMM",     "m x n x k", "bf16 TFLOPS", "fp8 TFLOPS",     "fp8",
+                        "fp8 fast", "fp8block",  "cast x fp8",  "cast x fp8block"};
+    struct rpt_table *t = rpt_table_create(9, hd, "llrrrrrrr");
+    json_t *rows = json ? json_array() : NULL;
+    for (int i = 0; i < nsh && t && (!json || rows); i++) {
+        struct exec_gemm_times g;
+        if (exec_time_gemm_kinds(sh[i].m, sh[i].n, sh[i].k, iters, &g, &err) != MOE_OK) {
+            rpt_table_destroy(t);
+            json_decref(rows);
+            return cli_fail(cli, &err);
+        }
+        double fl = 2.0 * sh[i].m * sh[i].n * sh[i].k, *u = g.gemm_us;
+        rpt_table_row(t, NULL);
+        rpt_table_cell(t, NULL, "%s", sh[i].what);
+        rpt_table_cell(t, NULL, "%d x %d x %d", sh[i].m, sh[i].n, sh[i].k);
+        rpt_table_cell(t, NULL, "%.0f", fl / (u[EXEC_GEMM_BF16] * 1e6));
+        rpt_table_cell(t, NULL, "%.0f", fl / (u[EXEC_GEMM_FP8] * 1e6));
+        for (int kd = EXEC_GEMM_FP8; kd < EXEC_GEMM_KINDS; kd++)
+            if (u[kd] > 0)
+                rpt_table_cell(t, NULL, "%.2fx", u[EXEC_GEMM_BF16] / u[kd]);
+            else
+                rpt_table_cell(t, NULL, "no");
+        rpt_table_cell(t, NULL, "%.3f ms", g.cast_us[EXEC_GEMM_FP8] / 1e3);
+        if (g.cast_us[EXEC_GEMM_FP8_BLOCK] > 0)
+            rpt_table_cell(t, NULL, "%.3f ms", g.cast_us[EXEC_GEMM_FP8_BLOCK] / 1e3);
+        else
+            rpt_table_cell(t, NULL, "no");
+        if (rows) {
+            json_t *us = json_object(), *cast = json_object();
+            for (int kd = 0; kd < EXEC_GEMM_KINDS; kd++) {
+                json_object_set_new(us, exec_gemm_kind_names[kd],
+                                    u[kd] > 0 ? json_real(u[kd]) : json_null());
+                if (kd != EXEC_GEMM_BF16)
+                    json_object_set_new(cast, exec_gemm_kind_names[kd],
+                                        g.cast_us[kd] > 0 ? json_real(g.cast_us[kd]) : json_null());
+            }
+            json_array_append_new(rows, json_pack("{s:s, s:i, s:i, s:i, s:o, s:o}", "what",
+                                                  sh[i].what, "m", sh[i].m, "n", sh[i].n, "k",
+                                                  sh[i].k, "gemm_us", us, "cast_x_us", cast));
+        }
+    }
+    if (!t || (json && !rows)) {
+        rpt_table_destroy(t);
+        json_decref(rows);
+        moe_error_set(&err, MOE_ERR_NOMEM, "out of memory");
+        return cli_fail(cli, &err);
+    }
+    rpt_table_print(t, stdout);
+    rpt_table_destroy(t);
+    printf("fp8: per tensor, fp32 accumulation promoted (the backward's GEMMs); fp8 fast: per "
+           "tensor accumulating fast (the forward's); fp8block: x in 1 x 128 tiles, w in 128 x 128 "
+           "blocks; speedups over bf16\n");
+    if (!json) return 0;
+    json_t *o = json_pack("{s:s, s:i, s:o}", "device", dev.name, "iters", iters, "shapes", rows);
+    enum moe_status st = o ? moe_json_write_atomic(json, o, "moeplan.bench.gemm", 1, &err)
+                           : moe_error_set(&err, MOE_ERR_NOMEM, "%s: out of memory", json);
+    json_decref(o);
+    return st == MOE_OK ? 0 : cli_fail(cli, &err);
+}
+
 int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
 {
     struct cli_arg args[CLI_MAX_ARGS];
@@ -181,20 +277,22 @@ int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     int rc = cli_parse(cmd, argc, argv, args, &nargs);
     if (rc >= 0) return rc;
     struct moe_error err;
-    if (optind >= argc) return cli_usage(cmd, "which benchmark: moe, adamw or attention");
+    if (optind >= argc) return cli_usage(cmd, "which benchmark: moe, adamw, attention or gemm");
     bool adamw = !strcmp(argv[optind], "adamw"), attn = !strcmp(argv[optind], "attention");
-    if (strcmp(argv[optind], "moe") != 0 && !adamw && !attn) {
+    bool gemm = !strcmp(argv[optind], "gemm");
+    if (strcmp(argv[optind], "moe") != 0 && !adamw && !attn && !gemm) {
         if (strcmp(argv[optind], "eval") == 0) {
             moe_error_set(&err, MOE_ERR_UNSUPPORTED,
                           "the planner's evaluation rate is its own program: build/bench/eval_rate "
                           "(bench/README.md)");
             return cli_fail(cli, &err);
         }
-        return cli_usage(cmd, "unknown benchmark '%s' (moe, adamw or attention)", argv[optind]);
+        return cli_usage(cmd, "unknown benchmark '%s' (moe, adamw, attention or gemm)",
+                         argv[optind]);
     }
     uint64_t E = 8, T = 8192, K = 8, H = 7168, F = 2048, seed = 1, iters = 20, warm = 3,
              streams = EXEC_DEFAULT_STREAMS, params = 1000000000, seqs = 2, seq = 4096, heads = 64,
-             kv = 8, hdim = 128, window = 0;
+             kv = 8, hdim = 128, window = 0, gm = 0, gn = 0, gk = 0;
     double skew = 2.0;
     const char *json = NULL, *rout = NULL, *cal_file = NULL, *cluster = "h200-vm";
     bool m16 = false;
@@ -224,6 +322,9 @@ int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
         case OPT_KV: ok = cli_count(cmd, "kv-heads", v, 1, 1024, &kv); break;
         case OPT_HD: ok = cli_count(cmd, "head-dim", v, 1, 1024, &hdim); break;
         case OPT_WINDOW: ok = cli_count(cmd, "window", v, 0, 1u << 20, &window); break;
+        case OPT_GM: ok = cli_count(cmd, "m", v, 1, 1u << 20, &gm); break;
+        case OPT_GN: ok = cli_count(cmd, "n", v, 16, 1u << 20, &gn); break;
+        case OPT_GK: ok = cli_count(cmd, "k", v, 16, 1u << 20, &gk); break;
         case OPT_PREC:
             if (strcmp(v, "bf16") && strcmp(v, "fp8") && strcmp(v, "fp8block"))
                 return cli_usage(cmd,
@@ -243,6 +344,19 @@ int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
         if (!ok) return 2;
     }
     if (adamw) return bench_adamw(cli, (size_t)params, m16, (int)iters, json);
+    if (gemm) {
+        if ((gm || gn || gk) && !(gm && gn && gk))
+            return cli_usage(cmd, "--m, --n and --k: all three, or none (the default shapes)");
+        if (gn % 16 || gk % 16)
+            return cli_usage(cmd, "--n %llu and --k %llu: multiples of 16 (fp8 GEMMs)",
+                             (unsigned long long)gn, (unsigned long long)gk);
+        if (gm * gk > (1ull << 32) || gn * gk > (1ull << 32) || gm * gn > (1ull << 32))
+            return cli_usage(cmd, "--m x --k, --n x --k and --m x --n: at most 2^32 values each");
+        struct gemm_shape one = {"given", (int)gm, (int)gn, (int)gk};
+        return gm ? bench_gemm(cli, &one, 1, (int)iters, json)
+                  : bench_gemm(cli, gemm_shapes, (int)(sizeof gemm_shapes / sizeof *gemm_shapes),
+                               (int)iters, json);
+    }
     if (attn) {
         if (heads % kv)
             return cli_usage(cmd, "--heads %llu is not a multiple of --kv-heads %llu",

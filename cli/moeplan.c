@@ -275,9 +275,9 @@ static const struct cli_cmd commands[] = {
 #endif
     {"report", "PLAN MEASURED [options]", "Predicted-vs-measured report (Markdown + SVG).", NULL,
      cmd_report_opts, cmd_report},
-    {"bench", "moe|adamw|attention [options]",
-     "Benchmark the MoE layer or the AdamW update on this GPU (bench/run-moe, bench/run-adamw: "
-     "next to PyTorch).",
+    {"bench", "moe|adamw|attention|gemm [options]",
+     "Benchmark the MoE layer, the AdamW update, attention or a GEMM in bf16 and fp8 on this GPU "
+     "(bench/run-moe, bench/run-adamw, bench/run-gemm: next to PyTorch).",
 #ifdef MOEPLAN_HAVE_EXECUTOR
      NULL, cmd_bench_opts, cmd_bench},
 #else

@@ -2,14 +2,15 @@
  * calib.cu: the microbenchmarks `moeplan calibrate` fits the cost model to, each timed the way
  * the executor runs it: a bf16 GEMM through cuBLAS (fp32 accumulate, the executor's call), the
  * flash attention kernels forward and backward, a device-to-device copy (HBM bandwidth) and an
- * empty kernel (launch cost). Each time is the median of `iters` CUDA-event timings after two
- * warm-up runs; inputs are seeded normal numbers (gk_init), never uninitialized memory.
+ * empty kernel (launch cost); and `moeplan bench gemm`'s GEMM in bf16 and in each fp8 recipe.
+ * Each time is the median of `iters` CUDA-event timings after two warm-up runs; inputs are seeded
+ * normal numbers (gk_init), never uninitialized memory.
  */
-#include "exec_gpu.h"
-#include "gpu_kernels.h"
+#include "gpu.h"
 
 #include <algorithm>
 #include <time.h>
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <vector>
@@ -142,6 +143,95 @@ extern "C" enum moe_status exec_time_gemm(int m, int n, int k, int iters, double
     MOE_CHECK(g.init(err));
     auto run = [&]() { return g.run(); };
     return g.fail(time_median(iters, run, us), err);
+}
+
+const char *const exec_gemm_kind_names[EXEC_GEMM_KINDS] = {"bf16", "fp8", "fp8 fast", "fp8block"};
+
+extern "C" enum moe_status exec_time_gemm_kinds(int m, int n, int k, int iters,
+                                                struct exec_gemm_times *t, struct moe_error *err)
+{
+    memset(t, 0, sizeof *t);
+    if (m < 1 || n < 1 || k < 1 || n % 16 || k % 16 || iters < 1)
+        return moe_error_set(err, MOE_ERR_INPUT,
+                             "bench gemm: %d x %d x %d (n and k multiples of 16: fp8 GEMMs), "
+                             "%d iterations",
+                             m, n, k, iters);
+    int dev = 0;
+    MOE_CUDA_CHECK(cudaGetDevice(&dev));
+    MOE_CHECK(gpu_fp8_check(dev, COST_FP8, err));
+    struct moe_error no;
+    bool block = gpu_fp8_check(dev, COST_FP8_BLOCK, &no) == MOE_OK;
+    int mp = exec_fp8_pad(m); /* block scaling's tail reads x's rows up to there */
+    size_t cap = 1u << 22, fx = exec_fp8_factor_count(EXEC_FP8_TILE_1X128, m, k),
+           fw = exec_fp8_factor_count(EXEC_FP8_BLOCK_128X128, n, k);
+    dbufs d;
+    cudaError_t e = cudaSuccess;
+    float *scratch = d.get<float>(cap, &e);
+    bf16 *x = d.get<bf16>((size_t)mp * k, &e), *w = d.get<bf16>((size_t)n * k, &e);
+    bf16 *y = d.get<bf16>((size_t)m * n, &e);
+    unsigned char *qx = d.get<unsigned char>((size_t)mp * k, &e);
+    unsigned char *qw = d.get<unsigned char>((size_t)n * k, &e);
+    float *sx = d.get<float>(fx > 4 ? fx : 4, &e), *sw = d.get<float>(fw > 4 ? fw : 4, &e);
+    float *tail = d.get<float>((size_t)EXEC_FP8_PAD * n, &e);
+    unsigned *work = d.get<unsigned>(4, &e);
+    size_t ws_bytes = 64u << 20;
+    void *ws = d.get<char>(ws_bytes, &e);
+    if (e == cudaSuccess) e = cudaMemset(x, 0, sizeof(bf16) * (size_t)mp * k);
+    if (e == cudaSuccess) e = cudaMemset(qx, 0, (size_t)mp * k); /* the tail's padding rows */
+    if (e == cudaSuccess) e = fill_bf16(x, (size_t)m * k, 1, scratch, cap);
+    if (e == cudaSuccess) e = fill_bf16(w, (size_t)n * k, 2, scratch, cap);
+    if (e != cudaSuccess) return cuda_fail(e, "GEMM buffers", err);
+    cublasHandle_t h = nullptr;
+    cublasLtHandle_t lt = nullptr;
+    struct gk_fp8_lt *c = nullptr;
+    enum moe_status st = MOE_OK;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS || cublasLtCreate(&lt) != CUBLAS_STATUS_SUCCESS ||
+        !(c = gk_fp8_lt_create(lt, ws_bytes)))
+        st = moe_error_set(err, MOE_ERR_CUDA, "bench gemm: cuBLAS and cuBLASLt handles");
+    cublasStatus_t bs = CUBLAS_STATUS_SUCCESS;
+    float one = 1.0f, zero = 0.0f;
+    auto bf16_gemm =
+        [&]() { /* row-major y = x w^T: column-major y^T = w x^T, as gpu_lin calls */
+                bs = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, w, CUDA_R_16BF, k, x,
+                                  CUDA_R_16BF, k, &zero, y, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT);
+                return bs == CUBLAS_STATUS_SUCCESS ? cudaGetLastError() : cudaErrorUnknown;
+        };
+    if (st == MOE_OK) e = time_median(iters, bf16_gemm, &t->gemm_us[EXEC_GEMM_BF16]);
+    for (int kind = EXEC_GEMM_FP8; st == MOE_OK && e == cudaSuccess && kind < EXEC_GEMM_KINDS;
+         kind++) {
+        if (kind == EXEC_GEMM_FP8_BLOCK && !block) { /* not on this GPU */
+            t->gemm_us[kind] = t->cast_us[kind] = -1.0;
+            continue;
+        }
+        int hx = kind == EXEC_GEMM_FP8_BLOCK ? EXEC_FP8_TILE_1X128 : EXEC_FP8_TENSOR;
+        int hw = kind == EXEC_GEMM_FP8_BLOCK ? EXEC_FP8_BLOCK_128X128 : EXEC_FP8_TENSOR;
+        auto cast = [&]() {
+            return gk_fp8_cast(x, k, m, k, hx, 0, qx, sx, NULL, 0, NULL, work, 0);
+        };
+        e = gk_fp8_cast(w, k, n, k, hw, 0, qw, sw, NULL, 0, NULL, work, 0);
+        if (e == cudaSuccess) e = time_median(iters, cast, &t->cast_us[kind]);
+        struct gk_fp8_mat W = {qw, sw, k, hw, 0}, X = {qx, sx, k, hx, 0};
+        bool fast = kind == EXEC_GEMM_FP8_FAST;
+        auto gemm = [&]() {
+            bs = gk_fp8_gemm(c, &W, &X, m, n, k, y, n, CUDA_R_16BF, 0.0f, fast,
+                             hx == EXEC_FP8_TILE_1X128 ? tail : NULL, ws, 0);
+            return bs == CUBLAS_STATUS_SUCCESS ? cudaGetLastError() : cudaErrorUnknown;
+        };
+        if (e == cudaSuccess) e = time_median(iters, gemm, &t->gemm_us[kind]);
+        if (e != cudaSuccess && bs != CUBLAS_STATUS_SUCCESS)
+            st = moe_error_set(err, MOE_ERR_CUBLAS, "bench gemm: %s %d x %d x %d: cuBLASLt: %s",
+                               exec_gemm_kind_names[kind], m, n, k, cublasGetStatusString(bs));
+    }
+    if (st == MOE_OK && e != cudaSuccess)
+        st = bs != CUBLAS_STATUS_SUCCESS
+                 ? moe_error_set(err, MOE_ERR_CUBLAS, "bench gemm: bf16 %d x %d x %d: cuBLAS: %s",
+                                 m, n, k, cublasGetStatusString(bs))
+                 : cuda_fail(e, "bench gemm", err);
+    gk_fp8_lt_destroy(c);
+    if (lt) cublasLtDestroy(lt);
+    if (h) cublasDestroy(h);
+    return st;
 }
 
 extern "C" enum moe_status exec_warm_up(double seconds, struct moe_error *err)

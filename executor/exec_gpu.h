@@ -347,6 +347,23 @@ enum moe_status exec_moe_bench(const struct exec_moe_bench_cfg *c, int *choice,
  * tokens (forward, and backward with dq, dk, dv); a device-to-device copy of `bytes`; one empty
  * kernel's launch. Microseconds. */
 enum moe_status exec_time_gemm(int m, int n, int k, int iters, double *us, struct moe_error *err);
+/* `moeplan bench gemm`: y (m x n, bf16) = x (m x k) w^T (w n x k), as a linear layer's forward
+ * runs it, each kind the median of `iters` CUDA-event timings: bf16 through cuBLAS (fp32
+ * accumulation; its heuristic's choice at this very shape), and fp8 through the executor's own
+ * gk_fp8_gemm on operands quantized beforehand (its algorithm chosen as the executor's, for the
+ * rows' power of two): per tensor with fp32 accumulation promoted (the backward's GEMMs), per
+ * tensor accumulating fast (the forward's), blockwise (x in 1 x 128 tiles, w in 128 x 128
+ * blocks; Hopper only, else < 0). cast_us: the quantization of x alone for that kind (its
+ * row-major copy, as the forward quantizes; per tensor with its amax pass). k and n multiples of
+ * 16; an fp8 GPU (sm_89 or later). Microseconds. */
+enum { EXEC_GEMM_BF16, EXEC_GEMM_FP8, EXEC_GEMM_FP8_FAST, EXEC_GEMM_FP8_BLOCK, EXEC_GEMM_KINDS };
+extern const char *const exec_gemm_kind_names[EXEC_GEMM_KINDS];
+struct exec_gemm_times {
+    double gemm_us[EXEC_GEMM_KINDS];
+    double cast_us[EXEC_GEMM_KINDS]; /* 0 for bf16 */
+};
+enum moe_status exec_time_gemm_kinds(int m, int n, int k, int iters, struct exec_gemm_times *t,
+                                     struct moe_error *err);
 /* Large GEMMs back to back for `seconds` (one allocation, one cuBLAS handle): the GPU's clocks
  * and temperature as a training run holds them, before a measurement. */
 enum moe_status exec_warm_up(double seconds, struct moe_error *err);

@@ -389,6 +389,9 @@ enum moe_status gpu_lin_dx(struct exec_gpu *g, const bf16 *dY, int lddy, const b
 enum moe_status gpu_lin_dw(struct exec_gpu *g, const bf16 *dY, int lddy, const bf16 *X, int ldx,
                            int T, int in, int out, int t, int slice, struct moe_error *err);
 enum moe_status gpu_sync_host(struct exec_gpu *g, struct moe_error *err);
+/* Whether device's GPU runs precision p's fp8 GEMMs (cuBLASLt: fp8 from sm_89, its block scaling
+ * on sm_90 only); MOE_ERR_UNSUPPORTED naming what it needs where not */
+enum moe_status gpu_fp8_check(int device, enum cost_precision p, struct moe_error *err);
 /* fp8: block l's quantized weights fresh for the main stream's next GEMMs (l < 0: every block's):
  * the stale ones redone (the first GEMM of a forward after an update), on the quantization's own
  * stream with f8.cast_overlap, the main stream waiting for block l's */

@@ -42,6 +42,23 @@ enum moe_status gpu_dalloc(struct exec_gpu *g, void **p, size_t bytes, enum exec
     return MOE_OK;
 }
 
+enum moe_status gpu_fp8_check(int device, enum cost_precision p, struct moe_error *err)
+{
+    int major = 0, minor = 0; /* cuBLASLt: fp8 from sm_89, its block scaling sm_90 */
+    MOE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    MOE_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    bool block = p == COST_FP8_BLOCK;
+    if (block ? major != 9 : major * 10 + minor < 89)
+        return moe_error_set(err, MOE_ERR_UNSUPPORTED,
+                             "executor: precision %s needs %s; this GPU is sm_%d%d",
+                             cost_precision_names[p],
+                             block ? "a Hopper GPU (sm_90: cuBLASLt's 1x128 and 128x128 block "
+                                     "scaling; Blackwell scales in MX blocks: mxfp8)"
+                                   : "fp8 tensor cores (sm_89 or later)",
+                             major, minor);
+    return MOE_OK;
+}
+
 /* Block l's activations. A module that selective recompute redoes keeps its tensors in one set
  * for every block (g->act_rc, allocated the first time a block asks): the backward redoes them
  * for the block in hand. */
@@ -224,22 +241,7 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
                              "executor: precision %s%s is not in the executor (bf16, fp8, "
                              "fp8block; with ep=1)",
                              cost_precision_names[cfg->precision], cfg->ep ? " with EP" : "");
-    if (cfg->precision != COST_BF16) { /* cuBLASLt: fp8 from sm_89, its block scaling sm_90 */
-        int major = 0, minor = 0;
-        MOE_CUDA_CHECK(
-            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, cfg->device));
-        MOE_CUDA_CHECK(
-            cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, cfg->device));
-        bool block = cfg->precision == COST_FP8_BLOCK;
-        if (block ? major != 9 : major * 10 + minor < 89)
-            return moe_error_set(err, MOE_ERR_UNSUPPORTED,
-                                 "executor: precision %s needs %s; this GPU is sm_%d%d",
-                                 cost_precision_names[cfg->precision],
-                                 block ? "a Hopper GPU (sm_90: cuBLASLt's 1x128 and 128x128 block "
-                                         "scaling; Blackwell scales in MX blocks: mxfp8)"
-                                       : "fp8 tensor cores (sm_89 or later)",
-                                 major, minor);
-    }
+    if (cfg->precision != COST_BF16) MOE_CHECK(gpu_fp8_check(cfg->device, cfg->precision, err));
     MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&g->s, cudaStreamNonBlocking));
     MOE_CUBLAS_CHECK(cublasCreate(&g->blas));
     MOE_CUBLAS_CHECK(cublasSetStream(g->blas, g->s));

@@ -15,23 +15,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from timing import median_ms, moe_args, write_json
-
-E4M3 = torch.float8_e4m3fn
-FMAX = torch.finfo(E4M3).max
-
-
-def quant(x):
-    """x (bf16) in E4M3 with its per-tensor scale: (q, dequantization factor)."""
-    amax = x.abs().amax().float()
-    s = torch.where(amax > 0, FMAX / amax, torch.ones_like(amax))
-    return (x.float() * s).clamp(-FMAX, FMAX).to(E4M3), (1.0 / s)
+from timing import median_ms, moe_args, quant_tensor, write_json
 
 
 def mm8(a, b_t, out=torch.bfloat16):
     """a (M x K) times b_t^T (b_t: N x K), both quantized here: (M x N)."""
-    qa, sa = quant(a)
-    qb, sb = quant(b_t)
+    qa, sa = quant_tensor(a)
+    qb, sb = quant_tensor(b_t)
     return torch._scaled_mm(qa, qb.t(), scale_a=sa, scale_b=sb, out_dtype=out)
 
 

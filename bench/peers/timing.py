@@ -1,5 +1,6 @@
 """What the peer scripts share: the median of CUDA-event timings after warm-up, writing their
-results as JSON, and the MoE peers' arguments with moeplan's routing."""
+results as JSON, the MoE peers' arguments with moeplan's routing, and fp8's per-tensor
+quantization."""
 import argparse
 import json
 import os
@@ -52,3 +53,14 @@ def moe_args(name, doc):
     if choice.size != a.tokens * a.topk or choice.min() < 0 or choice.max() >= a.experts:
         sys.exit(f"{name}: {a.routing}: expected {a.tokens}x{a.topk} expert ids below {a.experts}")
     return a, choice
+
+
+E4M3 = torch.float8_e4m3fn
+FMAX = torch.finfo(E4M3).max
+
+
+def quant_tensor(x):
+    """x in E4M3 with one scale from its amax: (q, dequantization factor, a 0-d float32 tensor)."""
+    amax = x.abs().amax().float()
+    s = torch.where(amax > 0, FMAX / amax, torch.ones_like(amax))
+    return (x.float() * s).clamp(-FMAX, FMAX).to(E4M3), (1.0 / s)

@@ -395,7 +395,16 @@ static void test_run(void **state)
     expect_in(r.err, "--moments fp16: fp32 or bf16");
     RUN(&r, "bench", "sgd");
     assert_int_equal(r.code, 2);
-    expect_in(r.err, "unknown benchmark 'sgd' (moe, adamw or attention)");
+    expect_in(r.err, "unknown benchmark 'sgd' (moe, adamw, attention or gemm)");
+    RUN(&r, "bench", "gemm", "--m", "4096");
+    assert_int_equal(r.code, 2);
+    expect_in(r.err, "--m, --n and --k: all three, or none");
+    RUN(&r, "bench", "gemm", "--m", "5", "--n", "24", "--k", "64");
+    assert_int_equal(r.code, 2);
+    expect_in(r.err, "--n 24 and --k 64: multiples of 16 (fp8 GEMMs)");
+    RUN(&r, "bench", "gemm", "--m", "1048576", "--n", "16", "--k", "1048576");
+    assert_int_equal(r.code, 2);
+    expect_in(r.err, "at most 2^32 values each");
     RUN(&r, "bench", "attention", "--heads", "12", "--kv-heads", "5");
     assert_int_equal(r.code, 2);
     expect_in(r.err, "--heads 12 is not a multiple of --kv-heads 5");
