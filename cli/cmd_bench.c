@@ -290,6 +290,7 @@ int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
         return cli_usage(cmd, "unknown benchmark '%s' (moe, adamw, attention or gemm)",
                          argv[optind]);
     }
+    if (optind + 1 < argc) return cli_usage(cmd, "unexpected operand '%s'", argv[optind + 1]);
     uint64_t E = 8, T = 8192, K = 8, H = 7168, F = 2048, seed = 1, iters = 20, warm = 3,
              streams = EXEC_DEFAULT_STREAMS, params = 1000000000, seqs = 2, seq = 4096, heads = 64,
              kv = 8, hdim = 128, window = 0, gm = 0, gn = 0, gk = 0;

@@ -396,6 +396,9 @@ static void test_run(void **state)
     RUN(&r, "bench", "sgd");
     assert_int_equal(r.code, 2);
     expect_in(r.err, "unknown benchmark 'sgd' (moe, adamw, attention or gemm)");
+    RUN(&r, "bench", "adamw", "extra");
+    assert_int_equal(r.code, 2);
+    expect_in(r.err, "unexpected operand 'extra'");
     RUN(&r, "bench", "gemm", "--m", "4096");
     assert_int_equal(r.code, 2);
     expect_in(r.err, "--m, --n and --k: all three, or none");
