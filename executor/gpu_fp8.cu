@@ -198,8 +198,8 @@ __global__ void __launch_bounds__(FT_THREADS)
 
 cudaError_t gk_fp8_cast_batch(const bf16 *x, int ldx, int rows, int cols, int how, int e5m2,
                               unsigned char *q, float *sq, unsigned char *qt, int ldt, float *sqt,
-                              unsigned *work, bool known, int batch, size_t xs, size_t qs,
-                              size_t ss, cudaStream_t s)
+                              unsigned *work, const unsigned *known, int batch, size_t xs,
+                              size_t qs, size_t ss, cudaStream_t s)
 {
     if (!rows || !cols || batch < 1) return cudaGetLastError();
     /* every matrix's rows on 16 bytes when the first's are */
@@ -216,8 +216,8 @@ cudaError_t gk_fp8_cast_batch(const bf16 *x, int ldx, int rows, int cols, int ho
                (!qt || (ldt % 16 == 0 && aligned(qt, 16))) && (batch == 1 || strides);
     int span = qt && ldt > rows ? ldt : rows; /* the rows the tiles cover */
     dim3 grid((unsigned)((cols + FT - 1) / FT), (unsigned)((span + FT - 1) / FT), (unsigned)batch);
-    k_fp8_cast<<<grid, FT_THREADS, 0, s>>>(x, ldx, rows, cols, how, e5m2, work, q, sq, qt, ldt, sqt,
-                                           vec, xs, qs, ss);
+    k_fp8_cast<<<grid, FT_THREADS, 0, s>>>(x, ldx, rows, cols, how, e5m2, known ? known : work, q,
+                                           sq, qt, ldt, sqt, vec, xs, qs, ss);
     return cudaGetLastError();
 }
 
@@ -225,7 +225,7 @@ cudaError_t gk_fp8_cast(const bf16 *x, int ldx, int rows, int cols, int how, int
                         unsigned char *q, float *sq, unsigned char *qt, int ldt, float *sqt,
                         unsigned *work, cudaStream_t s)
 {
-    return gk_fp8_cast_batch(x, ldx, rows, cols, how, e5m2, q, sq, qt, ldt, sqt, work, false, 1, 0,
+    return gk_fp8_cast_batch(x, ldx, rows, cols, how, e5m2, q, sq, qt, ldt, sqt, work, NULL, 1, 0,
                              0, 0, s);
 }
 
@@ -233,8 +233,8 @@ cudaError_t gk_fp8_cast_known(const bf16 *x, int ldx, int rows, int cols, int e5
                               unsigned char *q, float *sq, unsigned char *qt, int ldt, float *sqt,
                               const unsigned *amax, cudaStream_t s)
 {
-    return gk_fp8_cast_batch(x, ldx, rows, cols, EXEC_FP8_TENSOR, e5m2, q, sq, qt, ldt, sqt,
-                             (unsigned *)amax, true, 1, 0, 0, 0, s);
+    return gk_fp8_cast_batch(x, ldx, rows, cols, EXEC_FP8_TENSOR, e5m2, q, sq, qt, ldt, sqt, NULL,
+                             amax, 1, 0, 0, 0, s);
 }
 
 /* ---- the experts' SwiGLU, its output and its gradients quantized ------------------------------ */

@@ -181,8 +181,8 @@ static cudaError_t fp8_cast_slices(struct exec_gpu *g, int i0, int i1, cudaStrea
         }
         cudaError_t e =
             gk_fp8_cast_batch(g->w16 + s->off, s->cols, s->rows, s->cols, how, 0, g->w8 + s->q,
-                              g->w8s + s->s, g->w8t + s->q, s->rows, g->w8s + s->st,
-                              known ? g->w8kept + i : g->w8amax, known, n, size, size, ss, st);
+                              g->w8s + s->s, g->w8t + s->q, s->rows, g->w8s + s->st, g->w8amax,
+                              known ? g->w8kept + i : NULL, n, size, size, ss, st);
         if (e != cudaSuccess) return e;
     }
     return cudaSuccess;

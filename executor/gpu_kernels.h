@@ -322,12 +322,12 @@ cudaError_t gk_fp8_swiglu_backward(const bf16 *g, const bf16 *u, const bf16 *dhm
                                    unsigned char *qut, float *su, float *sut, cudaStream_t s);
 /* gk_fp8_cast on `batch` matrices of the same shape at once: matrix z's input xs elements after
  * x, its copies qs bytes after q and qt, their factors ss floats after sq and sqt, and with the
- * tensor's scaling its amax in work[z] (batch unsigneds of device scratch), or, known, already
- * there (as gk_abs_bits: struct gk_amax_rows) and no pass over x for it. */
+ * tensor's scaling its amax found into work[z] (batch unsigneds of device scratch), or, with
+ * known, known[z] taken as it is (as gk_abs_bits: struct gk_amax_rows), no pass over x for it. */
 cudaError_t gk_fp8_cast_batch(const bf16 *x, int ldx, int rows, int cols, int how, int e5m2,
                               unsigned char *q, float *sq, unsigned char *qt, int ldt, float *sqt,
-                              unsigned *work, bool known, int batch, size_t xs, size_t qs,
-                              size_t ss, cudaStream_t s);
+                              unsigned *work, const unsigned *known, int batch, size_t xs,
+                              size_t qs, size_t ss, cudaStream_t s);
 /* gk_fp8_cast with per-tensor scaling whose amax is known (*amax, as gk_abs_bits; struct
  * gk_amax_rows): no pass of its own over x. */
 cudaError_t gk_fp8_cast_known(const bf16 *x, int ldx, int rows, int cols, int e5m2,

@@ -808,7 +808,7 @@ static void test_fp8_quantize(void **state)
         for (int how = 0; how < 3; how++) {
             size_t fs = exec_fp8_factor_count(how, R, C), ft = exec_fp8_factor_count(how, C, R);
             assert_int_equal(gk_fp8_cast_batch(d16, C, R, C, how, 0, dq, dsc, dqt, R, dsc + fs,
-                                               works, false, B, n, n, fs + ft, 0),
+                                               works, NULL, B, n, n, fs + ft, 0),
                              cudaSuccess);
             for (int z = 0; z < B; z++) {
                 std::vector<float> xz(x.begin() + z * n, x.begin() + (z + 1) * n);
