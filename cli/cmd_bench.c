@@ -212,15 +212,28 @@ static int bench_gemm(struct cli *cli, const struct gemm_shape *sh, int nsh, int
            dev.name, iters);
     const char *hd[] = {"GEMM",     "m x n x k", "bf16 TFLOPS", "fp8 TFLOPS",     "fp8",
                         "fp8 fast", "fp8block",  "cast x fp8",  "cast x fp8block"};
-    struct rpt_table *t = rpt_table_create(9, hd, "llrrrrrrr");
+    const char *ha[] = {"GEMM", "bf16", "fp8", "fp8 fast", "fp8block"};
+    struct rpt_table *t = rpt_table_create(9, hd, "llrrrrrrr"),
+                     *ta = rpt_table_create(5, ha, "lrrrr");
     json_t *rows = json ? json_array() : NULL;
-    for (int i = 0; i < nsh && t && (!json || rows); i++) {
+    for (int i = 0; i < nsh && t && ta && (!json || rows); i++) {
         struct exec_gemm_times g;
         if (exec_time_gemm_kinds(sh[i].m, sh[i].n, sh[i].k, iters, &g, &err) != MOE_OK) {
             rpt_table_destroy(t);
+            rpt_table_destroy(ta);
             json_decref(rows);
             return cli_fail(cli, &err);
         }
+        rpt_table_row(ta, NULL);
+        rpt_table_cell(ta, NULL, "%s", sh[i].what);
+        for (int kd = 0; kd < EXEC_GEMM_KINDS; kd++)
+            if (g.algos[kd] && g.first_us[kd] > 0)
+                rpt_table_cell(ta, NULL, "%.0f / %.0f (#%d of %d)",
+                               2.0 * sh[i].m * sh[i].n * sh[i].k / (g.first_us[kd] * 1e6),
+                               2.0 * sh[i].m * sh[i].n * sh[i].k / (g.fastest_us[kd] * 1e6),
+                               g.fastest_at[kd] + 1, g.algos[kd]);
+            else
+                rpt_table_cell(ta, NULL, "no");
         double fl = 2.0 * sh[i].m * sh[i].n * sh[i].k, *u = g.gemm_us;
         rpt_table_row(t, NULL);
         rpt_table_cell(t, NULL, "%s", sh[i].what);
@@ -246,22 +259,38 @@ static int bench_gemm(struct cli *cli, const struct gemm_shape *sh, int nsh, int
                     json_object_set_new(cast, exec_gemm_kind_names[kd],
                                         g.cast_us[kd] > 0 ? json_real(g.cast_us[kd]) : json_null());
             }
-            json_array_append_new(rows, json_pack("{s:s, s:i, s:i, s:i, s:o, s:o}", "what",
-                                                  sh[i].what, "m", sh[i].m, "n", sh[i].n, "k",
-                                                  sh[i].k, "gemm_us", us, "cast_x_us", cast));
+            json_t *al = json_object();
+            for (int kd = 0; kd < EXEC_GEMM_KINDS; kd++)
+                if (g.algos[kd])
+                    json_object_set_new(al, exec_gemm_kind_names[kd],
+                                        json_pack("{s:i, s:f, s:f, s:i}", "timed", g.algos[kd],
+                                                  "first_us", g.first_us[kd], "fastest_us",
+                                                  g.fastest_us[kd], "fastest_at",
+                                                  g.fastest_at[kd]));
+            json_array_append_new(rows,
+                                  json_pack("{s:s, s:i, s:i, s:i, s:o, s:o, s:o}", "what",
+                                            sh[i].what, "m", sh[i].m, "n", sh[i].n, "k", sh[i].k,
+                                            "gemm_us", us, "cast_x_us", cast, "lt_algorithms", al));
         }
     }
-    if (!t || (json && !rows)) {
+    if (!t || !ta || (json && !rows)) {
         rpt_table_destroy(t);
+        rpt_table_destroy(ta);
         json_decref(rows);
         moe_error_set(&err, MOE_ERR_NOMEM, "out of memory");
         return cli_fail(cli, &err);
     }
     rpt_table_print(t, stdout);
     rpt_table_destroy(t);
-    printf("fp8: per tensor, fp32 accumulation promoted (the backward's GEMMs); fp8 fast: per "
-           "tensor accumulating fast (the forward's); fp8block: x in 1 x 128 tiles, w in 128 x 128 "
-           "blocks; speedups over bf16\n");
+    printf(
+        "fp8: per tensor, fp32 accumulation promoted (the backward's GEMMs); fp8 fast: per "
+        "tensor accumulating fast (the forward's); fp8block: x in 1 x 128 tiles, w in 128 x 128 "
+        "blocks; speedups over bf16\n\n"
+        "cuBLASLt's heuristic (bf16 through cuBLASLt too): TFLOPS of its first algorithm / of the "
+        "fastest of its first %d, that one's place\n",
+        EXEC_GEMM_ALGOS);
+    rpt_table_print(ta, stdout);
+    rpt_table_destroy(ta);
     if (!json) return 0;
     json_t *o = json_pack("{s:s, s:i, s:o}", "device", dev.name, "iters", iters, "shapes", rows);
     enum moe_status st = o ? moe_json_write_atomic(json, o, "moeplan.bench.gemm", 1, &err)

@@ -147,6 +147,26 @@ extern "C" enum moe_status exec_time_gemm(int m, int n, int k, int iters, double
 
 const char *const exec_gemm_kind_names[EXEC_GEMM_KINDS] = {"bf16", "fp8", "fp8 fast", "fp8block"};
 
+/* Kind `kind`'s matmul by each of the heuristic's first algorithms into t (exec_gemm_times) */
+static cublasStatus_t time_algos(cublasLtHandle_t lt, cublasLtMatmulDesc_t op,
+                                 cublasLtMatrixLayout_t const l[3], const void *a, const void *b,
+                                 void *c, void *ws, size_t ws_bytes, int iters,
+                                 struct exec_gemm_times *t, int kind)
+{
+    double us[EXEC_GEMM_ALGOS];
+    int n = 0;
+    cublasStatus_t st =
+        gk_lt_time_algos(lt, op, l, a, b, c, ws, ws_bytes, EXEC_GEMM_ALGOS, iters, 0, us, &n);
+    t->algos[kind] = 0;
+    for (int i = 0; !st && i < n; i++) {
+        if (us[i] < 0) continue;
+        if (!t->algos[kind]++ || us[i] < t->fastest_us[kind])
+            t->fastest_us[kind] = us[i], t->fastest_at[kind] = i;
+        if (i == 0) t->first_us[kind] = us[i];
+    }
+    return st;
+}
+
 extern "C" enum moe_status exec_time_gemm_kinds(int m, int n, int k, int iters,
                                                 struct exec_gemm_times *t, struct moe_error *err)
 {
@@ -198,6 +218,25 @@ extern "C" enum moe_status exec_time_gemm_kinds(int m, int n, int k, int iters,
                 return bs == CUBLAS_STATUS_SUCCESS ? cudaGetLastError() : cudaErrorUnknown;
         };
     if (st == MOE_OK) e = time_median(iters, bf16_gemm, &t->gemm_us[EXEC_GEMM_BF16]);
+    if (st == MOE_OK && e == cudaSuccess) { /* the same matmul through cuBLASLt, by algorithm */
+        cublasLtMatmulDesc_t op = nullptr;
+        cublasLtMatrixLayout_t l[3] = {nullptr, nullptr, nullptr};
+        cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+        cublasStatus_t ls = cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+        if (!ls)
+            ls = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+        if (!ls)
+            ls = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
+        if (!ls) ls = cublasLtMatrixLayoutCreate(&l[0], CUDA_R_16BF, k, n, k);
+        if (!ls) ls = cublasLtMatrixLayoutCreate(&l[1], CUDA_R_16BF, k, m, k);
+        if (!ls) ls = cublasLtMatrixLayoutCreate(&l[2], CUDA_R_16BF, n, m, n);
+        if (!ls) ls = time_algos(lt, op, l, w, x, y, ws, ws_bytes, iters, t, EXEC_GEMM_BF16);
+        gk_lt_layouts_free(l);
+        if (op) cublasLtMatmulDescDestroy(op);
+        if (ls)
+            st = moe_error_set(err, MOE_ERR_CUBLAS, "bench gemm: bf16 %d x %d x %d: cuBLASLt: %s",
+                               m, n, k, cublasGetStatusString(ls));
+    }
     for (int kind = EXEC_GEMM_FP8; st == MOE_OK && e == cudaSuccess && kind < EXEC_GEMM_KINDS;
          kind++) {
         if (kind == EXEC_GEMM_FP8_BLOCK && !block) { /* not on this GPU */
@@ -219,6 +258,15 @@ extern "C" enum moe_status exec_time_gemm_kinds(int m, int n, int k, int iters,
             return bs == CUBLAS_STATUS_SUCCESS ? cudaGetLastError() : cudaErrorUnknown;
         };
         if (e == cudaSuccess) e = time_median(iters, gemm, &t->gemm_us[kind]);
+        if (e == cudaSuccess && (hx != EXEC_FP8_TILE_1X128 || m % EXEC_FP8_PAD == 0)) {
+            cublasLtMatmulDesc_t op = nullptr;
+            cublasLtMatrixLayout_t l[3];
+            bs = gk_fp8_matmul(&W, &X, m, n, k, n, CUDA_R_16BF, fast, &op, l);
+            if (!bs) bs = time_algos(lt, op, l, qw, qx, y, ws, ws_bytes, iters, t, kind);
+            gk_lt_layouts_free(l);
+            if (op) cublasLtMatmulDescDestroy(op);
+            if (bs) e = cudaErrorUnknown;
+        }
         if (e != cudaSuccess && bs != CUBLAS_STATUS_SUCCESS)
             st = moe_error_set(err, MOE_ERR_CUBLAS, "bench gemm: %s %d x %d x %d: cuBLASLt: %s",
                                exec_gemm_kind_names[kind], m, n, k, cublasGetStatusString(bs));

@@ -354,13 +354,21 @@ enum moe_status exec_time_gemm(int m, int n, int k, int iters, double *us, struc
  * rows' power of two): per tensor with fp32 accumulation promoted (the backward's GEMMs), per
  * tensor accumulating fast (the forward's), blockwise (x in 1 x 128 tiles, w in 128 x 128
  * blocks; Hopper only, else < 0). cast_us: the quantization of x alone for that kind (its
- * row-major copy, as the forward quantizes; per tensor with its amax pass). k and n multiples of
- * 16; an fp8 GPU (sm_89 or later). Microseconds. */
+ * row-major copy, as the forward quantizes; per tensor with its amax pass). And each kind's
+ * matmul by every algorithm of the heuristic's first few: what choosing among them would give.
+ * k and n multiples of 16; an fp8 GPU (sm_89 or later). Microseconds. */
 enum { EXEC_GEMM_BF16, EXEC_GEMM_FP8, EXEC_GEMM_FP8_FAST, EXEC_GEMM_FP8_BLOCK, EXEC_GEMM_KINDS };
 extern const char *const exec_gemm_kind_names[EXEC_GEMM_KINDS];
+#define EXEC_GEMM_ALGOS 8
 struct exec_gemm_times {
     double gemm_us[EXEC_GEMM_KINDS];
     double cast_us[EXEC_GEMM_KINDS]; /* 0 for bf16 */
+    /* cuBLASLt's heuristic's first EXEC_GEMM_ALGOS algorithms for the same matmul (bf16 through
+     * cuBLASLt too), each timed: algos of them, the first's time, the fastest's and its place in
+     * the heuristic's order (0: the first); algos 0 where not timed (block scaling at rows not a
+     * multiple of 16, whose matmul is two) */
+    int algos[EXEC_GEMM_KINDS], fastest_at[EXEC_GEMM_KINDS];
+    double first_us[EXEC_GEMM_KINDS], fastest_us[EXEC_GEMM_KINDS];
 };
 enum moe_status exec_time_gemm_kinds(int m, int n, int k, int iters, struct exec_gemm_times *t,
                                      struct moe_error *err);
