@@ -13,6 +13,7 @@
  *   gpu_moe.cu         SwiGLU, the experts and the dropless MoE layer
  *   gpu_ep.cu          expert parallelism: the MoE layer across ranks
  *   gpu_bench.cu       the MoE layer benchmark (moeplan bench moe, calibrate)
+ *   calib.cu           calibrate's microbenchmarks and bench gemm's GEMMs (no struct exec_gpu)
  * Functions here own no resources (the struct does): a failed call returns its error, and
  * exec_gpu_destroy frees what was made. Tensor shapes are written (rows, columns).
  */
