@@ -79,9 +79,11 @@ static int calibrate(struct cli *cli, const struct cli_cmd *cmd, const char *out
                                  : d->quick ? "moeplan calibrate --quick"
                                             : "moeplan calibrate",
                                  out, stdout, &err);
+    bool fp8 = d && d->nexpert8 > 0; /* else the fp8 rates stay the datasheet's too */
     free(d);
     if (st != MOE_OK) return cli_fail(cli, &err);
-    printf("profile written to %s (NVLink, network and fp8 values: datasheet defaults)\n", out);
+    printf("profile written to %s (%s: datasheet defaults)\n", out,
+           fp8 ? "NVLink and network values" : "NVLink, network and fp8 values");
     return 0;
 }
 
