@@ -397,6 +397,10 @@ enum moe_status gpu_fp8_check(int device, enum cost_precision p, struct moe_erro
  * the stale ones redone (the first GEMM of a forward after an update), on the quantization's own
  * stream with f8.cast_overlap, the main stream waiting for block l's */
 enum moe_status gpu_fp8_fresh(struct exec_gpu *g, int l, struct moe_error *err);
+/* fp8 with f8.cast_overlap: the stale weights' quantization started on its own stream, nothing
+ * waiting for it yet (gpu_fp8_fresh waits): after an update, so that it runs while the host
+ * prepares the next step rather than at the next forward's first GEMM */
+enum moe_status gpu_fp8_start(struct exec_gpu *g, struct moe_error *err);
 /* The bf16 weights are about to be written (the optimizer, a reload): the main stream waits for
  * any quantization still reading them */
 enum moe_status gpu_fp8_settle(struct exec_gpu *g, struct moe_error *err);

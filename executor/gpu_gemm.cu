@@ -205,31 +205,42 @@ static enum moe_status cast_wait(struct exec_gpu *g, int l, struct moe_error *er
     return MOE_OK;
 }
 
+/* The stale weights quantized again: on their own stream block by block (cast_overlap), each
+ * block's event after it, or in line on the main stream */
+static enum moe_status fp8_requantize(struct exec_gpu *g, struct moe_error *err)
+{
+    if (g->in_experts)
+        return moe_error_set(err, MOE_ERR_RUNTIME,
+                             "executor: the fp8 weights are stale inside the experts' streams");
+    if (g->cast_s) {
+        MOE_CUDA_CHECK(cudaEventRecord(g->cast_in, g->s));
+        MOE_CUDA_CHECK(cudaStreamWaitEvent(g->cast_s, g->cast_in, 0));
+        for (int i = 0, j; i < g->f8.n; i = j) {
+            int b = g->f8.slice[i].layer;
+            for (j = i; j < g->f8.n && g->f8.slice[j].layer == b; j++) {
+            }
+            MOE_CUDA_CHECK(fp8_cast_slices(g, i, j, g->cast_s));
+            MOE_CUDA_CHECK(cudaEventRecord(g->cast_ev[b], g->cast_s));
+        }
+        memset(g->cast_waited, 0, (size_t)g->layers);
+        g->cast_pend = true;
+    } else {
+        MOE_CUDA_CHECK(fp8_cast_slices(g, 0, g->f8.n, g->s));
+    }
+    g->w8_stale = g->w8kept_ok = false;
+    return MOE_OK;
+}
+
 enum moe_status gpu_fp8_fresh(struct exec_gpu *g, int l, struct moe_error *err)
 {
     if (!g->fp8) return MOE_OK;
-    if (g->w8_stale) {
-        if (g->in_experts)
-            return moe_error_set(err, MOE_ERR_RUNTIME,
-                                 "executor: the fp8 weights are stale inside the experts' streams");
-        if (g->cast_s) { /* block by block on their stream, each block's event after it */
-            MOE_CUDA_CHECK(cudaEventRecord(g->cast_in, g->s));
-            MOE_CUDA_CHECK(cudaStreamWaitEvent(g->cast_s, g->cast_in, 0));
-            for (int i = 0, j; i < g->f8.n; i = j) {
-                int b = g->f8.slice[i].layer;
-                for (j = i; j < g->f8.n && g->f8.slice[j].layer == b; j++) {
-                }
-                MOE_CUDA_CHECK(fp8_cast_slices(g, i, j, g->cast_s));
-                MOE_CUDA_CHECK(cudaEventRecord(g->cast_ev[b], g->cast_s));
-            }
-            memset(g->cast_waited, 0, (size_t)g->layers);
-            g->cast_pend = true;
-        } else {
-            MOE_CUDA_CHECK(fp8_cast_slices(g, 0, g->f8.n, g->s));
-        }
-        g->w8_stale = g->w8kept_ok = false;
-    }
+    if (g->w8_stale) MOE_CHECK(fp8_requantize(g, err));
     return cast_wait(g, l, err);
+}
+
+enum moe_status gpu_fp8_start(struct exec_gpu *g, struct moe_error *err)
+{
+    return g->fp8 && g->cast_s && g->w8_stale ? fp8_requantize(g, err) : MOE_OK;
 }
 
 enum moe_status gpu_fp8_settle(struct exec_gpu *g, struct moe_error *err)
