@@ -147,22 +147,33 @@ extern "C" enum moe_status exec_time_gemm(int m, int n, int k, int iters, double
 
 const char *const exec_gemm_kind_names[EXEC_GEMM_KINDS] = {"bf16", "fp8", "fp8 fast", "fp8block"};
 
-/* Kind `kind`'s matmul by each of the heuristic's first algorithms into t (exec_gemm_times) */
+/* Kind `kind`'s matmul (alpha 1, beta 0) by each of cuBLASLt's heuristic's first algorithms
+ * (no split-K, as gk_lt_algo asks), each timed as time_median times, into t (exec_gemm_times);
+ * an algorithm that does not run here is left out */
 static cublasStatus_t time_algos(cublasLtHandle_t lt, cublasLtMatmulDesc_t op,
                                  cublasLtMatrixLayout_t const l[3], const void *a, const void *b,
                                  void *c, void *ws, size_t ws_bytes, int iters,
                                  struct exec_gemm_times *t, int kind)
 {
-    double us[EXEC_GEMM_ALGOS];
+    cublasLtMatmulHeuristicResult_t r[EXEC_GEMM_ALGOS];
     int n = 0;
-    cublasStatus_t st =
-        gk_lt_time_algos(lt, op, l, a, b, c, ws, ws_bytes, EXEC_GEMM_ALGOS, iters, 0, us, &n);
+    cublasStatus_t st = gk_lt_heuristics(lt, op, l, ws_bytes, false, EXEC_GEMM_ALGOS, r, &n);
+    float one = 1.0f, zero = 0.0f;
     t->algos[kind] = 0;
     for (int i = 0; !st && i < n; i++) {
-        if (us[i] < 0) continue;
-        if (!t->algos[kind]++ || us[i] < t->fastest_us[kind])
-            t->fastest_us[kind] = us[i], t->fastest_at[kind] = i;
-        if (i == 0) t->first_us[kind] = us[i];
+        double us;
+        auto run = [&]() {
+            return cublasLtMatmul(lt, op, &one, a, l[0], b, l[1], &zero, c, l[2], c, l[2],
+                                  &r[i].algo, ws, ws_bytes, 0) == CUBLAS_STATUS_SUCCESS
+                       ? cudaGetLastError()
+                       : cudaErrorNotSupported;
+        };
+        cudaError_t e = time_median(iters, run, &us);
+        if (e == cudaErrorNotSupported) continue;
+        if (e != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
+        if (!t->algos[kind]++ || us < t->fastest_us[kind])
+            t->fastest_us[kind] = us, t->fastest_at[kind] = i;
+        if (i == 0) t->first_us[kind] = us;
     }
     return st;
 }

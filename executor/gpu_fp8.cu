@@ -503,87 +503,36 @@ cublasStatus_t gk_fp8_matmul(const struct gk_fp8_mat *w, const struct gk_fp8_mat
     return st;
 }
 
-cublasStatus_t gk_lt_algo(cublasLtHandle_t lt, cublasLtMatmulDesc_t op,
-                          cublasLtMatrixLayout_t const l[3], size_t ws_bytes, bool split_if_needed,
-                          cublasLtMatmulAlgo_t *algo)
+cublasStatus_t gk_lt_heuristics(cublasLtHandle_t lt, cublasLtMatmulDesc_t op,
+                                cublasLtMatrixLayout_t const l[3], size_t ws_bytes, bool split,
+                                int max, cublasLtMatmulHeuristicResult_t *r, int *n)
 {
     cublasLtMatmulPreference_t pref = NULL;
-    cublasLtMatmulHeuristicResult_t r;
-    int nr = 0;
+    uint32_t scheme = split ? CUBLASLT_REDUCTION_SCHEME_MASK : CUBLASLT_REDUCTION_SCHEME_NONE;
+    *n = 0;
     cublasStatus_t st = cublasLtMatmulPreferenceCreate(&pref);
     if (!st)
         st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                   &ws_bytes, sizeof ws_bytes);
-    uint32_t one_pass = CUBLASLT_REDUCTION_SCHEME_NONE, any = CUBLASLT_REDUCTION_SCHEME_MASK;
     if (!st)
         st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-                                                  &one_pass, sizeof one_pass);
-    if (!st) st = cublasLtMatmulAlgoGetHeuristic(lt, op, l[0], l[1], l[2], l[2], pref, 1, &r, &nr);
-    if (split_if_needed && (st == CUBLAS_STATUS_NOT_SUPPORTED || (!st && nr < 1)) &&
-        !(st = cublasLtMatmulPreferenceSetAttribute(
-              pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &any, sizeof any)))
-        st = cublasLtMatmulAlgoGetHeuristic(lt, op, l[0], l[1], l[2], l[2], pref, 1, &r, &nr);
+                                                  &scheme, sizeof scheme);
+    if (!st) st = cublasLtMatmulAlgoGetHeuristic(lt, op, l[0], l[1], l[2], l[2], pref, max, r, n);
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (!st && nr < 1) st = CUBLAS_STATUS_NOT_SUPPORTED;
-    if (!st) *algo = r.algo;
     return st;
 }
 
-cublasStatus_t gk_lt_time_algos(cublasLtHandle_t lt, cublasLtMatmulDesc_t op,
-                                cublasLtMatrixLayout_t const l[3], const void *a, const void *b,
-                                void *c, void *ws, size_t ws_bytes, int max, int iters,
-                                cudaStream_t s, double *us, int *n)
+cublasStatus_t gk_lt_algo(cublasLtHandle_t lt, cublasLtMatmulDesc_t op,
+                          cublasLtMatrixLayout_t const l[3], size_t ws_bytes, bool split_if_needed,
+                          cublasLtMatmulAlgo_t *algo)
 {
-    *n = 0;
-    if (max < 1 || iters < 1) return CUBLAS_STATUS_INVALID_VALUE;
-    cublasLtMatmulHeuristicResult_t *r =
-        (cublasLtMatmulHeuristicResult_t *)calloc((size_t)max, sizeof *r);
-    float *t = (float *)calloc((size_t)iters, sizeof *t);
-    cublasLtMatmulPreference_t pref = NULL;
-    cudaEvent_t e0 = NULL, e1 = NULL;
+    cublasLtMatmulHeuristicResult_t r;
     int nr = 0;
-    uint32_t one_pass = CUBLASLT_REDUCTION_SCHEME_NONE;
-    cublasStatus_t st = r && t ? cublasLtMatmulPreferenceCreate(&pref) : CUBLAS_STATUS_ALLOC_FAILED;
-    if (!st)
-        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                  &ws_bytes, sizeof ws_bytes);
-    if (!st)
-        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-                                                  &one_pass, sizeof one_pass);
-    if (!st) st = cublasLtMatmulAlgoGetHeuristic(lt, op, l[0], l[1], l[2], l[2], pref, max, r, &nr);
-    if (!st && (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess))
-        st = CUBLAS_STATUS_EXECUTION_FAILED;
-    float alpha = 1.0f, beta = 0.0f;
-    for (int i = 0; !st && i < nr; i++) {
-        auto run = [&]() {
-            return cublasLtMatmul(lt, op, &alpha, a, l[0], b, l[1], &beta, c, l[2], c, l[2],
-                                  &r[i].algo, ws, ws_bytes, s);
-        };
-        us[i] = -1.0;
-        if (run() != CUBLAS_STATUS_SUCCESS) continue; /* this algorithm does not run here */
-        int k = 0;
-        for (; k < iters; k++) {
-            if (cudaEventRecord(e0, s) != cudaSuccess || run() != CUBLAS_STATUS_SUCCESS ||
-                cudaEventRecord(e1, s) != cudaSuccess || cudaEventSynchronize(e1) != cudaSuccess ||
-                cudaEventElapsedTime(&t[k], e0, e1) != cudaSuccess)
-                break;
-        }
-        if (k < iters) {
-            st = CUBLAS_STATUS_EXECUTION_FAILED;
-            break;
-        }
-        for (int x = 1; x < iters; x++) /* the median: sorted by insertion, a few values */
-            for (int y = x; y > 0 && t[y - 1] > t[y]; y--) {
-                float z = t[y];
-                t[y] = t[y - 1], t[y - 1] = z;
-            }
-        us[i] = 1e3 * (iters % 2 ? t[iters / 2] : 0.5 * (t[iters / 2 - 1] + t[iters / 2]));
-    }
-    if (!st) *n = nr;
-    if (e0) cudaEventDestroy(e0);
-    if (e1) cudaEventDestroy(e1);
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    free(r), free(t);
+    cublasStatus_t st = gk_lt_heuristics(lt, op, l, ws_bytes, false, 1, &r, &nr);
+    if (split_if_needed && (st == CUBLAS_STATUS_NOT_SUPPORTED || (!st && nr < 1)))
+        st = gk_lt_heuristics(lt, op, l, ws_bytes, true, 1, &r, &nr);
+    if (!st && nr < 1) st = CUBLAS_STATUS_NOT_SUPPORTED;
+    if (!st) *algo = r.algo;
     return st;
 }
 

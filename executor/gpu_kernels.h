@@ -350,17 +350,14 @@ static inline void gk_lt_layouts_free(cublasLtMatrixLayout_t l[3])
  * without split-K (whose results depend on nothing but the algorithm either way, but the bf16
  * expert GEMMs were measured bit-identical across streams without it); with split_if_needed, the
  * heuristic's choice where no algorithm does without it. NOT_SUPPORTED where there is none. */
+/* The heuristic's first `max` algorithms for op on layouts l within ws_bytes (*n of them into r):
+ * without split-K, or with any reduction scheme (split) */
+cublasStatus_t gk_lt_heuristics(cublasLtHandle_t lt, cublasLtMatmulDesc_t op,
+                                cublasLtMatrixLayout_t const l[3], size_t ws_bytes, bool split,
+                                int max, cublasLtMatmulHeuristicResult_t *r, int *n);
 cublasStatus_t gk_lt_algo(cublasLtHandle_t lt, cublasLtMatmulDesc_t op,
                           cublasLtMatrixLayout_t const l[3], size_t ws_bytes, bool split_if_needed,
                           cublasLtMatmulAlgo_t *algo);
-/* bench gemm: the heuristic's first `max` algorithms for op on layouts l (A, B, C = D; alpha 1,
- * beta 0, no split-K as gk_lt_algo asks), each timed on stream s (the median of iters CUDA-event
- * timings after one run): us[i] the i-th in the heuristic's order, *n of them (an algorithm that
- * does not run: us[i] < 0). */
-cublasStatus_t gk_lt_time_algos(cublasLtHandle_t lt, cublasLtMatmulDesc_t op,
-                                cublasLtMatrixLayout_t const l[3], const void *a, const void *b,
-                                void *c, void *ws, size_t ws_bytes, int max, int iters,
-                                cudaStream_t s, double *us, int *n);
 /* The algorithms the fp8 GEMMs chose, for a cuBLASLt handle and a workspace size. */
 struct gk_fp8_lt;
 struct gk_fp8_lt *gk_fp8_lt_create(cublasLtHandle_t lt, size_t ws_bytes);
@@ -378,8 +375,8 @@ cublasStatus_t gk_fp8_gemm(struct gk_fp8_lt *c, const struct gk_fp8_mat *w,
                            cudaDataType yt, float beta, bool fast, void *tail, void *ws,
                            cudaStream_t s);
 /* gk_fp8_gemm's cuBLASLt matmul for y = x w^T (M a multiple of EXEC_FP8_PAD with block
- * scaling): *op (its scale modes and pointers set) and l (A = w, B = x, C = D = y), for
- * gk_lt_time_algos with a = w->q, b = x->q; the caller destroys them */
+ * scaling): *op (its scale modes and pointers set) and l (A = w->q, B = x->q, C = D = y), for a
+ * benchmark to run by other algorithms (bench gemm); the caller destroys them */
 cublasStatus_t gk_fp8_matmul(const struct gk_fp8_mat *w, const struct gk_fp8_mat *x, int M, int N,
                              int K, int ldy, cudaDataType yt, bool fast, cublasLtMatmulDesc_t *op,
                              cublasLtMatrixLayout_t l[3]);
