@@ -373,6 +373,10 @@ int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
         }
         if (!ok) return 2;
     }
+    /* the outputs checked before any GPU work: a benchmark's minutes not lost to a bad path */
+    if ((json && !cli_output_ok(cmd, "--json", json)) ||
+        (rout && !cli_output_ok(cmd, "--routing-out", rout)))
+        return 2;
     if (adamw) return bench_adamw(cli, (size_t)params, m16, (int)iters, json);
     if (gemm) {
         if ((gm || gn || gk) && !(gm && gn && gk))
