@@ -116,6 +116,7 @@ struct exec_fp8_slice {
     size_t off;      /* the slice's first parameter */
     int rows, cols;  /* out x in */
     int layer;       /* the block it is a weight of */
+    bool expert;     /* a routed expert's (the block's MoE GEMMs), else its attention's or dense */
     size_t q, s, st; /* its copies' first byte among the quantized bytes; its factors' first
                       * float, its transpose's */
 };

@@ -202,8 +202,9 @@ struct exec_gpu {
     unsigned *w8kept;
     bool w8kept_ok;
     /* f8.cast_overlap: the quantization on stream cast_s, after cast_in (the bf16 weights
-     * written), block l's slices then cast_ev[l]; cast_pend: some block's wait not yet made by
-     * the main stream (cast_waited[l]) */
+     * written), block l's attention and dense slices then cast_ev[2 l], its routed experts' then
+     * cast_ev[2 l + 1]; cast_pend: some part's wait not yet made by the main stream
+     * (cast_waited[p]) */
     cudaStream_t cast_s;
     cudaEvent_t cast_in, *cast_ev;
     unsigned char *cast_waited;
@@ -393,10 +394,11 @@ enum moe_status gpu_sync_host(struct exec_gpu *g, struct moe_error *err);
 /* Whether device's GPU runs precision p's fp8 GEMMs (cuBLASLt: fp8 from sm_89, its block scaling
  * on sm_90 only); MOE_ERR_UNSUPPORTED naming what it needs where not */
 enum moe_status gpu_fp8_check(int device, enum cost_precision p, struct moe_error *err);
-/* fp8: block l's quantized weights fresh for the main stream's next GEMMs (l < 0: every block's):
- * the stale ones redone (the first GEMM of a forward after an update), on the quantization's own
- * stream with f8.cast_overlap, the main stream waiting for block l's */
-enum moe_status gpu_fp8_fresh(struct exec_gpu *g, int l, struct moe_error *err);
+/* fp8: block l's quantized weights fresh for the main stream's next GEMMs, its routed experts' or
+ * its other projections' (l < 0: every block's): the stale ones redone (the first GEMM of a
+ * forward after an update), on the quantization's own stream with f8.cast_overlap, the main
+ * stream waiting for that part's */
+enum moe_status gpu_fp8_fresh(struct exec_gpu *g, int l, bool experts, struct moe_error *err);
 /* fp8 with f8.cast_overlap: the stale weights' quantization started on its own stream, nothing
  * waiting for it yet (gpu_fp8_fresh waits): after an update, so that it runs while the host
  * prepares the next step rather than at the next forward's first GEMM */

@@ -373,15 +373,15 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
         g->f8lt = gk_fp8_lt_create(g->lt, g->ws_bytes);
         if (!g->f8lt) return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
         if (cfg->fp8_cast_sync) g->f8.cast_overlap = false;
-        if (g->f8.cast_overlap) { /* the quantization's stream and a block's event each */
-            g->cast_ev = (cudaEvent_t *)calloc((size_t)g->layers, sizeof(cudaEvent_t));
-            g->cast_waited = (unsigned char *)calloc((size_t)g->layers, 1);
+        if (g->f8.cast_overlap) { /* the quantization's stream and two events a block */
+            g->cast_ev = (cudaEvent_t *)calloc(2 * (size_t)g->layers, sizeof(cudaEvent_t));
+            g->cast_waited = (unsigned char *)calloc(2 * (size_t)g->layers, 1);
             if (!g->cast_ev || !g->cast_waited)
                 return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
             MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&g->cast_s, cudaStreamNonBlocking));
             MOE_CUDA_CHECK(cudaEventCreateWithFlags(&g->cast_in, cudaEventDisableTiming));
-            for (int l = 0; l < g->layers; l++)
-                MOE_CUDA_CHECK(cudaEventCreateWithFlags(&g->cast_ev[l], cudaEventDisableTiming));
+            for (int p = 0; p < 2 * g->layers; p++)
+                MOE_CUDA_CHECK(cudaEventCreateWithFlags(&g->cast_ev[p], cudaEventDisableTiming));
         }
         g->fp8 = g->w8_stale = true;
     }
@@ -580,8 +580,8 @@ extern "C" void exec_gpu_destroy(struct exec_gpu *g)
         if (g->side[i]) cudaStreamDestroy(g->side[i]);
     }
     if (g->fork_ev) cudaEventDestroy(g->fork_ev);
-    for (int l = 0; g->cast_ev && l < g->layers; l++)
-        if (g->cast_ev[l]) cudaEventDestroy(g->cast_ev[l]);
+    for (int p = 0; g->cast_ev && p < 2 * g->layers; p++)
+        if (g->cast_ev[p]) cudaEventDestroy(g->cast_ev[p]);
     free(g->cast_ev), free(g->cast_waited);
     if (g->cast_in) cudaEventDestroy(g->cast_in);
     if (g->cast_s) cudaStreamDestroy(g->cast_s);

@@ -188,14 +188,21 @@ static cudaError_t fp8_cast_slices(struct exec_gpu *g, int i0, int i1, cudaStrea
     return cudaSuccess;
 }
 
-/* The main stream after block l's quantization on cast_s (l < 0: every block's), each block's
- * wait made once */
-static enum moe_status cast_wait(struct exec_gpu *g, int l, struct moe_error *err)
+/* A quantized slice's part of the quantization on cast_s: block l's attention and dense
+ * projections (2 l), then its routed experts' (2 l + 1), each with its event */
+static int cast_part(int l, bool experts)
 {
-    if (!g->cast_pend || (l >= 0 && g->cast_waited[l])) return MOE_OK;
+    return 2 * l + (experts ? 1 : 0);
+}
+
+/* The main stream after part p's quantization on cast_s (p < 0: every part's), each part's wait
+ * made once */
+static enum moe_status cast_wait(struct exec_gpu *g, int p, struct moe_error *err)
+{
+    if (!g->cast_pend || (p >= 0 && g->cast_waited[p])) return MOE_OK;
     bool all = true;
-    for (int b = 0; b < g->layers; b++) {
-        if (!g->cast_waited[b] && (l < 0 || b == l)) {
+    for (int b = 0; b < 2 * g->layers; b++) {
+        if (!g->cast_waited[b] && (p < 0 || b == p)) {
             MOE_CUDA_CHECK(cudaStreamWaitEvent(g->s, g->cast_ev[b], 0));
             g->cast_waited[b] = 1;
         }
@@ -205,8 +212,9 @@ static enum moe_status cast_wait(struct exec_gpu *g, int l, struct moe_error *er
     return MOE_OK;
 }
 
-/* The stale weights quantized again: on their own stream block by block (cast_overlap), each
- * block's event after it, or in line on the main stream */
+/* The stale weights quantized again: on their own stream part by part (cast_overlap; a block's
+ * attention first, so that its forward starts while its experts' weights are quantized), each
+ * part's event after it, or in line on the main stream */
 static enum moe_status fp8_requantize(struct exec_gpu *g, struct moe_error *err)
 {
     if (g->in_experts)
@@ -215,14 +223,23 @@ static enum moe_status fp8_requantize(struct exec_gpu *g, struct moe_error *err)
     if (g->cast_s) {
         MOE_CUDA_CHECK(cudaEventRecord(g->cast_in, g->s));
         MOE_CUDA_CHECK(cudaStreamWaitEvent(g->cast_s, g->cast_in, 0));
-        for (int i = 0, j; i < g->f8.n; i = j) {
-            int b = g->f8.slice[i].layer;
-            for (j = i; j < g->f8.n && g->f8.slice[j].layer == b; j++) {
+        const struct exec_fp8_slice *s = g->f8.slice;
+        for (int i0 = 0, i1 = 0, b = 0; b < g->layers; b++, i0 = i1) { /* slices in block order */
+            while (i1 < g->f8.n && s[i1].layer == b) i1++;
+            for (int part = 0; part < 2; part++) { /* runs of the part's slices among the block's */
+                for (int i = i0, j; i < i1; i = j) {
+                    for (j = i; j < i1 && s[j].expert == s[i].expert; j++) {
+                    }
+                    if (s[i].expert == (part == 1))
+                        MOE_CUDA_CHECK(fp8_cast_slices(g, i, j, g->cast_s));
+                }
+                MOE_CUDA_CHECK(cudaEventRecord(g->cast_ev[cast_part(b, part == 1)], g->cast_s));
             }
-            MOE_CUDA_CHECK(fp8_cast_slices(g, i, j, g->cast_s));
-            MOE_CUDA_CHECK(cudaEventRecord(g->cast_ev[b], g->cast_s));
+            if (b == g->layers - 1 && i1 < g->f8.n)
+                return moe_error_set(err, MOE_ERR_RUNTIME,
+                                     "executor: the fp8 slices are not in block order");
         }
-        memset(g->cast_waited, 0, (size_t)g->layers);
+        memset(g->cast_waited, 0, 2 * (size_t)g->layers);
         g->cast_pend = true;
     } else {
         MOE_CUDA_CHECK(fp8_cast_slices(g, 0, g->f8.n, g->s));
@@ -231,11 +248,11 @@ static enum moe_status fp8_requantize(struct exec_gpu *g, struct moe_error *err)
     return MOE_OK;
 }
 
-enum moe_status gpu_fp8_fresh(struct exec_gpu *g, int l, struct moe_error *err)
+enum moe_status gpu_fp8_fresh(struct exec_gpu *g, int l, bool experts, struct moe_error *err)
 {
     if (!g->fp8) return MOE_OK;
     if (g->w8_stale) MOE_CHECK(fp8_requantize(g, err));
-    return cast_wait(g, l, err);
+    return cast_wait(g, l < 0 ? -1 : cast_part(l, experts), err);
 }
 
 enum moe_status gpu_fp8_start(struct exec_gpu *g, struct moe_error *err)
@@ -405,7 +422,7 @@ enum moe_status gpu_lin(struct exec_gpu *g, const bf16 *X, int ldx, const bf16 *
 {
     const struct exec_fp8_slice *f = fp8_slice(g, Wt, out, in);
     if (f && T > 0) {
-        MOE_CHECK(gpu_fp8_fresh(g, f->layer, err));
+        MOE_CHECK(gpu_fp8_fresh(g, f->layer, f->expert, err));
         struct fp8_scratch *x8 = fp8_scratch_now(g);
         int ha = g->f8.act, hw = g->f8.weight;
         struct gk_fp8_mat w = {g->w8 + f->q, g->w8s + f->s, in, hw, 0}, x, tr;
@@ -434,7 +451,7 @@ enum moe_status gpu_lin_dx(struct exec_gpu *g, const bf16 *dY, int lddy, const b
 {
     const struct exec_fp8_slice *f = fp8_slice(g, Wt, out, in);
     if (f && T > 0) {
-        MOE_CHECK(gpu_fp8_fresh(g, f->layer, err));
+        MOE_CHECK(gpu_fp8_fresh(g, f->layer, f->expert, err));
         struct fp8_scratch *x8 = fp8_scratch_now(g);
         int ha = g->f8.act, hw = g->f8.weight, e5 = g->cfg.fp8_e5m2_grads, Tp = exec_fp8_pad(T);
         struct gk_fp8_mat w = {g->w8t + f->q, g->w8s + f->st, out, hw, 0},
@@ -507,7 +524,7 @@ enum moe_status gpu_sync_host(struct exec_gpu *g, struct moe_error *err)
 /* Expert e's GEMMs go to side stream e % nside between fork and join (one stream: no-ops). */
 enum moe_status gpu_fork_experts(struct exec_gpu *g, int l, struct moe_error *err)
 {
-    MOE_CHECK(gpu_fp8_fresh(g, l, err)); /* before the streams part */
+    MOE_CHECK(gpu_fp8_fresh(g, l, true, err)); /* before the streams part */
     gpu_fp8_forget(g);
     g->in_experts = true;
     if (g->nside < 2) return MOE_OK;

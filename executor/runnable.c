@@ -281,10 +281,9 @@ enum moe_status exec_fp8_layout(const struct exec_ref_model *table, enum cost_pr
             for (size_t k = 0; k < sizeof fp8_names / sizeof *fp8_names; k++)
                 fp8 |= !strcmp(t->name + at, fp8_names[k]);
             const char *nm = t->name + at;
-            int slices = mdl_layer_is_moe(m, l) &&
-                                 (!strcmp(nm, "gate") || !strcmp(nm, "up") || !strcmp(nm, "down"))
-                             ? m->moe.experts
-                             : 1;
+            bool routed = mdl_layer_is_moe(m, l) &&
+                          (!strcmp(nm, "gate") || !strcmp(nm, "up") || !strcmp(nm, "down"));
+            int slices = routed ? m->moe.experts : 1;
             int rows_s = t->rows / slices, cols = t->cols;
             if (!fp8 || rows_s % 16 || cols % 16) continue; /* cuBLASLt's fp8: multiples of 16 */
             for (int e = 0; e < slices; e++, n++) {
@@ -294,6 +293,7 @@ enum moe_status exec_fp8_layout(const struct exec_ref_model *table, enum cost_pr
                 s->rows = rows_s;
                 s->cols = cols;
                 s->layer = l;
+                s->expert = routed;
                 s->q = out->qbytes;
                 out->qbytes += ((size_t)rows_s * cols + 15) / 16 * 16;
                 s->s = out->factors;
