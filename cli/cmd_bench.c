@@ -228,10 +228,10 @@ static int bench_gemm(struct cli *cli, const struct gemm_shape *sh, int nsh, int
         rpt_table_cell(ta, NULL, "%s", sh[i].what);
         for (int kd = 0; kd < EXEC_GEMM_KINDS; kd++)
             if (g.algos[kd] && g.first_us[kd] > 0)
-                rpt_table_cell(ta, NULL, "%.0f / %.0f (#%d of %d)",
+                rpt_table_cell(ta, NULL, "%.0f / %.0f (#%d of %d; %d alike)",
                                2.0 * sh[i].m * sh[i].n * sh[i].k / (g.first_us[kd] * 1e6),
                                2.0 * sh[i].m * sh[i].n * sh[i].k / (g.fastest_us[kd] * 1e6),
-                               g.fastest_at[kd] + 1, g.algos[kd]);
+                               g.fastest_at[kd] + 1, g.algos[kd], g.alike[kd]);
             else
                 rpt_table_cell(ta, NULL, "no");
         double fl = 2.0 * sh[i].m * sh[i].n * sh[i].k, *u = g.gemm_us;
@@ -263,10 +263,10 @@ static int bench_gemm(struct cli *cli, const struct gemm_shape *sh, int nsh, int
             for (int kd = 0; kd < EXEC_GEMM_KINDS; kd++)
                 if (g.algos[kd])
                     json_object_set_new(al, exec_gemm_kind_names[kd],
-                                        json_pack("{s:i, s:f, s:f, s:i}", "timed", g.algos[kd],
+                                        json_pack("{s:i, s:f, s:f, s:i, s:i}", "timed", g.algos[kd],
                                                   "first_us", g.first_us[kd], "fastest_us",
-                                                  g.fastest_us[kd], "fastest_at",
-                                                  g.fastest_at[kd]));
+                                                  g.fastest_us[kd], "fastest_at", g.fastest_at[kd],
+                                                  "alike", g.alike[kd]));
             json_array_append_new(rows,
                                   json_pack("{s:s, s:i, s:i, s:i, s:o, s:o, s:o}", "what",
                                             sh[i].what, "m", sh[i].m, "n", sh[i].n, "k", sh[i].k,

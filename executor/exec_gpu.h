@@ -367,8 +367,9 @@ struct exec_gemm_times {
     /* cuBLASLt's heuristic's first EXEC_GEMM_ALGOS algorithms for the same matmul (bf16 through
      * cuBLASLt too), each timed: algos of them, the first's time, the fastest's and its place in
      * the heuristic's order (0: the first); algos 0 where not timed (block scaling at rows not a
-     * multiple of 16, whose matmul is two) */
-    int algos[EXEC_GEMM_KINDS], fastest_at[EXEC_GEMM_KINDS];
+     * multiple of 16, whose matmul is two); alike: how many of them wrote the same bits as the
+     * first that ran (all of them: picking the fastest would not change a run's results) */
+    int algos[EXEC_GEMM_KINDS], fastest_at[EXEC_GEMM_KINDS], alike[EXEC_GEMM_KINDS];
     double first_us[EXEC_GEMM_KINDS], fastest_us[EXEC_GEMM_KINDS];
 };
 enum moe_status exec_time_gemm_kinds(int m, int n, int k, int iters, struct exec_gemm_times *t,

@@ -68,6 +68,20 @@ __global__ void k_to_bf16x4(const float4 *x, __nv_bfloat162 *y, size_t n4)
     y[2 * i + 1] = __floats2bfloat162_rn(v.z, v.w);
 }
 
+__global__ void k_differ(const unsigned char *a, const unsigned char *b, size_t n, unsigned *flag)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i < n && a[i] != b[i]) *flag = 1;
+}
+
+cudaError_t gk_differ(const void *a, const void *b, size_t n, unsigned *flag, cudaStream_t s)
+{
+    if (n)
+        k_differ<<<blocks_for(n, TPB), TPB, 0, s>>>((const unsigned char *)a,
+                                                    (const unsigned char *)b, n, flag);
+    return cudaGetLastError();
+}
+
 __global__ void k_busy_wait(unsigned long long ns)
 {
     unsigned long long t0, t;

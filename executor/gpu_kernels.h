@@ -384,6 +384,8 @@ cublasStatus_t gk_fp8_matmul(const struct gk_fp8_mat *w, const struct gk_fp8_mat
  * its kernels behind it, so that what it times is the GPU's work, not the host's launches. */
 cudaError_t gk_busy_wait(double us, cudaStream_t s);
 cudaError_t gk_to_bf16(const float *x, bf16 *y, size_t n, cudaStream_t s);
+/* *flag = 1 where the n bytes at a and b differ anywhere (left as it was where not) */
+cudaError_t gk_differ(const void *a, const void *b, size_t n, unsigned *flag, cudaStream_t s);
 cudaError_t gk_to_f32(const bf16 *x, float *y, size_t n, cudaStream_t s);
 /* y (T rows of n, stride ld; fp32 y32 or bf16 y16) = b on every row, or y += b (add). */
 cudaError_t gk_bias_rows(float *y32, bf16 *y16, int ld, const float *b, int T, int n, bool add,
