@@ -56,6 +56,36 @@ static enum moe_status gpu_present(const char *why, struct moe_error *err)
     return st;
 }
 
+/* Job j as this GPU (bytes of memory) holds it: j, or j with fewer layers where the executor's own
+ * count of what it allocates (exec_layout_runnable's) is more than the GPU has -- the jobs are
+ * sized for the H200's 141 GB, an H100 has 80. Said on stdout; MOE_ERR_INFEASIBLE where even one
+ * layer is too much. */
+static enum moe_status job_fit(const struct plan_calib_job *j, const char *mdir,
+                               const struct topo_cluster *cl, const struct cost_calibration *cal,
+                               double bytes, struct plan_calib_job *out, struct moe_error *err)
+{
+    *out = *j;
+    char why[512] = "";
+    for (;; out->layers--) {
+        struct plan_file p;
+        enum moe_status st = plan_calib_job_plan(out, mdir, cl, cal, NULL, &p, err);
+        /* held back by its memory alone: what else the executor refuses, the run says */
+        bool fits =
+            st == MOE_OK && (!exec_layout_runnable(&p.model, &p.layout, 1, 0, why, sizeof why) ||
+                             exec_layout_runnable(&p.model, &p.layout, 1, bytes, why, sizeof why));
+        plan_file_free(&p);
+        if (st != MOE_OK || fits) break;
+        if (out->layers == 1) return moe_error_set(err, MOE_ERR_INFEASIBLE, "%s", why);
+    }
+    if (out->layers != j->layers) {
+        char a[128], b[128];
+        plan_calib_job_name(j, a, sizeof a);
+        plan_calib_job_name(out, b, sizeof b);
+        printf("  %s does not fit this GPU's %.1f GB (%s): %s instead\n", a, bytes / 1e9, why, b);
+    }
+    return MOE_OK;
+}
+
 /* Trains the job `steps` steps; med[p]: the median of each phase (ms) over steps 2..N; with
  * routing, the MoE layers' measured routing too (cost_routing_free it). */
 static enum moe_status job_run(const struct plan_file *p, double skew, int steps, double *med,
@@ -284,16 +314,25 @@ enum moe_status cli_calibrate_measure(struct cli *cli, const struct topo_cluster
     cli_data_path(cli, "model", dir, sizeof dir);
     for (int i = 0; i < plan_calib_njobs; i++) {
         struct plan_file p;
+        memset(&p, 0, sizeof p);
         double l0, l1;
-        d->job[i] = plan_calib_jobs[i];
-        st = plan_calib_job_plan(&plan_calib_jobs[i], dir, cl, &base, NULL, &p, err);
-        if (st == MOE_OK) st = job_run(&p, 0.0, quick ? 5 : 9, d->got[i], &l0, &l1, NULL, err);
+        int n = d->njobs;
+        st = job_fit(&plan_calib_jobs[i], dir, cl, &base, dev.memory_bytes, &d->job[n], err);
+        if (st == MOE_ERR_INFEASIBLE) { /* the fit takes the jobs that ran */
+            fprintf(stderr, "moeplan calibrate: job %d not run: %s\n", i + 1, err->message);
+            continue;
+        }
+        if (st == MOE_OK) st = plan_calib_job_plan(&d->job[n], dir, cl, &base, NULL, &p, err);
+        if (st == MOE_OK) st = job_run(&p, 0.0, quick ? 5 : 9, d->got[n], &l0, &l1, NULL, err);
         plan_file_free(&p);
         if (st != MOE_OK) return st;
-        for (int ph = 0; ph < COST_NPHASES; ph++) d->got[i][ph] *= 1e3; /* us */
+        for (int ph = 0; ph < COST_NPHASES; ph++) d->got[n][ph] *= 1e3; /* us */
         d->njobs++;
     }
-    return MOE_OK;
+    return d->njobs ? MOE_OK
+                    : moe_error_set(err, MOE_ERR_INFEASIBLE,
+                                    "calibrate: none of its jobs fits this GPU's %.1f GB",
+                                    dev.memory_bytes / 1e9);
 }
 
 /* validate ------------------------------------------------------------------------------------- */
@@ -306,8 +345,9 @@ static int validate(struct cli *cli, const char *dir, const char *cal_file, cons
     struct moe_error err;
     struct topo_cluster cl;
     struct cost_calibration cal;
+    struct exec_device_info dev;
     if (cli_cluster_load(cli, cluster, cal_file, NULL, &cl, &cal, &err) ||
-        gpu_present("validate trains its jobs on one", &err))
+        gpu_present("validate trains its jobs on one", &err) || exec_device_query(0, &dev, &err))
         return cli_fail(cli, &err);
     if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
         moe_error_set_at(&err, MOE_ERR_IO, dir, 0, 0, "cannot create the folder: %s",
@@ -332,13 +372,16 @@ static int validate(struct cli *cli, const char *dir, const char *cal_file, cons
     int done = 0;
     for (int i = 0; i < plan_valid_njobs && t && t2; i++) {
         struct plan_file p;
+        memset(&p, 0, sizeof p);
         char name[128];
         double med[COST_NPHASES], l0, l1;
-        plan_calib_job_name(&plan_valid_jobs[i], name, sizeof name);
-        const struct plan_calib_job *j = &plan_valid_jobs[i];
+        struct plan_calib_job fit, *j = &fit;
         struct cost_routing rt;
         memset(&rt, 0, sizeof rt);
-        enum moe_status st = plan_calib_job_plan(j, mdir, &cl, &cal, NULL, &p, &err);
+        enum moe_status st =
+            job_fit(&plan_valid_jobs[i], mdir, &cl, &cal, dev.memory_bytes, &fit, &err);
+        plan_calib_job_name(st == MOE_OK ? &fit : &plan_valid_jobs[i], name, sizeof name);
+        if (st == MOE_OK) st = plan_calib_job_plan(j, mdir, &cl, &cal, NULL, &p, &err);
         if (st == MOE_OK)
             st = job_run(&p, j->skew, steps, med, &l0, &l1, j->skew > 0 ? &rt : NULL, &err);
         if (st == MOE_OK && j->skew > 0) { /* predicted again with the routing it measured */
