@@ -149,11 +149,11 @@ const char *const exec_gemm_kind_names[EXEC_GEMM_KINDS] = {"bf16", "fp8", "fp8 f
 
 /* Kind `kind`'s matmul (alpha 1, beta 0) by each of cuBLASLt's heuristic's first algorithms
  * (no split-K, as gk_lt_algo asks), each timed as time_median times, into t (exec_gemm_times);
- * an algorithm that does not run here is left out. Each one's output (c_bytes at c) is set against
- * the first's (kept at ref), byte for byte (flag: a device word). */
+ * an algorithm that does not run here is left out. Each one's output (c: m x n bf16) is set
+ * against the first's by their fingerprints (gk_fingerprint; fp a device word). */
 static cublasStatus_t time_algos(cublasLtHandle_t lt, cublasLtMatmulDesc_t op,
                                  cublasLtMatrixLayout_t const l[3], const void *a, const void *b,
-                                 void *c, void *ref, size_t c_bytes, unsigned *flag, void *ws,
+                                 bf16 *c, int m, int n_, unsigned long long *fp, void *ws,
                                  size_t ws_bytes, int iters, struct exec_gemm_times *t, int kind)
 {
     cublasLtMatmulHeuristicResult_t r[EXEC_GEMM_ALGOS];
@@ -161,6 +161,7 @@ static cublasStatus_t time_algos(cublasLtHandle_t lt, cublasLtMatmulDesc_t op,
     cublasStatus_t st = gk_lt_heuristics(lt, op, l, ws_bytes, false, EXEC_GEMM_ALGOS, r, &n);
     float one = 1.0f, zero = 0.0f;
     t->algos[kind] = t->alike[kind] = 0;
+    unsigned long long first = 0;
     for (int i = 0; !st && i < n; i++) {
         double us;
         auto run = [&]() {
@@ -171,17 +172,12 @@ static cublasStatus_t time_algos(cublasLtHandle_t lt, cublasLtMatmulDesc_t op,
         };
         cudaError_t e = time_median(iters, run, &us);
         if (e == cudaErrorNotSupported) continue;
-        unsigned differ = 0;
-        if (e == cudaSuccess && !t->algos[kind])
-            e = cudaMemcpy(ref, c, c_bytes, cudaMemcpyDeviceToDevice);
-        if (e == cudaSuccess && t->algos[kind]) {
-            e = cudaMemset(flag, 0, sizeof *flag);
-            if (e == cudaSuccess) e = gk_differ(ref, c, c_bytes, flag, 0);
-            if (e == cudaSuccess)
-                e = cudaMemcpy(&differ, flag, sizeof differ, cudaMemcpyDeviceToHost);
-        }
+        unsigned long long f = 0;
+        if (e == cudaSuccess) e = gk_fingerprint(c, m, n_, n_, sizeof(bf16), fp, 0);
+        if (e == cudaSuccess) e = cudaMemcpy(&f, fp, sizeof f, cudaMemcpyDeviceToHost);
         if (e != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
-        t->alike[kind] += !differ;
+        if (!t->algos[kind]) first = f;
+        t->alike[kind] += f == first;
         if (!t->algos[kind]++ || us < t->fastest_us[kind])
             t->fastest_us[kind] = us, t->fastest_at[kind] = i;
         if (i == 0) t->first_us[kind] = us;
@@ -210,12 +206,13 @@ extern "C" enum moe_status exec_time_gemm_kinds(int m, int n, int k, int iters,
     cudaError_t e = cudaSuccess;
     float *scratch = d.get<float>(cap, &e);
     bf16 *x = d.get<bf16>((size_t)mp * k, &e), *w = d.get<bf16>((size_t)n * k, &e);
-    bf16 *y = d.get<bf16>((size_t)m * n, &e), *yref = d.get<bf16>((size_t)m * n, &e);
+    bf16 *y = d.get<bf16>((size_t)m * n, &e);
     unsigned char *qx = d.get<unsigned char>((size_t)mp * k, &e);
     unsigned char *qw = d.get<unsigned char>((size_t)n * k, &e);
     float *sx = d.get<float>(fx > 4 ? fx : 4, &e), *sw = d.get<float>(fw > 4 ? fw : 4, &e);
     float *tail = d.get<float>((size_t)EXEC_FP8_PAD * n, &e);
-    unsigned *work = d.get<unsigned>(4, &e), *flag = d.get<unsigned>(1, &e);
+    unsigned *work = d.get<unsigned>(4, &e);
+    unsigned long long *fp = d.get<unsigned long long>(1, &e);
     size_t ws_bytes = 64u << 20;
     void *ws = d.get<char>(ws_bytes, &e);
     if (e == cudaSuccess) e = cudaMemset(x, 0, sizeof(bf16) * (size_t)mp * k);
@@ -253,8 +250,7 @@ extern "C" enum moe_status exec_time_gemm_kinds(int m, int n, int k, int iters,
         if (!ls) ls = cublasLtMatrixLayoutCreate(&l[1], CUDA_R_16BF, k, m, k);
         if (!ls) ls = cublasLtMatrixLayoutCreate(&l[2], CUDA_R_16BF, n, m, n);
         if (!ls)
-            ls = time_algos(lt, op, l, w, x, y, yref, sizeof(bf16) * (size_t)m * n, flag, ws,
-                            ws_bytes, iters, t, EXEC_GEMM_BF16);
+            ls = time_algos(lt, op, l, w, x, y, m, n, fp, ws, ws_bytes, iters, t, EXEC_GEMM_BF16);
         gk_lt_layouts_free(l);
         if (op) cublasLtMatmulDescDestroy(op);
         if (ls)
@@ -286,9 +282,7 @@ extern "C" enum moe_status exec_time_gemm_kinds(int m, int n, int k, int iters,
             cublasLtMatmulDesc_t op = nullptr;
             cublasLtMatrixLayout_t l[3];
             bs = gk_fp8_matmul(&W, &X, m, n, k, n, CUDA_R_16BF, fast, &op, l);
-            if (!bs)
-                bs = time_algos(lt, op, l, qw, qx, y, yref, sizeof(bf16) * (size_t)m * n, flag, ws,
-                                ws_bytes, iters, t, kind);
+            if (!bs) bs = time_algos(lt, op, l, qw, qx, y, m, n, fp, ws, ws_bytes, iters, t, kind);
             gk_lt_layouts_free(l);
             if (op) cublasLtMatmulDescDestroy(op);
             if (bs) e = cudaErrorUnknown;

@@ -369,7 +369,9 @@ void gk_fp8_lt_destroy(struct gk_fp8_lt *c);
  * the handle's workspace. x in 1 x 128 tiles at M not a multiple of EXEC_FP8_PAD: x holds
  * exec_fp8_pad(M) rows (what is past M any bytes: their products are dropped), and tail is
  * EXEC_FP8_PAD x N floats, the caller's scratch (one a stream), for the last rows' GEMM
- * (exec_fp8_factor_at says why); NULL otherwise. */
+ * (exec_fp8_factor_at says why); NULL otherwise. Each kind of GEMM (its shape but the rows, by
+ * power of two, its layouts and scalings) keeps one algorithm: on its first call with beta 0 the
+ * fastest of cuBLASLt's first few that write its first's bits, each timed there (a host sync). */
 cublasStatus_t gk_fp8_gemm(struct gk_fp8_lt *c, const struct gk_fp8_mat *w,
                            const struct gk_fp8_mat *x, int M, int N, int K, void *y, int ldy,
                            cudaDataType yt, float beta, bool fast, void *tail, void *ws,
@@ -384,8 +386,12 @@ cublasStatus_t gk_fp8_matmul(const struct gk_fp8_mat *w, const struct gk_fp8_mat
  * its kernels behind it, so that what it times is the GPU's work, not the host's launches. */
 cudaError_t gk_busy_wait(double us, cudaStream_t s);
 cudaError_t gk_to_bf16(const float *x, bf16 *y, size_t n, cudaStream_t s);
-/* *flag = 1 where the n bytes at a and b differ anywhere (left as it was where not) */
-cudaError_t gk_differ(const void *a, const void *b, size_t n, unsigned *flag, cudaStream_t s);
+/* *out = a 64-bit fingerprint of a rows x cols matrix (ld elements a row) of 2- or 4-byte
+ * elements (bytes): the sum of a mix of each element's bits and place, so that two matrices that
+ * differ in any bit differ in it but for a chance of 2^-64; to tell whether two GEMM algorithms
+ * wrote the same bits */
+cudaError_t gk_fingerprint(const void *y, int rows, int cols, int ld, int bytes,
+                           unsigned long long *out, cudaStream_t s);
 cudaError_t gk_to_f32(const bf16 *x, float *y, size_t n, cudaStream_t s);
 /* y (T rows of n, stride ld; fp32 y32 or bf16 y16) = b on every row, or y += b (add). */
 cudaError_t gk_bias_rows(float *y32, bf16 *y16, int ld, const float *b, int T, int n, bool add,
