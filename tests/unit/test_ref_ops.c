@@ -368,7 +368,7 @@ static void test_fp8_linear(void **state)
 
 /* What fp8 training quantizes (exec_fp8_layout): tiny-moe-gqa's projections, an expert's slice
  * each (2 layers x (q, k, v, o + 8 experts x gate, up, down) = 56 slices, in parameter order,
- * none of the router, the norms, the embedding or the head), their bytes and factors by recipe,
+ * the experts' marked as such, none of the router, the norms, the embedding or the head), their bytes and factors by recipe,
  * and the scratch that holds any GEMM operand of `rows` rows; a width not a multiple of 16 stays
  * bf16. */
 static void test_fp8_layout(void **state)
@@ -389,7 +389,8 @@ static void test_fp8_layout(void **state)
             const struct exec_fp8_slice *s = &l.slice[i];
             params += (size_t)s->rows * s->cols;
             assert_true(i == 0 || s->off > l.slice[i - 1].off);
-            assert_true(s->layer == (i < l.n / 2 ? 0 : 1)); /* two blocks of equal slices */
+            assert_true(s->layer == (i < l.n / 2 ? 0 : 1));  /* two blocks of equal slices */
+            assert_int_equal(s->expert, i % (l.n / 2) >= 4); /* attention's four, then experts' */
             assert_true(s->q % 16 == 0 && s->s % 4 == 0 && s->st % 4 == 0);
         }
         /* q, k, v (64 x 64, 32 x 64, 32 x 64), o (64 x 64); gate, up (32 x 64), down (64 x 32) */
