@@ -147,40 +147,29 @@ extern "C" enum moe_status exec_time_gemm(int m, int n, int k, int iters, double
 
 const char *const exec_gemm_kind_names[EXEC_GEMM_KINDS] = {"bf16", "fp8", "fp8 fast", "fp8block"};
 
-/* Kind `kind`'s matmul (alpha 1, beta 0) by each of cuBLASLt's heuristic's first algorithms
- * (no split-K, as gk_lt_algo asks), each timed as time_median times, into t (exec_gemm_times);
- * an algorithm that does not run here is left out. Each one's output (c: m x n bf16) is set
- * against the first's by their fingerprints (gk_fingerprint; fp a device word). */
+/* Kind `kind`'s matmul by each of cuBLASLt's heuristic's first algorithms (gk_lt_time_algos: no
+ * split-K, as gk_lt_algo asks; iters timings each), into t (exec_gemm_times): an algorithm that
+ * does not run here is left out; alike, those whose output (c: m x n bf16) has the first's
+ * fingerprint (fp a device word). */
 static cublasStatus_t time_algos(cublasLtHandle_t lt, cublasLtMatmulDesc_t op,
                                  cublasLtMatrixLayout_t const l[3], const void *a, const void *b,
                                  bf16 *c, int m, int n_, unsigned long long *fp, void *ws,
                                  size_t ws_bytes, int iters, struct exec_gemm_times *t, int kind)
 {
     cublasLtMatmulHeuristicResult_t r[EXEC_GEMM_ALGOS];
+    double us[EXEC_GEMM_ALGOS];
+    unsigned long long f[EXEC_GEMM_ALGOS], first = 0;
     int n = 0;
-    cublasStatus_t st = gk_lt_heuristics(lt, op, l, ws_bytes, false, EXEC_GEMM_ALGOS, r, &n);
-    float one = 1.0f, zero = 0.0f;
+    cublasStatus_t st = gk_lt_time_algos(lt, op, l, a, b, c, m, n_, n_, sizeof(bf16), ws, ws_bytes,
+                                         0, EXEC_GEMM_ALGOS, iters, fp, r, us, f, &n);
     t->algos[kind] = t->alike[kind] = 0;
-    unsigned long long first = 0;
     for (int i = 0; !st && i < n; i++) {
-        double us;
-        auto run = [&]() {
-            return cublasLtMatmul(lt, op, &one, a, l[0], b, l[1], &zero, c, l[2], c, l[2],
-                                  &r[i].algo, ws, ws_bytes, 0) == CUBLAS_STATUS_SUCCESS
-                       ? cudaGetLastError()
-                       : cudaErrorNotSupported;
-        };
-        cudaError_t e = time_median(iters, run, &us);
-        if (e == cudaErrorNotSupported) continue;
-        unsigned long long f = 0;
-        if (e == cudaSuccess) e = gk_fingerprint(c, m, n_, n_, sizeof(bf16), fp, 0);
-        if (e == cudaSuccess) e = cudaMemcpy(&f, fp, sizeof f, cudaMemcpyDeviceToHost);
-        if (e != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
-        if (!t->algos[kind]) first = f;
-        t->alike[kind] += f == first;
-        if (!t->algos[kind]++ || us < t->fastest_us[kind])
-            t->fastest_us[kind] = us, t->fastest_at[kind] = i;
-        if (i == 0) t->first_us[kind] = us;
+        if (us[i] < 0) continue;
+        if (!t->algos[kind]) first = f[i];
+        t->alike[kind] += f[i] == first;
+        if (!t->algos[kind]++ || us[i] < t->fastest_us[kind])
+            t->fastest_us[kind] = us[i], t->fastest_at[kind] = i;
+        if (i == 0) t->first_us[kind] = us[i];
     }
     return st;
 }

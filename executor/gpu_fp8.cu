@@ -22,6 +22,8 @@
 #include <cuda_fp8.h>
 #include <stdlib.h>
 
+#include <vector>
+
 static __device__ __forceinline__ unsigned char to_fp8(float v, int e5m2)
 {
     return (unsigned char)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3);
@@ -417,8 +419,7 @@ struct gk_fp8_lt {
     size_t ws_bytes;
     struct fp8_kind kind[FP8_KINDS];
     int n;
-    unsigned long long *fp; /* kind_pick's: a device word for the fingerprints, two events */
-    cudaEvent_t ev[2];
+    unsigned long long *fp; /* kind_pick's: a device word for the fingerprints */
 };
 
 struct gk_fp8_lt *gk_fp8_lt_create(cublasLtHandle_t lt, size_t ws_bytes)
@@ -434,8 +435,6 @@ void gk_fp8_lt_destroy(struct gk_fp8_lt *c)
     for (int i = 0; i < c->n; i++)
         if (c->kind[i].op) cublasLtMatmulDescDestroy(c->kind[i].op);
     if (c->fp) cudaFree(c->fp);
-    for (int i = 0; i < 2; i++)
-        if (c->ev[i]) cudaEventDestroy(c->ev[i]);
     free(c);
 }
 
@@ -541,6 +540,44 @@ cublasStatus_t gk_lt_algo(cublasLtHandle_t lt, cublasLtMatmulDesc_t op,
     return st;
 }
 
+cublasStatus_t gk_lt_time_algos(cublasLtHandle_t lt, cublasLtMatmulDesc_t op,
+                                cublasLtMatrixLayout_t const l[3], const void *a, const void *b,
+                                void *c, int rows, int cols, int ld, int ybytes, void *ws,
+                                size_t ws_bytes, cudaStream_t s, int max, int runs,
+                                unsigned long long *fp, cublasLtMatmulHeuristicResult_t *r,
+                                double *us, unsigned long long *f, int *n)
+{
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    float one = 1.0f, zero = 0.0f;
+    std::vector<double> t(runs > 0 ? runs : 1);
+    cublasStatus_t st = runs > 0 ? gk_lt_heuristics(lt, op, l, ws_bytes, false, max, r, n)
+                                 : CUBLAS_STATUS_INVALID_VALUE;
+    if (!st && (cudaEventCreate(&e0) || cudaEventCreate(&e1))) st = CUBLAS_STATUS_EXECUTION_FAILED;
+    for (int i = 0; !st && i < *n; i++) {
+        auto run = [&]() {
+            return cublasLtMatmul(lt, op, &one, a, l[0], b, l[1], &zero, c, l[2], c, l[2],
+                                  &r[i].algo, ws, ws_bytes, s);
+        };
+        us[i] = -1.0;
+        if (run()) continue; /* not on this machine */
+        if (gk_fingerprint(c, rows, cols, ld, ybytes, fp, s) ||
+            cudaMemcpyAsync(&f[i], fp, sizeof *f, cudaMemcpyDeviceToHost, s) ||
+            cudaStreamSynchronize(s) || run())
+            st = CUBLAS_STATUS_EXECUTION_FAILED;
+        for (int k = 0; !st && k < runs; k++) {
+            float ms = 0.0f;
+            if (cudaEventRecord(e0, s) || run() || cudaEventRecord(e1, s) ||
+                cudaEventSynchronize(e1) || cudaEventElapsedTime(&ms, e0, e1))
+                st = CUBLAS_STATUS_EXECUTION_FAILED;
+            t[k] = 1e3 * ms;
+        }
+        if (!st) us[i] = moe_median(t.data(), (size_t)runs);
+    }
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    return st;
+}
+
 /* The kind's algorithm at `M` rows: without split-K where there is one (as the bf16 expert GEMMs:
  * the same bits whichever stream or order the experts run in), else the heuristic's own choice,
  * still one fixed algorithm a kind; NOT_SUPPORTED where there is none. */
@@ -557,8 +594,8 @@ static cublasStatus_t kind_algo(struct gk_fp8_lt *c, struct fp8_kind *q, const s
 
 /* A fresh kind's algorithm, picked on its first call (M rows into y, beta 0: y is written
  * anyway): of the heuristic's first FP8_PICK algorithms without split-K, the fastest of those
- * that write the first one's bits (by gk_fingerprint), each timed FP8_PICK_RUNS times on stream
- * s. cuBLASLt's first is often not its fastest (bench gemm: the forward's fast fp8 GEMMs 3-19%
+ * that write the first one's bits (gk_lt_time_algos on stream s, FP8_PICK_RUNS timings each).
+ * cuBLASLt's first is often not its fastest (bench gemm: the forward's fast fp8 GEMMs 3-19%
  * slower on the H100), and the algorithms it offers have written the same bits at every shape
  * measured (results/issue26/s7/run-gemm.txt); where one does not, it is not taken, so a run's
  * results stay those of the heuristic's first, whichever is picked here or in another process.
@@ -570,37 +607,20 @@ static void kind_pick(struct gk_fp8_lt *c, struct fp8_kind *q, const struct gk_f
 {
     cublasLtMatrixLayout_t l[3] = {NULL, NULL, NULL};
     cublasLtMatmulHeuristicResult_t r[FP8_PICK];
-    int n = 0, best = 0, ybytes = q->yt == CUDA_R_32F ? 4 : 2;
-    float one = 1.0f, zero = 0.0f, best_ms = 0.0f;
-    unsigned long long first = 0;
-    bool ok = (c->fp || cudaMalloc((void **)&c->fp, sizeof *c->fp) == cudaSuccess) &&
-              (c->ev[0] || cudaEventCreate(&c->ev[0]) == cudaSuccess) &&
-              (c->ev[1] || cudaEventCreate(&c->ev[1]) == cudaSuccess) &&
-              !layouts(l, w, x, M, q->N, q->K, q->ldc, q->yt) &&
-              !gk_lt_heuristics(c->lt, q->op, l, c->ws_bytes, false, FP8_PICK, r, &n);
-    for (int i = 0; ok && i < n; i++) {
-        auto run = [&]() {
-            return cublasLtMatmul(c->lt, q->op, &one, w->q, l[0], x->q, l[1], &zero, y, l[2], y,
-                                  l[2], &r[i].algo, ws, c->ws_bytes, s);
-        };
-        unsigned long long f = 0;
-        float ms = 0.0f;
-        if (run() || gk_fingerprint(y, M, q->N, q->ldc, ybytes, c->fp, s) ||
-            cudaMemcpyAsync(&f, c->fp, sizeof f, cudaMemcpyDeviceToHost, s) ||
-            cudaStreamSynchronize(s)) {
-            ok = i > 0; /* one that does not run here is passed over; the first must */
-            continue;
-        }
-        if (i == 0) first = f;
-        if (f != first) continue;
-        bool timed = !cudaEventRecord(c->ev[0], s);
-        for (int k = 0; timed && k < FP8_PICK_RUNS; k++) timed = !run();
-        timed = timed && !cudaEventRecord(c->ev[1], s) && !cudaEventSynchronize(c->ev[1]) &&
-                !cudaEventElapsedTime(&ms, c->ev[0], c->ev[1]);
-        if (timed && (i == 0 || ms < best_ms)) best = i, best_ms = ms;
-        ok = timed || i > 0;
+    double us[FP8_PICK];
+    unsigned long long f[FP8_PICK];
+    int n = 0;
+    if ((c->fp || cudaMalloc((void **)&c->fp, sizeof *c->fp) == cudaSuccess) &&
+        !layouts(l, w, x, M, q->N, q->K, q->ldc, q->yt) &&
+        !gk_lt_time_algos(c->lt, q->op, l, w->q, x->q, y, M, q->N, q->ldc,
+                          q->yt == CUDA_R_32F ? 4 : 2, ws, c->ws_bytes, s, FP8_PICK, FP8_PICK_RUNS,
+                          c->fp, r, us, f, &n) &&
+        n > 0 && us[0] >= 0) {
+        int best = 0;
+        for (int i = 1; i < n; i++)
+            if (us[i] >= 0 && f[i] == f[0] && us[i] < us[best]) best = i;
+        q->algo = r[best].algo;
     }
-    if (ok && n > 0) q->algo = r[best].algo;
     cudaGetLastError(); /* what failed above is no error of the call's */
     gk_lt_layouts_free(l);
 }

@@ -346,18 +346,29 @@ static inline void gk_lt_layouts_free(cublasLtMatrixLayout_t l[3])
     for (int i = 0; i < 3; i++)
         if (l[i]) cublasLtMatrixLayoutDestroy(l[i]);
 }
-/* cuBLASLt's first algorithm for op on layouts l (A, B, C = D) within ws_bytes of workspace,
- * without split-K (whose results depend on nothing but the algorithm either way, but the bf16
- * expert GEMMs were measured bit-identical across streams without it); with split_if_needed, the
- * heuristic's choice where no algorithm does without it. NOT_SUPPORTED where there is none. */
 /* The heuristic's first `max` algorithms for op on layouts l within ws_bytes (*n of them into r):
  * without split-K, or with any reduction scheme (split) */
 cublasStatus_t gk_lt_heuristics(cublasLtHandle_t lt, cublasLtMatmulDesc_t op,
                                 cublasLtMatrixLayout_t const l[3], size_t ws_bytes, bool split,
                                 int max, cublasLtMatmulHeuristicResult_t *r, int *n);
+/* cuBLASLt's first algorithm for op on layouts l (A, B, C = D) within ws_bytes of workspace,
+ * without split-K (whose results depend on nothing but the algorithm either way, but the bf16
+ * expert GEMMs were measured bit-identical across streams without it); with split_if_needed, the
+ * heuristic's choice where no algorithm does without it. NOT_SUPPORTED where there is none. */
 cublasStatus_t gk_lt_algo(cublasLtHandle_t lt, cublasLtMatmulDesc_t op,
                           cublasLtMatrixLayout_t const l[3], size_t ws_bytes, bool split_if_needed,
                           cublasLtMatmulAlgo_t *algo);
+/* Each of the heuristic's first `max` algorithms without split-K (*n of them into r) run on a, b
+ * into c (alpha 1, beta 0; c rows x cols of ybytes-byte elements, ld a row) on stream s: once,
+ * the fingerprint of what it wrote into f[i] (gk_fingerprint; fp a device word), once more, then
+ * `runs` times each timed by CUDA events, their median into us[i] (microseconds; -1 where the
+ * algorithm does not run here). What bench gemm reports and what the fp8 GEMMs pick by. */
+cublasStatus_t gk_lt_time_algos(cublasLtHandle_t lt, cublasLtMatmulDesc_t op,
+                                cublasLtMatrixLayout_t const l[3], const void *a, const void *b,
+                                void *c, int rows, int cols, int ld, int ybytes, void *ws,
+                                size_t ws_bytes, cudaStream_t s, int max, int runs,
+                                unsigned long long *fp, cublasLtMatmulHeuristicResult_t *r,
+                                double *us, unsigned long long *f, int *n);
 /* The algorithms the fp8 GEMMs chose, for a cuBLASLt handle and a workspace size. */
 struct gk_fp8_lt;
 struct gk_fp8_lt *gk_fp8_lt_create(cublasLtHandle_t lt, size_t ws_bytes);
