@@ -56,25 +56,26 @@ static enum moe_status gpu_present(const char *why, struct moe_error *err)
     return st;
 }
 
-/* Job j as this GPU (bytes of memory) holds it: j, or j with fewer layers where the executor's own
- * count of what it allocates (exec_layout_runnable's) is more than the GPU has -- the jobs are
- * sized for the H200's 141 GB, an H100 has 80. Said on stdout; MOE_ERR_INFEASIBLE where even one
- * layer is too much. */
+/* Job j as this GPU (bytes of memory) holds it, and its plan (plan_calib_job_plan's, into p):
+ * j, or j with fewer layers where the executor's own count of what it allocates
+ * (exec_layout_runnable's) is more than the GPU has -- the jobs are sized for the H200's 141 GB,
+ * an H100 has 80. Said on stdout; MOE_ERR_INFEASIBLE where even one layer is too much. Free p
+ * with plan_file_free, also after a failure. */
 static enum moe_status job_fit(const struct plan_calib_job *j, const char *mdir,
                                const struct topo_cluster *cl, const struct cost_calibration *cal,
-                               double bytes, struct plan_calib_job *out, struct moe_error *err)
+                               double bytes, struct plan_calib_job *out, struct plan_file *p,
+                               struct moe_error *err)
 {
     *out = *j;
     char why[512] = "";
     for (;; out->layers--) {
-        struct plan_file p;
-        enum moe_status st = plan_calib_job_plan(out, mdir, cl, cal, NULL, &p, err);
+        plan_file_free(p);
+        enum moe_status st = plan_calib_job_plan(out, mdir, cl, cal, NULL, p, err);
+        if (st != MOE_OK) return st;
         /* held back by its memory alone: what else the executor refuses, the run says */
-        bool fits =
-            st == MOE_OK && (!exec_layout_runnable(&p.model, &p.layout, 1, 0, why, sizeof why) ||
-                             exec_layout_runnable(&p.model, &p.layout, 1, bytes, why, sizeof why));
-        plan_file_free(&p);
-        if (st != MOE_OK || fits) break;
+        if (!exec_layout_runnable(&p->model, &p->layout, 1, 0, why, sizeof why) ||
+            exec_layout_runnable(&p->model, &p->layout, 1, bytes, why, sizeof why))
+            break;
         if (out->layers == 1) return moe_error_set(err, MOE_ERR_INFEASIBLE, "%s", why);
     }
     if (out->layers != j->layers) {
@@ -317,12 +318,12 @@ enum moe_status cli_calibrate_measure(struct cli *cli, const struct topo_cluster
         memset(&p, 0, sizeof p);
         double l0, l1;
         int n = d->njobs;
-        st = job_fit(&plan_calib_jobs[i], dir, cl, &base, dev.memory_bytes, &d->job[n], err);
+        st = job_fit(&plan_calib_jobs[i], dir, cl, &base, dev.memory_bytes, &d->job[n], &p, err);
         if (st == MOE_ERR_INFEASIBLE) { /* the fit takes the jobs that ran */
             fprintf(stderr, "moeplan calibrate: job %d not run: %s\n", i + 1, err->message);
+            plan_file_free(&p);
             continue;
         }
-        if (st == MOE_OK) st = plan_calib_job_plan(&d->job[n], dir, cl, &base, NULL, &p, err);
         if (st == MOE_OK) st = job_run(&p, 0.0, quick ? 5 : 9, d->got[n], &l0, &l1, NULL, err);
         plan_file_free(&p);
         if (st != MOE_OK) return st;
@@ -379,9 +380,8 @@ static int validate(struct cli *cli, const char *dir, const char *cal_file, cons
         struct cost_routing rt;
         memset(&rt, 0, sizeof rt);
         enum moe_status st =
-            job_fit(&plan_valid_jobs[i], mdir, &cl, &cal, dev.memory_bytes, &fit, &err);
+            job_fit(&plan_valid_jobs[i], mdir, &cl, &cal, dev.memory_bytes, &fit, &p, &err);
         plan_calib_job_name(st == MOE_OK ? &fit : &plan_valid_jobs[i], name, sizeof name);
-        if (st == MOE_OK) st = plan_calib_job_plan(j, mdir, &cl, &cal, NULL, &p, &err);
         if (st == MOE_OK)
             st = job_run(&p, j->skew, steps, med, &l0, &l1, j->skew > 0 ? &rt : NULL, &err);
         if (st == MOE_OK && j->skew > 0) { /* predicted again with the routing it measured */
