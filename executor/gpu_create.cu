@@ -339,6 +339,10 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
     if (cfg->precision != COST_BF16) { /* the quantized weights; each stream's scratch */
         int rows = g->tokens > g->pairs ? g->tokens : g->pairs;
         MOE_CHECK(exec_fp8_layout(&g->table, cfg->precision, rows, cfg->fp8_unfused, &g->f8, err));
+        for (int i = 1; i < g->f8.n; i++) /* block by block, as their quantization goes */
+            if (g->f8.slice[i].layer < g->f8.slice[i - 1].layer)
+                return moe_error_set(err, MOE_ERR_RUNTIME,
+                                     "executor: the fp8 slices are not in block order");
         ALLOC(g->w8, g->f8.qbytes, EXEC_MEM_WEIGHTS);
         ALLOC(g->w8t, g->f8.qbytes, EXEC_MEM_WEIGHTS);
         ALLOC(g->w8s, g->f8.factors, EXEC_MEM_WEIGHTS);

@@ -368,9 +368,9 @@ static void test_fp8_linear(void **state)
 
 /* What fp8 training quantizes (exec_fp8_layout): tiny-moe-gqa's projections, an expert's slice
  * each (2 layers x (q, k, v, o + 8 experts x gate, up, down) = 56 slices, in parameter order,
- * the experts' marked as such, none of the router, the norms, the embedding or the head), their bytes and factors by recipe,
- * and the scratch that holds any GEMM operand of `rows` rows; a width not a multiple of 16 stays
- * bf16. */
+ * the experts' marked as such, none of the router, the norms, the embedding or the head), their
+ * bytes and factors by recipe, and the scratch that holds any GEMM operand of `rows` rows; a
+ * width not a multiple of 16 stays bf16. */
 static void test_fp8_layout(void **state)
 {
     (void)state;
