@@ -61,6 +61,10 @@ static int calibrate(struct cli *cli, const struct cli_cmd *cmd, const char *out
         st = plan_calib_data_load(refit, d, &err);
     } else if (st == MOE_OK) {
 #ifdef MOEPLAN_HAVE_EXECUTOR
+        if (!cli_output_ok(cmd, "-o", out)) { /* before minutes of measuring, and again after */
+            free(d);
+            return 2;
+        }
         st = cli_calibrate_measure(cli, &cl, quick, d, &err);
 #else
         (void)quick;

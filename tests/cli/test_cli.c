@@ -402,6 +402,9 @@ static void test_run(void **state)
     RUN(&r, "bench", "gemm", "--json", "/tmp"); /* refused before the GPU is looked for */
     assert_int_equal(r.code, 2);
     expect_in(r.err, "--json /tmp: the output /tmp is a folder");
+    RUN(&r, "calibrate", "--quick", "-o", "/tmp"); /* refused before minutes of measuring */
+    assert_int_equal(r.code, 2);
+    expect_in(r.err, "-o /tmp: the output /tmp is a folder");
     RUN(&r, "bench", "gemm", "--m", "4096");
     assert_int_equal(r.code, 2);
     expect_in(r.err, "--m, --n and --k: all three, or none");
