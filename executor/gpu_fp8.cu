@@ -593,7 +593,10 @@ static cublasStatus_t kind_algo(struct gk_fp8_lt *c, struct fp8_kind *q, const s
 }
 
 /* A fresh kind's algorithm, picked on its first call (M rows into y, beta 0: y is written
- * anyway): of the heuristic's first FP8_PICK algorithms without split-K, the fastest of those
+ * anyway) where it accumulates fast (the forward's GEMMs: their kinds differ by M's bucket alone,
+ * a few a run; the weight gradients' differ by K, the rows an expert got, a new kind almost every
+ * call, and a pick each made validate's fp8 steps 4x slower; the promoted GEMMs gained 0-3% by it
+ * in bench gemm): of the heuristic's first FP8_PICK algorithms without split-K, the fastest of those
  * that write the first one's bits (gk_lt_time_algos on stream s, FP8_PICK_RUNS timings each).
  * cuBLASLt's first is often not its fastest (bench gemm: the forward's fast fp8 GEMMs 3-19%
  * slower on the H100), and the algorithms it offers have written the same bits at every shape
@@ -662,7 +665,7 @@ static cublasStatus_t fp8_gemm_once(struct gk_fp8_lt *c, const struct gk_fp8_mat
         st = cublasLtMatmulDescSetAttribute(q->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x->sinv,
                                             sizeof x->sinv);
     if (!st && fresh && (st = kind_algo(c, q, w, x, mb))) q->usable = false;
-    if (!st && fresh && q != &scratch && beta == 0.0f) kind_pick(c, q, w, x, M, y, ws, s);
+    if (!st && fresh && q != &scratch && beta == 0.0f && fast) kind_pick(c, q, w, x, M, y, ws, s);
     float one = 1.0f;
     cublasLtMatrixLayout_t l[3] = {NULL, NULL, NULL};
     if (!st) st = layouts(l, w, x, M, N, K, ldy, yt);
