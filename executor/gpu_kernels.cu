@@ -731,6 +731,53 @@ __global__ void k_swiglu_backward(const bf16 *g, const bf16 *u, const bf16 *dhm,
     }
 }
 
+/* SwiGLU's backward's amax alone (dg and du not written: gk_fp8_swiglu_backward's per-tensor
+ * scales): a thread R chunks of V elements, a block's R x blockDim chunks contiguous, so that a
+ * block reduces once per R x blockDim x V elements where k_swiglu_backward reduces per blockDim x
+ * V (ncu: that amax pass read the H100's HBM at half the rate of the pass that writes dg and du).
+ * A chunk's V values lie in one row (cols % V == 0); a block whose rows are all one expert's
+ * makes one atomic an amax, else each chunk its own. A maximum is exact in any order: the same
+ * amax as k_swiglu_backward's. */
+template <int V, int R>
+__global__ void k_swiglu_backward_amax(const bf16 *g, const bf16 *u, const bf16 *dhm, size_t nv,
+                                       float alpha, float limit, struct gk_amax_rows am)
+{
+    __shared__ unsigned red[TPB / 32];
+    size_t c0 = (size_t)blockIdx.x * R * blockDim.x, c1 = c0 + (size_t)R * blockDim.x,
+           cols = (size_t)am.cols;
+    if (c1 > nv) c1 = nv;
+    int elo = gk_expert_of(am.off, am.E, (int)(c0 * V / cols));
+    bool one = elo == gk_expert_of(am.off, am.E, (int)((c1 * V - 1) / cols));
+    unsigned mg = 0, mu = 0;
+    for (int r = 0; r < R; r++) {
+        size_t i = c0 + (size_t)r * blockDim.x + threadIdx.x;
+        if (i >= nv) break;
+        float x[V], y[V], d[V];
+        ld_bf16<V>(g + i * V, x);
+        ld_bf16<V>(u + i * V, y);
+        ld_bf16<V>(dhm + i * V, d);
+        unsigned cg = 0, cu = 0;
+        for (int k = 0; k < V; k++) {
+            act_bwd(x[k], y[k], d[k], alpha, limit, &x[k], &d[k]);
+            cg = max(cg, gk_abs_bits(__bfloat162float(__float2bfloat16(x[k]))));
+            cu = max(cu, gk_abs_bits(__bfloat162float(__float2bfloat16(d[k]))));
+        }
+        if (one) {
+            mg = max(mg, cg), mu = max(mu, cu);
+        } else {
+            int e = gk_expert_of(am.off, am.E, (int)(i * V / cols));
+            if (cg) atomicMax(am.amax[0] + e, cg);
+            if (cu) atomicMax(am.amax[1] + e, cu);
+        }
+    }
+    if (!one) return; /* the same for every thread of the block */
+    mg = gk_block_max(mg, red);
+    if (threadIdx.x == 0 && mg) atomicMax(am.amax[0] + elo, mg);
+    mu = gk_block_max(mu, red);
+    if (threadIdx.x == 0 && mu) atomicMax(am.amax[1] + elo, mu);
+}
+#define SWIGLU_AMAX_R 8
+
 /* How many of n elements go eight at a time: all but the tail when every pointer is 16-byte
  * aligned (and with amax kept, the rows a multiple of 8 wide: a thread's values in one row),
  * none otherwise. */
@@ -763,7 +810,10 @@ cudaError_t gk_swiglu_backward(const bf16 *g, const bf16 *u, const bf16 *dhm, bf
     const void *p[] = {g, u, dhm, dg, du};
     size_t n8 = by_eight(n, p, 5, am), o = 8 * n8;
     const struct gk_amax_rows a = am ? *am : no_amax;
-    if (n8)
+    if (n8 && !dg && a.amax[0] && a.amax[1])
+        k_swiglu_backward_amax<8, SWIGLU_AMAX_R>
+            <<<blocks_for(n8, TPB * SWIGLU_AMAX_R), TPB, 0, s>>>(g, u, dhm, n8, alpha, limit, a);
+    else if (n8)
         k_swiglu_backward<8>
             <<<blocks_for(n8, TPB), TPB, 0, s>>>(g, u, dhm, dg, du, n8, alpha, limit, a, 0);
     if (n > o)

@@ -948,8 +948,9 @@ static void test_fp8_swiglu_fused(void **state)
  * gk_amax_rows: the gather, SwiGLU and its backward, the combine's backward) against the largest
  * |value| of those rows as written (read back), bit for bit. Five experts of 0, 37, 130, 3 and
  * 19 rows: blocks that straddle experts, an empty expert; widths 272 and 384 (and the gather's
- * element path at 20), SwiGLU's element path from a start off 16 bytes too. Then gk_fp8_cast_known
- * with an expert's kept amax gives gk_fp8_cast's bytes and factor, both copies. */
+ * element path at 20), SwiGLU's element path from a start off 16 bytes too; SwiGLU's backward
+ * also keeping the amax alone (its own kernel where aligned). Then gk_fp8_cast_known with an
+ * expert's kept amax gives gk_fp8_cast's bytes and factor, both copies. */
 static void test_fp8_amax_rows(void **state)
 {
     (void)state;
@@ -1059,6 +1060,13 @@ static void test_fp8_amax_rows(void **state)
                              cudaSuccess);
             check("SwiGLU backward dg", cols, dg + skew, 0);
             check("SwiGLU backward du", cols, du + skew, 1);
+            zero(); /* the amax alone (the fused kernel's per-tensor scales): a block of its own
+                     * kernel spans 16384 values, rows of one expert (one atomic) or of several */
+            assert_int_equal(gk_swiglu_backward(g + skew, u + skew, dh + skew, NULL, NULL, n, 1.0f,
+                                                0.0f, &am, 0),
+                             cudaSuccess);
+            check("SwiGLU backward's amax alone, dg", cols, dg + skew, 0);
+            check("SwiGLU backward's amax alone, du", cols, du + skew, 1);
             cudaFree(g), cudaFree(u), cudaFree(dh), cudaFree(hm), cudaFree(dg), cudaFree(du);
         }
     }
