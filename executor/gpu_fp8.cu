@@ -436,6 +436,7 @@ struct gk_fp8_lt {
     struct fp8_kind kind[FP8_KINDS];
     int n;
     unsigned long long *fp; /* kind_pick's: a device word for the fingerprints */
+    bool no_pick;           /* gk_fp8_lt_picks(c, false) */
 };
 
 struct gk_fp8_lt *gk_fp8_lt_create(cublasLtHandle_t lt, size_t ws_bytes)
@@ -443,6 +444,11 @@ struct gk_fp8_lt *gk_fp8_lt_create(cublasLtHandle_t lt, size_t ws_bytes)
     struct gk_fp8_lt *c = (struct gk_fp8_lt *)calloc(1, sizeof *c);
     if (c) c->lt = lt, c->ws_bytes = ws_bytes;
     return c;
+}
+
+void gk_fp8_lt_picks(struct gk_fp8_lt *c, bool on)
+{
+    if (c) c->no_pick = !on;
 }
 
 void gk_fp8_lt_destroy(struct gk_fp8_lt *c)
@@ -609,16 +615,17 @@ static cublasStatus_t kind_algo(struct gk_fp8_lt *c, struct fp8_kind *q, const s
 }
 
 /* A fresh kind's algorithm, picked on its first call (M rows into y, beta 0: y is written
- * anyway) where it accumulates fast (the forward's GEMMs: their kinds differ by M's bucket alone,
- * a few a run; the weight gradients' differ by K, the rows an expert got, a new kind almost every
- * call, and a pick each made validate's fp8 steps 4x slower; the promoted GEMMs gained 0-3% by it
- * in bench gemm): of the heuristic's first FP8_PICK algorithms without split-K, the fastest of those
- * that write the first one's bits (gk_lt_time_algos on stream s, FP8_PICK_RUNS timings each).
- * cuBLASLt's first is often not its fastest (bench gemm: the forward's fast fp8 GEMMs 3-19%
- * slower on the H100), and the algorithms it offers have written the same bits at every shape
- * measured (results/issue26/s7/run-gemm.txt); where one does not, it is not taken, so a run's
- * results stay those of the heuristic's first, whichever is picked here or in another process.
- * Anything failing leaves the kind's algorithm as it was. */
+ * anyway) while picks are on (gk_fp8_lt_picks) where it accumulates fast (the forward's GEMMs:
+ * their kinds differ by M's bucket alone, a few a run; the weight gradients' differ by K, the rows
+ * an expert got, a new kind almost every call, and a pick each made validate's fp8 steps 4x
+ * slower; the promoted GEMMs gained 0-3% by it in bench gemm): of the heuristic's first FP8_PICK
+ * algorithms without split-K, the fastest of those that write the first one's bits
+ * (gk_lt_time_algos on stream s, FP8_PICK_RUNS timings each). cuBLASLt's first is often not its
+ * fastest (bench gemm: the forward's fast fp8 GEMMs 3-19% slower on the H100), and the algorithms
+ * it offers have written the same bits at every shape measured (results/issue26/s7/run-gemm.txt);
+ * where one does not, it is not taken, so a run's results stay those of the heuristic's first,
+ * whichever is picked here or in another process. Anything failing leaves the kind's algorithm
+ * as it was. */
 #define FP8_PICK 8
 #define FP8_PICK_RUNS 3
 static void kind_pick(struct gk_fp8_lt *c, struct fp8_kind *q, const struct gk_fp8_mat *w,
@@ -681,7 +688,8 @@ static cublasStatus_t fp8_gemm_once(struct gk_fp8_lt *c, const struct gk_fp8_mat
         st = cublasLtMatmulDescSetAttribute(q->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x->sinv,
                                             sizeof x->sinv);
     if (!st && fresh && (st = kind_algo(c, q, w, x, mb))) q->usable = false;
-    if (!st && fresh && q != &scratch && beta == 0.0f && fast) kind_pick(c, q, w, x, M, y, ws, s);
+    if (!st && fresh && q != &scratch && beta == 0.0f && fast && !c->no_pick)
+        kind_pick(c, q, w, x, M, y, ws, s);
     float one = 1.0f;
     cublasLtMatrixLayout_t l[3] = {NULL, NULL, NULL};
     if (!st) st = layouts(l, w, x, M, N, K, ldy, yt);

@@ -373,6 +373,11 @@ cublasStatus_t gk_lt_time_algos(cublasLtHandle_t lt, cublasLtMatmulDesc_t op,
 struct gk_fp8_lt;
 struct gk_fp8_lt *gk_fp8_lt_create(cublasLtHandle_t lt, size_t ws_bytes);
 void gk_fp8_lt_destroy(struct gk_fp8_lt *c);
+/* Whether a kind met for the first time picks its algorithm by timing (on from creation); off,
+ * it takes the heuristic's first. The executor turns it off after its first update, so that a
+ * kind first met later (an expert's rows in a power of two not met before) times nothing inside
+ * a measured step. */
+void gk_fp8_lt_picks(struct gk_fp8_lt *c, bool on);
 /* y (M x N, row-major, ldy; fp32 or bf16, yt) = x w^T + beta y through cuBLASLt's fp8 matmul:
  * x M x K, w N x K, each product dequantized by its operands' factors, fp32 accumulation (fast:
  * Hopper's fp8 accumulator promoted less often, cuBLASLt's FAST_ACCUM, as Transformer Engine's
@@ -381,8 +386,9 @@ void gk_fp8_lt_destroy(struct gk_fp8_lt *c);
  * exec_fp8_pad(M) rows (what is past M any bytes: their products are dropped), and tail is
  * EXEC_FP8_PAD x N floats, the caller's scratch (one a stream), for the last rows' GEMM
  * (exec_fp8_factor_at says why); NULL otherwise. Each kind of GEMM (its shape but the rows, by
- * power of two, its layouts and scalings) keeps one algorithm: on its first call with beta 0 the
- * fastest of cuBLASLt's first few that write its first's bits, each timed there (a host sync). */
+ * power of two, its layouts and scalings) keeps one algorithm: on its first call with beta 0,
+ * accumulating fast and while picks are on (gk_fp8_lt_picks), the fastest of cuBLASLt's first few
+ * that write its first's bits, each timed there (a host sync); else the heuristic's first. */
 cublasStatus_t gk_fp8_gemm(struct gk_fp8_lt *c, const struct gk_fp8_mat *w,
                            const struct gk_fp8_mat *x, int M, int N, int K, void *y, int ldy,
                            cudaDataType yt, float beta, bool fast, void *tail, void *ws,

@@ -369,7 +369,8 @@ extern "C" enum moe_status exec_gpu_optimizer(struct exec_gpu *g, const struct e
         MOE_CUDA_CHECK(gk_to_bf16(g->master, g->w16, g->table.nparams, g->s));
     }
     gpu_w16_changed(g, keep);
-    return gpu_fp8_start(g, err); /* the fp8 copies redone from here, beside what follows */
+    gk_fp8_lt_picks(g->f8lt, false); /* most kinds a run meets met: none timed after */
+    return gpu_fp8_start(g, err);    /* the fp8 copies redone from here, beside what follows */
 }
 
 /* True when n floats at d hold NaN or Inf (their sum of squares is not finite). */
