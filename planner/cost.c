@@ -697,10 +697,14 @@ static enum moe_status evaluate(const struct cost_ctx *c, const struct cost_layo
     double optim = membound_us(c, owned * (4.0 + (1.0 - l->offload) * per_param), 4), optim_b = 0.0;
     /* fp8 recipes cast every GEMM weight of the GPU once a step (the first micro-batch's; TE
      * caches it for the rest): bf16 read, the fp8 copy and its transpose written. With
-     * fp8_params the optimizer writes the fp8 weights itself, in place of the bf16 ones. */
-    if (l->precision != COST_BF16 && !l->fp8_params)
-        optim +=
-            membound_us(c, (dense - embed + expert) * (BF16 + 2.0 * cost_act_elem_bytes(l)), 1);
+     * fp8_params the optimizer writes the fp8 weights itself, in place of the bf16 ones. It counts
+     * in the first forward's attention, where the executor measures it: it quantizes on a stream
+     * of its own from the update on, and the first block's forward waits for it (Transformer
+     * Engine casts each module's weights in that module's first forward; the step is the same). */
+    double cast =
+        l->precision != COST_BF16 && !l->fp8_params
+            ? membound_us(c, (dense - embed + expert) * (BF16 + 2.0 * cost_act_elem_bytes(l)), 1)
+            : 0.0;
     if (l->offload > 0) {
         const struct topo_gpu_spec *g = &t->gpu;
         double n = owned * l->offload;
@@ -710,7 +714,7 @@ static enum moe_status evaluate(const struct cost_ctx *c, const struct cost_layo
     }
     phase_correct(&c->cal, COST_OPTIMIZER, &optim, &optim_b);
 
-    r.step_us = makespan + dp_exposed + optim;
+    r.step_us = makespan + dp_exposed + optim + cast;
     for (int v = busiest; v < stages; v += pp)
         for (int p = 0; p < COST_NPHASES; p++) {
             r.exposed_us[p] += sc[v].phases[p] * mb;
@@ -724,6 +728,7 @@ static enum moe_status evaluate(const struct cost_ctx *c, const struct cost_layo
     r.comm_us[COST_DP_GRAD_SYNC] = dp_comm;
     r.exposed_us[COST_DP_GRAD_SYNC] = dp_exposed;
     r.exposed_us[COST_OPTIMIZER] = optim;
+    r.exposed_us[COST_ATTN_FWD] += cast; /* after the bubble: not a stage's compute */
     r.exposed_us[COST_STEP] = r.step_us;
     for (int p = 0; p < COST_NPHASES; p++) {
         bool comm = p == COST_DISPATCH || p == COST_COMBINE || p == COST_TP_COMM ||
