@@ -731,24 +731,80 @@ __global__ void k_swiglu_backward(const bf16 *g, const bf16 *u, const bf16 *dhm,
     }
 }
 
+/* The experts' amax (struct gk_amax_rows) kept by a kernel whose block takes R x blockDim
+ * contiguous chunks of V values (chunks c0 .. c1 of nv; a chunk's values in one row, cols % V ==
+ * 0), R a thread: a block reduces once where k_swiglu and k_swiglu_backward reduce every blockDim
+ * chunks (ncu: SwiGLU's backward's amax pass read the H100's HBM at half the rate of the pass
+ * that writes dg and du). A block whose rows are all one expert's (`one`, the same for its every
+ * thread) keeps a thread's chunks in acc and makes one atomic an amax at its end; else each chunk
+ * its own. A maximum is exact in any order: the same amax either way. */
+struct chunk_rows {
+    int e;    /* the expert of the block's first row */
+    bool one; /* every row of the block that expert's */
+};
+template <int V>
+static __device__ __forceinline__ chunk_rows chunk_rows_of(const struct gk_amax_rows &am, size_t c0,
+                                                           size_t c1)
+{
+    size_t cols = (size_t)am.cols;
+    int e = gk_expert_of(am.off, am.E, (int)(c0 * V / cols));
+    return chunk_rows{e, e == gk_expert_of(am.off, am.E, (int)((c1 * V - 1) / cols))};
+}
+template <int V>
+static __device__ __forceinline__ void chunk_amax(const struct gk_amax_rows &am, chunk_rows b,
+                                                  int which, size_t i, unsigned m, unsigned *acc)
+{
+    if (b.one)
+        *acc = max(*acc, m);
+    else if (m)
+        atomicMax(am.amax[which] + gk_expert_of(am.off, am.E, (int)(i * V / (size_t)am.cols)), m);
+}
+static __device__ __forceinline__ void chunk_amax_end(const struct gk_amax_rows &am, chunk_rows b,
+                                                      int which, unsigned acc, unsigned *red)
+{
+    if (!b.one) return;
+    acc = gk_block_max(acc, red);
+    if (threadIdx.x == 0 && acc) atomicMax(am.amax[which] + b.e, acc);
+}
+
+/* k_swiglu with the experts' amax of hm kept, R chunks of V a thread (chunk_rows_of) */
+template <int V, int R>
+__global__ void k_swiglu_amax(const bf16 *g, const bf16 *u, bf16 *hm, size_t nv, float alpha,
+                              float limit, struct gk_amax_rows am)
+{
+    __shared__ unsigned red[TPB / 32];
+    size_t c0 = (size_t)blockIdx.x * R * blockDim.x, c1 = c0 + (size_t)R * blockDim.x;
+    if (c1 > nv) c1 = nv;
+    chunk_rows b = chunk_rows_of<V>(am, c0, c1);
+    unsigned acc = 0;
+    for (int r = 0; r < R; r++) {
+        size_t i = c0 + (size_t)r * blockDim.x + threadIdx.x;
+        if (i >= nv) break;
+        float x[V], y[V];
+        ld_bf16<V>(g + i * V, x);
+        ld_bf16<V>(u + i * V, y);
+        unsigned m = 0;
+        for (int k = 0; k < V; k++) {
+            x[k] = act_fwd(x[k], y[k], alpha, limit);
+            m = max(m, gk_abs_bits(__bfloat162float(__float2bfloat16(x[k]))));
+        }
+        st_bf16<V>(hm + i * V, x);
+        chunk_amax<V>(am, b, 0, i, m, &acc);
+    }
+    chunk_amax_end(am, b, 0, acc, red);
+}
+
 /* SwiGLU's backward's amax alone (dg and du not written: gk_fp8_swiglu_backward's per-tensor
- * scales): a thread R chunks of V elements, a block's R x blockDim chunks contiguous, so that a
- * block reduces once per R x blockDim x V elements where k_swiglu_backward reduces per blockDim x
- * V (ncu: that amax pass read the H100's HBM at half the rate of the pass that writes dg and du).
- * A chunk's V values lie in one row (cols % V == 0); a block whose rows are all one expert's
- * makes one atomic an amax, else each chunk its own. A maximum is exact in any order: the same
- * amax as k_swiglu_backward's. */
+ * scales), R chunks of V a thread (chunk_rows_of) */
 template <int V, int R>
 __global__ void k_swiglu_backward_amax(const bf16 *g, const bf16 *u, const bf16 *dhm, size_t nv,
                                        float alpha, float limit, struct gk_amax_rows am)
 {
     __shared__ unsigned red[TPB / 32];
-    size_t c0 = (size_t)blockIdx.x * R * blockDim.x, c1 = c0 + (size_t)R * blockDim.x,
-           cols = (size_t)am.cols;
+    size_t c0 = (size_t)blockIdx.x * R * blockDim.x, c1 = c0 + (size_t)R * blockDim.x;
     if (c1 > nv) c1 = nv;
-    int elo = gk_expert_of(am.off, am.E, (int)(c0 * V / cols));
-    bool one = elo == gk_expert_of(am.off, am.E, (int)((c1 * V - 1) / cols));
-    unsigned mg = 0, mu = 0;
+    chunk_rows b = chunk_rows_of<V>(am, c0, c1);
+    unsigned ag = 0, au = 0;
     for (int r = 0; r < R; r++) {
         size_t i = c0 + (size_t)r * blockDim.x + threadIdx.x;
         if (i >= nv) break;
@@ -756,25 +812,17 @@ __global__ void k_swiglu_backward_amax(const bf16 *g, const bf16 *u, const bf16 
         ld_bf16<V>(g + i * V, x);
         ld_bf16<V>(u + i * V, y);
         ld_bf16<V>(dhm + i * V, d);
-        unsigned cg = 0, cu = 0;
+        unsigned mg = 0, mu = 0;
         for (int k = 0; k < V; k++) {
             act_bwd(x[k], y[k], d[k], alpha, limit, &x[k], &d[k]);
-            cg = max(cg, gk_abs_bits(__bfloat162float(__float2bfloat16(x[k]))));
-            cu = max(cu, gk_abs_bits(__bfloat162float(__float2bfloat16(d[k]))));
+            mg = max(mg, gk_abs_bits(__bfloat162float(__float2bfloat16(x[k]))));
+            mu = max(mu, gk_abs_bits(__bfloat162float(__float2bfloat16(d[k]))));
         }
-        if (one) {
-            mg = max(mg, cg), mu = max(mu, cu);
-        } else {
-            int e = gk_expert_of(am.off, am.E, (int)(i * V / cols));
-            if (cg) atomicMax(am.amax[0] + e, cg);
-            if (cu) atomicMax(am.amax[1] + e, cu);
-        }
+        chunk_amax<V>(am, b, 0, i, mg, &ag);
+        chunk_amax<V>(am, b, 1, i, mu, &au);
     }
-    if (!one) return; /* the same for every thread of the block */
-    mg = gk_block_max(mg, red);
-    if (threadIdx.x == 0 && mg) atomicMax(am.amax[0] + elo, mg);
-    mu = gk_block_max(mu, red);
-    if (threadIdx.x == 0 && mu) atomicMax(am.amax[1] + elo, mu);
+    chunk_amax_end(am, b, 0, ag, red);
+    chunk_amax_end(am, b, 1, au, red);
 }
 #define SWIGLU_AMAX_R 8
 
@@ -796,7 +844,11 @@ cudaError_t gk_swiglu(const bf16 *g, const bf16 *u, bf16 *hm, size_t n, float al
     const void *p[] = {g, u, hm};
     size_t n8 = by_eight(n, p, 3, am), o = 8 * n8;
     const struct gk_amax_rows a = am ? *am : no_amax;
-    if (n8) k_swiglu<8><<<blocks_for(n8, TPB), TPB, 0, s>>>(g, u, hm, n8, alpha, limit, a, 0);
+    if (n8 && a.amax[0])
+        k_swiglu_amax<8, SWIGLU_AMAX_R>
+            <<<blocks_for(n8, TPB * SWIGLU_AMAX_R), TPB, 0, s>>>(g, u, hm, n8, alpha, limit, a);
+    else if (n8)
+        k_swiglu<8><<<blocks_for(n8, TPB), TPB, 0, s>>>(g, u, hm, n8, alpha, limit, a, 0);
     if (n > o)
         k_swiglu<1><<<blocks_for(n - o, TPB), TPB, 0, s>>>(g + o, u + o, hm + o, n - o, alpha,
                                                            limit, a, o);

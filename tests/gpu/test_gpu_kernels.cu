@@ -949,7 +949,8 @@ static void test_fp8_swiglu_fused(void **state)
  * |value| of those rows as written (read back), bit for bit. Five experts of 0, 37, 130, 3 and
  * 19 rows: blocks that straddle experts, an empty expert; widths 272 and 384 (and the gather's
  * element path at 20), SwiGLU's element path from a start off 16 bytes too; SwiGLU's backward
- * also keeping the amax alone (its own kernel where aligned). Then gk_fp8_cast_known with an
+ * also keeping the amax alone (SwiGLU and that pass by kernels of their own where aligned: a
+ * block of 16384 values, rows of one expert or of several). Then gk_fp8_cast_known with an
  * expert's kept amax gives gk_fp8_cast's bytes and factor, both copies. */
 static void test_fp8_amax_rows(void **state)
 {
