@@ -5,6 +5,8 @@
  */
 #include "gpu.h"
 
+#include <nvtx3/nvToolsExt.h>
+
 /* Median time of `iters` runs of what `what` selects (1: whole layer, 2: dense chain, 3: the
  * expert block's forward, 4: its backward, after an untimed forward), each bracketed by events
  * on the main stream. The block's forward starts on an idle GPU, as a step's does after the
@@ -12,6 +14,10 @@
  * of its time. Everything else is queued behind BENCH_HEAD_US of a busy GPU, as a step's
  * backward is queued behind the work before it: the GPU's time, not the host's. */
 #define BENCH_HEAD_US 20000.0
+/* Each timed run is an NVTX range named by what it times and the precision (no cost without a
+ * profiler attached): `ncu --nvtx --nvtx-include "block forward fp8/" --nvtx-include "block
+ * backward fp8/"` profiles the fp8 block alone. */
+static const char *const bench_range[5] = {"", "layer", "dense", "block forward", "block backward"};
 static enum moe_status bench_time(struct exec_gpu *g, int what, int *dense_off, int iters,
                                   double *ms, int *syncs, struct moe_error *err)
 {
@@ -34,6 +40,10 @@ static enum moe_status bench_time(struct exec_gpu *g, int what, int *dense_off, 
                 st = moe_error_set(err, MOE_ERR_CUDA, "benchmark: %s", cudaGetErrorString(e));
             break;
         }
+        char range[64];
+        snprintf(range, sizeof range, "%s %s", bench_range[what],
+                 cost_precision_names[g->cfg.precision]);
+        nvtxRangePushA(range);
         if (what == 3) {
             st = gpu_experts_forward(g, 0, A, g->off_host[0], err);
         } else if (what == 4) {
@@ -50,6 +60,7 @@ static enum moe_status bench_time(struct exec_gpu *g, int what, int *dense_off, 
             st = gpu_experts_forward(g, 0, A, dense_off, err);
             if (st == MOE_OK) st = gpu_experts_backward(g, 0, A, dense_off, err);
         }
+        nvtxRangePop();
         e = cudaEventRecord(b, g->s);
         if (e == cudaSuccess) e = cudaEventSynchronize(b);
         float f = 0.0f;
