@@ -103,6 +103,92 @@ static __device__ __forceinline__ void put_factors(float *sq, int how, int rows,
     }
 }
 
+/* Per-tensor scaling needs no tile of values: each value is quantized as it is loaded (one scale
+ * for all), its row-major copy written from registers, and only the transposed copy goes through
+ * shared memory, as the tile's fp8 bytes (gk_fp8_t8_at). */
+
+/* The tile's transpose from t8 (the tile's rows from r0, its columns from c0) into qt (cols x
+ * ldt, ldt a multiple of 16, rows of qt on 16 bytes): a thread a patch of 16 rows by 4 columns,
+ * its 16 words into four 16-byte runs (byte permutes); a warp four columns' 128 rows, each
+ * column's run of 128 bytes coalesced. */
+static __device__ __forceinline__ void put_t8(const unsigned *t8, unsigned char *qt, int ldt,
+                                              int cols, int c0, int r0)
+{
+    int rg, cg;
+    gk_fp8_patch_at(threadIdx.x, &rg, &cg);
+    static_assert(FT_THREADS == (FT / 16) * (FT / 4), "a thread a patch of 16 rows by 4 columns");
+    if (r0 + 16 * rg >= ldt) return;
+    unsigned v[16];
+#pragma unroll
+    for (int i = 0; i < 16; i++) v[i] = t8[gk_fp8_t8_at(16 * rg + i, cg)];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        int gc = c0 + 4 * cg + j;
+        if (gc >= cols) break;
+        unsigned w[4], sel = (unsigned)j | (unsigned)(j + 4) << 4;
+#pragma unroll
+        for (int a = 0; a < 4; a++)
+            w[a] = __byte_perm(__byte_perm(v[4 * a], v[4 * a + 1], sel),
+                               __byte_perm(v[4 * a + 2], v[4 * a + 3], sel), 0x5410);
+        *(uint4 *)(qt + (size_t)gc * ldt + r0 + 16 * rg) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+}
+
+/* Four values' fp8 bytes in a word, the first in the lowest byte */
+static __device__ __forceinline__ unsigned fp8x4(const float *v, float s, int e5m2)
+{
+    unsigned w = 0;
+    for (int k = 0; k < 4; k++) w |= (unsigned)to_fp8(v[k] * s, e5m2) << (8 * k);
+    return w;
+}
+
+/* k_fp8_cast with per-tensor scaling where every access can be a vector (its `vec`): a thread's 8
+ * loads of 8 values issued first, each quantized from registers into q (8 bytes a store) and
+ * into the shared tile of bytes for qt (put_t8). The same bits as k_fp8_cast. */
+__global__ void __launch_bounds__(FT_THREADS)
+    k_fp8_cast_t(const bf16 *x, int ldx, int rows, int cols, int e5m2, const unsigned *amax,
+                 unsigned char *q, float *sq, unsigned char *qt, int ldt, float *sqt, size_t xs,
+                 size_t qs, size_t ss)
+{
+    {
+        size_t z = blockIdx.z;
+        x += z * xs, amax += z;
+        if (q) q += z * qs, sq += z * ss;
+        if (qt) qt += z * qs, sqt += z * ss;
+    }
+    __shared__ unsigned t8[FT * FT / 4];
+    int r0 = blockIdx.y * FT, c0 = blockIdx.x * FT, t = threadIdx.x;
+    float S = scale_of(__uint_as_float(*amax), e5m2, EXEC_FP8_TENSOR);
+    constexpr int steps = FT * FT / 8 / FT_THREADS; /* a warp two rows of 128 a step */
+    uint4 in[steps];
+#pragma unroll
+    for (int j = 0; j < steps; j++) {
+        int i = t + j * FT_THREADS, gr = r0 + i / (FT / 8), gc = c0 + i % (FT / 8) * 8;
+        in[j] = gr < rows && gc < cols ? *(const uint4 *)(x + (size_t)gr * ldx + gc)
+                                       : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int j = 0; j < steps; j++) {
+        int i = t + j * FT_THREADS, r = i / (FT / 8), c = i % (FT / 8) * 8, gr = r0 + r,
+            gc = c0 + c;
+        float v[8];
+        const __nv_bfloat162 *p = (const __nv_bfloat162 *)&in[j];
+        for (int k = 0; k < 4; k++) {
+            float2 f = __bfloat1622float2(p[k]);
+            v[2 * k] = f.x, v[2 * k + 1] = f.y;
+        }
+        uint2 w = make_uint2(fp8x4(v, S, e5m2), fp8x4(v + 4, S, e5m2));
+        if (q && gr < rows && gc < cols) *(uint2 *)(q + (size_t)gr * cols + gc) = w;
+        if (qt) *(uint2 *)&t8[gk_fp8_t8_at(r, c / 4)] = w; /* c / 4 even: the pair stays adjacent */
+    }
+    bool first = blockIdx.x == 0 && blockIdx.y == 0;
+    if (q) put_factors(sq, EXEC_FP8_TENSOR, rows, cols, r0, c0, NULL, S, first);
+    if (!qt) return;
+    __syncthreads();
+    put_t8(t8, qt, ldt, cols, c0, r0);
+    put_factors(sqt, EXEC_FP8_TENSOR, cols, ldt, c0, r0, NULL, S, first);
+}
+
 /* One block one FT x FT tile (blockIdx.x along cols, blockIdx.y along rows). Rows beyond `rows`
  * up to qt's ldt read as zeros (the weight gradient's K padded, exec_fp8_pad). `vec`: the
  * input's rows and both copies' rows start on 16 bytes and cols is a multiple of 16, so the tile
@@ -218,6 +304,11 @@ cudaError_t gk_fp8_cast_batch(const bf16 *x, int ldx, int rows, int cols, int ho
                (!qt || (ldt % 16 == 0 && aligned(qt, 16))) && (batch == 1 || strides);
     int span = qt && ldt > rows ? ldt : rows; /* the rows the tiles cover */
     dim3 grid((unsigned)((cols + FT - 1) / FT), (unsigned)((span + FT - 1) / FT), (unsigned)batch);
+    if (how == EXEC_FP8_TENSOR && vec) {
+        k_fp8_cast_t<<<grid, FT_THREADS, 0, s>>>(x, ldx, rows, cols, e5m2, known ? known : work, q,
+                                                 sq, qt, ldt, sqt, xs, qs, ss);
+        return cudaGetLastError();
+    }
     k_fp8_cast<<<grid, FT_THREADS, 0, s>>>(x, ldx, rows, cols, how, e5m2, known ? known : work, q,
                                            sq, qt, ldt, sqt, vec, xs, qs, ss);
     return cudaGetLastError();
@@ -397,6 +488,76 @@ __global__ void __launch_bounds__(FT_THREADS)
     }
 }
 
+/* k_fp8_swiglu_bwd with per-tensor scaling (the expert's amax of dg, amax[e], and of du,
+ * amax[E + e], known): each value quantized in registers as it is computed, the row-major copies
+ * written from there, the transposed ones through shared memory as bytes (put_t8): 32 KB of it,
+ * where the tile of bf16 values takes 66. The same bits. */
+__global__ void __launch_bounds__(FT_THREADS)
+    k_fp8_swiglu_bwd_t(const bf16 *g, const bf16 *u, const bf16 *dhm, const int *off, int E,
+                       int cols, float alpha, float limit, int e5m2, const unsigned *amax,
+                       unsigned char *qg, unsigned char *qgt, float *sg, float *sgt,
+                       unsigned char *qu, unsigned char *qut, float *su, float *sut)
+{
+    __shared__ unsigned t8[2][FT * FT / 4];
+    __shared__ int tile_e, tile_r0, tile_c0;
+    __shared__ size_t reg_q, reg_s, reg_st;
+    int t = threadIdx.x;
+    if (t == 0)
+        gk_expert_tile(off, E, cols, true, blockIdx.x, &tile_e, &tile_r0, &tile_c0, &reg_q, &reg_s,
+                       &reg_st);
+    __syncthreads();
+    if (tile_e < 0) return;
+    int e = tile_e, r0 = tile_r0, c0 = tile_c0, o = off[e], n = off[e + 1] - o;
+    int np = exec_fp8_pad(n);
+    float S[2];
+    for (int k = 0; k < 2; k++)
+        S[k] = scale_of(__uint_as_float(amax[k * E + e]), e5m2, EXEC_FP8_TENSOR);
+    unsigned char *q[2] = {qg + reg_q, qu + reg_q}, *qt[2] = {qgt + reg_q, qut + reg_q};
+    /* four values a step, a warp a row's 128 (k_fp8_swiglu_bwd's order), `ahead` steps' loads
+     * issued at once */
+    constexpr int steps = FT * FT / 4 / FT_THREADS, ahead = 4;
+    static_assert(steps % ahead == 0, "a thread's steps in whole batches");
+    for (int s0 = 0; s0 < steps; s0 += ahead) {
+        float x[ahead][4], y[ahead][4], d[ahead][4];
+        bool in[ahead];
+#pragma unroll
+        for (int j = 0; j < ahead; j++) {
+            int i = t + (s0 + j) * FT_THREADS, lr = r0 + i / (FT / 4), gc = c0 + i % (FT / 4) * 4;
+            in[j] = lr < n && gc < cols; /* cols % 4 == 0: the four in or out together */
+            if (in[j]) {
+                size_t at = (size_t)(o + lr) * cols + gc;
+                ld_bf16<4>(g + at, x[j]);
+                ld_bf16<4>(u + at, y[j]);
+                ld_bf16<4>(dhm + at, d[j]);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < ahead; j++) {
+            int i = t + (s0 + j) * FT_THREADS, r = i / (FT / 4), c = i % (FT / 4) * 4;
+            float gv[4] = {0.0f, 0.0f, 0.0f, 0.0f}, uv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (in[j])
+                for (int k = 0; k < 4; k++) {
+                    act_bwd(x[j][k], y[j][k], d[j][k], alpha, limit, &gv[k], &uv[k]);
+                    gv[k] = __bfloat162float(__float2bfloat16(gv[k])); /* as bf16 holds them */
+                    uv[k] = __bfloat162float(__float2bfloat16(uv[k]));
+                }
+            unsigned w[2] = {fp8x4(gv, S[0], e5m2), fp8x4(uv, S[1], e5m2)};
+            for (int k = 0; k < 2; k++) {
+                if (in[j]) *(unsigned *)(q[k] + (size_t)(r0 + r) * cols + c0 + c) = w[k];
+                t8[k][gk_fp8_t8_at(r, c / 4)] = w[k];
+            }
+        }
+    }
+    __syncthreads();
+    float *sq[2] = {sg + reg_s, su + reg_s}, *sqt[2] = {sgt + reg_st, sut + reg_st};
+    bool first = r0 == 0 && c0 == 0; /* the expert's first tile writes its factors */
+    for (int k = 0; k < 2; k++) {
+        put_t8(t8[k], qt[k], np, cols, c0, r0);
+        put_factors(sq[k], EXEC_FP8_TENSOR, n, cols, r0, c0, NULL, S[k], first);
+        put_factors(sqt[k], EXEC_FP8_TENSOR, cols, np, c0, r0, NULL, S[k], first);
+    }
+}
+
 cudaError_t gk_fp8_swiglu_backward(const bf16 *g, const bf16 *u, const bf16 *dhm,
                                    const int *off_dev, const int *off, int E, int cols, float alpha,
                                    float limit, int e5m2, const unsigned *amax, unsigned char *qg,
@@ -406,6 +567,12 @@ cudaError_t gk_fp8_swiglu_backward(const bf16 *g, const bf16 *u, const bf16 *dhm
     if (cols % 4) return cudaErrorInvalidValue; /* a thread's four values in or out together */
     size_t tiles = gk_expert_tiles(off, E, cols, true);
     if (!tiles) return cudaGetLastError();
+    if (amax && cols % 16 == 0 && aligned(qgt, 16) && aligned(qut, 16)) { /* put_t8's runs */
+        k_fp8_swiglu_bwd_t<<<(unsigned)tiles, FT_THREADS, 0, s>>>(g, u, dhm, off_dev, E, cols,
+                                                                  alpha, limit, e5m2, amax, qg, qgt,
+                                                                  sg, sgt, qu, qut, su, sut);
+        return cudaGetLastError();
+    }
     const size_t smem = 2 * sizeof(bf16) * FT * FT_PAD;
     /* the dynamic shared memory above 48 KB (asked at every launch: the device may differ) */
     cudaError_t r = cudaFuncSetAttribute(k_fp8_swiglu_bwd,

@@ -240,6 +240,20 @@ static inline __host__ __device__ void gk_fp8_col_at(int i, int *r, int *c)
     *c = task % 8 * 16 + l / 2;
     *r = task / 8 * 32 + l % 2 * 16;
 }
+/* The per-tensor tile kernels' shared tile of fp8 bytes (the transposed copy's way through shared
+ * memory): 128 rows of 32 words, word cw of row r at gk_fp8_t8_at(r, cw), the words of each
+ * 16-row group apart (XOR), so that a warp's stores along a row and the transpose's reads (a
+ * thread a patch, gk_fp8_patch_at: 16 rows from 16 rg, the word cg, one row a time) fall in
+ * banks of their own (test_fp8_host). A warp's patches: 4 word columns' 128 rows. */
+static inline __host__ __device__ int gk_fp8_t8_at(int r, int cw)
+{
+    return r * (GK_FP8_TILE / 4) + (cw ^ (((r >> 4) & 7) << 2));
+}
+static inline __host__ __device__ void gk_fp8_patch_at(int t, int *rg, int *cg)
+{
+    *rg = t % 32 % 8;
+    *cg = t / 32 * 4 + t % 32 / 8;
+}
 /* Which expert's tile block b is, the experts' tiles in order (rows tiles of 128 a column tile of
  * 128, over `padded` rows: n_e, or n_e rounded up to 16 with the transposed copy), and the
  * expert's region (exec_fp8_regions). (A kernel's thread 0 works it out for its block; test_fp8_host checks it on the host.) */

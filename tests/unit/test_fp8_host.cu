@@ -187,10 +187,66 @@ static void test_tile_maps(void **state)
            warps);
 }
 
+/* The per-tensor kernels' tile of fp8 bytes (gk_fp8_t8_at, gk_fp8_patch_at): every word of the
+ * tile at a word of its own; one address a bank at each access of a warp: a row's 32 words stored
+ * by a warp (SwiGLU's backward), two rows' word pairs by a warp's 64-bit stores, a half-warp a row
+ * (the cast; a 64-bit access serves half a warp at a time), and the transpose's reads, a lane a
+ * patch of 16 rows of one word column (its patches: every word once). */
+static void test_byte_tile(void **state)
+{
+    (void)state;
+    const int T = GK_FP8_TILE, W = T / 4;
+    static int seen[GK_FP8_TILE * GK_FP8_TILE / 4];
+    memset(seen, 0, sizeof seen);
+    for (int r = 0; r < T; r++)
+        for (int cw = 0; cw < W; cw++) {
+            int a = gk_fp8_t8_at(r, cw);
+            assert_true(a >= 0 && a < T * W);
+            if (seen[a]++) fail_msg("byte tile: (%d, %d) at word %d, taken", r, cw, a);
+        }
+    auto one_a_bank = [](const char *what, const int *word, int n, int at) {
+        for (int a = 0; a < n; a++)
+            for (int b = 0; b < a; b++)
+                if (word[a] % 32 == word[b] % 32)
+                    fail_msg("byte tile, %s (%d): words %d and %d, one bank", what, at, word[b],
+                             word[a]);
+    };
+    int word[32], accesses = 0;
+    for (int r = 0; r < T; r++, accesses++) { /* a warp a row */
+        for (int l = 0; l < 32; l++) word[l] = gk_fp8_t8_at(r, l);
+        one_a_bank("a row's stores", word, 32, r);
+    }
+    for (int r = 0; r < T; r++, accesses++) { /* a half-warp a row, 64 bits a lane */
+        for (int l = 0; l < 16; l++) {
+            word[2 * l] = gk_fp8_t8_at(r, 2 * l);
+            word[2 * l + 1] = gk_fp8_t8_at(r, 2 * l + 1);
+            assert_int_equal(word[2 * l] % 2, 0);
+            assert_int_equal(word[2 * l + 1], word[2 * l] + 1); /* one aligned 64-bit word */
+        }
+        one_a_bank("a half-warp's 64-bit stores", word, 32, r);
+    }
+    memset(seen, 0, sizeof seen);
+    for (int w = 0; w < GK_FP8_THREADS / 32; w++)
+        for (int i = 0; i < 16; i++, accesses++) {
+            for (int l = 0; l < 32; l++) {
+                int rg, cg;
+                gk_fp8_patch_at(w * 32 + l, &rg, &cg);
+                assert_true(rg >= 0 && rg < T / 16 && cg >= 0 && cg < W);
+                word[l] = gk_fp8_t8_at(16 * rg + i, cg);
+                seen[word[l]]++;
+            }
+            one_a_bank("the transpose's reads", word, 32, w * 16 + i);
+        }
+    for (int a = 0; a < T * W; a++)
+        if (seen[a] != 1) fail_msg("byte tile: word %d read %d times by the transpose", a, seen[a]);
+    printf("fp8 byte tile: every word once, %d warp accesses one address a bank\n", accesses);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conversion), cmocka_unit_test(test_expert_tiles),
-        cmocka_unit_test(test_expert_of), cmocka_unit_test(test_tile_maps)};
+        cmocka_unit_test(test_expert_of), cmocka_unit_test(test_tile_maps),
+        cmocka_unit_test(test_byte_tile)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
