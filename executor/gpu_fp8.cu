@@ -332,6 +332,26 @@ cudaError_t gk_fp8_cast_known(const bf16 *x, int ldx, int rows, int cols, int e5
 
 /* ---- the experts' SwiGLU, its output and its gradients quantized ------------------------------ */
 
+/* The expert's tile this block takes (gk_expert_tile, worked out by thread 0): false past the
+ * last tile. o and n: the expert's first row and its rows; q, s, st: its region. */
+struct expert_tile {
+    int e, r0, c0, o, n;
+    size_t q, s, st;
+};
+static __device__ __forceinline__ bool block_tile(const int *off, int E, int cols, bool padded,
+                                                  struct expert_tile *a)
+{
+    __shared__ struct expert_tile at;
+    if (threadIdx.x == 0) {
+        gk_expert_tile(off, E, cols, padded, blockIdx.x, &at.e, &at.r0, &at.c0, &at.q, &at.s,
+                       &at.st);
+        if (at.e >= 0) at.o = off[at.e], at.n = off[at.e + 1] - at.o;
+    }
+    __syncthreads();
+    *a = at;
+    return a->e >= 0;
+}
+
 /* One block one FT x FT tile of one expert's rows: hm = SwiGLU(g, u) written in bf16 (as gk_swiglu
  * writes it) and quantized from that in 1 x 128 tiles into the expert's row-major region, as
  * gk_fp8_cast quantizes the expert's rows. A warp a row at a time, four values a lane (8-byte
@@ -340,14 +360,9 @@ __global__ void __launch_bounds__(FT_THREADS)
     k_fp8_swiglu_fwd(const bf16 *g, const bf16 *u, const int *off, int E, int cols, float alpha,
                      float limit, int e5m2, bf16 *hm, unsigned char *q, float *sq)
 {
-    __shared__ int tile_e, tile_r0, tile_c0;
-    __shared__ size_t reg_q, reg_s, reg_st;
-    if (threadIdx.x == 0)
-        gk_expert_tile(off, E, cols, false, blockIdx.x, &tile_e, &tile_r0, &tile_c0, &reg_q, &reg_s,
-                       &reg_st);
-    __syncthreads();
-    if (tile_e < 0) return;
-    int e = tile_e, r0 = tile_r0, c0 = tile_c0, o = off[e], n = off[e + 1] - o;
+    struct expert_tile T;
+    if (!block_tile(off, E, cols, false, &T)) return;
+    int r0 = T.r0, c0 = T.c0, o = T.o, n = T.n;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int c = c0 + lane * 4; /* the lane's four columns, all in (cols % 4 == 0) or all out */
     for (int r = warp; r < FT && r0 + r < n; r += FT_THREADS / 32) {
@@ -370,10 +385,10 @@ __global__ void __launch_bounds__(FT_THREADS)
         if (c < cols) { /* the four fp8 values in one 4-byte store */
             unsigned w = 0;
             for (int k = 0; k < 4; k++) w |= (unsigned)to_fp8(v[k] * s, e5m2) << (8 * k);
-            *(unsigned *)(q + reg_q + (size_t)lr * cols + c) = w;
+            *(unsigned *)(q + T.q + (size_t)lr * cols + c) = w;
         }
         if (lane == 0)
-            sq[reg_s + exec_fp8_factor_at(EXEC_FP8_TILE_1X128, n, cols, lr, c0)] = 1.0f / s;
+            sq[T.s + exec_fp8_factor_at(EXEC_FP8_TILE_1X128, n, cols, lr, c0)] = 1.0f / s;
     }
 }
 
@@ -389,47 +404,30 @@ cudaError_t gk_fp8_swiglu_forward(const bf16 *g, const bf16 *u, const int *off_d
     return cudaGetLastError();
 }
 
-/* One block one FT x FT tile of one expert's rows (E experts, rows from off[e], `cols` wide):
- * dg, du = SwiGLU's backward of (g, u) for dhm, each rounded to bf16 as gk_swiglu_backward
- * writes them, then quantized as gk_fp8_cast quantizes expert e's rows (its row-major copy, and
- * its transpose with the rows padded with zeros, exec_fp8_pad), into expert e's region
- * (exec_fp8_regions): in 1 x 128 tiles, or with amax (per-tensor scaling) by the expert's one
- * scale, from its amax of dg (amax[e]) and of du (amax[E + e]). The same bits as that pair of
- * kernels; bf16 never written. */
-__global__ void __launch_bounds__(FT_THREADS)
-    k_fp8_swiglu_bwd(const bf16 *g, const bf16 *u, const bf16 *dhm, const int *off, int E, int cols,
-                     float alpha, float limit, int e5m2, const unsigned *amax, unsigned char *qg,
-                     unsigned char *qgt, float *sg, float *sgt, unsigned char *qu,
-                     unsigned char *qut, float *su, float *sut)
+/* SwiGLU's backward over the block's tile of one expert's rows (T; E experts, rows from off[e],
+ * `cols` wide): dg, du of (g, u) for dhm, each rounded to bf16 as gk_swiglu_backward writes them,
+ * handed to put(r, c, in, dg, du) four values at a time (tile row r, columns c .. c + 3; zeros
+ * where `in` is false, past the expert's rows). 8-byte loads, a warp a row's 128 values a step,
+ * a thread's `ahead` steps' loads all issued before the first is used (ncu: with one step's
+ * three in flight the kernel moved about 1.8 TB/s of the H100's 3.35, results/issue26/s8/). */
+template <class Put>
+static __device__ __forceinline__ void swiglu_bwd_tile(const bf16 *g, const bf16 *u,
+                                                       const bf16 *dhm, const struct expert_tile &T,
+                                                       int cols, float alpha, float limit, Put put)
 {
-    extern __shared__ __align__(16) unsigned char smem[];
-    bf16(*tl[2])[FT_PAD] = {(bf16(*)[FT_PAD])smem,
-                            (bf16(*)[FT_PAD])(smem + sizeof(bf16) * FT * FT_PAD)};
-    __shared__ float rs[2][FT], cs[2][FT];
-    __shared__ int tile_e, tile_r0, tile_c0;
-    __shared__ size_t reg_q, reg_s, reg_st;
-    int t = threadIdx.x;
-    if (t == 0)
-        gk_expert_tile(off, E, cols, true, blockIdx.x, &tile_e, &tile_r0, &tile_c0, &reg_q, &reg_s,
-                       &reg_st);
-    __syncthreads();
-    if (tile_e < 0) return;
-    int e = tile_e, r0 = tile_r0, c0 = tile_c0, o = off[e], n = off[e + 1] - o;
-    int np = exec_fp8_pad(n);
-    /* four values a step (8-byte loads), a thread's steps `ahead` at a time, their loads all
-     * issued before the first is used: more loads in flight than a step's three (ncu: the kernel
-     * moved about 1.8 TB/s of the H100's 3.35, results/issue26/s8/profile/) */
     constexpr int steps = FT * FT / 4 / FT_THREADS, ahead = 4;
     static_assert(steps % ahead == 0, "a thread's steps in whole batches");
+    int t = threadIdx.x;
     for (int s0 = 0; s0 < steps; s0 += ahead) {
         float x[ahead][4], y[ahead][4], d[ahead][4];
         bool in[ahead];
 #pragma unroll
         for (int j = 0; j < ahead; j++) {
-            int i = t + (s0 + j) * FT_THREADS, lr = r0 + i / (FT / 4), gc = c0 + i % (FT / 4) * 4;
-            in[j] = lr < n && gc < cols; /* cols % 4 == 0: the four in or out together */
+            int i = t + (s0 + j) * FT_THREADS, lr = T.r0 + i / (FT / 4),
+                gc = T.c0 + i % (FT / 4) * 4;
+            in[j] = lr < T.n && gc < cols; /* cols % 4 == 0: the four in or out together */
             if (in[j]) {
-                size_t at = (size_t)(o + lr) * cols + gc;
+                size_t at = (size_t)(T.o + lr) * cols + gc;
                 ld_bf16<4>(g + at, x[j]);
                 ld_bf16<4>(u + at, y[j]);
                 ld_bf16<4>(dhm + at, d[j]);
@@ -437,33 +435,59 @@ __global__ void __launch_bounds__(FT_THREADS)
         }
 #pragma unroll
         for (int j = 0; j < ahead; j++) {
-            int i = t + (s0 + j) * FT_THREADS, r = i / (FT / 4), c = i % (FT / 4) * 4;
+            int i = t + (s0 + j) * FT_THREADS;
             float gv[4] = {0.0f, 0.0f, 0.0f, 0.0f}, uv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             if (in[j])
-                for (int k = 0; k < 4; k++)
+                for (int k = 0; k < 4; k++) {
                     act_bwd(x[j][k], y[j][k], d[j][k], alpha, limit, &gv[k], &uv[k]);
-            for (int k = 0; k < 4; k++) {
-                tl[0][r][c + k] = __float2bfloat16(gv[k]);
-                tl[1][r][c + k] = __float2bfloat16(uv[k]);
-            }
+                    gv[k] = __bfloat162float(__float2bfloat16(gv[k]));
+                    uv[k] = __bfloat162float(__float2bfloat16(uv[k]));
+                }
+            put(i / (FT / 4), i % (FT / 4) * 4, in[j], gv, uv);
         }
     }
+}
+
+/* One block one FT x FT tile of one expert's rows: SwiGLU's backward (swiglu_bwd_tile), dg and du
+ * quantized as gk_fp8_cast quantizes expert e's rows in 1 x 128 tiles (its row-major copy, and
+ * its transpose with the rows padded with zeros, exec_fp8_pad) into expert e's region
+ * (exec_fp8_regions): the tile's bf16 values in shared memory first, for each row's and each
+ * column's scale. The same bits as that pair of kernels; bf16 never written. */
+__global__ void __launch_bounds__(FT_THREADS)
+    k_fp8_swiglu_bwd(const bf16 *g, const bf16 *u, const bf16 *dhm, const int *off, int E, int cols,
+                     float alpha, float limit, int e5m2, unsigned char *qg, unsigned char *qgt,
+                     float *sg, float *sgt, unsigned char *qu, unsigned char *qut, float *su,
+                     float *sut)
+{
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf16(*tl[2])[FT_PAD] = {(bf16(*)[FT_PAD])smem,
+                            (bf16(*)[FT_PAD])(smem + sizeof(bf16) * FT * FT_PAD)};
+    __shared__ float rs[2][FT], cs[2][FT];
+    struct expert_tile T;
+    if (!block_tile(off, E, cols, true, &T)) return;
+    int t = threadIdx.x, r0 = T.r0, c0 = T.c0, n = T.n, np = exec_fp8_pad(n);
+    swiglu_bwd_tile(g, u, dhm, T, cols, alpha, limit,
+                    [&](int r, int c, bool, const float *gv, const float *uv) {
+                        for (int k = 0; k < 4; k++) {
+                            tl[0][r][c + k] = __float2bfloat16(gv[k]);
+                            tl[1][r][c + k] = __float2bfloat16(uv[k]);
+                        }
+                    });
     __syncthreads();
     { /* each row's and each column's scale, both gradients: a thread a line (the first FT
-       * threads the rows, the others the columns, as k_fp8_cast); per-tensor, the expert's */
+       * threads the rows, the others the columns, as k_fp8_cast) */
         int line = t % FT;
         bool col = t >= FT;
         for (int k = 0; k < 2; k++) {
-            unsigned ml = amax ? amax[k * E + e] : 0;
-            for (int j = 0; j < FT && !amax; j++)
+            unsigned ml = 0;
+            for (int j = 0; j < FT; j++)
                 ml = max(ml, gk_abs_bits(__bfloat162float(col ? tl[k][j][line] : tl[k][line][j])));
-            (col ? cs[k] : rs[k])[line] =
-                scale_of(__uint_as_float(ml), e5m2, amax ? EXEC_FP8_TENSOR : EXEC_FP8_TILE_1X128);
+            (col ? cs[k] : rs[k])[line] = scale_of(__uint_as_float(ml), e5m2, EXEC_FP8_TILE_1X128);
         }
     }
     __syncthreads();
-    unsigned char *q[2] = {qg + reg_q, qu + reg_q}, *qt[2] = {qgt + reg_q, qut + reg_q};
-    float *sq[2] = {sg + reg_s, su + reg_s}, *sqt[2] = {sgt + reg_st, sut + reg_st};
+    unsigned char *q[2] = {qg + T.q, qu + T.q}, *qt[2] = {qgt + T.q, qut + T.q};
+    float *sq[2] = {sg + T.s, su + T.s}, *sqt[2] = {sgt + T.st, sut + T.st};
     for (int k = 0; k < 2; k++) {
         for (int i = t; i < FT * FT / 16; i += FT_THREADS) { /* row-major: rows < n */
             int r, c;
@@ -481,17 +505,15 @@ __global__ void __launch_bounds__(FT_THREADS)
                 *(uint4 *)(qt[k] + (size_t)gc * np + lr) =
                     pack16(tl[k], r, c, true, cs[k][c], e5m2);
         }
-        int how = amax ? EXEC_FP8_TENSOR : EXEC_FP8_TILE_1X128;
-        bool first = r0 == 0 && c0 == 0; /* per-tensor: the expert's first tile writes its factor */
-        put_factors(sq[k], how, n, cols, r0, c0, rs[k], rs[k][0], first);
-        put_factors(sqt[k], how, cols, np, c0, r0, cs[k], cs[k][0], first);
+        put_factors(sq[k], EXEC_FP8_TILE_1X128, n, cols, r0, c0, rs[k], 0.0f, false);
+        put_factors(sqt[k], EXEC_FP8_TILE_1X128, cols, np, c0, r0, cs[k], 0.0f, false);
     }
 }
 
-/* k_fp8_swiglu_bwd with per-tensor scaling (the expert's amax of dg, amax[e], and of du,
- * amax[E + e], known): each value quantized in registers as it is computed, the row-major copies
- * written from there, the transposed ones through shared memory as bytes (put_t8): 32 KB of it,
- * where the tile of bf16 values takes 66. The same bits. */
+/* The same with per-tensor scaling (the expert's amax of dg, amax[e], and of du, amax[E + e],
+ * known): each value quantized in registers as it is computed, the row-major copies written from
+ * there, the transposed ones through shared memory as bytes (put_t8): 32 KB of it, where the
+ * tile of bf16 values takes 66. */
 __global__ void __launch_bounds__(FT_THREADS)
     k_fp8_swiglu_bwd_t(const bf16 *g, const bf16 *u, const bf16 *dhm, const int *off, int E,
                        int cols, float alpha, float limit, int e5m2, const unsigned *amax,
@@ -499,57 +521,23 @@ __global__ void __launch_bounds__(FT_THREADS)
                        unsigned char *qu, unsigned char *qut, float *su, float *sut)
 {
     __shared__ unsigned t8[2][FT * FT / 4];
-    __shared__ int tile_e, tile_r0, tile_c0;
-    __shared__ size_t reg_q, reg_s, reg_st;
-    int t = threadIdx.x;
-    if (t == 0)
-        gk_expert_tile(off, E, cols, true, blockIdx.x, &tile_e, &tile_r0, &tile_c0, &reg_q, &reg_s,
-                       &reg_st);
-    __syncthreads();
-    if (tile_e < 0) return;
-    int e = tile_e, r0 = tile_r0, c0 = tile_c0, o = off[e], n = off[e + 1] - o;
-    int np = exec_fp8_pad(n);
+    struct expert_tile T;
+    if (!block_tile(off, E, cols, true, &T)) return;
+    int r0 = T.r0, c0 = T.c0, n = T.n, np = exec_fp8_pad(n);
     float S[2];
     for (int k = 0; k < 2; k++)
-        S[k] = scale_of(__uint_as_float(amax[k * E + e]), e5m2, EXEC_FP8_TENSOR);
-    unsigned char *q[2] = {qg + reg_q, qu + reg_q}, *qt[2] = {qgt + reg_q, qut + reg_q};
-    /* four values a step, a warp a row's 128 (k_fp8_swiglu_bwd's order), `ahead` steps' loads
-     * issued at once */
-    constexpr int steps = FT * FT / 4 / FT_THREADS, ahead = 4;
-    static_assert(steps % ahead == 0, "a thread's steps in whole batches");
-    for (int s0 = 0; s0 < steps; s0 += ahead) {
-        float x[ahead][4], y[ahead][4], d[ahead][4];
-        bool in[ahead];
-#pragma unroll
-        for (int j = 0; j < ahead; j++) {
-            int i = t + (s0 + j) * FT_THREADS, lr = r0 + i / (FT / 4), gc = c0 + i % (FT / 4) * 4;
-            in[j] = lr < n && gc < cols; /* cols % 4 == 0: the four in or out together */
-            if (in[j]) {
-                size_t at = (size_t)(o + lr) * cols + gc;
-                ld_bf16<4>(g + at, x[j]);
-                ld_bf16<4>(u + at, y[j]);
-                ld_bf16<4>(dhm + at, d[j]);
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < ahead; j++) {
-            int i = t + (s0 + j) * FT_THREADS, r = i / (FT / 4), c = i % (FT / 4) * 4;
-            float gv[4] = {0.0f, 0.0f, 0.0f, 0.0f}, uv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            if (in[j])
-                for (int k = 0; k < 4; k++) {
-                    act_bwd(x[j][k], y[j][k], d[j][k], alpha, limit, &gv[k], &uv[k]);
-                    gv[k] = __bfloat162float(__float2bfloat16(gv[k])); /* as bf16 holds them */
-                    uv[k] = __bfloat162float(__float2bfloat16(uv[k]));
-                }
-            unsigned w[2] = {fp8x4(gv, S[0], e5m2), fp8x4(uv, S[1], e5m2)};
-            for (int k = 0; k < 2; k++) {
-                if (in[j]) *(unsigned *)(q[k] + (size_t)(r0 + r) * cols + c0 + c) = w[k];
-                t8[k][gk_fp8_t8_at(r, c / 4)] = w[k];
-            }
-        }
-    }
+        S[k] = scale_of(__uint_as_float(amax[k * E + T.e]), e5m2, EXEC_FP8_TENSOR);
+    unsigned char *q[2] = {qg + T.q, qu + T.q}, *qt[2] = {qgt + T.q, qut + T.q};
+    swiglu_bwd_tile(g, u, dhm, T, cols, alpha, limit,
+                    [&](int r, int c, bool in, const float *gv, const float *uv) {
+                        unsigned w[2] = {fp8x4(gv, S[0], e5m2), fp8x4(uv, S[1], e5m2)};
+                        for (int k = 0; k < 2; k++) {
+                            if (in) *(unsigned *)(q[k] + (size_t)(r0 + r) * cols + c0 + c) = w[k];
+                            t8[k][gk_fp8_t8_at(r, c / 4)] = w[k];
+                        }
+                    });
     __syncthreads();
-    float *sq[2] = {sg + reg_s, su + reg_s}, *sqt[2] = {sgt + reg_st, sut + reg_st};
+    float *sq[2] = {sg + T.s, su + T.s}, *sqt[2] = {sgt + T.st, sut + T.st};
     bool first = r0 == 0 && c0 == 0; /* the expert's first tile writes its factors */
     for (int k = 0; k < 2; k++) {
         put_t8(t8[k], qt[k], np, cols, c0, r0);
@@ -564,10 +552,12 @@ cudaError_t gk_fp8_swiglu_backward(const bf16 *g, const bf16 *u, const bf16 *dhm
                                    unsigned char *qgt, float *sg, float *sgt, unsigned char *qu,
                                    unsigned char *qut, float *su, float *sut, cudaStream_t s)
 {
-    if (cols % 4) return cudaErrorInvalidValue; /* a thread's four values in or out together */
+    /* 16-byte runs of the copies: rows of 16 bytes, regions on 16 */
+    if (cols % 16 || !aligned(qg, 16) || !aligned(qgt, 16) || !aligned(qu, 16) || !aligned(qut, 16))
+        return cudaErrorInvalidValue;
     size_t tiles = gk_expert_tiles(off, E, cols, true);
     if (!tiles) return cudaGetLastError();
-    if (amax && cols % 16 == 0 && aligned(qgt, 16) && aligned(qut, 16)) { /* put_t8's runs */
+    if (amax) {
         k_fp8_swiglu_bwd_t<<<(unsigned)tiles, FT_THREADS, 0, s>>>(g, u, dhm, off_dev, E, cols,
                                                                   alpha, limit, e5m2, amax, qg, qgt,
                                                                   sg, sgt, qu, qut, su, sut);
@@ -579,7 +569,7 @@ cudaError_t gk_fp8_swiglu_backward(const bf16 *g, const bf16 *u, const bf16 *dhm
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (r != cudaSuccess) return r;
     k_fp8_swiglu_bwd<<<(unsigned)tiles, FT_THREADS, smem, s>>>(
-        g, u, dhm, off_dev, E, cols, alpha, limit, e5m2, amax, qg, qgt, sg, sgt, qu, qut, su, sut);
+        g, u, dhm, off_dev, E, cols, alpha, limit, e5m2, qg, qgt, sg, sgt, qu, qut, su, sut);
     return cudaGetLastError();
 }
 
