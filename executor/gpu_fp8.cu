@@ -105,10 +105,9 @@ static __device__ __forceinline__ void put_factors(float *sq, int how, int rows,
 
 /* Per-tensor scaling needs no tile of values: each value is quantized as it is loaded (one scale
  * for all), its row-major copy written from registers, and only the transposed copy goes through
- * shared memory, as the tile's fp8 bytes (gk_fp8_t8_at). */
-
-/* The tile's transpose from t8 (the tile's rows from r0, its columns from c0) into qt (cols x
- * ldt, ldt a multiple of 16, rows of qt on 16 bytes): a thread a patch of 16 rows by 4 columns,
+ * shared memory, as the tile's fp8 bytes (gk_fp8_t8_at). put_t8: the tile's transpose from t8
+ * (the tile's rows from r0, its columns from c0) into qt (cols x ldt, ldt a multiple of 16, rows
+ * of qt on 16 bytes): a thread a patch of 16 rows by 4 columns,
  * its 16 words into four 16-byte runs (byte permutes); a warp four columns' 128 rows, each
  * column's run of 128 bytes coalesced. */
 static __device__ __forceinline__ void put_t8(const unsigned *t8, unsigned char *qt, int ldt,
