@@ -85,7 +85,8 @@ const struct cli_opt cmd_run_opts[] = {
     {"bias-update-rate", required_argument, OPT_BIAS, "R",
      "aux-loss-free balancing: per-step bias update (0.001; 0: off)"},
     {"lr", required_argument, OPT_LR, "LR", "peak learning rate (3e-4; cosine to a tenth)"},
-    {"warmup", required_argument, OPT_WARMUP, "N", "warm-up steps (10, at most steps/10 + 1)"},
+    {"warmup", required_argument, OPT_WARMUP, "N",
+     "warm-up steps, at most --steps (default: 10, at most steps/10 + 1)"},
     {"expert-streams", required_argument, OPT_STREAMS, "N",
      "CUDA streams for the expert GEMMs (1 .. 8; " EXEC_STR(EXEC_DEFAULT_STREAMS) ")"},
     {NULL, 0, 0, NULL, NULL},
@@ -373,7 +374,7 @@ int cmd_run(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     if (rc >= 0) return rc;
     struct run_opts o = {.c = {.seed = 1,
                                .steps = 100,
-                               .warmup = 10,
+                               .warmup = -1, /* the default: below */
                                .streams = EXEC_DEFAULT_STREAMS,
                                .lr = 3e-4,
                                .bias_rate = 1e-3,
@@ -465,6 +466,10 @@ int cmd_run(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
         }
     }
     if (optind != argc - 1) return cli_usage(cmd, "give one plan file");
+    if (o.c.warmup > o.c.steps)
+        return cli_usage(cmd, "--warmup %d: at most --steps (%d)", o.c.warmup, o.c.steps);
+    if (o.c.warmup < 0) /* 10 steps, a tenth of a short run */
+        o.c.warmup = o.c.steps / 10 + 1 < 10 ? o.c.steps / 10 + 1 : 10;
     if ((o.c.resume || o.c.ckpt_every) && !o.c.ckpt_dir)
         return cli_usage(cmd, "--resume and --checkpoint-every need --checkpoint-dir");
     o.plan = argv[optind];

@@ -63,7 +63,7 @@ struct exec_run_cfg {
     const char *id_file;       /* PROCESS: where rank 0 leaves the NCCL id for the others */
     const char *data;          /* training data (NULL: synthetic tokens) */
     uint64_t seed;
-    int steps, warmup, streams;
+    int steps, warmup, streams; /* warmup: the learning rate's warm-up steps, as they are */
     double lr, aux, bias_rate;
     double timeout_s;         /* a collective waited for longer fails the run (60) */
     bool no_grad_overlap;     /* all-reduce the gradients after the backward, not in it */

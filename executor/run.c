@@ -364,7 +364,7 @@ static enum moe_status rank_main(struct run_shared *sh, int me, struct exec_tran
     info.opt.lr_max = c->lr;
     info.opt.lr_min = c->lr / 10;
     info.opt.total_steps = c->steps;
-    info.opt.warmup_steps = c->warmup < c->steps / 10 + 1 ? c->warmup : c->steps / 10 + 1;
+    info.opt.warmup_steps = c->warmup;
     info.opt.moments_bf16 = l->moments_bf16;
     tok = malloc(sizeof *tok * (size_t)seqs * per);
     if (!tok) {

@@ -381,6 +381,9 @@ static void test_run(void **state)
     RUN(&r, "run", cli_tmp("plan8.json"), "--on-nonfinite", "ignore");
     assert_int_equal(r.code, 2);
     expect_in(r.err, "--on-nonfinite ignore: stop or skip");
+    RUN(&r, "run", cli_tmp("plan8.json"), "--steps", "20", "--warmup", "21");
+    assert_int_equal(r.code, 2); /* a warm-up past the run, refused (taken as given up to it) */
+    expect_in(r.err, "--warmup 21: at most --steps (20)");
     RUN(&r, "run", cli_tmp("plan8.json"), "--inject-nan", "0:blk0.wo");
     assert_int_equal(r.code, 2);
     expect_in(r.err, "STEP:TENSOR[:weight]");
