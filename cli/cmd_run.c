@@ -232,6 +232,14 @@ static int run(struct cli *cli, const struct run_opts *o)
     memset(&lg, 0, sizeof lg);
     char idbuf[MOE_PATH_MAX];
     if ((st = plan_load(o->plan, &p, &err))) goto cleanup;
+    if (o->c.data) { /* the text read as an input now, so that the check below knows it */
+        FILE *f;
+        if ((st = moe_file_open_input(o->c.data, &f, &err))) goto cleanup;
+        fclose(f);
+    }
+    /* --out before the GPU is looked for, not after minutes of training: neither the plan nor
+     * the text, a place a file can be written */
+    if ((st = moe_output_check(o->out, &err))) goto cleanup;
     struct exec_run_cfg c = o->c;
     c.plan = &p;
     c.mode = o->virtual_ranks ? EXEC_RUN_VIRTUAL : EXEC_RUN_THREADS;

@@ -384,6 +384,9 @@ static void test_run(void **state)
     RUN(&r, "run", cli_tmp("plan8.json"), "--steps", "20", "--warmup", "21");
     assert_int_equal(r.code, 2); /* a warm-up past the run, refused (taken as given up to it) */
     expect_in(r.err, "--warmup 21: at most --steps (20)");
+    RUN(&r, "run", cli_tmp("plan8.json"), "--out", cli_tmp("plan8.json"));
+    assert_int_equal(r.code, 2); /* before any GPU is looked for, not after the training */
+    expect_in(r.err, "is an input of this command: moeplan never overwrites its inputs");
     RUN(&r, "run", cli_tmp("plan8.json"), "--inject-nan", "0:blk0.wo");
     assert_int_equal(r.code, 2);
     expect_in(r.err, "STEP:TENSOR[:weight]");
