@@ -576,9 +576,11 @@ cudaError_t gk_fp8_swiglu_backward(const bf16 *g, const bf16 *u, const bf16 *dhm
 
 /* The algorithm of each kind of GEMM, chosen once: cuBLASLt's heuristics cost 100-300 us of host
  * time a call. The rows M (an expert's, which follow the routing) count by the power of two at
- * or above them. */
+ * or above them, and so does K, which is an expert's rows in its weight gradients (the operands
+ * there transposed copies as long as K: their leading dimensions count as "K", 0); K is the one
+ * the kind was first met at, its algorithm chosen there. */
 struct fp8_kind {
-    int mb, N, K, lda, ldb, ldc, ha, hb, ea, eb, fast;
+    int mb, kb, N, K, lda, ldb, ldc, ha, hb, ea, eb, fast;
     cudaDataType yt;
     cublasLtMatmulDesc_t op;
     cublasLtMatmulAlgo_t algo;
@@ -665,8 +667,8 @@ cublasStatus_t gk_fp8_matmul(const struct gk_fp8_mat *w, const struct gk_fp8_mat
                              int K, int ldy, cudaDataType yt, bool fast, cublasLtMatmulDesc_t *op,
                              cublasLtMatrixLayout_t l[3])
 {
-    struct fp8_kind q = {M,       N,       K,    w->ld, x->ld, ldy, w->how, x->how,
-                         w->e5m2, x->e5m2, fast, yt,    NULL,  {},  false};
+    struct fp8_kind q = {M,      K,       N,       K,    w->ld, x->ld, ldy, w->how,
+                         x->how, w->e5m2, x->e5m2, fast, yt,    NULL,  {},  false};
     l[0] = l[1] = l[2] = NULL;
     cublasStatus_t st = kind_desc(&q);
     if (!st)
@@ -771,10 +773,10 @@ static cublasStatus_t kind_algo(struct gk_fp8_lt *c, struct fp8_kind *q, const s
 }
 
 /* A fresh kind's algorithm, picked on its first call (M rows into y, beta 0: y is written
- * anyway) while picks are on (gk_fp8_lt_picks) where it accumulates fast (the forward's GEMMs:
- * their kinds differ by M's bucket alone, a few a run; the weight gradients' differ by K, the rows
- * an expert got, a new kind almost every call, and a pick each made validate's fp8 steps 4x
- * slower; the promoted GEMMs gained 0-3% by it in bench gemm): of the heuristic's first FP8_PICK
+ * anyway) while picks are on (gk_fp8_lt_picks) where it accumulates fast (the forward's GEMMs;
+ * the promoted ones gained 0-3% by it in bench gemm, and when the weight gradients' kinds were
+ * keyed by their exact K, a new kind almost every call, a pick each made validate's fp8 steps 4x
+ * slower on an H100): of the heuristic's first FP8_PICK
  * algorithms without split-K, the fastest of those that write the first one's bits
  * (gk_lt_time_algos on stream s, FP8_PICK_RUNS timings each). cuBLASLt's first is often not its
  * fastest (bench gemm: the forward's fast fp8 GEMMs 3-19% slower on the H100), and the algorithms
@@ -814,14 +816,16 @@ static cublasStatus_t fp8_gemm_once(struct gk_fp8_lt *c, const struct gk_fp8_mat
                                     cudaStream_t s)
 {
     if (!M || !N) return CUBLAS_STATUS_SUCCESS;
-    int mb = EXEC_FP8_PAD; /* from 16 rows: the block-scaled tails' own kind */
+    int mb = EXEC_FP8_PAD, kb = EXEC_FP8_PAD; /* from 16: the block-scaled tails' own kind */
     while (mb < M && mb < (1 << 30)) mb *= 2;
-    struct fp8_kind key = {mb,      N,       K,    w->ld, x->ld, ldy, w->how, x->how,
-                           w->e5m2, x->e5m2, fast, yt,    NULL,  {},  false};
+    while (kb < K && kb < (1 << 30)) kb *= 2;
+    int lda = w->ld == K ? 0 : w->ld, ldb = x->ld == K ? 0 : x->ld; /* 0: K's */
+    struct fp8_kind key = {mb,     kb,      N,       K,    lda, ldb,  ldy, w->how,
+                           x->how, w->e5m2, x->e5m2, fast, yt,  NULL, {},  false};
     struct fp8_kind *q = NULL, scratch;
     for (int i = 0; i < c->n && !q; i++) {
         struct fp8_kind *k = &c->kind[i];
-        if (k->mb == mb && k->N == N && k->K == K && k->lda == w->ld && k->ldb == x->ld &&
+        if (k->mb == mb && k->kb == kb && k->N == N && k->lda == lda && k->ldb == ldb &&
             k->ldc == ldy && k->ha == w->how && k->hb == x->how && k->ea == w->e5m2 &&
             k->eb == x->e5m2 && k->fast == (int)fast && k->yt == yt)
             q = k;
@@ -852,8 +856,9 @@ static cublasStatus_t fp8_gemm_once(struct gk_fp8_lt *c, const struct gk_fp8_mat
     if (!st)
         st = cublasLtMatmul(c->lt, q->op, &one, w->q, l[0], x->q, l[1], &beta, y, l[2], y, l[2],
                             &q->algo, ws, c->ws_bytes, s);
-    if (st == CUBLAS_STATUS_NOT_SUPPORTED && mb != M) { /* the kind's algorithm not at M rows */
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED && (mb != M || q->K != K)) { /* not at M rows, K */
         struct fp8_kind once = *q;
+        once.K = K;
         if (!(st = kind_algo(c, &once, w, x, M)))
             st = cublasLtMatmul(c->lt, once.op, &one, w->q, l[0], x->q, l[1], &beta, y, l[2], y,
                                 l[2], &once.algo, ws, c->ws_bytes, s);
