@@ -773,10 +773,11 @@ static cublasStatus_t kind_algo(struct gk_fp8_lt *c, struct fp8_kind *q, const s
 }
 
 /* A fresh kind's algorithm, picked on its first call (M rows into y, beta 0: y is written
- * anyway) while picks are on (gk_fp8_lt_picks) where it accumulates fast (the forward's GEMMs;
- * the promoted ones gained 0-3% by it in bench gemm, and when the weight gradients' kinds were
- * keyed by their exact K, a new kind almost every call, a pick each made validate's fp8 steps 4x
- * slower on an H100): of the heuristic's first FP8_PICK
+ * anyway) while picks are on (gk_fp8_lt_picks; the kinds counted by M's and K's power of two,
+ * a few dozen a run: when the weight gradients' were keyed by their exact K, a new kind almost
+ * every call, a pick each made validate's fp8 steps 4x slower on an H100, and only the forward's
+ * fast-accumulating GEMMs picked; the promoted ones gained 0-3% by it in bench gemm): of the
+ * heuristic's first FP8_PICK
  * algorithms without split-K, the fastest of those that write the first one's bits
  * (gk_lt_time_algos on stream s, FP8_PICK_RUNS timings each). cuBLASLt's first is often not its
  * fastest (bench gemm: the forward's fast fp8 GEMMs 3-19% slower on the H100), and the algorithms
@@ -848,7 +849,7 @@ static cublasStatus_t fp8_gemm_once(struct gk_fp8_lt *c, const struct gk_fp8_mat
         st = cublasLtMatmulDescSetAttribute(q->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x->sinv,
                                             sizeof x->sinv);
     if (!st && fresh && (st = kind_algo(c, q, w, x, mb))) q->usable = false;
-    if (!st && fresh && q != &scratch && beta == 0.0f && fast && !c->no_pick)
+    if (!st && fresh && q != &scratch && beta == 0.0f && !c->no_pick)
         kind_pick(c, q, w, x, M, y, ws, s);
     float one = 1.0f;
     cublasLtMatrixLayout_t l[3] = {NULL, NULL, NULL};

@@ -399,10 +399,10 @@ void gk_fp8_lt_picks(struct gk_fp8_lt *c, bool on);
  * the handle's workspace. x in 1 x 128 tiles at M not a multiple of EXEC_FP8_PAD: x holds
  * exec_fp8_pad(M) rows (what is past M any bytes: their products are dropped), and tail is
  * EXEC_FP8_PAD x N floats, the caller's scratch (one a stream), for the last rows' GEMM
- * (exec_fp8_factor_at says why); NULL otherwise. Each kind of GEMM (its shape but the rows, by
- * power of two, its layouts and scalings) keeps one algorithm: on its first call with beta 0,
- * accumulating fast and while picks are on (gk_fp8_lt_picks), the fastest of cuBLASLt's first few
- * that write its first's bits, each timed there (a host sync); else the heuristic's first. */
+ * (exec_fp8_factor_at says why); NULL otherwise. Each kind of GEMM (its shape, M and K by power
+ * of two, its layouts and scalings) keeps one algorithm: on its first call with beta 0 while
+ * picks are on (gk_fp8_lt_picks), the fastest of cuBLASLt's first few that write its first's
+ * bits, each timed there (a host sync); else the heuristic's first. */
 cublasStatus_t gk_fp8_gemm(struct gk_fp8_lt *c, const struct gk_fp8_mat *w,
                            const struct gk_fp8_mat *x, int M, int N, int K, void *y, int ldy,
                            cudaDataType yt, float beta, bool fast, void *tail, void *ws,
