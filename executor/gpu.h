@@ -168,10 +168,6 @@ struct exec_gpu {
     cudaStream_t side[EXEC_MAX_STREAMS];
     cublasHandle_t side_blas[EXEC_MAX_STREAMS];
     cudaEvent_t fork_ev, join_ev[EXEC_MAX_STREAMS];
-    /* the experts' SwiGLU backward on act_s, after act_in and joined by act_ev: beside the down
-     * projection's weight gradients (gpu_experts_backward) */
-    cudaStream_t act_s;
-    cudaEvent_t act_in, act_ev;
     cublasHandle_t cur; /* the handle GEMMs go to now */
     int cur_side;       /* its side stream, -1: s */
     bool in_experts;    /* between fork_experts and join_experts: lin* go to mm_expert */
@@ -353,11 +349,6 @@ static inline double allocated(const struct exec_gpu *g)
 #define ALLOC(ptr, count, cat)                                                                     \
     MOE_CHECK(gpu_dalloc(g, (void **)&(ptr), sizeof(*(ptr)) * (size_t)(count), cat, #ptr, err))
 #define PH(p) MOE_CHECK(gpu_phase(g, (p), err))
-/* The stream GEMMs and their kernels go to now: an expert's side stream, else s */
-static inline cudaStream_t gpu_stream_now(const struct exec_gpu *g)
-{
-    return g->cur_side < 0 ? g->s : g->side[g->cur_side];
-}
 static inline float *M(const struct exec_gpu *g, int t)
 {
     return g->master + g->table.tensor[t].offset;

@@ -256,9 +256,6 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
     g->cur_side = -1;
     g->nside =
         cfg->streams > 1 ? (cfg->streams < EXEC_MAX_STREAMS ? cfg->streams : EXEC_MAX_STREAMS) : 0;
-    MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&g->act_s, cudaStreamNonBlocking));
-    MOE_CUDA_CHECK(cudaEventCreateWithFlags(&g->act_in, cudaEventDisableTiming));
-    MOE_CUDA_CHECK(cudaEventCreateWithFlags(&g->act_ev, cudaEventDisableTiming));
     if (g->nside) MOE_CUDA_CHECK(cudaEventCreateWithFlags(&g->fork_ev, cudaEventDisableTiming));
     for (int i = 0; i < g->nside; i++) {
         void *sws;
@@ -558,7 +555,6 @@ extern "C" void exec_gpu_destroy(struct exec_gpu *g)
     if (!g) return;
     if (g->s) cudaStreamSynchronize(g->s);
     if (g->cast_s) cudaStreamSynchronize(g->cast_s);
-    if (g->act_s) cudaStreamSynchronize(g->act_s);
     for (int i = 0; i < g->nallocs; i++) cudaFree(g->allocs[i]);
     for (int i = 0; i < g->ev_created; i++) cudaEventDestroy(g->ev[i]);
     if (g->off_host)
@@ -588,9 +584,6 @@ extern "C" void exec_gpu_destroy(struct exec_gpu *g)
         if (g->side[i]) cudaStreamDestroy(g->side[i]);
     }
     if (g->fork_ev) cudaEventDestroy(g->fork_ev);
-    if (g->act_in) cudaEventDestroy(g->act_in);
-    if (g->act_ev) cudaEventDestroy(g->act_ev);
-    if (g->act_s) cudaStreamDestroy(g->act_s);
     for (int p = 0; g->cast_ev && p < 2 * g->layers; p++)
         if (g->cast_ev[p]) cudaEventDestroy(g->cast_ev[p]);
     free(g->cast_ev), free(g->cast_waited);

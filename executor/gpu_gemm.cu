@@ -89,7 +89,7 @@ static enum moe_status mm_expert(struct exec_gpu *g, bool ta, bool tb, bool vary
     if (q && q->usable) {
         cublasLtMatrixLayout_t l[3];
         float alpha = 1.0f;
-        cudaStream_t st_ = gpu_stream_now(g);
+        cudaStream_t st_ = g->cur_side < 0 ? g->s : g->side[g->cur_side];
         void *ws = g->cur_side < 0 ? g->blas_ws : g->side_ws[g->cur_side];
         cublasStatus_t st = lt_layouts(l, ta, tb, M_, N, K, lda, ldb, ldc, ab, ct);
         if (!st)
@@ -374,6 +374,11 @@ static void fp8_keep(struct fp8_scratch *x8, const bf16 *src, int ld, int rows, 
     x8->kept = fp8_kept{src, ld, rows, cols, e5m2, t};
 }
 
+static cudaStream_t stream_now(const struct exec_gpu *g)
+{
+    return g->cur_side < 0 ? g->s : g->side[g->cur_side];
+}
+
 static void *ws_now(const struct exec_gpu *g)
 {
     return g->cur_side < 0 ? g->blas_ws : g->side_ws[g->cur_side];
@@ -386,10 +391,9 @@ static cudaError_t fp8_cast(struct exec_gpu *g, const bf16 *X, int ld, int rows,
 {
     const unsigned *kn = g->f8.act == EXEC_FP8_TENSOR ? fp8_known(g, X, ld, rows) : NULL;
     if (kn)
-        return gk_fp8_cast_known(X, ld, rows, cols, e5m2, q, sq, qt, ldt, sqt, kn,
-                                 gpu_stream_now(g));
+        return gk_fp8_cast_known(X, ld, rows, cols, e5m2, q, sq, qt, ldt, sqt, kn, stream_now(g));
     return gk_fp8_cast(X, ld, rows, cols, g->f8.act, e5m2, q, sq, qt, ldt, sqt,
-                       fp8_scratch_now(g)->amax, gpu_stream_now(g));
+                       fp8_scratch_now(g)->amax, stream_now(g));
 }
 
 /* fast: the forward with per-tensor scaling (Transformer Engine's and so Megatron's tensorwise
@@ -399,7 +403,7 @@ static enum moe_status fp8_mm(struct exec_gpu *g, const struct gk_fp8_mat *w,
                               cudaDataType yt, float beta, bool fast, struct moe_error *err)
 {
     cublasStatus_t st = gk_fp8_gemm(g->f8lt, w, x, M, N, K, y, ldy, yt, beta, fast,
-                                    fp8_scratch_now(g)->tail, ws_now(g), gpu_stream_now(g));
+                                    fp8_scratch_now(g)->tail, ws_now(g), stream_now(g));
     if (st != CUBLAS_STATUS_SUCCESS)
         return moe_error_set(err, MOE_ERR_CUBLAS,
                              "executor: the fp8 GEMM %d x %d x %d (%s scaling): cuBLASLt: %s", M, N,

@@ -73,7 +73,7 @@ static float expert_bias_rows(struct exec_gpu *g, int t, int e, size_t o, int n,
     if (!g->expert_bias) return 0.0f;
     const float *b = M(g, t) + (size_t)e * cols;
     cudaError_t r = gk_bias_rows(y32 ? y32 + o * cols : NULL, y16 ? y16 + o * cols : NULL, cols, b,
-                                 n, cols, false, gpu_stream_now(g));
+                                 n, cols, false, g->cur_side < 0 ? g->s : g->side[g->cur_side]);
     if (*ce == cudaSuccess) *ce = r;
     return 1.0f;
 }
@@ -87,14 +87,6 @@ enum moe_status gpu_experts_forward(struct exec_gpu *g, int l, struct act *A, co
     const int *w = g->wi[l];
     int h = g->hidden, E = g->experts, f = g->ffn;
     if (!g->m.moe.probs_on_input) gpu_fp8_know(g, l, F8_X, A->xp16, h);
-    /* blockwise: the down GEMMs' input quantized with the activation, after every expert's gate
-     * and up (gk_fp8_swiglu_forward); else each expert's activation on act_s as soon as its gate
-     * and up are written, beside the next experts' GEMMs (per-tensor scaling: it keeps its amax
-     * of hm for the down GEMM, an expert's own) */
-    bool fused = g->f8.fuse && g->f8.act == EXEC_FP8_TILE_1X128 && gpu_fp8_fused_ok(g, l);
-    struct gk_amax_rows am;
-    const struct gk_amax_rows *keep = NULL;
-    if (!fused) MOE_CHECK(gpu_fp8_rows(g, l, F8_HM, 1, A->off, f, &am, &keep, err));
     MOE_CHECK(each_expert(
         g, l, off,
         [&](int e, size_t o, int n) {
@@ -104,20 +96,13 @@ enum moe_status gpu_experts_forward(struct exec_gpu *g, int l, struct act *A, co
             MOE_CUDA_CHECK(ce);
             MOE_CHECK(gpu_lin(g, A->xp16 + o * h, h, W16(g, w[W_GATE]) + (size_t)e * f * h, n, h, f,
                               A->eg16 + o * f, f, CUDA_R_16BF, bg, err));
-            MOE_CHECK(gpu_lin(g, A->xp16 + o * h, h, W16(g, w[W_UP]) + (size_t)e * f * h, n, h, f,
-                              A->eu16 + o * f, f, CUDA_R_16BF, bu, err));
-            if (fused) return MOE_OK;
-            MOE_CUDA_CHECK(cudaEventRecord(g->act_in, gpu_stream_now(g)));
-            MOE_CUDA_CHECK(cudaStreamWaitEvent(g->act_s, g->act_in, 0));
-            /* the region's rows all expert e's: one expert (E 1) whose amax is amax[e] */
-            struct gk_amax_rows ae = {A->off, 1, f, {keep ? keep->amax[0] + e : NULL, NULL}};
-            MOE_CUDA_CHECK(gk_swiglu(A->eg16 + o * f, A->eu16 + o * f, A->ehm16 + o * f,
-                                     (size_t)n * f, g->act_alpha, g->act_limit, keep ? &ae : NULL,
-                                     g->act_s));
-            return MOE_OK;
+            return gpu_lin(g, A->xp16 + o * h, h, W16(g, w[W_UP]) + (size_t)e * f * h, n, h, f,
+                           A->eu16 + o * f, f, CUDA_R_16BF, bu, err);
         },
         err));
-    if (fused) {
+    if (g->f8.fuse && g->f8.act == EXEC_FP8_TILE_1X128 && gpu_fp8_fused_ok(g, l)) {
+        /* blockwise: the down GEMMs' input quantized here too (per-tensor scaling waits for the
+         * whole expert's amax: below, SwiGLU keeps it) */
         exec_fp8_regions(off, E, f, g->f8pre.qo, g->f8pre.so, g->f8pre.sto);
         MOE_CHECK(gpu_upload(g, g->f8pre.off_dev, off, sizeof(int) * (E + 1), err));
         MOE_CUDA_CHECK(gk_fp8_swiglu_forward(A->eg16, A->eu16, g->f8pre.off_dev, off, E, f,
@@ -125,8 +110,11 @@ enum moe_status gpu_experts_forward(struct exec_gpu *g, int l, struct act *A, co
                                              g->f8pre.s[0], g->s));
         g->f8pre.key[0] = A->ehm16, g->f8pre.off = off;
     } else {
-        MOE_CUDA_CHECK(cudaEventRecord(g->act_ev, g->act_s));
-        MOE_CUDA_CHECK(cudaStreamWaitEvent(g->s, g->act_ev, 0));
+        struct gk_amax_rows am;
+        const struct gk_amax_rows *keep;
+        MOE_CHECK(gpu_fp8_rows(g, l, F8_HM, 1, A->off, f, &am, &keep, err));
+        MOE_CUDA_CHECK(gk_swiglu(A->eg16, A->eu16, A->ehm16, (size_t)off[E] * f, g->act_alpha,
+                                 g->act_limit, keep, g->s));
         gpu_fp8_know(g, l, F8_HM, A->ehm16, f);
     }
     enum moe_status st = each_expert(
@@ -162,55 +150,11 @@ enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act
     if (!g->m.moe.probs_on_input) gpu_fp8_know(g, l, F8_X, A->xp16, h);
     gpu_fp8_know(g, l, F8_HM, A->ehm16, f);
     gpu_fp8_know(g, l, F8_DY, g->dyp16, h);
-    /* 1. the down projection's data gradients (dehm16), every expert's */
     MOE_CHECK(each_expert(
         g, l, off,
         [&](int e, size_t o, int n) {
-            return gpu_lin_dx(g, g->dyp16 + o * h, h, W16(g, w[W_DOWN]) + (size_t)e * h * f, n, f,
-                              h, g->dehm16 + o * f, f, CUDA_R_16BF, 0, err);
-        },
-        err));
-    /* 2. SwiGLU's backward on act_s (memory-bound passes) while the down projection's weight
-     * gradients (compute-bound GEMMs, which read neither its inputs nor its outputs) run on the
-     * experts' streams; what it reads and zeroes is set on s first, before act_in */
-    bool fused = g->f8.fuse && gpu_fp8_fused_ok(g, l);
-    struct gk_amax_rows am;
-    const struct gk_amax_rows *keep;
-    if (fused) { /* the gradients quantized for the GEMMs below, never in bf16 */
-        exec_fp8_regions(off, E, f, g->f8pre.qo, g->f8pre.so, g->f8pre.sto);
-        MOE_CHECK(gpu_upload(g, g->f8pre.off_dev, off, sizeof(int) * (E + 1), err));
-        keep = NULL; /* per-tensor: each expert's scales first, a pass of SwiGLU's backward that
-                      * writes its amax alone */
-        if (g->f8.act == EXEC_FP8_TENSOR) {
-            MOE_CHECK(gpu_fp8_rows(g, l, F8_DG, 2, g->f8pre.off_dev, f, &am, &keep, err));
-            if (!keep)
-                return moe_error_set(err, MOE_ERR_RUNTIME,
-                                     "executor: layer %d keeps no amax for its fused SwiGLU", l);
-        }
-    } else {
-        MOE_CHECK(gpu_fp8_rows(g, l, F8_DG, 2, A->off, f, &am, &keep, err));
-    }
-    MOE_CUDA_CHECK(cudaEventRecord(g->act_in, g->s));
-    MOE_CUDA_CHECK(cudaStreamWaitEvent(g->act_s, g->act_in, 0));
-    if (fused) {
-        if (keep)
-            MOE_CUDA_CHECK(gk_swiglu_backward(A->eg16, A->eu16, g->dehm16, NULL, NULL,
-                                              (size_t)off[E] * f, g->act_alpha, g->act_limit, keep,
-                                              g->act_s));
-        MOE_CUDA_CHECK(gk_fp8_swiglu_backward(
-            A->eg16, A->eu16, g->dehm16, g->f8pre.off_dev, off, E, f, g->act_alpha, g->act_limit,
-            g->cfg.fp8_e5m2_grads, keep ? keep->amax[0] : NULL, /* dg's, then du's */
-            g->f8pre.q[0], g->f8pre.qt[0], g->f8pre.s[0], g->f8pre.st[0], g->f8pre.q[1],
-            g->f8pre.qt[1], g->f8pre.s[1], g->f8pre.st[1], g->act_s));
-    } else {
-        MOE_CUDA_CHECK(gk_swiglu_backward(A->eg16, A->eu16, g->dehm16, g->deg16, g->deu16,
-                                          (size_t)off[E] * f, g->act_alpha, g->act_limit, keep,
-                                          g->act_s));
-    }
-    MOE_CUDA_CHECK(cudaEventRecord(g->act_ev, g->act_s));
-    MOE_CHECK(each_expert(
-        g, l, off,
-        [&](int e, size_t o, int n) {
+            MOE_CHECK(gpu_lin_dx(g, g->dyp16 + o * h, h, W16(g, w[W_DOWN]) + (size_t)e * h * f, n,
+                                 f, h, g->dehm16 + o * f, f, CUDA_R_16BF, 0, err));
             MOE_CHECK(gpu_lin_dw(g, g->dyp16 + o * h, h, A->ehm16 + o * f, f, n, f, h, w[W_DOWN], e,
                                  err));
             if (g->expert_bias)
@@ -219,14 +163,39 @@ enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act
             return MOE_OK;
         },
         err));
-    MOE_CUDA_CHECK(cudaStreamWaitEvent(g->s, g->act_ev, 0));
-    if (fused) {
+    bool fused = g->f8.fuse && gpu_fp8_fused_ok(g, l);
+    if (fused) { /* the gradients quantized for the GEMMs below, never in bf16 */
+        exec_fp8_regions(off, E, f, g->f8pre.qo, g->f8pre.so, g->f8pre.sto);
+        MOE_CHECK(gpu_upload(g, g->f8pre.off_dev, off, sizeof(int) * (E + 1), err));
+        const unsigned *amax = NULL; /* per-tensor: each expert's scales first, a pass of SwiGLU's
+                                      * backward that writes its amax alone */
+        if (g->f8.act == EXEC_FP8_TENSOR) {
+            struct gk_amax_rows am;
+            const struct gk_amax_rows *keep;
+            MOE_CHECK(gpu_fp8_rows(g, l, F8_DG, 2, g->f8pre.off_dev, f, &am, &keep, err));
+            if (!keep)
+                return moe_error_set(err, MOE_ERR_RUNTIME,
+                                     "executor: layer %d keeps no amax for its fused SwiGLU", l);
+            MOE_CUDA_CHECK(gk_swiglu_backward(A->eg16, A->eu16, g->dehm16, NULL, NULL,
+                                              (size_t)off[E] * f, g->act_alpha, g->act_limit, keep,
+                                              g->s));
+            amax = keep->amax[0]; /* dg's, then du's: F8_DG, F8_DU */
+        }
+        MOE_CUDA_CHECK(gk_fp8_swiglu_backward(
+            A->eg16, A->eu16, g->dehm16, g->f8pre.off_dev, off, E, f, g->act_alpha, g->act_limit,
+            g->cfg.fp8_e5m2_grads, amax, g->f8pre.q[0], g->f8pre.qt[0], g->f8pre.s[0],
+            g->f8pre.st[0], g->f8pre.q[1], g->f8pre.qt[1], g->f8pre.s[1], g->f8pre.st[1], g->s));
         g->f8pre.key[0] = g->deg16, g->f8pre.key[1] = g->deu16, g->f8pre.off = off;
     } else {
+        struct gk_amax_rows am;
+        const struct gk_amax_rows *keep;
+        MOE_CHECK(gpu_fp8_rows(g, l, F8_DG, 2, A->off, f, &am, &keep, err));
+        MOE_CUDA_CHECK(gk_swiglu_backward(A->eg16, A->eu16, g->dehm16, g->deg16, g->deu16,
+                                          (size_t)off[E] * f, g->act_alpha, g->act_limit, keep,
+                                          g->s));
         gpu_fp8_know(g, l, F8_DG, g->deg16, f);
         gpu_fp8_know(g, l, F8_DU, g->deu16, f);
     }
-    /* 3. the gate and up projections' gradients */
     enum moe_status st = each_expert(
         g, l, off,
         [&](int e, size_t o, int n) {
