@@ -136,6 +136,12 @@ struct exec_fp8_layout {
      * routed rows). */
     bool fuse;
     size_t pre_bytes, pre_factors;
+    /* MoE layers, hidden a multiple of 16: the experts' input as the forward's gate GEMMs
+     * quantize it, both ways, its transpose kept (a MoE layer's activation, struct act) for the
+     * gate and up weight gradients, which would quantize it again (keep_xt); xt_bytes, xt_factors:
+     * its size and its factors' (bounds as pre_bytes') */
+    bool keep_xt;
+    size_t xt_bytes, xt_factors;
     /* Per-tensor scaling, MoE layers: the kernels that write the experts' permuted matrices (the
      * gather, SwiGLU and its backward, the combine's backward) keep each expert's amax, five a
      * MoE layer (x, hm in the forward; dy, dg, du in the backward), so the quantization of those

@@ -82,6 +82,17 @@ struct act {
     bf16 *eu16;    /* (Pe, ffn) expert up */
     bf16 *ehm16;   /* (Pe, ffn) silu(gate) * up */
     float *yp32;   /* (Pe, h) expert outputs, unweighted */
+    /* fp8 with f8.keep_xt, no EP: xp16's rows as the forward's gate GEMMs quantized them,
+     * transposed, expert by expert (exec_fp8_regions), and their factors (exec_gpu's xt) */
+    unsigned char *xt8;
+    float *xt8s;
+};
+
+/* fp8 with f8.keep_xt: the layer and the rows' offsets whose experts' input an act set's xt8
+ * holds (layer -1: none) */
+struct gpu_xt_set {
+    int l;
+    const int *off;
 };
 
 /* An expert GEMM kind: its cuBLASLt operation and the algorithm chosen for it once. */
@@ -222,6 +233,18 @@ struct exec_gpu {
         const int *off;
         int *off_dev; /* (E + 1) a copy of the rows' offsets the fused kernels read */
     } f8pre;
+    /* fp8 with f8.keep_xt: xt_set[i], act set i's (i: the layer, or 0 with full recompute);
+     * xt: where the experts' gate and up GEMMs write it now (forward) or read it (backward), for
+     * the rows of base (NULL: none), expert e's region from qo[e] and sto[e]; done[e]: written */
+    struct gpu_xt_set *xt_set;
+    struct {
+        const bf16 *base;
+        const int *off;
+        unsigned char *q;
+        float *s;
+        size_t *qo, *so, *sto;
+        unsigned char *done;
+    } xt;
     /* fp8 with f8.amax_rows: (nmoe, 5, E) each expert's amax of a MoE layer's x, hm, dy, dg, du
      * as the kernels that wrote them kept it (F8_X .. F8_DU); the matrices whose amax the GEMMs
      * may take now (known[0 .. nknown): base its first row, ld its width, off the layer's rows,
@@ -429,6 +452,11 @@ enum moe_status gpu_fp8_rows(struct exec_gpu *g, int l, int kind, int n, const i
  * (ld wide; the layer's rows, off_host[l]) until g->nf8known = 0: what a kernel given
  * gpu_fp8_rows kept since that matrix was last written */
 void gpu_fp8_know(struct exec_gpu *g, int l, int kind, const bf16 *base, int ld);
+/* fp8 with f8.keep_xt: layer l's experts' gate and up GEMMs on A's rows `off` write (forward) or
+ * read (backward: where that layer's forward on those rows wrote it last) their input's kept
+ * transpose until gpu_fp8_xt_end */
+void gpu_fp8_xt_begin(struct exec_gpu *g, int l, const struct act *A, const int *off, bool forward);
+void gpu_fp8_xt_end(struct exec_gpu *g);
 /* fp8: every stream's kept operands forgotten (struct fp8_kept) */
 void gpu_fp8_forget(struct exec_gpu *g);
 /* fp8: whether layer l's experts' gate and up GEMMs run in fp8 (the fused SwiGLU backward's

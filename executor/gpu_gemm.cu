@@ -301,6 +301,32 @@ static int expert_at(const struct exec_gpu *g, const bf16 *base, const int *off,
     return -1;
 }
 
+void gpu_fp8_xt_begin(struct exec_gpu *g, int l, const struct act *A, const int *off, bool forward)
+{
+    g->xt.base = NULL;
+    if (!g->fp8 || !A->xt8) return;
+    struct gpu_xt_set *set = &g->xt_set[g->cfg.recompute ? 0 : l];
+    if (forward) {
+        set->l = l, set->off = off;
+        memset(g->xt.done, 0, (size_t)g->experts);
+    } else if (set->l != l || set->off != off) {
+        return;
+    }
+    exec_fp8_regions(off, g->experts, g->hidden, g->xt.qo, g->xt.so, g->xt.sto);
+    g->xt.base = A->xp16, g->xt.off = off, g->xt.q = A->xt8, g->xt.s = A->xt8s;
+}
+
+void gpu_fp8_xt_end(struct exec_gpu *g)
+{
+    g->xt.base = NULL;
+}
+
+/* The expert whose rows of the kept input X (T rows, ld wide) is, or -1 */
+static int fp8_xt_expert(const struct exec_gpu *g, const bf16 *X, int ld, int T)
+{
+    return g->xt.base && ld == g->hidden ? expert_at(g, g->xt.base, g->xt.off, ld, X, T) : -1;
+}
+
 /* The fused SwiGLU backward's copies of dY (T x out, ld), if it is one expert's rows of its
  * gradients: *row the row-major operand, *tr the transposed one; false otherwise. */
 static bool fp8_pre_of(const struct exec_gpu *g, const bf16 *dY, int ld, int T, int out, int e5m2,
@@ -427,8 +453,15 @@ enum moe_status gpu_lin(struct exec_gpu *g, const bf16 *X, int ldx, const bf16 *
             x8->kept.src = NULL;
             return fp8_mm(g, &w, &x, T, out, in, Y, ldy, yt, beta, ha == EXEC_FP8_TENSOR, err);
         }
-        if (!fp8_kept_is(x8, X, ldx, T, in, 0, false)) /* the gate's input is the up's */
+        /* an expert's input, the first time in this forward: its transpose too, kept */
+        int e = fp8_xt_expert(g, X, ldx, T);
+        bool xt = e >= 0 && !g->xt.done[e];
+        if (xt)
+            MOE_CUDA_CHECK(fp8_cast(g, X, ldx, T, in, 0, x8->a, x8->sa, g->xt.q + g->xt.qo[e],
+                                    exec_fp8_pad(T), g->xt.s + g->xt.sto[e]));
+        else if (!fp8_kept_is(x8, X, ldx, T, in, 0, false)) /* the gate's input is the up's */
             MOE_CUDA_CHECK(fp8_cast(g, X, ldx, T, in, 0, x8->a, x8->sa, NULL, 0, NULL));
+        if (xt) g->xt.done[e] = 1;
         fp8_keep(x8, X, ldx, T, in, 0, false);
         x = gk_fp8_mat{x8->a, x8->sa, in, ha, 0};
         return fp8_mm(g, &w, &x, T, out, in, Y, ldy, yt, beta, ha == EXEC_FP8_TENSOR, err);
@@ -488,11 +521,16 @@ enum moe_status gpu_lin_dw(struct exec_gpu *g, const bf16 *dY, int lddy, const b
         if (kept) x.q = x8->c, x.sinv = x8->sc;
         if (!pre && !kept)
             MOE_CUDA_CHECK(fp8_cast(g, dY, lddy, T, out, e5, NULL, NULL, x8->a, Tp, x8->sa));
+        x8->kept.src = NULL; /* a may be written over */
+        int e = fp8_xt_expert(g, X, ldx, T);
+        if (e >= 0) { /* an expert's input: its transpose as the forward kept it */
+            struct gk_fp8_mat w = {g->xt.q + g->xt.qo[e], g->xt.s + g->xt.sto[e], Tp, ha, 0};
+            return fp8_mm(g, &w, &x, out, in, Tp, dW, in, CUDA_R_32F, beta, false, err);
+        }
         const struct fp8_kept *kb = &x8->kept_b;
         if (!(kb->src == X && kb->ld == ldx && kb->rows == T && kb->cols == in))
             MOE_CUDA_CHECK(fp8_cast(g, X, ldx, T, in, 0, NULL, NULL, x8->b, Tp, x8->sb));
         x8->kept_b = fp8_kept{X, ldx, T, in, 0, true};
-        x8->kept.src = NULL; /* a may be written over */
         struct gk_fp8_mat w = {x8->b, x8->sb, Tp, ha, 0};
         return fp8_mm(g, &w, &x, out, in, Tp, dW, in, CUDA_R_32F, beta, false, err);
     }

@@ -87,7 +87,8 @@ enum moe_status gpu_experts_forward(struct exec_gpu *g, int l, struct act *A, co
     const int *w = g->wi[l];
     int h = g->hidden, E = g->experts, f = g->ffn;
     if (!g->m.moe.probs_on_input) gpu_fp8_know(g, l, F8_X, A->xp16, h);
-    MOE_CHECK(each_expert(
+    gpu_fp8_xt_begin(g, l, A, off, true);
+    enum moe_status up = each_expert(
         g, l, off,
         [&](int e, size_t o, int n) {
             cudaError_t ce = cudaSuccess;
@@ -99,7 +100,9 @@ enum moe_status gpu_experts_forward(struct exec_gpu *g, int l, struct act *A, co
             return gpu_lin(g, A->xp16 + o * h, h, W16(g, w[W_UP]) + (size_t)e * f * h, n, h, f,
                            A->eu16 + o * f, f, CUDA_R_16BF, bu, err);
         },
-        err));
+        err);
+    gpu_fp8_xt_end(g);
+    MOE_CHECK(up);
     if (g->f8.fuse && g->f8.act == EXEC_FP8_TILE_1X128 && gpu_fp8_fused_ok(g, l)) {
         /* blockwise: the down GEMMs' input quantized here too (per-tensor scaling waits for the
          * whole expert's amax: below, SwiGLU keeps it) */
@@ -196,6 +199,7 @@ enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act
         gpu_fp8_know(g, l, F8_DG, g->deg16, f);
         gpu_fp8_know(g, l, F8_DU, g->deu16, f);
     }
+    gpu_fp8_xt_begin(g, l, A, off, false);
     enum moe_status st = each_expert(
         g, l, off,
         [&](int e, size_t o, int n) {
@@ -216,6 +220,7 @@ enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act
             return MOE_OK;
         },
         err);
+    gpu_fp8_xt_end(g);
     g->f8pre.key[0] = g->f8pre.key[1] = NULL; /* the bf16 buffers' keys no more */
     g->nf8known = 0;
     return st;

@@ -262,6 +262,18 @@ void exec_fp8_regions(const int *off, int E, int cols, size_t *q, size_t *s, siz
     }
 }
 
+/* Bounds for exec_fp8_regions' copies of a permuted matrix `cols` wide (a multiple of 16), any
+ * split of `rows` rows over E experts: each region pads at most EXEC_FP8_PAD - 1 rows, so a copy
+ * takes at most *bytes; its row-major factors *rf floats, its transpose's *tf (one 128-row tile
+ * more an expert) */
+static void region_bounds(int rows, int E, int cols, size_t *bytes, size_t *rf, size_t *tf)
+{
+    size_t R = (size_t)rows + (EXEC_FP8_PAD - 1) * (size_t)E;
+    *bytes = R * (size_t)cols;
+    *rf = (size_t)(cols + 127) / 128 * R;
+    *tf = ((R + 127) / 128 + (size_t)E) * ((size_t)(cols + 3) / 4 * 4);
+}
+
 enum moe_status exec_fp8_layout(const struct exec_ref_model *table, enum cost_precision p, int rows,
                                 bool unfused, struct exec_fp8_layout *out, struct moe_error *err)
 {
@@ -328,11 +340,15 @@ enum moe_status exec_fp8_layout(const struct exec_ref_model *table, enum cost_pr
     out->fuse = !unfused && mdl_moe_layer_count(m) > 0 && !x->expert_bias &&
                 x->activation != MDL_ACT_CLAMPED_SWIGLU && f % 16 == 0 && m->hidden % 16 == 0;
     if (out->fuse) {
-        size_t R = (size_t)rows + (EXEC_FP8_PAD - 1) * (size_t)E, kb = (size_t)(f + 127) / 128;
-        out->pre_bytes = R * (size_t)f;
-        size_t rf = kb * ((size_t)rows + (EXEC_FP8_PAD - 1) * (size_t)E),
-               tf = ((R + 127) / 128 + E) * ((f + 3) / 4 * 4);
+        size_t rf, tf;
+        region_bounds(rows, E, f, &out->pre_bytes, &rf, &tf);
         out->pre_factors = (rf > tf ? rf : tf) / 4 * 4 + 4;
+    }
+    out->keep_xt = !unfused && mdl_moe_layer_count(m) > 0 && m->hidden % 16 == 0;
+    if (out->keep_xt) {
+        size_t rf, tf;
+        region_bounds(rows, E, m->hidden, &out->xt_bytes, &rf, &tf);
+        out->xt_factors = tf / 4 * 4 + 4;
     }
     return MOE_OK;
 }
@@ -385,6 +401,8 @@ void exec_gpu_bytes(const struct mdl_model *m, const struct exec_gpu_cfg *cfg, i
             memset(&f8, 0, sizeof f8);
         exec_ref_model_destroy(&table);
     }
+    /* keep_xt without EP: the experts' input quantized and transposed, an activation of each set */
+    double xt = f8.keep_xt && ep_ranks <= 0 ? f8.xt_bytes + B4 * f8.xt_factors : 0;
     double shard = n, master = n;
     if (zero_ranks > 0) {
         shard = ceil(n / (4.0 * zero_ranks)) * 4;
@@ -442,7 +460,7 @@ void exec_gpu_bytes(const struct mdl_model *m, const struct exec_gpu_cfg *cfg, i
             *A += B4 * T * E + 4 * B4 * P + B4 * (E + 1) + B4 * E; /* logits .. auxg */
             *A += B2 * Pe * h + 2 * B2 * Pe * F;                   /* xp16, eg16, eu16 */
             KEEP(G_ACT, B2 * Pe * F, rc_act);                      /* ehm16 */
-            *A += B4 * Pe * h;                                     /* yp32 */
+            *A += B4 * Pe * h + xt;                                /* yp32, xt8 and its factors */
         }
     }
 #undef KEEP
