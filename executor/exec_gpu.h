@@ -136,12 +136,13 @@ struct exec_fp8_layout {
      * routed rows). */
     bool fuse;
     size_t pre_bytes, pre_factors;
-    /* MoE layers, hidden a multiple of 16: the experts' input as the forward's gate GEMMs
-     * quantize it, both ways, its transpose kept (a MoE layer's activation, struct act) for the
-     * gate and up weight gradients, which would quantize it again (keep_xt); xt_bytes, xt_factors:
-     * its size and its factors' (bounds as pre_bytes') */
+    /* MoE layers, hidden and the experts' width multiples of 16: the experts' input and their
+     * SwiGLU's output ([0] x, [1] hm) quantized both ways by the forward's GEMMs that take them,
+     * the transposes kept (a MoE layer's activations, struct act) for the weight gradients, which
+     * would quantize them again (keep_xt); xt_bytes[k], xt_factors[k]: each one's size and its
+     * factors' (bounds as pre_bytes') */
     bool keep_xt;
-    size_t xt_bytes, xt_factors;
+    size_t xt_bytes[2], xt_factors[2];
     /* Per-tensor scaling, MoE layers: the kernels that write the experts' permuted matrices (the
      * gather, SwiGLU and its backward, the combine's backward) keep each expert's amax, five a
      * MoE layer (x, hm in the forward; dy, dg, du in the backward), so the quantization of those

@@ -82,17 +82,20 @@ struct act {
     bf16 *eu16;    /* (Pe, ffn) expert up */
     bf16 *ehm16;   /* (Pe, ffn) silu(gate) * up */
     float *yp32;   /* (Pe, h) expert outputs, unweighted */
-    /* fp8 with f8.keep_xt, no EP: xp16's rows as the forward's gate GEMMs quantized them,
-     * transposed, expert by expert (exec_fp8_regions), and their factors (exec_gpu's xt) */
-    unsigned char *xt8;
-    float *xt8s;
+    /* fp8 with f8.keep_xt, no EP: [XT_X] xp16's rows as the forward's gate GEMMs quantized them,
+     * [XT_HM] ehm16's as the down GEMMs did, transposed, expert by expert (exec_fp8_regions), and
+     * their factors (exec_gpu's xt) */
+    unsigned char *xt8[2];
+    float *xt8s[2];
 };
 
-/* fp8 with f8.keep_xt: the layer and the rows' offsets whose experts' input an act set's xt8
- * holds (layer -1: none) */
+/* fp8 with f8.keep_xt: the layer and the rows' offsets whose experts' matrices an act set's xt8
+ * holds (layer -1: none), done[k E + e]: expert e's of matrix k written */
+enum { XT_X, XT_HM, XT_N };
 struct gpu_xt_set {
     int l;
     const int *off;
+    unsigned char *done;
 };
 
 /* An expert GEMM kind: its cuBLASLt operation and the algorithm chosen for it once. */
@@ -234,16 +237,19 @@ struct exec_gpu {
         int *off_dev; /* (E + 1) a copy of the rows' offsets the fused kernels read */
     } f8pre;
     /* fp8 with f8.keep_xt: xt_set[i], act set i's (i: the layer, or 0 with full recompute);
-     * xt: where the experts' gate and up GEMMs write it now (forward) or read it (backward), for
-     * the rows of base (NULL: none), expert e's region from qo[e] and sto[e]; done[e]: written */
+     * xt: the set the experts' GEMMs write (forward) or read (backward) now (NULL: none), matrix
+     * k the rows of m[k].base (ld wide), expert e's region from m[k].qo[e] and m[k].sto[e] */
     struct gpu_xt_set *xt_set;
     struct {
-        const bf16 *base;
-        const int *off;
-        unsigned char *q;
-        float *s;
-        size_t *qo, *so, *sto;
-        unsigned char *done;
+        struct gpu_xt_set *set;
+        bool forward;
+        struct {
+            const bf16 *base;
+            int ld;
+            unsigned char *q;
+            float *s;
+            size_t *qo, *so, *sto;
+        } m[XT_N];
     } xt;
     /* fp8 with f8.amax_rows: (nmoe, 5, E) each expert's amax of a MoE layer's x, hm, dy, dg, du
      * as the kernels that wrote them kept it (F8_X .. F8_DU); the matrices whose amax the GEMMs
@@ -452,9 +458,9 @@ enum moe_status gpu_fp8_rows(struct exec_gpu *g, int l, int kind, int n, const i
  * (ld wide; the layer's rows, off_host[l]) until g->nf8known = 0: what a kernel given
  * gpu_fp8_rows kept since that matrix was last written */
 void gpu_fp8_know(struct exec_gpu *g, int l, int kind, const bf16 *base, int ld);
-/* fp8 with f8.keep_xt: layer l's experts' gate and up GEMMs on A's rows `off` write (forward) or
- * read (backward: where that layer's forward on those rows wrote it last) their input's kept
- * transpose until gpu_fp8_xt_end */
+/* fp8 with f8.keep_xt: layer l's experts' GEMMs on A's rows `off` write (forward) or read
+ * (backward: what that layer's forward on those rows wrote last) the kept transposes of their
+ * input and their SwiGLU's output until gpu_fp8_xt_end */
 void gpu_fp8_xt_begin(struct exec_gpu *g, int l, const struct act *A, const int *off, bool forward);
 void gpu_fp8_xt_end(struct exec_gpu *g);
 /* fp8: every stream's kept operands forgotten (struct fp8_kept) */

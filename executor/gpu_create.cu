@@ -127,9 +127,9 @@ static enum moe_status act_alloc(struct exec_gpu *g, struct act *A, int l, bool 
         ALLOC(A->eu16, (size_t)g->Pe * g->ffn, c);
         OWN_OR_RC(ehm16, (size_t)g->Pe * g->ffn, rc_act);
         ALLOC(A->yp32, (size_t)g->Pe * h, c);
-        if (g->f8.keep_xt && !g->cfg.ep) {
-            ALLOC(A->xt8, g->f8.xt_bytes, c);
-            ALLOC(A->xt8s, g->f8.xt_factors, c);
+        for (int k = 0; g->f8.keep_xt && !g->cfg.ep && k < XT_N; k++) {
+            ALLOC(A->xt8[k], g->f8.xt_bytes[k], c);
+            ALLOC(A->xt8s[k], g->f8.xt_factors[k], c);
         }
     }
 #undef OWN_OR_RC
@@ -377,15 +377,18 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
         }
         if (g->f8.amax_rows)
             ALLOC(g->f8rows, (size_t)g->nmoe * F8_ROWS * g->experts, EXEC_MEM_WORKSPACE);
-        if (g->f8.keep_xt && !cfg->ep) { /* host: each act set's layer; the regions, done */
-            int sets = cfg->recompute ? 1 : g->layers, E1 = g->experts + 1;
-            g->xt_set = (struct gpu_xt_set *)calloc((size_t)sets, sizeof *g->xt_set);
-            g->xt.qo = (size_t *)calloc(3 * (size_t)E1, sizeof(size_t));
-            g->xt.done = (unsigned char *)calloc((size_t)E1, 1);
-            if (!g->xt_set || !g->xt.qo || !g->xt.done)
+        if (g->f8.keep_xt && !cfg->ep) { /* host: each act set's record; the regions */
+            size_t sets = cfg->recompute ? 1 : (size_t)g->layers, E = (size_t)g->experts;
+            g->xt_set = (struct gpu_xt_set *)calloc(1, sets * (sizeof *g->xt_set + XT_N * E));
+            size_t *r = (size_t *)calloc(XT_N * 3 * (E + 1), sizeof(size_t));
+            g->xt.m[0].qo = r;
+            if (!g->xt_set || !r)
                 return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
-            for (int i = 0; i < sets; i++) g->xt_set[i].l = -1;
-            g->xt.so = g->xt.qo + E1, g->xt.sto = g->xt.qo + 2 * E1;
+            unsigned char *done = (unsigned char *)(g->xt_set + sets);
+            for (size_t i = 0; i < sets; i++)
+                g->xt_set[i] = gpu_xt_set{-1, NULL, done + i * XT_N * E};
+            for (int k = 0; k < XT_N; k++, r += 3 * (E + 1))
+                g->xt.m[k].qo = r, g->xt.m[k].so = r + E + 1, g->xt.m[k].sto = r + 2 * (E + 1);
         }
         if (g->f8.amax_weights && !cfg->zero) ALLOC(g->w8kept, g->f8.n, EXEC_MEM_WEIGHTS);
         g->f8lt = gk_fp8_lt_create(g->lt, g->ws_bytes);
@@ -590,7 +593,7 @@ extern "C" void exec_gpu_destroy(struct exec_gpu *g)
         if (g->lt_kinds[i].op) cublasLtMatmulDescDestroy(g->lt_kinds[i].op);
     gk_fp8_lt_destroy(g->f8lt);
     free(g->f8pre.qo);
-    free(g->xt_set), free(g->xt.qo), free(g->xt.done);
+    free(g->xt_set), free(g->xt.m[0].qo);
     exec_fp8_layout_free(&g->f8);
     if (g->lt) cublasLtDestroy(g->lt);
     for (int i = 0; i < g->nside; i++) {

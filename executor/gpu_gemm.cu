@@ -303,28 +303,50 @@ static int expert_at(const struct exec_gpu *g, const bf16 *base, const int *off,
 
 void gpu_fp8_xt_begin(struct exec_gpu *g, int l, const struct act *A, const int *off, bool forward)
 {
-    g->xt.base = NULL;
-    if (!g->fp8 || !A->xt8) return;
+    g->xt.set = NULL;
+    if (!g->fp8 || !A->xt8[0]) return;
     struct gpu_xt_set *set = &g->xt_set[g->cfg.recompute ? 0 : l];
     if (forward) {
         set->l = l, set->off = off;
-        memset(g->xt.done, 0, (size_t)g->experts);
+        memset(set->done, 0, XT_N * (size_t)g->experts);
     } else if (set->l != l || set->off != off) {
         return;
     }
-    exec_fp8_regions(off, g->experts, g->hidden, g->xt.qo, g->xt.so, g->xt.sto);
-    g->xt.base = A->xp16, g->xt.off = off, g->xt.q = A->xt8, g->xt.s = A->xt8s;
+    const bf16 *base[XT_N] = {A->xp16, A->ehm16};
+    const int ld[XT_N] = {g->hidden, g->ffn};
+    for (int k = 0; k < XT_N; k++) {
+        exec_fp8_regions(off, g->experts, ld[k], g->xt.m[k].qo, g->xt.m[k].so, g->xt.m[k].sto);
+        g->xt.m[k].base = base[k], g->xt.m[k].ld = ld[k];
+        g->xt.m[k].q = A->xt8[k], g->xt.m[k].s = A->xt8s[k];
+    }
+    g->xt.set = set, g->xt.forward = forward;
 }
 
 void gpu_fp8_xt_end(struct exec_gpu *g)
 {
-    g->xt.base = NULL;
+    g->xt.set = NULL;
 }
 
-/* The expert whose rows of the kept input X (T rows, ld wide) is, or -1 */
-static int fp8_xt_expert(const struct exec_gpu *g, const bf16 *X, int ld, int T)
+/* An expert's region of a kept transpose: its bytes (ld: the rows padded, exec_fp8_pad), its
+ * factors, whether it is written */
+struct fp8_xt {
+    unsigned char *q;
+    float *s;
+    unsigned char *done;
+};
+
+/* Where X (T rows, ld wide) is one expert's rows of a kept matrix: *t, that expert's region of
+ * its transpose; false where it is none */
+static bool fp8_xt_of(const struct exec_gpu *g, const bf16 *X, int ld, int T, struct fp8_xt *t)
 {
-    return g->xt.base && ld == g->hidden ? expert_at(g, g->xt.base, g->xt.off, ld, X, T) : -1;
+    for (int k = 0; g->xt.set && k < XT_N; k++) {
+        const auto &m = g->xt.m[k];
+        int e = ld == m.ld ? expert_at(g, m.base, g->xt.set->off, ld, X, T) : -1;
+        if (e < 0) continue;
+        *t = fp8_xt{m.q + m.qo[e], m.s + m.sto[e], g->xt.set->done + (size_t)k * g->experts + e};
+        return true;
+    }
+    return false;
 }
 
 /* The fused SwiGLU backward's copies of dY (T x out, ld), if it is one expert's rows of its
@@ -453,15 +475,15 @@ enum moe_status gpu_lin(struct exec_gpu *g, const bf16 *X, int ldx, const bf16 *
             x8->kept.src = NULL;
             return fp8_mm(g, &w, &x, T, out, in, Y, ldy, yt, beta, ha == EXEC_FP8_TENSOR, err);
         }
-        /* an expert's input, the first time in this forward: its transpose too, kept */
-        int e = fp8_xt_expert(g, X, ldx, T);
-        bool xt = e >= 0 && !g->xt.done[e];
+        /* a kept matrix's expert, the first time in this forward: its transpose too, kept */
+        struct fp8_xt kt;
+        bool xt = g->xt.forward && fp8_xt_of(g, X, ldx, T, &kt) && !*kt.done;
         if (xt)
-            MOE_CUDA_CHECK(fp8_cast(g, X, ldx, T, in, 0, x8->a, x8->sa, g->xt.q + g->xt.qo[e],
-                                    exec_fp8_pad(T), g->xt.s + g->xt.sto[e]));
+            MOE_CUDA_CHECK(
+                fp8_cast(g, X, ldx, T, in, 0, x8->a, x8->sa, kt.q, exec_fp8_pad(T), kt.s));
         else if (!fp8_kept_is(x8, X, ldx, T, in, 0, false)) /* the gate's input is the up's */
             MOE_CUDA_CHECK(fp8_cast(g, X, ldx, T, in, 0, x8->a, x8->sa, NULL, 0, NULL));
-        if (xt) g->xt.done[e] = 1;
+        if (xt) *kt.done = 1;
         fp8_keep(x8, X, ldx, T, in, 0, false);
         x = gk_fp8_mat{x8->a, x8->sa, in, ha, 0};
         return fp8_mm(g, &w, &x, T, out, in, Y, ldy, yt, beta, ha == EXEC_FP8_TENSOR, err);
@@ -522,9 +544,9 @@ enum moe_status gpu_lin_dw(struct exec_gpu *g, const bf16 *dY, int lddy, const b
         if (!pre && !kept)
             MOE_CUDA_CHECK(fp8_cast(g, dY, lddy, T, out, e5, NULL, NULL, x8->a, Tp, x8->sa));
         x8->kept.src = NULL; /* a may be written over */
-        int e = fp8_xt_expert(g, X, ldx, T);
-        if (e >= 0) { /* an expert's input: its transpose as the forward kept it */
-            struct gk_fp8_mat w = {g->xt.q + g->xt.qo[e], g->xt.s + g->xt.sto[e], Tp, ha, 0};
+        struct fp8_xt kt;
+        if (!g->xt.forward && fp8_xt_of(g, X, ldx, T, &kt) && *kt.done) { /* the forward's */
+            struct gk_fp8_mat w = {kt.q, kt.s, Tp, ha, 0};
             return fp8_mm(g, &w, &x, out, in, Tp, dW, in, CUDA_R_32F, beta, false, err);
         }
         const struct fp8_kept *kb = &x8->kept_b;

@@ -78,6 +78,16 @@ static float expert_bias_rows(struct exec_gpu *g, int t, int e, size_t o, int n,
     return 1.0f;
 }
 
+/* fp8 with f8.keep_xt: the kept transposes written or read (gpu_fp8_xt_begin) while it lives */
+struct xt_scope {
+    struct exec_gpu *g;
+    xt_scope(struct exec_gpu *g_, int l, const struct act *A, const int *off, bool forward) : g(g_)
+    {
+        gpu_fp8_xt_begin(g, l, A, off, forward);
+    }
+    ~xt_scope() { gpu_fp8_xt_end(g); }
+};
+
 /* The expert block on the permuted rows xp16 (expert e: rows off[e] .. off[e+1]): gate and up
  * GEMMs (with their biases), the activation, down GEMM (with its bias) into yp32. With
  * per-tensor fp8 the GEMMs take xp16's amax as the gather kept it, hm's as SwiGLU keeps it. */
@@ -87,8 +97,8 @@ enum moe_status gpu_experts_forward(struct exec_gpu *g, int l, struct act *A, co
     const int *w = g->wi[l];
     int h = g->hidden, E = g->experts, f = g->ffn;
     if (!g->m.moe.probs_on_input) gpu_fp8_know(g, l, F8_X, A->xp16, h);
-    gpu_fp8_xt_begin(g, l, A, off, true);
-    enum moe_status up = each_expert(
+    xt_scope keep(g, l, A, off, true); /* x's and hm's transposes kept for the backward */
+    MOE_CHECK(each_expert(
         g, l, off,
         [&](int e, size_t o, int n) {
             cudaError_t ce = cudaSuccess;
@@ -100,9 +110,7 @@ enum moe_status gpu_experts_forward(struct exec_gpu *g, int l, struct act *A, co
             return gpu_lin(g, A->xp16 + o * h, h, W16(g, w[W_UP]) + (size_t)e * f * h, n, h, f,
                            A->eu16 + o * f, f, CUDA_R_16BF, bu, err);
         },
-        err);
-    gpu_fp8_xt_end(g);
-    MOE_CHECK(up);
+        err));
     if (g->f8.fuse && g->f8.act == EXEC_FP8_TILE_1X128 && gpu_fp8_fused_ok(g, l)) {
         /* blockwise: the down GEMMs' input quantized here too (per-tensor scaling waits for the
          * whole expert's amax: below, SwiGLU keeps it) */
@@ -153,6 +161,7 @@ enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act
     if (!g->m.moe.probs_on_input) gpu_fp8_know(g, l, F8_X, A->xp16, h);
     gpu_fp8_know(g, l, F8_HM, A->ehm16, f);
     gpu_fp8_know(g, l, F8_DY, g->dyp16, h);
+    xt_scope kept(g, l, A, off, false); /* x's and hm's transposes as the forward kept them */
     MOE_CHECK(each_expert(
         g, l, off,
         [&](int e, size_t o, int n) {
@@ -199,7 +208,6 @@ enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act
         gpu_fp8_know(g, l, F8_DG, g->deg16, f);
         gpu_fp8_know(g, l, F8_DU, g->deu16, f);
     }
-    gpu_fp8_xt_begin(g, l, A, off, false);
     enum moe_status st = each_expert(
         g, l, off,
         [&](int e, size_t o, int n) {
@@ -220,7 +228,6 @@ enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act
             return MOE_OK;
         },
         err);
-    gpu_fp8_xt_end(g);
     g->f8pre.key[0] = g->f8pre.key[1] = NULL; /* the bf16 buffers' keys no more */
     g->nf8known = 0;
     return st;

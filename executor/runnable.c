@@ -344,11 +344,11 @@ enum moe_status exec_fp8_layout(const struct exec_ref_model *table, enum cost_pr
         region_bounds(rows, E, f, &out->pre_bytes, &rf, &tf);
         out->pre_factors = (rf > tf ? rf : tf) / 4 * 4 + 4;
     }
-    out->keep_xt = !unfused && mdl_moe_layer_count(m) > 0 && m->hidden % 16 == 0;
-    if (out->keep_xt) {
+    out->keep_xt = !unfused && mdl_moe_layer_count(m) > 0 && m->hidden % 16 == 0 && f % 16 == 0;
+    for (int k = 0; out->keep_xt && k < 2; k++) {
         size_t rf, tf;
-        region_bounds(rows, E, m->hidden, &out->xt_bytes, &rf, &tf);
-        out->xt_factors = tf / 4 * 4 + 4;
+        region_bounds(rows, E, k ? f : m->hidden, &out->xt_bytes[k], &rf, &tf);
+        out->xt_factors[k] = tf / 4 * 4 + 4;
     }
     return MOE_OK;
 }
@@ -401,8 +401,11 @@ void exec_gpu_bytes(const struct mdl_model *m, const struct exec_gpu_cfg *cfg, i
             memset(&f8, 0, sizeof f8);
         exec_ref_model_destroy(&table);
     }
-    /* keep_xt without EP: the experts' input quantized and transposed, an activation of each set */
-    double xt = f8.keep_xt && ep_ranks <= 0 ? f8.xt_bytes + B4 * f8.xt_factors : 0;
+    /* keep_xt without EP: the experts' input and SwiGLU's output quantized and transposed,
+     * activations of each set */
+    double xt = 0;
+    for (int k = 0; f8.keep_xt && ep_ranks <= 0 && k < 2; k++)
+        xt += f8.xt_bytes[k] + B4 * f8.xt_factors[k];
     double shard = n, master = n;
     if (zero_ranks > 0) {
         shard = ceil(n / (4.0 * zero_ranks)) * 4;
@@ -460,7 +463,7 @@ void exec_gpu_bytes(const struct mdl_model *m, const struct exec_gpu_cfg *cfg, i
             *A += B4 * T * E + 4 * B4 * P + B4 * (E + 1) + B4 * E; /* logits .. auxg */
             *A += B2 * Pe * h + 2 * B2 * Pe * F;                   /* xp16, eg16, eu16 */
             KEEP(G_ACT, B2 * Pe * F, rc_act);                      /* ehm16 */
-            *A += B4 * Pe * h + xt;                                /* yp32, xt8 and its factors */
+            *A += B4 * Pe * h + xt;                                /* yp32, xt8 and their factors */
         }
     }
 #undef KEEP
