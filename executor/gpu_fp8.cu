@@ -381,11 +381,8 @@ __global__ void __launch_bounds__(FT_THREADS)
         }
         for (int x = 16; x > 0; x >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, x));
         float s = scale_of(__uint_as_float(m), e5m2, EXEC_FP8_TILE_1X128);
-        if (c < cols) { /* the four fp8 values in one 4-byte store */
-            unsigned w = 0;
-            for (int k = 0; k < 4; k++) w |= (unsigned)to_fp8(v[k] * s, e5m2) << (8 * k);
-            *(unsigned *)(q + T.q + (size_t)lr * cols + c) = w;
-        }
+        if (c < cols) /* the four fp8 values in one 4-byte store */
+            *(unsigned *)(q + T.q + (size_t)lr * cols + c) = fp8x4(v, s, e5m2);
         if (lane == 0)
             sq[T.s + exec_fp8_factor_at(EXEC_FP8_TILE_1X128, n, cols, lr, c0)] = 1.0f / s;
     }
