@@ -14,8 +14,9 @@
 #include "topo.h"
 #include "topo_hwloc.h"
 
-#include <stdlib.h>
 #include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -297,8 +298,22 @@ enum moe_status topo_hwloc_read_node(hwloc_topology_t topo, struct topo_node *ou
     return MOE_OK;
 }
 
+/* hwloc loads its plugins (the libxml2 XML importer among them) with the first topology and
+ * unloads them with the last. libxml2 keeps state of its own for its lifetime (what it learnt of
+ * an encoding an XML named, for one); once the plugin is unloaded that state is unreachable, and
+ * valgrind and LeakSanitizer report it as lost, from a module they can no longer name. One
+ * topology, made once and never destroyed, holds the plugins for the life of the process (and
+ * spares each node XML a plugin load and unload). */
+static hwloc_topology_t plugins_holder;
+static void hold_plugins(void)
+{
+    if (hwloc_topology_init(&plugins_holder) != 0) plugins_holder = NULL;
+}
+
 enum moe_status topo_hwloc_open(hwloc_topology_t *out, struct moe_error *err)
 {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, hold_plugins);
     hwloc_topology_t t;
     if (hwloc_topology_init(&t) != 0)
         return moe_error_set(err, MOE_ERR_RUNTIME, "hwloc_topology_init failed");

@@ -49,24 +49,6 @@ static __attribute__((unused)) const char *as_file(const uint8_t *data, size_t s
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-#if defined(FUZZ_XML)
-/* hwloc loads its libxml2 import plugin with the first topology and unloads it with the last.
- * libxml2 keeps state of its own for the life of the library (what it learnt of an encoding it
- * was asked for, for one); once unloaded, LSan finds that state unreachable and reports it,
- * from a module it can no longer name. A program keeps the library until it exits, and so does
- * this harness: one topology, never destroyed, holds hwloc's plugins loaded. */
-#include <hwloc.h>
-int LLVMFuzzerInitialize(int *argc, char ***argv);
-int LLVMFuzzerInitialize(int *argc, char ***argv)
-{
-    (void)argc;
-    (void)argv;
-    static hwloc_topology_t keep;
-    hwloc_topology_init(&keep);
-    return 0;
-}
-#endif
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     struct moe_error err;
