@@ -219,6 +219,14 @@ static void test_bad_xml(void **state)
         MOE_ERR_INPUT);
     assert_int_equal(err.line, 5);
     assert_non_null(strstr(err.message, "<object type=\"Core\"> lacks complete_cpuset"));
+    /* and asserts on a bitmap with a leading comma (fuzz_xml): refused first, where it stands */
+    assert_int_equal(
+        topo_node_load_xml(&n, moe_test_src(path, sizeof path, "tests/data/topo/bad-bitmap.xml"),
+                           &err),
+        MOE_ERR_INPUT);
+    assert_int_equal(err.line, 5);
+    assert_int_equal(err.col, 38);
+    assert_non_null(strstr(err.message, "cpuset=\",0x00000003\" is not an hwloc bitmap"));
     assert_int_equal(
         topo_node_load_xml(&n, moe_test_src(path, sizeof path, "tests/data/topo/not-hwloc.xml"),
                            &err),
