@@ -14,6 +14,7 @@
 #include "topo.h"
 #include "topo_hwloc.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -75,9 +76,7 @@ static bool bitmap_ok(const char *v, size_t n)
             i = 7;
         } else if (i + 2 <= n && v[i] == '0' && v[i + 1] == 'x') {
             size_t d0 = i += 2;
-            while (i < n && ((v[i] >= '0' && v[i] <= '9') || (v[i] >= 'a' && v[i] <= 'f') ||
-                             (v[i] >= 'A' && v[i] <= 'F')))
-                i++;
+            while (i < n && isxdigit((unsigned char)v[i])) i++;
             if (i == d0 || i - d0 > 8) return false;
         }
         if (i == n) return i > w0; /* the last word not empty */
@@ -163,13 +162,14 @@ static bool xml_well_formed(const char *text, size_t len, int *line, int *col, c
             while (c.p < c.end && is_name_char(*c.p)) xc_step(&c);
             if (c.p == a0) FAULT("unexpected '%c' in <%.*s>", *c.p, (int)nlen, n0);
             size_t alen = (size_t)(c.p - a0);
-            static const char *const set_names[4] = {"cpuset", "complete_cpuset", "nodeset",
-                                                     "complete_nodeset"};
-            bool is_set = object && ((alen == 14 && !memcmp(a0, "allowed_cpuset", 14)) ||
-                                     (alen == 15 && !memcmp(a0, "allowed_nodeset", 15)));
-            for (int k = 0; object && k < 4; k++)
+            /* the four hwloc needs ([0..3], bits of sets), then the two it may have */
+            static const char *const set_names[6] = {"cpuset",         "complete_cpuset",
+                                                     "nodeset",        "complete_nodeset",
+                                                     "allowed_cpuset", "allowed_nodeset"};
+            bool is_set = false;
+            for (int k = 0; object && k < 6; k++)
                 if (alen == strlen(set_names[k]) && !memcmp(a0, set_names[k], alen))
-                    sets |= 1u << k, is_set = true;
+                    sets |= k < 4 ? 1u << k : 0u, is_set = true;
             bool is_type = object && alen == 4 && !memcmp(a0, "type", 4);
             if (c.p >= c.end || *c.p != '=') FAULT("'=' expected after attribute name");
             xc_step(&c);
@@ -342,10 +342,10 @@ enum moe_status topo_hwloc_read_node(hwloc_topology_t topo, struct topo_node *ou
  * valgrind and LeakSanitizer report it as lost, from a module they can no longer name. One
  * topology, made once and never destroyed, holds the plugins for the life of the process (and
  * spares each node XML a plugin load and unload). */
-static hwloc_topology_t plugins_holder;
 static void hold_plugins(void)
 {
-    if (hwloc_topology_init(&plugins_holder) != 0) plugins_holder = NULL;
+    static hwloc_topology_t held;
+    hwloc_topology_init(&held); /* failing, it holds nothing, and the next one fails alike */
 }
 
 enum moe_status topo_hwloc_open(hwloc_topology_t *out, struct moe_error *err)

@@ -193,45 +193,37 @@ static void test_bad_clusters(void **state)
                        6);
 }
 
-static void test_bad_xml(void **state)
+/* The node XML rel refused as bad input, its message holding needle, at line:col where given
+ * (0: not asserted) */
+static void expect_bad_xml(const char *rel, const char *needle, int line, int col)
 {
-    (void)state;
     char path[1024];
     struct topo_node n;
     struct moe_error err;
-    assert_int_equal(
-        topo_node_load_xml(&n, moe_test_src(path, sizeof path, "tests/data/topo/bad-quote.xml"),
-                           &err),
-        MOE_ERR_INPUT);
-    assert_int_equal(err.line, 5); /* where the stray < stands */
-    assert_non_null(strstr(err.message, "'<' inside an attribute value (quote opened at 4:37)"));
-    assert_int_equal(
-        topo_node_load_xml(&n, moe_test_src(path, sizeof path, "tests/data/topo/bad-nesting.xml"),
-                           &err),
-        MOE_ERR_INPUT);
-    assert_int_equal(err.line, 4);
-    assert_int_equal(err.col, 3);
-    assert_non_null(strstr(err.message, "</objekt> does not close <object> opened at 3:3"));
+    assert_int_equal(topo_node_load_xml(&n, moe_test_src(path, sizeof path, rel), &err),
+                     MOE_ERR_INPUT);
+    if (!strstr(err.message, needle)) fail_msg("%s: '%s' not in '%s'", rel, needle, err.message);
+    if (line) assert_int_equal(err.line, line);
+    if (col) assert_int_equal(err.col, col);
+}
+
+static void test_bad_xml(void **state)
+{
+    (void)state;
+    /* line 5: where the stray < stands */
+    expect_bad_xml("tests/data/topo/bad-quote.xml",
+                   "'<' inside an attribute value (quote opened at 4:37)", 5, 0);
+    expect_bad_xml("tests/data/topo/bad-nesting.xml",
+                   "</objekt> does not close <object> opened at 3:3", 4, 3);
     /* hwloc 2.9 crashes on an object without its cpusets (found by fuzz_xml): refused first */
-    assert_int_equal(
-        topo_node_load_xml(
-            &n, moe_test_src(path, sizeof path, "tests/data/topo/missing-cpuset.xml"), &err),
-        MOE_ERR_INPUT);
-    assert_int_equal(err.line, 5);
-    assert_non_null(strstr(err.message, "<object type=\"Core\"> lacks complete_cpuset"));
+    expect_bad_xml("tests/data/topo/missing-cpuset.xml",
+                   "<object type=\"Core\"> lacks complete_cpuset", 5, 0);
     /* and asserts on a bitmap with a leading comma (fuzz_xml): refused first, where it stands */
-    assert_int_equal(
-        topo_node_load_xml(&n, moe_test_src(path, sizeof path, "tests/data/topo/bad-bitmap.xml"),
-                           &err),
-        MOE_ERR_INPUT);
-    assert_int_equal(err.line, 5);
-    assert_int_equal(err.col, 38);
-    assert_non_null(strstr(err.message, "cpuset=\",0x00000003\" is not an hwloc bitmap"));
-    assert_int_equal(
-        topo_node_load_xml(&n, moe_test_src(path, sizeof path, "tests/data/topo/not-hwloc.xml"),
-                           &err),
-        MOE_ERR_INPUT);
-    assert_non_null(strstr(err.message, "hwloc rejects this topology XML"));
+    expect_bad_xml("tests/data/topo/bad-bitmap.xml",
+                   "cpuset=\",0x00000003\" is not an hwloc bitmap", 5, 38);
+    expect_bad_xml("tests/data/topo/not-hwloc.xml", "hwloc rejects this topology XML", 0, 0);
+    struct topo_node n;
+    struct moe_error err;
     assert_int_equal(topo_node_load_xml(&n, "/nonexistent.xml", &err), MOE_ERR_INPUT);
 }
 
