@@ -167,9 +167,11 @@ static bool xml_well_formed(const char *text, size_t len, int *line, int *col, c
                                                      "nodeset",        "complete_nodeset",
                                                      "allowed_cpuset", "allowed_nodeset"};
             bool is_set = false;
-            for (int k = 0; object && k < 6; k++)
-                if (alen == strlen(set_names[k]) && !memcmp(a0, set_names[k], alen))
-                    sets |= k < 4 ? 1u << k : 0u, is_set = true;
+            for (int k = 0; object && k < 6; k++) {
+                if (alen != strlen(set_names[k]) || memcmp(a0, set_names[k], alen)) continue;
+                is_set = true;
+                if (k < 4) sets |= 1u << k;
+            }
             bool is_type = object && alen == 4 && !memcmp(a0, "type", 4);
             if (c.p >= c.end || *c.p != '=') FAULT("'=' expected after attribute name");
             xc_step(&c);
