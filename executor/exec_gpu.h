@@ -330,11 +330,12 @@ struct exec_moe_bench_cfg {
 enum { EXEC_BENCH_Y, EXEC_BENCH_DX, EXEC_BENCH_DGATE, EXEC_BENCH_DDOWN, EXEC_BENCH_SAMPLES };
 extern const char *const exec_bench_sample_names[EXEC_BENCH_SAMPLES];
 struct exec_moe_bench_result {
-    double block_ms;     /* expert block: gate/up GEMMs, SwiGLU, down GEMM, fwd + bwd */
-    double block_fwd_ms; /* its forward alone, from an idle GPU (the host's launches in it) */
-    double block_bwd_ms; /* its backward alone, the host ahead of the GPU */
-    double layer_ms;     /* the whole layer: router, top-k, permutation, experts, combine */
-    double dense_ms;     /* the same GEMM chain with every row on one expert: the ceiling */
+    double block_ms;          /* expert block: gate/up GEMMs, SwiGLU, down GEMM, fwd + bwd */
+    double block_fwd_ms;      /* its forward alone, from an idle GPU (the host's launches in it) */
+    double block_fwd_busy_ms; /* the same forward behind a busy GPU: its kernels' time alone */
+    double block_bwd_ms;      /* its backward alone, the host ahead of the GPU */
+    double layer_ms;          /* the whole layer: router, top-k, permutation, experts, combine */
+    double dense_ms;          /* the same GEMM chain with every row on one expert: the ceiling */
     double block_flops, layer_flops;
     int host_syncs;       /* device-to-host waits in one layer fwd + bwd */
     double max_over_mean; /* the busiest expert's rows over the mean */

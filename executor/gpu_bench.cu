@@ -8,16 +8,18 @@
 #include <nvtx3/nvToolsExt.h>
 
 /* Median time of `iters` runs of what `what` selects (1: whole layer, 2: dense chain, 3: the
- * expert block's forward, 4: its backward, after an untimed forward), each bracketed by events
- * on the main stream. The block's forward starts on an idle GPU, as a step's does after the
- * router's device-to-host wait: the host's launches (hundreds for many small experts) are part
- * of its time. Everything else is queued behind BENCH_HEAD_US of a busy GPU, as a step's
- * backward is queued behind the work before it: the GPU's time, not the host's. */
+ * expert block's forward, 4: its backward, after an untimed forward, 5: the forward again),
+ * each bracketed by events on the main stream. The block's forward (3) starts on an idle GPU,
+ * as a step's does after the router's device-to-host wait: the host's launches (hundreds for
+ * many small experts) are part of its time. Everything else is queued behind BENCH_HEAD_US of a
+ * busy GPU, as a step's backward is queued behind the work before it: the GPU's time, not the
+ * host's; the forward so too (5) says how much of 3 is the GPU waiting for the host. */
 #define BENCH_HEAD_US 20000.0
 /* Each timed run is an NVTX range named by what it times and the precision (no cost without a
  * profiler attached): `ncu --nvtx --nvtx-include "block forward fp8/" --nvtx-include "block
  * backward fp8/"` profiles the fp8 block alone. */
-static const char *const bench_range[5] = {"", "layer", "dense", "block forward", "block backward"};
+static const char *const bench_range[6] = {
+    "", "layer", "dense", "block forward", "block backward", "busy forward"};
 static enum moe_status bench_time(struct exec_gpu *g, int what, int *dense_off, int iters,
                                   double *ms, int *syncs, struct moe_error *err)
 {
@@ -44,7 +46,7 @@ static enum moe_status bench_time(struct exec_gpu *g, int what, int *dense_off, 
         snprintf(range, sizeof range, "%s %s", bench_range[what],
                  cost_precision_names[g->cfg.precision]);
         nvtxRangePushA(range);
-        if (what == 3) {
+        if (what == 3 || what == 5) {
             st = gpu_experts_forward(g, 0, A, g->off_host[0], err);
         } else if (what == 4) {
             st = gpu_experts_backward(g, 0, A, g->off_host[0], err);
@@ -185,6 +187,8 @@ extern "C" enum moe_status exec_moe_bench(const struct exec_moe_bench_cfg *c, in
         for (int i = 0; i < (c->warmup > 1 ? c->warmup : 1) && st == MOE_OK; i++)
             st = bench_time(g, 1, dense_off, 1, &ms, &syncs, err);
         if (st == MOE_OK) st = bench_time(g, 3, dense_off, c->iters, &r->block_fwd_ms, &syncs, err);
+        if (st == MOE_OK)
+            st = bench_time(g, 5, dense_off, c->iters, &r->block_fwd_busy_ms, &syncs, err);
         if (st == MOE_OK) st = bench_time(g, 4, dense_off, c->iters, &r->block_bwd_ms, &syncs, err);
         r->block_ms = r->block_fwd_ms + r->block_bwd_ms;
         if (st == MOE_OK)
