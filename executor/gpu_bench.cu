@@ -7,21 +7,23 @@
 
 #include <nvtx3/nvToolsExt.h>
 
-/* Median time of `iters` runs of what `what` selects (1: whole layer, 2: dense chain, 3: the
- * expert block's forward, 4: its backward, after an untimed forward, 5: the forward again),
- * each bracketed by events on the main stream. The block's forward (3) starts on an idle GPU,
- * as a step's does after the router's device-to-host wait: the host's launches (hundreds for
- * many small experts) are part of its time. Everything else is queued behind BENCH_HEAD_US of a
- * busy GPU, as a step's backward is queued behind the work before it: the GPU's time, not the
- * host's; the forward so too (5) says how much of 3 is the GPU waiting for the host. */
+/* What bench_time times: the whole layer, the dense chain, the expert block's forward, its
+ * backward (after an untimed forward), its forward again behind a busy GPU */
+enum bench_what { B_LAYER, B_DENSE, B_FWD, B_BWD, B_FWD_BUSY };
+/* Median time of `iters` runs of `what`, each bracketed by events on the main stream. The
+ * block's forward (B_FWD) starts on an idle GPU, as a step's does after the router's
+ * device-to-host wait: the host's launches (hundreds for many small experts) are part of its
+ * time. Everything else is queued behind BENCH_HEAD_US of a busy GPU, as a step's backward is
+ * queued behind the work before it: the GPU's time, not the host's; the forward so too
+ * (B_FWD_BUSY) says how much of B_FWD is the GPU waiting for the host. */
 #define BENCH_HEAD_US 20000.0
 /* Each timed run is an NVTX range named by what it times and the precision (no cost without a
  * profiler attached): `ncu --nvtx --nvtx-include "block forward fp8/" --nvtx-include "block
  * backward fp8/"` profiles the fp8 block alone. */
-static const char *const bench_range[6] = {
-    "", "layer", "dense", "block forward", "block backward", "busy forward"};
-static enum moe_status bench_time(struct exec_gpu *g, int what, int *dense_off, int iters,
-                                  double *ms, int *syncs, struct moe_error *err)
+static const char *const bench_range[] = {"layer", "dense", "block forward", "block backward",
+                                          "busy forward"};
+static enum moe_status bench_time(struct exec_gpu *g, enum bench_what what, int *dense_off,
+                                  int iters, double *ms, int *syncs, struct moe_error *err)
 {
     struct act *A = &g->act[0];
     double *t = (double *)calloc((size_t)iters, sizeof(double));
@@ -34,8 +36,8 @@ static enum moe_status bench_time(struct exec_gpu *g, int what, int *dense_off, 
         int s0 = g->syncs;
         g->nev = MAX_EVENTS; /* no phase events inside the benchmark */
         gpu_grads_fresh(g);  /* each iteration a step's first micro-batch: gradients written */
-        if (what == 4) st = gpu_experts_forward(g, 0, A, g->off_host[0], err);
-        cudaError_t e = what == 3 ? cudaSuccess : gk_busy_wait(BENCH_HEAD_US, g->s);
+        if (what == B_BWD) st = gpu_experts_forward(g, 0, A, g->off_host[0], err);
+        cudaError_t e = what == B_FWD ? cudaSuccess : gk_busy_wait(BENCH_HEAD_US, g->s);
         if (e == cudaSuccess) e = cudaEventRecord(a, g->s);
         if (e != cudaSuccess || st != MOE_OK) {
             if (st == MOE_OK)
@@ -46,11 +48,11 @@ static enum moe_status bench_time(struct exec_gpu *g, int what, int *dense_off, 
         snprintf(range, sizeof range, "%s %s", bench_range[what],
                  cost_precision_names[g->cfg.precision]);
         nvtxRangePushA(range);
-        if (what == 3 || what == 5) {
+        if (what == B_FWD || what == B_FWD_BUSY) {
             st = gpu_experts_forward(g, 0, A, g->off_host[0], err);
-        } else if (what == 4) {
+        } else if (what == B_BWD) {
             st = gpu_experts_backward(g, 0, A, g->off_host[0], err);
-        } else if (what == 1) {
+        } else if (what == B_LAYER) {
             st = gpu_moe_forward(g, 0, A, g->xin[1], err);
             if (st == MOE_OK) {
                 e = gk_to_bf16(g->dh, g->dy16, (size_t)g->tokens * g->hidden, g->s);
@@ -185,14 +187,16 @@ extern "C" enum moe_status exec_moe_bench(const struct exec_moe_bench_cfg *c, in
         double ms;
         /* warm-up (allocations, cuBLAS heuristics), then the three measurements */
         for (int i = 0; i < (c->warmup > 1 ? c->warmup : 1) && st == MOE_OK; i++)
-            st = bench_time(g, 1, dense_off, 1, &ms, &syncs, err);
-        if (st == MOE_OK) st = bench_time(g, 3, dense_off, c->iters, &r->block_fwd_ms, &syncs, err);
+            st = bench_time(g, B_LAYER, dense_off, 1, &ms, &syncs, err);
         if (st == MOE_OK)
-            st = bench_time(g, 5, dense_off, c->iters, &r->block_fwd_busy_ms, &syncs, err);
-        if (st == MOE_OK) st = bench_time(g, 4, dense_off, c->iters, &r->block_bwd_ms, &syncs, err);
+            st = bench_time(g, B_FWD, dense_off, c->iters, &r->block_fwd_ms, &syncs, err);
+        if (st == MOE_OK)
+            st = bench_time(g, B_FWD_BUSY, dense_off, c->iters, &r->block_fwd_busy_ms, &syncs, err);
+        if (st == MOE_OK)
+            st = bench_time(g, B_BWD, dense_off, c->iters, &r->block_bwd_ms, &syncs, err);
         r->block_ms = r->block_fwd_ms + r->block_bwd_ms;
         if (st == MOE_OK)
-            st = bench_time(g, 1, dense_off, c->iters, &r->layer_ms, &r->host_syncs, err);
+            st = bench_time(g, B_LAYER, dense_off, c->iters, &r->layer_ms, &r->host_syncs, err);
         size_t R = (size_t)T * k, ef = (size_t)E * c->ffn * c->hidden;
         const int *w = g->wi[0];
         const float *from[EXEC_BENCH_SAMPLES] = {g->act[0].yp32, g->db32, GR(g, w[W_GATE]),
@@ -201,8 +205,9 @@ extern "C" enum moe_status exec_moe_bench(const struct exec_moe_bench_cfg *c, in
         for (int i = 0; i < EXEC_BENCH_SAMPLES && st == MOE_OK; i++)
             st = bench_sample(from[i], len[i], r->sample[i], &r->nsample[i], err);
         for (int i = 0; i < c->warmup && st == MOE_OK; i++)
-            st = bench_time(g, 2, dense_off, 1, &ms, &syncs, err);
-        if (st == MOE_OK) st = bench_time(g, 2, dense_off, c->iters, &r->dense_ms, &syncs, err);
+            st = bench_time(g, B_DENSE, dense_off, 1, &ms, &syncs, err);
+        if (st == MOE_OK)
+            st = bench_time(g, B_DENSE, dense_off, c->iters, &r->dense_ms, &syncs, err);
         const int *off = g->off_host[0];
         double mx = 0;
         for (int e = 0; e < E; e++) mx = fmax(mx, (double)(off[e + 1] - off[e]));
