@@ -429,7 +429,8 @@ int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
                                        (int)iters,
                                        skew,
                                        seed,
-                                       i ? prec : COST_BF16};
+                                       i ? prec : COST_BF16,
+                                       true};
         if (exec_moe_bench(&c, choice, &rr[i], &err) != MOE_OK) {
             free(choice);
             return cli_fail(cli, &err);

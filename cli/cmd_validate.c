@@ -170,7 +170,7 @@ static enum moe_status time_block(const int shape[4], int tokens, enum cost_prec
 {
     struct exec_moe_bench_cfg c = {
         shape[0], tokens,        shape[1], shape[2], shape[3], EXEC_DEFAULT_STREAMS,
-        2,        quick ? 3 : 7, 0.0,      17,       prec};
+        2,        quick ? 3 : 7, 0.0,      17,       prec,     false};
     struct exec_moe_bench_result r;
     int *choice = malloc(sizeof(int) * (size_t)c.tokens * c.top_k);
     if (!choice) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");

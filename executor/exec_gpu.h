@@ -325,6 +325,7 @@ struct exec_moe_bench_cfg {
     double skew;
     uint64_t seed;
     enum cost_precision precision; /* the GEMMs' (COST_BF16, COST_FP8, COST_FP8_BLOCK) */
+    bool fwd_busy; /* the forward timed again behind a busy GPU (block_fwd_busy_ms; else 0) */
 };
 #define EXEC_BENCH_SAMPLE 1024
 enum { EXEC_BENCH_Y, EXEC_BENCH_DX, EXEC_BENCH_DGATE, EXEC_BENCH_DDOWN, EXEC_BENCH_SAMPLES };
@@ -332,7 +333,7 @@ extern const char *const exec_bench_sample_names[EXEC_BENCH_SAMPLES];
 struct exec_moe_bench_result {
     double block_ms;          /* expert block: gate/up GEMMs, SwiGLU, down GEMM, fwd + bwd */
     double block_fwd_ms;      /* its forward alone, from an idle GPU (the host's launches in it) */
-    double block_fwd_busy_ms; /* the same forward behind a busy GPU: its kernels' time alone */
+    double block_fwd_busy_ms; /* with fwd_busy: the forward behind a busy GPU, its kernels alone */
     double block_bwd_ms;      /* its backward alone, the host ahead of the GPU */
     double layer_ms;          /* the whole layer: router, top-k, permutation, experts, combine */
     double dense_ms;          /* the same GEMM chain with every row on one expert: the ceiling */

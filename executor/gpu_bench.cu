@@ -190,7 +190,7 @@ extern "C" enum moe_status exec_moe_bench(const struct exec_moe_bench_cfg *c, in
             st = bench_time(g, B_LAYER, dense_off, 1, &ms, &syncs, err);
         if (st == MOE_OK)
             st = bench_time(g, B_FWD, dense_off, c->iters, &r->block_fwd_ms, &syncs, err);
-        if (st == MOE_OK)
+        if (st == MOE_OK && c->fwd_busy)
             st = bench_time(g, B_FWD_BUSY, dense_off, c->iters, &r->block_fwd_busy_ms, &syncs, err);
         if (st == MOE_OK)
             st = bench_time(g, B_BWD, dense_off, c->iters, &r->block_bwd_ms, &syncs, err);
