@@ -303,9 +303,9 @@ static void megatron_model_flags(const struct mdl_model *m, FILE *out)
         fprintf(out, "--swiglu \\\n");
     if (!m->tied_embeddings) fprintf(out, "--untie-embeddings-and-output-weights \\\n");
     fprintf(out, "--tokenizer-type NullTokenizer \\\n--vocab-size %d \\\n", m->vocab);
-    if (a->bias && e->expert_bias) /* gpt-oss: every projection has its bias */
-        fprintf(out, "--add-bias-linear \\\n");
-    else
+    /* gpt-oss: every projection has its bias, Megatron-LM's default (it has no flag that turns
+     * them on: `--add-bias-linear` is refused by its parser, only `--disable-bias-linear` exists) */
+    if (!(a->bias && e->expert_bias))
         fprintf(out, "--disable-bias-linear \\\n%s", a->bias ? "--add-qkv-bias \\\n" : "");
     if (a->type == MDL_ATTN_GQA) {
         if (a->kv_heads != a->heads)
