@@ -484,8 +484,7 @@ int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
         }
         printf("\n");
     }
-    printf("expert block forward from an idle GPU (the host's launches in it) and behind a busy "
-           "one (its kernels alone):");
+    printf("expert block forward from an idle GPU and behind 20 ms of a busy one:");
     for (int i = 0; i < nrun; i++)
         printf("%s %s %.3f and %.3f ms", i ? "," : "", cost_precision_names[i ? prec : COST_BF16],
                rr[i].block_fwd_ms, rr[i].block_fwd_busy_ms);

@@ -333,7 +333,7 @@ extern const char *const exec_bench_sample_names[EXEC_BENCH_SAMPLES];
 struct exec_moe_bench_result {
     double block_ms;          /* expert block: gate/up GEMMs, SwiGLU, down GEMM, fwd + bwd */
     double block_fwd_ms;      /* its forward alone, from an idle GPU (the host's launches in it) */
-    double block_fwd_busy_ms; /* with fwd_busy: the forward behind a busy GPU, its kernels alone */
+    double block_fwd_busy_ms; /* with fwd_busy: the forward behind 20 ms of a busy GPU */
     double block_bwd_ms;      /* its backward alone, the host ahead of the GPU */
     double layer_ms;          /* the whole layer: router, top-k, permutation, experts, combine */
     double dense_ms;          /* the same GEMM chain with every row on one expert: the ceiling */

@@ -14,8 +14,11 @@ enum bench_what { B_LAYER, B_DENSE, B_FWD, B_BWD, B_FWD_BUSY };
  * block's forward (B_FWD) starts on an idle GPU, as a step's does after the router's
  * device-to-host wait: the host's launches (hundreds for many small experts) are part of its
  * time. Everything else is queued behind BENCH_HEAD_US of a busy GPU, as a step's backward is
- * queued behind the work before it: the GPU's time, not the host's; the forward so too
- * (B_FWD_BUSY) says how much of B_FWD is the GPU waiting for the host. */
+ * queued behind the work before it: the GPU's time, not the host's. The forward so too
+ * (B_FWD_BUSY) is shorter where the GPU waited for the host's launches, and where the spinning
+ * head let a power-capped GPU's clocks recover: on an H100 (results/issue26/s13) 3-10% shorter
+ * in bf16 and fp8 alike, at shapes of a few long GEMMs, the power cap active in 89% of the
+ * samples. */
 #define BENCH_HEAD_US 20000.0
 /* Each timed run is an NVTX range named by what it times and the precision (no cost without a
  * profiler attached): `ncu --nvtx --nvtx-include "block forward fp8/" --nvtx-include "block

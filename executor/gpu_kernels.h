@@ -414,7 +414,9 @@ cublasStatus_t gk_fp8_matmul(const struct gk_fp8_mat *w, const struct gk_fp8_mat
                              int K, int ldy, cudaDataType yt, bool fast, cublasLtMatmulDesc_t *op,
                              cublasLtMatrixLayout_t l[3]);
 /* One thread that holds the stream for `us` microseconds of the GPU's clock: a benchmark queues
- * its kernels behind it, so that what it times is the GPU's work, not the host's launches. */
+ * its kernels behind it, so that what it times is the GPU's work, not the host's launches (one
+ * spinning thread draws little power: a power-capped GPU starts the kernels after it at higher
+ * clocks). */
 cudaError_t gk_busy_wait(double us, cudaStream_t s);
 cudaError_t gk_to_bf16(const float *x, bf16 *y, size_t n, cudaStream_t s);
 /* *out = a 64-bit fingerprint of a rows x cols matrix (ld elements a row) of 2- or 4-byte
