@@ -188,7 +188,8 @@ extern "C" enum moe_status exec_moe_bench(const struct exec_moe_bench_cfg *c, in
         for (int e = 1; e <= E; e++) dense_off[e] = T * k;
         int syncs = 0;
         double ms;
-        /* warm-up (allocations, cuBLAS heuristics), then the three measurements */
+        /* warm-up (allocations, cuBLAS heuristics), then the measurements: the forward from an
+         * idle GPU, behind a busy one where asked, the backward, the layer */
         for (int i = 0; i < (c->warmup > 1 ? c->warmup : 1) && st == MOE_OK; i++)
             st = bench_time(g, B_LAYER, dense_off, 1, &ms, &syncs, err);
         if (st == MOE_OK)
