@@ -148,6 +148,14 @@ struct exec_fp8_layout {
      * MoE layer (x, hm in the forward; dy, dg, du in the backward), so the quantization of those
      * rows for their GEMMs reads them once, not twice (amax_rows). */
     bool amax_rows;
+    /* Per-tensor scaling with keep_xt and amax_rows: the experts' input quantized in the permute
+     * (dispatch), each expert's amax found from its tokens first, its row-major copy into a
+     * buffer of dispatch_bytes (dispatch_factors floats of factors) for the gate and up GEMMs,
+     * its transpose into the kept one (xt_bytes[0]): no bf16 rows placed, none read again to
+     * quantize them. Not with EP, nor where the rows change after the permute (Llama 4's
+     * weights on the input). */
+    bool dispatch;
+    size_t dispatch_bytes, dispatch_factors;
     /* Per-tensor scaling, some slice quantized: AdamW keeps each slice's amax as it writes the
      * bf16 weights (without ZeRO, whose shards are gathered after), so their quantization reads
      * them once (amax_weights). */

@@ -236,6 +236,17 @@ struct exec_gpu {
         const int *off;
         int *off_dev; /* (E + 1) a copy of the rows' offsets the fused kernels read */
     } f8pre;
+    /* fp8 with f8.dispatch (gpu_fp8_dispatch): the experts' input as the permute quantized it,
+     * its row-major copy q with factors s, expert e's region from qo[e], so[e] (host, E + 1);
+     * the gate and up GEMMs take it for the rows of key (the act set's xp16, NULL: none) at
+     * offsets off (the layer's off_host). Its transpose went into that set's xt8[XT_X]. */
+    struct {
+        const bf16 *key;
+        const int *off;
+        unsigned char *q;
+        float *s;
+        size_t *qo, *so, *sto;
+    } f8xd;
     /* fp8 with f8.keep_xt: xt_set[i], act set i's (i: the layer, or 0 with full recompute);
      * xt: the set the experts' GEMMs write (forward) or read (backward) now (NULL: none), matrix
      * k the rows of m[k].base (ld wide), expert e's region from m[k].qo[e] and m[k].sto[e] */
@@ -463,6 +474,16 @@ void gpu_fp8_know(struct exec_gpu *g, int l, int kind, const bf16 *base, int ld)
  * input and their SwiGLU's output until gpu_fp8_xt_end */
 void gpu_fp8_xt_begin(struct exec_gpu *g, int l, const struct act *A, const int *off, bool forward);
 void gpu_fp8_xt_end(struct exec_gpu *g);
+/* fp8 with f8.dispatch: whether layer l's experts take their input quantized in the permute
+ * (A's set keeps transposes, no EP, the rows unchanged after the permute); then
+ * gpu_fp8_dispatch_amax, before the rows' offsets reach the host, finds each expert's amax
+ * from A's tokens (b16) and routing, and gpu_fp8_dispatch, after, writes the quantized rows
+ * (struct f8xd, A->xt8[XT_X]) in place of gk_gather's bf16 ones: A->xp16 is not written. */
+bool gpu_fp8_dispatch_ok(const struct exec_gpu *g, int l, const struct act *A);
+enum moe_status gpu_fp8_dispatch_amax(struct exec_gpu *g, int l, const struct act *A,
+                                      struct moe_error *err);
+enum moe_status gpu_fp8_dispatch(struct exec_gpu *g, int l, const struct act *A, const int *off,
+                                 struct moe_error *err);
 /* fp8: every stream's kept operands forgotten (struct fp8_kept) */
 void gpu_fp8_forget(struct exec_gpu *g);
 /* fp8: whether layer l's experts' gate and up GEMMs run in fp8 (the fused SwiGLU backward's

@@ -375,6 +375,13 @@ static enum moe_status create(struct exec_gpu *g, const struct mdl_model *m,
             g->f8pre.qo = r, g->f8pre.so = r + g->experts + 1,
             g->f8pre.sto = r + 2 * (g->experts + 1);
         }
+        if (g->f8.dispatch && !cfg->ep) {
+            ALLOC(g->f8xd.q, g->f8.dispatch_bytes, EXEC_MEM_WORKSPACE);
+            ALLOC(g->f8xd.s, g->f8.dispatch_factors, EXEC_MEM_WORKSPACE);
+            size_t *r = (size_t *)calloc(3 * ((size_t)g->experts + 1), sizeof(size_t));
+            if (!r) return moe_error_set(err, MOE_ERR_NOMEM, "executor: out of memory");
+            g->f8xd.qo = r, g->f8xd.so = r + g->experts + 1, g->f8xd.sto = r + 2 * (g->experts + 1);
+        }
         if (g->f8.amax_rows)
             ALLOC(g->f8rows, (size_t)g->nmoe * F8_ROWS * g->experts, EXEC_MEM_WORKSPACE);
         if (g->f8.keep_xt && !cfg->ep) { /* host: each act set's record; the regions */
@@ -593,6 +600,7 @@ extern "C" void exec_gpu_destroy(struct exec_gpu *g)
         if (g->lt_kinds[i].op) cublasLtMatmulDescDestroy(g->lt_kinds[i].op);
     gk_fp8_lt_destroy(g->f8lt);
     free(g->f8pre.qo);
+    free(g->f8xd.qo);
     free(g->xt_set), free(g->xt.m[0].qo);
     exec_fp8_layout_free(&g->f8);
     if (g->lt) cublasLtDestroy(g->lt);

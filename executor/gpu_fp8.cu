@@ -16,6 +16,8 @@
  * scales: 1 x 128 tiles along each one's K (a transposed copy has its own, column-wise tiles of
  * the original), 128 x 128 blocks (the transposed copy's are the same, transposed), or one scale.
  * A 128 x 128 tile of the input sits in shared memory, so both copies are written coalesced.
+ * With per-tensor scaling the permutation's gather quantizes the experts' input the same way,
+ * each expert's amax found from its tokens first (gk_fp8_expert_amax, gk_fp8_gather).
  */
 #include "gpu_kernels.h"
 
@@ -329,7 +331,7 @@ cudaError_t gk_fp8_cast_known(const bf16 *x, int ldx, int rows, int cols, int e5
                              amax, 1, 0, 0, 0, s);
 }
 
-/* ---- the experts' SwiGLU, its output and its gradients quantized ------------------------------ */
+/* ---- the experts' input quantized in the permute (per-tensor scaling) ------------------------ */
 
 /* The expert's tile this block takes (gk_expert_tile, worked out by thread 0): false past the
  * last tile. o and n: the expert's first row and its rows; q, s, st: its region. */
@@ -350,6 +352,111 @@ static __device__ __forceinline__ bool block_tile(const int *off, int E, int col
     *a = at;
     return a->e >= 0;
 }
+
+/* Each expert's amax over the tokens routed to it (choice: T x k experts) of x (T x h): a warp a
+ * token, its row's largest |value| (gk_abs_bits) into its experts' maxima in shared memory, the
+ * block's into amax[e] (zeroed before). The amax gk_gather keeps of the permuted rows, found
+ * before any row is placed. `vec`: 16-byte loads (rows on 16 bytes, h a multiple of 8). */
+__global__ void k_fp8_expert_amax(const bf16 *x, int T, int h, bool vec, const int *choice, int k,
+                                  int E, unsigned *amax)
+{
+    extern __shared__ unsigned sm[];
+    for (int e = threadIdx.x; e < E; e += blockDim.x) sm[e] = 0;
+    __syncthreads();
+    int lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    for (int t = blockIdx.x * warps + threadIdx.x / 32; t < T; t += gridDim.x * warps) {
+        const bf16 *row = x + (size_t)t * h;
+        unsigned m = 0;
+        if (vec) {
+#pragma unroll 4
+            for (int c = lane * 8; c < h; c += 32 * 8)
+                m = max(m, gk_abs_bits8(*(const uint4 *)(row + c)));
+        } else {
+            for (int c = lane; c < h; c += 32) m = max(m, gk_abs_bits(__bfloat162float(row[c])));
+        }
+        for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+        for (int j = lane; j < k && m; j += 32) atomicMax(&sm[choice[(size_t)t * k + j]], m);
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+        if (sm[e]) atomicMax(amax + e, sm[e]);
+}
+
+cudaError_t gk_fp8_expert_amax(const bf16 *x, int T, int h, const int *choice, int k, int E,
+                               unsigned *amax, cudaStream_t s)
+{
+    if (E < 1 || E > GK_MAX_EXPERTS || k < 1) return cudaErrorInvalidValue;
+    cudaError_t r = cudaMemsetAsync(amax, 0, sizeof(unsigned) * E, s);
+    if (r != cudaSuccess || T < 1 || h < 1) return r;
+    const int warps = TPB / 32;
+    unsigned blocks = (unsigned)((T + warps - 1) / warps);
+    if (blocks > 2048) blocks = 2048; /* a grid-stride loop: E atomics a block at the end */
+    bool vec = h % 8 == 0 && aligned(x, 16);
+    k_fp8_expert_amax<<<blocks, TPB, sizeof(unsigned) * E, s>>>(x, T, h, vec, choice, k, E, amax);
+    return cudaGetLastError();
+}
+
+/* One block one FT x FT tile of one expert's permuted rows (permuted row p is x's row
+ * row_src[p] / k, as gk_gather places it): quantized with the expert's scale (amax[e] known)
+ * into its region of q (row-major) and of qt (transposed, the rows padded with zeros to
+ * exec_fp8_pad), each region's factor its first: what gk_gather then gk_fp8_cast_known write
+ * for the expert's rows, bit for bit, without the bf16 rows between them. As k_fp8_cast_t: a
+ * thread's 8 loads of 8 values first, the transpose through shared memory as bytes (put_t8). */
+__global__ void __launch_bounds__(FT_THREADS)
+    k_fp8_gather_t(const bf16 *x, const int *row_src, int k, const int *off, int E, int cols,
+                   const unsigned *amax, unsigned char *q, float *sq, unsigned char *qt, float *sqt)
+{
+    __shared__ unsigned t8[FT * FT / 4];
+    struct expert_tile T;
+    if (!block_tile(off, E, cols, true, &T)) return;
+    int r0 = T.r0, c0 = T.c0, n = T.n, np = exec_fp8_pad(n), t = threadIdx.x;
+    float S = scale_of(__uint_as_float(amax[T.e]), 0, EXEC_FP8_TENSOR);
+    constexpr int steps = FT * FT / 8 / FT_THREADS; /* a warp two rows of 128 a step */
+    uint4 in[steps];
+#pragma unroll
+    for (int j = 0; j < steps; j++) {
+        int i = t + j * FT_THREADS, lr = r0 + i / (FT / 8), gc = c0 + i % (FT / 8) * 8;
+        in[j] = lr < n && gc < cols
+                    ? *(const uint4 *)(x + (size_t)(row_src[T.o + lr] / k) * cols + gc)
+                    : make_uint4(0, 0, 0, 0);
+    }
+    q += T.q, qt += T.q;
+#pragma unroll
+    for (int j = 0; j < steps; j++) {
+        int i = t + j * FT_THREADS, r = i / (FT / 8), c = i % (FT / 8) * 8, lr = r0 + r,
+            gc = c0 + c;
+        float v[8];
+        const __nv_bfloat162 *p = (const __nv_bfloat162 *)&in[j];
+        for (int a = 0; a < 4; a++) {
+            float2 f = __bfloat1622float2(p[a]);
+            v[2 * a] = f.x, v[2 * a + 1] = f.y;
+        }
+        uint2 w = make_uint2(fp8x4(v, S, 0), fp8x4(v + 4, S, 0));
+        if (lr < n && gc < cols) *(uint2 *)(q + (size_t)lr * cols + gc) = w;
+        *(uint2 *)&t8[gk_fp8_t8_at(r, c / 4)] = w;
+    }
+    bool first = r0 == 0 && c0 == 0; /* the expert's first tile writes its factors */
+    put_factors(sq + T.s, EXEC_FP8_TENSOR, n, cols, r0, c0, NULL, S, first);
+    __syncthreads();
+    put_t8(t8, qt, np, cols, c0, r0);
+    put_factors(sqt + T.st, EXEC_FP8_TENSOR, cols, np, c0, r0, NULL, S, first);
+}
+
+cudaError_t gk_fp8_gather(const bf16 *x, const int *row_src, int k, const int *off_dev,
+                          const int *off, int E, int cols, const unsigned *amax, unsigned char *q,
+                          float *sq, unsigned char *qt, float *sqt, cudaStream_t s)
+{
+    /* 16-byte loads of x's rows, 8-byte stores of q's, 16-byte runs of qt's */
+    if (cols % 16 || !aligned(x, 16) || !aligned(q, 16) || !aligned(qt, 16))
+        return cudaErrorInvalidValue;
+    size_t tiles = gk_expert_tiles(off, E, cols, true);
+    if (tiles)
+        k_fp8_gather_t<<<(unsigned)tiles, FT_THREADS, 0, s>>>(x, row_src, k, off_dev, E, cols, amax,
+                                                              q, sq, qt, sqt);
+    return cudaGetLastError();
+}
+
+/* ---- the experts' SwiGLU, its output and its gradients quantized ------------------------------ */
 
 /* One block one FT x FT tile of one expert's rows: hm = SwiGLU(g, u) written in bf16 (as gk_swiglu
  * writes it) and quantized from that in 1 x 128 tiles into the expert's row-major region, as

@@ -309,6 +309,8 @@ void gpu_fp8_xt_begin(struct exec_gpu *g, int l, const struct act *A, const int 
     if (forward) {
         set->l = l, set->off = off;
         memset(set->done, 0, XT_N * (size_t)g->experts);
+        if (g->f8xd.key == A->xp16 && g->f8xd.off == off) /* the permute wrote x's (dispatch) */
+            memset(set->done + (size_t)XT_X * g->experts, 1, (size_t)g->experts);
     } else if (set->l != l || set->off != off) {
         return;
     }
@@ -397,6 +399,46 @@ void gpu_fp8_know(struct exec_gpu *g, int l, int kind, const bf16 *base, int ld)
         g->f8known[g->nf8known++] = {base, ld, g->off_host[l], a};
 }
 
+bool gpu_fp8_dispatch_ok(const struct exec_gpu *g, int l, const struct act *A)
+{
+    return g->fp8 && g->f8xd.q && g->f8.act == EXEC_FP8_TENSOR && A->xt8[XT_X] && !g->cfg.ep &&
+           !g->m.moe.probs_on_input && fp8_rows_at(g, l, F8_X) && gpu_fp8_fused_ok(g, l);
+}
+
+enum moe_status gpu_fp8_dispatch_amax(struct exec_gpu *g, int l, const struct act *A,
+                                      struct moe_error *err)
+{
+    MOE_CUDA_CHECK(gk_fp8_expert_amax(A->b16, g->tokens, g->hidden, A->choice, g->top_k, g->experts,
+                                      fp8_rows_at(g, l, F8_X), g->s));
+    return MOE_OK;
+}
+
+enum moe_status gpu_fp8_dispatch(struct exec_gpu *g, int l, const struct act *A, const int *off,
+                                 struct moe_error *err)
+{
+    int E = g->experts, h = g->hidden;
+    g->f8xd.key = NULL; /* until the rows below are written */
+    exec_fp8_regions(off, E, h, g->f8xd.qo, g->f8xd.so, g->f8xd.sto);
+    MOE_CUDA_CHECK(gk_fp8_gather(A->b16, A->row_src, g->top_k, A->off, off, E, h,
+                                 fp8_rows_at(g, l, F8_X), g->f8xd.q, g->f8xd.s, A->xt8[XT_X],
+                                 A->xt8s[XT_X], g->s));
+    g->f8xd.key = A->xp16, g->f8xd.off = off;
+    return MOE_OK;
+}
+
+/* The permute's quantized rows (gpu_fp8_dispatch) of X (T rows, ld wide) if X is one expert's
+ * rows of them: *x, its row-major operand; false otherwise */
+static bool fp8_dispatched(const struct exec_gpu *g, const bf16 *X, int ld, int T, int in,
+                           struct gk_fp8_mat *x)
+{
+    int e = g->f8xd.key && ld == g->hidden && in == ld
+                ? expert_at(g, g->f8xd.key, g->f8xd.off, ld, X, T)
+                : -1;
+    if (e < 0) return false;
+    *x = gk_fp8_mat{g->f8xd.q + g->f8xd.qo[e], g->f8xd.s + g->f8xd.so[e], in, g->f8.act, 0};
+    return true;
+}
+
 /* The amax kept for X (T rows, ld wide) if it is one expert's rows of a known matrix */
 static const unsigned *fp8_known(const struct exec_gpu *g, const bf16 *X, int ld, int T)
 {
@@ -471,7 +513,8 @@ enum moe_status gpu_lin(struct exec_gpu *g, const bf16 *X, int ldx, const bf16 *
         struct fp8_scratch *x8 = fp8_scratch_now(g);
         int ha = g->f8.act, hw = g->f8.weight;
         struct gk_fp8_mat w = {g->w8 + f->q, g->w8s + f->s, in, hw, 0}, x, tr;
-        if (fp8_pre_of(g, X, ldx, T, in, 0, &x, &tr)) { /* the fused SwiGLU's output */
+        if (fp8_pre_of(g, X, ldx, T, in, 0, &x, &tr) || /* the fused SwiGLU's output */
+            fp8_dispatched(g, X, ldx, T, in, &x)) {     /* the permute's */
             x8->kept.src = NULL;
             return fp8_mm(g, &w, &x, T, out, in, Y, ldy, yt, beta, ha == EXEC_FP8_TENSOR, err);
         }

@@ -347,6 +347,19 @@ cudaError_t gk_fp8_cast_batch(const bf16 *x, int ldx, int rows, int cols, int ho
 cudaError_t gk_fp8_cast_known(const bf16 *x, int ldx, int rows, int cols, int e5m2,
                               unsigned char *q, float *sq, unsigned char *qt, int ldt, float *sqt,
                               const unsigned *amax, cudaStream_t s);
+/* Per-tensor fp8, the experts' input quantized in the permute: each expert's amax over the rows
+ * of x (T x h) routed to it (choice: T x k experts) into amax[e] (E of them, as gk_abs_bits),
+ * what gk_gather keeps of the permuted rows (struct gk_amax_rows); then gk_fp8_gather places
+ * and quantizes the rows with those scales: permuted row p is x's row row_src[p] / k (as
+ * gk_gather), expert e's rows from off[e] (off_dev its device copy; cols a multiple of 16) into
+ * its region (exec_fp8_regions) of q (row-major) and qt (transposed, the rows padded with zeros,
+ * exec_fp8_pad), each region's factor its first (sq, sqt): the same bits as gk_gather then
+ * gk_fp8_cast_known on each expert's rows, no bf16 rows written. */
+cudaError_t gk_fp8_expert_amax(const bf16 *x, int T, int h, const int *choice, int k, int E,
+                               unsigned *amax, cudaStream_t s);
+cudaError_t gk_fp8_gather(const bf16 *x, const int *row_src, int k, const int *off_dev,
+                          const int *off, int E, int cols, const unsigned *amax, unsigned char *q,
+                          float *sq, unsigned char *qt, float *sqt, cudaStream_t s);
 /* One operand of an fp8 GEMM: a K-major matrix (row-major, `ld` bytes a row) in E4M3 or E5M2,
  * with its dequantization factors as gk_fp8_cast writes them. */
 struct gk_fp8_mat {

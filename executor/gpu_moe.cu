@@ -2,7 +2,8 @@
  * gpu_moe.cu: SwiGLU (dense FFN, shared experts, each expert) and the dropless MoE layer on one
  * GPU: router GEMM, top-k (exec_route), a stable counting-sort permutation, one host sync for
  * the per-expert row counts, per-expert GEMMs on every routed (token, expert) pair (nothing
- * dropped or padded), the weighted unpermute. With expert parallelism the layer goes to
+ * dropped or padded), the weighted unpermute (with per-tensor fp8 the permute writes the rows
+ * quantized, gpu_fp8_dispatch, not in bf16). With expert parallelism the layer goes to
  * gpu_ep.cu instead.
  */
 #include "gpu.h"
@@ -90,7 +91,9 @@ struct xt_scope {
 
 /* The expert block on the permuted rows xp16 (expert e: rows off[e] .. off[e+1]): gate and up
  * GEMMs (with their biases), the activation, down GEMM (with its bias) into yp32. With
- * per-tensor fp8 the GEMMs take xp16's amax as the gather kept it, hm's as SwiGLU keeps it. */
+ * per-tensor fp8 the gate and up GEMMs take the rows as the permute quantized them
+ * (gpu_fp8_dispatch; else xp16's amax as the gather kept it), the down GEMMs hm's amax as SwiGLU
+ * keeps it. */
 enum moe_status gpu_experts_forward(struct exec_gpu *g, int l, struct act *A, const int *off,
                                     struct moe_error *err)
 {
@@ -162,6 +165,11 @@ enum moe_status gpu_experts_backward(struct exec_gpu *g, int l, const struct act
     gpu_fp8_know(g, l, F8_HM, A->ehm16, f);
     gpu_fp8_know(g, l, F8_DY, g->dyp16, h);
     xt_scope kept(g, l, A, off, false); /* x's and hm's transposes as the forward kept them */
+    if (!g->xt.set && gpu_fp8_dispatch_ok(g, l, A)) /* xp16 unwritten: nothing to quantize */
+        return moe_error_set(err, MOE_ERR_RUNTIME,
+                             "executor: layer %d's backward finds no kept transpose of the "
+                             "experts' input its forward quantized in the permute",
+                             l);
     MOE_CHECK(each_expert(
         g, l, off,
         [&](int e, size_t o, int n) {
@@ -243,6 +251,7 @@ enum moe_status gpu_moe_forward(struct exec_gpu *g, int l, struct act *A, float 
     int T = g->tokens, h = g->hidden, E = g->experts, k = g->top_k, P = g->pairs,
         mi = g->moe_index[l];
     int *off = g->off_host[l];
+    bool dispatch = gpu_fp8_dispatch_ok(g, l, A); /* fp8: x quantized in the permute */
     PH(COST_ROUTER);
     if (g->expert_bias) /* gpt-oss: the logits start as the router's bias */
         MOE_CUDA_CHECK(gk_bias_rows(A->logits, NULL, E, M(g, w[W_ROUTER_B]), T, E, false, g->s));
@@ -261,13 +270,17 @@ enum moe_status gpu_moe_forward(struct exec_gpu *g, int l, struct act *A, float 
     if (!g->cfg.ep) { /* with EP the exchange places the rows (ep_forward) */
         MOE_CUDA_CHECK(
             gk_permute_place(A->choice, P, E, g->perm_base, A->off, A->row_src, A->pos, g->s));
-        struct gk_amax_rows am; /* per-tensor fp8: the rows' amax for the experts' GEMMs */
-        const struct gk_amax_rows *keep = NULL;
-        if (!g->m.moe.probs_on_input) /* Llama 4's rows change below */
-            MOE_CHECK(gpu_fp8_rows(g, l, F8_X, 1, A->off, h, &am, &keep, err));
-        MOE_CUDA_CHECK(gk_gather(A->b16, A->row_src, k, P, h, A->xp16, keep, g->s));
-        if (g->m.moe.probs_on_input) /* Llama 4: each row times its routing weight */
-            MOE_CUDA_CHECK(gk_scale_rows(A->xp16, A->weight, A->pos, P, h, g->s));
+        if (dispatch) { /* the experts' scales now, their rows quantized once off is known */
+            MOE_CHECK(gpu_fp8_dispatch_amax(g, l, A, err));
+        } else {
+            struct gk_amax_rows am; /* per-tensor fp8: the rows' amax for the experts' GEMMs */
+            const struct gk_amax_rows *keep = NULL;
+            if (!g->m.moe.probs_on_input) /* Llama 4's rows change below */
+                MOE_CHECK(gpu_fp8_rows(g, l, F8_X, 1, A->off, h, &am, &keep, err));
+            MOE_CUDA_CHECK(gk_gather(A->b16, A->row_src, k, P, h, A->xp16, keep, g->s));
+            if (g->m.moe.probs_on_input) /* Llama 4: each row times its routing weight */
+                MOE_CUDA_CHECK(gk_scale_rows(A->xp16, A->weight, A->pos, P, h, g->s));
+        }
     } else { /* the counts stay: the load statistics and the load-balance loss read them */
         MOE_CUDA_CHECK(cudaMemcpyAsync(g->choice_host, A->choice, sizeof(int) * (size_t)P,
                                        cudaMemcpyDeviceToHost, g->s));
@@ -297,6 +310,7 @@ enum moe_status gpu_moe_forward(struct exec_gpu *g, int l, struct act *A, float 
     if (g->cfg.ep) {
         MOE_CHECK(gpu_ep_forward(g, l, A, y, err));
     } else {
+        if (dispatch) MOE_CHECK(gpu_fp8_dispatch(g, l, A, off, err));
         PH(COST_EXPERTS_FWD);
         MOE_CHECK(gpu_experts_forward(g, l, A, off, err));
         PH(COST_UNPERMUTE);

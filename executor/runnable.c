@@ -350,6 +350,12 @@ enum moe_status exec_fp8_layout(const struct exec_ref_model *table, enum cost_pr
         region_bounds(rows, E, k ? f : m->hidden, &out->xt_bytes[k], &rf, &tf);
         out->xt_factors[k] = tf / 4 * 4 + 4;
     }
+    out->dispatch = out->keep_xt && out->amax_rows;
+    if (out->dispatch) {
+        size_t rf, tf;
+        region_bounds(rows, E, m->hidden, &out->dispatch_bytes, &rf, &tf);
+        out->dispatch_factors = rf / 4 * 4 + 4;
+    }
     return MOE_OK;
 }
 
@@ -420,6 +426,8 @@ void exec_gpu_bytes(const struct mdl_model *m, const struct exec_gpu_cfg *cfg, i
               (3.0 * f8.scratch_bytes + 3 * B4 * f8.scratch_factors + 16 + B4 * f8.tail_floats);
         if (f8.fuse) /* the fused SwiGLU's copies (dg's and du's, each both ways), the offsets */
             *W += 4.0 * f8.pre_bytes + 4 * B4 * f8.pre_factors + B4 * (E + 1);
+        if (f8.dispatch && ep_ranks <= 0) /* the experts' input as the permute quantized it */
+            *W += (double)f8.dispatch_bytes + B4 * f8.dispatch_factors;
         if (f8.amax_rows) /* the experts' amax kept by the kernels that write their rows */
             *W += B4 * 5.0 * mdl_moe_layer_count(m) * E;
         if (f8.amax_weights && zero_ranks <= 0) /* the slices' amax kept by AdamW */

@@ -1077,6 +1077,110 @@ static void test_fp8_amax_rows(void **state)
     cudaFree(doff), cudaFree(amax), cudaFree(work);
 }
 
+/* Per-tensor fp8, the experts' input quantized in the permute: gk_fp8_expert_amax against each
+ * expert's largest |value| over its tokens' rows (bits), then gk_fp8_gather's copies against
+ * exec_fp8_quantize of each expert's gathered rows and of their transpose (the rows padded with
+ * zeros to exec_fp8_pad; bytes outside the regions untouched), bit for bit, factors included.
+ * 160 tokens, top-3 of six experts drawn unevenly: one expert with no token, one with three, one
+ * with more than 128 rows; token magnitudes 2^-6 .. 2^5, so the experts' scales differ; widths
+ * 272 (a partial tile) and 384, and 8 (refused: not a multiple of 16). */
+static void test_fp8_gather(void **state)
+{
+    (void)state;
+    if (!gpus()) skip();
+    const int T = 160, k = 3, E = 6, P = T * k;
+    std::vector<int> choice((size_t)P);
+    struct moe_rng rng;
+    moe_rng_seed(&rng, 4242);
+    for (int t = 0; t < T; t++) { /* expert 1 none; expert 5 only tokens 0..2's */
+        static const int pick[] = {0, 0, 0, 2, 2, 3, 4, 4, 4, 4};
+        for (int j = 0; j < k; j++) {
+            int e;
+            bool again;
+            do {
+                e = t < 3 && j == k - 1 ? 5 : pick[moe_rng_below(&rng, 10)];
+                again = false;
+                for (int i = 0; i < j; i++) again |= choice[(size_t)t * k + i] == e;
+            } while (again);
+            choice[(size_t)t * k + j] = e;
+        }
+    }
+    int off[E + 1] = {0};
+    std::vector<int> src; /* a stable counting sort, as gk_permute_place's */
+    for (int e = 0; e < E; e++) {
+        for (int i = 0; i < P; i++)
+            if (choice[i] == e) src.push_back(i);
+        off[e + 1] = (int)src.size();
+    }
+    assert_int_equal(off[2] - off[1], 0);
+    assert_int_equal(off[6] - off[5], 3);
+    assert_true(off[5] - off[4] > 128); /* expert 4: two tiles of rows */
+    int *dchoice = dev(choice), *dsrc = dev(src), *doff = dev(std::vector<int>(off, off + E + 1));
+    unsigned *amax = dev(std::vector<unsigned>(E, 0xFFFFFFFFu)); /* zeroed by the kernel */
+    int checked = 0;
+    for (int cols : {272, 384, 8}) {
+        std::vector<float> x = randn((size_t)T * cols, 4300 + cols);
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < cols; c++) x[(size_t)t * cols + c] *= ldexpf(1.0f, t % 12 - 6);
+        std::vector<bf16> x16 = to_bf16(x);
+        for (size_t i = 0; i < x.size(); i++) x[i] = __bfloat162float(x16[i]);
+        bf16 *dx = dev(x16);
+        assert_int_equal(gk_fp8_expert_amax(dx, T, cols, dchoice, k, E, amax, 0), cudaSuccess);
+        std::vector<unsigned> got = host(amax, E);
+        for (int e = 0; e < E; e++) {
+            unsigned want = 0;
+            for (int p = off[e]; p < off[e + 1]; p++)
+                for (int c = 0; c < cols; c++) {
+                    float f = fabsf(x[(size_t)(src[p] / k) * cols + c]);
+                    unsigned b;
+                    memcpy(&b, &f, sizeof b);
+                    if (b > want) want = b;
+                }
+            if (got[e] != want)
+                fail_msg("expert amax, width %d, expert %d: bits %08x, its tokens' %08x", cols, e,
+                         got[e], want);
+            checked++;
+        }
+        size_t qo[E + 1], so[E + 1], sto[E + 1];
+        exec_fp8_regions(off, E, cols, qo, so, sto);
+        unsigned char *q = dev(std::vector<unsigned char>(qo[E] + 32, 0x5A)),
+                      *qt = dev(std::vector<unsigned char>(qo[E] + 32, 0x5A));
+        float *sq = dev(std::vector<float>(so[E] + 8, -1.0f)),
+              *sqt = dev(std::vector<float>(sto[E] + 8, -1.0f));
+        cudaError_t r = gk_fp8_gather(dx, dsrc, k, doff, off, E, cols, amax, q, sq, qt, sqt, 0);
+        if (cols % 16) { /* refused, nothing written */
+            assert_int_equal(r, cudaErrorInvalidValue);
+            cudaFree(dx), cudaFree(q), cudaFree(qt), cudaFree(sq), cudaFree(sqt);
+            continue;
+        }
+        assert_int_equal(r, cudaSuccess);
+        for (int e = 0; e < E; e++) {
+            int n = off[e + 1] - off[e], np = exec_fp8_pad(n);
+            if (!n) continue;
+            std::vector<float> rows((size_t)n * cols), tr((size_t)cols * np, 0.0f);
+            for (int i = 0; i < n; i++)
+                for (int c = 0; c < cols; c++)
+                    tr[(size_t)c * np + i] = rows[(size_t)i * cols + c] =
+                        x[(size_t)(src[off[e] + i] / k) * cols + c];
+            char what[96];
+            snprintf(what, sizeof what, "gathered rows, width %d, expert %d", cols, e);
+            expect_quantized(what, rows, n, cols, EXEC_FP8_TENSOR, 0, q + qo[e], cols, sq + so[e]);
+            snprintf(what, sizeof what, "gathered rows transposed, width %d, expert %d", cols, e);
+            expect_quantized(what, tr, cols, np, EXEC_FP8_TENSOR, 0, qt + qo[e], np, sqt + sto[e]);
+            checked += 2;
+        }
+        std::vector<unsigned char> tail = host(q + qo[E], 32), tailt = host(qt + qo[E], 32);
+        for (int i = 0; i < 32; i++)
+            if (tail[i] != 0x5A || tailt[i] != 0x5A)
+                fail_msg("gathered rows, width %d: byte %d past the regions written", cols, i);
+        cudaFree(dx), cudaFree(q), cudaFree(qt), cudaFree(sq), cudaFree(sqt);
+    }
+    printf("fp8 experts' input quantized in the permute: %d checks (each expert's amax, both "
+           "copies), every amax, byte and factor equal to the reference's\n",
+           checked);
+    cudaFree(dchoice), cudaFree(dsrc), cudaFree(doff), cudaFree(amax);
+}
+
 /* The three fp8 GEMMs of a linear layer, per recipe, against exec_ref_fp8_linear (the same
  * quantization in plain C, the products summed in double): the forward y = x w^T (x in tiles,
  * w in blocks, or both per tensor), the data gradient dx = dy w (dy's tiles, w's transposed
@@ -1367,6 +1471,7 @@ int main(void)
         cmocka_unit_test(test_fp8_gemm),
         cmocka_unit_test(test_fp8_swiglu_fused),
         cmocka_unit_test(test_fp8_amax_rows),
+        cmocka_unit_test(test_fp8_gather),
         cmocka_unit_test(test_adamw),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
