@@ -143,6 +143,18 @@ static __device__ __forceinline__ unsigned fp8x4(const float *v, float s, int e5
     return w;
 }
 
+/* Eight bf16 values (a 16-byte load) to fp8 times s, their bytes in order */
+static __device__ __forceinline__ uint2 fp8x8(uint4 in, float s, int e5m2)
+{
+    float v[8];
+    const __nv_bfloat162 *p = (const __nv_bfloat162 *)&in;
+    for (int k = 0; k < 4; k++) {
+        float2 f = __bfloat1622float2(p[k]);
+        v[2 * k] = f.x, v[2 * k + 1] = f.y;
+    }
+    return make_uint2(fp8x4(v, s, e5m2), fp8x4(v + 4, s, e5m2));
+}
+
 /* k_fp8_cast with per-tensor scaling where every access can be a vector (its `vec`): a thread's 8
  * loads of 8 values issued first, each quantized from registers into q (8 bytes a store) and
  * into the shared tile of bytes for qt (put_t8). The same bits as k_fp8_cast. */
@@ -172,13 +184,7 @@ __global__ void __launch_bounds__(FT_THREADS)
     for (int j = 0; j < steps; j++) {
         int i = t + j * FT_THREADS, r = i / (FT / 8), c = i % (FT / 8) * 8, gr = r0 + r,
             gc = c0 + c;
-        float v[8];
-        const __nv_bfloat162 *p = (const __nv_bfloat162 *)&in[j];
-        for (int k = 0; k < 4; k++) {
-            float2 f = __bfloat1622float2(p[k]);
-            v[2 * k] = f.x, v[2 * k + 1] = f.y;
-        }
-        uint2 w = make_uint2(fp8x4(v, S, e5m2), fp8x4(v + 4, S, e5m2));
+        uint2 w = fp8x8(in[j], S, e5m2);
         if (q && gr < rows && gc < cols) *(uint2 *)(q + (size_t)gr * cols + gc) = w;
         if (qt) *(uint2 *)&t8[gk_fp8_t8_at(r, c / 4)] = w; /* c / 4 even: the pair stays adjacent */
     }
@@ -425,13 +431,7 @@ __global__ void __launch_bounds__(FT_THREADS)
     for (int j = 0; j < steps; j++) {
         int i = t + j * FT_THREADS, r = i / (FT / 8), c = i % (FT / 8) * 8, lr = r0 + r,
             gc = c0 + c;
-        float v[8];
-        const __nv_bfloat162 *p = (const __nv_bfloat162 *)&in[j];
-        for (int a = 0; a < 4; a++) {
-            float2 f = __bfloat1622float2(p[a]);
-            v[2 * a] = f.x, v[2 * a + 1] = f.y;
-        }
-        uint2 w = make_uint2(fp8x4(v, S, 0), fp8x4(v + 4, S, 0));
+        uint2 w = fp8x8(in[j], S, 0);
         if (lr < n && gc < cols) *(uint2 *)(q + (size_t)lr * cols + gc) = w;
         *(uint2 *)&t8[gk_fp8_t8_at(r, c / 4)] = w;
     }
