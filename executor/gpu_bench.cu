@@ -208,6 +208,14 @@ extern "C" enum moe_status exec_moe_bench(const struct exec_moe_bench_cfg *c, in
         size_t len[EXEC_BENCH_SAMPLES] = {R * c->hidden, th, ef, ef};
         for (int i = 0; i < EXEC_BENCH_SAMPLES && st == MOE_OK; i++)
             st = bench_sample(from[i], len[i], r->sample[i], &r->nsample[i], err);
+        /* the dense chain takes the permuted rows in bf16, which a permute that quantized them
+         * (gpu_fp8_dispatch) did not write */
+        if (st == MOE_OK && gpu_fp8_dispatch_ok(g, 0, &g->act[0])) {
+            cudaError_t e = gk_gather(g->act[0].b16, g->act[0].row_src, k, T * k, c->hidden,
+                                      g->act[0].xp16, NULL, g->s);
+            if (e != cudaSuccess)
+                st = moe_error_set(err, MOE_ERR_CUDA, "benchmark: %s", cudaGetErrorString(e));
+        }
         for (int i = 0; i < c->warmup && st == MOE_OK; i++)
             st = bench_time(g, B_DENSE, dense_off, 1, &ms, &syncs, err);
         if (st == MOE_OK)
