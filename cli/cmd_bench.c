@@ -403,6 +403,13 @@ int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     if (K > E)
         return cli_usage(cmd, "--topk %llu exceeds --experts %llu", (unsigned long long)K,
                          (unsigned long long)E);
+    /* the executor keeps a width cuBLASLt's fp8 cannot take in bf16: the "fp8" block would be
+     * bf16's timed twice */
+    if (prec != COST_BF16 && (H % 16 || F % 16))
+        return cli_usage(cmd,
+                         "--precision %s: --hidden %llu and --ffn %llu must be multiples of 16 "
+                         "(fp8 GEMMs; the executor runs other widths in bf16)",
+                         cost_precision_names[prec], (unsigned long long)H, (unsigned long long)F);
     struct topo_cluster cl;
     struct cost_calibration cal;
     if (cal_file && cli_cluster_load(cli, cluster, cal_file, NULL, &cl, &cal, &err) != MOE_OK)

@@ -420,6 +420,12 @@ static void test_run(void **state)
     RUN(&r, "bench", "gemm", "--m", "1048576", "--n", "16", "--k", "1048576");
     assert_int_equal(r.code, 2);
     expect_in(r.err, "at most 2^32 values each");
+    RUN(&r, "bench", "moe", "--hidden", "8", "--precision", "fp8");
+    assert_int_equal(r.code, 2); /* refused before the GPU is looked for */
+    expect_in(r.err, "--precision fp8: --hidden 8 and --ffn 2048 must be multiples of 16");
+    RUN(&r, "bench", "moe", "--ffn", "1000", "--precision", "fp8block");
+    assert_int_equal(r.code, 2);
+    expect_in(r.err, "--precision fp8block: --hidden 7168 and --ffn 1000 must be multiples of 16");
     RUN(&r, "bench", "attention", "--heads", "12", "--kv-heads", "5");
     assert_int_equal(r.code, 2);
     expect_in(r.err, "--heads 12 is not a multiple of --kv-heads 5");
