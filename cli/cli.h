@@ -16,12 +16,24 @@ struct cli {
     char data_dir[MOE_PATH_MAX]; /* shipped models and topologies: MOEPLAN_DATA_DIR or built-in */
 };
 
+/* What an option's value names, where it names a path that moeplan writes. cli_parse checks every
+ * such value before the command runs (moe_output_check, moe_output_dir_check), and a "-" value of
+ * CLI_OUT_FILE claims standard output (moe_stdout_claim). `moeplan --list-options` prints them:
+ * the hostile-path tests find every output option there. */
+enum cli_role {
+    CLI_PLAIN = 0,  /* a value, or an input (inputs are checked by the one reader as they load) */
+    CLI_OUT_FILE,   /* a file written: regular, atomic, "-" is standard output */
+    CLI_OUT_DIR,    /* a folder written into (made if absent, one level) */
+    CLI_OUT_EITHER, /* a file or a folder by the action (topo: discover a folder, generate a file) */
+};
+
 struct cli_opt {
     const char *name;
     int has_arg; /* no_argument, required_argument */
     int val;
     const char *arg; /* shown in help: "FILE" */
     const char *help;
+    enum cli_role role;
 };
 
 struct cli_cmd {
@@ -48,9 +60,14 @@ int cli_parse(const struct cli_cmd *cmd, int argc, char **argv, struct cli_arg *
 int cli_usage(const struct cli_cmd *cmd, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /* Whether `path` may be written as the output of option `opt` (moe_output_check: not an input of
- * this command, not a folder; "-" is standard output); prints the usage error if not. Call it
- * after the inputs are loaded and before long work. */
+ * this command, a regular file; "-" is standard output); prints the usage error if not. cli_parse
+ * checked it already; call it again after the inputs are loaded and before long work, to refuse
+ * an output that is one of them. */
 bool cli_output_ok(const struct cli_cmd *cmd, const char *opt, const char *path);
+/* Draw into memory, then write the whole as one file (moe_file_write_atomic). */
+typedef enum moe_status (*cli_draw_fn)(FILE *f, const void *arg, struct moe_error *err);
+enum moe_status cli_write_drawn(const char *path, cli_draw_fn fn, const void *arg,
+                                struct moe_error *err);
 /* Log an error report; returns its exit code. */
 int cli_fail(struct cli *cli, const struct moe_error *err);
 /* An option's value as a whole number in [min, max] (accepts 64K and the like); on a bad value
@@ -97,35 +114,60 @@ enum {
     CLI_IN_LAYERS,
     CLI_IN_EXPERTS
 };
-#define CLI_INPUT_OPTIONS                                                                          \
-    {"model", required_argument, CLI_IN_MODEL, "M", "model name, model file or HF config.json"},   \
-        {"cluster", required_argument, CLI_IN_CLUSTER, "C", "cluster name or file"},               \
-        {"gpus", required_argument, CLI_IN_GPUS, "N",                                              \
-         "use the first N GPUs (default: all usable)"},                                            \
-        {"seq-len", required_argument, CLI_IN_SEQ, "S", "sequence length (4096)"},                 \
-        {"precision", required_argument, CLI_IN_PRECISION, "P",                                    \
-         "bf16 (default), fp8 (fp8cs), fp8block, mxfp8"},                                          \
-        {"routing", required_argument, CLI_IN_ROUTING, "R",                                        \
-         "uniform (default), balanced, zipf:S, dirichlet:ALPHA, or a routing/measured JSON "       \
-         "file"},                                                                                  \
-        {"seed", required_argument, CLI_IN_SEED, "N", "seed of a synthetic routing (1)"},          \
-        {"calibration", required_argument, CLI_IN_CAL, "FILE",                                     \
-         "calibration profile; `datasheet` for none (default: the newest stack profile "           \
-         "shipped for the GPU, else the datasheet)"},                                              \
-        {"layers", required_argument, CLI_IN_LAYERS, "N", "proxy: keep N blocks"},                 \
-    {                                                                                              \
-        "experts", required_argument, CLI_IN_EXPERTS, "E", "proxy: E routed experts, same shapes"  \
+#define CLI_INPUT_OPTIONS                                                                            \
+    {"model",  required_argument, CLI_IN_MODEL, "M", "model name, model file or HF config.json",     \
+     CLI_PLAIN},                                                                                     \
+        {"cluster", required_argument, CLI_IN_CLUSTER, "C", "cluster name or file", CLI_PLAIN},      \
+        {"gpus",                                                                                     \
+         required_argument,                                                                          \
+         CLI_IN_GPUS,                                                                                \
+         "N",                                                                                        \
+         "use the first N GPUs (default: all usable)",                                               \
+         CLI_PLAIN},                                                                                 \
+        {"seq-len", required_argument, CLI_IN_SEQ, "S", "sequence length (4096)", CLI_PLAIN},        \
+        {"precision",                                                                                \
+         required_argument,                                                                          \
+         CLI_IN_PRECISION,                                                                           \
+         "P",                                                                                        \
+         "bf16 (default), fp8 (fp8cs), fp8block, mxfp8",                                             \
+         CLI_PLAIN},                                                                                 \
+        {"routing",                                                                                  \
+         required_argument,                                                                          \
+         CLI_IN_ROUTING,                                                                             \
+         "R",                                                                                        \
+         "uniform (default), balanced, zipf:S, dirichlet:ALPHA, or a routing/measured JSON "         \
+         "file",                                                                                     \
+         CLI_PLAIN},                                                                                 \
+        {"seed", required_argument, CLI_IN_SEED, "N", "seed of a synthetic routing (1)", CLI_PLAIN}, \
+        {"calibration",                                                                              \
+         required_argument,                                                                          \
+         CLI_IN_CAL,                                                                                 \
+         "FILE",                                                                                     \
+         "calibration profile; `datasheet` for none (default: the newest stack profile "             \
+         "shipped for the GPU, else the datasheet)",                                                 \
+         CLI_PLAIN},                                                                                 \
+        {"layers", required_argument, CLI_IN_LAYERS, "N", "proxy: keep N blocks", CLI_PLAIN},        \
+    {                                                                                                \
+        "experts", required_argument, CLI_IN_EXPERTS, "E", "proxy: E routed experts, same shapes",   \
+            CLI_PLAIN                                                                                \
     }
 
 struct cli_input_opts {
     const char *model, *cluster, *cal, *routing, *precision;
     const char *stack; /* without --calibration: this stack's profile when one is shipped */
     uint64_t gpus, seq, seed;
+    bool seq_given; /* --seq-len was on the command line (a layout's seq must agree with it) */
     struct mdl_overrides ov;
 };
 void cli_input_opts_init(struct cli_input_opts *o);
 /* 1: `a` was a shared option (stored); 0: it is not one; -1: its value is bad (usage printed). */
 int cli_input_arg(const struct cli_cmd *cmd, const struct cli_arg *a, struct cli_input_opts *o);
+/* A layout's keys that the shared options also set (seq and --seq-len, precision and
+ * --precision; with `gbs` not NULL, gbs and --gbs, where 0 is not given) must agree; where the
+ * layout gives one, it becomes the option's value. `opt` names the layout's option in messages.
+ * Returns -1 when they agree, else the exit code (a usage error printed). */
+int cli_layout_agrees(const struct cli_cmd *cmd, const char *opt, const struct cost_layout *l,
+                      uint64_t keys, struct cli_input_opts *o, uint64_t *gbs);
 /* Load them: returns -1 when loaded, else the exit code. */
 int cli_load_inputs(struct cli *cli, const struct cli_cmd *cmd, const struct cli_input_opts *o,
                     struct cli_inputs *in);
@@ -145,9 +187,11 @@ int cmd_validate(struct cli *cli, const struct cli_cmd *cmd, int argc, char **ar
 struct plan_calib_data;
 enum moe_status cli_calibrate_measure(struct cli *cli, const struct topo_cluster *cl, bool quick,
                                       struct plan_calib_data *d, struct moe_error *err);
-extern const struct cli_opt cmd_run_opts[], cmd_bench_opts[], cmd_validate_opts[];
 #endif
+/* every build has every command's options (cmd_run.c, cmd_bench.c and cmd_validate.c hold only
+ * theirs without CUDA) */
 extern const struct cli_opt cmd_check_opts[], cmd_model_opts[], cmd_topo_opts[], cmd_predict_opts[],
-    cmd_plan_opts[], cmd_report_opts[], cmd_calibrate_opts[];
+    cmd_plan_opts[], cmd_report_opts[], cmd_calibrate_opts[], cmd_run_opts[], cmd_bench_opts[],
+    cmd_validate_opts[];
 
 #endif

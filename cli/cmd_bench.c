@@ -48,43 +48,49 @@ enum {
 };
 
 const struct cli_opt cmd_bench_opts[] = {
-    {"experts", required_argument, OPT_E, "E", "routed experts (8)"},
-    {"tokens", required_argument, OPT_T, "T", "tokens; routed rows = T x topk (8192)"},
-    {"topk", required_argument, OPT_K, "K", "experts per token (8)"},
-    {"hidden", required_argument, OPT_H, "H", "hidden size (7168)"},
-    {"ffn", required_argument, OPT_F, "F", "expert FFN width (2048)"},
+    {"experts", required_argument, OPT_E, "E", "routed experts (8)", CLI_PLAIN},
+    {"tokens", required_argument, OPT_T, "T", "tokens; routed rows = T x topk (8192)", CLI_PLAIN},
+    {"topk", required_argument, OPT_K, "K", "experts per token (8)", CLI_PLAIN},
+    {"hidden", required_argument, OPT_H, "H", "hidden size (7168)", CLI_PLAIN},
+    {"ffn", required_argument, OPT_F, "F", "expert FFN width (2048)", CLI_PLAIN},
     {"skew", required_argument, OPT_SKEW, "ALPHA",
-     "Dirichlet alpha of the expert load (2; 0: uniform)"},
-    {"seed", required_argument, OPT_SEED, "N", "routing and data seed (1)"},
-    {"iters", required_argument, OPT_ITERS, "N", "timed runs, the median is reported (20)"},
-    {"warmup", required_argument, OPT_WARM, "N", "untimed runs first (3)"},
+     "Dirichlet alpha of the expert load (2; 0: uniform)", CLI_PLAIN},
+    {"seed", required_argument, OPT_SEED, "N", "routing and data seed (1)", CLI_PLAIN},
+    {"iters", required_argument, OPT_ITERS, "N", "timed runs, the median is reported (20)",
+     CLI_PLAIN},
+    {"warmup", required_argument, OPT_WARM, "N", "untimed runs first (3)", CLI_PLAIN},
     {"streams", required_argument, OPT_STREAMS, "N",
-     "CUDA streams for the expert GEMMs (" EXEC_STR(EXEC_DEFAULT_STREAMS) ")"},
+     "CUDA streams for the expert GEMMs (" EXEC_STR(EXEC_DEFAULT_STREAMS) ")", CLI_PLAIN},
     {"precision", required_argument, OPT_PREC, "bf16|fp8|fp8block",
-     "moe: the GEMMs' precision; fp8 and fp8block run bf16 too, side by side (bf16)"},
-    {"json", required_argument, OPT_JSON, "FILE", "also write the results as JSON"},
-    {"params", required_argument, OPT_PARAMS, "N", "adamw: parameters updated (1000000000)"},
-    {"moments", required_argument, OPT_MOMENTS, "fp32|bf16",
-     "adamw: the moments' precision (fp32)"},
+     "moe: the GEMMs' precision; fp8 and fp8block run bf16 too, side by side (bf16)", CLI_PLAIN},
+    {"json", required_argument, OPT_JSON, "FILE", "also write the results as JSON", CLI_OUT_FILE},
+    {"params", required_argument, OPT_PARAMS, "N", "adamw: parameters updated (1000000000)",
+     CLI_PLAIN},
+    {"moments", required_argument, OPT_MOMENTS, "fp32|bf16", "adamw: the moments' precision (fp32)",
+     CLI_PLAIN},
     {"calibration", required_argument, OPT_CAL, "FILE",
-     "the cost model's expert block for this routing next to the measured (a profile)"},
+     "the cost model's expert block for this routing next to the measured (a profile)", CLI_PLAIN},
     {"cluster", required_argument, OPT_CLUSTER, "C",
-     "with --calibration: the GPU's cluster (h200-vm)"},
+     "with --calibration: the GPU's cluster (h200-vm)", CLI_PLAIN},
     {"routing-out", required_argument, OPT_ROUT, "FILE",
-     "write the routing used (tokens x topk int32 expert ids) for the peers"},
-    {"seqs", required_argument, OPT_SEQS, "N", "attention: sequences (2)"},
-    {"seq", required_argument, OPT_SEQ, "S", "attention: tokens a sequence (4096)"},
-    {"heads", required_argument, OPT_HEADS, "H", "attention: query heads (64)"},
-    {"kv-heads", required_argument, OPT_KV, "KV", "attention: key/value heads (8)"},
-    {"head-dim", required_argument, OPT_HD, "D", "attention: head dim (128)"},
-    {"window", required_argument, OPT_WINDOW, "W", "attention: sliding window (0: none)"},
+     "write the routing used (tokens x topk int32 expert ids) for the peers", CLI_OUT_FILE},
+    {"seqs", required_argument, OPT_SEQS, "N", "attention: sequences (2)", CLI_PLAIN},
+    {"seq", required_argument, OPT_SEQ, "S", "attention: tokens a sequence (4096)", CLI_PLAIN},
+    {"heads", required_argument, OPT_HEADS, "H", "attention: query heads (64)", CLI_PLAIN},
+    {"kv-heads", required_argument, OPT_KV, "KV", "attention: key/value heads (8)", CLI_PLAIN},
+    {"head-dim", required_argument, OPT_HD, "D", "attention: head dim (128)", CLI_PLAIN},
+    {"window", required_argument, OPT_WINDOW, "W", "attention: sliding window (0: none)",
+     CLI_PLAIN},
     {"m", required_argument, OPT_GM, "M",
      "gemm: rows of x (the tokens); with --n and --k one shape, else the expert GEMMs of "
-     "bench/run-fp8's shapes"},
-    {"n", required_argument, OPT_GN, "N", "gemm: rows of w (the layer's outputs)"},
-    {"k", required_argument, OPT_GK, "K", "gemm: the reduction (the layer's inputs)"},
-    {NULL, 0, 0, NULL, NULL},
+     "bench/run-fp8's shapes",
+     CLI_PLAIN},
+    {"n", required_argument, OPT_GN, "N", "gemm: rows of w (the layer's outputs)", CLI_PLAIN},
+    {"k", required_argument, OPT_GK, "K", "gemm: the reduction (the layer's inputs)", CLI_PLAIN},
+    {NULL, 0, 0, NULL, NULL, 0},
 };
+
+#ifdef MOEPLAN_HAVE_EXECUTOR /* the command itself: a build without CUDA has its options only */
 
 /* The GPU a benchmark runs on (device 0): -1 when there is one, else the exit code. */
 static int bench_gpu(struct cli *cli, struct exec_device_info *dev)
@@ -552,3 +558,5 @@ int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     }
     return 0;
 }
+
+#endif /* MOEPLAN_HAVE_EXECUTOR */

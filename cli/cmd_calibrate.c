@@ -28,22 +28,28 @@ enum {
 };
 
 const struct cli_opt cmd_calibrate_opts[] = {
-    {"output", required_argument, OPT_OUT, "FILE", "write the profile here (calibration.json)"},
-    {"quick", no_argument, OPT_QUICK, NULL, "fewer shapes and steps (about a minute)"},
-    {"cluster", required_argument, OPT_CLUSTER, "C", "the cluster this GPU belongs to (h200-vm)"},
+    {"output", required_argument, OPT_OUT, "FILE", "write the profile here (calibration.json)",
+     CLI_OUT_FILE},
+    {"quick", no_argument, OPT_QUICK, NULL, "fewer shapes and steps (about a minute)", CLI_PLAIN},
+    {"cluster", required_argument, OPT_CLUSTER, "C", "the cluster this GPU belongs to (h200-vm)",
+     CLI_PLAIN},
     {"refit", required_argument, OPT_REFIT, "PROFILE",
-     "no GPU needed: fit again the measurements a profile keeps (after a change of the model)"},
+     "no GPU needed: fit again the measurements a profile keeps (after a change of the model)",
+     CLI_PLAIN},
     {"published", required_argument, OPT_PUBLISHED, "FILE",
      "no GPU needed: fit a stack profile for --cluster to published runs (their format: "
-     "tests/data/published/mb-runs.tsv)"},
+     "tests/data/published/mb-runs.tsv)",
+     CLI_PLAIN},
     {"stack", required_argument, OPT_STACK, "NAME",
-     "with --published: the software stack, e.g. megatron-26.04 (rows of containers 26.04*)"},
+     "with --published: the software stack, e.g. megatron-26.04 (rows of containers 26.04*)",
+     CLI_PLAIN},
     {"cross-validate", no_argument, OPT_CV, NULL,
      "with --published and --stack: leave one model out and one system out, each row predicted "
-     "by the profile fitted without it (no profile written)"},
+     "by the profile fitted without it (no profile written)",
+     CLI_PLAIN},
     {"svg", required_argument, OPT_SVG, "FILE",
-     "with --cross-validate: the chart of predicted against published tokens/s/GPU"},
-    {NULL, 0, 0, NULL, NULL},
+     "with --cross-validate: the chart of predicted against published tokens/s/GPU", CLI_OUT_FILE},
+    {NULL, 0, 0, NULL, NULL, 0},
 };
 
 static int calibrate(struct cli *cli, const struct cli_cmd *cmd, const char *out, bool quick,
@@ -86,7 +92,8 @@ static int calibrate(struct cli *cli, const struct cli_cmd *cmd, const char *out
     bool fp8 = d && d->nexpert8 > 0; /* else the fp8 rates stay the datasheet's too */
     free(d);
     if (st != MOE_OK) return cli_fail(cli, &err);
-    printf("profile written to %s (%s: datasheet defaults)\n", out,
+    printf("profile written to %s (%s: datasheet defaults)\n",
+           strcmp(out, "-") ? out : "standard output",
            fp8 ? "NVLink and network values" : "NVLink, network and fp8 values");
     return 0;
 }
@@ -282,31 +289,29 @@ static enum moe_status cross_validate(const struct plan_fit_row *rows, int n, co
 }
 
 /* The chart: predicted against published tokens/s/GPU, one mark per row and fold. */
-static enum moe_status cross_validate_svg(const struct plan_fit_row *rows, int n,
-                                          const double *pred[2], const char *stack,
-                                          const char *file, struct moe_error *err)
+struct cv_chart {
+    const struct plan_fit_row *rows;
+    int n;
+    const double *const *pred;
+    const char *stack;
+};
+
+static enum moe_status draw_cv_chart(FILE *f, const void *arg, struct moe_error *err)
 {
+    const struct cv_chart *c = arg;
+    int n = c->n;
     double *x = malloc(sizeof *x * (size_t)n * 3), *y = x ? x + n : NULL;
     if (!x) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
     for (int i = 0; i < n; i++) {
-        x[i] = rows[i].run->tokens_per_s_gpu;
-        for (int f = 0; f < 2; f++) y[f * n + i] = x[i] * rows[i].step_us / pred[f][i];
+        x[i] = c->rows[i].run->tokens_per_s_gpu;
+        for (int fold = 0; fold < 2; fold++)
+            y[fold * n + i] = x[i] * c->rows[i].step_us / c->pred[fold][i];
     }
     char title[128];
-    snprintf(title, sizeof title, "%s: held-out predictions (%d runs; band: 10%%)", stack, n);
+    snprintf(title, sizeof title, "%s: held-out predictions (%d runs; band: 10%%)", c->stack, n);
     static const char *const series[] = {"without its model", "without its system"};
-    char tmp[MOE_PATH_MAX + 8];
-    snprintf(tmp, sizeof tmp, "%s.tmp", file);
-    FILE *f = fopen(tmp, "w");
-    enum moe_status st =
-        f ? rpt_svg_scatter(f, title, "published tokens/s/GPU", "predicted tokens/s/GPU", x, n,
-                            series, 2, y, 0.10, err)
-          : moe_error_set(err, MOE_ERR_IO, "%s: cannot write", file);
-    if (f && fclose(f) && st == MOE_OK)
-        st = moe_error_set(err, MOE_ERR_IO, "%s: write failed", file);
-    if (st == MOE_OK && rename(tmp, file))
-        st = moe_error_set(err, MOE_ERR_IO, "%s: cannot write", file);
-    if (st != MOE_OK) remove(tmp);
+    enum moe_status st = rpt_svg_scatter(f, title, "published tokens/s/GPU",
+                                         "predicted tokens/s/GPU", x, n, series, 2, y, 0.10, err);
     free(x);
     return st;
 }
@@ -342,7 +347,8 @@ static int calibrate_published(struct cli *cli, const struct cli_cmd *cmd, const
         if (st == MOE_OK)
             st = plan_fit_crossval(rows, n, PLAN_FOLD_SYSTEM, pred + PLAN_PUBLISHED_MAX, &err);
         if (st == MOE_OK) st = cross_validate(rows, n, p, &err);
-        if (st == MOE_OK && svg) st = cross_validate_svg(rows, n, p, stack, svg, &err);
+        struct cv_chart chart = {rows, n, p, stack};
+        if (st == MOE_OK && svg) st = cli_write_drawn(svg, draw_cv_chart, &chart, &err);
     } else if (st == MOE_OK) {
         struct cost_calibration datasheet, fitted;
         double rms[2];
@@ -360,7 +366,7 @@ static int calibrate_published(struct cli *cli, const struct cli_cmd *cmd, const
     free(rows);
     free(pred);
     if (st != MOE_OK) return cli_fail(cli, &err);
-    if (!cv) printf("profile written to %s\n", out);
+    if (!cv) printf("profile written to %s\n", strcmp(out, "-") ? out : "standard output");
     return 0;
 }
 
@@ -371,9 +377,9 @@ int cmd_calibrate(struct cli *cli, const struct cli_cmd *cmd, int argc, char **a
     if (rc >= 0) return rc;
     const char *out = "calibration.json", *cluster = NULL, *refit = NULL, *published = NULL,
                *stack = NULL, *svg = NULL;
-    bool quick = false, cv = false;
+    bool quick = false, cv = false, out_given = false;
     for (int i = 0; i < nargs; i++) {
-        if (args[i].val == OPT_OUT) out = args[i].value;
+        if (args[i].val == OPT_OUT) out = args[i].value, out_given = true;
         if (args[i].val == OPT_QUICK) quick = true;
         if (args[i].val == OPT_CLUSTER) cluster = args[i].value;
         if (args[i].val == OPT_REFIT) refit = args[i].value;
@@ -389,6 +395,9 @@ int cmd_calibrate(struct cli *cli, const struct cli_cmd *cmd, int argc, char **a
     if ((stack || cv) && !published)
         return cli_usage(cmd, "--stack and --cross-validate go with --published");
     if (svg && !cv) return cli_usage(cmd, "--svg goes with --cross-validate");
+    if (cv && out_given)
+        return cli_usage(cmd, "--cross-validate writes no profile, so no -o: its table is the "
+                              "result (--svg FILE for the chart)");
     if (published) return calibrate_published(cli, cmd, published, stack, cluster, out, cv, svg);
     return calibrate(cli, cmd, out, quick, cluster ? cluster : "h200-vm", refit);
 }

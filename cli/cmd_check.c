@@ -14,8 +14,8 @@
 enum { OPT_QUIET = 1 };
 
 const struct cli_opt cmd_check_opts[] = {
-    {"quiet", no_argument, OPT_QUIET, NULL, "print nothing on success"},
-    {NULL, 0, 0, NULL, NULL},
+    {"quiet", no_argument, OPT_QUIET, NULL, "print nothing on success", CLI_PLAIN},
+    {NULL, 0, 0, NULL, NULL, 0},
 };
 
 /* Schemas moeplan writes or reads, and whether this build can validate them yet. */

@@ -12,10 +12,12 @@
 enum { OPT_LAYERS = 1, OPT_EXPERTS, OPT_SEQ };
 
 const struct cli_opt cmd_model_opts[] = {
-    {"layers", required_argument, OPT_LAYERS, "N", "proxy: keep N blocks"},
-    {"experts", required_argument, OPT_EXPERTS, "E", "proxy: E routed experts, same shapes"},
-    {"seq-len", required_argument, OPT_SEQ, "S", "sequence length for attention FLOPs (4096)"},
-    {NULL, 0, 0, NULL, NULL},
+    {"layers", required_argument, OPT_LAYERS, "N", "proxy: keep N blocks", CLI_PLAIN},
+    {"experts", required_argument, OPT_EXPERTS, "E", "proxy: E routed experts, same shapes",
+     CLI_PLAIN},
+    {"seq-len", required_argument, OPT_SEQ, "S", "sequence length for attention FLOPs (4096)",
+     CLI_PLAIN},
+    {NULL, 0, 0, NULL, NULL, 0},
 };
 
 /* "671.03 B", "44.04 M", "7.17 K", "512". */

@@ -28,32 +28,40 @@ enum {
 
 const struct cli_opt cmd_plan_opts[] = {
     CLI_INPUT_OPTIONS,
-    {"gbs", required_argument, OPT_GBS, "B", "global batch in sequences (default 8 x GPUs)"},
-    {"fix", required_argument, OPT_FIX, "K=V,...", "fix degrees or choices: ep=64,pp=4,..."},
-    {"max-tp", required_argument, OPT_MAX_TP, "N", "largest TP to consider (8)"},
-    {"headroom", required_argument, OPT_HEADROOM, "F", "fraction of HBM kept free (0.05)"},
+    {"gbs", required_argument, OPT_GBS, "B", "global batch in sequences (default 8 x GPUs)",
+     CLI_PLAIN},
+    {"fix", required_argument, OPT_FIX, "K=V,...", "fix degrees or choices: ep=64,pp=4,...",
+     CLI_PLAIN},
+    {"max-tp", required_argument, OPT_MAX_TP, "N", "largest TP to consider (8)", CLI_PLAIN},
+    {"headroom", required_argument, OPT_HEADROOM, "F", "fraction of HBM kept free (0.05)",
+     CLI_PLAIN},
     {"objective", required_argument, OPT_OBJECTIVE, "O",
-     "throughput (default) or cost (GPU-hours per 1e12 tokens; tries fewer GPUs)"},
-    {"top", required_argument, OPT_TOP, "K", "alternatives kept (5)"},
-    {"replicas", required_argument, OPT_REPLICAS, "N", "extra expert slots per EP rank (0)"},
-    {"time-limit", required_argument, OPT_TIME, "S", "seconds per integer program (0.5)"},
+     "throughput (default) or cost (GPU-hours per 1e12 tokens; tries fewer GPUs)", CLI_PLAIN},
+    {"top", required_argument, OPT_TOP, "K", "alternatives kept (5)", CLI_PLAIN},
+    {"replicas", required_argument, OPT_REPLICAS, "N", "extra expert slots per EP rank (0)",
+     CLI_PLAIN},
+    {"time-limit", required_argument, OPT_TIME, "S", "seconds per integer program (0.5)",
+     CLI_PLAIN},
     {"runnable", no_argument, OPT_RUNNABLE, NULL,
-     "only layouts this build's executor runs (moeplan run; no MTP layers)"},
-    {"explain", no_argument, OPT_EXPLAIN, NULL, "say why this layout"},
+     "only layouts this build's executor runs (moeplan run; no MTP layers)", CLI_PLAIN},
+    {"explain", no_argument, OPT_EXPLAIN, NULL, "say why this layout", CLI_PLAIN},
     {"compare", required_argument, OPT_COMPARE, "K=V,...",
      "with --explain: a layout (a published recipe's) set beside the plan: where it ranks among "
-     "the layouts costed and why the plan beats it"},
+     "the layouts costed and why the plan beats it",
+     CLI_PLAIN},
     {"published", required_argument, OPT_PUBLISHED, "FILE",
-     "published training runs (tests/data/published/mb-runs.tsv), with --run"},
+     "published training runs (tests/data/published/mb-runs.tsv), with --run", CLI_PLAIN},
     {"run", required_argument, OPT_RUN, "ID",
      "plan that run's model, cluster, GPUs, global batch, sequence and precision, with its "
      "dispatcher and recipe settings fixed and its stack's profile, and --explain --compare its "
-     "layout: what the planner picks where the published run chose"},
+     "layout: what the planner picks where the published run chose",
+     CLI_PLAIN},
     {"emit", required_argument, OPT_EMIT, "T",
      "print launch flags: megatron or maxtext (maxtext: only layouts MaxText runs, ep dividing "
-     "dp, its plain all-to-all)"},
-    {"output", required_argument, OPT_OUT, "FILE", "write plan.json here"},
-    {NULL, 0, 0, NULL, NULL},
+     "dp, its plain all-to-all)",
+     CLI_PLAIN},
+    {"output", required_argument, OPT_OUT, "FILE", "write plan.json here", CLI_OUT_FILE},
+    {NULL, 0, 0, NULL, NULL, 0},
 };
 
 /* --published FILE --run ID: the row's model, cluster, GPUs, global batch, sequence and
@@ -66,7 +74,15 @@ static int published_run(struct cli *cli, const struct cli_cmd *cmd, const char 
                          const char *user_fix, const char *user_compare, char *fix, size_t fix_cap,
                          char compare[COST_LAYOUT_TEXT_MAX], char stack[32])
 {
-    if (io->model || io->cluster || io->gpus || io->precision || *gbs || io->seq != 4096 ||
+    struct cost_layout scratch;
+    uint64_t keys = 0;
+    plan_fix_none(&scratch, 4096);
+    if (user_fix && cost_layout_parse_keys(&scratch, user_fix, &keys, NULL) == MOE_OK &&
+        (keys & (COST_KEY_BIT(COST_KEY_SEQ) | COST_KEY_BIT(COST_KEY_GBS) |
+                 COST_KEY_BIT(COST_KEY_PRECISION))))
+        return cli_usage(cmd, "--run sets the sequence, global batch and precision: --fix may "
+                              "not give seq, gbs or precision with it");
+    if (io->model || io->cluster || io->gpus || io->precision || *gbs || io->seq_given ||
         user_compare)
         return cli_usage(cmd, "--run sets the model, cluster, GPUs, precision, sequence, global "
                               "batch and the layout compared: give none of them with it");
@@ -159,6 +175,16 @@ int cmd_plan(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
         obj = PLAN_COST;
     else if (objective && strcmp(objective, "throughput"))
         return cli_usage(cmd, "--objective %s: throughput or cost", objective);
+    /* --fix first: its seq, gbs and precision are the inputs' (and must agree with the options
+     * that also give them) */
+    struct moe_error err;
+    struct cost_layout f;
+    uint64_t fixed = 0;
+    plan_fix_none(&f, (int)io.seq);
+    if (fix && cost_layout_parse_keys(&f, fix, &fixed, &err) != MOE_OK)
+        return cli_usage(cmd, "--fix: %s", err.message);
+    rc = cli_layout_agrees(cmd, "--fix", &f, fixed, &io, &gbs);
+    if (rc >= 0) return rc;
     struct cli_inputs in;
     rc = cli_load_inputs(cli, cmd, &io, &in);
     if (rc >= 0) return rc;
@@ -184,13 +210,6 @@ int cmd_plan(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     q.top_k = (int)top;
     q.replica_slots = (int)replicas;
     q.mip_time_limit_s = time_limit;
-    struct moe_error err;
-    struct cost_layout f;
-    plan_fix_none(&f, (int)io.seq);
-    if (fix && cost_layout_parse(&f, fix, &err) != MOE_OK) {
-        cost_routing_free(&in.routing);
-        return cli_usage(cmd, "--fix: %s", err.message);
-    }
     if (runnable && f.mtp < 0) f.mtp = 0; /* the executor does not train MTP layers yet */
     /* MaxText: experts inside data parallelism (the search's maxtext_mesh), and its dispatch a
      * plain all-to-all (its ragged one), so its plans are costed with that */
@@ -237,9 +256,18 @@ int cmd_plan(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
         q.compare.gbs = q.gbs;
         q.compare.precision = q.precision;
         q.compare.mtp = in.model.mtp_layers;
-        if (cost_layout_parse(&q.compare, compare, &err) != MOE_OK) {
+        uint64_t keys = 0;
+        if (cost_layout_parse_keys(&q.compare, compare, &keys, &err) != MOE_OK) {
             cost_routing_free(&in.routing);
             return cli_usage(cmd, "--compare: %s", err.message);
+        }
+        /* a layout of the same workload: another sequence or batch would not compare */
+        if (q.compare.seq_len != q.seq_len || q.compare.gbs != q.gbs) {
+            cost_routing_free(&in.routing);
+            return cli_usage(cmd,
+                             "--compare: seq=%d, gbs=%d: the plan's workload is seq %d, gbs %d; "
+                             "compare layouts of one workload (set them with --seq-len, --gbs)",
+                             q.compare.seq_len, q.compare.gbs, q.seq_len, q.gbs);
         }
         if (q.compare.dp == 0) {
             long rest = (long)q.gpus / q.compare.tp / q.compare.cp / q.compare.pp;

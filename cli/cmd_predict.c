@@ -14,9 +14,10 @@ enum { OPT_LAYOUT = 1, OPT_JSON };
 const struct cli_opt cmd_predict_opts[] = {
     CLI_INPUT_OPTIONS,
     {"layout", required_argument, OPT_LAYOUT, "K=V,...",
-     "tp, cp, pp, vpp, ep, etp, dp, zero, mbs, gbs, recompute, dispatcher, overlap"},
-    {"json", required_argument, OPT_JSON, "FILE", "also write the prediction as JSON"},
-    {NULL, 0, 0, NULL, NULL},
+     "tp, cp, pp, vpp, ep, etp, dp, zero, mbs, gbs, recompute, dispatcher, overlap", CLI_PLAIN},
+    {"json", required_argument, OPT_JSON, "FILE", "also write the prediction as JSON",
+     CLI_OUT_FILE},
+    {NULL, 0, 0, NULL, NULL, 0},
 };
 
 static void fmt_us(double us, char *buf, size_t cap)
@@ -133,9 +134,14 @@ int cmd_predict(struct cli *cli, const struct cli_cmd *cmd, int argc, char **arg
         snprintf(buf, sizeof buf, "precision=%s", io.precision);
         if (cost_layout_parse(&l, buf, &err) != MOE_OK) return cli_usage(cmd, "%s", err.message);
     }
-    if (cost_layout_parse(&l, layout, &err) != MOE_OK) {
+    uint64_t keys = 0;
+    if (cost_layout_parse_keys(&l, layout, &keys, &err) != MOE_OK) {
         cost_routing_free(&in.routing);
         return cli_usage(cmd, "%s", err.message);
+    }
+    if ((rc = cli_layout_agrees(cmd, "--layout", &l, keys, &io, NULL)) >= 0) {
+        cost_routing_free(&in.routing);
+        return rc;
     }
     if (l.dp == 0) { /* divided one degree at a time: no product of huge degrees */
         long rest = (long)in.gpus / l.tp / l.cp / l.pp;

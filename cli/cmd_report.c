@@ -8,11 +8,9 @@
  * Every file is written whole or not at all (moe_file_write_atomic); the README last, so a report
  * folder with a README is complete.
  */
-#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "cli.h"
 #include "plan.h"
@@ -22,29 +20,21 @@ enum { OPT_OUT = 'o', OPT_COMPARE = 1 };
 
 #define MAX_COMPARE (RPT_SVG_MAX_SERIES - 1)
 const struct cli_opt cmd_report_opts[] = {
-    {"output", required_argument, OPT_OUT, "DIR", "write the report here (report)"},
+    {"output", required_argument, OPT_OUT, "DIR", "write the report here (report)", CLI_OUT_DIR},
     {"compare", required_argument, OPT_COMPARE, "MEASURED",
      "another run's measured.json (same model and steps) beside this one's loss; up to "
-     "3"},
-    {NULL, 0, 0, NULL, NULL},
+     "3",
+     CLI_PLAIN},
+    {NULL, 0, 0, NULL, NULL, 0},
 };
 
-/* A chart drawn into memory, then written whole. */
-typedef enum moe_status (*chart_fn)(FILE *f, const void *arg, struct moe_error *err);
-
-static enum moe_status write_chart(const char *dir, const char *name, chart_fn fn, const void *arg,
-                                   struct moe_error *err)
+/* A chart of the report's folder, drawn into memory, then written whole. */
+static enum moe_status write_chart(const char *dir, const char *name, cli_draw_fn fn,
+                                   const void *arg, struct moe_error *err)
 {
-    char *text = NULL, path[MOE_PATH_MAX];
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    if (!f) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
-    enum moe_status st = fn(f, arg, err);
-    fclose(f);
+    char path[MOE_PATH_MAX];
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    if (st == MOE_OK) st = moe_file_write_atomic(path, text, len, err);
-    free(text);
-    return st;
+    return cli_write_drawn(path, fn, arg, err);
 }
 
 struct report {
@@ -238,17 +228,8 @@ static int report(struct cli *cli, const char *plan_file, const char *measured_f
     }
     printf("%s on %s: predicted against measured (median step)\n", p.model.name, m.device);
     rpt_table_print(t, stdout);
-    struct stat sd;
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+    if ((st = moe_output_dir_make(dir, &err))) {
         rpt_table_destroy(t);
-        moe_error_set_at(&err, MOE_ERR_IO, dir, 0, 0, "cannot create the folder: %s",
-                         strerror(errno));
-        goto fail;
-    }
-    if (stat(dir, &sd) != 0 || !S_ISDIR(sd.st_mode)) { /* -o naming a file, an input say */
-        rpt_table_destroy(t);
-        moe_error_set_at(&err, MOE_ERR_IO, dir, 0, 0,
-                         "not a folder: the report is a folder of files (-o DIR)");
         goto fail;
     }
     if ((st = write_chart(dir, "phases.svg", chart_phases, &r, &err)) ||

@@ -6,7 +6,8 @@
  * The ranks run in executor/run.c (exec_run): one GPU, a thread per GPU of this node, virtual
  * ranks on one GPU, or a process each under mpirun/srun; rank 0 prints and writes. A plan this
  * build cannot run is refused naming what it needs. Built only with the executor
- * (MOEPLAN_HAVE_EXECUTOR).
+ * (MOEPLAN_HAVE_EXECUTOR); a build without it has the option table, so that a GPU option is
+ * answered "needs a CUDA build", not "unknown option".
  */
 #include <errno.h>
 #include <math.h>
@@ -48,49 +49,67 @@ enum {
 };
 
 const struct cli_opt cmd_run_opts[] = {
-    {"steps", required_argument, OPT_STEPS, "N", "training steps (100)"},
+    {"steps", required_argument, OPT_STEPS, "N", "training steps (100)", CLI_PLAIN},
     {"data", required_argument, OPT_DATA, "FILE",
-     "train on this file: bytes as tokens, or a MOETOKv1 token file (default: synthetic tokens)"},
-    {"out", required_argument, OPT_OUT, "FILE", "write measured.json here (measured.json)"},
+     "train on this file: bytes as tokens, or a MOETOKv1 token file (default: synthetic tokens)",
+     CLI_PLAIN},
+    {"out", required_argument, OPT_OUT, "FILE", "write measured.json here (measured.json)",
+     CLI_OUT_FILE},
     {"gpus", required_argument, OPT_GPUS, "N",
-     "GPUs of this node, a thread each (default: the plan's ranks; mpirun/srun: one a process)"},
+     "GPUs of this node, a thread each (default: the plan's ranks; mpirun/srun: one a process)",
+     CLI_PLAIN},
     {"virtual-ranks", no_argument, OPT_VIRTUAL, NULL,
-     "every rank of the plan on GPU 0 (threads, in-process transport): checks a multi-GPU plan"},
-    {"nccl", no_argument, OPT_NCCL, NULL, "a one-GPU plan through NCCL all the same (one rank)"},
+     "every rank of the plan on GPU 0 (threads, in-process transport): checks a multi-GPU plan",
+     CLI_PLAIN},
+    {"nccl", no_argument, OPT_NCCL, NULL, "a one-GPU plan through NCCL all the same (one rank)",
+     CLI_PLAIN},
     {"rendezvous", required_argument, OPT_RENDEZVOUS, "FILE",
-     "mpirun/srun: a file every node sees, for the NCCL id (default: in /tmp, named by the job)"},
+     "mpirun/srun: a file every node sees, for the NCCL id (default: in /tmp, named by the job)",
+     CLI_OUT_FILE},
     {"timeout", required_argument, OPT_TIMEOUT, "S",
-     "a rank waiting longer than S seconds in a collective ends the run (60)"},
-    {"checkpoint-dir", required_argument, OPT_CKPT_DIR, "D", "keep checkpoints in this folder"},
-    {"checkpoint-every", required_argument, OPT_CKPT_EVERY, "N", "a checkpoint every N steps"},
-    {"resume", no_argument, OPT_RESUME, NULL, "continue from --checkpoint-dir's latest checkpoint"},
+     "a rank waiting longer than S seconds in a collective ends the run (60)", CLI_PLAIN},
+    {"checkpoint-dir", required_argument, OPT_CKPT_DIR, "D", "keep checkpoints in this folder",
+     CLI_OUT_DIR},
+    {"checkpoint-every", required_argument, OPT_CKPT_EVERY, "N", "a checkpoint every N steps",
+     CLI_PLAIN},
+    {"resume", no_argument, OPT_RESUME, NULL, "continue from --checkpoint-dir's latest checkpoint",
+     CLI_PLAIN},
     {"on-nonfinite", required_argument, OPT_NONFINITE, "stop|skip",
      "NaN or Inf in the gradients: stop naming the block and tensor (stop), or skip the step's "
-     "update (skip; 3 in a row stop)"},
+     "update (skip; 3 in a row stop)",
+     CLI_PLAIN},
     {"gpu-memory-limit", required_argument, OPT_MEM_LIMIT, "BYTES",
-     "allocate at most this much GPU memory a rank (e.g. 40GB; default: the device's)"},
+     "allocate at most this much GPU memory a rank (e.g. 40GB; default: the device's)", CLI_PLAIN},
     {"max-error", required_argument, OPT_MAX_ERROR, "PCT",
-     "exit 5 when the measured step is further than PCT% from the plan's prediction"},
+     "exit 5 when the measured step is further than PCT% from the plan's prediction", CLI_PLAIN},
     {"no-grad-overlap", no_argument, OPT_NO_OVERLAP, NULL,
-     "all-reduce the gradients after the backward (default: block by block inside it)"},
+     "all-reduce the gradients after the backward (default: block by block inside it)", CLI_PLAIN},
     {"attention", required_argument, OPT_ATTENTION, "auto|own|cudnn",
      "attention by cuDNN's fused attention where the build has cuDNN and it takes the shape, our "
-     "flash kernel otherwise (auto, the default), or always ours (own), or cuDNN's (cudnn)"},
+     "flash kernel otherwise (auto, the default), or always ours (own), or cuDNN's (cudnn)",
+     CLI_PLAIN},
     {"inject-fault", required_argument, OPT_FAULT, "RANK:STEP",
-     "testing: that rank stops in the middle of that step; the others must exit with a message"},
+     "testing: that rank stops in the middle of that step; the others must exit with a message",
+     CLI_PLAIN},
     {"inject-nan", required_argument, OPT_NAN, "STEP:TENSOR[:weight]",
-     "testing: a NaN into that tensor's gradient (or, :weight, into it) at that step (3:blk1.wo)"},
-    {"seed", required_argument, OPT_SEED, "N", "initialization and synthetic-data seed (1)"},
-    {"aux-loss-coef", required_argument, OPT_AUX, "C", "load-balance loss coefficient (0: none)"},
+     "testing: a NaN into that tensor's gradient (or, :weight, into it) at that step (3:blk1.wo)",
+     CLI_PLAIN},
+    {"seed", required_argument, OPT_SEED, "N", "initialization and synthetic-data seed (1)",
+     CLI_PLAIN},
+    {"aux-loss-coef", required_argument, OPT_AUX, "C", "load-balance loss coefficient (0: none)",
+     CLI_PLAIN},
     {"bias-update-rate", required_argument, OPT_BIAS, "R",
-     "aux-loss-free balancing: per-step bias update (0.001; 0: off)"},
-    {"lr", required_argument, OPT_LR, "LR", "peak learning rate (3e-4; cosine to a tenth)"},
+     "aux-loss-free balancing: per-step bias update (0.001; 0: off)", CLI_PLAIN},
+    {"lr", required_argument, OPT_LR, "LR", "peak learning rate (3e-4; cosine to a tenth)",
+     CLI_PLAIN},
     {"warmup", required_argument, OPT_WARMUP, "N",
-     "warm-up steps, at most --steps (default: 10, at most steps/10 + 1)"},
+     "warm-up steps, at most --steps (default: 10, at most steps/10 + 1)", CLI_PLAIN},
     {"expert-streams", required_argument, OPT_STREAMS, "N",
-     "CUDA streams for the expert GEMMs (1 .. 8; " EXEC_STR(EXEC_DEFAULT_STREAMS) ")"},
-    {NULL, 0, 0, NULL, NULL},
+     "CUDA streams for the expert GEMMs (1 .. 8; " EXEC_STR(EXEC_DEFAULT_STREAMS) ")", CLI_PLAIN},
+    {NULL, 0, 0, NULL, NULL, 0},
 };
+
+#ifdef MOEPLAN_HAVE_EXECUTOR /* the command itself: a build without CUDA has its options only */
 
 /* What the command line gives: the run's settings as the executor takes them, and the CLI's own. */
 struct run_opts {
@@ -483,3 +502,5 @@ int cmd_run(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     o.plan = argv[optind];
     return run(cli, &o);
 }
+
+#endif /* MOEPLAN_HAVE_EXECUTOR */

@@ -3,7 +3,6 @@
  */
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "cli.h"
 #include "rpt.h"
@@ -16,8 +15,9 @@ enum { OPT_OUT = 'o' };
 
 const struct cli_opt cmd_topo_opts[] = {
     {"output", required_argument, OPT_OUT, "PATH",
-     "discover: folder for local.json and local-node.xml (.); generate: the XML file"},
-    {NULL, 0, 0, NULL, NULL},
+     "discover: folder for local.json and local-node.xml (.); generate: the XML file",
+     CLI_OUT_EITHER},
+    {NULL, 0, 0, NULL, NULL, 0},
 };
 
 static void topo_dir(const struct cli *cli, char *buf, size_t cap)
@@ -180,11 +180,7 @@ static int topo_discover_cmd(struct cli *cli, const char *out_dir)
         }
     }
 #endif
-    struct stat sb;
-    if (stat(out_dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
-        moe_error_set(&err, MOE_ERR_INPUT, "--output %s: not a folder", out_dir);
-        return cli_fail(cli, &err);
-    }
+    if (moe_output_dir_make(out_dir, &err) != MOE_OK) return cli_fail(cli, &err);
     char gpus[MOE_PATH_MAX];
     cli_data_path(cli, "topologies/gpus.json", gpus, sizeof gpus);
     struct topo_discovery d;

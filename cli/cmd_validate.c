@@ -7,11 +7,9 @@
  * writes one Markdown report of predicted against measured step and phase times. The fits are
  * the planner's (planner/calib_fit.c).
  */
-#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 
 #include "cli.h"
@@ -22,13 +20,18 @@
 enum { OPT_QUICK = 1, OPT_CAL, OPT_CLUSTER, OPT_STEPS, OPT_REFIT, OPT_OUT = 'o' };
 
 const struct cli_opt cmd_validate_opts[] = {
-    {"output", required_argument, OPT_OUT, "DIR", "write the report here (validation)"},
-    {"calibration", required_argument, OPT_CAL, "FILE", "predict with this profile"},
-    {"cluster", required_argument, OPT_CLUSTER, "C", "the cluster this GPU belongs to (h200-vm)"},
-    {"steps", required_argument, OPT_STEPS, "N", "training steps a job (10; the first is warm-up)"},
-    {"quick", no_argument, OPT_QUICK, NULL, "fewer steps (6)"},
-    {NULL, 0, 0, NULL, NULL},
+    {"output", required_argument, OPT_OUT, "DIR", "write the report here (validation)",
+     CLI_OUT_DIR},
+    {"calibration", required_argument, OPT_CAL, "FILE", "predict with this profile", CLI_PLAIN},
+    {"cluster", required_argument, OPT_CLUSTER, "C", "the cluster this GPU belongs to (h200-vm)",
+     CLI_PLAIN},
+    {"steps", required_argument, OPT_STEPS, "N", "training steps a job (10; the first is warm-up)",
+     CLI_PLAIN},
+    {"quick", no_argument, OPT_QUICK, NULL, "fewer steps (6)", CLI_PLAIN},
+    {NULL, 0, 0, NULL, NULL, 0},
 };
+
+#ifdef MOEPLAN_HAVE_EXECUTOR /* the command itself: a build without CUDA has its options only */
 
 /* A training run holds the GPU at its power limit and its clocks fall as it warms (the H200
  * machine: 1980 MHz idle and cold; 1605 MHz two seconds into a run at 700 W, 1365-1440 MHz a few
@@ -350,11 +353,7 @@ static int validate(struct cli *cli, const char *dir, const char *cal_file, cons
     if (cli_cluster_load(cli, cluster, cal_file, NULL, &cl, &cal, &err) ||
         gpu_present("validate trains its jobs on one", &err) || exec_device_query(0, &dev, &err))
         return cli_fail(cli, &err);
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
-        moe_error_set_at(&err, MOE_ERR_IO, dir, 0, 0, "cannot create the folder: %s",
-                         strerror(errno));
-        return cli_fail(cli, &err);
-    }
+    if (moe_output_dir_make(dir, &err)) return cli_fail(cli, &err);
     printf("moeplan validate: %d one-GPU jobs, %d steps each, predicted with %s\n",
            plan_valid_njobs, steps, cal.source);
     const char *h[] = {"job", "predicted", "measured", "error", "worst phase > 5% of the step"};
@@ -517,3 +516,5 @@ int cmd_validate(struct cli *cli, const struct cli_cmd *cmd, int argc, char **ar
     if (optind != argc) return cli_usage(cmd, "no operands");
     return validate(cli, dir, cal, cluster, (int)steps);
 }
+
+#endif /* MOEPLAN_HAVE_EXECUTOR */

@@ -77,7 +77,9 @@ int cli_input_arg(const struct cli_cmd *cmd, const struct cli_arg *a, struct cli
     case CLI_IN_ROUTING: o->routing = a->value; return 1;
     case CLI_IN_PRECISION: o->precision = a->value; return 1;
     case CLI_IN_GPUS: return cli_count(cmd, "gpus", a->value, 1, TOPO_MAX_GPUS, &o->gpus) ? 1 : -1;
-    case CLI_IN_SEQ: return cli_count(cmd, "seq-len", a->value, 1, 1u << 30, &o->seq) ? 1 : -1;
+    case CLI_IN_SEQ:
+        o->seq_given = true;
+        return cli_count(cmd, "seq-len", a->value, 1, 1u << 30, &o->seq) ? 1 : -1;
     case CLI_IN_SEED: return cli_count(cmd, "seed", a->value, 0, UINT32_MAX, &o->seed) ? 1 : -1;
     case CLI_IN_LAYERS:
         if (!cli_count(cmd, "layers", a->value, 1, 100000, &v)) return -1;
@@ -89,6 +91,39 @@ int cli_input_arg(const struct cli_cmd *cmd, const struct cli_arg *a, struct cli
         return 1;
     }
     return 0;
+}
+
+int cli_layout_agrees(const struct cli_cmd *cmd, const char *opt, const struct cost_layout *l,
+                      uint64_t keys, struct cli_input_opts *o, uint64_t *gbs)
+{
+    if (keys & COST_KEY_BIT(COST_KEY_SEQ)) {
+        if (o->seq_given && o->seq != (uint64_t)l->seq_len)
+            return cli_usage(cmd, "%s seq=%d and --seq-len %llu disagree: give one of them", opt,
+                             l->seq_len, (unsigned long long)o->seq);
+        o->seq = (uint64_t)l->seq_len;
+    }
+    if (gbs && (keys & COST_KEY_BIT(COST_KEY_GBS))) {
+        if (*gbs && *gbs != (uint64_t)l->gbs)
+            return cli_usage(cmd, "%s gbs=%d and --gbs %llu disagree: give one of them", opt,
+                             l->gbs, (unsigned long long)*gbs);
+        *gbs = (uint64_t)l->gbs;
+    }
+    if (keys & COST_KEY_BIT(COST_KEY_PRECISION)) {
+        if (o->precision) {
+            struct cost_layout p = *l;
+            char buf[64];
+            snprintf(buf, sizeof buf, "precision=%s", o->precision);
+            struct moe_error err;
+            if (cost_layout_parse(&p, buf, &err) != MOE_OK)
+                return cli_usage(cmd, "%s", err.message);
+            if (p.precision != l->precision)
+                return cli_usage(cmd,
+                                 "%s precision=%s and --precision %s disagree: give one of them",
+                                 opt, cost_precision_names[l->precision], o->precision);
+        }
+        o->precision = cost_precision_names[l->precision];
+    }
+    return -1;
 }
 
 int cli_load_inputs(struct cli *cli, const struct cli_cmd *cmd, const struct cli_input_opts *o,

@@ -182,7 +182,39 @@ int cli_parse(const struct cli_cmd *cmd, int argc, char **argv, struct cli_arg *
         }
         out[(*nout)++] = (struct cli_arg){c, optarg};
     }
+    /* Every path this command will write, checked now, before any work: a device, a FIFO, a
+     * folder for a file (and the other way round), a loop of links, a missing folder. "-" takes
+     * standard output for the data and sends the rest to standard error. */
+    for (int i = 0; i < *nout; i++) {
+        const struct cli_opt *o = cmd->opts;
+        while (o && o->name && o->val != out[i].val) o++;
+        if (!o || !o->name || o->role == CLI_PLAIN) continue;
+        const char *v = out[i].value;
+        struct moe_error err;
+        enum moe_status st = MOE_OK;
+        if (o->role == CLI_OUT_DIR)
+            st = moe_output_dir_check(v, &err);
+        else if (!strcmp(v, "-"))
+            st = moe_stdout_claim(&err);
+        else if (o->role == CLI_OUT_FILE || moe_output_dir_check(v, NULL) != MOE_OK)
+            st = moe_output_check(v, &err); /* CLI_OUT_EITHER: a folder, or else a file */
+        if (st != MOE_OK) return cli_usage(cmd, "--%s: %s", o->name, err.message);
+    }
     return -1;
+}
+
+enum moe_status cli_write_drawn(const char *path, cli_draw_fn fn, const void *arg,
+                                struct moe_error *err)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    enum moe_status st = fn(f, arg, err);
+    if (fclose(f) != 0 && st == MOE_OK) st = moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    if (st == MOE_OK) st = moe_file_write_atomic(path, text, len, err);
+    free(text);
+    return st;
 }
 
 bool cli_output_ok(const struct cli_cmd *cmd, const char *opt, const char *path)
@@ -200,8 +232,9 @@ int cli_fail(struct cli *cli, const struct moe_error *err)
 }
 
 #ifndef MOEPLAN_HAVE_EXECUTOR
-/* A subcommand that this build lacks: parse its options (so that a typo is still a usage error),
- * then say plainly that it is not built and exit 1. */
+/* A subcommand that this build lacks: parse its options with its real table (so that a typo is
+ * still a usage error and a documented option is not "unknown"), then say plainly that it is
+ * not built and exit 1. */
 static int cmd_not_built(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
 {
     struct cli_arg args[CLI_MAX_ARGS];
@@ -213,40 +246,9 @@ static int cmd_not_built(struct cli *cli, const struct cli_cmd *cmd, int argc, c
                   cmd->missing);
     return cli_fail(cli, &err);
 }
-#endif
-
-/* ---------------------------------------------------------------------------------------------- */
-/* moeplan run: not in a build without CUDA (cmd_run.c where the executor is built)               */
-/* ---------------------------------------------------------------------------------------------- */
-
-#ifndef MOEPLAN_HAVE_EXECUTOR
-static const struct cli_opt cmd_run_opts[] = {{NULL, 0, 0, NULL, NULL}};
-
-static int cmd_run(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
-{
-    (void)argc, (void)argv, (void)cmd;
-    struct moe_error err;
-    moe_error_set(&err, MOE_ERR_UNSUPPORTED,
-                  "this build has no executor: it was configured with MOEPLAN_CUDA=OFF or "
-                  "without the CUDA Toolkit; rebuild with CUDA to run plans");
-    return cli_fail(cli, &err);
-}
-#endif
-
-/* ---------------------------------------------------------------------------------------------- */
-/* Option tables of the GPU commands in a build without them (a typo is still a usage error)     */
-/* ---------------------------------------------------------------------------------------------- */
-
-#ifndef MOEPLAN_HAVE_EXECUTOR
-enum { OPT_JSON = 1, OPT_O };
-static const struct cli_opt validate_opts[] = {
-    {"output", required_argument, OPT_O, "DIR", "write the report here"},
-    {NULL, 0, 0, NULL, NULL},
-};
-static const struct cli_opt bench_opts[] = {
-    {"json", required_argument, OPT_JSON, "FILE", "write the results as JSON"},
-    {NULL, 0, 0, NULL, NULL},
-};
+#define cmd_run cmd_not_built
+#define cmd_bench cmd_not_built
+#define cmd_validate cmd_not_built
 #endif
 
 static const struct cli_cmd commands[] = {
@@ -261,7 +263,8 @@ static const struct cli_cmd commands[] = {
 #ifdef MOEPLAN_HAVE_EXECUTOR
      NULL,
 #else
-     "training runs on GPUs: this build has no executor",
+     "training runs on GPUs: this build has no executor (it was configured with "
+     "MOEPLAN_CUDA=OFF or without the CUDA Toolkit; rebuild with CUDA to run plans)",
 #endif
      cmd_run_opts, cmd_run},
     {"calibrate", "[options]",
@@ -269,20 +272,22 @@ static const struct cli_cmd commands[] = {
      cmd_calibrate_opts, cmd_calibrate},
     {"validate", "[options]", "Plan, run and compare a set of one-GPU jobs; write the report.",
 #ifdef MOEPLAN_HAVE_EXECUTOR
-     NULL, cmd_validate_opts, cmd_validate},
+     NULL,
 #else
-     "validation runs jobs on a GPU: this build has no executor", validate_opts, cmd_not_built},
+     "validation runs jobs on a GPU: this build has no executor",
 #endif
+     cmd_validate_opts, cmd_validate},
     {"report", "PLAN MEASURED [options]", "Predicted-vs-measured report (Markdown + SVG).", NULL,
      cmd_report_opts, cmd_report},
     {"bench", "moe|adamw|attention|gemm [options]",
      "Benchmark the MoE layer, the AdamW update, attention or a GEMM in bf16 and fp8 on this GPU "
      "(bench/run-moe, bench/run-adamw, bench/run-gemm: next to PyTorch).",
 #ifdef MOEPLAN_HAVE_EXECUTOR
-     NULL, cmd_bench_opts, cmd_bench},
+     NULL,
 #else
-     "the benchmarks run on a GPU: this build has no executor", bench_opts, cmd_not_built},
+     "the benchmarks run on a GPU: this build has no executor",
 #endif
+     cmd_bench_opts, cmd_bench},
     {"model", "list | show MODEL [options]",
      "Show a model's parameters, FLOPs per token, bytes per block and activations.", NULL,
      cmd_model_opts, cmd_model},
@@ -361,10 +366,22 @@ static void print_version(void)
     rpt_table_destroy(t);
 }
 
+/* Every option of every command, one a line: command, option, its value's name, and what it
+ * names (cli_role): "out-file", "out-dir", "out-either", or "-". For scripts and tests (the
+ * hostile-path tests take every output option from here). */
+static void print_options(void)
+{
+    static const char *const role[] = {"-", "out-file", "out-dir", "out-either"};
+    for (int c = 0; c < NCOMMANDS; c++)
+        for (const struct cli_opt *o = commands[c].opts; o && o->name; o++)
+            printf("%s\t--%s\t%s\t%s\n", commands[c].name, o->name, o->arg ? o->arg : "-",
+                   role[o->role]);
+}
+
 static void print_help(FILE *out)
 {
     fprintf(out, "usage: moeplan [--quiet|--verbose] <command> [options]\n"
-                 "       moeplan --version | --help\n\n"
+                 "       moeplan --version | --help | --list-options\n\n"
                  "Plan and run dropless Mixture-of-Experts training on NVIDIA GPU clusters.\n\n"
                  "commands:\n");
     for (int i = 0; i < NCOMMANDS; i++)
@@ -390,6 +407,10 @@ int main(int argc, char **argv)
         }
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             print_help(stdout);
+            return 0;
+        }
+        if (strcmp(argv[i], "--list-options") == 0) {
+            print_options();
             return 0;
         }
         if (strcmp(argv[i], "--quiet") == 0 || strcmp(argv[i], "-q") == 0)

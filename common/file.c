@@ -1,26 +1,31 @@
 /*
- * file.c: opening the user's input files and writing our output files, safely.
+ * file.c: the one way moeplan reads the user's files and writes its own.
  *
- * Input: a path is looked at with stat() before it is opened, and opened non-blocking, so a FIFO,
- * a device or a folder given as an input file is refused at once ("not a regular file") instead
- * of blocking forever on open() or read(). Every input file opened through moe_file_open_input is
- * remembered (device and inode) for the life of the process.
+ * Input: moe_file_open_input looks at a path with stat() before opening it, and opens it
+ * non-blocking, so a FIFO, a device or a folder given as an input is refused at once ("not a
+ * regular file") instead of blocking forever. moe_file_read loads a whole input under a size
+ * limit. Every input opened here is remembered (device, inode, change time) for the life of the
+ * process.
  *
- * Output: moe_file_write_atomic is the one way moeplan writes a file. It refuses to replace a
- * file this process read as an input (`plan -o model.json --model model.json` would otherwise
- * destroy the model), writes through a symbolic link to its target (the link stays), streams into
- * an existing character device or FIFO (`-o /dev/null`) instead of replacing it with a regular
- * file, and takes "-" as standard output. A regular file is written to a temp file in the target's
- * folder, fsynced and renamed over the target; SIGINT, SIGTERM and SIGHUP are held back while the
- * temp file exists, so an interrupted write never leaves a `*.tmp.*` file behind (the signal takes
- * effect right after the rename or the clean-up).
+ * Output: every option that names an output goes through moe_output_check (a file) or
+ * moe_output_dir_check (a folder) when the command line is parsed, and every byte is written by
+ * moe_file_write_atomic. The rules:
+ *   - regular files only: a device, a FIFO, a socket or a folder is refused, never replaced;
+ *   - a symbolic link is followed hop by hop (each relative to the link's own folder) to the file
+ *     it names, which is written; the link stays. A loop, or a chain over 40 links, is refused;
+ *   - never an input of this process (`plan -o model.json --model model.json` would destroy the
+ *     model), whatever name or link reaches it;
+ *   - "-" is standard output, for one output of a command: moe_stdout_claim moves everything
+ *     else the process prints to standard error, so the data on standard output stays clean;
+ *   - atomic: a temp file in the target's folder, fsynced and renamed over it; SIGINT, SIGTERM,
+ *     SIGHUP and SIGPIPE are held while the temp file exists, so an interrupted write never leaves
+ *     a `*.tmp.*` file behind.
  *
- * Why a process-wide list of inputs, against the rule of no mutable globals: the files a command
- * reads are found deep inside the loaders (a node XML named by a cluster, the GPU specs beside a
- * cluster file), and the guarantee "no command changes an input's bytes" must hold for all of
- * them, whatever option names the output. The list only grows, is guarded by a mutex, and holds
- * no state that changes a result. A file is known by device, inode and change time: an inode
- * number freed by a deleted input may name a new file later.
+ * Why process-wide state, against the rule of no mutable globals: the files a command reads are
+ * found deep inside the loaders (a node XML named by a cluster, the GPU specs beside a cluster
+ * file), and the guarantee "no command changes an input's bytes" must hold for all of them,
+ * whatever option names the output; and standard output is the process's. The list only grows,
+ * is guarded by a mutex, and holds no state that changes a result.
  */
 #include "moe_common.h"
 
@@ -114,7 +119,8 @@ static const char *input_find(const struct stat *sb, char *buf, size_t cap)
 
 static const char *file_kind(mode_t m)
 {
-    return S_ISDIR(m)    ? "a folder"
+    return S_ISREG(m)    ? "a file"
+           : S_ISDIR(m)  ? "a folder"
            : S_ISFIFO(m) ? "a FIFO"
            : S_ISCHR(m)  ? "a character device"
            : S_ISBLK(m)  ? "a block device"
@@ -122,7 +128,10 @@ static const char *file_kind(mode_t m)
                          : "not a regular file";
 }
 
-enum moe_status moe_file_open_input(const char *path, FILE **out, struct moe_error *err)
+/* Open a regular file for reading without ever blocking; `remember`: as an input of this
+ * process, which no output may replace. */
+static enum moe_status open_regular(const char *path, bool remember, FILE **out,
+                                    struct moe_error *err)
 {
     if (!path || !path[0]) return moe_error_set(err, MOE_ERR_INPUT, "an empty file name");
     if (strlen(path) >= MOE_PATH_MAX)
@@ -150,12 +159,17 @@ enum moe_status moe_file_open_input(const char *path, FILE **out, struct moe_err
         close(fd);
         return moe_error_set(err, MOE_ERR_NOMEM, "out of memory opening %s", path);
     }
-    if (!input_remember(&sb, path)) {
+    if (remember && !input_remember(&sb, path)) {
         fclose(f);
         return moe_error_set(err, MOE_ERR_NOMEM, "out of memory opening %s", path);
     }
     *out = f;
     return MOE_OK;
+}
+
+enum moe_status moe_file_open_input(const char *path, FILE **out, struct moe_error *err)
+{
+    return open_regular(path, true, out, err);
 }
 
 bool moe_file_is_regular(const char *path)
@@ -164,79 +178,189 @@ bool moe_file_is_regular(const char *path)
     return path && stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
 }
 
+enum moe_status moe_file_read(const char *path, enum moe_read kind, size_t max_bytes, char **text,
+                              size_t *len, struct moe_error *err)
+{
+    FILE *f;
+    enum moe_status st = open_regular(path, kind == MOE_READ_INPUT, &f, err);
+    if (st != MOE_OK) return st;
+    struct stat sb;
+    char *buf = NULL;
+    if (fstat(fileno(f), &sb) != 0) {
+        st = moe_error_set_at(err, MOE_ERR_IO, path, 0, 0, "cannot stat: %s", strerror(errno));
+    } else if ((uint64_t)sb.st_size > (uint64_t)max_bytes) {
+        st = moe_error_set_at(err, MOE_ERR_INPUT, path, 0, 0,
+                              "the file has %lld bytes, more than the %zu read here",
+                              (long long)sb.st_size, max_bytes);
+    } else if (!(buf = malloc((size_t)sb.st_size + 1))) {
+        st = moe_error_set(err, MOE_ERR_NOMEM, "out of memory reading %s", path);
+    } else {
+        size_t n = fread(buf, 1, (size_t)sb.st_size, f);
+        if (n != (size_t)sb.st_size || ferror(f)) /* it shrank while read, or an I/O error */
+            st = moe_error_set_at(err, MOE_ERR_IO, path, 0, 0, "read failed: %s",
+                                  ferror(f) ? strerror(errno) : "the file changed while read");
+        buf[n] = '\0';
+        if (st == MOE_OK) *len = n;
+    }
+    fclose(f);
+    if (st != MOE_OK) {
+        free(buf);
+        return st;
+    }
+    *text = buf;
+    return MOE_OK;
+}
+
 /* ---------------------------------------------------------------------------------------------- */
 /* Output                                                                                         */
 /* ---------------------------------------------------------------------------------------------- */
 
-/* Where an output path really writes: the path itself, or a symbolic link's final target. */
-static enum moe_status output_target(const char *file, char *target, size_t cap, struct stat *sb,
+#define LINK_HOPS 40 /* as the kernel's own limit on a path's links */
+
+/* Standard output once a "-" output claimed it (moe_stdout_claim): the descriptor the data goes
+ * to; -1 while unclaimed (then "-" is descriptor 1). */
+static struct {
+    pthread_mutex_t lock;
+    int fd;
+} claimed = {PTHREAD_MUTEX_INITIALIZER, -1};
+
+enum moe_status moe_stdout_claim(struct moe_error *err)
+{
+    enum moe_status st = MOE_OK;
+    pthread_mutex_lock(&claimed.lock);
+    if (claimed.fd >= 0) {
+        st = moe_error_set(err, MOE_ERR_USAGE,
+                           "only one output can be standard output ('-'); name a file for the "
+                           "others");
+    } else {
+        fflush(stdout);
+        int fd = fcntl(1, F_DUPFD_CLOEXEC, 3);
+        if (fd < 0 || dup2(2, 1) < 0) {
+            if (fd >= 0) close(fd);
+            st = moe_error_set(err, MOE_ERR_IO, "standard output: %s", strerror(errno));
+        } else {
+            claimed.fd = fd;
+        }
+    }
+    pthread_mutex_unlock(&claimed.lock);
+    return st;
+}
+
+static int stdout_fd(void)
+{
+    pthread_mutex_lock(&claimed.lock);
+    int fd = claimed.fd >= 0 ? claimed.fd : 1;
+    pthread_mutex_unlock(&claimed.lock);
+    return fd;
+}
+
+static void dir_of(const char *path, char *buf, size_t cap)
+{
+    char tmp[MOE_PATH_MAX];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    snprintf(buf, cap, "%s", dirname(tmp));
+}
+
+/* The path a write to `file` replaces: `file` itself, or the end of its chain of symbolic links
+ * (each hop read relative to the folder of the link that names it). `exists` and `sb` describe
+ * that end. Refuses a loop, an unreadable link and a path through a non-folder. */
+static enum moe_status output_follow(const char *file, char *target, size_t cap, struct stat *sb,
                                      bool *exists, struct moe_error *err)
+{
+    char cur[MOE_PATH_MAX];
+    snprintf(cur, sizeof cur, "%s", file);
+    *exists = false;
+    for (int hop = 0;; hop++) {
+        struct stat lsb;
+        if (lstat(cur, &lsb) != 0) {
+            if (errno == ENOENT) break; /* a new file (or a dangling link's target) */
+            if (errno == ELOOP)
+                return moe_error_set(err, MOE_ERR_USAGE,
+                                     "the output %s: a loop of symbolic links in its path", file);
+            return moe_error_set(err, MOE_ERR_USAGE, "the output %s: %s", file, strerror(errno));
+        }
+        if (!S_ISLNK(lsb.st_mode)) {
+            *exists = true;
+            *sb = lsb;
+            break;
+        }
+        if (hop == LINK_HOPS)
+            return moe_error_set(err, MOE_ERR_USAGE,
+                                 "the output %s is a loop of symbolic links (or a chain of more "
+                                 "than %d)",
+                                 file, LINK_HOPS);
+        char link[MOE_PATH_MAX], dir[MOE_PATH_MAX], next[2 * MOE_PATH_MAX];
+        ssize_t n = readlink(cur, link, sizeof link);
+        if (n <= 0 || (size_t)n >= sizeof link)
+            return moe_error_set(err, MOE_ERR_USAGE, "the output %s: cannot read the link %s%s%s",
+                                 file, cur, n < 0 ? ": " : " (too long)",
+                                 n < 0 ? strerror(errno) : "");
+        link[n] = '\0';
+        dir_of(cur, dir, sizeof dir);
+        if (link[0] == '/')
+            snprintf(next, sizeof next, "%s", link);
+        else
+            snprintf(next, sizeof next, "%s/%s", dir, link);
+        if (strlen(next) >= sizeof cur - 16)
+            return moe_error_set(err, MOE_ERR_USAGE,
+                                 "the output %s: the link's target path is "
+                                 "too long",
+                                 file);
+        snprintf(cur, sizeof cur, "%s", next);
+    }
+    /* What the chain did not reach, the kernel may (a link of /proc such as /dev/stdout names a
+     * pipe or a terminal, not a path): judge by what it opens. */
+    struct stat ksb;
+    if (!*exists && stat(file, &ksb) == 0) {
+        *exists = true;
+        *sb = ksb;
+    }
+    snprintf(target, cap, "%s", cur);
+    return MOE_OK;
+}
+
+static const char *outputs_hint(mode_t m)
+{
+    return S_ISDIR(m) ? "" : "; moeplan writes regular files only ('-' is standard output)";
+}
+
+/* The output's real target, checked: a regular file or none yet, in an existing folder, not an
+ * input of this process. */
+static enum moe_status output_resolve(const char *file, char *target, size_t cap, struct stat *sb,
+                                      bool *exists, struct moe_error *err)
 {
     if (!file || !file[0]) return moe_error_set(err, MOE_ERR_USAGE, "an empty output file name");
     if (strlen(file) >= MOE_PATH_MAX - 16)
         return moe_error_set(err, MOE_ERR_USAGE,
-                             "the output path has %zu characters, more than "
-                             "the %d allowed",
+                             "the output path has %zu characters, more than the %d allowed",
                              strlen(file), MOE_PATH_MAX - 17);
-    snprintf(target, cap, "%s", file);
-    struct stat lsb;
-    *exists = lstat(file, &lsb) == 0;
-    if (*exists && S_ISLNK(lsb.st_mode)) {
-        char resolved[PATH_MAX];
-        if (!realpath(file, resolved)) {
-            /* A dangling link: its target does not exist yet; write where it points. */
-            char link[MOE_PATH_MAX];
-            ssize_t n = readlink(file, link, sizeof link - 1);
-            if (n <= 0)
-                return moe_error_set_at(err, MOE_ERR_IO, file, 0, 0, "cannot read the link: %s",
-                                        strerror(errno));
-            link[n] = '\0';
-            if (link[0] == '/') {
-                snprintf(target, cap, "%s", link);
-            } else {
-                char dir[MOE_PATH_MAX];
-                snprintf(dir, sizeof dir, "%s", file);
-                if ((size_t)snprintf(target, cap, "%s/%s", dirname(dir), link) >= cap)
-                    return moe_error_set(err, MOE_ERR_USAGE,
-                                         "%s: the link's target path is too "
-                                         "long",
-                                         file);
-            }
-            *exists = false;
-            return MOE_OK;
-        }
-        if (strlen(resolved) >= cap - 16)
-            return moe_error_set(err, MOE_ERR_USAGE, "%s: the link's target path is too long",
-                                 file);
-        snprintf(target, cap, "%s", resolved);
-    }
-    if (*exists && stat(target, sb) != 0) *exists = false;
-    return MOE_OK;
-}
-
-/* The output's real target (a link's), checked: not an input of this process, not a folder or
- * another non-file. `exists` and `sb` describe the target. */
-static enum moe_status output_resolve(const char *file, char *target, size_t cap, struct stat *sb,
-                                      bool *exists, struct moe_error *err)
-{
-    char input[MOE_PATH_MAX];
-    *exists = false;
-    enum moe_status st = output_target(file, target, cap, sb, exists, err);
-    if (st != MOE_OK || !*exists) return st;
-    if (input_find(sb, input, sizeof input)) {
-        if (!strcmp(input, file))
+    enum moe_status st = output_follow(file, target, cap, sb, exists, err);
+    if (st != MOE_OK) return st;
+    if (*exists) {
+        char input[MOE_PATH_MAX];
+        if (input_find(sb, input, sizeof input)) {
+            if (!strcmp(input, file))
+                return moe_error_set(err, MOE_ERR_USAGE,
+                                     "the output %s is an input of this command: moeplan never "
+                                     "overwrites its inputs; write the output elsewhere",
+                                     file);
             return moe_error_set(err, MOE_ERR_USAGE,
-                                 "the output %s is an input of this command: moeplan never "
+                                 "the output %s is %s, an input of this command: moeplan never "
                                  "overwrites its inputs; write the output elsewhere",
-                                 file);
-        return moe_error_set(err, MOE_ERR_USAGE,
-                             "the output %s is %s, an input of this command: moeplan never "
-                             "overwrites its inputs; write the output elsewhere",
-                             file, input);
+                                 file, input);
+        }
+        if (!S_ISREG(sb->st_mode))
+            return moe_error_set(err, MOE_ERR_USAGE, "the output %s is %s, not a file%s", file,
+                                 file_kind(sb->st_mode), outputs_hint(sb->st_mode));
+        return MOE_OK;
     }
-    if (S_ISREG(sb->st_mode) || S_ISCHR(sb->st_mode) || S_ISFIFO(sb->st_mode)) return MOE_OK;
-    return moe_error_set(err, MOE_ERR_USAGE, "the output %s is %s, not a file", file,
-                         file_kind(sb->st_mode));
+    char dir[MOE_PATH_MAX];
+    struct stat dsb;
+    dir_of(target, dir, sizeof dir);
+    if (stat(dir, &dsb) != 0 || !S_ISDIR(dsb.st_mode))
+        return moe_error_set(err, MOE_ERR_USAGE, "the output %s: the folder %s %s", file, dir,
+                             stat(dir, &dsb) != 0 ? "does not exist" : "is not a folder");
+    return MOE_OK;
 }
 
 enum moe_status moe_output_check(const char *file, struct moe_error *err)
@@ -246,6 +370,53 @@ enum moe_status moe_output_check(const char *file, struct moe_error *err)
     struct stat sb;
     bool exists;
     return output_resolve(file, target, sizeof target, &sb, &exists, err);
+}
+
+enum moe_status moe_output_dir_check(const char *dir, struct moe_error *err)
+{
+    if (!dir || !dir[0]) return moe_error_set(err, MOE_ERR_USAGE, "an empty output folder name");
+    if (!strcmp(dir, "-"))
+        return moe_error_set(err, MOE_ERR_USAGE,
+                             "the output '-' names a folder: standard output cannot hold one; "
+                             "name a folder");
+    if (strlen(dir) >= MOE_PATH_MAX - 64)
+        return moe_error_set(err, MOE_ERR_USAGE,
+                             "the output folder's path has %zu characters, more than the %d "
+                             "allowed",
+                             strlen(dir), MOE_PATH_MAX - 65);
+    char target[MOE_PATH_MAX];
+    struct stat sb;
+    bool exists;
+    enum moe_status st = output_follow(dir, target, sizeof target, &sb, &exists, err);
+    if (st != MOE_OK) return st;
+    if (exists && !S_ISDIR(sb.st_mode))
+        return moe_error_set(err, MOE_ERR_USAGE, "the output %s is %s, not a folder", dir,
+                             file_kind(sb.st_mode));
+    if (exists) return MOE_OK;
+    char parent[MOE_PATH_MAX];
+    struct stat psb;
+    dir_of(target, parent, sizeof parent);
+    if (stat(parent, &psb) != 0 || !S_ISDIR(psb.st_mode))
+        return moe_error_set(
+            err, MOE_ERR_USAGE, "the output folder %s: its parent %s %s (moeplan makes one level)",
+            dir, parent, stat(parent, &psb) != 0 ? "does not exist" : "is not a folder");
+    return MOE_OK;
+}
+
+enum moe_status moe_output_dir_make(const char *dir, struct moe_error *err)
+{
+    enum moe_status st = moe_output_dir_check(dir, err);
+    if (st != MOE_OK) return st;
+    char target[MOE_PATH_MAX];
+    struct stat sb;
+    bool exists;
+    if ((st = output_follow(dir, target, sizeof target, &sb, &exists, err))) return st;
+    if (!exists && mkdir(target, 0777) != 0 && errno != EEXIST)
+        return moe_error_set_at(err, MOE_ERR_IO, dir, 0, 0, "cannot make the folder: %s",
+                                strerror(errno));
+    if (stat(target, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return moe_error_set(err, MOE_ERR_USAGE, "the output %s is not a folder", dir);
+    return MOE_OK;
 }
 
 static enum moe_status write_all(int fd, const void *data, size_t len)
@@ -261,35 +432,11 @@ static enum moe_status write_all(int fd, const void *data, size_t len)
     return MOE_OK;
 }
 
-/* Standard output, a character device or a FIFO: written in place, no temp file. */
-static enum moe_status write_stream(const char *file, const char *target, const void *data,
-                                    size_t len, struct moe_error *err)
-{
-    int fd = 1;
-    if (strcmp(file, "-") == 0) {
-        fflush(stdout);
-    } else {
-        fd = open(target, O_WRONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-        if (fd < 0)
-            return moe_error_set_at(err, MOE_ERR_IO, file, 0, 0, "cannot write: %s%s",
-                                    strerror(errno),
-                                    errno == ENXIO ? " (a FIFO with no reader)" : "");
-        int fl = fcntl(fd, F_GETFL);
-        if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
-    }
-    enum moe_status st = write_all(fd, data, len);
-    int saved = errno;
-    if (fd != 1) close(fd);
-    if (st != MOE_OK)
-        return moe_error_set_at(err, MOE_ERR_IO, file, 0, 0, "write failed: %s", strerror(saved));
-    return MOE_OK;
-}
-
 static void fsync_parent(const char *file)
 {
     char dir[MOE_PATH_MAX];
-    snprintf(dir, sizeof dir, "%s", file);
-    int fd = open(dirname(dir), O_RDONLY | O_DIRECTORY);
+    dir_of(file, dir, sizeof dir);
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
     if (fd >= 0) {
         fsync(fd); /* best effort: some file systems refuse fsync of a folder */
         close(fd);
@@ -299,14 +446,18 @@ static void fsync_parent(const char *file)
 enum moe_status moe_file_write_atomic(const char *file, const void *data, size_t len,
                                       struct moe_error *err)
 {
-    if (file && strcmp(file, "-") == 0) return write_stream(file, file, data, len, err);
+    if (file && strcmp(file, "-") == 0) {
+        fflush(stdout);
+        if (write_all(stdout_fd(), data, len) != MOE_OK)
+            return moe_error_set(err, MOE_ERR_IO, "standard output: write failed: %s",
+                                 strerror(errno));
+        return MOE_OK;
+    }
     char target[MOE_PATH_MAX];
     struct stat sb;
     bool exists = false;
     enum moe_status st = output_resolve(file, target, sizeof target, &sb, &exists, err);
     if (st != MOE_OK) return st;
-    if (exists && (S_ISCHR(sb.st_mode) || S_ISFIFO(sb.st_mode)))
-        return write_stream(file, target, data, len, err);
 
     char tmp[MOE_PATH_MAX + 16];
     snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", target);

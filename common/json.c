@@ -64,35 +64,12 @@ enum moe_status moe_jdoc_parse(struct moe_jdoc *doc, const char *name, const cha
 
 enum moe_status moe_jdoc_load(struct moe_jdoc *doc, const char *file, struct moe_error *err)
 {
-    enum moe_status st = MOE_OK;
-    char *buf = NULL;
-    FILE *f;
-    if ((st = moe_file_open_input(file, &f, err))) return st;
-    struct stat sb;
-    if (fstat(fileno(f), &sb) != 0) {
-        st = moe_error_set_at(err, MOE_ERR_IO, file, 0, 0, "cannot stat: %s", strerror(errno));
-        goto cleanup;
-    }
-    if ((uint64_t)sb.st_size > MOE_JSON_MAX_BYTES) {
-        st = moe_error_set_at(err, MOE_ERR_INPUT, file, 0, 0,
-                              "file is %lld bytes, more than the %u-byte limit for JSON input",
-                              (long long)sb.st_size, MOE_JSON_MAX_BYTES);
-        goto cleanup;
-    }
-    size_t len = (size_t)sb.st_size;
-    buf = malloc(len + 1);
-    if (!buf) {
-        st = moe_error_set(err, MOE_ERR_NOMEM, "out of memory reading %s", file);
-        goto cleanup;
-    }
-    if (len && fread(buf, 1, len, f) != len) {
-        st = moe_error_set_at(err, MOE_ERR_IO, file, 0, 0, "read failed: %s", strerror(errno));
-        goto cleanup;
-    }
+    char *buf;
+    size_t len;
+    enum moe_status st = moe_file_read(file, MOE_READ_INPUT, MOE_JSON_MAX_BYTES, &buf, &len, err);
+    if (st != MOE_OK) return st;
     st = moe_jdoc_parse(doc, file, buf, len, err);
-cleanup:
     free(buf);
-    fclose(f);
     return st;
 }
 

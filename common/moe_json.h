@@ -124,18 +124,33 @@ enum moe_status moe_json_write_atomic(const char *file, json_t *root, const char
  * The file is remembered as an input of this process: moe_file_write_atomic refuses to replace
  * it. */
 enum moe_status moe_file_open_input(const char *path, FILE **out, struct moe_error *err);
+/* The whole of a file (moe_file_open_input's checks), at most `max_bytes` (a larger one is
+ * refused, not read), NUL-terminated in *text (free it; the file's own NULs stay in it). An
+ * input is remembered as moe_file_open_input's are; a file of moeplan's own state that a run
+ * writes again (a checkpoint's) is not. */
+enum moe_read { MOE_READ_INPUT, MOE_READ_OWN_STATE };
+enum moe_status moe_file_read(const char *path, enum moe_read kind, size_t max_bytes, char **text,
+                              size_t *len, struct moe_error *err);
 /* The path names a regular file (following links); never blocks. */
 bool moe_file_is_regular(const char *path);
-/* Whether `file` may be written as an output: not empty, not an input this process read (exit 2,
- * MOE_ERR_USAGE), not a folder or another kind of non-file. "-" (standard output), a character
- * device and a FIFO are fine. Commands call it before long work; moe_file_write_atomic calls it
- * again. */
+/* Whether `file` may be written as an output (MOE_ERR_USAGE, exit 2, and why, if not): "-"
+ * (standard output), or a regular file or none yet in an existing folder, reached through any
+ * chain of symbolic links, that this process did not read as an input. A device, a FIFO, a
+ * socket, a folder and a loop of links are refused. The CLI calls it for every output option as
+ * it parses the command line; moe_file_write_atomic calls it again. */
 enum moe_status moe_output_check(const char *file, struct moe_error *err);
-/* Write bytes to `file`: "-" is standard output; a character device or FIFO is written in place;
- * a symbolic link is written through (the link stays); a regular file is replaced atomically (a
- * temp file in the same folder, fsync, rename, fsync of the folder) with SIGINT, SIGTERM and
- * SIGHUP held until the temp file is renamed or removed. A failure leaves any previous file as it
- * was and no temp file. */
+/* The same for an output folder: an existing folder (through links), or a new one whose parent
+ * exists; "-" is refused. moe_output_dir_make also makes it (one level). */
+enum moe_status moe_output_dir_check(const char *dir, struct moe_error *err);
+enum moe_status moe_output_dir_make(const char *dir, struct moe_error *err);
+/* A "-" output takes standard output for its data: from here on, whatever else the process
+ * prints to standard output goes to standard error. One claim a process (a second is refused). */
+enum moe_status moe_stdout_claim(struct moe_error *err);
+/* Write bytes to `file` (moe_output_check's rules): "-" is standard output; a symbolic link is
+ * written through (the link stays); a regular file is replaced atomically (a temp file in the
+ * same folder, fsync, rename, fsync of the folder) with SIGINT, SIGTERM, SIGHUP and SIGPIPE held
+ * until the temp file is renamed or removed. A failure leaves any previous file as it was and no
+ * temp file. */
 enum moe_status moe_file_write_atomic(const char *file, const void *data, size_t len,
                                       struct moe_error *err);
 

@@ -27,22 +27,15 @@ static uint64_t fnv1a(const void *data, size_t n)
     return h;
 }
 
-static enum moe_status make_dir(const char *path, struct moe_error *err)
-{
-    if (mkdir(path, 0755) == 0 || errno == EEXIST) return MOE_OK;
-    return moe_error_set_at(err, MOE_ERR_IO, path, 0, 0, "cannot create the folder: %s",
-                            strerror(errno));
-}
-
 enum moe_status exec_ckpt_save(const char *dir, const struct exec_ckpt_id *id,
                                const struct exec_ckpt_part *parts, int nparts,
                                struct moe_error *err)
 {
     char sub[MOE_PATH_MAX], path[MOE_PATH_MAX + 96];
-    enum moe_status st = make_dir(dir, err);
+    enum moe_status st = moe_output_dir_make(dir, err);
     if (st != MOE_OK) return st;
     snprintf(sub, sizeof sub, "%s/step-%08d", dir, id->step);
-    if ((st = make_dir(sub, err))) return st;
+    if ((st = moe_output_dir_make(sub, err))) return st;
     json_t *root = json_object(), *files = json_array();
     json_object_set_new(root, "model", json_string(id->model));
     json_object_set_new(root, "nparams", json_integer((json_int_t)id->nparams));
@@ -80,12 +73,15 @@ enum moe_status exec_ckpt_latest(const char *dir, int *step, struct moe_error *e
 {
     char path[MOE_PATH_MAX + 16], buf[64] = {0};
     snprintf(path, sizeof path, "%s/latest", dir);
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return moe_error_set_at(err, MOE_ERR_INPUT, path, 0, 0, "no checkpoint to resume from: %s",
-                                strerror(errno));
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
+    char *text;
+    size_t n;
+    if (!moe_file_is_regular(path))
+        return moe_error_set_at(err, MOE_ERR_INPUT, path, 0, 0,
+                                "no checkpoint to resume from (no such file)");
+    enum moe_status st = moe_file_read(path, MOE_READ_OWN_STATE, sizeof buf - 1, &text, &n, err);
+    if (st != MOE_OK) return st;
+    memcpy(buf, text, n);
+    free(text);
     char extra;
     if (n == 0 || sscanf(buf, "step-%d%c", step, &extra) != 2 || extra != '\n' || *step < 0)
         return moe_error_set_at(err, MOE_ERR_INPUT, path, 1, 1, "not a checkpoint pointer");
@@ -111,16 +107,24 @@ static enum moe_status load_part(const char *sub, int rank, const struct moe_jva
                               "checkpoint of another run",
                               i, pname, (long long)bytes, part->name, part->bytes);
     snprintf(path, sizeof path, "%s/rank%d-%s.bin", sub, rank, part->name);
-    FILE *in = fopen(path, "rb");
-    if (!in)
-        return moe_error_set_at(err, MOE_ERR_INPUT, path, 0, 0, "missing: %s", strerror(errno));
-    size_t got = fread(part->out, 1, part->bytes, in);
-    int more = fgetc(in);
-    fclose(in);
-    if (got != part->bytes || more != EOF)
+    char *text;
+    size_t got;
+    if (!moe_file_is_regular(path))
+        return moe_error_set_at(err, MOE_ERR_INPUT, path, 0, 0, "missing (no such file)");
+    if ((st = moe_file_read(path, MOE_READ_OWN_STATE, part->bytes, &text, &got, err))) {
+        if (st == MOE_ERR_INPUT) /* over the size: more bytes than the manifest's */
+            st = moe_error_set_at(err, MOE_ERR_INPUT, path, 0, 0,
+                                  "more than %zu bytes, the manifest's: replaced", part->bytes);
+        return st;
+    }
+    if (got != part->bytes) {
+        free(text);
         return moe_error_set_at(err, MOE_ERR_INPUT, path, 0, 0,
-                                "%s bytes, the manifest says %zu: truncated or replaced",
-                                more != EOF ? "more than" : "fewer", part->bytes);
+                                "fewer bytes than the manifest's %zu: truncated or replaced",
+                                part->bytes);
+    }
+    memcpy(part->out, text, got);
+    free(text);
     snprintf(sum, sizeof sum, "%016llx", (unsigned long long)fnv1a(part->out, part->bytes));
     if (strcmp(sum, want) != 0)
         return moe_error_set_at(err, MOE_ERR_INPUT, path, 0, 0,

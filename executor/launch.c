@@ -95,20 +95,19 @@ enum moe_status exec_launch_share_id(const char *path, int rank, unsigned char *
     if (rank == 0) return moe_file_write_atomic(path, id, n, err);
     double t0 = moe_time_now_s();
     for (;;) {
-        FILE *f = moe_file_is_regular(path) ? fopen(path, "rb") : NULL;
-        if (f) {
-            size_t got = fread(id, 1, n, f);
-            int extra = fgetc(f);
-            fclose(f);
-            if (got == n && extra == EOF) return MOE_OK;
+        if (moe_file_is_regular(path)) {
+            char *text;
+            size_t got;
+            enum moe_status st = moe_file_read(path, MOE_READ_OWN_STATE, n, &text, &got, err);
+            if (st == MOE_OK && got == n) memcpy(id, text, n);
+            if (st == MOE_OK) free(text);
+            if (st == MOE_OK && got == n) return MOE_OK;
+            if (st == MOE_ERR_IO || st == MOE_ERR_NOMEM) return st;
             return moe_error_set(err, MOE_ERR_INPUT,
-                                 "launch: %s holds %zu bytes, not a %zu-byte NCCL id (a stale file "
-                                 "of another run? remove it)",
-                                 path, got + (extra != EOF), n);
+                                 "launch: %s does not hold a %zu-byte NCCL id (a stale file of "
+                                 "another run? remove it)",
+                                 path, n);
         }
-        if (errno != ENOENT)
-            return moe_error_set(err, MOE_ERR_IO, "launch: rank %d cannot read %s: %s", rank, path,
-                                 strerror(errno));
         if (moe_time_now_s() - t0 > timeout_s)
             return moe_error_set(err, MOE_ERR_RUNTIME,
                                  "launch: rank %d waited %g s for rank 0 to write %s; is rank 0 "

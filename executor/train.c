@@ -100,21 +100,14 @@ enum moe_status exec_data_open(struct exec_data *d, const char *file, int vocab,
                  (unsigned long long)seed);
         return MOE_OK;
     }
-    enum moe_status st = MOE_OK;
-    unsigned char *buf = NULL;
-    FILE *f;
-    struct stat sb;
-    if ((st = moe_file_open_input(file, &f, err))) return st;
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size < 2 ||
-        (uint64_t)sb.st_size > (1ull << 34)) {
+    char *text = NULL;
+    size_t len = 0;
+    enum moe_status st = moe_file_read(file, MOE_READ_INPUT, (size_t)1 << 34, &text, &len, err);
+    if (st != MOE_OK) return st;
+    const unsigned char *buf = (const unsigned char *)text;
+    if (len < 2) {
         st = moe_error_set_at(err, MOE_ERR_INPUT, file, 0, 0,
-                              "training data must be a regular file of 2 bytes to 16 GiB");
-        goto cleanup;
-    }
-    size_t len = (size_t)sb.st_size;
-    buf = malloc(len);
-    if (!buf || fread(buf, 1, len, f) != len) {
-        st = moe_error_set_at(err, MOE_ERR_IO, file, 0, 0, "read failed");
+                              "training data must hold 2 bytes at least (up to 16 GiB)");
         goto cleanup;
     }
     if (len >= 20 && memcmp(buf, "MOETOKv1", 8) == 0) {
@@ -171,8 +164,7 @@ enum moe_status exec_data_open(struct exec_data *d, const char *file, int vocab,
         snprintf(d->source, sizeof d->source, "%s (%zu bytes as tokens)", file, len);
     }
 cleanup:
-    free(buf);
-    fclose(f);
+    free(text);
     return st;
 }
 

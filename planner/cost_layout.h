@@ -166,9 +166,51 @@ void cost_rc_modules_format(unsigned mods, const char *sep, char *buf, size_t ca
  * full, or the modules joined by '+'. */
 void cost_layout_recompute_text(const struct cost_layout *l, char *buf, size_t cap);
 
+/* The keys of the layout grammar. Every place that takes a layout (`predict --layout`, `plan
+ * --fix`, `plan --compare`, the published runs) honours each key or refuses it by name; the CLI
+ * tests walk this table. */
+enum cost_layout_key_id {
+    COST_KEY_TP,
+    COST_KEY_CP,
+    COST_KEY_PP,
+    COST_KEY_VPP,
+    COST_KEY_EP,
+    COST_KEY_ETP,
+    COST_KEY_DP,
+    COST_KEY_ZERO,
+    COST_KEY_MBS,
+    COST_KEY_GBS,
+    COST_KEY_SEQ, /* also written seq_len */
+    COST_KEY_PRECISION,
+    COST_KEY_RECOMPUTE,
+    COST_KEY_RECOMPUTE_LAYERS,
+    COST_KEY_DISPATCHER,
+    COST_KEY_OVERLAP,
+    COST_KEY_DELAY_WGRAD,
+    COST_KEY_CUDA_GRAPHS,
+    COST_KEY_EP_SMS,
+    COST_KEY_MTP,
+    COST_KEY_GRAD_REDUCE,
+    COST_KEY_MOMENTS,
+    COST_KEY_FP8_PARAMS,
+    COST_KEY_OFFLOAD,
+    COST_KEY_PP_LAYOUT,
+    COST_NKEYS
+};
+#define COST_KEY_BIT(k) ((uint64_t)1 << (k))
+struct cost_layout_key {
+    const char *name;
+    enum cost_layout_key_id key;
+};
+/* Every key name the grammar takes, NULL-terminated (two names may share a key). */
+extern const struct cost_layout_key cost_layout_keys[];
+
 /* "tp=1,pp=8,vpp=4,ep=64,dp=128,zero=1,mbs=1,gbs=8192,recompute=selective,dispatcher=dedup-gpu".
- * Keys left out keep the values already in `l`. */
+ * Keys left out keep the values already in `l`. The _keys form also says which keys the text
+ * gave (COST_KEY_BIT of each, in *keys). */
 enum moe_status cost_layout_parse(struct cost_layout *l, const char *text, struct moe_error *err);
+enum moe_status cost_layout_parse_keys(struct cost_layout *l, const char *text, uint64_t *keys,
+                                       struct moe_error *err);
 void cost_layout_format(const struct cost_layout *l, char *buf, size_t cap);
 /* Micro-batches per step: gbs / (dp * mbs). */
 int cost_layout_micro_batches(const struct cost_layout *l);

@@ -52,8 +52,45 @@ static enum moe_status parse_modules(const char *val, unsigned *out, struct moe_
     return MOE_OK;
 }
 
+const struct cost_layout_key cost_layout_keys[] = {
+    {"tp", COST_KEY_TP},
+    {"cp", COST_KEY_CP},
+    {"pp", COST_KEY_PP},
+    {"vpp", COST_KEY_VPP},
+    {"ep", COST_KEY_EP},
+    {"etp", COST_KEY_ETP},
+    {"dp", COST_KEY_DP},
+    {"zero", COST_KEY_ZERO},
+    {"mbs", COST_KEY_MBS},
+    {"gbs", COST_KEY_GBS},
+    {"seq", COST_KEY_SEQ},
+    {"seq_len", COST_KEY_SEQ},
+    {"precision", COST_KEY_PRECISION},
+    {"recompute", COST_KEY_RECOMPUTE},
+    {"recompute_layers", COST_KEY_RECOMPUTE_LAYERS},
+    {"dispatcher", COST_KEY_DISPATCHER},
+    {"overlap", COST_KEY_OVERLAP},
+    {"delay_wgrad", COST_KEY_DELAY_WGRAD},
+    {"cuda_graphs", COST_KEY_CUDA_GRAPHS},
+    {"ep_sms", COST_KEY_EP_SMS},
+    {"mtp", COST_KEY_MTP},
+    {"grad_reduce", COST_KEY_GRAD_REDUCE},
+    {"moments", COST_KEY_MOMENTS},
+    {"fp8_params", COST_KEY_FP8_PARAMS},
+    {"offload", COST_KEY_OFFLOAD},
+    {"pp_layout", COST_KEY_PP_LAYOUT},
+    {NULL, 0},
+};
+
 enum moe_status cost_layout_parse(struct cost_layout *l, const char *text, struct moe_error *err)
 {
+    return cost_layout_parse_keys(l, text, NULL, err);
+}
+
+enum moe_status cost_layout_parse_keys(struct cost_layout *l, const char *text, uint64_t *keys,
+                                       struct moe_error *err)
+{
+    uint64_t given = 0;
     struct cost_layout t = *l;
     char buf[512];
     if (strlen(text) >= sizeof buf) return moe_error_set(err, MOE_ERR_USAGE, "layout is too long");
@@ -65,7 +102,17 @@ enum moe_status cost_layout_parse(struct cost_layout *l, const char *text, struc
             return moe_error_set(err, MOE_ERR_USAGE, "layout: '%s' is not key=value", item);
         *eq = '\0';
         const char *key = item, *val = eq + 1;
-        int idx;
+        int idx, k = 0;
+        while (cost_layout_keys[k].name && strcmp(cost_layout_keys[k].name, key)) k++;
+        if (!cost_layout_keys[k].name) {
+            char list[512];
+            size_t n = 0;
+            for (int j = 0; cost_layout_keys[j].name && n < sizeof list; j++)
+                n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", j ? ", " : "",
+                                      cost_layout_keys[j].name);
+            return moe_error_set(err, MOE_ERR_USAGE, "layout: unknown key '%s' (%s)", key, list);
+        }
+        given |= COST_KEY_BIT(cost_layout_keys[k].key);
         if ((idx = name_index(cost_precision_names, val)) >= 0 && !strcmp(key, "precision")) {
             t.precision = (enum cost_precision)idx;
             continue;
@@ -165,20 +212,12 @@ enum moe_status cost_layout_parse(struct cost_layout *l, const char *text, struc
                     {"mtp", offsetof(struct cost_layout, mtp)},
                     {"recompute_layers", offsetof(struct cost_layout, recompute_layers)},
                     {"ep_sms", offsetof(struct cost_layout, ep_sms)}};
-        size_t k = 0;
-        while (k < sizeof ints / sizeof ints[0] && strcmp(ints[k].key, key)) k++;
-        if (k < sizeof ints / sizeof ints[0])
-            *(int *)((char *)&t + ints[k].at) = n;
-        else
-            return moe_error_set(
-                err, MOE_ERR_USAGE,
-                "layout: unknown key '%s' (tp, cp, pp, vpp, ep, etp, dp, zero, mbs, "
-                "gbs, seq, precision, recompute, recompute_layers, dispatcher, "
-                "overlap, delay_wgrad, cuda_graphs, ep_sms, mtp, grad_reduce, "
-                "moments, fp8_params, offload, pp_layout)",
-                key);
+        size_t at = 0, nints = sizeof ints / sizeof ints[0];
+        while (at + 1 < nints && strcmp(ints[at].key, key)) at++; /* the rest are these */
+        *(int *)((char *)&t + ints[at].at) = n;
     }
     *l = t;
+    if (keys) *keys = given;
     return MOE_OK;
 }
 
@@ -434,6 +473,13 @@ enum moe_status cost_layout_check(const struct cost_layout *l, const struct mdl_
     }
     if (l->mtp < 0 || l->mtp > MDL_MAX_MTP) NO("mtp = %d (0 .. %d)", l->mtp, MDL_MAX_MTP);
     if (l->recompute_layers < 0) NO("recompute_layers = %d", l->recompute_layers);
+    if (l->recompute_layers > 0 && l->recompute != COST_RECOMPUTE_FULL)
+        NO("recompute_layers = %d counts blocks recomputed whole: it goes with recompute=full",
+           l->recompute_layers);
+    if (l->ep_sms > 0 && l->dispatcher < COST_DISPATCH_DEEPEP)
+        NO("ep_sms = %d: only the deepep and hybridep dispatchers run kernels of their own "
+           "(dispatcher=%s)",
+           l->ep_sms, cost_dispatcher_names[l->dispatcher]);
     if ((cost_layout_rc(l) & COST_RC_BIT(COST_RC_MLA_UP_PROJ)) && m->attn.type != MDL_ATTN_MLA)
         NO("recompute mla_up_proj: %s has no MLA", m->name);
     if (l->gbs % ((long)l->dp * l->mbs) != 0)

@@ -136,6 +136,9 @@ void plan_print_explain(const struct plan_request *q, const struct plan_result *
                 "score better\n",
                 lay, c->step_us / 1e6, c->fits ? "" : " (does not fit)", r->compare_beaten_by,
                 r->evaluated);
+        char whole[COST_LAYOUT_TEXT_MAX]; /* every key it gives, as --layout takes them */
+        cost_layout_format(&q->compare, whole, sizeof whole);
+        fprintf(out, "    as --layout: %s\n", whole);
         if (fabs(gain) < 1e-9)
             fprintf(out, "    the plan's step: the planner picks this layout\n");
         else if (gain > 0)

@@ -112,6 +112,7 @@ enum moe_status plan_save(const struct plan_request *q, const struct plan_result
     json_object_set_new(lay, "fp8_params", json_boolean(l->fp8_params));
     json_object_set_new(lay, "offload", json_real(l->offload));
     json_object_set_new(lay, "cuda_graphs", json_string(cost_graphs_names[l->graphs]));
+    if (l->ep_sms) json_object_set_new(lay, "ep_sms", json_integer(l->ep_sms));
     if (l->pp_layout[0]) json_object_set_new(lay, "pp_layout", json_string(l->pp_layout));
     json_object_set_new(root, "layout", lay);
 
@@ -509,6 +510,7 @@ static enum moe_status plan_from_doc(const struct moe_jdoc *doc, struct plan_fil
         (st = moe_jval_bool(&lay, "fp8_params", false, false, &l->fp8_params, err)) ||
         (st = moe_jval_num(&lay, "offload", false, 0, 0, 1, &l->offload, err)) ||
         (st = moe_jval_enum(&lay, "cuda_graphs", false, 0, cost_graphs_names, &gr, err)) ||
+        (st = moe_jval_int32(&lay, "ep_sms", false, 0, 0, 1 << 16, &l->ep_sms, err)) ||
         (st = moe_jval_str(&lay, "pp_layout", false, "", l->pp_layout, sizeof l->pp_layout, err)))
         return st;
     l->grad_reduce_bf16 = g == 1;

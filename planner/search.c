@@ -169,7 +169,8 @@ static enum moe_status search_gpus(const struct plan_request *q, int gpus, struc
                                         .delay_wgrad = fx->delay_wgrad,
                                         .fp8_params = fx->fp8_params,
                                         .offload = fx->offload,
-                                        .graphs = fx->graphs};
+                                        .graphs = fx->graphs,
+                                        .ep_sms = fx->ep_sms};
                                     memcpy(l.pp_layout, fx->pp_layout, sizeof l.pp_layout);
                                     struct moe_error why;
                                     if (cost_layout_check(&l, m, gpus, &why) != MOE_OK) {
@@ -188,6 +189,12 @@ static enum moe_status search_gpus(const struct plan_request *q, int gpus, struc
                                     for (size_t k = 0; k < sizeof rungs / sizeof rungs[0]; k++) {
                                         l.recompute = rungs[k].rc;
                                         l.recompute_modules = fx->recompute_modules;
+                                        /* recompute_layers: blocks recomputed whole, so only
+                                         * the full rungs */
+                                        if (fx->recompute_layers > 0 &&
+                                            l.recompute != COST_RECOMPUTE_FULL)
+                                            continue;
+                                        l.recompute_layers = fx->recompute_layers;
                                         l.zero = rungs[k].zero;
                                         if (!fixed_ok(fx->zero, l.zero) ||
                                             ((int)fx->recompute >= 0 &&
@@ -355,6 +362,7 @@ static enum moe_status refine(const struct plan_request *q, struct cost_ctx *ctx
     /* What dedup bought: the same plan with the plain all-to-all. */
     struct cost_layout plain = l;
     plain.dispatcher = COST_DISPATCH_ALLTOALL;
+    plain.ep_sms = 0; /* the all-to-all runs no kernels of its own */
     if ((st = cost_evaluate(ctx, &plain, &r->no_dedup, err))) return st;
     /* Where dedup saves nothing (each token's experts on distinct GPUs), the plain all-to-all is
      * the simpler plan. */

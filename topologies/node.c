@@ -404,23 +404,8 @@ enum moe_status topo_node_load_xml(struct topo_node *node, const char *file, str
     enum moe_status st = MOE_OK;
     char *text = NULL;
     hwloc_topology_t t = NULL;
-    FILE *f;
-    if ((st = moe_file_open_input(file, &f, err))) return st;
-    long len = -1;
-    if (fseek(f, 0, SEEK_END) == 0) len = ftell(f);
-    if (len < 0 || len > (long)MOE_JSON_MAX_BYTES || fseek(f, 0, SEEK_SET) != 0) {
-        fclose(f);
-        return moe_error_set_at(err, MOE_ERR_INPUT, file, 0, 0,
-                                "not a readable file of at most %u bytes", MOE_JSON_MAX_BYTES);
-    }
-    text = malloc((size_t)len + 1);
-    if (!text || fread(text, 1, (size_t)len, f) != (size_t)len) {
-        fclose(f);
-        free(text);
-        return moe_error_set_at(err, MOE_ERR_IO, file, 0, 0, "read failed");
-    }
-    fclose(f);
-    text[len] = '\0';
+    size_t len;
+    if ((st = moe_file_read(file, MOE_READ_INPUT, MOE_JSON_MAX_BYTES, &text, &len, err))) return st;
     int line = 0, col = 0;
     char msg[256];
     if (memchr(text, '\0', (size_t)len)) {
