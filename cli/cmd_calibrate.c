@@ -41,7 +41,8 @@ const struct cli_opt cmd_calibrate_opts[] = {
      "tests/data/published/mb-runs.tsv)",
      CLI_PLAIN},
     {"stack", required_argument, OPT_STACK, "NAME",
-     "with --published: the software stack, e.g. megatron-26.04 (rows of containers 26.04*)",
+     "with --published: the software stack, exactly as named: megatron-26.04 is the rows of "
+     "containers 26.04 and 26.04.xx",
      CLI_PLAIN},
     {"cross-validate", no_argument, OPT_CV, NULL,
      "with --published and --stack: leave one model out and one system out, each row predicted "
@@ -159,19 +160,31 @@ static enum moe_status write_stack_profile(const struct plan_fit_row *rows, int 
     return st;
 }
 
-/* The stack's rows of a published-runs file: trusted, dropless, of containers `gen`*, resolved. */
-static enum moe_status stack_rows(struct cli *cli, const char *file, const char *gen,
+/* The stack's rows of a published-runs file: trusted, dropless, of the stack's containers,
+ * resolved. A stack that no row has is a usage error naming the file's stacks. */
+static enum moe_status stack_rows(struct cli *cli, const char *file, const char *stack,
                                   struct plan_published *runs, struct plan_fit_row *rows, int *n,
                                   struct moe_error *err)
 {
-    int all = 0, kept = 0;
+    int all = 0, kept = 0, of_stack = 0;
     enum moe_status st = plan_published_load(file, runs, PLAN_PUBLISHED_MAX, &all, err);
     for (int i = 0; st == MOE_OK && i < all; i++)
-        if (!strncmp(runs[i].container, gen, strlen(gen)) && runs[i].trusted &&
+        of_stack += plan_published_in_stack(&runs[i], stack);
+    if (st == MOE_OK && of_stack == 0) {
+        char list[512];
+        plan_published_stacks(runs, all, list, sizeof list);
+        st = moe_error_set(err, MOE_ERR_USAGE,
+                           "--stack %s: %s has no row of that stack (its "
+                           "stacks: %s)",
+                           stack, file, list[0] ? list : "none");
+    }
+    for (int i = 0; st == MOE_OK && i < all; i++)
+        if (plan_published_in_stack(&runs[i], stack) && runs[i].trusted &&
             !strstr(runs[i].flags, "tokendrop"))
             runs[kept++] = runs[i];
     if (st == MOE_OK && kept == 0)
-        st = moe_error_set(err, MOE_ERR_INPUT, "%s: no trusted row of containers %s*", file, gen);
+        st = moe_error_set(err, MOE_ERR_INPUT, "%s: no trusted, dropless row of stack %s", file,
+                           stack);
     char mdir[MOE_PATH_MAX], tdir[MOE_PATH_MAX];
     cli_data_path(cli, "model", mdir, sizeof mdir);
     cli_data_path(cli, "topologies", tdir, sizeof tdir);
@@ -322,14 +335,11 @@ static int calibrate_published(struct cli *cli, const struct cli_cmd *cmd, const
                                const char *svg)
 {
     struct moe_error err;
-    const char *dash = strrchr(stack, '-'), *gen = dash ? dash + 1 : stack;
-    if (!gen[0])
-        return cli_usage(cmd, "--stack %s: name a container generation (megatron-26.04)", stack);
     struct plan_published *runs = calloc(PLAN_PUBLISHED_MAX, sizeof *runs);
     struct plan_fit_row *rows = calloc(PLAN_PUBLISHED_MAX, sizeof *rows);
     double *pred = calloc(2 * PLAN_PUBLISHED_MAX, sizeof *pred);
     int n = 0, own = 0;
-    enum moe_status st = runs && rows && pred ? stack_rows(cli, file, gen, runs, rows, &n, &err)
+    enum moe_status st = runs && rows && pred ? stack_rows(cli, file, stack, runs, rows, &n, &err)
                                               : moe_error_set(&err, MOE_ERR_NOMEM, "out of memory");
     /* the outputs checked once the input is open, so one that is the input is refused before
      * any fitting */
@@ -340,12 +350,17 @@ static int calibrate_published(struct cli *cli, const struct cli_cmd *cmd, const
     }
     if (st == MOE_OK && cv) {
         const double *p[2] = {pred, pred + PLAN_PUBLISHED_MAX};
-        printf("stack %s: %d trusted rows of containers %s*; tokens/s/GPU predicted by the "
-               "profile fitted without the row's model, and without its system\n",
-               stack, n, gen);
-        st = plan_fit_crossval(rows, n, PLAN_FOLD_MODEL, pred, &err);
+        printf("stack %s: %d trusted rows; tokens/s/GPU predicted by the profile fitted without "
+               "the row's model, and without its system\n",
+               stack, n);
+        struct moe_progress bar; /* seconds to minutes: a line every 2 s into a pipe */
+        moe_progress_start(&bar, stderr, true, "cross-validation", 2 * (uint64_t)n);
+        moe_progress_lines(&bar, 2.0);
+        st = plan_fit_crossval(rows, n, PLAN_FOLD_MODEL, pred, &bar, &err);
         if (st == MOE_OK)
-            st = plan_fit_crossval(rows, n, PLAN_FOLD_SYSTEM, pred + PLAN_PUBLISHED_MAX, &err);
+            st =
+                plan_fit_crossval(rows, n, PLAN_FOLD_SYSTEM, pred + PLAN_PUBLISHED_MAX, &bar, &err);
+        moe_progress_finish(&bar);
         if (st == MOE_OK) st = cross_validate(rows, n, p, &err);
         struct cv_chart chart = {rows, n, p, stack};
         if (st == MOE_OK && svg) st = cli_write_drawn(svg, draw_cv_chart, &chart, &err);
@@ -356,8 +371,8 @@ static int calibrate_published(struct cli *cli, const struct cli_cmd *cmd, const
         plan_fit_start(&datasheet); /* what the fit starts from */
         st = plan_fit_stack(rows, n, cluster, &datasheet, &fitted, &own, rms, &err);
         if (st == MOE_OK && own == 0)
-            st = moe_error_set(&err, MOE_ERR_INPUT, "%s: no trusted row of %s in containers %s*",
-                               file, cluster, gen);
+            st = moe_error_set(&err, MOE_ERR_INPUT, "%s: no trusted row of %s in stack %s", file,
+                               cluster, stack);
         if (st == MOE_OK)
             st = write_stack_profile(rows, n, cluster, stack, file, &datasheet, &fitted, rms, out,
                                      &err);

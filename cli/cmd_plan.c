@@ -99,7 +99,7 @@ static int published_run(struct cli *cli, const struct cli_cmd *cmd, const char 
     row = *r;
     io->model = row.model, io->cluster = row.cluster, io->precision = row.precision;
     io->gpus = (uint64_t)row.gpus, io->seq = (uint64_t)row.seq, *gbs = (uint64_t)row.gbs;
-    snprintf(stack, 32, "megatron-%.5s", row.container);
+    plan_published_stack_of(&row, stack, 32);
     io->stack = stack;
     char mtp[16] = "";
     if (row.mtp >= 0) snprintf(mtp, sizeof mtp, ",mtp=%d", row.mtp);

@@ -2,7 +2,9 @@
  * log.c: leveled messages to stderr and a progress bar that only draws on a terminal.
  *
  * Every message starts with "moeplan: " so that it stands out in a job log. The progress bar
- * rewrites one line with '\r' and never prints into a pipe or a file: batch logs stay clean.
+ * rewrites one line with '\r' on a terminal; into a pipe or a file it prints nothing, or, where
+ * the work asked for it (moe_progress_lines), a plain line every few seconds: batch logs stay
+ * clean and still show that long work is alive.
  */
 #include "moe_common.h"
 
@@ -57,9 +59,26 @@ void moe_progress_start(struct moe_progress *p, FILE *out, bool enabled, const c
     p->last_percent = -1;
 }
 
+void moe_progress_lines(struct moe_progress *p, double every_s)
+{
+    p->every_s = every_s;
+    p->last_line_s = p->t0_s;
+}
+
 void moe_progress_update(struct moe_progress *p, uint64_t done)
 {
     p->done = done > p->total ? p->total : done;
+    if (!p->draw && p->every_s > 0 && p->total > 0) {
+        double now = moe_time_now_s();
+        if (now - p->last_line_s >= p->every_s) {
+            p->last_line_s = now;
+            fprintf(p->out, "moeplan: %s: %llu/%llu (%d%%), %.1f s\n", p->label,
+                    (unsigned long long)p->done, (unsigned long long)p->total,
+                    (int)(100.0 * (double)p->done / (double)p->total), now - p->t0_s);
+            fflush(p->out);
+        }
+        return;
+    }
     if (!p->draw || p->total == 0) return;
     int percent = (int)(100.0 * (double)p->done / (double)p->total);
     if (percent == p->last_percent && p->done != p->total) return;

@@ -169,7 +169,10 @@ void moe_log_error(const struct moe_log *log, const struct moe_error *err);
 /* Progress bar                                                                                   */
 /* ---------------------------------------------------------------------------------------------- */
 
-/* Draws "label [#####     ] 40% 2/5 1.2s" in place, only when `out` is a terminal and enabled. */
+/* Draws "label [#####     ] 40% 2/5 1.2s" in place, only when `out` is a terminal and enabled.
+ * Into a pipe or a file it prints nothing, unless moe_progress_lines asked for a plain line every
+ * so many seconds ("moeplan: label: 2/5 (40%), 4.1 s"): for work that runs long enough that a
+ * job log should show it is alive. */
 struct moe_progress {
     FILE *out;
     bool draw;
@@ -177,10 +180,14 @@ struct moe_progress {
     uint64_t total, done;
     double t0_s;
     int last_percent;
+    double every_s, last_line_s; /* lines into a pipe: every_s apart (0: none) */
 };
 
 void moe_progress_start(struct moe_progress *p, FILE *out, bool enabled, const char *label,
                         uint64_t total);
+/* Where the bar cannot draw (no terminal), a line every `every_s` seconds, the first after that
+ * long (so short work prints none). */
+void moe_progress_lines(struct moe_progress *p, double every_s);
 void moe_progress_update(struct moe_progress *p, uint64_t done);
 void moe_progress_finish(struct moe_progress *p);
 /* Erase the bar so that a line of output can be printed; the next update draws it again. */

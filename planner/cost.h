@@ -224,7 +224,14 @@ struct cost_ctx {
                                          * order); NULL: an even split */
     double memory_headroom;             /* fraction of HBM kept free, default 0.05 */
     double dispatch_buffer_factor;      /* receive buffers x the balanced load, default 2.0 */
+    /* NULL, or where a search keeps each MoE layer's routing traffic by (ep, etp, dispatch
+     * mode, routing layer) while the model, cluster and routing stay: a layout's traffic costs
+     * O(experts), and a search costs thousands of layouts of a few EP degrees. Used only with
+     * contiguous placement. cost_traffic_memo_create / _destroy. */
+    struct cost_traffic_memo *memo;
 };
+struct cost_traffic_memo *cost_traffic_memo_create(void);
+void cost_traffic_memo_destroy(struct cost_traffic_memo *m);
 
 struct cost_result {
     bool fits;

@@ -350,9 +350,24 @@ static void megatron_model_flags(const struct mdl_model *m, FILE *out)
     if (e->probs_on_input) fprintf(out, "--moe-apply-probs-on-input \\\n");
 }
 
-bool plan_maxtext_mesh_ok(const struct cost_layout *l)
+bool plan_maxtext_layout_ok(const struct cost_layout *l, const struct mdl_model *m, char *why,
+                            size_t cap)
 {
-    return l->ep >= 1 && l->dp % l->ep == 0;
+    if (l->ep < 1 || l->dp % l->ep != 0) {
+        snprintf(why, cap,
+                 "MaxText's expert axis is a part of data parallelism (--emit maxtext): "
+                 "ep must divide dp");
+        return false;
+    }
+    int stages = l->pp * l->vpp;
+    if (l->pp > 1 && (l->pp_layout[0] || m->layers % stages != 0)) {
+        snprintf(why, cap,
+                 "MaxText gives every pipeline stage the same layers (num_layers_per_pipeline_"
+                 "stage): %d layers do not split evenly into pp x vpp = %d stages%s",
+                 m->layers, stages, l->pp_layout[0] ? ", and it takes no pp_layout" : "");
+        return false;
+    }
+    return true;
 }
 
 /* The MaxText model config of each shipped model (src/maxtext/configs/models/NAME.yml), matched
@@ -483,13 +498,15 @@ enum moe_status plan_print_emit(const struct plan_request *q, const struct plan_
          * NVLink domain and DCN across, inner axes first. */
         int domain = q->cluster.gpus_used_per_domain;
         /* a plan searched for MaxText (plan_request.maxtext_mesh) is always one; another may not */
-        if (!plan_maxtext_mesh_ok(l))
-            return moe_error_set(err, MOE_ERR_UNSUPPORTED,
-                                 "--emit maxtext: the plan's expert parallelism (ep %d) spans "
-                                 "more than its data-parallel ranks (dp %d, tp %d, etp %d), "
-                                 "which MaxText's mesh cannot say (its expert axis is a part of "
-                                 "data parallelism)",
-                                 l->ep, l->dp, l->tp, l->etp);
+        char why[200];
+        bool even = true;
+        for (int v = 0; v < l->pp * l->vpp; v++)
+            even &= r->split.stage_layers[v] == m->layers / (l->pp * l->vpp);
+        if (!plan_maxtext_layout_ok(l, m, why, sizeof why) || !even)
+            return moe_error_set(err, MOE_ERR_UNSUPPORTED, "--emit maxtext: %s",
+                                 even ? why
+                                      : "the plan's stages hold different numbers of layers, "
+                                        "which MaxText cannot say");
         int data = l->dp / l->ep; /* the expert axis takes ep of the data-parallel ranks */
         int fsdp = l->zero >= 3 ? data : 1;
         if (fsdp > 1) data = 1;

@@ -244,9 +244,12 @@ enum moe_status plan_prediction_save(const char *file, const struct mdl_model *m
 /* The human summary (--explain) and the launcher flags (--emit megatron|maxtext). */
 void plan_print_summary(const struct plan_request *req, const struct plan_result *r, FILE *out);
 void plan_print_explain(const struct plan_request *req, const struct plan_result *r, FILE *out);
-/* Whether MaxText's mesh can say the layout: its expert axis is a part of data parallelism, so
- * ep must divide dp (Megatron's experts may take tensor-parallel ranks too) */
-bool plan_maxtext_mesh_ok(const struct cost_layout *l);
+/* Whether MaxText can say the layout (false: why): its expert axis is a part of data
+ * parallelism, so ep must divide dp (Megatron's experts may take tensor-parallel ranks too); its
+ * pipeline gives every stage the same layers (num_layers_per_pipeline_stage), so pp x vpp must
+ * divide the layers and no pp_layout is given. */
+bool plan_maxtext_layout_ok(const struct cost_layout *l, const struct mdl_model *m, char *why,
+                            size_t cap);
 enum moe_status plan_print_emit(const struct plan_request *req, const struct plan_result *r,
                                 const char *target, FILE *out, struct moe_error *err);
 

@@ -84,18 +84,27 @@ enum moe_status plan_calib_fit_save(const struct plan_calib_data *d, const struc
 /* One published training run (tests/data/published/mb-runs.tsv's columns): what ran, its recipe
  * settings, and its speed as published. */
 #define PLAN_PUBLISHED_MAX 512
+#define PLAN_PUBLISHED_COLS 24
 struct plan_published {
     char id[16], container[16], model[64], cluster[64], precision[16], recompute[96];
     char pp_layout[COST_PP_LAYOUT_MAX], dispatcher[16], grad_reduce[8], moments[8], flags[64];
     int gpus, gbs, mbs, seq, tp, pp, cp, vpp, ep, mtp; /* mtp -1: the model's */
     double tokens_per_s_gpu, tflops_gpu;
-    bool trusted; /* conf A */
-    int line;     /* in the file */
+    bool trusted;     /* conf A */
+    const char *file; /* the file it was read from (the loader's argument: it must outlive rows) */
+    int line;         /* in the file */
+    int col[PLAN_PUBLISHED_COLS]; /* where each cell starts on its line (1-based characters) */
 };
 /* Every row of a published-runs file (tab-separated, '#' comments, a header line); a bad row is
  * an error naming file:line and the column. */
 enum moe_status plan_published_load(const char *file, struct plan_published *rows, int cap, int *n,
                                     struct moe_error *err);
+/* Stacks: a row of container 26.04 or 26.04.01 belongs to the stack "megatron-26.04", exactly
+ * (no prefix matches); _stack_of names a row's stack ("" for a container not of the YY.MM form);
+ * _stacks lists the stacks of rows, comma-separated, in first-seen order. */
+bool plan_published_in_stack(const struct plan_published *r, const char *stack);
+void plan_published_stack_of(const struct plan_published *r, char *buf, size_t cap);
+void plan_published_stacks(const struct plan_published *rows, int n, char *buf, size_t cap);
 /* The row's layout as `--layout` text (cost_layout_parse), ZeRO-1 and dp from the GPUs. */
 void plan_published_layout(const struct plan_published *r, char *buf, size_t cap);
 /* The step time the row's tokens/s/GPU imply: gbs x seq / (tokens/s/GPU x GPUs), us. */
@@ -147,10 +156,11 @@ enum moe_status plan_fit_stack(const struct plan_fit_row *rows, int n, const cha
                                struct cost_calibration *out, int *own, double rms[2],
                                struct moe_error *err);
 /* Cross-validation: each row predicted by the stack profile fitted without the rows of its fold,
- * folds by model or by system (leave one model out, leave one system out). */
+ * folds by model or by system (leave one model out, leave one system out). `bar` (may be NULL)
+ * advances by one per row predicted. */
 enum plan_fold { PLAN_FOLD_MODEL = 0, PLAN_FOLD_SYSTEM };
 enum moe_status plan_fit_crossval(const struct plan_fit_row *rows, int n, enum plan_fold fold,
-                                  double *pred_us, struct moe_error *err);
+                                  double *pred_us, struct moe_progress *bar, struct moe_error *err);
 
 #ifdef __cplusplus
 }

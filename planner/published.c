@@ -10,12 +10,13 @@
  */
 #include "plan.h"
 
+#include <ctype.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define NCOLS 24
+#define NCOLS PLAN_PUBLISHED_COLS
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Rows                                                                                           */
@@ -30,6 +31,8 @@ static const char *const columns[NCOLS] = {"id",          "container", "model",
                                            "grad_reduce", "moments",   "tokens_per_s_gpu",
                                            "tflops_gpu",  "conf",      "flags"};
 
+#define PUBLISHED_MAX_BYTES (16u << 20) /* a published-runs file is a few hundred rows */
+
 static bool text_col(char *dst, size_t cap, const char *v)
 {
     if (strlen(v) >= cap) return false;
@@ -41,12 +44,34 @@ static bool int_col(int *dst, const char *v, int lo, int hi)
 {
     char *end;
     long x = strtol(v, &end, 10);
-    if (end == v || *end || x < lo || x > hi) return false;
+    if (end == v || *end || v[0] == ' ' || v[0] == '+' || x < lo || x > hi) return false;
     *dst = (int)x;
     return true;
 }
 
-/* One data line, split in place at the tabs. */
+/* A recipe cell that goes into the row's layout text as key=value: one value of the grammar
+ * (no ',' or '=' that would add keys), the one cost_layout_parse takes. */
+static bool layout_col(const char *key, const char *v, char *why, size_t cap)
+{
+    if (strpbrk(v, ",=")) {
+        snprintf(why, cap, "one value, without ',' or '='");
+        return false;
+    }
+    if (!strcmp(key, "pp_layout") && !strcmp(v, "-")) return true;
+    struct cost_layout t;
+    cost_layout_defaults(&t, 4096);
+    char kv[256];
+    snprintf(kv, sizeof kv, "%s=%s", key, v);
+    struct moe_error e;
+    if (cost_layout_parse(&t, kv, &e) == MOE_OK) return true;
+    size_t m = strlen(e.message) < cap ? strlen(e.message) : cap - 1;
+    memcpy(why, e.message, m);
+    why[m] = '\0';
+    return false;
+}
+
+/* One data line, split in place at the tabs; col0[i]: the column (1-based character) where cell
+ * i starts. */
 static enum moe_status parse_row(char *line, const char *file, int lineno, struct plan_published *r,
                                  struct moe_error *err)
 {
@@ -60,21 +85,29 @@ static enum moe_status parse_row(char *line, const char *file, int lineno, struc
         p = tab + 1;
     }
     if (n != NCOLS || strchr(col[NCOLS - 1], '\t'))
-        return moe_error_set_at(err, MOE_ERR_INPUT, file, lineno, 0, "%d columns, not %d", n,
+        return moe_error_set_at(err, MOE_ERR_INPUT, file, lineno, 1, "%d columns, not %d", n,
                                 NCOLS);
     memset(r, 0, sizeof *r);
+    r->file = file;
     r->line = lineno;
+    for (int i = 0; i < NCOLS; i++) r->col[i] = (int)(col[i] - line) + 1;
     bool ok = true;
     int bad = -1;
+    char why[160] = "";
 #define TEXT(i, field)                                                                             \
-    if (ok && !(ok = text_col(r->field, sizeof r->field, col[i]))) bad = i
+    if (ok && !(ok = text_col(r->field, sizeof r->field, col[i])))                                 \
+    bad = i, snprintf(why, sizeof why, "over %zu characters", sizeof r->field - 1)
 #define INT(i, field, lo, hi)                                                                      \
-    if (ok && !(ok = int_col(&r->field, col[i], lo, hi))) bad = i
+    if (ok && !(ok = int_col(&r->field, col[i], lo, hi)))                                          \
+    bad = i, snprintf(why, sizeof why, "a whole number in [%d, %d]", lo, hi)
+#define RECIPE(i, key)                                                                             \
+    if (ok && !(ok = layout_col(key, col[i], why, sizeof why))) bad = i
     TEXT(0, id);
     TEXT(1, container);
     TEXT(2, model);
     TEXT(3, cluster);
     INT(4, gpus, 1, PLAN_MAX_GPUS);
+    RECIPE(5, "precision");
     TEXT(5, precision);
     INT(6, gbs, 1, 1 << 28);
     INT(7, mbs, 1, 1 << 20);
@@ -84,59 +117,100 @@ static enum moe_status parse_row(char *line, const char *file, int lineno, struc
     INT(11, cp, 1, PLAN_MAX_GPUS);
     INT(12, vpp, 1, COST_MAX_STAGES);
     INT(13, ep, 1, MDL_MAX_EXPERTS);
+    RECIPE(14, "recompute");
     TEXT(14, recompute);
+    RECIPE(15, "pp_layout");
     TEXT(15, pp_layout);
     r->mtp = -1;
     if (ok && strcmp(col[16], "-")) INT(16, mtp, 0, MDL_MAX_MTP);
+    RECIPE(17, "dispatcher");
     TEXT(17, dispatcher);
+    RECIPE(18, "grad_reduce");
     TEXT(18, grad_reduce);
+    RECIPE(19, "moments");
     TEXT(19, moments);
-    if (ok && strcmp(col[22], "A") && strcmp(col[22], "B")) ok = false, bad = 22;
+    if (ok && strcmp(col[22], "A") && strcmp(col[22], "B"))
+        ok = false, bad = 22, snprintf(why, sizeof why, "A (trusted) or B (flagged)");
     r->trusted = ok && !strcmp(col[22], "A");
     TEXT(23, flags);
 #undef TEXT
 #undef INT
+#undef RECIPE
     for (int i = 20; ok && i < 22; i++) {
         char *end;
         double v = strtod(col[i], &end);
-        if (end == col[i] || *end || !(v > 0 && v < 1e9)) ok = false, bad = i;
+        if (end == col[i] || *end || !(v > 0 && v < 1e9))
+            ok = false, bad = i, snprintf(why, sizeof why, "a number in (0, 1e9)");
         *(i == 20 ? &r->tokens_per_s_gpu : &r->tflops_gpu) = v;
     }
-    if (!strcmp(r->pp_layout, "-")) r->pp_layout[0] = '\0';
     if (!ok)
-        return moe_error_set_at(err, MOE_ERR_INPUT, file, lineno, 0, "column %d (%s): '%s'",
-                                bad + 1, columns[bad], col[bad]);
+        return moe_error_set_at(err, MOE_ERR_INPUT, file, lineno, r->col[bad],
+                                "column %d (%s): '%s': %s", bad + 1, columns[bad], col[bad], why);
+    if (!strcmp(r->pp_layout, "-")) r->pp_layout[0] = '\0';
+    /* the parallel degrees in 64 bits: each is at most 2^20, their product is not */
+    int64_t model_gpus = (int64_t)r->tp * r->pp * r->cp;
+    if (r->gpus % model_gpus != 0)
+        return moe_error_set_at(err, MOE_ERR_INPUT, file, lineno, r->col[9],
+                                "tp x pp x cp = %d x %d x %d = %lld does not divide the %d GPUs",
+                                r->tp, r->pp, r->cp, (long long)model_gpus, r->gpus);
+    return MOE_OK;
+}
+
+/* The first byte of `text` that a published-runs file may not hold, with its line and column:
+ * NUL, a carriage return that does not end a line, another control character than a tab. */
+static enum moe_status text_check(const char *file, const char *text, size_t len,
+                                  struct moe_error *err)
+{
+    int line = 1, col = 1;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)text[i];
+        if (c == '\n') {
+            line++, col = 1;
+            continue;
+        }
+        if (c == '\r' && i + 1 < len && text[i + 1] != '\n')
+            return moe_error_set_at(err, MOE_ERR_INPUT, file, line, col,
+                                    "a carriage return alone ends a line (classic Mac line ends): "
+                                    "save the file with LF or CRLF line ends");
+        if (c == '\0')
+            return moe_error_set_at(err, MOE_ERR_INPUT, file, line, col,
+                                    "a NUL byte: a published-runs file is text");
+        if ((c < 0x20 && c != '\t' && c != '\r') || c == 0x7f)
+            return moe_error_set_at(err, MOE_ERR_INPUT, file, line, col,
+                                    "control character 0x%02x: a published-runs file is text", c);
+        if ((c & 0xc0) != 0x80) col++; /* columns count characters, not UTF-8 bytes */
+    }
     return MOE_OK;
 }
 
 enum moe_status plan_published_load(const char *file, struct plan_published *rows, int cap, int *n,
                                     struct moe_error *err)
 {
-    FILE *f;
-    enum moe_status st = moe_file_open_input(file, &f, err);
+    char *text;
+    size_t len;
+    enum moe_status st = moe_file_read(file, MOE_READ_INPUT, PUBLISHED_MAX_BYTES, &text, &len, err);
     if (st != MOE_OK) return st;
-    char line[2048];
+    if ((st = text_check(file, text, len, err))) {
+        free(text);
+        return st;
+    }
     int lineno = 0, count = 0;
     bool header = false;
-    while (st == MOE_OK && fgets(line, sizeof line, f)) {
+    for (char *line = text, *next; st == MOE_OK && line < text + len; line = next) {
         lineno++;
-        size_t len = strlen(line);
-        if (len && line[len - 1] == '\n')
-            line[--len] = '\0';
-        else if (!feof(f)) {
-            st = moe_error_set_at(err, MOE_ERR_INPUT, file, lineno, 0, "a line over %zu bytes",
-                                  sizeof line - 2);
-            break;
-        }
-        if (len && line[len - 1] == '\r') line[--len] = '\0';
-        if (!len || line[0] == '#') continue;
+        char *nl = strchr(line, '\n');
+        next = nl ? nl + 1 : text + len;
+        if (nl) *nl = '\0';
+        size_t n_line = strlen(line);
+        if (n_line && line[n_line - 1] == '\r') line[--n_line] = '\0';
+        if (!n_line || line[0] == '#') continue;
         if (!header) { /* the column names, in this order */
             char want[512];
             size_t k = 0;
             for (int i = 0; i < NCOLS; i++)
                 k += (size_t)snprintf(want + k, sizeof want - k, "%s%s", i ? "\t" : "", columns[i]);
             if (strcmp(line, want))
-                st = moe_error_set_at(err, MOE_ERR_INPUT, file, lineno, 0,
+                st = moe_error_set_at(err, MOE_ERR_INPUT, file, lineno, 1,
                                       "the header is not the %d columns id, container, model, ... "
                                       "flags (tab-separated)",
                                       NCOLS);
@@ -144,23 +218,64 @@ enum moe_status plan_published_load(const char *file, struct plan_published *row
             continue;
         }
         if (count == cap) {
-            st = moe_error_set_at(err, MOE_ERR_INPUT, file, lineno, 0, "more than %d rows", cap);
+            st = moe_error_set_at(err, MOE_ERR_INPUT, file, lineno, 1, "more than %d rows", cap);
             break;
         }
         st = parse_row(line, file, lineno, &rows[count], err);
+        for (int j = 0; st == MOE_OK && j < count; j++)
+            if (!strcmp(rows[j].id, rows[count].id))
+                st = moe_error_set_at(err, MOE_ERR_INPUT, file, lineno, 1,
+                                      "id %s again (first on line %d): ids name one run each",
+                                      rows[count].id, rows[j].line);
         if (st == MOE_OK) count++;
     }
-    if (st == MOE_OK && ferror(f)) st = moe_error_set_at(err, MOE_ERR_IO, file, 0, 0, "read error");
-    fclose(f);
+    free(text);
     if (st == MOE_OK && !header)
         st = moe_error_set_at(err, MOE_ERR_INPUT, file, 0, 0, "no header line and no rows");
     *n = st == MOE_OK ? count : 0;
     return st;
 }
 
+/* The container's generation: "26.04" of "26.04" and "26.04.01"; "" when it is not YY.MM[.*]. */
+static void generation(const char *container, char gen[8])
+{
+    const char *c = container;
+    bool ok = isdigit((unsigned char)c[0]) && isdigit((unsigned char)c[1]) && c[2] == '.' &&
+              isdigit((unsigned char)c[3]) && isdigit((unsigned char)c[4]) &&
+              (c[5] == '\0' || c[5] == '.');
+    snprintf(gen, 8, "%.5s", ok ? c : "");
+}
+
+bool plan_published_in_stack(const struct plan_published *r, const char *stack)
+{
+    char gen[8];
+    generation(r->container, gen);
+    return gen[0] && !strncmp(stack, "megatron-", 9) && !strcmp(stack + 9, gen);
+}
+
+void plan_published_stack_of(const struct plan_published *r, char *buf, size_t cap)
+{
+    char gen[8];
+    generation(r->container, gen);
+    snprintf(buf, cap, "%s%s", gen[0] ? "megatron-" : "", gen);
+}
+
+void plan_published_stacks(const struct plan_published *rows, int n, char *buf, size_t cap)
+{
+    size_t used = 0;
+    if (cap) buf[0] = '\0';
+    for (int i = 0; i < n && used < cap; i++) {
+        char name[32];
+        plan_published_stack_of(&rows[i], name, sizeof name);
+        bool first = name[0] != '\0';
+        for (int j = 0; j < i && first; j++) first = !plan_published_in_stack(&rows[j], name);
+        if (first) used += (size_t)snprintf(buf + used, cap - used, "%s%s", used ? ", " : "", name);
+    }
+}
+
 void plan_published_layout(const struct plan_published *r, char *buf, size_t cap)
 {
-    int dp = r->gpus / (r->tp * r->pp * r->cp);
+    int dp = r->gpus / (r->tp * r->pp * r->cp); /* the loader checked that it divides */
     int k = snprintf(buf, cap,
                      "tp=%d,cp=%d,pp=%d,vpp=%d,ep=%d,dp=%d,zero=1,mbs=%d,gbs=%d,precision=%s,"
                      "recompute=%s,dispatcher=%s,grad_reduce=%s,moments=%s",
@@ -177,6 +292,18 @@ double plan_published_step_us(const struct plan_published *r)
     return (double)r->gbs * r->seq / (r->tokens_per_s_gpu * r->gpus) * 1e6;
 }
 
+/* A row that its model, cluster or layout refuses: the row's file, line and the cell's column. */
+static enum moe_status row_error(const struct plan_published *r, int cell, enum moe_status st,
+                                 const struct moe_error *why, struct moe_error *err)
+{
+    if (st != MOE_ERR_INPUT && st != MOE_ERR_INFEASIBLE && st != MOE_ERR_USAGE) {
+        if (err) *err = *why;
+        return st;
+    }
+    return moe_error_set_at(err, MOE_ERR_INPUT, r->file, r->line, r->col[cell], "%s: %s: %s", r->id,
+                            columns[cell], why->message);
+}
+
 enum moe_status plan_fit_rows(const struct plan_published *runs, int n, const char *model_dir,
                               const char *topo_dir, struct plan_fit_row *out, struct moe_error *err)
 {
@@ -187,28 +314,27 @@ enum moe_status plan_fit_rows(const struct plan_published *runs, int n, const ch
         f->run = r;
         f->step_us = plan_published_step_us(r);
         enum moe_status st;
+        struct moe_error why;
         /* a model or cluster already resolved for an earlier row is copied, not read again */
         int j = 0;
         while (j < i && strcmp(runs[j].model, r->model)) j++;
         if (j < i)
             f->model = out[j].model;
-        else if ((st = mdl_model_resolve(&f->model, r->model, model_dir, err)))
-            return st;
+        else if ((st = mdl_model_resolve(&f->model, r->model, model_dir, &why)))
+            return row_error(r, 2, st, &why, err);
         for (j = 0; j < i && strcmp(runs[j].cluster, r->cluster); j++) {
         }
         if (j < i)
             f->cluster = out[j].cluster;
-        else if ((st = topo_cluster_resolve(&f->cluster, r->cluster, topo_dir, err)))
-            return st;
+        else if ((st = topo_cluster_resolve(&f->cluster, r->cluster, topo_dir, &why)))
+            return row_error(r, 3, st, &why, err);
         char text[COST_LAYOUT_TEXT_MAX];
         plan_published_layout(r, text, sizeof text);
         cost_layout_defaults(&f->layout, r->seq);
         f->layout.mtp = f->model.mtp_layers;
-        struct moe_error why;
-        if (cost_layout_parse(&f->layout, text, &why) != MOE_OK ||
-            cost_layout_check(&f->layout, &f->model, r->gpus, &why) != MOE_OK)
-            return moe_error_set(err, MOE_ERR_INPUT, "%s (line %d): %s", r->id, r->line,
-                                 why.message);
+        if ((st = cost_layout_parse(&f->layout, text, &why)) ||
+            (st = cost_layout_check(&f->layout, &f->model, r->gpus, &why)))
+            return row_error(r, 9, MOE_ERR_INPUT, &why, err);
     }
     return MOE_OK;
 }
@@ -427,8 +553,9 @@ static const char *fold_key(const struct plan_fit_row *r, enum plan_fold fold)
 }
 
 enum moe_status plan_fit_crossval(const struct plan_fit_row *rows, int n, enum plan_fold fold,
-                                  double *pred_us, struct moe_error *err)
+                                  double *pred_us, struct moe_progress *bar, struct moe_error *err)
 {
+    uint64_t base = bar ? bar->done : 0, held = 0;
     struct plan_fit_row *train = malloc(sizeof *train * (size_t)n);
     bool *done = calloc((size_t)n, sizeof *done);
     enum moe_status st =
@@ -468,6 +595,7 @@ enum moe_status plan_fit_crossval(const struct plan_fit_row *rows, int n, enum p
                 st = cost_evaluate(&ctx, &rows[q].layout, &r, err);
                 pred_us[q] = r.step_us;
                 done[q] = true;
+                if (bar) moe_progress_update(bar, base + ++held);
             }
         }
     }

@@ -367,8 +367,51 @@ static double hit_prob(const struct cost_ctx *c, const double *pick, const doubl
     return h;
 }
 
+#define MEMO_SLOTS 256
+struct cost_traffic_memo {
+    int n;
+    struct {
+        int ep, etp, mode, layer;
+        struct cost_moe_traffic t;
+    } at[MEMO_SLOTS];
+};
+
+struct cost_traffic_memo *cost_traffic_memo_create(void)
+{
+    return calloc(1, sizeof(struct cost_traffic_memo));
+}
+
+void cost_traffic_memo_destroy(struct cost_traffic_memo *m)
+{
+    free(m);
+}
+
+static enum moe_status traffic(const struct cost_ctx *c, const struct cost_layout *l, int layer_idx,
+                               struct cost_moe_traffic *out, struct moe_error *err);
+
 enum moe_status cost_moe_traffic(const struct cost_ctx *c, const struct cost_layout *l,
                                  int layer_idx, struct cost_moe_traffic *out, struct moe_error *err)
+{
+    struct cost_traffic_memo *m = c->placement ? NULL : c->memo;
+    int rl = c->routing && c->routing->layers > 1 ? layer_idx % c->routing->layers : 0;
+    int mode = (int)cost_dispatch_copies(l->dispatcher);
+    for (int i = 0; m && i < m->n; i++)
+        if (m->at[i].ep == l->ep && m->at[i].etp == l->etp && m->at[i].mode == mode &&
+            m->at[i].layer == rl) {
+            *out = m->at[i].t;
+            return MOE_OK;
+        }
+    enum moe_status st = traffic(c, l, layer_idx, out, err);
+    if (st == MOE_OK && m && m->n < MEMO_SLOTS) {
+        int i = m->n++;
+        m->at[i].ep = l->ep, m->at[i].etp = l->etp, m->at[i].mode = mode, m->at[i].layer = rl;
+        m->at[i].t = *out;
+    }
+    return st;
+}
+
+static enum moe_status traffic(const struct cost_ctx *c, const struct cost_layout *l, int layer_idx,
+                               struct cost_moe_traffic *out, struct moe_error *err)
 {
     const struct mdl_moe *me = &c->model.moe;
     int E = me->experts, ep = l->ep, k = me->top_k;

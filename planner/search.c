@@ -178,11 +178,11 @@ static enum moe_status search_gpus(const struct plan_request *q, int gpus, struc
                                         refused(r, &l, why.message);
                                         continue;
                                     }
-                                    if (q->maxtext_mesh && !plan_maxtext_mesh_ok(&l)) {
+                                    char mt_why[160];
+                                    if (q->maxtext_mesh &&
+                                        !plan_maxtext_layout_ok(&l, m, mt_why, sizeof mt_why)) {
                                         r->invalid++;
-                                        refused(r, &l,
-                                                "MaxText's expert axis is a part of data "
-                                                "parallelism (--emit maxtext): ep must divide dp");
+                                        refused(r, &l, mt_why);
                                         continue;
                                     }
                                     int fitted = 0;
@@ -323,6 +323,13 @@ static enum moe_status refine(const struct plan_request *q, struct cost_ctx *ctx
         r->split.busiest_us = r->split.even_busiest_us = even; /* no comparison made */
         snprintf(r->split.mip.status, sizeof r->split.mip.status,
                  "the pipeline layout given (pp_layout)");
+    } else if (q->maxtext_mesh && stages > 1) { /* MaxText: the same layers on every stage */
+        cost_even_split(m->layers, stages, r->split.stage_layers);
+        double even = 0.0;
+        for (int i = 0; i < m->layers; i++) even += w[i];
+        r->split.busiest_us = r->split.even_busiest_us = even; /* no comparison made */
+        snprintf(r->split.mip.status, sizeof r->split.mip.status,
+                 "MaxText splits the layers evenly (--emit maxtext)");
     } else {
         st = plan_split_stages(w, m->layers, stages, l.pp, a, b, q->mip_time_limit_s, &r->split,
                                err);
@@ -339,7 +346,7 @@ static enum moe_status refine(const struct plan_request *q, struct cost_ctx *ctx
         if ((st = cost_evaluate(ctx, &l, &res, err))) return st;
         snprintf(r->split.mip.status, sizeof r->split.mip.status,
                  "split did not fit in memory: even split kept");
-    } else if (!l.pp_layout[0] && stages > 1) {
+    } else if (!l.pp_layout[0] && !q->maxtext_mesh && stages > 1) {
         /* The integer program balances the busiest rank's work; the schedule can still run the
          * even split faster (a lighter stage idles where the 1F1B order makes it wait): the step
          * through the schedule decides. */
@@ -429,6 +436,63 @@ void plan_fix_none(struct cost_layout *fix, int seq_len)
                                 .mtp = -1};
 }
 
+/* plan_search's body, into r: the search over GPU counts, then the placement and split of the
+ * best layout. */
+static enum moe_status search_all(const struct plan_request *q, struct cost_ctx *ctx,
+                                  struct plan_result *r, double t0, struct moe_error *err)
+{
+    if (q->have_compare) { /* the layout to set beside the plan, costed first */
+        struct moe_error why;
+        if (cost_evaluate(ctx, &q->compare, &r->compare, &why) != MOE_OK)
+            return moe_error_set(err, why.status, "--compare: %s", why.message);
+        r->compare_score = score_of(q, &q->compare, &r->compare, q->gpus);
+    }
+    enum moe_status st = search_gpus(q, q->gpus, ctx, r, err);
+    if (q->objective == PLAN_COST)
+        for (int n = q->gpus / 2;
+             st == MOE_OK && n >= 1 && n >= q->cluster.gpus_used_per_domain / 8; n /= 2)
+            st = search_gpus(q, n, ctx, r, err);
+    if (st != MOE_OK) return st;
+    r->search_s = moe_time_now_s() - t0;
+    if (r->nalt == 0 && r->not_accepted > 0)
+        return moe_error_set(err, MOE_ERR_INFEASIBLE,
+                             "no layout this build runs: %ld layouts were left out (%s), %ld "
+                             "were out of memory",
+                             r->not_accepted, r->not_accepted_why, r->memory_rejected);
+    if (r->nalt == 0 && r->memory_rejected == 0 && r->invalid == 0)
+        return moe_error_set(err, MOE_ERR_INFEASIBLE,
+                             "no layout to try: no tp, pp, ep and micro-batch size fit %d GPUs, "
+                             "a global batch of %d and the --fix choices",
+                             q->gpus, q->gbs);
+    if (r->nalt == 0 && r->memory_rejected == 0) {
+        int top = 0;
+        for (int i = 1; i < r->nrefusal; i++)
+            if (r->refusal[i].count > r->refusal[top].count) top = i;
+        return moe_error_set(err, MOE_ERR_INFEASIBLE,
+                             "no layout fits: all %ld layouts tried are invalid; the commonest "
+                             "reason (%ld of them): %s (e.g. %s)",
+                             r->invalid, r->refusal[top].count, r->refusal[top].example,
+                             r->refusal[top].layout);
+    }
+    if (r->nalt == 0)
+        return moe_error_set(err, MOE_ERR_INFEASIBLE,
+                             "no layout fits: %ld valid layout%s out of memory (e.g. %s: %s), %ld "
+                             "invalid; more GPUs, a shorter sequence, a smaller global batch or "
+                             "--fix choices that allow sharding may help",
+                             r->memory_rejected, r->memory_rejected == 1 ? " is" : "s are",
+                             r->oom_layout, r->oom_example, r->invalid);
+    r->best = r->alt[0];
+    memmove(r->alt, r->alt + 1, sizeof r->alt[0] * (size_t)(r->nalt - 1));
+    r->nalt--;
+    st = refine(q, ctx, r, err);
+    if (st != MOE_OK) {
+        plan_result_free(r);
+        return st;
+    }
+    binding_constraint(q, r);
+    return MOE_OK;
+}
+
 enum moe_status plan_search(const struct plan_request *q, struct plan_result *out,
                             struct moe_error *err)
 {
@@ -444,55 +508,10 @@ enum moe_status plan_search(const struct plan_request *q, struct plan_result *ou
     cost_ctx_init(&ctx, &q->model, &q->cluster, &q->cal, q->gpus);
     ctx.routing = q->routing;
     ctx.memory_headroom = q->headroom;
-    if (q->have_compare) { /* the layout to set beside the plan, costed first */
-        struct moe_error why;
-        if (cost_evaluate(&ctx, &q->compare, &r.compare, &why) != MOE_OK)
-            return moe_error_set(err, why.status, "--compare: %s", why.message);
-        r.compare_score = score_of(q, &q->compare, &r.compare, q->gpus);
-    }
-    enum moe_status st = search_gpus(q, q->gpus, &ctx, &r, err);
-    if (q->objective == PLAN_COST)
-        for (int n = q->gpus / 2;
-             st == MOE_OK && n >= 1 && n >= q->cluster.gpus_used_per_domain / 8; n /= 2)
-            st = search_gpus(q, n, &ctx, &r, err);
+    ctx.memo = cost_traffic_memo_create(); /* NULL (no memory): every layout costed afresh */
+    enum moe_status st = search_all(q, &ctx, &r, t0, err);
+    cost_traffic_memo_destroy(ctx.memo);
     if (st != MOE_OK) return st;
-    r.search_s = moe_time_now_s() - t0;
-    if (r.nalt == 0 && r.not_accepted > 0)
-        return moe_error_set(err, MOE_ERR_INFEASIBLE,
-                             "no layout this build runs: %ld layouts were left out (%s), %ld "
-                             "were out of memory",
-                             r.not_accepted, r.not_accepted_why, r.memory_rejected);
-    if (r.nalt == 0 && r.memory_rejected == 0 && r.invalid == 0)
-        return moe_error_set(err, MOE_ERR_INFEASIBLE,
-                             "no layout to try: no tp, pp, ep and micro-batch size fit %d GPUs, "
-                             "a global batch of %d and the --fix choices",
-                             q->gpus, q->gbs);
-    if (r.nalt == 0 && r.memory_rejected == 0) {
-        int top = 0;
-        for (int i = 1; i < r.nrefusal; i++)
-            if (r.refusal[i].count > r.refusal[top].count) top = i;
-        return moe_error_set(err, MOE_ERR_INFEASIBLE,
-                             "no layout fits: all %ld layouts tried are invalid; the commonest "
-                             "reason (%ld of them): %s (e.g. %s)",
-                             r.invalid, r.refusal[top].count, r.refusal[top].example,
-                             r.refusal[top].layout);
-    }
-    if (r.nalt == 0)
-        return moe_error_set(err, MOE_ERR_INFEASIBLE,
-                             "no layout fits: %ld valid layout%s out of memory (e.g. %s: %s), %ld "
-                             "invalid; more GPUs, a shorter sequence, a smaller global batch or "
-                             "--fix choices that allow sharding may help",
-                             r.memory_rejected, r.memory_rejected == 1 ? " is" : "s are",
-                             r.oom_layout, r.oom_example, r.invalid);
-    r.best = r.alt[0];
-    memmove(r.alt, r.alt + 1, sizeof r.alt[0] * (size_t)(r.nalt - 1));
-    r.nalt--;
-    st = refine(q, &ctx, &r, err);
-    if (st != MOE_OK) {
-        plan_result_free(&r);
-        return st;
-    }
-    binding_constraint(q, &r);
     r.total_s = moe_time_now_s() - t0;
     *out = r;
     return MOE_OK;
