@@ -4,6 +4,7 @@
  * The file's own "schema" key decides which loader checks it, so one command covers every file
  * type, and the loaders' error reports (file:line:col) reach the user unchanged.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
@@ -31,6 +32,28 @@ static enum moe_status check_xml(const char *file, char *summary, size_t cap, st
              n.cores, n.ngpus, n.nics,
              n.has_nvlink_matrix ? "NVLinkBandwidth matrix" : "no NVLink matrix");
     return MOE_OK;
+}
+
+/* A profile that keeps its measurements: what `calibrate --refit FILE` does with them (on its
+ * default cluster), fitted and not written, so that check and refit accept the same files. */
+static enum moe_status check_measurements(const struct cli *cli, const char *file,
+                                          struct moe_error *err)
+{
+    struct plan_calib_data *d = calloc(1, sizeof *d);
+    if (!d) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    struct topo_cluster cl;
+    char mdir[MOE_PATH_MAX], *log_text = NULL;
+    size_t log_len = 0;
+    cli_data_path(cli, "model", mdir, sizeof mdir);
+    FILE *log = open_memstream(&log_text, &log_len);
+    enum moe_status st = log ? plan_calib_data_load(file, d, err)
+                             : moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    if (st == MOE_OK) st = cli_cluster_load(cli, "h200-vm", NULL, NULL, &cl, NULL, err);
+    if (st == MOE_OK) st = plan_calib_fit_save(d, &cl, mdir, "moeplan check", NULL, log, err);
+    if (log) fclose(log);
+    free(log_text);
+    free(d);
+    return st;
 }
 
 static enum moe_status check_file(const struct cli *cli, const char *file, char *summary,
@@ -90,6 +113,10 @@ static enum moe_status check_file(const struct cli *cli, const char *file, char 
         int fitted = 0;
         for (int p = 0; p < COST_NPHASES; p++)
             fitted += cal.phase_scale[p] != 1.0 || cal.phase_fixed_us[p] != 0.0;
+        struct moe_jval root;
+        if ((st = moe_jdoc_root(&doc, &root, err))) goto cleanup;
+        if (moe_jval_has(&root, "measured") && (st = check_measurements(cli, file, err)) != MOE_OK)
+            goto cleanup;
         snprintf(summary, cap,
                  "%s v%d: %s; gemm_eff %.3f, attention %.3f / %.3f, %d phase "
                  "corrections",

@@ -245,6 +245,11 @@ static enum moe_status hf_gpt_oss(const struct moe_jval *o, struct mdl_model *m,
         bool present = false;
         if ((st = moe_jval_array(o, "layer_types", false, &types, &present, err))) return st;
         m->attn.sliding_every = 2;
+        if (present && moe_jval_len(&types) != (size_t)m->layers)
+            return moe_jval_error(o, "layer_types", err,
+                                  "%zu entries, not one for each of the %d layers "
+                                  "(num_hidden_layers)",
+                                  moe_jval_len(&types), m->layers);
         for (size_t i = 0; present && i < moe_jval_len(&types); i++) {
             const char *t = json_string_value(json_array_get(types.json, i));
             bool sliding = t && strcmp(t, "sliding_attention") == 0;
@@ -326,6 +331,11 @@ static enum moe_status hf_llama4(const struct moe_jval *o, struct mdl_model *m,
         (st = hf_num(t, "attn_scale", 0.1, &attn_scale, err)))
         return st;
     m->attn.qk_l2_norm = qk_norm;
+    if (tuning && m->attn.nope_every && floor_scale < 1)
+        return moe_jval_error(t, "floor_scale", err,
+                              "%g: the positions one step of the query temperature spans, at "
+                              "least 1",
+                              floor_scale);
     if (tuning && m->attn.nope_every) {
         m->attn.temp_floor = floor_scale;
         m->attn.temp_scale = attn_scale;
@@ -346,6 +356,8 @@ static enum moe_status hf_llama4(const struct moe_jval *o, struct mdl_model *m,
         "hidden_size / num_attention_heads)",                                                      \
         "dense_intermediate", "intermediate_size"
 static const char *const hf_names_deepseek[] = {HF_COMMON_NAMES,
+                                                "mtp_layers",
+                                                "num_nextn_predict_layers",
                                                 "first_dense",
                                                 "first_k_dense_replace",
                                                 "moe_every",

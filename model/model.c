@@ -445,6 +445,9 @@ enum moe_status mdl_model_validate_as(const struct mdl_model *m, const char *whe
         INVALID("%s: MLA keeps its RoPE dims on every layer", K("nope_every"));
     if (a->qk_l2_norm && (a->type == MDL_ATTN_MLA || a->qk_norm))
         INVALID("%s: GQA only, and not with %s", K("qk_l2_norm"), K("qk_norm"));
+    if (a->temp_floor < 0 || (a->temp_floor > 0 && a->temp_floor < 1))
+        INVALID("%s: floor_scale %g must be at least 1 (0: no temperature)", K("nope_temperature"),
+                a->temp_floor);
     if (a->temp_floor < 0 || (a->temp_floor > 0 && !a->nope_every))
         INVALID("%s: scales the queries of the blocks without RoPE, needs %s",
                 K("nope_temperature"), K("nope_every"));
@@ -485,6 +488,9 @@ enum moe_status mdl_model_validate_as(const struct mdl_model *m, const char *whe
         INVALID("YaRN RoPE (%s) needs factor >= 1, original_max_position >= 1, beta_fast > "
                 "beta_slow > 0 and a positive attention_factor",
                 K("rope_scaling"));
+    if (m->mtp_layers < 0 || m->mtp_layers > MDL_MAX_MTP)
+        INVALID("%s = %d: moeplan takes 0 to %d multi-token prediction layers", K("mtp_layers"),
+                m->mtp_layers, MDL_MAX_MTP);
     if (mdl_moe_layer_count(m) == 0)
         INVALID("the model has no MoE layer: moeplan plans MoE models");
     if (mdl_moe_layer_count(m) < m->layers && m->dense_intermediate < 1)

@@ -493,8 +493,9 @@ enum moe_status plan_calib_fit_save(const struct plan_calib_data *d, const struc
                          d->attention[0] ? d->attention : "own", "defaults_used", dflt, "measured",
                          meas, "fit", how);
         meas = NULL; /* json_pack's "o" took it, and dflt */
-        st = meta ? cost_calibration_write(&cal, meta, file, err)
-                  : moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+        st = !meta  ? moe_error_set(err, MOE_ERR_NOMEM, "out of memory")
+             : file ? cost_calibration_write(&cal, meta, file, err)
+                    : MOE_OK; /* a check: fitted, not written */
     }
     json_decref(meas);
     json_decref(meta);

@@ -72,7 +72,8 @@ struct plan_calib_data {
 enum moe_status plan_calib_data_load(const char *file, struct plan_calib_data *d,
                                      struct moe_error *err);
 /* Fit the data into a profile and write it to `file` ("moeplan.calibration", the measurements
- * kept); `how` names the command in it; the fits' numbers are printed to `log`. */
+ * kept; NULL: fit only, as `moeplan check` does); `how` names the command in it; the fits'
+ * numbers are printed to `log`. */
 enum moe_status plan_calib_fit_save(const struct plan_calib_data *d, const struct topo_cluster *cl,
                                     const char *model_dir, const char *how, const char *file,
                                     FILE *log, struct moe_error *err);

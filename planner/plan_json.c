@@ -560,6 +560,29 @@ static enum moe_status plan_from_doc(const struct moe_jdoc *doc, struct plan_fil
         if ((st =
                  moe_jval_num(&mem, cost_mem_names[k], true, 0, 0, 1e18, &p->memory_bytes[k], err)))
             return st;
+    /* The parts agree with their whole: a plan edited by hand (or by a tool) in one place only is
+     * refused here, by every reader. */
+    double mem_sum = 0.0, phase_sum = 0.0;
+    for (int k = 0; k < COST_NMEM; k++) mem_sum += p->memory_bytes[k];
+    if (fabs(mem_sum - p->memory_total_bytes) > 1e-6 * p->memory_total_bytes + 1.0)
+        return moe_jval_error(&mem, "total", err, "%.17g bytes, but its categories add up to %.17g",
+                              p->memory_total_bytes, mem_sum);
+    for (int i = 0; i < COST_NPHASES; i++)
+        if (i != COST_STEP) phase_sum += p->phase_us[i];
+    if (fabs(phase_sum - p->step_us) > 1e-6 * p->step_us + 1e-3 ||
+        fabs(p->phase_us[COST_STEP] - p->step_us) > 1e-6 * p->step_us + 1e-3)
+        return moe_jval_error(&pred, "step_us", err,
+                              "%.17g us, but the phases' exposed times add up to %.17g and the "
+                              "step phase says %.17g",
+                              p->step_us, phase_sum, p->phase_us[COST_STEP]);
+    int64_t in_gbs, in_seq;
+    if ((st = moe_jval_int(&in, "gbs", false, l->gbs, 1, 1 << 28, &in_gbs, err)) ||
+        (st = moe_jval_int(&in, "seq_len", false, l->seq_len, 1, 1 << 24, &in_seq, err)))
+        return st;
+    if (in_gbs != l->gbs || in_seq != l->seq_len)
+        return moe_jval_error(&in, in_gbs != l->gbs ? "gbs" : "seq_len", err,
+                              "gbs %lld and seq_len %lld, but the layout has %d and %d",
+                              (long long)in_gbs, (long long)in_seq, l->gbs, l->seq_len);
     if ((st = load_ranks(&root, p, err)) || (st = load_stages(&root, p, err))) return st;
     return load_placement(&root, p, err);
 }

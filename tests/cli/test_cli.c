@@ -297,6 +297,24 @@ static void test_not_built(void **state)
 }
 
 #ifdef MOEPLAN_HAVE_EXECUTOR
+/* The cluster of the GPU this machine has, for plans that `run` trains here: `topo discover`'s
+ * local.json where it finds an NVIDIA GPU (an H100's plans must fit 80 GB, not an H200's 141),
+ * else h200-vm (run then stops at "no CUDA GPU"). */
+static const char *here_cluster(void)
+{
+    static char path[600];
+    if (path[0]) return path;
+    static struct result r;
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s", cli_tmp("here"));
+    RUN(&r, "topo", "discover", "-o", dir);
+    snprintf(path, sizeof path, "%s/local.json", dir);
+    if (r.code != 0 || !strstr(r.out, "cluster: ") || access(path, R_OK) != 0)
+        snprintf(path, sizeof path, "h200-vm");
+    printf("plans for this machine's GPU: --cluster %s\n", path);
+    return path;
+}
+
 /* Every plan `plan --runnable` writes is one `run` takes: for a proxy of every shipped model
  * (2 blocks, 16 experts), either the planner says the model is not runnable, or `run` gets past
  * its gate (exec_plan_runnable) and trains a step (on a GPU) or stops at "no CUDA GPU". */
@@ -312,9 +330,9 @@ static void test_runnable_plans_run(void **state)
     int ran = 0, refused = 0, big = 0;
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
         const char *experts = strncmp(models[i], "tiny", 4) ? "16" : "8";
-        RUN(&r, "plan", "--model", models[i], "--cluster", "h200-vm", "--layers", "2", "--experts",
-            experts, "--seq-len", "256", "--gbs", "2", "--runnable", "-o",
-            cli_tmp("runnable.json"));
+        RUN(&r, "plan", "--model", models[i], "--cluster", here_cluster(), "--gpus", "1",
+            "--layers", "2", "--experts", experts, "--seq-len", "256", "--gbs", "2", "--runnable",
+            "-o", cli_tmp("runnable.json"));
         if (r.code == 4 && (strstr(r.err, "no layout fits") || /* not on one GPU at all */
                             strstr(r.err, "the executor needs"))) {
             big++;
@@ -1049,6 +1067,10 @@ static void test_plan(void **state)
     assert_int_equal(r.code, 0);
     assert_null(strstr(r.out, "mbs=4 "));
 #ifdef MOEPLAN_HAVE_EXECUTOR /* and run takes it (a build without one refuses every plan) */
+    RUN(&r, "plan", "--model", "qwen3-30b-a3b", "--layers", "2", "--experts", "16", "--cluster",
+        here_cluster(), "--gpus", "1", "--runnable", "--seq-len", "4096", "--gbs", "4", "-o",
+        cli_tmp("runnable.json"));
+    assert_int_equal(r.code, 0);
     RUN(&r, "run", cli_tmp("runnable.json"), "--steps", "1", "--out",
         cli_tmp("runnable-measured.json"));
     if (r.code != 0 && !strstr(r.err, "no CUDA GPU on this machine"))
