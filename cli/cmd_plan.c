@@ -97,6 +97,13 @@ static int published_run(struct cli *cli, const struct cli_cmd *cmd, const char 
     if (!r) return cli_usage(cmd, "--run %s: no run of that id in %s", id, file);
     static struct plan_published row; /* outlives this call: io points into it */
     row = *r;
+    /* the row's model, cluster and layout resolved as a fit resolves them: a bad cell is named at
+     * the file's line and column, not as an option of this command */
+    static struct plan_fit_row fit; /* large: not on the stack */
+    char mdir[MOE_PATH_MAX], tdir[MOE_PATH_MAX];
+    cli_data_path(cli, "model", mdir, sizeof mdir);
+    cli_data_path(cli, "topologies", tdir, sizeof tdir);
+    if (plan_fit_rows(&row, 1, mdir, tdir, &fit, &err) != MOE_OK) return cli_fail(cli, &err);
     io->model = row.model, io->cluster = row.cluster, io->precision = row.precision;
     io->gpus = (uint64_t)row.gpus, io->seq = (uint64_t)row.seq, *gbs = (uint64_t)row.gbs;
     plan_published_stack_of(&row, stack, 32);

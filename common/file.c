@@ -277,6 +277,9 @@ static enum moe_status output_follow(const char *file, char *target, size_t cap,
             if (errno == ELOOP)
                 return moe_error_set(err, MOE_ERR_USAGE,
                                      "the output %s: a loop of symbolic links in its path", file);
+            if (errno == ENOTDIR)
+                return moe_error_set(err, MOE_ERR_USAGE,
+                                     "the output %s: a part of its path is not a folder", file);
             return moe_error_set(err, MOE_ERR_USAGE, "the output %s: %s", file, strerror(errno));
         }
         if (!S_ISLNK(lsb.st_mode)) {

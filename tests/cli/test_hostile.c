@@ -9,9 +9,12 @@
 #include "cli_run.h"
 
 #include "moe_common.h"
+#include "plan.h"
 
 #include <stdarg.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 
 #define dir cli_scratch
 #define at cli_tmp
@@ -465,6 +468,570 @@ static void test_inputs_unchanged(void **state)
     printf("%d commands aimed their output at their inputs: every input byte unchanged\n", runs);
 }
 
+/* ---------------------------------------------------------------------------------------------- */
+/* Every output option against the hostile paths (issue 53's class 2)                            */
+/* ---------------------------------------------------------------------------------------------- */
+
+#define TSV "tests/data/published/mb-runs.tsv"
+
+/* A hostile path and what each role of option must say of it (NULL: not hostile for that role). */
+struct hostile_path {
+    const char *name; /* under the scratch folder, or absolute */
+    const char *file_words, *dir_words, *either_words;
+};
+
+/* What a path is now: its lstat type and, for a regular file, its bytes. */
+static void path_state(const char *path, char *buf, size_t cap)
+{
+    struct stat sb;
+    if (lstat(path, &sb) != 0) {
+        snprintf(buf, cap, "absent");
+        return;
+    }
+    size_t n = 0;
+    char *text = S_ISREG(sb.st_mode) ? slurp_all(path, &n) : NULL;
+    snprintf(buf, cap, "mode %o, %zu bytes: %.200s", (unsigned)(sb.st_mode & S_IFMT), n,
+             text ? text : "");
+    free(text);
+}
+
+/* Base invocations of the output options that run to their write on this machine: PATH stands
+ * for the output. */
+struct base_run {
+    const char *cmd, *opt;
+    const char *args[16];
+    char first; /* the output's first byte: '{' (JSON), '<' (SVG, XML); 0: a folder */
+};
+static const struct base_run base_runs[] = {
+    {"plan", "--output", {"plan", TINY, "-o", "PATH"}, '{'},
+    {"predict", "--json", {"predict", TINY, "--layout", "tp=1", "--json", "PATH"}, '{'},
+    {"calibrate",
+     "--output",
+     {"calibrate", "--published", TSV, "--stack", "megatron-26.08", "--cluster", "gb300-nvl72-x16",
+      "-o", "PATH"},
+     '{'},
+    {"calibrate",
+     "--svg",
+     {"calibrate", "--published", TSV, "--stack", "megatron-26.08", "--cross-validate", "--svg",
+      "PATH"},
+     '<'},
+    {"topo", "--output", {"topo", "generate", "hgx-h200", "-o", "PATH"}, '<'},
+    {"report",
+     "--output",
+     {"report", "tests/data/report/plan.json", "tests/data/report/measured.json", "-o", "PATH"},
+     0},
+};
+
+static void base_args(const struct base_run *b, const char *path, const char **argv)
+{
+    int n = 0;
+    for (int i = 0; b->args[i]; i++) argv[n++] = strcmp(b->args[i], "PATH") ? b->args[i] : path;
+    argv[n] = NULL;
+}
+
+/* The writes a base invocation must make: through a link (the link stays), to the end of a
+ * dangling chain of two links, and to standard output alone. */
+/* A folder output: through a link to a folder (written inside it), and through a dangling
+ * link (the folder made where it points). */
+static void writes_into(const struct base_run *b)
+{
+    static struct result r;
+    const char *argv[20];
+    char link[300], dangling[300];
+    snprintf(link, sizeof link, "%s", at("wi-link"));
+    snprintf(dangling, sizeof dangling, "%s", at("wi-dangling"));
+    mkdir(at("wi-dir"), 0755);
+    unlink(link), unlink(dangling);
+    assert_int_equal(symlink("wi-dir", link), 0);
+    assert_int_equal(symlink("wi-new", dangling), 0);
+    const char *paths[2] = {link, dangling}, *made[2] = {"wi-dir/README.md", "wi-new/README.md"};
+    for (int i = 0; i < 2; i++) {
+        base_args(b, paths[i], argv);
+        run(&r, argv);
+        if (r.code != 0) fail_msg("%s %s %s: exit %d\n%s", b->cmd, b->opt, paths[i], r.code, r.err);
+        struct stat sb;
+        assert_true(lstat(paths[i], &sb) == 0 && S_ISLNK(sb.st_mode));
+        if (access(at(made[i]), F_OK) != 0) fail_msg("%s %s: no %s", b->cmd, b->opt, made[i]);
+    }
+}
+
+static void writes_through(const struct base_run *b)
+{
+    static struct result r;
+    const char *argv[20];
+    char target[300], link[300], chain1[300], chain2[300], end[300];
+    snprintf(target, sizeof target, "%s", at("wt-target"));
+    snprintf(link, sizeof link, "%s", at("wt-link"));
+    snprintf(chain1, sizeof chain1, "%s", at("wt-chain1"));
+    snprintf(chain2, sizeof chain2, "%s", at("wt-chain2"));
+    snprintf(end, sizeof end, "%s", at("wt-end"));
+    unlink(target), unlink(link), unlink(chain1), unlink(chain2), unlink(end);
+    put("wt-target", "old");
+    assert_int_equal(symlink("wt-target", link), 0);
+    base_args(b, link, argv);
+    run(&r, argv);
+    if (r.code != 0) fail_msg("%s %s through a link: exit %d\n%s", b->cmd, b->opt, r.code, r.err);
+    struct stat sb;
+    assert_int_equal(lstat(link, &sb), 0);
+    if (!S_ISLNK(sb.st_mode)) fail_msg("%s %s replaced the link with a file", b->cmd, b->opt);
+    size_t n;
+    char *text = slurp_all(target, &n);
+    if (!text || text[0] != b->first)
+        fail_msg("%s %s: the link's target not written", b->cmd, b->opt);
+    free(text);
+    /* wt-chain1 -> wt-chain2 -> wt-end (missing): the end is written, both links stay */
+    assert_int_equal(symlink("wt-chain2", chain1), 0);
+    assert_int_equal(symlink("wt-end", chain2), 0);
+    base_args(b, chain1, argv);
+    run(&r, argv);
+    if (r.code != 0)
+        fail_msg("%s %s through a dangling chain: exit %d\n%s", b->cmd, b->opt, r.code, r.err);
+    assert_true(lstat(chain1, &sb) == 0 && S_ISLNK(sb.st_mode));
+    assert_true(lstat(chain2, &sb) == 0 && S_ISLNK(sb.st_mode));
+    text = slurp_all(end, &n);
+    if (!text || text[0] != b->first)
+        fail_msg("%s %s: the end of the dangling chain not written", b->cmd, b->opt);
+    free(text);
+    /* '-': the data alone on standard output, the rest on standard error, no file named '-' */
+    base_args(b, "-", argv);
+    run(&r, argv);
+    if (r.code != 0) fail_msg("%s %s -: exit %d\n%s", b->cmd, b->opt, r.code, r.err);
+    if (r.out[0] != b->first)
+        fail_msg("%s %s -: standard output does not start with the data:\n%.300s", b->cmd, b->opt,
+                 r.out);
+    if (b->first == '{') {
+        json_error_t jerr;
+        json_t *j = json_loads(r.out, 0, &jerr);
+        if (!j)
+            fail_msg("%s %s -: standard output is not one JSON document (%s at %d:%d)", b->cmd,
+                     b->opt, jerr.text, jerr.line, jerr.column);
+        json_decref(j);
+    }
+    assert_true(access("-", F_OK) != 0);
+}
+
+static void test_writer_table(void **state)
+{
+    (void)state;
+    static struct result r, list;
+    RUN(&list, "--list-options");
+    expect(&list, 0, NULL);
+    /* the hostile paths */
+    assert_int_equal(mkfifo(at("w-fifo"), 0600), 0);
+    assert_int_equal(symlink("w-loop-b", at("w-loop-a")), 0);
+    assert_int_equal(symlink("w-loop-a", at("w-loop-b")), 0);
+    assert_int_equal(symlink("w-self", at("w-self")), 0);
+    put("w-file", "keep");
+    assert_int_equal(mkdir(at("w-dir"), 0755), 0);
+    int sock = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", at("w-sock"));
+    assert_true(sock >= 0 && bind(sock, (struct sockaddr *)&sa, sizeof sa) == 0);
+    static const struct hostile_path paths[] = {
+        {"/dev/full", "a character device", "a character device", "a character device"},
+        {"w-fifo", "a FIFO", "a FIFO", "a FIFO"},
+        {"w-sock", "a socket", "a socket", "a socket"},
+        {"w-loop-a", "loop of symbolic links", "loop of symbolic links", "loop of symbolic links"},
+        {"w-self", "loop of symbolic links", "loop of symbolic links", "loop of symbolic links"},
+        {"w-loop-a/x", "loop of symbolic links", "loop of symbolic links",
+         "loop of symbolic links"},
+        {"w-none/x", "does not exist", "does not exist", "does not exist"},
+        {"w-file/x", "not a folder", "not a folder", "not a folder"},
+        {"w-dir", "a folder, not a file", NULL, NULL},
+        {"w-file", NULL, "a file, not a folder", NULL},
+        {"-", NULL, "standard output cannot hold", NULL},
+    };
+    int options = 0, refusals = 0, written = 0;
+    char only_refused[2048] = "";
+    for (char *line = list.out, *next; *line; line = next) {
+        next = strchr(line, '\n');
+        if (!next) break;
+        *next++ = '\0';
+        char cmd[32], opt[64], arg[32], role[32];
+        if (sscanf(line, "%31[^\t]\t%63[^\t]\t%31[^\t]\t%31s", cmd, opt, arg, role) != 4)
+            fail_msg("--list-options: '%s' is not command, option, argument, role", line);
+        int kind = !strcmp(role, "out-file")     ? 0
+                   : !strcmp(role, "out-dir")    ? 1
+                   : !strcmp(role, "out-either") ? 2
+                                                 : -1;
+        if (kind < 0) {
+            if (strcmp(role, "-")) fail_msg("--list-options: unknown role '%s'", role);
+            continue;
+        }
+        options++;
+        for (size_t k = 0; k < sizeof paths / sizeof paths[0]; k++) {
+            const char *words = kind == 0   ? paths[k].file_words
+                                : kind == 1 ? paths[k].dir_words
+                                            : paths[k].either_words;
+            if (!words) continue;
+            char path[300], before[512], after[512];
+            if (paths[k].name[0] == '/' || !strcmp(paths[k].name, "-"))
+                snprintf(path, sizeof path, "%s", paths[k].name);
+            else
+                snprintf(path, sizeof path, "%s", at(paths[k].name));
+            path_state(path, before, sizeof before);
+            RUN(&r, cmd, opt, path);
+            if (r.code != 2 || !strstr(r.err, words))
+                fail_msg("moeplan %s %s %s: exit %d (want 2), expected '%s' in:\n%s", cmd, opt,
+                         path, r.code, words, r.err);
+            path_state(path, after, sizeof after);
+            if (strcmp(before, after))
+                fail_msg("moeplan %s %s %s changed it: %s -> %s", cmd, opt, path, before, after);
+            refusals++;
+        }
+        bool ran = false;
+        for (size_t b = 0; b < sizeof base_runs / sizeof base_runs[0]; b++)
+            if (!strcmp(base_runs[b].cmd, cmd) && !strcmp(base_runs[b].opt, opt)) {
+                if (base_runs[b].first)
+                    writes_through(&base_runs[b]);
+                else
+                    writes_into(&base_runs[b]);
+                written++;
+                ran = true;
+            }
+        if (!ran)
+            snprintf(only_refused + strlen(only_refused),
+                     sizeof only_refused - strlen(only_refused), "%s%s %s",
+                     only_refused[0] ? ", " : "", cmd, opt);
+    }
+    close(sock);
+    printf("%d output options: %d hostile paths refused, each left as it was; %d written through "
+           "links, dangling chains and '-' (folders: into links); refusals only (their writes need "
+           "a GPU or a run): "
+           "%s\n",
+           options, refusals, written, only_refused[0] ? only_refused : "none");
+    assert_true(options >= 12);
+    assert_true(written >= 6);
+    /* calibrate --cross-validate writes no profile: -o is refused, not ignored */
+    RUN(&r, "calibrate", "--published", TSV, "--stack", "megatron-26.08", "--cross-validate", "-o",
+        at("cv.json"));
+    expect(&r, 2, "--cross-validate writes no profile, so no -o");
+    /* two outputs cannot both be standard output */
+    RUN(&r, "calibrate", "--published", TSV, "--stack", "megatron-26.08", "--cross-validate",
+        "--svg", "-", "--svg", "-");
+    expect(&r, 2, "only one output can be standard output");
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Every layout key, honoured or refused by name wherever a layout is taken (class 3)            */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* A value for each key that is not its default, and the keys it needs beside it. A key of the
+ * grammar missing here fails the test: a new key must say how it is honoured. */
+static const struct {
+    const char *key, *value, *with;
+} key_cases[] = {
+    {"tp", "2", NULL},
+    {"cp", "2", NULL},
+    {"pp", "2", NULL},
+    {"vpp", "2", "pp=2"},
+    {"ep", "2", NULL},
+    {"etp", "2", "tp=2,ep=2"},
+    {"dp", "4", NULL},
+    {"zero", "2", NULL},
+    {"mbs", "2", NULL},
+    {"gbs", "32", NULL},
+    {"seq", "64", NULL},
+    {"seq_len", "64", NULL},
+    {"precision", "fp8", NULL},
+    {"recompute", "full", NULL},
+    {"recompute_layers", "1", "recompute=full"},
+    {"dispatcher", "deepep", "ep=2"},
+    {"overlap", "on", "ep=2"},
+    {"delay_wgrad", "on", "ep=2,overlap=on"},
+    {"cuda_graphs", "full", NULL},
+    {"ep_sms", "16", "ep=2,dispatcher=deepep"},
+    {"mtp", "1", NULL},
+    {"grad_reduce", "bf16", NULL},
+    {"moments", "bf16", NULL},
+    {"fp8_params", "on", "precision=fp8"},
+    {"offload", "0.5", NULL},
+    {"pp_layout", "Et*2|t*2L", "pp=2"},
+};
+/* The model the key table runs on: four blocks, so that pp x vpp = 4 stages have a layer each. */
+#define KEYS_MODEL "--model", "mixtral-8x7b", "--layers", "4", "--experts", "8"
+
+/* The layout text a surface reports, as key=value ("seq" for either name of the sequence). */
+static bool text_has(const char *text, const char *key, const char *value)
+{
+    char want[96];
+    snprintf(want, sizeof want, "%s=%s,", strcmp(key, "seq_len") ? key : "seq", value);
+    char padded[1200];
+    snprintf(padded, sizeof padded, ",%s,", text);
+    char lead[100];
+    snprintf(lead, sizeof lead, ",%s", want);
+    return strstr(padded, lead) != NULL;
+}
+
+/* The plan file's layout object's value of `key`, as the grammar writes it. */
+static void plan_value(const char *file, const char *key, char *buf, size_t cap)
+{
+    json_error_t jerr;
+    json_t *root = json_load_file(file, 0, &jerr);
+    assert_non_null(root);
+    json_t *v = json_object_get(json_object_get(root, "layout"),
+                                strcmp(key, "seq") && strcmp(key, "seq_len") ? key : "seq_len");
+    if (json_is_integer(v))
+        snprintf(buf, cap, "%lld", (long long)json_integer_value(v));
+    else if (json_is_real(v))
+        snprintf(buf, cap, "%g", json_real_value(v));
+    else if (json_is_boolean(v))
+        snprintf(buf, cap, "%s", json_is_true(v) ? "on" : "off");
+    else if (json_is_string(v))
+        snprintf(buf, cap, "%s", json_string_value(v));
+    else
+        snprintf(buf, cap, "(none)");
+    json_decref(root);
+}
+
+static void test_layout_keys(void **state)
+{
+    (void)state;
+    static struct result r;
+    int honoured[3] = {0, 0, 0}, refused_by_name[3] = {0, 0, 0}, n = 0;
+    char refusals[3][512] = {"", "", ""};
+    for (const struct cost_layout_key *k = cost_layout_keys; k->name; k++, n++) {
+        size_t c = 0;
+        while (c < sizeof key_cases / sizeof key_cases[0] && strcmp(key_cases[c].key, k->name)) c++;
+        if (c == sizeof key_cases / sizeof key_cases[0])
+            fail_msg("layout key '%s' has no case here: say how --fix, --layout and --compare "
+                     "honour it",
+                     k->name);
+        const char *with = key_cases[c].with;
+        bool is_seq = !strcmp(k->name, "seq") || !strcmp(k->name, "seq_len");
+        const char *name = is_seq ? "seq" : k->name; /* what a refusal calls it */
+        char kv[200], lay[300];
+        snprintf(kv, sizeof kv, "%s%s%s=%s", with ? with : "", with ? "," : "", k->name,
+                 key_cases[c].value);
+        /* predict --layout: every key honoured, as the JSON's layout text shows */
+        snprintf(lay, sizeof lay, "%s%s", is_seq ? "" : "seq=128,", kv);
+        RUN(&r, "predict", KEYS_MODEL, "--cluster", "hgx-h200-x8", "--layout", lay, "--json",
+            at("key-pred.json"));
+        if (r.code != 0 && r.code != 4)
+            fail_msg("predict --layout %s: exit %d\n%s", lay, r.code, r.err);
+        if (r.code == 0) {
+            size_t len;
+            char *text = slurp_all(at("key-pred.json"), &len);
+            json_t *root = json_loads(text, 0, NULL);
+            const char *got = json_string_value(json_object_get(root, "layout"));
+            if (!got || !text_has(got, k->name, key_cases[c].value))
+                fail_msg("predict --layout %s: the prediction's layout is %s", lay, got);
+            json_decref(root);
+            free(text);
+            honoured[0]++;
+        } else if (strstr(r.err, name)) {
+            refused_by_name[0]++;
+            snprintf(refusals[0] + strlen(refusals[0]), sizeof refusals[0] - strlen(refusals[0]),
+                     " %s", k->name);
+        } else {
+            fail_msg("predict --layout %s: exit 4 without naming %s:\n%s", lay, k->name, r.err);
+        }
+        /* plan --fix: the plan file has the key's value, or a refusal names it */
+        snprintf(lay, sizeof lay, "%s%s", is_seq ? "" : "seq=128,", kv);
+        RUN(&r, "plan", KEYS_MODEL, "--cluster", "hgx-h200-x8", "--fix", lay, "-o",
+            at("key-plan.json"));
+        if (r.code == 0) {
+            char got[200];
+            plan_value(at("key-plan.json"), k->name, got, sizeof got);
+            if (strcmp(got, key_cases[c].value))
+                fail_msg("plan --fix %s: the plan's %s is %s", lay, k->name, got);
+            honoured[1]++;
+        } else if ((r.code == 2 || r.code == 4) && strstr(r.err, name)) {
+            refused_by_name[1]++;
+            snprintf(refusals[1] + strlen(refusals[1]), sizeof refusals[1] - strlen(refusals[1]),
+                     " %s", k->name);
+        } else {
+            fail_msg("plan --fix %s: exit %d without naming %s:\n%s", lay, r.code, k->name, r.err);
+        }
+        /* plan --explain --compare: the compared layout as --layout takes it */
+        RUN(&r, "plan", KEYS_MODEL, "--cluster", "hgx-h200-x8", "--seq-len", "128", "--explain",
+            "--compare", kv);
+        if (r.code == 0) {
+            char *as = strstr(r.out, "as --layout: ");
+            char line[800] = "";
+            if (as) sscanf(as + strlen("as --layout: "), "%799[^\n]", line);
+            if (!text_has(line, k->name, key_cases[c].value))
+                fail_msg("plan --compare %s: the compared layout is '%s'", kv, line);
+            honoured[2]++;
+        } else if ((r.code == 2 || r.code == 4) && strstr(r.err, name)) {
+            refused_by_name[2]++;
+            snprintf(refusals[2] + strlen(refusals[2]), sizeof refusals[2] - strlen(refusals[2]),
+                     " %s", k->name);
+        } else {
+            fail_msg("plan --compare %s: exit %d without naming %s:\n%s", kv, r.code, k->name,
+                     r.err);
+        }
+    }
+    printf("%d layout keys: --layout honours %d (refuses by name:%s), --fix %d (%s), --compare "
+           "%d (%s)\n",
+           n, honoured[0], refusals[0], honoured[1], refusals[1], honoured[2], refusals[2]);
+    assert_int_equal(honoured[0] + refused_by_name[0], n);
+    assert_true(honoured[0] >= n - 2 && honoured[1] >= n - 2);
+    /* an option and the layout giving one value differently: refused, never one silently */
+    RUN(&r, "plan", TINY, "--fix", "seq=64");
+    expect(&r, 2, "--fix seq=64 and --seq-len 128 disagree");
+    RUN(&r, "plan", TINY, "--gbs", "16", "--fix", "gbs=32");
+    expect(&r, 2, "--fix gbs=32 and --gbs 16 disagree");
+    RUN(&r, "plan", TINY, "--precision", "fp8", "--fix", "precision=bf16");
+    expect(&r, 2, "--fix precision=bf16 and --precision fp8 disagree");
+    RUN(&r, "predict", TINY, "--precision", "fp8", "--layout", "precision=fp8block");
+    expect(&r, 2, "--layout precision=fp8block and --precision fp8 disagree");
+    RUN(&r, "plan", TINY, "--explain", "--compare", "gbs=16");
+    expect(&r, 2, "compare layouts of one workload");
+    RUN(&r, "plan", "--published", TSV, "--run", "MB-8", "--fix", "seq=2048");
+    expect(&r, 2, "--fix may not give seq, gbs or precision with it");
+    /* MaxText's pipeline: even stages only (DeepSeek-V3's 61 layers: no pp > 1) */
+    RUN(&r, "plan", "--model", "deepseek-v3", "--cluster", "hgx-h100-x128", "--emit", "maxtext",
+        "--fix", "pp=4");
+    expect(&r, 4, "61 layers do not split evenly into pp x vpp = 4 stages");
+    RUN(&r, "plan", "--model", "mixtral-8x7b", "--cluster", "hgx-h100-x128", "--emit", "maxtext",
+        "--fix", "pp=4,vpp=2");
+    expect(&r, 0, "num_layers_per_pipeline_stage: 4");
+    expect(&r, 0, "layers per virtual stage [4,4,4,4,4,4,4,4]");
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Published-runs files, stacks and Hugging Face configs (classes 1, 4 and 5)                     */
+/* ---------------------------------------------------------------------------------------------- */
+
+static void test_published_hostile(void **state)
+{
+    (void)state;
+    static struct result r;
+    const char *row = "MB-1\t26.08\tdeepseek-v3\tgb300-nvl72-x16\t256";
+    /* tp, pp and cp whose int product wrapped to 0 (SIGFPE): refused at the row, in 64 bits */
+    size_t n;
+    char *text = slurp_all(TSV, &n);
+    char *at_row = strstr(text, row);
+    assert_non_null(at_row);
+    char *line_end = strchr(at_row, '\n');
+    char orig[2048];
+    snprintf(orig, sizeof orig, "%.*s", (int)(line_end - at_row), at_row);
+    char *cols[24];
+    int nc = 0;
+    char tmp[2048];
+    snprintf(tmp, sizeof tmp, "%s", orig);
+    for (char *p = tmp, *save = NULL; nc < 24 && (p = strtok_r(nc ? NULL : p, "\t", &save));)
+        cols[nc++] = p;
+    assert_int_equal(nc, 24);
+    static const struct {
+        int col;
+        const char *value, *words;
+        int code;
+    } edits[] = {
+        {9, "1048576", "tp x pp x cp = 1048576 x", 3}, /* with cp 1048576 below */
+        {5, "bf16,tp=8", "column 6 (precision): 'bf16,tp=8': one value, without ',' or '='", 3},
+        {17, "nccl", "column 18 (dispatcher): 'nccl'", 3},
+        {14, "everything", "column 15 (recompute): 'everything'", 3},
+        {0, "MB-1\x1b[31m", "control character 0x1b", 3},
+        {2, "no-such-model", "MB-1: model: no model named 'no-such-model'", 3},
+    };
+    for (size_t e = 0; e < sizeof edits / sizeof edits[0]; e++) {
+        char edited[2048] = "";
+        for (int i = 0; i < 24; i++) {
+            const char *v = i == edits[e].col ? edits[e].value : cols[i];
+            if (e == 0 && i == 11) v = "1048576";
+            snprintf(edited + strlen(edited), sizeof edited - strlen(edited), "%s%s", i ? "\t" : "",
+                     v);
+        }
+        put_edited("hostile.tsv", TSV, orig, edited);
+        RUN(&r, "calibrate", "--published", at("hostile.tsv"), "--stack", "megatron-26.08",
+            "--cross-validate");
+        expect(&r, edits[e].code, edits[e].words);
+        assert_null(strchr(r.err, '\033')); /* never a control character raw to the terminal */
+        if (e == 0 || e == 5) { /* the row's own run too: file:line:column, no option's name */
+            RUN(&r, "plan", "--published", at("hostile.tsv"), "--run", "MB-1");
+            expect(&r, 3, edits[e].words);
+            expect(&r, 3, "hostile.tsv:");
+            assert_null(strstr(r.err, "--fix"));
+            assert_null(strstr(r.err, "--compare"));
+        }
+    }
+    free(text);
+    /* bytes a text file does not hold: named at their line and column */
+    put("nul.tsv", "# a comment\nid\tcontainer\tmodel\n");
+    FILE *f = fopen(at("nul.tsv"), "ab");
+    fwrite("MB\0x\n", 1, 5, f);
+    fclose(f);
+    RUN(&r, "calibrate", "--published", at("nul.tsv"), "--stack", "megatron-26.08",
+        "--cross-validate");
+    expect(&r, 3, "nul.tsv:3:3: a NUL byte");
+    put("cr.tsv", "# a comment\rid\tcontainer\r");
+    RUN(&r, "calibrate", "--published", at("cr.tsv"), "--stack", "megatron-26.08",
+        "--cross-validate");
+    expect(&r, 3, "cr.tsv:1:12: a carriage return alone ends a line");
+    put_edited("dup.tsv", TSV, "MB-5\t", "MB-1\t");
+    RUN(&r, "calibrate", "--published", at("dup.tsv"), "--stack", "megatron-26.08",
+        "--cross-validate");
+    expect(&r, 3, "id MB-1 again (first on line");
+    /* --stack names a stack exactly: a prefix pulled in every container before */
+    RUN(&r, "calibrate", "--published", TSV, "--stack", "megatron-2", "--cross-validate");
+    expect(&r, 2, "--stack megatron-2: " TSV " has no row of that stack (its stacks: ");
+    expect(&r, 2, "megatron-26.04");
+    RUN(&r, "calibrate", "--published", TSV, "--stack", "26.04", "--cross-validate");
+    expect(&r, 2, "has no row of that stack");
+}
+
+static void test_hf_and_check_hostile(void **state)
+{
+    (void)state;
+    static struct result r;
+    put_edited("hf-floor.json", "tests/data/hf/llama4.json", "\"floor_scale\": 8192",
+               "\"floor_scale\": 0");
+    RUN(&r, "model", "show", at("hf-floor.json"));
+    expect(&r, 3, "floor_scale");
+    put_edited("hf-mtp.json", "tests/data/hf/deepseek_v3.json", "\"num_nextn_predict_layers\": 1",
+               "\"num_nextn_predict_layers\": 1000");
+    RUN(&r, "model", "show", at("hf-mtp.json"));
+    expect(&r, 3, "num_nextn_predict_layers = 1000: moeplan takes 0 to 64");
+    put_edited("hf-types.json", "tests/data/hf/gpt_oss.json", "\"sliding_attention\",", "");
+    RUN(&r, "model", "show", at("hf-types.json"));
+    expect(&r, 3, "layer_types");
+    expect(&r, 3, "not one for each of the");
+    /* check refuses what --refit refuses, and plans whose parts disagree with their totals */
+    put_edited("cal-bad.json", "topologies/calibration/h200.json",
+               "\"launch_us\":", "\"launch_us_renamed\":");
+    RUN(&r, "check", at("cal-bad.json"));
+    expect(&r, 3, "launch_us");
+    RUN(&r, "calibrate", "--refit", at("cal-bad.json"), "-o", at("cal-out.json"));
+    expect(&r, 3, "launch_us");
+    static const struct {
+        const char *from, *to, *words;
+    } plan_edits[] = {
+        {"\"total\": 2686371456", "\"total\": 2686471456", "categories add up to"},
+        {"\"step_us\": 545.000882412", "\"step_us\": 600", "the phases' exposed times add up to"},
+        {"\"gbs\": 16,\n    \"seq_len\"", "\"gbs\": 32,\n    \"seq_len\"", "but the layout has"},
+    };
+    for (size_t i = 0; i < sizeof plan_edits / sizeof plan_edits[0]; i++) {
+        put_edited("plan-bad.json", "tests/data/report/plan.json", plan_edits[i].from,
+                   plan_edits[i].to);
+        RUN(&r, "check", at("plan-bad.json"));
+        expect(&r, 3, plan_edits[i].words);
+    }
+    /* the documented 65,536-expert limit plans in well under 2 s where it fits */
+    double t0 = moe_time_now_s();
+    RUN(&r, "plan", "--model", "tiny-moe-gqa", "--cluster", "hgx-h100-x128", "--seq-len", "128",
+        "--experts", "65536");
+    double took = moe_time_now_s() - t0;
+    expect(&r, 0, "plan:");
+    printf("plan of the tiny model with 65,536 experts on 1,024 H100: %.2f s\n", took);
+    const char *vg = getenv("MOEPLAN_CLI_VALGRIND");
+    bool timed = !(vg && strcmp(vg, "0")); /* not under valgrind or the sanitizers */
+#if defined(__SANITIZE_ADDRESS__)
+    timed = false;
+#endif
+    if (timed) assert_true(took < 2.0);
+#ifndef MOEPLAN_HAVE_EXECUTOR
+    /* the GPU commands' own options: "needs a CUDA build", never "unknown option" */
+    RUN(&r, "bench", "moe", "--experts", "8", "--precision", "fp8");
+    expect(&r, 1, "needs a CUDA build");
+    RUN(&r, "run", "plan.json", "--steps", "3", "--virtual-ranks");
+    expect(&r, 1, "needs a CUDA build");
+    RUN(&r, "validate", "--quick", "--steps", "4");
+    expect(&r, 1, "needs a CUDA build");
+#endif
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -472,6 +1039,8 @@ int main(void)
         cmocka_unit_test(test_cluster_size),        cmocka_unit_test(test_outputs),
         cmocka_unit_test(test_interrupted_write),   cmocka_unit_test(test_plan_validator),
         cmocka_unit_test(test_values_and_messages), cmocka_unit_test(test_inputs_unchanged),
+        cmocka_unit_test(test_writer_table),        cmocka_unit_test(test_layout_keys),
+        cmocka_unit_test(test_published_hostile),   cmocka_unit_test(test_hf_and_check_hostile),
     };
     return cmocka_run_group_tests(tests, cli_scratch_setup, cli_scratch_teardown);
 }
