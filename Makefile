@@ -25,12 +25,13 @@ VALIDATE     ?= $(BUILD)/validation
 all: build
 
 deps:
-	@scripts/install-deps
+	@scripts/install-deps 2>&1 | scripts/filter-progress '.' 'installing packages'
 
 # CMake's configure prints only its moeplan lines (what was found, whether the executor is built);
-# the build prints its progress lines ([ 42%] Building ...).
-CONFIGURE_FILTER = { grep -E '^-- moeplan|Error|error|Warning' || true; }
-BUILD_FILTER = { grep -E '^\[ *[0-9]+%\]|error|warning' || true; }
+# the build prints its progress lines ([ 42%] Building ...). Both as they come (never held back in
+# a pipe's buffer), with a "still at work" line where a step runs long (scripts/filter-progress).
+CONFIGURE_FILTER = scripts/filter-progress '^-- moeplan|Error|error|Warning' 'configuring'
+BUILD_FILTER = scripts/filter-progress '^\[ *[0-9]+%\]|error|warning' 'building'
 
 build: deps
 	@echo "moeplan: configuring $(BUILD)/ (CMake, Release)"
@@ -58,7 +59,7 @@ test-nocuda: deps
 	cd $(BUILD_NOCUDA) && ctest --output-on-failure
 
 tools:
-	@scripts/install-deps tools
+	@scripts/install-deps tools 2>&1 | scripts/filter-progress '.' 'installing packages'
 
 sanitize: deps
 	@echo "moeplan: configuring and building $(BUILD_ASAN)/ (ASan + UBSan)"

@@ -57,7 +57,14 @@ enum moe_status cli_cluster_load(const struct cli *cli, const char *name, const 
     /* no profile named: the newest stack profile fitted on published runs of this GPU */
     char path[MOE_PATH_MAX];
     stack_profile(cli, cl->gpu.name, stack, path, sizeof path);
-    return path[0] ? cost_calibration_load(cal, path, err) : MOE_OK;
+    if (!path[0]) return MOE_OK;
+    st = cost_calibration_load(cal, path, err);
+    /* a shipped profile is named as the README and the repository name it
+     * (topologies/calibration/stacks/...), wherever moeplan's data folder is */
+    size_t d = strlen(cli->data_dir);
+    char *at = strstr(cal->source, cli->data_dir);
+    if (st == MOE_OK && at && at[d] == '/') memmove(at, at + d + 1, strlen(at + d + 1) + 1);
+    return st;
 }
 
 void cli_input_opts_init(struct cli_input_opts *o)

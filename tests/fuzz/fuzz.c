@@ -8,6 +8,8 @@
  *   routing      a routing or measured.json                cost_routing_load
  *   calibration  a calibration profile                     cost_calibration_load
  *   xml          a node's hwloc XML                        topo_node_load_xml
+ *   published    a published-runs file, then the stack     plan_published_load, plan_fit_rows,
+ *                fit of its first rows                     plan_fit_stack
  *   predict      option values and model sizes, through   mdl_model_override, cost_layout_parse,
  *                the cost model (what `moeplan predict     cost_routing_synthetic, cost_evaluate
  *                --experts E --layers L --layout ...` runs)
@@ -150,6 +152,30 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct cost_result res;
     if (cost_layout_check(&l, &m, gpus, &err) == MOE_OK) cost_evaluate(&ctx, &l, &res, &err);
     cost_routing_free(&r);
+#elif defined(FUZZ_PUBLISHED)
+    /* The loader over the whole file; where it takes the file, the first rows (at most 3: a fit
+     * costs each row hundreds of times) resolved and fitted as `calibrate --published` fits a
+     * stack. */
+    const char *path = as_file(data, size, "tsv");
+    if (path) {
+        static struct plan_published runs[PLAN_PUBLISHED_MAX];
+        static struct plan_fit_row rows[3];
+        int n = 0;
+        if (plan_published_load(path, runs, PLAN_PUBLISHED_MAX, &n, &err) == MOE_OK && n > 0) {
+            char mdir[1024], tdir[1024];
+            snprintf(mdir, sizeof mdir, "%s/model", MOEPLAN_SOURCE_DIR);
+            snprintf(tdir, sizeof tdir, "%s/topologies", MOEPLAN_SOURCE_DIR);
+            int k = n < 3 ? n : 3;
+            if (plan_fit_rows(runs, k, mdir, tdir, rows, &err) == MOE_OK) {
+                struct cost_calibration ds, fitted;
+                double rms[2];
+                int own;
+                cost_calibration_defaults(&ds, &rows[0].cluster.gpu);
+                plan_fit_stack(rows, k, runs[0].cluster, &ds, &fitted, &own, rms, &err);
+            }
+        }
+        unlink(path);
+    }
 #elif defined(FUZZ_XML)
     const char *path = as_file(data, size, "xml");
     if (path) {
