@@ -459,7 +459,12 @@ int cmd_run(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
         case OPT_MAX_ERROR:
             if (!cli_real(cmd, "max-error", v, 0.01, 1e6, &o.max_error)) return 2;
             break;
-        case OPT_RENDEZVOUS: o.rendezvous = v; break;
+        case OPT_RENDEZVOUS:
+            if (!strcmp(v, "-")) /* the other ranks read it: a file every node sees */
+                return cli_usage(cmd,
+                                 "--rendezvous -: a file every node sees, not standard output");
+            o.rendezvous = v;
+            break;
         case OPT_TIMEOUT:
             if (!cli_real(cmd, "timeout", v, 0.01, 86400, &o.c.timeout_s)) return 2;
             break;

@@ -289,13 +289,22 @@ enum moe_status cli_calibrate_measure(struct cli *cli, const struct topo_cluster
            dev.name, cl->gpu.name, cl->gpu.bf16_tflops, cl->gpu.hbm_bytes_per_s / 1e12);
     size_t bytes = (size_t)1 << 30;
     d->copy_bytes = (double)bytes;
-    if ((st = warm_up(quick ? 5.0 : 20.0, true, err)) ||
-        (st = exec_time_launch(quick ? 5 : 20, &d->launch_us, err)) ||
-        (st = exec_time_copy(bytes, quick ? 5 : 20, &d->copy_us, err)) ||
-        (st = measure_gemms(quick, d->gemm, &d->ngemm, err)) ||
-        (st = measure_experts(quick, d->expert, &d->nexpert, err)) ||
-        (st = measure_fp8_experts(&dev, quick, d->expert8, &d->nexpert8, err)))
+    /* minutes of measuring: a bar on a terminal, a line every few seconds into a pipe (a stage,
+     * an attention shape, a job, each a step) */
+    struct moe_progress bar;
+    moe_progress_start(&bar, stderr, true, "calibrate", 6 + 12 + (uint64_t)plan_calib_njobs);
+    moe_progress_lines(&bar, 2.0);
+    uint64_t done = 0;
+#define STEP(call) ((st = (call)) == MOE_OK && (moe_progress_update(&bar, ++done), true))
+    if (!STEP(warm_up(quick ? 5.0 : 20.0, true, err)) ||
+        !STEP(exec_time_launch(quick ? 5 : 20, &d->launch_us, err)) ||
+        !STEP(exec_time_copy(bytes, quick ? 5 : 20, &d->copy_us, err)) ||
+        !STEP(measure_gemms(quick, d->gemm, &d->ngemm, err)) ||
+        !STEP(measure_experts(quick, d->expert, &d->nexpert, err)) ||
+        !STEP(measure_fp8_experts(&dev, quick, d->expert8, &d->nexpert8, err))) {
+        moe_progress_finish(&bar);
         return st;
+    }
     /* seqs, seq, heads, kv heads, dqk, dv, window: GQA 128, MLA 192 / 128, gpt-oss's 64-wide
      * heads causal and with its window of 128 */
     static const int at[][7] = {{4, 1024, 32, 8, 128, 128, 0},  {1, 4096, 32, 8, 128, 128, 0},
@@ -307,11 +316,14 @@ enum moe_status cli_calibrate_measure(struct cli *cli, const struct topo_cluster
     d->nattn = quick ? 3 : (int)(sizeof at / sizeof at[0]);
     for (int i = 0; i < d->nattn; i++) {
         for (int k = 0; k < 7; k++) d->attn[i][k] = at[i][k];
-        if ((st = exec_time_attention(at[i][0], at[i][1], at[i][2], at[i][3], at[i][4], at[i][5],
+        if (!STEP(exec_time_attention(at[i][0], at[i][1], at[i][2], at[i][3], at[i][4], at[i][5],
                                       at[i][6], EXEC_ATTN_AUTO, quick ? 3 : 10, &d->attn[i][7],
-                                      &d->attn[i][8], err)))
+                                      &d->attn[i][8], err))) {
+            moe_progress_finish(&bar);
             return st;
+        }
     }
+    done = 6 + 12;
     struct cost_calibration base;
     cost_calibration_defaults(&base, &cl->gpu);
     char dir[MOE_PATH_MAX];
@@ -323,16 +335,24 @@ enum moe_status cli_calibrate_measure(struct cli *cli, const struct topo_cluster
         int n = d->njobs;
         st = job_fit(&plan_calib_jobs[i], dir, cl, &base, dev.memory_bytes, &d->job[n], &p, err);
         if (st == MOE_ERR_INFEASIBLE) { /* the fit takes the jobs that ran */
+            moe_progress_clear(&bar);
             fprintf(stderr, "moeplan calibrate: job %d not run: %s\n", i + 1, err->message);
             plan_file_free(&p);
+            moe_progress_update(&bar, ++done);
             continue;
         }
         if (st == MOE_OK) st = job_run(&p, 0.0, quick ? 5 : 9, d->got[n], &l0, &l1, NULL, err);
         plan_file_free(&p);
-        if (st != MOE_OK) return st;
+        moe_progress_update(&bar, ++done);
+        if (st != MOE_OK) {
+            moe_progress_finish(&bar);
+            return st;
+        }
         for (int ph = 0; ph < COST_NPHASES; ph++) d->got[n][ph] *= 1e3; /* us */
         d->njobs++;
     }
+#undef STEP
+    moe_progress_finish(&bar);
     return d->njobs ? MOE_OK
                     : moe_error_set(err, MOE_ERR_INFEASIBLE,
                                     "calibrate: none of its jobs fits this GPU's %.1f GB",
