@@ -309,7 +309,7 @@ static enum moe_status output_follow(const char *file, char *target, size_t cap,
                                  "the output %s: the link's target path is "
                                  "too long",
                                  file);
-        snprintf(cur, sizeof cur, "%s", next);
+        memcpy(cur, next, strlen(next) + 1); /* it fits: checked above */
     }
     /* What the chain did not reach, the kernel may (a link of /proc such as /dev/stdout names a
      * pipe or a terminal, not a path): judge by what it opens. */

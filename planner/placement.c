@@ -194,12 +194,12 @@ enum moe_status plan_place_experts(const struct plan_placement_problem *pr,
 {
     struct plan_placement greedy;
     memset(&greedy, 0, sizeof greedy);
+    enum moe_status st = check_problem(pr, err);
+    if (st != MOE_OK) return st;
     int E = pr->experts, G = pr->ranks;
     /* Equal loads and no pairs: every balanced placement is optimal; greedy finds one. */
     bool equal = true;
     for (int e = 1; e < E; e++) equal &= fabs(pr->pick[e] - pr->pick[0]) < 1e-12;
-    enum moe_status st = check_problem(pr, err);
-    if (st != MOE_OK) return st;
     if (equal && !pr->pair && G > 1 && E % G == 0 && (long)pr->slots_per_rank * G == E)
         return place_round_robin(pr, out, err);
     st = plan_place_greedy(pr, &greedy, err);
