@@ -282,6 +282,10 @@ int cmd_plan(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
         }
         q.have_compare = true;
     }
+    struct moe_progress bar; /* a long search (thousands of layers, 65,536 experts) says so */
+    moe_progress_start(&bar, stderr, true, "plan", 1);
+    moe_progress_lines(&bar, 2.0);
+    q.bar = &bar;
     static struct plan_result r;
     enum moe_status st = plan_search(&q, &r, &err);
     if (st != MOE_OK) {

@@ -142,6 +142,8 @@ char *mdl_model_to_json_text(const struct mdl_model *m);
 
 /* Is block `layer` (0-based) an MoE block? */
 bool mdl_layer_is_moe(const struct mdl_model *m, int layer);
+/* The MoE layers among layers 0 .. layer - 1 (O(1): the pattern counted, not walked). */
+int mdl_moe_layers_before(const struct mdl_model *m, int layer);
 int mdl_moe_layer_count(const struct mdl_model *m);
 /* Is block `layer` a sliding-window attention block? */
 bool mdl_layer_is_sliding(const struct mdl_model *m, int layer);

@@ -332,11 +332,16 @@ bool mdl_layer_is_moe(const struct mdl_model *m, int layer)
     return (layer - m->first_dense) % every == every - 1;
 }
 
+int mdl_moe_layers_before(const struct mdl_model *m, int layer)
+{
+    if (layer <= m->first_dense) return 0;
+    int every = m->moe_every > 0 ? m->moe_every : 1;
+    return (layer - m->first_dense) / every; /* mdl_layer_is_moe's pattern, counted */
+}
+
 int mdl_moe_layer_count(const struct mdl_model *m)
 {
-    int n = 0;
-    for (int i = 0; i < m->layers; i++) n += mdl_layer_is_moe(m, i);
-    return n;
+    return mdl_moe_layers_before(m, m->layers);
 }
 
 bool mdl_layer_is_sliding(const struct mdl_model *m, int layer)

@@ -198,9 +198,11 @@ static double experts_on_hot_rank_us(const struct cost_ctx *c, const struct cost
     const struct topo_gpu_spec *g = &c->cluster.gpu;
     const struct mdl_moe *e = &c->model.moe;
     double h = c->model.hidden, f = (double)e->intermediate / l->etp, fwd = 0.0, bwd = 0.0;
+    double us[2] = {0, 0};
     for (int i = 0; i < n; i++) {
-        double us[2];
-        cost_expert_us(&c->cal, g, rows[i], h, f, l->precision, us);
+        /* the same rows cost the same: balanced experts (thousands of them) are costed once */
+        if (i == 0 || rows[i] != rows[i - 1])
+            cost_expert_us(&c->cal, g, rows[i], h, f, l->precision, us);
         fwd += us[0];
         bwd += us[1];
     }
@@ -449,77 +451,72 @@ struct stage_cost {
     int moe_layers;
 };
 
-/* `cached`: the dense [0] and MoE [1] block costs, computed once per layout (NULL entries when
- * the routing differs per layer and each block is costed on its own). */
-static enum moe_status stage_cost(const struct cost_ctx *c, const struct cost_layout *l,
-                                  const struct cost_stage *sg, const struct block_cost *cached[2],
-                                  struct stage_cost *s, struct moe_error *err)
+/* Add n blocks like b (MoE or dense) to the stage. */
+static void stage_add_blocks(const struct cost_ctx *c, const struct cost_layout *l,
+                             const struct block_cost *b, bool moe, int n, struct stage_cost *s)
 {
-    memset(s, 0, sizeof *s);
-    const struct mdl_model *m = &c->model;
-    int first = sg->first, count = sg->count;
-    int moe_before = 0;
-    for (int i = 0; i < first; i++) moe_before += mdl_layer_is_moe(m, i);
-    /* the stage's decoder layers, then its MTP layers (each a block like the last layer) */
-    int mtp = sg->mtp ? l->mtp : 0;
-    for (int j = first; j < first + count + mtp; j++) {
-        int i = j < first + count ? j : m->layers - 1;
-        bool moe = mdl_layer_is_moe(m, i);
-        struct block_cost bl;
-        const struct block_cost *b = cached[moe ? 1 : 0];
-        if (!b) {
-            enum moe_status st = block_cost(c, l, i, moe_before, &bl, err);
-            if (st != MOE_OK) return st;
-            b = &bl;
-        }
-        if (moe && j < first + count) moe_before++;
-        /* Overlap: EP all-to-all hides behind the attention and shared expert of another
-         * micro-batch, up to overlap_max of it. */
-        double a2a_f = b->comm_fwd[COST_DISPATCH] + b->comm_fwd[COST_COMBINE];
-        double a2a_b = b->comm_bwd[COST_DISPATCH] + b->comm_bwd[COST_COMBINE];
-        double hide_f = 0.0, hide_b = 0.0;
-        if (l->overlap && a2a_f > 0) {
-            double win_f = b->fwd[COST_ATTN_FWD] + b->fwd[COST_SHARED_EXPERT];
-            double win_b = b->bwd[COST_ATTN_BWD] + b->bwd[COST_SHARED_EXPERT];
-            if (l->delay_wgrad) win_b += 0.5 * b->bwd[COST_EXPERTS_BWD]; /* the wgrad half */
-            hide_f = fmin(c->cal.overlap_max * a2a_f, win_f) / a2a_f;
-            hide_b = fmin(c->cal.overlap_max * a2a_b, win_b) / a2a_b;
-            /* DeepEP and HybridEP kernels hold SMs while the compute they hide behind runs:
-             * that compute runs on the rest, as long as the hidden communication lasts */
-            int k = l->ep_sms, sms = c->cluster.gpu.sms;
-            if (!k && l->dispatcher == COST_DISPATCH_DEEPEP) k = COST_DEEPEP_SMS;
-            if (!k && l->dispatcher == COST_DISPATCH_HYBRIDEP) k = COST_HYBRIDEP_SMS;
-            if (l->dispatcher < COST_DISPATCH_DEEPEP) k = 0;
-            if (k > 0 && k < sms) {
-                double slow = (double)k / (sms - k);
-                s->fwd_us += hide_f * a2a_f * slow;
-                s->bwd_us += hide_b * a2a_b * slow;
-                s->phases[COST_DISPATCH] += (hide_f * a2a_f + hide_b * a2a_b) * slow;
-            }
-        }
-        for (int p = 0; p < COST_NPHASES; p++) {
-            double comm_f = b->comm_fwd[p], comm_b = b->comm_bwd[p];
-            bool a2a = p == COST_DISPATCH || p == COST_COMBINE;
-            double ef = a2a ? comm_f * (1.0 - hide_f) : comm_f;
-            double eb = a2a ? comm_b * (1.0 - hide_b) : comm_b;
-            s->fwd_us += b->fwd[p] + ef;
-            s->bwd_us += b->bwd[p] + eb;
-            s->phases[p] += b->fwd[p] + b->bwd[p] + ef + eb;
-            s->comm[p] += comm_f + comm_b;
-        }
-        /* recomputed forward work runs in the backward, charged to the phases it repeats */
-        for (int p = 0; p < COST_NPHASES; p++) {
-            s->bwd_us += b->recompute[p];
-            s->phases[p] += b->recompute[p];
-        }
-        if (moe) {
-            s->moe_layers++;
-            s->dispatch_bytes = b->dispatch_bytes;
-            s->nodedup_bytes = b->nodedup_bytes;
-            s->scale_bytes = b->scale_bytes;
-            if (b->hot_ratio > s->hot_ratio) s->hot_ratio = b->hot_ratio;
+    struct stage_cost one; /* one block's share, then n of them */
+    memset(&one, 0, sizeof one);
+    /* Overlap: EP all-to-all hides behind the attention and shared expert of another
+     * micro-batch, up to overlap_max of it. */
+    double a2a_f = b->comm_fwd[COST_DISPATCH] + b->comm_fwd[COST_COMBINE];
+    double a2a_b = b->comm_bwd[COST_DISPATCH] + b->comm_bwd[COST_COMBINE];
+    double hide_f = 0.0, hide_b = 0.0;
+    if (l->overlap && a2a_f > 0) {
+        double win_f = b->fwd[COST_ATTN_FWD] + b->fwd[COST_SHARED_EXPERT];
+        double win_b = b->bwd[COST_ATTN_BWD] + b->bwd[COST_SHARED_EXPERT];
+        if (l->delay_wgrad) win_b += 0.5 * b->bwd[COST_EXPERTS_BWD]; /* the wgrad half */
+        hide_f = fmin(c->cal.overlap_max * a2a_f, win_f) / a2a_f;
+        hide_b = fmin(c->cal.overlap_max * a2a_b, win_b) / a2a_b;
+        /* DeepEP and HybridEP kernels hold SMs while the compute they hide behind runs:
+         * that compute runs on the rest, as long as the hidden communication lasts */
+        int k = l->ep_sms, sms = c->cluster.gpu.sms;
+        if (!k && l->dispatcher == COST_DISPATCH_DEEPEP) k = COST_DEEPEP_SMS;
+        if (!k && l->dispatcher == COST_DISPATCH_HYBRIDEP) k = COST_HYBRIDEP_SMS;
+        if (l->dispatcher < COST_DISPATCH_DEEPEP) k = 0;
+        if (k > 0 && k < sms) {
+            double slow = (double)k / (sms - k);
+            one.fwd_us += hide_f * a2a_f * slow;
+            one.bwd_us += hide_b * a2a_b * slow;
+            one.phases[COST_DISPATCH] += (hide_f * a2a_f + hide_b * a2a_b) * slow;
         }
     }
+    for (int p = 0; p < COST_NPHASES; p++) {
+        double comm_f = b->comm_fwd[p], comm_b = b->comm_bwd[p];
+        bool a2a = p == COST_DISPATCH || p == COST_COMBINE;
+        double ef = a2a ? comm_f * (1.0 - hide_f) : comm_f;
+        double eb = a2a ? comm_b * (1.0 - hide_b) : comm_b;
+        one.fwd_us += b->fwd[p] + ef;
+        one.bwd_us += b->bwd[p] + eb;
+        one.phases[p] += b->fwd[p] + b->bwd[p] + ef + eb;
+        one.comm[p] += comm_f + comm_b;
+    }
+    /* recomputed forward work runs in the backward, charged to the phases it repeats */
+    for (int p = 0; p < COST_NPHASES; p++) {
+        one.bwd_us += b->recompute[p];
+        one.phases[p] += b->recompute[p];
+    }
+    s->fwd_us += n * one.fwd_us;
+    s->bwd_us += n * one.bwd_us;
+    for (int p = 0; p < COST_NPHASES; p++) {
+        s->phases[p] += n * one.phases[p];
+        s->comm[p] += n * one.comm[p];
+    }
+    if (moe) {
+        s->moe_layers += n;
+        s->dispatch_bytes = b->dispatch_bytes;
+        s->nodedup_bytes = b->nodedup_bytes;
+        s->scale_bytes = b->scale_bytes;
+        if (b->hot_ratio > s->hot_ratio) s->hot_ratio = b->hot_ratio;
+    }
+}
+
+/* The stage's embedding and LM head, added to its blocks' cost. */
+static void stage_ends(const struct cost_ctx *c, const struct cost_layout *l,
+                       const struct cost_stage *sg, struct stage_cost *s)
+{
+    const struct mdl_model *m = &c->model;
+    int mtp = sg->mtp ? l->mtp : 0;
     const struct topo_gpu_spec *g = &c->cluster.gpu;
     double T = cost_layout_tokens(l), M = T * l->tp;
     double h = m->hidden, V = (double)m->vocab / l->tp;
@@ -549,6 +546,55 @@ static enum moe_status stage_cost(const struct cost_ctx *c, const struct cost_la
         s->phases[COST_LM_HEAD] += hf + hb;
         s->phases[COST_LOSS] += lf + lb;
     }
+}
+
+/* stage_cost's blocks that were not cached: costed one by one (per-layer routing). */
+static enum moe_status stage_uncached(const struct cost_ctx *c, const struct cost_layout *l,
+                                      const struct cost_stage *sg,
+                                      const struct block_cost *cached[2], int moe_before,
+                                      struct stage_cost *s, struct moe_error *err)
+{
+    const struct mdl_model *m = &c->model;
+    int first = sg->first, count = sg->count, mtp = sg->mtp ? l->mtp : 0;
+    for (int j = first; j < first + count + mtp; j++) { /* the blocks costed one by one */
+        int i = j < first + count ? j : m->layers - 1;
+        bool moe = mdl_layer_is_moe(m, i);
+        if (cached[moe ? 1 : 0]) {
+            if (moe && j < first + count) moe_before++;
+            continue;
+        }
+        struct block_cost bl;
+        enum moe_status st = block_cost(c, l, i, moe_before, &bl, err);
+        if (st != MOE_OK) return st;
+        if (moe && j < first + count) moe_before++;
+        stage_add_blocks(c, l, &bl, moe, 1, s);
+    }
+    stage_ends(c, l, sg, s);
+    return MOE_OK;
+}
+
+/* `cached`: the dense [0] and MoE [1] block costs, computed once per layout (NULL entries when
+ * the routing differs per layer and each block is costed on its own). Cached blocks are added
+ * once per kind with their count: a stage of a thousand layers costs two additions. */
+static enum moe_status stage_cost(const struct cost_ctx *c, const struct cost_layout *l,
+                                  const struct cost_stage *sg, const struct block_cost *cached[2],
+                                  struct stage_cost *s, struct moe_error *err)
+{
+    memset(s, 0, sizeof *s);
+    const struct mdl_model *m = &c->model;
+    int first = sg->first, count = sg->count;
+    int moe_before = mdl_moe_layers_before(m, first);
+    /* the stage's decoder layers, then its MTP layers (each a block like the last layer) */
+    int mtp = sg->mtp ? l->mtp : 0;
+    int n[2] = {0, 0};
+    n[1] = mdl_moe_layers_before(m, first + count) - moe_before;
+    n[0] = count - n[1];
+    bool last_moe = mdl_layer_is_moe(m, m->layers - 1);
+    n[last_moe] += mtp;
+    for (int kind = 0; kind < 2; kind++)
+        if (cached[kind] && n[kind]) stage_add_blocks(c, l, cached[kind], kind, n[kind], s);
+    if (!(cached[0] && cached[1])) return stage_uncached(c, l, sg, cached, moe_before, s, err);
+    stage_ends(c, l, sg, s);
     return MOE_OK;
 }
 

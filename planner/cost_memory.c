@@ -82,17 +82,27 @@ void cost_stage_memory(const struct cost_ctx *c, const struct cost_layout *l,
     const struct mdl_model *m = &c->model;
     int first = sg->first, count = sg->count, mtp = sg->mtp ? l->mtp : 0;
     memset(s, 0, sizeof *s);
-    for (int j = first; j < first + count + mtp; j++) {
-        int i = j < first + count ? j : m->layers - 1; /* an MTP layer: a block like the last */
-        bool moe = mdl_layer_is_moe(m, i);
+    /* A block's parameters and activations depend on its layer only through whether it is MoE:
+     * the stage is so many MoE and dense blocks (its MTP layers blocks like the last layer), each
+     * kind costed once (a stage of a thousand layers costs two blocks, not a thousand). */
+    int moe = mdl_moe_layers_before(m, first + count) - mdl_moe_layers_before(m, first);
+    if (mtp && mdl_layer_is_moe(m, m->layers - 1)) moe += mtp;
+    int n[2] = {count + mtp - moe, moe};
+    for (int kind = 0; kind < 2; kind++) {
+        if (!n[kind]) continue;
+        int i = first; /* a layer of the kind (the pattern repeats within moe_every layers) */
+        while (i < first + count && (int)mdl_layer_is_moe(m, i) != kind) i++;
+        if (i == first + count) i = m->layers - 1; /* only its MTP layers are of the kind */
         struct mdl_block_params bp;
         mdl_block_params(m, i, &bp);
-        s->expert_params += bp.params[MDL_ROUTED];
+        double dense = 0.0;
         for (int k = 0; k < MDL_NCOMPONENTS; k++)
-            if (k != MDL_ROUTED) s->dense_params += bp.params[k];
-        s->act_bytes += block_activation_bytes(c, l, i, moe ? hot_ratio : 1.0);
-        s->moe_layers += moe;
+            if (k != MDL_ROUTED) dense += bp.params[k];
+        s->expert_params += n[kind] * bp.params[MDL_ROUTED];
+        s->dense_params += n[kind] * dense;
+        s->act_bytes += n[kind] * block_activation_bytes(c, l, i, kind ? hot_ratio : 1.0);
     }
+    s->moe_layers = moe;
     double T = cost_layout_tokens(l), M = T * l->tp, V = (double)m->vocab / l->tp;
     double h = m->hidden;
     if (sg->embed) s->embed_params += (double)m->vocab * h;

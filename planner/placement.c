@@ -10,6 +10,11 @@
  *   minimize z + weight * sum_p coact[p] (1 - sum_d w[p,d])   (pairs split across domains)
  * With no spare slots, s = x and the shares disappear. The greedy answer (EPLB-like) is both the
  * warm start and the fallback: the MILP's answer replaces it only when its objective is lower.
+ *
+ * A placement is kept as each expert's copies (rank, share), not an experts x ranks table: at
+ * 65,536 experts on 1,024 ranks the table was 512 MiB and the scans over it seconds. The MILP
+ * has a variable per (expert, rank), so it runs only up to PLAN_MIP_MAX_CELLS of them (the time
+ * limit would stop it far sooner anyway); above that the greedy answer is the placement.
  */
 #include "mip.h"
 
@@ -20,50 +25,91 @@
 void plan_placement_free(struct plan_placement *pl)
 {
     if (!pl) return;
-    free(pl->share);
-    pl->share = NULL;
+    free(pl->first);
+    free(pl->copy);
+    pl->first = NULL;
+    pl->copy = NULL;
 }
 
 int plan_placement_rank(const struct plan_placement *pl, int e)
 {
-    int best = 0;
-    for (int g = 1; g < pl->ranks; g++)
-        if (pl->share[(size_t)e * pl->ranks + g] > pl->share[(size_t)e * pl->ranks + best])
-            best = g;
-    return best;
+    int best = -1;
+    double most = -1.0;
+    for (int c = pl->first[e]; c < pl->first[e + 1]; c++) {
+        const struct plan_copy *k = &pl->copy[c];
+        if (k->share > most || (k->share == most && k->rank < best))
+            most = k->share, best = k->rank;
+    }
+    return best < 0 ? 0 : best;
 }
 
-static double load_of(const struct plan_placement_problem *pr, const double *share, int g)
+/* Each rank's load (sum of pick x share), in ld[ranks]; summed in expert order. */
+static void loads_of(const struct plan_placement_problem *pr, const struct plan_placement *pl,
+                     double *ld)
 {
-    double l = 0.0;
-    for (int e = 0; e < pr->experts; e++) l += pr->pick[e] * share[(size_t)e * pr->ranks + g];
-    return l;
+    for (int g = 0; g < pl->ranks; g++) ld[g] = 0.0;
+    for (int e = 0; e < pl->experts; e++)
+        for (int c = pl->first[e]; c < pl->first[e + 1]; c++)
+            ld[pl->copy[c].rank] += pr->pick[e] * pl->copy[c].share;
 }
 
-/* Co-activation of pairs split across domains: sum over pairs of c_ef (1 - overlap of their
- * domain presence). */
-static double traffic_of(const struct plan_placement_problem *pr, const double *share)
+/* Whether experts e and f have a copy in one NVLink domain (ranks_per_domain consecutive). */
+static bool share_a_domain(const struct plan_placement *pl, int e, int f, int rpd)
+{
+    for (int a = pl->first[e]; a < pl->first[e + 1]; a++)
+        for (int b = pl->first[f]; b < pl->first[f + 1]; b++)
+            if (pl->copy[a].share > 0 && pl->copy[b].share > 0 &&
+                pl->copy[a].rank / rpd == pl->copy[b].rank / rpd)
+                return true;
+    return false;
+}
+
+/* Co-activation of pairs split across domains: sum over pairs of c_ef where e and f share no
+ * domain. */
+static double traffic_of(const struct plan_placement_problem *pr, const struct plan_placement *pl)
 {
     if (!pr->pair || pr->ranks_per_domain < 1 || pr->ranks_per_domain >= pr->ranks) return 0.0;
-    int E = pr->experts, G = pr->ranks, D = (G + pr->ranks_per_domain - 1) / pr->ranks_per_domain;
+    int E = pr->experts;
     double t = 0.0;
     for (int e = 0; e < E; e++)
         for (int f = e + 1; f < E; f++) {
             double c = pr->pair[(size_t)e * E + f];
-            if (c <= 0) continue;
-            double together = 0.0;
-            for (int d = 0; d < D; d++) {
-                bool pe = false, pf = false;
-                for (int g = d * pr->ranks_per_domain; g < (d + 1) * pr->ranks_per_domain && g < G;
-                     g++) {
-                    pe |= share[(size_t)e * G + g] > 0;
-                    pf |= share[(size_t)f * G + g] > 0;
-                }
-                together += pe && pf;
-            }
-            t += c * (1.0 - (together > 1 ? 1 : together));
+            if (c > 0 && !share_a_domain(pl, e, f, pr->ranks_per_domain)) t += c;
         }
     return t;
+}
+
+/* The loads, the hottest and the traffic of a placement just built. */
+static void placement_score(const struct plan_placement_problem *pr, struct plan_placement *pl,
+                            double *ld)
+{
+    double total = 0.0;
+    for (int e = 0; e < pr->experts; e++) total += pr->pick[e];
+    pl->balanced_load = total / pl->ranks;
+    loads_of(pr, pl, ld);
+    pl->max_load = 0.0;
+    for (int g = 0; g < pl->ranks; g++) pl->max_load = fmax(pl->max_load, ld[g]);
+    pl->traffic = traffic_of(pr, pl);
+}
+
+/* An empty placement with room for `ncopies` copies, copies[e] of expert e. */
+static enum moe_status placement_alloc(struct plan_placement *pl, int E, int G, const int *copies,
+                                       struct moe_error *err)
+{
+    memset(pl, 0, sizeof *pl);
+    pl->experts = E;
+    pl->ranks = G;
+    pl->first = malloc(sizeof *pl->first * ((size_t)E + 1));
+    size_t n = 0;
+    for (int e = 0; e < E; e++) n += (size_t)copies[e];
+    pl->copy = calloc(n ? n : 1, sizeof *pl->copy);
+    if (!pl->first || !pl->copy) {
+        plan_placement_free(pl);
+        return moe_error_set(err, MOE_ERR_NOMEM, "placement: out of memory");
+    }
+    pl->first[0] = 0;
+    for (int e = 0; e < E; e++) pl->first[e + 1] = pl->first[e] + copies[e];
+    return MOE_OK;
 }
 
 static enum moe_status check_problem(const struct plan_placement_problem *pr, struct moe_error *err)
@@ -84,73 +130,103 @@ static enum moe_status check_problem(const struct plan_placement_problem *pr, st
     return MOE_OK;
 }
 
+/* The experts by load per copy, heaviest first; ties in expert order (a stable sort). */
+struct by_load {
+    double per_copy;
+    int e;
+};
+
+static int by_load_cmp(const void *pa, const void *pb)
+{
+    const struct by_load *a = pa, *b = pb;
+    if (a->per_copy != b->per_copy) return a->per_copy > b->per_copy ? -1 : 1;
+    return (a->e > b->e) - (a->e < b->e);
+}
+
+/* The replicas' max-heap: the expert with the most load per copy on top (ties: the lower id). */
+static bool heap_above(const struct by_load *a, const struct by_load *b)
+{
+    return a->per_copy > b->per_copy || (a->per_copy == b->per_copy && a->e < b->e);
+}
+
+static void heap_down(struct by_load *h, int n, int i)
+{
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, top = i;
+        if (l < n && heap_above(&h[l], &h[top])) top = l;
+        if (r < n && heap_above(&h[r], &h[top])) top = r;
+        if (top == i) return;
+        struct by_load t = h[i];
+        h[i] = h[top], h[top] = t;
+        i = top;
+    }
+}
+
 enum moe_status plan_place_greedy(const struct plan_placement_problem *pr,
                                   struct plan_placement *out, struct moe_error *err)
 {
     enum moe_status st = check_problem(pr, err);
     if (st != MOE_OK) return st;
     int E = pr->experts, G = pr->ranks, slots = pr->slots_per_rank;
-    int spare = slots * G - E;
-    double *share = calloc((size_t)E * G, sizeof *share), *ld = calloc((size_t)G, sizeof *ld);
-    int *copies = calloc((size_t)E, sizeof *copies), *order = malloc(sizeof *order * (size_t)E);
-    int *used = calloc((size_t)G, sizeof *used);
-    if (!share || !ld || !copies || !order || !used) {
+    long spare = (long)slots * G - E;
+    double *ld = calloc((size_t)G, sizeof *ld);
+    int *copies = calloc((size_t)E, sizeof *copies), *used = calloc((size_t)G, sizeof *used);
+    struct by_load *order = malloc(sizeof *order * (size_t)E);
+    struct plan_placement pl;
+    memset(&pl, 0, sizeof pl);
+    if (!ld || !copies || !used || !order) {
         st = moe_error_set(err, MOE_ERR_NOMEM, "placement: out of memory");
         goto cleanup;
     }
     /* Replicas: give spare slots to the experts with the most load per copy (at most one copy
-     * per rank). */
-    for (int e = 0; e < E; e++) copies[e] = 1;
-    for (int k = 0; k < spare; k++) {
-        int best = -1;
-        for (int e = 0; e < E; e++)
-            if (copies[e] < G &&
-                (best < 0 || pr->pick[e] / copies[e] > pr->pick[best] / copies[best]))
-                best = e;
-        /* a replica only helps an expert heavier per copy than a balanced rank */
-        if (best < 0 || pr->pick[best] / copies[best] <= 1e-12) break;
-        copies[best]++;
-    }
-    for (int e = 0; e < E; e++) order[e] = e;
-    for (int i = 1; i < E; i++) /* heaviest per copy first (insertion sort: stable) */
-        for (int j = i; j > 0 && pr->pick[order[j]] / copies[order[j]] >
-                                     pr->pick[order[j - 1]] / copies[order[j - 1]];
-             j--) {
-            int t = order[j];
-            order[j] = order[j - 1];
-            order[j - 1] = t;
+     * per rank): a heap, not a scan of every expert per slot. */
+    for (int e = 0; e < E; e++) copies[e] = 1, order[e] = (struct by_load){pr->pick[e], e};
+    for (int i = E / 2 - 1; i >= 0; i--) heap_down(order, E, i);
+    int live = E;
+    for (long k = 0; k < spare && live > 0;) {
+        int e = order[0].e;
+        if (copies[e] >= G) { /* on every rank already: out of the heap */
+            order[0] = order[--live];
+            heap_down(order, live, 0);
+            continue;
         }
+        /* a replica only helps an expert heavier per copy than a balanced rank */
+        if (order[0].per_copy <= 1e-12) break;
+        copies[e]++;
+        order[0].per_copy = pr->pick[e] / copies[e];
+        heap_down(order, live, 0);
+        k++;
+    }
+    for (int e = 0; e < E; e++) order[e] = (struct by_load){pr->pick[e] / copies[e], e};
+    qsort(order, (size_t)E, sizeof *order, by_load_cmp);
+    if ((st = placement_alloc(&pl, E, G, copies, err))) goto cleanup;
     for (int i = 0; i < E; i++) {
-        int e = order[i];
+        int e = order[i].e, at = pl.first[e];
         double part = pr->pick[e] / copies[e];
         for (int c = 0; c < copies[e]; c++) {
             int best = -1;
             for (int g = 0; g < G; g++) {
-                if (used[g] >= slots || share[(size_t)e * G + g] > 0) continue;
+                if (used[g] >= slots) continue;
+                bool has = false; /* a rank holds one copy of an expert at most */
+                for (int q = pl.first[e]; q < at && !has; q++) has = pl.copy[q].rank == g;
+                if (has) continue;
                 if (best < 0 || ld[g] < ld[best] - 1e-15) best = g;
             }
             if (best < 0) break; /* cannot happen: enough slots were checked */
-            share[(size_t)e * G + best] = 1.0 / copies[e];
+            pl.copy[at++] = (struct plan_copy){best, 1.0 / copies[e]};
             ld[best] += part;
             used[best]++;
         }
     }
+    placement_score(pr, &pl, ld);
+    pl.greedy_max_load = pl.max_load;
+    pl.greedy_traffic = pl.traffic;
+    snprintf(pl.mip.status, sizeof pl.mip.status, "not run");
     plan_placement_free(out);
-    memset(out, 0, sizeof *out);
-    out->experts = E;
-    out->ranks = G;
-    out->share = share;
-    share = NULL;
-    double total = 0.0;
-    for (int e = 0; e < E; e++) total += pr->pick[e];
-    out->balanced_load = total / G;
-    for (int g = 0; g < G; g++) out->max_load = fmax(out->max_load, load_of(pr, out->share, g));
-    out->traffic = traffic_of(pr, out->share);
-    out->greedy_max_load = out->max_load;
-    out->greedy_traffic = out->traffic;
-    snprintf(out->mip.status, sizeof out->mip.status, "not run");
+    *out = pl;
+    memset(&pl, 0, sizeof pl);
 cleanup:
-    free(share);
+    plan_placement_free(&pl);
     free(ld);
     free(copies);
     free(order);
@@ -165,28 +241,23 @@ static enum moe_status place_round_robin(const struct plan_placement_problem *pr
                                          struct plan_placement *out, struct moe_error *err)
 {
     int E = pr->experts, G = pr->ranks;
-    double *share = calloc((size_t)E * G, sizeof *share);
-    if (!share) return moe_error_set(err, MOE_ERR_NOMEM, "placement: out of memory");
-    plan_placement_free(out);
-    memset(out, 0, sizeof *out);
-    out->experts = E;
-    out->ranks = G;
-    out->share = share;
-    double total = 0.0;
-    for (int e = 0; e < E; e++) {
-        share[(size_t)e * G + e % G] = 1.0;
-        total += pr->pick[e];
+    int *ones = calloc((size_t)E, sizeof *ones);
+    double *ld = malloc(sizeof *ld * (size_t)G);
+    struct plan_placement pl;
+    enum moe_status st = ones && ld ? MOE_OK : moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    for (int e = 0; st == MOE_OK && e < E; e++) ones[e] = 1;
+    if (st == MOE_OK && (st = placement_alloc(&pl, E, G, ones, err)) == MOE_OK) {
+        for (int e = 0; e < E; e++) pl.copy[e] = (struct plan_copy){e % G, 1.0};
+        placement_score(pr, &pl, ld);
+        pl.greedy_max_load = pl.max_load;
+        snprintf(pl.mip.status, sizeof pl.mip.status, "uniform load: greedy is optimal");
+        pl.mip.optimal = true;
+        plan_placement_free(out);
+        *out = pl;
     }
-    out->balanced_load = total / G;
-    for (int g = 0; g < G; g++) { /* load_of's sum, in its order */
-        double l = 0.0;
-        for (int e = g; e < E; e += G) l += pr->pick[e];
-        out->max_load = fmax(out->max_load, l);
-    }
-    out->greedy_max_load = out->max_load;
-    snprintf(out->mip.status, sizeof out->mip.status, "uniform load: greedy is optimal");
-    out->mip.optimal = true;
-    return MOE_OK;
+    free(ones);
+    free(ld);
+    return st;
 }
 
 enum moe_status plan_place_experts(const struct plan_placement_problem *pr,
@@ -212,7 +283,15 @@ enum moe_status plan_place_experts(const struct plan_placement_problem *pr,
         *out = greedy;
         return MOE_OK;
     }
-    bool replicas = pr->slots_per_rank * G > E;
+    if ((long)E * G > PLAN_MIP_MAX_CELLS) { /* a variable per (expert, rank): too many */
+        snprintf(greedy.mip.status, sizeof greedy.mip.status,
+                 "%d experts x %d ranks: past the MILP's %d cells, greedy kept", E, G,
+                 PLAN_MIP_MAX_CELLS);
+        plan_placement_free(out);
+        *out = greedy;
+        return MOE_OK;
+    }
+    bool replicas = (long)pr->slots_per_rank * G > E;
     int D = pr->ranks_per_domain > 0 ? (G + pr->ranks_per_domain - 1) / pr->ranks_per_domain : 1;
     /* The strongest co-activated pairs only (at most 2E), when domains matter. */
     int npairs = 0, maxp = 2 * E;
@@ -303,19 +382,22 @@ enum moe_status plan_place_experts(const struct plan_placement_problem *pr,
     /* Warm start: the greedy placement. */
     double *warm = calloc((size_t)cols, sizeof *warm);
     if (warm) {
-        for (int j = 0; j < E * G; j++) {
-            warm[j] = greedy.share[j] > 0 ? 1.0 : 0.0;
-            if (replicas) warm[nx + j] = greedy.share[j];
-        }
+        for (int e = 0; e < E; e++)
+            for (int c = greedy.first[e]; c < greedy.first[e + 1]; c++) {
+                int j = e * G + greedy.copy[c].rank;
+                warm[j] = greedy.copy[c].share > 0 ? 1.0 : 0.0;
+                if (replicas) warm[nx + j] = greedy.copy[c].share;
+            }
         warm[iz] = greedy.max_load * scale;
         for (int q = 0; q < npairs; q++)
             for (int d = 0; d < D; d++) {
                 bool a = false, b = false;
-                for (int g = d * pr->ranks_per_domain; g < (d + 1) * pr->ranks_per_domain && g < G;
-                     g++) {
-                    a |= greedy.share[(size_t)pe[q] * G + g] > 0;
-                    b |= greedy.share[(size_t)pf[q] * G + g] > 0;
-                }
+                for (int c = greedy.first[pe[q]]; c < greedy.first[pe[q] + 1]; c++)
+                    a |=
+                        greedy.copy[c].share > 0 && greedy.copy[c].rank / pr->ranks_per_domain == d;
+                for (int c = greedy.first[pf[q]]; c < greedy.first[pf[q] + 1]; c++)
+                    b |=
+                        greedy.copy[c].share > 0 && greedy.copy[c].rank / pr->ranks_per_domain == d;
                 warm[iw + q * D + d] = a && b ? 1.0 : 0.0;
             }
         mip_warm_start(p, warm);
@@ -324,30 +406,36 @@ enum moe_status plan_place_experts(const struct plan_placement_problem *pr,
     struct plan_mip_report rep;
     st = mip_solve(p, pr->time_limit_s, &rep, x, err);
     mip_destroy(p);
-    if (st == MOE_OK) {
-        double *share = calloc((size_t)E * G, sizeof *share);
-        if (!share) {
-            free(x);
-            st = moe_error_set(err, MOE_ERR_NOMEM, "placement: out of memory");
-            goto cleanup;
+    if (st == MOE_OK) { /* the MILP's x (and s) as each expert's copies */
+        int *ncopy = calloc((size_t)E, sizeof *ncopy);
+        double *ld = malloc(sizeof *ld * (size_t)G);
+        struct plan_placement mp;
+        memset(&mp, 0, sizeof mp);
+        for (int j = 0; ncopy && j < E * G; j++) ncopy[j / G] += x[j] > 0.5;
+        st = ncopy && ld ? placement_alloc(&mp, E, G, ncopy, err)
+                         : moe_error_set(err, MOE_ERR_NOMEM, "placement: out of memory");
+        for (int e = 0, at = 0; st == MOE_OK && e < E; e++)
+            for (int g = 0; g < G; g++)
+                if (x[e * G + g] > 0.5)
+                    mp.copy[at++] = (struct plan_copy){g, replicas ? x[nx + e * G + g] : 1.0};
+        if (st == MOE_OK) {
+            placement_score(pr, &mp, ld);
+            double obj_mip = mp.max_load + pr->traffic_weight * mp.traffic;
+            double obj_greedy = greedy.max_load + pr->traffic_weight * greedy.traffic;
+            greedy.mip = rep;
+            if (obj_mip < obj_greedy - 1e-12) { /* the greedy answer's figures stay beside it */
+                mp.greedy_max_load = greedy.greedy_max_load;
+                mp.greedy_traffic = greedy.greedy_traffic;
+                mp.mip = rep;
+                mp.used_mip = true;
+                plan_placement_free(&greedy);
+                greedy = mp;
+            } else {
+                plan_placement_free(&mp);
+            }
         }
-        for (int j = 0; j < E * G; j++)
-            share[j] = replicas ? (x[j] > 0.5 ? x[nx + j] : 0.0) : (x[j] > 0.5);
-        double max_load = 0.0;
-        for (int g = 0; g < G; g++) max_load = fmax(max_load, load_of(pr, share, g));
-        double traffic = traffic_of(pr, share);
-        double obj_mip = max_load + pr->traffic_weight * traffic;
-        double obj_greedy = greedy.max_load + pr->traffic_weight * greedy.traffic;
-        greedy.mip = rep;
-        if (obj_mip < obj_greedy - 1e-12) {
-            free(greedy.share);
-            greedy.share = share;
-            greedy.max_load = max_load;
-            greedy.traffic = traffic;
-            greedy.used_mip = true;
-        } else {
-            free(share);
-        }
+        free(ncopy);
+        free(ld);
     } else if (st == MOE_ERR_GLPK) {
         /* No MILP answer in time: the greedy placement stands, and the report says so. */
         snprintf(greedy.mip.status, sizeof greedy.mip.status, "no solution in time: greedy kept");

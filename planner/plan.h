@@ -44,12 +44,21 @@ struct plan_placement_problem {
     double time_limit_s;
 };
 
+/* One copy of an expert: the EP rank holding it and the fraction of the expert's tokens it serves. */
+struct plan_copy {
+    int rank;
+    double share;
+};
+/* Past this many (expert, rank) cells the placement MILP is not built: the greedy answer stands. */
+#define PLAN_MIP_MAX_CELLS (1 << 17)
+
 struct plan_placement {
     int experts, ranks;
-    double *share;        /* experts x ranks: fraction of e's tokens served by rank g */
-    double max_load;      /* hottest rank's load (sum of pick x share) */
-    double balanced_load; /* sum of picks / ranks */
-    double traffic;       /* cross-domain co-activation of the placement */
+    int *first;             /* experts + 1: expert e's copies are copy[first[e] .. first[e+1]) */
+    struct plan_copy *copy; /* each expert's copies; their shares add up to 1 */
+    double max_load;        /* hottest rank's load (sum of pick x share) */
+    double balanced_load;   /* sum of picks / ranks */
+    double traffic;         /* cross-domain co-activation of the placement */
     double greedy_max_load, greedy_traffic; /* the greedy answer it started from */
     bool used_mip; /* false: the greedy answer stands (uniform, or MIP no better) */
     struct plan_mip_report mip;
@@ -124,6 +133,9 @@ struct plan_request {
      * lands among the layouts the search costs, and why the plan beats it or not */
     bool have_compare;
     struct cost_layout compare;
+    /* NULL, or a progress bar the search advances by one per tensor-parallel degree of each GPU
+     * count it tries (the CLI's: a line every few seconds into a pipe on a long search) */
+    struct moe_progress *bar;
 };
 
 struct plan_candidate {

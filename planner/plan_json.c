@@ -145,10 +145,11 @@ enum moe_status plan_save(const struct plan_request *q, const struct plan_result
     for (int g = 0; g < r->groups; g++) {
         const struct plan_placement *pl = &r->placement[g];
         json_t *o = json_object(), *rk = json_array();
-        for (int k = 0; k < pl->ranks; k++) {
-            json_t *list = json_array();
-            for (int e = 0; e < pl->experts; e++) {
-                double sh = pl->share[(size_t)e * pl->ranks + k];
+        for (int k = 0; k < pl->ranks; k++) json_array_append_new(rk, json_array());
+        for (int e = 0; e < pl->experts; e++) /* each rank's list in expert order */
+            for (int c = pl->first[e]; c < pl->first[e + 1]; c++) {
+                double sh = pl->copy[c].share;
+                json_t *list = json_array_get(rk, (size_t)pl->copy[c].rank);
                 if (sh <= 0) continue;
                 if (sh >= 1.0 - 1e-12) {
                     json_array_append_new(list, json_integer(e));
@@ -159,8 +160,6 @@ enum moe_status plan_save(const struct plan_request *q, const struct plan_result
                     json_array_append_new(list, rep);
                 }
             }
-            json_array_append_new(rk, list);
-        }
         json_object_set_new(o, "ranks", rk);
         json_object_set_new(
             o, "hottest_over_balanced",

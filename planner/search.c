@@ -104,6 +104,7 @@ static enum moe_status search_gpus(const struct plan_request *q, int gpus, struc
                  {COST_RECOMPUTE_SELECTIVE, 0},
                  {COST_RECOMPUTE_FULL, 0}};
     for (int tp = 1; tp <= gpus && tp <= q->max_tp; tp *= 2) {
+        if (q->bar) moe_progress_update(q->bar, q->bar->done + 1);
         if (gpus % tp || tp > domain || m->attn.heads % tp || q->seq_len % tp ||
             !fixed_ok(fx->tp, tp))
             continue;
@@ -447,11 +448,20 @@ static enum moe_status search_all(const struct plan_request *q, struct cost_ctx 
             return moe_error_set(err, why.status, "--compare: %s", why.message);
         r->compare_score = score_of(q, &q->compare, &r->compare, q->gpus);
     }
+    if (q->bar) { /* one step per tensor-parallel degree of each GPU count searched */
+        uint64_t steps = 0;
+        for (int n = q->gpus; n >= 1; n /= 2) {
+            for (int tp = 1; tp <= n && tp <= q->max_tp; tp *= 2) steps++;
+            if (q->objective != PLAN_COST || n / 2 < q->cluster.gpus_used_per_domain / 8) break;
+        }
+        q->bar->total = steps;
+    }
     enum moe_status st = search_gpus(q, q->gpus, ctx, r, err);
     if (q->objective == PLAN_COST)
         for (int n = q->gpus / 2;
              st == MOE_OK && n >= 1 && n >= q->cluster.gpus_used_per_domain / 8; n /= 2)
             st = search_gpus(q, n, ctx, r, err);
+    if (q->bar) moe_progress_finish(q->bar);
     if (st != MOE_OK) return st;
     r->search_s = moe_time_now_s() - t0;
     if (r->nalt == 0 && r->not_accepted > 0)

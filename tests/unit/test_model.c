@@ -55,6 +55,17 @@ static void test_moe_every(void **state)
     assert_false(mdl_layer_is_moe(&m, 0));
     assert_true(mdl_layer_is_moe(&m, 1));
     assert_int_equal(mdl_moe_layer_count(&m), 24);
+    /* the count in O(1) against a walk of the pattern, for every prefix of several patterns */
+    for (int fd = 0; fd < 5; fd++)
+        for (int every = 1; every < 5; every++) {
+            struct mdl_model p = {.layers = 23, .first_dense = fd, .moe_every = every};
+            int walked = 0;
+            for (int i = 0; i <= p.layers; i++) {
+                assert_int_equal(mdl_moe_layers_before(&p, i), walked);
+                if (i < p.layers) walked += mdl_layer_is_moe(&p, i);
+            }
+            assert_int_equal(mdl_moe_layer_count(&p), walked);
+        }
 }
 
 /* Load a model from text and expect an input error whose message holds `needle` at `line`. */

@@ -946,7 +946,7 @@ static void test_placement_milp(void **state)
         /* every expert placed once, slots respected */
         for (int e = 0; e < E; e++) {
             double sum = 0;
-            for (int g = 0; g < G; g++) sum += pl.share[e * G + g];
+            for (int c = pl.first[e]; c < pl.first[e + 1]; c++) sum += pl.copy[c].share;
             assert_true(fabs(sum - 1.0) < 1e-9);
         }
         plan_placement_free(&pl);
