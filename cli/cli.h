@@ -14,6 +14,7 @@
 struct cli {
     struct moe_log log;
     char data_dir[MOE_PATH_MAX]; /* shipped models and topologies: MOEPLAN_DATA_DIR or built-in */
+    const char *cmd;             /* the subcommand running (its name, for the try-help line) */
 };
 
 /* What an option's value names, where it names a path that moeplan writes. cli_parse checks every
@@ -25,6 +26,9 @@ enum cli_role {
     CLI_OUT_FILE,   /* a file written: regular, atomic, "-" is standard output */
     CLI_OUT_DIR,    /* a folder written into (made if absent, one level) */
     CLI_OUT_EITHER, /* a file or a folder by the action (topo: discover a folder, generate a file) */
+    CLI_REPEATABLE, /* a value the option may be given several times (report --compare); any
+                     * other option with a value given twice is a usage error, never the last
+                     * one silently winning */
 };
 
 struct cli_opt {
@@ -68,7 +72,8 @@ bool cli_output_ok(const struct cli_cmd *cmd, const char *opt, const char *path)
 typedef enum moe_status (*cli_draw_fn)(FILE *f, const void *arg, struct moe_error *err);
 enum moe_status cli_write_drawn(const char *path, cli_draw_fn fn, const void *arg,
                                 struct moe_error *err);
-/* Log an error report; returns its exit code. */
+/* Log an error report; returns its exit code. A usage error (exit 2) is followed by the
+ * try-help line, wherever it is found. */
 int cli_fail(struct cli *cli, const struct moe_error *err);
 /* An option's value as a whole number in [min, max] (accepts 64K and the like); on a bad value
  * prints the usage error and returns false. */

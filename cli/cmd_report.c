@@ -24,7 +24,7 @@ const struct cli_opt cmd_report_opts[] = {
     {"compare", required_argument, OPT_COMPARE, "MEASURED",
      "another run's measured.json (same model and steps) beside this one's loss; up to "
      "3",
-     CLI_PLAIN},
+     CLI_REPEATABLE},
     {NULL, 0, 0, NULL, NULL, 0},
 };
 
@@ -231,6 +231,18 @@ static int report(struct cli *cli, const char *plan_file, const char *measured_f
     if ((st = moe_output_dir_make(dir, &err))) {
         rpt_table_destroy(t);
         goto fail;
+    }
+    /* every file of the report checked before the first is written: a refusal leaves the folder
+     * as it was, not half a report */
+    static const char *const names[] = {"phases.svg", "errors.svg", "loss.svg", "experts.svg",
+                                        "README.md"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char path[MOE_PATH_MAX];
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        if ((st = moe_output_check(path, &err))) {
+            rpt_table_destroy(t);
+            goto fail;
+        }
     }
     if ((st = write_chart(dir, "phases.svg", chart_phases, &r, &err)) ||
         (st = write_chart(dir, "errors.svg", chart_errors, &r, &err)) ||

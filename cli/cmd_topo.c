@@ -251,8 +251,14 @@ int cmd_topo(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
     int operands = argc - optind - 1;
     if (strcmp(action, "discover") == 0) {
         if (operands != 0) return cli_usage(cmd, "'discover' takes no operand (use --output)");
+        if (out && !strcmp(out, "-"))
+            return cli_usage(cmd, "discover writes two files into a folder: --output - cannot "
+                                  "hold them; name a folder");
         return topo_discover_cmd(cli, out ? out : ".");
     }
+    if (out && (!strcmp(action, "show") || !strcmp(action, "list")))
+        return cli_usage(cmd, "'%s' writes no file: --output goes with discover and generate",
+                         action);
     if (strcmp(action, "show") == 0) {
         if (operands != 1) return cli_usage(cmd, "'show' takes one cluster");
         return topo_show(cli, argv[optind + 1]);

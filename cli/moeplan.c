@@ -56,12 +56,14 @@ static void cmd_help(const struct cli_cmd *cmd, FILE *out)
 
 int cli_usage(const struct cli_cmd *cmd, const char *fmt, ...)
 {
-    fprintf(stderr, "moeplan: %s: ", cmd ? cmd->name : "usage");
+    /* the message quotes what the user typed: shown safe (moe_text_safe), never raw */
+    char msg[2 * MOE_MSG_MAX], safe[8 * MOE_MSG_MAX];
     va_list ap;
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    fputc('\n', stderr);
+    moe_text_safe(msg, safe, sizeof safe);
+    fprintf(stderr, "moeplan: %s: %s\n", cmd ? cmd->name : "usage", safe);
     if (cmd)
         fprintf(stderr, "moeplan: try 'moeplan %s --help'\n", cmd->name);
     else
@@ -182,13 +184,25 @@ int cli_parse(const struct cli_cmd *cmd, int argc, char **argv, struct cli_arg *
         }
         out[(*nout)++] = (struct cli_arg){c, optarg};
     }
+    /* An option with a value given twice would keep one of them silently: refused by name. */
+    for (int i = 0; i < *nout; i++) {
+        const struct cli_opt *o = cmd->opts;
+        while (o && o->name && o->val != out[i].val) o++;
+        if (!o || !o->name || !o->has_arg || o->role == CLI_REPEATABLE) continue;
+        for (int j = i + 1; j < *nout; j++)
+            if (out[j].val == out[i].val)
+                return cli_usage(cmd, "option '--%s' given twice (%s, %s): give it once", o->name,
+                                 out[i].value, out[j].value);
+    }
     /* Every path this command will write, checked now, before any work: a device, a FIFO, a
      * folder for a file (and the other way round), a loop of links, a missing folder. "-" takes
      * standard output for the data and sends the rest to standard error. */
     for (int i = 0; i < *nout; i++) {
         const struct cli_opt *o = cmd->opts;
         while (o && o->name && o->val != out[i].val) o++;
-        if (!o || !o->name || o->role == CLI_PLAIN) continue;
+        if (!o || !o->name ||
+            (o->role != CLI_OUT_FILE && o->role != CLI_OUT_DIR && o->role != CLI_OUT_EITHER))
+            continue;
         const char *v = out[i].value;
         struct moe_error err;
         enum moe_status st = MOE_OK;
@@ -228,6 +242,9 @@ bool cli_output_ok(const struct cli_cmd *cmd, const char *opt, const char *path)
 int cli_fail(struct cli *cli, const struct moe_error *err)
 {
     moe_log_error(&cli->log, err);
+    if (err->status == MOE_ERR_USAGE)
+        fprintf(stderr, "moeplan: try 'moeplan %s%s--help'\n", cli->cmd ? cli->cmd : "",
+                cli->cmd ? " " : "");
     return moe_status_exit_code(err->status);
 }
 
@@ -371,7 +388,7 @@ static void print_version(void)
  * hostile-path tests take every output option from here). */
 static void print_options(void)
 {
-    static const char *const role[] = {"-", "out-file", "out-dir", "out-either"};
+    static const char *const role[] = {"-", "out-file", "out-dir", "out-either", "repeatable"};
     for (int c = 0; c < NCOMMANDS; c++)
         for (const struct cli_opt *o = commands[c].opts; o && o->name; o++)
             printf("%s\t--%s\t%s\t%s\n", commands[c].name, o->name, o->arg ? o->arg : "-",
@@ -395,7 +412,7 @@ static void print_help(FILE *out)
 
 int main(int argc, char **argv)
 {
-    struct cli cli;
+    struct cli cli = {.cmd = NULL};
     moe_log_init(&cli.log, MOE_LOG_INFO);
     const char *data = getenv("MOEPLAN_DATA_DIR");
     snprintf(cli.data_dir, sizeof cli.data_dir, "%s", data && *data ? data : MOEPLAN_DATA_DIR);
@@ -430,7 +447,9 @@ int main(int argc, char **argv)
         return 1;
     }
     for (int c = 0; c < NCOMMANDS; c++)
-        if (strcmp(argv[i], commands[c].name) == 0)
+        if (strcmp(argv[i], commands[c].name) == 0) {
+            cli.cmd = commands[c].name;
             return commands[c].run(&cli, &commands[c], argc - i, argv + i);
+        }
     return cli_usage(NULL, "unknown command '%s'", argv[i]);
 }

@@ -10,16 +10,19 @@
  * Output: every option that names an output goes through moe_output_check (a file) or
  * moe_output_dir_check (a folder) when the command line is parsed, and every byte is written by
  * moe_file_write_atomic. The rules:
- *   - regular files only: a device, a FIFO, a socket or a folder is refused, never replaced;
+ *   - regular files only: a device, a FIFO, a socket or a folder is refused, never replaced, and
+ *     so is anything under /proc or /sys (/dev/stdout leads there: '-' is standard output), a
+ *     folder we may not write, a file we may not write, and a file with other hard links (a new
+ *     file in its place would leave them the old bytes);
  *   - a symbolic link is followed hop by hop (each relative to the link's own folder) to the file
  *     it names, which is written; the link stays. A loop, or a chain over 40 links, is refused;
  *   - never an input of this process (`plan -o model.json --model model.json` would destroy the
  *     model), whatever name or link reaches it;
  *   - "-" is standard output, for one output of a command: moe_stdout_claim moves everything
  *     else the process prints to standard error, so the data on standard output stays clean;
- *   - atomic: a temp file in the target's folder, fsynced and renamed over it; SIGINT, SIGTERM,
- *     SIGHUP and SIGPIPE are held while the temp file exists, so an interrupted write never leaves
- *     a `*.tmp.*` file behind.
+ *   - atomic: a temp file in the target's folder (moeplan.tmp.XXXXXX), fsynced and renamed over
+ *     it, keeping a replaced file's mode and owner; every signal that ends the process is held
+ *     while the temp file exists, so an interrupted write never leaves a `*.tmp.*` file behind.
  *
  * Why process-wide state, against the rule of no mutable globals: the files a command reads are
  * found deep inside the loaders (a node XML named by a cluster, the GPU specs beside a cluster
@@ -299,6 +302,11 @@ static enum moe_status output_follow(const char *file, char *target, size_t cap,
                                  file, cur, n < 0 ? ": " : " (too long)",
                                  n < 0 ? strerror(errno) : "");
         link[n] = '\0';
+        if (!strncmp(link, "/proc/", 6) || !strncmp(link, "/sys/", 5))
+            return moe_error_set(err, MOE_ERR_USAGE,
+                                 "the output %s leads to %s, a process's descriptor or a kernel "
+                                 "setting, not a file; '-' is standard output",
+                                 file, link);
         dir_of(cur, dir, sizeof dir);
         if (link[0] == '/')
             snprintf(next, sizeof next, "%s", link);
@@ -329,6 +337,29 @@ static const char *outputs_hint(mode_t m)
 
 /* The output's real target, checked: a regular file or none yet, in an existing folder, not an
  * input of this process. */
+/* The folder an output is written in: it exists, is a folder, is not /proc or /sys (their
+ * files are kernel settings, and a temp file cannot be made there), and can be written. */
+static enum moe_status output_folder(const char *file, const char *target, struct moe_error *err)
+{
+    char dir[MOE_PATH_MAX], real[PATH_MAX];
+    struct stat dsb;
+    dir_of(target, dir, sizeof dir);
+    if (stat(dir, &dsb) != 0 || !S_ISDIR(dsb.st_mode))
+        return moe_error_set(err, MOE_ERR_USAGE, "the output %s: the folder %s %s", file, dir,
+                             stat(dir, &dsb) != 0 ? "does not exist" : "is not a folder");
+    if (realpath(dir, real) && (!strcmp(real, "/proc") || !strncmp(real, "/proc/", 6) ||
+                                !strcmp(real, "/sys") || !strncmp(real, "/sys/", 5)))
+        return moe_error_set(err, MOE_ERR_USAGE,
+                             "the output %s is in %s, whose files are a process's or the "
+                             "kernel's, not files moeplan writes",
+                             file, real);
+    if (access(dir, W_OK) != 0)
+        return moe_error_set(err, MOE_ERR_USAGE,
+                             "the output %s: the folder %s is not writable (%s)", file, dir,
+                             strerror(errno));
+    return MOE_OK;
+}
+
 static enum moe_status output_resolve(const char *file, char *target, size_t cap, struct stat *sb,
                                       bool *exists, struct moe_error *err)
 {
@@ -337,8 +368,19 @@ static enum moe_status output_resolve(const char *file, char *target, size_t cap
         return moe_error_set(err, MOE_ERR_USAGE,
                              "the output path has %zu characters, more than the %d allowed",
                              strlen(file), MOE_PATH_MAX - 17);
+    if (file[strlen(file) - 1] == '/')
+        return moe_error_set(err, MOE_ERR_USAGE,
+                             "the output %s ends in '/': that names a folder, not a file", file);
     enum moe_status st = output_follow(file, target, cap, sb, exists, err);
     if (st != MOE_OK) return st;
+    const char *base = strrchr(target, '/');
+    base = base ? base + 1 : target;
+    if (strlen(base) > NAME_MAX)
+        return moe_error_set(err, MOE_ERR_USAGE,
+                             "the output %s: a file name of %zu bytes, more than the %d a folder "
+                             "holds",
+                             file, strlen(base), NAME_MAX);
+    if ((st = output_folder(file, target, err))) return st;
     if (*exists) {
         char input[MOE_PATH_MAX];
         if (input_find(sb, input, sizeof input)) {
@@ -355,14 +397,19 @@ static enum moe_status output_resolve(const char *file, char *target, size_t cap
         if (!S_ISREG(sb->st_mode))
             return moe_error_set(err, MOE_ERR_USAGE, "the output %s is %s, not a file%s", file,
                                  file_kind(sb->st_mode), outputs_hint(sb->st_mode));
-        return MOE_OK;
+        /* a file is replaced by a new one (atomically): one the user may not write is refused,
+         * as the shell's '>' would refuse it, and so is one with other names, which would keep
+         * the old bytes */
+        if (access(target, W_OK) != 0)
+            return moe_error_set(err, MOE_ERR_USAGE, "the output %s is not writable (%s)", file,
+                                 strerror(errno));
+        if (sb->st_nlink > 1)
+            return moe_error_set(err, MOE_ERR_USAGE,
+                                 "the output %s has %lu names (hard links): a new file in its "
+                                 "place would leave the others with the old bytes; write it "
+                                 "elsewhere",
+                                 file, (unsigned long)sb->st_nlink);
     }
-    char dir[MOE_PATH_MAX];
-    struct stat dsb;
-    dir_of(target, dir, sizeof dir);
-    if (stat(dir, &dsb) != 0 || !S_ISDIR(dsb.st_mode))
-        return moe_error_set(err, MOE_ERR_USAGE, "the output %s: the folder %s %s", file, dir,
-                             stat(dir, &dsb) != 0 ? "does not exist" : "is not a folder");
     return MOE_OK;
 }
 
@@ -395,7 +442,11 @@ enum moe_status moe_output_dir_check(const char *dir, struct moe_error *err)
     if (exists && !S_ISDIR(sb.st_mode))
         return moe_error_set(err, MOE_ERR_USAGE, "the output %s is %s, not a folder", dir,
                              file_kind(sb.st_mode));
-    if (exists) return MOE_OK;
+    if (exists) { /* its files are written there: the checks of a file's folder */
+        char inside[MOE_PATH_MAX + 8];
+        snprintf(inside, sizeof inside, "%s/x", target);
+        return output_folder(dir, inside, err);
+    }
     char parent[MOE_PATH_MAX];
     struct stat psb;
     dir_of(target, parent, sizeof parent);
@@ -403,7 +454,7 @@ enum moe_status moe_output_dir_check(const char *dir, struct moe_error *err)
         return moe_error_set(
             err, MOE_ERR_USAGE, "the output folder %s: its parent %s %s (moeplan makes one level)",
             dir, parent, stat(parent, &psb) != 0 ? "does not exist" : "is not a folder");
-    return MOE_OK;
+    return output_folder(dir, target, err); /* the folder it is made in */
 }
 
 enum moe_status moe_output_dir_make(const char *dir, struct moe_error *err)
@@ -462,16 +513,17 @@ enum moe_status moe_file_write_atomic(const char *file, const void *data, size_t
     enum moe_status st = output_resolve(file, target, sizeof target, &sb, &exists, err);
     if (st != MOE_OK) return st;
 
-    char tmp[MOE_PATH_MAX + 16];
-    snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", target);
-    /* Hold the terminating signals while the temp file exists: they land after the rename or
-     * the unlink, so no temp file outlives the process (SIGKILL aside). */
+    /* The temp file's name does not grow with the target's (a 250-byte name stays writable). */
+    char tmp[MOE_PATH_MAX + 32], dir[MOE_PATH_MAX];
+    dir_of(target, dir, sizeof dir);
+    snprintf(tmp, sizeof tmp, "%s/moeplan.tmp.XXXXXX", dir);
+    /* Hold every signal that would end the process while the temp file exists (SIGINT, SIGTERM,
+     * SIGHUP, SIGPIPE, SIGUSR1, SIGALRM, SIGXFSZ, ...): they land after the rename or the unlink,
+     * so no temp file outlives the process (SIGKILL aside; faults are not held). */
     sigset_t hold, old;
-    sigemptyset(&hold);
-    sigaddset(&hold, SIGINT);
-    sigaddset(&hold, SIGTERM);
-    sigaddset(&hold, SIGHUP);
-    sigaddset(&hold, SIGPIPE);
+    sigfillset(&hold);
+    static const int faults[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGABRT, SIGSYS};
+    for (size_t i = 0; i < sizeof faults / sizeof faults[0]; i++) sigdelset(&hold, faults[i]);
     pthread_sigmask(SIG_BLOCK, &hold, &old);
     int fd = mkstemp(tmp);
     if (fd < 0) {
@@ -482,10 +534,14 @@ enum moe_status moe_file_write_atomic(const char *file, const void *data, size_t
     }
     if (write_all(fd, data, len) != MOE_OK) goto fail;
     if (fsync(fd) != 0) goto fail;
-    /* mkstemp makes the file 0600; written files should be as readable as any other output. */
+    /* mkstemp makes the file 0600: a new output is as readable as any other file made here, and
+     * a replaced one keeps its mode (and, where we may, its owner) */
     mode_t mask = umask(0);
     umask(mask);
-    if (fchmod(fd, 0666 & ~mask) != 0) goto fail;
+    if (fchmod(fd, exists ? sb.st_mode & 07777 : 0666 & ~mask) != 0) goto fail;
+    if (exists && (sb.st_uid != geteuid() || sb.st_gid != getegid()) &&
+        fchown(fd, sb.st_uid, sb.st_gid) != 0 && errno != EPERM)
+        goto fail;
     if (close(fd) != 0) {
         fd = -1;
         goto fail;

@@ -30,20 +30,53 @@ void moe_log_msg(const struct moe_log *log, enum moe_log_level level, const char
     fputc('\n', out);
 }
 
+/* The length of the well-formed UTF-8 sequence at p (1 to 4), or 0. */
+static int utf8_len(const unsigned char *p)
+{
+    int n = p[0] < 0x80             ? 1
+            : (p[0] & 0xe0) == 0xc0 ? 2
+            : (p[0] & 0xf0) == 0xe0 ? 3
+            : (p[0] & 0xf8) == 0xf0 ? 4
+                                    : 0;
+    for (int i = 1; i < n; i++)
+        if ((p[i] & 0xc0) != 0x80) return 0;
+    if (n == 2 && p[0] < 0xc2) return 0; /* overlong */
+    return n;
+}
+
+void moe_text_safe(const char *in, char *out, size_t cap)
+{
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)in; *p && o + 5 < cap;) {
+        int n = utf8_len(p);
+        /* C0 and C1 controls, DEL, the bidirectional overrides and isolates (U+202A..U+202E,
+         * U+2066..U+2069: text that reorders what follows it), and bytes that are not UTF-8 */
+        bool control = n == 1 && ((*p < 0x20 && *p != '\n' && *p != '\t') || *p == 0x7f);
+        bool c1 = n == 2 && p[0] == 0xc2 && p[1] < 0xa0;
+        bool bidi = n == 3 && p[0] == 0xe2 &&
+                    ((p[1] == 0x80 && p[2] >= 0xaa && p[2] <= 0xae) ||
+                     (p[1] == 0x81 && p[2] >= 0xa6 && p[2] <= 0xa9));
+        if (n == 0 || control || c1 || bidi) {
+            int k = n ? n : 1;
+            for (int i = 0; i < k && o + 5 < cap; i++)
+                o += (size_t)snprintf(out + o, cap - o, "\\x%02x", p[i]);
+            p += k;
+            continue;
+        }
+        if (o + (size_t)n >= cap) break;
+        memcpy(out + o, p, (size_t)n);
+        o += (size_t)n;
+        p += n;
+    }
+    out[o] = '\0';
+}
+
 void moe_log_error(const struct moe_log *log, const struct moe_error *err)
 {
     char buf[MOE_MSG_MAX + MOE_PATH_MAX + 64], safe[4 * sizeof buf];
     moe_error_format(err, buf, sizeof buf);
-    /* A message may quote the user's bytes (a file name, a value): control characters are shown
-     * as \xNN, never sent to the terminal raw. */
-    size_t o = 0;
-    for (const unsigned char *p = (const unsigned char *)buf; *p && o + 5 < sizeof safe; p++) {
-        if ((*p < 0x20 && *p != '\n') || *p == 0x7f)
-            o += (size_t)snprintf(safe + o, sizeof safe - o, "\\x%02x", *p);
-        else
-            safe[o++] = (char)*p;
-    }
-    safe[o] = '\0';
+    /* A message may quote the user's bytes (a file name, a value): shown safe, never raw. */
+    moe_text_safe(buf, safe, sizeof safe);
     moe_log_msg(log, MOE_LOG_ERROR, "%s", safe);
 }
 

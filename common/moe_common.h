@@ -164,6 +164,9 @@ void moe_log_init(struct moe_log *log, enum moe_log_level level);
 void moe_log_msg(const struct moe_log *log, enum moe_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void moe_log_error(const struct moe_log *log, const struct moe_error *err);
+/* `in` as it may reach a terminal: control characters (C0, C1, DEL), the bidirectional
+ * overrides and isolates, and bytes that are not UTF-8 written as \xNN; newlines and tabs kept. */
+void moe_text_safe(const char *in, char *out, size_t cap);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Progress bar                                                                                   */

@@ -35,8 +35,13 @@ static enum moe_status parse_modules(const char *val, unsigned *out, struct moe_
     char buf[256];
     snprintf(buf, sizeof buf, "%s", val);
     unsigned bits = 0;
-    char *save = NULL;
-    for (char *m = strtok_r(buf, "+", &save); m; m = strtok_r(NULL, "+", &save)) {
+    for (char *m = buf, *next; m; m = next) {
+        next = strchr(m, '+');
+        if (next) *next++ = '\0';
+        if (!m[0])
+            return moe_error_set(err, MOE_ERR_USAGE,
+                                 "layout: recompute=%s: an empty module ('+' at an end, or '++')",
+                                 val);
         int i = 0;
         while (i < COST_RC_NMODULES && strcmp(cost_rc_module_names[i], m)) i++;
         if (i == COST_RC_NMODULES)
@@ -95,8 +100,19 @@ enum moe_status cost_layout_parse_keys(struct cost_layout *l, const char *text, 
     char buf[512];
     if (strlen(text) >= sizeof buf) return moe_error_set(err, MOE_ERR_USAGE, "layout is too long");
     snprintf(buf, sizeof buf, "%s", text);
-    char *save = NULL;
-    for (char *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+    for (const char *p = text; *p; p++)
+        if (isspace((unsigned char)*p) || (unsigned char)*p < 0x20)
+            return moe_error_set(err, MOE_ERR_USAGE,
+                                 "layout: a space or control character at %d: write "
+                                 "key=value,key=value",
+                                 (int)(p - text) + 1);
+    for (char *item = buf, *next; item; item = next) {
+        next = strchr(item, ',');
+        if (next) *next++ = '\0';
+        if (!item[0])
+            return moe_error_set(err, MOE_ERR_USAGE,
+                                 "layout: an empty item (',' at an end, or ',,'): write "
+                                 "key=value,key=value");
         char *eq = strchr(item, '=');
         if (!eq || eq == item || !eq[1])
             return moe_error_set(err, MOE_ERR_USAGE, "layout: '%s' is not key=value", item);
@@ -112,6 +128,12 @@ enum moe_status cost_layout_parse_keys(struct cost_layout *l, const char *text, 
                                       cost_layout_keys[j].name);
             return moe_error_set(err, MOE_ERR_USAGE, "layout: unknown key '%s' (%s)", key, list);
         }
+        if (given & COST_KEY_BIT(cost_layout_keys[k].key))
+            return moe_error_set(err, MOE_ERR_USAGE, "layout: %s given twice%s: give each key once",
+                                 key,
+                                 cost_layout_keys[k].key == COST_KEY_SEQ ? " (seq and seq_len "
+                                                                           "are one key)"
+                                                                         : "");
         given |= COST_KEY_BIT(cost_layout_keys[k].key);
         if ((idx = name_index(cost_precision_names, val)) >= 0 && !strcmp(key, "precision")) {
             t.precision = (enum cost_precision)idx;
@@ -147,7 +169,8 @@ enum moe_status cost_layout_parse_keys(struct cost_layout *l, const char *text, 
         if (!strcmp(key, "offload")) {
             char *end;
             double f = strtod(val, &end);
-            if (*end || !(f >= 0.0 && f <= 1.0))
+            bool decimal = strspn(val, "0123456789.") == strlen(val); /* no 0x0.8, no 1e-1 */
+            if (*end || !decimal || !(f >= 0.0 && f <= 1.0))
                 return moe_error_set(err, MOE_ERR_USAGE,
                                      "layout: offload=%s is not a share of the optimizer state "
                                      "(0 .. 1)",
@@ -473,6 +496,8 @@ enum moe_status cost_layout_check(const struct cost_layout *l, const struct mdl_
     }
     if (l->mtp < 0 || l->mtp > MDL_MAX_MTP) NO("mtp = %d (0 .. %d)", l->mtp, MDL_MAX_MTP);
     if (l->recompute_layers < 0) NO("recompute_layers = %d", l->recompute_layers);
+    if (l->recompute_layers > m->layers)
+        NO("recompute_layers = %d: the model has %d layers", l->recompute_layers, m->layers);
     if (l->recompute_layers > 0 && l->recompute != COST_RECOMPUTE_FULL)
         NO("recompute_layers = %d counts blocks recomputed whole: it goes with recompute=full",
            l->recompute_layers);

@@ -49,6 +49,16 @@ static bool int_col(int *dst, const char *v, int lo, int hi)
     return true;
 }
 
+/* The container's generation: "26.04" of "26.04" and "26.04.01"; "" when it is not YY.MM[.*]. */
+static void generation(const char *container, char gen[8])
+{
+    const char *c = container;
+    bool ok = isdigit((unsigned char)c[0]) && isdigit((unsigned char)c[1]) && c[2] == '.' &&
+              isdigit((unsigned char)c[3]) && isdigit((unsigned char)c[4]) &&
+              (c[5] == '\0' || c[5] == '.');
+    snprintf(gen, 8, "%.5s", ok ? c : "");
+}
+
 /* A recipe cell that goes into the row's layout text as key=value: one value of the grammar
  * (no ',' or '=' that would add keys), the one cost_layout_parse takes. */
 static bool layout_col(const char *key, const char *v, char *why, size_t cap)
@@ -77,14 +87,13 @@ static enum moe_status parse_row(char *line, const char *file, int lineno, struc
 {
     char *col[NCOLS];
     int n = 0;
-    for (char *p = line; n < NCOLS;) {
-        col[n++] = p;
+    for (char *p = line; p; n++) { /* every tab counted: a column past the last is an error */
         char *tab = strchr(p, '\t');
-        if (!tab) break;
-        *tab = '\0';
-        p = tab + 1;
+        if (n < NCOLS) col[n] = p;
+        if (tab) *tab = '\0';
+        p = tab ? tab + 1 : NULL;
     }
-    if (n != NCOLS || strchr(col[NCOLS - 1], '\t'))
+    if (n != NCOLS)
         return moe_error_set_at(err, MOE_ERR_INPUT, file, lineno, 1, "%d columns, not %d", n,
                                 NCOLS);
     memset(r, 0, sizeof *r);
@@ -104,6 +113,10 @@ static enum moe_status parse_row(char *line, const char *file, int lineno, struc
     if (ok && !(ok = layout_col(key, col[i], why, sizeof why))) bad = i
     TEXT(0, id);
     TEXT(1, container);
+    char gen[8];
+    generation(r->container, gen);
+    if (ok && !gen[0])
+        ok = false, bad = 1, snprintf(why, sizeof why, "a container tag YY.MM or YY.MM.xx");
     TEXT(2, model);
     TEXT(3, cluster);
     INT(4, gpus, 1, PLAN_MAX_GPUS);
@@ -139,8 +152,9 @@ static enum moe_status parse_row(char *line, const char *file, int lineno, struc
     for (int i = 20; ok && i < 22; i++) {
         char *end;
         double v = strtod(col[i], &end);
-        if (end == col[i] || *end || !(v > 0 && v < 1e9))
-            ok = false, bad = i, snprintf(why, sizeof why, "a number in (0, 1e9)");
+        bool decimal = col[i][0] && strspn(col[i], "0123456789.") == strlen(col[i]);
+        if (end == col[i] || *end || !decimal || !(v > 0 && v < 1e9))
+            ok = false, bad = i, snprintf(why, sizeof why, "a decimal number in (0, 1e9)");
         *(i == 20 ? &r->tokens_per_s_gpu : &r->tflops_gpu) = v;
     }
     if (!ok)
@@ -190,6 +204,8 @@ enum moe_status plan_published_load(const char *file, struct plan_published *row
     size_t len;
     enum moe_status st = moe_file_read(file, MOE_READ_INPUT, PUBLISHED_MAX_BYTES, &text, &len, err);
     if (st != MOE_OK) return st;
+    size_t skip = len >= 3 && !memcmp(text, "\xEF\xBB\xBF", 3) ? 3 : 0; /* a UTF-8 BOM */
+    if (skip) memmove(text, text + 3, len - 2), len -= 3;
     if ((st = text_check(file, text, len, err))) {
         free(text);
         return st;
@@ -234,16 +250,6 @@ enum moe_status plan_published_load(const char *file, struct plan_published *row
         st = moe_error_set_at(err, MOE_ERR_INPUT, file, 0, 0, "no header line and no rows");
     *n = st == MOE_OK ? count : 0;
     return st;
-}
-
-/* The container's generation: "26.04" of "26.04" and "26.04.01"; "" when it is not YY.MM[.*]. */
-static void generation(const char *container, char gen[8])
-{
-    const char *c = container;
-    bool ok = isdigit((unsigned char)c[0]) && isdigit((unsigned char)c[1]) && c[2] == '.' &&
-              isdigit((unsigned char)c[3]) && isdigit((unsigned char)c[4]) &&
-              (c[5] == '\0' || c[5] == '.');
-    snprintf(gen, 8, "%.5s", ok ? c : "");
 }
 
 bool plan_published_in_stack(const struct plan_published *r, const char *stack)
@@ -292,7 +298,8 @@ double plan_published_step_us(const struct plan_published *r)
     return (double)r->gbs * r->seq / (r->tokens_per_s_gpu * r->gpus) * 1e6;
 }
 
-/* A row that its model, cluster or layout refuses: the row's file, line and the cell's column. */
+/* A row that its model, cluster or layout refuses: the row's file, line and the cell's column
+ * (cell -1: the layout its cells make together, named at the row's start). */
 static enum moe_status row_error(const struct plan_published *r, int cell, enum moe_status st,
                                  const struct moe_error *why, struct moe_error *err)
 {
@@ -300,6 +307,9 @@ static enum moe_status row_error(const struct plan_published *r, int cell, enum 
         if (err) *err = *why;
         return st;
     }
+    if (cell < 0) /* the layout the row's cells make together: no one cell to blame */
+        return moe_error_set_at(err, MOE_ERR_INPUT, r->file, r->line, 1,
+                                "%s: the layout of its columns 5-20: %s", r->id, why->message);
     return moe_error_set_at(err, MOE_ERR_INPUT, r->file, r->line, r->col[cell], "%s: %s: %s", r->id,
                             columns[cell], why->message);
 }
@@ -334,7 +344,7 @@ enum moe_status plan_fit_rows(const struct plan_published *runs, int n, const ch
         f->layout.mtp = f->model.mtp_layers;
         if ((st = cost_layout_parse(&f->layout, text, &why)) ||
             (st = cost_layout_check(&f->layout, &f->model, r->gpus, &why)))
-            return row_error(r, 9, MOE_ERR_INPUT, &why, err);
+            return row_error(r, -1, MOE_ERR_INPUT, &why, err);
     }
     return MOE_OK;
 }

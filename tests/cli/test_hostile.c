@@ -118,7 +118,7 @@ static void test_fifo_inputs(void **state)
     expect(&r, 3, "not a regular file");
     RUN(&r, "plan", "--model", at("fifo.json"), "--cluster", "h200-vm");
     expect(&r, 3, "not a regular file");
-    RUN(&r, "plan", TINY, "--cluster", at("fifo.json"));
+    RUN(&r, "plan", "--model", "tiny-moe-gqa", "--seq-len", "128", "--cluster", at("fifo.json"));
     expect(&r, 3, "not a regular file");
     RUN(&r, "report", at("fifo.json"), "tests/data/report/measured.json", "-o", at("rep"));
     expect(&r, 3, "not a regular file");
@@ -655,7 +655,8 @@ static void test_writer_table(void **state)
                    : !strcmp(role, "out-either") ? 2
                                                  : -1;
         if (kind < 0) {
-            if (strcmp(role, "-")) fail_msg("--list-options: unknown role '%s'", role);
+            if (strcmp(role, "-") && strcmp(role, "repeatable"))
+                fail_msg("--list-options: unknown role '%s'", role);
             continue;
         }
         options++;
@@ -707,9 +708,47 @@ static void test_writer_table(void **state)
         at("cv.json"));
     expect(&r, 2, "--cross-validate writes no profile, so no -o");
     /* two outputs cannot both be standard output */
-    RUN(&r, "calibrate", "--published", TSV, "--stack", "megatron-26.08", "--cross-validate",
-        "--svg", "-", "--svg", "-");
+    RUN(&r, "bench", "moe", "--json", "-", "--routing-out", "-");
     expect(&r, 2, "only one output can be standard output");
+    /* an option with a value given twice: refused, never the last one silently kept */
+    RUN(&r, "plan", TINY, "--fix", "tp=2", "--fix", "ep=4");
+    expect(&r, 2, "option '--fix' given twice (tp=2, ep=4)");
+    RUN(&r, "predict", TINY, "--layout", "tp=2,tp=1");
+    expect(&r, 2, "layout: tp given twice");
+    /* what leads to /proc (a descriptor of this process) is not a file: '-' is */
+    RUN(&r, "plan", TINY, "-o", "/dev/stdout");
+    expect(&r, 2, "a process's descriptor or a kernel setting, not a file");
+    RUN(&r, "plan", TINY, "-o", "/proc/self/comm");
+    expect(&r, 2, "not files moeplan writes");
+    RUN(&r, "plan", TINY, "-o", at("no-such-folder/"));
+    expect(&r, 2, "ends in '/'");
+    /* a 250-byte file name is written (the temp file's name does not grow with it) */
+    char longname[300];
+    memset(longname, 'a', 250);
+    longname[250] = '\0';
+    RUN(&r, "plan", TINY, "-o", at(longname));
+    expect(&r, 0, "plan written");
+    /* a replaced file keeps its mode; one with other names (hard links) is refused */
+    put("mode.json", "old");
+    chmod(at("mode.json"), 0640);
+    RUN(&r, "plan", TINY, "-o", at("mode.json"));
+    expect(&r, 0, "plan written");
+    struct stat sb;
+    assert_int_equal(stat(at("mode.json"), &sb), 0);
+    assert_int_equal(sb.st_mode & 0777, 0640);
+    assert_int_equal(link(at("mode.json"), at("mode-link.json")), 0);
+    RUN(&r, "plan", TINY, "-o", at("mode.json"));
+    expect(&r, 2, "has 2 names (hard links)");
+    /* topo show and list write nothing: --output is refused, not ignored */
+    RUN(&r, "topo", "list", "-o", at("list.txt"));
+    expect(&r, 2, "'list' writes no file");
+    /* a report's files are all checked before the first is written */
+    assert_int_equal(mkdir(at("rep-fifo"), 0755), 0);
+    assert_int_equal(mkfifo(at("rep-fifo/README.md"), 0600), 0);
+    RUN(&r, "report", "tests/data/report/plan.json", "tests/data/report/measured.json", "-o",
+        at("rep-fifo"));
+    expect(&r, 2, "a FIFO");
+    assert_int_equal(access(at("rep-fifo/phases.svg"), F_OK), -1);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
