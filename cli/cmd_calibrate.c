@@ -66,6 +66,11 @@ static int calibrate(struct cli *cli, const struct cli_cmd *cmd, const char *out
     if (st == MOE_OK && refit) {
         printf("moeplan calibrate --refit %s: the measurements kept there, fitted again\n", refit);
         st = plan_calib_data_load(refit, d, &err);
+        if (st == MOE_OK && !cost_calibration_gpu_is(d->gpu, cl.gpu.name))
+            st = moe_error_set_at(&err, MOE_ERR_INPUT, refit, 0, 0,
+                                  "measured on the %s; %s's GPU is the %s: --cluster names the "
+                                  "cluster the measured GPU belongs to",
+                                  d->gpu, cl.name, cl.gpu.name);
     } else if (st == MOE_OK) {
 #ifdef MOEPLAN_HAVE_EXECUTOR
         if (!cli_output_ok(cmd, "-o", out)) { /* before minutes of measuring, and again after */
@@ -205,10 +210,17 @@ static double pct(double pred, double pub)
 static enum moe_status rank_pairs(const struct plan_fit_row *rows, int n, const double *pred,
                                   struct moe_error *err)
 {
-    int pairs = 0, concordant = 0, wide = 0, wide_right = 0;
+    int pairs = 0, concordant = 0, wide = 0, wide_right = 0, nfits = 0;
+    static struct {
+        const char *cluster;
+        struct cost_calibration cal;
+    } fits[PLAN_PUBLISHED_MAX]; /* the profile without each system, fitted once */
+    struct moe_progress bar;
+    moe_progress_start(&bar, stderr, true, "ranking", (uint64_t)n);
+    moe_progress_lines(&bar, 2.0);
     printf("\nranking (predicted without the row's system): pairs of one model, cluster and GPU "
            "count with different layouts or recipes\n");
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++, moe_progress_update(&bar, (uint64_t)i))
         for (int j = i + 1; j < n; j++) {
             const struct plan_published *a = rows[i].run, *b = rows[j].run;
             char la[COST_LAYOUT_TEXT_MAX], lb[COST_LAYOUT_TEXT_MAX];
@@ -226,16 +238,24 @@ static enum moe_status rank_pairs(const struct plan_fit_row *rows, int n, const 
             printf("  %s %s: %s %.0f vs %s %.0f published, %.0f vs %.0f predicted%s\n", a->model,
                    a->cluster, a->id, pa, b->id, pb, qa, qb, same ? "" : "  INVERTED");
             /* what sets them apart: both costed with the profile that predicted them, fitted
-             * without their system */
-            struct plan_fit_row *train = malloc(sizeof *train * (size_t)n);
-            if (!train) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
-            int k = 0;
-            for (int q = 0; q < n; q++)
-                if (strcmp(rows[q].run->cluster, a->cluster)) train[k++] = rows[q];
-            struct cost_calibration ds, cal;
-            cost_calibration_defaults(&ds, &rows[i].cluster.gpu);
-            enum moe_status st = plan_fit_stack(train, k, a->cluster, &ds, &cal, NULL, NULL, err);
-            free(train);
+             * without their system (once per system: a file of many rows has few systems) */
+            int c = 0;
+            while (c < nfits && strcmp(fits[c].cluster, a->cluster)) c++;
+            enum moe_status st = MOE_OK;
+            if (c == nfits) {
+                struct plan_fit_row *train = malloc(sizeof *train * (size_t)n);
+                if (!train) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+                int k = 0;
+                for (int q = 0; q < n; q++)
+                    if (strcmp(rows[q].run->cluster, a->cluster)) train[k++] = rows[q];
+                struct cost_calibration ds;
+                cost_calibration_defaults(&ds, &rows[i].cluster.gpu);
+                fits[c].cluster = a->cluster;
+                st = plan_fit_stack(train, k, a->cluster, &ds, &fits[c].cal, NULL, NULL, err);
+                free(train);
+                if (st == MOE_OK) nfits++;
+            }
+            const struct cost_calibration cal = fits[c].cal;
             struct cost_result ra, rb;
             struct cost_ctx ctx;
             cost_ctx_init(&ctx, &rows[i].model, &rows[i].cluster, &cal, a->gpus);
@@ -249,6 +269,7 @@ static enum moe_status rank_pairs(const struct plan_fit_row *rows, int n, const 
             printf("    %s predicted slower: its %s takes %+.1f ms more per step\n",
                    a_slower ? a->id : b->id, cost_phase_names[ph], grow / 1e3);
         }
+    moe_progress_finish(&bar);
     if (pairs)
         printf("  %d pairs, Kendall's tau %.2f; %d of the %d more than 5%% apart ordered as "
                "published\n",
@@ -410,6 +431,8 @@ int cmd_calibrate(struct cli *cli, const struct cli_cmd *cmd, int argc, char **a
     if ((stack || cv) && !published)
         return cli_usage(cmd, "--stack and --cross-validate go with --published");
     if (svg && !cv) return cli_usage(cmd, "--svg goes with --cross-validate");
+    if (refit && quick)
+        return cli_usage(cmd, "--quick measures fewer shapes; --refit measures none");
     if (cv && out_given)
         return cli_usage(cmd, "--cross-validate writes no profile, so no -o: its table is the "
                               "result (--svg FILE for the chart)");

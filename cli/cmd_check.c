@@ -19,9 +19,6 @@ const struct cli_opt cmd_check_opts[] = {
     {NULL, 0, 0, NULL, NULL, 0},
 };
 
-/* Schemas moeplan writes or reads, and whether this build can validate them yet. */
-static const char *const known_schemas[] = {COST_MEASURED_SCHEMA, "moeplan.routing", NULL};
-
 /* A node XML: well-formed, accepted by hwloc, and what hwloc reads back from it. */
 static enum moe_status check_xml(const char *file, char *summary, size_t cap, struct moe_error *err)
 {
@@ -124,12 +121,40 @@ static enum moe_status check_file(const struct cli *cli, const char *file, char 
                  fitted);
         goto cleanup;
     }
-    for (const char *const *k = known_schemas; *k; k++) {
-        if (strcmp(schema, *k) == 0) {
-            st = moe_error_set_at(err, MOE_ERR_UNSUPPORTED, file, 0, 0,
-                                  "checking \"%s\" files is not built yet", schema);
+    if (!strcmp(schema, "moeplan.routing") || !strcmp(schema, COST_MEASURED_SCHEMA)) {
+        /* read by the loaders that plan --routing and report use, for the experts and top-k the
+         * file names (a routing's at its top, a run's under "routing") */
+        struct moe_jval root, at;
+        int64_t experts = 0, top_k = 0;
+        bool measured = strcmp(schema, "moeplan.routing") != 0, have = true;
+        if ((st = moe_jdoc_root(&doc, &root, err)) ||
+            (measured && (st = moe_jval_object(&root, "routing", false, &at, &have, err))))
             goto cleanup;
+        const struct moe_jval *r = measured ? &at : &root;
+        if (have &&
+            ((st = moe_jval_int(r, "experts", true, 0, 1, MDL_MAX_EXPERTS, &experts, err)) ||
+             (st = moe_jval_int(r, "top_k", true, 0, 1, MDL_MAX_TOP_K, &top_k, err))))
+            goto cleanup;
+        if (measured) {
+            struct plan_measured ms;
+            if ((st = plan_measured_load(file, (int)experts, (int)top_k, &ms, err))) goto cleanup;
+            snprintf(summary, cap, "%s v%d: a run of %s", schema, version, ms.model);
+            plan_measured_free(&ms);
+        } else {
+            struct cost_routing rt;
+            if ((st = cost_routing_load(&rt, file, (int)experts, (int)top_k, err))) goto cleanup;
+            snprintf(summary, cap, "%s v%d: %lld experts, top-%lld, %d layer%s", schema, version,
+                     (long long)experts, (long long)top_k, rt.layers, rt.layers == 1 ? "" : "s");
+            cost_routing_free(&rt);
         }
+        goto cleanup;
+    }
+    if (!strcmp(schema, PLAN_PREDICTION_SCHEMA)) { /* predict's output: no command reads it */
+        snprintf(summary, cap,
+                 "%s v%d: predict's output (JSON and schema checked; no moeplan "
+                 "command reads it back)",
+                 schema, version);
+        goto cleanup;
     }
     struct moe_jval root;
     moe_jdoc_root(&doc, &root, NULL);

@@ -232,7 +232,7 @@ int cmd_model(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
             ov.experts = (int)v;
             break;
         case OPT_SEQ:
-            if (!cli_count(cmd, "seq-len", args[i].value, 1, 1u << 30, &seq)) return 2;
+            if (!cli_count(cmd, "seq-len", args[i].value, 2, COST_MAX_SEQ, &seq)) return 2;
             break;
         }
     }

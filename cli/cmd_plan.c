@@ -147,7 +147,7 @@ int cmd_plan(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
         case OPT_EXPLAIN: explain = true; break;
         case OPT_RUNNABLE: runnable = true; break;
         case OPT_GBS:
-            if (!cli_count(cmd, "gbs", val, 1, 1u << 30, &gbs)) return 2;
+            if (!cli_count(cmd, "gbs", val, 1, COST_MAX_GBS, &gbs)) return 2;
             break;
         case OPT_MAX_TP:
             if (!cli_count(cmd, "max-tp", val, 1, 1024, &max_tp)) return 2;
@@ -228,6 +228,7 @@ int cmd_plan(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
                          cost_dispatcher_names[f.dispatcher]);
     }
     q.fix = f;
+    snprintf(q.fix_text, sizeof q.fix_text, "%s", fix ? fix : "");
     if (runnable) {
         char why[256];
         if (replicas > 0) {

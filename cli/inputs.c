@@ -53,7 +53,15 @@ enum moe_status cli_cluster_load(const struct cli *cli, const char *name, const 
     if (st != MOE_OK || !cal) return st;
     cost_calibration_defaults(cal, &cl->gpu);
     if (cal_file && !strcmp(cal_file, "datasheet")) return MOE_OK;
-    if (cal_file) return cost_calibration_load(cal, cal_file, err);
+    if (cal_file) {
+        st = cost_calibration_load(cal, cal_file, err);
+        if (st == MOE_OK && !cost_calibration_gpu_is(cal->gpu, cl->gpu.name))
+            st = moe_error_set_at(err, MOE_ERR_INPUT, cal_file, 0, 0,
+                                  "a profile of the %s; %s's GPU is the %s: calibrate on that "
+                                  "GPU, or name one of its profiles",
+                                  cal->gpu, cl->name, cl->gpu.name);
+        return st;
+    }
     /* no profile named: the newest stack profile fitted on published runs of this GPU */
     char path[MOE_PATH_MAX];
     stack_profile(cli, cl->gpu.name, stack, path, sizeof path);
@@ -86,7 +94,7 @@ int cli_input_arg(const struct cli_cmd *cmd, const struct cli_arg *a, struct cli
     case CLI_IN_GPUS: return cli_count(cmd, "gpus", a->value, 1, TOPO_MAX_GPUS, &o->gpus) ? 1 : -1;
     case CLI_IN_SEQ:
         o->seq_given = true;
-        return cli_count(cmd, "seq-len", a->value, 1, 1u << 30, &o->seq) ? 1 : -1;
+        return cli_count(cmd, "seq-len", a->value, 2, COST_MAX_SEQ, &o->seq) ? 1 : -1;
     case CLI_IN_SEED: return cli_count(cmd, "seed", a->value, 0, UINT32_MAX, &o->seed) ? 1 : -1;
     case CLI_IN_LAYERS:
         if (!cli_count(cmd, "layers", a->value, 1, 100000, &v)) return -1;
@@ -173,6 +181,8 @@ int cli_load_inputs(struct cli *cli, const struct cli_cmd *cmd, const struct cli
                              routing);
         st = cost_routing_synthetic(&in->routing, zipf ? COST_ROUTING_ZIPF : COST_ROUTING_DIRICHLET,
                                     v, seed, e->experts, e->top_k, &err);
+        if (st == MOE_ERR_INPUT) /* the option's value, not a file's */
+            return cli_usage(cmd, "--routing %s: %s", routing, err.message);
     } else {
         st = cost_routing_load(&in->routing, routing, e->experts, e->top_k, &err);
     }

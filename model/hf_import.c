@@ -82,6 +82,11 @@ static enum moe_status hf_head_dim(const struct moe_jval *o, struct mdl_model *m
                                    struct moe_error *err)
 {
     int def = m->attn.heads ? m->hidden / m->attn.heads : 0;
+    if (!moe_jval_has(o, "head_dim") && m->attn.heads && m->hidden % m->attn.heads)
+        return moe_jval_error(o, "hidden_size", err,
+                              "%d is not a multiple of num_attention_heads (%d), and no head_dim "
+                              "is given",
+                              m->hidden, m->attn.heads);
     return hf_int(o, "head_dim", false, def, &m->attn.head_dim, err);
 }
 
@@ -133,6 +138,12 @@ static enum moe_status hf_qwen3_moe(const struct moe_jval *o, struct mdl_model *
     if ((st = hf_common(o, m, err))) return st;
     if ((st = hf_head_dim(o, m, err))) return st;
     m->attn.qk_norm = true; /* every Qwen3 block norms q and k per head */
+    bool window = false;
+    if ((st = hf_bool(o, "use_sliding_window", false, &window, err))) return st;
+    if (window)
+        return moe_jval_error(o, "use_sliding_window", err,
+                              "Qwen3's sliding window (max_window_layers) is not modeled: "
+                              "moeplan plans full attention only for this family");
     if ((st = hf_bool(o, "attention_bias", false, &m->attn.bias, err))) return st;
     if ((st = hf_int(o, "num_experts", true, 0, &e->experts, err))) return st;
     if ((st = hf_int(o, "num_experts_per_tok", true, 0, &e->top_k, err))) return st;
@@ -192,6 +203,9 @@ static enum moe_status hf_dbrx(const struct moe_jval *o, struct mdl_model *m, st
     if ((st = hf_int(&ffn, "ffn_hidden_size", true, 0, &e->intermediate, err))) return st;
     if ((st = hf_bool(&ffn, "moe_normalize_expert_weights", false, &e->norm_topk, err))) return st;
     e->shared_intermediate = e->intermediate;
+    if (m->attn.heads && m->hidden % m->attn.heads)
+        return moe_jval_error(o, "d_model", err, "%d is not a multiple of n_heads (%d)", m->hidden,
+                              m->attn.heads);
     m->attn.head_dim = m->attn.heads ? m->hidden / m->attn.heads : 0;
     m->norm_eps = 1e-5;
     e->scoring = MDL_SCORE_SOFTMAX;
@@ -239,11 +253,17 @@ static enum moe_status hf_gpt_oss(const struct moe_jval *o, struct mdl_model *m,
     if ((st = hf_int(o, "intermediate_size", true, 0, &e->intermediate, err))) return st;
     e->shared_intermediate = e->intermediate;
     if ((st = hf_int(o, "sliding_window", false, 0, &m->attn.sliding_window, err))) return st;
+    struct moe_jval types;
+    bool present = false;
+    if ((st = moe_jval_array(o, "layer_types", false, &types, &present, err))) return st;
+    for (size_t i = 0; present && !m->attn.sliding_window && i < moe_jval_len(&types); i++) {
+        const char *t = json_string_value(json_array_get(types.json, i));
+        if (t && !strcmp(t, "sliding_attention"))
+            return moe_jval_error(o, "layer_types", err,
+                                  "layer %zu slides, but sliding_window is 0: give the window", i);
+    }
     if (m->attn.sliding_window) {
         /* layer_types alternates sliding and full attention; check that it does. */
-        struct moe_jval types;
-        bool present = false;
-        if ((st = moe_jval_array(o, "layer_types", false, &types, &present, err))) return st;
         m->attn.sliding_every = 2;
         if (present && moe_jval_len(&types) != (size_t)m->layers)
             return moe_jval_error(o, "layer_types", err,
@@ -350,8 +370,10 @@ static enum moe_status hf_llama4(const struct moe_jval *o, struct mdl_model *m,
 /* Our keys under each family's names, so that a value the model check refuses is named as the
  * user wrote it (pairs, NULL-terminated; what a family does not list keeps our name). */
 #define HF_COMMON_NAMES                                                                            \
-    "layers", "num_hidden_layers", "hidden", "hidden_size", "vocab", "vocab_size", "heads",        \
-        "num_attention_heads", "kv_heads", "num_key_value_heads", "head_dim",                      \
+    "norm_eps", "rms_norm_eps", "rope_theta", "rope_theta", "max_seq_len",                         \
+        "max_position_embeddings", "layers", "num_hidden_layers", "hidden", "hidden_size",         \
+        "vocab", "vocab_size", "heads", "num_attention_heads", "kv_heads", "num_key_value_heads",  \
+        "head_dim",                                                                                \
         "head_dim (or "                                                                            \
         "hidden_size / num_attention_heads)",                                                      \
         "dense_intermediate", "intermediate_size"

@@ -420,6 +420,12 @@ enum moe_status mdl_model_validate_as(const struct mdl_model *m, const char *whe
     if (m->layers < 1 || m->hidden < 1 || m->vocab < 1)
         INVALID("%s (%d), %s (%d) and %s (%d) must be positive", K("layers"), m->layers,
                 K("hidden"), m->hidden, K("vocab"), m->vocab);
+    if (!(m->norm_eps >= 1e-12 && m->norm_eps <= 1.0))
+        INVALID("%s = %g: must be in [1e-12, 1]", K("norm_eps"), m->norm_eps);
+    if (!(a->rope_theta >= 1.0 && a->rope_theta <= 1e12))
+        INVALID("%s = %g: must be in [1, 1e12]", K("rope_theta"), a->rope_theta);
+    if (m->max_seq_len < 2)
+        INVALID("%s = %d: a sequence of 2 tokens at least", K("max_seq_len"), m->max_seq_len);
     if (m->layers > MDL_MAX_LAYERS)
         INVALID("%s = %d: moeplan takes at most %d", K("layers"), m->layers, MDL_MAX_LAYERS);
     if (m->first_dense < 0 || m->first_dense > m->layers)

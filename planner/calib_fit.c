@@ -185,8 +185,14 @@ enum moe_status plan_calib_data_load(const char *file, struct plan_calib_data *d
     enum moe_status st = moe_jdoc_load(&doc, file, err);
     if (st != MOE_OK) return st;
     bool have_lib = false;
-    if ((st = moe_jdoc_root(&doc, &root, err)) ||
-        (st = moe_jval_str(&root, "gpu", true, NULL, d->gpu, sizeof d->gpu, err)) ||
+    if ((st = moe_jdoc_root(&doc, &root, err))) goto done;
+    if (!moe_jval_has(&root, "measured") && moe_jval_has(&root, "stack")) {
+        st = moe_error_set_at(err, MOE_ERR_INPUT, file, 0, 0,
+                              "a stack profile, fitted on published runs: it keeps no "
+                              "measurements to fit again (calibrate --published fits it)");
+        goto done;
+    }
+    if ((st = moe_jval_str(&root, "gpu", true, NULL, d->gpu, sizeof d->gpu, err)) ||
         (st = moe_jval_str(&root, "driver", false, "?", d->driver, sizeof d->driver, err)) ||
         (st = moe_jval_str(&root, "date", false, "?", d->date, sizeof d->date, err)) ||
         (st = moe_jval_object(&root, "libraries", false, &lib, &have_lib, err)) ||

@@ -8,6 +8,9 @@
  */
 #include "cost.h"
 
+#include <ctype.h>
+#include <strings.h>
+
 #include <math.h>
 #include <string.h>
 
@@ -176,6 +179,7 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
             goto cleanup;
     }
     t.calibrated = true;
+    snprintf(t.gpu, sizeof t.gpu, "%s", gpu);
     if (stack[0]) /* fitted on published runs of a software stack */
         snprintf(t.source, sizeof t.source, "stack profile %s for %s: %s", stack, gpu, file);
     else
@@ -562,4 +566,17 @@ double cost_fit_fp8(struct cost_calibration *cal, const struct topo_gpu_spec *gp
     else
         cal->gemm_eff_fp8 = best;
     return err;
+}
+
+bool cost_calibration_gpu_is(const char *profile_gpu, const char *spec_name)
+{
+    if (!profile_gpu[0]) return true;
+    size_t n = strlen(spec_name);
+    for (const char *p = profile_gpu; *p;) {
+        while (*p && !isalnum((unsigned char)*p)) p++;
+        const char *w = p;
+        while (*p && isalnum((unsigned char)*p)) p++;
+        if ((size_t)(p - w) == n && !strncasecmp(w, spec_name, n)) return true;
+    }
+    return false;
 }

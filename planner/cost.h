@@ -31,6 +31,7 @@ extern "C" {
 struct cost_calibration {
     bool calibrated;              /* false: datasheet defaults (docs/DESIGN.md) */
     char source[256];             /* "datasheet defaults" or the profile's GPU, driver and date */
+    char gpu[64];                 /* the GPU a profile is of ("NVIDIA H200", "H100"); "": none */
     double gemm_eff;              /* large-GEMM fraction of peak (bf16) */
     double gemm_eff_fp8;          /* the same for fp8 (per-tensor scaling) / mxfp8 */
     double gemm_eff_fp8_block;    /* the same for fp8 with 1x128 / 128x128 block scaling
@@ -230,6 +231,10 @@ struct cost_ctx {
      * contiguous placement. cost_traffic_memo_create / _destroy. */
     struct cost_traffic_memo *memo;
 };
+/* Whether a profile's GPU (its "gpu": a device name "NVIDIA H100 80GB HBM3" or a spec name
+ * "GB300") is the GPU `spec_name` names: one of its words, case aside ("GB200" is not "B200").
+ * A profile without a GPU matches every one. */
+bool cost_calibration_gpu_is(const char *profile_gpu, const char *spec_name);
 struct cost_traffic_memo *cost_traffic_memo_create(void);
 void cost_traffic_memo_destroy(struct cost_traffic_memo *m);
 

@@ -105,6 +105,12 @@ extern const char *const cost_rc_module_names[COST_RC_NMODULES];
 #define COST_RC_DEFAULT                                                                            \
     (COST_RC_BIT(COST_RC_CORE_ATTN) | COST_RC_BIT(COST_RC_LAYERNORM) | COST_RC_BIT(COST_RC_MOE_ACT))
 
+/* The sizes a layout may give, the same in the grammar's check, the plan file's reader and the
+ * command line's options: a plan the planner writes, every reader takes. */
+#define COST_MAX_SEQ (1 << 24)
+#define COST_MAX_GBS (1 << 28)
+#define COST_MAX_MBS (1 << 20)
+
 #define COST_PP_LAYOUT_MAX 160
 /* Room for cost_layout_format's text. */
 #define COST_LAYOUT_TEXT_MAX 512

@@ -125,8 +125,8 @@ void cost_stage_memory(const struct cost_ctx *c, const struct cost_layout *l,
 static int in_flight(int pp, int vpp, int mb, int rank)
 {
     int warm = vpp == 1 ? pp - rank - 1 : (pp - rank - 1) * 2 + (vpp - 1) * pp;
-    int n = warm + 1, total = mb * vpp;
-    return n < total ? n : total;
+    long long n = warm + 1, total = (long long)mb * vpp; /* mb reaches 2^28 */
+    return (int)(n < total ? n : total);
 }
 
 /* Memory of each pp rank; the fullest sets the answer. */

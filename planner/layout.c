@@ -379,9 +379,9 @@ enum moe_status cost_pp_layout_parse(const char *text, int stages, int layers, i
         snprintf(x.why, sizeof x.why, "a ')' at %d opens no group", (int)(x.p - text) + 1);
         ok = false;
     }
-    if (!ok) {
+    if (!ok) { /* a syntax error is the user's text, not the model's: a usage error */
         free(x.out);
-        BAD("%s", text, x.why);
+        return moe_error_set(err, MOE_ERR_USAGE, "pp_layout '%s': %s", text, x.why);
     }
     int s = 0, t = 0, m = 0, e = 0, loss = 0;
     memset(out, 0, sizeof *out * (size_t)stages);
@@ -453,6 +453,10 @@ enum moe_status cost_layout_check(const struct cost_layout *l, const struct mdl_
     if (l->tp < 1 || l->cp < 1 || l->pp < 1 || l->vpp < 1 || l->ep < 1 || l->etp < 1 || l->dp < 1 ||
         l->mbs < 1 || l->gbs < 1 || l->seq_len < 1)
         NO("every degree, mbs, gbs and the sequence length must be at least 1");
+    if (l->seq_len < 2 || l->seq_len > COST_MAX_SEQ || l->gbs > COST_MAX_GBS ||
+        l->mbs > COST_MAX_MBS)
+        NO("seq = %d, gbs = %d, mbs = %d: moeplan takes seq 2 .. %d, gbs up to %d, mbs up to %d",
+           l->seq_len, l->gbs, l->mbs, COST_MAX_SEQ, COST_MAX_GBS, COST_MAX_MBS);
     if (l->zero < 0 || l->zero > 3) NO("zero must be 0, 1, 2 or 3, not %d", l->zero);
     if (l->pp > COST_MAX_PP || (long)l->pp * l->vpp > COST_MAX_STAGES)
         NO("pp = %d, vpp = %d: moeplan simulates at most %d pipeline ranks and %d virtual stages",
@@ -521,7 +525,9 @@ enum moe_status cost_layout_check(const struct cost_layout *l, const struct mdl_
            l->seq_len, 2 * l->cp * l->tp);
     if (l->seq_len > m->max_seq_len)
         NO("seq = %d exceeds the model's %d", l->seq_len, m->max_seq_len);
-    if (l->dispatcher != COST_DISPATCH_ALLTOALL && l->ep == 1) NO("dedup dispatch needs ep > 1");
+    if (l->dispatcher != COST_DISPATCH_ALLTOALL && l->ep == 1)
+        NO("dispatcher=%s needs ep > 1 (with one EP rank every token stays home)",
+           cost_dispatcher_names[l->dispatcher]);
     if (l->fp8_params && (l->precision == COST_BF16 || l->zero < 1))
         NO("fp8_params: fp8 weights need an fp8 recipe and a sharded optimizer (zero >= 1)");
     if (!(l->offload >= 0.0 && l->offload <= 1.0)) NO("offload = %g (0 .. 1)", l->offload);

@@ -530,8 +530,14 @@ enum moe_status plan_print_emit(const struct plan_request *q, const struct plan_
         if (l->pp > 1)
             fprintf(out, "num_layers_per_pipeline_stage: %d\nnum_pipeline_microbatches: %d\n",
                     m->layers / (l->pp * l->vpp), mb);
-        fprintf(out, "per_device_batch_size: %g\nmax_target_length: %d\n",
-                (double)l->gbs / r->best.gpus, l->seq_len);
+        /* without a pipeline the micro-batches are MaxText's gradient accumulation steps (the
+         * per-device batch is then one micro-batch's) */
+        if (l->pp == 1 && mb > 1)
+            fprintf(out, "gradient_accumulation_steps: %d\nper_device_batch_size: %g\n", mb,
+                    (double)l->gbs / r->best.gpus / mb);
+        else
+            fprintf(out, "per_device_batch_size: %g\n", (double)l->gbs / r->best.gpus);
+        fprintf(out, "max_target_length: %d\n", l->seq_len);
         fprintf(out,
                 "num_experts: %d\nnum_experts_per_tok: %d\nsparse_matmul: True\nmegablox: True\n"
                 "capacity_factor: -1.0\n",
@@ -546,6 +552,27 @@ enum moe_status plan_print_emit(const struct plan_request *q, const struct plan_
         if (l->precision == COST_FP8_BLOCK)
             fprintf(out, "# fp8block: MaxText has no blockwise recipe; current scaling is the "
                          "nearest\nquantization: te_fp8_currentscaling\n");
+        /* the plan's settings this config does not carry: said, never dropped silently */
+        char left[512] = "";
+        size_t n = 0;
+#define LEFT(cond, ...)                                                                            \
+    if ((cond) && n < sizeof left) n += (size_t)snprintf(left + n, sizeof left - n, __VA_ARGS__)
+        LEFT(l->mtp, " mtp=%d", l->mtp);
+        LEFT(l->zero == 2, " zero=2 (MaxText shards all or none: fsdp)");
+        LEFT(l->zero == 0 && data > 1, " zero=0");
+        LEFT(l->offload > 0, " offload=%g", l->offload);
+        LEFT(l->moments_bf16, " moments=bf16");
+        LEFT(l->grad_reduce_bf16, " grad_reduce=bf16");
+        LEFT(l->graphs, " cuda_graphs=%s", cost_graphs_names[l->graphs]);
+        LEFT(l->delay_wgrad, " delay_wgrad=on");
+        LEFT(l->recompute == COST_RECOMPUTE_SELECTIVE && cost_layout_rc(l) != COST_RC_DEFAULT,
+             " recompute modules (remat_policy is the nearest)");
+#undef LEFT
+        if (left[0])
+            fprintf(out,
+                    "# the plan's settings this config does not carry (set them by hand where "
+                    "MaxText has them):%s\n",
+                    left);
         return MOE_OK;
     }
     return moe_error_set(err, MOE_ERR_USAGE, "--emit %s: megatron or maxtext", target);

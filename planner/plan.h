@@ -115,6 +115,7 @@ struct plan_request {
     int gpus, gbs, seq_len;
     enum cost_precision precision;
     struct cost_layout fix; /* -1 in a field: free; else that degree is fixed (plan_fix_none) */
+    char fix_text[COST_LAYOUT_TEXT_MAX]; /* the --fix text as given, for messages */
     int max_tp;
     double headroom; /* fraction of HBM kept free */
     enum plan_objective objective;

@@ -404,7 +404,12 @@ static enum moe_status load_placement(const struct moe_jval *root, struct plan_f
             for (int e = 0; e < E; e++) p->placement[l * E + e] = mdl_layer_is_moe(m, l) ? 0 : -1;
         return MOE_OK;
     }
-    int64_t pe;
+    int64_t pe, pep;
+    if ((st = moe_jval_int(&experts, "ep", false, p->layout.ep, 1, MDL_MAX_EXPERTS, &pep, err)))
+        return st;
+    if (pep != p->layout.ep)
+        return moe_jval_error(&experts, "ep", err, "%lld, but the layout's ep is %d",
+                              (long long)pep, p->layout.ep);
     if ((st = moe_jval_int(&experts, "experts", true, 0, 1, 1 << 16, &pe, err))) return st;
     if (pe != E) /* the placement's expert ids index the model's experts (found by fuzz_plan) */
         return moe_jval_error(&experts, "experts", err, "%lld experts placed, the model has %d",
@@ -464,6 +469,38 @@ static enum moe_status plan_from_doc(const struct moe_jdoc *doc, struct plan_fil
     if ((st = moe_jval_object(&root, "inputs", true, &in, NULL, err)) ||
         (st = moe_jval_object(&root, "layout", true, &lay, NULL, err)))
         return st;
+    /* every key of the layout is one this reader knows: a misspelt one ("Overlap") would
+     * otherwise leave its default silently in force */
+    static const char *const layout_keys[] = {"tp",
+                                              "cp",
+                                              "pp",
+                                              "vpp",
+                                              "ep",
+                                              "etp",
+                                              "dp",
+                                              "edp",
+                                              "zero",
+                                              "mbs",
+                                              "gbs",
+                                              "micro_batches",
+                                              "seq_len",
+                                              "precision",
+                                              "recompute",
+                                              "dispatcher",
+                                              "overlap",
+                                              "recompute_modules",
+                                              "recompute_layers",
+                                              "mtp",
+                                              "grad_reduce",
+                                              "moments",
+                                              "delay_wgrad",
+                                              "fp8_params",
+                                              "offload",
+                                              "cuda_graphs",
+                                              "ep_sms",
+                                              "pp_layout",
+                                              NULL};
+    if ((st = moe_jval_keys(&lay, layout_keys, err))) return st;
     struct cost_layout *l = &p->layout;
     if ((st = moe_jval_int32(&in, "gpus", true, 0, 1, PLAN_MAX_GPUS, &p->gpus, err)) ||
         (st = moe_jval_str(&in, "gpu", false, "?", p->gpu, sizeof p->gpu, err)) ||
@@ -482,9 +519,9 @@ static enum moe_status plan_from_doc(const struct moe_jdoc *doc, struct plan_fil
                               "tp x cp x pp x dp = %.0f, not the %d GPUs of the plan", degrees,
                               p->gpus);
     if ((st = moe_jval_int32(&lay, "zero", true, 0, 0, 3, &l->zero, err)) ||
-        (st = moe_jval_int32(&lay, "mbs", true, 0, 1, 1 << 20, &l->mbs, err)) ||
-        (st = moe_jval_int32(&lay, "gbs", true, 0, 1, 1 << 28, &l->gbs, err)) ||
-        (st = moe_jval_int32(&lay, "seq_len", true, 0, 2, 1 << 24, &l->seq_len, err)) ||
+        (st = moe_jval_int32(&lay, "mbs", true, 0, 1, COST_MAX_MBS, &l->mbs, err)) ||
+        (st = moe_jval_int32(&lay, "gbs", true, 0, 1, COST_MAX_GBS, &l->gbs, err)) ||
+        (st = moe_jval_int32(&lay, "seq_len", true, 0, 2, COST_MAX_SEQ, &l->seq_len, err)) ||
         (st = moe_jval_int32(&lay, "micro_batches", true, 0, 1, 1 << 24, &p->micro_batches, err)))
         return st;
     if ((st = moe_jval_enum(&lay, "precision", true, 0, cost_precision_names, &v, err))) return st;
@@ -537,6 +574,12 @@ static enum moe_status plan_from_doc(const struct moe_jdoc *doc, struct plan_fil
         return moe_jval_error(&lay, NULL, err, "%s", why.message);
     if ((int64_t)p->micro_batches * l->mbs * l->dp != l->gbs)
         return moe_jval_error(&lay, "micro_batches", err, "micro_batches x mbs x dp is not gbs");
+    int64_t edp;
+    if ((st = moe_jval_int(&lay, "edp", false, cost_layout_edp(l), 1, PLAN_MAX_GPUS, &edp, err)))
+        return st;
+    if (edp != cost_layout_edp(l))
+        return moe_jval_error(&lay, "edp", err, "%lld, but tp x cp x dp / (ep x etp) is %d",
+                              (long long)edp, cost_layout_edp(l));
     if ((st = moe_jval_num(&pred, "step_us", true, 0, 0, 1e18, &p->step_us, err)) ||
         (st = moe_jval_num(&pred, "model_tflops_per_gpu", true, 0, 0, 1e9, &p->model_tflops_per_gpu,
                            err)) ||
@@ -575,8 +618,8 @@ static enum moe_status plan_from_doc(const struct moe_jdoc *doc, struct plan_fil
                               "step phase says %.17g",
                               p->step_us, phase_sum, p->phase_us[COST_STEP]);
     int64_t in_gbs, in_seq;
-    if ((st = moe_jval_int(&in, "gbs", false, l->gbs, 1, 1 << 28, &in_gbs, err)) ||
-        (st = moe_jval_int(&in, "seq_len", false, l->seq_len, 1, 1 << 24, &in_seq, err)))
+    if ((st = moe_jval_int(&in, "gbs", false, l->gbs, 1, COST_MAX_GBS, &in_gbs, err)) ||
+        (st = moe_jval_int(&in, "seq_len", false, l->seq_len, 1, COST_MAX_SEQ, &in_seq, err)))
         return st;
     if (in_gbs != l->gbs || in_seq != l->seq_len)
         return moe_jval_error(&in, in_gbs != l->gbs ? "gbs" : "seq_len", err,

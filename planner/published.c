@@ -122,9 +122,9 @@ static enum moe_status parse_row(char *line, const char *file, int lineno, struc
     INT(4, gpus, 1, PLAN_MAX_GPUS);
     RECIPE(5, "precision");
     TEXT(5, precision);
-    INT(6, gbs, 1, 1 << 28);
-    INT(7, mbs, 1, 1 << 20);
-    INT(8, seq, 1, 1 << 24);
+    INT(6, gbs, 1, COST_MAX_GBS);
+    INT(7, mbs, 1, COST_MAX_MBS);
+    INT(8, seq, 2, COST_MAX_SEQ);
     INT(9, tp, 1, PLAN_MAX_GPUS);
     INT(10, pp, 1, COST_MAX_PP);
     INT(11, cp, 1, PLAN_MAX_GPUS);

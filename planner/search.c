@@ -471,9 +471,10 @@ static enum moe_status search_all(const struct plan_request *q, struct cost_ctx 
                              r->not_accepted, r->not_accepted_why, r->memory_rejected);
     if (r->nalt == 0 && r->memory_rejected == 0 && r->invalid == 0)
         return moe_error_set(err, MOE_ERR_INFEASIBLE,
-                             "no layout to try: no tp, pp, ep and micro-batch size fit %d GPUs, "
-                             "a global batch of %d and the --fix choices",
-                             q->gpus, q->gbs);
+                             "no layout to try: no tp, pp, vpp, ep and micro-batch size fit %d "
+                             "GPUs, %d layers, a global batch of %d and the --fix choices%s%s",
+                             q->gpus, q->model.layers, q->gbs, q->fix_text[0] ? ": " : "",
+                             q->fix_text);
     if (r->nalt == 0 && r->memory_rejected == 0) {
         int top = 0;
         for (int i = 1; i < r->nrefusal; i++)

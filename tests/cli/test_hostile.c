@@ -1038,13 +1038,41 @@ static void test_hf_and_check_hostile(void **state)
         RUN(&r, "check", at("plan-bad.json"));
         expect(&r, 3, plan_edits[i].words);
     }
-    /* the documented 65,536-expert limit plans in well under 2 s where it fits */
+    /* bounds the model file has hold for Hugging Face configs too */
+    put_edited("hf-eps.json", "tests/data/hf/deepseek_v3.json", "\"rms_norm_eps\": 1e-06",
+               "\"rms_norm_eps\": 0");
+    RUN(&r, "model", "show", at("hf-eps.json"));
+    expect(&r, 3, "rms_norm_eps = 0: must be in [1e-12, 1]");
+    /* a plan reader takes only the layout keys it knows: a misspelt one is not a default */
+    put_edited("plan-key.json", "tests/data/report/plan.json", "\"overlap\": true",
+               "\"Overlap\": false");
+    RUN(&r, "check", at("plan-key.json"));
+    expect(&r, 3, "Overlap: unknown key");
+    /* a profile of another GPU is refused, not applied to this one's peaks */
+    RUN(&r, "predict", "--model", "mixtral-8x7b", "--cluster", "gb300-nvl72", "--calibration",
+        "topologies/calibration/h200.json", "--layout", "tp=1,ep=8");
+    expect(&r, 3, "a profile of the NVIDIA H200; gb300-nvl72's GPU is the GB300");
+    RUN(&r, "calibrate", "--refit", "topologies/calibration/h200.json", "--cluster",
+        "gb300-nvl72-x16", "-o", at("refit.json"));
+    expect(&r, 3, "measured on the NVIDIA H200");
+    RUN(&r, "calibrate", "--refit", "topologies/calibration/stacks/megatron-26.08/gb300.json", "-o",
+        at("refit.json"));
+    expect(&r, 3, "a stack profile, fitted on published runs: it keeps no measurements");
+    /* MaxText: micro-batches without a pipeline are gradient accumulation; what the config
+     * cannot carry is said */
+    RUN(&r, "plan", "--model", "tiny-moe-gqa", "--cluster", "hgx-h200-x8", "--seq-len", "128",
+        "--fix", "mbs=1,moments=bf16", "--emit", "maxtext");
+    expect(&r, 0, "gradient_accumulation_steps: 8");
+    expect(&r, 0,
+           "this config does not carry (set them by hand where MaxText has them): "
+           "moments=bf16");
+    /* the documented 65,536-expert limit plans in well under 2 s where it fits, skewed too */
     double t0 = moe_time_now_s();
     RUN(&r, "plan", "--model", "tiny-moe-gqa", "--cluster", "hgx-h100-x128", "--seq-len", "128",
-        "--experts", "65536");
+        "--experts", "65536", "--routing", "zipf:1.2");
     double took = moe_time_now_s() - t0;
     expect(&r, 0, "plan:");
-    printf("plan of the tiny model with 65,536 experts on 1,024 H100: %.2f s\n", took);
+    printf("plan of the tiny model with 65,536 Zipf-loaded experts on 1,024 H100: %.2f s\n", took);
     const char *vg = getenv("MOEPLAN_CLI_VALGRIND");
     bool timed = !(vg && strcmp(vg, "0")); /* not under valgrind or the sanitizers */
 #if defined(__SANITIZE_ADDRESS__)
