@@ -15,6 +15,7 @@ struct cli {
     struct moe_log log;
     char data_dir[MOE_PATH_MAX]; /* shipped models and topologies: MOEPLAN_DATA_DIR or built-in */
     const char *cmd;             /* the subcommand running (its name, for the try-help line) */
+    char **argv;                 /* the whole command line (cli_gpu_exec runs it again) */
 };
 
 /* What an option's value names, where it names a path that moeplan writes. cli_parse checks every
@@ -72,6 +73,10 @@ bool cli_output_ok(const struct cli_cmd *cmd, const char *opt, const char *path)
 typedef enum moe_status (*cli_draw_fn)(FILE *f, const void *arg, struct moe_error *err);
 enum moe_status cli_write_drawn(const char *path, cli_draw_fn fn, const void *arg,
                                 struct moe_error *err);
+/* Where the GPU commands are a separate binary (moeplan-gpu, built beside moeplan with the
+ * executor linked in, MOEPLAN_GPU_HELPER): run this command line there, in this process. Returns
+ * only on failure (1, said), or -1 where this build has no such part. */
+int cli_gpu_exec(struct cli *cli);
 /* Log an error report; returns its exit code. A usage error (exit 2) is followed by the
  * try-help line, wherever it is found. */
 int cli_fail(struct cli *cli, const struct moe_error *err);

@@ -80,6 +80,11 @@ static int calibrate(struct cli *cli, const struct cli_cmd *cmd, const char *out
         st = cli_calibrate_measure(cli, &cl, quick, d, &err);
 #else
         (void)quick;
+        int rc = cli_gpu_exec(cli); /* the measurements are the GPU part's */
+        if (rc >= 0) {
+            free(d);
+            return rc;
+        }
         st = moe_error_set(&err, MOE_ERR_UNSUPPORTED,
                            "calibrate needs a CUDA build to measure a GPU; --refit PROFILE fits "
                            "a profile's measurements again in this build");

@@ -164,7 +164,10 @@ static int topo_discover_cmd(struct cli *cli, const char *out_dir)
     struct moe_error err;
     struct topo_cuda_gpu cuda[TOPO_MAX_GPUS_PER_NODE];
     int ncuda = 0;
-#ifdef MOEPLAN_HAVE_EXECUTOR
+#ifndef MOEPLAN_HAVE_EXECUTOR
+    int rc = cli_gpu_exec(cli); /* the CUDA devices are the GPU part's to see */
+    if (rc >= 0) return rc;
+#else
     int count = 0;
     if (exec_device_count(&count, &err) == MOE_OK) {
         for (int i = 0; i < count && ncuda < TOPO_MAX_GPUS_PER_NODE; i++) {

@@ -11,6 +11,10 @@
  */
 #define _GNU_SOURCE
 #include <dirent.h>
+#include <errno.h>
+#include <libgen.h>
+#include <limits.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -248,7 +252,48 @@ int cli_fail(struct cli *cli, const struct moe_error *err)
     return moe_status_exit_code(err->status);
 }
 
-#ifndef MOEPLAN_HAVE_EXECUTOR
+int cli_gpu_exec(struct cli *cli)
+{
+#ifdef MOEPLAN_GPU_HELPER
+    /* the GPU part, moeplan-gpu, sits beside this binary: the same program with the executor
+     * linked in (cuBLAS alone costs 150 MB of memory at start, which the planner's commands
+     * should not pay); it runs this very command line in this process */
+    char self[PATH_MAX], path[PATH_MAX + 16];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) {
+        fprintf(stderr, "moeplan: cannot find this program's folder: %s\n", strerror(errno));
+        return 1;
+    }
+    self[n] = '\0';
+    snprintf(path, sizeof path, "%s/moeplan-gpu", dirname(self));
+    fflush(stdout);
+    fflush(stderr);
+    execv(path, cli->argv);
+    fprintf(stderr, "moeplan: the GPU commands run in %s, which could not be started: %s\n", path,
+            strerror(errno));
+    return 1;
+#else
+    (void)cli;
+    return -1;
+#endif
+}
+
+#if !defined(MOEPLAN_HAVE_EXECUTOR) && defined(MOEPLAN_GPU_HELPER)
+/* A GPU command in the planner's binary: the GPU part runs it (cli_gpu_exec). */
+static int cmd_gpu(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
+{
+    (void)cmd, (void)argc, (void)argv;
+    return cli_gpu_exec(cli);
+}
+#define cmd_run cmd_gpu
+#define cmd_bench cmd_gpu
+#define cmd_validate cmd_gpu
+#define GPU_COMMANDS_HERE 1
+#elif defined(MOEPLAN_HAVE_EXECUTOR)
+#define GPU_COMMANDS_HERE 1
+#endif
+
+#ifndef GPU_COMMANDS_HERE
 /* A subcommand that this build lacks: parse its options with its real table (so that a typo is
  * still a usage error and a documented option is not "unknown"), then say plainly that it is
  * not built and exit 1. */
@@ -277,7 +322,7 @@ static const struct cli_cmd commands[] = {
      "Predict step time, phases and memory of a given layout.", NULL, cmd_predict_opts,
      cmd_predict},
     {"run", "PLAN [options]", "Train a plan for real on GPUs and measure each phase.",
-#ifdef MOEPLAN_HAVE_EXECUTOR
+#ifdef GPU_COMMANDS_HERE
      NULL,
 #else
      "training runs on GPUs: this build has no executor (it was configured with "
@@ -288,7 +333,7 @@ static const struct cli_cmd commands[] = {
      "Microbenchmark this GPU machine; fit a profile (--refit: again, on any machine).", NULL,
      cmd_calibrate_opts, cmd_calibrate},
     {"validate", "[options]", "Plan, run and compare a set of one-GPU jobs; write the report.",
-#ifdef MOEPLAN_HAVE_EXECUTOR
+#ifdef GPU_COMMANDS_HERE
      NULL,
 #else
      "validation runs jobs on a GPU: this build has no executor",
@@ -299,7 +344,7 @@ static const struct cli_cmd commands[] = {
     {"bench", "moe|adamw|attention|gemm [options]",
      "Benchmark the MoE layer, the AdamW update, attention or a GEMM in bf16 and fp8 on this GPU "
      "(bench/run-moe, bench/run-adamw, bench/run-gemm: next to PyTorch).",
-#ifdef MOEPLAN_HAVE_EXECUTOR
+#ifdef GPU_COMMANDS_HERE
      NULL,
 #else
      "the benchmarks run on a GPU: this build has no executor",
@@ -412,13 +457,15 @@ static void print_help(FILE *out)
 
 int main(int argc, char **argv)
 {
-    struct cli cli = {.cmd = NULL};
+    struct cli cli = {.cmd = NULL, .argv = argv};
     moe_log_init(&cli.log, MOE_LOG_INFO);
     const char *data = getenv("MOEPLAN_DATA_DIR");
     snprintf(cli.data_dir, sizeof cli.data_dir, "%s", data && *data ? data : MOEPLAN_DATA_DIR);
     int i = 1;
     for (; i < argc && argv[i][0] == '-'; i++) {
         if (strcmp(argv[i], "--version") == 0 || strcmp(argv[i], "-V") == 0) {
+            int rc = cli_gpu_exec(&cli); /* the CUDA libraries' versions are the GPU part's */
+            if (rc >= 0) return rc;
             print_version();
             return 0;
         }
