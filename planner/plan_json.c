@@ -318,6 +318,23 @@ static enum moe_status load_stages(const struct moe_jval *root, struct plan_file
     if (sum != p->model.layers)
         return moe_jval_error(&stages, "layers_per_virtual_stage", err,
                               "the stages hold %d blocks, the model %d", sum, p->model.layers);
+    /* the pp rank of each virtual stage: Megatron's interleaving, v mod pp, where it is given */
+    struct moe_jval rank_of;
+    bool have = false;
+    if ((st = moe_jval_array(&stages, "pp_rank_of_virtual_stage", false, &rank_of, &have, err)))
+        return st;
+    if (have && (int)moe_jval_len(&rank_of) != V)
+        return moe_jval_error(&stages, "pp_rank_of_virtual_stage", err,
+                              "%zu entries, the layout has pp x vpp = %d", moe_jval_len(&rank_of),
+                              V);
+    for (int v = 0; have && v < V; v++) {
+        int64_t r;
+        if ((st = moe_jval_at_int(&rank_of, (size_t)v, 0, p->layout.pp - 1, &r, err))) return st;
+        if (r != v % p->layout.pp)
+            return moe_jval_error(&stages, "pp_rank_of_virtual_stage", err,
+                                  "virtual stage %d on pp rank %lld: it runs on rank %d", v,
+                                  (long long)r, v % p->layout.pp);
+    }
     return MOE_OK;
 }
 
@@ -586,10 +603,14 @@ static enum moe_status plan_from_doc(const struct moe_jdoc *doc, struct plan_fil
         (st = moe_jval_num(&pred, "mfu", true, 0, 0, 1, &p->mfu, err)) ||
         (st = moe_jval_object(&pred, "phases", true, &phases, NULL, err)))
         return st;
-    for (int i = 0; i < COST_NPHASES; i++)
+    for (int i = 0; i < COST_NPHASES; i++) {
+        double unused;
         if ((st = moe_jval_object(&phases, cost_phase_names[i], true, &ph, NULL, err)) ||
-            (st = moe_jval_num(&ph, "exposed_us", true, 0, 0, 1e18, &p->phase_us[i], err)))
+            (st = moe_jval_num(&ph, "exposed_us", true, 0, 0, 1e18, &p->phase_us[i], err)) ||
+            (st = moe_jval_num(&ph, "compute_us", false, 0, 0, 1e18, &unused, err)) ||
+            (st = moe_jval_num(&ph, "comm_us", false, 0, 0, 1e18, &unused, err)))
             return st;
+    }
     double capacity;
     if ((st = moe_jval_object(&pred, "memory_bytes", true, &mem, NULL, err)) ||
         (st = moe_jval_num(&mem, "total", true, 0, 0, 1e18, &p->memory_total_bytes, err)) ||

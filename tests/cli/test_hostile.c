@@ -1031,6 +1031,9 @@ static void test_hf_and_check_hostile(void **state)
         {"\"total\": 2686371456", "\"total\": 2686471456", "categories add up to"},
         {"\"step_us\": 545.000882412", "\"step_us\": 600", "the phases' exposed times add up to"},
         {"\"gbs\": 16,\n    \"seq_len\"", "\"gbs\": 32,\n    \"seq_len\"", "but the layout has"},
+        {"\"pp_rank_of_virtual_stage\": [\n      0", "\"pp_rank_of_virtual_stage\": [\n      3",
+         "pp_rank_of_virtual_stage"},
+        {"\"compute_us\": 12.0232727273", "\"compute_us\": -12", "compute_us"},
     };
     for (size_t i = 0; i < sizeof plan_edits / sizeof plan_edits[0]; i++) {
         put_edited("plan-bad.json", "tests/data/report/plan.json", plan_edits[i].from,
