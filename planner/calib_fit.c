@@ -251,6 +251,34 @@ enum moe_status plan_calib_data_load(const char *file, struct plan_calib_data *d
             goto done;
         }
     }
+    /* the keys this build writes, and the phases' order the jobs' arrays follow: a profile with
+     * another order (another build's) is refused, not read into the wrong phases */
+    static const char *const measured_keys[] = {"launch_us",
+                                                "copy_1gib_us",
+                                                "gemm_m_n_k_us",
+                                                "gemm_fit_rms",
+                                                PLAN_CALIB_ATTN_KEY,
+                                                "attention_seqs_seq_h_kv_dqk_dv_fwd_bwd_us",
+                                                PLAN_CALIB_EXPERT_KEY,
+                                                PLAN_CALIB_FP8_KEY,
+                                                "jobs",
+                                                "phase_order",
+                                                NULL};
+    if ((st = moe_jval_keys(&m, measured_keys, err))) goto done;
+    bool have_order = false;
+    if ((st = moe_jval_array(&m, "phase_order", false, &arr, &have_order, err))) goto done;
+    for (int k = 0; have_order && k < COST_NPHASES; k++) {
+        const char *name = (size_t)k < moe_jval_len(&arr)
+                               ? json_string_value(json_array_get(arr.json, (size_t)k))
+                               : NULL;
+        if (moe_jval_len(&arr) != COST_NPHASES || !name || strcmp(name, cost_phase_names[k])) {
+            st = moe_jval_error(&m, "phase_order", err,
+                                "not this build's %d phases in order (%s, %s, ...): the jobs' "
+                                "times would land in other phases",
+                                COST_NPHASES, cost_phase_names[0], cost_phase_names[1]);
+            goto done;
+        }
+    }
     if ((st = moe_jval_array(&m, "jobs", true, &arr, NULL, err))) goto done;
     for (size_t i = 0; i < moe_jval_len(&arr) && d->njobs < PLAN_CALIB_MAX_JOBS; i++) {
         struct moe_jval jo, ph;

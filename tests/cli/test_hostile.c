@@ -1025,6 +1025,14 @@ static void test_hf_and_check_hostile(void **state)
     expect(&r, 3, "launch_us");
     RUN(&r, "calibrate", "--refit", at("cal-bad.json"), "-o", at("cal-out.json"));
     expect(&r, 3, "launch_us");
+    /* a profile whose jobs' phases follow another order is refused, not read into others */
+    put_edited("cal-order.json", "topologies/calibration/h200.json",
+               "\"phase_order\": [\n      \"embed\",\n      \"attn_fwd\"",
+               "\"phase_order\": [\n      \"attn_fwd\",\n      \"embed\"");
+    RUN(&r, "check", at("cal-order.json"));
+    expect(&r, 3, "phase_order: not this build's");
+    RUN(&r, "calibrate", "--refit", at("cal-order.json"), "-o", at("cal-out.json"));
+    expect(&r, 3, "phase_order: not this build's");
     static const struct {
         const char *from, *to, *words;
     } plan_edits[] = {
