@@ -268,6 +268,7 @@ int cli_gpu_exec(struct cli *cli)
     snprintf(path, sizeof path, "%s/moeplan-gpu", dirname(self));
     fflush(stdout);
     fflush(stderr);
+    moe_stdout_release(); /* a '-' output is the GPU part's to claim again */
     execv(path, cli->argv);
     fprintf(stderr, "moeplan: the GPU commands run in %s, which could not be started: %s\n", path,
             strerror(errno));

@@ -249,6 +249,18 @@ enum moe_status moe_stdout_claim(struct moe_error *err)
     return st;
 }
 
+void moe_stdout_release(void)
+{
+    pthread_mutex_lock(&claimed.lock);
+    if (claimed.fd >= 0) {
+        fflush(stdout);
+        dup2(claimed.fd, 1);
+        close(claimed.fd);
+        claimed.fd = -1;
+    }
+    pthread_mutex_unlock(&claimed.lock);
+}
+
 static int stdout_fd(void)
 {
     pthread_mutex_lock(&claimed.lock);

@@ -146,6 +146,9 @@ enum moe_status moe_output_dir_make(const char *dir, struct moe_error *err);
 /* A "-" output takes standard output for its data: from here on, whatever else the process
  * prints to standard output goes to standard error. One claim a process (a second is refused). */
 enum moe_status moe_stdout_claim(struct moe_error *err);
+/* Give standard output back as it was before the claim (before exec'ing a program that claims it
+ * again). */
+void moe_stdout_release(void);
 /* Write bytes to `file` (moe_output_check's rules): "-" is standard output; a symbolic link is
  * written through (the link stays); a regular file is replaced atomically (a temp file in the
  * same folder, fsync, rename, fsync of the folder) with SIGINT, SIGTERM, SIGHUP and SIGPIPE held
