@@ -201,6 +201,10 @@ bool exec_layout_runnable(const struct mdl_model *m, const struct cost_layout *l
                  l->mtp);
         return false;
     }
+    if (l->act_offload) {
+        snprintf(why, cap, "act_offload: the executor keeps every activation on the GPU");
+        return false;
+    }
     if (l->offload > 0) {
         snprintf(why, cap, "offload=%g: the executor keeps the optimizer on the GPU (offload=0)",
                  l->offload);

@@ -381,6 +381,28 @@ static enum moe_status block_cost(const struct cost_ctx *c, const struct cost_la
      * communication; the executor refuses expert parallelism with full recompute). */
     if (l->recompute == COST_RECOMPUTE_FULL)
         for (int p = 0; p < COST_NPHASES; p++) b->recompute[p] = b->fwd[p];
+    /* Activation offloading: the offloaded modules' inputs go to the host during the forward and
+     * come back during the backward, on a copy stream beside the block's compute, at the host
+     * link's or the host memory's pace (the slower). The compute hides up to overlap_max of it;
+     * the rest shows on the side that offloaded it (attention, or the FFN). */
+    if (l->act_offload) {
+        double ab, fb, fwd = 0.0, bwd = 0.0;
+        cost_offload_bytes(c, l, layer, b->hot_ratio, &ab, &fb);
+        const struct topo_gpu_spec *g = &c->cluster.gpu;
+        double bw = fmin(g->host_link_bytes_per_s, g->host_memory_bytes_per_s);
+        for (int p = 0; p < COST_NPHASES; p++) {
+            fwd += b->fwd[p];
+            bwd += b->bwd[p] + b->recompute[p];
+        }
+        double t = (ab + fb) / bw * 1e6, share = ab + fb > 0 ? ab / (ab + fb) : 0.0;
+        double ef = fmax(0.0, t - c->cal.overlap_max * fwd);
+        double eb = fmax(0.0, t - c->cal.overlap_max * bwd);
+        bool moe = mdl_layer_is_moe(&c->model, layer);
+        b->fwd[COST_ATTN_FWD] += ef * share;
+        b->bwd[COST_ATTN_BWD] += eb * share;
+        b->fwd[moe ? COST_EXPERTS_FWD : COST_DENSE_FFN] += ef * (1.0 - share);
+        b->bwd[moe ? COST_EXPERTS_BWD : COST_DENSE_FFN] += eb * (1.0 - share);
+    }
     return MOE_OK;
 }
 
@@ -616,6 +638,12 @@ static enum moe_status evaluate(const struct cost_ctx *c, const struct cost_layo
         (t->gpu.host_link_bytes_per_s <= 0 || t->gpu.host_memory_bytes_per_s <= 0))
         return moe_error_set(err, MOE_ERR_INFEASIBLE,
                              "offload: the %s's host link and host memory bandwidth are not "
+                             "known (gpus.json: host_link_bandwidth, host_memory_bandwidth)",
+                             t->gpu.name);
+    if (l->act_offload &&
+        (t->gpu.host_link_bytes_per_s <= 0 || t->gpu.host_memory_bytes_per_s <= 0))
+        return moe_error_set(err, MOE_ERR_INFEASIBLE,
+                             "act_offload: the %s's host link and host memory bandwidth are not "
                              "known (gpus.json: host_link_bandwidth, host_memory_bandwidth)",
                              t->gpu.name);
     if (l->ep_sms >= t->gpu.sms)

@@ -99,6 +99,19 @@ enum cost_rc_module {
     COST_RC_NMODULES
 };
 extern const char *const cost_rc_module_names[COST_RC_NMODULES];
+/* Fine-grained activation offloading by module, as Megatron names them (--offload-modules): each
+ * module's saved input goes to host memory in the forward and comes back for the backward. */
+enum cost_off_module {
+    COST_OFF_ATTN_NORM = 0, /* the block's input (the attention norm's) */
+    COST_OFF_QKV_LINEAR,    /* the attention norm's output, the q/k/v projection's input */
+    COST_OFF_CORE_ATTN,     /* q, k and v after RoPE, the attention kernel's input */
+    COST_OFF_ATTN_PROJ,     /* the attention's output, the output projection's input */
+    COST_OFF_MLP_NORM,      /* the FFN norm's input */
+    COST_OFF_EXPERT_FC1,    /* the routed experts' input rows */
+    COST_OFF_MOE_ACT,       /* the experts' first GEMM's output, the activation's input */
+    COST_OFF_NMODULES
+};
+extern const char *const cost_off_module_names[COST_OFF_NMODULES];
 #define COST_RC_BIT(m) (1u << (m))
 /* What `recompute=selective` means when no modules are named: the attention kernel (Megatron's
  * default), the norms and the experts' activation function: the cheapest to redo. */
@@ -141,6 +154,7 @@ struct cost_layout {
                             * (Megatron's --fp8-param-gather; needs the distributed optimizer) */
     double offload; /* share of the optimizer state (and its step) on the CPU, 0 .. 1 (Megatron's
                      * --optimizer-cpu-offload --optimizer-offload-fraction) */
+    unsigned act_offload; /* COST_RC_BIT of each cost_off_module offloaded (0: none) */
     /* Megatron's --pipeline-model-parallel-layout ("Et*4|(t*4|)*14tmL"); "": moeplan splits */
     char pp_layout[COST_PP_LAYOUT_MAX];
 };
@@ -168,6 +182,8 @@ static inline unsigned cost_layout_rc(const struct cost_layout *l)
 
 /* The module names of `mods` joined by `sep` ("mla_up_proj+moe_act"); "" for none. */
 void cost_rc_modules_format(unsigned mods, const char *sep, char *buf, size_t cap);
+/* The same for the offloaded modules (cost_off_module). */
+void cost_off_modules_format(unsigned mods, const char *sep, char *buf, size_t cap);
 /* The layout's recompute as its `recompute=` value: none, selective (Megatron's default modules),
  * full, or the modules joined by '+'. */
 void cost_layout_recompute_text(const struct cost_layout *l, char *buf, size_t cap);
@@ -201,6 +217,7 @@ enum cost_layout_key_id {
     COST_KEY_FP8_PARAMS,
     COST_KEY_OFFLOAD,
     COST_KEY_PP_LAYOUT,
+    COST_KEY_ACT_OFFLOAD,
     COST_NKEYS
 };
 #define COST_KEY_BIT(k) ((uint64_t)1 << (k))

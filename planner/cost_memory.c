@@ -26,43 +26,52 @@ double cost_act_elem_bytes(const struct cost_layout *l)
  *   MoE: the router's logits and scores, and per routed copy the first GEMM's input, its output
  *     (the activation's input) and the activation's output (`moe_act` drops the last; `moe` keeps
  *     only the layer's input); shared experts and dense FFNs alike (`shared_experts`, `mlp`).
- * Full recompute keeps only the block's input. */
-static double block_activation_bytes(const struct cost_ctx *c, const struct cost_layout *l,
-                                     int layer, double hot_ratio)
+ * Full recompute keeps only the block's input. The inputs of the modules Megatron can offload
+ * (--offload-modules) are counted apart, in off[]: what act_offload names goes to the host (per
+ * token, in bytes). Returns the bytes per token the GPU keeps. */
+static double block_bytes_per_token(const struct cost_ctx *c, const struct cost_layout *l,
+                                    int layer, double hot_ratio, double off[COST_OFF_NMODULES])
 {
     const struct mdl_model *m = &c->model;
     const struct mdl_attention *a = &m->attn;
-    double T = cost_layout_tokens(l), h = m->hidden, H = a->heads, lin = cost_act_elem_bytes(l);
+    double h = m->hidden, H = a->heads, lin = cost_act_elem_bytes(l);
     unsigned rc = cost_layout_rc(l);
     bool rc_norm = rc & COST_RC_BIT(COST_RC_LAYERNORM);
-    if (l->recompute == COST_RECOMPUTE_FULL) return T * h * BF16;
+    for (int i = 0; i < COST_OFF_NMODULES; i++) off[i] = 0.0;
+    if (l->recompute == COST_RECOMPUTE_FULL) { /* the block's input alone: the attention norm's */
+        off[COST_OFF_ATTN_NORM] = BF16 * h;
+        return l->act_offload & COST_RC_BIT(COST_OFF_ATTN_NORM) ? 0.0 : BF16 * h;
+    }
     /* the two norms: input and 1/rms kept; output kept as a GEMM input unless recomputed */
-    double norms = 2.0 * (BF16 * h + 4.0) + (rc_norm ? 0.0 : 2.0 * lin * h);
+    double norms = 2.0 * 4.0;
+    off[COST_OFF_ATTN_NORM] = off[COST_OFF_MLP_NORM] = BF16 * h;
+    off[COST_OFF_QKV_LINEAR] = rc_norm ? 0.0 : lin * h;
+    norms += rc_norm ? 0.0 : lin * h; /* the FFN norm's output: the router's and experts' input */
     double attn = 0.0;
     if (a->type == MDL_ATTN_GQA) {
         double q = H * a->head_dim, kv = (double)a->kv_heads * a->head_dim;
-        attn += BF16 * (q + 2.0 * kv);                            /* q, k, v after RoPE (flash) */
+        off[COST_OFF_CORE_ATTN] = BF16 * (q + 2.0 * kv);          /* q, k, v after RoPE (flash) */
         if (a->qk_norm || a->qk_l2_norm) attn += BF16 * (q + kv); /* q, k before their norms */
         if (!(rc & COST_RC_BIT(COST_RC_CORE_ATTN))) /* the output, and the projection's input */
-            attn += BF16 * q + (lin < BF16 ? lin * q : 0.0);
+            off[COST_OFF_ATTN_PROJ] = BF16 * q + (lin < BF16 ? lin * q : 0.0);
     } else {
         double qk = a->qk_nope_head_dim + a->qk_rope_head_dim, dv = a->v_head_dim;
         if (a->q_lora_rank) attn += a->q_lora_rank * (BF16 + 4.0 / a->q_lora_rank + lin);
         attn += a->kv_lora_rank * (BF16 + lin) + BF16 * a->qk_rope_head_dim;
-        if (!(rc & COST_RC_BIT(COST_RC_MLA_UP_PROJ))) attn += BF16 * H * (2.0 * qk + dv);
+        if (!(rc & COST_RC_BIT(COST_RC_MLA_UP_PROJ)))
+            off[COST_OFF_CORE_ATTN] = BF16 * H * (2.0 * qk + dv);
         if (!(rc & COST_RC_BIT(COST_RC_CORE_ATTN)))
-            attn += BF16 * H * dv + (lin < BF16 ? lin * H * dv : 0.0);
+            off[COST_OFF_ATTN_PROJ] = BF16 * H * dv + (lin < BF16 ? lin * H * dv : 0.0);
     }
     attn += 4.0 * H; /* log-sum-exp per head */
     double ffn = 0.0;
     if (mdl_layer_is_moe(m, layer)) {
         const struct mdl_moe *e = &m->moe;
         double f = (double)e->intermediate / l->etp, k = e->top_k * hot_ratio * l->etp;
-        if (rc & COST_RC_BIT(COST_RC_MOE)) {
-            ffn = 0.0; /* the layer's input is the norm's output, counted above */
-        } else {
-            ffn += 8.0 * e->experts + 8.0 * e->top_k; /* logits, scores, choices */
-            ffn += k * (lin * h + BF16 * 2.0 * f);    /* GEMM 1 input and output */
+        if (!(rc & COST_RC_BIT(COST_RC_MOE))) { /* else only the layer's input, counted above */
+            ffn += 8.0 * e->experts + 8.0 * e->top_k;   /* logits, scores, choices */
+            off[COST_OFF_EXPERT_FC1] = k * lin * h;     /* GEMM 1 input */
+            off[COST_OFF_MOE_ACT] = k * BF16 * 2.0 * f; /* GEMM 1 output */
             if (!(rc & COST_RC_BIT(COST_RC_MOE_ACT))) ffn += k * lin * f; /* activation output */
         }
         if (e->shared_experts && !(rc & COST_RC_BIT(COST_RC_SHARED_EXPERTS))) {
@@ -73,7 +82,28 @@ static double block_activation_bytes(const struct cost_ctx *c, const struct cost
         double f = m->dense_intermediate;
         ffn += BF16 * 2.0 * f + lin * f;
     }
-    return T * (norms + attn + ffn);
+    double kept = norms + attn + ffn;
+    for (int i = 0; i < COST_OFF_NMODULES; i++)
+        if (!(l->act_offload & COST_RC_BIT(i))) kept += off[i];
+    return kept;
+}
+
+static double block_activation_bytes(const struct cost_ctx *c, const struct cost_layout *l,
+                                     int layer, double hot_ratio)
+{
+    double off[COST_OFF_NMODULES];
+    return cost_layout_tokens(l) * block_bytes_per_token(c, l, layer, hot_ratio, off);
+}
+
+void cost_offload_bytes(const struct cost_ctx *c, const struct cost_layout *l, int layer,
+                        double hot_ratio, double *attn_bytes, double *ffn_bytes)
+{
+    double off[COST_OFF_NMODULES], T = cost_layout_tokens(l);
+    block_bytes_per_token(c, l, layer, hot_ratio, off);
+    *attn_bytes = *ffn_bytes = 0.0;
+    for (int i = 0; i < COST_OFF_NMODULES; i++)
+        if (l->act_offload & COST_RC_BIT(i))
+            *(i < COST_OFF_MLP_NORM ? attn_bytes : ffn_bytes) += T * off[i];
 }
 
 void cost_stage_memory(const struct cost_ctx *c, const struct cost_layout *l,

@@ -21,6 +21,8 @@ const char *const cost_dispatcher_names[] = {"alltoall", "dedup-gpu", "dedup-dom
 const char *const cost_graphs_names[] = {"none", "partial", "full", NULL};
 const char *const cost_rc_module_names[COST_RC_NMODULES] = {
     "core_attn", "mla_up_proj", "layernorm", "moe_act", "mlp", "moe", "shared_experts"};
+const char *const cost_off_module_names[COST_OFF_NMODULES] = {
+    "attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act"};
 
 static int name_index(const char *const *names, const char *s)
 {
@@ -29,10 +31,15 @@ static int name_index(const char *const *names, const char *s)
     return -1;
 }
 
-/* "mla_up_proj+layernorm": Megatron's module names joined by '+'. */
-static enum moe_status parse_modules(const char *val, unsigned *out, struct moe_error *err)
+/* "mla_up_proj+layernorm": module names of `names` (n of them) joined by '+', as Megatron's
+ * --recompute-modules and --offload-modules take them. */
+static enum moe_status parse_module_list(const char *key, const char *val, const char *const *names,
+                                         int n, unsigned *out, struct moe_error *err)
 {
-    char buf[256];
+    char buf[256], list[256];
+    size_t used = 0;
+    for (int i = 0; i < n && used < sizeof list; i++)
+        used += (size_t)snprintf(list + used, sizeof list - used, "%s%s", i ? ", " : "", names[i]);
     snprintf(buf, sizeof buf, "%s", val);
     unsigned bits = 0;
     for (char *m = buf, *next; m; m = next) {
@@ -40,19 +47,17 @@ static enum moe_status parse_modules(const char *val, unsigned *out, struct moe_
         if (next) *next++ = '\0';
         if (!m[0])
             return moe_error_set(err, MOE_ERR_USAGE,
-                                 "layout: recompute=%s: an empty module ('+' at an end, or '++')",
+                                 "layout: %s=%s: an empty module ('+' at an end, or '++')", key,
                                  val);
         int i = 0;
-        while (i < COST_RC_NMODULES && strcmp(cost_rc_module_names[i], m)) i++;
-        if (i == COST_RC_NMODULES)
-            return moe_error_set(err, MOE_ERR_USAGE,
-                                 "layout: recompute=%s: '%s' is not none, selective, full or a "
-                                 "module (core_attn, mla_up_proj, layernorm, moe_act, mlp, moe, "
-                                 "shared_experts, joined by '+')",
-                                 val, m);
+        while (i < n && strcmp(names[i], m)) i++;
+        if (i == n)
+            return moe_error_set(
+                err, MOE_ERR_USAGE, "layout: %s=%s: '%s' is not a module (%s, joined by '+'%s)",
+                key, val, m, list,
+                strcmp(key, "recompute") ? "; or none" : "; or none, selective, full");
         bits |= COST_RC_BIT(i);
     }
-    if (!bits) return moe_error_set(err, MOE_ERR_USAGE, "layout: recompute=%s names nothing", val);
     *out = bits;
     return MOE_OK;
 }
@@ -84,6 +89,7 @@ const struct cost_layout_key cost_layout_keys[] = {
     {"fp8_params", COST_KEY_FP8_PARAMS},
     {"offload", COST_KEY_OFFLOAD},
     {"pp_layout", COST_KEY_PP_LAYOUT},
+    {"act_offload", COST_KEY_ACT_OFFLOAD},
     {NULL, 0},
 };
 
@@ -145,8 +151,19 @@ enum moe_status cost_layout_parse_keys(struct cost_layout *l, const char *text, 
                 t.recompute_modules = idx == COST_RECOMPUTE_SELECTIVE ? COST_RC_DEFAULT : 0;
                 continue;
             }
-            if (parse_modules(val, &t.recompute_modules, err) != MOE_OK) return err->status;
+            enum moe_status st = parse_module_list("recompute", val, cost_rc_module_names,
+                                                   COST_RC_NMODULES, &t.recompute_modules, err);
+            if (st != MOE_OK) return st;
             t.recompute = COST_RECOMPUTE_SELECTIVE;
+            continue;
+        }
+        if (!strcmp(key, "act_offload")) {
+            t.act_offload = 0;
+            if (strcmp(val, "none")) {
+                enum moe_status st = parse_module_list("act_offload", val, cost_off_module_names,
+                                                       COST_OFF_NMODULES, &t.act_offload, err);
+                if (st != MOE_OK) return st;
+            }
             continue;
         }
         if (!strcmp(key, "dispatcher")) {
@@ -244,13 +261,24 @@ enum moe_status cost_layout_parse_keys(struct cost_layout *l, const char *text, 
     return MOE_OK;
 }
 
-void cost_rc_modules_format(unsigned mods, const char *sep, char *buf, size_t cap)
+static void modules_format(unsigned mods, const char *const *names, int count, const char *sep,
+                           char *buf, size_t cap)
 {
     size_t n = 0;
     if (cap) buf[0] = '\0';
-    for (int i = 0; i < COST_RC_NMODULES && n < cap; i++)
+    for (int i = 0; i < count && n < cap; i++)
         if (mods & COST_RC_BIT(i))
-            n += (size_t)snprintf(buf + n, cap - n, "%s%s", n ? sep : "", cost_rc_module_names[i]);
+            n += (size_t)snprintf(buf + n, cap - n, "%s%s", n ? sep : "", names[i]);
+}
+
+void cost_rc_modules_format(unsigned mods, const char *sep, char *buf, size_t cap)
+{
+    modules_format(mods, cost_rc_module_names, COST_RC_NMODULES, sep, buf, cap);
+}
+
+void cost_off_modules_format(unsigned mods, const char *sep, char *buf, size_t cap)
+{
+    modules_format(mods, cost_off_module_names, COST_OFF_NMODULES, sep, buf, cap);
 }
 
 void cost_layout_recompute_text(const struct cost_layout *l, char *buf, size_t cap)
@@ -293,6 +321,11 @@ void cost_layout_format(const struct cost_layout *l, char *buf, size_t cap)
         k += snprintf(buf + k, cap - (size_t)k, ",fp8_params=on");
     if (k >= 0 && (size_t)k < cap && l->offload > 0)
         k += snprintf(buf + k, cap - (size_t)k, ",offload=%.17g", l->offload);
+    if (k >= 0 && (size_t)k < cap && l->act_offload) {
+        char mods[160];
+        cost_off_modules_format(l->act_offload, "+", mods, sizeof mods);
+        k += snprintf(buf + k, cap - (size_t)k, ",act_offload=%s", mods);
+    }
     if (k >= 0 && (size_t)k < cap && l->pp_layout[0])
         snprintf(buf + k, cap - (size_t)k, ",pp_layout=%s", l->pp_layout);
 }

@@ -482,6 +482,12 @@ enum moe_status plan_print_emit(const struct plan_request *q, const struct plan_
                     "--overlap-cpu-optimizer-d2h-h2d \\\n",
                     l->offload);
         if (l->fp8_params) fprintf(out, "--fp8-param-gather \\\n");
+        if (l->act_offload) {
+            char mods[160];
+            cost_off_modules_format(l->act_offload, " ", mods, sizeof mods);
+            fprintf(out, "--fine-grained-activation-offloading \\\n--offload-modules %s \\\n",
+                    mods);
+        }
         static const char *const recipe[] = {"", "tensorwise", "mxfp8", "blockwise"};
         if (l->precision == COST_BF16)
             fprintf(out, "--bf16\n");
@@ -565,6 +571,9 @@ enum moe_status plan_print_emit(const struct plan_request *q, const struct plan_
         LEFT(l->grad_reduce_bf16, " grad_reduce=bf16");
         LEFT(l->graphs, " cuda_graphs=%s", cost_graphs_names[l->graphs]);
         LEFT(l->delay_wgrad, " delay_wgrad=on");
+        char offm[160];
+        cost_off_modules_format(l->act_offload, "+", offm, sizeof offm);
+        LEFT(l->act_offload, " act_offload=%s (MaxText: a custom remat_policy's 'offload')", offm);
         LEFT(l->recompute == COST_RECOMPUTE_SELECTIVE && cost_layout_rc(l) != COST_RC_DEFAULT,
              " recompute modules (remat_policy is the nearest)");
 #undef LEFT

@@ -113,6 +113,11 @@ enum moe_status plan_save(const struct plan_request *q, const struct plan_result
     json_object_set_new(lay, "offload", json_real(l->offload));
     json_object_set_new(lay, "cuda_graphs", json_string(cost_graphs_names[l->graphs]));
     if (l->ep_sms) json_object_set_new(lay, "ep_sms", json_integer(l->ep_sms));
+    if (l->act_offload) {
+        char off[160];
+        cost_off_modules_format(l->act_offload, "+", off, sizeof off);
+        json_object_set_new(lay, "act_offload", json_string(off));
+    }
     if (l->pp_layout[0]) json_object_set_new(lay, "pp_layout", json_string(l->pp_layout));
     json_object_set_new(root, "layout", lay);
 
@@ -516,6 +521,7 @@ static enum moe_status plan_from_doc(const struct moe_jdoc *doc, struct plan_fil
                                               "cuda_graphs",
                                               "ep_sms",
                                               "pp_layout",
+                                              "act_offload",
                                               NULL};
     if ((st = moe_jval_keys(&lay, layout_keys, err))) return st;
     struct cost_layout *l = &p->layout;
@@ -566,6 +572,17 @@ static enum moe_status plan_from_doc(const struct moe_jdoc *doc, struct plan_fil
         (st = moe_jval_int32(&lay, "ep_sms", false, 0, 0, 1 << 16, &l->ep_sms, err)) ||
         (st = moe_jval_str(&lay, "pp_layout", false, "", l->pp_layout, sizeof l->pp_layout, err)))
         return st;
+    char off[COST_PP_LAYOUT_MAX];
+    if ((st = moe_jval_str(&lay, "act_offload", false, "", off, sizeof off, err))) return st;
+    if (off[0]) {
+        struct cost_layout t = *l;
+        char kv[COST_PP_LAYOUT_MAX + 16];
+        snprintf(kv, sizeof kv, "act_offload=%s", off);
+        struct moe_error why;
+        if (cost_layout_parse(&t, kv, &why) != MOE_OK)
+            return moe_jval_error(&lay, "act_offload", err, "'%s': %s", off, why.message);
+        l->act_offload = t.act_offload;
+    }
     l->grad_reduce_bf16 = g == 1;
     l->moments_bf16 = mo == 1;
     l->graphs = (enum cost_graphs)gr;

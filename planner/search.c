@@ -171,7 +171,8 @@ static enum moe_status search_gpus(const struct plan_request *q, int gpus, struc
                                         .fp8_params = fx->fp8_params,
                                         .offload = fx->offload,
                                         .graphs = fx->graphs,
-                                        .ep_sms = fx->ep_sms};
+                                        .ep_sms = fx->ep_sms,
+                                        .act_offload = fx->act_offload};
                                     memcpy(l.pp_layout, fx->pp_layout, sizeof l.pp_layout);
                                     struct moe_error why;
                                     if (cost_layout_check(&l, m, gpus, &why) != MOE_OK) {

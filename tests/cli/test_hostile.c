@@ -786,6 +786,7 @@ static const struct {
     {"fp8_params", "on", "precision=fp8"},
     {"offload", "0.5", NULL},
     {"pp_layout", "Et*2|t*2L", "pp=2"},
+    {"act_offload", "expert_fc1+moe_act", NULL},
 };
 /* The model the key table runs on: four blocks, so that pp x vpp = 4 stages have a layer each. */
 #define KEYS_MODEL "--model", "mixtral-8x7b", "--layers", "4", "--experts", "8"
