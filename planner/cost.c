@@ -68,6 +68,9 @@ struct block_cost {
     double fwd[COST_NPHASES], bwd[COST_NPHASES]; /* compute */
     double comm_fwd[COST_NPHASES], comm_bwd[COST_NPHASES];
     double recompute[COST_NPHASES]; /* forward work redone in backward, by the phase it repeats */
+    double whole[COST_NPHASES]; /* full recompute's redo (compute and communication), charged
+                                 * to the backward of the blocks it recomputes */
+    double expert_act_us;       /* the routed experts' activation pass on the hottest rank */
     double dispatch_bytes, nodedup_bytes, scale_bytes; /* per a2a, sent by this GPU */
     double hot_ratio;
 };
@@ -256,12 +259,10 @@ static enum moe_status moe_cost(const struct cost_ctx *c, const struct cost_layo
         b->bwd[COST_EXPERTS_BWD] += membound_us(c, hot_rows * (4.0 * fe + 2.0 * h), 3 * local);
     }
     unsigned rc = cost_layout_rc(l);
-    if (rc & (COST_RC_BIT(COST_RC_MOE_ACT) | COST_RC_BIT(COST_RC_MOE))) {
-        double sw = 0.0;
-        for (int i = 0; i < local; i++)
-            sw += membound_us(c, rows[i] * 3.0 * e->intermediate / l->etp * BF16, 1);
-        b->recompute[COST_EXPERTS_FWD] += sw;
-    }
+    for (int i = 0; i < local; i++)
+        b->expert_act_us += membound_us(c, rows[i] * 3.0 * e->intermediate / l->etp * BF16, 1);
+    if (rc & (COST_RC_BIT(COST_RC_MOE_ACT) | COST_RC_BIT(COST_RC_MOE)))
+        b->recompute[COST_EXPERTS_FWD] += b->expert_act_us;
     free(rows);
     /* Shared experts on the local tokens. */
     if (e->shared_experts) {
@@ -335,6 +336,26 @@ static void phase_correct(const struct cost_calibration *cal, int p, double *fwd
     *bwd *= cal->phase_scale[p];
 }
 
+/* Full recompute runs the block's forward again before its backward, its communication
+ * included (Megatron checkpoints the whole layer: the all-to-alls and the TP collectives run
+ * again). With act_offload under full recompute the named tensors come back from the host
+ * instead (MaxText's custom remat policy; the framework drops the work only they needed): the
+ * experts' first GEMM output (`moe_act`) leaves only the activation to redo, neither expert GEMM
+ * nor the combine (the layer's output is not needed: the next block's input is kept); their
+ * input rows (`expert_fc1`) spare the router, the permutation and the dispatch. */
+static void full_redo(const struct cost_ctx *c, const struct cost_layout *l, struct block_cost *b)
+{
+    (void)c;
+    for (int p = 0; p < COST_NPHASES; p++) b->whole[p] = b->fwd[p] + b->comm_fwd[p];
+    bool act = l->act_offload & COST_RC_BIT(COST_OFF_MOE_ACT);
+    bool rows = l->act_offload & COST_RC_BIT(COST_OFF_EXPERT_FC1);
+    if (act) {
+        b->whole[COST_EXPERTS_FWD] = b->expert_act_us;
+        b->whole[COST_COMBINE] = b->whole[COST_UNPERMUTE] = 0.0;
+    }
+    if (rows) b->whole[COST_ROUTER] = b->whole[COST_PERMUTE] = b->whole[COST_DISPATCH] = 0.0;
+}
+
 static enum moe_status block_cost(const struct cost_ctx *c, const struct cost_layout *l, int layer,
                                   int moe_index, struct block_cost *b, struct moe_error *err)
 {
@@ -377,22 +398,20 @@ static enum moe_status block_cost(const struct cost_ctx *c, const struct cost_la
                                COST_DENSE_FFN};
     for (size_t i = 0; i < sizeof both / sizeof both[0]; i++)
         phase_correct(&c->cal, both[i], &b->fwd[both[i]], &b->bwd[both[i]]);
-    /* Full recompute runs the block's forward compute again before its backward (fwd[] holds no
-     * communication; the executor refuses expert parallelism with full recompute). */
-    if (l->recompute == COST_RECOMPUTE_FULL)
-        for (int p = 0; p < COST_NPHASES; p++) b->recompute[p] = b->fwd[p];
+    if (l->recompute == COST_RECOMPUTE_FULL) full_redo(c, l, b);
     /* Activation offloading: the offloaded modules' inputs go to the host during the forward and
      * come back during the backward, on a copy stream beside the block's compute, at the host
      * link's or the host memory's pace (the slower). The compute hides up to overlap_max of it;
      * the rest shows on the side that offloaded it (attention, or the FFN). */
     if (l->act_offload) {
         double ab, fb, fwd = 0.0, bwd = 0.0;
-        cost_offload_bytes(c, l, layer, b->hot_ratio, &ab, &fb);
+        cost_offload_bytes(c, l, layer, b->hot_ratio, l->recompute == COST_RECOMPUTE_FULL, &ab,
+                           &fb);
         const struct topo_gpu_spec *g = &c->cluster.gpu;
         double bw = fmin(g->host_link_bytes_per_s, g->host_memory_bytes_per_s);
         for (int p = 0; p < COST_NPHASES; p++) {
             fwd += b->fwd[p];
-            bwd += b->bwd[p] + b->recompute[p];
+            bwd += b->bwd[p] + b->recompute[p] + b->whole[p];
         }
         double t = (ab + fb) / bw * 1e6, share = ab + fb > 0 ? ab / (ab + fb) : 0.0;
         double ef = fmax(0.0, t - c->cal.overlap_max * fwd);
@@ -475,7 +494,8 @@ struct stage_cost {
 
 /* Add n blocks like b (MoE or dense) to the stage. */
 static void stage_add_blocks(const struct cost_ctx *c, const struct cost_layout *l,
-                             const struct block_cost *b, bool moe, int n, struct stage_cost *s)
+                             const struct block_cost *b, bool moe, int n, bool whole,
+                             struct stage_cost *s)
 {
     struct stage_cost one; /* one block's share, then n of them */
     memset(&one, 0, sizeof one);
@@ -515,8 +535,9 @@ static void stage_add_blocks(const struct cost_ctx *c, const struct cost_layout 
     }
     /* recomputed forward work runs in the backward, charged to the phases it repeats */
     for (int p = 0; p < COST_NPHASES; p++) {
-        one.bwd_us += b->recompute[p];
-        one.phases[p] += b->recompute[p];
+        double redo = b->recompute[p] + (whole ? b->whole[p] : 0.0);
+        one.bwd_us += redo;
+        one.phases[p] += redo;
     }
     s->fwd_us += n * one.fwd_us;
     s->bwd_us += n * one.bwd_us;
@@ -578,6 +599,9 @@ static enum moe_status stage_uncached(const struct cost_ctx *c, const struct cos
 {
     const struct mdl_model *m = &c->model;
     int first = sg->first, count = sg->count, mtp = sg->mtp ? l->mtp : 0;
+    int nb[2][2];
+    cost_stage_blocks(c, l, sg, nb);
+    int whole = nb[0][1] + nb[1][1]; /* the first blocks of the stage */
     for (int j = first; j < first + count + mtp; j++) { /* the blocks costed one by one */
         int i = j < first + count ? j : m->layers - 1;
         bool moe = mdl_layer_is_moe(m, i);
@@ -589,7 +613,7 @@ static enum moe_status stage_uncached(const struct cost_ctx *c, const struct cos
         enum moe_status st = block_cost(c, l, i, moe_before, &bl, err);
         if (st != MOE_OK) return st;
         if (moe && j < first + count) moe_before++;
-        stage_add_blocks(c, l, &bl, moe, 1, s);
+        stage_add_blocks(c, l, &bl, moe, 1, j - first < whole, s);
     }
     stage_ends(c, l, sg, s);
     return MOE_OK;
@@ -603,18 +627,15 @@ static enum moe_status stage_cost(const struct cost_ctx *c, const struct cost_la
                                   struct stage_cost *s, struct moe_error *err)
 {
     memset(s, 0, sizeof *s);
-    const struct mdl_model *m = &c->model;
-    int first = sg->first, count = sg->count;
-    int moe_before = mdl_moe_layers_before(m, first);
-    /* the stage's decoder layers, then its MTP layers (each a block like the last layer) */
-    int mtp = sg->mtp ? l->mtp : 0;
-    int n[2] = {0, 0};
-    n[1] = mdl_moe_layers_before(m, first + count) - moe_before;
-    n[0] = count - n[1];
-    bool last_moe = mdl_layer_is_moe(m, m->layers - 1);
-    n[last_moe] += mtp;
+    int moe_before = mdl_moe_layers_before(&c->model, sg->first);
+    /* the stage's decoder layers, then its MTP layers (each a block like the last layer), each
+     * kind's blocks that keep their activations and those recomputed whole */
+    int n[2][2];
+    cost_stage_blocks(c, l, sg, n);
     for (int kind = 0; kind < 2; kind++)
-        if (cached[kind] && n[kind]) stage_add_blocks(c, l, cached[kind], kind, n[kind], s);
+        for (int w = 0; w < 2; w++)
+            if (cached[kind] && n[kind][w])
+                stage_add_blocks(c, l, cached[kind], kind, n[kind][w], w, s);
     if (!(cached[0] && cached[1])) return stage_uncached(c, l, sg, cached, moe_before, s, err);
     stage_ends(c, l, sg, s);
     return MOE_OK;

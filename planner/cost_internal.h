@@ -21,13 +21,19 @@ struct cost_stage_memory {
 /* Bytes a GEMM's input costs to keep for its weight gradient: bf16, or the fp8 copy (with its
  * scales) that fp8 recipes keep instead. */
 double cost_act_elem_bytes(const struct cost_layout *l);
+/* The blocks of virtual stage `sg` (its MTP layers included) by kind (n[0]: dense, n[1]: MoE),
+ * each split into those that keep their activations ([0]) and those full recompute redoes whole
+ * ([1]). */
+void cost_stage_blocks(const struct cost_ctx *c, const struct cost_layout *l,
+                       const struct cost_stage *sg, int n[2][2]);
 /* What virtual stage `sg` holds (activations at the hottest EP rank's load `hot_ratio`). */
 void cost_stage_memory(const struct cost_ctx *c, const struct cost_layout *l,
                        const struct cost_stage *sg, double hot_ratio, struct cost_stage_memory *s);
 /* The bytes of one micro-batch of the block that act_offload sends to the host and back, on the
- * attention's side (attn_norm .. attn_proj) and on the FFN's (mlp_norm, expert_fc1, moe_act). */
+ * attention's side (attn_norm .. attn_proj) and on the FFN's (mlp_norm, expert_fc1, moe_act);
+ * `full`: the block is recomputed whole. */
 void cost_offload_bytes(const struct cost_ctx *c, const struct cost_layout *l, int layer,
-                        double hot_ratio, double *attn_bytes, double *ffn_bytes);
+                        double hot_ratio, bool full, double *attn_bytes, double *ffn_bytes);
 /* Memory of each pp rank from its stages' `sm`; the fullest sets r's memory, fits and reason. */
 void cost_memory_of(const struct cost_ctx *c, const struct cost_layout *l,
                     const struct cost_stage_memory *sm, struct cost_result *r);

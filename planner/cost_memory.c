@@ -26,11 +26,13 @@ double cost_act_elem_bytes(const struct cost_layout *l)
  *   MoE: the router's logits and scores, and per routed copy the first GEMM's input, its output
  *     (the activation's input) and the activation's output (`moe_act` drops the last; `moe` keeps
  *     only the layer's input); shared experts and dense FFNs alike (`shared_experts`, `mlp`).
- * Full recompute keeps only the block's input. The inputs of the modules Megatron can offload
+ * Full recompute keeps only the block's input, and on the host what act_offload names. The
+ * inputs of the modules Megatron can offload
  * (--offload-modules) are counted apart, in off[]: what act_offload names goes to the host (per
  * token, in bytes). Returns the bytes per token the GPU keeps. */
 static double block_bytes_per_token(const struct cost_ctx *c, const struct cost_layout *l,
-                                    int layer, double hot_ratio, double off[COST_OFF_NMODULES])
+                                    int layer, double hot_ratio, bool full,
+                                    double off[COST_OFF_NMODULES])
 {
     const struct mdl_model *m = &c->model;
     const struct mdl_attention *a = &m->attn;
@@ -38,10 +40,6 @@ static double block_bytes_per_token(const struct cost_ctx *c, const struct cost_
     unsigned rc = cost_layout_rc(l);
     bool rc_norm = rc & COST_RC_BIT(COST_RC_LAYERNORM);
     for (int i = 0; i < COST_OFF_NMODULES; i++) off[i] = 0.0;
-    if (l->recompute == COST_RECOMPUTE_FULL) { /* the block's input alone: the attention norm's */
-        off[COST_OFF_ATTN_NORM] = BF16 * h;
-        return l->act_offload & COST_RC_BIT(COST_OFF_ATTN_NORM) ? 0.0 : BF16 * h;
-    }
     /* the two norms: input and 1/rms kept; output kept as a GEMM input unless recomputed */
     double norms = 2.0 * 4.0;
     off[COST_OFF_ATTN_NORM] = off[COST_OFF_MLP_NORM] = BF16 * h;
@@ -85,25 +83,62 @@ static double block_bytes_per_token(const struct cost_ctx *c, const struct cost_
     double kept = norms + attn + ffn;
     for (int i = 0; i < COST_OFF_NMODULES; i++)
         if (!(l->act_offload & COST_RC_BIT(i))) kept += off[i];
-    return kept;
+    if (!full) return kept;
+    /* Full recompute keeps the block's input alone (the attention norm's) on the GPU; what
+     * act_offload names besides it is kept on the host (MaxText's custom remat policy: 'device'
+     * for the layer's input, 'offload' for the named tensors, 'remat' for the rest), and only
+     * that travels. */
+    for (int i = COST_OFF_QKV_LINEAR; i < COST_OFF_NMODULES; i++)
+        if (!(l->act_offload & COST_RC_BIT(i))) off[i] = 0.0;
+    return l->act_offload & COST_RC_BIT(COST_OFF_ATTN_NORM) ? 0.0 : BF16 * h;
 }
 
 static double block_activation_bytes(const struct cost_ctx *c, const struct cost_layout *l,
-                                     int layer, double hot_ratio)
+                                     int layer, double hot_ratio, bool full)
 {
     double off[COST_OFF_NMODULES];
-    return cost_layout_tokens(l) * block_bytes_per_token(c, l, layer, hot_ratio, off);
+    return cost_layout_tokens(l) * block_bytes_per_token(c, l, layer, hot_ratio, full, off);
 }
 
 void cost_offload_bytes(const struct cost_ctx *c, const struct cost_layout *l, int layer,
-                        double hot_ratio, double *attn_bytes, double *ffn_bytes)
+                        double hot_ratio, bool full, double *attn_bytes, double *ffn_bytes)
 {
     double off[COST_OFF_NMODULES], T = cost_layout_tokens(l);
-    block_bytes_per_token(c, l, layer, hot_ratio, off);
+    block_bytes_per_token(c, l, layer, hot_ratio, full, off);
     *attn_bytes = *ffn_bytes = 0.0;
     for (int i = 0; i < COST_OFF_NMODULES; i++)
         if (l->act_offload & COST_RC_BIT(i))
             *(i < COST_OFF_MLP_NORM ? attn_bytes : ffn_bytes) += T * off[i];
+}
+
+void cost_stage_blocks(const struct cost_ctx *c, const struct cost_layout *l,
+                       const struct cost_stage *sg, int n[2][2])
+{
+    const struct mdl_model *m = &c->model;
+    int first = sg->first, count = sg->count, mtp = sg->mtp ? l->mtp : 0;
+    int before = mdl_moe_layers_before(m, first);
+    int moe = mdl_moe_layers_before(m, first + count) - before;
+    int last = mdl_layer_is_moe(m, m->layers - 1);
+    int kind_n[2] = {count - moe, moe};
+    kind_n[last] += mtp;
+    /* the blocks recomputed whole: all of them under full recompute, or the first
+     * recompute_layers of the stage (Megatron's --recompute-method block), its MTP layers last */
+    int whole = l->recompute != COST_RECOMPUTE_FULL ? 0
+                : l->recompute_layers > 0 && l->recompute_layers < count + mtp
+                    ? l->recompute_layers
+                    : count + mtp;
+    int w[2] = {0, 0};
+    if (whole <= count) {
+        w[1] = mdl_moe_layers_before(m, first + whole) - before;
+        w[0] = whole - w[1];
+    } else {
+        w[1] = moe, w[0] = count - moe;
+        w[last] += whole - count;
+    }
+    for (int k = 0; k < 2; k++) {
+        n[k][1] = w[k];
+        n[k][0] = kind_n[k] - w[k];
+    }
 }
 
 void cost_stage_memory(const struct cost_ctx *c, const struct cost_layout *l,
@@ -115,9 +150,10 @@ void cost_stage_memory(const struct cost_ctx *c, const struct cost_layout *l,
     /* A block's parameters and activations depend on its layer only through whether it is MoE:
      * the stage is so many MoE and dense blocks (its MTP layers blocks like the last layer), each
      * kind costed once (a stage of a thousand layers costs two blocks, not a thousand). */
-    int moe = mdl_moe_layers_before(m, first + count) - mdl_moe_layers_before(m, first);
-    if (mtp && mdl_layer_is_moe(m, m->layers - 1)) moe += mtp;
-    int n[2] = {count + mtp - moe, moe};
+    int nb[2][2];
+    cost_stage_blocks(c, l, sg, nb);
+    int moe = nb[1][0] + nb[1][1];
+    int n[2] = {nb[0][0] + nb[0][1], moe};
     for (int kind = 0; kind < 2; kind++) {
         if (!n[kind]) continue;
         int i = first; /* a layer of the kind (the pattern repeats within moe_every layers) */
@@ -130,7 +166,9 @@ void cost_stage_memory(const struct cost_ctx *c, const struct cost_layout *l,
             if (k != MDL_ROUTED) dense += bp.params[k];
         s->expert_params += n[kind] * bp.params[MDL_ROUTED];
         s->dense_params += n[kind] * dense;
-        s->act_bytes += n[kind] * block_activation_bytes(c, l, i, kind ? hot_ratio : 1.0);
+        double hr = kind ? hot_ratio : 1.0;
+        for (int w = 0; w < 2; w++)
+            if (nb[kind][w]) s->act_bytes += nb[kind][w] * block_activation_bytes(c, l, i, hr, w);
     }
     s->moe_layers = moe;
     double T = cost_layout_tokens(l), M = T * l->tp, V = (double)m->vocab / l->tp;

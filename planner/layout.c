@@ -538,6 +538,10 @@ enum moe_status cost_layout_check(const struct cost_layout *l, const struct mdl_
     if (l->recompute_layers > 0 && l->recompute != COST_RECOMPUTE_FULL)
         NO("recompute_layers = %d counts blocks recomputed whole: it goes with recompute=full",
            l->recompute_layers);
+    if (l->act_offload && l->recompute_layers > 0)
+        NO("act_offload with recompute_layers = %d: offloading is costed for blocks all kept or "
+           "all recomputed (recompute_layers = 0)",
+           l->recompute_layers);
     if (l->ep_sms > 0 && l->dispatcher < COST_DISPATCH_DEEPEP)
         NO("ep_sms = %d: only the deepep and hybridep dispatchers run kernels of their own "
            "(dispatcher=%s)",

@@ -418,6 +418,10 @@ enum moe_status plan_print_emit(const struct plan_request *q, const struct plan_
         fprintf(out, "# Megatron-LM flags for the plan (moeplan %s on %d GPUs)\n", m->name,
                 r->best.gpus);
         megatron_model_gaps(m, l->seq_len, out);
+        if (l->act_offload && l->recompute == COST_RECOMPUTE_FULL)
+            fprintf(out, "# act_offload with recompute=full is costed as MaxText's custom remat "
+                         "policy (the offloaded tensors are not recomputed); Megatron-LM's full "
+                         "recompute reruns the whole layer\n");
         megatron_model_flags(m, out);
         fprintf(out, "--tensor-model-parallel-size %d \\\n--pipeline-model-parallel-size %d \\\n",
                 l->tp, l->pp);
@@ -548,10 +552,18 @@ enum moe_status plan_print_emit(const struct plan_request *q, const struct plan_
                 "num_experts: %d\nnum_experts_per_tok: %d\nsparse_matmul: True\nmegablox: True\n"
                 "capacity_factor: -1.0\n",
                 m->moe.experts, m->moe.top_k);
+        /* full recompute with tensors on the host is MaxText's custom policy: the layer's input
+         * on the device, the experts' first GEMM outputs offloaded, every other name remat */
+        bool custom = l->recompute == COST_RECOMPUTE_FULL &&
+                      (l->act_offload & COST_RC_BIT(COST_OFF_MOE_ACT));
         fprintf(out, "remat_policy: %s\ndtype: bfloat16\n",
-                l->recompute == COST_RECOMPUTE_NONE        ? "minimal"
+                custom                                     ? "custom"
+                : l->recompute == COST_RECOMPUTE_NONE      ? "minimal"
                 : l->recompute == COST_RECOMPUTE_SELECTIVE ? "save_qkv_proj"
                                                            : "full");
+        if (custom)
+            fprintf(out, "decoder_layer_input: %s\nmoe_mlpwi_0: offload\nmoe_mlpwi_1: offload\n",
+                    l->act_offload & COST_RC_BIT(COST_OFF_ATTN_NORM) ? "offload" : "device");
         /* Transformer Engine's recipes in MaxText's QuantizationType; it has no blockwise one */
         if (l->precision == COST_MXFP8) fprintf(out, "quantization: te_mxfp8\n");
         if (l->precision == COST_FP8) fprintf(out, "quantization: te_fp8_currentscaling\n");
@@ -572,8 +584,10 @@ enum moe_status plan_print_emit(const struct plan_request *q, const struct plan_
         LEFT(l->graphs, " cuda_graphs=%s", cost_graphs_names[l->graphs]);
         LEFT(l->delay_wgrad, " delay_wgrad=on");
         char offm[160];
-        cost_off_modules_format(l->act_offload, "+", offm, sizeof offm);
-        LEFT(l->act_offload, " act_offload=%s (MaxText: a custom remat_policy's 'offload')", offm);
+        unsigned said = custom ? COST_RC_BIT(COST_OFF_MOE_ACT) | COST_RC_BIT(COST_OFF_ATTN_NORM) : 0;
+        cost_off_modules_format(l->act_offload & ~said, "+", offm, sizeof offm);
+        LEFT(l->act_offload & ~said, " act_offload=%s (MaxText: a custom remat_policy's 'offload')",
+             offm);
         LEFT(l->recompute == COST_RECOMPUTE_SELECTIVE && cost_layout_rc(l) != COST_RC_DEFAULT,
              " recompute modules (remat_policy is the nearest)");
 #undef LEFT

@@ -220,6 +220,58 @@ static void test_activation_offload(void **state)
     assert_true(slower[0] > slower[1]); /* PCIe 64 GB/s exposes more than NVLink-C2C */
 }
 
+/* Full recompute, whole and in part. On Qwen3-30B-A3B (a 4-block proxy, every block MoE) across
+ * 64 GB300 (one NVLink domain; NVLink-C2C to the host) with EP 64 and 8 micro-batches:
+ *   - the redo runs the dispatch and combine again: the dispatch's exposed time under full
+ *     recompute is 1.5x that without (forward, backward, and the forward again);
+ *   - recompute_layers = 2 recomputes the stage's first 2 blocks whole and keeps the other 2:
+ *     exactly halfway between none and full in activations (the blocks are alike; the logits
+ *     are the same in all), and in step time strictly between;
+ *   - act_offload under full recompute (MaxText's custom remat policy) keeps the named tensors on
+ *     the host: the GPU's activations stay full recompute's, and the redo drops the work that
+ *     need not run again (the expert GEMMs and the combine; with expert_fc1 also the dispatch);
+ *     the step with moe_act offloaded is between none and full. */
+static void test_full_recompute(void **state)
+{
+    (void)state;
+    struct mdl_model m;
+    struct topo_cluster c;
+    setup("qwen3-30b-a3b", "gb300-nvl72-x16", &m, &c);
+    struct mdl_overrides ov = {4, 0};
+    struct moe_error err;
+    assert_int_equal(mdl_model_override(&m, &ov, &err), MOE_OK);
+    struct cost_ctx ctx;
+    cost_ctx_init(&ctx, &m, &c, NULL, 64);
+    static const char *const texts[] = {
+        "ep=64,dp=64,mbs=1,gbs=512",
+        "ep=64,dp=64,mbs=1,gbs=512,recompute=full",
+        "ep=64,dp=64,mbs=1,gbs=512,recompute=full,recompute_layers=2",
+        "ep=64,dp=64,mbs=1,gbs=512,recompute=full,act_offload=moe_act",
+        "ep=64,dp=64,mbs=1,gbs=512,recompute=full,act_offload=moe_act+expert_fc1"};
+    struct cost_result r[5];
+    for (int i = 0; i < 5; i++) {
+        struct cost_layout l = layout(texts[i], 4096);
+        if (cost_evaluate(&ctx, &l, &r[i], &err) != MOE_OK) fail_msg("%s", err.message);
+    }
+    double d0 = r[0].exposed_us[COST_DISPATCH], d1 = r[1].exposed_us[COST_DISPATCH];
+    if (fabs(d1 / d0 - 1.5) > 1e-9) fail_msg("dispatch %.1f us, under full %.1f us", d0, d1);
+    double a0 = r[0].memory_bytes[COST_MEM_ACTIVATIONS], a1 = r[1].memory_bytes[COST_MEM_ACTIVATIONS],
+           a2 = r[2].memory_bytes[COST_MEM_ACTIVATIONS];
+    if (fabs(a2 / (0.5 * (a0 + a1)) - 1.0) > 1e-9)
+        fail_msg("recompute_layers=2: %.6g bytes of activations, want %.6g", a2, 0.5 * (a0 + a1));
+    assert_true(a1 < a0);
+    assert_true(r[0].step_us < r[2].step_us && r[2].step_us < r[1].step_us);
+    assert_true(fabs(r[3].memory_bytes[COST_MEM_ACTIVATIONS] - a1) < 1.0);
+    assert_true(r[0].step_us < r[3].step_us && r[3].step_us < r[1].step_us);
+    assert_true(r[3].exposed_us[COST_COMBINE] < r[1].exposed_us[COST_COMBINE]);
+    assert_true(r[3].exposed_us[COST_EXPERTS_FWD] < r[1].exposed_us[COST_EXPERTS_FWD]);
+    assert_true(r[4].exposed_us[COST_DISPATCH] < r[3].exposed_us[COST_DISPATCH]);
+    printf("full recompute on 64 GB300: step %.1f ms (none %.1f, 2 of 4 blocks %.1f, moe_act "
+           "offloaded %.1f, and expert_fc1 %.1f)\n",
+           r[1].step_us / 1e3, r[0].step_us / 1e3, r[2].step_us / 1e3, r[3].step_us / 1e3,
+           r[4].step_us / 1e3);
+}
+
 /* The overhead keys: CUDA graphs take launches off the step (full <= partial <= none; full by
  * (launch_us - graph_launch_us) a kernel at least somewhere), delayed weight gradients never
  * cost time, and bf16 gradients and moments cost 2 and 4 bytes a parameter less (and the
@@ -1191,6 +1243,7 @@ int main(void)
         cmocka_unit_test(test_layout_recipe_keys),
         cmocka_unit_test(test_overhead_keys),
         cmocka_unit_test(test_activation_offload),
+        cmocka_unit_test(test_full_recompute),
         cmocka_unit_test(test_collectives),
         cmocka_unit_test(test_dispatch_bytes_by_hand),
         cmocka_unit_test(test_pipeline_bubble),
