@@ -746,10 +746,14 @@ static enum moe_status evaluate(const struct cost_ctx *c, const struct cost_layo
      *   ZeRO-0 and 1 (the distributed optimizer): once per step; the reduce-scatter hides behind
      *     the last micro-batch's backward, the all-gather behind the next step's first forward
      *     (Megatron's --overlap-grad-reduce --overlap-param-gather).
-     *   ZeRO-2 and 3 (Megatron FSDP, optim_grads and optim_grads_params): each micro-batch's
-     *     gradients reduce-scattered as its backward runs and, under ZeRO-3, the parameters
-     *     gathered before each forward and backward, prefetched a layer ahead: each hides behind
-     *     the micro-batch's own compute up to overlap_max. ZeRO-2 gathers once after the step. */
+     *   ZeRO-2 and 3 (FSDP: Megatron FSDP's optim_grads and optim_grads_params, PyTorch FSDP2,
+     *     MaxText's fsdp axis): each micro-batch's gradients reduce-scattered block by block as
+     *     its backward makes them and, under ZeRO-3, each block's parameters gathered before its
+     *     forward and again before its backward. The collectives run on a stream of their own,
+     *     prefetched one block ahead, so each runs beside its neighbour block's compute: per
+     *     micro-batch only the first block's gather (nothing runs before it) and the last block's
+     *     reduce-scatter (nothing after it) show, plus whatever the collectives take beyond the
+     *     compute beside them. ZeRO-2 gathers once after the step. */
     int edp = cost_layout_edp(l), ddp = l->dp * l->cp;
     double dense = 0, expert = 0, embed = 0;
     for (int v = busiest; v < stages; v += pp) {
@@ -767,18 +771,24 @@ static enum moe_status evaluate(const struct cost_ctx *c, const struct cost_layo
     double ag = cost_allgather_us((dense - embed) * pb + embed * BF16, ddp, bw, lat) +
                 cost_allgather_us(expert * pb, edp, ebw, elat);
     double first_fwd = 0, last_bwd = 0;
-    for (int v = busiest; v < stages; v += pp) first_fwd += fwd[v], last_bwd += bwd[v];
+    int blocks = 0;
+    for (int v = busiest; v < stages; v += pp) {
+        first_fwd += fwd[v], last_bwd += bwd[v];
+        blocks += map[v].count + (map[v].mtp ? l->mtp : 0);
+    }
     double om = c->cal.overlap_max, dp_comm, dp_exposed, per_mb = 0.0;
     if (l->zero <= 1) {
         double reduce = l->zero == 0 ? 2.0 * rs : rs, gather = l->zero == 0 ? 0.0 : ag;
         dp_comm = reduce + gather;
         dp_exposed = reduce - fmin(om * reduce, last_bwd) + gather - fmin(om * gather, first_fwd);
     } else {
-        per_mb = rs + (l->zero >= 3 ? 2.0 * ag : 0.0);
+        double ag_f = l->zero >= 3 ? ag : 0.0, bw_c = rs + ag_f, n = blocks > 0 ? blocks : 1;
+        per_mb = ag_f + bw_c;
         double once = l->zero == 2 ? ag : 0.0;
         dp_comm = once + mb * per_mb;
-        dp_exposed = once - fmin(om * once, first_fwd) +
-                     mb * (per_mb - fmin(om * per_mb, per_rank[busiest]));
+        double exp_f = ag_f / n + fmax(0.0, ag_f * (1.0 - 1.0 / n) - first_fwd);
+        double exp_b = bw_c / n + fmax(0.0, bw_c * (1.0 - 1.0 / n) - last_bwd);
+        dp_exposed = once - fmin(om * once, first_fwd) + mb * (exp_f + exp_b);
     }
     /* The optimizer: the gradients read on the GPU for their norm (clipping), then fp32 master
      * weights, gradients and moments read and written and the bf16 copy written (30 bytes a

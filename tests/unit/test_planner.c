@@ -272,6 +272,39 @@ static void test_full_recompute(void **state)
            r[4].step_us / 1e3);
 }
 
+/* FSDP (ZeRO 2 and 3) prefetches block by block: where the compute beside them is longer, only
+ * the first block's gather and the last block's reduce-scatter of each micro-batch show. On
+ * Qwen3-30B-A3B (8 blocks) over 64 GB300 of one NVLink domain, 4 micro-batches: the gather (ag)
+ * and reduce-scatter (rs) times come from the two layouts' communication (ZeRO-2: ag + mb rs
+ * once and per micro-batch; ZeRO-3: mb (2 ag + rs)), and ZeRO-3's exposed time is exactly
+ * mb (ag + ag + rs) / 8, an eighth of what it sends, where hiding up to overlap_max alone would
+ * show over half. */
+static void test_fsdp_prefetch(void **state)
+{
+    (void)state;
+    struct mdl_model m;
+    struct topo_cluster c;
+    setup("qwen3-30b-a3b", "gb300-nvl72-x16", &m, &c);
+    struct mdl_overrides ov = {8, 0};
+    struct moe_error err;
+    assert_int_equal(mdl_model_override(&m, &ov, &err), MOE_OK);
+    struct cost_ctx ctx;
+    cost_ctx_init(&ctx, &m, &c, NULL, 64);
+    struct cost_result r2, r3;
+    struct cost_layout l2 = layout("ep=8,dp=64,mbs=4,gbs=1024,zero=2", 4096),
+                       l3 = layout("ep=8,dp=64,mbs=4,gbs=1024,zero=3", 4096);
+    assert_int_equal(cost_evaluate(&ctx, &l2, &r2, &err), MOE_OK);
+    assert_int_equal(cost_evaluate(&ctx, &l3, &r3, &err), MOE_OK);
+    double mb = 4, z2 = r2.comm_us[COST_DP_GRAD_SYNC], z3 = r3.comm_us[COST_DP_GRAD_SYNC];
+    double ag = (z3 - z2) / (2 * mb - 1), rs = z3 / mb - 2 * ag;
+    assert_true(ag > 0 && rs > 0);
+    double want = mb * (2 * ag + rs) / 8, got = r3.exposed_us[COST_DP_GRAD_SYNC];
+    if (fabs(got / want - 1.0) > 1e-9)
+        fail_msg("ZeRO-3 exposes %.3f us of %.3f us sent, want %.3f us", got, z3, want);
+    assert_true(got < (1.0 - ctx.cal.overlap_max) * z3);
+    printf("FSDP on 64 GB300: ZeRO-3 sends %.1f ms a step, %.1f ms shows\n", z3 / 1e3, got / 1e3);
+}
+
 /* The overhead keys: CUDA graphs take launches off the step (full <= partial <= none; full by
  * (launch_us - graph_launch_us) a kernel at least somewhere), delayed weight gradients never
  * cost time, and bf16 gradients and moments cost 2 and 4 bytes a parameter less (and the
@@ -1244,6 +1277,7 @@ int main(void)
         cmocka_unit_test(test_overhead_keys),
         cmocka_unit_test(test_activation_offload),
         cmocka_unit_test(test_full_recompute),
+        cmocka_unit_test(test_fsdp_prefetch),
         cmocka_unit_test(test_collectives),
         cmocka_unit_test(test_dispatch_bytes_by_hand),
         cmocka_unit_test(test_pipeline_bubble),
