@@ -21,6 +21,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -114,7 +115,28 @@ static bool xml_well_formed(const char *text, size_t len, int *line, int *col, c
             continue;
         }
         if (c.end - c.p >= 2 && (c.p[1] == '?' || c.p[1] == '!')) {
+            const char *d0 = c.p;
             if (!xc_skip_to(&c, ">")) FAULT("unterminated declaration");
+            /* the XML declaration's encoding: hwloc writes UTF-8, and whether another name is
+             * refused or read as UTF-8 depends on hwloc's XML backend (libxml2 or its own) */
+            size_t dl = (size_t)(c.p - d0);
+            const char *enc = NULL;
+            for (size_t i = 0; dl > 6 && !memcmp(d0, "<?xml ", 6) && i + 8 <= dl && !enc; i++)
+                if (!memcmp(d0 + i, "encoding", 8)) enc = d0 + i;
+            if (enc) {
+                const char *v = enc + 8;
+                while (v < c.p && (*v == ' ' || *v == '=' || *v == '"' || *v == '\'')) v++;
+                size_t vl = 0;
+                while (v + vl < c.p && is_name_char(v[vl])) vl++;
+                if (!((vl == 5 && !strncasecmp(v, "UTF-8", 5)) ||
+                      (vl == 8 && !strncasecmp(v, "US-ASCII", 8)))) {
+                    *line = tl;
+                    *col = tc + (int)(v - d0);
+                    snprintf(msg, cap, "encoding '%.*s': a topology XML is UTF-8 (as hwloc writes it)",
+                             (int)(vl < 40 ? vl : 40), v);
+                    return false;
+                }
+            }
             continue;
         }
         xc_step(&c);
