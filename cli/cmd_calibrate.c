@@ -24,6 +24,7 @@ enum {
     OPT_STACK,
     OPT_CV,
     OPT_SVG,
+    OPT_MEASURED,
     OPT_OUT = 'o'
 };
 
@@ -50,6 +51,10 @@ const struct cli_opt cmd_calibrate_opts[] = {
      CLI_PLAIN},
     {"svg", required_argument, OPT_SVG, "FILE",
      "with --cross-validate: the chart of predicted against published tokens/s/GPU", CLI_OUT_FILE},
+    {"measured", required_argument, OPT_MEASURED, "PROFILE",
+     "with --published: the GPU profile whose measured compute (GEMMs, attention, HBM) the fit "
+     "keeps (the shipped Hopper one: " PLAN_MEASURED_PROFILE ")",
+     CLI_PLAIN},
     {NULL, 0, 0, NULL, NULL, 0},
 };
 
@@ -112,7 +117,7 @@ static int calibrate(struct cli *cli, const struct cli_cmd *cmd, const char *out
 /* The profile of a stack fit, and what it says about each of the cluster's rows. */
 static enum moe_status write_stack_profile(const struct plan_fit_row *rows, int n,
                                            const char *cluster, const char *stack, const char *file,
-                                           const struct cost_calibration *ds,
+                                           const char *measured, const struct cost_calibration *ds,
                                            const struct cost_calibration *fitted,
                                            const double rms[2], const char *out,
                                            struct moe_error *err)
@@ -129,7 +134,8 @@ static enum moe_status write_stack_profile(const struct plan_fit_row *rows, int 
     printf("stack %s: %d trusted rows on %d systems fitted together (rms log error %.3f), then "
            "%s's own (rms %.3f)\n",
            stack, n, systems, rms[0], cluster, rms[1]);
-    printf("%-16s %10s %10s\n", "parameter", "datasheet", "fitted");
+    printf("compute (GEMMs, attention, HBM) as measured in %s; the rest fitted:\n", measured);
+    printf("%-16s %10s %10s\n", "parameter", "start", "fitted");
     for (int p = 0; p < plan_fit_nparams; p++)
         printf("%-16s %10.3f %10.3f\n", plan_fit_params[p].name,
                *(const double *)((const char *)ds + plan_fit_params[p].offset),
@@ -155,10 +161,12 @@ static enum moe_status write_stack_profile(const struct plan_fit_row *rows, int 
     json_object_set_new(meta, "gpu", json_string(gpu));
     json_object_set_new(meta, "stack", json_string(stack));
     json_object_set_new(fit, "method",
-                        json_string("moeplan calibrate --published: least squares of "
+                        json_string("moeplan calibrate --published: the compute as measured "
+                                    "(measured_compute), the rest by least squares of "
                                     "log(predicted / published step), bounded; every system's "
                                     "rows together, then this cluster's, pulled towards that fit"));
     json_object_set_new(fit, "published", json_string(file));
+    json_object_set_new(fit, "measured_compute", json_string(measured));
     json_object_set_new(fit, "cluster", json_string(cluster));
     json_object_set_new(fit, "rows", ids);
     json_object_set_new(fit, "rms_log_error", json_real(rms[1]));
@@ -213,7 +221,7 @@ static double pct(double pred, double pub)
  * tau over them; every pair more than 5% apart as published, with the phase that sets the two
  * predictions apart, and named INVERTED where the prediction orders it the other way. */
 static enum moe_status rank_pairs(const struct plan_fit_row *rows, int n, const double *pred,
-                                  struct moe_error *err)
+                                  const struct cost_calibration *measured, struct moe_error *err)
 {
     int pairs = 0, concordant = 0, wide = 0, wide_right = 0, nfits = 0;
     static struct {
@@ -255,6 +263,7 @@ static enum moe_status rank_pairs(const struct plan_fit_row *rows, int n, const 
                     if (strcmp(rows[q].run->cluster, a->cluster)) train[k++] = rows[q];
                 struct cost_calibration ds;
                 cost_calibration_defaults(&ds, &rows[i].cluster.gpu);
+                plan_fit_base(&ds, measured);
                 fits[c].cluster = a->cluster;
                 st = plan_fit_stack(train, k, a->cluster, &ds, &fits[c].cal, NULL, NULL, err);
                 free(train);
@@ -287,6 +296,7 @@ static enum moe_status rank_pairs(const struct plan_fit_row *rows, int n, const 
 /* Leave one model out and leave one system out: every row predicted by the profile fitted
  * without its fold; per row and per fold, the error of tokens/s/GPU. */
 static enum moe_status cross_validate(const struct plan_fit_row *rows, int n, const double *pred[2],
+                                      const struct cost_calibration *measured,
                                       struct moe_error *err)
 {
     static const char *const name[2] = {"model", "system"};
@@ -324,7 +334,7 @@ static enum moe_status cross_validate(const struct plan_fit_row *rows, int n, co
         }
         printf("  all %d rows: mean |error| %.1f%%, worst %.1f%%\n", n, all_sum / n, all_worst);
     }
-    return rank_pairs(rows, n, pred[1], err);
+    return rank_pairs(rows, n, pred[1], measured, err);
 }
 
 /* The chart: predicted against published tokens/s/GPU, one mark per row and fold. */
@@ -355,18 +365,56 @@ static enum moe_status draw_cv_chart(FILE *f, const void *arg, struct moe_error 
     return st;
 }
 
-/* A stack profile from published runs (plan_fit_stack), or its cross-validation. */
-static int calibrate_published(struct cli *cli, const struct cli_cmd *cmd, const char *file,
-                               const char *stack, const char *cluster, const char *out, bool cv,
-                               const char *svg)
+/* What `calibrate --published` was given. */
+struct published_args {
+    const char *file, *stack, *cluster, *out, *svg, *measured; /* measured: NULL for the shipped */
+    bool cv;
+};
+
+/* The profile whose measured compute a stack fit keeps: --measured, else the shipped Hopper one;
+ * a stack profile (fitted, not measured) is refused. */
+static enum moe_status measured_compute(struct cli *cli, const char *given,
+                                        struct cost_calibration *m, char *name, size_t cap,
+                                        struct moe_error *err)
 {
+    char path[MOE_PATH_MAX];
+    if (given)
+        snprintf(path, sizeof path, "%s", given);
+    else
+        cli_data_path(cli, PLAN_MEASURED_PROFILE, path, sizeof path);
+    snprintf(name, cap, "%s", given ? given : PLAN_MEASURED_PROFILE);
+    struct moe_jdoc doc;
+    enum moe_status st = moe_jdoc_load(&doc, path, err);
+    if (st != MOE_OK) return st;
+    bool fitted = json_object_get(doc.root, "stack") || !json_object_get(doc.root, "measured");
+    moe_jdoc_free(&doc);
+    if (fitted)
+        return moe_error_set(err, MOE_ERR_INPUT,
+                             "%s: --measured takes a profile `moeplan calibrate` measured on a "
+                             "GPU (with its \"measured\" data), not a fitted one",
+                             path);
+    return cost_calibration_load(m, path, err);
+}
+
+/* A stack profile from published runs (plan_fit_stack), or its cross-validation. */
+static int calibrate_published(struct cli *cli, const struct cli_cmd *cmd,
+                               const struct published_args *a)
+{
+    const char *file = a->file, *stack = a->stack, *cluster = a->cluster, *out = a->out,
+               *svg = a->svg;
+    bool cv = a->cv;
     struct moe_error err;
+    struct cost_calibration measured;
+    char measured_name[MOE_PATH_MAX];
     struct plan_published *runs = calloc(PLAN_PUBLISHED_MAX, sizeof *runs);
     struct plan_fit_row *rows = calloc(PLAN_PUBLISHED_MAX, sizeof *rows);
     double *pred = calloc(2 * PLAN_PUBLISHED_MAX, sizeof *pred);
     int n = 0, own = 0;
     enum moe_status st = runs && rows && pred ? stack_rows(cli, file, stack, runs, rows, &n, &err)
                                               : moe_error_set(&err, MOE_ERR_NOMEM, "out of memory");
+    if (st == MOE_OK)
+        st = measured_compute(cli, a->measured, &measured, measured_name, sizeof measured_name,
+                              &err);
     /* the outputs checked once the input is open, so one that is the input is refused before
      * any fitting */
     if (st == MOE_OK &&
@@ -382,26 +430,26 @@ static int calibrate_published(struct cli *cli, const struct cli_cmd *cmd, const
         struct moe_progress bar; /* seconds to minutes: a line every 2 s into a pipe */
         moe_progress_start(&bar, stderr, true, "cross-validation", 2 * (uint64_t)n);
         moe_progress_lines(&bar, 2.0);
-        st = plan_fit_crossval(rows, n, PLAN_FOLD_MODEL, pred, &bar, &err);
+        st = plan_fit_crossval(rows, n, PLAN_FOLD_MODEL, &measured, pred, &bar, &err);
         if (st == MOE_OK)
-            st =
-                plan_fit_crossval(rows, n, PLAN_FOLD_SYSTEM, pred + PLAN_PUBLISHED_MAX, &bar, &err);
+            st = plan_fit_crossval(rows, n, PLAN_FOLD_SYSTEM, &measured, pred + PLAN_PUBLISHED_MAX,
+                                   &bar, &err);
         moe_progress_finish(&bar);
-        if (st == MOE_OK) st = cross_validate(rows, n, p, &err);
+        if (st == MOE_OK) st = cross_validate(rows, n, p, &measured, &err);
         struct cv_chart chart = {rows, n, p, stack};
         if (st == MOE_OK && svg) st = cli_write_drawn(svg, draw_cv_chart, &chart, &err);
     } else if (st == MOE_OK) {
-        struct cost_calibration datasheet, fitted;
+        struct cost_calibration base, fitted;
         double rms[2];
-        cost_calibration_defaults(&datasheet, &rows[0].cluster.gpu);
-        plan_fit_start(&datasheet); /* what the fit starts from */
-        st = plan_fit_stack(rows, n, cluster, &datasheet, &fitted, &own, rms, &err);
+        cost_calibration_defaults(&base, &rows[0].cluster.gpu);
+        plan_fit_base(&base, &measured); /* what the fit starts from */
+        st = plan_fit_stack(rows, n, cluster, &base, &fitted, &own, rms, &err);
         if (st == MOE_OK && own == 0)
             st = moe_error_set(&err, MOE_ERR_INPUT, "%s: no trusted row of %s in stack %s", file,
                                cluster, stack);
         if (st == MOE_OK)
-            st = write_stack_profile(rows, n, cluster, stack, file, &datasheet, &fitted, rms, out,
-                                     &err);
+            st = write_stack_profile(rows, n, cluster, stack, file, measured_name, &base, &fitted,
+                                     rms, out, &err);
     }
     free(runs);
     free(rows);
@@ -417,7 +465,7 @@ int cmd_calibrate(struct cli *cli, const struct cli_cmd *cmd, int argc, char **a
     int nargs, rc = cli_parse(cmd, argc, argv, args, &nargs);
     if (rc >= 0) return rc;
     const char *out = "calibration.json", *cluster = NULL, *refit = NULL, *published = NULL,
-               *stack = NULL, *svg = NULL;
+               *stack = NULL, *svg = NULL, *measured = NULL;
     bool quick = false, cv = false, out_given = false;
     for (int i = 0; i < nargs; i++) {
         if (args[i].val == OPT_OUT) out = args[i].value, out_given = true;
@@ -428,6 +476,7 @@ int cmd_calibrate(struct cli *cli, const struct cli_cmd *cmd, int argc, char **a
         if (args[i].val == OPT_STACK) stack = args[i].value;
         if (args[i].val == OPT_CV) cv = true;
         if (args[i].val == OPT_SVG) svg = args[i].value;
+        if (args[i].val == OPT_MEASURED) measured = args[i].value;
     }
     if (optind != argc) return cli_usage(cmd, "no operands");
     if (published && (!stack || !(cluster || cv) || refit || quick))
@@ -436,11 +485,15 @@ int cmd_calibrate(struct cli *cli, const struct cli_cmd *cmd, int argc, char **a
     if ((stack || cv) && !published)
         return cli_usage(cmd, "--stack and --cross-validate go with --published");
     if (svg && !cv) return cli_usage(cmd, "--svg goes with --cross-validate");
+    if (measured && !published) return cli_usage(cmd, "--measured goes with --published");
     if (refit && quick)
         return cli_usage(cmd, "--quick measures fewer shapes; --refit measures none");
     if (cv && out_given)
         return cli_usage(cmd, "--cross-validate writes no profile, so no -o: its table is the "
                               "result (--svg FILE for the chart)");
-    if (published) return calibrate_published(cli, cmd, published, stack, cluster, out, cv, svg);
+    if (published) {
+        struct published_args pa = {published, stack, cluster, out, svg, measured, cv};
+        return calibrate_published(cli, cmd, &pa);
+    }
     return calibrate(cli, cmd, out, quick, cluster ? cluster : "h200-vm", refit);
 }

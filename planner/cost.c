@@ -68,9 +68,9 @@ struct block_cost {
     double fwd[COST_NPHASES], bwd[COST_NPHASES]; /* compute */
     double comm_fwd[COST_NPHASES], comm_bwd[COST_NPHASES];
     double recompute[COST_NPHASES]; /* forward work redone in backward, by the phase it repeats */
-    double whole[COST_NPHASES]; /* full recompute's redo (compute and communication), charged
+    double whole[COST_NPHASES];     /* full recompute's redo (compute and communication), charged
                                  * to the backward of the blocks it recomputes */
-    double expert_act_us;       /* the routed experts' activation pass on the hottest rank */
+    double expert_act_us;           /* the routed experts' activation pass on the hottest rank */
     double dispatch_bytes, nodedup_bytes, scale_bytes; /* per a2a, sent by this GPU */
     double hot_ratio;
 };
@@ -601,7 +601,7 @@ static enum moe_status stage_uncached(const struct cost_ctx *c, const struct cos
     int first = sg->first, count = sg->count, mtp = sg->mtp ? l->mtp : 0;
     int nb[2][2];
     cost_stage_blocks(c, l, sg, nb);
-    int whole = nb[0][1] + nb[1][1]; /* the first blocks of the stage */
+    int whole = nb[0][1] + nb[1][1];                    /* the first blocks of the stage */
     for (int j = first; j < first + count + mtp; j++) { /* the blocks costed one by one */
         int i = j < first + count ? j : m->layers - 1;
         bool moe = mdl_layer_is_moe(m, i);

@@ -123,10 +123,9 @@ void cost_stage_blocks(const struct cost_ctx *c, const struct cost_layout *l,
     kind_n[last] += mtp;
     /* the blocks recomputed whole: all of them under full recompute, or the first
      * recompute_layers of the stage (Megatron's --recompute-method block), its MTP layers last */
-    int whole = l->recompute != COST_RECOMPUTE_FULL ? 0
-                : l->recompute_layers > 0 && l->recompute_layers < count + mtp
-                    ? l->recompute_layers
-                    : count + mtp;
+    int whole = l->recompute != COST_RECOMPUTE_FULL                            ? 0
+                : l->recompute_layers > 0 && l->recompute_layers < count + mtp ? l->recompute_layers
+                                                                               : count + mtp;
     int w[2] = {0, 0};
     if (whole <= count) {
         w[1] = mdl_moe_layers_before(m, first + whole) - before;

@@ -554,8 +554,8 @@ enum moe_status plan_print_emit(const struct plan_request *q, const struct plan_
                 m->moe.experts, m->moe.top_k);
         /* full recompute with tensors on the host is MaxText's custom policy: the layer's input
          * on the device, the experts' first GEMM outputs offloaded, every other name remat */
-        bool custom = l->recompute == COST_RECOMPUTE_FULL &&
-                      (l->act_offload & COST_RC_BIT(COST_OFF_MOE_ACT));
+        bool custom =
+            l->recompute == COST_RECOMPUTE_FULL && (l->act_offload & COST_RC_BIT(COST_OFF_MOE_ACT));
         fprintf(out, "remat_policy: %s\ndtype: bfloat16\n",
                 custom                                     ? "custom"
                 : l->recompute == COST_RECOMPUTE_NONE      ? "minimal"
@@ -584,7 +584,8 @@ enum moe_status plan_print_emit(const struct plan_request *q, const struct plan_
         LEFT(l->graphs, " cuda_graphs=%s", cost_graphs_names[l->graphs]);
         LEFT(l->delay_wgrad, " delay_wgrad=on");
         char offm[160];
-        unsigned said = custom ? COST_RC_BIT(COST_OFF_MOE_ACT) | COST_RC_BIT(COST_OFF_ATTN_NORM) : 0;
+        unsigned said =
+            custom ? COST_RC_BIT(COST_OFF_MOE_ACT) | COST_RC_BIT(COST_OFF_ATTN_NORM) : 0;
         cost_off_modules_format(l->act_offload & ~said, "+", offm, sizeof offm);
         LEFT(l->act_offload & ~said, " act_offload=%s (MaxText: a custom remat_policy's 'offload')",
              offm);

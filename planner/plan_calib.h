@@ -122,8 +122,9 @@ struct plan_fit_row {
 enum moe_status plan_fit_rows(const struct plan_published *runs, int n, const char *model_dir,
                               const char *topo_dir, struct plan_fit_row *out,
                               struct moe_error *err);
-/* The calibration fields a stack profile fits, with their bounds (efficiencies <= 1); the
- * attention's backward efficiency keeps its ratio to the forward's, and NVLink's all-reduce
+/* The calibration fields a stack profile fits, with their bounds (efficiencies <= 1): what one GPU
+ * cannot measure (NVLink, the network, overlap, the per-kernel host overhead, the all-to-all's
+ * latency, and attention with sinks, which no measured kernel runs); NVLink's all-reduce
  * efficiency follows its all-to-all one (step times cannot tell them apart). */
 struct plan_fit_param {
     const char *name;
@@ -141,27 +142,30 @@ double plan_fit_published(const struct plan_fit_row *rows, int n,
                           const struct cost_calibration *center, double prior,
                           struct cost_calibration *out, double *pred_us, struct moe_error *err);
 
-/* A stack profile for `cluster`: every row fitted together (towards `datasheet`, lightly), then
- * the cluster's own rows (towards that shared fit: a system has a handful of rows). Without rows
- * of the cluster the shared fit is the profile. *own gets the cluster's row count; the rms log
+/* A stack profile for `cluster`: every row fitted together (towards `base`, lightly), then the
+ * cluster's own rows (towards that shared fit: a system has a handful of rows). Without rows of
+ * the cluster the shared fit is the profile. *own gets the cluster's row count; the rms log
  * errors of the two fits in rms[0], rms[1] (rms[1] = rms[0] without own rows). */
 #define PLAN_FIT_SHARED_PRIOR 0.02
-/* Where a stack fit starts from a datasheet calibration: the softmax's exponentials counted,
- * one a score at each GPU's exp rate (attn_exp_scale 1, not fitted: the hardware sets it), and
- * the attention's efficiencies raised to match (they are then of the matmuls alone: x 1.5, as
- * FlashAttention's d = 128 kernels lose about a third to the softmax on Hopper). */
-void plan_fit_start(struct cost_calibration *cal);
+/* Where a stack fit starts: a datasheet calibration (`cal`) with the compute a GPU measured in
+ * `measured` (a `moeplan calibrate` profile): GEMM efficiencies by precision and their size
+ * terms, the attention kernels', HBM's. They are fractions of each GPU's datasheet peak, so a
+ * Hopper measurement anchors Blackwell by the datasheets' ratios; the fit never moves them. */
+void plan_fit_base(struct cost_calibration *cal, const struct cost_calibration *measured);
+/* The measured profile stack fits keep the compute of (under the data folder), unless
+ * `calibrate --measured` names another: the H200's, the one Hopper GPU measured in full. */
+#define PLAN_MEASURED_PROFILE "topologies/calibration/h200.json"
 #define PLAN_FIT_SYSTEM_PRIOR 0.2
 enum moe_status plan_fit_stack(const struct plan_fit_row *rows, int n, const char *cluster,
-                               const struct cost_calibration *datasheet,
-                               struct cost_calibration *out, int *own, double rms[2],
-                               struct moe_error *err);
+                               const struct cost_calibration *base, struct cost_calibration *out,
+                               int *own, double rms[2], struct moe_error *err);
 /* Cross-validation: each row predicted by the stack profile fitted without the rows of its fold,
- * folds by model or by system (leave one model out, leave one system out). `bar` (may be NULL)
- * advances by one per row predicted. */
+ * folds by model or by system (leave one model out, leave one system out), each fit's compute
+ * from `measured` (plan_fit_base). `bar` (may be NULL) advances by one per row predicted. */
 enum plan_fold { PLAN_FOLD_MODEL = 0, PLAN_FOLD_SYSTEM };
 enum moe_status plan_fit_crossval(const struct plan_fit_row *rows, int n, enum plan_fold fold,
-                                  double *pred_us, struct moe_progress *bar, struct moe_error *err);
+                                  const struct cost_calibration *measured, double *pred_us,
+                                  struct moe_progress *bar, struct moe_error *err);
 
 #ifdef __cplusplus
 }

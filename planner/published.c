@@ -358,10 +358,8 @@ enum moe_status plan_fit_rows(const struct plan_published *runs, int n, const ch
 #field, offsetof(struct cost_calibration, field), lo, hi                                   \
     }
 const struct plan_fit_param plan_fit_params[] = {
-    P(gemm_eff, 0.2, 1.0),      P(gemm_eff_fp8, 0.2, 1.0), P(attn_fwd_eff, 0.1, 1.0),
-    P(hbm_eff, 0.2, 1.0),       P(nvlink_eff, 0.1, 1.0),   P(scale_out_eff, 0.1, 1.0),
-    P(overlap_max, 0.05, 1.0),  P(launch_us, 0.5, 100.0),  P(a2a_latency_us, 1.0, 1000.0),
-    P(attn_sink_eff, 0.05, 1.0)};
+    P(nvlink_eff, 0.1, 1.0),  P(scale_out_eff, 0.1, 1.0),     P(overlap_max, 0.05, 1.0),
+    P(launch_us, 0.5, 100.0), P(a2a_latency_us, 1.0, 1000.0), P(attn_sink_eff, 0.05, 1.0)};
 #undef P
 const int plan_fit_nparams = (int)(sizeof plan_fit_params / sizeof plan_fit_params[0]);
 
@@ -371,16 +369,13 @@ static double *field(struct cost_calibration *c, int i)
 }
 
 /* Sum of squared log errors (plus the prior); every prediction in pred. < 0: an error in err.
- * Step times cannot tell the attention's forward from its backward (recompute mixes them) nor
- * NVLink's all-to-all from its all-reduce: the backward keeps its ratio to the forward
- * (`bwd_ratio`) and both NVLink efficiencies are one. */
+ * Step times cannot tell NVLink's all-to-all from its all-reduce: both efficiencies are one. */
 static double objective(const struct plan_fit_row *rows, int n, struct cost_calibration *cal,
-                        double bwd_ratio, unsigned mask, const struct cost_calibration *center,
-                        double prior, double *pred, struct moe_error *err)
+                        unsigned mask, const struct cost_calibration *center, double prior,
+                        double *pred, struct moe_error *err)
 {
     double sum = 0.0;
     cal->nvlink_allreduce_eff = cal->nvlink_eff;
-    cal->attn_bwd_eff = fmin(cal->attn_fwd_eff * bwd_ratio, 1.0);
     for (int i = 0; i < n; i++) {
         struct cost_ctx ctx;
         cost_ctx_init(&ctx, &rows[i].model, &rows[i].cluster, cal, rows[i].run->gpus);
@@ -418,8 +413,7 @@ double plan_fit_published(const struct plan_fit_row *rows, int n,
         double *v = field(&cur, k);
         *v = fmin(fmax(*v, plan_fit_params[k].lo), plan_fit_params[k].hi);
     }
-    double ratio = start->attn_fwd_eff > 0 ? start->attn_bwd_eff / start->attn_fwd_eff : 1.0;
-    double best = objective(rows, n, &cur, ratio, free_mask, center, prior, pred, err);
+    double best = objective(rows, n, &cur, free_mask, center, prior, pred, err);
     /* coordinate steps in log space: x1.5, then smaller, until 1% moves no longer help */
     for (double step = log(1.5); best >= 0 && step > log(1.00005); step *= 0.5) {
         bool moved = true;
@@ -434,7 +428,7 @@ double plan_fit_published(const struct plan_fit_row *rows, int n,
                     *v = fmin(fmax(old * exp(dir * step), plan_fit_params[k].lo),
                               plan_fit_params[k].hi);
                     if (*v == old) continue;
-                    double o = objective(rows, n, &t, ratio, free_mask, center, prior, pred, err);
+                    double o = objective(rows, n, &t, free_mask, center, prior, pred, err);
                     if (o < 0) {
                         best = -1.0;
                         break;
@@ -448,7 +442,7 @@ double plan_fit_published(const struct plan_fit_row *rows, int n,
                             *v = fmin(fmax(old * exp(dir * step * g), plan_fit_params[k].lo),
                                       plan_fit_params[k].hi);
                             if (*v == old) break;
-                            o = objective(rows, n, &t, ratio, free_mask, center, prior, pred, err);
+                            o = objective(rows, n, &t, free_mask, center, prior, pred, err);
                             if (o < 0) best = -1.0;
                             if (o < 0 || o >= best * (1.0 - 1e-9)) break;
                             best = o, cur = t;
@@ -471,7 +465,7 @@ double plan_fit_published(const struct plan_fit_row *rows, int n,
                     *v = nv;
                 }
                 if (!any) break;
-                double o = objective(rows, n, &t, ratio, free_mask, center, prior, pred, err);
+                double o = objective(rows, n, &t, free_mask, center, prior, pred, err);
                 if (o < 0) best = -1.0;
                 if (o < 0 || o >= best * (1.0 - 1e-9)) break;
                 before = cur, best = o, cur = t;
@@ -479,7 +473,7 @@ double plan_fit_published(const struct plan_fit_row *rows, int n,
         }
     }
     double rms = -1.0;
-    if (best >= 0 && objective(rows, n, &cur, ratio, free_mask, NULL, 0, pred, err) >= 0) {
+    if (best >= 0 && objective(rows, n, &cur, free_mask, NULL, 0, pred, err) >= 0) {
         double s = 0.0;
         for (int i = 0; i < n; i++) {
             double e = log(pred[i] / rows[i].step_us);
@@ -498,12 +492,19 @@ double plan_fit_published(const struct plan_fit_row *rows, int n,
 /* Stack profiles and their cross-validation                                                      */
 /* ---------------------------------------------------------------------------------------------- */
 
-void plan_fit_start(struct cost_calibration *cal)
+void plan_fit_base(struct cost_calibration *cal, const struct cost_calibration *measured)
 {
-    if (cal->attn_exp_scale > 0) return;
-    cal->attn_exp_scale = 1.0;
-    cal->attn_fwd_eff = fmin(1.0, cal->attn_fwd_eff * 1.5);
-    cal->attn_bwd_eff = fmin(1.0, cal->attn_bwd_eff * 1.5);
+    const struct cost_calibration *m = measured;
+    cal->gemm_eff = m->gemm_eff, cal->gemm_eff_fp8 = m->gemm_eff_fp8;
+    cal->gemm_eff_fp8_block = m->gemm_eff_fp8_block;
+    cal->gemm_m_half = m->gemm_m_half, cal->gemm_k_half = m->gemm_k_half;
+    cal->gemm_fixed_us = m->gemm_fixed_us;
+    cal->gemm_tile_m = m->gemm_tile_m, cal->gemm_tile_n = m->gemm_tile_n;
+    memcpy(cal->expert_m_half, m->expert_m_half, sizeof cal->expert_m_half);
+    cal->attn_fwd_eff = m->attn_fwd_eff, cal->attn_bwd_eff = m->attn_bwd_eff;
+    cal->attn_seq_half = m->attn_seq_half, cal->attn_exp_scale = m->attn_exp_scale;
+    cal->attn_wide_eff = m->attn_wide_eff, cal->attn_window_eff = m->attn_window_eff;
+    cal->hbm_eff = m->hbm_eff;
 }
 
 /* The second stage: the cluster's own rows, pulled towards the shared fit (*out = shared when
@@ -530,24 +531,22 @@ static enum moe_status fit_system(const struct plan_fit_row *rows, int n, const 
     return MOE_OK;
 }
 
-/* The first stage: every row together, lightly towards the datasheet. */
+/* The first stage: every row together, lightly towards the base (the datasheet's network, the
+ * measured compute). */
 static double fit_shared(const struct plan_fit_row *rows, int n,
-                         const struct cost_calibration *datasheet, struct cost_calibration *out,
+                         const struct cost_calibration *base, struct cost_calibration *out,
                          struct moe_error *err)
 {
-    struct cost_calibration ds = *datasheet;
-    plan_fit_start(&ds);
-    return plan_fit_published(rows, n, &ds, (1u << plan_fit_nparams) - 1, &ds,
+    return plan_fit_published(rows, n, base, (1u << plan_fit_nparams) - 1, base,
                               PLAN_FIT_SHARED_PRIOR, out, NULL, err);
 }
 
 enum moe_status plan_fit_stack(const struct plan_fit_row *rows, int n, const char *cluster,
-                               const struct cost_calibration *datasheet,
-                               struct cost_calibration *out, int *own, double rms[2],
-                               struct moe_error *err)
+                               const struct cost_calibration *base, struct cost_calibration *out,
+                               int *own, double rms[2], struct moe_error *err)
 {
     struct cost_calibration shared;
-    double r0 = fit_shared(rows, n, datasheet, &shared, err), r1;
+    double r0 = fit_shared(rows, n, base, &shared, err), r1;
     if (r0 < 0) return err ? err->status : MOE_ERR_RUNTIME;
     int k;
     enum moe_status st = fit_system(rows, n, cluster, &shared, out, &k, &r1, err);
@@ -563,7 +562,8 @@ static const char *fold_key(const struct plan_fit_row *r, enum plan_fold fold)
 }
 
 enum moe_status plan_fit_crossval(const struct plan_fit_row *rows, int n, enum plan_fold fold,
-                                  double *pred_us, struct moe_progress *bar, struct moe_error *err)
+                                  const struct cost_calibration *measured, double *pred_us,
+                                  struct moe_progress *bar, struct moe_error *err)
 {
     uint64_t base = bar ? bar->done : 0, held = 0;
     struct plan_fit_row *train = malloc(sizeof *train * (size_t)n);
@@ -585,6 +585,7 @@ enum moe_status plan_fit_crossval(const struct plan_fit_row *rows, int n, enum p
          * (one per cluster) */
         struct cost_calibration ds, shared;
         cost_calibration_defaults(&ds, &rows[i].cluster.gpu);
+        plan_fit_base(&ds, measured);
         if (fit_shared(train, k, &ds, &shared, err) < 0) {
             st = err ? err->status : MOE_ERR_RUNTIME;
             break;

@@ -132,7 +132,8 @@ static bool xml_well_formed(const char *text, size_t len, int *line, int *col, c
                       (vl == 8 && !strncasecmp(v, "US-ASCII", 8)))) {
                     *line = tl;
                     *col = tc + (int)(v - d0);
-                    snprintf(msg, cap, "encoding '%.*s': a topology XML is UTF-8 (as hwloc writes it)",
+                    snprintf(msg, cap,
+                             "encoding '%.*s': a topology XML is UTF-8 (as hwloc writes it)",
                              (int)(vl < 40 ? vl : 40), v);
                     return false;
                 }

@@ -101,9 +101,9 @@ static void test_jax_deepseek_v3_gb300(void **state)
                       "act_offload=moe_act,mtp=0,grad_reduce=bf16";
     char json_path[1100];
     snprintf(json_path, sizeof json_path, "%s", cli_tmp("jax.json"));
-    const char *args[] = {"predict",  "--model",   "deepseek-v3", "--cluster", "gb300-nvl72-x16",
-                          "--gpus",   "128",       "--seq-len",   "4096",      "--routing",
-                          "balanced", "--layout",  lay,           "--json",    json_path,
+    const char *args[] = {"predict",  "--model",  "deepseek-v3", "--cluster", "gb300-nvl72-x16",
+                          "--gpus",   "128",      "--seq-len",   "4096",      "--routing",
+                          "balanced", "--layout", lay,           "--json",    json_path,
                           NULL};
     run(&res, args);
     if (res.code != 0) fail_msg("exit %d: %s", res.code, res.err);
@@ -111,19 +111,31 @@ static void test_jax_deepseek_v3_gb300(void **state)
     assert_non_null(j);
     assert_true(json_is_true(json_object_get(j, "fits")));
     double tflops = json_number_value(json_object_get(j, "megatron_tflops_per_gpu"));
-    double total = json_number_value(
-        json_object_get(json_object_get(j, "memory_bytes"), "total"));
+    double total = json_number_value(json_object_get(json_object_get(j, "memory_bytes"), "total"));
     json_decref(j);
     unlink(json_path);
     printf("JAX DeepSeek-V3 on 128 GB300: predicted %.0f TFLOPS/GPU (published 1068), "
            "%.1f GiB a GPU\n",
            tflops, total / 1073741824.0);
     assert_true(tflops > 0);
-    const char *plan[] = {"plan",      "--model",     "deepseek-v3", "--cluster", "gb300-nvl72-x16",
-                          "--gpus",    "128",         "--seq-len",   "4096",      "--gbs",
-                          "768",       "--precision", "mxfp8",       "--fix",
+    const char *plan[] = {"plan",
+                          "--model",
+                          "deepseek-v3",
+                          "--cluster",
+                          "gb300-nvl72-x16",
+                          "--gpus",
+                          "128",
+                          "--seq-len",
+                          "4096",
+                          "--gbs",
+                          "768",
+                          "--precision",
+                          "mxfp8",
+                          "--fix",
                           "tp=1,pp=1,ep=8,zero=3,mbs=6,recompute=full,act_offload=moe_act,mtp=0",
-                          "--emit",    "maxtext",     NULL};
+                          "--emit",
+                          "maxtext",
+                          NULL};
     run(&res, plan);
     if (res.code != 0) fail_msg("exit %d: %s", res.code, res.err);
     static const char *const want[] = {

@@ -148,6 +148,20 @@ static void setup(const char *model, const char *cluster, struct mdl_model *m,
     if (topo_cluster_resolve(c, cluster, dir, &err) != MOE_OK) fail_msg("%s", err.message);
 }
 
+/* A cost context for a proxy of `model` with `layers` blocks on `gpus` GPUs of `cluster`, with
+ * the datasheet calibration. */
+static void proxy_ctx(const char *model, const char *cluster, int layers, int gpus,
+                      struct cost_ctx *ctx)
+{
+    struct mdl_model m;
+    struct topo_cluster c;
+    setup(model, cluster, &m, &c);
+    struct mdl_overrides ov = {layers, 0};
+    struct moe_error err;
+    if (mdl_model_override(&m, &ov, &err) != MOE_OK) fail_msg("%s", err.message);
+    cost_ctx_init(ctx, &m, &c, NULL, gpus);
+}
+
 /* A search request with the datasheet calibration, uniform routing and no --fix. */
 static void request(struct plan_request *q, const char *model, const char *cluster, int gpus,
                     int gbs, int seq)
@@ -187,14 +201,9 @@ static void test_activation_offload(void **state)
     static const char *const clusters[] = {"hgx-h100-x128", "gb300-nvl72-x16"};
     double slower[2];
     for (int k = 0; k < 2; k++) {
-        struct mdl_model m;
-        struct topo_cluster c;
-        setup("deepseek-v3", clusters[k], &m, &c);
-        struct mdl_overrides ov = {4, 0};
-        struct moe_error err;
-        assert_int_equal(mdl_model_override(&m, &ov, &err), MOE_OK);
         struct cost_ctx ctx;
-        cost_ctx_init(&ctx, &m, &c, NULL, 64);
+        proxy_ctx("deepseek-v3", clusters[k], 4, 64, &ctx);
+        struct moe_error err;
         struct cost_layout l0 = layout("ep=64,dp=64,mbs=2,gbs=256,seq=4096", 4096),
                            l1 = layout("ep=64,dp=64,mbs=2,gbs=256,seq=4096,"
                                        "act_offload=expert_fc1+moe_act",
@@ -234,17 +243,11 @@ static void test_activation_offload(void **state)
 static void test_full_recompute(void **state)
 {
     (void)state;
-    struct mdl_model m;
-    struct topo_cluster c;
-    setup("qwen3-30b-a3b", "gb300-nvl72-x16", &m, &c);
-    struct mdl_overrides ov = {4, 0};
-    struct moe_error err;
-    assert_int_equal(mdl_model_override(&m, &ov, &err), MOE_OK);
     struct cost_ctx ctx;
-    cost_ctx_init(&ctx, &m, &c, NULL, 64);
+    proxy_ctx("qwen3-30b-a3b", "gb300-nvl72-x16", 4, 64, &ctx);
+    struct moe_error err;
     static const char *const texts[] = {
-        "ep=64,dp=64,mbs=1,gbs=512",
-        "ep=64,dp=64,mbs=1,gbs=512,recompute=full",
+        "ep=64,dp=64,mbs=1,gbs=512", "ep=64,dp=64,mbs=1,gbs=512,recompute=full",
         "ep=64,dp=64,mbs=1,gbs=512,recompute=full,recompute_layers=2",
         "ep=64,dp=64,mbs=1,gbs=512,recompute=full,act_offload=moe_act",
         "ep=64,dp=64,mbs=1,gbs=512,recompute=full,act_offload=moe_act+expert_fc1"};
@@ -255,7 +258,8 @@ static void test_full_recompute(void **state)
     }
     double d0 = r[0].exposed_us[COST_DISPATCH], d1 = r[1].exposed_us[COST_DISPATCH];
     if (fabs(d1 / d0 - 1.5) > 1e-9) fail_msg("dispatch %.1f us, under full %.1f us", d0, d1);
-    double a0 = r[0].memory_bytes[COST_MEM_ACTIVATIONS], a1 = r[1].memory_bytes[COST_MEM_ACTIVATIONS],
+    double a0 = r[0].memory_bytes[COST_MEM_ACTIVATIONS],
+           a1 = r[1].memory_bytes[COST_MEM_ACTIVATIONS],
            a2 = r[2].memory_bytes[COST_MEM_ACTIVATIONS];
     if (fabs(a2 / (0.5 * (a0 + a1)) - 1.0) > 1e-9)
         fail_msg("recompute_layers=2: %.6g bytes of activations, want %.6g", a2, 0.5 * (a0 + a1));
@@ -282,14 +286,9 @@ static void test_full_recompute(void **state)
 static void test_fsdp_prefetch(void **state)
 {
     (void)state;
-    struct mdl_model m;
-    struct topo_cluster c;
-    setup("qwen3-30b-a3b", "gb300-nvl72-x16", &m, &c);
-    struct mdl_overrides ov = {8, 0};
-    struct moe_error err;
-    assert_int_equal(mdl_model_override(&m, &ov, &err), MOE_OK);
     struct cost_ctx ctx;
-    cost_ctx_init(&ctx, &m, &c, NULL, 64);
+    proxy_ctx("qwen3-30b-a3b", "gb300-nvl72-x16", 8, 64, &ctx);
+    struct moe_error err;
     struct cost_result r2, r3;
     struct cost_layout l2 = layout("ep=8,dp=64,mbs=4,gbs=1024,zero=2", 4096),
                        l3 = layout("ep=8,dp=64,mbs=4,gbs=1024,zero=3", 4096);
@@ -717,10 +716,12 @@ static void test_sharding_and_precision_keys(void **state)
     assert_non_null(strstr(buf, ",fp8_params=on"));
 }
 
-/* The stack-profile fit recovers known efficiencies: the published layouts of one container
+/* The stack-profile fit recovers known values: the published layouts of one container
  * generation, their "published" step times made by the cost model under a known calibration,
- * fitted from the datasheet defaults with no prior. Every parameter the step times pin down comes
- * back within 5% (the all-to-all latency, which barely moves them, is not judged). */
+ * fitted from the datasheet defaults with the shipped H200 profile's measured compute
+ * (plan_fit_base) and no prior. Every parameter the step times pin down comes back within 5%
+ * (the all-to-all latency, which barely moves them, is not judged), and the measured compute is
+ * left as measured, even for the bf16 GEMMs of a stack without a bf16 row. */
 static void test_published_fit_recovers(void **state)
 {
     (void)state;
@@ -738,15 +739,16 @@ static void test_published_fit_recovers(void **state)
         if (!strncmp(runs[i].container, "26.04", 5) && runs[i].trusted) runs[k++] = runs[i];
     assert_true(k >= 30);
     if (plan_fit_rows(runs, k, mdir, tdir, rows, &err)) fail_msg("%s", err.message);
-    struct cost_calibration truth, start, fit;
+    struct cost_calibration truth, start, fit, measured;
+    char prof[1024];
+    moe_test_src(prof, sizeof prof, PLAN_MEASURED_PROFILE);
+    if (cost_calibration_load(&measured, prof, &err)) fail_msg("%s", err.message);
     cost_calibration_defaults(&start, &rows[0].cluster.gpu);
-    plan_fit_start(&start);
+    plan_fit_base(&start, &measured);
     truth = start;
-    truth.gemm_eff = 0.7, truth.gemm_eff_fp8 = 0.6, truth.attn_fwd_eff = 0.5;
-    truth.attn_bwd_eff = 0.5 * start.attn_bwd_eff / start.attn_fwd_eff; /* the tied ratio */
-    truth.hbm_eff = 0.8, truth.nvlink_eff = truth.nvlink_allreduce_eff = 0.6;
+    truth.nvlink_eff = truth.nvlink_allreduce_eff = 0.6;
     truth.scale_out_eff = 0.7, truth.overlap_max = 0.6, truth.launch_us = 6.0;
-    truth.a2a_latency_us = 25.0, truth.attn_exp_scale = 1.0, truth.attn_sink_eff = 0.4;
+    truth.a2a_latency_us = 25.0, truth.attn_sink_eff = 0.4;
     for (int i = 0; i < k; i++) {
         struct cost_ctx ctx;
         cost_ctx_init(&ctx, &rows[i].model, &rows[i].cluster, &truth, rows[i].run->gpus);
@@ -770,6 +772,21 @@ static void test_published_fit_recovers(void **state)
     }
     assert_int_equal(off, 0);
     for (int i = 0; i < k; i++) assert_true(fabs(pred[i] / rows[i].step_us - 1.0) < 0.01);
+    assert_true(fit.gemm_eff == measured.gemm_eff && fit.gemm_eff_fp8 == measured.gemm_eff_fp8 &&
+                fit.attn_fwd_eff == measured.attn_fwd_eff && fit.hbm_eff == measured.hbm_eff);
+    /* a stack of fp8 rows only (26.08: no bf16 row to pin the bf16 GEMMs) keeps them measured */
+    int f8 = 0;
+    if (plan_published_load(file, runs, PLAN_PUBLISHED_MAX, &n, &err)) fail_msg("%s", err.message);
+    for (int i = 0; i < n; i++)
+        if (plan_published_in_stack(&runs[i], "megatron-26.08") && runs[i].trusted)
+            runs[f8++] = runs[i];
+    assert_true(f8 >= 4);
+    for (int i = 0; i < f8; i++) assert_string_not_equal(runs[i].precision, "bf16");
+    if (plan_fit_rows(runs, f8, mdir, tdir, rows, &err)) fail_msg("%s", err.message);
+    struct cost_calibration s26;
+    if (plan_fit_stack(rows, f8, rows[0].run->cluster, &start, &s26, NULL, NULL, &err))
+        fail_msg("%s", err.message);
+    assert_true(s26.gemm_eff == measured.gemm_eff && s26.attn_bwd_eff == measured.attn_bwd_eff);
 }
 
 static void test_layouts(void **state)
