@@ -88,7 +88,8 @@ enum moe_status plan_calib_fit_save(const struct plan_calib_data *d, const struc
 #define PLAN_PUBLISHED_COLS 24
 struct plan_published {
     char id[16], container[16], model[64], cluster[64], precision[16], recompute[96];
-    char pp_layout[COST_PP_LAYOUT_MAX], dispatcher[16], grad_reduce[8], moments[8], flags[64];
+    char pp_layout[COST_PP_LAYOUT_MAX], dispatcher[16], grad_reduce[8], moments[8], flags[128];
+    char recipe[128]; /* the recipe's overhead settings among the flags, as layout text */
     int gpus, gbs, mbs, seq, tp, pp, cp, vpp, ep, mtp; /* mtp -1: the model's */
     double tokens_per_s_gpu, tflops_gpu;
     bool trusted;     /* conf A */

@@ -80,6 +80,56 @@ static bool layout_col(const char *key, const char *v, char *why, size_t cap)
     return false;
 }
 
+/* The flags cell: words (tokendrop, recipe-mbs, ...) and the recipe's overhead settings as
+ * key=value of the layout grammar (cuda_graphs, overlap, delay_wgrad, ep_sms: what the row's
+ * recipe ran with), joined by ','. The settings go to r->recipe as layout text; *at is the
+ * offset in the cell of a bad item. */
+static bool flags_col(struct plan_published *r, const char *v, int *at, char *why, size_t cap)
+{
+    static const char *const keys[] = {"cuda_graphs", "overlap", "delay_wgrad", "ep_sms"};
+    size_t n = 0;
+    for (const char *p = v; *p;) {
+        size_t len = strcspn(p, ",");
+        const char *eq = memchr(p, '=', len);
+        *at = (int)(p - v);
+        if (len == 0) {
+            snprintf(why, cap, "an empty item");
+            return false;
+        }
+        if (eq) {
+            char key[32], val[64];
+            size_t kl = (size_t)(eq - p), vl = len - kl - 1;
+            bool known = false;
+            for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
+                known |= kl == strlen(keys[k]) && !strncmp(p, keys[k], kl);
+            if (!known || vl == 0 || vl >= sizeof val) {
+                snprintf(why, cap,
+                         "'%.*s': a recipe setting is cuda_graphs, overlap, delay_wgrad or ep_sms "
+                         "with a value",
+                         (int)(len < 40 ? len : 40), p);
+                return false;
+            }
+            snprintf(key, sizeof key, "%.*s", (int)kl, p);
+            snprintf(val, sizeof val, "%.*s", (int)vl, eq + 1);
+            if (!layout_col(key, val, why, cap)) return false;
+            int w =
+                snprintf(r->recipe + n, sizeof r->recipe - n, "%s%s=%s", n ? "," : "", key, val);
+            if (w < 0 || (size_t)w >= sizeof r->recipe - n) {
+                snprintf(why, cap, "too many recipe settings");
+                return false;
+            }
+            n += (size_t)w;
+        }
+        p += len + (p[len] == ',');
+        if (p[-1] == ',' && !*p) {
+            *at = (int)(p - v);
+            snprintf(why, cap, "an empty item");
+            return false;
+        }
+    }
+    return true;
+}
+
 /* One data line, split in place at the tabs; col0[i]: the column (1-based character) where cell
  * i starts. */
 static enum moe_status parse_row(char *line, const char *file, int lineno, struct plan_published *r,
@@ -146,6 +196,8 @@ static enum moe_status parse_row(char *line, const char *file, int lineno, struc
         ok = false, bad = 22, snprintf(why, sizeof why, "A (trusted) or B (flagged)");
     r->trusted = ok && !strcmp(col[22], "A");
     TEXT(23, flags);
+    int at = 0;
+    if (ok && strcmp(col[23], "-") && !(ok = flags_col(r, col[23], &at, why, sizeof why))) bad = 23;
 #undef TEXT
 #undef INT
 #undef RECIPE
@@ -158,8 +210,9 @@ static enum moe_status parse_row(char *line, const char *file, int lineno, struc
         *(i == 20 ? &r->tokens_per_s_gpu : &r->tflops_gpu) = v;
     }
     if (!ok)
-        return moe_error_set_at(err, MOE_ERR_INPUT, file, lineno, r->col[bad],
-                                "column %d (%s): '%s': %s", bad + 1, columns[bad], col[bad], why);
+        return moe_error_set_at(err, MOE_ERR_INPUT, file, lineno,
+                                r->col[bad] + (bad == 23 ? at : 0), "column %d (%s): '%s': %s",
+                                bad + 1, columns[bad], col[bad], why);
     if (!strcmp(r->pp_layout, "-")) r->pp_layout[0] = '\0';
     /* the parallel degrees in 64 bits: each is at most 2^20, their product is not */
     int64_t model_gpus = (int64_t)r->tp * r->pp * r->cp;
@@ -290,7 +343,9 @@ void plan_published_layout(const struct plan_published *r, char *buf, size_t cap
     if (k >= 0 && (size_t)k < cap && r->mtp >= 0)
         k += snprintf(buf + k, cap - (size_t)k, ",mtp=%d", r->mtp);
     if (k >= 0 && (size_t)k < cap && r->pp_layout[0])
-        snprintf(buf + k, cap - (size_t)k, ",pp_layout=%s", r->pp_layout);
+        k += snprintf(buf + k, cap - (size_t)k, ",pp_layout=%s", r->pp_layout);
+    if (k >= 0 && (size_t)k < cap && r->recipe[0])
+        snprintf(buf + k, cap - (size_t)k, ",%s", r->recipe);
 }
 
 double plan_published_step_us(const struct plan_published *r)

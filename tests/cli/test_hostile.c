@@ -956,6 +956,10 @@ static void test_published_hostile(void **state)
         {14, "everything", "column 15 (recompute): 'everything'", 3},
         {0, "MB-1\x1b[31m", "control character 0x1b", 3},
         {2, "no-such-model", "MB-1: model: no model named 'no-such-model'", 3},
+        /* the flags' recipe settings: layout keys of the overhead kind only, each value checked */
+        {23, "tokendrop,tp=8", "column 24 (flags): 'tokendrop,tp=8': 'tp=8': a recipe setting", 3},
+        {23, "cuda_graphs=sometimes", "column 24 (flags): 'cuda_graphs=sometimes': ", 3},
+        {23, "overlap=on,,tokendrop", "an empty item", 3},
     };
     for (size_t e = 0; e < sizeof edits / sizeof edits[0]; e++) {
         char edited[2048] = "";
@@ -1001,6 +1005,16 @@ static void test_published_hostile(void **state)
     expect(&r, 2, "megatron-26.04");
     RUN(&r, "calibrate", "--published", TSV, "--stack", "26.04", "--cross-validate");
     expect(&r, 2, "has no row of that stack");
+    /* --measured: a profile measured on a GPU, not a fitted stack profile; only with --published */
+    RUN(&r, "calibrate", "--published", TSV, "--stack", "megatron-26.08", "--cross-validate",
+        "--measured", "topologies/calibration/stacks/megatron-26.08/gb300.json");
+    expect(&r, 3, "--measured takes a profile `moeplan calibrate` measured on a GPU");
+    RUN(&r, "calibrate", "--published", TSV, "--stack", "megatron-26.08", "--cross-validate",
+        "--measured", at("no-such-profile.json"));
+    expect(&r, 3, "no-such-profile.json");
+    RUN(&r, "calibrate", "--refit", "topologies/calibration/h200.json", "--measured",
+        "topologies/calibration/h200.json");
+    expect(&r, 2, "--measured goes with --published");
 }
 
 static void test_hf_and_check_hostile(void **state)

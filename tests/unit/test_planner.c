@@ -735,6 +735,11 @@ static void test_published_fit_recovers(void **state)
     moe_test_src(mdir, sizeof mdir, "model");
     moe_test_src(tdir, sizeof tdir, "topologies");
     if (plan_published_load(file, runs, PLAN_PUBLISHED_MAX, &n, &err)) fail_msg("%s", err.message);
+    /* a row's recipe overhead settings (its flags) are in the layout it is fitted with */
+    char text[COST_LAYOUT_TEXT_MAX];
+    assert_string_equal(runs[0].id, "MB-1");
+    plan_published_layout(&runs[0], text, sizeof text);
+    assert_non_null(strstr(text, ",cuda_graphs=full,overlap=on,delay_wgrad=on"));
     for (int i = 0; i < n; i++)
         if (!strncmp(runs[i].container, "26.04", 5) && runs[i].trusted) runs[k++] = runs[i];
     assert_true(k >= 30);
