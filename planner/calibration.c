@@ -50,6 +50,44 @@ void cost_calibration_defaults(struct cost_calibration *cal, const struct topo_g
     }
 }
 
+/* "gemm_table": [[m, n, k, measured over roofline], ...] (cost_gemm_table_set), sorted by n, k
+ * and m as written; absent: none. */
+static enum moe_status gemm_table_load(const struct moe_jval *root, struct cost_calibration *t,
+                                       struct moe_error *err)
+{
+    struct moe_jval arr;
+    bool have = false;
+    enum moe_status st = moe_jval_array(root, "gemm_table", false, &arr, &have, err);
+    t->gemm_table_n = 0;
+    if (st || !have) return st;
+    size_t n = moe_jval_len(&arr);
+    if (n > COST_GEMM_TABLE_MAX)
+        return moe_jval_error(&arr, NULL, err, "gemm_table: %zu shapes, at most %d", n,
+                              COST_GEMM_TABLE_MAX);
+    static const double hi[4] = {1e7, 1e7, 1e7, 20.0};
+    for (size_t i = 0; i < n; i++) {
+        json_t *row = json_array_get(arr.json, i);
+        double *c = t->gemm_table[i];
+        bool ok = json_is_array(row) && json_array_size(row) == 4;
+        for (size_t j = 0; ok && j < 4; j++) {
+            json_t *x = json_array_get(row, j);
+            c[j] = json_is_number(x) ? json_number_value(x) : -1;
+            ok = c[j] >= (j < 3 ? 1.0 : 0.05) && c[j] <= hi[j];
+        }
+        if (!ok)
+            return moe_jval_error(&arr, NULL, err,
+                                  "gemm_table entry %zu: [m, n, k, ratio], sizes in [1, 1e7], the "
+                                  "ratio in [0.05, 20]",
+                                  i);
+        const double *p = i ? t->gemm_table[i - 1] : NULL;
+        if (p && (p[1] > c[1] || (p[1] == c[1] && (p[2] > c[2] || (p[2] == c[2] && p[0] >= c[0])))))
+            return moe_jval_error(&arr, NULL, err,
+                                  "gemm_table entry %zu: not sorted by n, k, then m", i);
+    }
+    t->gemm_table_n = (int)n;
+    return MOE_OK;
+}
+
 enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *file,
                                       struct moe_error *err)
 {
@@ -88,6 +126,7 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
                                        "experts",
                                        "fit",
                                        "stack",
+                                       "gemm_table",
                                        NULL};
     struct moe_jdoc doc;
     struct moe_jval root;
@@ -178,6 +217,7 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
                                 err))))
             goto cleanup;
     }
+    if ((st = gemm_table_load(&root, &t, err))) goto cleanup;
     t.calibrated = true;
     snprintf(t.gpu, sizeof t.gpu, "%s", gpu);
     if (stack[0]) /* fitted on published runs of a software stack */
@@ -240,6 +280,15 @@ enum moe_status cost_calibration_write(const struct cost_calibration *cal, json_
         json_object_set_new(ex, i ? "backward" : "forward", o);
     }
     json_object_set_new(root, "experts", ex);
+    if (cal->gemm_table_n > 0) {
+        json_t *tab = json_array();
+        for (int i = 0; i < cal->gemm_table_n; i++) {
+            json_t *row = json_array();
+            for (int j = 0; j < 4; j++) json_array_append_new(row, json_real(cal->gemm_table[i][j]));
+            json_array_append_new(tab, row);
+        }
+        json_object_set_new(root, "gemm_table", tab);
+    }
     enum moe_status st = moe_json_write_atomic(file, root, COST_CALIBRATION_SCHEMA, 1, err);
     json_decref(root);
     return st;
@@ -260,6 +309,7 @@ static double gemm_misfit(const struct cost_calibration *cal, const struct topo_
 double cost_fit_gemm(struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
                      const struct cost_gemm_sample *s, int n)
 {
+    cal->gemm_table_n = 0; /* measured against other scalars: cost_gemm_table_set again */
     if (n < 1) return 0.0;
     /* a grid over the half-efficiency sizes, then coordinate steps that shrink */
     struct cost_calibration best = *cal, t = *cal;

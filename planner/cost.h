@@ -28,6 +28,7 @@ extern "C" {
 #define COST_MEASURED_SCHEMA "moeplan.measured" /* what `moeplan run` writes (plan.h reads it) */
 
 /* Every efficiency the cost model uses. Fractions are of the datasheet peak. */
+#define COST_GEMM_TABLE_MAX 128 /* measured GEMM shapes a profile keeps */
 struct cost_calibration {
     bool calibrated;              /* false: datasheet defaults (docs/DESIGN.md) */
     char source[256];             /* "datasheet defaults" or the profile's GPU, driver and date */
@@ -76,6 +77,13 @@ struct cost_calibration {
      * part of the fixed time. Defaults 1 and 1. */
     double expert_scale[2], expert_fixed_share[2];
     double expert_m_half[2]; /* the expert GEMMs' own gemm_m_half (defaults: gemm_m_half) */
+    /* The bf16 GEMMs `moeplan calibrate` measured (m, n, k, measured time over the roofline's
+     * under this calibration), sorted by n, k, then m: cost_gemm_us takes a GEMM's time from
+     * the roofline times the ratio interpolated from the nearest measured shapes (0: none, the
+     * roofline alone). Ratios, not times, so a stack profile carries its measuring GPU's table to
+     * other GPUs by their datasheets' peaks. */
+    int gemm_table_n;
+    double gemm_table[COST_GEMM_TABLE_MAX][4];
 };
 
 /* Datasheet defaults for a GPU (fractions others report; docs/DESIGN.md). */
@@ -98,6 +106,11 @@ struct cost_gemm_sample {
  * Returns the rms relative error of the fit. */
 double cost_fit_gemm(struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
                      const struct cost_gemm_sample *s, int n);
+/* The measured GEMMs as cal's table (gemm_table): each sample's time over the roofline's under
+ * cal's fitted scalars (call after cost_fit_gemm; a change of those scalars clears it). At most
+ * COST_GEMM_TABLE_MAX are kept. */
+void cost_gemm_table_set(struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
+                         const struct cost_gemm_sample *s, int n);
 /* scale > 0 and fixed >= 0 with measured_j ~= scale x model_j + fixed x count_j (least squares
  * on the relative error); returns the rms relative error. */
 double cost_fit_linear(const double *model, const double *count, const double *measured, int n,

@@ -8,6 +8,7 @@
 #include "cost.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 #define BF16 2.0 /* bytes of a bf16 value */
 
@@ -54,11 +55,71 @@ static double gemm_split(const struct cost_calibration *cal, const struct topo_g
     return (t_flops > t_mem ? t_flops : t_mem) * 1e6;
 }
 
-double cost_gemm_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu, double m,
-                    double n, double k, enum cost_precision prec)
+static double gemm_roofline_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
+                               double m, double n, double k, enum cost_precision prec)
 {
     double fixed, var = gemm_split(cal, gpu, m, n, k, prec, cal->gemm_m_half, &fixed);
     return var + fixed;
+}
+
+static int gemm_sample_order(const void *a, const void *b)
+{
+    const double *x = a, *y = b; /* n, k, then m */
+    if (x[1] != y[1]) return x[1] < y[1] ? -1 : 1;
+    if (x[2] != y[2]) return x[2] < y[2] ? -1 : 1;
+    return x[0] < y[0] ? -1 : x[0] > y[0];
+}
+
+void cost_gemm_table_set(struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
+                         const struct cost_gemm_sample *s, int n)
+{
+    cal->gemm_table_n = 0;
+    for (int i = 0; i < n && cal->gemm_table_n < COST_GEMM_TABLE_MAX; i++) {
+        double t = gemm_roofline_us(cal, gpu, s[i].m, s[i].n, s[i].k, COST_BF16);
+        if (!(t > 0 && s[i].us > 0)) continue;
+        double *e = cal->gemm_table[cal->gemm_table_n++];
+        e[0] = s[i].m, e[1] = s[i].n, e[2] = s[i].k, e[3] = s[i].us / t;
+    }
+    qsort(cal->gemm_table, (size_t)cal->gemm_table_n, sizeof cal->gemm_table[0],
+          gemm_sample_order);
+}
+
+/* The measured-over-roofline ratio at (m, n, k): within each measured (n, k) shape linear in
+ * log m between its samples (the end ones beyond them), then the shapes weighted by the inverse
+ * fourth power of their log distance in n and k (a measured shape is met exactly; far from all
+ * of them, their mean). */
+static double gemm_table_ratio(const struct cost_calibration *cal, double m, double n, double k)
+{
+    double lm = log(m), ln = log(n), lk = log(k), num = 0.0, den = 0.0;
+    const int cnt = cal->gemm_table_n;
+    for (int g = 0; g < cnt;) {
+        const double(*t)[4] = cal->gemm_table;
+        int e = g;
+        while (e < cnt && t[e][1] == t[g][1] && t[e][2] == t[g][2]) e++;
+        double r = t[g][3];
+        if (lm >= log(t[e - 1][0])) r = t[e - 1][3];
+        for (int i = g; i + 1 < e && lm > log(t[g][0]); i++) {
+            double a = log(t[i][0]), b = log(t[i + 1][0]);
+            if (lm <= b) {
+                double w = b > a ? (lm - a) / (b - a) : 1.0;
+                r = t[i][3] + w * (t[i + 1][3] - t[i][3]);
+                break;
+            }
+        }
+        double d = fabs(ln - log(t[g][1])) + fabs(lk - log(t[g][2]));
+        double w = 1.0 / (d * d * d * d + 1e-8);
+        num += w * r, den += w;
+        g = e;
+    }
+    return den > 0 ? num / den : 1.0;
+}
+
+double cost_gemm_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu, double m,
+                    double n, double k, enum cost_precision prec)
+{
+    double t = gemm_roofline_us(cal, gpu, m, n, k, prec);
+    if (cal->gemm_table_n > 0 && m > 0 && n > 0 && k > 0) t *= gemm_table_ratio(cal, m, n, k);
+    return t;
 }
 
 void cost_expert_parts(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,

@@ -560,6 +560,8 @@ void plan_fit_base(struct cost_calibration *cal, const struct cost_calibration *
     cal->attn_seq_half = m->attn_seq_half, cal->attn_exp_scale = m->attn_exp_scale;
     cal->attn_wide_eff = m->attn_wide_eff, cal->attn_window_eff = m->attn_window_eff;
     cal->hbm_eff = m->hbm_eff;
+    cal->gemm_table_n = m->gemm_table_n;
+    memcpy(cal->gemm_table, m->gemm_table, sizeof cal->gemm_table);
 }
 
 /* The second stage: the cluster's own rows, pulled towards the shared fit (*out = shared when

@@ -276,6 +276,55 @@ static void test_full_recompute(void **state)
            r[4].step_us / 1e3);
 }
 
+/* GEMM time read from the measured table (cost_gemm_us): the shipped H200 profile's 60 measured
+ * bf16 GEMMs come back as measured (0.1%), where the roofline alone misses them by 10% rms; a
+ * GEMM between two measured row counts of one shape lies between their times; a shape far from
+ * every measured one keeps the roofline's time within the table's range of ratios. */
+static void test_gemm_table(void **state)
+{
+    (void)state;
+    struct mdl_model m;
+    struct topo_cluster c;
+    setup("mixtral-8x7b", "h200-vm", &m, &c);
+    struct cost_calibration cal, roof;
+    struct moe_error err;
+    char prof[1024];
+    moe_test_src(prof, sizeof prof, PLAN_MEASURED_PROFILE);
+    cost_calibration_defaults(&cal, &c.gpu);
+    if (cost_calibration_load(&cal, prof, &err)) fail_msg("%s", err.message);
+    static struct plan_calib_data d;
+    if (plan_calib_data_load(prof, &d, &err)) fail_msg("%s", err.message);
+    assert_true(cal.gemm_table_n == d.ngemm && d.ngemm >= 40);
+    roof = cal;
+    roof.gemm_table_n = 0;
+    double e_tab = 0, e_roof = 0, lo = INFINITY, hi = 0;
+    for (int i = 0; i < d.ngemm; i++) {
+        const struct cost_gemm_sample *x = &d.gemm[i];
+        double t = cost_gemm_us(&cal, &c.gpu, x->m, x->n, x->k, COST_BF16);
+        double r = cost_gemm_us(&roof, &c.gpu, x->m, x->n, x->k, COST_BF16);
+        e_tab = fmax(e_tab, fabs(t / x->us - 1.0));
+        e_roof += (r / x->us - 1.0) * (r / x->us - 1.0);
+        lo = fmin(lo, x->us / r), hi = fmax(hi, x->us / r);
+    }
+    e_roof = sqrt(e_roof / d.ngemm);
+    printf("GEMM table: %d measured shapes back within %.4f%% (the roofline alone: %.1f%% rms)\n",
+           d.ngemm, 100 * e_tab, 100 * e_roof);
+    assert_true(e_tab < 1e-3 && e_roof > 0.05);
+    /* between 2048 and 8192 rows of the first measured shape: between their times */
+    const struct cost_gemm_sample *a = NULL, *b = NULL;
+    for (int i = 0; i < d.ngemm; i++)
+        for (int j = 0; j < d.ngemm; j++)
+            if (d.gemm[i].n == d.gemm[j].n && d.gemm[i].k == d.gemm[j].k && d.gemm[i].m == 2048 &&
+                d.gemm[j].m == 8192)
+                a = &d.gemm[i], b = &d.gemm[j];
+    assert_non_null(a);
+    double mid = cost_gemm_us(&cal, &c.gpu, 4096, a->n, a->k, COST_BF16);
+    assert_true(mid > a->us && mid < b->us);
+    double far = cost_gemm_us(&cal, &c.gpu, 3000, 50000, 300, COST_BF16);
+    double far_r = cost_gemm_us(&roof, &c.gpu, 3000, 50000, 300, COST_BF16);
+    assert_true(far / far_r >= lo - 1e-9 && far / far_r <= hi + 1e-9);
+}
+
 /* FSDP (ZeRO 2 and 3) prefetches block by block: where the compute beside them is longer, only
  * the first block's gather and the last block's reduce-scatter of each micro-batch show. On
  * Qwen3-30B-A3B (8 blocks) over 64 GB300 of one NVLink domain, 4 micro-batches: the gather (ag)
@@ -1300,6 +1349,7 @@ int main(void)
         cmocka_unit_test(test_activation_offload),
         cmocka_unit_test(test_full_recompute),
         cmocka_unit_test(test_fsdp_prefetch),
+        cmocka_unit_test(test_gemm_table),
         cmocka_unit_test(test_collectives),
         cmocka_unit_test(test_dispatch_bytes_by_hand),
         cmocka_unit_test(test_pipeline_bubble),
