@@ -427,7 +427,7 @@ static enum moe_status fit(const char *model_dir, const struct topo_cluster *cl,
     json_object_set_new(meas, "copy_1gib_us", json_real(d->copy_us));
     double rms = cost_fit_gemm(cal, g, d->gemm, d->ngemm);
     cal->expert_m_half[0] = cal->expert_m_half[1] = cal->gemm_m_half; /* until fit_experts */
-    struct cost_calibration roof = *cal; /* the roofline alone, for the log */
+    struct cost_calibration roof = *cal;            /* the roofline alone, for the log */
     cost_gemm_table_set(cal, g, d->gemm, d->ngemm); /* what every later fit costs GEMMs with */
     fprintf(
         log,

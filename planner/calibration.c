@@ -284,7 +284,8 @@ enum moe_status cost_calibration_write(const struct cost_calibration *cal, json_
         json_t *tab = json_array();
         for (int i = 0; i < cal->gemm_table_n; i++) {
             json_t *row = json_array();
-            for (int j = 0; j < 4; j++) json_array_append_new(row, json_real(cal->gemm_table[i][j]));
+            for (int j = 0; j < 4; j++)
+                json_array_append_new(row, json_real(cal->gemm_table[i][j]));
             json_array_append_new(tab, row);
         }
         json_object_set_new(root, "gemm_table", tab);

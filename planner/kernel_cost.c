@@ -80,8 +80,7 @@ void cost_gemm_table_set(struct cost_calibration *cal, const struct topo_gpu_spe
         double *e = cal->gemm_table[cal->gemm_table_n++];
         e[0] = s[i].m, e[1] = s[i].n, e[2] = s[i].k, e[3] = s[i].us / t;
     }
-    qsort(cal->gemm_table, (size_t)cal->gemm_table_n, sizeof cal->gemm_table[0],
-          gemm_sample_order);
+    qsort(cal->gemm_table, (size_t)cal->gemm_table_n, sizeof cal->gemm_table[0], gemm_sample_order);
 }
 
 /* The measured-over-roofline ratio at (m, n, k): within each measured (n, k) shape linear in
