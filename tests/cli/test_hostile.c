@@ -1048,6 +1048,30 @@ static void test_hf_and_check_hostile(void **state)
     expect(&r, 3, "phase_order: not this build's");
     RUN(&r, "calibrate", "--refit", at("cal-order.json"), "-o", at("cal-out.json"));
     expect(&r, 3, "phase_order: not this build's");
+    /* the measured GEMM table: each entry [m, n, k, ratio] in range, sorted by n, k, then m */
+    static const struct {
+        const char *to, *words;
+    } table_edits[] = {
+        {"\"gemm_table\": [\n    [\n      32.0,\n      1536.0,\n      2048.0,\n      99",
+         "gemm_table entry 0: [m, n, k, ratio]"},
+        {"\"gemm_table\": [\n    [\n      4096.0,\n      1536.0,\n      2048.0,\n      "
+         "1.0828476769",
+         "gemm_table entry 1: not sorted by n, k, then m"},
+        {"\"gemm_table\": [\n    [\n      32.0,\n      1536.0,\n      \"2048\",\n      "
+         "1.0828476769",
+         "gemm_table entry 0"},
+    };
+    for (size_t e = 0; e < sizeof table_edits / sizeof table_edits[0]; e++) {
+        put_edited("cal-table.json", "topologies/calibration/h200.json",
+                   "\"gemm_table\": [\n    [\n      32.0,\n      1536.0,\n      2048.0,\n      "
+                   "1.0828476769",
+                   table_edits[e].to);
+        RUN(&r, "check", at("cal-table.json"));
+        expect(&r, 3, table_edits[e].words);
+        RUN(&r, "predict", "--model", "mixtral-8x7b", "--cluster", "h200-vm", "--layout",
+            "ep=8,gbs=8", "--calibration", at("cal-table.json"));
+        expect(&r, 3, table_edits[e].words);
+    }
     static const struct {
         const char *from, *to, *words;
     } plan_edits[] = {
