@@ -198,7 +198,7 @@ static enum moe_status stack_rows(struct cli *cli, const char *file, const char 
     }
     for (int i = 0; st == MOE_OK && i < all; i++)
         if (plan_published_in_stack(&runs[i], stack) && runs[i].trusted &&
-            !strstr(runs[i].flags, "tokendrop"))
+            !runs[i].tokendrop)
             runs[kept++] = runs[i];
     if (st == MOE_OK && kept == 0)
         st = moe_error_set(err, MOE_ERR_INPUT, "%s: no trusted, dropless row of stack %s", file,
@@ -386,12 +386,14 @@ static enum moe_status measured_compute(struct cli *cli, const char *given,
     struct moe_jdoc doc;
     enum moe_status st = moe_jdoc_load(&doc, path, err);
     if (st != MOE_OK) return st;
-    bool fitted = json_object_get(doc.root, "stack") || !json_object_get(doc.root, "measured");
+    json_t *meas = json_object_get(doc.root, "measured");
+    bool ok = json_is_object(doc.root) && !json_object_get(doc.root, "stack") &&
+              json_is_object(meas) && json_array_size(json_object_get(meas, "gemm_m_n_k_us")) > 0;
     moe_jdoc_free(&doc);
-    if (fitted)
+    if (!ok)
         return moe_error_set(err, MOE_ERR_INPUT,
                              "%s: --measured takes a profile `moeplan calibrate` measured on a "
-                             "GPU (with its \"measured\" data), not a fitted one",
+                             "GPU (its \"measured\" data with the GEMM grid); this is not one",
                              path);
     return cost_calibration_load(m, path, err);
 }

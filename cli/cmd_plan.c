@@ -110,9 +110,13 @@ static int published_run(struct cli *cli, const struct cli_cmd *cmd, const char 
     io->stack = stack;
     char mtp[16] = "";
     if (row.mtp >= 0) snprintf(mtp, sizeof mtp, ",mtp=%d", row.mtp);
-    int k = snprintf(fix, fix_cap, "dispatcher=%s,overlap=off,grad_reduce=%s,moments=%s%s%s%s",
-                     row.dispatcher, row.grad_reduce, row.moments, mtp, user_fix ? "," : "",
-                     user_fix ? user_fix : "");
+    /* the recipe's settings the search does not choose: the dispatcher, the gradient and moment
+     * precisions, MTP, and the flags' overhead settings (EP overlap off where they say none) */
+    bool overlap = strstr(row.recipe, "overlap=") != NULL;
+    int k = snprintf(fix, fix_cap, "dispatcher=%s,grad_reduce=%s,moments=%s%s%s%s%s%s%s",
+                     row.dispatcher, row.grad_reduce, row.moments, mtp,
+                     overlap ? "" : ",overlap=off", row.recipe[0] ? "," : "", row.recipe,
+                     user_fix ? "," : "", user_fix ? user_fix : "");
     if (k < 0 || (size_t)k >= fix_cap) return cli_usage(cmd, "--fix: too long");
     plan_published_layout(&row, compare, COST_LAYOUT_TEXT_MAX);
     return -1;

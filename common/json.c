@@ -553,6 +553,18 @@ enum moe_status moe_jval_at_object(const struct moe_jval *arr, size_t i, struct 
     return MOE_OK;
 }
 
+enum moe_status moe_jval_at_array(const struct moe_jval *arr, size_t i, struct moe_jval *out,
+                                  struct moe_error *err)
+{
+    struct moe_jval e;
+    element_view(arr, i, &e);
+    if (!json_is_array(e.json))
+        return moe_jval_error(&e, NULL, err, "must be a list, not %s",
+                              e.json ? json_type_name(e.json) : "missing");
+    *out = e;
+    return MOE_OK;
+}
+
 enum moe_status moe_jval_at_num(const struct moe_jval *arr, size_t i, double min, double max,
                                 double *out, struct moe_error *err)
 {

@@ -98,9 +98,11 @@ enum moe_status moe_jval_object(const struct moe_jval *obj, const char *key, boo
 enum moe_status moe_jval_array(const struct moe_jval *obj, const char *key, bool required,
                                struct moe_jval *out, bool *present, struct moe_error *err);
 size_t moe_jval_len(const struct moe_jval *arr);
-/* Element i of an array, which must be an object / a number in range. */
+/* Element i of an array, which must be an object / an array / a number in range. */
 enum moe_status moe_jval_at_object(const struct moe_jval *arr, size_t i, struct moe_jval *out,
                                    struct moe_error *err);
+enum moe_status moe_jval_at_array(const struct moe_jval *arr, size_t i, struct moe_jval *out,
+                                  struct moe_error *err);
 enum moe_status moe_jval_at_num(const struct moe_jval *arr, size_t i, double min, double max,
                                 double *out, struct moe_error *err);
 enum moe_status moe_jval_at_int(const struct moe_jval *arr, size_t i, int64_t min, int64_t max,

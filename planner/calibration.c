@@ -64,25 +64,21 @@ static enum moe_status gemm_table_load(const struct moe_jval *root, struct cost_
     if (n > COST_GEMM_TABLE_MAX)
         return moe_jval_error(&arr, NULL, err, "gemm_table: %zu shapes, at most %d", n,
                               COST_GEMM_TABLE_MAX);
-    static const double hi[4] = {1e7, 1e7, 1e7, 20.0};
+    static const double lo[4] = {1, 1, 1, 0.05}, hi[4] = {1e7, 1e7, 1e7, 20.0};
     for (size_t i = 0; i < n; i++) {
-        json_t *row = json_array_get(arr.json, i);
+        struct moe_jval row;
         double *c = t->gemm_table[i];
-        bool ok = json_is_array(row) && json_array_size(row) == 4;
-        for (size_t j = 0; ok && j < 4; j++) {
-            json_t *x = json_array_get(row, j);
-            c[j] = json_is_number(x) ? json_number_value(x) : -1;
-            ok = c[j] >= (j < 3 ? 1.0 : 0.05) && c[j] <= hi[j];
-        }
-        if (!ok)
-            return moe_jval_error(&arr, NULL, err,
-                                  "gemm_table entry %zu: [m, n, k, ratio], sizes in [1, 1e7], the "
-                                  "ratio in [0.05, 20]",
-                                  i);
+        enum moe_status rs = moe_jval_at_array(&arr, i, &row, err);
+        if (rs) return rs;
+        if (moe_jval_len(&row) != 4)
+            return moe_jval_error(&row, NULL, err, "[m, n, k, measured over roofline]: 4 numbers");
+        for (size_t j = 0; j < 4; j++)
+            if ((rs = moe_jval_at_num(&row, j, lo[j], hi[j], &c[j], err))) return rs;
         const double *p = i ? t->gemm_table[i - 1] : NULL;
         if (p && (p[1] > c[1] || (p[1] == c[1] && (p[2] > c[2] || (p[2] == c[2] && p[0] >= c[0])))))
-            return moe_jval_error(&arr, NULL, err,
-                                  "gemm_table entry %zu: not sorted by n, k, then m", i);
+            return moe_jval_error(&row, NULL, err,
+                                  "not after the entry before it: the table is sorted by n, k, "
+                                  "then m, each shape once");
     }
     t->gemm_table_n = (int)n;
     return MOE_OK;

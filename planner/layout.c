@@ -538,6 +538,15 @@ enum moe_status cost_layout_check(const struct cost_layout *l, const struct mdl_
     if (l->recompute_layers > 0 && l->recompute != COST_RECOMPUTE_FULL)
         NO("recompute_layers = %d counts blocks recomputed whole: it goes with recompute=full",
            l->recompute_layers);
+    unsigned kept = COST_RC_BIT(COST_OFF_ATTN_NORM) | COST_RC_BIT(COST_OFF_EXPERT_FC1) |
+                    COST_RC_BIT(COST_OFF_MOE_ACT);
+    if (l->recompute == COST_RECOMPUTE_FULL && (l->act_offload & ~kept)) {
+        char mods[160];
+        cost_off_modules_format(l->act_offload & ~kept, "+", mods, sizeof mods);
+        NO("act_offload=%s under recompute=full: full recompute redoes those from the block's "
+           "input; it keeps on the host only attn_norm (the input), expert_fc1 and moe_act",
+           mods);
+    }
     if (l->act_offload && l->recompute_layers > 0)
         NO("act_offload with recompute_layers = %d: offloading is costed for blocks all kept or "
            "all recomputed (recompute_layers = 0)",

@@ -38,7 +38,7 @@ void plan_print_summary(const struct plan_request *q, const struct plan_result *
     fprintf(out, "plan: %s on %d x %s (%s), gbs %d x seq %d, %s\n", q->model.name, r->best.gpus,
             q->cluster.gpu.name, q->cluster.name, r->best.layout.gbs, r->best.layout.seq_len,
             cost_precision_names[r->best.layout.precision]);
-    fprintf(out, "layout: %s, overlap on\n", lay);
+    fprintf(out, "layout: %s, overlap %s\n", lay, r->best.layout.overlap ? "on" : "off");
     moe_format_bytes(res->memory_total_bytes, a, sizeof a);
     moe_format_bytes(res->memory_capacity_bytes, b, sizeof b);
     fprintf(out,
@@ -589,6 +589,8 @@ enum moe_status plan_print_emit(const struct plan_request *q, const struct plan_
         cost_off_modules_format(l->act_offload & ~said, "+", offm, sizeof offm);
         LEFT(l->act_offload & ~said, " act_offload=%s (MaxText: a custom remat_policy's 'offload')",
              offm);
+        LEFT(l->recompute_layers, " recompute_layers=%d (remat_policy is every layer's)",
+             l->recompute_layers);
         LEFT(l->recompute == COST_RECOMPUTE_SELECTIVE && cost_layout_rc(l) != COST_RC_DEFAULT,
              " recompute modules (remat_policy is the nearest)");
 #undef LEFT

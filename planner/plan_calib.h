@@ -90,6 +90,7 @@ struct plan_published {
     char id[16], container[16], model[64], cluster[64], precision[16], recompute[96];
     char pp_layout[COST_PP_LAYOUT_MAX], dispatcher[16], grad_reduce[8], moments[8], flags[128];
     char recipe[128]; /* the recipe's overhead settings among the flags, as layout text */
+    bool tokendrop;   /* flagged tokendrop: dropped tokens at a capacity factor, not dropless */
     int gpus, gbs, mbs, seq, tp, pp, cp, vpp, ep, mtp; /* mtp -1: the model's */
     double tokens_per_s_gpu, tflops_gpu;
     bool trusted;     /* conf A */
@@ -107,8 +108,10 @@ enum moe_status plan_published_load(const char *file, struct plan_published *row
 bool plan_published_in_stack(const struct plan_published *r, const char *stack);
 void plan_published_stack_of(const struct plan_published *r, char *buf, size_t cap);
 void plan_published_stacks(const struct plan_published *rows, int n, char *buf, size_t cap);
-/* The row's layout as `--layout` text (cost_layout_parse), ZeRO-1 and dp from the GPUs. */
-void plan_published_layout(const struct plan_published *r, char *buf, size_t cap);
+/* The row's layout as `--layout` text (cost_layout_parse), ZeRO-1 and dp from the GPUs; false
+ * when it does not fit in cap (the loader refuses such a row: COST_LAYOUT_TEXT_MAX always
+ * holds a loaded row's). */
+bool plan_published_layout(const struct plan_published *r, char *buf, size_t cap);
 /* The step time the row's tokens/s/GPU imply: gbs x seq / (tokens/s/GPU x GPUs), us. */
 double plan_published_step_us(const struct plan_published *r);
 

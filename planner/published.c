@@ -87,6 +87,7 @@ static bool layout_col(const char *key, const char *v, char *why, size_t cap)
 static bool flags_col(struct plan_published *r, const char *v, int *at, char *why, size_t cap)
 {
     static const char *const keys[] = {"cuda_graphs", "overlap", "delay_wgrad", "ep_sms"};
+    static const char *const words[] = {"tokendrop", "recipe-mbs", "precision-not-stated"};
     size_t n = 0;
     for (const char *p = v; *p;) {
         size_t len = strcspn(p, ",");
@@ -95,6 +96,26 @@ static bool flags_col(struct plan_published *r, const char *v, int *at, char *wh
         if (len == 0) {
             snprintf(why, cap, "an empty item");
             return false;
+        }
+        size_t name = eq ? (size_t)(eq - p) : len;
+        for (const char *q = v; q < p; q += strcspn(q, ",") + 1) /* each item once */
+            if (strcspn(q, ",=") == name && !strncmp(q, p, name)) {
+                snprintf(why, cap, "'%.*s' again: give each flag once", (int)(name < 40 ? name : 40),
+                         p);
+                return false;
+            }
+        if (!eq) {
+            bool known = false;
+            for (size_t k = 0; k < sizeof words / sizeof words[0]; k++)
+                known |= len == strlen(words[k]) && !strncmp(p, words[k], len);
+            if (!known) {
+                snprintf(why, cap,
+                         "'%.*s': a flag is tokendrop, recipe-mbs, precision-not-stated or a "
+                         "recipe setting (cuda_graphs, overlap, delay_wgrad, ep_sms) with a value",
+                         (int)(len < 40 ? len : 40), p);
+                return false;
+            }
+            r->tokendrop |= len == 9 && !strncmp(p, "tokendrop", 9);
         }
         if (eq) {
             char key[32], val[64];
@@ -130,6 +151,14 @@ static bool flags_col(struct plan_published *r, const char *v, int *at, char *wh
     return true;
 }
 
+/* Characters (UTF-8 sequences) from `from` up to `to`: the file's columns count characters. */
+static int chars(const char *from, const char *to)
+{
+    int c = 0;
+    for (const char *p = from; p < to; p++) c += ((unsigned char)*p & 0xc0) != 0x80;
+    return c;
+}
+
 /* One data line, split in place at the tabs; col0[i]: the column (1-based character) where cell
  * i starts. */
 static enum moe_status parse_row(char *line, const char *file, int lineno, struct plan_published *r,
@@ -149,7 +178,7 @@ static enum moe_status parse_row(char *line, const char *file, int lineno, struc
     memset(r, 0, sizeof *r);
     r->file = file;
     r->line = lineno;
-    for (int i = 0; i < NCOLS; i++) r->col[i] = (int)(col[i] - line) + 1;
+    for (int i = 0; i < NCOLS; i++) r->col[i] = chars(line, col[i]) + 1;
     bool ok = true;
     int bad = -1;
     char why[160] = "";
@@ -211,7 +240,8 @@ static enum moe_status parse_row(char *line, const char *file, int lineno, struc
     }
     if (!ok)
         return moe_error_set_at(err, MOE_ERR_INPUT, file, lineno,
-                                r->col[bad] + (bad == 23 ? at : 0), "column %d (%s): '%s': %s",
+                                r->col[bad] + (bad == 23 ? chars(col[23], col[23] + at) : 0),
+                                "column %d (%s): '%s': %s",
                                 bad + 1, columns[bad], col[bad], why);
     if (!strcmp(r->pp_layout, "-")) r->pp_layout[0] = '\0';
     /* the parallel degrees in 64 bits: each is at most 2^20, their product is not */
@@ -220,6 +250,12 @@ static enum moe_status parse_row(char *line, const char *file, int lineno, struc
         return moe_error_set_at(err, MOE_ERR_INPUT, file, lineno, r->col[9],
                                 "tp x pp x cp = %d x %d x %d = %lld does not divide the %d GPUs",
                                 r->tp, r->pp, r->cp, (long long)model_gpus, r->gpus);
+    char text[COST_LAYOUT_TEXT_MAX];
+    if (!plan_published_layout(r, text, sizeof text))
+        return moe_error_set_at(err, MOE_ERR_INPUT, file, lineno, 1,
+                                "%s: its layout (columns 5-20 and the flags' settings) is over %d "
+                                "characters",
+                                r->id, COST_LAYOUT_TEXT_MAX - 1);
     return MOE_OK;
 }
 
@@ -332,7 +368,7 @@ void plan_published_stacks(const struct plan_published *rows, int n, char *buf, 
     }
 }
 
-void plan_published_layout(const struct plan_published *r, char *buf, size_t cap)
+bool plan_published_layout(const struct plan_published *r, char *buf, size_t cap)
 {
     int dp = r->gpus / (r->tp * r->pp * r->cp); /* the loader checked that it divides */
     int k = snprintf(buf, cap,
@@ -345,7 +381,8 @@ void plan_published_layout(const struct plan_published *r, char *buf, size_t cap
     if (k >= 0 && (size_t)k < cap && r->pp_layout[0])
         k += snprintf(buf + k, cap - (size_t)k, ",pp_layout=%s", r->pp_layout);
     if (k >= 0 && (size_t)k < cap && r->recipe[0])
-        snprintf(buf + k, cap - (size_t)k, ",%s", r->recipe);
+        k += snprintf(buf + k, cap - (size_t)k, ",%s", r->recipe);
+    return k >= 0 && (size_t)k < cap;
 }
 
 double plan_published_step_us(const struct plan_published *r)
@@ -364,7 +401,8 @@ static enum moe_status row_error(const struct plan_published *r, int cell, enum 
     }
     if (cell < 0) /* the layout the row's cells make together: no one cell to blame */
         return moe_error_set_at(err, MOE_ERR_INPUT, r->file, r->line, 1,
-                                "%s: the layout of its columns 5-20: %s", r->id, why->message);
+                                "%s: the layout of its columns 5-20 and 24: %s", r->id,
+                                why->message);
     return moe_error_set_at(err, MOE_ERR_INPUT, r->file, r->line, r->col[cell], "%s: %s: %s", r->id,
                             columns[cell], why->message);
 }
@@ -400,6 +438,11 @@ enum moe_status plan_fit_rows(const struct plan_published *runs, int n, const ch
         if ((st = cost_layout_parse(&f->layout, text, &why)) ||
             (st = cost_layout_check(&f->layout, &f->model, r->gpus, &why)))
             return row_error(r, -1, MOE_ERR_INPUT, &why, err);
+        if (f->layout.ep_sms >= f->cluster.gpu.sms) {
+            moe_error_set(&why, MOE_ERR_INPUT, "ep_sms = %d: the %s has %d SMs",
+                          f->layout.ep_sms, f->cluster.gpu.name, f->cluster.gpu.sms);
+            return row_error(r, 23, MOE_ERR_INPUT, &why, err);
+        }
     }
     return MOE_OK;
 }

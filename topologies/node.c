@@ -121,7 +121,8 @@ static bool xml_well_formed(const char *text, size_t len, int *line, int *col, c
              * refused or read as UTF-8 depends on hwloc's XML backend (libxml2 or its own) */
             size_t dl = (size_t)(c.p - d0);
             const char *enc = NULL;
-            for (size_t i = 0; dl > 6 && !memcmp(d0, "<?xml ", 6) && i + 8 <= dl && !enc; i++)
+            bool decl = dl > 6 && !memcmp(d0, "<?xml", 5) && strchr(" \t\r\n", d0[5]);
+            for (size_t i = 0; decl && i + 8 <= dl && !enc; i++)
                 if (!memcmp(d0 + i, "encoding", 8)) enc = d0 + i;
             if (enc) {
                 const char *v = enc + 8;
@@ -130,8 +131,14 @@ static bool xml_well_formed(const char *text, size_t len, int *line, int *col, c
                 while (v + vl < c.p && is_name_char(v[vl])) vl++;
                 if (!((vl == 5 && !strncasecmp(v, "UTF-8", 5)) ||
                       (vl == 8 && !strncasecmp(v, "US-ASCII", 8)))) {
-                    *line = tl;
-                    *col = tc + (int)(v - d0);
+                    *line = tl; /* the value's own line and column: the declaration may wrap */
+                    *col = tc;
+                    for (const char *q = d0; q < v; q++) {
+                        if (*q == '\n')
+                            ++*line, *col = 1;
+                        else if (((unsigned char)*q & 0xc0) != 0x80)
+                            ++*col;
+                    }
                     snprintf(msg, cap,
                              "encoding '%.*s': a topology XML is UTF-8 (as hwloc writes it)",
                              (int)(vl < 40 ? vl : 40), v);

@@ -960,6 +960,12 @@ static void test_published_hostile(void **state)
         {23, "tokendrop,tp=8", "column 24 (flags): 'tokendrop,tp=8': 'tp=8': a recipe setting", 3},
         {23, "cuda_graphs=sometimes", "column 24 (flags): 'cuda_graphs=sometimes': ", 3},
         {23, "overlap=on,,tokendrop", "an empty item", 3},
+        {23, "notokendrop", "'notokendrop': a flag is tokendrop, recipe-mbs", 3},
+        {23, "tokendrop,tokendrop", "column 24 (flags): 'tokendrop,tokendrop': 'tokendrop' again",
+         3},
+        {23, "cuda_graphs=full,cuda_graphs=none", "'cuda_graphs' again: give each flag once", 3},
+        {23, "ep_sms=1000", "hostile.tsv:32:129: MB-1: flags: ep_sms = 1000: the GB300 has 160 SMs",
+         3},
     };
     for (size_t e = 0; e < sizeof edits / sizeof edits[0]; e++) {
         char edited[2048] = "";
@@ -1015,6 +1021,23 @@ static void test_published_hostile(void **state)
     RUN(&r, "calibrate", "--refit", "topologies/calibration/h200.json", "--measured",
         "topologies/calibration/h200.json");
     expect(&r, 2, "--measured goes with --published");
+    put_edited("no-grid.json", "topologies/calibration/h200.json",
+               "\"gemm_m_n_k_us\":", "\"gemm_grid_renamed\":");
+    RUN(&r, "calibrate", "--published", TSV, "--stack", "megatron-26.08", "--cross-validate",
+        "--measured", at("no-grid.json"));
+    expect(&r, 3, "measured on a GPU (its \"measured\" data with the GEMM grid); this is not one");
+    /* act_offload under full recompute: only what is not redone from the block's input */
+    RUN(&r, "predict", "--model", "deepseek-v3", "--cluster", "gb300-nvl72-x16", "--gpus", "128",
+        "--layout", "tp=1,ep=8,dp=128,zero=3,mbs=6,gbs=768,recompute=full,act_offload=qkv_linear");
+    expect(&r, 4, "act_offload=qkv_linear under recompute=full");
+    /* a topology XML's declaration after a tab or across lines: its encoding still checked, at
+     * the value's own line and column */
+    put("tab.xml", "<?xml\tversion=\"1.0\" encoding=\"latin1\"?>\n<topology/>\n");
+    RUN(&r, "check", at("tab.xml"));
+    expect(&r, 3, "tab.xml:1:31: encoding 'latin1'");
+    put("wrap.xml", "<?xml version=\"1.0\"\n      encoding=\"latin1\"?>\n<topology/>\n");
+    RUN(&r, "check", at("wrap.xml"));
+    expect(&r, 3, "wrap.xml:2:17: encoding 'latin1'");
 }
 
 static void test_hf_and_check_hostile(void **state)
@@ -1053,13 +1076,13 @@ static void test_hf_and_check_hostile(void **state)
         const char *to, *words;
     } table_edits[] = {
         {"\"gemm_table\": [\n    [\n      32.0,\n      1536.0,\n      2048.0,\n      99",
-         "gemm_table entry 0: [m, n, k, ratio]"},
+         "cal-table.json:1102:7: gemm_table[0][3]: must be in [0.05, 20], got 99"},
         {"\"gemm_table\": [\n    [\n      4096.0,\n      1536.0,\n      2048.0,\n      "
          "1.0828476769",
-         "gemm_table entry 1: not sorted by n, k, then m"},
+         "gemm_table[1]: not after the entry before it"},
         {"\"gemm_table\": [\n    [\n      32.0,\n      1536.0,\n      \"2048\",\n      "
          "1.0828476769",
-         "gemm_table entry 0"},
+         "cal-table.json:1101:7: gemm_table[0][2]: must be a number, not a string"},
     };
     for (size_t e = 0; e < sizeof table_edits / sizeof table_edits[0]; e++) {
         put_edited("cal-table.json", "topologies/calibration/h200.json",
