@@ -100,8 +100,8 @@ static bool flags_col(struct plan_published *r, const char *v, int *at, char *wh
         size_t name = eq ? (size_t)(eq - p) : len;
         for (const char *q = v; q < p; q += strcspn(q, ",") + 1) /* each item once */
             if (strcspn(q, ",=") == name && !strncmp(q, p, name)) {
-                snprintf(why, cap, "'%.*s' again: give each flag once", (int)(name < 40 ? name : 40),
-                         p);
+                snprintf(why, cap, "'%.*s' again: give each flag once",
+                         (int)(name < 40 ? name : 40), p);
                 return false;
             }
         if (!eq) {
@@ -241,8 +241,7 @@ static enum moe_status parse_row(char *line, const char *file, int lineno, struc
     if (!ok)
         return moe_error_set_at(err, MOE_ERR_INPUT, file, lineno,
                                 r->col[bad] + (bad == 23 ? chars(col[23], col[23] + at) : 0),
-                                "column %d (%s): '%s': %s",
-                                bad + 1, columns[bad], col[bad], why);
+                                "column %d (%s): '%s': %s", bad + 1, columns[bad], col[bad], why);
     if (!strcmp(r->pp_layout, "-")) r->pp_layout[0] = '\0';
     /* the parallel degrees in 64 bits: each is at most 2^20, their product is not */
     int64_t model_gpus = (int64_t)r->tp * r->pp * r->cp;
@@ -439,8 +438,8 @@ enum moe_status plan_fit_rows(const struct plan_published *runs, int n, const ch
             (st = cost_layout_check(&f->layout, &f->model, r->gpus, &why)))
             return row_error(r, -1, MOE_ERR_INPUT, &why, err);
         if (f->layout.ep_sms >= f->cluster.gpu.sms) {
-            moe_error_set(&why, MOE_ERR_INPUT, "ep_sms = %d: the %s has %d SMs",
-                          f->layout.ep_sms, f->cluster.gpu.name, f->cluster.gpu.sms);
+            moe_error_set(&why, MOE_ERR_INPUT, "ep_sms = %d: the %s has %d SMs", f->layout.ep_sms,
+                          f->cluster.gpu.name, f->cluster.gpu.sms);
             return row_error(r, 23, MOE_ERR_INPUT, &why, err);
         }
     }
