@@ -180,11 +180,18 @@ static enum moe_status search_gpus(const struct plan_request *q, int gpus, struc
                                         refused(r, &l, why.message);
                                         continue;
                                     }
-                                    char mt_why[160];
+                                    char mt_why[256];
                                     if (q->maxtext_mesh &&
                                         !plan_maxtext_layout_ok(&l, m, mt_why, sizeof mt_why)) {
                                         r->invalid++;
-                                        refused(r, &l, mt_why);
+                                        struct cost_layout shown = l; /* as --fix pinned it */
+                                        if ((int)fx->recompute >= 0) {
+                                            shown.recompute = fx->recompute;
+                                            shown.recompute_modules = fx->recompute_modules;
+                                            shown.recompute_layers = fx->recompute_layers;
+                                        }
+                                        if (fx->zero >= 0) shown.zero = fx->zero;
+                                        refused(r, &shown, mt_why);
                                         continue;
                                     }
                                     int fitted = 0;

@@ -1030,6 +1030,19 @@ static void test_published_hostile(void **state)
     RUN(&r, "predict", "--model", "deepseek-v3", "--cluster", "gb300-nvl72-x16", "--gpus", "128",
         "--layout", "tp=1,ep=8,dp=128,zero=3,mbs=6,gbs=768,recompute=full,act_offload=qkv_linear");
     expect(&r, 4, "act_offload=qkv_linear under recompute=full");
+    /* --fix keys that contradict each other: said as such; a MaxText refusal whole, its example
+     * layout as --fix pinned it */
+    RUN(&r, "plan", "--model", "deepseek-v3", "--cluster", "gb300-nvl72-x16", "--gpus", "128",
+        "--gbs", "768", "--fix",
+        "tp=1,ep=8,dp=128,zero=3,mbs=6,recompute=selective,recompute_layers=5");
+    expect(&r, 2,
+           "recompute_layers = 5 counts blocks recomputed whole: it goes with recompute=full");
+    RUN(&r, "plan", "--model", "deepseek-v3", "--cluster", "gb300-nvl72-x16", "--gpus", "128",
+        "--gbs", "768", "--fix",
+        "tp=1,ep=8,pp=4,vpp=2,dp=32,zero=1,mbs=1,recompute=full,recompute_layers=7,mtp=0", "--emit",
+        "maxtext");
+    expect(&r, 4, "do not split evenly into pp x vpp = 8 stages (e.g. ");
+    expect(&r, 4, "recompute=full");
     /* a topology XML's declaration after a tab or across lines: its encoding still checked, at
      * the value's own line and column */
     put("tab.xml", "<?xml\tversion=\"1.0\" encoding=\"latin1\"?>\n<topology/>\n");
