@@ -86,6 +86,75 @@ static bool bitmap_ok(const char *v, size_t n)
     }
 }
 
+/* The XML declaration "<?xml version=... encoding=... standalone=...?>", d0 at its '<' and e just
+ * past its '>': each attribute known and once, its value quoted; an encoding other than UTF-8 or
+ * US-ASCII refused (hwloc writes UTF-8, and whether it refuses another name or reads it as UTF-8
+ * depends on its XML backend, libxml2 or its own). NULL when well formed; else the byte where it
+ * is not, and why in msg. */
+static const char *xml_decl_fault(const char *d0, const char *e, char *msg, size_t cap)
+{
+    static const char *const names[] = {"version", "encoding", "standalone"};
+    static const char space[] = " \t\r\n";
+    bool seen[3] = {false, false, false};
+    const char *end = e - 2, *p = d0 + 5;
+    if (e - d0 < 7 || memcmp(end, "?>", 2)) {
+        snprintf(msg, cap, "the XML declaration ends with '?>'");
+        return e - 1;
+    }
+    for (;;) {
+        const char *ws = p;
+        while (p < end && strchr(space, *p)) p++;
+        if (p == end) return NULL;
+        if (p == ws) {
+            snprintf(msg, cap, "a space before each attribute of the XML declaration");
+            return p;
+        }
+        const char *n0 = p;
+        while (p < end && is_name_char(*p)) p++;
+        size_t nl = (size_t)(p - n0);
+        int k = -1;
+        for (int i = 0; i < 3; i++)
+            if (nl == strlen(names[i]) && !memcmp(n0, names[i], nl)) k = i;
+        if (k < 0) {
+            snprintf(msg, cap, "'%.*s': the XML declaration takes version, encoding and standalone",
+                     (int)(nl == 0   ? 1
+                           : nl < 40 ? nl
+                                     : 40),
+                     n0);
+            return n0;
+        }
+        if (seen[k]) {
+            snprintf(msg, cap, "%s given twice in the XML declaration", names[k]);
+            return n0;
+        }
+        seen[k] = true;
+        while (p < end && strchr(space, *p)) p++;
+        if (p == end || *p != '=') {
+            snprintf(msg, cap, "'=' expected after %s", names[k]);
+            return p;
+        }
+        for (p++; p < end && strchr(space, *p);) p++;
+        if (p == end || (*p != '"' && *p != '\'')) {
+            snprintf(msg, cap, "the value of %s goes in quotes", names[k]);
+            return p;
+        }
+        char quote = *p++;
+        const char *v = p;
+        while (p < end && *p != quote) p++;
+        if (p == end) {
+            snprintf(msg, cap, "the value of %s has no closing quote", names[k]);
+            return v - 1;
+        }
+        size_t vl = (size_t)(p++ - v);
+        if (k == 1 && !((vl == 5 && !strncasecmp(v, "UTF-8", 5)) ||
+                        (vl == 8 && !strncasecmp(v, "US-ASCII", 8)))) {
+            snprintf(msg, cap, "encoding '%.*s': a topology XML is UTF-8 (as hwloc writes it)",
+                     (int)(vl < 40 ? vl : 40), v);
+            return v;
+        }
+    }
+}
+
 /* Returns true when well-formed; else fills line, col and msg. */
 static bool xml_well_formed(const char *text, size_t len, int *line, int *col, char *msg,
                             size_t cap)
@@ -117,33 +186,17 @@ static bool xml_well_formed(const char *text, size_t len, int *line, int *col, c
         if (c.end - c.p >= 2 && (c.p[1] == '?' || c.p[1] == '!')) {
             const char *d0 = c.p;
             if (!xc_skip_to(&c, ">")) FAULT("unterminated declaration");
-            /* the XML declaration's encoding: hwloc writes UTF-8, and whether another name is
-             * refused or read as UTF-8 depends on hwloc's XML backend (libxml2 or its own) */
-            size_t dl = (size_t)(c.p - d0);
-            const char *enc = NULL;
-            bool decl = dl > 6 && !memcmp(d0, "<?xml", 5) && strchr(" \t\r\n", d0[5]);
-            for (size_t i = 0; decl && i + 8 <= dl && !enc; i++)
-                if (!memcmp(d0 + i, "encoding", 8)) enc = d0 + i;
-            if (enc) {
-                const char *v = enc + 8;
-                while (v < c.p && (*v == ' ' || *v == '=' || *v == '"' || *v == '\'')) v++;
-                size_t vl = 0;
-                while (v + vl < c.p && is_name_char(v[vl])) vl++;
-                if (!((vl == 5 && !strncasecmp(v, "UTF-8", 5)) ||
-                      (vl == 8 && !strncasecmp(v, "US-ASCII", 8)))) {
-                    *line = tl; /* the value's own line and column: the declaration may wrap */
-                    *col = tc;
-                    for (const char *q = d0; q < v; q++) {
-                        if (*q == '\n')
-                            ++*line, *col = 1;
-                        else if (((unsigned char)*q & 0xc0) != 0x80)
-                            ++*col;
-                    }
-                    snprintf(msg, cap,
-                             "encoding '%.*s': a topology XML is UTF-8 (as hwloc writes it)",
-                             (int)(vl < 40 ? vl : 40), v);
-                    return false;
+            bool decl = c.p - d0 > 6 && !memcmp(d0, "<?xml", 5) && strchr(" \t\r\n", d0[5]);
+            const char *at = decl ? xml_decl_fault(d0, c.p, msg, cap) : NULL;
+            if (at) { /* its own line and column: the declaration may wrap */
+                *line = tl, *col = tc;
+                for (const char *q = d0; q < at; q++) {
+                    if (*q == '\n')
+                        ++*line, *col = 1;
+                    else if (((unsigned char)*q & 0xc0) != 0x80)
+                        ++*col;
                 }
+                return false;
             }
             continue;
         }

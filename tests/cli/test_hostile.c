@@ -1051,6 +1051,14 @@ static void test_published_hostile(void **state)
     put("wrap.xml", "<?xml version=\"1.0\"\n      encoding=\"latin1\"?>\n<topology/>\n");
     RUN(&r, "check", at("wrap.xml"));
     expect(&r, 3, "wrap.xml:2:17: encoding 'latin1'");
+    /* and a malformed declaration is named where it goes wrong, not left to hwloc */
+    put("quote.xml", "<?xml version=\"1.0\" encoding=\"UTF-8?>\n<topology/>\n");
+    RUN(&r, "check", at("quote.xml"));
+    expect(&r, 3, "quote.xml:1:30: the value of encoding has no closing quote");
+    put("twice.xml",
+        "<?xml version=\"1.0\" encoding=\"UTF-8\" encoding=\"UTF-8\"?>\n<topology/>\n");
+    RUN(&r, "check", at("twice.xml"));
+    expect(&r, 3, "twice.xml:1:38: encoding given twice in the XML declaration");
 }
 
 static void test_hf_and_check_hostile(void **state)
