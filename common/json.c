@@ -541,28 +541,29 @@ static void element_view(const struct moe_jval *arr, size_t i, struct moe_jval *
     if (n < 0 || (size_t)n >= sizeof out->path) out->path[sizeof out->path - 1] = '\0';
 }
 
-enum moe_status moe_jval_at_object(const struct moe_jval *arr, size_t i, struct moe_jval *out,
-                                   struct moe_error *err)
+/* Element i, which must be of JSON type `type` (`what` names it in the error). */
+static enum moe_status element_of(const struct moe_jval *arr, size_t i, json_type type,
+                                  const char *what, struct moe_jval *out, struct moe_error *err)
 {
     struct moe_jval e;
     element_view(arr, i, &e);
-    if (!json_is_object(e.json))
-        return moe_jval_error(&e, NULL, err, "must be an object, not %s",
+    if (!e.json || json_typeof(e.json) != type)
+        return moe_jval_error(&e, NULL, err, "must be %s, not %s", what,
                               e.json ? json_type_name(e.json) : "missing");
     *out = e;
     return MOE_OK;
 }
 
+enum moe_status moe_jval_at_object(const struct moe_jval *arr, size_t i, struct moe_jval *out,
+                                   struct moe_error *err)
+{
+    return element_of(arr, i, JSON_OBJECT, "an object", out, err);
+}
+
 enum moe_status moe_jval_at_array(const struct moe_jval *arr, size_t i, struct moe_jval *out,
                                   struct moe_error *err)
 {
-    struct moe_jval e;
-    element_view(arr, i, &e);
-    if (!json_is_array(e.json))
-        return moe_jval_error(&e, NULL, err, "must be a list, not %s",
-                              e.json ? json_type_name(e.json) : "missing");
-    *out = e;
-    return MOE_OK;
+    return element_of(arr, i, JSON_ARRAY, "a list", out, err);
 }
 
 enum moe_status moe_jval_at_num(const struct moe_jval *arr, size_t i, double min, double max,

@@ -191,6 +191,17 @@ static struct cost_layout layout(const char *text, int seq)
     return l;
 }
 
+/* Each layout text of `texts` evaluated under ctx (at sequence 4096) into r. */
+static void evaluate_texts(const struct cost_ctx *ctx, const char *const *texts, int n,
+                           struct cost_result *r)
+{
+    struct moe_error err;
+    for (int i = 0; i < n; i++) {
+        struct cost_layout l = layout(texts[i], 4096);
+        if (cost_evaluate(ctx, &l, &r[i], &err) != MOE_OK) fail_msg("%s", err.message);
+    }
+}
+
 /* Activation offloading (act_offload): the offloaded modules' inputs leave the GPU's activation
  * memory by exactly their bytes; the step pays for the copies only where the host link is slow
  * next to the compute that hides them (an H100's PCIe against a GB300's NVLink-C2C), and never
@@ -245,17 +256,13 @@ static void test_full_recompute(void **state)
     (void)state;
     struct cost_ctx ctx;
     proxy_ctx("qwen3-30b-a3b", "gb300-nvl72-x16", 4, 64, &ctx);
-    struct moe_error err;
     static const char *const texts[] = {
         "ep=64,dp=64,mbs=1,gbs=512", "ep=64,dp=64,mbs=1,gbs=512,recompute=full",
         "ep=64,dp=64,mbs=1,gbs=512,recompute=full,recompute_layers=2",
         "ep=64,dp=64,mbs=1,gbs=512,recompute=full,act_offload=moe_act",
         "ep=64,dp=64,mbs=1,gbs=512,recompute=full,act_offload=moe_act+expert_fc1"};
     struct cost_result r[5];
-    for (int i = 0; i < 5; i++) {
-        struct cost_layout l = layout(texts[i], 4096);
-        if (cost_evaluate(&ctx, &l, &r[i], &err) != MOE_OK) fail_msg("%s", err.message);
-    }
+    evaluate_texts(&ctx, texts, 5, r);
     double d0 = r[0].exposed_us[COST_DISPATCH], d1 = r[1].exposed_us[COST_DISPATCH];
     if (fabs(d1 / d0 - 1.5) > 1e-9) fail_msg("dispatch %.1f us, under full %.1f us", d0, d1);
     double a0 = r[0].memory_bytes[COST_MEM_ACTIVATIONS],
@@ -420,10 +427,7 @@ static void test_overhead_keys(void **state)
         "ep=8,dp=8,mbs=4,gbs=512,precision=mxfp8,overlap=on,delay_wgrad=on",
         "ep=8,dp=8,mbs=4,gbs=512,precision=mxfp8,overlap=on,grad_reduce=bf16,moments=bf16"};
     struct cost_result r[5];
-    for (int i = 0; i < 5; i++) {
-        struct cost_layout l = layout(texts[i], 4096);
-        if (cost_evaluate(&ctx, &l, &r[i], &err) != MOE_OK) fail_msg("%s", err.message);
-    }
+    evaluate_texts(&ctx, texts, 5, r);
     assert_true(r[1].step_us < r[0].step_us && r[2].step_us < r[1].step_us);
     /* DeepEP / HybridEP kernels hold SMs while overlapped compute runs: their default counts,
      * then fewer; none without overlap */
@@ -434,10 +438,7 @@ static void test_overhead_keys(void **state)
         "ep=8,dp=8,mbs=4,gbs=512,overlap=off,dispatcher=hybridep",
         "ep=8,dp=8,mbs=4,gbs=512,overlap=off,dispatcher=dedup-domain"};
     struct cost_result e[5];
-    for (int i = 0; i < 5; i++) {
-        struct cost_layout l = layout(ep_texts[i], 4096);
-        if (cost_evaluate(&ctx, &l, &e[i], &err) != MOE_OK) fail_msg("%s", err.message);
-    }
+    evaluate_texts(&ctx, ep_texts, 5, e);
     assert_true(e[1].step_us > e[2].step_us && e[2].step_us > e[0].step_us);
     assert_true(e[3].step_us == e[4].step_us);
     struct cost_layout greedy =
