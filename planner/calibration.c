@@ -6,7 +6,7 @@
  * "Calibration defaults"); `moeplan calibrate` measures them on a GPU. A prediction always says
  * which it used.
  */
-#include "cost.h"
+#include "cost_internal.h"
 
 #include <ctype.h>
 #include <strings.h>
@@ -81,6 +81,7 @@ static enum moe_status gemm_table_load(const struct moe_jval *root, struct cost_
                                   "then m, each shape once");
     }
     t->gemm_table_n = (int)n;
+    cost_gemm_table_logs(t);
     return MOE_OK;
 }
 

@@ -343,9 +343,8 @@ static void phase_correct(const struct cost_calibration *cal, int p, double *fwd
  * experts' first GEMM output (`moe_act`) leaves only the activation to redo, neither expert GEMM
  * nor the combine (the layer's output is not needed: the next block's input is kept); their
  * input rows (`expert_fc1`) spare the router, the permutation and the dispatch. */
-static void full_redo(const struct cost_ctx *c, const struct cost_layout *l, struct block_cost *b)
+static void full_redo(const struct cost_layout *l, struct block_cost *b)
 {
-    (void)c;
     for (int p = 0; p < COST_NPHASES; p++) b->whole[p] = b->fwd[p] + b->comm_fwd[p];
     bool act = l->act_offload & COST_RC_BIT(COST_OFF_MOE_ACT);
     bool rows = l->act_offload & COST_RC_BIT(COST_OFF_EXPERT_FC1);
@@ -398,7 +397,7 @@ static enum moe_status block_cost(const struct cost_ctx *c, const struct cost_la
                                COST_DENSE_FFN};
     for (size_t i = 0; i < sizeof both / sizeof both[0]; i++)
         phase_correct(&c->cal, both[i], &b->fwd[both[i]], &b->bwd[both[i]]);
-    if (l->recompute == COST_RECOMPUTE_FULL) full_redo(c, l, b);
+    if (l->recompute == COST_RECOMPUTE_FULL) full_redo(l, b);
     /* Activation offloading: the offloaded modules' inputs go to the host during the forward and
      * come back during the backward, on a copy stream beside the block's compute, at the host
      * link's or the host memory's pace (the slower). The compute hides up to overlap_max of it;

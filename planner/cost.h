@@ -84,6 +84,7 @@ struct cost_calibration {
      * other GPUs by their datasheets' peaks. */
     int gemm_table_n;
     double gemm_table[COST_GEMM_TABLE_MAX][4];
+    double gemm_table_log[COST_GEMM_TABLE_MAX][3]; /* log m, n, k of each (cost_gemm_us's, ready) */
 };
 
 /* Datasheet defaults for a GPU (fractions others report; docs/DESIGN.md). */

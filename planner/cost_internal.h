@@ -21,6 +21,8 @@ struct cost_stage_memory {
 /* Bytes a GEMM's input costs to keep for its weight gradient: bf16, or the fp8 copy (with its
  * scales) that fp8 recipes keep instead. */
 double cost_act_elem_bytes(const struct cost_layout *l);
+/* Fill cal->gemm_table_log from its gemm_table (the table's readers and writers call it). */
+void cost_gemm_table_logs(struct cost_calibration *cal);
 /* The blocks of virtual stage `sg` (its MTP layers included) by kind (n[0]: dense, n[1]: MoE),
  * each split into those that keep their activations ([0]) and those full recompute redoes whole
  * ([1]). */

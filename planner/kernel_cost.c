@@ -5,12 +5,10 @@
  * forward and backward, the flash-attention core, and a ring collective. cost.c builds a step
  * from them; calibration.c fits their efficiencies to measurements.
  */
-#include "cost.h"
+#include "cost_internal.h"
 
 #include <math.h>
 #include <stdlib.h>
-
-#define BF16 2.0 /* bytes of a bf16 value */
 
 double cost_precision_elem_bytes(enum cost_precision prec)
 {
@@ -81,6 +79,13 @@ void cost_gemm_table_set(struct cost_calibration *cal, const struct topo_gpu_spe
         e[0] = s[i].m, e[1] = s[i].n, e[2] = s[i].k, e[3] = s[i].us / t;
     }
     qsort(cal->gemm_table, (size_t)cal->gemm_table_n, sizeof cal->gemm_table[0], gemm_sample_order);
+    cost_gemm_table_logs(cal);
+}
+
+void cost_gemm_table_logs(struct cost_calibration *cal)
+{
+    for (int i = 0; i < cal->gemm_table_n; i++)
+        for (int j = 0; j < 3; j++) cal->gemm_table_log[i][j] = log(cal->gemm_table[i][j]);
 }
 
 /* The measured-over-roofline ratio at (m, n, k): within each measured (n, k) shape linear in
@@ -91,21 +96,21 @@ static double gemm_table_ratio(const struct cost_calibration *cal, double m, dou
 {
     double lm = log(m), ln = log(n), lk = log(k), num = 0.0, den = 0.0;
     const int cnt = cal->gemm_table_n;
+    const double(*t)[4] = cal->gemm_table, (*lg)[3] = cal->gemm_table_log;
     for (int g = 0; g < cnt;) {
-        const double(*t)[4] = cal->gemm_table;
         int e = g;
         while (e < cnt && t[e][1] == t[g][1] && t[e][2] == t[g][2]) e++;
         double r = t[g][3];
-        if (lm >= log(t[e - 1][0])) r = t[e - 1][3];
-        for (int i = g; i + 1 < e && lm > log(t[g][0]); i++) {
-            double a = log(t[i][0]), b = log(t[i + 1][0]);
+        if (lm >= lg[e - 1][0]) r = t[e - 1][3];
+        for (int i = g; i + 1 < e && lm > lg[g][0]; i++) {
+            double a = lg[i][0], b = lg[i + 1][0];
             if (lm <= b) {
                 double w = b > a ? (lm - a) / (b - a) : 1.0;
                 r = t[i][3] + w * (t[i + 1][3] - t[i][3]);
                 break;
             }
         }
-        double d = fabs(ln - log(t[g][1])) + fabs(lk - log(t[g][2]));
+        double d = fabs(ln - lg[g][1]) + fabs(lk - lg[g][2]);
         double w = 1.0 / (d * d * d * d + 1e-8);
         num += w * r, den += w;
         g = e;

@@ -604,6 +604,7 @@ void plan_fit_base(struct cost_calibration *cal, const struct cost_calibration *
     cal->hbm_eff = m->hbm_eff;
     cal->gemm_table_n = m->gemm_table_n;
     memcpy(cal->gemm_table, m->gemm_table, sizeof cal->gemm_table);
+    memcpy(cal->gemm_table_log, m->gemm_table_log, sizeof cal->gemm_table_log);
 }
 
 /* The second stage: the cluster's own rows, pulled towards the shared fit (*out = shared when
