@@ -196,12 +196,6 @@ int cmd_plan(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
         return cli_usage(cmd, "--fix: %s", err.message);
     rc = cli_layout_agrees(cmd, "--fix", &f, fixed, &io, &gbs);
     if (rc >= 0) return rc;
-    /* keys that contradict each other are the user's to hear of, not a search that finds none */
-    if (f.recompute_layers > 0 && (int)f.recompute >= 0 && f.recompute != COST_RECOMPUTE_FULL)
-        return cli_usage(cmd,
-                         "--fix: recompute_layers = %d counts blocks recomputed whole: it goes "
-                         "with recompute=full, not recompute=%s",
-                         f.recompute_layers, cost_recompute_names[f.recompute]);
     struct cli_inputs in;
     rc = cli_load_inputs(cli, cmd, &io, &in);
     if (rc >= 0) return rc;

@@ -256,6 +256,15 @@ enum moe_status cost_layout_parse_keys(struct cost_layout *l, const char *text, 
         while (at + 1 < nints && strcmp(ints[at].key, key)) at++; /* the rest are these */
         *(int *)((char *)&t + ints[at].at) = n;
     }
+    /* keys of one text that contradict each other: said here, for --layout, --fix and --compare
+     * alike (a partial --fix is never given to cost_layout_check, which says the same of a whole
+     * layout) */
+    if ((given & COST_KEY_BIT(COST_KEY_RECOMPUTE)) && t.recompute_layers > 0 &&
+        t.recompute != COST_RECOMPUTE_FULL)
+        return moe_error_set(err, MOE_ERR_USAGE,
+                             "layout: recompute_layers = %d counts blocks recomputed whole: it "
+                             "goes with recompute=full, not recompute=%s",
+                             t.recompute_layers, cost_recompute_names[t.recompute]);
     *l = t;
     if (keys) *keys = given;
     return MOE_OK;
