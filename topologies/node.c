@@ -189,13 +189,9 @@ static bool xml_well_formed(const char *text, size_t len, int *line, int *col, c
             bool decl = c.p - d0 > 6 && !memcmp(d0, "<?xml", 5) && strchr(" \t\r\n", d0[5]);
             const char *at = decl ? xml_decl_fault(d0, c.p, msg, cap) : NULL;
             if (at) { /* its own line and column: the declaration may wrap */
-                *line = tl, *col = tc;
-                for (const char *q = d0; q < at; q++) {
-                    if (*q == '\n')
-                        ++*line, *col = 1;
-                    else if (((unsigned char)*q & 0xc0) != 0x80)
-                        ++*col;
-                }
+                struct xml_cursor w = {d0, at, tl, tc};
+                while (w.p < w.end) xc_step(&w);
+                *line = w.line, *col = w.col;
                 return false;
             }
             continue;
