@@ -1021,6 +1021,15 @@ static void test_published_hostile(void **state)
     RUN(&r, "calibrate", "--refit", "topologies/calibration/h200.json", "--measured",
         "topologies/calibration/h200.json");
     expect(&r, 2, "--measured goes with --published");
+    /* --measured is an input like any: a FIFO refused at once, and never the -o it writes */
+    put_edited("m.json", "topologies/calibration/h200.json", "\"gemm_eff\"", "\"gemm_eff\"");
+    RUN(&r, "calibrate", "--published", TSV, "--stack", "megatron-26.08", "--cluster",
+        "gb300-nvl72-x16", "--measured", at("m.json"), "-o", at("m.json"));
+    expect(&r, 2, "is an input of this command");
+    assert_int_equal(mkfifo(at("m.fifo"), 0600), 0);
+    RUN(&r, "calibrate", "--published", TSV, "--stack", "megatron-26.08", "--cross-validate",
+        "--measured", at("m.fifo"));
+    expect(&r, 3, "not a regular file (a FIFO)");
     put_edited("no-grid.json", "topologies/calibration/h200.json",
                "\"gemm_m_n_k_us\":", "\"gemm_grid_renamed\":");
     RUN(&r, "calibrate", "--published", TSV, "--stack", "megatron-26.08", "--cross-validate",
