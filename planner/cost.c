@@ -220,7 +220,6 @@ static enum moe_status moe_cost(const struct cost_ctx *c, const struct cost_layo
     const struct mdl_moe *e = &m->moe;
     const struct topo_gpu_spec *g = &c->cluster.gpu;
     const struct topo_cluster *t = &c->cluster;
-    bool fp8 = l->precision != COST_BF16;
     double T = cost_layout_tokens(l), h = m->hidden, k = e->top_k;
     struct cost_moe_traffic tr;
     enum moe_status st = cost_moe_traffic(c, l, moe_index, &tr, err);
@@ -274,35 +273,30 @@ static enum moe_status moe_cost(const struct cost_ctx *c, const struct cost_layo
         b->bwd[COST_SHARED_EXPERT] = 2.0 * sh + quantize_us(c, l, q.out);
         if (rc & COST_RC_BIT(COST_RC_SHARED_EXPERTS)) b->recompute[COST_SHARED_EXPERT] += sh;
     }
-    /* Dispatch and combine. fp8 training dispatches fp8 tokens with per-128 scales; the combine
-     * stays bf16. */
-    double tok_bytes = h * BF16, disp_bytes = fp8 ? h * (1.0 + 4.0 / 128.0) : tok_bytes;
+    /* Dispatch and combine, both in bf16 in every precision: Megatron-Core's dispatchers send the
+     * hidden states as they are (alltoall and DeepEP take the bf16 tensor, HybridEP has no fp8
+     * dispatch) and the experts' GEMMs quantize what arrives. */
+    double bytes = h * BF16; /* a token's hidden state */
     double nv_bw = t->nvlink_bytes_per_s * c->cal.nvlink_eff;
     double so_bw = t->scale_out_bytes_per_s * c->cal.scale_out_eff / t->oversubscription;
-    double a2a[2];
-    for (int i = 0; i < 2; i++) {
-        double bytes = i == 0 ? disp_bytes : tok_bytes;
-        double tn = nv_bw > 0 ? tr.nvlink_copies * T * bytes / nv_bw : 0.0;
-        double ts = tr.scale_copies * T * bytes / so_bw;
-        double slowest = tn > ts ? tn : ts;
-        a2a[i] = ep > 1 ? c->cal.a2a_latency_us + slowest * 1e6 * tr.recv_ratio : 0.0;
-    }
-    b->dispatch_bytes = (tr.nvlink_copies + tr.scale_copies) * T * disp_bytes;
-    b->nodedup_bytes = tr.nodedup_copies * T * disp_bytes;
-    b->scale_bytes = tr.scale_copies * T * disp_bytes;
-    b->comm_fwd[COST_DISPATCH] = a2a[0];
-    b->comm_fwd[COST_COMBINE] = a2a[1];
-    /* Backward: the combine's gradient travels like a dispatch, the dispatch's like a combine. */
-    b->comm_bwd[COST_COMBINE] = a2a[0];
-    b->comm_bwd[COST_DISPATCH] = a2a[1];
+    double tn = nv_bw > 0 ? tr.nvlink_copies * T * bytes / nv_bw : 0.0;
+    double ts = tr.scale_copies * T * bytes / so_bw;
+    double a2a = ep > 1 ? c->cal.a2a_latency_us + fmax(tn, ts) * 1e6 * tr.recv_ratio : 0.0;
+    b->dispatch_bytes = (tr.nvlink_copies + tr.scale_copies) * T * bytes;
+    b->nodedup_bytes = tr.nodedup_copies * T * bytes;
+    b->scale_bytes = tr.scale_copies * T * bytes;
+    /* forward: dispatch and combine; backward: the combine's gradient travels like a dispatch,
+     * the dispatch's like a combine */
+    b->comm_fwd[COST_DISPATCH] = b->comm_fwd[COST_COMBINE] = a2a;
+    b->comm_bwd[COST_DISPATCH] = b->comm_bwd[COST_COMBINE] = a2a;
     /* recompute of the whole MoE layer: its forward again (the activation counted above),
      * dispatch and combine included */
     if (rc & COST_RC_BIT(COST_RC_MOE)) {
         static const int again[] = {COST_ROUTER, COST_PERMUTE, COST_EXPERTS_FWD, COST_UNPERMUTE};
         for (size_t i = 0; i < sizeof again / sizeof again[0]; i++)
             b->recompute[again[i]] += b->fwd[again[i]];
-        b->comm_bwd[COST_DISPATCH] += a2a[0];
-        b->comm_bwd[COST_COMBINE] += a2a[1];
+        b->comm_bwd[COST_DISPATCH] += a2a;
+        b->comm_bwd[COST_COMBINE] += a2a;
     }
     return MOE_OK;
 }

@@ -287,8 +287,9 @@ static void test_full_recompute(void **state)
  * 1.9x its bf16 ones at large shapes, quantization passes at HBM speed) a whole step gains far
  * less than its GEMMs, and a model of small experts (Qwen3-30B-A3B, 768-wide) less than one of
  * large GEMMs (DeepSeek-V3): each pair predicted with the newest stack profile of its GPU, as
- * `predict` does by default, gains between 1.05x and 1.35x (the profiles fitted their GEMMs
- * freely before: up to 2.14x). */
+ * `predict` does by default, gains between 1.0x and 1.35x, as the published pairs that differ
+ * only in precision do (0.97-1.28x; the dispatch stays bf16, as Megatron-Core sends it); the
+ * profiles fitted their GEMMs freely before: up to 2.14x. */
 static void test_fp8_gain(void **state)
 {
     (void)state;
@@ -325,7 +326,7 @@ static void test_fp8_gain(void **state)
         gain[i] = r[0].step_us / r[1].step_us;
         printf("%s on %d %s: %s %.2fx bf16\n", pairs[i].model, pairs[i].gpus, pairs[i].cluster,
                pairs[i].recipe, gain[i]);
-        assert_true(gain[i] > 1.05 && gain[i] < 1.35);
+        assert_true(gain[i] > 1.0 && gain[i] < 1.35);
     }
     assert_true(gain[0] < gain[1] && gain[2] < gain[3]);
 }
