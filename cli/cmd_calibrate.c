@@ -6,9 +6,11 @@
  * to published runs instead (planner/published.c): first every system of the stack's containers
  * together, then the cluster's own rows pulled towards that shared fit.
  */
+#include <ctype.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "plan.h"
@@ -52,8 +54,9 @@ const struct cli_opt cmd_calibrate_opts[] = {
     {"svg", required_argument, OPT_SVG, "FILE",
      "with --cross-validate: the chart of predicted against published tokens/s/GPU", CLI_OUT_FILE},
     {"measured", required_argument, OPT_MEASURED, "PROFILE",
-     "with --published: the GPU profile whose measured compute (GEMMs, attention, HBM) the fit "
-     "keeps (the shipped Hopper one: " PLAN_MEASURED_PROFILE ")",
+     "with --published: the GPU profile whose measured compute (GEMMs, attention, HBM) every row "
+     "keeps (default: each GPU's shipped one, " PLAN_MEASURED_DIR "/<gpu>.json, where there is "
+     "one, else " PLAN_MEASURED_PROFILE ")",
      CLI_PLAIN},
     {NULL, 0, 0, NULL, NULL, 0},
 };
@@ -145,7 +148,9 @@ static enum moe_status write_stack_profile(const struct plan_fit_row *rows, int 
     for (int i = 0; i < n; i++) {
         if (strcmp(rows[i].run->cluster, cluster)) continue;
         struct cost_ctx ctx;
-        cost_ctx_init(&ctx, &rows[i].model, &rows[i].cluster, fitted, rows[i].run->gpus);
+        struct cost_calibration rc;
+        plan_fit_row_cal(&rows[i], fitted, &rc);
+        cost_ctx_init(&ctx, &rows[i].model, &rows[i].cluster, &rc, rows[i].run->gpus);
         struct cost_result r;
         enum moe_status st = cost_evaluate(&ctx, &rows[i].layout, &r, err);
         if (st != MOE_OK) {
@@ -220,7 +225,7 @@ static double pct(double pred, double pub)
  * tau over them; every pair more than 5% apart as published, with the phase that sets the two
  * predictions apart, and named INVERTED where the prediction orders it the other way. */
 static enum moe_status rank_pairs(const struct plan_fit_row *rows, int n, const double *pred,
-                                  const struct cost_calibration *measured, struct moe_error *err)
+                                  struct moe_error *err)
 {
     int pairs = 0, concordant = 0, wide = 0, wide_right = 0, nfits = 0;
     static struct {
@@ -262,13 +267,14 @@ static enum moe_status rank_pairs(const struct plan_fit_row *rows, int n, const 
                     if (strcmp(rows[q].run->cluster, a->cluster)) train[k++] = rows[q];
                 struct cost_calibration ds;
                 cost_calibration_defaults(&ds, &rows[i].cluster.gpu);
-                plan_fit_base(&ds, measured);
+                if (rows[i].measured) plan_fit_base(&ds, rows[i].measured);
                 fits[c].cluster = a->cluster;
                 st = plan_fit_stack(train, k, a->cluster, &ds, &fits[c].cal, NULL, NULL, err);
                 free(train);
                 if (st == MOE_OK) nfits++;
             }
-            const struct cost_calibration cal = fits[c].cal;
+            struct cost_calibration cal; /* a and b: one cluster, one GPU */
+            plan_fit_row_cal(&rows[i], &fits[c].cal, &cal);
             struct cost_result ra, rb;
             struct cost_ctx ctx;
             cost_ctx_init(&ctx, &rows[i].model, &rows[i].cluster, &cal, a->gpus);
@@ -295,7 +301,6 @@ static enum moe_status rank_pairs(const struct plan_fit_row *rows, int n, const 
 /* Leave one model out and leave one system out: every row predicted by the profile fitted
  * without its fold; per row and per fold, the error of tokens/s/GPU. */
 static enum moe_status cross_validate(const struct plan_fit_row *rows, int n, const double *pred[2],
-                                      const struct cost_calibration *measured,
                                       struct moe_error *err)
 {
     static const char *const name[2] = {"model", "system"};
@@ -333,7 +338,7 @@ static enum moe_status cross_validate(const struct plan_fit_row *rows, int n, co
         }
         printf("  all %d rows: mean |error| %.1f%%, worst %.1f%%\n", n, all_sum / n, all_worst);
     }
-    return rank_pairs(rows, n, pred[1], measured, err);
+    return rank_pairs(rows, n, pred[1], err);
 }
 
 /* The chart: predicted against published tokens/s/GPU, one mark per row and fold. */
@@ -370,10 +375,43 @@ struct published_args {
     bool cv;
 };
 
-/* The profile whose measured compute a stack fit keeps: --measured, else the shipped Hopper one;
- * a stack profile (fitted, not measured) is refused. */
+/* The measured profiles whose compute a stack fit keeps: one per GPU at most, each row's named. */
+#define MEASURED_MAX 8
+struct measured_set {
+    int n;
+    struct cost_calibration cal[MEASURED_MAX];
+    char name[MEASURED_MAX][MOE_PATH_MAX]; /* as the profile records it */
+};
+
+/* A profile `moeplan calibrate` measured on a GPU (its "measured" data with the GEMM grid), not a
+ * stack profile (fitted); `gpu`, where given, must be the GPU it measured. */
+static enum moe_status measured_profile(const char *path, const char *gpu,
+                                        struct cost_calibration *m, struct moe_error *err)
+{
+    struct moe_jdoc doc;
+    enum moe_status st = moe_jdoc_load(&doc, path, err);
+    if (st != MOE_OK) return st;
+    json_t *meas = json_object_get(doc.root, "measured");
+    const char *measured_gpu = json_string_value(json_object_get(doc.root, "gpu"));
+    bool ok = json_is_object(doc.root) && !json_object_get(doc.root, "stack") &&
+              json_is_object(meas) && json_array_size(json_object_get(meas, "gemm_m_n_k_us")) > 0;
+    bool same = !gpu || (measured_gpu && cost_calibration_gpu_is(measured_gpu, gpu));
+    moe_jdoc_free(&doc);
+    if (!ok)
+        return moe_error_set(err, MOE_ERR_INPUT,
+                             "%s: --measured takes a profile `moeplan calibrate` measured on a "
+                             "GPU (its \"measured\" data with the GEMM grid); this is not one",
+                             path);
+    if (!same)
+        return moe_error_set(err, MOE_ERR_INPUT, "%s: measured on another GPU than the %s", path,
+                             gpu);
+    return cost_calibration_load(m, path, err);
+}
+
+/* Each row's measured compute: --measured for every row; else its GPU's shipped profile
+ * (PLAN_MEASURED_DIR/<gpu>.json) where there is one, the H200's where not. */
 static enum moe_status measured_compute(struct cli *cli, const char *given,
-                                        struct cost_calibration *m, char *name, size_t cap,
+                                        struct plan_fit_row *rows, int n, struct measured_set *set,
                                         struct moe_error *err)
 {
     char path[MOE_PATH_MAX];
@@ -381,20 +419,44 @@ static enum moe_status measured_compute(struct cli *cli, const char *given,
         snprintf(path, sizeof path, "%s", given);
     else
         cli_data_path(cli, PLAN_MEASURED_PROFILE, path, sizeof path);
-    snprintf(name, cap, "%s", given ? given : PLAN_MEASURED_PROFILE);
-    struct moe_jdoc doc;
-    enum moe_status st = moe_jdoc_load(&doc, path, err);
-    if (st != MOE_OK) return st;
-    json_t *meas = json_object_get(doc.root, "measured");
-    bool ok = json_is_object(doc.root) && !json_object_get(doc.root, "stack") &&
-              json_is_object(meas) && json_array_size(json_object_get(meas, "gemm_m_n_k_us")) > 0;
-    moe_jdoc_free(&doc);
-    if (!ok)
-        return moe_error_set(err, MOE_ERR_INPUT,
-                             "%s: --measured takes a profile `moeplan calibrate` measured on a "
-                             "GPU (its \"measured\" data with the GEMM grid); this is not one",
-                             path);
-    return cost_calibration_load(m, path, err);
+    set->n = 1;
+    snprintf(set->name[0], sizeof set->name[0], "%s", given ? given : PLAN_MEASURED_PROFILE);
+    enum moe_status st = measured_profile(path, NULL, &set->cal[0], err);
+    for (int i = 0; st == MOE_OK && i < n; i++) {
+        rows[i].measured = &set->cal[0];
+        if (given) continue;
+        char rel[MOE_PATH_MAX], lower[64];
+        const char *gpu = rows[i].cluster.gpu.name;
+        size_t k = 0;
+        for (; gpu[k] && k + 1 < sizeof lower; k++) lower[k] = (char)tolower((unsigned char)gpu[k]);
+        lower[k] = '\0';
+        snprintf(rel, sizeof rel, "%s/%s.json", PLAN_MEASURED_DIR, lower);
+        int s = 0;
+        while (s < set->n && strcmp(set->name[s], rel)) s++;
+        if (s == set->n) {
+            cli_data_path(cli, rel, path, sizeof path);
+            if (access(path, F_OK) != 0) continue; /* none shipped: the H200's */
+            if (set->n == MEASURED_MAX)
+                return moe_error_set(err, MOE_ERR_INPUT, "more than %d measured GPUs",
+                                     MEASURED_MAX);
+            st = measured_profile(path, gpu, &set->cal[s], err);
+            snprintf(set->name[s], sizeof set->name[s], "%s", rel);
+            set->n += st == MOE_OK;
+        }
+        rows[i].measured = &set->cal[s];
+    }
+    return st;
+}
+
+/* The name of the measured profile whose compute the cluster's rows keep. */
+static const char *measured_name(const struct measured_set *set, const struct plan_fit_row *rows,
+                                 int n, const char *cluster)
+{
+    for (int i = 0; i < n; i++)
+        if (!strcmp(rows[i].run->cluster, cluster))
+            for (int s = 0; s < set->n; s++)
+                if (rows[i].measured == &set->cal[s]) return set->name[s];
+    return set->name[0];
 }
 
 /* A stack profile from published runs (plan_fit_stack), or its cross-validation. */
@@ -405,22 +467,20 @@ static int calibrate_published(struct cli *cli, const struct cli_cmd *cmd,
                *svg = a->svg;
     bool cv = a->cv;
     struct moe_error err;
-    struct cost_calibration measured;
-    char measured_name[MOE_PATH_MAX];
+    struct measured_set *measured = calloc(1, sizeof *measured);
     struct plan_published *runs = calloc(PLAN_PUBLISHED_MAX, sizeof *runs);
     struct plan_fit_row *rows = calloc(PLAN_PUBLISHED_MAX, sizeof *rows);
     double *pred = calloc(2 * PLAN_PUBLISHED_MAX, sizeof *pred);
     int n = 0, own = 0;
-    enum moe_status st = runs && rows && pred ? stack_rows(cli, file, stack, runs, rows, &n, &err)
-                                              : moe_error_set(&err, MOE_ERR_NOMEM, "out of memory");
-    if (st == MOE_OK)
-        st = measured_compute(cli, a->measured, &measured, measured_name, sizeof measured_name,
-                              &err);
+    enum moe_status st = runs && rows && pred && measured
+                             ? stack_rows(cli, file, stack, runs, rows, &n, &err)
+                             : moe_error_set(&err, MOE_ERR_NOMEM, "out of memory");
+    if (st == MOE_OK) st = measured_compute(cli, a->measured, rows, n, measured, &err);
     /* the outputs checked once the input is open, so one that is the input is refused before
      * any fitting */
     if (st == MOE_OK &&
         ((!cv && !cli_output_ok(cmd, "-o", out)) || (svg && !cli_output_ok(cmd, "--svg", svg)))) {
-        free(runs), free(rows), free(pred);
+        free(runs), free(rows), free(pred), free(measured);
         return 2;
     }
     if (st == MOE_OK && cv) {
@@ -431,30 +491,35 @@ static int calibrate_published(struct cli *cli, const struct cli_cmd *cmd,
         struct moe_progress bar; /* seconds to minutes: a line every 2 s into a pipe */
         moe_progress_start(&bar, stderr, true, "cross-validation", 2 * (uint64_t)n);
         moe_progress_lines(&bar, 2.0);
-        st = plan_fit_crossval(rows, n, PLAN_FOLD_MODEL, &measured, pred, &bar, &err);
+        st = plan_fit_crossval(rows, n, PLAN_FOLD_MODEL, pred, &bar, &err);
         if (st == MOE_OK)
-            st = plan_fit_crossval(rows, n, PLAN_FOLD_SYSTEM, &measured, pred + PLAN_PUBLISHED_MAX,
-                                   &bar, &err);
+            st =
+                plan_fit_crossval(rows, n, PLAN_FOLD_SYSTEM, pred + PLAN_PUBLISHED_MAX, &bar, &err);
         moe_progress_finish(&bar);
-        if (st == MOE_OK) st = cross_validate(rows, n, p, &measured, &err);
+        if (st == MOE_OK) st = cross_validate(rows, n, p, &err);
         struct cv_chart chart = {rows, n, p, stack};
         if (st == MOE_OK && svg) st = cli_write_drawn(svg, draw_cv_chart, &chart, &err);
     } else if (st == MOE_OK) {
         struct cost_calibration base, fitted;
         double rms[2];
-        cost_calibration_defaults(&base, &rows[0].cluster.gpu);
-        plan_fit_base(&base, &measured); /* what the fit starts from */
+        const struct plan_fit_row *mine = &rows[0]; /* a row of the cluster, if it has one */
+        for (int i = n - 1; i >= 0; i--)
+            if (!strcmp(rows[i].run->cluster, cluster)) mine = &rows[i];
+        cost_calibration_defaults(&base, &mine->cluster.gpu);
+        if (mine->measured) plan_fit_base(&base, mine->measured); /* what the fit starts from */
         st = plan_fit_stack(rows, n, cluster, &base, &fitted, &own, rms, &err);
         if (st == MOE_OK && own == 0)
             st = moe_error_set(&err, MOE_ERR_INPUT, "%s: no trusted row of %s in stack %s", file,
                                cluster, stack);
         if (st == MOE_OK)
-            st = write_stack_profile(rows, n, cluster, stack, file, measured_name, &base, &fitted,
-                                     rms, out, &err);
+            st = write_stack_profile(rows, n, cluster, stack, file,
+                                     measured_name(measured, rows, n, cluster), &base, &fitted, rms,
+                                     out, &err);
     }
     free(runs);
     free(rows);
     free(pred);
+    free(measured);
     if (st != MOE_OK) return cli_fail(cli, &err);
     if (!cv) printf("profile written to %s\n", strcmp(out, "-") ? out : "standard output");
     return 0;

@@ -122,6 +122,9 @@ struct plan_fit_row {
     struct topo_cluster cluster;
     struct cost_layout layout;
     double step_us; /* published */
+    /* the compute as measured on this row's GPU (plan_fit_base), over whatever the calibration it
+     * is predicted with says; NULL: that calibration's own */
+    const struct cost_calibration *measured;
 };
 enum moe_status plan_fit_rows(const struct plan_published *runs, int n, const char *model_dir,
                               const char *topo_dir, struct plan_fit_row *out,
@@ -156,20 +159,26 @@ double plan_fit_published(const struct plan_fit_row *rows, int n,
  * terms, the attention kernels', HBM's. They are fractions of each GPU's datasheet peak, so a
  * Hopper measurement anchors Blackwell by the datasheets' ratios; the fit never moves them. */
 void plan_fit_base(struct cost_calibration *cal, const struct cost_calibration *measured);
-/* The measured profile stack fits keep the compute of (under the data folder), unless
- * `calibrate --measured` names another: the H200's, the one Hopper GPU measured in full. */
-#define PLAN_MEASURED_PROFILE "topologies/calibration/h200.json"
+/* *out: `cal` with the row's measured compute (the row's `measured`), what the row is predicted
+ * with in every fit */
+void plan_fit_row_cal(const struct plan_fit_row *row, const struct cost_calibration *cal,
+                      struct cost_calibration *out);
+/* The measured profiles stack fits keep the compute of (under the data folder), unless
+ * `calibrate --measured` names one for every row: each GPU's own where one is shipped
+ * (PLAN_MEASURED_DIR/<gpu>.json, e.g. h100.json), else the H200's. */
+#define PLAN_MEASURED_DIR "topologies/calibration"
+#define PLAN_MEASURED_PROFILE PLAN_MEASURED_DIR "/h200.json"
 #define PLAN_FIT_SYSTEM_PRIOR 0.2
 enum moe_status plan_fit_stack(const struct plan_fit_row *rows, int n, const char *cluster,
                                const struct cost_calibration *base, struct cost_calibration *out,
                                int *own, double rms[2], struct moe_error *err);
 /* Cross-validation: each row predicted by the stack profile fitted without the rows of its fold,
- * folds by model or by system (leave one model out, leave one system out), each fit's compute
- * from `measured` (plan_fit_base). `bar` (may be NULL) advances by one per row predicted. */
+ * folds by model or by system (leave one model out, leave one system out), every row's compute
+ * its own measured one (plan_fit_row_cal). `bar` (may be NULL) advances by one per row
+ * predicted. */
 enum plan_fold { PLAN_FOLD_MODEL = 0, PLAN_FOLD_SYSTEM };
 enum moe_status plan_fit_crossval(const struct plan_fit_row *rows, int n, enum plan_fold fold,
-                                  const struct cost_calibration *measured, double *pred_us,
-                                  struct moe_progress *bar, struct moe_error *err);
+                                  double *pred_us, struct moe_progress *bar, struct moe_error *err);
 
 #ifdef __cplusplus
 }

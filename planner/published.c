@@ -475,7 +475,9 @@ static double objective(const struct plan_fit_row *rows, int n, struct cost_cali
     cal->nvlink_allreduce_eff = cal->nvlink_eff;
     for (int i = 0; i < n; i++) {
         struct cost_ctx ctx;
-        cost_ctx_init(&ctx, &rows[i].model, &rows[i].cluster, cal, rows[i].run->gpus);
+        struct cost_calibration rc;
+        plan_fit_row_cal(&rows[i], cal, &rc);
+        cost_ctx_init(&ctx, &rows[i].model, &rows[i].cluster, &rc, rows[i].run->gpus);
         struct cost_result r;
         if (cost_evaluate(&ctx, &rows[i].layout, &r, err) != MOE_OK) return -1.0;
         pred[i] = r.step_us;
@@ -607,6 +609,13 @@ void plan_fit_base(struct cost_calibration *cal, const struct cost_calibration *
     memcpy(cal->gemm_table_log, m->gemm_table_log, sizeof cal->gemm_table_log);
 }
 
+void plan_fit_row_cal(const struct plan_fit_row *row, const struct cost_calibration *cal,
+                      struct cost_calibration *out)
+{
+    *out = *cal;
+    if (row->measured) plan_fit_base(out, row->measured);
+}
+
 /* The second stage: the cluster's own rows, pulled towards the shared fit (*out = shared when
  * it has none); *own gets their count, *rms the fit's (< 0: an error in err). */
 static enum moe_status fit_system(const struct plan_fit_row *rows, int n, const char *cluster,
@@ -662,8 +671,7 @@ static const char *fold_key(const struct plan_fit_row *r, enum plan_fold fold)
 }
 
 enum moe_status plan_fit_crossval(const struct plan_fit_row *rows, int n, enum plan_fold fold,
-                                  const struct cost_calibration *measured, double *pred_us,
-                                  struct moe_progress *bar, struct moe_error *err)
+                                  double *pred_us, struct moe_progress *bar, struct moe_error *err)
 {
     uint64_t base = bar ? bar->done : 0, held = 0;
     struct plan_fit_row *train = malloc(sizeof *train * (size_t)n);
@@ -685,7 +693,7 @@ enum moe_status plan_fit_crossval(const struct plan_fit_row *rows, int n, enum p
          * (one per cluster) */
         struct cost_calibration ds, shared;
         cost_calibration_defaults(&ds, &rows[i].cluster.gpu);
-        plan_fit_base(&ds, measured);
+        if (rows[i].measured) plan_fit_base(&ds, rows[i].measured);
         if (fit_shared(train, k, &ds, &shared, err) < 0) {
             st = err ? err->status : MOE_ERR_RUNTIME;
             break;
@@ -701,7 +709,9 @@ enum moe_status plan_fit_crossval(const struct plan_fit_row *rows, int n, enum p
                     strcmp(rows[q].run->cluster, rows[j].run->cluster))
                     continue;
                 struct cost_ctx ctx;
-                cost_ctx_init(&ctx, &rows[q].model, &rows[q].cluster, &cal, rows[q].run->gpus);
+                struct cost_calibration rc;
+                plan_fit_row_cal(&rows[q], &cal, &rc);
+                cost_ctx_init(&ctx, &rows[q].model, &rows[q].cluster, &rc, rows[q].run->gpus);
                 struct cost_result r;
                 st = cost_evaluate(&ctx, &rows[q].layout, &r, err);
                 pred_us[q] = r.step_us;

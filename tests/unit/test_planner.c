@@ -819,7 +819,8 @@ static void test_sharding_and_precision_keys(void **state)
  * fitted from the datasheet defaults with the shipped H200 profile's measured compute
  * (plan_fit_base) and no prior. Every parameter the step times pin down comes back within 5%
  * (the all-to-all latency, which barely moves them, is not judged), and the measured compute is
- * left as measured, even for the bf16 GEMMs of a stack without a bf16 row. */
+ * left as measured, even for the bf16 GEMMs of a stack without a bf16 row; rows whose GPU has a
+ * measured compute of its own are fitted with it. */
 static void test_published_fit_recovers(void **state)
 {
     (void)state;
@@ -877,6 +878,35 @@ static void test_published_fit_recovers(void **state)
     for (int i = 0; i < k; i++) assert_true(fabs(pred[i] / rows[i].step_us - 1.0) < 0.01);
     assert_true(fit.gemm_eff == measured.gemm_eff && fit.gemm_eff_fp8 == measured.gemm_eff_fp8 &&
                 fit.attn_fwd_eff == measured.attn_fwd_eff && fit.hbm_eff == measured.hbm_eff);
+    /* each row's GPU with its own measured compute (plan_fit_row_cal): the H100 rows made with
+     * GEMMs and attention 20% slower than the H200's are fitted with them, and the same network
+     * and overlap come back; predicted with the H200's compute instead, they run faster */
+    struct cost_calibration h100 = measured;
+    h100.gemm_eff *= 0.8, h100.gemm_eff_fp8 *= 0.8, h100.gemm_eff_fp8_block *= 0.8;
+    h100.attn_fwd_eff *= 0.8, h100.attn_bwd_eff *= 0.8;
+    int on_h100 = 0;
+    for (int i = 0; i < k; i++) {
+        rows[i].measured = strcmp(rows[i].run->cluster, "hgx-h100-x128") ? &measured : &h100;
+        on_h100 += rows[i].measured == &h100;
+        struct cost_calibration rc;
+        plan_fit_row_cal(&rows[i], &truth, &rc);
+        struct cost_ctx ctx;
+        cost_ctx_init(&ctx, &rows[i].model, &rows[i].cluster, &rc, rows[i].run->gpus);
+        struct cost_result r;
+        if (cost_evaluate(&ctx, &rows[i].layout, &r, &err)) fail_msg("%s", err.message);
+        if (rows[i].measured == &h100) assert_true(r.step_us > rows[i].step_us * 1.01);
+        rows[i].step_us = r.step_us;
+    }
+    assert_true(on_h100 >= 4);
+    rms = plan_fit_published(rows, k, &start, (1u << plan_fit_nparams) - 1, NULL, 0.0, &fit, pred,
+                             &err);
+    printf("the same with the H100 rows' own compute: rms log error %.5f, nvlink_eff %.4f, "
+           "overlap_max %.4f\n",
+           rms, fit.nvlink_eff, fit.overlap_max);
+    assert_true(rms >= 0 && rms < 0.002);
+    assert_true(fabs(fit.nvlink_eff / truth.nvlink_eff - 1.0) < 0.05 &&
+                fabs(fit.overlap_max / truth.overlap_max - 1.0) < 0.05);
+    for (int i = 0; i < k; i++) rows[i].measured = NULL;
     /* a stack of fp8 rows only (26.08: no bf16 row to pin the bf16 GEMMs) keeps them measured */
     int f8 = 0;
     if (plan_published_load(file, runs, PLAN_PUBLISHED_MAX, &n, &err)) fail_msg("%s", err.message);
