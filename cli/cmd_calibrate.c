@@ -7,10 +7,11 @@
  * together, then the cluster's own rows pulled towards that shared fit.
  */
 #include <ctype.h>
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
+#include <sys/stat.h>
 
 #include "cli.h"
 #include "plan.h"
@@ -384,7 +385,8 @@ struct measured_set {
 };
 
 /* A profile `moeplan calibrate` measured on a GPU (its "measured" data with the GEMM grid), not a
- * stack profile (fitted); `gpu`, where given, must be the GPU it measured. */
+ * stack profile (fitted): `gpu` NULL for --measured (taken for every row as it is), else the GPU
+ * whose shipped profile it is, which it must name. */
 static enum moe_status measured_profile(const char *path, const char *gpu,
                                         struct cost_calibration *m, struct moe_error *err)
 {
@@ -392,24 +394,38 @@ static enum moe_status measured_profile(const char *path, const char *gpu,
     enum moe_status st = moe_jdoc_load(&doc, path, err);
     if (st != MOE_OK) return st;
     json_t *meas = json_object_get(doc.root, "measured");
-    const char *measured_gpu = json_string_value(json_object_get(doc.root, "gpu"));
+    const char *named = json_string_value(json_object_get(doc.root, "gpu"));
+    char measured_gpu[64];
+    snprintf(measured_gpu, sizeof measured_gpu, "%s", named ? named : "");
     bool ok = json_is_object(doc.root) && !json_object_get(doc.root, "stack") &&
               json_is_object(meas) && json_array_size(json_object_get(meas, "gemm_m_n_k_us")) > 0;
-    bool same = !gpu || (measured_gpu && cost_calibration_gpu_is(measured_gpu, gpu));
     moe_jdoc_free(&doc);
-    if (!ok)
+    if (!ok && !gpu)
         return moe_error_set(err, MOE_ERR_INPUT,
                              "%s: --measured takes a profile `moeplan calibrate` measured on a "
                              "GPU (its \"measured\" data with the GEMM grid); this is not one",
                              path);
-    if (!same)
-        return moe_error_set(err, MOE_ERR_INPUT, "%s: measured on another GPU than the %s", path,
-                             gpu);
+    if (!ok)
+        return moe_error_set(err, MOE_ERR_INPUT,
+                             "%s: the %s's measured profile, whose compute its published rows "
+                             "keep, is not one `moeplan calibrate` measured (its \"measured\" data "
+                             "with the GEMM grid)",
+                             path, gpu);
+    if (gpu && !measured_gpu[0])
+        return moe_error_set(err, MOE_ERR_INPUT,
+                             "%s: names no GPU (\"gpu\"): the %s's measured profile must name it",
+                             path, gpu);
+    if (gpu && !cost_calibration_gpu_is(measured_gpu, gpu))
+        return moe_error_set(err, MOE_ERR_INPUT,
+                             "%s: measured on the %s, not the %s whose measured profile it is "
+                             "named as",
+                             path, measured_gpu, gpu);
     return cost_calibration_load(m, path, err);
 }
 
 /* Each row's measured compute: --measured for every row; else its GPU's shipped profile
- * (PLAN_MEASURED_DIR/<gpu>.json) where there is one, the H200's where not. */
+ * (PLAN_MEASURED_DIR/<gpu>.json, the H200's among them) where there is one, the H200's where
+ * not. */
 static enum moe_status measured_compute(struct cli *cli, const char *given,
                                         struct plan_fit_row *rows, int n, struct measured_set *set,
                                         struct moe_error *err)
@@ -421,7 +437,7 @@ static enum moe_status measured_compute(struct cli *cli, const char *given,
         cli_data_path(cli, PLAN_MEASURED_PROFILE, path, sizeof path);
     set->n = 1;
     snprintf(set->name[0], sizeof set->name[0], "%s", given ? given : PLAN_MEASURED_PROFILE);
-    enum moe_status st = measured_profile(path, NULL, &set->cal[0], err);
+    enum moe_status st = measured_profile(path, given ? NULL : "H200", &set->cal[0], err);
     for (int i = 0; st == MOE_OK && i < n; i++) {
         rows[i].measured = &set->cal[0];
         if (given) continue;
@@ -435,7 +451,8 @@ static enum moe_status measured_compute(struct cli *cli, const char *given,
         while (s < set->n && strcmp(set->name[s], rel)) s++;
         if (s == set->n) {
             cli_data_path(cli, rel, path, sizeof path);
-            if (access(path, F_OK) != 0) continue; /* none shipped: the H200's */
+            struct stat sb; /* none shipped: the H200's; anything else there is read, and said */
+            if (lstat(path, &sb) != 0 && errno == ENOENT) continue;
             if (set->n == MEASURED_MAX)
                 return moe_error_set(err, MOE_ERR_INPUT, "more than %d measured GPUs",
                                      MEASURED_MAX);

@@ -11,6 +11,7 @@
 #include "moe_common.h"
 #include "plan.h"
 
+#include <dirent.h>
 #include <stdarg.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -70,6 +71,83 @@ static void expect(const struct result *r, int code, const char *words)
 }
 
 #define TINY "--model", "tiny-moe-gqa", "--cluster", "h200-vm", "--seq-len", "128"
+
+/* A stack fit keeps each GPU's own measured compute where one is shipped
+ * (topologies/calibration/<gpu>.json, under MOEPLAN_DATA_DIR here): anything at that name that is
+ * not the GPU's measured profile is refused at its path, never passed over for the H200's. */
+static void test_measured_per_gpu(void **state)
+{
+    (void)state;
+    static struct result r;
+    char path[512], from[512];
+    assert_int_equal(mkdir(at("data"), 0755), 0);
+    assert_int_equal(mkdir(at("data/topologies"), 0755), 0);
+    assert_int_equal(mkdir(at("data/topologies/calibration"), 0755), 0);
+    snprintf(from, sizeof from, "%s/model", MOEPLAN_SOURCE_DIR);
+    assert_int_equal(symlink(from, at("data/model")), 0);
+    snprintf(from, sizeof from, "%s/topologies", MOEPLAN_SOURCE_DIR);
+    DIR *d = opendir(from); /* the shipped topologies, all but the calibration folder */
+    assert_non_null(d);
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.' || !strcmp(e->d_name, "calibration")) continue;
+        snprintf(from, sizeof from, "%s/topologies/%s", MOEPLAN_SOURCE_DIR, e->d_name);
+        snprintf(path, sizeof path, "%s/data/topologies/%s", dir, e->d_name);
+        assert_int_equal(symlink(from, path), 0);
+    }
+    closedir(d);
+    snprintf(from, sizeof from, "%s/topologies/calibration/h200.json", MOEPLAN_SOURCE_DIR);
+    assert_int_equal(symlink(from, at("data/topologies/calibration/h200.json")), 0);
+    char tsv[512], stack_profile[512];
+    snprintf(tsv, sizeof tsv, "%s/tests/data/published/mb-runs.tsv", MOEPLAN_SOURCE_DIR);
+    snprintf(stack_profile, sizeof stack_profile,
+             "%s/topologies/calibration/stacks/megatron-26.04/h100.json", MOEPLAN_SOURCE_DIR);
+    char h100[512], nowhere[512]; /* (at() hands back one buffer) */
+    snprintf(h100, sizeof h100, "%s", at("data/topologies/calibration/h100.json"));
+    snprintf(nowhere, sizeof nowhere, "%s", at("nowhere.json"));
+    /* the data folder for the run alone: a failed check leaves no environment behind */
+#define FIT_H100(res)                                                                              \
+    do {                                                                                           \
+        assert_int_equal(setenv("MOEPLAN_DATA_DIR", at("data"), 1), 0);                            \
+        RUN(res, "calibrate", "--published", tsv, "--stack", "megatron-26.04", "--cluster",        \
+            "hgx-h100-x128", "-o", at("fit.json"));                                                \
+        assert_int_equal(unsetenv("MOEPLAN_DATA_DIR"), 0);                                         \
+    } while (0)
+    static const struct {
+        const char *what, *words;
+    } cases[] = {
+        {"stack", "the H100's measured profile, whose compute its published rows keep, is not one"},
+        {"h200", "measured on the NVIDIA H200, not the H100"},
+        {"nameless", "names no GPU (\"gpu\"): the H100's measured profile must name it"},
+        {"loop", "h100.json"},
+        {"dangling", "h100.json"},
+        {"folder", "h100.json"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const char *w = cases[c].what;
+        if (!strcmp(w, "stack")) copy(stack_profile, "data/topologies/calibration/h100.json");
+        if (!strcmp(w, "h200")) copy(from, "data/topologies/calibration/h100.json");
+        if (!strcmp(w, "nameless"))
+            put_edited("data/topologies/calibration/h100.json", from, "\"gpu\": \"NVIDIA H200\"",
+                       "\"gpu\": \"\"");
+        if (!strcmp(w, "loop")) assert_int_equal(symlink(h100, h100), 0);
+        if (!strcmp(w, "dangling")) assert_int_equal(symlink(nowhere, h100), 0);
+        if (!strcmp(w, "folder")) assert_int_equal(mkdir(h100, 0755), 0);
+        FIT_H100(&r);
+        expect(&r, 3, cases[c].words);
+        struct stat sb;
+        assert_int_not_equal(stat(at("fit.json"), &sb), 0); /* nothing written */
+        assert_int_equal(!strcmp(w, "folder") ? rmdir(h100) : unlink(h100), 0);
+    }
+    /* the H100's own: its rows keep it, and the profile says so; none there: the H200's */
+    put_edited("data/topologies/calibration/h100.json", from, "\"gpu\": \"NVIDIA H200\"",
+               "\"gpu\": \"NVIDIA H100 80GB HBM3\"");
+    FIT_H100(&r);
+    expect(&r, 0, "as measured in topologies/calibration/h100.json");
+    assert_int_equal(unlink(h100), 0);
+    FIT_H100(&r);
+    expect(&r, 0, "as measured in topologies/calibration/h200.json");
+#undef FIT_H100
+}
 
 /* More routed experts than any fixed array held (4,096 before): no crash, and the bounds say so. */
 static void test_expert_counts(void **state)
@@ -1202,12 +1280,13 @@ static void test_hf_and_check_hostile(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_expert_counts),       cmocka_unit_test(test_fifo_inputs),
-        cmocka_unit_test(test_cluster_size),        cmocka_unit_test(test_outputs),
-        cmocka_unit_test(test_interrupted_write),   cmocka_unit_test(test_plan_validator),
-        cmocka_unit_test(test_values_and_messages), cmocka_unit_test(test_inputs_unchanged),
-        cmocka_unit_test(test_writer_table),        cmocka_unit_test(test_layout_keys),
-        cmocka_unit_test(test_published_hostile),   cmocka_unit_test(test_hf_and_check_hostile),
+        cmocka_unit_test(test_expert_counts),        cmocka_unit_test(test_fifo_inputs),
+        cmocka_unit_test(test_cluster_size),         cmocka_unit_test(test_outputs),
+        cmocka_unit_test(test_interrupted_write),    cmocka_unit_test(test_plan_validator),
+        cmocka_unit_test(test_values_and_messages),  cmocka_unit_test(test_inputs_unchanged),
+        cmocka_unit_test(test_writer_table),         cmocka_unit_test(test_layout_keys),
+        cmocka_unit_test(test_published_hostile),    cmocka_unit_test(test_measured_per_gpu),
+        cmocka_unit_test(test_hf_and_check_hostile),
     };
     return cmocka_run_group_tests(tests, cli_scratch_setup, cli_scratch_teardown);
 }
