@@ -149,9 +149,7 @@ static enum moe_status write_stack_profile(const struct plan_fit_row *rows, int 
     for (int i = 0; i < n; i++) {
         if (strcmp(rows[i].run->cluster, cluster)) continue;
         struct cost_ctx ctx;
-        struct cost_calibration rc;
-        plan_fit_row_cal(&rows[i], fitted, &rc);
-        cost_ctx_init(&ctx, &rows[i].model, &rows[i].cluster, &rc, rows[i].run->gpus);
+        plan_fit_row_ctx(&rows[i], fitted, &ctx);
         struct cost_result r;
         enum moe_status st = cost_evaluate(&ctx, &rows[i].layout, &r, err);
         if (st != MOE_OK) {
@@ -267,18 +265,15 @@ static enum moe_status rank_pairs(const struct plan_fit_row *rows, int n, const 
                 for (int q = 0; q < n; q++)
                     if (strcmp(rows[q].run->cluster, a->cluster)) train[k++] = rows[q];
                 struct cost_calibration ds;
-                cost_calibration_defaults(&ds, &rows[i].cluster.gpu);
-                if (rows[i].measured) plan_fit_base(&ds, rows[i].measured);
+                plan_fit_row_start(&rows[i], &ds);
                 fits[c].cluster = a->cluster;
                 st = plan_fit_stack(train, k, a->cluster, &ds, &fits[c].cal, NULL, NULL, err);
                 free(train);
                 if (st == MOE_OK) nfits++;
             }
-            struct cost_calibration cal; /* a and b: one cluster, one GPU */
-            plan_fit_row_cal(&rows[i], &fits[c].cal, &cal);
             struct cost_result ra, rb;
-            struct cost_ctx ctx;
-            cost_ctx_init(&ctx, &rows[i].model, &rows[i].cluster, &cal, a->gpus);
+            struct cost_ctx ctx; /* a and b: one cluster, one GPU */
+            plan_fit_row_ctx(&rows[i], &fits[c].cal, &ctx);
             if (st == MOE_OK) st = cost_evaluate(&ctx, &rows[i].layout, &ra, err);
             if (st == MOE_OK) st = cost_evaluate(&ctx, &rows[j].layout, &rb, err);
             if (st != MOE_OK) return st;
@@ -522,8 +517,7 @@ static int calibrate_published(struct cli *cli, const struct cli_cmd *cmd,
         const struct plan_fit_row *mine = &rows[0]; /* a row of the cluster, if it has one */
         for (int i = n - 1; i >= 0; i--)
             if (!strcmp(rows[i].run->cluster, cluster)) mine = &rows[i];
-        cost_calibration_defaults(&base, &mine->cluster.gpu);
-        if (mine->measured) plan_fit_base(&base, mine->measured); /* what the fit starts from */
+        plan_fit_row_start(mine, &base); /* what the fit starts from */
         st = plan_fit_stack(rows, n, cluster, &base, &fitted, &own, rms, &err);
         if (st == MOE_OK && own == 0)
             st = moe_error_set(&err, MOE_ERR_INPUT, "%s: no trusted row of %s in stack %s", file,

@@ -159,10 +159,13 @@ double plan_fit_published(const struct plan_fit_row *rows, int n,
  * terms, the attention kernels', HBM's. They are fractions of each GPU's datasheet peak, so a
  * Hopper measurement anchors Blackwell by the datasheets' ratios; the fit never moves them. */
 void plan_fit_base(struct cost_calibration *cal, const struct cost_calibration *measured);
-/* *out: `cal` with the row's measured compute (the row's `measured`), what the row is predicted
- * with in every fit */
-void plan_fit_row_cal(const struct plan_fit_row *row, const struct cost_calibration *cal,
-                      struct cost_calibration *out);
+/* The cost context a row is predicted in under `cal`: its model, cluster and GPUs, `cal` with the
+ * row's own measured compute (its `measured`) */
+void plan_fit_row_ctx(const struct plan_fit_row *row, const struct cost_calibration *cal,
+                      struct cost_ctx *ctx);
+/* Where a fit for the row's system starts: the datasheet's calibration of its GPU with the row's
+ * measured compute */
+void plan_fit_row_start(const struct plan_fit_row *row, struct cost_calibration *out);
 /* The measured profiles stack fits keep the compute of (under the data folder), unless
  * `calibrate --measured` names one for every row: each GPU's own where one is shipped
  * (PLAN_MEASURED_DIR/<gpu>.json, e.g. h100.json), else the H200's. */
@@ -174,7 +177,7 @@ enum moe_status plan_fit_stack(const struct plan_fit_row *rows, int n, const cha
                                int *own, double rms[2], struct moe_error *err);
 /* Cross-validation: each row predicted by the stack profile fitted without the rows of its fold,
  * folds by model or by system (leave one model out, leave one system out), every row's compute
- * its own measured one (plan_fit_row_cal). `bar` (may be NULL) advances by one per row
+ * its own measured one (plan_fit_row_ctx). `bar` (may be NULL) advances by one per row
  * predicted. */
 enum plan_fold { PLAN_FOLD_MODEL = 0, PLAN_FOLD_SYSTEM };
 enum moe_status plan_fit_crossval(const struct plan_fit_row *rows, int n, enum plan_fold fold,

@@ -475,9 +475,7 @@ static double objective(const struct plan_fit_row *rows, int n, struct cost_cali
     cal->nvlink_allreduce_eff = cal->nvlink_eff;
     for (int i = 0; i < n; i++) {
         struct cost_ctx ctx;
-        struct cost_calibration rc;
-        plan_fit_row_cal(&rows[i], cal, &rc);
-        cost_ctx_init(&ctx, &rows[i].model, &rows[i].cluster, &rc, rows[i].run->gpus);
+        plan_fit_row_ctx(&rows[i], cal, &ctx);
         struct cost_result r;
         if (cost_evaluate(&ctx, &rows[i].layout, &r, err) != MOE_OK) return -1.0;
         pred[i] = r.step_us;
@@ -609,10 +607,16 @@ void plan_fit_base(struct cost_calibration *cal, const struct cost_calibration *
     memcpy(cal->gemm_table_log, m->gemm_table_log, sizeof cal->gemm_table_log);
 }
 
-void plan_fit_row_cal(const struct plan_fit_row *row, const struct cost_calibration *cal,
-                      struct cost_calibration *out)
+void plan_fit_row_ctx(const struct plan_fit_row *row, const struct cost_calibration *cal,
+                      struct cost_ctx *ctx)
 {
-    *out = *cal;
+    cost_ctx_init(ctx, &row->model, &row->cluster, cal, row->run->gpus);
+    if (row->measured) plan_fit_base(&ctx->cal, row->measured);
+}
+
+void plan_fit_row_start(const struct plan_fit_row *row, struct cost_calibration *out)
+{
+    cost_calibration_defaults(out, &row->cluster.gpu);
     if (row->measured) plan_fit_base(out, row->measured);
 }
 
@@ -692,8 +696,7 @@ enum moe_status plan_fit_crossval(const struct plan_fit_row *rows, int n, enum p
         /* the fold's shared fit once; each held-out row under its own cluster's second stage
          * (one per cluster) */
         struct cost_calibration ds, shared;
-        cost_calibration_defaults(&ds, &rows[i].cluster.gpu);
-        if (rows[i].measured) plan_fit_base(&ds, rows[i].measured);
+        plan_fit_row_start(&rows[i], &ds);
         if (fit_shared(train, k, &ds, &shared, err) < 0) {
             st = err ? err->status : MOE_ERR_RUNTIME;
             break;
@@ -709,9 +712,7 @@ enum moe_status plan_fit_crossval(const struct plan_fit_row *rows, int n, enum p
                     strcmp(rows[q].run->cluster, rows[j].run->cluster))
                     continue;
                 struct cost_ctx ctx;
-                struct cost_calibration rc;
-                plan_fit_row_cal(&rows[q], &cal, &rc);
-                cost_ctx_init(&ctx, &rows[q].model, &rows[q].cluster, &rc, rows[q].run->gpus);
+                plan_fit_row_ctx(&rows[q], &cal, &ctx);
                 struct cost_result r;
                 st = cost_evaluate(&ctx, &rows[q].layout, &r, err);
                 pred_us[q] = r.step_us;

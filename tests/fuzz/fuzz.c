@@ -170,7 +170,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 struct cost_calibration ds, fitted;
                 double rms[2];
                 int own;
-                cost_calibration_defaults(&ds, &rows[0].cluster.gpu);
+                plan_fit_row_start(&rows[0], &ds);
                 plan_fit_stack(rows, k, runs[0].cluster, &ds, &fitted, &own, rms, &err);
             }
         }

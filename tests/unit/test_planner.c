@@ -946,7 +946,7 @@ static void test_published_fit_recovers(void **state)
     for (int i = 0; i < k; i++) assert_true(fabs(pred[i] / rows[i].step_us - 1.0) < 0.01);
     assert_true(fit.gemm_eff == measured.gemm_eff && fit.gemm_eff_fp8 == measured.gemm_eff_fp8 &&
                 fit.attn_fwd_eff == measured.attn_fwd_eff && fit.hbm_eff == measured.hbm_eff);
-    /* each row's GPU with its own measured compute (plan_fit_row_cal): the H100 rows made with
+    /* each row's GPU with its own measured compute (plan_fit_row_ctx): the H100 rows made with
      * GEMMs and attention 20% slower than the H200's are fitted with them, and the same network
      * and overlap come back; predicted with the H200's compute instead, they run faster */
     struct cost_calibration h100 = measured;
@@ -956,10 +956,8 @@ static void test_published_fit_recovers(void **state)
     for (int i = 0; i < k; i++) {
         rows[i].measured = strcmp(rows[i].run->cluster, "hgx-h100-x128") ? &measured : &h100;
         on_h100 += rows[i].measured == &h100;
-        struct cost_calibration rc;
-        plan_fit_row_cal(&rows[i], &truth, &rc);
         struct cost_ctx ctx;
-        cost_ctx_init(&ctx, &rows[i].model, &rows[i].cluster, &rc, rows[i].run->gpus);
+        plan_fit_row_ctx(&rows[i], &truth, &ctx);
         struct cost_result r;
         if (cost_evaluate(&ctx, &rows[i].layout, &r, &err)) fail_msg("%s", err.message);
         if (rows[i].measured == &h100) assert_true(r.step_us > rows[i].step_us * 1.01);
