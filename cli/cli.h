@@ -93,6 +93,8 @@ int cli_list_json(const char *dir, const char *except, char **names, int cap,
                   struct moe_error *err);
 /* A file of the shipped data: data_dir/rel. */
 void cli_data_path(const struct cli *cli, const char *rel, char *buf, size_t cap);
+/* A GPU's name as the shipped profiles name their files: in lower case (H100 -> h100) */
+void cli_gpu_file_name(const char *gpu, char *buf, size_t cap);
 
 /* The inputs of the planner commands. */
 #include "plan.h"

@@ -6,7 +6,6 @@
  * to published runs instead (planner/published.c): first every system of the stack's containers
  * together, then the cluster's own rows pulled towards that shared fit.
  */
-#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -438,9 +437,7 @@ static enum moe_status measured_compute(struct cli *cli, const char *given,
         if (given) continue;
         char rel[MOE_PATH_MAX], lower[64];
         const char *gpu = rows[i].cluster.gpu.name;
-        size_t k = 0;
-        for (; gpu[k] && k + 1 < sizeof lower; k++) lower[k] = (char)tolower((unsigned char)gpu[k]);
-        lower[k] = '\0';
+        cli_gpu_file_name(gpu, lower, sizeof lower);
         snprintf(rel, sizeof rel, "%s/%s.json", PLAN_MEASURED_DIR, lower);
         int s = 0;
         while (s < set->n && strcmp(set->name[s], rel)) s++;

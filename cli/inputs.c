@@ -2,7 +2,6 @@
  * inputs.c: what the planner commands (predict, plan) share: model, cluster, calibration and
  * routing from their options, loaded and validated once.
  */
-#include <ctype.h>
 #include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,10 +15,7 @@ static void stack_profile(const struct cli *cli, const char *gpu, const char *pr
                           size_t cap)
 {
     char dir[MOE_PATH_MAX], name[64], best[256] = "";
-    size_t n = 0;
-    for (const char *p = gpu; *p && n + 1 < sizeof name; p++)
-        name[n++] = (char)tolower((unsigned char)*p);
-    name[n] = '\0';
+    cli_gpu_file_name(gpu, name, sizeof name);
     out[0] = '\0';
     cli_data_path(cli, "topologies/calibration/stacks", dir, sizeof dir);
     DIR *d = opendir(dir);

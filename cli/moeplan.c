@@ -10,6 +10,7 @@
  * that this build does not have says so and exits 1: never a silent success.
  */
 #define _GNU_SOURCE
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <libgen.h>
@@ -140,6 +141,13 @@ void cli_data_path(const struct cli *cli, const char *rel, char *buf, size_t cap
 {
     int n = snprintf(buf, cap, "%s/%s", cli->data_dir, rel);
     if (n < 0 || (size_t)n >= cap) buf[cap - 1] = '\0';
+}
+
+void cli_gpu_file_name(const char *gpu, char *buf, size_t cap)
+{
+    size_t n = 0;
+    for (; gpu[n] && n + 1 < cap; n++) buf[n] = (char)tolower((unsigned char)gpu[n]);
+    if (cap) buf[n] = '\0';
 }
 
 int cli_parse(const struct cli_cmd *cmd, int argc, char **argv, struct cli_arg *out, int *nout)
