@@ -52,12 +52,11 @@ static int run(const char *data, const char *model, const char *cluster, int gpu
         return 1;
     }
     long evals = 0;
-    double fits = 0, t0 = moe_time_now_s(), t;
+    double t0 = moe_time_now_s(), t;
     do {
         for (int i = 0; i < n; i++) {
             struct cost_result r;
             if (cost_evaluate(&ctx, &grid[i], &r, &err) != MOE_OK) goto fail;
-            fits += r.fits;
         }
         evals += n;
         t = moe_time_now_s() - t0;
