@@ -349,16 +349,16 @@ static void test_cross_node_ep(void **state)
     if (cost_calibration_load(&ctx.cal, prof, &err)) fail_msg("%s", err.message);
     static const char *const texts[] = {
         /* EP 32 across nodes, as it ran */
-        "pp=8,vpp=2,ep=32,dp=32,mbs=1,gbs=4096,precision=mxfp8,recompute=mla_up_proj+mlp,"
-        "dispatcher=deepep,grad_reduce=bf16,mtp=1,pp_layout=Et*4|(t*4|)*14tmL,"
-        "cuda_graphs=partial,overlap=on,delay_wgrad=on",
+        ("pp=8,vpp=2,ep=32,dp=32,mbs=1,gbs=4096,precision=mxfp8,recompute=mla_up_proj+mlp,"
+         "dispatcher=deepep,grad_reduce=bf16,mtp=1,pp_layout=Et*4|(t*4|)*14tmL,"
+         "cuda_graphs=partial,overlap=on,delay_wgrad=on"),
         /* the same, every copy over the network and nothing hidden */
-        "pp=8,vpp=2,ep=32,dp=32,mbs=1,gbs=4096,precision=mxfp8,recompute=mla_up_proj+mlp,"
-        "dispatcher=alltoall,grad_reduce=bf16,mtp=1,pp_layout=Et*4|(t*4|)*14tmL,"
-        "cuda_graphs=partial",
+        ("pp=8,vpp=2,ep=32,dp=32,mbs=1,gbs=4096,precision=mxfp8,recompute=mla_up_proj+mlp,"
+         "dispatcher=alltoall,grad_reduce=bf16,mtp=1,pp_layout=Et*4|(t*4|)*14tmL,"
+         "cuda_graphs=partial"),
         /* EP 8 inside a node */
-        "pp=16,ep=8,dp=16,mbs=1,gbs=4096,precision=mxfp8,recompute=mla_up_proj,"
-        "dispatcher=hybridep,grad_reduce=bf16,mtp=1,pp_layout=Et*4|(t*4|)*14tmL"};
+        ("pp=16,ep=8,dp=16,mbs=1,gbs=4096,precision=mxfp8,recompute=mla_up_proj,"
+         "dispatcher=hybridep,grad_reduce=bf16,mtp=1,pp_layout=Et*4|(t*4|)*14tmL")};
     struct cost_result r[3];
     evaluate_texts(&ctx, texts, 3, r);
     double across = r[0].tokens_per_s_per_gpu, plain = r[1].tokens_per_s_per_gpu,
