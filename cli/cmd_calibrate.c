@@ -431,7 +431,8 @@ static enum moe_status measured_compute(struct cli *cli, const char *given,
         cli_data_path(cli, PLAN_MEASURED_PROFILE, path, sizeof path);
     set->n = 1;
     snprintf(set->name[0], sizeof set->name[0], "%s", given ? given : PLAN_MEASURED_PROFILE);
-    enum moe_status st = measured_profile(path, given ? NULL : "H200", &set->cal[0], err);
+    enum moe_status st =
+        measured_profile(path, given ? NULL : PLAN_MEASURED_GPU, &set->cal[0], err);
     for (int i = 0; st == MOE_OK && i < n; i++) {
         rows[i].measured = &set->cal[0];
         if (given) continue;

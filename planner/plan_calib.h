@@ -171,6 +171,7 @@ void plan_fit_row_start(const struct plan_fit_row *row, struct cost_calibration 
  * (PLAN_MEASURED_DIR/<gpu>.json, e.g. h100.json), else the H200's. */
 #define PLAN_MEASURED_DIR "topologies/calibration"
 #define PLAN_MEASURED_PROFILE PLAN_MEASURED_DIR "/h200.json"
+#define PLAN_MEASURED_GPU "H200" /* the GPU that one must name */
 #define PLAN_FIT_SYSTEM_PRIOR 0.2
 enum moe_status plan_fit_stack(const struct plan_fit_row *rows, int n, const char *cluster,
                                const struct cost_calibration *base, struct cost_calibration *out,
