@@ -104,6 +104,14 @@ void cli_gpu_file_name(const char *gpu, char *buf, size_t cap);
 enum moe_status cli_cluster_load(const struct cli *cli, const char *name, const char *cal_file,
                                  const char *stack, struct topo_cluster *cl,
                                  struct cost_calibration *cal, struct moe_error *err);
+/* The cluster of a GPU that calibrate, validate and bench measure (or a profile measured there,
+ * for --refit): `named` when given, else the shipped cluster of that GPU (H200: h200-vm, H100:
+ * hgx-h100-x128); refused where the cluster's GPU is another, whose datasheet would scale what
+ * was measured. gpu NULL: the GPU the profile cal_file names. cal and cal_file as
+ * cli_cluster_load's. */
+enum moe_status cli_gpu_cluster_load(const struct cli *cli, const char *gpu, const char *named,
+                                     const char *cal_file, struct topo_cluster *cl,
+                                     struct cost_calibration *cal, struct moe_error *err);
 struct cli_inputs {
     struct mdl_model model;
     struct topo_cluster cluster;
@@ -195,10 +203,12 @@ int cmd_calibrate(struct cli *cli, const struct cli_cmd *cmd, int argc, char **a
 int cmd_run(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv);
 int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv);
 int cmd_validate(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv);
-/* calibrate's measurements on this machine's GPU (cmd_validate.c) */
+/* calibrate's measurements on this machine's GPU (cmd_validate.c), its cluster (cl) as
+ * cli_gpu_cluster_load finds it */
 struct plan_calib_data;
-enum moe_status cli_calibrate_measure(struct cli *cli, const struct topo_cluster *cl, bool quick,
-                                      struct plan_calib_data *d, struct moe_error *err);
+enum moe_status cli_calibrate_measure(struct cli *cli, const char *cluster, bool quick,
+                                      struct topo_cluster *cl, struct plan_calib_data *d,
+                                      struct moe_error *err);
 #endif
 /* every build has every command's options (cmd_run.c, cmd_bench.c and cmd_validate.c hold only
  * theirs without CUDA) */

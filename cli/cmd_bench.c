@@ -71,7 +71,9 @@ const struct cli_opt cmd_bench_opts[] = {
     {"calibration", required_argument, OPT_CAL, "FILE",
      "the cost model's expert block for this routing next to the measured (a profile)", CLI_PLAIN},
     {"cluster", required_argument, OPT_CLUSTER, "C",
-     "with --calibration: the GPU's cluster (h200-vm)", CLI_PLAIN},
+     "with --calibration: the GPU's cluster (the profile's GPU's own: H200 h200-vm, H100 "
+     "hgx-h100-x128)",
+     CLI_PLAIN},
     {"routing-out", required_argument, OPT_ROUT, "FILE",
      "write the routing used (tokens x topk int32 expert ids) for the peers", CLI_OUT_FILE},
     {"seqs", required_argument, OPT_SEQS, "N", "attention: sequences (2)", CLI_PLAIN},
@@ -330,7 +332,7 @@ int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
              streams = EXEC_DEFAULT_STREAMS, params = 1000000000, seqs = 2, seq = 4096, heads = 64,
              kv = 8, hdim = 128, window = 0, gm = 0, gn = 0, gk = 0;
     double skew = 2.0;
-    const char *json = NULL, *rout = NULL, *cal_file = NULL, *cluster = "h200-vm";
+    const char *json = NULL, *rout = NULL, *cal_file = NULL, *cluster = NULL;
     bool m16 = false;
     enum cost_precision prec = COST_BF16;
     for (int i = 0; i < nargs; i++) {
@@ -418,7 +420,7 @@ int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
                          cost_precision_names[prec], (unsigned long long)H, (unsigned long long)F);
     struct topo_cluster cl;
     struct cost_calibration cal;
-    if (cal_file && cli_cluster_load(cli, cluster, cal_file, NULL, &cl, &cal, &err) != MOE_OK)
+    if (cal_file && cli_gpu_cluster_load(cli, NULL, cluster, cal_file, &cl, &cal, &err))
         return cli_fail(cli, &err);
     struct exec_device_info dev;
     rc = bench_gpu(cli, &dev);

@@ -34,7 +34,8 @@ const struct cli_opt cmd_calibrate_opts[] = {
     {"output", required_argument, OPT_OUT, "FILE", "write the profile here (calibration.json)",
      CLI_OUT_FILE},
     {"quick", no_argument, OPT_QUICK, NULL, "fewer shapes and steps (about a minute)", CLI_PLAIN},
-    {"cluster", required_argument, OPT_CLUSTER, "C", "the cluster this GPU belongs to (h200-vm)",
+    {"cluster", required_argument, OPT_CLUSTER, "C",
+     "the cluster this GPU belongs to (the GPU's own: H200 h200-vm, H100 hgx-h100-x128)",
      CLI_PLAIN},
     {"refit", required_argument, OPT_REFIT, "PROFILE",
      "no GPU needed: fit again the measurements a profile keeps (after a change of the model)",
@@ -69,23 +70,21 @@ static int calibrate(struct cli *cli, const struct cli_cmd *cmd, const char *out
     struct plan_calib_data *d = calloc(1, sizeof *d);
     char mdir[MOE_PATH_MAX];
     cli_data_path(cli, "model", mdir, sizeof mdir);
-    enum moe_status st = d ? cli_cluster_load(cli, cluster, NULL, NULL, &cl, NULL, &err)
-                           : moe_error_set(&err, MOE_ERR_NOMEM, "out of memory");
+    enum moe_status st = d ? MOE_OK : moe_error_set(&err, MOE_ERR_NOMEM, "out of memory");
     if (st == MOE_OK && refit) {
         printf("moeplan calibrate --refit %s: the measurements kept there, fitted again\n", refit);
         st = plan_calib_data_load(refit, d, &err);
-        if (st == MOE_OK && !cost_calibration_gpu_is(d->gpu, cl.gpu.name))
-            st = moe_error_set_at(&err, MOE_ERR_INPUT, refit, 0, 0,
-                                  "measured on the %s; %s's GPU is the %s: --cluster names the "
-                                  "cluster the measured GPU belongs to",
-                                  d->gpu, cl.name, cl.gpu.name);
+        if (st == MOE_OK) st = cli_gpu_cluster_load(cli, d->gpu, cluster, NULL, &cl, NULL, &err);
+        if (st == MOE_OK)
+            printf("  %s, on %s's datasheet (%s: %.0f bf16 TFLOPS, %.2f TB/s HBM)\n", d->gpu,
+                   cl.name, cl.gpu.name, cl.gpu.bf16_tflops, cl.gpu.hbm_bytes_per_s / 1e12);
     } else if (st == MOE_OK) {
 #ifdef MOEPLAN_HAVE_EXECUTOR
         if (!cli_output_ok(cmd, "-o", out)) { /* before minutes of measuring, and again after */
             free(d);
             return 2;
         }
-        st = cli_calibrate_measure(cli, &cl, quick, d, &err);
+        st = cli_calibrate_measure(cli, cluster, quick, &cl, d, &err);
 #else
         (void)quick;
         int rc = cli_gpu_exec(cli); /* the measurements are the GPU part's */
@@ -570,5 +569,5 @@ int cmd_calibrate(struct cli *cli, const struct cli_cmd *cmd, int argc, char **a
         struct published_args pa = {published, stack, cluster, out, svg, measured, cv};
         return calibrate_published(cli, cmd, &pa);
     }
-    return calibrate(cli, cmd, out, quick, cluster ? cluster : "h200-vm", refit);
+    return calibrate(cli, cmd, out, quick, cluster, refit);
 }

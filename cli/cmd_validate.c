@@ -23,7 +23,8 @@ const struct cli_opt cmd_validate_opts[] = {
     {"output", required_argument, OPT_OUT, "DIR", "write the report here (validation)",
      CLI_OUT_DIR},
     {"calibration", required_argument, OPT_CAL, "FILE", "predict with this profile", CLI_PLAIN},
-    {"cluster", required_argument, OPT_CLUSTER, "C", "the cluster this GPU belongs to (h200-vm)",
+    {"cluster", required_argument, OPT_CLUSTER, "C",
+     "the cluster this GPU belongs to (the GPU's own: H200 h200-vm, H100 hgx-h100-x128)",
      CLI_PLAIN},
     {"steps", required_argument, OPT_STEPS, "N", "training steps a job (10; the first is warm-up)",
      CLI_PLAIN},
@@ -258,15 +259,18 @@ static enum moe_status measure_fp8_experts(const struct exec_device_info *dev, b
 }
 
 /* On the GPU: the microbenchmarks and the calibration jobs. */
-enum moe_status cli_calibrate_measure(struct cli *cli, const struct topo_cluster *cl, bool quick,
-                                      struct plan_calib_data *d, struct moe_error *err)
+enum moe_status cli_calibrate_measure(struct cli *cli, const char *cluster, bool quick,
+                                      struct topo_cluster *cl, struct plan_calib_data *d,
+                                      struct moe_error *err)
 {
     struct exec_device_info dev;
     struct exec_versions v;
     enum moe_status st = gpu_present("calibration measures a GPU (plan and predict take a profile "
                                      "made there; --refit fits one again here)",
                                      err);
-    if (st != MOE_OK || (st = exec_device_query(0, &dev, err))) return st;
+    if (st != MOE_OK || (st = exec_device_query(0, &dev, err)) ||
+        (st = cli_gpu_cluster_load(cli, dev.name, cluster, NULL, cl, NULL, err)))
+        return st;
     exec_versions_get(&v);
     memset(d, 0, sizeof *d);
     d->quick = quick;
@@ -370,8 +374,8 @@ static int validate(struct cli *cli, const char *dir, const char *cal_file, cons
     struct topo_cluster cl;
     struct cost_calibration cal;
     struct exec_device_info dev;
-    if (cli_cluster_load(cli, cluster, cal_file, NULL, &cl, &cal, &err) ||
-        gpu_present("validate trains its jobs on one", &err) || exec_device_query(0, &dev, &err))
+    if (gpu_present("validate trains its jobs on one", &err) || exec_device_query(0, &dev, &err) ||
+        cli_gpu_cluster_load(cli, dev.name, cluster, cal_file, &cl, &cal, &err))
         return cli_fail(cli, &err);
     if (moe_output_dir_make(dir, &err)) return cli_fail(cli, &err);
     printf("moeplan validate: %d one-GPU jobs, %d steps each, predicted with %s\n",
@@ -520,7 +524,7 @@ int cmd_validate(struct cli *cli, const struct cli_cmd *cmd, int argc, char **ar
     struct cli_arg args[CLI_MAX_ARGS];
     int nargs, rc = cli_parse(cmd, argc, argv, args, &nargs);
     if (rc >= 0) return rc;
-    const char *dir = "validation", *cal = NULL, *cluster = "h200-vm";
+    const char *dir = "validation", *cal = NULL, *cluster = NULL;
     uint64_t steps = 10;
     for (int i = 0; i < nargs; i++) {
         switch (args[i].val) {

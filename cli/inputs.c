@@ -71,6 +71,39 @@ enum moe_status cli_cluster_load(const struct cli *cli, const char *name, const 
     return st;
 }
 
+enum moe_status cli_gpu_cluster_load(const struct cli *cli, const char *gpu, const char *named,
+                                     const char *cal_file, struct topo_cluster *cl,
+                                     struct cost_calibration *cal, struct moe_error *err)
+{
+    static const struct {
+        const char *gpu, *cluster;
+    } shipped[] = {{"H200", "h200-vm"}, {"H100", "hgx-h100-x128"}};
+    if (!gpu && cal && cal_file && strcmp(cal_file, "datasheet")) { /* the profile's own GPU */
+        enum moe_status st = cost_calibration_load(cal, cal_file, err);
+        if (st != MOE_OK) return st;
+        gpu = cal->gpu;
+    }
+    if (!gpu) gpu = "";
+    const char *name = named;
+    for (size_t i = 0; !name && gpu[0] && i < sizeof shipped / sizeof shipped[0]; i++)
+        if (cost_calibration_gpu_is(gpu, shipped[i].gpu)) name = shipped[i].cluster;
+    if (!name)
+        return moe_error_set(err, MOE_ERR_USAGE,
+                             "no shipped cluster has the %s: --cluster names the cluster (a "
+                             "topology file) this GPU belongs to",
+                             gpu[0] ? gpu : "GPU the profile was measured on");
+    char measured[sizeof cal->gpu];
+    snprintf(measured, sizeof measured, "%s", gpu); /* cal->gpu is loaded again */
+    enum moe_status st = cli_cluster_load(cli, name, cal_file, NULL, cl, cal, err);
+    gpu = measured;
+    if (st == MOE_OK && !cost_calibration_gpu_is(gpu, cl->gpu.name))
+        st = moe_error_set(err, MOE_ERR_INPUT,
+                           "measured on the %s; %s's GPU is the %s, whose datasheet would scale "
+                           "what is measured: --cluster names the cluster the %s belongs to",
+                           gpu, cl->name, cl->gpu.name, gpu);
+    return st;
+}
+
 void cli_input_opts_init(struct cli_input_opts *o)
 {
     memset(o, 0, sizeof *o);

@@ -1242,6 +1242,17 @@ static void test_hf_and_check_hostile(void **state)
     RUN(&r, "calibrate", "--refit", "topologies/calibration/h200.json", "--cluster",
         "gb300-nvl72-x16", "-o", at("refit.json"));
     expect(&r, 3, "measured on the NVIDIA H200");
+    /* without --cluster, the cluster of the GPU the profile was measured on, not the H200's
+     * (whose datasheet would scale an H100's measurements); a GPU no shipped cluster has: named */
+    RUN(&r, "calibrate", "--refit", "topologies/calibration/h100.json", "--cluster", "h200-vm",
+        "-o", at("refit.json"));
+    expect(&r, 3, "measured on the NVIDIA H100 80GB HBM3; h200-vm's GPU is the H200");
+    RUN(&r, "calibrate", "--refit", "topologies/calibration/h100.json", "-o", at("refit.json"));
+    expect(&r, 0, "on hgx-h100-x128's datasheet (H100: 989 bf16 TFLOPS, 3.35 TB/s HBM)");
+    put_edited("a100.json", "topologies/calibration/h100.json", "\"NVIDIA H100 80GB HBM3\"",
+               "\"NVIDIA A100-SXM4-80GB\"");
+    RUN(&r, "calibrate", "--refit", at("a100.json"), "-o", at("refit-a100.json"));
+    expect(&r, 2, "no shipped cluster has the NVIDIA A100-SXM4-80GB: --cluster names the cluster");
     RUN(&r, "calibrate", "--refit", "topologies/calibration/stacks/megatron-26.08/gb300.json", "-o",
         at("refit.json"));
     expect(&r, 3, "a stack profile, fitted on published runs: it keeps no measurements");
