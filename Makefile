@@ -5,7 +5,7 @@
 #   make sanitize  ASan + UBSan build (no CUDA) and its unit and CLI tests
 #   make memcheck  the CLI tests (CUDA-off build) under valgrind memcheck: zero errors, no leaks
 #   make fuzz      the libFuzzer harnesses (clang), 80 s in all (scripts/fuzz)
-#   make validate  on a GPU machine: calibrate it, then validate the cost model against 8 jobs
+#   make validate  on a GPU machine: calibrate it, then validate the cost model against 13 jobs
 #                  (writes $(VALIDATE)/: the profile and the report; also without the profile)
 #   make clean     remove the build folders
 
