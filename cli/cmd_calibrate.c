@@ -199,7 +199,7 @@ static enum moe_status stack_rows(struct cli *cli, const char *file, const char 
                            stack, file, list[0] ? list : "none");
     }
     for (int i = 0; st == MOE_OK && i < all; i++)
-        if (plan_published_in_stack(&runs[i], stack) && runs[i].trusted && !runs[i].tokendrop)
+        if (plan_published_in_stack(&runs[i], stack) && runs[i].trusted && !runs[i].unmodelled)
             runs[kept++] = runs[i];
     if (st == MOE_OK && kept == 0)
         st = moe_error_set(err, MOE_ERR_INPUT, "%s: no trusted, dropless row of stack %s", file,

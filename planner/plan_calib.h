@@ -90,7 +90,8 @@ struct plan_published {
     char id[16], container[16], model[64], cluster[64], precision[16], recompute[96];
     char pp_layout[COST_PP_LAYOUT_MAX], dispatcher[16], grad_reduce[8], moments[8], flags[128];
     char recipe[128]; /* the recipe's overhead settings among the flags, as layout text */
-    bool tokendrop;   /* flagged tokendrop: dropped tokens at a capacity factor, not dropless */
+    bool unmodelled;  /* ran what moeplan does not model (flagged tokendrop: dropped tokens at a
+                       * capacity factor; muon: the Muon optimizer, not Adam): fitted on by none */
     int gpus, gbs, mbs, seq, tp, pp, cp, vpp, ep, mtp; /* mtp -1: the model's */
     double tokens_per_s_gpu, tflops_gpu;
     bool trusted;     /* conf A */

@@ -80,14 +80,14 @@ static bool layout_col(const char *key, const char *v, char *why, size_t cap)
     return false;
 }
 
-/* The flags cell: words (tokendrop, recipe-mbs, ...) and the recipe's overhead settings as
+/* The flags cell: words (tokendrop, muon, recipe-mbs, ...) and the recipe's overhead settings as
  * key=value of the layout grammar (cuda_graphs, overlap, delay_wgrad, ep_sms: what the row's
  * recipe ran with), joined by ','. The settings go to r->recipe as layout text; *at is the
  * offset in the cell of a bad item. */
 static bool flags_col(struct plan_published *r, const char *v, int *at, char *why, size_t cap)
 {
     static const char *const keys[] = {"cuda_graphs", "overlap", "delay_wgrad", "ep_sms"};
-    static const char *const words[] = {"tokendrop", "recipe-mbs", "precision-not-stated"};
+    static const char *const words[] = {"tokendrop", "muon", "recipe-mbs", "precision-not-stated"};
     size_t n = 0;
     for (const char *p = v; *p;) {
         size_t len = strcspn(p, ",");
@@ -110,12 +110,13 @@ static bool flags_col(struct plan_published *r, const char *v, int *at, char *wh
                 known |= len == strlen(words[k]) && !strncmp(p, words[k], len);
             if (!known) {
                 snprintf(why, cap,
-                         "'%.*s': a flag is tokendrop, recipe-mbs, precision-not-stated or a "
+                         "'%.*s': a flag is tokendrop, muon, recipe-mbs, precision-not-stated or a "
                          "recipe setting (cuda_graphs, overlap, delay_wgrad, ep_sms) with a value",
                          (int)(len < 40 ? len : 40), p);
                 return false;
             }
-            r->tokendrop |= len == 9 && !strncmp(p, "tokendrop", 9);
+            r->unmodelled |=
+                (len == 9 && !strncmp(p, "tokendrop", 9)) || (len == 4 && !strncmp(p, "muon", 4));
         }
         if (eq) {
             char key[32], val[64];

@@ -1038,7 +1038,7 @@ static void test_published_hostile(void **state)
         {23, "tokendrop,tp=8", "column 24 (flags): 'tokendrop,tp=8': 'tp=8': a recipe setting", 3},
         {23, "cuda_graphs=sometimes", "column 24 (flags): 'cuda_graphs=sometimes': ", 3},
         {23, "overlap=on,,tokendrop", "an empty item", 3},
-        {23, "notokendrop", "'notokendrop': a flag is tokendrop, recipe-mbs", 3},
+        {23, "notokendrop", "'notokendrop': a flag is tokendrop, muon, recipe-mbs", 3},
         {23, "tokendrop,tokendrop", "column 24 (flags): 'tokendrop,tokendrop': 'tokendrop' again",
          3},
         {23, "cuda_graphs=full,cuda_graphs=none", "'cuda_graphs' again: give each flag once", 3},
