@@ -620,11 +620,16 @@ bool cost_calibration_gpu_is(const char *profile_gpu, const char *spec_name)
 {
     if (!profile_gpu[0]) return true;
     size_t n = strlen(spec_name);
+    bool named = false, other_form = false;
     for (const char *p = profile_gpu; *p;) {
         while (*p && !isalnum((unsigned char)*p)) p++;
         const char *w = p;
         while (*p && isalnum((unsigned char)*p)) p++;
-        if ((size_t)(p - w) == n && !strncasecmp(w, spec_name, n)) return true;
+        size_t len = (size_t)(p - w);
+        named |= len == n && !strncasecmp(w, spec_name, n);
+        /* the PCIe and NVL cards have their own clocks, power and HBM: not the SXM part's */
+        other_form |=
+            (len == 4 && !strncasecmp(w, "PCIe", 4)) || (len == 3 && !strncasecmp(w, "NVL", 3));
     }
-    return false;
+    return named && !other_form;
 }

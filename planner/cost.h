@@ -246,8 +246,9 @@ struct cost_ctx {
     struct cost_traffic_memo *memo;
 };
 /* Whether a profile's GPU (its "gpu": a device name "NVIDIA H100 80GB HBM3" or a spec name
- * "GB300") is the GPU `spec_name` names: one of its words, case aside ("GB200" is not "B200").
- * A profile without a GPU matches every one. */
+ * "GB300") is the GPU `spec_name` names: one of its words, case aside ("GB200" is not "B200"),
+ * and not a PCIe or NVL card ("NVIDIA H100 PCIe" is not the H100 of the specs, an SXM part). A
+ * profile without a GPU matches every one. */
 bool cost_calibration_gpu_is(const char *profile_gpu, const char *spec_name);
 struct cost_traffic_memo *cost_traffic_memo_create(void);
 void cost_traffic_memo_destroy(struct cost_traffic_memo *m);

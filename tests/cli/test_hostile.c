@@ -1253,6 +1253,14 @@ static void test_hf_and_check_hostile(void **state)
                "\"NVIDIA A100-SXM4-80GB\"");
     RUN(&r, "calibrate", "--refit", at("a100.json"), "-o", at("refit-a100.json"));
     expect(&r, 2, "no shipped cluster has the NVIDIA A100-SXM4-80GB: --cluster names the cluster");
+    /* a PCIe card is not the SXM part the H100's datasheet describes */
+    put_edited("pcie.json", "topologies/calibration/h100.json", "\"NVIDIA H100 80GB HBM3\"",
+               "\"NVIDIA H100 PCIe\"");
+    RUN(&r, "calibrate", "--refit", at("pcie.json"), "-o", at("refit-pcie.json"));
+    expect(&r, 2, "no shipped cluster has the NVIDIA H100 PCIe");
+    RUN(&r, "calibrate", "--refit", at("pcie.json"), "--cluster", "hgx-h100-x128", "-o",
+        at("refit-pcie.json"));
+    expect(&r, 3, "measured on the NVIDIA H100 PCIe; hgx-h100-x128's GPU is the H100");
     RUN(&r, "calibrate", "--refit", "topologies/calibration/stacks/megatron-26.08/gb300.json", "-o",
         at("refit.json"));
     expect(&r, 3, "a stack profile, fitted on published runs: it keeps no measurements");

@@ -1087,6 +1087,21 @@ static void test_loaders(void **state)
 
 /* Calibration fits on synthetic measurements made with known parameters: they come back. And a
  * profile written and read back keeps every value, the per-phase corrections included. */
+/* A profile's GPU against a spec's name: a word of the device name, not a PCIe or NVL card. */
+static void test_calibration_gpu_is(void **state)
+{
+    (void)state;
+    assert_true(cost_calibration_gpu_is("NVIDIA H100 80GB HBM3", "H100"));
+    assert_true(cost_calibration_gpu_is("NVIDIA H200", "H200"));
+    assert_true(cost_calibration_gpu_is("GB300", "gb300"));
+    assert_true(cost_calibration_gpu_is("", "B200")); /* a profile naming no GPU */
+    assert_false(cost_calibration_gpu_is("NVIDIA GB200", "B200"));
+    assert_false(cost_calibration_gpu_is("NVIDIA H100 80GB HBM3", "H200"));
+    assert_false(cost_calibration_gpu_is("NVIDIA H100 PCIe", "H100"));
+    assert_false(cost_calibration_gpu_is("NVIDIA H100 NVL", "H100"));
+    assert_false(cost_calibration_gpu_is("NVIDIA H200 NVL", "H200"));
+}
+
 static void test_calibration_fit(void **state)
 {
     (void)state;
@@ -1488,6 +1503,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_glpk_version),
         cmocka_unit_test(test_gemm),
+        cmocka_unit_test(test_calibration_gpu_is),
         cmocka_unit_test(test_pp_layout),
         cmocka_unit_test(test_layout_recipe_keys),
         cmocka_unit_test(test_overhead_keys),
