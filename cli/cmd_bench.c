@@ -420,11 +420,16 @@ int cmd_bench(struct cli *cli, const struct cli_cmd *cmd, int argc, char **argv)
                          cost_precision_names[prec], (unsigned long long)H, (unsigned long long)F);
     struct topo_cluster cl;
     struct cost_calibration cal;
-    if (cal_file && cli_gpu_cluster_load(cli, NULL, cluster, cal_file, &cl, &cal, &err))
+    /* a bad profile is said before the GPU is looked for; then the GPU measured must be the
+     * cluster's and the profile's */
+    if (cal_file && strcmp(cal_file, "datasheet") &&
+        cli_gpu_cluster_load(cli, NULL, cluster, cal_file, &cl, &cal, &err))
         return cli_fail(cli, &err);
     struct exec_device_info dev;
     rc = bench_gpu(cli, &dev);
     if (rc >= 0) return rc;
+    if (cal_file && cli_gpu_cluster_load(cli, dev.name, cluster, cal_file, &cl, &cal, &err))
+        return cli_fail(cli, &err);
     /* bf16, and with --precision fp8 or fp8block that one too, on the same routing */
     int nrun = prec == COST_BF16 ? 1 : 2;
     struct exec_moe_bench_result rr[2];

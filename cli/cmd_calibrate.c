@@ -76,8 +76,9 @@ static int calibrate(struct cli *cli, const struct cli_cmd *cmd, const char *out
         st = plan_calib_data_load(refit, d, &err);
         if (st == MOE_OK) st = cli_gpu_cluster_load(cli, d->gpu, cluster, NULL, &cl, NULL, &err);
         if (st == MOE_OK)
-            printf("  %s, on %s's datasheet (%s: %.0f bf16 TFLOPS, %.2f TB/s HBM)\n", d->gpu,
-                   cl.name, cl.gpu.name, cl.gpu.bf16_tflops, cl.gpu.hbm_bytes_per_s / 1e12);
+            printf("  %s, on %s's datasheet (%s: %.0f bf16 TFLOPS, %.2f TB/s HBM)\n",
+                   d->gpu[0] ? d->gpu : "(no GPU named)", cl.name, cl.gpu.name, cl.gpu.bf16_tflops,
+                   cl.gpu.hbm_bytes_per_s / 1e12);
     } else if (st == MOE_OK) {
 #ifdef MOEPLAN_HAVE_EXECUTOR
         if (!cli_output_ok(cmd, "-o", out)) { /* before minutes of measuring, and again after */
@@ -180,7 +181,8 @@ static enum moe_status write_stack_profile(const struct plan_fit_row *rows, int 
     return st;
 }
 
-/* The stack's rows of a published-runs file: trusted, dropless, of the stack's containers,
+/* The stack's rows of a published-runs file: trusted, modelled (dropless, Adam: not flagged
+ * tokendrop or muon), of the stack's containers,
  * resolved. A stack that no row has is a usage error naming the file's stacks. */
 static enum moe_status stack_rows(struct cli *cli, const char *file, const char *stack,
                                   struct plan_published *runs, struct plan_fit_row *rows, int *n,
@@ -202,8 +204,9 @@ static enum moe_status stack_rows(struct cli *cli, const char *file, const char 
         if (plan_published_in_stack(&runs[i], stack) && runs[i].trusted && !runs[i].unmodelled)
             runs[kept++] = runs[i];
     if (st == MOE_OK && kept == 0)
-        st = moe_error_set(err, MOE_ERR_INPUT, "%s: no trusted, dropless row of stack %s", file,
-                           stack);
+        st = moe_error_set(err, MOE_ERR_INPUT,
+                           "%s: no trusted row of stack %s that moeplan models (dropless, Adam)",
+                           file, stack);
     char mdir[MOE_PATH_MAX], tdir[MOE_PATH_MAX];
     cli_data_path(cli, "model", mdir, sizeof mdir);
     cli_data_path(cli, "topologies", tdir, sizeof tdir);

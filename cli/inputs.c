@@ -87,13 +87,17 @@ enum moe_status cli_gpu_cluster_load(const struct cli *cli, const char *gpu, con
     const char *name = named;
     for (size_t i = 0; !name && gpu[0] && i < sizeof shipped / sizeof shipped[0]; i++)
         if (cost_calibration_gpu_is(gpu, shipped[i].gpu)) name = shipped[i].cluster;
+    if (!name && !gpu[0])
+        return moe_error_set(err, MOE_ERR_USAGE,
+                             "the profile names no GPU (\"gpu\": \"\"): --cluster names the "
+                             "cluster it was measured on");
     if (!name)
         return moe_error_set(err, MOE_ERR_USAGE,
                              "no shipped cluster has the %s: --cluster names the cluster (a "
-                             "topology file) this GPU belongs to",
-                             gpu[0] ? gpu : "GPU the profile was measured on");
-    char measured[sizeof cal->gpu];
-    snprintf(measured, sizeof measured, "%s", gpu); /* cal->gpu is loaded again */
+                             "topology file with its GPU's spec) this GPU belongs to",
+                             gpu);
+    char measured[256]; /* a device's name, or cal->gpu, which is loaded again */
+    snprintf(measured, sizeof measured, "%s", gpu);
     enum moe_status st = cli_cluster_load(cli, name, cal_file, NULL, cl, cal, err);
     gpu = measured;
     if (st == MOE_OK && !cost_calibration_gpu_is(gpu, cl->gpu.name))

@@ -616,20 +616,35 @@ double cost_fit_fp8(struct cost_calibration *cal, const struct topo_gpu_spec *gp
     return err;
 }
 
+/* Whether the word w[0..len) is one of text's words (runs of letters and digits), case aside. */
+static bool has_word(const char *text, const char *w, size_t len)
+{
+    for (const char *p = text; *p;) {
+        while (*p && !isalnum((unsigned char)*p)) p++;
+        const char *t = p;
+        while (*p && isalnum((unsigned char)*p)) p++;
+        if ((size_t)(p - t) == len && len && !strncasecmp(t, w, len)) return true;
+    }
+    return false;
+}
+
 bool cost_calibration_gpu_is(const char *profile_gpu, const char *spec_name)
 {
     if (!profile_gpu[0]) return true;
-    size_t n = strlen(spec_name);
-    bool named = false, other_form = false;
-    for (const char *p = profile_gpu; *p;) {
+    bool named = false;
+    for (const char *p = spec_name; *p;) { /* each word of the spec's name is the device's */
         while (*p && !isalnum((unsigned char)*p)) p++;
         const char *w = p;
         while (*p && isalnum((unsigned char)*p)) p++;
-        size_t len = (size_t)(p - w);
-        named |= len == n && !strncasecmp(w, spec_name, n);
-        /* the PCIe and NVL cards have their own clocks, power and HBM: not the SXM part's */
-        other_form |=
-            (len == 4 && !strncasecmp(w, "PCIe", 4)) || (len == 3 && !strncasecmp(w, "NVL", 3));
+        if (p == w) break;
+        if (!has_word(profile_gpu, w, (size_t)(p - w))) return false;
+        named = true;
     }
-    return named && !other_form;
+    /* the PCIe and NVL cards have their own clocks, power and HBM: a spec names them */
+    static const char *const forms[] = {"PCIe", "NVL"};
+    for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++)
+        if (has_word(profile_gpu, forms[i], strlen(forms[i])) &&
+            !has_word(spec_name, forms[i], strlen(forms[i])))
+            return false;
+    return named;
 }

@@ -246,9 +246,10 @@ struct cost_ctx {
     struct cost_traffic_memo *memo;
 };
 /* Whether a profile's GPU (its "gpu": a device name "NVIDIA H100 80GB HBM3" or a spec name
- * "GB300") is the GPU `spec_name` names: one of its words, case aside ("GB200" is not "B200"),
- * and not a PCIe or NVL card ("NVIDIA H100 PCIe" is not the H100 of the specs, an SXM part). A
- * profile without a GPU matches every one. */
+ * "GB300") is the GPU `spec_name` names: every word of the spec's name is one of its words, case
+ * aside ("GB200" is not "B200"), and a PCIe or NVL card only where the spec's name says so
+ * ("NVIDIA H100 PCIe" is not the SXM part "H100"; it is "H100 PCIe"). A profile without a GPU
+ * matches every one. */
 bool cost_calibration_gpu_is(const char *profile_gpu, const char *spec_name);
 struct cost_traffic_memo *cost_traffic_memo_create(void);
 void cost_traffic_memo_destroy(struct cost_traffic_memo *m);

@@ -1089,6 +1089,11 @@ static void test_published_hostile(void **state)
     RUN(&r, "calibrate", "--published", at("dup.tsv"), "--stack", "megatron-26.08",
         "--cross-validate");
     expect(&r, 3, "id MB-1 again (first on line");
+    /* a row that ran what moeplan does not model (Muon: MB-90; dropped tokens) is in no fit,
+     * nor predicted in the cross-validation, while the rows beside it are */
+    RUN(&r, "calibrate", "--published", TSV, "--stack", "megatron-26.02", "--cross-validate");
+    expect(&r, 0, "MB-91 ");
+    if (strstr(r.out, "MB-90 ")) fail_msg("MB-90 (flagged muon) in the 26.02 fit:\n%s", r.out);
     /* --stack names a stack exactly: a prefix pulled in every container before */
     RUN(&r, "calibrate", "--published", TSV, "--stack", "megatron-2", "--cross-validate");
     expect(&r, 2, "--stack megatron-2: " TSV " has no row of that stack (its stacks: ");
@@ -1253,6 +1258,10 @@ static void test_hf_and_check_hostile(void **state)
                "\"NVIDIA A100-SXM4-80GB\"");
     RUN(&r, "calibrate", "--refit", at("a100.json"), "-o", at("refit-a100.json"));
     expect(&r, 2, "no shipped cluster has the NVIDIA A100-SXM4-80GB: --cluster names the cluster");
+    put_edited("nogpu.json", "topologies/calibration/h100.json", "\"NVIDIA H100 80GB HBM3\"",
+               "\"\"");
+    RUN(&r, "calibrate", "--refit", at("nogpu.json"), "-o", at("refit-nogpu.json"));
+    expect(&r, 2, "the profile names no GPU (\"gpu\": \"\"): --cluster names the cluster");
     /* a PCIe card is not the SXM part the H100's datasheet describes */
     put_edited("pcie.json", "topologies/calibration/h100.json", "\"NVIDIA H100 80GB HBM3\"",
                "\"NVIDIA H100 PCIe\"");

@@ -1100,6 +1100,9 @@ static void test_calibration_gpu_is(void **state)
     assert_false(cost_calibration_gpu_is("NVIDIA H100 PCIe", "H100"));
     assert_false(cost_calibration_gpu_is("NVIDIA H100 NVL", "H100"));
     assert_false(cost_calibration_gpu_is("NVIDIA H200 NVL", "H200"));
+    assert_true(cost_calibration_gpu_is("NVIDIA H200 NVL", "H200 NVL")); /* a spec of its own */
+    assert_true(cost_calibration_gpu_is("NVIDIA H100 PCIe", "H100 PCIe"));
+    assert_false(cost_calibration_gpu_is("NVIDIA H100 80GB HBM3", "H100 PCIe"));
 }
 
 static void test_calibration_fit(void **state)
