@@ -4,7 +4,8 @@
  * `moeplan calibrate --refit` fits it again on any machine, GPU or not), and the fits that turn
  * it into a profile: the microbenchmarks into the cost model's efficiencies (cost_fit_gemm,
  * cost_fit_attention, cost_fit_experts), then each phase's correction over the jobs
- * (cost_fit_linear: measured = scale x model + fixed per occurrence). The measuring is the
+ * (cost_fit_linear: measured = scale x model + fixed per occurrence; the experts' phases
+ * fit_floor: measured = max(scale x model, local experts x a host floor)). The measuring is the
  * executor's (calib.cu and the jobs' runs, driven by `moeplan calibrate` on a GPU).
  */
 #include "plan.h"
@@ -128,6 +129,30 @@ static double occurrences(const struct plan_file *p, int ph)
     case COST_OPTIMIZER: return 1.0;
     default: return 0.0;
     }
+}
+
+/* scale and floor (us a unit of x) with y ~= max(scale x model, floor x x) that fit best: least
+ * squares of the log error, the floor over a grid of 0.25 us up to 500 us, each with its best
+ * scale on a grid of 0.1% steps from 0.2 to 5; returns the rms relative error. */
+static double fit_floor(const double *model, const double *x, const double *y, int n, double *scale,
+                        double *floor)
+{
+    double best = INFINITY;
+    *scale = 1.0, *floor = 0.0;
+    for (double f = 0.0; f <= 500.0; f += 0.25)
+        for (double ls = log(0.2); ls <= log(5.0); ls += 0.001) {
+            double s = exp(ls), sum = 0.0;
+            for (int i = 0; i < n && sum < best; i++) {
+                if (!(y[i] > 0)) continue;
+                double p = fmax(s * model[i], f * x[i]);
+                double e = p > 0 ? log(p / y[i]) : 0.0;
+                sum += e * e;
+            }
+            if (sum < best) best = sum, *scale = s, *floor = f;
+        }
+    int used = 0;
+    for (int i = 0; i < n; i++) used += y[i] > 0;
+    return used ? sqrt(best / used) : 0.0;
 }
 
 static json_t *num_array(const double *v, int n)
@@ -455,12 +480,14 @@ static enum moe_status fit(const char *model_dir, const struct topo_cluster *cl,
     fit_fp8(g, d, cal, meas, log);
     /* the jobs: their predictions under the fitted efficiencies, then each phase's correction */
     double model[PLAN_CALIB_MAX_JOBS][COST_NPHASES], count[PLAN_CALIB_MAX_JOBS][COST_NPHASES];
+    double experts[PLAN_CALIB_MAX_JOBS]; /* each job's routed experts (one GPU: all local) */
     json_t *jj = json_array();
     for (int i = 0; i < d->njobs; i++) {
         struct plan_file p;
         char name[128];
         plan_calib_job_name(&d->job[i], name, sizeof name);
         enum moe_status st = plan_calib_job_plan(&d->job[i], model_dir, cl, cal, NULL, &p, err);
+        experts[i] = p.model.moe.experts;
         for (int ph = 0; st == MOE_OK && ph < COST_NPHASES; ph++) {
             model[i][ph] = p.phase_us[ph];
             count[i][ph] = occurrences(&p, ph);
@@ -484,9 +511,11 @@ static enum moe_status fit(const char *model_dir, const struct topo_cluster *cl,
     for (int ph = 0; ph < COST_NPHASES; ph++)
         json_array_append_new(jp, json_string(cost_phase_names[ph]));
     json_object_set_new(meas, "phase_order", jp);
-    fprintf(log,
-            "  per-phase fit over the %d jobs (measured = scale x model + fixed per occurrence):\n",
-            d->njobs);
+    fprintf(
+        log,
+        "  per-phase fit over the %d jobs (measured = scale x model + fixed per occurrence; the "
+        "experts' = max(scale x model, local experts x floor)):\n",
+        d->njobs);
     for (int ph = 0; ph < COST_NPHASES; ph++) {
         double m[PLAN_CALIB_MAX_JOBS], c[PLAN_CALIB_MAX_JOBS], y[PLAN_CALIB_MAX_JOBS], any = 0;
         for (int i = 0; i < d->njobs; i++) {
@@ -496,6 +525,15 @@ static enum moe_status fit(const char *model_dir, const struct topo_cluster *cl,
             any += c[i] * y[i];
         }
         if (any <= 0) continue;
+        if (ph == COST_EXPERTS_FWD || ph == COST_EXPERTS_BWD) { /* a host floor, no fixed time */
+            for (int i = 0; i < d->njobs; i++) c[i] *= experts[i];
+            double sc, fl, e = fit_floor(m, c, y, d->njobs, &sc, &fl);
+            cal->phase_scale[ph] = sc;
+            cal->phase_floor_us[ph] = fl;
+            fprintf(log, "    %-14s scale %6.3f  floor %8.1f us an expert  rms %5.1f%%\n",
+                    cost_phase_names[ph], sc, fl, 100 * e);
+            continue;
+        }
         double sc, fx, e = cost_fit_linear(m, c, y, d->njobs, &sc, &fx);
         cal->phase_scale[ph] = sc;
         cal->phase_fixed_us[ph] = fx;

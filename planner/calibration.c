@@ -43,6 +43,7 @@ void cost_calibration_defaults(struct cost_calibration *cal, const struct topo_g
     for (int p = 0; p < COST_NPHASES; p++) {
         cal->phase_scale[p] = 1.0;
         cal->phase_fixed_us[p] = 0.0;
+        cal->phase_floor_us[p] = 0.0;
     }
     for (int i = 0; i < 2; i++) {
         cal->expert_scale[i] = cal->expert_fixed_share[i] = 1.0;
@@ -198,7 +199,9 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
             goto cleanup;
         if (!one) continue;
         if ((st = moe_jval_num(&ph, "scale", true, 1.0, 0.01, 100.0, &t.phase_scale[p], err)) ||
-            (st = moe_jval_num(&ph, "fixed_us", true, 0.0, 0.0, 1e7, &t.phase_fixed_us[p], err)))
+            (st = moe_jval_num(&ph, "fixed_us", true, 0.0, 0.0, 1e7, &t.phase_fixed_us[p], err)) ||
+            (st = moe_jval_num(&ph, "floor_us_per_expert", false, 0.0, 0.0, 1e5,
+                               &t.phase_floor_us[p], err)))
             goto cleanup;
     }
     struct moe_jval ex, dir;
@@ -261,10 +264,14 @@ enum moe_status cost_calibration_write(const struct cost_calibration *cal, json_
     json_object_set_new(root, "gemm_tile_m", json_integer(cal->gemm_tile_m));
     json_object_set_new(root, "gemm_tile_n", json_integer(cal->gemm_tile_n));
     for (int p = 0; p < COST_NPHASES; p++) {
-        if (cal->phase_scale[p] == 1.0 && cal->phase_fixed_us[p] == 0.0) continue;
+        if (cal->phase_scale[p] == 1.0 && cal->phase_fixed_us[p] == 0.0 &&
+            cal->phase_floor_us[p] == 0.0)
+            continue;
         json_t *o = json_object();
         json_object_set_new(o, "scale", json_real(cal->phase_scale[p]));
         json_object_set_new(o, "fixed_us", json_real(cal->phase_fixed_us[p]));
+        if (cal->phase_floor_us[p] > 0.0)
+            json_object_set_new(o, "floor_us_per_expert", json_real(cal->phase_floor_us[p]));
         json_object_set_new(phases, cost_phase_names[p], o);
     }
     json_object_set_new(root, "phases", phases);

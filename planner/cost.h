@@ -71,6 +71,12 @@ struct cost_calibration {
      * occurrence (a block's phase per micro-batch; embed, lm_head, loss per micro-batch; the
      * optimizer per step). Defaults 1 and 0. */
     double phase_scale[COST_NPHASES], phase_fixed_us[COST_NPHASES];
+    /* The experts' phases (COST_EXPERTS_FWD, _BWD) of a training step take at least this per
+     * local expert an occurrence: the host's time to issue each expert's kernels, which a small
+     * expert's GPU time does not cover (fitted from the calibration jobs with the phase's scale:
+     * time = max(scale x model, local experts x floor)). Default 0: none. A one-GPU measure of
+     * the executor: stack profiles do not take it. */
+    double phase_floor_us[COST_NPHASES];
     /* The executor's expert block (per-expert GEMMs on side streams), fitted from its own
      * benchmark: an expert's forward [0] and backward [1] = scale x the GEMMs' and SwiGLU's
      * size-dependent time + fixed_share x their fixed (launch and setup) time; the streams hide

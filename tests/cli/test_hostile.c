@@ -1195,13 +1195,13 @@ static void test_hf_and_check_hostile(void **state)
         const char *to, *words;
     } table_edits[] = {
         {"\"gemm_table\": [\n    [\n      32.0,\n      1536.0,\n      2048.0,\n      99",
-         "cal-table.json:1102:7: gemm_table[0][3]: must be in [0.05, 20], got 99"},
+         "cal-table.json:1103:7: gemm_table[0][3]: must be in [0.05, 20], got 99"},
         {"\"gemm_table\": [\n    [\n      4096.0,\n      1536.0,\n      2048.0,\n      "
          "1.0828476769",
          "gemm_table[1]: not after the entry before it"},
         {"\"gemm_table\": [\n    [\n      32.0,\n      1536.0,\n      \"2048\",\n      "
          "1.0828476769",
-         "cal-table.json:1101:7: gemm_table[0][2]: must be a number, not a string"},
+         "cal-table.json:1102:7: gemm_table[0][2]: must be a number, not a string"},
     };
     for (size_t e = 0; e < sizeof table_edits / sizeof table_edits[0]; e++) {
         put_edited("cal-table.json", "topologies/calibration/h200.json",

@@ -240,6 +240,39 @@ static void test_activation_offload(void **state)
     assert_true(slower[0] > slower[1]); /* PCIe 64 GB/s exposes more than NVLink-C2C */
 }
 
+/* The executor's expert phases on one GPU (Mixtral, a 2-block proxy on the H200, 8 experts):
+ *   - a step's later micro-batches read the experts' fp32 weight gradients to add to them: two
+ *     micro-batches cost twice one plus exactly one read of every expert's 3 x h x f x 4 bytes
+ *     a block, at the calibration's HBM rate;
+ *   - a profile's host floor holds an expert phase at local experts x floor an occurrence when
+ *     the GPU's time is below it, and does nothing when it is above. */
+static void test_expert_accumulate_and_floor(void **state)
+{
+    (void)state;
+    struct cost_ctx ctx;
+    proxy_ctx("mixtral-8x7b", "h200-vm", 2, 1, &ctx);
+    static const char *const texts[] = {"mbs=1,gbs=1", "mbs=1,gbs=2"};
+    struct cost_result r[2];
+    evaluate_texts(&ctx, texts, 2, r);
+    const struct topo_gpu_spec *g = &ctx.cluster.gpu;
+    double read = 2 * 8 * 3.0 * 4096 * 14336 * 4.0 / (g->hbm_bytes_per_s * ctx.cal.hbm_eff) * 1e6;
+    double got = r[1].compute_us[COST_EXPERTS_BWD] - 2 * r[0].compute_us[COST_EXPERTS_BWD];
+    if (fabs(got / read - 1) > 1e-9)
+        fail_msg("later micro-batch reads %.1f us, want %.1f", got, read);
+    assert_true(fabs(r[1].compute_us[COST_EXPERTS_FWD] / (2 * r[0].compute_us[COST_EXPERTS_FWD]) -
+                     1) < 1e-9);
+    double fwd = r[0].compute_us[COST_EXPERTS_FWD];            /* 2 blocks x 8 experts */
+    ctx.cal.phase_floor_us[COST_EXPERTS_FWD] = fwd / 16 * 0.5; /* below the GPU's time */
+    struct cost_result f;
+    evaluate_texts(&ctx, texts, 1, &f);
+    assert_true(f.compute_us[COST_EXPERTS_FWD] == fwd);
+    ctx.cal.phase_floor_us[COST_EXPERTS_FWD] = fwd / 16 * 3.0; /* above it */
+    evaluate_texts(&ctx, texts, 1, &f);
+    if (fabs(f.compute_us[COST_EXPERTS_FWD] / (3.0 * fwd) - 1) > 1e-9)
+        fail_msg("floored experts_fwd %.1f us, want %.1f", f.compute_us[COST_EXPERTS_FWD], 3 * fwd);
+    assert_true(f.compute_us[COST_EXPERTS_BWD] == r[0].compute_us[COST_EXPERTS_BWD]);
+}
+
 /* Full recompute, whole and in part. On Qwen3-30B-A3B (a 4-block proxy, every block MoE) across
  * 64 GB300 (one NVLink domain; NVLink-C2C to the host) with EP 64 and 8 micro-batches:
  *   - the redo runs the dispatch and combine again: the dispatch's exposed time under full
@@ -1252,6 +1285,7 @@ static void test_calibration_fit(void **state)
     /* write, read back */
     fit.phase_scale[COST_EMBED] = 3.5;
     fit.phase_fixed_us[COST_ROUTER] = 120.0;
+    fit.phase_floor_us[COST_EXPERTS_BWD] = 37.5;
     json_t *meta = json_object();
     json_object_set_new(meta, "gpu", json_string("H200"));
     json_object_set_new(meta, "date", json_string("2026-12-03"));
@@ -1268,6 +1302,8 @@ static void test_calibration_fit(void **state)
                 fabs(back.gemm_m_half / fit.gemm_m_half - 1) < 1e-9); /* JSON keeps 12 digits */
     assert_true(back.phase_scale[COST_EMBED] == 3.5 && back.phase_fixed_us[COST_ROUTER] == 120.0);
     assert_true(back.phase_scale[COST_ROUTER] == 1.0 && back.phase_fixed_us[COST_EMBED] == 0.0);
+    assert_true(back.phase_floor_us[COST_EXPERTS_BWD] == 37.5 &&
+                back.phase_floor_us[COST_EXPERTS_FWD] == 0.0);
     assert_true(fabs(back.attn_seq_half / fit.attn_seq_half - 1) < 1e-9);
     assert_true(fabs(back.gemm_eff_fp8_block / fit.gemm_eff_fp8_block - 1) < 1e-9);
     for (int d = 0; d < 2; d++)
@@ -1521,6 +1557,7 @@ int main(void)
         cmocka_unit_test(test_layout_recipe_keys),
         cmocka_unit_test(test_overhead_keys),
         cmocka_unit_test(test_activation_offload),
+        cmocka_unit_test(test_expert_accumulate_and_floor),
         cmocka_unit_test(test_full_recompute),
         cmocka_unit_test(test_fsdp_prefetch),
         cmocka_unit_test(test_gemm_table),
