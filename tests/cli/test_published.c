@@ -160,9 +160,10 @@ static int write_table(const char *file)
         struct outcome o;
         predict(r, &o);
         double pub = r->tokens_per_s_gpu, G = 1024.0 * 1024 * 1024;
-        fprintf(f, "| %s%s | %s | %s | %s | %d | %s | %d/%d/%d/%d | %d/%d | %s | %.0f | ", r->id,
-                r->trusted ? "" : " (B)", r->container, r->model, r->cluster, r->gpus, r->precision,
-                r->tp, r->pp, r->vpp, r->ep, r->mbs, r->gbs, r->recompute, pub);
+        fprintf(f, "| %s%s%s | %s | %s | %s | %d | %s | %d/%d/%d/%d | %d/%d | %s | %.0f | ", r->id,
+                r->trusted ? "" : " (B)", r->unmodelled ? " (not fitted)" : "", r->container,
+                r->model, r->cluster, r->gpus, r->precision, r->tp, r->pp, r->vpp, r->ep, r->mbs,
+                r->gbs, r->recompute, pub);
         if (o.code != 0 && o.code != 4) {
             fprintf(f, "refused (exit %d) | | %.0f | | | |\n", o.code, r->tflops_gpu);
             continue;
