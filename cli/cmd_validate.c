@@ -144,15 +144,18 @@ static enum moe_status job_run(const struct plan_file *p, double skew, int steps
 }
 
 /* GEMMs of the executor's shapes: the projections, the LM head, and expert GEMMs from a few rows
- * (skinny) to many. */
+ * (skinny) to many; then the wide dense blocks of hidden 7168 (DeepSeek-V3's and Kimi-K2's
+ * 18432-wide FFN, their 8192-wide attention output) and gpt-oss's 2880-wide projections, which
+ * the table otherwise reaches only from afar. */
 static enum moe_status measure_gemms(bool quick, struct cost_gemm_sample *s, int *n,
                                      struct moe_error *err)
 {
     static const int nk[][2] = {{2048, 7168},  {7168, 2048}, {4096, 14336}, {14336, 4096},
                                 {2816, 2048},  {2048, 1408}, {1536, 2048},  {2048, 768},
-                                {32000, 4096}, {6144, 4096}};
+                                {32000, 4096}, {6144, 4096}, {36864, 7168}, {7168, 18432},
+                                {7168, 8192},  {5120, 2880}, {2880, 4096}};
     static const int ms[] = {32, 128, 512, 2048, 8192, 16384};
-    int nn = quick ? 5 : 10, nm = (int)(sizeof ms / sizeof ms[0]);
+    int nn = quick ? 5 : (int)(sizeof nk / sizeof nk[0]), nm = (int)(sizeof ms / sizeof ms[0]);
     *n = 0;
     for (int a = 0; a < nn; a++)
         for (int b = 0; b < nm; b++) {
