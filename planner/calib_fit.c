@@ -413,10 +413,17 @@ static bool fit_fp8(const struct topo_gpu_spec *g, const struct plan_calib_data 
         if (!n) continue;
         double rms = cost_fit_fp8(cal, g, recipes[r], s, n);
         fitted = true;
-        fprintf(log, "  %d fp8 expert blocks (%s): %s %.3f of the fp8 peak; rms %.1f%%\n", n,
-                cost_precision_names[recipes[r]],
-                recipes[r] == COST_FP8 ? "gemm_eff_fp8" : "gemm_eff_fp8_block",
-                recipes[r] == COST_FP8 ? cal->gemm_eff_fp8 : cal->gemm_eff_fp8_block, 100 * rms);
+        if (recipes[r] == COST_FP8)
+            fprintf(log,
+                    "  %d fp8 expert blocks (%s): gemm_eff_fp8 %.3f of the fp8 peak (forward, fast "
+                    "accumulation), gemm_eff_fp8_grad %.3f (gradients, split); rms %.1f%%\n",
+                    n, cost_precision_names[recipes[r]], cal->gemm_eff_fp8, cal->gemm_eff_fp8_grad,
+                    100 * rms);
+        else
+            fprintf(log,
+                    "  %d fp8 expert blocks (%s): gemm_eff_fp8_block %.3f of the fp8 peak; rms "
+                    "%.1f%%\n",
+                    n, cost_precision_names[recipes[r]], cal->gemm_eff_fp8_block, 100 * rms);
         for (int i = 0; i < n; i++) {
             double us[2];
             cost_expert_block_us(cal, g, recipes[r], &s[i], us);

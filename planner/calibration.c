@@ -23,6 +23,7 @@ void cost_calibration_defaults(struct cost_calibration *cal, const struct topo_g
     cal->gemm_eff = 0.80;     /* large bf16 GEMM: ~780-800 of 989 on Hopper */
     cal->gemm_eff_fp8 = 0.78; /* ~1550 of 1979 */
     cal->gemm_eff_fp8_block = cal->gemm_eff_fp8;
+    cal->gemm_eff_fp8_grad = cal->gemm_eff_fp8;
     cal->gemm_m_half = 48.0;
     cal->gemm_k_half = 96.0;
     cal->gemm_tile_m = 128;
@@ -100,6 +101,7 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
                                        "gemm_eff",
                                        "gemm_eff_fp8",
                                        "gemm_eff_fp8_block",
+                                       "gemm_eff_fp8_grad",
                                        "gemm_m_half",
                                        "gemm_k_half",
                                        "gemm_fixed_us",
@@ -152,6 +154,8 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
     FRACTION(gemm_eff_fp8);
     t.gemm_eff_fp8_block = t.gemm_eff_fp8; /* a profile without its own */
     FRACTION(gemm_eff_fp8_block);
+    t.gemm_eff_fp8_grad = t.gemm_eff_fp8; /* the same */
+    FRACTION(gemm_eff_fp8_grad);
     FRACTION(attn_fwd_eff);
     FRACTION(attn_bwd_eff);
     FRACTION(attn_sink_eff);
@@ -242,6 +246,7 @@ enum moe_status cost_calibration_write(const struct cost_calibration *cal, json_
     PUT(gemm_eff);
     PUT(gemm_eff_fp8);
     PUT(gemm_eff_fp8_block);
+    PUT(gemm_eff_fp8_grad);
     PUT(gemm_m_half);
     PUT(gemm_k_half);
     PUT(gemm_fixed_us);
@@ -568,29 +573,54 @@ void cost_expert_block_us(const struct cost_calibration *cal, const struct topo_
     us[1] *= s->experts;
 }
 
-/* rms relative error of the fp8 samples at rate `eff` */
+/* rms relative error of the fp8 samples at rate `eff` of *rate, over the directions in dirs
+ * (bit 0: forward, bit 1: backward) */
 struct fp8_fit {
     struct cost_calibration *cal;
     const struct topo_gpu_spec *gpu;
     enum cost_precision prec;
     const struct cost_expert_sample *s;
     int n;
+    double *rate; /* the field of cal being fitted */
+    unsigned dirs;
 };
 
 static double fp8_misfit(double eff, const struct fp8_fit *f)
 {
-    if (f->prec == COST_FP8_BLOCK)
-        f->cal->gemm_eff_fp8_block = eff;
-    else
-        f->cal->gemm_eff_fp8 = eff;
+    *f->rate = eff;
     double sum = 0.0;
+    int terms = 0;
     for (int i = 0; i < f->n; i++) {
         double us[2];
         cost_expert_block_us(f->cal, f->gpu, f->prec, &f->s[i], us);
         double a = us[0] / f->s[i].fwd_us - 1.0, b = us[1] / f->s[i].bwd_us - 1.0;
-        sum += a * a + b * b;
+        if (f->dirs & 1u) sum += a * a, terms++;
+        if (f->dirs & 2u) sum += b * b, terms++;
     }
-    return sqrt(sum / (2.0 * f->n));
+    return sqrt(sum / terms);
+}
+
+/* The rate of f->rate that fits best: a scan of the fraction of the fp8 peak, then golden-section
+ * refinement around the best; *f->rate left at it. */
+static double fp8_fit_rate(const struct fp8_fit *f)
+{
+    double best = 0.05, err = fp8_misfit(best, f);
+    for (double e = 0.05; e <= 1.0 + 1e-9; e += 0.01) {
+        double x = fp8_misfit(e, f);
+        if (x < err) err = x, best = e;
+    }
+    double lo = fmax(0.02, best - 0.01), hi = fmin(1.0, best + 0.01);
+    const double gr = 0.5 * (sqrt(5.0) - 1.0);
+    for (int it = 0; it < 40; it++) {
+        double a = hi - gr * (hi - lo), b = lo + gr * (hi - lo);
+        if (fp8_misfit(a, f) < fp8_misfit(b, f))
+            hi = b;
+        else
+            lo = a;
+    }
+    best = 0.5 * (lo + hi);
+    fp8_misfit(best, f);
+    return best;
 }
 
 double cost_fit_fp8(struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
@@ -598,29 +628,23 @@ double cost_fit_fp8(struct cost_calibration *cal, const struct topo_gpu_spec *gp
 {
     if (n < 1 || prec == COST_BF16) return 0.0;
     struct cost_calibration t = *cal;
-    struct fp8_fit f = {&t, gpu, prec, s, n};
-    /* a scan of the fraction of the fp8 peak, then golden-section refinement around the best */
-    double best = 0.05, err = fp8_misfit(best, &f);
-    for (double e = 0.05; e <= 1.0 + 1e-9; e += 0.01) {
-        double x = fp8_misfit(e, &f);
-        if (x < err) err = x, best = e;
+    if (prec == COST_FP8_BLOCK) {
+        struct fp8_fit f = {&t, gpu, prec, s, n, &t.gemm_eff_fp8_block, 3u};
+        cal->gemm_eff_fp8_block = fp8_fit_rate(&f);
+    } else { /* the forward's rate on the forward times, then the gradients' on the backward's */
+        t.gemm_eff_fp8_grad = t.gemm_eff_fp8;
+        struct fp8_fit f = {&t, gpu, prec, s, n, &t.gemm_eff_fp8, 1u};
+        cal->gemm_eff_fp8 = fp8_fit_rate(&f);
+        cal->gemm_eff_fp8_grad = cal->gemm_eff_fp8;
+        if (strcmp(gpu->arch, "hopper") == 0) { /* elsewhere one rate: no fast accumulation */
+            struct fp8_fit g = {&t, gpu, prec, s, n, &t.gemm_eff_fp8_grad, 2u};
+            cal->gemm_eff_fp8_grad = fp8_fit_rate(&g);
+        }
     }
-    double lo = fmax(0.02, best - 0.01), hi = fmin(1.0, best + 0.01);
-    const double gr = 0.5 * (sqrt(5.0) - 1.0);
-    for (int it = 0; it < 40; it++) {
-        double a = hi - gr * (hi - lo), b = lo + gr * (hi - lo);
-        if (fp8_misfit(a, &f) < fp8_misfit(b, &f))
-            hi = b;
-        else
-            lo = a;
-    }
-    best = 0.5 * (lo + hi);
-    err = fp8_misfit(best, &f);
-    if (prec == COST_FP8_BLOCK)
-        cal->gemm_eff_fp8_block = best;
-    else
-        cal->gemm_eff_fp8 = best;
-    return err;
+    t = *cal;
+    struct fp8_fit all = {
+        &t, gpu, prec, s, n, prec == COST_FP8_BLOCK ? &t.gemm_eff_fp8_block : &t.gemm_eff_fp8, 3u};
+    return fp8_misfit(*all.rate, &all);
 }
 
 /* Whether the word w[0..len) is one of text's words (runs of letters and digits), case aside. */

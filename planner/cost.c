@@ -77,9 +77,11 @@ struct block_cost {
 };
 
 /* fp8 recipes quantize every GEMM input and every output gradient (cost_quantize_us); a GEMM's
- * time through gemm_q counts the elements it quantizes. */
+ * time through gemm_q counts the elements it quantizes, and its time as a gradient GEMM (the
+ * backward runs two of its shape: data and weight gradient). */
 struct quant {
     double in, out; /* elements of the GEMMs' inputs and of their outputs' gradients */
+    double grad;    /* the GEMMs' time as gradient GEMMs (cost_gemm_grad_us), us */
 };
 
 static double gemm_q(const struct cost_ctx *c, const struct cost_layout *l, struct quant *q,
@@ -87,6 +89,7 @@ static double gemm_q(const struct cost_ctx *c, const struct cost_layout *l, stru
 {
     q->in += m * k;
     q->out += m * n;
+    q->grad += cost_gemm_grad_us(&c->cal, &c->cluster.gpu, m, n, k, l->precision);
     return cost_gemm_us(&c->cal, &c->cluster.gpu, m, n, k, l->precision);
 }
 
@@ -102,7 +105,7 @@ static void attention_cost(const struct cost_ctx *c, const struct cost_layout *l
     const struct mdl_attention *a = &m->attn;
     const struct topo_gpu_spec *g = &c->cluster.gpu;
     const struct cost_calibration *cal = &c->cal;
-    struct quant q = {0, 0};
+    struct quant q = {0, 0, 0};
     /* the CP rank's part of the sequence, whole after the TP all-gather */
     double M = (double)l->mbs * l->seq_len / l->cp;
     double h = m->hidden, H = (double)a->heads / l->tp, tp = l->tp;
@@ -179,7 +182,7 @@ static void attention_cost(const struct cost_ctx *c, const struct cost_layout *l
         }
     }
     b->fwd[COST_ATTN_FWD] = proj + core_fwd + elt + elt_f + quantize_us(c, l, q.in);
-    b->bwd[COST_ATTN_BWD] = 2.0 * proj + core_bwd + 2.0 * elt + elt_b + quantize_us(c, l, q.out);
+    b->bwd[COST_ATTN_BWD] = 2.0 * q.grad + core_bwd + 2.0 * elt + elt_b + quantize_us(c, l, q.out);
     /* selective recompute, module by module: what each redoes in the backward */
     if (rc & COST_RC_BIT(COST_RC_CORE_ATTN)) b->recompute[COST_ATTN_FWD] += core_fwd;
     if (rc & COST_RC_BIT(COST_RC_LAYERNORM)) /* both block norms */
@@ -276,11 +279,11 @@ static enum moe_status moe_cost(const struct cost_ctx *c, const struct cost_layo
     /* Shared experts on the local tokens. */
     if (e->shared_experts) {
         double fs = (double)e->shared_experts * e->shared_intermediate;
-        struct quant q = {0, 0};
-        double sh = gemm_q(c, l, &q, T, 2 * fs, h) + gemm_q(c, l, &q, T, h, fs) +
-                    membound_us(c, T * 3 * fs * BF16, 1);
+        struct quant q = {0, 0, 0};
+        double act = membound_us(c, T * 3 * fs * BF16, 1);
+        double sh = gemm_q(c, l, &q, T, 2 * fs, h) + gemm_q(c, l, &q, T, h, fs) + act;
         b->fwd[COST_SHARED_EXPERT] = sh + quantize_us(c, l, q.in);
-        b->bwd[COST_SHARED_EXPERT] = 2.0 * sh + quantize_us(c, l, q.out);
+        b->bwd[COST_SHARED_EXPERT] = 2.0 * (q.grad + act) + quantize_us(c, l, q.out);
         if (rc & COST_RC_BIT(COST_RC_SHARED_EXPERTS)) b->recompute[COST_SHARED_EXPERT] += sh;
     }
     /* Dispatch and combine, both in bf16 in every precision: Megatron-Core's dispatchers send the
@@ -316,11 +319,11 @@ static void dense_ffn_cost(const struct cost_ctx *c, const struct cost_layout *l
 {
     double M = (double)l->mbs * l->seq_len / l->cp, h = c->model.hidden;
     double f = (double)c->model.dense_intermediate / l->tp;
-    struct quant q = {0, 0};
-    double ffn = gemm_q(c, l, &q, M, 2 * f, h) + gemm_q(c, l, &q, M, h, f) +
-                 membound_us(c, M * 3 * f * BF16, 1);
+    struct quant q = {0, 0, 0};
+    double act = membound_us(c, M * 3 * f * BF16, 1);
+    double ffn = gemm_q(c, l, &q, M, 2 * f, h) + gemm_q(c, l, &q, M, h, f) + act;
     b->fwd[COST_DENSE_FFN] = ffn + quantize_us(c, l, q.in);
-    b->bwd[COST_DENSE_FFN] = 2.0 * ffn + quantize_us(c, l, q.out);
+    b->bwd[COST_DENSE_FFN] = 2.0 * (q.grad + act) + quantize_us(c, l, q.out);
     if (cost_layout_rc(l) & COST_RC_BIT(COST_RC_MLP)) b->recompute[COST_DENSE_FFN] += ffn;
     if (l->tp > 1) {
         double bw, lat;

@@ -30,13 +30,18 @@ extern "C" {
 /* Every efficiency the cost model uses. Fractions are of the datasheet peak. */
 #define COST_GEMM_TABLE_MAX 128 /* measured GEMM shapes a profile keeps */
 struct cost_calibration {
-    bool calibrated;              /* false: datasheet defaults (docs/DESIGN.md) */
-    char source[256];             /* "datasheet defaults" or the profile's GPU, driver and date */
-    char gpu[64];                 /* the GPU a profile is of ("NVIDIA H200", "H100"); "": none */
-    double gemm_eff;              /* large-GEMM fraction of peak (bf16) */
-    double gemm_eff_fp8;          /* the same for fp8 (per-tensor scaling) / mxfp8 */
-    double gemm_eff_fp8_block;    /* the same for fp8 with 1x128 / 128x128 block scaling
+    bool calibrated;           /* false: datasheet defaults (docs/DESIGN.md) */
+    char source[256];          /* "datasheet defaults" or the profile's GPU, driver and date */
+    char gpu[64];              /* the GPU a profile is of ("NVIDIA H200", "H100"); "": none */
+    double gemm_eff;           /* large-GEMM fraction of peak (bf16) */
+    double gemm_eff_fp8;       /* the same for fp8 (per-tensor scaling) / mxfp8 */
+    double gemm_eff_fp8_block; /* the same for fp8 with 1x128 / 128x128 block scaling
                                    * (gemm_eff_fp8 where a profile has none) */
+    /* per-tensor fp8's gradient GEMMs (data and weight gradients) on Hopper: Transformer
+     * Engine's tensorwise recipe, and the executor after it, accumulates them in split fp32 where
+     * the forward's accumulate fast, so they run at a rate of their own (gemm_eff_fp8 where a
+     * profile has none; Blackwell's tensor cores have no fast mode: gemm_eff_fp8 there) */
+    double gemm_eff_fp8_grad;
     double gemm_m_half;           /* rows at which a GEMM runs at half its large-M efficiency */
     double gemm_k_half;           /* the same for the reduction dimension */
     double gemm_fixed_us;         /* a GEMM's time beyond its launch at any size (setup, tail) */
@@ -144,8 +149,9 @@ void cost_fit_experts(struct cost_calibration *cal, const struct topo_gpu_spec *
 /* The fp8 GEMM rate of recipe prec (gemm_eff_fp8 for COST_FP8, gemm_eff_fp8_block for
  * COST_FP8_BLOCK) that fits expert blocks measured in that recipe best, the expert correction
  * (cost_fit_experts, on bf16 blocks) kept: each block's model is its experts' cost_expert_us
- * (their quantization included). Returns the rms relative error over forward and backward; the rate
- * stays where there are no samples. */
+ * (their quantization included). COST_FP8 fits its forward's rate on the forward times and
+ * gemm_eff_fp8_grad on the backward's; COST_FP8_BLOCK one rate on both. Returns the rms relative
+ * error over forward and backward; the rates stay where there are no samples. */
 double cost_fit_fp8(struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
                     enum cost_precision prec, const struct cost_expert_sample *s, int n);
 /* A sample's model under cal in recipe prec: us[0] forward, us[1] backward. */
@@ -303,6 +309,10 @@ enum moe_status cost_memory(const struct cost_ctx *ctx, const struct cost_layout
  * and wave quantization and small-M / small-K penalties. */
 double cost_gemm_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu, double m,
                     double n, double k, enum cost_precision prec);
+/* The same GEMM's shape as a gradient GEMM of the backward: per-tensor fp8 on Hopper at
+ * gemm_eff_fp8_grad; otherwise cost_gemm_us. */
+double cost_gemm_grad_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
+                         double m, double n, double k, enum cost_precision prec);
 /* Bytes of an activation element kept or sent in the precision: 2 (bf16), 1 (fp8), with its
  * share of the scales for the block-scaled ones. */
 double cost_precision_elem_bytes(enum cost_precision prec);

@@ -9,6 +9,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 double cost_precision_elem_bytes(enum cost_precision prec)
 {
@@ -31,15 +32,25 @@ double cost_quantize_us(const struct cost_calibration *cal, const struct topo_gp
 
 /* A GEMM's size-dependent time, rows at half efficiency m_half; *fixed receives its launch and
  * setup time. */
+/* The fraction of the fp8 peak a GEMM of recipe prec runs at; grad: a gradient GEMM (per-tensor
+ * fp8's accumulate in split fp32 on Hopper, which has a fast mode for the forward's) */
+static double fp8_eff(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
+                      enum cost_precision prec, bool grad)
+{
+    if (prec == COST_FP8_BLOCK) return cal->gemm_eff_fp8_block;
+    if (grad && prec == COST_FP8 && strcmp(gpu->arch, "hopper") == 0) return cal->gemm_eff_fp8_grad;
+    return cal->gemm_eff_fp8;
+}
+
 static double gemm_split(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
-                         double m, double n, double k, enum cost_precision prec, double m_half,
-                         double *fixed)
+                         double m, double n, double k, enum cost_precision prec, bool grad,
+                         double m_half, double *fixed)
 {
     *fixed = 0.0;
     if (m <= 0 || n <= 0 || k <= 0) return 0.0;
     *fixed = cal->launch_us + cal->gemm_fixed_us;
     bool fp8 = prec != COST_BF16 && gpu->fp8_tflops > 0;
-    double eff8 = prec == COST_FP8_BLOCK ? cal->gemm_eff_fp8_block : cal->gemm_eff_fp8;
+    double eff8 = fp8_eff(cal, gpu, prec, grad);
     double peak = (fp8 ? gpu->fp8_tflops * eff8 : gpu->bf16_tflops * cal->gemm_eff) * 1e12;
     /* wave quantization of the output tiles; fewer tiles than SMs are split along k (cuBLAS's
      * split-K) to fill the machine, their cost left to the small-M term */
@@ -54,9 +65,9 @@ static double gemm_split(const struct cost_calibration *cal, const struct topo_g
 }
 
 static double gemm_roofline_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
-                               double m, double n, double k, enum cost_precision prec)
+                               double m, double n, double k, enum cost_precision prec, bool grad)
 {
-    double fixed, var = gemm_split(cal, gpu, m, n, k, prec, cal->gemm_m_half, &fixed);
+    double fixed, var = gemm_split(cal, gpu, m, n, k, prec, grad, cal->gemm_m_half, &fixed);
     return var + fixed;
 }
 
@@ -73,7 +84,7 @@ void cost_gemm_table_set(struct cost_calibration *cal, const struct topo_gpu_spe
 {
     cal->gemm_table_n = 0;
     for (int i = 0; i < n && cal->gemm_table_n < COST_GEMM_TABLE_MAX; i++) {
-        double t = gemm_roofline_us(cal, gpu, s[i].m, s[i].n, s[i].k, COST_BF16);
+        double t = gemm_roofline_us(cal, gpu, s[i].m, s[i].n, s[i].k, COST_BF16, false);
         if (!(t > 0 && s[i].us > 0)) continue;
         double *e = cal->gemm_table[cal->gemm_table_n++];
         e[0] = s[i].m, e[1] = s[i].n, e[2] = s[i].k, e[3] = s[i].us / t;
@@ -118,12 +129,24 @@ static double gemm_table_ratio(const struct cost_calibration *cal, double m, dou
     return den > 0 ? num / den : 1.0;
 }
 
+static double gemm_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu, double m,
+                      double n, double k, enum cost_precision prec, bool grad)
+{
+    double t = gemm_roofline_us(cal, gpu, m, n, k, prec, grad);
+    if (cal->gemm_table_n > 0 && m > 0 && n > 0 && k > 0) t *= gemm_table_ratio(cal, m, n, k);
+    return t;
+}
+
 double cost_gemm_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu, double m,
                     double n, double k, enum cost_precision prec)
 {
-    double t = gemm_roofline_us(cal, gpu, m, n, k, prec);
-    if (cal->gemm_table_n > 0 && m > 0 && n > 0 && k > 0) t *= gemm_table_ratio(cal, m, n, k);
-    return t;
+    return gemm_us(cal, gpu, m, n, k, prec, false);
+}
+
+double cost_gemm_grad_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
+                         double m, double n, double k, enum cost_precision prec)
+{
+    return gemm_us(cal, gpu, m, n, k, prec, true);
 }
 
 void cost_expert_parts(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
@@ -135,19 +158,19 @@ void cost_expert_parts(const struct cost_calibration *cal, const struct topo_gpu
     double hbm = gpu->hbm_bytes_per_s * cal->hbm_eff, fx[6];
     double act = rows * 3 * f * BF16 / hbm * 1e6;
     double mh = cal->expert_m_half[0];
-    var[0] = gemm_split(cal, gpu, rows, 2 * f, h, prec, mh, &fx[0]) +  /* gate and up */
-             gemm_split(cal, gpu, rows, h, f, prec, mh, &fx[1]) + act; /* down */
+    var[0] = gemm_split(cal, gpu, rows, 2 * f, h, prec, false, mh, &fx[0]) +  /* gate and up */
+             gemm_split(cal, gpu, rows, h, f, prec, false, mh, &fx[1]) + act; /* down */
     fixed[0] = fx[0] + fx[1] + cal->launch_us;
     /* dgrad (rows x input), wgrad (weights over the rows, the reduction) of both into fp32
      * weight gradients, written whatever the rows (a step's first micro-batch overwrites them;
      * the later ones also read them, not counted); SwiGLU's backward moves twice its forward's
      * bytes */
     mh = cal->expert_m_half[1];
-    var[1] = gemm_split(cal, gpu, rows, f, h, prec, mh, &fx[2]) +
-             gemm_split(cal, gpu, rows, h, 2 * f, prec, mh, &fx[3]) +
-             gemm_split(cal, gpu, h, f, rows, prec, mh, &fx[4]) +
-             gemm_split(cal, gpu, 2 * f, h, rows, prec, mh, &fx[5]) + 3 * h * f * 4.0 / hbm * 1e6 +
-             2.0 * act;
+    var[1] = gemm_split(cal, gpu, rows, f, h, prec, true, mh, &fx[2]) +
+             gemm_split(cal, gpu, rows, h, 2 * f, prec, true, mh, &fx[3]) +
+             gemm_split(cal, gpu, h, f, rows, prec, true, mh, &fx[4]) +
+             gemm_split(cal, gpu, 2 * f, h, rows, prec, true, mh, &fx[5]) +
+             3 * h * f * 4.0 / hbm * 1e6 + 2.0 * act;
     fixed[1] = fx[2] + fx[3] + fx[4] + fx[5] + cal->launch_us;
 }
 

@@ -595,6 +595,7 @@ void plan_fit_base(struct cost_calibration *cal, const struct cost_calibration *
     const struct cost_calibration *m = measured;
     cal->gemm_eff = m->gemm_eff, cal->gemm_eff_fp8 = m->gemm_eff_fp8;
     cal->gemm_eff_fp8_block = m->gemm_eff_fp8_block;
+    cal->gemm_eff_fp8_grad = m->gemm_eff_fp8_grad;
     cal->gemm_m_half = m->gemm_m_half, cal->gemm_k_half = m->gemm_k_half;
     cal->gemm_fixed_us = m->gemm_fixed_us;
     cal->gemm_tile_m = m->gemm_tile_m, cal->gemm_tile_n = m->gemm_tile_n;
