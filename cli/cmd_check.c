@@ -109,7 +109,8 @@ static enum moe_status check_file(const struct cli *cli, const char *file, char 
         if ((st = cost_calibration_load(&cal, file, err)) != MOE_OK) goto cleanup;
         int fitted = 0;
         for (int p = 0; p < COST_NPHASES; p++)
-            fitted += cal.phase_scale[p] != 1.0 || cal.phase_fixed_us[p] != 0.0;
+            fitted += cal.phase_scale[p] != 1.0 || cal.phase_fixed_us[p] != 0.0 ||
+                      cal.phase_floor_us[p] != 0.0;
         struct moe_jval root;
         if ((st = moe_jdoc_root(&doc, &root, err))) goto cleanup;
         if (moe_jval_has(&root, "measured") && (st = check_measurements(cli, file, err)) != MOE_OK)

@@ -155,6 +155,8 @@ static enum moe_status measure_gemms(bool quick, struct cost_gemm_sample *s, int
                                 {32000, 4096}, {6144, 4096}, {36864, 7168}, {7168, 18432},
                                 {7168, 8192},  {5120, 2880}, {2880, 4096}};
     static const int ms[] = {32, 128, 512, 2048, 8192, 16384};
+    _Static_assert(sizeof nk / sizeof nk[0] * (sizeof ms / sizeof ms[0]) <= PLAN_CALIB_MAX_GEMMS,
+                   "the GEMM grid outgrows what a profile keeps");
     int nn = quick ? 5 : (int)(sizeof nk / sizeof nk[0]), nm = (int)(sizeof ms / sizeof ms[0]);
     *n = 0;
     for (int a = 0; a < nn; a++)

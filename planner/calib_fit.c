@@ -5,7 +5,8 @@
  * it into a profile: the microbenchmarks into the cost model's efficiencies (cost_fit_gemm,
  * cost_fit_attention, cost_fit_experts), then each phase's correction over the jobs
  * (cost_fit_linear: measured = scale x model + fixed per occurrence; the experts' phases
- * fit_floor: measured = max(scale x model, local experts x a host floor)). The measuring is the
+ * where a host floor fits them better, cost_fit_floor: measured = max(scale x model, local experts
+ * x floor)). The measuring is the
  * executor's (calib.cu and the jobs' runs, driven by `moeplan calibrate` on a GPU).
  */
 #include "plan.h"
@@ -129,30 +130,6 @@ static double occurrences(const struct plan_file *p, int ph)
     case COST_OPTIMIZER: return 1.0;
     default: return 0.0;
     }
-}
-
-/* scale and floor (us a unit of x) with y ~= max(scale x model, floor x x) that fit best: least
- * squares of the log error, the floor over a grid of 0.25 us up to 500 us, each with its best
- * scale on a grid of 0.1% steps from 0.2 to 5; returns the rms relative error. */
-static double fit_floor(const double *model, const double *x, const double *y, int n, double *scale,
-                        double *floor)
-{
-    double best = INFINITY;
-    *scale = 1.0, *floor = 0.0;
-    for (double f = 0.0; f <= 500.0; f += 0.25)
-        for (double ls = log(0.2); ls <= log(5.0); ls += 0.001) {
-            double s = exp(ls), sum = 0.0;
-            for (int i = 0; i < n && sum < best; i++) {
-                if (!(y[i] > 0)) continue;
-                double p = fmax(s * model[i], f * x[i]);
-                double e = p > 0 ? log(p / y[i]) : 0.0;
-                sum += e * e;
-            }
-            if (sum < best) best = sum, *scale = s, *floor = f;
-        }
-    int used = 0;
-    for (int i = 0; i < n; i++) used += y[i] > 0;
-    return used ? sqrt(best / used) : 0.0;
 }
 
 static json_t *num_array(const double *v, int n)
@@ -392,8 +369,9 @@ static bool fit_fp8(const struct topo_gpu_spec *g, const struct plan_calib_data 
                     struct cost_calibration *cal, json_t *meas, FILE *log)
 {
     if (!d->nexpert8) {
-        fprintf(log, "  no fp8 expert blocks (a GPU without fp8, or an older profile): "
-                     "gemm_eff_fp8 and gemm_eff_fp8_block stay the datasheet's\n");
+        fprintf(log,
+                "  no fp8 expert blocks (a GPU without fp8, or an older profile): "
+                "gemm_eff_fp8, gemm_eff_fp8_grad and gemm_eff_fp8_block stay the datasheet's\n");
         return false;
     }
     json_t *j8 = json_array();
@@ -416,9 +394,13 @@ static bool fit_fp8(const struct topo_gpu_spec *g, const struct plan_calib_data 
         if (recipes[r] == COST_FP8)
             fprintf(log,
                     "  %d fp8 expert blocks (%s): gemm_eff_fp8 %.3f of the fp8 peak (forward, fast "
-                    "accumulation), gemm_eff_fp8_grad %.3f (gradients, split); rms %.1f%%\n",
+                    "accumulation), gemm_eff_fp8_grad %.3f (gradients, split); rms %.1f%%%s\n",
                     n, cost_precision_names[recipes[r]], cal->gemm_eff_fp8, cal->gemm_eff_fp8_grad,
-                    100 * rms);
+                    100 * rms,
+                    cal->gemm_eff_fp8 > 0.999 || cal->gemm_eff_fp8_grad > 0.999
+                        ? "; at the bound of the peak: the block's other terms are charged above "
+                          "what ran"
+                        : "");
         else
             fprintf(log,
                     "  %d fp8 expert blocks (%s): gemm_eff_fp8_block %.3f of the fp8 peak; rms "
@@ -434,10 +416,11 @@ static bool fit_fp8(const struct topo_gpu_spec *g, const struct plan_calib_data 
                     us[0], s[i].bwd_us, us[1]);
         }
     }
-    /* a profile with per-tensor blocks only: the block recipe at the same rate */
+    /* a profile with per-tensor blocks only: the block recipe at per-tensor's gradient rate
+     * (its GEMMs have no fast mode either) */
     bool block = false;
     for (int i = 0; i < d->nexpert8; i++) block |= d->expert8[i][0] == COST_FP8_BLOCK;
-    if (!block) cal->gemm_eff_fp8_block = cal->gemm_eff_fp8;
+    if (!block) cal->gemm_eff_fp8_block = cal->gemm_eff_fp8_grad;
     return fitted;
 }
 
@@ -521,7 +504,7 @@ static enum moe_status fit(const char *model_dir, const struct topo_cluster *cl,
     fprintf(
         log,
         "  per-phase fit over the %d jobs (measured = scale x model + fixed per occurrence; the "
-        "experts' = max(scale x model, local experts x floor)):\n",
+        "experts' that or max(scale x model, local experts x floor), whichever fits better):\n",
         d->njobs);
     for (int ph = 0; ph < COST_NPHASES; ph++) {
         double m[PLAN_CALIB_MAX_JOBS], c[PLAN_CALIB_MAX_JOBS], y[PLAN_CALIB_MAX_JOBS], any = 0;
@@ -532,16 +515,23 @@ static enum moe_status fit(const char *model_dir, const struct topo_cluster *cl,
             any += c[i] * y[i];
         }
         if (any <= 0) continue;
-        if (ph == COST_EXPERTS_FWD || ph == COST_EXPERTS_BWD) { /* a host floor, no fixed time */
-            for (int i = 0; i < d->njobs; i++) c[i] *= experts[i];
-            double sc, fl, e = fit_floor(m, c, y, d->njobs, &sc, &fl);
-            cal->phase_scale[ph] = sc;
-            cal->phase_floor_us[ph] = fl;
-            fprintf(log, "    %-14s scale %6.3f  floor %8.1f us an expert  rms %5.1f%%\n",
-                    cost_phase_names[ph], sc, fl, 100 * e);
-            continue;
-        }
         double sc, fx, e = cost_fit_linear(m, c, y, d->njobs, &sc, &fx);
+        if (ph == COST_EXPERTS_FWD || ph == COST_EXPERTS_BWD) { /* or a host floor, no fixed time */
+            double x[PLAN_CALIB_MAX_JOBS], fs, fl;
+            for (int i = 0; i < d->njobs; i++) x[i] = c[i] * experts[i];
+            bool edge = false;
+            double ef = cost_fit_floor(m, x, y, d->njobs, &fs, &fl, &edge);
+            fprintf(log,
+                    "    %-14s scale %6.3f  floor %8.1f us an expert  rms %5.1f%%%s (fixed time "
+                    "instead: rms %.1f%%)%s\n",
+                    cost_phase_names[ph], fs, fl, 100 * ef, edge ? " at the search's edge" : "",
+                    100 * e, ef < e ? "" : ": the fixed time kept");
+            if (ef < e) {
+                cal->phase_scale[ph] = fs;
+                cal->phase_floor_us[ph] = fl;
+                continue;
+            }
+        }
         cal->phase_scale[ph] = sc;
         cal->phase_fixed_us[ph] = fx;
         fprintf(log, "    %-14s scale %6.3f  fixed %8.1f us  rms %5.1f%%\n", cost_phase_names[ph],
@@ -565,7 +555,8 @@ enum moe_status plan_calib_fit_save(const struct plan_calib_data *d, const struc
             "overlap_max (one GPU)",           "gemm_tile_m, gemm_tile_n"};
         json_t *dflt = json_array();
         if (!d->nexpert8)
-            json_array_append_new(dflt, json_string("gemm_eff_fp8, gemm_eff_fp8_block (no fp8 "
+            json_array_append_new(dflt, json_string("gemm_eff_fp8, gemm_eff_fp8_grad, "
+                                                    "gemm_eff_fp8_block (no fp8 "
                                                     "expert blocks measured)"));
         for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++)
             json_array_append_new(dflt, json_string(defaults[i]));

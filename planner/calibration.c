@@ -202,6 +202,17 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
         if ((st = moe_jval_object(&phases, cost_phase_names[p], false, &ph, &one, err)))
             goto cleanup;
         if (!one) continue;
+        if (stack[0]) { /* the executor's corrections: one GPU's, never a stack's */
+            st = moe_jval_error(&ph, NULL, err,
+                                "a stack profile takes no phase corrections (they are the "
+                                "executor's on one GPU)");
+            goto cleanup;
+        }
+        /* a floor only where there are experts to count */
+        bool experts = p == COST_EXPERTS_FWD || p == COST_EXPERTS_BWD;
+        static const char *const with_floor[] = {"scale", "fixed_us", "floor_us_per_expert", NULL};
+        static const char *const without[] = {"scale", "fixed_us", NULL};
+        if ((st = moe_jval_keys(&ph, experts ? with_floor : without, err))) goto cleanup;
         if ((st = moe_jval_num(&ph, "scale", true, 1.0, 0.01, 100.0, &t.phase_scale[p], err)) ||
             (st = moe_jval_num(&ph, "fixed_us", true, 0.0, 0.0, 1e7, &t.phase_fixed_us[p], err)) ||
             (st = moe_jval_num(&ph, "floor_us_per_expert", false, 0.0, 0.0, 1e5,
@@ -365,6 +376,30 @@ double cost_fit_gemm(struct cost_calibration *cal, const struct topo_gpu_spec *g
         rel += r * r;
     }
     return sqrt(rel / n);
+}
+
+double cost_fit_floor(const double *model, const double *x, const double *measured, int n,
+                      double *scale, double *floor, bool *edge)
+{
+    /* the floor over a grid of 0.25 us steps, each with its best scale on a grid of 0.1% steps
+     * (relative error, as cost_fit_linear's) */
+    const double f_max = 1000.0, s_min = 0.05, s_max = 20.0;
+    double best = INFINITY;
+    *scale = 1.0, *floor = 0.0;
+    for (double f = 0.0; f <= f_max; f += 0.25)
+        for (double ls = log(s_min); ls <= log(s_max); ls += 0.001) {
+            double s = exp(ls), sum = 0.0;
+            for (int i = 0; i < n && sum < best; i++) {
+                if (!(measured[i] > 0)) continue;
+                double r = fmax(s * model[i], f * x[i]) / measured[i] - 1.0;
+                sum += r * r;
+            }
+            if (sum < best) best = sum, *scale = s, *floor = f;
+        }
+    *edge = *floor >= f_max - 0.25 || *scale <= s_min * 1.001 || *scale >= s_max * 0.999;
+    int used = 0;
+    for (int i = 0; i < n; i++) used += measured[i] > 0;
+    return used && isfinite(best) ? sqrt(best / used) : 0.0;
 }
 
 double cost_fit_linear(const double *model, const double *count, const double *measured, int n,
@@ -632,11 +667,12 @@ double cost_fit_fp8(struct cost_calibration *cal, const struct topo_gpu_spec *gp
         struct fp8_fit f = {&t, gpu, prec, s, n, &t.gemm_eff_fp8_block, 3u};
         cal->gemm_eff_fp8_block = fp8_fit_rate(&f);
     } else { /* the forward's rate on the forward times, then the gradients' on the backward's */
+        bool hopper = strcmp(gpu->arch, "hopper") == 0; /* elsewhere one rate: no fast mode */
         t.gemm_eff_fp8_grad = t.gemm_eff_fp8;
-        struct fp8_fit f = {&t, gpu, prec, s, n, &t.gemm_eff_fp8, 1u};
+        struct fp8_fit f = {&t, gpu, prec, s, n, &t.gemm_eff_fp8, hopper ? 1u : 3u};
         cal->gemm_eff_fp8 = fp8_fit_rate(&f);
         cal->gemm_eff_fp8_grad = cal->gemm_eff_fp8;
-        if (strcmp(gpu->arch, "hopper") == 0) { /* elsewhere one rate: no fast accumulation */
+        if (hopper) {
             struct fp8_fit g = {&t, gpu, prec, s, n, &t.gemm_eff_fp8_grad, 2u};
             cal->gemm_eff_fp8_grad = fp8_fit_rate(&g);
         }

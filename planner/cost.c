@@ -73,7 +73,7 @@ struct block_cost {
     double expert_act_us;           /* the routed experts' activation pass on the hottest rank */
     double dispatch_bytes, nodedup_bytes, scale_bytes; /* per a2a, sent by this GPU */
     double hot_ratio;
-    int local_experts; /* routed experts on the hottest rank (MoE blocks) */
+    int local_experts; /* routed experts with rows on the hottest rank (MoE blocks) */
 };
 
 /* fp8 recipes quantize every GEMM input and every output gradient (cost_quantize_us); a GEMM's
@@ -89,8 +89,12 @@ static double gemm_q(const struct cost_ctx *c, const struct cost_layout *l, stru
 {
     q->in += m * k;
     q->out += m * n;
-    q->grad += cost_gemm_grad_us(&c->cal, &c->cluster.gpu, m, n, k, l->precision);
-    return cost_gemm_us(&c->cal, &c->cluster.gpu, m, n, k, l->precision);
+    double t = cost_gemm_us(&c->cal, &c->cluster.gpu, m, n, k, l->precision);
+    /* (only per-tensor fp8 has a gradient rate of its own) */
+    q->grad += l->precision == COST_FP8
+                   ? cost_gemm_grad_us(&c->cal, &c->cluster.gpu, m, n, k, l->precision)
+                   : t;
+    return t;
 }
 
 static double quantize_us(const struct cost_ctx *c, const struct cost_layout *l, double elems)
@@ -250,9 +254,11 @@ static enum moe_status moe_cost(const struct cost_ctx *c, const struct cost_layo
     for (int x = 0; x < e->experts; x++)
         if (cost_expert_rank(c, x, ep) == hot)
             rows[local++] = (pick ? pick[x] : k / e->experts) * pool;
-    b->local_experts = local;
     double ebwd, hot_rows = 0.0, fe = (double)e->intermediate / l->etp;
-    for (int i = 0; i < local; i++) hot_rows += rows[i];
+    for (int i = 0; i < local; i++) {
+        hot_rows += rows[i];
+        b->local_experts += rows[i] > 0; /* an expert without rows runs (and writes) nothing */
+    }
     /* (fp8: each expert's quantization is in its cost) */
     b->fwd[COST_EXPERTS_FWD] = experts_on_hot_rank_us(c, l, rows, local, &ebwd);
     b->bwd[COST_EXPERTS_BWD] = ebwd;
@@ -261,9 +267,9 @@ static enum moe_status moe_cost(const struct cost_ctx *c, const struct cost_layo
      * on average, (mb - 1) / mb of a read of each local expert's gradients: with few rows an
      * expert, as much traffic as the GEMMs' own. (Megatron's fused accumulation reads on the
      * first micro-batch as well; with its dozens of micro-batches the difference is 1 / mb.) */
-    int mb = cost_layout_micro_batches(l);
+    int mb = cost_layout_micro_batches(l), busy = b->local_experts;
     if (mb > 1)
-        b->bwd[COST_EXPERTS_BWD] += (mb - 1.0) / mb * membound_us(c, local * 3.0 * h * fe * 4.0, 0);
+        b->bwd[COST_EXPERTS_BWD] += (mb - 1.0) / mb * membound_us(c, busy * 3.0 * h * fe * 4.0, 0);
     if (e->expert_bias) { /* gpt-oss: each expert's outputs start as its biases (bf16 gate and up,
                            * fp32 down) and its GEMMs read them back; back: each bias's column
                            * sums, a pass over the outputs' gradients */
@@ -401,12 +407,10 @@ static enum moe_status block_cost(const struct cost_ctx *c, const struct cost_la
     phase_correct(&c->cal, COST_EXPERTS_FWD, &b->fwd[COST_EXPERTS_FWD], &b->bwd[COST_EXPERTS_FWD]);
     phase_correct(&c->cal, COST_EXPERTS_BWD, &b->bwd[COST_EXPERTS_BWD], &b->fwd[COST_EXPERTS_BWD]);
     /* the host's floor under the experts' phases: issuing each local expert's kernels */
-    if (b->fwd[COST_EXPERTS_FWD] > 0.0)
-        b->fwd[COST_EXPERTS_FWD] = fmax(b->fwd[COST_EXPERTS_FWD],
-                                        b->local_experts * c->cal.phase_floor_us[COST_EXPERTS_FWD]);
-    if (b->bwd[COST_EXPERTS_BWD] > 0.0)
-        b->bwd[COST_EXPERTS_BWD] = fmax(b->bwd[COST_EXPERTS_BWD],
-                                        b->local_experts * c->cal.phase_floor_us[COST_EXPERTS_BWD]);
+    b->fwd[COST_EXPERTS_FWD] =
+        fmax(b->fwd[COST_EXPERTS_FWD], b->local_experts * c->cal.phase_floor_us[COST_EXPERTS_FWD]);
+    b->bwd[COST_EXPERTS_BWD] =
+        fmax(b->bwd[COST_EXPERTS_BWD], b->local_experts * c->cal.phase_floor_us[COST_EXPERTS_BWD]);
     static const int both[] = {COST_ROUTER, COST_PERMUTE, COST_UNPERMUTE, COST_SHARED_EXPERT,
                                COST_DENSE_FFN};
     for (size_t i = 0; i < sizeof both / sizeof both[0]; i++)

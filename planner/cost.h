@@ -127,6 +127,11 @@ void cost_gemm_table_set(struct cost_calibration *cal, const struct topo_gpu_spe
  * on the relative error); returns the rms relative error. */
 double cost_fit_linear(const double *model, const double *count, const double *measured, int n,
                        double *scale, double *fixed);
+/* scale (0.05 to 20) and floor >= 0 (up to 1000 us a unit of x) with measured_j ~= max(scale x
+ * model_j, floor x x_j) (least squares on the relative error, over grids); *edge: the fit lies on a
+ * grid's edge. Returns the rms relative error. */
+double cost_fit_floor(const double *model, const double *x, const double *measured, int n,
+                      double *scale, double *floor, bool *edge);
 /* Flash attention over `seqs` causal sequences of `seq` tokens, `heads` query heads (kv_heads
  * the keys'), head sizes dqk and dv: its forward and backward, us. */
 struct cost_attn_sample {

@@ -163,8 +163,8 @@ void cost_expert_parts(const struct cost_calibration *cal, const struct topo_gpu
     fixed[0] = fx[0] + fx[1] + cal->launch_us;
     /* dgrad (rows x input), wgrad (weights over the rows, the reduction) of both into fp32
      * weight gradients, written whatever the rows (a step's first micro-batch overwrites them;
-     * the later ones also read them, not counted); SwiGLU's backward moves twice its forward's
-     * bytes */
+     * the later ones also read them: moe_cost counts that read); SwiGLU's backward moves twice
+     * its forward's bytes */
     mh = cal->expert_m_half[1];
     var[1] = gemm_split(cal, gpu, rows, f, h, prec, true, mh, &fx[2]) +
              gemm_split(cal, gpu, rows, h, 2 * f, prec, true, mh, &fx[3]) +

@@ -1230,6 +1230,31 @@ static void test_hf_and_check_hostile(void **state)
             "ep=8,gbs=8", "--calibration", at("cal-table.json"));
         expect(&r, 3, words);
     }
+    /* the phase corrections' keys: the host floor only in the experts' phases, spelt as the
+     * loader knows it, in range; a stack profile takes no phase correction; the gradients' fp8
+     * rate a fraction */
+    static const struct {
+        const char *file, *was, *now, *words;
+    } phase_edits[] = {
+        {"topologies/calibration/h200.json", "\"floor_us_per_expert\": 21.75",
+         "\"floor_us_per_experts\": 21.75", "floor_us_per_experts: unknown key"},
+        {"topologies/calibration/h200.json", "\"floor_us_per_expert\": 21.75",
+         "\"floor_us_per_expert\": -5", "floor_us_per_expert: must be in [0, 100000], got -5"},
+        {"topologies/calibration/h200.json", "\"embed\": {",
+         "\"embed\": {\"floor_us_per_expert\": 3, ", "embed.floor_us_per_expert: unknown key"},
+        {"topologies/calibration/h200.json", "\"gemm_eff_fp8_grad\": 0.",
+         "\"gemm_eff_fp8_grad\": 2.", "gemm_eff_fp8_grad: must be in [0.001, 1]"},
+        {"topologies/calibration/stacks/megatron-26.06/h100.json", "\"phases\": {}",
+         "\"phases\": {\"experts_fwd\": {\"scale\": 1, \"fixed_us\": 0, \"floor_us_per_expert\": "
+         "50}}",
+         "a stack profile takes no phase corrections"},
+    };
+    for (size_t e = 0; e < sizeof phase_edits / sizeof phase_edits[0]; e++) {
+        put_edited("cal-phase.json", phase_edits[e].file, phase_edits[e].was, phase_edits[e].now);
+        RUN(&r, "check", at("cal-phase.json"));
+        expect(&r, 3, phase_edits[e].words);
+        if (!strstr(r.err, "cal-phase.json:")) fail_msg("no file:line:col in '%s'", r.err);
+    }
     static const struct {
         const char *from, *to, *words;
     } plan_edits[] = {

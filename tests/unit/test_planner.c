@@ -271,6 +271,21 @@ static void test_expert_accumulate_and_floor(void **state)
     if (fabs(f.compute_us[COST_EXPERTS_FWD] / (3.0 * fwd) - 1) > 1e-9)
         fail_msg("floored experts_fwd %.1f us, want %.1f", f.compute_us[COST_EXPERTS_FWD], 3 * fwd);
     assert_true(f.compute_us[COST_EXPERTS_BWD] == r[0].compute_us[COST_EXPERTS_BWD]);
+    double bwd = r[0].compute_us[COST_EXPERTS_BWD];
+    ctx.cal.phase_floor_us[COST_EXPERTS_FWD] = 0.0;
+    ctx.cal.phase_floor_us[COST_EXPERTS_BWD] = bwd / 16 * 2.0;
+    evaluate_texts(&ctx, texts, 1, &f);
+    assert_true(fabs(f.compute_us[COST_EXPERTS_BWD] / (2.0 * bwd) - 1) < 1e-9);
+    assert_true(f.compute_us[COST_EXPERTS_FWD] == fwd);
+    /* with EP 8 over an HGX H200 node each GPU holds one expert: the floor counts that one */
+    struct cost_ctx ep;
+    proxy_ctx("mixtral-8x7b", "hgx-h200-x8", 2, 8, &ep);
+    ep.cal.phase_floor_us[COST_EXPERTS_FWD] = 1e5;
+    static const char *const ep8[] = {"ep=8,dp=8,mbs=1,gbs=8"};
+    evaluate_texts(&ep, ep8, 1, &f);
+    if (fabs(f.compute_us[COST_EXPERTS_FWD] / (2 * 1e5) - 1) > 1e-9)
+        fail_msg("EP 8 floored experts_fwd %.1f us, want 2 blocks x 1 expert x 1e5",
+                 f.compute_us[COST_EXPERTS_FWD]);
 }
 
 /* Full recompute, whole and in part. On Qwen3-30B-A3B (a 4-block proxy, every block MoE) across
@@ -370,8 +385,23 @@ static void test_fp8_gain(void **state)
         if (hopper) {
             assert_true(keep.gemm_eff_fp8_grad < keep.gemm_eff_fp8);
             assert_true(same.step_us < r[1].step_us);
-            assert_true(same.compute_us[COST_EXPERTS_BWD] < r[1].compute_us[COST_EXPERTS_BWD]);
             assert_true(same.compute_us[COST_EXPERTS_FWD] == r[1].compute_us[COST_EXPERTS_FWD]);
+            assert_true(same.compute_us[COST_ATTN_FWD] == r[1].compute_us[COST_ATTN_FWD]);
+            /* every backward with GEMMs: the experts', attention's, and DeepSeek-V3's shared
+             * expert and dense blocks */
+            static const int grads[] = {COST_EXPERTS_BWD, COST_ATTN_BWD, COST_SHARED_EXPERT,
+                                        COST_DENSE_FFN};
+            for (size_t g = 0; g < sizeof grads / sizeof grads[0]; g++) {
+                int ph = grads[g];
+                if (r[1].compute_us[ph] == 0.0) continue;
+                if (!(same.compute_us[ph] < r[1].compute_us[ph]))
+                    fail_msg("%s: %s %.1f us at the gradients' rate, %.1f at the forward's",
+                             pairs[i].model, cost_phase_names[ph], r[1].compute_us[ph],
+                             same.compute_us[ph]);
+            }
+            if (!strcmp(pairs[i].model, "deepseek-v3"))
+                assert_true(r[1].compute_us[COST_SHARED_EXPERT] > 0 &&
+                            r[1].compute_us[COST_DENSE_FFN] > 0);
         } else {
             assert_true(same.step_us == r[1].step_us);
         }
@@ -381,6 +411,15 @@ static void test_fp8_gain(void **state)
         assert_true(gain[i] > 1.0 && gain[i] < 1.35);
     }
     assert_true(gain[0] < gain[1] && gain[2] < gain[3]);
+    /* per-tensor fp8 on Blackwell: one rate, whatever a profile says of the gradients' */
+    struct cost_ctx b;
+    proxy_ctx("mixtral-8x7b", "dgx-b200-x32", 2, 8, &b);
+    static const char *const fp8[] = {"ep=8,dp=8,mbs=1,gbs=64,precision=fp8"};
+    struct cost_result one, other;
+    evaluate_texts(&b, fp8, 1, &one);
+    b.cal.gemm_eff_fp8_grad = 0.5 * b.cal.gemm_eff_fp8;
+    evaluate_texts(&b, fp8, 1, &other);
+    assert_true(one.step_us == other.step_us);
 }
 
 /* Expert parallelism across nodes (issue 54, class 3): DeepSeek-V3 on 256 B200 as the 26.04.01
@@ -1304,10 +1343,46 @@ static void test_calibration_fit(void **state)
         assert_true(r ? f8.gemm_eff_fp8 == fit.gemm_eff_fp8
                       : f8.gemm_eff_fp8_block == fit.gemm_eff_fp8_block);
     }
+    /* on Blackwell (no fast accumulation) per-tensor fp8 is one rate, fitted on both directions:
+     * blocks made at 0.61 give it back as both */
+    {
+        struct cost_ctx bctx;
+        proxy_ctx("mixtral-8x7b", "dgx-b200-x32", 2, 8, &bctx);
+        struct topo_gpu_spec b200 = bctx.cluster.gpu;
+        struct cost_calibration bt = fit, bf = fit;
+        bt.gemm_eff_fp8 = bt.gemm_eff_fp8_grad = 0.61;
+        struct cost_expert_sample sb[3];
+        for (int i = 0; i < 3; i++) {
+            double us[2];
+            sb[i] = (struct cost_expert_sample){8, 2, 4096, 14336, 2048.0 * (1 << i), 1, 1};
+            cost_expert_block_us(&bt, &b200, COST_FP8, &sb[i], us);
+            sb[i].fwd_us = us[0], sb[i].bwd_us = us[1] * 1.2; /* a backward no rate fits alone */
+        }
+        cost_fit_fp8(&bf, &b200, COST_FP8, sb, 3);
+        printf("fp8 fit on B200: %.4f, gradients %.4f\n", bf.gemm_eff_fp8, bf.gemm_eff_fp8_grad);
+        assert_true(bf.gemm_eff_fp8 == bf.gemm_eff_fp8_grad);
+        assert_true(bf.gemm_eff_fp8 < 0.6); /* the backward's 20% pulled it down */
+    }
+    /* the host floor: jobs made with max(1.1 x model, 30 us x experts) give both back, and the
+     * floor binds in some (small experts) and not in others */
+    {
+        static const double model[] = {500, 2000, 8000, 1500, 3000, 12000};
+        static const double x[] = {64, 64, 64, 16, 16, 16};
+        double y[6];
+        for (int i = 0; i < 6; i++) y[i] = fmax(1.1 * model[i], 30.0 * x[i]);
+        double sc, fl;
+        bool edge = true;
+        double e = cost_fit_floor(model, x, y, 6, &sc, &fl, &edge);
+        printf("floor fit: scale %.4f (1.1), floor %.2f us (30), rms %.1e\n", sc, fl, e);
+        assert_true(fabs(sc / 1.1 - 1) < 2e-3 && fabs(fl - 30.0) < 0.3 && e < 3e-3 && !edge);
+        double fx, sl, el = cost_fit_linear(model, x, y, 6, &sl, &fx);
+        assert_true(e < el); /* a fixed time per unit fits them worse */
+    }
     /* write, read back */
     fit.phase_scale[COST_EMBED] = 3.5;
     fit.phase_fixed_us[COST_ROUTER] = 120.0;
     fit.phase_floor_us[COST_EXPERTS_BWD] = 37.5;
+    fit.gemm_eff_fp8_grad = 0.4321;
     json_t *meta = json_object();
     json_object_set_new(meta, "gpu", json_string("H200"));
     json_object_set_new(meta, "date", json_string("2026-12-03"));
@@ -1329,6 +1404,17 @@ static void test_calibration_fit(void **state)
     assert_true(fabs(back.attn_seq_half / fit.attn_seq_half - 1) < 1e-9);
     assert_true(fabs(back.gemm_eff_fp8_block / fit.gemm_eff_fp8_block - 1) < 1e-9);
     assert_true(fabs(back.gemm_eff_fp8_grad / fit.gemm_eff_fp8_grad - 1) < 1e-9);
+    assert_true(back.phase_floor_us[COST_EXPERTS_BWD] == 37.5);
+    /* a profile from before the gradients' rate: per-tensor fp8's one rate for both */
+    char old[1024];
+    struct cost_calibration before;
+    cost_calibration_defaults(&before, &g);
+    before.gemm_eff_fp8_grad = 0.123; /* not what the profile's fp8 rate says */
+    if (cost_calibration_load(&before,
+                              moe_test_src(old, sizeof old, "tests/data/golden/h200-profile.json"),
+                              &err) != MOE_OK)
+        fail_msg("%s", err.message);
+    assert_true(before.gemm_eff_fp8_grad == before.gemm_eff_fp8);
     for (int d = 0; d < 2; d++)
         assert_true(fabs(back.expert_scale[d] / fit.expert_scale[d] - 1) < 1e-9 &&
                     fabs(back.expert_fixed_share[d] / fit.expert_fixed_share[d] - 1) < 1e-9 &&
