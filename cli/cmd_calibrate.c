@@ -73,7 +73,11 @@ static int calibrate(struct cli *cli, const struct cli_cmd *cmd, const char *out
     enum moe_status st = d ? MOE_OK : moe_error_set(&err, MOE_ERR_NOMEM, "out of memory");
     if (st == MOE_OK && refit) {
         printf("moeplan calibrate --refit %s: the measurements kept there, fitted again\n", refit);
-        st = plan_calib_data_load(refit, d, &err);
+        /* the profile whole, as check reads it: a value it refuses is not refitted past */
+        struct cost_calibration whole;
+        cost_calibration_defaults(&whole, NULL);
+        st = cost_calibration_load(&whole, refit, &err);
+        if (st == MOE_OK) st = plan_calib_data_load(refit, d, &err);
         if (st == MOE_OK) st = cli_gpu_cluster_load(cli, d->gpu, cluster, NULL, &cl, NULL, &err);
         if (st == MOE_OK)
             printf("  %s, on %s's datasheet (%s: %.0f bf16 TFLOPS, %.2f TB/s HBM)\n",

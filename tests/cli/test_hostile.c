@@ -1254,6 +1254,11 @@ static void test_hf_and_check_hostile(void **state)
         RUN(&r, "check", at("cal-phase.json"));
         expect(&r, 3, phase_edits[e].words);
         if (!strstr(r.err, "cal-phase.json:")) fail_msg("no file:line:col in '%s'", r.err);
+        if (e + 1 < sizeof phase_edits / sizeof phase_edits[0]) { /* (a stack keeps no jobs) */
+            RUN(&r, "calibrate", "--refit", at("cal-phase.json"), "-o", at("cal-refit.json"));
+            expect(&r, 3, phase_edits[e].words); /* refused as check refuses it, nothing written */
+            assert_int_equal(access(at("cal-refit.json"), F_OK), -1);
+        }
     }
     static const struct {
         const char *from, *to, *words;
