@@ -667,7 +667,7 @@ double cost_fit_fp8(struct cost_calibration *cal, const struct topo_gpu_spec *gp
         struct fp8_fit f = {&t, gpu, prec, s, n, &t.gemm_eff_fp8_block, 3u};
         cal->gemm_eff_fp8_block = fp8_fit_rate(&f);
     } else { /* the forward's rate on the forward times, then the gradients' on the backward's */
-        bool hopper = strcmp(gpu->arch, "hopper") == 0; /* elsewhere one rate: no fast mode */
+        bool hopper = cost_fp8_fast_mode(gpu); /* elsewhere one rate */
         t.gemm_eff_fp8_grad = t.gemm_eff_fp8;
         struct fp8_fit f = {&t, gpu, prec, s, n, &t.gemm_eff_fp8, hopper ? 1u : 3u};
         cal->gemm_eff_fp8 = fp8_fit_rate(&f);
@@ -684,14 +684,24 @@ double cost_fit_fp8(struct cost_calibration *cal, const struct topo_gpu_spec *gp
 }
 
 /* Whether the word w[0..len) is one of text's words (runs of letters and digits), case aside. */
+/* The next word (a run of letters and digits) at or after *p: its start, *len its length (0 at
+ * the end), *p moved past it. */
+static const char *next_word(const char **p, size_t *len)
+{
+    const char *s = *p;
+    while (*s && !isalnum((unsigned char)*s)) s++;
+    const char *w = s;
+    while (*s && isalnum((unsigned char)*s)) s++;
+    *p = s;
+    *len = (size_t)(s - w);
+    return w;
+}
+
 static bool has_word(const char *text, const char *w, size_t len)
 {
-    for (const char *p = text; *p;) {
-        while (*p && !isalnum((unsigned char)*p)) p++;
-        const char *t = p;
-        while (*p && isalnum((unsigned char)*p)) p++;
-        if ((size_t)(p - t) == len && len && !strncasecmp(t, w, len)) return true;
-    }
+    size_t n;
+    for (const char *p = text, *t; (t = next_word(&p, &n)), n;)
+        if (n == len && !strncasecmp(t, w, len)) return true;
     return false;
 }
 
@@ -699,14 +709,9 @@ bool cost_calibration_gpu_is(const char *profile_gpu, const char *spec_name)
 {
     if (!profile_gpu[0]) return true;
     bool named = false;
-    for (const char *p = spec_name; *p;) { /* each word of the spec's name is the device's */
-        while (*p && !isalnum((unsigned char)*p)) p++;
-        const char *w = p;
-        while (*p && isalnum((unsigned char)*p)) p++;
-        if (p == w) break;
-        if (!has_word(profile_gpu, w, (size_t)(p - w))) return false;
-        named = true;
-    }
+    size_t n; /* each word of the spec's name is the device's */
+    for (const char *p = spec_name, *w; (w = next_word(&p, &n)), n; named = true)
+        if (!has_word(profile_gpu, w, n)) return false;
     /* the PCIe and NVL cards have their own clocks, power and HBM: a spec names them */
     static const char *const forms[] = {"PCIe", "NVL"};
     for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++)

@@ -8,6 +8,16 @@
 
 #include "cost.h"
 
+#include <string.h>
+
+/* Whether the GPU's fp8 tensor cores have a fast-accumulation mode (Hopper's): Transformer
+ * Engine's per-tensor recipe takes it for the forward's GEMMs only, so its gradients' GEMMs run
+ * at a rate of their own (gemm_eff_fp8_grad); elsewhere one rate. */
+static inline bool cost_fp8_fast_mode(const struct topo_gpu_spec *gpu)
+{
+    return strcmp(gpu->arch, "hopper") == 0;
+}
+
 #define BF16 2.0
 
 /* What a virtual stage holds: its parameters (whole, before TP/EP sharding) and the activation

@@ -9,7 +9,6 @@
 
 #include <math.h>
 #include <stdlib.h>
-#include <string.h>
 
 double cost_precision_elem_bytes(enum cost_precision prec)
 {
@@ -30,17 +29,18 @@ double cost_quantize_us(const struct cost_calibration *cal, const struct topo_gp
            (gpu->hbm_bytes_per_s * cal->hbm_eff) * 1e6;
 }
 
-/* A GEMM's size-dependent time, rows at half efficiency m_half; *fixed receives its launch and
- * setup time. */
 /* The fraction of the fp8 peak a GEMM of recipe prec runs at; grad: a gradient GEMM (per-tensor
- * fp8's accumulate in split fp32 on Hopper, which has a fast mode for the forward's) */
+ * fp8's accumulate in split fp32 where the forward's have a fast mode) */
 static double fp8_eff(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
                       enum cost_precision prec, bool grad)
 {
     if (prec == COST_FP8_BLOCK) return cal->gemm_eff_fp8_block;
-    if (grad && prec == COST_FP8 && strcmp(gpu->arch, "hopper") == 0) return cal->gemm_eff_fp8_grad;
+    if (grad && prec == COST_FP8 && cost_fp8_fast_mode(gpu)) return cal->gemm_eff_fp8_grad;
     return cal->gemm_eff_fp8;
 }
+
+/* A GEMM's size-dependent time, rows at half efficiency m_half; *fixed receives its launch and
+ * setup time. */
 
 static double gemm_split(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
                          double m, double n, double k, enum cost_precision prec, bool grad,
