@@ -133,8 +133,8 @@ static void set_bounds_col(glp_prob *lp, int j, double lo, double hi)
         glp_set_col_bnds(lp, j, GLP_DB, lo, hi);
 }
 
-enum moe_status mip_solve(struct mip *p, double time_limit_s, struct plan_mip_report *rep,
-                          double *x, struct moe_error *err)
+enum moe_status mip_solve(struct mip *p, double time_limit_s, double gap_tol,
+                          struct plan_mip_report *rep, double *x, struct moe_error *err)
 {
     memset(rep, 0, sizeof *rep);
     double t0 = moe_time_now_s();
@@ -189,7 +189,7 @@ enum moe_status mip_solve(struct mip *p, double time_limit_s, struct plan_mip_re
     parm.presolve = GLP_OFF;
     parm.msg_lev = GLP_MSG_OFF;
     parm.tm_lim = (int)(time_limit_s * 1000.0);
-    parm.mip_gap = 0.0; /* prove optimality, or say the limit cut it short */
+    parm.mip_gap = gap_tol; /* 0: prove optimality, or say the limit cut it short */
     parm.cb_func = callback;
     parm.cb_info = p;
     p->best_gap = HUGE_VAL;
@@ -216,10 +216,14 @@ enum moe_status mip_solve(struct mip *p, double time_limit_s, struct plan_mip_re
     rep->optimal = status == GLP_OPT && rc == 0;
     rep->objective = glp_mip_obj_val(lp);
     rep->gap = rep->optimal ? 0.0 : (isfinite(p->best_gap) ? p->best_gap : HUGE_VAL);
-    snprintf(rep->status, sizeof rep->status, "%s",
-             rep->optimal       ? "optimal"
-             : rc == GLP_ETMLIM ? "feasible (time limit)"
-                                : "feasible");
+    if (rep->optimal)
+        snprintf(rep->status, sizeof rep->status, "optimal");
+    else if (rc == GLP_ETMLIM)
+        snprintf(rep->status, sizeof rep->status, "feasible (time limit)");
+    else if (rc == GLP_EMIPGAP)
+        snprintf(rep->status, sizeof rep->status, "within %.4g%% of optimal", 100.0 * rep->gap);
+    else
+        snprintf(rep->status, sizeof rep->status, "feasible");
     for (int j = 0; j < p->cols; j++) x[j] = glp_mip_col_val(lp, j + 1);
 cleanup:
     glp_delete_prob(lp);

@@ -26,8 +26,9 @@ void mip_row(struct mip *p, int i, double lo, double hi);
 enum moe_status mip_coef(struct mip *p, int i, int j, double a, struct moe_error *err);
 /* A feasible point to start from (cols values); NULL for none. */
 void mip_warm_start(struct mip *p, const double *x);
-/* Solve; x (cols) receives the best point found. */
-enum moe_status mip_solve(struct mip *p, double time_limit_s, struct plan_mip_report *rep,
-                          double *x, struct moe_error *err);
+/* Solve; x (cols) receives the best point found. gap_tol: stop once the best point is proven
+ * within this relative gap of the optimum (0: prove optimality, or the time limit cuts it short). */
+enum moe_status mip_solve(struct mip *p, double time_limit_s, double gap_tol,
+                          struct plan_mip_report *rep, double *x, struct moe_error *err);
 
 #endif

@@ -404,7 +404,7 @@ enum moe_status plan_place_experts(const struct plan_placement_problem *pr,
         free(warm);
     }
     struct plan_mip_report rep;
-    st = mip_solve(p, pr->time_limit_s, &rep, x, err);
+    st = mip_solve(p, pr->time_limit_s, 0.0, &rep, x, err);
     mip_destroy(p);
     if (st == MOE_OK) { /* the MILP's x (and s) as each expert's copies */
         int *ncopy = calloc((size_t)E, sizeof *ncopy);

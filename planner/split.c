@@ -7,6 +7,13 @@
  *   stage 0, the LM head and loss on stage S - 1) <= z;  minimize z
  * Interleaving puts stage s on pp rank s % pp, so the busiest rank, not the slowest stage, sets
  * the pace. Warm start: the even split.
+ *
+ * The LP relaxation alone bounds z only by the mean rank (fractional blocks), which leaves
+ * GLPK a gap it cannot close in time on deep pipelines; so z starts at what every integer split
+ * must pay: of the k heaviest blocks some rank holds at least ceil(k / pp), so at least the
+ * lightest ceil(k / pp) of them (for every k); rank 0 holds S / pp stages and the embedding, the
+ * last stage's rank S / pp stages and the LM head. A split that meets this bound is proven
+ * optimal at once.
  */
 #include "mip.h"
 
@@ -28,6 +35,83 @@ static double busiest(const int *count, const double *w, int stages, int pp, dou
     double m = 0;
     for (int r = 0; r < pp; r++) m = fmax(m, rank[r]);
     return m;
+}
+
+static int by_value(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The lower bound above on the busiest rank; sorted: scratch of `layers` doubles. */
+static double integer_bound(const double *w, int layers, int stages, int pp, double a, double b,
+                            double *sorted)
+{
+    memcpy(sorted, w, sizeof *sorted * (size_t)layers);
+    qsort(sorted, (size_t)layers, sizeof *sorted, by_value);
+    /* of the k heaviest blocks some rank holds ceil(k / pp), at least the lightest that many */
+    double bound = 0;
+    for (int k = 1; k <= layers; k++) {
+        double t = 0;
+        for (int i = 0; i < (k + pp - 1) / pp; i++) t += sorted[layers - k + i];
+        bound = fmax(bound, t);
+    }
+    /* the ends: rank 0 holds c0 blocks and the embedding, the last stage's rank cl blocks and the
+     * head (one rank where pp = 1), each rank at least S / pp blocks, the other pp - 2 ranks the
+     * rest, one of them at least its share; whatever c0 and cl, the busiest pays the most of these */
+    for (int i = 1; i < layers; i++) sorted[i] += sorted[i - 1]; /* the lightest i + 1 */
+#define light(n) ((n) ? sorted[(n)-1] : 0.0)
+    int per = stages / pp;
+    if (pp == 1) return fmax(bound, light(layers) + a + b);
+    double ends = HUGE_VAL;
+    for (int c0 = per; c0 <= layers; c0++)
+        for (int cl = per; c0 + cl + (pp - 2) * per <= layers; cl++) {
+            int rest = layers - c0 - cl;
+            if (pp == 2 && rest) continue;
+            double mid = pp > 2 ? light((rest + pp - 3) / (pp - 2)) : 0;
+            ends = fmin(ends, fmax(fmax(a + light(c0), b + light(cl)), mid));
+        }
+#undef light
+    return fmax(bound, ends);
+}
+
+/* The sum of squared rank times: the tie-break that lets a move off the busiest rank count. */
+static double spread(const int *count, const double *w, int stages, int pp, double a, double b)
+{
+    double rank[COST_MAX_STAGES] = {0};
+    int l = 0;
+    for (int s = 0; s < stages; s++) {
+        for (int i = 0; i < count[s]; i++) rank[s % pp] += w[l++];
+        if (s == 0) rank[0] += a;
+        if (s == stages - 1) rank[s % pp] += b;
+    }
+    double q = 0;
+    for (int r = 0; r < pp; r++) q += rank[r] * rank[r];
+    return q;
+}
+
+/* The MILP's warm start: from the even split, move one block from a stage to another (the stages
+ * between keep their counts and shift by one block) while that lowers the busiest rank (or, at
+ * the same busiest rank, the spread), every stage kept non-empty. Moving the LM head's rank's
+ * blocks to the others this way is what GLPK's branching finds slowly; where the result meets
+ * the integer bound, GLPK proves it at the root. */
+static void local_search(int *count, const double *w, int stages, int pp, double a, double b)
+{
+    double best = busiest(count, w, stages, pp, a, b), q = spread(count, w, stages, pp, a, b);
+    for (bool moved = true; moved;) {
+        moved = false;
+        for (int s = 0; s < stages; s++)
+            for (int t = 0; t < stages && count[s] > 1; t++) {
+                if (t == s) continue;
+                count[s]--, count[t]++;
+                double m = busiest(count, w, stages, pp, a, b),
+                       sq = spread(count, w, stages, pp, a, b);
+                if (m < best * (1 - 1e-12) || (m <= best * (1 + 1e-12) && sq < q * (1 - 1e-12)))
+                    best = m, q = sq, moved = true;
+                else
+                    count[s]++, count[t]--;
+            }
+    }
 }
 
 enum moe_status plan_split_stages(const double *layer_us, int layers, int stages, int pp,
@@ -61,7 +145,9 @@ enum moe_status plan_split_stages(const double *layer_us, int layers, int stages
         goto cleanup;
     }
     for (int j = 0; j < nb; j++) mip_col(p, j, MIP_BINARY, 0, 1, 0);
-    mip_col(p, iz, MIP_CONTINUOUS, 0, HUGE_VAL, 1.0);
+    /* x serves as the sort's scratch before the solve fills it */
+    double bound = integer_bound(layer_us, L, S, pp, first_extra_us, last_extra_us, x);
+    mip_col(p, iz, MIP_CONTINUOUS, bound, HUGE_VAL, 1.0);
     int row = 0;
     for (int l = 0; l < L; l++, row++) {
         mip_row(p, row, 1, 1);
@@ -87,15 +173,18 @@ enum moe_status plan_split_stages(const double *layer_us, int layers, int stages
         if (st == MOE_OK) st = mip_coef(p, row, iz, -1, err);
     }
     if (st != MOE_OK) goto cleanup;
+    int start[COST_MAX_STAGES];
+    memcpy(start, even, sizeof(int) * (size_t)S);
+    local_search(start, layer_us, S, pp, first_extra_us, last_extra_us);
     for (int s = 0, l = 0; s < S; s++)
-        for (int i = 0; i < even[s]; i++) warm[(l++) * S + s] = 1.0;
-    warm[iz] = r.even_busiest_us;
+        for (int i = 0; i < start[s]; i++) warm[(l++) * S + s] = 1.0;
+    warm[iz] = busiest(start, layer_us, S, pp, first_extra_us, last_extra_us);
     mip_warm_start(p, warm);
-    st = mip_solve(p, time_limit_s, &r.mip, x, err);
-    if (st == MOE_ERR_GLPK) { /* nothing in time: the even split stands */
-        memcpy(r.stage_layers, even, sizeof(int) * (size_t)S);
-        r.busiest_us = r.even_busiest_us;
-        snprintf(r.mip.status, sizeof r.mip.status, "no solution in time: even split kept");
+    st = mip_solve(p, time_limit_s, PLAN_SPLIT_GAP, &r.mip, x, err);
+    if (st == MOE_ERR_GLPK) { /* nothing in time: the warm start stands */
+        memcpy(r.stage_layers, start, sizeof(int) * (size_t)S);
+        r.busiest_us = warm[iz];
+        snprintf(r.mip.status, sizeof r.mip.status, "no solution in time: warm start kept");
         st = MOE_OK;
         *out = r;
         goto cleanup;
@@ -106,9 +195,9 @@ enum moe_status plan_split_stages(const double *layer_us, int layers, int stages
         for (int l = 0; l < L; l++) r.stage_layers[s] += x[l * S + s] > 0.5;
     }
     r.busiest_us = busiest(r.stage_layers, layer_us, S, pp, first_extra_us, last_extra_us);
-    if (r.busiest_us > r.even_busiest_us) { /* keep the better of the two */
-        memcpy(r.stage_layers, even, sizeof(int) * (size_t)S);
-        r.busiest_us = r.even_busiest_us;
+    if (r.busiest_us > warm[iz]) { /* keep the better of the two */
+        memcpy(r.stage_layers, start, sizeof(int) * (size_t)S);
+        r.busiest_us = warm[iz];
     }
     *out = r;
 cleanup:
