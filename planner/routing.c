@@ -333,15 +333,70 @@ void cost_dispatch_bytes_exact(const int *choice, const int *src_rank, int token
 /* ---------------------------------------------------------------------------------------------- */
 
 /* P(a token picks at least one expert of the set `members` (n of them)). */
+/* C(N - t, k) / C(N, k): none of t given experts among k drawn uniformly from N. */
+static double none_of(double N, double t, int k)
+{
+    double none = 1.0;
+    for (int i = 0; i < k; i++) none *= (N - t - i) / (N - i);
+    return none > 0 ? none : 0.0;
+}
+
+/* Group-limited routing (DeepSeek-V3: 8 groups of 32 experts, each token in the best 4): under
+ * uniform (or forced-balanced) scores a token's groups are a uniform topk_group-subset of the
+ * n_group, its top_k experts uniform among those groups' experts. The probability that it
+ * reaches one of `members`: over the subsets, by how many members they hold (groups drawn one
+ * by one without replacement; those without members change nothing). Where each node holds a
+ * group, a token reaches at most topk_group nodes, fewer than the ungrouped draw's. */
+static double hit_prob_grouped(const struct mdl_moe *e, const int *members, int n)
+{
+    int G = e->n_group, g = e->topk_group, per = e->experts / G;
+    /* members per group, the groups that hold some: (group, count) pairs, members sorted or not */
+    int *grp = malloc(sizeof *grp * 2 * (size_t)n);
+    double *f = calloc((size_t)(g + 1) * (size_t)(n + 1), sizeof *f);
+    if (!grp || !f) { /* out of memory: the ungrouped draw, an upper bound on the traffic */
+        free(grp);
+        free(f);
+        return 1.0 - none_of(e->experts, n, e->top_k);
+    }
+    int ng = 0;
+    for (int i = 0; i < n; i++) {
+        int q = members[i] / per, j = 0;
+        while (j < ng && grp[2 * j] != q) j++;
+        if (j == ng) grp[2 * ng] = q, grp[2 * ng + 1] = 0, ng++;
+        grp[2 * j + 1]++;
+    }
+    /* f[c][t]: probability that c of the groups seen so far are chosen, holding t members */
+    f[0] = 1.0;
+    for (int j = 0; j < ng; j++) {
+        int s = grp[2 * j + 1];
+        for (int c = (j < g ? j : g - 1); c >= 0; c--) {
+            double in = (double)(g - c) / (G - j); /* the next group drawn into the g */
+            for (int t = n - s; t >= 0; t--) {
+                double v = f[c * (n + 1) + t];
+                if (v == 0) continue;
+                f[(c + 1) * (n + 1) + t + s] += v * in;
+                f[c * (n + 1) + t] = v * (1.0 - in);
+            }
+        }
+    }
+    double none = 0.0;
+    for (int c = 0; c <= g; c++)
+        for (int t = 0; t <= n; t++)
+            if (f[c * (n + 1) + t] > 0)
+                none += f[c * (n + 1) + t] * none_of((double)g * per, t, e->top_k);
+    free(grp);
+    free(f);
+    return 1.0 - none;
+}
+
 static double hit_prob(const struct cost_ctx *c, const double *pick, const double *pair,
                        const int *members, int n)
 {
     const struct mdl_moe *e = &c->model.moe;
     if (!c->routing || c->routing->kind == COST_ROUTING_UNIFORM) {
+        if (e->n_group > 1 && e->topk_group < e->n_group) return hit_prob_grouped(e, members, n);
         /* Exact for k distinct experts drawn uniformly: 1 - C(E - n, k) / C(E, k). */
-        double none = 1.0;
-        for (int i = 0; i < e->top_k; i++) none *= (double)(e->experts - n - i) / (e->experts - i);
-        return 1.0 - (none > 0 ? none : 0.0);
+        return 1.0 - none_of(e->experts, n, e->top_k);
     }
     double sum = 0.0, most = 0.0, prod = 1.0;
     for (int i = 0; i < n; i++) {
