@@ -117,6 +117,8 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
                                        "hbm_eff",
                                        "launch_us",
                                        "graph_launch_us",
+                                       "quant_kernels_fp8",
+                                       "quant_kernels_block",
                                        "nvlink_eff",
                                        "nvlink_allreduce_eff",
                                        "scale_out_eff",
@@ -186,7 +188,11 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
                            err)))
         goto cleanup;
     if ((st = moe_jval_num(&root, "a2a_latency_us", false, t.a2a_latency_us, 0, 1e5,
-                           &t.a2a_latency_us, err)))
+                           &t.a2a_latency_us, err)) ||
+        (st = moe_jval_num(&root, "quant_kernels_fp8", false, t.quant_kernels_fp8, 0, 100,
+                           &t.quant_kernels_fp8, err)) ||
+        (st = moe_jval_num(&root, "quant_kernels_block", false, t.quant_kernels_block, 0, 100,
+                           &t.quant_kernels_block, err)))
         goto cleanup;
     if ((st = moe_jval_int(&root, "gemm_tile_m", false, t.gemm_tile_m, 8, 1024, &tile, err)))
         goto cleanup;
@@ -271,6 +277,8 @@ enum moe_status cost_calibration_write(const struct cost_calibration *cal, json_
     PUT(hbm_eff);
     PUT(launch_us);
     PUT(graph_launch_us);
+    PUT(quant_kernels_fp8);
+    PUT(quant_kernels_block);
     PUT(nvlink_eff);
     PUT(nvlink_allreduce_eff);
     PUT(scale_out_eff);

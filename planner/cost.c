@@ -81,6 +81,7 @@ struct block_cost {
  * backward runs two of its shape: data and weight gradient). */
 struct quant {
     double in, out; /* elements of the GEMMs' inputs and of their outputs' gradients */
+    int n;          /* the GEMMs: as many inputs quantized, and as many output gradients */
     double grad;    /* the GEMMs' time as gradient GEMMs (cost_gemm_grad_us), us */
 };
 
@@ -88,6 +89,7 @@ static double gemm_q(const struct cost_ctx *c, const struct cost_layout *l, stru
                      double m, double n, double k)
 {
     q->in += m * k;
+    q->n++;
     q->out += m * n;
     double t = cost_gemm_us(&c->cal, &c->cluster.gpu, m, n, k, l->precision);
     /* (only per-tensor fp8 has a gradient rate of its own) */
@@ -97,9 +99,10 @@ static double gemm_q(const struct cost_ctx *c, const struct cost_layout *l, stru
     return t;
 }
 
-static double quantize_us(const struct cost_ctx *c, const struct cost_layout *l, double elems)
+static double quantize_us(const struct cost_ctx *c, const struct cost_layout *l, double elems,
+                          int tensors)
 {
-    return cost_quantize_us(&c->cal, &c->cluster.gpu, l->precision, elems);
+    return cost_quantize_us(&c->cal, &c->cluster.gpu, l->precision, elems, tensors);
 }
 
 static void attention_cost(const struct cost_ctx *c, const struct cost_layout *l, int layer,
@@ -109,7 +112,7 @@ static void attention_cost(const struct cost_ctx *c, const struct cost_layout *l
     const struct mdl_attention *a = &m->attn;
     const struct topo_gpu_spec *g = &c->cluster.gpu;
     const struct cost_calibration *cal = &c->cal;
-    struct quant q = {0, 0, 0};
+    struct quant q = {0, 0, 0, 0};
     /* the CP rank's part of the sequence, whole after the TP all-gather */
     double M = (double)l->mbs * l->seq_len / l->cp;
     double h = m->hidden, H = (double)a->heads / l->tp, tp = l->tp;
@@ -185,8 +188,9 @@ static void attention_cost(const struct cost_ctx *c, const struct cost_layout *l
             elt_b += membound_us(c, 4.0 * T * qw, 2);
         }
     }
-    b->fwd[COST_ATTN_FWD] = proj + core_fwd + elt + elt_f + quantize_us(c, l, q.in);
-    b->bwd[COST_ATTN_BWD] = 2.0 * q.grad + core_bwd + 2.0 * elt + elt_b + quantize_us(c, l, q.out);
+    b->fwd[COST_ATTN_FWD] = proj + core_fwd + elt + elt_f + quantize_us(c, l, q.in, q.n);
+    b->bwd[COST_ATTN_BWD] =
+        2.0 * q.grad + core_bwd + 2.0 * elt + elt_b + quantize_us(c, l, q.out, q.n);
     /* selective recompute, module by module: what each redoes in the backward */
     if (rc & COST_RC_BIT(COST_RC_CORE_ATTN)) b->recompute[COST_ATTN_FWD] += core_fwd;
     if (rc & COST_RC_BIT(COST_RC_LAYERNORM)) /* both block norms */
@@ -285,11 +289,11 @@ static enum moe_status moe_cost(const struct cost_ctx *c, const struct cost_layo
     /* Shared experts on the local tokens. */
     if (e->shared_experts) {
         double fs = (double)e->shared_experts * e->shared_intermediate;
-        struct quant q = {0, 0, 0};
+        struct quant q = {0, 0, 0, 0};
         double act = membound_us(c, T * 3 * fs * BF16, 1);
         double sh = gemm_q(c, l, &q, T, 2 * fs, h) + gemm_q(c, l, &q, T, h, fs) + act;
-        b->fwd[COST_SHARED_EXPERT] = sh + quantize_us(c, l, q.in);
-        b->bwd[COST_SHARED_EXPERT] = 2.0 * (q.grad + act) + quantize_us(c, l, q.out);
+        b->fwd[COST_SHARED_EXPERT] = sh + quantize_us(c, l, q.in, q.n);
+        b->bwd[COST_SHARED_EXPERT] = 2.0 * (q.grad + act) + quantize_us(c, l, q.out, q.n);
         if (rc & COST_RC_BIT(COST_RC_SHARED_EXPERTS)) b->recompute[COST_SHARED_EXPERT] += sh;
     }
     /* Dispatch and combine, both in bf16 in every precision: Megatron-Core's dispatchers send the
@@ -325,11 +329,11 @@ static void dense_ffn_cost(const struct cost_ctx *c, const struct cost_layout *l
 {
     double M = (double)l->mbs * l->seq_len / l->cp, h = c->model.hidden;
     double f = (double)c->model.dense_intermediate / l->tp;
-    struct quant q = {0, 0, 0};
+    struct quant q = {0, 0, 0, 0};
     double act = membound_us(c, M * 3 * f * BF16, 1);
     double ffn = gemm_q(c, l, &q, M, 2 * f, h) + gemm_q(c, l, &q, M, h, f) + act;
-    b->fwd[COST_DENSE_FFN] = ffn + quantize_us(c, l, q.in);
-    b->bwd[COST_DENSE_FFN] = 2.0 * (q.grad + act) + quantize_us(c, l, q.out);
+    b->fwd[COST_DENSE_FFN] = ffn + quantize_us(c, l, q.in, q.n);
+    b->bwd[COST_DENSE_FFN] = 2.0 * (q.grad + act) + quantize_us(c, l, q.out, q.n);
     if (cost_layout_rc(l) & COST_RC_BIT(COST_RC_MLP)) b->recompute[COST_DENSE_FFN] += ffn;
     if (l->tp > 1) {
         double bw, lat;

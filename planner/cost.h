@@ -63,8 +63,16 @@ struct cost_calibration {
      * against causal attention's (tiles the band only partly fills; the executor's backward is
      * ours there, gk_window_backward_ours); 1: the same */
     double attn_window_eff;
-    double hbm_eff;              /* memory-bound kernels, fraction of HBM bandwidth */
-    double launch_us;            /* per kernel launch */
+    double hbm_eff;   /* memory-bound kernels, fraction of HBM bandwidth */
+    double launch_us; /* per kernel launch */
+    /* Kernels each quantized tensor launches, charged at launch_us, each expert's tensors apart:
+     * per-tensor current-scaling fp8 (quant_kernels_fp8) and the one-pass recipes, MXFP8 and
+     * blockwise (quant_kernels_block). Transformer Engine's current scaling finds the amax,
+     * computes the scale and casts, three kernels, and its GroupedLinear quantizes each expert's
+     * split on its own (split_quantize; no grouped current-scaling quantize before mid-2026);
+     * MXFP8 and blockwise quantize in one. Stack profiles: 3 and 1. Default 0: none charged (the
+     * executor's one-GPU fits hold its own quantize launches, batched over experts). */
+    double quant_kernels_fp8, quant_kernels_block;
     double graph_launch_us;      /* the same inside a CUDA graph (cuda_graphs=) */
     double nvlink_eff;           /* achieved fraction of NVLink bandwidth (all-to-all, p2p) */
     double nvlink_allreduce_eff; /* ring all-reduce bus bandwidth fraction over NVLink */
@@ -327,7 +335,7 @@ double cost_precision_elem_bytes(enum cost_precision prec);
  * Transformer Engine fuses it into the norm, the activation or the permutation before: bytes, no
  * launch. 0 in bf16. */
 double cost_quantize_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
-                        enum cost_precision prec, double elems);
+                        enum cost_precision prec, double elems, int tensors);
 /* One SwiGLU expert on `rows` rows (hidden h, intermediate f), before the expert correction:
  * the size-dependent time var[0] and the fixed time fixed[0] of its forward (up and down GEMMs,
  * SwiGLU), var[1] and fixed[1] of its backward (dgrad and wgrad of both, the wgrad added into

@@ -21,12 +21,14 @@ double cost_precision_elem_bytes(enum cost_precision prec)
 }
 
 double cost_quantize_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
-                        enum cost_precision prec, double elems)
+                        enum cost_precision prec, double elems, int tensors)
 {
     if (prec == COST_BF16) return 0.0;
     double read = prec == COST_FP8 ? 2.0 * BF16 : BF16;
+    double kernels = prec == COST_FP8 ? cal->quant_kernels_fp8 : cal->quant_kernels_block;
     return elems * (read + 2.0 * cost_precision_elem_bytes(prec)) /
-           (gpu->hbm_bytes_per_s * cal->hbm_eff) * 1e6;
+               (gpu->hbm_bytes_per_s * cal->hbm_eff) * 1e6 +
+           tensors * kernels * cal->launch_us;
 }
 
 /* The fraction of the fp8 peak a GEMM of recipe prec runs at; grad: a gradient GEMM (per-tensor
@@ -182,8 +184,8 @@ void cost_expert_us(const struct cost_calibration *cal, const struct topo_gpu_sp
     for (int i = 0; i < 2; i++)
         us[i] = cal->expert_scale[i] * var[i] + cal->expert_fixed_share[i] * fixed[i];
     /* fp8: its two GEMM inputs quantized, and the gradients of its two outputs */
-    us[0] += cost_quantize_us(cal, gpu, prec, rows * (h + f));
-    us[1] += cost_quantize_us(cal, gpu, prec, rows * (2.0 * f + h));
+    us[0] += cost_quantize_us(cal, gpu, prec, rows * (h + f), 2);
+    us[1] += cost_quantize_us(cal, gpu, prec, rows * (2.0 * f + h), 2);
 }
 
 void cost_attention_core_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,

@@ -620,6 +620,8 @@ void plan_fit_row_start(const struct plan_fit_row *row, struct cost_calibration 
 {
     cost_calibration_defaults(out, &row->cluster.gpu);
     if (row->measured) plan_fit_base(out, row->measured);
+    /* Megatron-Core quantizes through Transformer Engine (cost.h's quant_kernels_*) */
+    out->quant_kernels_fp8 = 3.0, out->quant_kernels_block = 1.0;
 }
 
 /* The second stage: the cluster's own rows, pulled towards the shared fit (*out = shared when

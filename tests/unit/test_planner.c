@@ -355,7 +355,7 @@ static void test_fp8_gain(void **state)
         {"deepseek-v3", "hgx-h100-x128", "megatron-26.06/h100.json",
          "ep=64,dp=256,mbs=1,gbs=1024,recompute=mla_up_proj,mtp=0", "fp8", 256, 8},
     };
-    double gain[4];
+    double gain[4], quant[4];
     for (int i = 0; i < 4; i++) {
         struct cost_ctx ctx;
         proxy_ctx(pairs[i].model, pairs[i].cluster, pairs[i].layers, pairs[i].gpus, &ctx);
@@ -405,12 +405,31 @@ static void test_fp8_gain(void **state)
         } else {
             assert_true(same.step_us == r[1].step_us);
         }
-        printf("%s on %d %s: %s %.2fx bf16 (%.2fx with the gradients at the forward's rate)\n",
+        /* Transformer Engine's quantize kernels (a stack profile's 3 a tensor for per-tensor
+         * current scaling, 1 for MXFP8), each expert's tensors apart: without them the fp8 step
+         * is faster, and an expert's forward and backward each lose 2 tensors' kernels */
+        assert_true(keep.quant_kernels_fp8 == 3.0 && keep.quant_kernels_block == 1.0);
+        struct cost_result bare;
+        ctx.cal.quant_kernels_fp8 = ctx.cal.quant_kernels_block = 0.0;
+        if (cost_evaluate(&ctx, &l8, &bare, &err)) fail_msg("%s", err.message);
+        double e0[2], e1[2], hh = ctx.model.hidden, ff = ctx.model.moe.intermediate;
+        enum cost_precision prec = l8.precision;
+        cost_expert_us(&ctx.cal, &ctx.cluster.gpu, 1024, hh, ff, prec, e0);
+        ctx.cal = keep;
+        cost_expert_us(&ctx.cal, &ctx.cluster.gpu, 1024, hh, ff, prec, e1);
+        double per = 2.0 * (hopper ? 3.0 : 1.0) * keep.launch_us;
+        for (int d = 0; d < 2; d++) assert_true(fabs(e1[d] - e0[d] - per) < 1e-9 * e1[d]);
+        quant[i] = r[1].step_us / bare.step_us;
+        printf("%s on %d %s: %s %.2fx bf16 (%.2fx with the gradients at the forward's rate, %.2fx "
+               "without TE's quantize kernels)\n",
                pairs[i].model, pairs[i].gpus, pairs[i].cluster, pairs[i].recipe, gain[i],
-               r[0].step_us / same.step_us);
+               r[0].step_us / same.step_us, r[0].step_us / bare.step_us);
+        assert_true(quant[i] > 1.0);
         assert_true(gain[i] > 1.0 && gain[i] < 1.35);
     }
     assert_true(gain[0] < gain[1] && gain[2] < gain[3]);
+    /* small experts pay the quantize kernels most; three a tensor (H100) more than one (GB300) */
+    assert_true(quant[2] > quant[3] && quant[0] > quant[1] && quant[2] > quant[0]);
     /* per-tensor fp8 on Blackwell: one rate, whatever a profile says of the gradients' */
     struct cost_ctx b;
     proxy_ctx("mixtral-8x7b", "dgx-b200-x32", 2, 8, &b);
