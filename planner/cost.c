@@ -58,6 +58,23 @@ static void group_link(const struct cost_ctx *c, int n, int stride, double *bw, 
     if (*bw <= 0) *bw = 1e9; /* a domain of one GPU: nothing crosses */
 }
 
+/* The same group's ring collectives (all-gather, reduce-scatter, all-reduce: data parallelism's
+ * gradients and parameters). A ring over several domains crosses out of each once per ring, and
+ * NCCL runs one ring per channel, each crossing through a different member's NIC: with m
+ * members in a domain the crossings share m NICs, not one (nccl-tests' multi-node bus bandwidth
+ * is about a node's NICs together, within its NVLink rate). One member a domain (DP ranks a node
+ * apart): the one NIC, as before. */
+static void collective_link(const struct cost_ctx *c, int n, int stride, double *bw, double *lat)
+{
+    group_link(c, n, stride, bw, lat);
+    const struct topo_cluster *t = &c->cluster;
+    if ((long)n * stride <= t->gpus_used_per_domain || stride >= t->gpus_used_per_domain) return;
+    int m = t->gpus_used_per_domain / stride; /* the group's members in one domain */
+    if (m > n) m = n;
+    double nv = t->nvlink_bytes_per_s * c->cal.nvlink_allreduce_eff;
+    *bw = fmin(nv > 0 ? nv : *bw * m, *bw * m);
+}
+
 /* ---------------------------------------------------------------------------------------------- */
 /* Blocks                                                                                         */
 /* ---------------------------------------------------------------------------------------------- */
@@ -783,8 +800,8 @@ static enum moe_status evaluate(const struct cost_ctx *c, const struct cost_layo
         expert += sm[v].expert_params / (l->ep * l->etp);
     }
     double bw, lat, ebw, elat;
-    group_link(c, ddp, l->tp, &bw, &lat);
-    group_link(c, edp, l->ep * l->etp, &ebw, &elat);
+    collective_link(c, ddp, l->tp, &bw, &lat);
+    collective_link(c, edp, l->ep * l->etp, &ebw, &elat);
     double gb = l->grad_reduce_bf16 ? BF16 : 4.0,
            pb = l->fp8_params ? cost_act_elem_bytes(l) : BF16;
     double rs = cost_allgather_us(dense * gb, ddp, bw, lat) +

@@ -436,7 +436,7 @@ static void test_values_and_messages(void **state)
     RUN(&r, "plan", "--model", "kimi-k2", "--cluster", "gb300-nvl72-x16", "--fix", "pp=4",
         "--explain");
     expect(&r, 0, "faster than the even split"); /* its LM head's rank sheds two blocks */
-    RUN(&r, "plan", "--model", "qwen3-30b-a3b", "--cluster", "gb300-nvl72-x16", "--fix", "pp=2",
+    RUN(&r, "plan", "--model", "mixtral-8x7b", "--cluster", "hgx-h200-x8", "--fix", "pp=2",
         "--explain");
     expect(&r, 0, "what the stage split bought: nothing; the even split is as good");
     /* a published-runs file with a bad cell or header: file:line and the column, no profile */
