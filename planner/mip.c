@@ -5,6 +5,8 @@
 
 #include <glpk.h>
 #include <math.h>
+#include <setjmp.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,7 +18,9 @@ struct mip {
     double *ar;
     int nz, cap;
     double *warm;
-    double best_gap;
+    double known_bound, gap_tol; /* the caller's lower bound on the objective, its gap */
+    double bound;                /* the best lower bound seen (the caller's or GLPK's) */
+    bool at_gap;                 /* the search was stopped: the incumbent within gap_tol */
 };
 
 struct mip *mip_create(int cols, int rows)
@@ -37,6 +41,7 @@ struct mip *mip_create(int cols, int rows)
         return NULL;
     }
     for (int i = 0; i < rows; i++) p->rlo[i] = -HUGE_VAL, p->rhi[i] = HUGE_VAL;
+    p->known_bound = -HUGE_VAL;
     return p;
 }
 
@@ -105,18 +110,39 @@ void mip_warm_start(struct mip *p, const double *x)
     memcpy(p->warm + 1, x, sizeof(double) * (size_t)p->cols);
 }
 
+/* The incumbent's objective, or HUGE_VAL while there is none. */
+static double incumbent(glp_tree *tree)
+{
+    glp_prob *lp = glp_ios_get_prob(tree);
+    int st = glp_mip_status(lp);
+    return st == GLP_FEAS || st == GLP_OPT ? glp_mip_obj_val(lp) : HUGE_VAL;
+}
+
 static void callback(glp_tree *tree, void *info)
 {
     struct mip *p = info;
-    switch (glp_ios_reason(tree)) {
-    case GLP_IHEUR:
-        /* Offer the warm start once, at the root: GLPK keeps it if it is feasible. */
-        if (p->warm && glp_ios_curr_node(tree) == 1) glp_ios_heur_sol(tree, p->warm);
-        break;
-    case GLP_IBINGO:
-    case GLP_ISELECT: p->best_gap = glp_ios_mip_gap(tree); break;
-    default: break;
+    int reason = glp_ios_reason(tree);
+    /* Offer the warm start once, at the root: GLPK keeps it if it is feasible. */
+    if (reason == GLP_IHEUR && p->warm && glp_ios_curr_node(tree) == 1)
+        glp_ios_heur_sol(tree, p->warm);
+    if (reason != GLP_IHEUR && reason != GLP_ISELECT && reason != GLP_IBINGO) return;
+    /* the bound: the caller's, or the best active node's (minimizing) */
+    int best = glp_ios_best_node(tree);
+    double b = best ? glp_ios_node_bound(tree, best) : -HUGE_VAL;
+    p->bound = fmax(p->known_bound, fmax(p->bound, b));
+    double inc = incumbent(tree);
+    /* relative to the bound, so "within G" is what the incumbent may exceed the optimum by */
+    if (p->gap_tol > 0 && p->bound > 0 && inc <= p->bound * (1.0 + p->gap_tol)) {
+        p->at_gap = true;
+        glp_ios_terminate(tree);
     }
+}
+
+/* GLPK stops on an internal error (a failed assertion, numerical trouble) by calling this hook
+ * and then abort(): back to mip_solve instead, whose GLPK state is then freed whole. */
+static void on_glpk_error(void *info)
+{
+    longjmp(*(jmp_buf *)info, 1);
 }
 
 static void set_bounds_col(glp_prob *lp, int j, double lo, double hi)
@@ -133,13 +159,15 @@ static void set_bounds_col(glp_prob *lp, int j, double lo, double hi)
         glp_set_col_bnds(lp, j, GLP_DB, lo, hi);
 }
 
-enum moe_status mip_solve(struct mip *p, double time_limit_s, double gap_tol,
-                          struct plan_mip_report *rep, double *x, struct moe_error *err)
+void mip_known_bound(struct mip *p, double bound)
 {
-    memset(rep, 0, sizeof *rep);
-    double t0 = moe_time_now_s();
-    glp_term_out(GLP_OFF);
-    glp_prob *lp = glp_create_prob();
+    p->known_bound = bound;
+}
+
+/* The solve proper; GLPK's internal errors longjmp out of it (mip_solve). */
+static enum moe_status solve(struct mip *p, glp_prob *lp, double time_limit_s, double t0,
+                             struct plan_mip_report *rep, double *x, struct moe_error *err)
+{
     glp_set_obj_dir(lp, GLP_MIN);
     glp_add_cols(lp, p->cols);
     if (p->rows) glp_add_rows(lp, p->rows);
@@ -175,12 +203,10 @@ enum moe_status mip_solve(struct mip *p, double time_limit_s, double gap_tol,
     int lrc = glp_simplex(lp, &sm);
     if (lrc == 0 && glp_get_status(lp) == GLP_NOFEAS) {
         snprintf(rep->status, sizeof rep->status, "infeasible");
-        glp_delete_prob(lp);
         return moe_error_set(err, MOE_ERR_INFEASIBLE, "the integer program has no feasible point");
     }
     if (lrc != 0 || glp_get_status(lp) != GLP_OPT) {
         snprintf(rep->status, sizeof rep->status, "no solution");
-        glp_delete_prob(lp);
         return moe_error_set(err, MOE_ERR_GLPK, "the LP relaxation did not solve: %s",
                              lrc ? moe_glpk_strerror(lrc) : "not optimal");
     }
@@ -188,44 +214,65 @@ enum moe_status mip_solve(struct mip *p, double time_limit_s, double gap_tol,
     glp_init_iocp(&parm);
     parm.presolve = GLP_OFF;
     parm.msg_lev = GLP_MSG_OFF;
-    parm.tm_lim = (int)(time_limit_s * 1000.0);
-    parm.mip_gap = gap_tol; /* 0: prove optimality, or say the limit cut it short */
+    parm.mip_gap = 0.0; /* the callback stops at the caller's gap, measured from the bound */
     parm.cb_func = callback;
     parm.cb_info = p;
-    p->best_gap = HUGE_VAL;
     double left = time_limit_s - (moe_time_now_s() - t0);
     parm.tm_lim = (int)((left > 0.01 ? left : 0.01) * 1000.0);
     int rc = glp_intopt(lp, &parm);
     int status = glp_mip_status(lp);
-    enum moe_status st = MOE_OK;
     rep->seconds = moe_time_now_s() - t0;
-    if (rc != 0 && rc != GLP_ETMLIM && rc != GLP_EMIPGAP && rc != GLP_ENOPFS) {
-        st = moe_error_set(err, MOE_ERR_GLPK, "glp_intopt failed: %s", moe_glpk_strerror(rc));
-        goto cleanup;
-    }
+    if (rc != 0 && rc != GLP_ETMLIM && rc != GLP_ESTOP && rc != GLP_ENOPFS)
+        return moe_error_set(err, MOE_ERR_GLPK, "glp_intopt failed: %s", moe_glpk_strerror(rc));
     if (rc == GLP_ENOPFS || status == GLP_NOFEAS) {
         snprintf(rep->status, sizeof rep->status, "infeasible");
-        st = moe_error_set(err, MOE_ERR_INFEASIBLE, "the integer program has no feasible point");
-        goto cleanup;
+        return moe_error_set(err, MOE_ERR_INFEASIBLE, "the integer program has no feasible point");
     }
     if (status != GLP_OPT && status != GLP_FEAS) {
         snprintf(rep->status, sizeof rep->status, "no solution");
-        st = moe_error_set(err, MOE_ERR_GLPK, "GLPK found no solution within %.1f s", time_limit_s);
-        goto cleanup;
+        return moe_error_set(err, MOE_ERR_GLPK, "GLPK found no solution within %.1f s",
+                             time_limit_s);
     }
-    rep->optimal = status == GLP_OPT && rc == 0;
     rep->objective = glp_mip_obj_val(lp);
-    rep->gap = rep->optimal ? 0.0 : (isfinite(p->best_gap) ? p->best_gap : HUGE_VAL);
+    /* proven optimal by GLPK's search, or by meeting the bound */
+    rep->optimal = (status == GLP_OPT && rc == 0) ||
+                   (p->bound > 0 && rep->objective <= p->bound * (1.0 + 1e-6));
+    rep->gap = rep->optimal ? 0.0 : p->bound > 0 ? rep->objective / p->bound - 1.0 : HUGE_VAL;
     if (rep->optimal)
         snprintf(rep->status, sizeof rep->status, "optimal");
+    else if (p->at_gap)
+        snprintf(rep->status, sizeof rep->status, "within %.3g%% of optimal", 100.0 * rep->gap);
     else if (rc == GLP_ETMLIM)
         snprintf(rep->status, sizeof rep->status, "feasible (time limit)");
-    else if (rc == GLP_EMIPGAP)
-        snprintf(rep->status, sizeof rep->status, "within %.4g%% of optimal", 100.0 * rep->gap);
     else
         snprintf(rep->status, sizeof rep->status, "feasible");
     for (int j = 0; j < p->cols; j++) x[j] = glp_mip_col_val(lp, j + 1);
-cleanup:
+    return MOE_OK;
+}
+
+enum moe_status mip_solve(struct mip *p, double time_limit_s, double gap_tol,
+                          struct plan_mip_report *rep, double *x, struct moe_error *err)
+{
+    memset(rep, 0, sizeof *rep);
+    p->gap_tol = gap_tol;
+    p->bound = p->known_bound;
+    p->at_gap = false;
+    double t0 = moe_time_now_s();
+    glp_term_out(GLP_OFF);
+    jmp_buf jump;
+    glp_prob *volatile lp = NULL;
+    if (setjmp(jump)) { /* GLPK's state is undefined now: all of it freed, none of it used */
+        glp_error_hook(NULL, NULL);
+        glp_free_env();
+        rep->seconds = moe_time_now_s() - t0;
+        snprintf(rep->status, sizeof rep->status, "no solution (GLPK internal error)");
+        return moe_error_set(err, MOE_ERR_GLPK,
+                             "GLPK stopped on an internal error (numerical trouble)");
+    }
+    glp_error_hook(on_glpk_error, &jump);
+    lp = glp_create_prob();
+    enum moe_status st = solve(p, lp, time_limit_s, t0, rep, x, err);
     glp_delete_prob(lp);
+    glp_error_hook(NULL, NULL);
     return st;
 }

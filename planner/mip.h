@@ -26,8 +26,12 @@ void mip_row(struct mip *p, int i, double lo, double hi);
 enum moe_status mip_coef(struct mip *p, int i, int j, double a, struct moe_error *err);
 /* A feasible point to start from (cols values); NULL for none. */
 void mip_warm_start(struct mip *p, const double *x);
+/* A lower bound on the objective the caller knows (the solve stops, proven optimal, once its
+ * best point meets it; it also measures gap_tol); default none. */
+void mip_known_bound(struct mip *p, double bound);
 /* Solve; x (cols) receives the best point found. gap_tol: stop once the best point is proven
- * within this relative gap of the optimum (0: prove optimality, or the time limit cuts it short). */
+ * within this relative gap of the optimum, objective / bound - 1 (0: prove optimality, or the
+ * time limit cuts it short). GLPK's internal errors come back as MOE_ERR_GLPK. */
 enum moe_status mip_solve(struct mip *p, double time_limit_s, double gap_tol,
                           struct plan_mip_report *rep, double *x, struct moe_error *err);
 

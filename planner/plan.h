@@ -20,8 +20,9 @@ const char *plan_glpk_version(void);
 
 /* What a GLPK solve of the planner reports: never "optimal" unless GLPK proved it. */
 struct plan_mip_report {
-    char status[64]; /* "optimal", "within G% of optimal", "feasible (time limit)", "infeasible",
-                      * "no solution" */
+    char status[64]; /* "optimal" (GLPK's proof, or ": meets the lower bound"), "within G% of
+                      * optimal", "feasible (time limit)", "infeasible", "no solution", and
+                      * for the split, "...: warm start kept" where GLPK gave no split */
     bool optimal;
     double objective;
     double gap; /* relative optimality gap; 0 when optimal */
@@ -84,9 +85,10 @@ struct plan_split {
     double even_busiest_us; /* the even split, for comparison */
     struct plan_mip_report mip;
 };
-/* The split's MILP stops once its split is proven within 1% of the best one: the layer times it
- * balances are predictions, not more precise than that, and deep interleaved pipelines (61
- * blocks on 32 virtual stages) would otherwise spend the whole time limit closing the last 1%. */
+/* The split's MILP stops once its split is proven within 1% of the best one (its busiest rank at
+ * most 1.01 x a lower bound on every split's): the layer times it balances are predictions, not
+ * more precise than that, and closing the last 1% of a deep interleaved pipeline can take GLPK
+ * longer than its time limit. */
 #define PLAN_SPLIT_GAP 0.01
 enum moe_status plan_split_stages(const double *layer_us, int layers, int stages, int pp,
                                   double first_extra_us, double last_extra_us, double time_limit_s,

@@ -1650,6 +1650,23 @@ static void test_stage_split(void **state)
     assert_true(fabs(sp.busiest_us - 8 * 14.0) < 1e-9);
     assert_true(sp.even_busiest_us > sp.busiest_us + 10.0); /* 7 x 14 + 30 */
     assert_true(sp.mip.seconds < 0.25);
+    /* blocks 10^5 and more apart, where a bound on z's column left GLPK's simplex "infeasible"
+     * (the first) or failing an assertion and aborting (the second): a split, within the gap */
+    static const double far[2][10] = {
+        {19623.169484296774, 7309.6899002618929, 13.042843654948925, 6.4120070175880409e-05,
+         87.632532878575617, 0.0020003374811642795, 3066.530199484479, 0.00028423431746374314,
+         0.75274151729587546},
+        {0.62971709736067016, 0.45387909534342818, 742617.79839248979, 0.0025757823151706383,
+         629101.73579943192, 434062.62923328963, 0.51411657583396442, 0.51679065163545201,
+         442626.78346375929, 428930.80274752429}};
+    static const int fl[2][3] = {{9, 6, 6}, {10, 8, 4}};
+    for (int c = 0; c < 2; c++) {
+        int L = fl[c][0], S = fl[c][1], pp = fl[c][2];
+        assert_int_equal(plan_split_stages(far[c], L, S, pp, 0, 0, 1.0, &sp, &err), MOE_OK);
+        double want = brute_split(far[c], L, S, pp, 0, 0);
+        assert_true(sp.busiest_us >= want * (1 - 1e-12) &&
+                    sp.busiest_us <= want * (1 + PLAN_SPLIT_GAP));
+    }
     double w[4] = {1, 1, 1, 1};
     assert_int_equal(plan_split_stages(w, 4, 8, 8, 0, 0, 1.0, &sp, &err), MOE_ERR_INFEASIBLE);
 }
