@@ -70,9 +70,9 @@ static void collective_link(const struct cost_ctx *c, int n, int stride, double 
     const struct topo_cluster *t = &c->cluster;
     if ((long)n * stride <= t->gpus_used_per_domain || stride >= t->gpus_used_per_domain) return;
     int m = t->gpus_used_per_domain / stride; /* the group's members in one domain */
-    if (m > n) m = n;
     double nv = t->nvlink_bytes_per_s * c->cal.nvlink_allreduce_eff;
-    *bw = fmin(nv > 0 ? nv : *bw * m, *bw * m);
+    *bw *= m < n ? m : n;
+    if (nv > 0) *bw = fmin(*bw, nv);
 }
 
 /* ---------------------------------------------------------------------------------------------- */

@@ -332,8 +332,9 @@ double cost_precision_elem_bytes(enum cost_precision prec);
 /* fp8 recipes quantize every GEMM input in the forward and every output gradient in the
  * backward: `elems` bf16 values read (twice with per-tensor current scaling: their amax first),
  * their fp8 copy and, for the weight gradient, a transposed one written with their scales.
- * Transformer Engine fuses it into the norm, the activation or the permutation before: bytes, no
- * launch. 0 in bf16. */
+ * Its bytes at HBM speed, and `tensors` quantized tensors' kernels (the calibration's
+ * quant_kernels_fp8 or _block each, at launch_us: Transformer Engine's in stack profiles, none in
+ * the executor's). 0 in bf16. */
 double cost_quantize_us(const struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
                         enum cost_precision prec, double elems, int tensors);
 /* One SwiGLU expert on `rows` rows (hidden h, intermediate f), before the expert correction:

@@ -332,7 +332,6 @@ void cost_dispatch_bytes_exact(const int *choice, const int *src_rank, int token
 /* Routing: load per EP rank and the dispatch's expected copies per token                         */
 /* ---------------------------------------------------------------------------------------------- */
 
-/* P(a token picks at least one expert of the set `members` (n of them)). */
 /* C(N - t, k) / C(N, k): none of t given experts among k drawn uniformly from N. */
 static double none_of(double N, double t, int k)
 {
@@ -389,6 +388,7 @@ static double hit_prob_grouped(const struct mdl_moe *e, const int *members, int 
     return 1.0 - none;
 }
 
+/* P(a token picks at least one expert of the set `members` (n of them)). */
 static double hit_prob(const struct cost_ctx *c, const double *pick, const double *pair,
                        const int *members, int n)
 {

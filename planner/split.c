@@ -24,7 +24,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-static double busiest(const int *count, const double *w, int stages, int pp, double a, double b)
+/* The busiest pp rank's time under `count` blocks a stage; *spread (may be NULL) gets the sum
+ * of the squared rank times, local_search's tie-break that lets a move off the busiest rank
+ * count. */
+static double busiest_spread(const int *count, const double *w, int stages, int pp, double a,
+                             double b, double *spread)
 {
     double rank[COST_MAX_STAGES] = {0};
     int l = 0;
@@ -35,9 +39,15 @@ static double busiest(const int *count, const double *w, int stages, int pp, dou
         if (s == stages - 1) t += b;
         rank[s % pp] += t;
     }
-    double m = 0;
-    for (int r = 0; r < pp; r++) m = fmax(m, rank[r]);
+    double m = 0, q = 0;
+    for (int r = 0; r < pp; r++) m = fmax(m, rank[r]), q += rank[r] * rank[r];
+    if (spread) *spread = q;
     return m;
+}
+
+static double busiest(const int *count, const double *w, int stages, int pp, double a, double b)
+{
+    return busiest_spread(count, w, stages, pp, a, b, NULL);
 }
 
 static int by_value(const void *a, const void *b)
@@ -78,37 +88,21 @@ static double integer_bound(const double *w, int layers, int stages, int pp, dou
     return fmax(bound, ends);
 }
 
-/* The sum of squared rank times: the tie-break that lets a move off the busiest rank count. */
-static double spread(const int *count, const double *w, int stages, int pp, double a, double b)
-{
-    double rank[COST_MAX_STAGES] = {0};
-    int l = 0;
-    for (int s = 0; s < stages; s++) {
-        for (int i = 0; i < count[s]; i++) rank[s % pp] += w[l++];
-        if (s == 0) rank[0] += a;
-        if (s == stages - 1) rank[s % pp] += b;
-    }
-    double q = 0;
-    for (int r = 0; r < pp; r++) q += rank[r] * rank[r];
-    return q;
-}
-
 /* The MILP's warm start: from the even split, move one block from a stage to another (the stages
  * between keep their counts and shift by one block) while that lowers the busiest rank (or, at
  * the same busiest rank, the spread), every stage kept non-empty. Moving the LM head's rank's
  * blocks to the others this way is what GLPK's branching finds slowly; where the result meets
- * the integer bound, GLPK proves it at the root. */
+ * the integer bound, no MILP is needed. */
 static void local_search(int *count, const double *w, int stages, int pp, double a, double b)
 {
-    double best = busiest(count, w, stages, pp, a, b), q = spread(count, w, stages, pp, a, b);
+    double q, best = busiest_spread(count, w, stages, pp, a, b, &q);
     for (bool moved = true; moved;) {
         moved = false;
         for (int s = 0; s < stages; s++)
             for (int t = 0; t < stages && count[s] > 1; t++) {
                 if (t == s) continue;
                 count[s]--, count[t]++;
-                double m = busiest(count, w, stages, pp, a, b),
-                       sq = spread(count, w, stages, pp, a, b);
+                double sq, m = busiest_spread(count, w, stages, pp, a, b, &sq);
                 if (m < best * (1 - 1e-12) || (m <= best * (1 + 1e-12) && sq < q * (1 - 1e-12)))
                     best = m, q = sq, moved = true;
                 else
@@ -147,9 +141,22 @@ enum moe_status plan_split_stages(const double *layer_us, int layers, int stages
         st = moe_error_set(err, MOE_ERR_NOMEM, "split: out of memory");
         goto cleanup;
     }
-    for (int j = 0; j < nb; j++) mip_col(p, j, MIP_BINARY, 0, 1, 0);
-    /* x serves as the sort's scratch before the solve fills it */
+    /* the warm start first: where it meets the bound, no MILP is built (x: the sort's scratch
+     * before the solve fills it) */
     double bound = integer_bound(layer_us, L, S, pp, first_extra_us, last_extra_us, x);
+    int start[COST_MAX_STAGES];
+    memcpy(start, even, sizeof(int) * (size_t)S);
+    local_search(start, layer_us, S, pp, first_extra_us, last_extra_us);
+    memcpy(r.stage_layers, start, sizeof(int) * (size_t)S);
+    r.busiest_us = busiest(start, layer_us, S, pp, first_extra_us, last_extra_us);
+    if (r.busiest_us <= bound * (1.0 + 1e-6)) { /* proven without GLPK */
+        snprintf(r.mip.status, sizeof r.mip.status, "optimal: meets the lower bound");
+        r.mip.optimal = true;
+        r.mip.objective = r.busiest_us;
+        *out = r;
+        goto cleanup;
+    }
+    for (int j = 0; j < nb; j++) mip_col(p, j, MIP_BINARY, 0, 1, 0);
     mip_col(p, iz, MIP_CONTINUOUS, 0, HUGE_VAL, 1.0);
     mip_known_bound(p, bound);
     int row = 0;
@@ -177,21 +184,9 @@ enum moe_status plan_split_stages(const double *layer_us, int layers, int stages
         if (st == MOE_OK) st = mip_coef(p, row, iz, -1, err);
     }
     if (st != MOE_OK) goto cleanup;
-    int start[COST_MAX_STAGES];
-    memcpy(start, even, sizeof(int) * (size_t)S);
-    local_search(start, layer_us, S, pp, first_extra_us, last_extra_us);
     for (int s = 0, l = 0; s < S; s++)
         for (int i = 0; i < start[s]; i++) warm[(l++) * S + s] = 1.0;
-    warm[iz] = busiest(start, layer_us, S, pp, first_extra_us, last_extra_us);
-    memcpy(r.stage_layers, start, sizeof(int) * (size_t)S);
-    r.busiest_us = warm[iz];
-    if (warm[iz] <= bound * (1.0 + 1e-6)) { /* proven without GLPK */
-        snprintf(r.mip.status, sizeof r.mip.status, "optimal: meets the lower bound");
-        r.mip.optimal = true;
-        r.mip.objective = warm[iz];
-        *out = r;
-        goto cleanup;
-    }
+    warm[iz] = r.busiest_us;
     mip_warm_start(p, warm);
     st = mip_solve(p, time_limit_s, PLAN_SPLIT_GAP, &r.mip, x, err);
     if (st != MOE_OK && st != MOE_ERR_NOMEM) { /* nothing in time, or GLPK failed: the warm
