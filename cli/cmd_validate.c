@@ -301,7 +301,7 @@ enum moe_status cli_calibrate_measure(struct cli *cli, const char *cluster, bool
     /* minutes of measuring: a bar on a terminal, a line every few seconds into a pipe (a stage,
      * an attention shape, a job, each a step) */
     struct moe_progress bar;
-    moe_progress_start(&bar, stderr, true, "calibrate", 6 + 12 + (uint64_t)plan_calib_njobs);
+    moe_progress_start(&bar, stderr, true, "calibrate", 6 + 12 + 4 + (uint64_t)plan_calib_njobs);
     moe_progress_lines(&bar, 2.0);
     uint64_t done = 0;
 #define STEP(call) ((st = (call)) == MOE_OK && (moe_progress_update(&bar, ++done), true))
@@ -326,13 +326,43 @@ enum moe_status cli_calibrate_measure(struct cli *cli, const char *cluster, bool
     for (int i = 0; i < d->nattn; i++) {
         for (int k = 0; k < 7; k++) d->attn[i][k] = at[i][k];
         if (!STEP(exec_time_attention(at[i][0], at[i][1], at[i][2], at[i][3], at[i][4], at[i][5],
-                                      at[i][6], EXEC_ATTN_AUTO, quick ? 3 : 10, &d->attn[i][7],
-                                      &d->attn[i][8], err))) {
+                                      at[i][6], EXEC_ATTN_AUTO, false, quick ? 3 : 10,
+                                      &d->attn[i][7], &d->attn[i][8], err))) {
             moe_progress_finish(&bar);
             return st;
         }
     }
-    done = 6 + 12;
+    /* attention with sinks as Transformer Engine runs gpt-oss's (inside cuDNN's graph), against
+     * cuDNN's plain graph on the same 64-wide shapes, causal and windowed: what the stack profiles
+     * charge for sinks (attn_sink_cudnn_eff); not with --quick, not without cuDNN, and none where
+     * cuDNN has no sinks (before 9.13), said and left out */
+    d->nsink = 0;
+    for (int i = 0;
+         !quick && exec_attention_cudnn(EXEC_ATTN_AUTO) && i < (int)(sizeof at / sizeof at[0]);
+         i++) {
+        if (at[i][4] != 64) continue;
+        double *r = d->sink[d->nsink];
+        for (int k = 0; k < 7; k++) r[k] = at[i][k];
+        struct moe_error why;
+        if (!STEP(exec_time_attention(at[i][0], at[i][1], at[i][2], at[i][3], at[i][4], at[i][5],
+                                      at[i][6], EXEC_ATTN_CUDNN, false, 10, &r[7], &r[8], err)))
+            break;
+        if (exec_time_attention(at[i][0], at[i][1], at[i][2], at[i][3], at[i][4], at[i][5],
+                                at[i][6], EXEC_ATTN_CUDNN, true, 10, &r[9], &r[10],
+                                &why) != MOE_OK) {
+            moe_progress_clear(&bar);
+            fprintf(stderr, "moeplan calibrate: attention with sinks not measured: %s\n",
+                    why.message);
+            d->nsink = 0;
+            break;
+        }
+        d->nsink++;
+    }
+    if (st != MOE_OK) {
+        moe_progress_finish(&bar);
+        return st;
+    }
+    done = 6 + 12 + 4;
     struct cost_calibration base;
     cost_calibration_defaults(&base, &cl->gpu);
     char dir[MOE_PATH_MAX];

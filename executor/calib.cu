@@ -307,15 +307,17 @@ extern "C" enum moe_status exec_warm_up(double seconds, struct moe_error *err)
 
 extern "C" enum moe_status exec_time_attention(int seqs, int seq, int heads, int kv_heads, int dqk,
                                                int dv, int window, enum exec_attention backend,
-                                               int iters, double *fwd_us, double *bwd_us,
-                                               struct moe_error *err)
+                                               bool sinks, int iters, double *fwd_us,
+                                               double *bwd_us, struct moe_error *err)
 {
     if (seqs < 1 || seq < 1 || heads < 1 || kv_heads < 1 || heads % kv_heads ||
-        !gk_flash_supported(dqk, dv) || iters < 1 || window < 0)
+        !gk_flash_supported(dqk, dv) || iters < 1 || window < 0 ||
+        (sinks && backend != EXEC_ATTN_CUDNN))
         return moe_error_set(err, MOE_ERR_INPUT,
                              "calibrate: attention %d x %d tokens, %d / %d heads, dims %d / %d, "
-                             "window %d",
-                             seqs, seq, heads, kv_heads, dqk, dv, window);
+                             "window %d%s",
+                             seqs, seq, heads, kv_heads, dqk, dv, window,
+                             sinks ? ", sinks (cuDNN's only)" : "");
     /* as the executor runs it (AUTO): cuDNN's where the build has it, but our backward for a
      * narrow window */
     bool cudnn = backend == EXEC_ATTN_CUDNN ||
@@ -331,6 +333,9 @@ extern "C" enum moe_status exec_time_attention(int seqs, int seq, int heads, int
     float *lse = d.get<float>(T * heads, &e), *delta = d.get<float>(T * heads, &e);
     float *dq = d.get<float>(nq, &e), *dk = d.get<float>(nk, &e), *dvv = d.get<float>(nv, &e);
     bf16 *dq16 = d.get<bf16>(nq, &e), *dk16 = d.get<bf16>(nk, &e), *dv16 = d.get<bf16>(nv, &e);
+    float *sink = sinks ? d.get<float>(heads, &e) : NULL,
+          *dsink = sinks ? d.get<float>(heads, &e) : NULL;
+    if (e == cudaSuccess && sinks) e = cudaMemset(sink, 0, sizeof(float) * heads);
     if (e == cudaSuccess) e = fill_bf16(q, nq, 3, scratch, cap);
     if (e == cudaSuccess) e = fill_bf16(k, nk, 4, scratch, cap);
     if (e == cudaSuccess) e = fill_bf16(v, nv, 5, scratch, cap);
@@ -344,8 +349,8 @@ extern "C" enum moe_status exec_time_attention(int seqs, int seq, int heads, int
             if (!cudnn)
                 return gk_flash_forward(q, k, v, seqs, seq, heads, kv_heads, dqk, dv, window, o,
                                         lse, 0);
-            ok = ok && gk_cudnn_forward(q, k, v, seqs, seq, heads, kv_heads, dqk, dv, window, o,
-                                        lse, 0, why, sizeof why);
+            ok = ok && gk_cudnn_forward(q, k, v, seqs, seq, heads, kv_heads, dqk, dv, window, sink,
+                                        o, lse, 0, why, sizeof why);
             return ok ? cudaGetLastError() : cudaErrorUnknown;
         },
         fwd_us);
@@ -358,8 +363,8 @@ extern "C" enum moe_status exec_time_attention(int seqs, int seq, int heads, int
                                              dv, window, delta, dq, dk, dvv, 0);
                 /* as the executor calls it: the gradients stay bf16 (GQA's rope reads them) */
                 ok = ok && gk_cudnn_backward(q, k, v, o, dout, lse, seqs, seq, heads, kv_heads, dqk,
-                                             dv, window, GK_CUDNN_DETERMINISTIC, NULL, NULL, NULL,
-                                             dq16, dk16, dv16, 0, why, sizeof why);
+                                             dv, window, sink, dsink, GK_CUDNN_DETERMINISTIC, NULL,
+                                             NULL, NULL, dq16, dk16, dv16, 0, why, sizeof why);
                 return ok ? cudaGetLastError() : cudaErrorUnknown;
             },
             bwd_us);

@@ -401,9 +401,10 @@ bool exec_attention_cudnn(enum exec_attention a);
 /* Attention by cuDNN's fused kernels (EXEC_ATTN_CUDNN: an error when cuDNN does not take the
  * shape), by ours (EXEC_ATTN_OWN) or as the executor runs it (EXEC_ATTN_AUTO: cuDNN's where the
  * build has it, our backward for a narrow sliding window); window > 0: a sliding window of that
- * many keys. */
+ * many keys; sinks (EXEC_ATTN_CUDNN only): a learned sink a head inside cuDNN's graph, forward
+ * and backward (its gradient too), as Transformer Engine runs gpt-oss's attention. */
 enum moe_status exec_time_attention(int seqs, int seq, int heads, int kv_heads, int dqk, int dv,
-                                    int window, enum exec_attention backend, int iters,
+                                    int window, enum exec_attention backend, bool sinks, int iters,
                                     double *fwd_us, double *bwd_us, struct moe_error *err);
 enum moe_status exec_time_copy(size_t bytes, int iters, double *us, struct moe_error *err);
 /* The executor's AdamW update over n parameters (fp32 master and gradient, fp32 moments or bf16

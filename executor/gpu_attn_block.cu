@@ -40,7 +40,7 @@ static enum moe_status attn_core_forward(struct exec_gpu *g, const struct act *A
     char why[256];
     if (g->cudnn_attn) {
         if (gk_cudnn_forward(A->q16, A->k16, A->v16, c.seqs, c.len, g->heads, g->kv_heads, g->dqk,
-                             g->dv, c.window, A->o16, A->lse, g->s, why, sizeof why))
+                             g->dv, c.window, NULL, A->o16, A->lse, g->s, why, sizeof why))
             return MOE_OK;
         cudnn_off(g, why);
     }
@@ -70,7 +70,7 @@ static enum moe_status attn_core_backward(struct exec_gpu *g, const struct act *
                 snprintf(g->attn_nondet, sizeof g->attn_nondet, "%s", why);
             }
             if (gk_cudnn_backward(A->q16, A->k16, A->v16, A->o16, g->do16, A->lse, c.seqs, c.len,
-                                  g->heads, g->kv_heads, g->dqk, g->dv, c.window,
+                                  g->heads, g->kv_heads, g->dqk, g->dv, c.window, NULL, NULL,
                                   det && GK_CUDNN_DETERMINISTIC, in16 ? NULL : g->dq32, g->dk32,
                                   g->dv32, g->dq16, g->dk16, g->dv16, g->s, why, sizeof why)) {
                 if (in16) *in16 = true;

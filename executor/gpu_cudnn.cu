@@ -7,6 +7,12 @@
  *   (col + window > row) -> max, exp(S - max), sum -> stats = max + log(sum) (kept for the
  *   backward), P = exp / sum -> O = P V (bf16)
  *
+ * and, with attention sinks (gpt-oss's learned logit per head), the graph cuDNN's frontend builds
+ * for them (cuDNN 9.13 and later; what Transformer Engine runs): the row's max also over its
+ * sink, the sum also of exp(sink - max); the backward adds the sinks' gradient. The executor
+ * folds the sinks in after a plain forward instead (gk_attn_sinks); calibrate times this graph,
+ * the cost of sinks in the stacks the planner predicts.
+ *
  * with the layouts of our own kernel (gpu_attention.cu): q (B*S, H, dqk), k (B*S, KV, dqk), v
  * (B*S, KV, dv) and o (B*S, H, dv) bf16, token-major, seen by cuDNN as (b, h, s, d) through
  * strides; K^T is K's strides swapped. cuDNN's stats are natural logs; ours (lse) are base 2, so
@@ -45,7 +51,9 @@ enum {
     UID_DV,
     UID_ROWSUM,
     UID_DQ_ACC,
-    UID_ONE
+    UID_ONE,
+    UID_SINK,
+    UID_DSINK
 };
 
 /* Plans are kept per stream: each has its own workspace and buffers, and its handle (a plan is
@@ -54,7 +62,7 @@ enum {
  * gk_cudnn_release frees a stream's slots when its exec_gpu goes. */
 struct plan_key {
     cudaStream_t stream;
-    int backward, device, B, S, H, KV, dqk, dv, window, deterministic;
+    int backward, device, B, S, H, KV, dqk, dv, window, deterministic, sinks;
 };
 
 /* A plan and what it runs with: its workspace, and for the backward the buffers the graph names
@@ -352,6 +360,7 @@ struct dims {
     int64_t v[4], vs[4];   /* V, dV */
     int64_t s[4], ss[4];   /* scores (b, h, s_q, s_kv) */
     int64_t r[4], rs[4];   /* one per query row */
+    int64_t h[4], hs[4];   /* one per head (the sinks) */
 };
 
 static void layouts(const struct plan_key *k, struct dims *d)
@@ -363,11 +372,13 @@ static void layouts(const struct plan_key *k, struct dims *d)
     const int64_t v[4] = {B, KV, S, dv}, vs[4] = {S * KV * dv, dv, KV * dv, 1};
     const int64_t s[4] = {B, H, S, S}, ss[4] = {H * S * S, S * S, S, 1};
     const int64_t r[4] = {B, H, S, 1}, rs[4] = {H * S, S, 1, 1};
+    const int64_t hh[4] = {1, H, 1, 1}, hs[4] = {H, 1, 1, 1};
     for (int i = 0; i < 4; i++) {
         d->q[i] = q[i], d->qs[i] = qs[i], d->o[i] = o[i], d->os[i] = os[i];
         d->k[i] = kk[i], d->ks[i] = ks[i], d->v[i] = v[i], d->vs[i] = vs[i];
         d->kt[i] = kk[i], d->kts[i] = ks[i], d->vt[i] = v[i], d->vts[i] = vs[i];
         d->s[i] = s[i], d->ss[i] = ss[i], d->r[i] = r[i], d->rs[i] = rs[i];
+        d->h[i] = hh[i], d->hs[i] = hs[i];
     }
     int64_t t;
     t = d->kt[2], d->kt[2] = d->kt[3], d->kt[3] = t, t = d->kts[2], d->kts[2] = d->kts[3];
@@ -376,7 +387,8 @@ static void layouts(const struct plan_key *k, struct dims *d)
     d->vts[3] = t;
 }
 
-/* Forward: S = Q K^T x scale, masked; stats = max + log(sum exp); O = softmax(S) V. */
+/* Forward: S = Q K^T x scale, masked; stats = max + log(sum exp); O = softmax(S) V. With sinks,
+ * the max and the sum take each head's sink as one more score (a column with no value). */
 static void graph_forward(struct graph *g, const struct plan_key *k)
 {
     const cudnnDataType_t F = CUDNN_DATA_FLOAT, BF = CUDNN_DATA_BFLOAT16;
@@ -394,14 +406,32 @@ static void graph_forward(struct graph *g, const struct plan_key *k)
     cudnnBackendDescriptor_t s1 = tensor(g, -1, F, d.s, d.ss, true, false);
     pointwise(g, CUDNN_POINTWISE_MUL, F, -1, s0, scale, NULL, s1);
     cudnnBackendDescriptor_t s2 = mask(g, s1, d.s, d.ss, k->window, neg_inf);
+    cudnnBackendDescriptor_t sink =
+        k->sinks ? tensor(g, UID_SINK, F, d.h, d.hs, false, false) : NULL;
     cudnnBackendDescriptor_t mx = tensor(g, -1, F, d.r, d.rs, true, false);
-    reduction(g, CUDNN_REDUCE_TENSOR_MAX, s2, mx);
+    if (sink) {
+        cudnnBackendDescriptor_t mx0 = tensor(g, -1, F, d.r, d.rs, true, false);
+        reduction(g, CUDNN_REDUCE_TENSOR_MAX, s2, mx0);
+        pointwise(g, CUDNN_POINTWISE_MAX, F, -1, mx0, sink, NULL, mx);
+    } else {
+        reduction(g, CUDNN_REDUCE_TENSOR_MAX, s2, mx);
+    }
     cudnnBackendDescriptor_t sub = tensor(g, -1, F, d.s, d.ss, true, false);
     pointwise(g, CUDNN_POINTWISE_SUB, F, -1, s2, mx, NULL, sub);
     cudnnBackendDescriptor_t e = tensor(g, -1, F, d.s, d.ss, true, false);
     pointwise(g, CUDNN_POINTWISE_EXP, F, -1, sub, NULL, NULL, e);
     cudnnBackendDescriptor_t sum = tensor(g, -1, F, d.r, d.rs, true, false);
-    reduction(g, CUDNN_REDUCE_TENSOR_ADD, e, sum);
+    if (sink) {
+        cudnnBackendDescriptor_t ssub = tensor(g, -1, F, d.r, d.rs, true, false);
+        pointwise(g, CUDNN_POINTWISE_SUB, F, -1, sink, mx, NULL, ssub);
+        cudnnBackendDescriptor_t sexp = tensor(g, -1, F, d.r, d.rs, true, false);
+        pointwise(g, CUDNN_POINTWISE_EXP, F, -1, ssub, NULL, NULL, sexp);
+        cudnnBackendDescriptor_t sum0 = tensor(g, -1, F, d.r, d.rs, true, false);
+        reduction(g, CUDNN_REDUCE_TENSOR_ADD, e, sum0);
+        pointwise(g, CUDNN_POINTWISE_ADD, F, -1, sum0, sexp, NULL, sum);
+    } else {
+        reduction(g, CUDNN_REDUCE_TENSOR_ADD, e, sum);
+    }
     cudnnBackendDescriptor_t lg = tensor(g, -1, F, d.r, d.rs, true, false);
     pointwise(g, CUDNN_POINTWISE_LOG, F, -1, sum, NULL, NULL, lg);
     pointwise(g, CUDNN_POINTWISE_ADD, F, -1, mx, lg, NULL, stats);
@@ -431,7 +461,10 @@ static void into_kv_heads(struct graph *g, const struct plan_key *k, cudnnBacken
  * blocks add into it atomically, in whatever order they finish, so the bits of dQ can change from
  * run to run), or, deterministic, written by the matmul itself (what cuDNN's frontend builds for
  * its deterministic backward, the dP-workspace engine: the same bits every run, checked by the
- * tests). The engines write dQ, dK and dV in bf16 (their head-group sums must be 16-bit). */
+ * tests). The engines write dQ, dK and dV in bf16 (their head-group sums must be 16-bit). With
+ * sinks the statistics already hold them, so P and dS are unchanged; the sinks' gradient is
+ * added, -sum over rows of exp(sink - stats) x rowsum (the graph sums without the sign, as the
+ * frontend's: gk_cudnn_backward negates it). */
 static void graph_backward(struct graph *g, const struct plan_key *k)
 {
     const cudnnDataType_t F = CUDNN_DATA_FLOAT, BF = CUDNN_DATA_BFLOAT16;
@@ -460,6 +493,17 @@ static void graph_backward(struct graph *g, const struct plan_key *k)
     pointwise(g, CUDNN_POINTWISE_MUL, F, -1, dout, o, NULL, prod);
     cudnnBackendDescriptor_t red = tensor(g, -1, F, d.r, d.rs, true, false);
     reduction(g, CUDNN_REDUCE_TENSOR_ADD, prod, red);
+    if (k->sinks) {
+        cudnnBackendDescriptor_t sink = tensor(g, UID_SINK, F, d.h, d.hs, false, false);
+        cudnnBackendDescriptor_t dsink = tensor(g, UID_DSINK, F, d.h, d.hs, false, false);
+        cudnnBackendDescriptor_t ssub = tensor(g, -1, F, d.r, d.rs, true, false);
+        pointwise(g, CUDNN_POINTWISE_SUB, F, -1, sink, stats, NULL, ssub);
+        cudnnBackendDescriptor_t sexp = tensor(g, -1, F, d.r, d.rs, true, false);
+        pointwise(g, CUDNN_POINTWISE_EXP, F, -1, ssub, NULL, NULL, sexp);
+        cudnnBackendDescriptor_t per = tensor(g, -1, F, d.r, d.rs, true, false);
+        pointwise(g, CUDNN_POINTWISE_MUL, F, -1, sexp, red, NULL, per);
+        reduction(g, CUDNN_REDUCE_TENSOR_ADD, per, dsink);
+    }
     pointwise(g, CUDNN_POINTWISE_MUL, F, -1, red, one, NULL, rowsum);
     /* P again, from the statistics */
     cudnnBackendDescriptor_t s0 = tensor(g, -1, F, d.s, d.ss, true, false);
@@ -553,7 +597,8 @@ static struct plan_entry *plan_for(const struct plan_key *key, char *why, size_t
 }
 
 static bool key_of(int backward, int B, int S, int H, int KV, int dqk, int dv, int window,
-                   bool deterministic, cudaStream_t s, struct plan_key *key, char *why, size_t cap)
+                   bool sinks, bool deterministic, cudaStream_t s, struct plan_key *key, char *why,
+                   size_t cap)
 {
     memset(key, 0, sizeof *key);
     key->stream = s;
@@ -564,6 +609,7 @@ static bool key_of(int backward, int B, int S, int H, int KV, int dqk, int dv, i
     key->backward = backward, key->B = B, key->S = S, key->H = H, key->KV = KV;
     key->dqk = dqk, key->dv = dv, key->window = window > 0 ? window : 0;
     key->deterministic = backward && deterministic;
+    key->sinks = sinks;
     return true;
 }
 
@@ -607,19 +653,23 @@ static bool rescale(const float *x, float *y, size_t n, float f, cudaStream_t s,
 }
 
 bool gk_cudnn_forward(const bf16 *q, const bf16 *k, const bf16 *v, int B, int S, int H, int KV,
-                      int dqk, int dv, int window, bf16 *o, float *lse, cudaStream_t s, char *why,
-                      size_t cap)
+                      int dqk, int dv, int window, const float *sink, bf16 *o, float *lse,
+                      cudaStream_t s, char *why, size_t cap)
 {
     struct plan_key key;
-    if (!key_of(0, B, S, H, KV, dqk, dv, window, false, s, &key, why, cap)) return false;
+    if (!key_of(0, B, S, H, KV, dqk, dv, window, sink != NULL, false, s, &key, why, cap))
+        return false;
     pthread_mutex_lock(&lock);
     struct plan_entry *e = plan_for(&key, why, cap);
     pthread_mutex_unlock(&lock);
     if (!e) return false;
     float scale = 1.0f / sqrtf((float)dqk), neg_inf = -INFINITY, win = (float)key.window;
-    int64_t uids[8] = {UID_Q, UID_K, UID_V, UID_O, UID_STATS, UID_SCALE, UID_NEG_INF, UID_WINDOW};
-    void *ptrs[8] = {(void *)q, (void *)k, (void *)v, o, lse, &scale, &neg_inf, &win};
-    if (!execute(e, key.window > 0 ? 8 : 7, uids, ptrs, why, cap)) return false;
+    int64_t uids[9] = {UID_Q, UID_K, UID_V, UID_O, UID_STATS, UID_SCALE, UID_NEG_INF};
+    void *ptrs[9] = {(void *)q, (void *)k, (void *)v, o, lse, &scale, &neg_inf};
+    int n = 7;
+    if (key.window > 0) uids[n] = UID_WINDOW, ptrs[n++] = &win;
+    if (sink) uids[n] = UID_SINK, ptrs[n++] = (void *)sink;
+    if (!execute(e, n, uids, ptrs, why, cap)) return false;
     /* natural log -> base 2, as our backward reads it */
     return rescale(lse, lse, (size_t)B * H * S, (float)M_LOG2E, s, why, cap);
 }
@@ -633,11 +683,17 @@ __global__ void k_widen(const bf16 *x, float *y, size_t n)
 
 bool gk_cudnn_backward(const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *o, const bf16 *dout,
                        const float *lse, int B, int S, int H, int KV, int dqk, int dv, int window,
-                       bool deterministic, float *dq, float *dk, float *dvo, bf16 *scratch_q,
-                       bf16 *scratch_k, bf16 *scratch_v, cudaStream_t s, char *why, size_t cap)
+                       const float *sink, float *dsink, bool deterministic, float *dq, float *dk,
+                       float *dvo, bf16 *scratch_q, bf16 *scratch_k, bf16 *scratch_v,
+                       cudaStream_t s, char *why, size_t cap)
 {
     struct plan_key key;
-    if (!key_of(1, B, S, H, KV, dqk, dv, window, deterministic, s, &key, why, cap)) return false;
+    if (!sink != !dsink) {
+        snprintf(why, cap, "cuDNN attention: sinks and their gradient go together");
+        return false;
+    }
+    if (!key_of(1, B, S, H, KV, dqk, dv, window, sink != NULL, deterministic, s, &key, why, cap))
+        return false;
     pthread_mutex_lock(&lock);
     struct plan_entry *e = plan_for(&key, why, cap);
     pthread_mutex_unlock(&lock);
@@ -651,14 +707,16 @@ bool gk_cudnn_backward(const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *
     }
     float scale = 1.0f / sqrtf((float)dqk), neg_inf = -INFINITY, one = 1.0f,
           win = (float)key.window;
-    int64_t uids[15] = {UID_Q,  UID_K,  UID_V,      UID_O,     UID_DO,      UID_STATS, UID_DQ,
+    int64_t uids[17] = {UID_Q,  UID_K,  UID_V,      UID_O,     UID_DO,      UID_STATS, UID_DQ,
                         UID_DK, UID_DV, UID_ROWSUM, UID_SCALE, UID_NEG_INF, UID_ONE};
-    void *ptrs[15] = {(void *)q, (void *)k, (void *)v, (void *)o, (void *)dout, e->stats, scratch_q,
+    void *ptrs[17] = {(void *)q, (void *)k, (void *)v, (void *)o, (void *)dout, e->stats, scratch_q,
                       scratch_k, scratch_v, e->rowsum, &scale,    &neg_inf,     &one};
     int n = 13;
     if (!deterministic) uids[n] = UID_DQ_ACC, ptrs[n++] = e->dq_acc;
     if (key.window > 0) uids[n] = UID_WINDOW, ptrs[n++] = &win;
+    if (sink) uids[n] = UID_SINK, ptrs[n++] = (void *)sink, uids[n] = UID_DSINK, ptrs[n++] = dsink;
     if (!execute(e, n, uids, ptrs, why, cap)) return false;
+    if (dsink && !rescale(dsink, dsink, (size_t)H, -1.0f, s, why, cap)) return false;
     if (dq) {
         k_widen<<<(unsigned)((nq + 255) / 256), 256, 0, s>>>(scratch_q, dq, nq);
         k_widen<<<(unsigned)((nk + 255) / 256), 256, 0, s>>>(scratch_k, dk, nk);
@@ -710,14 +768,15 @@ static bool none(char *why, size_t cap)
 }
 
 bool gk_cudnn_forward(const bf16 *, const bf16 *, const bf16 *, int, int, int, int, int, int, int,
-                      bf16 *, float *, cudaStream_t, char *why, size_t cap)
+                      const float *, bf16 *, float *, cudaStream_t, char *why, size_t cap)
 {
     return none(why, cap);
 }
 
 bool gk_cudnn_backward(const bf16 *, const bf16 *, const bf16 *, const bf16 *, const bf16 *,
-                       const float *, int, int, int, int, int, int, int, bool, float *, float *,
-                       float *, bf16 *, bf16 *, bf16 *, cudaStream_t, char *why, size_t cap)
+                       const float *, int, int, int, int, int, int, int, const float *, float *,
+                       bool, float *, float *, float *, bf16 *, bf16 *, bf16 *, cudaStream_t,
+                       char *why, size_t cap)
 {
     return none(why, cap);
 }

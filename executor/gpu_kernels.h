@@ -526,21 +526,25 @@ cudaError_t gk_attn_sink_rows(const bf16 *o, const bf16 *dout, const float *lse,
                               int B, int S, int H, int dv, float *r, cudaStream_t s);
 /* The same forward through cuDNN's fused flash attention (gpu_cudnn.cu), with the same layouts
  * and the same base-2 lse. false when this build has no cuDNN, or cuDNN takes no such shape or
- * fails: why says which, and the caller keeps gk_flash_forward. */
+ * fails: why says which, and the caller keeps gk_flash_forward. sink (H, device; NULL for none):
+ * the sinks inside cuDNN's graph, as Transformer Engine runs them (o and lse then as
+ * gk_attn_sinks leaves them). */
 bool gk_cudnn_forward(const bf16 *q, const bf16 *k, const bf16 *v, int B, int S, int H, int KV,
-                      int dqk, int dv, int window, bf16 *o, float *lse, cudaStream_t s, char *why,
-                      size_t cap);
+                      int dqk, int dv, int window, const float *sink, bf16 *o, float *lse,
+                      cudaStream_t s, char *why, size_t cap);
 /* What the executor (and calibrate, which times what it runs) asks of gk_cudnn_backward. */
 #define GK_CUDNN_DETERMINISTIC true
 /* The backward through cuDNN, from the forward's lse (either kernel's: base 2): cuDNN writes dq,
  * dk, dv in bf16 into scratch_q, scratch_k, scratch_v (the layouts of q, k, v); with dq, dk, dvo
  * given they are widened to fp32 there (as gk_flash_backward's), with dq NULL they stay in the
  * scratch only. deterministic: the engine that gives the same bits every run (dQ not summed by
- * atomics). false as gk_cudnn_forward. */
+ * atomics). sink and dsink (H, device; both or neither): the sinks' gradient computed in the
+ * graph (a forward with the same sinks wrote o and lse). false as gk_cudnn_forward. */
 bool gk_cudnn_backward(const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *o, const bf16 *dout,
                        const float *lse, int B, int S, int H, int KV, int dqk, int dv, int window,
-                       bool deterministic, float *dq, float *dk, float *dvo, bf16 *scratch_q,
-                       bf16 *scratch_k, bf16 *scratch_v, cudaStream_t s, char *why, size_t cap);
+                       const float *sink, float *dsink, bool deterministic, float *dq, float *dk,
+                       float *dvo, bf16 *scratch_q, bf16 *scratch_k, bf16 *scratch_v,
+                       cudaStream_t s, char *why, size_t cap);
 /* Free what gk_cudnn_forward / backward keep for stream s (its plans, their workspaces and its
  * handle), before the stream is destroyed. */
 void gk_cudnn_release(cudaStream_t s);

@@ -233,6 +233,11 @@ enum moe_status plan_calib_data_load(const char *file, struct plan_calib_data *d
         r[7] = v[have_attn ? 7 : 6];
         r[8] = v[have_attn ? 8 : 7];
     }
+    bool have_sink = false; /* profiles before sinks were measured, or of a build without cuDNN */
+    if ((st = moe_jval_array(&m, PLAN_CALIB_SINK_KEY, false, &arr, &have_sink, err))) goto done;
+    for (size_t i = 0; have_sink && i < moe_jval_len(&arr) && d->nsink < PLAN_CALIB_MAX_SINK;
+         i++, d->nsink++)
+        if ((st = number_row(&arr, i, d->sink[d->nsink], PLAN_CALIB_SINK_COLS, -1, err))) goto done;
     bool have_ex = false; /* profiles before the expert benchmark have none */
     if ((st = moe_jval_array(&m, PLAN_CALIB_EXPERT_KEY, false, &arr, &have_ex, err))) goto done;
     for (size_t i = 0; have_ex && i < moe_jval_len(&arr) && d->nexpert < PLAN_CALIB_MAX_EXPERTS;
@@ -255,17 +260,13 @@ enum moe_status plan_calib_data_load(const char *file, struct plan_calib_data *d
     }
     /* the keys this build writes, and the phases' order the jobs' arrays follow: a profile with
      * another order (another build's) is refused, not read into the wrong phases */
-    static const char *const measured_keys[] = {"launch_us",
-                                                "copy_1gib_us",
-                                                "gemm_m_n_k_us",
-                                                "gemm_fit_rms",
-                                                PLAN_CALIB_ATTN_KEY,
-                                                "attention_seqs_seq_h_kv_dqk_dv_fwd_bwd_us",
-                                                PLAN_CALIB_EXPERT_KEY,
-                                                PLAN_CALIB_FP8_KEY,
-                                                "jobs",
-                                                "phase_order",
-                                                NULL};
+    static const char *const measured_keys[] = {
+        "launch_us",         "copy_1gib_us",
+        "gemm_m_n_k_us",     "gemm_fit_rms",
+        PLAN_CALIB_ATTN_KEY, "attention_seqs_seq_h_kv_dqk_dv_fwd_bwd_us",
+        PLAN_CALIB_SINK_KEY, PLAN_CALIB_EXPERT_KEY,
+        PLAN_CALIB_FP8_KEY,  "jobs",
+        "phase_order",       NULL};
     if ((st = moe_jval_keys(&m, measured_keys, err))) goto done;
     bool have_order = false;
     if ((st = moe_jval_array(&m, "phase_order", false, &arr, &have_order, err))) goto done;
@@ -322,6 +323,35 @@ static void fit_attention(const struct topo_gpu_spec *g, const struct plan_calib
             "exponentials' scale %.2f; rms error %.1f%%\n",
             d->nattn, cal->attn_fwd_eff, cal->attn_bwd_eff, cal->attn_wide_eff,
             cal->attn_window_eff, cal->attn_seq_half, cal->attn_exp_scale, 100 * e);
+}
+
+/* Sinks inside cuDNN's graph against its plain one: attn_sink_cudnn_eff, the plain shapes' time
+ * over the same shapes' with sinks, forward and backward together (at most 1). */
+static void fit_sinks(const struct plan_calib_data *d, struct cost_calibration *cal, json_t *meas,
+                      FILE *log)
+{
+    if (!d->nsink) {
+        fprintf(log, "  no attention with sinks measured (no cuDNN, a cuDNN before 9.13, --quick "
+                     "or an older profile): attn_sink_cudnn_eff stays 1\n");
+        return;
+    }
+    json_t *js = json_array();
+    double plain = 0.0, sinks = 0.0;
+    for (int i = 0; i < d->nsink; i++) {
+        const double *r = d->sink[i];
+        json_array_append_new(js, num_array(r, PLAN_CALIB_SINK_COLS));
+        plain += r[7] + r[8], sinks += r[9] + r[10];
+        fprintf(log,
+                "    %.0f x %.0f tokens, %.0f / %.0f heads of %.0f, window %.0f: forward %.1f -> "
+                "%.1f us, backward %.1f -> %.1f us with sinks\n",
+                r[0], r[1], r[2], r[3], r[4], r[6], r[7], r[9], r[8], r[10]);
+    }
+    json_object_set_new(meas, PLAN_CALIB_SINK_KEY, js);
+    cal->attn_sink_cudnn_eff = sinks > 0 ? fmin(1.0, plain / sinks) : 1.0;
+    fprintf(log,
+            "  %d attention shapes with sinks in cuDNN's graph (Transformer Engine's): "
+            "attn_sink_cudnn_eff %.3f of the plain graph's rate\n",
+            d->nsink, cal->attn_sink_cudnn_eff);
 }
 
 /* The expert block's correction over the benchmark's shapes (cost_fit_experts). */
@@ -466,6 +496,7 @@ static enum moe_status fit(const char *model_dir, const struct topo_cluster *cl,
         json_array_append_new(ja, num_array(d->attn[i], PLAN_CALIB_ATTN_COLS));
     fit_attention(g, d, cal, log);
     json_object_set_new(meas, PLAN_CALIB_ATTN_KEY, ja);
+    fit_sinks(d, cal, meas, log);
     fit_experts(g, d, cal, meas, log);
     fit_fp8(g, d, cal, meas, log);
     /* the jobs: their predictions under the fitted efficiencies, then each phase's correction */

@@ -31,6 +31,7 @@ void cost_calibration_defaults(struct cost_calibration *cal, const struct topo_g
     cal->attn_fwd_eff = 0.55;
     cal->attn_bwd_eff = 0.45;
     cal->attn_sink_eff = 1.0;
+    cal->attn_sink_cudnn_eff = 1.0;
     cal->attn_wide_eff = 1.0;
     cal->attn_window_eff = 1.0;
     cal->hbm_eff = 0.88; /* ~4.3 of 4.8 TB/s device-to-device on H200 */
@@ -112,6 +113,7 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
                                        "attn_seq_half",
                                        "attn_exp_scale",
                                        "attn_sink_eff",
+                                       "attn_sink_cudnn_eff",
                                        "attn_wide_eff",
                                        "attn_window_eff",
                                        "hbm_eff",
@@ -161,6 +163,7 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
     FRACTION(attn_fwd_eff);
     FRACTION(attn_bwd_eff);
     FRACTION(attn_sink_eff);
+    FRACTION(attn_sink_cudnn_eff);
     FRACTION(attn_wide_eff);
     FRACTION(attn_window_eff);
     FRACTION(hbm_eff);
@@ -272,6 +275,7 @@ enum moe_status cost_calibration_write(const struct cost_calibration *cal, json_
     PUT(attn_seq_half);
     PUT(attn_exp_scale);
     PUT(attn_sink_eff);
+    PUT(attn_sink_cudnn_eff);
     PUT(attn_wide_eff);
     PUT(attn_window_eff);
     PUT(hbm_eff);

@@ -56,6 +56,11 @@ struct cost_calibration {
      * not take it (TE runs cuDNN's generic one), its core at this fraction of the flash time's
      * rate; 1: as fast */
     double attn_sink_eff;
+    /* attention with sinks inside cuDNN's graph (what Transformer Engine runs) against cuDNN's
+     * plain graph on the same shapes, fwd and bwd together, as calibrate measured it (1: not
+     * measured, or no slower). The executor folds its sinks in after a plain kernel (its own
+     * attn_sink_eff stays 1); the stack profiles take this as theirs (plan_fit_base). */
+    double attn_sink_cudnn_eff;
     /* attention whose query-key heads are wider than 128 (MLA's 192): the kernels' efficiency
      * against 128-wide heads (cuDNN's 192-wide tiles on the H200: about 0.85); 1: the same */
     double attn_wide_eff;

@@ -41,6 +41,12 @@ enum moe_status plan_calib_job_plan(const struct plan_calib_job *j, const char *
 #define PLAN_CALIB_MAX_ATTN 16
 #define PLAN_CALIB_ATTN_COLS 9
 #define PLAN_CALIB_ATTN_KEY "attention_seqs_seq_h_kv_dqk_dv_window_fwd_bwd_us"
+/* attention with sinks: seqs, seq, heads, kv heads, dqk, dv, window, then cuDNN's plain graph's
+ * forward and backward us and its graph with sinks' (calibrate's 64-wide shapes) */
+#define PLAN_CALIB_MAX_SINK 4
+#define PLAN_CALIB_SINK_COLS 11
+#define PLAN_CALIB_SINK_KEY                                                                        \
+    "attention_sinks_seqs_seq_h_kv_dqk_dv_window_plain_fwd_bwd_sinks_fwd_bwd_us"
 #define PLAN_CALIB_MAX_JOBS 16
 #define PLAN_CALIB_MAX_EXPERTS 32
 #define PLAN_CALIB_EXPERT_COLS 7 /* experts, top-k, hidden, intermediate, tokens, fwd us, bwd us */
@@ -57,6 +63,8 @@ struct plan_calib_data {
     /* seqs, seq, heads, kv heads, dqk, dv, window (0: causal), forward us, backward us */
     double attn[PLAN_CALIB_MAX_ATTN][PLAN_CALIB_ATTN_COLS];
     int nattn;
+    double sink[PLAN_CALIB_MAX_SINK][PLAN_CALIB_SINK_COLS]; /* none: not measured */
+    int nsink;
     double expert[PLAN_CALIB_MAX_EXPERTS][PLAN_CALIB_EXPERT_COLS]; /* measure_experts' rows */
     int nexpert;
     double expert8[PLAN_CALIB_MAX_EXPERTS][PLAN_CALIB_FP8_COLS]; /* its fp8 rows (none: no fp8) */

@@ -436,7 +436,7 @@ static void flash_case(int B, int S, int H, int KV, int dqk, int dv, int window,
     float *lse2 = dev(std::vector<float>(T * H));
     bool must =
         dqk % 8 == 0 && dv % 8 == 0 && ((dqk <= 128 && dv <= 128) || (dqk == 192 && dv == 128));
-    if (gk_cudnn_forward(dq16, dk16, dv16, B, S, H, KV, dqk, dv, window, o2, lse2, 0, why,
+    if (gk_cudnn_forward(dq16, dk16, dv16, B, S, H, KV, dqk, dv, window, NULL, o2, lse2, 0, why,
                          sizeof why)) {
         close("cuDNN attention out", to_d(host(o2, no)), or_, 8e-3);
         close("cuDNN attention log-sum-exp", to_d(host(lse2, T * H)), lr_, 1e-5);
@@ -449,7 +449,8 @@ static void flash_case(int B, int S, int H, int KV, int dqk, int dv, int window,
         std::vector<float> c1, c2, c3;
         for (int det = 0; det < 2; det++) {
             if (!gk_cudnn_backward(dq16, dk16, dv16, o2, ddo, lse2, B, S, H, KV, dqk, dv, window,
-                                   det, cq, ck, cv, scratch, sk, sv, 0, why, sizeof why))
+                                   NULL, NULL, det, cq, ck, cv, scratch, sk, sv, 0, why,
+                                   sizeof why))
                 fail_msg("%s", why);
             close(det ? "cuDNN attention dq (deterministic)" : "cuDNN attention dq",
                   to_d(host(cq, nq)), dqr, 1e-2);
@@ -457,8 +458,8 @@ static void flash_case(int B, int S, int H, int KV, int dqk, int dv, int window,
             close("cuDNN attention dv", to_d(host(cv, nv)), dvr, 1e-2);
         }
         c1 = host(cq, nq), c2 = host(ck, nk), c3 = host(cv, nv);
-        if (!gk_cudnn_backward(dq16, dk16, dv16, o2, ddo, lse2, B, S, H, KV, dqk, dv, window, true,
-                               cq, ck, cv, scratch, sk, sv, 0, why, sizeof why))
+        if (!gk_cudnn_backward(dq16, dk16, dv16, o2, ddo, lse2, B, S, H, KV, dqk, dv, window, NULL,
+                               NULL, true, cq, ck, cv, scratch, sk, sv, 0, why, sizeof why))
             fail_msg("%s", why);
         bool same = host(cq, nq) == c1 && host(ck, nk) == c2 && host(cv, nv) == c3;
         printf("  cuDNN deterministic backward twice: %s\n",
@@ -528,8 +529,8 @@ static void test_cudnn_attention(void **state)
         cudaEvent_t e0, e1, e2;
         cudaEventCreate(&e0), cudaEventCreate(&e1), cudaEventCreate(&e2);
         const int reps = 10;
-        bool ok = gk_cudnn_forward(dq16, dk16, dv16, c.B, c.S, c.H, c.KV, c.dqk, c.dv, c.window, o2,
-                                   l2, 0, why, sizeof why); /* builds the plan */
+        bool ok = gk_cudnn_forward(dq16, dk16, dv16, c.B, c.S, c.H, c.KV, c.dqk, c.dv, c.window,
+                                   NULL, o2, l2, 0, why, sizeof why); /* builds the plan */
         if (!ok) fail_msg("%s", why);
         cudaEventRecord(e0);
         for (int r = 0; r < reps; r++)
@@ -538,8 +539,8 @@ static void test_cudnn_attention(void **state)
                              cudaSuccess);
         cudaEventRecord(e1);
         for (int r = 0; r < reps && ok; r++)
-            ok = gk_cudnn_forward(dq16, dk16, dv16, c.B, c.S, c.H, c.KV, c.dqk, c.dv, c.window, o2,
-                                  l2, 0, why, sizeof why);
+            ok = gk_cudnn_forward(dq16, dk16, dv16, c.B, c.S, c.H, c.KV, c.dqk, c.dv, c.window,
+                                  NULL, o2, l2, 0, why, sizeof why);
         cudaEventRecord(e2);
         cudaEventSynchronize(e2);
         if (!ok) fail_msg("%s", why);
@@ -567,7 +568,8 @@ static void test_cudnn_attention(void **state)
         float det_ms = 0;
         for (int det = 1; det >= 0; det--) { /* the last: atomic dQ, compared below */
             ok = gk_cudnn_backward(dq16, dk16, dv16, o1, ddo, l1, c.B, c.S, c.H, c.KV, c.dqk, c.dv,
-                                   c.window, det, hq, hk, hv, scratch, sk, sv, 0, why, sizeof why);
+                                   c.window, NULL, NULL, det, hq, hk, hv, scratch, sk, sv, 0, why,
+                                   sizeof why);
             if (!ok) fail_msg("%s", why);
             cudaEventRecord(e0);
             for (int r = 0; r < reps; r++)
@@ -578,8 +580,8 @@ static void test_cudnn_attention(void **state)
             cudaEventRecord(e1);
             for (int r = 0; r < reps && ok; r++)
                 ok = gk_cudnn_backward(dq16, dk16, dv16, o1, ddo, l1, c.B, c.S, c.H, c.KV, c.dqk,
-                                       c.dv, c.window, det, hq, hk, hv, scratch, sk, sv, 0, why,
-                                       sizeof why);
+                                       c.dv, c.window, NULL, NULL, det, hq, hk, hv, scratch, sk, sv,
+                                       0, why, sizeof why);
             cudaEventRecord(e2);
             cudaEventSynchronize(e2);
             if (!ok) fail_msg("%s", why);
@@ -603,6 +605,98 @@ static void test_cudnn_attention(void **state)
 #endif
 }
 
+/* Attention sinks inside cuDNN's graph (gk_cudnn_forward / _backward with sink, what
+ * Transformer Engine runs and calibrate times) against exec_ref_attention{,_backward} with the
+ * same sinks: o within 8e-3, lse within 1e-5, dq / dk / dv within 1e-2 of their largest reference
+ * value (the tolerances of the plain kernels), the sinks' gradient within 1e-2 of its largest;
+ * GQA with and without a sliding window, 64-wide heads as gpt-oss's. Skipped where the build has
+ * no cuDNN; a cuDNN older than 9.13 (no sinks) says so and passes only if it refuses. */
+static void test_cudnn_sinks(void **state)
+{
+    (void)state;
+#ifndef MOEPLAN_HAVE_CUDNN
+    skip();
+#else
+    struct shape {
+        int B, S, H, KV, dqk, dv, window;
+    } shapes[] = {{2, 160, 4, 2, 64, 64, 0}, {1, 200, 4, 1, 64, 64, 48}};
+    for (const struct shape &c : shapes) {
+        printf("cuDNN attention with sinks: B %d S %d heads %d/%d dims %d/%d window %d\n", c.B, c.S,
+               c.H, c.KV, c.dqk, c.dv, c.window);
+        size_t T = (size_t)c.B * c.S, nq = T * c.H * c.dqk, nk = T * c.KV * c.dqk,
+               nv = T * c.KV * c.dv, no = T * c.H * c.dv;
+        std::vector<bf16> q = to_bf16(randn(nq, 101)), k = to_bf16(randn(nk, 102)),
+                          v = to_bf16(randn(nv, 103)), dout = to_bf16(randn(no, 104));
+        std::vector<float> sinkf = randn(c.H, 105);
+        std::vector<double> qd = to_d(q), kd = to_d(k), vd = to_d(v), dod = to_d(dout);
+        std::vector<double> sink(c.H), or_(no), dqr(nq), dkr(nk), dvr(nv), lr_(T * c.H),
+            dsr(c.H, 0.0);
+        for (int h = 0; h < c.H; h++) sink[h] = 2.0 * sinkf[h]; /* comparable to the scores */
+        for (int h = 0; h < c.H; h++) sinkf[h] = (float)sink[h];
+        double scale = 1.0 / sqrt((double)c.dqk);
+        for (int b = 0; b < c.B; b++) {
+            size_t t0 = (size_t)b * c.S;
+            const double *qb = &qd[t0 * c.H * c.dqk], *kb = &kd[t0 * c.KV * c.dqk],
+                         *vb = &vd[t0 * c.KV * c.dv];
+            exec_ref_attention(qb, kb, vb, c.S, c.H, c.KV, c.dqk, c.dv, c.window, scale,
+                               sink.data(), &or_[t0 * c.H * c.dv]);
+            exec_ref_attention_backward(qb, kb, vb, &dod[t0 * c.H * c.dv], c.S, c.H, c.KV, c.dqk,
+                                        c.dv, c.window, scale, sink.data(), &dqr[t0 * c.H * c.dqk],
+                                        &dkr[t0 * c.KV * c.dqk], &dvr[t0 * c.KV * c.dv],
+                                        dsr.data());
+            for (int hh = 0; hh < c.H; hh++)
+                for (int i = 0; i < c.S; i++) { /* base 2, the sink one more term */
+                    std::vector<double> z;
+                    double mx = sink[hh], sum = 0;
+                    for (int j = 0; j <= i; j++) {
+                        if (c.window > 0 && j <= i - c.window) continue;
+                        double d = 0;
+                        for (int e = 0; e < c.dqk; e++)
+                            d += qb[((size_t)i * c.H + hh) * c.dqk + e] *
+                                 kb[((size_t)j * c.KV + hh / (c.H / c.KV)) * c.dqk + e];
+                        z.push_back(d * scale);
+                        mx = fmax(mx, d * scale);
+                    }
+                    for (double x : z) sum += exp(x - mx);
+                    sum += exp(sink[hh] - mx);
+                    lr_[((size_t)b * c.H + hh) * c.S + i] = (mx + log(sum)) / log(2.0);
+                }
+        }
+        bf16 *dq16 = dev(q), *dk16 = dev(k), *dv16 = dev(v), *ddo = dev(dout);
+        bf16 *o = dev(std::vector<bf16>(no));
+        float *lse = dev(std::vector<float>(T * c.H)), *dsink = dev(sinkf), *ds = dev(sinkf);
+        float *gq = dev(std::vector<float>(nq)), *gk = dev(std::vector<float>(nk)),
+              *gv = dev(std::vector<float>(nv));
+        bf16 *s1 = dev(std::vector<bf16>(nq)), *s2 = dev(std::vector<bf16>(nk)),
+             *s3 = dev(std::vector<bf16>(nv));
+        char why[256];
+        if (!gk_cudnn_forward(dq16, dk16, dv16, c.B, c.S, c.H, c.KV, c.dqk, c.dv, c.window, dsink,
+                              o, lse, 0, why, sizeof why)) {
+            char ver[64];
+            int major = 0, minor = 0;
+            printf("  cuDNN %s: %s\n", gk_cudnn_version(ver, sizeof ver), why);
+            assert_int_equal(sscanf(ver, "%d.%d", &major, &minor), 2);
+            assert_true(major * 100 + minor < 913);
+        } else {
+            close("cuDNN sinks: out", to_d(host(o, no)), or_, 8e-3);
+            close("cuDNN sinks: log-sum-exp", to_d(host(lse, T * c.H)), lr_, 1e-5);
+            if (!gk_cudnn_backward(dq16, dk16, dv16, o, ddo, lse, c.B, c.S, c.H, c.KV, c.dqk, c.dv,
+                                   c.window, dsink, ds, GK_CUDNN_DETERMINISTIC, gq, gk, gv, s1, s2,
+                                   s3, 0, why, sizeof why))
+                fail_msg("%s", why);
+            close("cuDNN sinks: dq", to_d(host(gq, nq)), dqr, 1e-2);
+            close("cuDNN sinks: dk", to_d(host(gk, nk)), dkr, 1e-2);
+            close("cuDNN sinks: dv", to_d(host(gv, nv)), dvr, 1e-2);
+            close("cuDNN sinks: dsink", to_d(host(ds, (size_t)c.H)), dsr, 1e-2);
+        }
+        cudaFree(dq16), cudaFree(dk16), cudaFree(dv16), cudaFree(ddo), cudaFree(o), cudaFree(lse);
+        cudaFree(dsink), cudaFree(ds), cudaFree(gq), cudaFree(gk), cudaFree(gv);
+        cudaFree(s1), cudaFree(s2), cudaFree(s3);
+    }
+    gk_cudnn_release(0);
+#endif
+}
+
 /* cuDNN's deterministic backward from two threads on their own streams at once, against its bits
  * alone (the other engine sums dQ atomically: its bits may change from run to run anyway; it is
  * checked against the deterministic one's values first). */
@@ -620,7 +714,7 @@ static void test_cudnn_threads(void **state)
     bf16 *o = dev(std::vector<bf16>(no));
     float *lse = dev(std::vector<float>(T * H));
     char why[256];
-    if (!gk_cudnn_forward(q, k, v, B, S, H, KV, dqk, dv, 0, o, lse, 0, why, sizeof why))
+    if (!gk_cudnn_forward(q, k, v, B, S, H, KV, dqk, dv, 0, NULL, o, lse, 0, why, sizeof why))
         fail_msg("%s", why);
     struct out {
         float *dq, *dk, *dv;
@@ -636,15 +730,17 @@ static void test_cudnn_threads(void **state)
         cudaStreamCreate(&x.st);
         x.differ = 0;
     }
-    if (!gk_cudnn_backward(q, k, v, o, dout, lse, B, S, H, KV, dqk, dv, 0, true, w[0].dq, w[0].dk,
-                           w[0].dv, w[0].s1, w[0].s2, w[0].s3, w[0].st, why, sizeof why))
+    if (!gk_cudnn_backward(q, k, v, o, dout, lse, B, S, H, KV, dqk, dv, 0, NULL, NULL, true,
+                           w[0].dq, w[0].dk, w[0].dv, w[0].s1, w[0].s2, w[0].s3, w[0].st, why,
+                           sizeof why))
         fail_msg("%s", why);
     cudaStreamSynchronize(w[0].st);
     std::vector<float> r1 = host(w[0].dq, nq), r2 = host(w[0].dk, nk), r3 = host(w[0].dv, nv);
     /* the other engine (the executor's where the deterministic one's workspace does not fit):
      * the same gradients but for the order of dQ's sums, within 1% of each one's largest */
-    if (!gk_cudnn_backward(q, k, v, o, dout, lse, B, S, H, KV, dqk, dv, 0, false, w[1].dq, w[1].dk,
-                           w[1].dv, w[1].s1, w[1].s2, w[1].s3, w[1].st, why, sizeof why))
+    if (!gk_cudnn_backward(q, k, v, o, dout, lse, B, S, H, KV, dqk, dv, 0, NULL, NULL, false,
+                           w[1].dq, w[1].dk, w[1].dv, w[1].s1, w[1].s2, w[1].s3, w[1].st, why,
+                           sizeof why))
         fail_msg("%s", why);
     cudaStreamSynchronize(w[1].st);
     const std::vector<float> *ref[3] = {&r1, &r2, &r3};
@@ -667,8 +763,8 @@ static void test_cudnn_threads(void **state)
         cudaSetDevice(0);
         for (int rep = 0; rep < 20; rep++) {
             char e[256];
-            if (!gk_cudnn_backward(q, k, v, o, dout, lse, B, S, H, KV, dqk, dv, 0, true, w[i].dq,
-                                   w[i].dk, w[i].dv, w[i].s1, w[i].s2, w[i].s3, w[i].st, e,
+            if (!gk_cudnn_backward(q, k, v, o, dout, lse, B, S, H, KV, dqk, dv, 0, NULL, NULL, true,
+                                   w[i].dq, w[i].dk, w[i].dv, w[i].s1, w[i].s2, w[i].s3, w[i].st, e,
                                    sizeof e))
                 w[i].differ = -1000;
             cudaStreamSynchronize(w[i].st);
@@ -1466,6 +1562,7 @@ int main(void)
         cmocka_unit_test(test_flash_attention),
         cmocka_unit_test(test_cudnn_attention),
         cmocka_unit_test(test_cudnn_threads),
+        cmocka_unit_test(test_cudnn_sinks),
         cmocka_unit_test(test_cross_entropy),
         cmocka_unit_test(test_fp8_quantize),
         cmocka_unit_test(test_fp8_gemm),
