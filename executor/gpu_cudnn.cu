@@ -463,8 +463,9 @@ static void into_kv_heads(struct graph *g, const struct plan_key *k, cudnnBacken
  * its deterministic backward, the dP-workspace engine: the same bits every run, checked by the
  * tests). The engines write dQ, dK and dV in bf16 (their head-group sums must be 16-bit). With
  * sinks the statistics already hold them, so P and dS are unchanged; the sinks' gradient is
- * added, -sum over rows of exp(sink - stats) x rowsum (the graph sums without the sign, as the
- * frontend's: gk_cudnn_backward negates it). */
+ * added as cuDNN's frontend describes it (a sum over rows of exp(sink - stats) x rowsum(dO x
+ * O)); the engine that takes the pattern writes the gradient with its sign, -sum p_sink (dO . O)
+ * (measured: test_cudnn_sinks holds it to the reference's). */
 static void graph_backward(struct graph *g, const struct plan_key *k)
 {
     const cudnnDataType_t F = CUDNN_DATA_FLOAT, BF = CUDNN_DATA_BFLOAT16;
@@ -716,7 +717,6 @@ bool gk_cudnn_backward(const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *
     if (key.window > 0) uids[n] = UID_WINDOW, ptrs[n++] = &win;
     if (sink) uids[n] = UID_SINK, ptrs[n++] = (void *)sink, uids[n] = UID_DSINK, ptrs[n++] = dsink;
     if (!execute(e, n, uids, ptrs, why, cap)) return false;
-    if (dsink && !rescale(dsink, dsink, (size_t)H, -1.0f, s, why, cap)) return false;
     if (dq) {
         k_widen<<<(unsigned)((nq + 255) / 256), 256, 0, s>>>(scratch_q, dq, nq);
         k_widen<<<(unsigned)((nk + 255) / 256), 256, 0, s>>>(scratch_k, dk, nk);
