@@ -420,6 +420,7 @@ static enum moe_status measured_profile(const char *path, const char *gpu,
                              "%s: measured on the %s, not the %s whose measured profile it is "
                              "named as",
                              path, measured_gpu, gpu);
+    cost_calibration_defaults(m, NULL); /* what an older profile lacks */
     return cost_calibration_load(m, path, err);
 }
 

@@ -79,6 +79,7 @@ enum moe_status cli_gpu_cluster_load(const struct cli *cli, const char *gpu, con
         const char *gpu, *cluster;
     } shipped[] = {{"H200", "h200-vm"}, {"H100", "hgx-h100-x128"}};
     if (!gpu && cal && cal_file && strcmp(cal_file, "datasheet")) { /* the profile's own GPU */
+        cost_calibration_defaults(cal, NULL);
         enum moe_status st = cost_calibration_load(cal, cal_file, err);
         if (st != MOE_OK) return st;
         gpu = cal->gpu;

@@ -237,7 +237,7 @@ enum moe_status plan_calib_data_load(const char *file, struct plan_calib_data *d
     if ((st = moe_jval_array(&m, PLAN_CALIB_SINK_KEY, false, &arr, &have_sink, err))) goto done;
     for (size_t i = 0; have_sink && i < moe_jval_len(&arr) && d->nsink < PLAN_CALIB_MAX_SINK;
          i++, d->nsink++)
-        if ((st = number_row(&arr, i, d->sink[d->nsink], PLAN_CALIB_SINK_COLS, -1, err))) goto done;
+        if ((st = number_row(&arr, i, d->sink[d->nsink], PLAN_CALIB_SINK_COLS, 6, err))) goto done;
     bool have_ex = false; /* profiles before the expert benchmark have none */
     if ((st = moe_jval_array(&m, PLAN_CALIB_EXPERT_KEY, false, &arr, &have_ex, err))) goto done;
     for (size_t i = 0; have_ex && i < moe_jval_len(&arr) && d->nexpert < PLAN_CALIB_MAX_EXPERTS;
@@ -325,33 +325,38 @@ static void fit_attention(const struct topo_gpu_spec *g, const struct plan_calib
             cal->attn_window_eff, cal->attn_seq_half, cal->attn_exp_scale, 100 * e);
 }
 
-/* Sinks inside cuDNN's graph against its plain one: attn_sink_cudnn_eff, the plain shapes' time
- * over the same shapes' with sinks, forward and backward together (at most 1). */
+/* Transformer Engine's attention: cuDNN's graph on gpt-oss's shapes without and with sinks
+ * (cost_fit_te_attention). */
 static void fit_sinks(const struct plan_calib_data *d, struct cost_calibration *cal, json_t *meas,
                       FILE *log)
 {
     if (!d->nsink) {
         fprintf(log, "  no attention with sinks measured (no cuDNN, a cuDNN before 9.13, --quick "
-                     "or an older profile): attn_sink_cudnn_eff stays 1\n");
+                     "or an older profile): attn_sink_cudnn_eff, attn_window_cudnn_eff and "
+                     "attn_window_bwd_cudnn_eff stay 1\n");
         return;
     }
     json_t *js = json_array();
-    double plain = 0.0, sinks = 0.0;
+    struct cost_attn_sample plain[PLAN_CALIB_MAX_SINK], sinks[PLAN_CALIB_MAX_SINK];
     for (int i = 0; i < d->nsink; i++) {
         const double *r = d->sink[i];
         json_array_append_new(js, num_array(r, PLAN_CALIB_SINK_COLS));
-        plain += r[7] + r[8], sinks += r[9] + r[10];
+        plain[i] = (struct cost_attn_sample){r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8]};
+        sinks[i] = plain[i], sinks[i].fwd_us = r[9], sinks[i].bwd_us = r[10];
         fprintf(log,
                 "    %.0f x %.0f tokens, %.0f / %.0f heads of %.0f, window %.0f: forward %.1f -> "
                 "%.1f us, backward %.1f -> %.1f us with sinks\n",
                 r[0], r[1], r[2], r[3], r[4], r[6], r[7], r[9], r[8], r[10]);
     }
     json_object_set_new(meas, PLAN_CALIB_SINK_KEY, js);
-    cal->attn_sink_cudnn_eff = sinks > 0 ? fmin(1.0, plain / sinks) : 1.0;
+    cost_fit_te_attention(cal, plain, sinks, d->nsink);
     fprintf(log,
-            "  %d attention shapes with sinks in cuDNN's graph (Transformer Engine's): "
-            "attn_sink_cudnn_eff %.3f of the plain graph's rate\n",
-            d->nsink, cal->attn_sink_cudnn_eff);
+            "  %d attention shapes in cuDNN's graph both ways, as Transformer Engine runs them: "
+            "with sinks attn_sink_cudnn_eff %.3f of the plain graph's rate; a sliding window's "
+            "forward attn_window_cudnn_eff %.3f and backward attn_window_bwd_cudnn_eff %.3f of "
+            "causal attention's\n",
+            d->nsink, cal->attn_sink_cudnn_eff, cal->attn_window_cudnn_eff,
+            cal->attn_window_bwd_cudnn_eff);
 }
 
 /* The expert block's correction over the benchmark's shapes (cost_fit_experts). */

@@ -32,8 +32,11 @@ void cost_calibration_defaults(struct cost_calibration *cal, const struct topo_g
     cal->attn_bwd_eff = 0.45;
     cal->attn_sink_eff = 1.0;
     cal->attn_sink_cudnn_eff = 1.0;
+    cal->attn_window_cudnn_eff = 1.0;
+    cal->attn_window_bwd_cudnn_eff = 1.0;
     cal->attn_wide_eff = 1.0;
     cal->attn_window_eff = 1.0;
+    cal->attn_window_bwd_eff = 1.0;
     cal->hbm_eff = 0.88; /* ~4.3 of 4.8 TB/s device-to-device on H200 */
     cal->launch_us = 4.0;
     cal->graph_launch_us = 1.0; /* a graph replays its kernels back to back: no host launch */
@@ -114,8 +117,11 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
                                        "attn_exp_scale",
                                        "attn_sink_eff",
                                        "attn_sink_cudnn_eff",
+                                       "attn_window_cudnn_eff",
+                                       "attn_window_bwd_cudnn_eff",
                                        "attn_wide_eff",
                                        "attn_window_eff",
+                                       "attn_window_bwd_eff",
                                        "hbm_eff",
                                        "launch_us",
                                        "graph_launch_us",
@@ -164,8 +170,12 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
     FRACTION(attn_bwd_eff);
     FRACTION(attn_sink_eff);
     FRACTION(attn_sink_cudnn_eff);
+    FRACTION(attn_window_cudnn_eff);
+    FRACTION(attn_window_bwd_cudnn_eff);
     FRACTION(attn_wide_eff);
     FRACTION(attn_window_eff);
+    t.attn_window_bwd_eff = t.attn_window_eff; /* a profile without its own */
+    FRACTION(attn_window_bwd_eff);
     FRACTION(hbm_eff);
     FRACTION(nvlink_eff);
     FRACTION(nvlink_allreduce_eff);
@@ -276,8 +286,11 @@ enum moe_status cost_calibration_write(const struct cost_calibration *cal, json_
     PUT(attn_exp_scale);
     PUT(attn_sink_eff);
     PUT(attn_sink_cudnn_eff);
+    PUT(attn_window_cudnn_eff);
+    PUT(attn_window_bwd_cudnn_eff);
     PUT(attn_wide_eff);
     PUT(attn_window_eff);
+    PUT(attn_window_bwd_eff);
     PUT(hbm_eff);
     PUT(launch_us);
     PUT(graph_launch_us);
@@ -533,7 +546,7 @@ static double attn_misfit(double half, void *ctx)
     f->cal->attn_fwd_eff = ef;
     f->cal->attn_bwd_eff = eb;
     f->cal->attn_wide_eff = w;
-    f->cal->attn_window_eff = v;
+    f->cal->attn_window_eff = f->cal->attn_window_bwd_eff = v;
     return sqrt(err / (2 * n));
 }
 
@@ -563,8 +576,32 @@ double cost_fit_attention(struct cost_calibration *cal, const struct topo_gpu_sp
     cal->attn_seq_half = out.attn_seq_half;
     cal->attn_wide_eff = out.attn_wide_eff;
     cal->attn_window_eff = out.attn_window_eff;
+    cal->attn_window_bwd_eff = out.attn_window_bwd_eff;
     cal->attn_exp_scale = out.attn_exp_scale;
     return best;
+}
+
+void cost_fit_te_attention(struct cost_calibration *cal, const struct cost_attn_sample *plain,
+                           const struct cost_attn_sample *sinks, int n)
+{
+    double p = 0.0, s = 0.0, lf = 0.0, lb = 0.0;
+    int pairs = 0;
+    for (int i = 0; i < n; i++) {
+        p += plain[i].fwd_us + plain[i].bwd_us, s += sinks[i].fwd_us + sinks[i].bwd_us;
+        const struct cost_attn_sample *w = &plain[i];
+        for (int j = 0; w->window > 0 && j < n; j++) {
+            const struct cost_attn_sample *c = &plain[j];
+            if (c->window > 0 || c->seqs != w->seqs || c->seq != w->seq || c->heads != w->heads ||
+                c->kv_heads != w->kv_heads || c->dqk != w->dqk || c->dv != w->dv)
+                continue;
+            double r = attn_flops(w) / attn_flops(c); /* the window's work against causal's */
+            lf += log(r * c->fwd_us / w->fwd_us), lb += log(r * c->bwd_us / w->bwd_us), pairs++;
+            break;
+        }
+    }
+    cal->attn_sink_cudnn_eff = s > 0 ? fmin(1.0, p / s) : 1.0;
+    cal->attn_window_cudnn_eff = pairs ? fmin(1.0, exp(lf / pairs)) : 1.0;
+    cal->attn_window_bwd_cudnn_eff = pairs ? fmin(1.0, exp(lb / pairs)) : 1.0;
 }
 
 /* Experts: for direction d and an m_half, the least-squares scale and fixed share. */

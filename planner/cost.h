@@ -56,11 +56,14 @@ struct cost_calibration {
      * not take it (TE runs cuDNN's generic one), its core at this fraction of the flash time's
      * rate; 1: as fast */
     double attn_sink_eff;
-    /* attention with sinks inside cuDNN's graph (what Transformer Engine runs) against cuDNN's
-     * plain graph on the same shapes, fwd and bwd together, as calibrate measured it (1: not
-     * measured, or no slower). The executor folds its sinks in after a plain kernel (its own
-     * attn_sink_eff stays 1); the stack profiles take this as theirs (plan_fit_base). */
-    double attn_sink_cudnn_eff;
+    /* Attention as Transformer Engine runs it, cuDNN's graph both ways, where the executor's
+     * differs (measured by calibrate, cost_fit_te_attention; 1: not measured): sinks inside the
+     * graph against the plain graph on the same shapes, forward and backward together (the
+     * executor folds its sinks in after a plain kernel: its own attn_sink_eff stays 1); and a
+     * sliding window's forward and backward against causal attention's, each (the executor runs
+     * its own backward for a narrow window). The stack profiles take these as their
+     * attn_sink_eff, attn_window_eff and attn_window_bwd_eff (plan_fit_base). */
+    double attn_sink_cudnn_eff, attn_window_cudnn_eff, attn_window_bwd_cudnn_eff;
     /* attention whose query-key heads are wider than 128 (MLA's 192): the kernels' efficiency
      * against 128-wide heads (cuDNN's 192-wide tiles on the H200: about 0.85); 1: the same */
     double attn_wide_eff;
@@ -68,8 +71,10 @@ struct cost_calibration {
      * against causal attention's (tiles the band only partly fills; the executor's backward is
      * ours there, gk_window_backward_ours); 1: the same */
     double attn_window_eff;
-    double hbm_eff;   /* memory-bound kernels, fraction of HBM bandwidth */
-    double launch_us; /* per kernel launch */
+    double attn_window_bwd_eff; /* the same for the backward where it differs (a profile before
+                                 * it: attn_window_eff's) */
+    double hbm_eff;             /* memory-bound kernels, fraction of HBM bandwidth */
+    double launch_us;           /* per kernel launch */
     /* Kernels each quantized tensor launches, charged at launch_us, each expert's tensors apart:
      * per-tensor current-scaling fp8 (quant_kernels_fp8) and the one-pass recipes, MXFP8 and
      * blockwise (quant_kernels_block). Transformer Engine's current scaling finds the amax,
@@ -155,6 +160,13 @@ struct cost_attn_sample {
  * predicted over measured, forward and backward together); returns that rms. */
 double cost_fit_attention(struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
                           const struct cost_attn_sample *s, int n);
+/* Transformer Engine's attention from cuDNN's graph on the same shapes without (plain) and with
+ * sinks: attn_sink_cudnn_eff, the plain time over the time with sinks, forward and backward
+ * together (at most 1); attn_window_cudnn_eff and attn_window_bwd_cudnn_eff, a windowed plain
+ * sample's rate against the causal plain sample of the same sequences and heads (geometric
+ * means, at most 1; 1 without such a pair). */
+void cost_fit_te_attention(struct cost_calibration *cal, const struct cost_attn_sample *plain,
+                           const struct cost_attn_sample *sinks, int n);
 /* The executor's expert block: `experts` SwiGLU experts, top_k, hidden, ffn, on `tokens` tokens
  * routed uniformly (tokens x top_k / experts rows each); forward and backward, us. */
 struct cost_expert_sample {

@@ -1069,6 +1069,7 @@ static void test_published_fit_recovers(void **state)
     struct cost_calibration truth, start, fit, measured;
     char prof[1024];
     moe_test_src(prof, sizeof prof, PLAN_MEASURED_PROFILE);
+    cost_calibration_defaults(&measured, NULL);
     if (cost_calibration_load(&measured, prof, &err)) fail_msg("%s", err.message);
     cost_calibration_defaults(&start, &rows[0].cluster.gpu);
     plan_fit_base(&start, &measured);
@@ -1351,6 +1352,33 @@ static void test_calibration_fit(void **state)
     assert_true(fit.attn_exp_scale == 0.75);
     assert_true(fabs(fit.attn_window_eff - 0.3) < 0.01 * 0.3);
     assert_true(rms < 1e-3);
+    /* Transformer Engine's path (cuDNN's graph both ways): a window's forward and backward rates
+     * against causal attention's, each its own, and sinks' cost, come back from pairs of plain
+     * and sink samples made with them */
+    {
+        struct cost_attn_sample pl[4], sk[4];
+        const double wf = 0.28, wb = 0.08, sink_cost = 1.25; /* the H100's, about */
+        for (int i = 0; i < 4; i++) {
+            double S = i % 2 ? 2048 : 4096, seqs = 16384 / S, w = i >= 2 ? 128 : 0;
+            pl[i] = (struct cost_attn_sample){seqs, S, 64, 8, 64, 64, w, 0, 0};
+            double keys = w > 0 ? mdl_attended_keys(S, w) : (S + 1) / 2.0;
+            double flops = seqs * S * 2.0 * 64 * 128 * keys;
+            pl[i].fwd_us = flops / 4e8 / (w > 0 ? wf : 1.0);
+            pl[i].bwd_us = 2.5 * flops / 2.5e8 / (w > 0 ? wb : 1.0);
+            sk[i] = pl[i], sk[i].fwd_us *= sink_cost, sk[i].bwd_us *= sink_cost;
+        }
+        struct cost_calibration te = fit;
+        cost_fit_te_attention(&te, pl, sk, 4);
+        printf("Transformer Engine's attention: window %.4f (%.2f) / %.4f (%.2f), sinks %.4f "
+               "(%.4f)\n",
+               te.attn_window_cudnn_eff, wf, te.attn_window_bwd_cudnn_eff, wb,
+               te.attn_sink_cudnn_eff, 1 / sink_cost);
+        assert_true(fabs(te.attn_window_cudnn_eff / wf - 1) < 1e-9);
+        assert_true(fabs(te.attn_window_bwd_cudnn_eff / wb - 1) < 1e-9);
+        assert_true(fabs(te.attn_sink_cudnn_eff * sink_cost - 1) < 1e-9);
+        cost_fit_te_attention(&te, pl, sk, 2); /* causal only: no window pair */
+        assert_true(te.attn_window_cudnn_eff == 1.0 && te.attn_window_bwd_cudnn_eff == 1.0);
+    }
     /* the expert block: scale, fixed share and m_half of each direction come back */
     truth = fit;
     truth.expert_scale[0] = 1.3, truth.expert_scale[1] = 1.15;
