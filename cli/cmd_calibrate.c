@@ -10,6 +10,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/stat.h>
 
 #include "cli.h"
@@ -424,6 +425,43 @@ static enum moe_status measured_profile(const char *path, const char *gpu,
     return cost_calibration_load(m, path, err);
 }
 
+static int json_entry(const struct dirent *e)
+{
+    size_t n = strlen(e->d_name);
+    return n > 5 && !strcmp(e->d_name + n - 5, ".json");
+}
+
+/* Transformer Engine's attention rates (cuDNN's windowed and sink graphs against its plain one:
+ * ratios of one Hopper GPU's kernels, as the Hopper tables anchor Blackwell) for a measured
+ * profile that has none, from the first shipped measured profile (by name) that has them. */
+static void te_attention_shared(struct cli *cli, struct measured_set *set)
+{
+    static struct cost_calibration donor;
+    bool have = false;
+    for (int s = 0; s < set->n && !have; s++)
+        if (set->cal[s].attn_window_cudnn_eff < 1.0) donor = set->cal[s], have = true;
+    char dir[MOE_PATH_MAX], path[MOE_PATH_MAX];
+    cli_data_path(cli, PLAN_MEASURED_DIR, dir, sizeof dir);
+    struct dirent **list = NULL;
+    int k = have ? 0 : scandir(dir, &list, json_entry, alphasort);
+    for (int i = 0; i < k; i++) {
+        struct moe_error why;
+        int len = snprintf(path, sizeof path, "%s/%s", dir, list[i]->d_name);
+        if (!have && len > 0 && (size_t)len < sizeof path &&
+            measured_profile(path, NULL, &donor, &why) == MOE_OK &&
+            donor.attn_window_cudnn_eff < 1.0)
+            have = true;
+        free(list[i]);
+    }
+    free(list);
+    for (int s = 0; have && s < set->n; s++)
+        if (set->cal[s].attn_window_cudnn_eff >= 1.0) {
+            set->cal[s].attn_window_cudnn_eff = donor.attn_window_cudnn_eff;
+            set->cal[s].attn_window_bwd_cudnn_eff = donor.attn_window_bwd_cudnn_eff;
+            set->cal[s].attn_sink_cudnn_eff = donor.attn_sink_cudnn_eff;
+        }
+}
+
 /* Each row's measured compute: --measured for every row; else its GPU's shipped profile
  * (PLAN_MEASURED_DIR/<gpu>.json, the H200's among them) where there is one, the H200's where
  * not. */
@@ -462,6 +500,7 @@ static enum moe_status measured_compute(struct cli *cli, const char *given,
         }
         rows[i].measured = &set->cal[s];
     }
+    if (st == MOE_OK && !given) te_attention_shared(cli, set);
     return st;
 }
 

@@ -508,6 +508,40 @@ static void test_dp_across_nodes(void **state)
     assert_true(fabs(comm[1] / comm[0] - want) < 0.02 * want); /* latency terms aside */
 }
 
+/* Attention as Transformer Engine runs it (issue 54): a stack profile takes the H100 profile's
+ * measured cuDNN window rates (plan_fit_base), so gpt-oss's windowed layers' backward costs what
+ * cuDNN's windowed backward does (about the causal one's time) and not what the executor's own
+ * narrow-window backward does: each windowed layer's core backward grows by the ratio of the two
+ * efficiencies, its forward shrinks by theirs. */
+static void test_te_window(void **state)
+{
+    (void)state;
+    char prof[1024];
+    struct moe_error err;
+    struct cost_calibration measured;
+    cost_calibration_defaults(&measured, NULL);
+    if (cost_calibration_load(
+            &measured, moe_test_src(prof, sizeof prof, "topologies/calibration/h100.json"), &err))
+        fail_msg("%s", err.message);
+    assert_true(measured.attn_window_bwd_cudnn_eff < 0.5 * measured.attn_window_eff);
+    double bwd[2], fwd[2];
+    for (int te = 0; te < 2; te++) {
+        struct cost_ctx ctx;
+        proxy_ctx("gpt-oss-120b", "hgx-h100-x128", 2, 8, &ctx); /* one windowed, one full */
+        plan_fit_base(&ctx.cal, &measured);
+        if (!te) ctx.cal.attn_window_eff = ctx.cal.attn_window_bwd_eff = measured.attn_window_eff;
+        static const char *const text[] = {"ep=8,dp=8,mbs=1,gbs=8"};
+        struct cost_result r;
+        evaluate_texts(&ctx, text, 1, &r);
+        bwd[te] = r.compute_us[COST_ATTN_BWD], fwd[te] = r.compute_us[COST_ATTN_FWD];
+    }
+    printf("gpt-oss attention, executor's window rates -> TE's: forward %.0f -> %.0f us, backward "
+           "%.0f -> %.0f us\n",
+           fwd[0], fwd[1], bwd[0], bwd[1]);
+    assert_true(bwd[1] > 1.3 * bwd[0]); /* the windowed layer's core: 0.24 / 0.084 = 2.9x */
+    assert_true(fwd[1] < fwd[0]);       /* 0.28 against 0.24 */
+}
+
 /* Software generations (issue 54, class 6): each container generation's stack profile fits its
  * own per-kernel host overhead, network and overlap, so one layout gains what the software gained.
  * Qwen3-30B-A3B on 8 GB300 (EP 8, MBS 8, HybridEP, MXFP8) ran at 31470 tokens/s/GPU in 26.04 and
@@ -1796,6 +1830,7 @@ int main(void)
         cmocka_unit_test(test_fp8_gain),
         cmocka_unit_test(test_cross_node_ep),
         cmocka_unit_test(test_dp_across_nodes),
+        cmocka_unit_test(test_te_window),
         cmocka_unit_test(test_software_generations),
         cmocka_unit_test(test_collectives),
         cmocka_unit_test(test_dispatch_bytes_by_hand),
