@@ -177,6 +177,14 @@ static enum moe_status number_row(const struct moe_jval *arr, size_t i, double *
     return MOE_OK;
 }
 
+/* An array of measurements longer than this build keeps: refused, not cut short. */
+static enum moe_status at_most(const struct moe_jval *arr, size_t max, struct moe_error *err)
+{
+    size_t n = moe_jval_len(arr);
+    if (n <= max) return MOE_OK;
+    return moe_jval_error(arr, NULL, err, "%zu entries: this build keeps at most %zu", n, max);
+}
+
 /* A profile's "measured" back into the data (--refit). */
 enum moe_status plan_calib_data_load(const char *file, struct plan_calib_data *d,
                                      struct moe_error *err)
@@ -211,7 +219,9 @@ enum moe_status plan_calib_data_load(const char *file, struct plan_calib_data *d
         goto done;
     if (!have_lib) snprintf(d->attention, sizeof d->attention, "own");
     d->copy_bytes = 1073741824.0;
-    if ((st = moe_jval_array(&m, "gemm_m_n_k_us", true, &arr, NULL, err))) goto done;
+    if ((st = moe_jval_array(&m, "gemm_m_n_k_us", true, &arr, NULL, err)) ||
+        (st = at_most(&arr, PLAN_CALIB_MAX_GEMMS, err)))
+        goto done;
     for (size_t i = 0; i < moe_jval_len(&arr) && d->ngemm < PLAN_CALIB_MAX_GEMMS; i++) {
         double v[4];
         if ((st = number_row(&arr, i, v, 4, -1, err))) goto done;
@@ -223,6 +233,7 @@ enum moe_status plan_calib_data_load(const char *file, struct plan_calib_data *d
     if (!have_attn && (st = moe_jval_array(&m, "attention_seqs_seq_h_kv_dqk_dv_fwd_bwd_us", true,
                                            &arr, NULL, err)))
         goto done;
+    if ((st = at_most(&arr, PLAN_CALIB_MAX_ATTN, err))) goto done;
     for (size_t i = 0; i < moe_jval_len(&arr) && d->nattn < PLAN_CALIB_MAX_ATTN; i++, d->nattn++) {
         double *r = d->attn[d->nattn], v[PLAN_CALIB_ATTN_COLS];
         if ((st = number_row(&arr, i, v, have_attn ? PLAN_CALIB_ATTN_COLS : 8, have_attn ? 6 : -1,
@@ -234,18 +245,24 @@ enum moe_status plan_calib_data_load(const char *file, struct plan_calib_data *d
         r[8] = v[have_attn ? 8 : 7];
     }
     bool have_sink = false; /* profiles before sinks were measured, or of a build without cuDNN */
-    if ((st = moe_jval_array(&m, PLAN_CALIB_SINK_KEY, false, &arr, &have_sink, err))) goto done;
+    if ((st = moe_jval_array(&m, PLAN_CALIB_SINK_KEY, false, &arr, &have_sink, err)) ||
+        (have_sink && (st = at_most(&arr, PLAN_CALIB_MAX_SINK, err))))
+        goto done;
     for (size_t i = 0; have_sink && i < moe_jval_len(&arr) && d->nsink < PLAN_CALIB_MAX_SINK;
          i++, d->nsink++)
         if ((st = number_row(&arr, i, d->sink[d->nsink], PLAN_CALIB_SINK_COLS, 6, err))) goto done;
     bool have_ex = false; /* profiles before the expert benchmark have none */
-    if ((st = moe_jval_array(&m, PLAN_CALIB_EXPERT_KEY, false, &arr, &have_ex, err))) goto done;
+    if ((st = moe_jval_array(&m, PLAN_CALIB_EXPERT_KEY, false, &arr, &have_ex, err)) ||
+        (have_ex && (st = at_most(&arr, PLAN_CALIB_MAX_EXPERTS, err))))
+        goto done;
     for (size_t i = 0; have_ex && i < moe_jval_len(&arr) && d->nexpert < PLAN_CALIB_MAX_EXPERTS;
          i++, d->nexpert++)
         if ((st = number_row(&arr, i, d->expert[d->nexpert], PLAN_CALIB_EXPERT_COLS, -1, err)))
             goto done;
     bool have8 = false; /* profiles of GPUs without fp8, or before fp8 training, have none */
-    if ((st = moe_jval_array(&m, PLAN_CALIB_FP8_KEY, false, &arr, &have8, err))) goto done;
+    if ((st = moe_jval_array(&m, PLAN_CALIB_FP8_KEY, false, &arr, &have8, err)) ||
+        (have8 && (st = at_most(&arr, PLAN_CALIB_MAX_EXPERTS, err))))
+        goto done;
     for (size_t i = 0; have8 && i < moe_jval_len(&arr) && d->nexpert8 < PLAN_CALIB_MAX_EXPERTS;
          i++, d->nexpert8++) {
         double *v = d->expert8[d->nexpert8];
@@ -282,7 +299,9 @@ enum moe_status plan_calib_data_load(const char *file, struct plan_calib_data *d
             goto done;
         }
     }
-    if ((st = moe_jval_array(&m, "jobs", true, &arr, NULL, err))) goto done;
+    if ((st = moe_jval_array(&m, "jobs", true, &arr, NULL, err)) ||
+        (st = at_most(&arr, PLAN_CALIB_MAX_JOBS, err)))
+        goto done;
     for (size_t i = 0; i < moe_jval_len(&arr) && d->njobs < PLAN_CALIB_MAX_JOBS; i++) {
         struct moe_jval jo, ph;
         char name[128];

@@ -1185,6 +1185,14 @@ static void test_hf_and_check_hostile(void **state)
     expect(&r, 3, "launch_us");
     RUN(&r, "calibrate", "--refit", at("cal-bad.json"), "-o", at("cal-out.json"));
     expect(&r, 3, "launch_us");
+    /* a table of measurements longer than this build keeps is refused, not cut short */
+    put_edited("cal-long.json", "topologies/calibration/h100.json",
+               "\"attention_sinks_seqs_seq_h_kv_dqk_dv_window_plain_fwd_bwd_sinks_fwd_bwd_us\": [",
+               "\"attention_sinks_seqs_seq_h_kv_dqk_dv_window_plain_fwd_bwd_sinks_fwd_bwd_us\": "
+               "[[1, 64, 8, 8, 64, 64, 0, 10, 20, 11, 22],");
+    RUN(&r, "calibrate", "--refit", at("cal-long.json"), "-o", at("cal-out.json"));
+    expect(&r, 3, "5 entries: this build keeps at most 4");
+    assert_int_equal(access(at("cal-out.json"), F_OK), -1);
     /* a profile whose jobs' phases follow another order is refused, not read into others */
     put_edited("cal-order.json", "topologies/calibration/h200.json",
                "\"phase_order\": [\n      \"embed\",\n      \"attn_fwd\"",
