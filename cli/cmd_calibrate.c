@@ -123,12 +123,11 @@ static int calibrate(struct cli *cli, const struct cli_cmd *cmd, const char *out
 }
 
 /* The profile of a stack fit, and what it says about each of the cluster's rows. */
-static enum moe_status write_stack_profile(const struct plan_fit_row *rows, int n,
-                                           const char *cluster, const char *stack, const char *file,
-                                           const char *measured, const struct cost_calibration *ds,
-                                           const struct cost_calibration *fitted,
-                                           const double rms[2], const char *out,
-                                           struct moe_error *err)
+static enum moe_status
+write_stack_profile(const struct plan_fit_row *rows, int n, const char *cluster, const char *stack,
+                    const char *file, const char *measured, const char *te,
+                    const struct cost_calibration *ds, const struct cost_calibration *fitted,
+                    const double rms[2], const char *out, struct moe_error *err)
 {
     json_t *meta = json_object(), *ids = json_array(), *fit = json_object();
     const char *gpu = "";
@@ -142,7 +141,9 @@ static enum moe_status write_stack_profile(const struct plan_fit_row *rows, int 
     printf("stack %s: %d trusted rows on %d systems fitted together (rms log error %.3f), then "
            "%s's own (rms %.3f)\n",
            stack, n, systems, rms[0], cluster, rms[1]);
-    printf("compute (GEMMs, attention, HBM) as measured in %s; the rest fitted:\n", measured);
+    printf("compute (GEMMs, attention, HBM) as measured in %s", measured);
+    if (te[0]) printf(" (Transformer Engine's window and sink rates: %s)", te);
+    printf("; the rest fitted:\n");
     printf("%-16s %10s %10s\n", "parameter", "start", "fitted");
     for (int p = 0; p < plan_fit_nparams; p++)
         printf("%-16s %10.3f %10.3f\n", plan_fit_params[p].name,
@@ -175,6 +176,7 @@ static enum moe_status write_stack_profile(const struct plan_fit_row *rows, int 
                                     "rows together, then this cluster's, pulled towards that fit"));
     json_object_set_new(fit, "published", json_string(file));
     json_object_set_new(fit, "measured_compute", json_string(measured));
+    if (te[0]) json_object_set_new(fit, "te_attention", json_string(te));
     json_object_set_new(fit, "cluster", json_string(cluster));
     json_object_set_new(fit, "rows", ids);
     json_object_set_new(fit, "rms_log_error", json_real(rms[1]));
@@ -381,6 +383,7 @@ struct published_args {
 #define MEASURED_MAX 8
 struct measured_set {
     int n;
+    char te[MOE_PATH_MAX]; /* where a profile without TE's attention rates took them, or "" */
     struct cost_calibration cal[MEASURED_MAX];
     char name[MEASURED_MAX][MOE_PATH_MAX]; /* as the profile records it */
 };
@@ -439,7 +442,10 @@ static void te_attention_shared(struct cli *cli, struct measured_set *set)
     static struct cost_calibration donor;
     bool have = false;
     for (int s = 0; s < set->n && !have; s++)
-        if (set->cal[s].attn_window_cudnn_eff < 1.0) donor = set->cal[s], have = true;
+        if (set->cal[s].attn_window_cudnn_eff > 0 && set->cal[s].attn_sink_cudnn_fwd_eff > 0) {
+            donor = set->cal[s], have = true;
+            snprintf(set->te, sizeof set->te, "%s", set->name[s]);
+        }
     char dir[MOE_PATH_MAX], path[MOE_PATH_MAX];
     cli_data_path(cli, PLAN_MEASURED_DIR, dir, sizeof dir);
     struct dirent **list = NULL;
@@ -447,19 +453,34 @@ static void te_attention_shared(struct cli *cli, struct measured_set *set)
     for (int i = 0; i < k; i++) {
         struct moe_error why;
         int len = snprintf(path, sizeof path, "%s/%s", dir, list[i]->d_name);
-        if (!have && len > 0 && (size_t)len < sizeof path &&
-            measured_profile(path, NULL, &donor, &why) == MOE_OK &&
-            donor.attn_window_cudnn_eff < 1.0)
-            have = true;
+        if (!have && len > 0 && (size_t)len < sizeof path) {
+            if (measured_profile(path, NULL, &donor, &why) != MOE_OK)
+                fprintf(stderr, "moeplan: %s\n", why.message); /* said, and passed over */
+            else if (donor.attn_window_cudnn_eff > 0 && donor.attn_sink_cudnn_fwd_eff > 0) {
+                have = true;
+                snprintf(set->te, sizeof set->te, "%s/%s", PLAN_MEASURED_DIR, list[i]->d_name);
+            }
+        }
         free(list[i]);
     }
     free(list);
-    for (int s = 0; have && s < set->n; s++)
-        if (set->cal[s].attn_window_cudnn_eff >= 1.0) {
-            set->cal[s].attn_window_cudnn_eff = donor.attn_window_cudnn_eff;
-            set->cal[s].attn_window_bwd_cudnn_eff = donor.attn_window_bwd_cudnn_eff;
-            set->cal[s].attn_sink_cudnn_eff = donor.attn_sink_cudnn_eff;
+    bool took = false;
+    for (int s = 0; have && s < set->n; s++) { /* each field where it was not measured */
+        struct cost_calibration *c = &set->cal[s];
+        took = took || c->attn_window_cudnn_eff <= 0 || c->attn_sink_cudnn_fwd_eff <= 0;
+        if (c->attn_window_cudnn_eff <= 0) {
+            c->attn_window_cudnn_eff = donor.attn_window_cudnn_eff;
+            c->attn_window_bwd_cudnn_eff = donor.attn_window_bwd_cudnn_eff;
         }
+        if (c->attn_sink_cudnn_fwd_eff <= 0) {
+            c->attn_sink_cudnn_fwd_eff = donor.attn_sink_cudnn_fwd_eff;
+            c->attn_sink_cudnn_bwd_eff = donor.attn_sink_cudnn_bwd_eff;
+        }
+    }
+    if (!took) set->te[0] = '\0'; /* every profile had its own */
+    if (!have)
+        fprintf(stderr, "moeplan: no shipped measured profile has Transformer Engine's attention "
+                        "rates: sliding windows and sinks as the executor runs them\n");
 }
 
 /* Each row's measured compute: --measured for every row; else its GPU's shipped profile
@@ -568,8 +589,8 @@ static int calibrate_published(struct cli *cli, const struct cli_cmd *cmd,
                                cluster, stack);
         if (st == MOE_OK)
             st = write_stack_profile(rows, n, cluster, stack, file,
-                                     measured_name(measured, rows, n, cluster), &base, &fitted, rms,
-                                     out, &err);
+                                     measured_name(measured, rows, n, cluster), measured->te, &base,
+                                     &fitted, rms, out, &err);
     }
     free(runs);
     free(rows);

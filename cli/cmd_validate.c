@@ -337,30 +337,30 @@ enum moe_status cli_calibrate_measure(struct cli *cli, const char *cluster, bool
      * charge for sinks (attn_sink_cudnn_eff); not with --quick, not without cuDNN, and none where
      * cuDNN has no sinks (before 9.13), said and left out */
     d->nsink = 0;
-    for (int i = 0;
-         !quick && exec_attention_cudnn(EXEC_ATTN_AUTO) && i < (int)(sizeof at / sizeof at[0]);
+    for (int i = 0; !quick && exec_attention_cudnn(EXEC_ATTN_AUTO) &&
+                    i < (int)(sizeof at / sizeof at[0]) && d->nsink < PLAN_CALIB_MAX_SINK;
          i++) {
         if (at[i][4] != 64) continue;
         double *r = d->sink[d->nsink];
         for (int k = 0; k < 7; k++) r[k] = at[i][k];
         struct moe_error why;
-        if (!STEP(exec_time_attention(at[i][0], at[i][1], at[i][2], at[i][3], at[i][4], at[i][5],
-                                      at[i][6], EXEC_ATTN_CUDNN, false, 10, &r[7], &r[8], err)))
-            break;
-        if (exec_time_attention(at[i][0], at[i][1], at[i][2], at[i][3], at[i][4], at[i][5],
-                                at[i][6], EXEC_ATTN_CUDNN, true, 10, &r[9], &r[10],
-                                &why) != MOE_OK) {
+        bool ok =
+            exec_time_attention(at[i][0], at[i][1], at[i][2], at[i][3], at[i][4], at[i][5],
+                                at[i][6], EXEC_ATTN_CUDNN, false, 10, &r[7], &r[8],
+                                &why) == MOE_OK &&
+            exec_time_attention(at[i][0], at[i][1], at[i][2], at[i][3], at[i][4], at[i][5],
+                                at[i][6], EXEC_ATTN_CUDNN, true, 10, &r[9], &r[10], &why) == MOE_OK;
+        moe_progress_update(&bar, ++done);
+        if (!ok) { /* optional: said, and the profile goes without them */
             moe_progress_clear(&bar);
-            fprintf(stderr, "moeplan calibrate: attention with sinks not measured: %s\n",
+            fprintf(stderr,
+                    "moeplan calibrate: Transformer Engine's attention (cuDNN's graph with a "
+                    "window and sinks) not measured: %s\n",
                     why.message);
             d->nsink = 0;
             break;
         }
         d->nsink++;
-    }
-    if (st != MOE_OK) {
-        moe_progress_finish(&bar);
-        return st;
     }
     done = 6 + 12 + 4;
     struct cost_calibration base;

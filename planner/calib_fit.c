@@ -351,8 +351,8 @@ static void fit_sinks(const struct plan_calib_data *d, struct cost_calibration *
 {
     if (!d->nsink) {
         fprintf(log, "  no attention with sinks measured (no cuDNN, a cuDNN before 9.13, --quick "
-                     "or an older profile): attn_sink_cudnn_eff, attn_window_cudnn_eff and "
-                     "attn_window_bwd_cudnn_eff stay 1\n");
+                     "or an older profile): Transformer Engine's window and sink rates not "
+                     "measured\n");
         return;
     }
     json_t *js = json_array();
@@ -371,11 +371,12 @@ static void fit_sinks(const struct plan_calib_data *d, struct cost_calibration *
     cost_fit_te_attention(cal, plain, sinks, d->nsink);
     fprintf(log,
             "  %d attention shapes in cuDNN's graph both ways, as Transformer Engine runs them: "
-            "with sinks attn_sink_cudnn_eff %.3f of the plain graph's rate; a sliding window's "
-            "forward attn_window_cudnn_eff %.3f and backward attn_window_bwd_cudnn_eff %.3f of "
-            "causal attention's\n",
-            d->nsink, cal->attn_sink_cudnn_eff, cal->attn_window_cudnn_eff,
-            cal->attn_window_bwd_cudnn_eff);
+            "with sinks forward %.3f and backward %.3f of the plain graph's rate "
+            "(attn_sink_cudnn_fwd_eff, _bwd_eff); a sliding window's forward %.3f of causal "
+            "attention's rate on the window's work (attn_window_cudnn_eff), its backward %.3f of "
+            "the causal backward's (attn_window_bwd_cudnn_eff: it does the causal work)\n",
+            d->nsink, cal->attn_sink_cudnn_fwd_eff, cal->attn_sink_cudnn_bwd_eff,
+            cal->attn_window_cudnn_eff, cal->attn_window_bwd_cudnn_eff);
 }
 
 /* The expert block's correction over the benchmark's shapes (cost_fit_experts). */

@@ -30,10 +30,10 @@ void cost_calibration_defaults(struct cost_calibration *cal, const struct topo_g
     cal->gemm_tile_n = hopper ? 256 : 256;
     cal->attn_fwd_eff = 0.55;
     cal->attn_bwd_eff = 0.45;
-    cal->attn_sink_eff = 1.0;
-    cal->attn_sink_cudnn_eff = 1.0;
-    cal->attn_window_cudnn_eff = 1.0;
-    cal->attn_window_bwd_cudnn_eff = 1.0;
+    cal->attn_sink_eff = cal->attn_sink_fwd_eff = cal->attn_sink_bwd_eff = 1.0;
+    cal->attn_sink_cudnn_fwd_eff = cal->attn_sink_cudnn_bwd_eff = 0.0; /* not measured */
+    cal->attn_window_cudnn_eff = cal->attn_window_bwd_cudnn_eff = 0.0;
+    cal->attn_window_bwd_full = false;
     cal->attn_wide_eff = 1.0;
     cal->attn_window_eff = 1.0;
     cal->attn_window_bwd_eff = 1.0;
@@ -116,9 +116,13 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
                                        "attn_seq_half",
                                        "attn_exp_scale",
                                        "attn_sink_eff",
-                                       "attn_sink_cudnn_eff",
+                                       "attn_sink_fwd_eff",
+                                       "attn_sink_bwd_eff",
+                                       "attn_sink_cudnn_fwd_eff",
+                                       "attn_sink_cudnn_bwd_eff",
                                        "attn_window_cudnn_eff",
                                        "attn_window_bwd_cudnn_eff",
+                                       "attn_window_bwd_full",
                                        "attn_wide_eff",
                                        "attn_window_eff",
                                        "attn_window_bwd_eff",
@@ -169,9 +173,15 @@ enum moe_status cost_calibration_load(struct cost_calibration *cal, const char *
     FRACTION(attn_fwd_eff);
     FRACTION(attn_bwd_eff);
     FRACTION(attn_sink_eff);
-    FRACTION(attn_sink_cudnn_eff);
+    FRACTION(attn_sink_fwd_eff);
+    FRACTION(attn_sink_bwd_eff);
+    FRACTION(attn_sink_cudnn_fwd_eff); /* absent: 0, not measured */
+    FRACTION(attn_sink_cudnn_bwd_eff);
     FRACTION(attn_window_cudnn_eff);
     FRACTION(attn_window_bwd_cudnn_eff);
+    if ((st = moe_jval_bool(&root, "attn_window_bwd_full", false, t.attn_window_bwd_full,
+                            &t.attn_window_bwd_full, err)))
+        goto cleanup;
     FRACTION(attn_wide_eff);
     FRACTION(attn_window_eff);
     t.attn_window_bwd_eff = t.attn_window_eff; /* a profile without its own */
@@ -285,9 +295,17 @@ enum moe_status cost_calibration_write(const struct cost_calibration *cal, json_
     PUT(attn_seq_half);
     PUT(attn_exp_scale);
     PUT(attn_sink_eff);
-    PUT(attn_sink_cudnn_eff);
-    PUT(attn_window_cudnn_eff);
-    PUT(attn_window_bwd_cudnn_eff);
+    PUT(attn_sink_fwd_eff);
+    PUT(attn_sink_bwd_eff);
+    if (cal->attn_sink_cudnn_fwd_eff > 0) { /* measured (a profile calibrate wrote) */
+        PUT(attn_sink_cudnn_fwd_eff);
+        PUT(attn_sink_cudnn_bwd_eff);
+    }
+    if (cal->attn_window_cudnn_eff > 0) {
+        PUT(attn_window_cudnn_eff);
+        PUT(attn_window_bwd_cudnn_eff);
+    }
+    json_object_set_new(root, "attn_window_bwd_full", json_boolean(cal->attn_window_bwd_full));
     PUT(attn_wide_eff);
     PUT(attn_window_eff);
     PUT(attn_window_bwd_eff);
@@ -584,24 +602,30 @@ double cost_fit_attention(struct cost_calibration *cal, const struct topo_gpu_sp
 void cost_fit_te_attention(struct cost_calibration *cal, const struct cost_attn_sample *plain,
                            const struct cost_attn_sample *sinks, int n)
 {
-    double p = 0.0, s = 0.0, lf = 0.0, lb = 0.0;
+    double pf = 0.0, pb = 0.0, sf = 0.0, sb = 0.0, lf = 0.0, lb = 0.0;
     int pairs = 0;
     for (int i = 0; i < n; i++) {
-        p += plain[i].fwd_us + plain[i].bwd_us, s += sinks[i].fwd_us + sinks[i].bwd_us;
+        pf += plain[i].fwd_us, pb += plain[i].bwd_us, sf += sinks[i].fwd_us, sb += sinks[i].bwd_us;
         const struct cost_attn_sample *w = &plain[i];
         for (int j = 0; w->window > 0 && j < n; j++) {
             const struct cost_attn_sample *c = &plain[j];
             if (c->window > 0 || c->seqs != w->seqs || c->seq != w->seq || c->heads != w->heads ||
                 c->kv_heads != w->kv_heads || c->dqk != w->dqk || c->dv != w->dv)
                 continue;
-            double r = attn_flops(w) / attn_flops(c); /* the window's work against causal's */
-            lf += log(r * c->fwd_us / w->fwd_us), lb += log(r * c->bwd_us / w->bwd_us), pairs++;
+            /* the forward on the window's work against causal's; the backward's time against
+             * the causal backward's (it does the causal work) */
+            double r = attn_flops(w) / attn_flops(c);
+            lf += log(r * c->fwd_us / w->fwd_us), lb += log(c->bwd_us / w->bwd_us), pairs++;
             break;
         }
     }
-    cal->attn_sink_cudnn_eff = s > 0 ? fmin(1.0, p / s) : 1.0;
-    cal->attn_window_cudnn_eff = pairs ? fmin(1.0, exp(lf / pairs)) : 1.0;
-    cal->attn_window_bwd_cudnn_eff = pairs ? fmin(1.0, exp(lb / pairs)) : 1.0;
+    /* each within (1e-3, 1]: what a profile may hold */
+#define RATE(x) fmin(1.0, fmax(1e-3, (x)))
+    cal->attn_sink_cudnn_fwd_eff = n > 0 && sf > 0 ? RATE(pf / sf) : 0.0;
+    cal->attn_sink_cudnn_bwd_eff = n > 0 && sb > 0 ? RATE(pb / sb) : 0.0;
+    cal->attn_window_cudnn_eff = pairs ? RATE(exp(lf / pairs)) : 0.0;
+    cal->attn_window_bwd_cudnn_eff = pairs ? RATE(exp(lb / pairs)) : 0.0;
+#undef RATE
 }
 
 /* Experts: for direction d and an m_half, the least-squares scale and fixed share. */

@@ -52,18 +52,20 @@ struct cost_calibration {
      * exponentials on the GPU's exp units (exp_per_s): efficiency x d / (d + half), half =
      * attn_exp_scale x bf16 peak / (4 x exp_per_s); 0: not counted */
     double attn_exp_scale;
-    /* attention with learned sinks (gpt-oss's learnable softmax): the flash kernels' fast paths do
-     * not take it (TE runs cuDNN's generic one), its core at this fraction of the flash time's
-     * rate; 1: as fast */
-    double attn_sink_eff;
+    /* attention with learned sinks (gpt-oss's learnable softmax): the kernels' rate with sinks
+     * against without, forward and backward (1: free, as the executor's fold after a plain
+     * kernel; the stack profiles: cuDNN's graph with sinks as measured, plan_fit_base); and
+     * attn_sink_eff, what the stack fits put on both beyond that (fitted, only gpt-oss's rows
+     * move it; 1: nothing) */
+    double attn_sink_fwd_eff, attn_sink_bwd_eff, attn_sink_eff;
     /* Attention as Transformer Engine runs it, cuDNN's graph both ways, where the executor's
-     * differs (measured by calibrate, cost_fit_te_attention; 1: not measured): sinks inside the
-     * graph against the plain graph on the same shapes, forward and backward together (the
-     * executor folds its sinks in after a plain kernel: its own attn_sink_eff stays 1); and a
-     * sliding window's forward and backward against causal attention's, each (the executor runs
-     * its own backward for a narrow window). The stack profiles take these as their
-     * attn_sink_eff, attn_window_eff and attn_window_bwd_eff (plan_fit_base). */
-    double attn_sink_cudnn_eff, attn_window_cudnn_eff, attn_window_bwd_cudnn_eff;
+     * differs, as calibrate measured it (cost_fit_te_attention; 0: not measured): sinks inside
+     * the graph against the plain graph on the same shapes, forward and backward; a sliding
+     * window's forward against causal attention's rate on the window's work; and its backward,
+     * which skips no masked tile, against the causal backward's time (t_causal / t_window). The
+     * stack profiles take these (plan_fit_base). */
+    double attn_sink_cudnn_fwd_eff, attn_sink_cudnn_bwd_eff;
+    double attn_window_cudnn_eff, attn_window_bwd_cudnn_eff;
     /* attention whose query-key heads are wider than 128 (MLA's 192): the kernels' efficiency
      * against 128-wide heads (cuDNN's 192-wide tiles on the H200: about 0.85); 1: the same */
     double attn_wide_eff;
@@ -73,8 +75,11 @@ struct cost_calibration {
     double attn_window_eff;
     double attn_window_bwd_eff; /* the same for the backward where it differs (a profile before
                                  * it: attn_window_eff's) */
-    double hbm_eff;             /* memory-bound kernels, fraction of HBM bandwidth */
-    double launch_us;           /* per kernel launch */
+    /* the backward's window kernel does the causal work (cuDNN's: it skips no masked tile): a
+     * sliding layer's backward costs the causal one's at attn_window_bwd_eff of its rate */
+    bool attn_window_bwd_full;
+    double hbm_eff;   /* memory-bound kernels, fraction of HBM bandwidth */
+    double launch_us; /* per kernel launch */
     /* Kernels each quantized tensor launches, charged at launch_us, each expert's tensors apart:
      * per-tensor current-scaling fp8 (quant_kernels_fp8) and the one-pass recipes, MXFP8 and
      * blockwise (quant_kernels_block). Transformer Engine's current scaling finds the amax,
@@ -161,10 +166,11 @@ struct cost_attn_sample {
 double cost_fit_attention(struct cost_calibration *cal, const struct topo_gpu_spec *gpu,
                           const struct cost_attn_sample *s, int n);
 /* Transformer Engine's attention from cuDNN's graph on the same shapes without (plain) and with
- * sinks: attn_sink_cudnn_eff, the plain time over the time with sinks, forward and backward
- * together (at most 1); attn_window_cudnn_eff and attn_window_bwd_cudnn_eff, a windowed plain
- * sample's rate against the causal plain sample of the same sequences and heads (geometric
- * means, at most 1; 1 without such a pair). */
+ * sinks: attn_sink_cudnn_fwd_eff and _bwd_eff, the plain time over the time with sinks, each
+ * direction; attn_window_cudnn_eff, a windowed plain sample's forward rate on the window's work
+ * against the causal plain sample of the same sequences and heads, and attn_window_bwd_cudnn_eff,
+ * the causal backward's time over the windowed one's (geometric means; 0 without such a pair).
+ * Each within (1e-3, 1]. */
 void cost_fit_te_attention(struct cost_calibration *cal, const struct cost_attn_sample *plain,
                            const struct cost_attn_sample *sinks, int n);
 /* The executor's expert block: `experts` SwiGLU experts, top_k, hidden, ffn, on `tokens` tokens

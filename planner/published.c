@@ -603,11 +603,16 @@ void plan_fit_base(struct cost_calibration *cal, const struct cost_calibration *
     cal->attn_fwd_eff = m->attn_fwd_eff, cal->attn_bwd_eff = m->attn_bwd_eff;
     cal->attn_seq_half = m->attn_seq_half, cal->attn_exp_scale = m->attn_exp_scale;
     cal->attn_wide_eff = m->attn_wide_eff;
-    /* a sliding window as Transformer Engine runs it where the profile measured that (cuDNN's
-     * graph both ways), else as the executor does */
-    bool te = m->attn_window_cudnn_eff < 1.0;
+    /* a sliding window and sinks as Transformer Engine runs them where the profile measured that
+     * (cuDNN's graph both ways: its windowed backward does the causal work; sinks inside the
+     * graph), else as the executor does */
+    bool te = m->attn_window_cudnn_eff > 0;
     cal->attn_window_eff = te ? m->attn_window_cudnn_eff : m->attn_window_eff;
     cal->attn_window_bwd_eff = te ? m->attn_window_bwd_cudnn_eff : m->attn_window_bwd_eff;
+    cal->attn_window_bwd_full = te || m->attn_window_bwd_full;
+    bool sinks = m->attn_sink_cudnn_fwd_eff > 0;
+    cal->attn_sink_fwd_eff = sinks ? m->attn_sink_cudnn_fwd_eff : m->attn_sink_fwd_eff;
+    cal->attn_sink_bwd_eff = sinks ? m->attn_sink_cudnn_bwd_eff : m->attn_sink_bwd_eff;
     cal->hbm_eff = m->hbm_eff;
     cal->gemm_table_n = m->gemm_table_n;
     memcpy(cal->gemm_table, m->gemm_table, sizeof cal->gemm_table);
@@ -625,9 +630,6 @@ void plan_fit_row_start(const struct plan_fit_row *row, struct cost_calibration 
 {
     cost_calibration_defaults(out, &row->cluster.gpu);
     if (row->measured) plan_fit_base(out, row->measured);
-    /* sinks: fitted (only gpt-oss's rows move it), from and towards cuDNN's graph with sinks as
-     * measured (1 where it was not) */
-    if (row->measured) out->attn_sink_eff = row->measured->attn_sink_cudnn_eff;
     /* Megatron-Core quantizes through Transformer Engine (cost.h's quant_kernels_*) */
     out->quant_kernels_fp8 = 3.0, out->quant_kernels_block = 1.0;
 }

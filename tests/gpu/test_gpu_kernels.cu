@@ -664,13 +664,13 @@ static void test_cudnn_sinks(void **state)
         }
         bf16 *dq16 = dev(q), *dk16 = dev(k), *dv16 = dev(v), *ddo = dev(dout);
         bf16 *o = dev(std::vector<bf16>(no));
-        float *lse = dev(std::vector<float>(T * c.H)), *dsink = dev(sinkf), *ds = dev(sinkf);
+        float *lse = dev(std::vector<float>(T * c.H)), *sink_d = dev(sinkf), *dsink_d = dev(sinkf);
         float *gq = dev(std::vector<float>(nq)), *gk = dev(std::vector<float>(nk)),
               *gv = dev(std::vector<float>(nv));
         bf16 *s1 = dev(std::vector<bf16>(nq)), *s2 = dev(std::vector<bf16>(nk)),
              *s3 = dev(std::vector<bf16>(nv));
         char why[256];
-        if (!gk_cudnn_forward(dq16, dk16, dv16, c.B, c.S, c.H, c.KV, c.dqk, c.dv, c.window, dsink,
+        if (!gk_cudnn_forward(dq16, dk16, dv16, c.B, c.S, c.H, c.KV, c.dqk, c.dv, c.window, sink_d,
                               o, lse, 0, why, sizeof why)) {
             char ver[64];
             int major = 0, minor = 0;
@@ -681,16 +681,16 @@ static void test_cudnn_sinks(void **state)
             close("cuDNN sinks: out", to_d(host(o, no)), or_, 8e-3);
             close("cuDNN sinks: log-sum-exp", to_d(host(lse, T * c.H)), lr_, 1e-5);
             if (!gk_cudnn_backward(dq16, dk16, dv16, o, ddo, lse, c.B, c.S, c.H, c.KV, c.dqk, c.dv,
-                                   c.window, dsink, ds, GK_CUDNN_DETERMINISTIC, gq, gk, gv, s1, s2,
-                                   s3, 0, why, sizeof why))
+                                   c.window, sink_d, dsink_d, GK_CUDNN_DETERMINISTIC, gq, gk, gv,
+                                   s1, s2, s3, 0, why, sizeof why))
                 fail_msg("%s", why);
             close("cuDNN sinks: dq", to_d(host(gq, nq)), dqr, 1e-2);
             close("cuDNN sinks: dk", to_d(host(gk, nk)), dkr, 1e-2);
             close("cuDNN sinks: dv", to_d(host(gv, nv)), dvr, 1e-2);
-            close("cuDNN sinks: dsink", to_d(host(ds, (size_t)c.H)), dsr, 1e-2);
+            close("cuDNN sinks: dsink", to_d(host(dsink_d, (size_t)c.H)), dsr, 1e-2);
         }
         cudaFree(dq16), cudaFree(dk16), cudaFree(dv16), cudaFree(ddo), cudaFree(o), cudaFree(lse);
-        cudaFree(dsink), cudaFree(ds), cudaFree(gq), cudaFree(gk), cudaFree(gv);
+        cudaFree(sink_d), cudaFree(dsink_d), cudaFree(gq), cudaFree(gk), cudaFree(gv);
         cudaFree(s1), cudaFree(s2), cudaFree(s3);
     }
     gk_cudnn_release(0);
