@@ -572,9 +572,9 @@ static struct plan_entry *plan_for(const struct plan_key *key, char *why, size_t
     e->plan = plan_of(&g, e->handle, &e->workspace_bytes);
     for (int i = 0; i < g.ndescs; i++) cudnnBackendDestroyDescriptor(g.descs[i]);
     if (!e->plan) {
-        snprintf(why, cap, "cuDNN attention %s (B %d, S %d, H %d/%d, d %d/%d): %s",
+        snprintf(why, cap, "cuDNN attention %s (B %d, S %d, H %d/%d, d %d/%d, window %d%s): %s",
                  key->backward ? "backward" : "forward", key->B, key->S, key->H, key->KV, key->dqk,
-                 key->dv, g.what);
+                 key->dv, key->window, key->sinks ? ", sinks (cuDNN 9.13 and later)" : "", g.what);
         return NULL;
     }
     size_t rows = (size_t)key->B * key->H * key->S;
