@@ -334,8 +334,8 @@ enum moe_status cli_calibrate_measure(struct cli *cli, const char *cluster, bool
     }
     /* attention with sinks as Transformer Engine runs gpt-oss's (inside cuDNN's graph), against
      * cuDNN's plain graph on the same 64-wide shapes, causal and windowed: what the stack profiles
-     * charge for sinks (attn_sink_cudnn_eff); not with --quick, not without cuDNN, and none where
-     * cuDNN has no sinks (before 9.13), said and left out */
+     * charge for windows and sinks (cost_fit_te_attention); not with --quick, not without cuDNN,
+     * and none where cuDNN has no sinks (before 9.13), said and left out */
     d->nsink = 0;
     for (int i = 0; !quick && exec_attention_cudnn(EXEC_ATTN_AUTO) &&
                     i < (int)(sizeof at / sizeof at[0]) && d->nsink < PLAN_CALIB_MAX_SINK;

@@ -262,6 +262,16 @@ static void reshape(struct graph *g, cudnnBackendDescriptor_t x, cudnnBackendDes
     add_op(g, op);
 }
 
+/* y = mode(x[, b]) in fp32 into a new virtual tensor of dims dim (strides stride): y. */
+static cudnnBackendDescriptor_t pw(struct graph *g, cudnnPointwiseMode_t mode,
+                                   cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t b,
+                                   const int64_t dim[4], const int64_t stride[4])
+{
+    cudnnBackendDescriptor_t y = tensor(g, -1, CUDNN_DATA_FLOAT, dim, stride, true, false);
+    pointwise(g, mode, CUDNN_DATA_FLOAT, -1, x, b, NULL, y);
+    return y;
+}
+
 /* The causal mask (keep row >= col), then the sliding window's (keep col + window > row), on the
  * scores s (dims sd, strides ss): the masked scores. */
 static cudnnBackendDescriptor_t mask(struct graph *g, cudnnBackendDescriptor_t s,
@@ -422,10 +432,9 @@ static void graph_forward(struct graph *g, const struct plan_key *k)
     pointwise(g, CUDNN_POINTWISE_EXP, F, -1, sub, NULL, NULL, e);
     cudnnBackendDescriptor_t sum = tensor(g, -1, F, d.r, d.rs, true, false);
     if (sink) {
-        cudnnBackendDescriptor_t ssub = tensor(g, -1, F, d.r, d.rs, true, false);
-        pointwise(g, CUDNN_POINTWISE_SUB, F, -1, sink, mx, NULL, ssub);
-        cudnnBackendDescriptor_t sexp = tensor(g, -1, F, d.r, d.rs, true, false);
-        pointwise(g, CUDNN_POINTWISE_EXP, F, -1, ssub, NULL, NULL, sexp);
+        cudnnBackendDescriptor_t sexp =
+            pw(g, CUDNN_POINTWISE_EXP, pw(g, CUDNN_POINTWISE_SUB, sink, mx, d.r, d.rs), NULL, d.r,
+               d.rs); /* exp(sink - max) */
         cudnnBackendDescriptor_t sum0 = tensor(g, -1, F, d.r, d.rs, true, false);
         reduction(g, CUDNN_REDUCE_TENSOR_ADD, e, sum0);
         pointwise(g, CUDNN_POINTWISE_ADD, F, -1, sum0, sexp, NULL, sum);
@@ -497,13 +506,11 @@ static void graph_backward(struct graph *g, const struct plan_key *k)
     if (k->sinks) {
         cudnnBackendDescriptor_t sink = tensor(g, UID_SINK, F, d.h, d.hs, false, false);
         cudnnBackendDescriptor_t dsink = tensor(g, UID_DSINK, F, d.h, d.hs, false, false);
-        cudnnBackendDescriptor_t ssub = tensor(g, -1, F, d.r, d.rs, true, false);
-        pointwise(g, CUDNN_POINTWISE_SUB, F, -1, sink, stats, NULL, ssub);
-        cudnnBackendDescriptor_t sexp = tensor(g, -1, F, d.r, d.rs, true, false);
-        pointwise(g, CUDNN_POINTWISE_EXP, F, -1, ssub, NULL, NULL, sexp);
-        cudnnBackendDescriptor_t per = tensor(g, -1, F, d.r, d.rs, true, false);
-        pointwise(g, CUDNN_POINTWISE_MUL, F, -1, sexp, red, NULL, per);
-        reduction(g, CUDNN_REDUCE_TENSOR_ADD, per, dsink);
+        cudnnBackendDescriptor_t p_sink =
+            pw(g, CUDNN_POINTWISE_EXP, pw(g, CUDNN_POINTWISE_SUB, sink, stats, d.r, d.rs), NULL,
+               d.r, d.rs); /* exp(sink - stats) */
+        reduction(g, CUDNN_REDUCE_TENSOR_ADD, pw(g, CUDNN_POINTWISE_MUL, p_sink, red, d.r, d.rs),
+                  dsink);
     }
     pointwise(g, CUDNN_POINTWISE_MUL, F, -1, red, one, NULL, rowsum);
     /* P again, from the statistics */

@@ -168,13 +168,14 @@ static void attention_cost(const struct cost_ctx *c, const struct cost_layout *l
     double sink_f = a->sinks ? cal->attn_sink_fwd_eff * cal->attn_sink_eff : 1.0;
     double sink_b = a->sinks ? cal->attn_sink_bwd_eff * cal->attn_sink_eff : 1.0;
     bool sliding = mdl_layer_is_sliding(m, layer);
-    double core_fwd = core[0] / (sink_f * (sliding ? cal->attn_window_eff : 1.0));
-    double core_bwd = core[1] / (sink_b * (sliding ? cal->attn_window_bwd_eff : 1.0));
+    double core_fwd = core[0] / (sink_f * (sliding ? cal->attn_window_eff : 1.0)), core_bwd;
     if (sliding && cal->attn_window_bwd_full) { /* the causal backward's work, at its rate */
         double causal[2],
             more = mdl_attended_keys(span, 0.0) / mdl_attended_keys(span, m->attn.sliding_window);
         cost_attention_core_us(cal, g, core_flops * more, span / l->cp, d, dqk, causal);
         core_bwd = causal[1] / (sink_b * cal->attn_window_bwd_eff);
+    } else {
+        core_bwd = core[1] / (sink_b * (sliding ? cal->attn_window_bwd_eff : 1.0));
     }
     /* Context parallelism (Megatron's p2p ring): cp - 1 steps, each passing the keys and values
      * of one chunk to the next CP rank while the attention of the chunk in hand runs; the
